@@ -1,1 +1,374 @@
-//! kuryr-config
+//! `kuryr.conf` loader, compatible with upstream kuryr-kubernetes' oslo.config files.
+//!
+//! Two layers:
+//! - [`ini`]: the raw INI document (parse, merge several files, `[DEFAULT]` fallback);
+//!   reusable for any oslo.config-style file.
+//! - [`KuryrConfig`]: one typed struct per section with upstream option names and defaults
+//!   (see [`sections`]).
+//!
+//! Precedence, lowest to highest: defaults, `[DEFAULT]`, the section itself, later
+//! `--config-file`s, then environment variables `KURYR__<SECTION>__<OPTION>=value`
+//! (`KURYR__DEPLOYMENT__<NAME>__<OPTION>` for `[deployment:<name>]`).
+//!
+//! Unknown sections and options are warnings (returned and logged), bad values are errors
+//! naming section, option and value.
+//!
+//! ```
+//! let loaded = kuryr_config::KuryrConfig::from_ini_str("[vif_pool]\nports_pool_batch = 4\n")?;
+//! assert_eq!(loaded.config.vif_pool.ports_pool_batch.get(), 4);
+//! assert_eq!(loaded.config.vif_pool.ports_pool_min, 5);
+//! # Ok::<(), kuryr_config::ConfigError>(())
+//! ```
+
+pub mod error;
+pub mod ini;
+pub mod sections;
+pub mod value;
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::path::Path;
+
+pub use error::{ConfigError, InvalidValue, Warning};
+pub use ini::{DEFAULT_SECTION, Ini, IniValue, Origin};
+pub use sections::*;
+pub use value::{OptionValue, ScalarValue, Secret};
+
+/// Prefix of the section name of extra OpenStack deployments: `[deployment:<name>]`.
+pub const DEPLOYMENT_SECTION_PREFIX: &str = "deployment:";
+/// Name of the deployment configured in `[neutron]`.
+pub const DEFAULT_DEPLOYMENT: &str = "default";
+/// Prefix of environment overrides.
+pub const ENV_PREFIX: &str = "KURYR__";
+
+/// The whole configuration with its warnings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Loaded {
+    pub config: KuryrConfig,
+    pub warnings: Vec<Warning>,
+}
+
+/// Declares `KuryrConfig` from (field, section type, section name) triples, so the list of
+/// known sections, the struct and the reader cannot drift apart.
+macro_rules! kuryr_config {
+    ($( $(#[$meta:meta])* $field:ident : $ty:ident = $section:literal ),+ $(,)?) => {
+        /// Typed `kuryr.conf`. `Default` gives upstream's defaults.
+        #[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
+        pub struct KuryrConfig {
+            $( $(#[$meta])* pub $field: $ty, )+
+            /// `[deployment:<name>]` sections in declaration order (seed 001); see
+            /// [`KuryrConfig::deployments`] for all deployments including `[neutron]`.
+            pub extra_deployments: Vec<(String, NeutronAuthSection)>,
+        }
+
+        /// Every fixed section with its option names.
+        pub const KNOWN_SECTIONS: &[(&str, &[&str])] = &[ $( ($section, $ty::OPTIONS) ),+ ];
+
+        fn read_fixed_sections(ini: &Ini, errors: &mut Vec<InvalidValue>) -> KuryrConfig {
+            KuryrConfig {
+                $( $field: $ty::from_ini(ini, $section, errors), )+
+                extra_deployments: Vec::new(),
+            }
+        }
+    };
+}
+
+kuryr_config! {
+    /// `[DEFAULT]`
+    default: DefaultSection = "DEFAULT",
+    kubernetes: KubernetesSection = "kubernetes",
+    vif_pool: VifPoolSection = "vif_pool",
+    neutron_defaults: NeutronDefaultsSection = "neutron_defaults",
+    octavia_defaults: OctaviaDefaultsSection = "octavia_defaults",
+    cache_defaults: CacheDefaultsSection = "cache_defaults",
+    subnet_caching: CachingSection = "subnet_caching",
+    nodes_caching: CachingSection = "nodes_caching",
+    node_driver_caching: CachingSection = "node_driver_caching",
+    pod_vif_nested: PodVifNestedSection = "pod_vif_nested",
+    binding: BindingSection = "binding",
+    namespace_subnet: NamespaceSubnetSection = "namespace_subnet",
+    cni_daemon: CniDaemonSection = "cni_daemon",
+    health_server: HealthServerSection = "health_server",
+    cni_health_server: CniHealthServerSection = "cni_health_server",
+    prometheus_exporter: PrometheusExporterSection = "prometheus_exporter",
+    sriov: SriovSection = "sriov",
+    vhostuser: VhostuserSection = "vhostuser",
+    nested_dpdk: NestedDpdkSection = "nested_dpdk",
+    pool_manager: PoolManagerSection = "pool_manager",
+    /// The deployment named `default`.
+    neutron: NeutronAuthSection = "neutron",
+    pod_binding: PodBindingSection = "pod_binding",
+}
+
+impl KuryrConfig {
+    /// Loads `paths` in order (later files win) and applies `KURYR__…` environment overrides
+    /// of this process.
+    pub fn load(paths: &[impl AsRef<Path>]) -> Result<Loaded, ConfigError> {
+        Self::load_with_env(paths, std::env::vars_os())
+    }
+
+    /// [`KuryrConfig::load`] with an explicit environment (tests, embedding).
+    pub fn load_with_env<K, V>(
+        paths: &[impl AsRef<Path>],
+        env: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<Loaded, ConfigError>
+    where
+        K: Into<OsString>,
+        V: Into<OsString>,
+    {
+        let mut ini = Ini::new();
+        for path in paths {
+            let path = path.as_ref();
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+                path: path.to_owned(),
+                source,
+            })?;
+            ini.merge(Ini::parse(&text, &path.display().to_string())?);
+        }
+        let env_warnings = apply_env_overrides(&mut ini, env)?;
+        let mut loaded = Self::from_ini(&ini)?;
+        for w in &env_warnings {
+            tracing::warn!("{w}");
+        }
+        loaded.warnings.splice(0..0, env_warnings);
+        Ok(loaded)
+    }
+
+    /// Parses one INI text (no environment overrides).
+    pub fn from_ini_str(text: &str) -> Result<Loaded, ConfigError> {
+        Self::from_ini(&Ini::parse(text, "<string>")?)
+    }
+
+    /// Builds the typed configuration from a raw document.
+    pub fn from_ini(ini: &Ini) -> Result<Loaded, ConfigError> {
+        let mut errors = Vec::new();
+        let mut warnings = unknown_names(ini);
+        let mut config = read_fixed_sections(ini, &mut errors);
+
+        for section in ini.section_names() {
+            let Some(name) = section.strip_prefix(DEPLOYMENT_SECTION_PREFIX) else {
+                continue;
+            };
+            let name = name.trim();
+            if name.is_empty() || name == DEFAULT_DEPLOYMENT {
+                return Err(ConfigError::BadDeploymentName {
+                    section: section.to_owned(),
+                    reason: if name.is_empty() {
+                        "the deployment name is empty".to_owned()
+                    } else {
+                        "the deployment \"default\" is configured in [neutron]".to_owned()
+                    },
+                });
+            }
+            if config.extra_deployments.iter().any(|(n, _)| n == name) {
+                return Err(ConfigError::BadDeploymentName {
+                    section: section.to_owned(),
+                    reason: format!("deployment {name:?} is declared twice"),
+                });
+            }
+            let auth = NeutronAuthSection::from_ini(ini, section, &mut errors);
+            config.extra_deployments.push((name.to_owned(), auth));
+        }
+
+        fold_deprecated(ini, &mut config, &mut warnings);
+        check_rules(ini, &config, &mut errors);
+
+        if !errors.is_empty() {
+            return Err(ConfigError::Invalid(errors));
+        }
+        for w in &warnings {
+            tracing::warn!("{w}");
+        }
+        Ok(Loaded { config, warnings })
+    }
+
+    /// Every OpenStack deployment: `("default", [neutron])` first, then the
+    /// `[deployment:<name>]` sections in declaration order.
+    pub fn deployments(&self) -> Vec<(&str, &NeutronAuthSection)> {
+        std::iter::once((DEFAULT_DEPLOYMENT, &self.neutron))
+            .chain(self.extra_deployments.iter().map(|(n, a)| (n.as_str(), a)))
+            .collect()
+    }
+
+    /// One deployment by name (`"default"` is `[neutron]`).
+    pub fn deployment(&self, name: &str) -> Option<&NeutronAuthSection> {
+        self.deployments()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, a)| a)
+    }
+}
+
+/// Applies `KURYR__<SECTION>__<OPTION>=value` and `KURYR__DEPLOYMENT__<NAME>__<OPTION>=value`
+/// to `ini`. Section names match existing sections case-insensitively and are lower-cased
+/// otherwise (`DEFAULT` stays `DEFAULT`); option names are lower-cased.
+pub fn apply_env_overrides<K, V>(
+    ini: &mut Ini,
+    env: impl IntoIterator<Item = (K, V)>,
+) -> Result<Vec<Warning>, ConfigError>
+where
+    K: Into<OsString>,
+    V: Into<OsString>,
+{
+    let mut warnings = Vec::new();
+    // Sorted so that the result does not depend on the environment's order.
+    let mut vars: Vec<(String, String)> = Vec::new();
+    for (k, v) in env {
+        let (k, v): (OsString, OsString) = (k.into(), v.into());
+        let Some(key) = k.to_str() else { continue };
+        if !key.starts_with(ENV_PREFIX) {
+            continue;
+        }
+        let value = v.into_string().map_err(|_| ConfigError::Env {
+            var: key.to_owned(),
+            message: "the value is not valid UTF-8".to_owned(),
+        })?;
+        vars.push((key.to_owned(), value));
+    }
+    vars.sort();
+
+    for (var, value) in vars {
+        let parts: Vec<&str> = var[ENV_PREFIX.len()..].split("__").collect();
+        let (section, option) = match parts.as_slice() {
+            [dep, name, option] if dep.eq_ignore_ascii_case("deployment") && !name.is_empty() => (
+                format!("{DEPLOYMENT_SECTION_PREFIX}{}", name.to_ascii_lowercase()),
+                *option,
+            ),
+            [section, option] if !section.is_empty() => (section.to_ascii_lowercase(), *option),
+            _ => {
+                warnings.push(Warning::MalformedEnvVar { var });
+                continue;
+            }
+        };
+        if option.is_empty() {
+            warnings.push(Warning::MalformedEnvVar { var });
+            continue;
+        }
+        let section = ini
+            .section_names()
+            .chain(std::iter::once(DEFAULT_SECTION))
+            .find(|s| s.eq_ignore_ascii_case(&section))
+            .map(str::to_owned)
+            .unwrap_or(section);
+        let origin = Origin::Env { var: var.clone() };
+        ini.set(&section, &option.to_ascii_lowercase(), value, origin);
+    }
+    Ok(warnings)
+}
+
+fn unknown_names(ini: &Ini) -> Vec<Warning> {
+    let all_options: BTreeSet<&str> = KNOWN_SECTIONS
+        .iter()
+        .flat_map(|(_, opts)| opts.iter().copied())
+        .chain(NeutronAuthSection::OPTIONS.iter().copied())
+        .collect();
+    let mut warnings = Vec::new();
+    for section in ini.section_names() {
+        let known: Option<&[&str]> = if section.starts_with(DEPLOYMENT_SECTION_PREFIX) {
+            Some(NeutronAuthSection::OPTIONS)
+        } else {
+            KNOWN_SECTIONS
+                .iter()
+                .find(|(name, _)| *name == section)
+                .map(|(_, opts)| *opts)
+        };
+        let Some(known) = known else {
+            let origin = ini.options(section).next().map(|(_, v)| v.origin.clone());
+            warnings.push(Warning::UnknownSection {
+                section: section.to_owned(),
+                origin,
+            });
+            continue;
+        };
+        for (option, value) in ini.options(section) {
+            // A [DEFAULT] option is a fallback for every section, so any option name is known.
+            let is_known = if section == DEFAULT_SECTION {
+                all_options.contains(option)
+            } else {
+                known.contains(&option)
+            };
+            if !is_known {
+                warnings.push(Warning::UnknownOption {
+                    section: section.to_owned(),
+                    option: option.to_owned(),
+                    origin: value.origin.clone(),
+                });
+            }
+        }
+    }
+    warnings
+}
+
+/// Old spellings upstream still honours: keep honouring them, but say so.
+fn fold_deprecated(ini: &Ini, config: &mut KuryrConfig, warnings: &mut Vec<Warning>) {
+    if let Some(raw) = ini.lookup("pod_vif_nested", "worker_nodes_subnet") {
+        warnings.push(Warning::Deprecated {
+            section: "pod_vif_nested".into(),
+            option: "worker_nodes_subnet".into(),
+            advice: "use worker_nodes_subnets (a list)".into(),
+            origin: raw.origin.clone(),
+        });
+        let nested = &mut config.pod_vif_nested;
+        if let Some(subnet) = nested.worker_nodes_subnet.clone()
+            && !nested.worker_nodes_subnets.contains(&subnet)
+        {
+            nested.worker_nodes_subnets.push(subnet);
+        }
+    }
+    if let Some(raw) = ini.lookup("binding", "driver") {
+        warnings.push(Warning::Deprecated {
+            section: "binding".into(),
+            option: "driver".into(),
+            advice: "use default_driver".into(),
+            origin: raw.origin.clone(),
+        });
+        if ini.lookup("binding", "default_driver").is_none()
+            && let Some(driver) = config.binding.driver.clone()
+        {
+            config.binding.default_driver = driver;
+        }
+    }
+    if let Some(raw) = ini.lookup("vif_pool", "pools_vif_drivers") {
+        warnings.push(Warning::Deprecated {
+            section: "vif_pool".into(),
+            option: "pools_vif_drivers".into(),
+            advice: "use vif_pool_mapping (pod VIF driver -> pool driver)".into(),
+            origin: raw.origin.clone(),
+        });
+    }
+}
+
+/// Rules that involve more than one value's syntax.
+fn check_rules(ini: &Ini, config: &KuryrConfig, errors: &mut Vec<InvalidValue>) {
+    let mut fail = |section: &str, option: &str, expected: String| {
+        if let Some(raw) = ini.lookup(section, option) {
+            errors.push(InvalidValue {
+                section: section.to_owned(),
+                option: option.to_owned(),
+                value: raw.value.clone(),
+                expected,
+                origin: raw.origin.clone(),
+            });
+        }
+    };
+    let threshold = config.pod_binding.usage_threshold;
+    if !(0.0..=1.0).contains(&threshold) {
+        fail(
+            "pod_binding",
+            "usage_threshold",
+            "expected a fraction between 0 and 1".into(),
+        );
+    }
+    if let Some(w) = config
+        .pod_binding
+        .weigher_multipliers
+        .keys()
+        .find(|w| !config.pod_binding.weighers.contains(w))
+    {
+        fail(
+            "pod_binding",
+            "weigher_multipliers",
+            format!("weigher {:?} is not listed in [pod_binding] weighers", w.as_str()),
+        );
+    }
+}

@@ -1,0 +1,484 @@
+//! Loading whole kuryr.conf files: typed values, precedence, warnings and error texts.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use kuryr_config::*;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+const NO_ENV: [(&str, &str); 0] = [];
+
+fn load(names: &[&str]) -> Loaded {
+    let paths: Vec<PathBuf> = names.iter().map(|n| fixture(n)).collect();
+    match KuryrConfig::load_with_env(&paths, NO_ENV) {
+        Ok(l) => l,
+        Err(e) => panic!("loading {names:?} failed: {e}"),
+    }
+}
+
+fn load_err(text: &str) -> String {
+    match KuryrConfig::from_ini_str(text) {
+        Ok(l) => panic!("expected an error for {text:?}, got {:?}", l.config),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn defaults_match_upstream() {
+    let c = KuryrConfig::default();
+    assert_eq!(
+        c.kubernetes
+            .enabled_handlers
+            .iter()
+            .map(|h| h.as_str())
+            .collect::<Vec<_>>(),
+        ["vif", "endpoints", "service", "kuryrloadbalancer", "kuryrport"]
+    );
+    assert_eq!(c.kubernetes.pod_vif_driver, PodVifDriver::NeutronVif);
+    assert_eq!(c.kubernetes.vif_pool_driver, VifPoolDriver::Noop);
+    assert_eq!(c.kubernetes.multi_vif_drivers, [MultiVifDriver::Noop]);
+    assert_eq!(c.kubernetes.watch_reconcile_period, 120);
+    assert_eq!(c.kubernetes.controller_ha_elector_port, 16401);
+    assert!(c.kubernetes.use_events);
+    assert_eq!(c.vif_pool.ports_pool_min, 5);
+    assert_eq!(c.vif_pool.ports_pool_max, 0);
+    assert_eq!(c.vif_pool.ports_pool_batch.get(), 10);
+    assert_eq!(c.vif_pool.ports_pool_update_frequency, 20);
+    assert_eq!(c.vif_pool.ports_pool_ttl, 0);
+    assert_eq!(c.vif_pool.ports_pool_max_concurrent_populate.get(), 20);
+    assert_eq!(c.neutron_defaults.ovs_bridge, "br-int");
+    assert_eq!(
+        c.cni_daemon.bind_address,
+        "127.0.0.1:5036".parse::<SocketAddr>().expect("addr")
+    );
+    assert_eq!(c.cni_daemon.vif_annotation_timeout, 60);
+    assert_eq!(c.cni_daemon.cni_failures_count, 3);
+    assert_eq!(c.health_server.port, 8082);
+    assert_eq!(c.cni_health_server.port, 8090);
+    assert_eq!(c.prometheus_exporter.controller_exporter_port, 9654);
+    assert_eq!(c.prometheus_exporter.cni_exporter_port, 9655);
+    assert_eq!(c.octavia_defaults.member_mode, MemberMode::L3);
+    assert_eq!(c.binding.default_driver, "kuryr.lib.binding.drivers.veth");
+    assert_eq!(c.pod_vif_nested.rev_update_attempts, 3);
+    assert!(!c.pod_binding.enabled);
+    assert_eq!(c.deployments().len(), 1);
+    // An empty file gives exactly the defaults and no warnings.
+    let empty = KuryrConfig::from_ini_str("").expect("empty config");
+    assert_eq!(empty.config, c);
+    assert!(empty.warnings.is_empty());
+}
+
+#[test]
+fn devstack_file_gives_typed_values() {
+    let Loaded { config: c, warnings } = load(&["devstack-kuryr.conf"]);
+    assert!(c.default.debug);
+    assert!(c.default.use_stderr);
+    let k = &c.kubernetes;
+    assert_eq!(k.api_root, "https://192.168.122.10:6443");
+    assert_eq!(k.token_file.as_deref(), Some("/etc/kuryr/token"));
+    assert!(k.ssl_verify_server_crt);
+    assert!(k.port_debug);
+    assert!(!k.use_events);
+    assert_eq!(k.vif_pool_driver, VifPoolDriver::Neutron);
+    assert_eq!(k.pod_subnets_driver, PodSubnetsDriver::Namespace);
+    assert_eq!(k.pod_security_groups_driver, SecurityGroupsDriver::Policy);
+    assert_eq!(k.service_security_groups_driver, SecurityGroupsDriver::Policy);
+    // The continuation line is part of the list.
+    assert_eq!(k.enabled_handlers.len(), 10);
+    assert_eq!(k.enabled_handlers.last(), Some(&Handler::KuryrNetworkPolicy));
+    assert_eq!(
+        k.multi_vif_drivers,
+        [MultiVifDriver::Noop, MultiVifDriver::NpwgMultipleInterfaces]
+    );
+    assert_eq!(k.watch_reconcile_period, 300);
+    assert_eq!(k.endpoints_driver_octavia_provider, "ovn");
+
+    let n = &c.neutron;
+    assert_eq!(n.auth_type, Some(AuthType::Password));
+    assert_eq!(n.auth_url.as_deref(), Some("http://192.168.122.10/identity"));
+    assert_eq!(n.password.as_ref().map(Secret::expose), Some("secretadmin"));
+    assert_eq!(n.project_domain_name.as_deref(), Some("Default"));
+    assert_eq!(n.region_name.as_deref(), Some("RegionOne"));
+
+    let nd = &c.neutron_defaults;
+    assert_eq!(nd.pod_security_groups.len(), 2);
+    assert_eq!(nd.network_device_mtu, 1450);
+    assert_eq!(nd.resource_tags, ["devstack-k8s", "kuryr"]);
+    assert_eq!(
+        nd.subnet_mapping.get("sriov").map(String::as_str),
+        Some("5f3b1c2d-0000-4000-8000-000000000001")
+    );
+    assert_eq!(
+        c.namespace_subnet.pod_router.as_deref(),
+        Some("3c4d5e6f-7a8b-4c9d-0e1f-2a3b4c5d6e7f")
+    );
+    assert_eq!(c.octavia_defaults.lb_algorithm, LbAlgorithm::SourceIpPort);
+    assert!(!c.octavia_defaults.enforce_sg_rules);
+    assert_eq!(c.vif_pool.ports_pool_ttl, 600);
+    assert_eq!(c.vif_pool.ports_pool_max_concurrent_populate.get(), 8);
+    assert!(c.cni_daemon.docker_mode);
+    assert_eq!(c.cni_daemon.netns_proc_dir.as_deref(), Some("/host_proc"));
+    assert_eq!(c.cni_daemon.vif_annotation_timeout, 120);
+    assert_eq!(c.cni_daemon.cni_failures_count, 5);
+    assert_eq!(c.cni_health_server.max_memory_usage, 1024);
+    assert_eq!(
+        c.sriov.physical_device_mappings,
+        ["physnet1:ens4f0", "physnet2:ens4f1"]
+    );
+    assert_eq!(
+        c.sriov
+            .physnet_resource_mappings
+            .get("physnet2")
+            .map(String::as_str),
+        Some("sriov_b")
+    );
+    assert!(c.sriov.enable_pod_resource_service);
+    assert_eq!(c.subnet_caching.cache_time, 600);
+    assert_eq!(c.nodes_caching.cache_time, 120);
+    assert!(c.nodes_caching.caching);
+    assert!(!c.node_driver_caching.caching);
+    assert_eq!(c.nested_dpdk.dpdk_driver, "vfio-pci");
+
+    // Only the section of another service is reported.
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        matches!(&warnings[0], Warning::UnknownSection { section, .. } if section == "oslo_concurrency"),
+        "{warnings:?}"
+    );
+}
+
+#[test]
+fn nested_vlan_file() {
+    let Loaded { config: c, warnings } = load(&["nested-vlan.conf"]);
+    assert_eq!(c.kubernetes.pod_vif_driver, PodVifDriver::NestedVlan);
+    assert_eq!(c.kubernetes.vif_pool_driver, VifPoolDriver::Nested);
+    assert_eq!(
+        c.pod_vif_nested.worker_nodes_subnets,
+        [
+            "2e3f4a5b-6c7d-4e8f-9a0b-1c2d3e4f5a6b",
+            "3f4a5b6c-7d8e-4f9a-0b1c-2d3e4f5a6b7c"
+        ]
+    );
+    assert_eq!(c.binding.link_iface, "ens3");
+    assert_eq!(c.binding.default_driver, "kuryr.lib.binding.drivers.vlan");
+    assert_eq!(c.vif_pool.ports_pool_min, 2);
+    assert_eq!(c.vif_pool.ports_pool_max, 20);
+    assert_eq!(c.vif_pool.ports_pool_batch.get(), 4);
+    let mapping: BTreeMap<PodVifDriver, VifPoolDriver> = [
+        (PodVifDriver::NestedVlan, VifPoolDriver::Nested),
+        (PodVifDriver::NeutronVif, VifPoolDriver::Neutron),
+    ]
+    .into();
+    assert_eq!(c.vif_pool.vif_pool_mapping, mapping);
+    let n = &c.neutron;
+    assert_eq!(n.auth_type, Some(AuthType::V3Password));
+    // Quotes are stripped like oslo's parser does.
+    assert_eq!(
+        n.password.as_ref().map(Secret::expose),
+        Some("k8s secret with spaces")
+    );
+    assert_eq!(n.interface, Some(Interface::Internal));
+    assert_eq!(n.timeout, Some(30));
+    assert!(n.insecure);
+    // `[binding] driver` is the old name of default_driver.
+    assert!(
+        warnings
+            .iter()
+            .any(|w| matches!(w, Warning::Deprecated { option, .. } if option == "driver")),
+        "{warnings:?}"
+    );
+}
+
+#[test]
+fn several_deployments() {
+    let Loaded { config: c, warnings } = load(&["multi-deployment.conf"]);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let deps = c.deployments();
+    let names: Vec<&str> = deps.iter().map(|(n, _)| *n).collect();
+    assert_eq!(names, ["default", "east", "west"]);
+    assert_eq!(deps[0].1.auth_type, Some(AuthType::Noauth));
+    assert_eq!(
+        deps[0].1.endpoint_override.as_deref(),
+        Some("http://127.0.0.1:9696")
+    );
+    let east = c.deployment("east").expect("east declared");
+    assert_eq!(east.auth_type, Some(AuthType::Password));
+    assert_eq!(east.region_name.as_deref(), Some("East"));
+    assert_eq!(
+        east.resource_affinity.get("tier").map(String::as_str),
+        Some("gold")
+    );
+    assert!(east.binding_enabled);
+    let west = c.deployment("west").expect("west declared");
+    assert_eq!(west.auth_type, Some(AuthType::V3ApplicationCredential));
+    assert_eq!(west.application_credential_id.as_deref(), Some("8b1f0d2e3c4a"));
+    assert_eq!(
+        west.application_credential_secret.as_ref().map(Secret::expose),
+        Some("west-secret")
+    );
+    assert!(!west.binding_enabled);
+    assert!(c.deployment("north").is_none());
+
+    let b = &c.pod_binding;
+    assert!(b.enabled);
+    assert_eq!(
+        b.filters,
+        [
+            BindingFilter::AvailabilityZone,
+            BindingFilter::ResourceAffinity,
+            BindingFilter::UsageThreshold
+        ]
+    );
+    assert_eq!(
+        b.weighers,
+        [BindingWeigher::CreationOrder, BindingWeigher::IdleCapacity]
+    );
+    assert_eq!(
+        b.weigher_multipliers.get(&BindingWeigher::IdleCapacity),
+        Some(&2.5)
+    );
+    assert_eq!(b.usage_threshold, 0.8);
+    assert_eq!(b.subset_size.get(), 2);
+}
+
+#[test]
+fn later_files_win() {
+    let c = load(&["devstack-kuryr.conf", "override.conf"]).config;
+    assert_eq!(c.kubernetes.api_root, "https://k8s-override:6443");
+    assert!(!c.kubernetes.port_debug);
+    assert_eq!(c.vif_pool.ports_pool_batch.get(), 3);
+    assert_eq!(c.neutron.region_name.as_deref(), Some("RegionTwo"));
+    // Untouched values of the first file stay.
+    assert_eq!(c.neutron.username.as_deref(), Some("admin"));
+    assert_eq!(c.vif_pool.ports_pool_ttl, 600);
+    // And the other order.
+    let c = load(&["override.conf", "devstack-kuryr.conf"]).config;
+    assert_eq!(c.kubernetes.api_root, "https://192.168.122.10:6443");
+    assert!(c.kubernetes.port_debug);
+}
+
+#[test]
+fn default_section_is_a_fallback() {
+    let l = KuryrConfig::from_ini_str(
+        "[DEFAULT]\nports_pool_min = 7\nport = 9000\ncaching = false\n[vif_pool]\nports_pool_max = 3\n[cni_health_server]\nport = 8091\n",
+    )
+    .expect("valid");
+    assert_eq!(l.config.vif_pool.ports_pool_min, 7);
+    assert_eq!(l.config.vif_pool.ports_pool_max, 3);
+    // The section's own value beats [DEFAULT]...
+    assert_eq!(l.config.cni_health_server.port, 8091);
+    // ...and [DEFAULT] reaches every section that does not set the option.
+    assert_eq!(l.config.health_server.port, 9000);
+    assert!(!l.config.subnet_caching.caching && !l.config.nodes_caching.caching);
+    // Options of other sections are known in [DEFAULT].
+    assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+}
+
+#[test]
+fn env_overrides_win_over_files() {
+    let env = [
+        ("KURYR__VIF_POOL__PORTS_POOL_MIN", "9"),
+        ("KURYR__KUBERNETES__API_ROOT", "https://from-env:6443"),
+        ("KURYR__DEFAULT__DEBUG", "false"),
+        ("KURYR__DEPLOYMENT__WEST__REGION_NAME", "WestEnv"),
+        ("KURYR__DEPLOYMENT__NORTH__AUTH_TYPE", "noauth"),
+        ("KURYR__NEUTRON__PASSWORD", "from-env"),
+        ("PATH", "/usr/bin"),
+        ("KURYR__BROKEN", "x"),
+    ];
+    let paths = [fixture("devstack-kuryr.conf"), fixture("multi-deployment.conf")];
+    let Loaded { config: c, warnings } = KuryrConfig::load_with_env(&paths, env).expect("valid");
+    assert_eq!(c.vif_pool.ports_pool_min, 9);
+    assert_eq!(c.kubernetes.api_root, "https://from-env:6443");
+    assert!(!c.default.debug);
+    assert_eq!(
+        c.deployment("west").and_then(|d| d.region_name.as_deref()),
+        Some("WestEnv")
+    );
+    assert_eq!(
+        c.deployment("north").and_then(|d| d.auth_type),
+        Some(AuthType::Noauth)
+    );
+    assert_eq!(c.neutron.password.as_ref().map(Secret::expose), Some("from-env"));
+    assert!(
+        warnings.contains(&Warning::MalformedEnvVar {
+            var: "KURYR__BROKEN".into()
+        }),
+        "{warnings:?}"
+    );
+}
+
+#[test]
+fn env_bad_value_names_the_variable() {
+    let err = KuryrConfig::load_with_env(
+        &[fixture("nested-vlan.conf")],
+        [("KURYR__VIF_POOL__PORTS_POOL_MAX", "lots")],
+    )
+    .expect_err("bad env value");
+    let text = err.to_string();
+    assert!(
+        text.contains("[vif_pool] ports_pool_max = \"lots\": expected an integer"),
+        "{text}"
+    );
+    assert!(
+        text.contains("environment variable KURYR__VIF_POOL__PORTS_POOL_MAX"),
+        "{text}"
+    );
+}
+
+#[test]
+fn unknown_names_are_warnings() {
+    let l = KuryrConfig::from_ini_str(
+        "[kubernetes]\napi_rot = http://x\n[vif_pool]\nports_pool_min = 1\n[mystery]\na = 1\n",
+    )
+    .expect("unknown names do not fail");
+    assert_eq!(l.config.vif_pool.ports_pool_min, 1);
+    assert_eq!(l.warnings.len(), 2, "{:?}", l.warnings);
+    let texts: Vec<String> = l.warnings.iter().map(ToString::to_string).collect();
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.starts_with("unknown option [kubernetes] api_rot (from <string>:2)")),
+        "{texts:?}"
+    );
+    assert!(
+        texts.iter().any(|t| t.starts_with("unknown section [mystery]")),
+        "{texts:?}"
+    );
+    let l = KuryrConfig::from_ini_str("[deployment:east]\nauth_typo = password\n").expect("valid");
+    assert!(
+        matches!(&l.warnings[..], [Warning::UnknownOption { section, option, .. }] if section == "deployment:east" && option == "auth_typo"),
+        "{:?}",
+        l.warnings
+    );
+}
+
+#[test]
+fn bad_values_name_section_option_and_value() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "[vif_pool]\nports_pool_min = abc\n",
+            "[vif_pool] ports_pool_min = \"abc\": expected an integer",
+        ),
+        (
+            "[vif_pool]\nports_pool_min = -1\n",
+            "[vif_pool] ports_pool_min = \"-1\": expected an integer between 0 and 4294967295",
+        ),
+        (
+            "[vif_pool]\nports_pool_batch = 0\n",
+            "[vif_pool] ports_pool_batch = \"0\": expected an integer of at least 1",
+        ),
+        (
+            "[kubernetes]\nport_debug = maybe\n",
+            "[kubernetes] port_debug = \"maybe\": expected a boolean",
+        ),
+        (
+            "[health_server]\nport = 70000\n",
+            "[health_server] port = \"70000\": expected an integer between 0 and 65535",
+        ),
+        (
+            "[pod_binding]\nusage_threshold = high\n",
+            "[pod_binding] usage_threshold = \"high\": expected a number",
+        ),
+        (
+            "[pod_binding]\nusage_threshold = 1.5\n",
+            "[pod_binding] usage_threshold = \"1.5\": expected a fraction between 0 and 1",
+        ),
+        (
+            "[cni_daemon]\nbind_address = localhost\n",
+            "[cni_daemon] bind_address = \"localhost\": expected an address as ip:port",
+        ),
+        (
+            "[kubernetes]\npod_vif_driver = nested-vxlan\n",
+            "[kubernetes] pod_vif_driver = \"nested-vxlan\": expected one of: neutron-vif, nested-vlan, nested-macvlan, nested-dpdk",
+        ),
+        (
+            "[kubernetes]\nvif_pool_driver = big\n",
+            "[kubernetes] vif_pool_driver = \"big\": expected one of: noop, neutron, nested, multi_pool",
+        ),
+        (
+            "[kubernetes]\nmulti_vif_drivers = noop,magic\n",
+            "[kubernetes] multi_vif_drivers = \"noop,magic\": list item \"magic\": expected one of: noop, npwg_multiple_interfaces, sriov",
+        ),
+        (
+            "[neutron]\nauth_type = token\n",
+            "[neutron] auth_type = \"token\": expected one of: password, v3password, v3applicationcredential, noauth, none",
+        ),
+        (
+            "[neutron_defaults]\nsubnet_mapping = nocolon\n",
+            "[neutron_defaults] subnet_mapping = \"nocolon\": expected key:value pairs",
+        ),
+        (
+            "[vif_pool]\nvif_pool_mapping = neutron:nested\n",
+            "[vif_pool] vif_pool_mapping = \"neutron:nested\": key \"neutron\": expected one of: neutron-vif,",
+        ),
+        (
+            "[pod_binding]\nweigher_multipliers = idle_capacity:2\n",
+            "[pod_binding] weigher_multipliers = \"idle_capacity:2\": weigher \"idle_capacity\" is not listed",
+        ),
+        (
+            "[deployment:east]\ninsecure = sometimes\n",
+            "[deployment:east] insecure = \"sometimes\": expected a boolean",
+        ),
+        (
+            "[DEFAULT]\nports_pool_min = x\n",
+            "[vif_pool] ports_pool_min = \"x\": expected an integer (from <string>:2)",
+        ),
+    ];
+    for (text, expected) in cases {
+        let err = load_err(text);
+        assert!(
+            err.contains(expected),
+            "config {text:?}\n  error: {err}\n  expected to contain: {expected}"
+        );
+    }
+}
+
+#[test]
+fn every_bad_value_is_reported_at_once() {
+    let err = KuryrConfig::from_ini_str("[vif_pool]\nports_pool_min = a\nports_pool_max = b\n")
+        .expect_err("two bad values");
+    let bad: Vec<&str> = err.invalid_values().iter().map(|e| e.option.as_str()).collect();
+    assert_eq!(bad, ["ports_pool_max", "ports_pool_min"]);
+}
+
+#[test]
+fn deployment_names_are_checked() {
+    assert!(load_err("[deployment:default]\nauth_type = noauth\n").contains("configured in [neutron]"));
+    assert!(load_err("[deployment:]\nauth_type = noauth\n").contains("name is empty"));
+}
+
+#[test]
+fn deprecated_singular_worker_subnet_is_folded() {
+    let l = KuryrConfig::from_ini_str("[pod_vif_nested]\nworker_nodes_subnet = subnet-a\n").expect("valid");
+    assert_eq!(l.config.pod_vif_nested.worker_nodes_subnets, ["subnet-a"]);
+    assert!(
+        matches!(&l.warnings[..], [Warning::Deprecated { option, .. }] if option == "worker_nodes_subnet")
+    );
+}
+
+#[test]
+fn missing_file_and_syntax_errors_name_the_file() {
+    let missing = fixture("does-not-exist.conf");
+    let err = KuryrConfig::load_with_env(&[&missing], NO_ENV).expect_err("missing file");
+    assert!(err.to_string().contains("does-not-exist.conf"), "{err}");
+    assert!(matches!(err, ConfigError::Io { .. }));
+    let err = load_err("[kubernetes]\nthis line is wrong\n");
+    assert!(err.contains("<string>:2"), "{err}");
+}
+
+#[test]
+fn secrets_do_not_leak_in_debug_output() {
+    let c = load(&["multi-deployment.conf"]).config;
+    let dump = format!("{c:?}");
+    assert!(
+        !dump.contains("east-pass") && !dump.contains("west-secret"),
+        "{dump}"
+    );
+}
