@@ -44,6 +44,29 @@ pub enum ConfigError {
     /// Every bad value found, so one run shows all of them.
     #[error("{}", join(.0))]
     Invalid(Vec<InvalidValue>),
+    /// Options that must be set given others (e.g. credentials for `auth_type = password`).
+    #[error("{}", join(.0))]
+    Missing(Vec<MissingOption>),
+}
+
+/// An option that has to be set because of another option's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingOption {
+    pub section: String,
+    /// The option, or alternatives joined with " or ".
+    pub option: String,
+    /// Why it is needed, e.g. `auth_type = password`.
+    pub because: String,
+}
+
+impl fmt::Display for MissingOption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "[{}] {} must be set with {}",
+            self.section, self.option, self.because
+        )
+    }
 }
 
 impl ConfigError {
@@ -56,7 +79,7 @@ impl ConfigError {
     }
 }
 
-fn join(errors: &[InvalidValue]) -> String {
+fn join<T: fmt::Display>(errors: &[T]) -> String {
     errors
         .iter()
         .map(ToString::to_string)

@@ -29,7 +29,7 @@ use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::path::Path;
 
-pub use error::{ConfigError, InvalidValue, Warning};
+pub use error::{ConfigError, InvalidValue, MissingOption, Warning};
 pub use ini::{DEFAULT_SECTION, Ini, IniValue, Origin};
 pub use sections::*;
 pub use value::{OptionValue, ScalarValue, Secret};
@@ -175,6 +175,10 @@ impl KuryrConfig {
 
         if !errors.is_empty() {
             return Err(ConfigError::Invalid(errors));
+        }
+        let missing = missing_credentials(&config);
+        if !missing.is_empty() {
+            return Err(ConfigError::Missing(missing));
         }
         for w in &warnings {
             tracing::warn!("{w}");
@@ -336,6 +340,57 @@ fn fold_deprecated(ini: &Ini, config: &mut KuryrConfig, warnings: &mut Vec<Warni
             origin: raw.origin.clone(),
         });
     }
+}
+
+/// Checks each deployment has what its `auth_type` needs, so a typo fails at start-up
+/// rather than at the first Neutron call. A `cloud` (clouds.yaml) entry may supply
+/// everything, so it disables the check.
+fn missing_credentials(config: &KuryrConfig) -> Vec<MissingOption> {
+    let mut missing = Vec::new();
+    for (name, auth) in config.deployments() {
+        let Some(auth_type) = auth.auth_type else { continue };
+        if auth.cloud.is_some() {
+            continue;
+        }
+        let section = if name == DEFAULT_DEPLOYMENT {
+            "neutron".to_owned()
+        } else {
+            format!("{DEPLOYMENT_SECTION_PREFIX}{name}")
+        };
+        let required: &[(&str, bool)] = match auth_type {
+            AuthType::Password | AuthType::V3Password => &[
+                ("auth_url", auth.auth_url.is_some()),
+                (
+                    "username or user_id",
+                    auth.username.is_some() || auth.user_id.is_some(),
+                ),
+                ("password", auth.password.is_some()),
+            ],
+            AuthType::V3ApplicationCredential => &[
+                ("auth_url", auth.auth_url.is_some()),
+                (
+                    "application_credential_id or application_credential_name",
+                    auth.application_credential_id.is_some() || auth.application_credential_name.is_some(),
+                ),
+                (
+                    "application_credential_secret",
+                    auth.application_credential_secret.is_some(),
+                ),
+            ],
+            // Without Keystone there is no catalog to find Neutron in.
+            AuthType::Noauth | AuthType::None => &[("endpoint_override", auth.endpoint_override.is_some())],
+        };
+        for (option, present) in required {
+            if !present {
+                missing.push(MissingOption {
+                    section: section.clone(),
+                    option: (*option).to_owned(),
+                    because: format!("auth_type = {auth_type}"),
+                });
+            }
+        }
+    }
+    missing
 }
 
 /// Rules that involve more than one value's syntax.

@@ -538,3 +538,17 @@ config_section! {
         subset_size: NonZeroU32 = NonZeroU32::MIN,
     }
 }
+
+impl NeutronAuthSection {
+    /// The catalog interface to use: `interface`, else kuryr-lib's `endpoint_type`
+    /// (which also accepts the old `publicURL`/`internalURL`/`adminURL` spellings),
+    /// else `public`.
+    pub fn effective_interface(&self) -> Interface {
+        if let Some(i) = self.interface {
+            return i;
+        }
+        let t = self.endpoint_type.trim();
+        let t = t.strip_suffix("URL").unwrap_or(t);
+        t.parse().unwrap_or(Interface::Public)
+    }
+}

@@ -288,6 +288,7 @@ fn env_overrides_win_over_files() {
         ("KURYR__DEFAULT__DEBUG", "false"),
         ("KURYR__DEPLOYMENT__WEST__REGION_NAME", "WestEnv"),
         ("KURYR__DEPLOYMENT__NORTH__AUTH_TYPE", "noauth"),
+        ("KURYR__DEPLOYMENT__NORTH__ENDPOINT_OVERRIDE", "http://north:9696"),
         ("KURYR__NEUTRON__PASSWORD", "from-env"),
         ("PATH", "/usr/bin"),
         ("KURYR__BROKEN", "x"),
@@ -480,5 +481,50 @@ fn secrets_do_not_leak_in_debug_output() {
     assert!(
         !dump.contains("east-pass") && !dump.contains("west-secret"),
         "{dump}"
+    );
+}
+
+#[test]
+fn credentials_required_by_auth_type() {
+    let err =
+        load_err("[deployment:east]\nauth_type = password\nauth_url = https://k:5000/v3\nusername = u\n");
+    assert_eq!(
+        err,
+        "[deployment:east] password must be set with auth_type = password"
+    );
+    let err = load_err("[neutron]\nauth_type = v3applicationcredential\n");
+    assert!(
+        err.contains("[neutron] auth_url must be set with auth_type = v3applicationcredential"),
+        "{err}"
+    );
+    assert!(
+        err.contains("application_credential_id or application_credential_name"),
+        "{err}"
+    );
+    assert!(err.contains("application_credential_secret"), "{err}");
+    let err = load_err("[neutron]\nauth_type = noauth\n");
+    assert_eq!(
+        err,
+        "[neutron] endpoint_override must be set with auth_type = noauth"
+    );
+    // clouds.yaml may hold the credentials.
+    assert!(KuryrConfig::from_ini_str("[neutron]\nauth_type = password\ncloud = openstack\n").is_ok());
+    // No auth_type: nothing is configured yet, nothing is required.
+    assert!(KuryrConfig::from_ini_str("[neutron]\nregion_name = r\n").is_ok());
+}
+
+#[test]
+fn interface_falls_back_to_endpoint_type() {
+    let c = KuryrConfig::from_ini_str("[neutron]\nendpoint_type = internalURL\n")
+        .expect("valid")
+        .config;
+    assert_eq!(c.neutron.effective_interface(), Interface::Internal);
+    let c = KuryrConfig::from_ini_str("[neutron]\nendpoint_type = admin\ninterface = public\n")
+        .expect("valid")
+        .config;
+    assert_eq!(c.neutron.effective_interface(), Interface::Public);
+    assert_eq!(
+        KuryrConfig::default().neutron.effective_interface(),
+        Interface::Public
     );
 }
