@@ -260,6 +260,31 @@ where
     Ok(warnings)
 }
 
+/// Sections upstream's files carry for Python libraries kuryr-rs replaces (oslo.concurrency
+/// locks, os-vif privsep helpers). devstack writes them into every kuryr.conf, so they are
+/// skipped quietly instead of warned about.
+pub const PYTHON_ONLY_SECTIONS: &[&str] = &[
+    "oslo_concurrency",
+    "vif_plug_ovs_privileged",
+    "vif_plug_linux_bridge_privileged",
+    "os_vif_ovs",
+    "os_vif_linux_bridge",
+    "privsep",
+];
+
+/// keystonemiddleware options devstack's `configure_auth_token_middleware` writes into
+/// `[neutron]`; they configure token validation of incoming requests, which kuryr never does.
+pub const PYTHON_ONLY_AUTH_OPTIONS: &[&str] = &[
+    "www_authenticate_uri",
+    "memcached_servers",
+    "signing_dir",
+    "service_token_roles_required",
+    "service_type",
+    "auth_section",
+    "collect_timing",
+    "split_loggers",
+];
+
 fn unknown_names(ini: &Ini) -> Vec<Warning> {
     let all_options: BTreeSet<&str> = KNOWN_SECTIONS
         .iter()
@@ -268,6 +293,11 @@ fn unknown_names(ini: &Ini) -> Vec<Warning> {
         .collect();
     let mut warnings = Vec::new();
     for section in ini.section_names() {
+        if PYTHON_ONLY_SECTIONS.contains(&section) {
+            tracing::debug!("section [{section}] configures a Python library kuryr-rs does not use; ignored");
+            continue;
+        }
+        let is_auth = section == "neutron" || section.starts_with(DEPLOYMENT_SECTION_PREFIX);
         let known: Option<&[&str]> = if section.starts_with(DEPLOYMENT_SECTION_PREFIX) {
             Some(NeutronAuthSection::OPTIONS)
         } else {
@@ -291,6 +321,10 @@ fn unknown_names(ini: &Ini) -> Vec<Warning> {
             } else {
                 known.contains(&option)
             };
+            if !is_known && is_auth && PYTHON_ONLY_AUTH_OPTIONS.contains(&option) {
+                tracing::debug!("[{section}] {option} is a keystonemiddleware option; ignored");
+                continue;
+            }
             if !is_known {
                 warnings.push(Warning::UnknownOption {
                     section: section.to_owned(),
