@@ -1,1 +1,6 @@
-//! kuryr-daemon
+//! kuryr-daemon: the CNI daemon of kuryr-rs.
+//!
+//! - [`netlink`]: thin typed netlink layer (namespaces entered on dedicated OS threads)
+//! - [`binding`]: binding drivers (`neutron-vif` bridge/OVS, `nested-vlan`, `nested-macvlan`, `sriov`)
+
+pub mod netlink;
