@@ -1,1 +1,30 @@
-//! kuryr-neutron
+//! kuryr-neutron: Keystone v3 authentication and a typed OpenStack Neutron client.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), kuryr_neutron::Error> {
+//! use kuryr_neutron::{ClientOptions, ListFilter, NeutronClient, PortCreate};
+//! let client = NeutronClient::new(&ClientOptions::noauth("http://127.0.0.1:9696"))?;
+//! let ports = client.list_ports(&ListFilter::new().device_owner("compute:kuryr").limit(100)).await?;
+//! let port = client.create_port(&PortCreate { name: Some("p".into()), ..PortCreate::new("net-id") }).await?;
+//! # let _ = (ports, port); Ok(()) }
+//! ```
+//!
+//! Transport rules: every call passes through one semaphore (`max_concurrent_requests`), is logged at debug level with
+//! method, path, status, latency and `x-openstack-request-id` (never the token), is reported to the optional
+//! [`Metrics`] hook, and is retried with exponential backoff + jitter on connection failures, 5xx and 429 when it is
+//! idempotent (GET, PUT, DELETE; POST only when the connection could not be established). A 401 triggers one
+//! re-authentication and one resend.
+
+pub mod auth;
+pub mod client;
+pub mod error;
+pub mod filter;
+pub mod metrics;
+pub mod types;
+
+pub use auth::{AuthOptions, AuthType, ClientOptions, Interface, Secret};
+pub use client::{NeutronClient, Page};
+pub use error::{ApiError, Error, ErrorKind, Result};
+pub use filter::ListFilter;
+pub use metrics::{CallRecord, Metrics, Outcome};
+pub use types::*;

@@ -1,0 +1,264 @@
+//! Typed errors. Neutron reports failures as `{"NeutronError": {"type", "message", "detail"}}`; the `type` is mapped
+//! onto [`ErrorKind`] so callers match on kinds instead of parsing messages.
+
+use std::fmt;
+
+use crate::auth::AuthError;
+
+/// The `NeutronError.type` values kuryr-rs reacts to. Anything else is kept verbatim in [`ErrorKind::Other`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ErrorKind {
+    OverQuota,
+    IpAddressGenerationFailure,
+    IpAddressAlreadyAllocated,
+    PortNotFound,
+    NetworkNotFound,
+    SubnetNotFound,
+    TrunkNotFound,
+    DuplicateSubPort,
+    PortInUseAsSubPort,
+    ParentPortInUse,
+    SubPortBindingError,
+    RevisionNumberConstraintFailed,
+    InvalidInput,
+    /// `BadRequest`/`HTTPBadRequest`, e.g. "Unrecognized attribute(s)".
+    BadRequest,
+    Conflict,
+    /// A 404 whose type is not one of the specific `*NotFound` kinds above.
+    NotFound,
+    Unauthorized,
+    ServiceUnavailable,
+    /// Any other `NeutronError.type` (or, for a body that is not a NeutronError, the HTTP reason).
+    Other {
+        error_type: String,
+    },
+}
+
+impl ErrorKind {
+    /// Map a `NeutronError.type` (possibly empty when the body was not a NeutronError) and HTTP status to a kind.
+    pub fn from_type(error_type: &str, status: u16) -> Self {
+        match error_type {
+            "OverQuota" => Self::OverQuota,
+            "IpAddressGenerationFailure" => Self::IpAddressGenerationFailure,
+            "IpAddressAlreadyAllocated" => Self::IpAddressAlreadyAllocated,
+            "PortNotFound" => Self::PortNotFound,
+            "NetworkNotFound" => Self::NetworkNotFound,
+            "SubnetNotFound" => Self::SubnetNotFound,
+            "TrunkNotFound" => Self::TrunkNotFound,
+            "DuplicateSubPort" => Self::DuplicateSubPort,
+            "PortInUseAsSubPort" => Self::PortInUseAsSubPort,
+            "ParentPortInUse" => Self::ParentPortInUse,
+            "SubPortBindingError" => Self::SubPortBindingError,
+            "RevisionNumberConstraintFailed" => Self::RevisionNumberConstraintFailed,
+            "InvalidInput" => Self::InvalidInput,
+            "BadRequest" | "HTTPBadRequest" => Self::BadRequest,
+            "Conflict" | "HTTPConflict" => Self::Conflict,
+            "NotFound" | "HTTPNotFound" => Self::NotFound,
+            "NotAuthorized" | "HTTPUnauthorized" | "Unauthorized" => Self::Unauthorized,
+            "ServiceUnavailable" | "HTTPServiceUnavailable" => Self::ServiceUnavailable,
+            "" => match status {
+                400 => Self::BadRequest,
+                401 => Self::Unauthorized,
+                404 => Self::NotFound,
+                409 => Self::Conflict,
+                503 => Self::ServiceUnavailable,
+                _ => Self::Other {
+                    error_type: format!("HTTP{status}"),
+                },
+            },
+            other => match status {
+                401 => Self::Unauthorized,
+                503 => Self::ServiceUnavailable,
+                _ => Self::Other {
+                    error_type: other.to_owned(),
+                },
+            },
+        }
+    }
+
+    /// The name as Neutron spells it (for logs and metrics labels).
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::OverQuota => "OverQuota",
+            Self::IpAddressGenerationFailure => "IpAddressGenerationFailure",
+            Self::IpAddressAlreadyAllocated => "IpAddressAlreadyAllocated",
+            Self::PortNotFound => "PortNotFound",
+            Self::NetworkNotFound => "NetworkNotFound",
+            Self::SubnetNotFound => "SubnetNotFound",
+            Self::TrunkNotFound => "TrunkNotFound",
+            Self::DuplicateSubPort => "DuplicateSubPort",
+            Self::PortInUseAsSubPort => "PortInUseAsSubPort",
+            Self::ParentPortInUse => "ParentPortInUse",
+            Self::SubPortBindingError => "SubPortBindingError",
+            Self::RevisionNumberConstraintFailed => "RevisionNumberConstraintFailed",
+            Self::InvalidInput => "InvalidInput",
+            Self::BadRequest => "BadRequest",
+            Self::Conflict => "Conflict",
+            Self::NotFound => "NotFound",
+            Self::Unauthorized => "Unauthorized",
+            Self::ServiceUnavailable => "ServiceUnavailable",
+            Self::Other { error_type } => error_type,
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An error answer from the Neutron API.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub status: u16,
+    pub message: String,
+    /// `x-openstack-request-id` of the failed request, to grep in neutron-server's log.
+    pub request_id: Option<String>,
+    /// Client operation name, e.g. `create_port`.
+    pub operation: &'static str,
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: Neutron answered {} {}: {} (request id {})",
+            self.operation,
+            self.status,
+            self.kind,
+            self.message,
+            self.request_id.as_deref().unwrap_or("none")
+        )
+    }
+}
+
+/// Every error of the client.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Neutron answered with an error status.
+    #[error("{0}")]
+    Api(Box<ApiError>),
+    /// The request did not get an HTTP answer (refused, reset, DNS, TLS, timeout).
+    #[error("{operation}: connection to Neutron failed{}: {source}", if *.timed_out { " (timeout)" } else { "" })]
+    Connection {
+        operation: &'static str,
+        timed_out: bool,
+        #[source]
+        source: reqwest::Error,
+    },
+    /// Neutron answered with a success status but a body we cannot understand.
+    #[error("{operation}: cannot decode Neutron answer (status {status}, request id {}): {message}", request_id.as_deref().unwrap_or("none"))]
+    Decode {
+        operation: &'static str,
+        status: u16,
+        request_id: Option<String>,
+        message: String,
+    },
+    /// Keystone authentication or endpoint discovery failed.
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+    /// Bad client configuration or argument.
+    #[error("invalid Neutron client configuration: {0}")]
+    Config(String),
+}
+
+impl Error {
+    pub fn api(&self) -> Option<&ApiError> {
+        match self {
+            Self::Api(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    pub fn kind(&self) -> Option<&ErrorKind> {
+        self.api().map(|e| &e.kind)
+    }
+
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Self::Api(e) => Some(e.status),
+            Self::Decode { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    pub fn request_id(&self) -> Option<&str> {
+        match self {
+            Self::Api(e) => e.request_id.as_deref(),
+            Self::Decode { request_id, .. } => request_id.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// True for any 404 answer (PortNotFound, TrunkNotFound, ...): "already gone" for delete paths.
+    pub fn is_not_found(&self) -> bool {
+        self.status() == Some(404)
+    }
+
+    pub fn is_kind(&self, kind: &ErrorKind) -> bool {
+        self.kind() == Some(kind)
+    }
+
+    /// Worth retrying later unchanged: connection problems, 5xx, 429. OverQuota and IP exhaustion are not transient:
+    /// they need someone to free resources first.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Connection { .. } => true,
+            Self::Api(e) => e.status >= 500 || e.status == 429 || e.kind == ErrorKind::ServiceUnavailable,
+            Self::Auth(e) => e.is_transient(),
+            Self::Decode { .. } | Self::Config(_) => false,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_known_types_and_falls_back_on_status() {
+        assert_eq!(ErrorKind::from_type("OverQuota", 409), ErrorKind::OverQuota);
+        assert_eq!(ErrorKind::from_type("HTTPBadRequest", 400), ErrorKind::BadRequest);
+        assert_eq!(ErrorKind::from_type("", 503), ErrorKind::ServiceUnavailable);
+        assert_eq!(ErrorKind::from_type("", 404), ErrorKind::NotFound);
+        assert_eq!(
+            ErrorKind::from_type("TagNotFound", 404),
+            ErrorKind::Other {
+                error_type: "TagNotFound".into()
+            }
+        );
+        assert_eq!(ErrorKind::from_type("Whatever", 401), ErrorKind::Unauthorized);
+    }
+
+    #[test]
+    fn transient_only_for_server_side_trouble() {
+        let mk = |kind, status| {
+            Error::Api(Box::new(ApiError {
+                kind,
+                status,
+                message: String::new(),
+                request_id: Some("req-1".into()),
+                operation: "op",
+            }))
+        };
+        assert!(mk(ErrorKind::ServiceUnavailable, 503).is_transient());
+        assert!(
+            mk(
+                ErrorKind::Other {
+                    error_type: "HTTP429".into()
+                },
+                429
+            )
+            .is_transient()
+        );
+        assert!(!mk(ErrorKind::OverQuota, 409).is_transient());
+        let e = mk(ErrorKind::PortNotFound, 404);
+        assert!(e.is_not_found());
+        assert_eq!(e.request_id(), Some("req-1"));
+        assert!(e.to_string().contains("op: Neutron answered 404 PortNotFound"));
+    }
+}
