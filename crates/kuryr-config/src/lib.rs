@@ -134,6 +134,25 @@ impl KuryrConfig {
         Ok(loaded)
     }
 
+    /// The `*.conf` files of an oslo `--config-dir`, sorted by name (the order oslo loads
+    /// them in, so later names win).
+    pub fn config_dir_files(dir: impl AsRef<Path>) -> Result<Vec<std::path::PathBuf>, ConfigError> {
+        let dir = dir.as_ref();
+        let io = |source| ConfigError::Io {
+            path: dir.to_owned(),
+            source,
+        };
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(io)? {
+            let path = entry.map_err(io)?.path();
+            if path.extension().is_some_and(|e| e == "conf") && path.is_file() {
+                files.push(path);
+            }
+        }
+        files.sort();
+        Ok(files)
+    }
+
     /// Parses one INI text (no environment overrides).
     pub fn from_ini_str(text: &str) -> Result<Loaded, ConfigError> {
         Self::from_ini(&Ini::parse(text, "<string>")?)

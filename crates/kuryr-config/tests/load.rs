@@ -531,3 +531,40 @@ fn interface_falls_back_to_endpoint_type() {
         Interface::Public
     );
 }
+
+#[test]
+fn config_dir_lists_conf_files_in_name_order() {
+    let files = KuryrConfig::config_dir_files(fixture("")).expect("fixtures dir");
+    let names: Vec<String> = files
+        .iter()
+        .filter_map(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "devstack-kuryr.conf",
+            "multi-deployment.conf",
+            "nested-vlan.conf",
+            "override.conf"
+        ]
+    );
+    let err = KuryrConfig::config_dir_files(fixture("no-such-dir")).expect_err("missing dir");
+    assert!(err.to_string().contains("no-such-dir"), "{err}");
+}
+
+#[test]
+fn serialized_dump_uses_conf_spellings_and_hides_secrets() {
+    let c = load(&["multi-deployment.conf", "nested-vlan.conf"]).config;
+    let json = serde_json::to_value(&c).expect("serializable");
+    assert_eq!(json["kubernetes"]["pod_vif_driver"], "nested-vlan");
+    assert_eq!(json["vif_pool"]["vif_pool_mapping"]["nested-vlan"], "nested");
+    assert_eq!(json["vif_pool"]["ports_pool_batch"], 4);
+    assert_eq!(json["neutron"]["password"], "***");
+    assert_eq!(json["extra_deployments"][1][0], "west");
+    assert_eq!(
+        json["extra_deployments"][1][1]["application_credential_secret"],
+        "***"
+    );
+    assert!(!json.to_string().contains("west-secret"));
+}
