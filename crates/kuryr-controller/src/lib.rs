@@ -1,1 +1,15 @@
-//! kuryr-controller
+//! kuryr-controller: turns Kubernetes objects into OpenStack Neutron resources.
+//!
+//! - [`pipeline`]: the seed 003 handler pipeline (Async, Dispatcher, Retry, LogExceptions)
+//! - [`watcher`]: list+watch per kind with resume, re-list and periodic reconcile
+//! - `handlers`: `vif`, `kuryrport`, `namespace`, `kuryrnetwork`
+//! - `drivers`: project, subnets, security groups, VIF (neutron-vif, nested-vlan, nested-macvlan),
+//!   pool, multi-VIF
+
+pub mod error;
+pub mod k8s;
+pub mod metrics;
+pub mod pipeline;
+pub mod watcher;
+
+pub use error::{Error, Result};

@@ -1,0 +1,181 @@
+//! Prometheus metrics of the controller (exported on `[prometheus_exporter] controller_exporter_port`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+type Labels2 = Vec<(&'static str, String)>;
+
+fn latency_buckets() -> impl Iterator<Item = f64> {
+    // 5 ms .. ~80 s: from a pool hit to a cold nested trunk on a busy cloud.
+    prometheus_client::metrics::histogram::exponential_buckets(0.005, 2.0, 15)
+}
+
+struct Inner {
+    registry: Registry,
+    handler_failures: Family<Labels2, Counter>,
+    retries: Family<Labels2, Counter>,
+    events: Family<Labels2, Counter>,
+    queue_depth: Gauge,
+    stage_latency: Family<Labels2, Histogram>,
+    neutron_calls: Family<Labels2, Counter>,
+    neutron_latency: Family<Labels2, Histogram>,
+    pool: Family<Labels2, Gauge>,
+    pool_events: Family<Labels2, Counter>,
+}
+
+/// Cheap to clone; every clone reports into the same registry.
+#[derive(Clone)]
+pub struct Metrics(Arc<Inner>);
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("kuryr");
+        let handler_failures = Family::<Labels2, Counter>::default();
+        let retries = Family::<Labels2, Counter>::default();
+        let events = Family::<Labels2, Counter>::default();
+        let queue_depth = Gauge::default();
+        let stage_latency =
+            Family::<Labels2, Histogram>::new_with_constructor(|| Histogram::new(latency_buckets()));
+        let neutron_calls = Family::<Labels2, Counter>::default();
+        let neutron_latency =
+            Family::<Labels2, Histogram>::new_with_constructor(|| Histogram::new(latency_buckets()));
+        let pool = Family::<Labels2, Gauge>::default();
+        let pool_events = Family::<Labels2, Counter>::default();
+        registry.register(
+            "handler_failures",
+            "Handler failures by handler and error kind",
+            handler_failures.clone(),
+        );
+        registry.register("handler_retries", "Retries by handler", retries.clone());
+        registry.register(
+            "watch_events",
+            "Watch events received by kind and type",
+            events.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Objects with a pending or running pipeline queue",
+            queue_depth.clone(),
+        );
+        registry.register(
+            "pod_wiring_stage_seconds",
+            "Pod wiring latency by stage (request, activate, total)",
+            stage_latency.clone(),
+        );
+        registry.register(
+            "neutron_calls",
+            "Neutron API calls by operation and result",
+            neutron_calls.clone(),
+        );
+        registry.register(
+            "neutron_call_seconds",
+            "Neutron API call latency by operation",
+            neutron_latency.clone(),
+        );
+        registry.register("pool_ports", "Ports per pool and state", pool.clone());
+        registry.register(
+            "pool_events",
+            "Pool hits, misses, refills, recycles and deletions",
+            pool_events.clone(),
+        );
+        Self(Arc::new(Inner {
+            registry,
+            handler_failures,
+            retries,
+            events,
+            queue_depth,
+            stage_latency,
+            neutron_calls,
+            neutron_latency,
+            pool,
+            pool_events,
+        }))
+    }
+
+    pub fn handler_failure(&self, handler: &str, kind: &str) {
+        self.0
+            .handler_failures
+            .get_or_create(&vec![
+                ("handler", handler.to_string()),
+                ("kind", kind.to_string()),
+            ])
+            .inc();
+    }
+
+    pub fn retry(&self, handler: &str) {
+        self.0
+            .retries
+            .get_or_create(&vec![("handler", handler.to_string())])
+            .inc();
+    }
+
+    pub fn watch_event(&self, kind: &str, event_type: &str) {
+        self.0
+            .events
+            .get_or_create(&vec![
+                ("kind", kind.to_string()),
+                ("type", event_type.to_string()),
+            ])
+            .inc();
+    }
+
+    pub fn set_queue_depth(&self, depth: usize) {
+        self.0.queue_depth.set(i64::try_from(depth).unwrap_or(i64::MAX));
+    }
+
+    pub fn stage(&self, stage: &'static str, took: Duration) {
+        self.0
+            .stage_latency
+            .get_or_create(&vec![("stage", stage.to_string())])
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn neutron_call(&self, operation: &str, result: &str, took: Duration) {
+        self.0
+            .neutron_calls
+            .get_or_create(&vec![
+                ("operation", operation.to_string()),
+                ("result", result.to_string()),
+            ])
+            .inc();
+        self.0
+            .neutron_latency
+            .get_or_create(&vec![("operation", operation.to_string())])
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn pool_size(&self, pool: &str, state: &'static str, n: usize) {
+        self.0
+            .pool
+            .get_or_create(&vec![("pool", pool.to_string()), ("state", state.to_string())])
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub fn pool_event(&self, event: &'static str, n: u64) {
+        self.0
+            .pool_events
+            .get_or_create(&vec![("event", event.to_string())])
+            .inc_by(n);
+    }
+
+    /// Text exposition format for `/metrics`.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.0.registry);
+        out
+    }
+}

@@ -1,0 +1,122 @@
+//! The Async handler: events of one object strictly in order, different objects concurrently.
+//!
+//! Each object gets a queue on demand, dropped once drained. Because every handler is level-based
+//! (it acts on the object's current state, not on the diff), a queue holds at most ONE pending event:
+//! a newer event for the same object replaces the pending one ("stale events coalesced"). Memory is
+//! therefore bounded by the number of live objects, not by the event rate.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use tokio::sync::{Mutex, Semaphore};
+
+use super::{Event, EventHandler};
+use crate::error::Error;
+
+/// Counters exposed as metrics.
+#[derive(Debug, Default)]
+pub struct AsyncStats {
+    pub received: AtomicU64,
+    pub coalesced: AtomicU64,
+    pub handled: AtomicU64,
+}
+
+type Queues = Arc<Mutex<HashMap<String, Option<Event>>>>;
+
+pub struct Async<H> {
+    inner: Arc<H>,
+    name: String,
+    /// object key -> the pending (newest unhandled) event; the key exists while a worker runs.
+    queues: Queues,
+    workers: Arc<Semaphore>,
+    stats: Arc<AsyncStats>,
+}
+
+impl<H: EventHandler + 'static> Async<H> {
+    /// `max_concurrency` bounds how many objects are handled at once.
+    pub fn new(inner: H, max_concurrency: usize) -> Self {
+        let name = format!("async({})", inner.name());
+        Self {
+            inner: Arc::new(inner),
+            name,
+            queues: Arc::default(),
+            workers: Arc::new(Semaphore::new(max_concurrency.max(1))),
+            stats: Arc::default(),
+        }
+    }
+
+    pub fn stats(&self) -> Arc<AsyncStats> {
+        self.stats.clone()
+    }
+
+    /// Objects with a queue right now (being handled or waiting).
+    pub async fn depth(&self) -> usize {
+        self.queues.lock().await.len()
+    }
+
+    async fn run_queue(
+        key: String,
+        inner: Arc<H>,
+        queues: Queues,
+        workers: Arc<Semaphore>,
+        stats: Arc<AsyncStats>,
+    ) {
+        loop {
+            let event = {
+                let mut q = queues.lock().await;
+                match q.get_mut(&key).and_then(Option::take) {
+                    Some(ev) => ev,
+                    None => {
+                        // Drained: drop the queue so memory follows live objects only.
+                        q.remove(&key);
+                        return;
+                    }
+                }
+            };
+            // A closed semaphore only happens on shutdown; stop quietly then.
+            let Ok(_permit) = workers.acquire().await else {
+                return;
+            };
+            // LogExceptions wrappers below us normally swallow errors; one reaching here is logged
+            // rather than lost.
+            if let Err(e) = inner.handle(event).await {
+                tracing::error!(queue = %key, error = %e, "unhandled pipeline error");
+            }
+            stats.handled.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[async_trait]
+impl<H: EventHandler + 'static> EventHandler for Async<H> {
+    async fn handle(&self, event: Event) -> Result<(), Error> {
+        self.stats.received.fetch_add(1, Ordering::Relaxed);
+        let key = event.group_key();
+        let mut q = self.queues.lock().await;
+        match q.get_mut(&key) {
+            Some(pending) => {
+                if let Some(old) = pending.replace(event) {
+                    tracing::trace!(queue = %key, dropped = old.event_type.as_str(), "coalesced stale event");
+                    self.stats.coalesced.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            None => {
+                q.insert(key.clone(), Some(event));
+                tokio::spawn(Self::run_queue(
+                    key,
+                    self.inner.clone(),
+                    self.queues.clone(),
+                    self.workers.clone(),
+                    self.stats.clone(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+}

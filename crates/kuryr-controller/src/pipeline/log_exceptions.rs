@@ -1,0 +1,44 @@
+//! LogExceptions: the last stop for a failure. It is logged with the Neutron request id, counted, and
+//! swallowed so it never affects other objects or other handlers.
+
+use async_trait::async_trait;
+
+use super::{Event, EventHandler};
+use crate::error::Error;
+use crate::metrics::Metrics;
+
+pub struct LogExceptions<H> {
+    inner: H,
+    name: String,
+    metrics: Metrics,
+}
+
+impl<H: EventHandler> LogExceptions<H> {
+    pub fn new(inner: H, metrics: Metrics) -> Self {
+        let name = inner.name().to_string();
+        Self { inner, name, metrics }
+    }
+}
+
+#[async_trait]
+impl<H: EventHandler> EventHandler for LogExceptions<H> {
+    async fn handle(&self, event: Event) -> Result<(), Error> {
+        if let Err(e) = self.inner.handle(event.clone()).await {
+            self.metrics.handler_failure(&self.name, e.label());
+            tracing::error!(
+                handler = %self.name,
+                object = %event.object_ref(),
+                event = event.event_type.as_str(),
+                error = %e,
+                kind = e.label(),
+                request_id = e.request_id().unwrap_or("-"),
+                "handler failed"
+            );
+        }
+        Ok(())
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+}

@@ -1,0 +1,99 @@
+//! ResourceEventHandler: the convenience interface for handlers of one Kubernetes kind.
+//!
+//! `on_present` for ADDED/MODIFIED, `on_finalize` once `deletionTimestamp` is set, `on_deleted` for
+//! DELETED. A library user implements this trait and registers it; the pipeline does not change.
+
+use std::fmt::Debug;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use kube::Resource;
+use kube::api::ApiResource;
+use kube::core::GroupVersionKind;
+use serde::de::DeserializeOwned;
+
+use super::{Event, EventHandler, EventType};
+use crate::error::Error;
+
+#[async_trait]
+pub trait ResourceEventHandler: Send + Sync + 'static {
+    type Object: Resource<DynamicType = ()> + DeserializeOwned + Clone + Debug + Send + Sync + 'static;
+
+    /// The upstream handler name used in `[kubernetes] enabled_handlers`.
+    fn name(&self) -> &'static str;
+
+    async fn on_present(&self, _obj: &Self::Object) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn on_finalize(&self, _obj: &Self::Object) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn on_deleted(&self, _obj: &Self::Object) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// Watch options for this kind (label/field selector), when the handler only cares about a subset.
+    fn selector(&self) -> WatchSelector {
+        WatchSelector::default()
+    }
+}
+
+/// Label/field selectors for the watch of a kind. Handlers of the same kind share one watch, so the
+/// pipeline only narrows it when all of them agree.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatchSelector {
+    pub labels: Option<String>,
+    pub fields: Option<String>,
+}
+
+/// Adapts a typed [`ResourceEventHandler`] to the untyped pipeline.
+pub struct Typed<H: ResourceEventHandler> {
+    handler: Arc<H>,
+    _k: PhantomData<fn() -> H::Object>,
+}
+
+impl<H: ResourceEventHandler> Typed<H> {
+    pub fn new(handler: Arc<H>) -> Self {
+        Self {
+            handler,
+            _k: PhantomData,
+        }
+    }
+
+    pub fn api_resource() -> ApiResource {
+        ApiResource::erase::<H::Object>(&())
+    }
+
+    pub fn gvk() -> GroupVersionKind {
+        let ar = Self::api_resource();
+        GroupVersionKind::gvk(&ar.group, &ar.version, &ar.kind)
+    }
+
+    pub fn selector(&self) -> WatchSelector {
+        self.handler.selector()
+    }
+}
+
+#[async_trait]
+impl<H: ResourceEventHandler> EventHandler for Typed<H> {
+    async fn handle(&self, event: Event) -> Result<(), Error> {
+        let obj: H::Object = event.object.as_ref().clone().try_parse().map_err(|e| {
+            Error::invalid(
+                event.object_ref(),
+                format!("cannot parse as {}: {e}", event.resource.kind),
+            )
+        })?;
+        match event.event_type {
+            EventType::Deleted => self.handler.on_deleted(&obj).await,
+            _ if obj.meta().deletion_timestamp.is_some() => self.handler.on_finalize(&obj).await,
+            _ => self.handler.on_present(&obj).await,
+        }
+    }
+
+    fn name(&self) -> &str {
+        self.handler.name()
+    }
+}

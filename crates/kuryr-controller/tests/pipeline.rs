@@ -1,0 +1,297 @@
+//! The pipeline's semantics, tested without any API server.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::watcher::Event as WEvent;
+use kuryr_controller::Error;
+use kuryr_controller::k8s::ObjectSource;
+use kuryr_controller::metrics::Metrics;
+use kuryr_controller::pipeline::{
+    Async, Dispatcher, Event, EventHandler, EventType, LogExceptions, Retry, RetryPolicy,
+};
+use kuryr_controller::watcher::KnownObjects;
+use tokio::sync::Mutex;
+
+fn pod_resource() -> Arc<ApiResource> {
+    Arc::new(ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&()))
+}
+
+fn obj(name: &str, uid: &str, rv: &str) -> DynamicObject {
+    let mut o = DynamicObject::new(name, &pod_resource()).within("default");
+    o.metadata.uid = Some(uid.into());
+    o.metadata.resource_version = Some(rv.into());
+    o
+}
+
+fn ev(ty: EventType, name: &str, uid: &str, rv: &str) -> Event {
+    Event::new(ty, pod_resource(), obj(name, uid, rv))
+}
+
+/// Records (object, rv) in handling order; sleeps per event to expose concurrency.
+#[derive(Default)]
+struct Recorder {
+    seen: Mutex<Vec<(String, String)>>,
+    delay: Duration,
+    in_flight: Mutex<HashMap<String, bool>>,
+    overlapped: Mutex<bool>,
+}
+
+#[async_trait]
+impl EventHandler for Recorder {
+    async fn handle(&self, event: Event) -> Result<(), Error> {
+        let name = event.object.metadata.name.clone().unwrap_or_default();
+        {
+            let mut f = self.in_flight.lock().await;
+            if f.insert(name.clone(), true) == Some(true) {
+                *self.overlapped.lock().await = true;
+            }
+        }
+        tokio::time::sleep(self.delay).await;
+        self.in_flight.lock().await.insert(name.clone(), false);
+        let rv = event.object.metadata.resource_version.clone().unwrap_or_default();
+        self.seen.lock().await.push((name, rv));
+        Ok(())
+    }
+    fn name(&self) -> &str {
+        "recorder"
+    }
+}
+
+async fn wait_idle<H: EventHandler + 'static>(a: &Async<H>) {
+    for _ in 0..500 {
+        if a.depth().await == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("async queues never drained");
+}
+
+#[tokio::test]
+async fn async_keeps_per_object_order_and_coalesces_stale_events() {
+    let rec = Arc::new(Recorder {
+        delay: Duration::from_millis(30),
+        ..Default::default()
+    });
+    let a = Async::new(rec.clone(), 8);
+    // a: 1 is handled at once; 2, 3, 4 arrive while 1 runs -> only 4 (the newest) is handled next.
+    a.handle(ev(EventType::Modified, "a", "uid-a", "1"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    for rv in ["2", "3", "4"] {
+        a.handle(ev(EventType::Modified, "a", "uid-a", rv)).await.unwrap();
+    }
+    a.handle(ev(EventType::Added, "b", "uid-b", "10")).await.unwrap();
+    wait_idle(&a).await;
+    let seen = rec.seen.lock().await.clone();
+    let a_rvs: Vec<_> = seen
+        .iter()
+        .filter(|(n, _)| n == "a")
+        .map(|(_, rv)| rv.as_str())
+        .collect();
+    assert_eq!(
+        a_rvs,
+        vec!["1", "4"],
+        "stale events must be coalesced, order kept"
+    );
+    assert!(seen.iter().any(|(n, rv)| n == "b" && rv == "10"));
+    assert!(
+        !*rec.overlapped.lock().await,
+        "one object's events must never run concurrently"
+    );
+    assert_eq!(a.stats().coalesced.load(std::sync::atomic::Ordering::Relaxed), 2);
+    assert_eq!(a.depth().await, 0, "queues are dropped once empty");
+}
+
+#[tokio::test]
+async fn async_handles_different_objects_concurrently() {
+    let rec = Arc::new(Recorder {
+        delay: Duration::from_millis(200),
+        ..Default::default()
+    });
+    let a = Async::new(rec.clone(), 16);
+    let start = std::time::Instant::now();
+    for i in 0..10 {
+        a.handle(ev(EventType::Added, &format!("p{i}"), &format!("u{i}"), "1"))
+            .await
+            .unwrap();
+    }
+    wait_idle(&a).await;
+    assert_eq!(rec.seen.lock().await.len(), 10);
+    // Sequential handling would need 2 s.
+    assert!(
+        start.elapsed() < Duration::from_millis(1500),
+        "took {:?}",
+        start.elapsed()
+    );
+}
+
+/// Fails with ResourceNotReady `fail_times` times, then succeeds; records the rv it saw each time.
+struct Flaky {
+    fail_times: Mutex<u32>,
+    error: fn() -> Error,
+    seen_rvs: Mutex<Vec<String>>,
+}
+
+#[async_trait]
+impl EventHandler for Flaky {
+    async fn handle(&self, event: Event) -> Result<(), Error> {
+        self.seen_rvs
+            .lock()
+            .await
+            .push(event.object.metadata.resource_version.clone().unwrap_or_default());
+        let mut n = self.fail_times.lock().await;
+        if *n > 0 {
+            *n -= 1;
+            return Err((self.error)());
+        }
+        Ok(())
+    }
+    fn name(&self) -> &str {
+        "flaky"
+    }
+}
+
+/// An object source that serves a fixed current state.
+struct Source(Mutex<Option<DynamicObject>>);
+
+#[async_trait]
+impl ObjectSource for Source {
+    async fn get(&self, _: &ApiResource, _: Option<&str>, _: &str) -> Result<Option<DynamicObject>, Error> {
+        Ok(self.0.lock().await.clone())
+    }
+}
+
+fn fast_policy() -> RetryPolicy {
+    RetryPolicy {
+        initial: Duration::from_millis(5),
+        max_interval: Duration::from_millis(20),
+        deadline: Duration::from_secs(5),
+    }
+}
+
+#[tokio::test]
+async fn retry_rereads_the_object_and_succeeds() {
+    let flaky = Arc::new(Flaky {
+        fail_times: Mutex::new(2),
+        error: || Error::not_ready("vif not active"),
+        seen_rvs: Mutex::default(),
+    });
+    let source = Arc::new(Source(Mutex::new(Some(obj("a", "uid-a", "7")))));
+    let r = Retry::new(flaky.clone(), source, fast_policy(), Metrics::new());
+    r.handle(ev(EventType::Modified, "a", "uid-a", "1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        *flaky.seen_rvs.lock().await,
+        vec!["1", "7", "7"],
+        "retries see the re-read object"
+    );
+}
+
+#[tokio::test]
+async fn retry_drops_the_event_when_the_object_is_gone() {
+    let flaky = Arc::new(Flaky {
+        fail_times: Mutex::new(100),
+        error: || Error::not_ready("x"),
+        seen_rvs: Mutex::default(),
+    });
+    let r = Retry::new(
+        flaky.clone(),
+        Arc::new(Source(Mutex::new(None))),
+        fast_policy(),
+        Metrics::new(),
+    );
+    r.handle(ev(EventType::Modified, "a", "uid-a", "1"))
+        .await
+        .unwrap();
+    assert_eq!(flaky.seen_rvs.lock().await.len(), 1);
+}
+
+#[tokio::test]
+async fn retry_does_not_retry_permanent_errors_and_gives_up_at_the_deadline() {
+    let flaky = Arc::new(Flaky {
+        fail_times: Mutex::new(100),
+        error: || Error::invalid("metadata.annotations", "bad json"),
+        seen_rvs: Mutex::default(),
+    });
+    let source = Arc::new(Source(Mutex::new(Some(obj("a", "uid-a", "1")))));
+    let r = Retry::new(flaky.clone(), source.clone(), fast_policy(), Metrics::new());
+    let err = r
+        .handle(ev(EventType::Modified, "a", "uid-a", "1"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidInput { .. }));
+    assert_eq!(flaky.seen_rvs.lock().await.len(), 1);
+
+    let flaky = Arc::new(Flaky {
+        fail_times: Mutex::new(u32::MAX),
+        error: || Error::not_ready("never"),
+        seen_rvs: Mutex::default(),
+    });
+    let policy = RetryPolicy {
+        deadline: Duration::from_millis(100),
+        ..fast_policy()
+    };
+    let r = Retry::new(flaky.clone(), source, policy, Metrics::new());
+    let err = r
+        .handle(ev(EventType::Modified, "a", "uid-a", "1"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::ResourceNotReady(_)));
+    assert!(flaky.seen_rvs.lock().await.len() > 2);
+}
+
+#[tokio::test]
+async fn log_exceptions_isolates_failures_between_handlers() {
+    let metrics = Metrics::new();
+    let failing = Arc::new(Flaky {
+        fail_times: Mutex::new(1),
+        error: || Error::invalid("spec", "boom"),
+        seen_rvs: Mutex::default(),
+    });
+    let rec = Arc::new(Recorder::default());
+    let mut d = Dispatcher::new();
+    let gvk = kube::core::GroupVersionKind::gvk("", "v1", "Pod");
+    d.register(
+        gvk.clone(),
+        Arc::new(LogExceptions::new(failing.clone(), metrics.clone())),
+    );
+    d.register(gvk, Arc::new(LogExceptions::new(rec.clone(), metrics.clone())));
+    d.handle(ev(EventType::Added, "a", "uid-a", "1")).await.unwrap();
+    assert_eq!(rec.seen.lock().await.len(), 1, "the second handler still ran");
+    let text = metrics.encode();
+    assert!(
+        text.contains("kuryr_handler_failures_total{handler=\"flaky\",kind=\"InvalidInput\"} 1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn known_objects_emit_deletes_for_objects_missing_after_a_relist() {
+    let mut k = KnownObjects::default();
+    assert_eq!(k.apply(WEvent::Apply(obj("a", "ua", "1")))[0].0, EventType::Added);
+    assert_eq!(k.apply(WEvent::Apply(obj("b", "ub", "2")))[0].0, EventType::Added);
+    assert_eq!(
+        k.apply(WEvent::Apply(obj("a", "ua", "3")))[0].0,
+        EventType::Modified
+    );
+    // Re-list after a 410: "a" unchanged, "b" deleted while we were away, "c" new.
+    assert!(k.apply(WEvent::Init).is_empty());
+    assert!(
+        k.apply(WEvent::InitApply(obj("a", "ua", "3"))).is_empty(),
+        "unchanged objects are not re-sent"
+    );
+    let c = k.apply(WEvent::InitApply(obj("c", "uc", "9")));
+    assert_eq!(c[0].0, EventType::Added);
+    let done = k.apply(WEvent::InitDone);
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].0, EventType::Deleted);
+    assert_eq!(done[0].1.metadata.name.as_deref(), Some("b"));
+    assert_eq!(k.len(), 2);
+}
