@@ -119,6 +119,9 @@ where
     }
 }
 
+/// (object uid, reason) -> (Event name, count)
+type EventIndex = HashMap<(String, String), (String, i32)>;
+
 /// Publishes core/v1 Events (what `kubectl describe` shows). Repeats of the same reason on the same
 /// object bump `count` on one Event instead of creating a new one each retry.
 #[derive(Clone)]
@@ -126,7 +129,7 @@ pub struct EventRecorder {
     client: Client,
     component: String,
     host: String,
-    seen: Arc<Mutex<HashMap<(String, String), (String, i32)>>>,
+    seen: Arc<Mutex<EventIndex>>,
 }
 
 impl EventRecorder {
