@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! The pipeline's semantics, tested without any API server.
 
 use std::collections::HashMap;
