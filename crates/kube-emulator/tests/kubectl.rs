@@ -1,0 +1,443 @@
+//! Drives the real `kubectl` (v1.32) against the emulator over TLS with a bearer token.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use kube_emulator::{KubeEmulator, KubeOptions};
+
+struct Kubectl {
+    kubeconfig: PathBuf,
+    cache: PathBuf,
+}
+
+impl Kubectl {
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("kubectl");
+        c.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(&self.cache)
+            .args(args);
+        c
+    }
+
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut c = self.cmd(args);
+        c.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().expect("kubectl is installed");
+        if let Some(input) = stdin {
+            child
+                .stdin
+                .take()
+                .expect("stdin piped")
+                .write_all(input.as_bytes())
+                .expect("write stdin");
+        }
+        drop(child.stdin.take());
+        child.wait_with_output().expect("kubectl runs")
+    }
+
+    /// Runs kubectl, asserts success, returns stdout.
+    fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let out = self.run(args, stdin);
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {stderr}\nstdout: {stdout}"
+        );
+        stdout
+    }
+
+    /// Runs kubectl, asserts failure, returns stderr.
+    fn fails(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let out = self.run(args, stdin);
+        assert!(
+            !out.status.success(),
+            "kubectl {args:?} unexpectedly succeeded: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stderr).to_string()
+    }
+
+    fn spawn_lines(&self, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
+        let mut child = self
+            .cmd(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("kubectl spawns");
+        let stdout = child.stdout.take().expect("stdout piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        (child, rx)
+    }
+}
+
+fn wait_line(rx: &mpsc::Receiver<String>, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = Vec::new();
+    while Instant::now() < deadline {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+            if line.contains(needle) {
+                return line;
+            }
+            seen.push(line);
+        }
+    }
+    panic!("no line containing {needle:?}; saw {seen:?}");
+}
+
+fn crd_fixture() -> String {
+    let generated = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds/kuryrport.yaml");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kuryrport-crd.yaml");
+    let path = if generated.exists() { generated } else { fixture };
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+const NAMESPACE: &str = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: ns1\n";
+
+fn pod(label: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: pod1\n  namespace: ns1\n  labels:\n    app: {label}\nspec:\n  containers:\n  - name: c1\n    image: busybox\n    ports:\n    - containerPort: 80\n"
+    )
+}
+
+fn kuryrport(name: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: openstack.org/v1\nkind: KuryrPort\nmetadata:\n  name: {name}\n  namespace: ns1\nspec:\n{spec}"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kubectl_drives_the_emulator() {
+    if Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err()
+    {
+        println!("skipping: kubectl is not installed");
+        return;
+    }
+    let opts = KubeOptions {
+        tls: true,
+        token: Some("s3cret".into()),
+        ..KubeOptions::default()
+    };
+    let handle = KubeEmulator::start(opts).await.expect("emulator starts");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    handle.write_kubeconfig(&kubeconfig).expect("kubeconfig written");
+    let k = Kubectl {
+        kubeconfig,
+        cache: dir.path().join("cache"),
+    };
+
+    let version = k.ok(&["version", "-o", "json"], None);
+    assert!(version.contains("v1.32.0-kube-emulator"), "{version}");
+    assert!(k.ok(&["get", "namespaces"], None).contains("default"));
+
+    // CRD, namespace, pod and a KuryrPort from YAML (client-side apply with server-side field validation).
+    let crd = k.ok(&["apply", "-f", "-"], Some(&crd_fixture()));
+    assert!(
+        crd.contains("customresourcedefinition.apiextensions.k8s.io/kuryrports.openstack.org created"),
+        "{crd}"
+    );
+    assert!(
+        k.ok(&["apply", "-f", "-"], Some(NAMESPACE))
+            .contains("namespace/ns1 created")
+    );
+    assert!(
+        k.ok(&["apply", "-f", "-"], Some(&pod("web")))
+            .contains("pod/pod1 created")
+    );
+    assert!(
+        k.ok(&["apply", "-f", "-"], Some(&pod("web")))
+            .contains("pod/pod1 unchanged")
+    );
+    assert!(
+        k.ok(&["apply", "-f", "-"], Some(&pod("db")))
+            .contains("pod/pod1 configured")
+    );
+    assert_eq!(
+        k.ok(
+            &[
+                "get",
+                "pod",
+                "pod1",
+                "-n",
+                "ns1",
+                "-o",
+                "jsonpath={.metadata.labels.app}"
+            ],
+            None
+        ),
+        "db"
+    );
+    let kp = kuryrport("kp1", "  podUid: uid-1\n  podNodeName: node-a\n");
+    assert!(
+        k.ok(&["apply", "-f", "-"], Some(&kp))
+            .contains("kuryrport.openstack.org/kp1 created")
+    );
+
+    // Printer columns from the CRD.
+    let table = k.ok(&["get", "kp", "-n", "ns1"], None);
+    let mut lines = table.lines();
+    let header = lines.next().unwrap_or_default();
+    for col in ["NAME", "PODUID", "NODENAME", "LABELS"] {
+        assert!(header.contains(col), "missing column {col}: {table}");
+    }
+    let row = lines.next().unwrap_or_default();
+    assert!(
+        row.contains("kp1") && row.contains("uid-1") && row.contains("node-a"),
+        "{table}"
+    );
+    assert!(k.ok(&["get", "kp", "-A"], None).contains("ns1"));
+
+    // label, merge patch, JSON patch, status subresource patch.
+    assert!(
+        k.ok(&["label", "kp", "kp1", "-n", "ns1", "app=web"], None)
+            .contains("kuryrport.openstack.org/kp1 labeled")
+    );
+    assert!(
+        k.ok(&["get", "kp", "-n", "ns1", "-l", "app=web"], None)
+            .contains("map[app:web]")
+    );
+    assert!(
+        k.ok(&["get", "kp", "-n", "ns1", "-l", "app!=web"], None)
+            .is_empty()
+    );
+    k.ok(
+        &[
+            "patch",
+            "kp",
+            "kp1",
+            "-n",
+            "ns1",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"podNodeName":"node-b"}}"#,
+        ],
+        None,
+    );
+    k.ok(&["patch", "kp", "kp1", "-n", "ns1", "--type=json", "-p", r#"[{"op":"test","path":"/spec/podUid","value":"uid-1"},{"op":"replace","path":"/spec/podUid","value":"uid-2"}]"#], None);
+    let spec = k.ok(
+        &[
+            "get",
+            "kp",
+            "kp1",
+            "-n",
+            "ns1",
+            "-o",
+            "jsonpath={.spec.podUid}/{.spec.podNodeName}",
+        ],
+        None,
+    );
+    assert_eq!(spec, "uid-2/node-b");
+    let err = k.fails(
+        &[
+            "patch",
+            "kp",
+            "kp1",
+            "-n",
+            "ns1",
+            "--type=json",
+            "-p",
+            r#"[{"op":"test","path":"/spec/podUid","value":"nope"}]"#,
+        ],
+        None,
+    );
+    assert!(err.contains("value did not match"), "{err}");
+    k.ok(
+        &[
+            "patch",
+            "pod",
+            "pod1",
+            "-n",
+            "ns1",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"phase":"Running","podIP":"10.0.0.7"}}"#,
+        ],
+        None,
+    );
+    let wide = k.ok(&["get", "pod", "pod1", "-n", "ns1", "-o", "wide"], None);
+    assert!(wide.contains("Running") && wide.contains("10.0.0.7"), "{wide}");
+    // The main endpoint ignores status for kinds with a status subresource.
+    k.ok(
+        &[
+            "patch",
+            "pod",
+            "pod1",
+            "-n",
+            "ns1",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"phase":"Failed"}}"#,
+        ],
+        None,
+    );
+    assert_eq!(
+        k.ok(
+            &[
+                "get",
+                "pod",
+                "pod1",
+                "-n",
+                "ns1",
+                "-o",
+                "jsonpath={.status.phase}"
+            ],
+            None
+        ),
+        "Running"
+    );
+
+    // get -w sees an update.
+    let (mut watch, rx) = k.spawn_lines(&["get", "kp", "-n", "ns1", "-w"]);
+    wait_line(&rx, "node-b");
+    k.ok(
+        &[
+            "patch",
+            "kp",
+            "kp1",
+            "-n",
+            "ns1",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"podNodeName":"node-watch"}}"#,
+        ],
+        None,
+    );
+    wait_line(&rx, "node-watch");
+    let _ = watch.kill();
+    let _ = watch.wait();
+
+    // delete waits while a finalizer is present and returns once it is removed.
+    k.ok(
+        &[
+            "patch",
+            "kp",
+            "kp1",
+            "-n",
+            "ns1",
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"finalizers":["kuryr.openstack.org/kuryrport-finalizer"]}}"#,
+        ],
+        None,
+    );
+    let (mut delete, delete_rx) = k.spawn_lines(&["delete", "kp", "kp1", "-n", "ns1", "--timeout=60s"]);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        delete.try_wait().expect("poll delete").is_none(),
+        "delete returned while a finalizer was present"
+    );
+    let ts = k.ok(
+        &[
+            "get",
+            "kp",
+            "kp1",
+            "-n",
+            "ns1",
+            "-o",
+            "jsonpath={.metadata.deletionTimestamp}",
+        ],
+        None,
+    );
+    assert!(!ts.is_empty(), "deletionTimestamp not set");
+    k.ok(
+        &[
+            "patch",
+            "kp",
+            "kp1",
+            "-n",
+            "ns1",
+            "--type=json",
+            "-p",
+            r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+        ],
+        None,
+    );
+    wait_line(&delete_rx, "deleted");
+    let status = delete.wait().expect("delete exits");
+    assert!(status.success());
+    let gone = k.fails(&["get", "kp", "kp1", "-n", "ns1"], None);
+    assert!(gone.contains("NotFound") || gone.contains("not found"), "{gone}");
+
+    // Server-side apply creates, then updates.
+    let kp2 = kuryrport("kp2", "  podUid: uid-9\n  podNodeName: node-c\n");
+    assert!(
+        k.ok(&["apply", "--server-side", "-f", "-"], Some(&kp2))
+            .contains("kuryrport.openstack.org/kp2 serverside-applied")
+    );
+    let kp2b = kuryrport("kp2", "  podUid: uid-9\n  podNodeName: node-d\n");
+    k.ok(&["apply", "--server-side", "-f", "-"], Some(&kp2b));
+    assert_eq!(
+        k.ok(
+            &[
+                "get",
+                "kp",
+                "kp2",
+                "-n",
+                "ns1",
+                "-o",
+                "jsonpath={.spec.podNodeName}"
+            ],
+            None
+        ),
+        "node-d"
+    );
+    let managers = k.ok(
+        &[
+            "get",
+            "kp",
+            "kp2",
+            "-n",
+            "ns1",
+            "--show-managed-fields",
+            "-o",
+            "jsonpath={.metadata.managedFields[*].manager}",
+        ],
+        None,
+    );
+    assert!(managers.contains("kubectl"), "{managers}");
+
+    // An invalid custom resource is rejected with 422 and the field path.
+    let bad = kuryrport("kp3", "  podUid: uid-3\n");
+    let err = k.fails(&["apply", "-f", "-"], Some(&bad));
+    assert!(
+        err.contains("is invalid") && err.contains("spec.podNodeName: Required value"),
+        "{err}"
+    );
+    let err = k.fails(
+        &["create", "-f", "-"],
+        Some(&kuryrport("kp4", "  podUid: 5\n  podNodeName: n\n")),
+    );
+    assert!(
+        err.contains("spec.podUid") && err.contains("must be of type string"),
+        "{err}"
+    );
+
+    // Deleting the namespace deletes its contents.
+    assert!(
+        k.ok(&["delete", "namespace", "ns1"], None)
+            .contains("namespace \"ns1\" deleted")
+    );
+    assert!(k.ok(&["get", "kp", "-A"], None).is_empty());
+
+    handle.shutdown().await.expect("clean shutdown");
+}
