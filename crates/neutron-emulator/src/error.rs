@@ -1,0 +1,211 @@
+//! Neutron's error envelope: `{"NeutronError": {"type", "message", "detail": ""}}` with the real status codes.
+
+use axum::http::StatusCode;
+
+/// One API error, rendered exactly like neutron-server renders its exceptions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub kind: String,
+    pub message: String,
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            kind: kind.to_string(),
+            message: message.into(),
+        }
+    }
+
+    pub fn with_kind(mut self, kind: &str) -> Self {
+        self.kind = kind.to_string();
+        self
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({"NeutronError": {"type": self.kind, "message": self.message, "detail": ""}})
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "HTTPBadRequest", message)
+    }
+
+    pub fn invalid_input(reason: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "InvalidInput",
+            format!("Invalid input for operation: {reason}."),
+        )
+    }
+
+    /// `Invalid input for <field>. Reason: <reason>.` as neutron-lib's attribute validators say it.
+    pub fn invalid_attr(field: &str, reason: impl std::fmt::Display) -> Self {
+        Self::bad_request(format!("Invalid input for {field}. Reason: {reason}."))
+    }
+
+    pub fn not_found(kind: &str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, kind, message)
+    }
+
+    pub fn conflict(kind: &str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, kind, message)
+    }
+
+    pub fn http_not_found() -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "HTTPNotFound",
+            "The resource could not be found.",
+        )
+    }
+
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "HTTPMethodNotAllowed",
+            "The server could not comply with the request since it is either malformed or otherwise incorrect.",
+        )
+    }
+
+    pub fn internal() -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "HTTPInternalServerError",
+            "Request Failed: internal server error while processing your request.",
+        )
+    }
+
+    pub fn unavailable() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "HTTPServiceUnavailable",
+            "The server is currently unavailable. Please try again at a later time.",
+        )
+    }
+
+    pub fn over_quota(resource: &str) -> Self {
+        Self::conflict(
+            "OverQuota",
+            format!("Quota exceeded for resources: ['{resource}']."),
+        )
+    }
+
+    /// `<Kind>NotFound` with neutron's "<Name> <id> could not be found." wording.
+    pub fn resource_not_found(res: Resource, id: &str) -> Self {
+        match res {
+            Resource::SecurityGroup => Self::not_found(
+                "SecurityGroupNotFound",
+                format!("Security group {id} does not exist"),
+            ),
+            Resource::SecurityGroupRule => Self::not_found(
+                "SecurityGroupRuleNotFound",
+                format!("Security group rule {id} does not exist"),
+            ),
+            _ => Self::not_found(
+                &format!("{}NotFound", res.type_name()),
+                format!("{} {id} could not be found.", res.human_name()),
+            ),
+        }
+    }
+}
+
+/// The resource collections the emulator serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Resource {
+    Network,
+    Subnet,
+    SubnetPool,
+    Port,
+    Router,
+    SecurityGroup,
+    SecurityGroupRule,
+    Trunk,
+}
+
+impl Resource {
+    /// Collection name in URLs and list bodies.
+    pub fn collection(self) -> &'static str {
+        match self {
+            Resource::Network => "networks",
+            Resource::Subnet => "subnets",
+            Resource::SubnetPool => "subnetpools",
+            Resource::Port => "ports",
+            Resource::Router => "routers",
+            Resource::SecurityGroup => "security-groups",
+            Resource::SecurityGroupRule => "security-group-rules",
+            Resource::Trunk => "trunks",
+        }
+    }
+
+    /// Member key in request/response bodies.
+    pub fn member(self) -> &'static str {
+        match self {
+            Resource::Network => "network",
+            Resource::Subnet => "subnet",
+            Resource::SubnetPool => "subnetpool",
+            Resource::Port => "port",
+            Resource::Router => "router",
+            Resource::SecurityGroup => "security_group",
+            Resource::SecurityGroupRule => "security_group_rule",
+            Resource::Trunk => "trunk",
+        }
+    }
+
+    /// Plural key in list bodies (neutron uses underscores there).
+    pub fn plural_key(self) -> &'static str {
+        match self {
+            Resource::SecurityGroup => "security_groups",
+            Resource::SecurityGroupRule => "security_group_rules",
+            other => other.collection(),
+        }
+    }
+
+    fn type_name(self) -> &'static str {
+        match self {
+            Resource::Network => "Network",
+            Resource::Subnet => "Subnet",
+            Resource::SubnetPool => "SubnetPool",
+            Resource::Port => "Port",
+            Resource::Router => "Router",
+            Resource::SecurityGroup => "SecurityGroup",
+            Resource::SecurityGroupRule => "SecurityGroupRule",
+            Resource::Trunk => "Trunk",
+        }
+    }
+
+    fn human_name(self) -> &'static str {
+        match self {
+            Resource::SubnetPool => "Subnet pool",
+            other => other.type_name(),
+        }
+    }
+
+    pub fn from_collection(s: &str) -> Option<Self> {
+        [
+            Resource::Network,
+            Resource::Subnet,
+            Resource::SubnetPool,
+            Resource::Port,
+            Resource::Router,
+            Resource::SecurityGroup,
+            Resource::SecurityGroupRule,
+            Resource::Trunk,
+        ]
+        .into_iter()
+        .find(|r| r.collection() == s)
+    }
+
+    /// Operation-name prefix used by stats, latency tables and fault rules.
+    pub fn op_name(self) -> &'static str {
+        self.member()
+    }
+
+    /// Quota key counting this resource.
+    pub fn quota_key(self) -> &'static str {
+        self.member()
+    }
+}
