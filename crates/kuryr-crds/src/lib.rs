@@ -1,1 +1,29 @@
-//! kuryr-crds
+//! kuryr-crds: Rust types of the kuryr custom resources, the os-vif VIF JSON model and the
+//! well-known names (finalizers, labels, annotations) shared by the controller and the CNI daemon.
+//!
+//! - `openstack.org/v1`: [`KuryrPort`], [`KuryrNetwork`], [`KuryrNetworkPolicy`],
+//!   [`KuryrLoadBalancer`] (schemas compatible with upstream kuryr-kubernetes) and
+//!   [`KuryrPortPool`] (new in kuryr-rs).
+//! - `k8s.cni.cncf.io/v1`: [`NetworkAttachmentDefinition`].
+//! - [`vif`] - os-vif versioned objects ([`Vif`], [`vif::Network`], [`vif::Subnet`], ...).
+//! - [`names`] - constants.
+//! - [`generate`] - CRD manifests (`crdgen` writes them to `deploy/crds/`).
+//!
+//! All CRDs kuryr-rs installs enable the status subresource, so status must be written through
+//! `/status` (`Api::patch_status`). CRDs installed by upstream kuryr-kubernetes do not have it
+//! (upstream writes status through the main resource); see [`generate`].
+
+pub mod crds;
+pub mod generate;
+pub mod names;
+pub mod vif;
+
+pub use crds::kuryrloadbalancer::{KuryrLoadBalancer, KuryrLoadBalancerSpec, KuryrLoadBalancerStatus};
+pub use crds::kuryrnetwork::{KuryrNetwork, KuryrNetworkSpec, KuryrNetworkStatus};
+pub use crds::kuryrnetworkpolicy::{KuryrNetworkPolicy, KuryrNetworkPolicySpec, KuryrNetworkPolicyStatus};
+pub use crds::kuryrport::{KuryrPort, KuryrPortSpec, KuryrPortStatus, KuryrPortVif};
+pub use crds::kuryrportpool::{
+    KuryrPortPool, KuryrPortPoolSpec, KuryrPortPoolStatus, PoolFixedIp, PoolKey, PoolKeyError, PoolPort,
+};
+pub use crds::nad::{NadError, NadKuryrConfig, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec};
+pub use vif::{Vif, vif_name_for_port};

@@ -1,0 +1,9 @@
+//! The custom resource types.
+
+pub mod kuryrloadbalancer;
+pub mod kuryrnetwork;
+pub mod kuryrnetworkpolicy;
+pub mod kuryrport;
+pub mod kuryrportpool;
+pub mod nad;
+pub(crate) mod schema;
