@@ -104,3 +104,80 @@ pub fn host_ok(args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Run `f` on a fresh OS thread inside the named namespace.
+pub fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).expect("open netns");
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        f()
+    })
+    .join()
+    .expect("netns thread")
+}
+
+/// Connectivity check without `ping`: a TCP listener on `addr` in `to_ns`,
+/// a client in `from_ns` that must get one byte back.
+pub fn tcp_reachable(from_ns: &str, to_ns: &str, addr: std::net::IpAddr) -> Result<(), String> {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    use std::time::Duration;
+    let to = format!("/var/run/netns/{to_ns}");
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let server = std::thread::spawn(move || -> Result<(), String> {
+        let file = std::fs::File::open(&to).map_err(|e| e.to_string())?;
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| e.to_string())?;
+        // IPv6 addresses are unusable until DAD finishes: retry the bind.
+        let mut listener = None;
+        for _ in 0..50 {
+            match TcpListener::bind(SocketAddr::new(addr, 0)) {
+                Ok(l) => {
+                    listener = Some(l);
+                    break;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+        let listener = listener.ok_or("bind failed")?;
+        let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+        let _ = ready_tx.send(port);
+        let (mut s, _) = listener.accept().map_err(|e| e.to_string())?;
+        s.write_all(b"k").map_err(|e| e.to_string())
+    });
+    let port = ready_rx
+        .recv_timeout(Duration::from_secs(10))
+        .map_err(|_| "server did not start".to_string())?;
+    let from = from_ns.to_string();
+    let res = in_ns(&from, move || -> Result<(), String> {
+        let mut last = String::new();
+        for _ in 0..30 {
+            match TcpStream::connect_timeout(&SocketAddr::new(addr, port), Duration::from_secs(2)) {
+                Ok(mut s) => {
+                    let mut b = [0u8; 1];
+                    s.set_read_timeout(Some(Duration::from_secs(2)))
+                        .map_err(|e| e.to_string())?;
+                    s.read_exact(&mut b).map_err(|e| e.to_string())?;
+                    return if &b == b"k" {
+                        Ok(())
+                    } else {
+                        Err("wrong byte".into())
+                    };
+                }
+                Err(e) => {
+                    last = e.to_string();
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        }
+        Err(format!("connect to {addr}:{port}: {last}"))
+    });
+    if res.is_err() {
+        // Unblock the server's accept().
+        let _ = in_ns(from_ns, move || {
+            std::net::TcpStream::connect_timeout(&SocketAddr::new(addr, port), Duration::from_millis(100))
+        });
+    }
+    let server_res = server.join().map_err(|_| "server panicked".to_string())?;
+    res.and(server_res)
+}

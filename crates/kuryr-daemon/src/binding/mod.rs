@@ -1,0 +1,194 @@
+//! Binding drivers: put one VIF into a pod's network namespace.
+//!
+//! Every driver implements [`BindingDriver`] (setup / teardown / check). A
+//! driver only makes the pod-side link appear in the pod namespace under its
+//! final name; the L3 configuration (MAC, MTU, addresses, routes) is common
+//! and lives in [`l3`]. Teardown is best effort: it attempts every step and
+//! returns all the errors it met.
+
+pub mod l3;
+mod nested;
+mod ovs;
+mod sriov;
+mod veth;
+
+pub use nested::{MacvlanDriver, VlanDriver};
+pub use ovs::{OvsProbe, ovs_available};
+pub use sriov::{SriovDriver, sriov_capable_pfs};
+pub use veth::{BridgeDriver, OvsDriver};
+
+use std::net::IpAddr;
+
+use async_trait::async_trait;
+
+use crate::netlink::{IpPrefix, MacAddr, NetNs, NetlinkError};
+
+/// One interface to configure in the pod, independent of the os-vif wire
+/// format (built from a VIF by [`crate::vif`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlugSpec {
+    /// Neutron port id.
+    pub port_id: String,
+    /// Name inside the pod (`eth0`, `eth1`, ...).
+    pub ifname: String,
+    /// Host-side name for veth based bindings (os-vif `vif_name`, `tapXXXXXXXX-XX`).
+    pub host_ifname: String,
+    pub mac: MacAddr,
+    pub mtu: Option<u32>,
+    /// Every fixed IP of the port with its subnet's prefix length.
+    pub addresses: Vec<IpPrefix>,
+    /// Subnet gateways, one per subnet that has one.
+    pub gateways: Vec<IpAddr>,
+    /// Extra routes of the subnets (`cidr via gateway`).
+    pub routes: Vec<SubnetRoute>,
+    /// Only the default interface gets the default route(s).
+    pub is_default: bool,
+    pub kind: PlugKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubnetRoute {
+    pub destination: IpPrefix,
+    pub gateway: Option<IpAddr>,
+}
+
+/// What kind of binding the VIF asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlugKind {
+    /// veth, host end on a Linux bridge (os-vif VIFBridge).
+    Bridge { bridge: String },
+    /// veth, host end plugged into an OVS bridge (VIFOpenVSwitch).
+    OpenVSwitch { bridge: String },
+    /// VLAN device on the node's trunk interface (VIFVlanNested).
+    VlanNested { vlan_id: u16 },
+    /// macvlan on the node's interface (VIFMacvlanNested).
+    MacvlanNested,
+    /// A VF netdev moved into the pod (VIFSriov); `pci_address` names the VF.
+    Sriov { pci_address: Option<String> },
+}
+
+impl PlugKind {
+    pub fn driver_name(&self) -> &'static str {
+        match self {
+            Self::Bridge { .. } => "neutron-vif/bridge",
+            Self::OpenVSwitch { .. } => "neutron-vif/ovs",
+            Self::VlanNested { .. } => "nested-vlan",
+            Self::MacvlanNested => "nested-macvlan",
+            Self::Sriov { .. } => "sriov",
+        }
+    }
+}
+
+/// Where to plug: the pod's namespace and who it belongs to.
+pub struct PlugTarget<'a> {
+    pub netns: &'a NetNs,
+    /// Pod UID, recorded as OVS `vm-uuid`.
+    pub pod_uid: &'a str,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BindingError {
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
+    #[error("{driver}: not supported on this node: {reason}")]
+    Unsupported { driver: &'static str, reason: String },
+    #[error("{driver}: MTU {requested} is above the parent interface {parent}'s MTU {parent_mtu}")]
+    MtuTooLarge {
+        driver: &'static str,
+        requested: u32,
+        parent: String,
+        parent_mtu: u32,
+    },
+    #[error("ovs-vsctl {args}: {message}")]
+    Ovs { args: String, message: String },
+    #[error("check failed for {ifname}: {message}")]
+    Check { ifname: String, message: String },
+    #[error("invalid VIF: {field}: {message}")]
+    InvalidVif { field: String, message: String },
+}
+
+/// Every error met while tearing down (teardown never stops at the first).
+#[derive(Debug, thiserror::Error)]
+#[error("teardown errors: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct TeardownError(pub Vec<BindingError>);
+
+impl TeardownError {
+    pub fn into_result(errors: Vec<BindingError>) -> Result<(), TeardownError> {
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(TeardownError(errors))
+        }
+    }
+}
+
+#[async_trait]
+pub trait BindingDriver: Send + Sync {
+    fn name(&self) -> &'static str;
+
+    /// Create and configure the pod interface. Leftovers of an earlier,
+    /// interrupted setup with the same names are removed first, so a retried
+    /// ADD succeeds.
+    async fn setup(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), BindingError>;
+
+    /// Remove what setup created; missing pieces are not errors.
+    async fn teardown(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), TeardownError>;
+
+    /// Verify the interface is still there as setup left it.
+    async fn check(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), BindingError>;
+}
+
+/// Node-level binding settings (`[binding]`, `[neutron_defaults]`).
+#[derive(Clone, Debug)]
+pub struct BindingConfig {
+    /// `[binding] link_iface`: parent of nested VLAN/macvlan devices.
+    pub link_iface: Option<String>,
+    /// `[neutron_defaults] ovs_bridge` (default `br-int`).
+    pub ovs_bridge: String,
+    /// Linux bridge used when a VIFBridge names none.
+    pub default_bridge: String,
+    /// `ovs-vsctl --timeout` seconds.
+    pub ovs_timeout_secs: u32,
+}
+
+impl Default for BindingConfig {
+    fn default() -> Self {
+        Self {
+            link_iface: None,
+            ovs_bridge: "br-int".into(),
+            default_bridge: "kuryr-br0".into(),
+            ovs_timeout_secs: 10,
+        }
+    }
+}
+
+/// Picks the driver for a [`PlugKind`].
+pub struct Drivers {
+    bridge: BridgeDriver,
+    ovs: OvsDriver,
+    vlan: VlanDriver,
+    macvlan: MacvlanDriver,
+    sriov: SriovDriver,
+}
+
+impl Drivers {
+    pub fn new(config: &BindingConfig) -> Self {
+        Self {
+            bridge: BridgeDriver,
+            ovs: OvsDriver::new(config.ovs_timeout_secs),
+            vlan: VlanDriver::new(config.link_iface.clone()),
+            macvlan: MacvlanDriver::new(config.link_iface.clone()),
+            sriov: SriovDriver,
+        }
+    }
+
+    pub fn for_kind(&self, kind: &PlugKind) -> &dyn BindingDriver {
+        match kind {
+            PlugKind::Bridge { .. } => &self.bridge,
+            PlugKind::OpenVSwitch { .. } => &self.ovs,
+            PlugKind::VlanNested { .. } => &self.vlan,
+            PlugKind::MacvlanNested => &self.macvlan,
+            PlugKind::Sriov { .. } => &self.sriov,
+        }
+    }
+}

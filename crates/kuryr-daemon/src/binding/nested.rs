@@ -1,0 +1,157 @@
+//! Nested (pod-in-VM) bindings: a VLAN or macvlan device on the VM's
+//! interface (`[binding] link_iface`), created straight in the pod namespace.
+
+use async_trait::async_trait;
+
+use crate::netlink::{Link, Netlink, NetlinkError};
+
+use super::veth::{delete_pod_link, wrong_kind};
+use super::{BindingDriver, BindingError, PlugKind, PlugSpec, PlugTarget, TeardownError, l3};
+
+async fn parent_link(
+    driver: &'static str,
+    link_iface: &Option<String>,
+    host: &Netlink,
+) -> Result<Link, BindingError> {
+    let name = link_iface.as_deref().ok_or_else(|| BindingError::Unsupported {
+        driver,
+        reason: "[binding] link_iface is not configured".into(),
+    })?;
+    host.link_by_name(name)
+        .await?
+        .ok_or_else(|| BindingError::Unsupported {
+            driver,
+            reason: format!("[binding] link_iface {name} does not exist"),
+        })
+}
+
+/// A nested device cannot carry more than its parent.
+fn check_mtu(driver: &'static str, spec: &PlugSpec, parent: &Link) -> Result<(), BindingError> {
+    if let (Some(requested), Some(parent_mtu)) = (spec.mtu, parent.mtu)
+        && requested > parent_mtu
+    {
+        return Err(BindingError::MtuTooLarge {
+            driver,
+            requested,
+            parent: parent.name.clone(),
+            parent_mtu,
+        });
+    }
+    Ok(())
+}
+
+async fn remove_leftover(pod: &Netlink, spec: &PlugSpec) -> Result<(), BindingError> {
+    if let Some(old) = pod.link_by_name(&spec.ifname).await? {
+        pod.delete_link(old.index).await?;
+    }
+    Ok(())
+}
+
+pub struct VlanDriver {
+    link_iface: Option<String>,
+}
+
+impl VlanDriver {
+    pub fn new(link_iface: Option<String>) -> Self {
+        Self { link_iface }
+    }
+}
+
+#[async_trait]
+impl BindingDriver for VlanDriver {
+    fn name(&self) -> &'static str {
+        "nested-vlan"
+    }
+
+    async fn setup(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), BindingError> {
+        let PlugKind::VlanNested { vlan_id } = spec.kind else {
+            return Err(wrong_kind(self.name(), spec));
+        };
+        let host = Netlink::current()?;
+        let parent = parent_link(self.name(), &self.link_iface, &host).await?;
+        check_mtu(self.name(), spec, &parent)?;
+        let pod = Netlink::in_netns(target.netns).await?;
+        remove_leftover(&pod, spec).await?;
+        host.create_vlan(&spec.ifname, parent.index, vlan_id, Some(target.netns.fd()))
+            .await
+            .map_err(|e| match e {
+                NetlinkError::KernelUnsupported { .. } => BindingError::Unsupported {
+                    driver: "nested-vlan",
+                    reason: e.to_string(),
+                },
+                other => other.into(),
+            })?;
+        let link = pod.require_link(&spec.ifname).await?;
+        l3::configure(&pod, link.index, spec, true).await
+    }
+
+    async fn teardown(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), TeardownError> {
+        let mut errors = Vec::new();
+        delete_pod_link(spec, target, "vlan", &mut errors).await;
+        TeardownError::into_result(errors)
+    }
+
+    async fn check(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), BindingError> {
+        let pod = Netlink::in_netns(target.netns).await?;
+        let link = l3::check(&pod, spec).await?;
+        if link.kind.as_deref() != Some("vlan") {
+            return Err(BindingError::Check {
+                ifname: spec.ifname.clone(),
+                message: format!("is a {:?} link, expected vlan", link.kind),
+            });
+        }
+        Ok(())
+    }
+}
+
+pub struct MacvlanDriver {
+    link_iface: Option<String>,
+}
+
+impl MacvlanDriver {
+    pub fn new(link_iface: Option<String>) -> Self {
+        Self { link_iface }
+    }
+}
+
+#[async_trait]
+impl BindingDriver for MacvlanDriver {
+    fn name(&self) -> &'static str {
+        "nested-macvlan"
+    }
+
+    async fn setup(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), BindingError> {
+        if spec.kind != PlugKind::MacvlanNested {
+            return Err(wrong_kind(self.name(), spec));
+        }
+        let host = Netlink::current()?;
+        let parent = parent_link(self.name(), &self.link_iface, &host).await?;
+        check_mtu(self.name(), spec, &parent)?;
+        let pod = Netlink::in_netns(target.netns).await?;
+        remove_leftover(&pod, spec).await?;
+        host.create_macvlan(&spec.ifname, parent.index, Some(target.netns.fd()))
+            .await?;
+        let link = pod.require_link(&spec.ifname).await?;
+        // The Neutron port carries the address allowed on the trunk (the
+        // controller added it to allowed_address_pairs), so use it.
+        l3::configure(&pod, link.index, spec, true).await
+    }
+
+    async fn teardown(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), TeardownError> {
+        let mut errors = Vec::new();
+        delete_pod_link(spec, target, "macvlan", &mut errors).await;
+        TeardownError::into_result(errors)
+    }
+
+    async fn check(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), BindingError> {
+        let pod = Netlink::in_netns(target.netns).await?;
+        let link = l3::check(&pod, spec).await?;
+        if link.kind.as_deref() != Some("macvlan") {
+            return Err(BindingError::Check {
+                ifname: spec.ifname.clone(),
+                message: format!("is a {:?} link, expected macvlan", link.kind),
+            });
+        }
+        Ok(())
+    }
+}
