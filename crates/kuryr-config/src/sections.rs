@@ -127,6 +127,10 @@ choice_enum! {
         Noop = "noop",
         NpwgMultipleInterfaces = "npwg_multiple_interfaces",
         Sriov = "sriov",
+        /// kuryr-rs (seed 004): `openstack.org/kuryr-additional-subnets` pod annotation.
+        AdditionalSubnets = "additional_subnets",
+        /// kuryr-rs (seed 004): `spec-ports` pod annotation (pre-created ports).
+        SpecificPorts = "specific_ports",
     }
 }
 
@@ -292,6 +296,11 @@ config_section! {
         use_events: bool = true,
         controller_ha: bool = false,
         controller_ha_elector_port: u16 = 16401,
+        /// kuryr-rs: identifies this cluster in the tags of every Neutron resource it creates, so
+        /// clusters sharing an OpenStack project never collect each other's ports.
+        cluster_id: String = s("kubernetes"),
+        /// kuryr-rs: namespace of the controller's Lease and KuryrPortPool objects.
+        controller_namespace: String = s("kube-system"),
     }
 }
 
