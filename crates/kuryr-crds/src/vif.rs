@@ -683,6 +683,25 @@ pub struct VifDpdkNested {
 }
 versioned!(VifDpdkNested, "VIFDPDKNested", "1.0");
 
+/// os-vif `VIFVHostUser` 1.1 (kuryr's OVS-DPDK `vhostuser_mode` ports).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VifVHostUser {
+    #[serde(flatten)]
+    pub base: VifBase,
+    /// UNIX socket path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Socket mode (`client` or `server`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Upstream also sets `bridge_name` on it; kept here for round trips.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bridge_name: Option<String>,
+    #[serde(skip)]
+    pub obj: ObjMeta,
+}
+versioned!(VifVHostUser, "VIFVHostUser", "1.1");
+
 /// A VIF of any type kuryr produces. (De)serializes as the full os-vif envelope.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Vif {
@@ -692,6 +711,7 @@ pub enum Vif {
     MacvlanNested(VifMacvlanNested),
     Sriov(VifSriov),
     DpdkNested(VifDpdkNested),
+    VHostUser(VifVHostUser),
 }
 
 /// Dispatches on the variant, binding the inner value.
@@ -704,18 +724,20 @@ macro_rules! each_vif {
             Vif::MacvlanNested($v) => $body,
             Vif::Sriov($v) => $body,
             Vif::DpdkNested($v) => $body,
+            Vif::VHostUser($v) => $body,
         }
     };
 }
 
 /// Object names [`Vif`] accepts.
-pub const VIF_OBJECT_NAMES: [&str; 6] = [
+pub const VIF_OBJECT_NAMES: [&str; 7] = [
     VifOpenVSwitch::NAME,
     VifBridge::NAME,
     VifVlanNested::NAME,
     VifMacvlanNested::NAME,
     VifSriov::NAME,
     VifDpdkNested::NAME,
+    VifVHostUser::NAME,
 ];
 
 impl Vif {
@@ -802,6 +824,7 @@ impl<'de> Deserialize<'de> for Vif {
             VifMacvlanNested::NAME => parse_envelope(env).map(Vif::MacvlanNested),
             VifSriov::NAME => parse_envelope(env).map(Vif::Sriov),
             VifDpdkNested::NAME => parse_envelope(env).map(Vif::DpdkNested),
+            VifVHostUser::NAME => parse_envelope(env).map(Vif::VHostUser),
             other => Err(format!(
                 "versioned_object.name {other:?} is not a supported VIF type (expected one of {})",
                 VIF_OBJECT_NAMES.join(", ")
@@ -840,6 +863,11 @@ impl From<VifMacvlanNested> for Vif {
 impl From<VifSriov> for Vif {
     fn from(v: VifSriov) -> Self {
         Vif::Sriov(v)
+    }
+}
+impl From<VifVHostUser> for Vif {
+    fn from(v: VifVHostUser) -> Self {
+        Vif::VHostUser(v)
     }
 }
 impl From<VifDpdkNested> for Vif {
@@ -899,12 +927,12 @@ mod tests {
 
     #[test]
     fn unknown_vif_type_names_the_type() {
-        let v = json!({"versioned_object.name": "VIFVHostUser", "versioned_object.namespace": "os_vif",
+        let v = json!({"versioned_object.name": "VIFGeneric", "versioned_object.namespace": "os_vif",
                        "versioned_object.version": "1.1", "versioned_object.data": {}});
         let err = Vif::from_primitive(v).err().map(|e| e.to_string());
         assert!(
             err.as_deref()
-                .is_some_and(|e| e.contains("\"VIFVHostUser\" is not a supported VIF type")),
+                .is_some_and(|e| e.contains("\"VIFGeneric\" is not a supported VIF type")),
             "{err:?}"
         );
     }
