@@ -64,7 +64,13 @@ pub struct ApiError {
     pub code: u16,
     pub reason: &'static str,
     pub message: String,
-    /// `details.name`, `details.group`, `details.kind` (the resource, as the real server does).
+    /// Boxed so `Result<_, ApiError>` stays small on the hot paths.
+    pub details: Box<Details>,
+}
+
+/// `details.name`, `details.group`, `details.kind` (the resource, as the real server names it) and causes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Details {
     pub name: Option<String>,
     pub group: Option<String>,
     pub kind: Option<String>,
@@ -86,17 +92,14 @@ impl ApiError {
             code,
             reason,
             message: message.into(),
-            name: None,
-            group: None,
-            kind: None,
-            causes: Vec::new(),
+            details: Box::default(),
         }
     }
 
     fn with_details(mut self, group: &str, plural: &str, name: &str) -> Self {
-        self.group = (!group.is_empty()).then(|| group.to_string());
-        self.kind = Some(plural.to_string());
-        self.name = Some(name.to_string());
+        self.details.group = (!group.is_empty()).then(|| group.to_string());
+        self.details.kind = Some(plural.to_string());
+        self.details.name = Some(name.to_string());
         self
     }
 
@@ -158,8 +161,8 @@ impl ApiError {
             format!("{qualified_kind} \"{name}\" is invalid: {list}"),
         )
         .with_details(group, plural, name);
-        err.kind = Some(kind.to_string());
-        err.causes = causes;
+        err.details.kind = Some(kind.to_string());
+        err.details.causes = causes;
         err
     }
 
@@ -209,17 +212,18 @@ impl ApiError {
             "code": self.code,
         });
         let mut details = serde_json::Map::new();
-        if let Some(name) = &self.name {
+        if let Some(name) = &self.details.name {
             details.insert("name".into(), json!(name));
         }
-        if let Some(group) = &self.group {
+        if let Some(group) = &self.details.group {
             details.insert("group".into(), json!(group));
         }
-        if let Some(kind) = &self.kind {
+        if let Some(kind) = &self.details.kind {
             details.insert("kind".into(), json!(kind));
         }
-        if !self.causes.is_empty() {
+        if !self.details.causes.is_empty() {
             let causes: Vec<Value> = self
+                .details
                 .causes
                 .iter()
                 .map(|c| json!({"reason": c.reason, "message": c.render(), "field": c.field}))

@@ -27,20 +27,38 @@ impl PatchType {
     }
 }
 
-/// RFC 6902 patch; a failing `test` op is a 422, like the real server.
+/// RFC 6902 patch; a failing `test` op is a 422, like the real server. As in the real server's
+/// implementation, `test` against a missing path with value `null` passes (kube-rs' finalizer
+/// helper relies on that to assert "no finalizers yet").
 pub fn json_patch(doc: &mut Value, body: &Value) -> ApiResult<()> {
     let patch: json_patch::Patch = serde_json::from_value(body.clone())
         .map_err(|e| ApiError::bad_request(format!("json patch is not a valid list of operations: {e}")))?;
-    json_patch::patch(doc, &patch.0).map_err(|e| {
-        let mut err = ApiError::new(
-            422,
-            "Invalid",
-            format!("the server rejected our request due to an error in our request: {e}"),
-        );
-        err.causes
-            .push(crate::error::Cause::invalid("patch", e.to_string()));
-        err
-    })
+    let mut work = doc.clone();
+    for (i, op) in patch.0.iter().enumerate() {
+        if let json_patch::PatchOperation::Test(t) = op
+            && t.value.is_null()
+            && work.pointer(t.path.as_str()).is_none_or(Value::is_null)
+        {
+            continue;
+        }
+        json_patch::patch(&mut work, std::slice::from_ref(op)).map_err(|e| {
+            let msg = format!(
+                "operation {i} ({}) failed: {e}",
+                serde_json::to_string(op).unwrap_or_default()
+            );
+            let mut err = ApiError::new(
+                422,
+                "Invalid",
+                format!("the server rejected our request due to an error in our request: {msg}"),
+            );
+            err.details
+                .causes
+                .push(crate::error::Cause::invalid("patch", msg));
+            err
+        })?;
+    }
+    *doc = work;
+    Ok(())
 }
 
 /// RFC 7386 merge patch.

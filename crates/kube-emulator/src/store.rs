@@ -480,6 +480,7 @@ impl Store {
         st.update_existing(def, ns, &cur, body, status_only, opts, self)
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub fn patch(
         &self,
         def: &ResourceDef,
@@ -752,6 +753,7 @@ impl State {
     }
 
     /// Applies a change: next rv, store, indexes, history, fan-out.
+    #[allow(clippy::too_many_arguments)]
     fn commit(
         &mut self,
         def: &ResourceDef,
@@ -993,10 +995,11 @@ impl State {
             return Err(ApiError::already_exists(&def.group, &def.plural, &name));
         }
         // Like the real registries: status is server-owned on create (nodes keep what the kubelet reports).
-        if def.status_subresource && !(def.group.is_empty() && def.plural == "nodes") {
-            if let Value::Object(m) = &mut body {
-                m.remove("status");
-            }
+        if def.status_subresource
+            && !(def.group.is_empty() && def.plural == "nodes")
+            && let Value::Object(m) = &mut body
+        {
+            m.remove("status");
         }
         if def.is_pod() {
             body["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});

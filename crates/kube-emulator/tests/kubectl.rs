@@ -259,7 +259,7 @@ async fn kubectl_drives_the_emulator() {
         ],
         None,
     );
-    assert!(err.contains("value did not match"), "{err}");
+    assert!(err.contains("did not match"), "{err}");
     k.ok(
         &[
             "patch",
