@@ -101,7 +101,7 @@ pub struct PoolKey {
     pub project_id: String,
     pub network_id: String,
     pub subnet_id: String,
-    /// Sorted, without duplicates ([`PoolKey::normalize`]).
+    /// Sorted, without duplicates (see `PoolKey::normalize`).
     #[serde(default)]
     pub security_group_ids: Vec<String>,
 }
