@@ -6,9 +6,12 @@
 //! - `drivers`: project, subnets, security groups, VIF (neutron-vif, nested-vlan, nested-macvlan),
 //!   pool, multi-VIF
 
+pub mod context;
+pub mod drivers;
 pub mod error;
 pub mod k8s;
 pub mod metrics;
+pub mod openstack;
 pub mod pipeline;
 pub mod watcher;
 

@@ -1,0 +1,155 @@
+//! Security group drivers: the security groups of a pod's ports.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use kuryr_neutron::{ListFilter, SecurityGroupCreate, SecurityGroupRuleCreate, Taggable};
+use tokio::sync::Mutex;
+
+use crate::error::Error;
+use crate::openstack::Deployments;
+
+#[async_trait]
+pub trait SecurityGroupsDriver: Send + Sync {
+    async fn security_groups(
+        &self,
+        deployment: &str,
+        project_id: &str,
+        namespace: &str,
+    ) -> Result<Vec<String>, Error>;
+
+    /// Deletes what the driver created for a namespace that is gone.
+    async fn release_namespace(&self, _deployment: &str, _namespace: &str) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+/// `default`: `[neutron_defaults] pod_security_groups` for every pod.
+pub struct DefaultSecurityGroups {
+    groups: Vec<String>,
+}
+
+impl DefaultSecurityGroups {
+    pub fn new(groups: &[String]) -> Self {
+        Self {
+            groups: groups.to_vec(),
+        }
+    }
+}
+
+#[async_trait]
+impl SecurityGroupsDriver for DefaultSecurityGroups {
+    async fn security_groups(&self, _: &str, _: &str, _: &str) -> Result<Vec<String>, Error> {
+        Ok(self.groups.clone())
+    }
+}
+
+/// `namespace`: the default groups plus one group per namespace that admits traffic from pods of
+/// the same namespace (upstream's namespace isolation). The group is found by tag, so a restart
+/// or a second controller never creates a duplicate.
+pub struct NamespaceSecurityGroups {
+    deployments: Deployments,
+    defaults: Vec<String>,
+    tags: Vec<String>,
+    cache: Mutex<HashMap<(String, String), String>>,
+}
+
+impl NamespaceSecurityGroups {
+    pub fn new(deployments: Deployments, defaults: &[String], tags: Vec<String>) -> Self {
+        Self {
+            deployments,
+            defaults: defaults.to_vec(),
+            tags,
+            cache: Mutex::default(),
+        }
+    }
+
+    fn namespace_tag(namespace: &str) -> String {
+        format!("kuryr-rs.namespace={namespace}")
+    }
+
+    async fn namespace_group(
+        &self,
+        deployment: &str,
+        project_id: &str,
+        namespace: &str,
+    ) -> Result<String, Error> {
+        let key = (deployment.to_string(), namespace.to_string());
+        let mut cache = self.cache.lock().await;
+        if let Some(id) = cache.get(&key) {
+            return Ok(id.clone());
+        }
+        let client = self.deployments.client(deployment)?;
+        let tag = Self::namespace_tag(namespace);
+        let existing = client
+            .list_security_groups(&ListFilter::new().tags([tag.as_str()]))
+            .await?;
+        let id = match existing.into_iter().next() {
+            Some(sg) => sg.id,
+            None => {
+                let sg = client
+                    .create_security_group(&SecurityGroupCreate {
+                        name: format!("ns/{namespace}-sg"),
+                        project_id: Some(project_id.to_string()),
+                        description: Some(format!("kuryr-rs: pods of namespace {namespace}")),
+                        ..Default::default()
+                    })
+                    .await?;
+                let mut tags = self.tags.clone();
+                tags.push(tag);
+                client
+                    .replace_tags(Taggable::SecurityGroup, &sg.id, &tags)
+                    .await?;
+                for ethertype in ["IPv4", "IPv6"] {
+                    client
+                        .create_security_group_rule(&SecurityGroupRuleCreate {
+                            security_group_id: sg.id.clone(),
+                            direction: "ingress".into(),
+                            ethertype: Some(ethertype.into()),
+                            remote_group_id: Some(sg.id.clone()),
+                            project_id: Some(project_id.to_string()),
+                            ..Default::default()
+                        })
+                        .await?;
+                }
+                sg.id
+            }
+        };
+        cache.insert(key, id.clone());
+        Ok(id)
+    }
+}
+
+#[async_trait]
+impl SecurityGroupsDriver for NamespaceSecurityGroups {
+    async fn security_groups(
+        &self,
+        deployment: &str,
+        project_id: &str,
+        namespace: &str,
+    ) -> Result<Vec<String>, Error> {
+        let mut groups = self.defaults.clone();
+        groups.push(self.namespace_group(deployment, project_id, namespace).await?);
+        Ok(groups)
+    }
+
+    async fn release_namespace(&self, deployment: &str, namespace: &str) -> Result<(), Error> {
+        self.cache
+            .lock()
+            .await
+            .remove(&(deployment.to_string(), namespace.to_string()));
+        let client = self.deployments.client(deployment)?;
+        let tag = Self::namespace_tag(namespace);
+        for sg in client
+            .list_security_groups(&ListFilter::new().tags([tag.as_str()]))
+            .await?
+        {
+            match client.delete_security_group(&sg.id).await {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+}

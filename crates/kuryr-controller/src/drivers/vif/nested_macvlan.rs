@@ -1,0 +1,156 @@
+//! `nested-macvlan`: pods on VM nodes get a Neutron port whose IP and MAC are added to the VM
+//! port's allowed address pairs; the CNI daemon creates a macvlan device on the VM's interface.
+//!
+//! The VM port is shared by every pod of the node, so updates are revision-checked (`If-Match`)
+//! and re-read on 412, as upstream does with `rev_update_attempts`.
+
+use async_trait::async_trait;
+use kuryr_crds::Vif;
+use kuryr_neutron::{AllowedAddressPair, ErrorKind, Port, PortUpdate};
+
+use super::nested::VmPortLookup;
+use super::{COMPUTE_KURYR, PortOwner, VifDriver, delete_ports, port_create};
+use crate::drivers::PortSpec;
+use crate::drivers::os_vif::{VifKind, vif_from_port};
+use crate::error::Error;
+use crate::openstack::Deployments;
+
+pub struct NestedMacvlan {
+    deployments: Deployments,
+    lookup: VmPortLookup,
+    tags: Vec<String>,
+    mtu: u32,
+    attempts: u32,
+}
+
+impl NestedMacvlan {
+    pub fn new(
+        deployments: Deployments,
+        lookup: VmPortLookup,
+        tags: Vec<String>,
+        mtu: u32,
+        attempts: u32,
+    ) -> Self {
+        Self {
+            deployments,
+            lookup,
+            tags,
+            mtu,
+            attempts: attempts.max(1),
+        }
+    }
+
+    /// Applies `change` to the VM port's allowed address pairs with optimistic concurrency.
+    async fn update_pairs(
+        &self,
+        deployment: &str,
+        vm_port_id: &str,
+        change: impl Fn(&mut Vec<AllowedAddressPair>) + Send + Sync,
+    ) -> Result<(), Error> {
+        let client = self.deployments.client(deployment)?;
+        let mut last = None;
+        for _ in 0..self.attempts {
+            let vm: Port = client.get_port(vm_port_id).await?;
+            let mut pairs = vm.allowed_address_pairs.clone();
+            change(&mut pairs);
+            if pairs == vm.allowed_address_pairs {
+                return Ok(());
+            }
+            let update = PortUpdate {
+                allowed_address_pairs: Some(pairs),
+                ..Default::default()
+            };
+            match client
+                .update_port_if_revision(vm_port_id, &update, vm.revision_number)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if e.is_kind(&ErrorKind::RevisionNumberConstraintFailed) => last = Some(e),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(last.map_or_else(|| Error::not_ready("VM port update"), Error::from))
+    }
+}
+
+fn pairs_of(port: &Port) -> Vec<AllowedAddressPair> {
+    port.fixed_ips
+        .iter()
+        .map(|ip| AllowedAddressPair {
+            ip_address: ip.ip_address.clone(),
+            mac_address: Some(port.mac_address.clone()),
+        })
+        .collect()
+}
+
+#[async_trait]
+impl VifDriver for NestedMacvlan {
+    fn name(&self) -> &'static str {
+        "nested-macvlan"
+    }
+
+    async fn pool_host(&self, deployment: &str, node: &str) -> Result<String, Error> {
+        let client = self.deployments.client(deployment)?;
+        Ok(self.lookup.vm_port(client, deployment, node).await?.id)
+    }
+
+    async fn request_vifs(
+        &self,
+        spec: &PortSpec,
+        vm_port: &str,
+        owner: &PortOwner,
+        n: usize,
+    ) -> Result<Vec<Vif>, Error> {
+        let client = self.deployments.client(&spec.deployment)?;
+        let reqs = vec![port_create(spec, owner, &self.tags, COMPUTE_KURYR); n];
+        let ports = if n == 1 {
+            vec![client.create_port(&reqs[0]).await?]
+        } else {
+            client.create_ports(&reqs).await?
+        };
+        let ids: Vec<String> = ports.iter().map(|p| p.id.clone()).collect();
+        let new_pairs: Vec<AllowedAddressPair> = ports.iter().flat_map(pairs_of).collect();
+        let added = self
+            .update_pairs(&spec.deployment, vm_port, |pairs| {
+                for p in &new_pairs {
+                    if !pairs.contains(p) {
+                        pairs.push(p.clone());
+                    }
+                }
+            })
+            .await;
+        if let Err(e) = added {
+            let _ = delete_ports(client, &ids).await;
+            return Err(e);
+        }
+        ports
+            .iter()
+            .map(|p| {
+                let mut vif = vif_from_port(p, &spec.network, &VifKind::MacvlanNested, self.mtu)?;
+                // Macvlan ports are never bound, so Neutron never reports them ACTIVE: the address
+                // pair on the VM port is what makes them work (upstream does the same).
+                vif.base_mut().active = true;
+                Ok(vif)
+            })
+            .collect()
+    }
+
+    async fn release_vif(&self, deployment: &str, vm_port: &str, vif: &Vif) -> Result<(), Error> {
+        let client = self.deployments.client(deployment)?;
+        match client.get_port(vif.id()).await {
+            Ok(port) => {
+                let gone = pairs_of(&port);
+                self.update_pairs(deployment, vm_port, |pairs| pairs.retain(|p| !gone.contains(p)))
+                    .await?;
+            }
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e.into()),
+        }
+        delete_ports(client, &[vif.id().to_string()]).await
+    }
+
+    async fn activate_vif(&self, _deployment: &str, vif: &mut Vif) -> Result<(), Error> {
+        vif.base_mut().active = true;
+        Ok(())
+    }
+}
