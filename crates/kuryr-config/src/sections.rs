@@ -118,6 +118,8 @@ choice_enum! {
     pub enum SecurityGroupsDriver {
         Default = "default",
         Policy = "policy",
+        /// A security group per namespace admitting traffic from the same namespace.
+        Namespace = "namespace",
     }
 }
 
@@ -290,9 +292,9 @@ config_section! {
         watch_read_timeout: u64 = 60,
         /// Seconds between full resyncs of the watched resources.
         watch_reconcile_period: u64 = 120,
-        enabled_handlers: Vec<Handler> = vec![
-            Handler::Vif, Handler::Endpoints, Handler::Service, Handler::KuryrLoadBalancer, Handler::KuryrPort,
-        ],
+        /// Handler names; validated by the controller against its handler registry so that a
+        /// library user's own handlers can be enabled too (upstream names: see [`Handler`]).
+        enabled_handlers: Vec<String> = list(&["vif", "endpoints", "service", "kuryrloadbalancer", "kuryrport"]),
         use_events: bool = true,
         controller_ha: bool = false,
         controller_ha_elector_port: u16 = 16401,

@@ -91,7 +91,10 @@ fn devstack_file_gives_typed_values() {
     assert_eq!(k.service_security_groups_driver, SecurityGroupsDriver::Policy);
     // The continuation line is part of the list.
     assert_eq!(k.enabled_handlers.len(), 10);
-    assert_eq!(k.enabled_handlers.last(), Some(&Handler::KuryrNetworkPolicy));
+    assert_eq!(
+        k.enabled_handlers.last().map(String::as_str),
+        Some("kuryrnetworkpolicy")
+    );
     assert_eq!(
         k.multi_vif_drivers,
         [MultiVifDriver::Noop, MultiVifDriver::NpwgMultipleInterfaces]
