@@ -1774,6 +1774,20 @@ impl Store {
             }
             input::opt_obj(obj, "binding:profile")?;
             input::opt_list(obj, "fixed_ips")?;
+            if let Some(aap) = input::opt_list(obj, "allowed_address_pairs")? {
+                normalize_aap(&aap, "fa:16:3e:00:00:00")?;
+                let ps = input::opt_bool(obj, "port_security_enabled")?.unwrap_or_else(|| {
+                    self.networks
+                        .get(&network_id)
+                        .is_none_or(|n| n.port_security_enabled)
+                });
+                if !ps && !aap.is_empty() {
+                    return Err(aap_needs_port_security());
+                }
+            }
+            if let Some(opts) = input::opt_list(obj, "extra_dhcp_opts")? {
+                normalize_dhcp_opts(&opts)?;
+            }
             specs.push(Spec { obj, std, network_id });
         }
         let mut per_project: HashMap<&str, usize> = HashMap::new();
@@ -1825,6 +1839,14 @@ impl Store {
                 None => self.new_mac(),
             };
             let host = input::opt_str(obj, "binding:host_id")?.unwrap_or_default();
+            let allowed_address_pairs = match input::opt_list(obj, "allowed_address_pairs")? {
+                Some(a) => normalize_aap(&a, &mac)?,
+                None => json!([]),
+            };
+            let extra_dhcp_opts = match input::opt_list(obj, "extra_dhcp_opts")? {
+                Some(o) => normalize_dhcp_opts(&o)?,
+                None => json!([]),
+            };
             let port = Port {
                 network_id: s.network_id,
                 mac,
@@ -1840,12 +1862,8 @@ impl Store {
                     .map(Value::Object)
                     .unwrap_or(json!({})),
                 host,
-                allowed_address_pairs: input::opt_list(obj, "allowed_address_pairs")?
-                    .map(Value::Array)
-                    .unwrap_or(json!([])),
-                extra_dhcp_opts: input::opt_list(obj, "extra_dhcp_opts")?
-                    .map(Value::Array)
-                    .unwrap_or(json!([])),
+                allowed_address_pairs,
+                extra_dhcp_opts,
                 bind_gen: 0,
                 std: s.std,
             };
@@ -1919,8 +1937,27 @@ impl Store {
         };
         let profile = input::opt_obj(obj, "binding:profile")?;
         let vnic = input::opt_str(obj, "binding:vnic_type")?;
-        let aap = input::opt_list(obj, "allowed_address_pairs")?;
-        let dhcp = input::opt_list(obj, "extra_dhcp_opts")?;
+        let new_mac = input::opt_str(obj, "mac_address")?.map(|m| m.to_ascii_lowercase());
+        let aap = match input::opt_list(obj, "allowed_address_pairs")? {
+            Some(a) => Some(normalize_aap(&a, new_mac.as_deref().unwrap_or(&port.mac))?),
+            None => None,
+        };
+        let dhcp = match input::opt_list(obj, "extra_dhcp_opts")? {
+            Some(o) => Some(normalize_dhcp_opts(&o)?),
+            None => None,
+        };
+        let final_aap_nonempty = match &aap {
+            Some(a) => a.as_array().is_some_and(|a| !a.is_empty()),
+            None => port
+                .allowed_address_pairs
+                .as_array()
+                .is_some_and(|a| !a.is_empty()),
+        };
+        if !input::opt_bool(obj, "port_security_enabled")?.unwrap_or(port.port_security_enabled)
+            && final_aap_nonempty
+        {
+            return Err(aap_needs_port_security());
+        }
         let sgs = input::opt_str_list(obj, "security_groups")?;
         if let Some(s) = &sgs {
             self.validate_sgs(s)?;
@@ -2013,10 +2050,10 @@ impl Store {
             port.vnic_type = v;
         }
         if let Some(v) = aap {
-            port.allowed_address_pairs = Value::Array(v);
+            port.allowed_address_pairs = v;
         }
         if let Some(v) = dhcp {
-            port.extra_dhcp_opts = Value::Array(v);
+            port.extra_dhcp_opts = v;
         }
         if let Some(v) = mac {
             port.mac = v.to_ascii_lowercase();
@@ -2975,4 +3012,92 @@ pub fn check_revision(expected: Option<u64>, current: u64) -> ApiResult<()> {
         )),
         _ => Ok(()),
     }
+}
+
+/// Python-style repr of a flat JSON object, as neutron puts request fragments into messages.
+fn py_repr(v: &Value) -> String {
+    match v {
+        Value::Object(o) => {
+            let items: Vec<String> = o.iter().map(|(k, v)| format!("'{k}': {}", py_repr(v))).collect();
+            format!("{{{}}}", items.join(", "))
+        }
+        Value::String(s) => format!("'{s}'"),
+        other => input::show(other),
+    }
+}
+
+/// Validates allowed address pairs; a pair without `mac_address` gets the port's MAC, and the list comes back in
+/// the order the real server stores it (by MAC, then address).
+fn normalize_aap(items: &[Value], port_mac: &str) -> ApiResult<Value> {
+    let mut out: Vec<(String, String)> = Vec::with_capacity(items.len());
+    for item in items {
+        let Value::Object(o) = item else {
+            return Err(ApiError::invalid_attr(
+                "allowed_address_pairs",
+                format!("'{}' is not a dictionary", input::show(item)),
+            ));
+        };
+        let ip = match o.get("ip_address") {
+            Some(Value::String(s)) => s.clone(),
+            _ => {
+                return Err(
+                    ApiError::bad_request("AllowedAddressPair must contain ip_address")
+                        .with_kind("AllowedAddressPairsMissingIP"),
+                );
+            }
+        };
+        if ipam::parse_ip(&ip).is_none() && matches!(Cidr::parse(&ip), Err(None)) {
+            return Err(ApiError::bad_request(format!("'{ip}' is not a valid IP address")));
+        }
+        let mac = match o.get("mac_address") {
+            None | Some(Value::Null) => port_mac.to_string(),
+            Some(Value::String(m)) => {
+                validate_mac(m)?;
+                m.to_ascii_lowercase()
+            }
+            Some(other) => {
+                return Err(ApiError::invalid_attr(
+                    "mac_address",
+                    format!("'{}' is not a valid MAC address", input::show(other)),
+                ));
+            }
+        };
+        out.push((mac, ip));
+    }
+    out.sort();
+    out.dedup();
+    Ok(Value::Array(
+        out.into_iter()
+            .map(|(m, i)| json!({"mac_address": m, "ip_address": i}))
+            .collect(),
+    ))
+}
+
+/// Validates extra DHCP options and fills `ip_version` (4 unless given).
+fn normalize_dhcp_opts(items: &[Value]) -> ApiResult<Value> {
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let ok = item.get("opt_name").is_some_and(Value::is_string) && item.get("opt_value").is_some();
+        if !ok {
+            return Err(ApiError::invalid_input(format!(
+                "No valid key specs matched for: {}",
+                py_repr(item)
+            )));
+        }
+        let version = match item.get("ip_version") {
+            None | Some(Value::Null) => 4,
+            Some(v) => input::to_int("ip_version", v)?,
+        };
+        out.push(
+            json!({"opt_name": item["opt_name"], "opt_value": item["opt_value"], "ip_version": version}),
+        );
+    }
+    Ok(Value::Array(out))
+}
+
+fn aap_needs_port_security() -> ApiError {
+    ApiError::conflict(
+        "AddressPairAndPortSecurityRequired",
+        "Port Security must be enabled in order to have allowed address pairs on a port.",
+    )
 }
