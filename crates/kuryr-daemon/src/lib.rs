@@ -2,6 +2,20 @@
 //!
 //! - [`netlink`]: thin typed netlink layer (namespaces entered on dedicated OS threads)
 //! - [`binding`]: binding drivers (`neutron-vif` bridge/OVS, `nested-vlan`, `nested-macvlan`, `sriov`)
+//! - [`vif`]: os-vif VIFs to binding specs and CNI results
+//! - [`registry`]: in-memory pods/KuryrPorts/attachments of this node
+//! - [`daemon`]: CNI ADD/DEL/CHECK/GC logic; [`server`]: HTTP API, health, metrics
+//! - [`kube`]: watchers feeding the registry, Events, and [`kube::run`] for the CLI
+//! - [`api`]: wire format and error codes
 
+pub mod api;
 pub mod binding;
+pub mod daemon;
+pub mod kube;
+pub mod metrics;
 pub mod netlink;
+pub mod registry;
+pub mod server;
+pub mod vif;
+
+pub use daemon::{ApiHealth, Daemon, DaemonConfig, NoEvents, PodEvents};

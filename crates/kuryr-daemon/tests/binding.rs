@@ -57,14 +57,8 @@ async fn bridge_binding_dual_stack_ping_check_and_teardown() {
         kind.clone(),
     );
     let (na, nb) = (NetNs::open(&a.path()).unwrap(), NetNs::open(&b.path()).unwrap());
-    let target_a = PlugTarget {
-        netns: &na,
-        pod_uid: "uid-a",
-    };
-    let target_b = PlugTarget {
-        netns: &nb,
-        pod_uid: "uid-b",
-    };
+    let target_a = PlugTarget::new(&na, "uid-a");
+    let target_b = PlugTarget::new(&nb, "uid-b");
     let d = drivers.for_kind(&kind);
     d.setup(&sa, &target_a).await.unwrap();
     d.setup(&sb, &target_b).await.unwrap();
@@ -115,10 +109,7 @@ async fn secondary_interface_and_gatewayless_subnet_get_no_default_route() {
     let (t0, t1) = (unique("ktp"), unique("ktp"));
     let _g = (HostLink(t0.clone()), HostLink(t1.clone()));
     let ns = NetNs::open(&p.path()).unwrap();
-    let target = PlugTarget {
-        netns: &ns,
-        pod_uid: "uid",
-    };
+    let target = PlugTarget::new(&ns, "uid");
     let drivers = Drivers::new(&BindingConfig::default());
     let kind = PlugKind::Bridge { bridge: br.clone() };
     // eth0 on a subnet without gateway: valid, no default route.
@@ -173,10 +164,7 @@ async fn nested_macvlan_and_mtu_limit_and_vlan_probe() {
     host_ok(&["ip", "link", "set", &parent, "up"]);
     let pod = TestNetns::new("kpm");
     let ns = NetNs::open(&pod.path()).unwrap();
-    let target = PlugTarget {
-        netns: &ns,
-        pod_uid: "uid",
-    };
+    let target = PlugTarget::new(&ns, "uid");
     let drivers = Drivers::new(&BindingConfig {
         link_iface: Some(parent.clone()),
         ..Default::default()
@@ -260,13 +248,7 @@ async fn ovs_binding_when_available() {
         let drivers = Drivers::new(&BindingConfig::default());
         let r = drivers
             .for_kind(&s.kind)
-            .setup(
-                &s,
-                &PlugTarget {
-                    netns: &ns,
-                    pod_uid: "u",
-                },
-            )
+            .setup(&s, &PlugTarget::new(&ns, "u"))
             .await;
         assert!(matches!(r, Err(BindingError::Unsupported { .. })), "{r:?}");
         assert!(
@@ -305,10 +287,7 @@ async fn ovs_binding_when_available() {
     );
     let drivers = Drivers::new(&BindingConfig::default());
     let d = drivers.for_kind(&s.kind);
-    let target = PlugTarget {
-        netns: &ns,
-        pod_uid: "pod-uid-1",
-    };
+    let target = PlugTarget::new(&ns, "pod-uid-1");
     d.setup(&s, &target).await.unwrap();
     let ids = host_ok(&["ovs-vsctl", "get", "Interface", &tap, "external-ids"]);
     assert!(

@@ -81,9 +81,31 @@ impl PlugKind {
 
 /// Where to plug: the pod's namespace and who it belongs to.
 pub struct PlugTarget<'a> {
-    pub netns: &'a NetNs,
+    /// None on teardown when the namespace is already gone: drivers then
+    /// clean only the host side.
+    pub netns: Option<&'a NetNs>,
     /// Pod UID, recorded as OVS `vm-uuid`.
     pub pod_uid: &'a str,
+    /// Written into the host-side link's alias so that a restarted daemon
+    /// knows which container owns it (see [`crate::registry`]).
+    pub owner_tag: Option<&'a str>,
+}
+
+impl<'a> PlugTarget<'a> {
+    pub fn new(netns: &'a NetNs, pod_uid: &'a str) -> Self {
+        Self {
+            netns: Some(netns),
+            pod_uid,
+            owner_tag: None,
+        }
+    }
+
+    pub(crate) fn require_netns(&self) -> Result<&'a NetNs, BindingError> {
+        self.netns.ok_or_else(|| BindingError::InvalidVif {
+            field: "CNI_NETNS".into(),
+            message: "the pod network namespace is required".into(),
+        })
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

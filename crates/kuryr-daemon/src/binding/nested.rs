@@ -70,9 +70,10 @@ impl BindingDriver for VlanDriver {
         let host = Netlink::current()?;
         let parent = parent_link(self.name(), &self.link_iface, &host).await?;
         check_mtu(self.name(), spec, &parent)?;
-        let pod = Netlink::in_netns(target.netns).await?;
+        let netns = target.require_netns()?;
+        let pod = Netlink::in_netns(netns).await?;
         remove_leftover(&pod, spec).await?;
-        host.create_vlan(&spec.ifname, parent.index, vlan_id, Some(target.netns.fd()))
+        host.create_vlan(&spec.ifname, parent.index, vlan_id, Some(netns.fd()))
             .await
             .map_err(|e| match e {
                 NetlinkError::KernelUnsupported { .. } => BindingError::Unsupported {
@@ -92,7 +93,7 @@ impl BindingDriver for VlanDriver {
     }
 
     async fn check(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), BindingError> {
-        let pod = Netlink::in_netns(target.netns).await?;
+        let pod = Netlink::in_netns(target.require_netns()?).await?;
         let link = l3::check(&pod, spec).await?;
         if link.kind.as_deref() != Some("vlan") {
             return Err(BindingError::Check {
@@ -127,9 +128,10 @@ impl BindingDriver for MacvlanDriver {
         let host = Netlink::current()?;
         let parent = parent_link(self.name(), &self.link_iface, &host).await?;
         check_mtu(self.name(), spec, &parent)?;
-        let pod = Netlink::in_netns(target.netns).await?;
+        let netns = target.require_netns()?;
+        let pod = Netlink::in_netns(netns).await?;
         remove_leftover(&pod, spec).await?;
-        host.create_macvlan(&spec.ifname, parent.index, Some(target.netns.fd()))
+        host.create_macvlan(&spec.ifname, parent.index, Some(netns.fd()))
             .await?;
         let link = pod.require_link(&spec.ifname).await?;
         // The Neutron port carries the address allowed on the trunk (the
@@ -144,7 +146,7 @@ impl BindingDriver for MacvlanDriver {
     }
 
     async fn check(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), BindingError> {
-        let pod = Netlink::in_netns(target.netns).await?;
+        let pod = Netlink::in_netns(target.require_netns()?).await?;
         let link = l3::check(&pod, spec).await?;
         if link.kind.as_deref() != Some("macvlan") {
             return Err(BindingError::Check {

@@ -70,14 +70,15 @@ impl BindingDriver for SriovDriver {
             field: "pci_address".into(),
             message: "SR-IOV VIF names no VF (pci_address is missing)".into(),
         })?;
-        let pod = Netlink::in_netns(target.netns).await?;
+        let netns = target.require_netns()?;
+        let pod = Netlink::in_netns(netns).await?;
         if pod.link_by_name(&spec.ifname).await?.is_none() {
             let host = Netlink::current()?;
             let name = vf_netdev(pci)?;
             let vf = host.require_link(&name).await?;
             // Down while moving: a VF keeps its config across namespaces.
             host.set_down(vf.index).await?;
-            host.move_to_netns(vf.index, target.netns.fd()).await?;
+            host.move_to_netns(vf.index, netns.fd()).await?;
             let moved = pod.require_link(&name).await?;
             pod.rename(moved.index, &spec.ifname).await?;
         }
@@ -92,7 +93,11 @@ impl BindingDriver for SriovDriver {
         let mut errors = Vec::new();
         // VFs are hardware: give them back to the host, never delete them.
         let step = async {
-            let pod = Netlink::in_netns(target.netns).await?;
+            // A destroyed namespace hands its VFs back to the host by itself.
+            let Some(netns) = target.netns else {
+                return Ok(());
+            };
+            let pod = Netlink::in_netns(netns).await?;
             let Some(link) = pod.link_by_name(&spec.ifname).await? else {
                 return Ok(());
             };
@@ -110,7 +115,7 @@ impl BindingDriver for SriovDriver {
     }
 
     async fn check(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), BindingError> {
-        let pod = Netlink::in_netns(target.netns).await?;
+        let pod = Netlink::in_netns(target.require_netns()?).await?;
         l3::check(&pod, spec).await.map(|_| ())
     }
 }

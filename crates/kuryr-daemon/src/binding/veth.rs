@@ -11,8 +11,9 @@ use super::{BindingDriver, BindingError, PlugKind, PlugSpec, PlugTarget, Teardow
 /// Create the veth pair (pod end created directly in the pod namespace under
 /// its final name) and configure the pod end. Returns the host end's index.
 async fn plug_veth(spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(Netlink, u32), BindingError> {
+    let netns = target.require_netns()?;
     let host = Netlink::current()?;
-    let pod = Netlink::in_netns(target.netns).await?;
+    let pod = Netlink::in_netns(netns).await?;
     // Leftovers of an interrupted earlier attempt.
     if let Some(old) = host.link_by_name(&spec.host_ifname).await? {
         host.delete_link(old.index).await?;
@@ -20,9 +21,12 @@ async fn plug_veth(spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(Netlink,
     if let Some(old) = pod.link_by_name(&spec.ifname).await? {
         pod.delete_link(old.index).await?;
     }
-    host.create_veth(&spec.host_ifname, &spec.ifname, Some(target.netns.fd()), spec.mtu)
+    host.create_veth(&spec.host_ifname, &spec.ifname, Some(netns.fd()), spec.mtu)
         .await?;
     let host_link = host.require_link(&spec.host_ifname).await?;
+    if let Some(tag) = target.owner_tag {
+        host.set_alias(host_link.index, tag).await?;
+    }
     let pod_link = pod.require_link(&spec.ifname).await?;
     l3::configure(&pod, pod_link.index, spec, true).await?;
     host.set_up(host_link.index).await?;
@@ -57,7 +61,10 @@ pub(super) async fn delete_pod_link(
     kind: &str,
     errors: &mut Vec<BindingError>,
 ) {
-    let pod = match Netlink::in_netns(target.netns).await {
+    let Some(netns) = target.netns else {
+        return;
+    };
+    let pod = match Netlink::in_netns(netns).await {
         Ok(p) => p,
         Err(NetlinkError::Netns { .. }) => return,
         Err(e) => {
@@ -121,7 +128,7 @@ impl BindingDriver for BridgeDriver {
         let PlugKind::Bridge { bridge } = &spec.kind else {
             return Err(wrong_kind(self.name(), spec));
         };
-        let pod = Netlink::in_netns(target.netns).await?;
+        let pod = Netlink::in_netns(target.require_netns()?).await?;
         l3::check(&pod, spec).await?;
         let host = Netlink::current()?;
         let br = host.link_by_name(bridge).await?;
@@ -220,7 +227,7 @@ impl BindingDriver for OvsDriver {
     }
 
     async fn check(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), BindingError> {
-        let pod = Netlink::in_netns(target.netns).await?;
+        let pod = Netlink::in_netns(target.require_netns()?).await?;
         l3::check(&pod, spec).await?;
         let host = Netlink::current()?;
         if host.link_by_name(&spec.host_ifname).await?.is_none() {

@@ -129,6 +129,8 @@ pub struct Link {
     /// Index of the parent link (veth peer, macvlan/vlan lower device), in
     /// the link's own namespace or another one.
     pub parent: Option<u32>,
+    /// `ifalias`: kuryr records who owns a host-side link there.
+    pub alias: Option<String>,
 }
 
 impl Link {
@@ -142,6 +144,7 @@ impl Link {
             kind: None,
             master: None,
             parent: None,
+            alias: None,
         };
         for attr in &msg.attributes {
             match attr {
@@ -154,6 +157,7 @@ impl Link {
                 LinkAttribute::Mtu(m) => link.mtu = Some(*m),
                 LinkAttribute::Controller(c) => link.master = Some(*c),
                 LinkAttribute::Link(p) => link.parent = Some(*p),
+                LinkAttribute::IfAlias(a) => link.alias = Some(a.clone()),
                 LinkAttribute::LinkInfo(infos) => {
                     for info in infos {
                         if let LinkInfo::Kind(kind) = info {
@@ -505,6 +509,12 @@ impl Netlink {
     pub async fn set_down(&self, index: u32) -> Result<()> {
         let msg = LinkUnspec::new_with_index(index).down().build();
         self.set(format!("set link #{index} down"), msg).await
+    }
+
+    /// Set the interface alias (`ip link set X alias Y`), at most 255 bytes.
+    pub async fn set_alias(&self, index: u32, alias: &str) -> Result<()> {
+        let msg = LinkUnspec::new_with_index(index).alias(alias).build();
+        self.set(format!("set alias on link #{index}"), msg).await
     }
 
     /// Attach a link to a bridge (`ip link set X master B`).

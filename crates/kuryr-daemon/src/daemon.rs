@@ -1,0 +1,613 @@
+//! The daemon core: CNI ADD / DEL / CHECK / GC over the registry and the
+//! binding drivers. HTTP and Kubernetes plumbing live in `server` and `kube`.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use kuryr_crds::{KuryrPort, Vif};
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::api::{CniParams, DaemonError};
+use crate::binding::{BindingConfig, Drivers, PlugSpec, PlugTarget};
+use crate::metrics::Metrics;
+use crate::netlink::{NetNs, Netlink};
+use crate::registry::{Attachment, Entry, PodKey, Registry, Wait};
+use crate::vif;
+
+/// Daemon settings; `kuryr-config`'s `[cni_daemon]`, `[binding]` and
+/// `[neutron_defaults]` sections map onto it.
+#[derive(Clone, Debug)]
+pub struct DaemonConfig {
+    /// This node's name (KuryrPorts labelled `kuryr.openstack.org/nodeName=<node>`).
+    pub node_name: String,
+    /// `[cni_daemon] bind_address` (127.0.0.1:5036).
+    pub bind_address: SocketAddr,
+    /// Optional unix socket serving the same API.
+    pub unix_socket: Option<PathBuf>,
+    /// `/ready` and `/alive` (8090).
+    pub health_address: SocketAddr,
+    /// Prometheus `/metrics` (9655).
+    pub metrics_address: SocketAddr,
+    /// `[cni_daemon] vif_annotation_timeout` (60 s): ADD waits this long for
+    /// VIFs to appear and become active.
+    pub vif_annotation_timeout: Duration,
+    /// `[cni_daemon] netns_proc_dir`: when the daemon runs in a container
+    /// with the host's /proc mounted elsewhere, `/proc/...` netns paths are
+    /// looked up under this directory instead.
+    pub netns_proc_dir: Option<PathBuf>,
+    pub binding: BindingConfig,
+}
+
+impl DaemonConfig {
+    pub fn new(node_name: impl Into<String>) -> Self {
+        Self {
+            node_name: node_name.into(),
+            bind_address: SocketAddr::from(([127, 0, 0, 1], 5036)),
+            unix_socket: None,
+            health_address: SocketAddr::from(([0, 0, 0, 0], 8090)),
+            metrics_address: SocketAddr::from(([0, 0, 0, 0], 9655)),
+            vif_annotation_timeout: Duration::from_secs(60),
+            netns_proc_dir: None,
+            binding: BindingConfig::default(),
+        }
+    }
+}
+
+/// Posts Kubernetes Events on pods (a no-op or recorder in tests).
+#[async_trait]
+pub trait PodEvents: Send + Sync {
+    async fn publish(&self, pod: &PodKey, pod_uid: Option<&str>, reason: &str, message: &str, warning: bool);
+}
+
+/// Whether the Kubernetes API answers (for `/ready`).
+#[async_trait]
+pub trait ApiHealth: Send + Sync {
+    async fn check(&self) -> Result<(), String>;
+}
+
+pub struct NoEvents;
+
+#[async_trait]
+impl PodEvents for NoEvents {
+    async fn publish(&self, _: &PodKey, _: Option<&str>, _: &str, _: &str, _: bool) {}
+}
+
+/// Answer of a successful ADD.
+pub struct AddResult {
+    /// The default VIF as os-vif JSON (upstream body).
+    pub vif: Value,
+    /// CNI result for every interface (kuryr-rs extension).
+    pub result: Value,
+}
+
+pub struct Daemon {
+    pub config: DaemonConfig,
+    pub registry: Arc<Registry>,
+    pub metrics: Metrics,
+    drivers: Drivers,
+    events: Arc<dyn PodEvents>,
+    api: Arc<dyn ApiHealth>,
+    /// Serialises requests for one pod; entries are dropped when idle.
+    pod_locks: Mutex<HashMap<PodKey, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// Releases the per-pod lock and drops its map entry when nobody waits on it.
+struct PodLock<'a> {
+    daemon: &'a Daemon,
+    key: PodKey,
+    lock: Arc<tokio::sync::Mutex<()>>,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for PodLock<'_> {
+    fn drop(&mut self) {
+        self.guard.take();
+        let mut locks = self.daemon.pod_locks.lock().unwrap_or_else(|p| p.into_inner());
+        // Two references: the map's and ours.
+        if Arc::strong_count(&self.lock) <= 2 {
+            locks.remove(&self.key);
+        }
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> DaemonError {
+    DaemonError::Internal(e.to_string())
+}
+
+impl Daemon {
+    pub fn new(config: DaemonConfig, events: Arc<dyn PodEvents>, api: Arc<dyn ApiHealth>) -> Arc<Self> {
+        Arc::new(Self {
+            drivers: Drivers::new(&config.binding),
+            config,
+            registry: Arc::new(Registry::new()),
+            metrics: Metrics::new(),
+            events,
+            api,
+            pod_locks: Mutex::new(HashMap::new()),
+        })
+    }
+
+    async fn lock_pod(&self, key: &PodKey) -> PodLock<'_> {
+        let lock = {
+            let mut locks = self.pod_locks.lock().unwrap_or_else(|p| p.into_inner());
+            locks.entry(key.clone()).or_default().clone()
+        };
+        let guard = lock.clone().lock_owned().await;
+        PodLock {
+            daemon: self,
+            key: key.clone(),
+            lock,
+            guard: Some(guard),
+        }
+    }
+
+    /// Number of pods currently holding a per-pod lock (for leak tests).
+    pub fn pod_lock_count(&self) -> usize {
+        self.pod_locks.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    fn netns_path(&self, path: &str) -> String {
+        match (&self.config.netns_proc_dir, path.strip_prefix("/proc/")) {
+            (Some(dir), Some(rest)) => dir.join(rest).to_string_lossy().into_owned(),
+            _ => path.to_string(),
+        }
+    }
+
+    /// The pod's VIFs as plug specs, default first. The default VIF is
+    /// named `ifname` (CNI_IFNAME), others keep their `status.vifs` key.
+    fn specs_for(&self, kp: &KuryrPort, ifname: &str) -> Result<Vec<PlugSpec>, DaemonError> {
+        let status = kp
+            .status
+            .as_ref()
+            .ok_or_else(|| internal("KuryrPort has no status"))?;
+        let mut specs = Vec::new();
+        if let Some((_, v)) = status.default_vif() {
+            specs.push(vif::plug_spec(v, ifname, true, &self.config.binding).map_err(internal)?);
+        }
+        for (name, v) in status.additional_vifs() {
+            if name == ifname {
+                return Err(internal(format!(
+                    "additional VIF {name} has the name CNI_IFNAME gives the default interface"
+                )));
+            }
+            specs.push(vif::plug_spec(v, name, false, &self.config.binding).map_err(internal)?);
+        }
+        Ok(specs)
+    }
+
+    /// UID check; static pods are exempt (the kubelet's UID differs from the
+    /// mirror pod's).
+    fn uid_matches(kp: &KuryrPort, uid: Option<&str>) -> bool {
+        kp.spec.pod_static || uid.is_none_or(|u| u == kp.spec.pod_uid)
+    }
+
+    fn decide<T>(
+        entry: Option<&Entry>,
+        uid: Option<&str>,
+        ready: impl Fn(&KuryrPort) -> Option<T>,
+    ) -> Wait<Result<T, DaemonError>> {
+        let Some(e) = entry else { return Wait::Pending };
+        if let (Some(gone), Some(uid)) = (&e.gone_uid, uid)
+            && gone == uid
+        {
+            return Wait::Fail(Err(DaemonError::PodGone(format!("pod {uid} was deleted"))));
+        }
+        match &e.kuryrport {
+            Some(kp) if Self::uid_matches(kp, uid) => match ready(kp) {
+                Some(t) => Wait::Ready(Ok(t)),
+                None => Wait::Pending,
+            },
+            _ => Wait::Pending,
+        }
+    }
+
+    fn timeout_error(&self, p: &CniParams, last: Option<Entry>, what: &str) -> DaemonError {
+        let uid = p.pod_uid.as_deref();
+        match last.and_then(|e| e.kuryrport) {
+            Some(kp) if !Self::uid_matches(&kp, uid) => DaemonError::PodGone(format!(
+                "pod UID mismatch: CNI_ARGS K8S_POD_UID={} but KuryrPort {} is for pod {}",
+                uid.unwrap_or_default(),
+                p.key,
+                kp.spec.pod_uid
+            )),
+            _ => DaemonError::Timeout(format!(
+                "timed out after {:?} waiting for {what} of pod {}",
+                self.config.vif_annotation_timeout, p.key
+            )),
+        }
+    }
+
+    /// CNI ADD.
+    pub async fn add(&self, body: &[u8]) -> Result<AddResult, DaemonError> {
+        let started = std::time::Instant::now();
+        let res = self.add_inner(body).await;
+        self.record("ADD", started, &res);
+        res
+    }
+
+    fn record<T>(&self, command: &str, started: std::time::Instant, res: &Result<T, DaemonError>) {
+        let ms = started.elapsed().as_secs_f64() * 1000.0;
+        self.metrics
+            .observe(command, ms, res.as_ref().err().map(DaemonError::code));
+        self.metrics
+            .registry_entries
+            .set(i64::try_from(self.registry.len()).unwrap_or(i64::MAX));
+    }
+
+    async fn add_inner(&self, body: &[u8]) -> Result<AddResult, DaemonError> {
+        let p = CniParams::parse(body)?;
+        p.require(&["CNI_IFNAME", "CNI_NETNS", "CNI_CONTAINERID"])?;
+        let _lock = self.lock_pod(&p.key).await;
+        let deadline = Instant::now() + self.config.vif_annotation_timeout;
+        let uid = p.pod_uid.as_deref();
+
+        // 1. the KuryrPort carries VIFs
+        let mut waiting = false;
+        let kp = self
+            .registry
+            .wait_for(
+                &p.key,
+                deadline,
+                |e| {
+                    Self::decide(e, uid, |kp| {
+                        kp.vifs().filter(|v| !v.is_empty()).map(|_| kp.clone())
+                    })
+                },
+                || waiting = true,
+            )
+            .await;
+        if waiting {
+            self.events
+                .publish(
+                    &p.key,
+                    uid,
+                    "CNIWaitingForVIFs",
+                    "Waiting for Neutron ports to be created for the pod",
+                    false,
+                )
+                .await;
+        }
+        let kp = match kp {
+            Ok(Ok(Ok(kp)) | Err(Ok(kp))) => kp,
+            Ok(Ok(Err(e)) | Err(Err(e))) => return Err(e),
+            Err(last) => {
+                let e = self.timeout_error(&p, last, "the KuryrPort's VIFs");
+                self.events
+                    .publish(&p.key, uid, "CNITimedOut", &e.to_string(), true)
+                    .await;
+                return Err(e);
+            }
+        };
+
+        // 2. plug every VIF
+        let specs = self.specs_for(&kp, &p.req.ifname)?;
+        let netns_path = self.netns_path(&p.req.netns);
+        let netns =
+            NetNs::open(&netns_path).map_err(|e| DaemonError::BadParams(format!("CNI_NETNS: {e}")))?;
+        let tag = p.key.owner_tag(&p.req.container_id);
+        let pod_uid = kp.spec.pod_uid.clone();
+        let target = PlugTarget {
+            netns: Some(&netns),
+            pod_uid: &pod_uid,
+            owner_tag: Some(&tag),
+        };
+        for (i, spec) in specs.iter().enumerate() {
+            let driver = self.drivers.for_kind(&spec.kind);
+            if let Err(e) = driver.setup(spec, &target).await {
+                // Undo what this ADD plugged; report the setup error.
+                for done in specs[..=i].iter().rev() {
+                    if let Err(te) = self.drivers.for_kind(&done.kind).teardown(done, &target).await {
+                        tracing::warn!(pod = %p.key, error = %te, "cleanup after failed ADD");
+                    }
+                }
+                return Err(internal(format!(
+                    "plugging {} ({}): {e}",
+                    spec.ifname,
+                    driver.name()
+                )));
+            }
+        }
+        self.registry.set_attachment(
+            &p.key,
+            Attachment {
+                container_id: p.req.container_id.clone(),
+                netns: Some(netns_path.clone()),
+                host_ifnames: specs.iter().map(|s| s.host_ifname.clone()).collect(),
+                specs: specs.clone(),
+            },
+        );
+
+        // 3. every VIF active
+        let mut waiting = false;
+        let active = self
+            .registry
+            .wait_for(
+                &p.key,
+                deadline,
+                |e| {
+                    Self::decide(e, uid, |kp| {
+                        kp.status.as_ref().filter(|s| s.all_active()).map(|_| kp.clone())
+                    })
+                },
+                || waiting = true,
+            )
+            .await;
+        if waiting {
+            self.events
+                .publish(
+                    &p.key,
+                    uid,
+                    "CNIWaitingForVIFActivation",
+                    "Waiting for Neutron ports to become ACTIVE",
+                    false,
+                )
+                .await;
+        }
+        let kp = match active {
+            Ok(Ok(Ok(kp)) | Err(Ok(kp))) => kp,
+            Ok(Ok(Err(e)) | Err(Err(e))) => return Err(e),
+            Err(last) => {
+                let e = self.timeout_error(&p, last, "VIF activation");
+                self.events
+                    .publish(&p.key, uid, "CNITimedOut", &e.to_string(), true)
+                    .await;
+                return Err(e);
+            }
+        };
+        let status = kp
+            .status
+            .as_ref()
+            .ok_or_else(|| internal("KuryrPort lost its status"))?;
+        let (_, default_vif) = status
+            .default_vif()
+            .ok_or_else(|| internal("KuryrPort has no default VIF"))?;
+        let vif_json = default_vif.to_primitive().map_err(internal)?;
+        let all: Vec<&Vif> = status.vifs.values().map(|v| &v.vif).collect();
+        let result = vif::cni_result(&specs, &p.req.netns, &vif::dns_servers(&all));
+        Ok(AddResult {
+            vif: vif_json,
+            result,
+        })
+    }
+
+    /// CNI DEL: idempotent; a DEL for a container other than the one ADD
+    /// recorded is stale and touches nothing.
+    pub async fn del(&self, body: &[u8]) -> Result<(), DaemonError> {
+        let started = std::time::Instant::now();
+        let res = self.del_inner(body).await;
+        self.record("DEL", started, &res);
+        res
+    }
+
+    async fn del_inner(&self, body: &[u8]) -> Result<(), DaemonError> {
+        let p = CniParams::parse(body)?;
+        let _lock = self.lock_pod(&p.key).await;
+        let entry = self.registry.get(&p.key);
+        let attachment = entry.as_ref().and_then(|e| e.attachment.clone());
+        if let Some(att) = &attachment
+            && !p.req.container_id.is_empty()
+            && att.container_id != p.req.container_id
+        {
+            tracing::info!(pod = %p.key, stale = %p.req.container_id, current = %att.container_id, "ignoring stale DEL");
+            return Ok(());
+        }
+        let specs = match &attachment {
+            Some(att) if !att.specs.is_empty() => att.specs.clone(),
+            _ => match entry.as_ref().and_then(|e| e.kuryrport.clone()) {
+                Some(kp) if p.req.ifname.is_empty() => self.specs_for(&kp, "eth0").unwrap_or_default(),
+                Some(kp) => self.specs_for(&kp, &p.req.ifname).unwrap_or_default(),
+                None => Vec::new(),
+            },
+        };
+        let netns_path = match (
+            p.req.netns.as_str(),
+            attachment.as_ref().and_then(|a| a.netns.clone()),
+        ) {
+            ("", Some(recorded)) => recorded,
+            (given, _) => self.netns_path(given),
+        };
+        // A namespace that is already gone leaves only host-side cleanup.
+        let netns = if netns_path.is_empty() {
+            None
+        } else {
+            NetNs::open(&netns_path).ok()
+        };
+        let uid = entry
+            .as_ref()
+            .and_then(|e| e.kuryrport.as_ref().map(|k| k.spec.pod_uid.clone()))
+            .unwrap_or_default();
+        let target = PlugTarget {
+            netns: netns.as_ref(),
+            pod_uid: &uid,
+            owner_tag: None,
+        };
+        let mut errors = Vec::new();
+        for spec in specs.iter().rev() {
+            if let Err(e) = self.drivers.for_kind(&spec.kind).teardown(spec, &target).await {
+                errors.push(e.to_string());
+            }
+        }
+        // Attachments restored after a restart only know host link names.
+        if specs.is_empty()
+            && let Some(att) = &attachment
+        {
+            delete_host_links(&att.host_ifnames, &mut errors).await;
+        }
+        if !errors.is_empty() {
+            return Err(internal(format!("DEL of {}: {}", p.key, errors.join("; "))));
+        }
+        self.registry.clear_attachment(&p.key);
+        Ok(())
+    }
+
+    /// CNI CHECK (kuryr-rs extension): every interface is still as plugged.
+    pub async fn check(&self, body: &[u8]) -> Result<(), DaemonError> {
+        let started = std::time::Instant::now();
+        let res = self.check_inner(body).await;
+        self.record("CHECK", started, &res);
+        res
+    }
+
+    async fn check_inner(&self, body: &[u8]) -> Result<(), DaemonError> {
+        let p = CniParams::parse(body)?;
+        p.require(&["CNI_IFNAME", "CNI_NETNS", "CNI_CONTAINERID"])?;
+        let entry = self.registry.get(&p.key);
+        if let (Some(gone), Some(uid)) = (
+            entry.as_ref().and_then(|e| e.gone_uid.clone()),
+            p.pod_uid.as_deref(),
+        ) && gone == uid
+        {
+            return Err(DaemonError::PodGone(format!("pod {} was deleted", p.key)));
+        }
+        let specs = match entry.as_ref().and_then(|e| e.attachment.clone()) {
+            Some(att) if att.container_id == p.req.container_id && !att.specs.is_empty() => att.specs,
+            Some(att) if att.container_id == p.req.container_id => match entry.and_then(|e| e.kuryrport) {
+                Some(kp) => self.specs_for(&kp, &p.req.ifname)?,
+                None => return Err(internal(format!("no KuryrPort for {}", p.key))),
+            },
+            _ => {
+                return Err(internal(format!(
+                    "container {} of pod {} is not plugged by this daemon",
+                    p.req.container_id, p.key
+                )));
+            }
+        };
+        let netns = NetNs::open(&self.netns_path(&p.req.netns))
+            .map_err(|e| DaemonError::BadParams(format!("CNI_NETNS: {e}")))?;
+        let target = PlugTarget::new(&netns, "");
+        for spec in &specs {
+            self.drivers
+                .for_kind(&spec.kind)
+                .check(spec, &target)
+                .await
+                .map_err(internal)?;
+        }
+        Ok(())
+    }
+
+    /// CNI GC (kuryr-rs extension): tear down every attachment whose
+    /// container is not in `config_kuryr["cni.dev/valid-attachments"]`.
+    pub async fn gc(&self, body: &[u8]) -> Result<usize, DaemonError> {
+        let req: crate::api::CniRequest =
+            serde_json::from_slice(body).map_err(|e| DaemonError::BadParams(format!("request body: {e}")))?;
+        let valid = match req.config_kuryr.get("cni.dev/valid-attachments") {
+            None => Vec::new(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    v.get("containerID")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                        .ok_or_else(|| {
+                            DaemonError::BadParams(
+                                "cni.dev/valid-attachments[].containerID is missing".into(),
+                            )
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(_) => {
+                return Err(DaemonError::BadParams(
+                    "cni.dev/valid-attachments must be a list".into(),
+                ));
+            }
+        };
+        let mut removed = 0;
+        let mut errors = Vec::new();
+        for (key, att) in self.registry.attachments() {
+            if valid.contains(&att.container_id) {
+                continue;
+            }
+            let body = serde_json::json!({
+                "CNI_CONTAINERID": att.container_id,
+                "CNI_NETNS": att.netns.clone().unwrap_or_default(),
+                "CNI_ARGS": format!("K8S_POD_NAMESPACE={};K8S_POD_NAME={}", key.namespace, key.name),
+            });
+            match self.del(body.to_string().as_bytes()).await {
+                Ok(()) => removed += 1,
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        if errors.is_empty() {
+            Ok(removed)
+        } else {
+            Err(internal(errors.join("; ")))
+        }
+    }
+
+    /// Readiness: CAP_NET_ADMIN and a reachable Kubernetes API.
+    pub async fn ready(&self) -> Result<(), DaemonError> {
+        if !has_cap_net_admin() {
+            return Err(DaemonError::NotReady("the daemon lacks CAP_NET_ADMIN".into()));
+        }
+        self.api
+            .check()
+            .await
+            .map_err(|e| DaemonError::NotReady(format!("Kubernetes API unreachable: {e}")))
+    }
+
+    /// Rebuild attachments from host-side link aliases written at ADD (so
+    /// that stale-DEL detection survives a daemon restart).
+    pub async fn restore_from_host(&self) -> Result<usize, DaemonError> {
+        let host = Netlink::current().map_err(internal)?;
+        let mut found: HashMap<PodKey, Attachment> = HashMap::new();
+        for link in host.list_links().await.map_err(internal)? {
+            let Some((key, container)) = link.alias.as_deref().and_then(PodKey::parse_owner_tag) else {
+                continue;
+            };
+            let att = found.entry(key).or_insert_with(|| Attachment {
+                container_id: container,
+                netns: None,
+                specs: Vec::new(),
+                host_ifnames: Vec::new(),
+            });
+            att.host_ifnames.push(link.name);
+        }
+        let n = found.len();
+        for (key, att) in found {
+            if self.registry.get(&key).and_then(|e| e.attachment).is_none() {
+                self.registry.set_attachment(&key, att);
+            }
+        }
+        Ok(n)
+    }
+}
+
+async fn delete_host_links(names: &[String], errors: &mut Vec<String>) {
+    let host = match Netlink::current() {
+        Ok(h) => h,
+        Err(e) => {
+            errors.push(e.to_string());
+            return;
+        }
+    };
+    for name in names {
+        match host.link_by_name(name).await {
+            Ok(Some(l)) => {
+                if let Err(e) = host.delete_link(l.index).await
+                    && e.errno() != Some(libc::ENODEV)
+                {
+                    errors.push(e.to_string());
+                }
+            }
+            Ok(None) => {}
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+}
+
+/// CAP_NET_ADMIN (bit 12) in the effective set, from /proc/self/status.
+pub fn has_cap_net_admin() -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << 12) != 0)
+}

@@ -1,0 +1,362 @@
+//! In-memory registry of this node's pods: their KuryrPort (fed by the
+//! watchers) and what the daemon plugged for them (recorded by ADD).
+//!
+//! Entries exist only while there is a KuryrPort or an attachment for the
+//! pod, so the map never outgrows the node's pods. Waiters (ADD) are woken by
+//! a version counter on a `watch` channel, so no update is ever missed.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use kuryr_crds::KuryrPort;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::binding::PlugSpec;
+
+/// `namespace/name` of a pod (a KuryrPort has the pod's name and namespace).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl PodKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    pub fn of(kp: &KuryrPort) -> Option<Self> {
+        Some(Self::new(
+            kp.metadata.namespace.clone()?,
+            kp.metadata.name.clone()?,
+        ))
+    }
+
+    /// The tag written into host-side link aliases: `kuryr:<container>:<ns>/<name>`.
+    pub fn owner_tag(&self, container_id: &str) -> String {
+        format!("kuryr:{container_id}:{}/{}", self.namespace, self.name)
+    }
+
+    /// Parse an owner tag back into (key, container id).
+    pub fn parse_owner_tag(tag: &str) -> Option<(Self, String)> {
+        let rest = tag.strip_prefix("kuryr:")?;
+        let (container, pod) = rest.split_once(':')?;
+        let (ns, name) = pod.split_once('/')?;
+        if container.is_empty() || ns.is_empty() || name.is_empty() {
+            return None;
+        }
+        Some((Self::new(ns, name), container.to_string()))
+    }
+}
+
+impl std::fmt::Display for PodKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What ADD plugged for one container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attachment {
+    pub container_id: String,
+    pub netns: Option<String>,
+    /// Specs as plugged; empty when the attachment was restored from host
+    /// link aliases after a restart (then `host_ifnames` is what we know).
+    pub specs: Vec<PlugSpec>,
+    pub host_ifnames: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Entry {
+    pub kuryrport: Option<Arc<KuryrPort>>,
+    pub attachment: Option<Attachment>,
+    /// UID of a pod the API reported deleted under this name.
+    pub gone_uid: Option<String>,
+}
+
+#[derive(Default)]
+pub struct Registry {
+    entries: Mutex<HashMap<PodKey, Entry>>,
+    version: watch::Sender<u64>,
+}
+
+/// What a wait predicate decides for the current entry.
+pub enum Wait<T> {
+    Ready(T),
+    Fail(T),
+    Pending,
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<PodKey, Entry>> {
+        // A panic while holding the lock leaves plain data behind; keep going.
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn bump(&self) {
+        self.version.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn get(&self, key: &PodKey) -> Option<Entry> {
+        self.lock().get(key).cloned()
+    }
+
+    pub fn keys(&self) -> Vec<PodKey> {
+        let mut k: Vec<_> = self.lock().keys().cloned().collect();
+        k.sort();
+        k
+    }
+
+    /// A KuryrPort was added or changed.
+    pub fn apply_kuryrport(&self, kp: KuryrPort) {
+        let Some(key) = PodKey::of(&kp) else { return };
+        {
+            let mut map = self.lock();
+            let entry = map.entry(key).or_default();
+            if entry.gone_uid.as_deref() == Some(kp.spec.pod_uid.as_str()) {
+                // A late event for the deleted pod: keep it dead.
+            } else {
+                entry.gone_uid = None;
+            }
+            entry.kuryrport = Some(Arc::new(kp));
+        }
+        self.bump();
+    }
+
+    /// A KuryrPort was deleted.
+    pub fn delete_kuryrport(&self, key: &PodKey) {
+        {
+            let mut map = self.lock();
+            if let Some(e) = map.get_mut(key) {
+                if let Some(kp) = &e.kuryrport {
+                    e.gone_uid = Some(kp.spec.pod_uid.clone());
+                }
+                e.kuryrport = None;
+                if e.attachment.is_none() {
+                    map.remove(key);
+                }
+            }
+        }
+        self.bump();
+    }
+
+    /// The API reports the pod deleted: waiting ADDs for it fail with 410.
+    pub fn pod_deleted(&self, key: &PodKey, uid: &str) {
+        {
+            let mut map = self.lock();
+            if let Some(e) = map.get_mut(key) {
+                e.gone_uid = Some(uid.to_string());
+                if e.attachment.is_none() && e.kuryrport.as_ref().is_none_or(|kp| kp.spec.pod_uid == uid) {
+                    map.remove(key);
+                }
+            }
+        }
+        self.bump();
+    }
+
+    /// Replace every KuryrPort at once (a watcher (re)list finished): pods
+    /// whose KuryrPort vanished while we were not watching lose it.
+    pub fn replace_kuryrports(&self, kps: Vec<KuryrPort>) {
+        {
+            let mut map = self.lock();
+            let mut fresh: HashMap<PodKey, KuryrPort> = HashMap::new();
+            for kp in kps {
+                if let Some(k) = PodKey::of(&kp) {
+                    fresh.insert(k, kp);
+                }
+            }
+            map.retain(|k, e| {
+                if !fresh.contains_key(k) {
+                    e.kuryrport = None;
+                }
+                e.attachment.is_some() || fresh.contains_key(k)
+            });
+            for (k, kp) in fresh {
+                map.entry(k).or_default().kuryrport = Some(Arc::new(kp));
+            }
+        }
+        self.bump();
+    }
+
+    pub fn set_attachment(&self, key: &PodKey, att: Attachment) {
+        self.lock().entry(key.clone()).or_default().attachment = Some(att);
+        self.bump();
+    }
+
+    /// Drop the attachment; the entry goes too when no KuryrPort is left.
+    pub fn clear_attachment(&self, key: &PodKey) -> Option<Attachment> {
+        let mut map = self.lock();
+        let e = map.get_mut(key)?;
+        let att = e.attachment.take();
+        if e.kuryrport.is_none() {
+            map.remove(key);
+        }
+        att
+    }
+
+    /// All attachments (for GC).
+    pub fn attachments(&self) -> Vec<(PodKey, Attachment)> {
+        self.lock()
+            .iter()
+            .filter_map(|(k, e)| e.attachment.clone().map(|a| (k.clone(), a)))
+            .collect()
+    }
+
+    /// Wait until `decide` returns Ready/Fail for the pod's entry or the
+    /// deadline passes (`Err(last entry)`). `on_pending` runs once, the first
+    /// time the answer is Pending (to post a "waiting" event).
+    pub async fn wait_for<T>(
+        &self,
+        key: &PodKey,
+        deadline: Instant,
+        mut decide: impl FnMut(Option<&Entry>) -> Wait<T>,
+        mut on_pending: impl FnMut(),
+    ) -> Result<Result<T, T>, Option<Entry>> {
+        let mut rx = self.version.subscribe();
+        let mut told = false;
+        loop {
+            rx.borrow_and_update();
+            let decision = {
+                let map = self.lock();
+                decide(map.get(key))
+            };
+            match decision {
+                Wait::Ready(t) => return Ok(Ok(t)),
+                Wait::Fail(t) => return Ok(Err(t)),
+                Wait::Pending => {}
+            }
+            if !told {
+                told = true;
+                on_pending();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || tokio::time::timeout(left, rx.changed()).await.is_err() {
+                return Err(self.get(key));
+            }
+        }
+    }
+}
+
+/// A small helper for tests and benches: time left until `deadline`.
+pub fn remaining(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kuryr_crds::KuryrPortSpec;
+
+    fn kp(ns: &str, name: &str, uid: &str) -> KuryrPort {
+        let mut kp = KuryrPort::new(
+            name,
+            KuryrPortSpec {
+                pod_uid: uid.into(),
+                pod_node_name: "n1".into(),
+                pod_static: false,
+            },
+        );
+        kp.metadata.namespace = Some(ns.into());
+        kp
+    }
+
+    #[test]
+    fn owner_tags_round_trip() {
+        let k = PodKey::new("ns", "p");
+        let tag = k.owner_tag("abc123");
+        assert_eq!(PodKey::parse_owner_tag(&tag), Some((k, "abc123".into())));
+        assert_eq!(PodKey::parse_owner_tag("something else"), None);
+        assert_eq!(PodKey::parse_owner_tag("kuryr::ns/p"), None);
+    }
+
+    #[test]
+    fn entries_go_away_with_their_pod() {
+        let r = Registry::new();
+        let k = PodKey::new("ns", "p");
+        r.apply_kuryrport(kp("ns", "p", "u1"));
+        assert_eq!(r.len(), 1);
+        r.set_attachment(
+            &k,
+            Attachment {
+                container_id: "c".into(),
+                netns: None,
+                specs: vec![],
+                host_ifnames: vec![],
+            },
+        );
+        r.delete_kuryrport(&k);
+        assert_eq!(r.len(), 1, "kept while something is plugged");
+        assert!(r.clear_attachment(&k).is_some());
+        assert!(r.is_empty());
+
+        r.apply_kuryrport(kp("ns", "q", "u2"));
+        r.pod_deleted(&PodKey::new("ns", "q"), "u2");
+        assert!(r.is_empty());
+        // A pod deleted with a newer KuryrPort under the same name stays.
+        r.apply_kuryrport(kp("ns", "q", "u3"));
+        r.pod_deleted(&PodKey::new("ns", "q"), "u2");
+        assert_eq!(r.len(), 1);
+    }
+
+    #[test]
+    fn relist_prunes_vanished_kuryrports() {
+        let r = Registry::new();
+        r.apply_kuryrport(kp("ns", "a", "1"));
+        r.apply_kuryrport(kp("ns", "b", "2"));
+        r.replace_kuryrports(vec![kp("ns", "b", "2"), kp("ns", "c", "3")]);
+        assert_eq!(r.keys(), vec![PodKey::new("ns", "b"), PodKey::new("ns", "c")]);
+    }
+
+    #[tokio::test]
+    async fn waiters_wake_on_updates_and_time_out() {
+        let r = Arc::new(Registry::new());
+        let k = PodKey::new("ns", "p");
+        let r2 = r.clone();
+        let waiter = tokio::spawn(async move {
+            let k = PodKey::new("ns", "p");
+            r2.wait_for(
+                &k,
+                Instant::now() + Duration::from_secs(5),
+                |e| match e.and_then(|e| e.kuryrport.clone()) {
+                    Some(kp) => Wait::Ready(kp.spec.pod_uid.clone()),
+                    None => Wait::Pending,
+                },
+                || {},
+            )
+            .await
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        r.apply_kuryrport(kp("ns", "p", "u9"));
+        let got = waiter.await.ok().and_then(|r| r.ok()).and_then(|r| r.ok());
+        assert_eq!(got.as_deref(), Some("u9"));
+
+        let mut pending = 0;
+        let res: Result<Result<(), ()>, _> = r
+            .wait_for(
+                &k,
+                Instant::now() + Duration::from_millis(30),
+                |_| Wait::Pending,
+                || pending += 1,
+            )
+            .await;
+        assert!(res.is_err());
+        assert_eq!(pending, 1);
+    }
+}

@@ -1,0 +1,171 @@
+//! From os-vif VIFs (KuryrPort `status.vifs`) to binding specs and CNI results.
+
+use std::net::IpAddr;
+
+use kuryr_crds::Vif;
+use kuryr_crds::vif::parse_cidr;
+use serde_json::{Value, json};
+
+use crate::binding::{BindingConfig, BindingError, PlugKind, PlugSpec, SubnetRoute};
+use crate::netlink::{IpPrefix, MacAddr};
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> BindingError {
+    BindingError::InvalidVif {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// Build the binding spec of one VIF.
+///
+/// `ifname` is the name inside the pod (for the default VIF: `CNI_IFNAME`).
+pub fn plug_spec(
+    vif: &Vif,
+    ifname: &str,
+    is_default: bool,
+    config: &BindingConfig,
+) -> Result<PlugSpec, BindingError> {
+    let port = vif.id();
+    let field = |f: &str| format!("VIF {port}: {f}");
+    let mac: MacAddr = vif
+        .address()
+        .ok_or_else(|| invalid(field("address"), "the VIF has no MAC address"))?
+        .parse()
+        .map_err(|e: String| invalid(field("address"), e))?;
+    let network = vif.network();
+    let mut addresses = Vec::new();
+    let mut gateways = Vec::new();
+    let mut routes = Vec::new();
+    for subnet in network.map(|n| n.subnets.objects.as_slice()).unwrap_or_default() {
+        let (_, prefix_len) = parse_cidr("Subnet.cidr", &subnet.cidr)
+            .map_err(|e| invalid(field("network.subnets.cidr"), e.to_string()))?;
+        for ip in &subnet.ips.objects {
+            addresses.push(
+                IpPrefix::new(ip.address, prefix_len)
+                    .map_err(|e| invalid(field("network.subnets.ips"), e))?,
+            );
+        }
+        if let Some(gw) = subnet.gateway {
+            gateways.push(gw);
+        }
+        for route in &subnet.routes.objects {
+            let destination: IpPrefix = route
+                .cidr
+                .parse()
+                .map_err(|e: String| invalid(field("network.subnets.routes.cidr"), e))?;
+            routes.push(SubnetRoute {
+                destination,
+                gateway: route.gateway,
+            });
+        }
+    }
+    let mtu = network.and_then(|n| n.mtu).filter(|m| *m > 0);
+    let kind = match vif {
+        Vif::Bridge(b) => PlugKind::Bridge {
+            bridge: b
+                .bridge_name
+                .clone()
+                .or_else(|| network.and_then(|n| n.bridge.clone()))
+                .unwrap_or_else(|| config.default_bridge.clone()),
+        },
+        Vif::OpenVSwitch(o) => PlugKind::OpenVSwitch {
+            bridge: o
+                .bridge_name
+                .clone()
+                .or_else(|| network.and_then(|n| n.bridge.clone()))
+                .unwrap_or_else(|| config.ovs_bridge.clone()),
+        },
+        Vif::VlanNested(v) => PlugKind::VlanNested { vlan_id: v.vlan_id },
+        Vif::MacvlanNested(_) => PlugKind::MacvlanNested,
+        Vif::Sriov(s) => PlugKind::Sriov {
+            pci_address: s.dev_address.clone(),
+        },
+        other => {
+            return Err(invalid(
+                field("versioned_object.name"),
+                format!(
+                    "{} VIFs are not supported by kuryr-rs' CNI daemon",
+                    other.object_name()
+                ),
+            ));
+        }
+    };
+    let host_ifname = if vif.vif_name().is_empty() {
+        kuryr_crds::vif_name_for_port(port)
+    } else {
+        vif.vif_name().to_string()
+    };
+    Ok(PlugSpec {
+        port_id: port.to_string(),
+        ifname: ifname.to_string(),
+        host_ifname,
+        mac,
+        mtu,
+        addresses,
+        gateways,
+        routes,
+        is_default,
+        kind,
+    })
+}
+
+/// The CNI 1.0 result body (without `cniVersion`) listing every interface.
+/// The plugin adds `cniVersion` and the per-version details.
+pub fn cni_result(specs: &[PlugSpec], netns: &str, dns: &[IpAddr]) -> Value {
+    let mut interfaces = Vec::new();
+    let mut ips = Vec::new();
+    let mut routes = Vec::new();
+    for (i, spec) in specs.iter().enumerate() {
+        let mut iface = json!({"name": spec.ifname, "mac": spec.mac.to_string(), "sandbox": netns});
+        if let Some(mtu) = spec.mtu {
+            iface["mtu"] = json!(mtu);
+        }
+        interfaces.push(iface);
+        for addr in &spec.addresses {
+            let mut ip = json!({"address": addr.to_string(), "interface": i});
+            if let Some(gw) = spec.gateways.iter().find(|g| addr.contains(**g)) {
+                ip["gateway"] = json!(gw.to_string());
+            }
+            ips.push(ip);
+        }
+        if spec.is_default {
+            let (mut v4, mut v6) = (false, false);
+            for gw in &spec.gateways {
+                let done = if gw.is_ipv4() { &mut v4 } else { &mut v6 };
+                if !*done && spec.addresses.iter().any(|a| a.contains(*gw)) {
+                    let dst = if gw.is_ipv4() { "0.0.0.0/0" } else { "::/0" };
+                    routes.push(json!({"dst": dst, "gw": gw.to_string()}));
+                    *done = true;
+                }
+            }
+        }
+        for r in &spec.routes {
+            let mut route = json!({"dst": r.destination.to_string()});
+            if let Some(gw) = r.gateway {
+                route["gw"] = json!(gw.to_string());
+            }
+            routes.push(route);
+        }
+    }
+    let nameservers: Vec<String> = dns.iter().map(ToString::to_string).collect();
+    json!({"interfaces": interfaces, "ips": ips, "routes": routes, "dns": {"nameservers": nameservers}})
+}
+
+/// DNS servers of all subnets of a VIF, in order, without duplicates.
+pub fn dns_servers(vifs: &[&Vif]) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = Vec::new();
+    for vif in vifs {
+        for subnet in vif
+            .network()
+            .map(|n| n.subnets.objects.as_slice())
+            .unwrap_or_default()
+        {
+            for d in &subnet.dns {
+                if !out.contains(d) {
+                    out.push(*d);
+                }
+            }
+        }
+    }
+    out
+}
