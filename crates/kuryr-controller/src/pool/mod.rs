@@ -1,0 +1,4 @@
+//! Port pools (seeds 000 and 002): pre-created Neutron ports handed to pods without a Neutron
+//! call, recycled on release, persisted as KuryrPortPool objects.
+
+pub mod state;

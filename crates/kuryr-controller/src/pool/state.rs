@@ -1,0 +1,953 @@
+//! The pure pool bookkeeping: which ports each pool holds and what to do next. No I/O and no
+//! clock: callers pass `now`, execute the returned decisions (bulk creates, Neutron updates,
+//! deletions) and report back. Everything the seed asks for is decided here so it can be tested
+//! without a server:
+//!
+//! - refill after every allocation when fewer than `min` remain: `max(batch, min - size)` ports in
+//!   one bulk request, capped by `max` (a waiting pod always gets at least one port);
+//! - at most one populate per key, at most `max_concurrent_populate` across keys (blocked keys
+//!   are started when a slot frees up);
+//! - an empty pool borrows from a sibling (same deployment/host/project/network, other security
+//!   groups) so the caller can re-apply the groups instead of waiting;
+//! - the recycle pass returns released ports to `available` or deletes them at `max`;
+//! - the TTL pass deletes idle ports while the pool stays above `min`.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+/// What makes pooled ports interchangeable. `host` is the node (bare metal), the trunk id
+/// (nested VLAN) or the VM port id (nested macvlan). Security groups are sorted and unique.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    pub deployment: String,
+    pub host: String,
+    pub project_id: String,
+    pub network_id: String,
+    pub security_groups: Vec<String>,
+}
+
+impl Key {
+    pub fn new(
+        deployment: impl Into<String>,
+        host: impl Into<String>,
+        project_id: impl Into<String>,
+        network_id: impl Into<String>,
+        mut security_groups: Vec<String>,
+    ) -> Self {
+        security_groups.sort();
+        security_groups.dedup();
+        Self {
+            deployment: deployment.into(),
+            host: host.into(),
+            project_id: project_id.into(),
+            network_id: network_id.into(),
+            security_groups,
+        }
+    }
+
+    /// Same place and network, different security groups: its ports serve us after one
+    /// security-group update.
+    pub fn is_sibling_of(&self, other: &Key) -> bool {
+        self.deployment == other.deployment
+            && self.host == other.host
+            && self.project_id == other.project_id
+            && self.network_id == other.network_id
+            && self.security_groups != other.security_groups
+    }
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}/{}/{}/[{}]",
+            self.deployment,
+            self.host,
+            self.project_id,
+            self.network_id,
+            self.security_groups.join(",")
+        )
+    }
+}
+
+/// `[vif_pool]` sizes, in the units the decisions use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub min: usize,
+    /// 0 = unlimited.
+    pub max: usize,
+    pub batch: usize,
+    /// `None` = ports live forever.
+    pub ttl: Option<Duration>,
+    pub max_concurrent_populate: usize,
+}
+
+impl Limits {
+    pub fn from_config(cfg: &kuryr_config::VifPoolSection) -> Self {
+        let to_usize = |v: u32| usize::try_from(v).unwrap_or(usize::MAX);
+        Self {
+            min: to_usize(cfg.ports_pool_min),
+            max: to_usize(cfg.ports_pool_max),
+            batch: to_usize(cfg.ports_pool_batch.get()),
+            ttl: (cfg.ports_pool_ttl > 0).then(|| Duration::from_secs(cfg.ports_pool_ttl)),
+            max_concurrent_populate: to_usize(cfg.ports_pool_max_concurrent_populate.get()),
+        }
+    }
+}
+
+/// What the pool records about itself besides its key (needed for its KuryrPortPool object).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolMeta {
+    /// KuryrPortPool name, also the value of the pool tag on its Neutron ports.
+    pub name: String,
+    pub nested: bool,
+    /// Subnet(s) the ports have addresses on, comma-joined and sorted.
+    pub subnet_id: String,
+}
+
+/// A port held by a pool. `data` is whatever the caller needs to hand it out (the VIF).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry<T> {
+    pub port_id: String,
+    pub data: T,
+    /// When it entered its current list (idle age for TTL, wait for recycling).
+    pub since: Timestamp,
+    /// Recyclable ports: the pod that released it.
+    pub released_by: Option<String>,
+}
+
+impl<T> Entry<T> {
+    pub fn new(port_id: impl Into<String>, data: T, since: Timestamp) -> Self {
+        Self {
+            port_id: port_id.into(),
+            data,
+            since,
+            released_by: None,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Pool<T> {
+    pub meta: PoolMeta,
+    available: VecDeque<Entry<T>>,
+    recyclable: Vec<Entry<T>>,
+    /// Taken by a recycle pass, being updated or deleted; still owned (persisted as recyclable).
+    recycling: Vec<Entry<T>>,
+    /// Port id -> since when.
+    in_use: BTreeMap<String, Timestamp>,
+    populating: bool,
+    /// A refill was wanted while the global cap was reached.
+    refill_blocked: bool,
+    /// A request found the pool empty and waits for the next populate.
+    demand: bool,
+    last_refill: Option<Timestamp>,
+    last_error: Option<(String, Timestamp)>,
+}
+
+impl<T> Pool<T> {
+    fn new(meta: PoolMeta) -> Self {
+        Self {
+            meta,
+            available: VecDeque::new(),
+            recyclable: Vec::new(),
+            recycling: Vec::new(),
+            in_use: BTreeMap::new(),
+            populating: false,
+            refill_blocked: false,
+            demand: false,
+            last_refill: None,
+            last_error: None,
+        }
+    }
+
+    pub fn available(&self) -> impl Iterator<Item = &Entry<T>> {
+        self.available.iter()
+    }
+
+    /// Recyclable ports, including the ones a recycle pass is processing.
+    pub fn recyclable(&self) -> impl Iterator<Item = &Entry<T>> {
+        self.recyclable.iter().chain(&self.recycling)
+    }
+
+    pub fn in_use(&self) -> &BTreeMap<String, Timestamp> {
+        &self.in_use
+    }
+
+    pub fn available_len(&self) -> usize {
+        self.available.len()
+    }
+
+    pub fn recyclable_len(&self) -> usize {
+        self.recyclable.len() + self.recycling.len()
+    }
+
+    pub fn is_populating(&self) -> bool {
+        self.populating
+    }
+
+    pub fn last_refill(&self) -> Option<Timestamp> {
+        self.last_refill
+    }
+
+    pub fn last_error(&self) -> Option<&(String, Timestamp)> {
+        self.last_error.as_ref()
+    }
+
+    /// Every port the pool accounts for (available, recyclable, in use).
+    fn total(&self) -> usize {
+        self.available.len() + self.recyclable_len() + self.in_use.len()
+    }
+
+    fn owns(&self, port_id: &str) -> bool {
+        self.in_use.contains_key(port_id)
+            || self.available.iter().any(|e| e.port_id == port_id)
+            || self.recyclable().any(|e| e.port_id == port_id)
+    }
+}
+
+/// One bulk create to run: `n` ports for `key`, tagged with the pool `name`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refill {
+    pub key: Key,
+    pub name: String,
+    pub n: usize,
+}
+
+/// What [`Pools::take`] found.
+#[derive(Debug, PartialEq)]
+pub enum Take<T> {
+    /// A port with the right security groups: hand it out as is.
+    Hit(Entry<T>),
+    /// A port of a sibling pool: re-apply `key`'s security groups before handing it out.
+    Borrowed { entry: Entry<T>, from: Key },
+    /// Nothing to give: ResourceNotReady until the refill lands.
+    Empty,
+}
+
+/// [`Take`] plus the refills the allocation triggered (start them now).
+#[derive(Debug, PartialEq)]
+pub struct Taken<T> {
+    pub take: Take<T>,
+    pub refills: Vec<Refill>,
+}
+
+/// What a recycle pass decided for one released port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecycleAction {
+    /// Re-apply the pool's security groups, reset name/device id, then `Returned`.
+    Return,
+    /// The pool is at max: delete the port.
+    Delete,
+}
+
+#[derive(Debug, PartialEq)]
+pub struct RecycleStep<T> {
+    pub key: Key,
+    pub port_id: String,
+    pub data: T,
+    pub action: RecycleAction,
+}
+
+/// How a recycle step ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecycleOutcome {
+    /// Cleaned: back to available.
+    Returned,
+    /// Deleted, or found gone: forget it.
+    Dropped,
+    /// The Neutron call failed: keep it recyclable for the next pass.
+    Retry,
+}
+
+/// Every pool of one pool driver.
+#[derive(Debug)]
+pub struct Pools<T> {
+    limits: Limits,
+    pools: BTreeMap<Key, Pool<T>>,
+    populating: usize,
+    /// Pools changed since the last [`Pools::take_dirty`] (what the CRD flusher writes).
+    dirty: BTreeSet<Key>,
+}
+
+impl<T> Pools<T> {
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            pools: BTreeMap::new(),
+            populating: 0,
+            dirty: BTreeSet::new(),
+        }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub fn get(&self, key: &Key) -> Option<&Pool<T>> {
+        self.pools.get(key)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&Key, &Pool<T>)> {
+        self.pools.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.pools.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pools.is_empty()
+    }
+
+    /// Bulk creates in flight across all pools.
+    pub fn populating(&self) -> usize {
+        self.populating
+    }
+
+    /// Creates the pool for `key` when it does not exist yet.
+    pub fn ensure(&mut self, key: &Key, meta: impl FnOnce() -> PoolMeta) -> &mut Pool<T> {
+        if !self.pools.contains_key(key) {
+            self.dirty.insert(key.clone());
+        }
+        self.pools.entry(key.clone()).or_insert_with(|| Pool::new(meta()))
+    }
+
+    /// The pool owning `port_id` (available, recyclable or in use).
+    pub fn owner_of(&self, port_id: &str) -> Option<&Key> {
+        self.pools.iter().find(|(_, p)| p.owns(port_id)).map(|(k, _)| k)
+    }
+
+    /// Every port id any pool accounts for.
+    pub fn port_ids(&self) -> BTreeSet<String> {
+        let mut ids = BTreeSet::new();
+        for p in self.pools.values() {
+            ids.extend(p.available.iter().map(|e| e.port_id.clone()));
+            ids.extend(p.recyclable().map(|e| e.port_id.clone()));
+            ids.extend(p.in_use.keys().cloned());
+        }
+        ids
+    }
+
+    /// The allocation of one port for `key` (pool created by [`Pools::ensure`] first). Takes
+    /// the oldest available port (FIFO: the longest-bound port is the likeliest to be ACTIVE),
+    /// else borrows from a sibling, else reports empty; then plans the refill.
+    pub fn take(&mut self, key: &Key, now: Timestamp) -> Taken<T> {
+        let Some(pool) = self.pools.get_mut(key) else {
+            return Taken {
+                take: Take::Empty,
+                refills: Vec::new(),
+            };
+        };
+        let take = if let Some(entry) = pool.available.pop_front() {
+            pool.in_use.insert(entry.port_id.clone(), now);
+            self.dirty.insert(key.clone());
+            Take::Hit(entry)
+        } else {
+            pool.demand = true;
+            match self.borrow_from_sibling(key) {
+                Some((from, entry)) => {
+                    if let Some(pool) = self.pools.get_mut(key) {
+                        pool.in_use.insert(entry.port_id.clone(), now);
+                    }
+                    self.dirty.insert(key.clone());
+                    self.dirty.insert(from.clone());
+                    Take::Borrowed { entry, from }
+                }
+                None => Take::Empty,
+            }
+        };
+        let refills = self.plan_refill(key).into_iter().collect();
+        Taken { take, refills }
+    }
+
+    /// A sibling's oldest port, preferring siblings above their own `min` (taking from those
+    /// does not make them refill) and then the fullest. The donor is not refilled: nobody asked
+    /// for its security groups.
+    fn borrow_from_sibling(&mut self, key: &Key) -> Option<(Key, Entry<T>)> {
+        let min = self.limits.min;
+        let donor = self
+            .pools
+            .iter()
+            .filter(|(k, p)| k.is_sibling_of(key) && !p.available.is_empty())
+            .max_by_key(|(_, p)| (p.available.len() > min, p.available.len()))
+            .map(|(k, _)| k.clone())?;
+        let entry = self.pools.get_mut(&donor)?.available.pop_front()?;
+        Some((donor, entry))
+    }
+
+    /// Plans a refill of `key` if it needs one and may have one now. Needs one when fewer than
+    /// `min` ports are available, or when a request found it empty.
+    pub fn plan_refill(&mut self, key: &Key) -> Option<Refill> {
+        let limits = self.limits;
+        let at_cap = self.populating >= limits.max_concurrent_populate;
+        let pool = self.pools.get_mut(key)?;
+        let size = pool.available.len();
+        let wanted = size < limits.min || (pool.demand && size == 0);
+        if !wanted || pool.populating {
+            return None;
+        }
+        let mut n = limits.batch.max(limits.min.saturating_sub(size));
+        if limits.max > 0 {
+            n = n.min(limits.max.saturating_sub(pool.total()));
+        }
+        if n == 0 && pool.demand && size == 0 {
+            // `max` bounds the spare ports, never a pod: a waiting request gets its port.
+            n = 1;
+        }
+        if n == 0 {
+            return None;
+        }
+        if at_cap {
+            pool.refill_blocked = true;
+            return None;
+        }
+        pool.populating = true;
+        pool.refill_blocked = false;
+        self.populating += 1;
+        Some(Refill {
+            key: key.clone(),
+            name: pool.meta.name.clone(),
+            n,
+        })
+    }
+
+    /// Forces a populate of exactly `n` ports (pool management API), still one per key at a
+    /// time and within the global cap. `None` when one is already running or the cap is reached.
+    pub fn plan_populate(&mut self, key: &Key, n: usize) -> Option<Refill> {
+        if n == 0 || self.populating >= self.limits.max_concurrent_populate {
+            return None;
+        }
+        let pool = self.pools.get_mut(key)?;
+        if pool.populating {
+            return None;
+        }
+        pool.populating = true;
+        self.populating += 1;
+        Some(Refill {
+            key: key.clone(),
+            name: pool.meta.name.clone(),
+            n,
+        })
+    }
+
+    /// Records the end of a bulk create and plans what may start now: this pool again if
+    /// allocations drained it meanwhile, and pools blocked by the global cap.
+    pub fn finish_refill(
+        &mut self,
+        key: &Key,
+        result: Result<Vec<Entry<T>>, String>,
+        now: Timestamp,
+    ) -> Vec<Refill> {
+        let mut again = false;
+        if let Some(pool) = self.pools.get_mut(key) {
+            if pool.populating {
+                pool.populating = false;
+                self.populating = self.populating.saturating_sub(1);
+            }
+            match result {
+                Ok(entries) => {
+                    pool.available.extend(entries);
+                    pool.last_refill = Some(now);
+                    pool.last_error = None;
+                    pool.demand = false;
+                    again = true;
+                }
+                // No immediate retry (a failing Neutron would be hammered): the next allocation
+                // or maintenance pass plans again.
+                Err(e) => pool.last_error = Some((e, now)),
+            }
+            self.dirty.insert(key.clone());
+        }
+        let mut refills = Vec::new();
+        if again && let Some(r) = self.plan_refill(key) {
+            refills.push(r);
+        }
+        let blocked: Vec<Key> = self
+            .pools
+            .iter()
+            .filter(|(_, p)| p.refill_blocked)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in blocked {
+            if let Some(r) = self.plan_refill(&k) {
+                refills.push(r);
+            }
+        }
+        refills
+    }
+
+    /// Pools below `min` that are not refilling (the maintenance pass retries failed refills).
+    pub fn plan_refills_below_min(&mut self) -> Vec<Refill> {
+        let keys: Vec<Key> = self.pools.keys().cloned().collect();
+        keys.iter().filter_map(|k| self.plan_refill(k)).collect()
+    }
+
+    /// A pod gave its port back: it waits in `recyclable` for the next pass. `Err` gives the
+    /// data back when no pool of `key` exists (the caller deletes the port).
+    pub fn release(
+        &mut self,
+        key: &Key,
+        port_id: &str,
+        data: T,
+        released_by: Option<String>,
+        now: Timestamp,
+    ) -> Result<(), T> {
+        let Some(pool) = self.pools.get_mut(key) else {
+            return Err(data);
+        };
+        pool.in_use.remove(port_id);
+        if pool.recyclable().any(|e| e.port_id == port_id)
+            || pool.available.iter().any(|e| e.port_id == port_id)
+        {
+            // A repeated release (handler retry): the port is already back.
+            return Ok(());
+        }
+        pool.recyclable.push(Entry {
+            port_id: port_id.to_string(),
+            data,
+            since: now,
+            released_by,
+        });
+        self.dirty.insert(key.clone());
+        Ok(())
+    }
+
+    /// Records a port as in use by a pod of `key` (recovery from KuryrPorts).
+    pub fn mark_in_use(&mut self, key: &Key, port_id: &str, since: Timestamp) {
+        if let Some(pool) = self.pools.get_mut(key) {
+            pool.in_use.insert(port_id.to_string(), since);
+        }
+    }
+
+    /// Adds recovered ports to `key`'s lists (recovery).
+    pub fn adopt(&mut self, key: &Key, available: Vec<Entry<T>>, recyclable: Vec<Entry<T>>) {
+        if let Some(pool) = self.pools.get_mut(key) {
+            pool.available.extend(available);
+            pool.recyclable.extend(recyclable);
+            self.dirty.insert(key.clone());
+        }
+    }
+
+    /// Moves every recyclable port into processing and decides its fate: returned while the
+    /// pool (available plus what this pass returns) is below `max`, deleted beyond.
+    pub fn plan_recycle(&mut self) -> Vec<RecycleStep<T>>
+    where
+        T: Clone,
+    {
+        let max = self.limits.max;
+        let mut steps = Vec::new();
+        for (key, pool) in &mut self.pools {
+            if pool.recyclable.is_empty() {
+                continue;
+            }
+            let mut size = pool.available.len();
+            for entry in std::mem::take(&mut pool.recyclable) {
+                let action = if max == 0 || size < max {
+                    size += 1;
+                    RecycleAction::Return
+                } else {
+                    RecycleAction::Delete
+                };
+                steps.push(RecycleStep {
+                    key: key.clone(),
+                    port_id: entry.port_id.clone(),
+                    data: entry.data.clone(),
+                    action,
+                });
+                pool.recycling.push(entry);
+            }
+        }
+        steps
+    }
+
+    /// Records how a recycle step ended.
+    pub fn finish_recycle(&mut self, key: &Key, port_id: &str, outcome: RecycleOutcome, now: Timestamp) {
+        let Some(pool) = self.pools.get_mut(key) else {
+            return;
+        };
+        let Some(i) = pool.recycling.iter().position(|e| e.port_id == port_id) else {
+            return;
+        };
+        let mut entry = pool.recycling.swap_remove(i);
+        match outcome {
+            RecycleOutcome::Returned => {
+                entry.since = now;
+                entry.released_by = None;
+                pool.available.push_back(entry);
+            }
+            RecycleOutcome::Dropped => {}
+            RecycleOutcome::Retry => pool.recyclable.push(entry),
+        }
+        self.dirty.insert(key.clone());
+    }
+
+    /// Removes and returns available ports idle for at least the TTL, oldest first, while the
+    /// pool stays above `min`.
+    pub fn plan_ttl(&mut self, now: Timestamp) -> Vec<(Key, Entry<T>)> {
+        let Some(ttl) = self.limits.ttl else {
+            return Vec::new();
+        };
+        let ttl = SignedDuration::try_from(ttl).unwrap_or(SignedDuration::MAX);
+        let min = self.limits.min;
+        let mut expired = Vec::new();
+        for (key, pool) in &mut self.pools {
+            let mut excess = pool.available.len().saturating_sub(min);
+            if excess == 0 {
+                continue;
+            }
+            let mut kept = VecDeque::with_capacity(pool.available.len());
+            // Oldest first: the queue is in arrival order.
+            while let Some(e) = pool.available.pop_front() {
+                if excess > 0 && now.duration_since(e.since) >= ttl {
+                    excess -= 1;
+                    expired.push((key.clone(), e));
+                } else {
+                    kept.push_back(e);
+                }
+            }
+            pool.available = kept;
+            if !expired.is_empty() {
+                self.dirty.insert(key.clone());
+            }
+        }
+        expired
+    }
+
+    /// Empties `key`'s available list (pool management `free`): the caller deletes the ports.
+    pub fn drain_available(&mut self, key: &Key) -> Vec<Entry<T>> {
+        let Some(pool) = self.pools.get_mut(key) else {
+            return Vec::new();
+        };
+        self.dirty.insert(key.clone());
+        pool.available.drain(..).collect()
+    }
+
+    /// Forgets a port wherever it is (found deleted in Neutron).
+    pub fn forget(&mut self, port_id: &str) -> Option<Key> {
+        for (key, pool) in &mut self.pools {
+            let before = pool.total();
+            pool.available.retain(|e| e.port_id != port_id);
+            pool.recyclable.retain(|e| e.port_id != port_id);
+            pool.recycling.retain(|e| e.port_id != port_id);
+            pool.in_use.remove(port_id);
+            if pool.total() != before {
+                self.dirty.insert(key.clone());
+                return Some(key.clone());
+            }
+        }
+        None
+    }
+
+    /// Updates the data of an available port in place (e.g. its VIF became active).
+    pub fn update_available(&mut self, key: &Key, mut f: impl FnMut(&mut Entry<T>)) {
+        if let Some(pool) = self.pools.get_mut(key) {
+            pool.available.iter_mut().for_each(&mut f);
+        }
+    }
+
+    /// Pools changed since the last call.
+    pub fn take_dirty(&mut self) -> BTreeSet<Key> {
+        std::mem::take(&mut self.dirty)
+    }
+
+    /// Marks pools to be written again (a failed flush).
+    pub fn mark_dirty(&mut self, keys: impl IntoIterator<Item = Key>) {
+        self.dirty.extend(keys);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(min: usize, max: usize, batch: usize) -> Limits {
+        Limits {
+            min,
+            max,
+            batch,
+            ttl: None,
+            max_concurrent_populate: 20,
+        }
+    }
+
+    fn key(sgs: &[&str]) -> Key {
+        Key::new(
+            "default",
+            "node-1",
+            "proj",
+            "net",
+            sgs.iter().map(|s| (*s).to_string()).collect(),
+        )
+    }
+
+    fn meta(name: &str) -> PoolMeta {
+        PoolMeta {
+            name: name.into(),
+            nested: false,
+            subnet_id: "sub".into(),
+        }
+    }
+
+    fn t(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + secs).unwrap()
+    }
+
+    fn entries(prefix: &str, n: usize, since: Timestamp) -> Vec<Entry<()>> {
+        (0..n)
+            .map(|i| Entry::new(format!("{prefix}{i}"), (), since))
+            .collect()
+    }
+
+    /// Runs the refill to completion with `n` fresh ports.
+    fn complete(pools: &mut Pools<()>, r: &Refill, now: Timestamp) -> Vec<Refill> {
+        pools.finish_refill(&r.key, Ok(entries(&format!("{}-{now}-", r.name), r.n, now)), now)
+    }
+
+    #[test]
+    fn empty_pool_triggers_one_batch_and_second_request_hits() {
+        let mut pools = Pools::<()>::new(limits(2, 0, 5));
+        let k = key(&["sg"]);
+        pools.ensure(&k, || meta("p"));
+        let first = pools.take(&k, t(0));
+        assert_eq!(first.take, Take::Empty);
+        assert_eq!(
+            first.refills,
+            vec![Refill {
+                key: k.clone(),
+                name: "p".into(),
+                n: 5
+            }]
+        );
+        // A second request while populating must not start another populate for the key.
+        assert!(pools.take(&k, t(0)).refills.is_empty());
+        assert!(complete(&mut pools, &first.refills[0], t(1)).is_empty());
+        for _ in 0..3 {
+            let got = pools.take(&k, t(2));
+            assert!(matches!(got.take, Take::Hit(_)));
+            assert!(got.refills.is_empty(), "5 -> 2 left, still >= min");
+        }
+        // 1 left < min 2: refill max(batch, min - size) = 5.
+        let got = pools.take(&k, t(3));
+        assert!(matches!(got.take, Take::Hit(_)));
+        assert_eq!(got.refills.len(), 1);
+        assert_eq!(got.refills[0].n, 5);
+    }
+
+    #[test]
+    fn refill_size_is_max_of_batch_and_missing_to_min() {
+        let mut pools = Pools::<()>::new(limits(10, 0, 3));
+        let k = key(&[]);
+        pools.ensure(&k, || meta("p"));
+        let r = pools.take(&k, t(0)).refills;
+        assert_eq!(r[0].n, 10);
+    }
+
+    #[test]
+    fn max_caps_spare_ports_but_never_a_waiting_pod() {
+        let mut pools = Pools::<()>::new(limits(1, 2, 2));
+        let k = key(&[]);
+        pools.ensure(&k, || meta("p"));
+        let r = pools.take(&k, t(0)).refills;
+        assert_eq!(r[0].n, 2);
+        complete(&mut pools, &r[0], t(1));
+        // Two pods take both ports; the second take leaves 0 < min but total (2 in use) is at max.
+        assert!(pools.take(&k, t(2)).refills.is_empty());
+        let second = pools.take(&k, t(2));
+        assert!(matches!(second.take, Take::Hit(_)));
+        assert!(second.refills.is_empty(), "at max: no spare ports");
+        // A third pod: empty, at max, but it must get a port: exactly one.
+        let third = pools.take(&k, t(3));
+        assert_eq!(third.take, Take::Empty);
+        assert_eq!(third.refills[0].n, 1);
+    }
+
+    #[test]
+    fn global_cap_blocks_then_starts_when_a_slot_frees() {
+        let mut l = limits(1, 0, 2);
+        l.max_concurrent_populate = 1;
+        let mut pools = Pools::<()>::new(l);
+        let (a, b) = (key(&["a"]), key(&["b"]));
+        pools.ensure(&a, || meta("a"));
+        pools.ensure(&b, || meta("b"));
+        let ra = pools.take(&a, t(0)).refills;
+        assert_eq!(ra.len(), 1);
+        assert!(pools.take(&b, t(0)).refills.is_empty(), "cap reached");
+        assert_eq!(pools.populating(), 1);
+        let next = complete(&mut pools, &ra[0], t(1));
+        assert_eq!(
+            next,
+            vec![Refill {
+                key: b.clone(),
+                name: "b".into(),
+                n: 2
+            }]
+        );
+        assert_eq!(pools.populating(), 1);
+    }
+
+    #[test]
+    fn failed_refill_records_error_and_is_retried_by_maintenance() {
+        let mut pools = Pools::<()>::new(limits(1, 0, 2));
+        let k = key(&[]);
+        pools.ensure(&k, || meta("p"));
+        let r = pools.take(&k, t(0)).refills;
+        assert!(pools.finish_refill(&k, Err("quota".into()), t(1)).is_empty());
+        assert_eq!(pools.populating(), 0);
+        let pool = pools.get(&k).unwrap();
+        assert_eq!(pool.last_error().map(|e| e.0.as_str()), Some("quota"));
+        assert!(!pool.is_populating());
+        assert_eq!(pools.plan_refills_below_min(), r);
+    }
+
+    #[test]
+    fn empty_pool_borrows_from_sibling_with_other_security_groups() {
+        let mut pools = Pools::<()>::new(limits(0, 0, 3));
+        let (mine, other) = (key(&["new"]), key(&["old"]));
+        pools.ensure(&other, || meta("o"));
+        let r = pools.take(&other, t(0)).refills;
+        complete(&mut pools, &r[0], t(1));
+        pools.ensure(&mine, || meta("m"));
+        let got = pools.take(&mine, t(2));
+        match got.take {
+            Take::Borrowed { from, entry } => {
+                assert_eq!(from, other);
+                assert!(pools.get(&mine).unwrap().in_use().contains_key(&entry.port_id));
+            }
+            other => panic!("expected a borrowed port, got {other:?}"),
+        }
+        // The empty pool still refills for its own security groups.
+        assert_eq!(got.refills.len(), 1);
+        assert_eq!(pools.get(&other).unwrap().available_len(), 2);
+        // A different network is not a sibling.
+        let far = Key::new("default", "node-1", "proj", "net2", vec!["new".into()]);
+        pools.ensure(&far, || meta("f"));
+        assert_eq!(pools.take(&far, t(3)).take, Take::Empty);
+    }
+
+    #[test]
+    fn recycle_returns_up_to_max_and_deletes_the_rest() {
+        let mut pools = Pools::<()>::new(limits(1, 2, 2));
+        let k = key(&[]);
+        pools.ensure(&k, || meta("p"));
+        let mut used = Vec::new();
+        for i in 0..3 {
+            let got = pools.take(&k, t(i));
+            for r in &got.refills {
+                complete(&mut pools, r, t(i));
+            }
+            match got.take {
+                Take::Hit(e) => used.push(e),
+                Take::Empty => match pools.take(&k, t(i)).take {
+                    Take::Hit(e) => used.push(e),
+                    other => panic!("{other:?}"),
+                },
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(used.len(), 3);
+        let p = pools.get(&k).unwrap();
+        assert_eq!((p.available_len(), p.in_use().len()), (0, 3));
+        for e in used {
+            pools
+                .release(&k, &e.port_id, (), Some("ns/pod".into()), t(10))
+                .unwrap();
+        }
+        assert_eq!(pools.get(&k).unwrap().recyclable_len(), 3);
+        let steps = pools.plan_recycle();
+        let actions: Vec<RecycleAction> = steps.iter().map(|s| s.action).collect();
+        assert_eq!(
+            actions,
+            vec![
+                RecycleAction::Return,
+                RecycleAction::Return,
+                RecycleAction::Delete
+            ]
+        );
+        // Still owned while being processed.
+        assert_eq!(pools.get(&k).unwrap().recyclable_len(), 3);
+        for s in &steps {
+            let outcome = match s.action {
+                RecycleAction::Return => RecycleOutcome::Returned,
+                RecycleAction::Delete => RecycleOutcome::Dropped,
+            };
+            pools.finish_recycle(&k, &s.port_id, outcome, t(20));
+        }
+        let p = pools.get(&k).unwrap();
+        assert_eq!(
+            (p.available_len(), p.recyclable_len(), p.in_use().len()),
+            (2, 0, 0)
+        );
+    }
+
+    #[test]
+    fn failed_recycle_stays_recyclable_and_release_is_idempotent() {
+        let mut pools = Pools::<()>::new(limits(0, 0, 1));
+        let k = key(&[]);
+        pools.ensure(&k, || meta("p"));
+        pools.mark_in_use(&k, "x", t(0));
+        pools.release(&k, "x", (), None, t(1)).unwrap();
+        pools.release(&k, "x", (), None, t(1)).unwrap();
+        assert_eq!(pools.get(&k).unwrap().recyclable_len(), 1);
+        let steps = pools.plan_recycle();
+        assert_eq!(steps.len(), 1);
+        pools.finish_recycle(&k, "x", RecycleOutcome::Retry, t(2));
+        assert_eq!(pools.get(&k).unwrap().recyclable_len(), 1);
+        assert_eq!(pools.plan_recycle().len(), 1);
+        // Releasing into an unknown pool hands the port back for deletion.
+        assert_eq!(pools.release(&key(&["zz"]), "y", (), None, t(3)), Err(()));
+    }
+
+    #[test]
+    fn ttl_deletes_idle_ports_only_above_min() {
+        let mut l = limits(2, 0, 5);
+        l.ttl = Some(Duration::from_secs(60));
+        let mut pools = Pools::<()>::new(l);
+        let k = key(&[]);
+        pools.ensure(&k, || meta("p"));
+        pools.adopt(&k, entries("old", 4, t(0)), Vec::new());
+        pools.adopt(&k, entries("new", 1, t(50)), Vec::new());
+        assert!(pools.plan_ttl(t(59)).is_empty(), "nothing idle for 60 s yet");
+        let expired = pools.plan_ttl(t(100));
+        // 5 available, min 2: at most 3 go, the oldest ones; "new0" (50 s idle) stays.
+        let ids: Vec<&str> = expired.iter().map(|(_, e)| e.port_id.as_str()).collect();
+        assert_eq!(ids, vec!["old0", "old1", "old2"]);
+        let left: Vec<String> = pools
+            .get(&k)
+            .unwrap()
+            .available()
+            .map(|e| e.port_id.clone())
+            .collect();
+        assert_eq!(left, vec!["old3", "new0"]);
+        assert!(pools.plan_ttl(t(1000)).is_empty(), "at min");
+    }
+
+    #[test]
+    fn dirty_tracking_and_forget() {
+        let mut pools: Pools<()> = Pools::new(limits(0, 0, 1));
+        let k = key(&[]);
+        pools.ensure(&k, || meta("p"));
+        assert_eq!(pools.take_dirty(), BTreeSet::from([k.clone()]));
+        assert!(pools.take_dirty().is_empty());
+        pools.adopt(&k, entries("a", 2, t(0)), Vec::new());
+        assert_eq!(pools.owner_of("a1"), Some(&k));
+        assert_eq!(pools.forget("a1"), Some(k.clone()));
+        assert_eq!(pools.owner_of("a1"), None);
+        assert_eq!(pools.port_ids(), BTreeSet::from(["a0".to_string()]));
+        assert_eq!(pools.drain_available(&k).len(), 1);
+        assert!(pools.take_dirty().contains(&k));
+    }
+
+    #[test]
+    fn limits_from_config() {
+        let cfg = kuryr_config::VifPoolSection {
+            ports_pool_ttl: 30,
+            ..Default::default()
+        };
+        let l = Limits::from_config(&cfg);
+        assert_eq!((l.min, l.max, l.batch, l.max_concurrent_populate), (5, 0, 10, 20));
+        assert_eq!(l.ttl, Some(Duration::from_secs(30)));
+    }
+}
