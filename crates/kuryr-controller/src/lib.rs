@@ -9,10 +9,14 @@
 pub mod context;
 pub mod drivers;
 pub mod error;
+pub mod handlers;
 pub mod k8s;
+pub mod leader;
 pub mod metrics;
 pub mod openstack;
 pub mod pipeline;
+pub mod pool;
+pub mod service;
 pub mod watcher;
 
 pub use error::{Error, Result};

@@ -11,6 +11,7 @@ pub mod os_vif;
 pub mod pool;
 pub mod project;
 pub mod security_groups;
+pub mod set;
 pub mod subnets;
 pub mod vif;
 
@@ -101,3 +102,4 @@ pub struct AcquiredVif {
 }
 
 pub use os_vif::vif_from_port;
+pub use set::Drivers;

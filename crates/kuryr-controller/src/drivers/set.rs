@@ -1,0 +1,109 @@
+//! The drivers chosen by `[kubernetes]` options, built once at start-up.
+
+use std::sync::Arc;
+
+use kuryr_config::{
+    PodSubnetsDriver, PodVifDriver, ProjectDriver as ProjectDriverName, SecurityGroupsDriver as SgName,
+};
+
+use super::pool::{NoopPool, VifPool};
+use super::project::{AnnotationProject, DefaultProject, ProjectDriver};
+use super::security_groups::{DefaultSecurityGroups, NamespaceSecurityGroups, SecurityGroupsDriver};
+use super::subnets::{DefaultSubnets, NamespaceSubnets, SubnetCache, SubnetsDriver};
+use super::vif::VifDriver;
+use super::vif::nested::VmPortLookup;
+use super::vif::nested_macvlan::NestedMacvlan;
+use super::vif::nested_vlan::NestedVlan;
+use super::vif::neutron::NeutronVif;
+use crate::context::Context;
+use crate::error::Error;
+
+pub struct Drivers {
+    pub project: Arc<dyn ProjectDriver>,
+    pub subnets: Arc<dyn SubnetsDriver>,
+    pub subnet_cache: SubnetCache,
+    pub security_groups: Arc<dyn SecurityGroupsDriver>,
+    pub vif: Arc<dyn VifDriver>,
+    pub pool: Arc<dyn VifPool>,
+}
+
+impl Drivers {
+    /// Builds the drivers `[kubernetes]` names, with the `noop` pool. `pool` replaces it when a
+    /// pooling driver is configured (see `crate::service`).
+    pub fn from_config(ctx: &Arc<Context>) -> Result<Self, Error> {
+        let cfg = &ctx.config;
+        let k = &cfg.kubernetes;
+        let nd = &cfg.neutron_defaults;
+        let project: Arc<dyn ProjectDriver> = match k.pod_project_driver {
+            ProjectDriverName::Annotation => {
+                Arc::new(AnnotationProject::new(ctx.kube.clone(), nd.project.as_deref()))
+            }
+            ProjectDriverName::Default => Arc::new(DefaultProject::new(nd.project.as_deref())?),
+        };
+        let subnet_cache = SubnetCache::new(ctx.deployments.clone());
+        let subnets: Arc<dyn SubnetsDriver> = match k.pod_subnets_driver {
+            PodSubnetsDriver::Namespace => {
+                Arc::new(NamespaceSubnets::new(ctx.kube.clone(), subnet_cache.clone()))
+            }
+            PodSubnetsDriver::Default => Arc::new(DefaultSubnets::new(
+                nd.pod_subnet.as_deref(),
+                subnet_cache.clone(),
+            )?),
+        };
+        let security_groups: Arc<dyn SecurityGroupsDriver> = match k.pod_security_groups_driver {
+            SgName::Default => Arc::new(DefaultSecurityGroups::new(&nd.pod_security_groups)),
+            SgName::Namespace => Arc::new(NamespaceSecurityGroups::new(
+                ctx.deployments.clone(),
+                &nd.pod_security_groups,
+                ctx.resource_tags(),
+            )),
+            SgName::Policy => {
+                return Err(Error::Config(
+                    "[kubernetes] pod_security_groups_driver = policy: network policies are not provided by kuryr-rs; \
+                     use default or namespace"
+                        .into(),
+                ));
+            }
+        };
+        let vif = vif_driver(ctx, k.pod_vif_driver)?;
+        let pool: Arc<dyn VifPool> = Arc::new(NoopPool::new(vif.clone()));
+        Ok(Self {
+            project,
+            subnets,
+            subnet_cache,
+            security_groups,
+            vif,
+            pool,
+        })
+    }
+}
+
+/// Builds the VIF driver named by `[kubernetes] pod_vif_driver` (or by `vif_pool_mapping`).
+pub fn vif_driver(ctx: &Arc<Context>, name: PodVifDriver) -> Result<Arc<dyn VifDriver>, Error> {
+    let cfg = &ctx.config;
+    let mtu = cfg.neutron_defaults.network_device_mtu;
+    let tags = ctx.resource_tags();
+    let lookup = || VmPortLookup::new(ctx.kube.clone(), cfg.pod_vif_nested.worker_nodes_subnets.clone());
+    Ok(match name {
+        PodVifDriver::NeutronVif => Arc::new(NeutronVif::new(
+            ctx.deployments.clone(),
+            tags,
+            cfg.neutron_defaults.ovs_bridge.clone(),
+            mtu,
+        )),
+        PodVifDriver::NestedVlan => Arc::new(NestedVlan::new(ctx.deployments.clone(), lookup(), tags, mtu)),
+        PodVifDriver::NestedMacvlan => Arc::new(NestedMacvlan::new(
+            ctx.deployments.clone(),
+            lookup(),
+            tags,
+            mtu,
+            cfg.pod_vif_nested.rev_update_attempts,
+        )),
+        other => {
+            return Err(Error::Config(format!(
+                "[kubernetes] pod_vif_driver = {}: kuryr-rs provides neutron-vif, nested-vlan, nested-macvlan",
+                other.as_str()
+            )));
+        }
+    })
+}

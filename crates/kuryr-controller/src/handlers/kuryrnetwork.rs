@@ -1,0 +1,188 @@
+//! `kuryrnetwork` handler: a Neutron network, a subnet from `[namespace_subnet] pod_subnet_pool`
+//! and an interface on `[namespace_subnet] pod_router` per namespace; all removed on finalize.
+//!
+//! Each step looks its resource up by tag before creating it and records it in the status right
+//! after, so a crash between two steps never creates a second network or subnet.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kuryr_crds::names::finalizers;
+use kuryr_crds::{KuryrNetwork, KuryrNetworkStatus};
+use kuryr_neutron::{ListFilter, NetworkCreate, RouterInterfaceSpec, SubnetCreate, Taggable};
+use serde_json::json;
+
+use crate::context::Context;
+use crate::drivers::Drivers;
+use crate::error::Error;
+use crate::k8s::{add_finalizer, remove_finalizer};
+use crate::pipeline::ResourceEventHandler;
+
+pub struct KuryrNetworkHandler {
+    ctx: Arc<Context>,
+    drivers: Arc<Drivers>,
+}
+
+fn ns_tag(ns: &str) -> String {
+    format!("kuryr-rs.namespace={ns}")
+}
+
+impl KuryrNetworkHandler {
+    pub fn new(ctx: Arc<Context>, drivers: Arc<Drivers>) -> Self {
+        Self { ctx, drivers }
+    }
+
+    async fn patch_status(&self, kn: &KuryrNetwork, status: &KuryrNetworkStatus) -> Result<(), Error> {
+        let api: Api<KuryrNetwork> =
+            Api::namespaced(self.ctx.kube.clone(), &kn.namespace().unwrap_or_default());
+        let patch = json!({"status": status});
+        api.patch(&kn.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
+    fn tags(&self, ns: &str) -> Vec<String> {
+        let mut t = self.ctx.resource_tags();
+        t.push(ns_tag(ns));
+        t
+    }
+}
+
+#[async_trait]
+impl ResourceEventHandler for KuryrNetworkHandler {
+    type Object = KuryrNetwork;
+
+    fn name(&self) -> &'static str {
+        "kuryrnetwork"
+    }
+
+    async fn on_present(&self, kn: &KuryrNetwork) -> Result<(), Error> {
+        let kn = add_finalizer(&self.ctx.kube, kn, finalizers::KURYRNETWORK).await?;
+        let ns = kn.spec.ns_name.clone();
+        let project = kn.spec.project_id.clone();
+        let deployment = self.ctx.deployment_for(&project).to_string();
+        let client = self.ctx.deployments.client(&deployment)?;
+        let cfg = &self.ctx.config.namespace_subnet;
+        let mut status = kn.status.clone().unwrap_or_default();
+        let tag = ns_tag(&ns);
+        let cluster_tags = self.tags(&ns);
+
+        if status.net_id.is_none() {
+            let found = client
+                .list_networks(&ListFilter::new().tags(&cluster_tags))
+                .await?;
+            let net = match found.into_iter().next() {
+                Some(n) => n,
+                None => {
+                    let n = client
+                        .create_network(&NetworkCreate {
+                            name: Some(format!("ns/{ns}-net")),
+                            project_id: Some(project.clone()),
+                            ..Default::default()
+                        })
+                        .await?;
+                    client
+                        .replace_tags(Taggable::Network, &n.id, &cluster_tags)
+                        .await?;
+                    n
+                }
+            };
+            status.net_id = Some(net.id);
+            self.patch_status(&kn, &status).await?;
+        }
+        let net_id = status.net_id.clone().unwrap_or_default();
+        if status.subnet_id.is_none() {
+            let pool = cfg.pod_subnet_pool.clone().ok_or_else(|| {
+                Error::Config(
+                    "[namespace_subnet] pod_subnet_pool must be set for the namespace subnet driver".into(),
+                )
+            })?;
+            let found = client
+                .list_subnets(&ListFilter::new().network_id(&net_id).tags([tag.as_str()]))
+                .await?;
+            let subnet = match found.into_iter().next() {
+                Some(s) => s,
+                None => {
+                    let sp = client.get_subnetpool(&pool).await?;
+                    let s = client
+                        .create_subnet(&SubnetCreate {
+                            network_id: net_id.clone(),
+                            ip_version: sp.ip_version,
+                            name: Some(format!("ns/{ns}-subnet")),
+                            project_id: Some(project.clone()),
+                            subnetpool_id: Some(pool),
+                            ..Default::default()
+                        })
+                        .await?;
+                    client
+                        .replace_tags(Taggable::Subnet, &s.id, &cluster_tags)
+                        .await?;
+                    s
+                }
+            };
+            status.subnet_id = Some(subnet.id);
+            status.subnet_cidr = Some(subnet.cidr);
+            self.patch_status(&kn, &status).await?;
+        }
+        if status.router_id.is_none()
+            && let Some(router) = cfg.pod_router.clone()
+        {
+            let subnet_id = status.subnet_id.clone().unwrap_or_default();
+            let attached = client
+                .list_ports(&ListFilter::new().device_id(&router).fixed_ip_subnet(&subnet_id))
+                .await?;
+            if attached.is_empty() {
+                client
+                    .add_router_interface(&router, &RouterInterfaceSpec::Subnet { subnet_id })
+                    .await?;
+            }
+            status.router_id = Some(router);
+            status.ns_labels = Some(kn.spec.ns_labels.clone());
+            status.populated = Some(false);
+            self.patch_status(&kn, &status).await?;
+        }
+        Ok(())
+    }
+
+    async fn on_finalize(&self, kn: &KuryrNetwork) -> Result<(), Error> {
+        let project = kn.spec.project_id.clone();
+        let deployment = self.ctx.deployment_for(&project).to_string();
+        let client = self.ctx.deployments.client(&deployment)?;
+        let status = kn.status.clone().unwrap_or_default();
+        if let (Some(router), Some(subnet_id)) = (&status.router_id, &status.subnet_id) {
+            match client
+                .remove_router_interface(
+                    router,
+                    &RouterInterfaceSpec::Subnet {
+                        subnet_id: subnet_id.clone(),
+                    },
+                )
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if let Some(subnet_id) = &status.subnet_id {
+            self.drivers.subnet_cache.forget(&deployment, subnet_id).await;
+        }
+        if let Some(net_id) = &status.net_id {
+            // Ports of pods in the namespace are released by their KuryrPorts first; a port still
+            // there makes Neutron refuse (409), and the retry comes back once they are gone.
+            match client.delete_network(net_id).await {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.drivers
+            .security_groups
+            .release_namespace(&deployment, &kn.spec.ns_name)
+            .await?;
+        remove_finalizer(&self.ctx.kube, kn, finalizers::KURYRNETWORK).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,265 @@
+//! `kuryrport` handler: asks the drivers for the pod's VIFs, stores them in `status.vifs` (the
+//! upstream VIF JSON, plus where each came from), activates them, and releases them on finalize.
+//!
+//! Progress is written after each step (VIFs requested, then activated), so a crash between steps
+//! resumes from the stored state instead of creating ports twice; ports created but never recorded
+//! carry the pod's tag and `device_id`, which the orphan sweep uses to collect them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::{Resource, ResourceExt};
+use kuryr_crds::names::{DEFAULT_IFNAME, finalizers};
+use kuryr_crds::{KuryrPort, KuryrPortStatus, KuryrPortVif, Vif};
+use serde_json::json;
+
+use crate::context::Context;
+use crate::drivers::pool::{ORIGIN_FIELD, VifOrigin, origin_for};
+use crate::drivers::{Drivers, PodRef, PortSpec};
+use crate::error::{Error, is_not_found};
+use crate::k8s::remove_finalizer;
+use crate::pipeline::ResourceEventHandler;
+
+pub struct KuryrPortHandler {
+    ctx: Arc<Context>,
+    drivers: Arc<Drivers>,
+}
+
+/// The VIFs recorded in a KuryrPort, with their origin.
+pub struct RecordedVif {
+    pub ifname: String,
+    pub default: bool,
+    pub vif: Vif,
+    pub origin: Option<VifOrigin>,
+}
+
+pub fn recorded_vifs(kp: &KuryrPort) -> Vec<RecordedVif> {
+    kp.status
+        .as_ref()
+        .map(|s| {
+            s.vifs
+                .iter()
+                .map(|(ifname, v)| RecordedVif {
+                    ifname: ifname.clone(),
+                    default: v.default,
+                    vif: v.vif.clone(),
+                    origin: v
+                        .extra
+                        .get(ORIGIN_FIELD)
+                        .and_then(|o| serde_json::from_value(o.clone()).ok()),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn to_status(vifs: &[RecordedVif]) -> Result<KuryrPortStatus, Error> {
+    let mut map = BTreeMap::new();
+    for r in vifs {
+        let mut entry = KuryrPortVif::new(r.default, r.vif.clone());
+        if let Some(o) = &r.origin {
+            let v = serde_json::to_value(o).map_err(|e| Error::Config(e.to_string()))?;
+            entry.extra.insert(ORIGIN_FIELD.to_string(), v);
+        }
+        map.insert(r.ifname.clone(), entry);
+    }
+    Ok(KuryrPortStatus { vifs: map })
+}
+
+impl KuryrPortHandler {
+    pub fn new(ctx: Arc<Context>, drivers: Arc<Drivers>) -> Self {
+        Self { ctx, drivers }
+    }
+
+    async fn write_status(&self, kp: &KuryrPort, vifs: &[RecordedVif]) -> Result<(), Error> {
+        let status = to_status(vifs)?;
+        let api: Api<KuryrPort> = Api::namespaced(self.ctx.kube.clone(), &kp.namespace().unwrap_or_default());
+        // Main resource, not /status: upstream's CRDs have no status subresource (see kuryr-crds).
+        let patch = json!({"status": status});
+        api.patch(&kp.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
+    /// Resolves project, network and security groups of the pod's default interface.
+    async fn default_spec(&self, ns: &str) -> Result<PortSpec, Error> {
+        let project = self.drivers.project.project_for_namespace(ns).await?;
+        let deployment = self.ctx.deployment_for(&project).to_string();
+        let network = self
+            .drivers
+            .subnets
+            .network_for_namespace(&deployment, ns)
+            .await?;
+        let sgs = self
+            .drivers
+            .security_groups
+            .security_groups(&deployment, &project, ns)
+            .await?;
+        Ok(PortSpec::new(deployment, project, network, sgs))
+    }
+
+    /// Origin of a VIF recorded without one (a KuryrPort written by upstream kuryr-kubernetes).
+    async fn infer_origin(&self, kp: &KuryrPort, vif: &Vif) -> Result<VifOrigin, Error> {
+        let deployment = crate::openstack::DEFAULT_DEPLOYMENT;
+        let host = self
+            .drivers
+            .vif
+            .pool_host(deployment, &kp.spec.pod_node_name)
+            .await?;
+        let network_id = vif.network().map(|n| n.id.clone()).unwrap_or_default();
+        let info = Arc::new(crate::drivers::NetworkInfo {
+            id: network_id,
+            name: String::new(),
+            mtu: None,
+            subnets: vec![],
+        });
+        Ok(origin_for(
+            self.drivers.vif.as_ref(),
+            &PortSpec::new(deployment, "", info, vec![]),
+            &host,
+        ))
+    }
+
+    async fn pod_event(&self, pod: &Pod, err: &Error) {
+        if err.is_user_visible() {
+            self.ctx
+                .events
+                .publish(pod, true, err.label(), &err.to_string())
+                .await;
+        }
+    }
+
+    async fn wire(&self, kp: &KuryrPort, pod: &Pod) -> Result<(), Error> {
+        let ns = kp.namespace().unwrap_or_default();
+        let mut vifs = recorded_vifs(kp);
+        if vifs.is_empty() {
+            let started = Instant::now();
+            let spec = self.default_spec(&ns).await?;
+            let podref = PodRef::from_pod(pod);
+            let (vif, origin) = self.drivers.pool.request_vif(&podref, &spec).await?;
+            vifs.push(RecordedVif {
+                ifname: DEFAULT_IFNAME.to_string(),
+                default: true,
+                vif,
+                origin: Some(origin),
+            });
+            self.ctx.metrics.stage("request", started.elapsed());
+            if let Err(e) = self.write_status(kp, &vifs).await {
+                // Could not record the ports: give them back rather than leak them.
+                self.release_all(kp, &vifs).await;
+                return Err(e);
+            }
+        }
+        if vifs.iter().all(|v| v.vif.active()) {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let mut changed = false;
+        let mut pending = None;
+        for r in &mut vifs {
+            if r.vif.active() {
+                continue;
+            }
+            let origin = match &r.origin {
+                Some(o) => o.clone(),
+                None => self.infer_origin(kp, &r.vif).await?,
+            };
+            match self.drivers.pool.activate_vif(&origin, &mut r.vif).await {
+                Ok(()) => changed = true,
+                Err(e) => pending = Some(e),
+            }
+        }
+        if changed {
+            self.write_status(kp, &vifs).await?;
+        }
+        if let Some(e) = pending {
+            return Err(e);
+        }
+        self.ctx.metrics.stage("activate", started.elapsed());
+        if let Some(created) = pod.meta().creation_timestamp.as_ref() {
+            let age = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
+            if let Ok(d) = std::time::Duration::try_from(age) {
+                self.ctx.metrics.stage("total", d);
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases every VIF; errors are collected so one failure never strands the others.
+    async fn release_all(&self, kp: &KuryrPort, vifs: &[RecordedVif]) -> Option<Error> {
+        let mut first = None;
+        for r in vifs {
+            let origin = match &r.origin {
+                Some(o) => o.clone(),
+                None => match self.infer_origin(kp, &r.vif).await {
+                    Ok(o) => o,
+                    Err(e) => {
+                        first.get_or_insert(e);
+                        continue;
+                    }
+                },
+            };
+            if let Err(e) = self.drivers.pool.release_vif(&r.vif, &origin).await {
+                tracing::warn!(port = r.vif.id(), error = %e, "releasing VIF failed");
+                first.get_or_insert(e);
+            }
+        }
+        first
+    }
+}
+
+#[async_trait]
+impl ResourceEventHandler for KuryrPortHandler {
+    type Object = KuryrPort;
+
+    fn name(&self) -> &'static str {
+        "kuryrport"
+    }
+
+    async fn on_present(&self, kp: &KuryrPort) -> Result<(), Error> {
+        let ns = kp.namespace().unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(self.ctx.kube.clone(), &ns);
+        let api: Api<KuryrPort> = Api::namespaced(self.ctx.kube.clone(), &ns);
+        let pod = match pods.get_opt(&kp.name_any()).await? {
+            Some(p) if p.uid().as_deref() == Some(kp.spec.pod_uid.as_str()) => p,
+            // The pod is gone or was re-created: this KuryrPort is stale, release it.
+            _ => {
+                match api.delete(&kp.name_any(), &DeleteParams::background()).await {
+                    Ok(_) => {}
+                    Err(e) if is_not_found(&e) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                return Ok(());
+            }
+        };
+        if pod.meta().deletion_timestamp.is_some() {
+            return Ok(());
+        }
+        match self.wire(kp, &pod).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.pod_event(&pod, &e).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn on_finalize(&self, kp: &KuryrPort) -> Result<(), Error> {
+        let vifs = recorded_vifs(kp);
+        if let Some(e) = self.release_all(kp, &vifs).await {
+            return Err(e);
+        }
+        remove_finalizer(&self.ctx.kube, kp, finalizers::KURYRPORT).await?;
+        let pods: Api<Pod> = Api::namespaced(self.ctx.kube.clone(), &kp.namespace().unwrap_or_default());
+        if let Some(pod) = pods.get_opt(&kp.name_any()).await?
+            && pod.uid().as_deref() == Some(kp.spec.pod_uid.as_str())
+        {
+            remove_finalizer(&self.ctx.kube, &pod, finalizers::POD).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,112 @@
+//! Resource event handlers, selected by `[kubernetes] enabled_handlers` with upstream's names.
+//!
+//! - `vif` ([`vif::VifHandler`], Pods): finalizer + KuryrPort per scheduled pod
+//! - `kuryrport` ([`kuryrport::KuryrPortHandler`]): VIFs through the drivers into `status.vifs`
+//! - `namespace` ([`namespace::NamespaceHandler`]): a KuryrNetwork per namespace (namespace subnets)
+//! - `kuryrnetwork` ([`kuryrnetwork::KuryrNetworkHandler`]): network, subnet, router interface
+//!
+//! A library user adds a handler with [`HandlerRegistry::register`]; the pipeline is unchanged.
+
+pub mod kuryrnetwork;
+pub mod kuryrport;
+pub mod namespace;
+pub mod vif;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::context::Context;
+use crate::drivers::Drivers;
+use crate::error::Error;
+use crate::pipeline::RegisteredHandler;
+
+/// Builds a handler from the shared context and drivers.
+pub type HandlerFactory = Box<dyn Fn(&Arc<Context>, &Arc<Drivers>) -> RegisteredHandler + Send + Sync>;
+
+/// Upstream handler names kuryr-rs deliberately does not provide (Octavia load balancers and
+/// network policies): accepted in `enabled_handlers` so upstream configs load, and skipped with a
+/// warning.
+pub const NOT_PROVIDED: &[&str] = &[
+    "endpoints",
+    "service",
+    "kuryrloadbalancer",
+    "lb",
+    "lbaasspec",
+    "policy",
+    "kuryrnetworkpolicy",
+    "pod_label",
+    "openshift_machine",
+    "kuryrnetwork_population",
+];
+
+pub struct HandlerRegistry {
+    factories: BTreeMap<String, HandlerFactory>,
+}
+
+impl Default for HandlerRegistry {
+    fn default() -> Self {
+        Self::with_builtin()
+    }
+}
+
+impl HandlerRegistry {
+    pub fn empty() -> Self {
+        Self {
+            factories: BTreeMap::new(),
+        }
+    }
+
+    /// The handlers kuryr-rs ships.
+    pub fn with_builtin() -> Self {
+        let mut r = Self::empty();
+        r.register("vif", |ctx, d| {
+            RegisteredHandler::new(vif::VifHandler::new(ctx.clone(), d.clone()))
+        });
+        r.register("kuryrport", |ctx, d| {
+            RegisteredHandler::new(kuryrport::KuryrPortHandler::new(ctx.clone(), d.clone()))
+        });
+        r.register("namespace", |ctx, d| {
+            RegisteredHandler::new(namespace::NamespaceHandler::new(ctx.clone(), d.clone()))
+        });
+        r.register("kuryrnetwork", |ctx, d| {
+            RegisteredHandler::new(kuryrnetwork::KuryrNetworkHandler::new(ctx.clone(), d.clone()))
+        });
+        r
+    }
+
+    pub fn register(
+        &mut self,
+        name: &str,
+        factory: impl Fn(&Arc<Context>, &Arc<Drivers>) -> RegisteredHandler + Send + Sync + 'static,
+    ) {
+        self.factories.insert(name.to_string(), Box::new(factory));
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.factories.keys().map(String::as_str)
+    }
+
+    /// Instantiates the enabled handlers. An unknown name stops start-up with the valid ones listed.
+    pub fn build(
+        &self,
+        enabled: &[String],
+        ctx: &Arc<Context>,
+        drivers: &Arc<Drivers>,
+    ) -> Result<Vec<RegisteredHandler>, Error> {
+        let mut out = vec![];
+        for name in enabled {
+            if let Some(f) = self.factories.get(name) {
+                out.push(f(ctx, drivers));
+            } else if NOT_PROVIDED.contains(&name.as_str()) {
+                tracing::warn!(handler = %name, "upstream handler not provided by kuryr-rs; skipped");
+            } else {
+                let valid: Vec<&str> = self.names().collect();
+                return Err(Error::Config(format!(
+                    "[kubernetes] enabled_handlers: unknown handler {name:?}; valid handlers: {}",
+                    valid.join(", ")
+                )));
+            }
+        }
+        Ok(out)
+    }
+}

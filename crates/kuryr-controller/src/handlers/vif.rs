@@ -1,0 +1,161 @@
+//! `vif` handler (Pods): the pod side of seed 004's split. For every scheduled, non-hostNetwork pod
+//! it adds the pod finalizer and creates the pod's KuryrPort (owner reference, finalizer, node label);
+//! when the pod completes or is deleted it deletes the KuryrPort, whose handler releases the ports.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::{Resource, ResourceExt};
+use kuryr_crds::names::{finalizers, labels};
+use kuryr_crds::{KuryrPort, KuryrPortSpec};
+
+use crate::context::Context;
+use crate::drivers::Drivers;
+use crate::error::{Error, is_not_found};
+use crate::k8s::{add_finalizer, remove_finalizer};
+use crate::pipeline::ResourceEventHandler;
+
+pub struct VifHandler {
+    ctx: Arc<Context>,
+    _drivers: Arc<Drivers>,
+}
+
+impl VifHandler {
+    pub fn new(ctx: Arc<Context>, drivers: Arc<Drivers>) -> Self {
+        Self {
+            ctx,
+            _drivers: drivers,
+        }
+    }
+
+    fn kps(&self, ns: &str) -> Api<KuryrPort> {
+        Api::namespaced(self.ctx.kube.clone(), ns)
+    }
+
+    /// Deletes the pod's KuryrPort; true when it is already gone.
+    async fn delete_kuryrport(&self, pod: &Pod) -> Result<bool, Error> {
+        let ns = pod.namespace().unwrap_or_default();
+        match self
+            .kps(&ns)
+            .delete(&pod.name_any(), &DeleteParams::background())
+            .await
+        {
+            Ok(_) => Ok(false),
+            Err(e) if is_not_found(&e) => Ok(true),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Pods kuryr never wires: host network ones and those not scheduled yet.
+pub fn should_ignore(pod: &Pod) -> bool {
+    let spec = pod.spec.as_ref();
+    spec.and_then(|s| s.host_network).unwrap_or(false)
+        || spec.and_then(|s| s.node_name.as_deref()).unwrap_or("").is_empty()
+}
+
+/// Succeeded/Failed pods keep no network: their ports go back right away.
+pub fn is_completed(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// Static (mirror) pods are created by the kubelet, not through the API; they cannot carry our
+/// finalizer reliably.
+pub fn is_static(pod: &Pod) -> bool {
+    pod.annotations()
+        .get("kubernetes.io/config.source")
+        .is_some_and(|s| s != "api")
+        || pod.annotations().contains_key("kubernetes.io/config.mirror")
+}
+
+#[async_trait]
+impl ResourceEventHandler for VifHandler {
+    type Object = Pod;
+
+    fn name(&self) -> &'static str {
+        "vif"
+    }
+
+    async fn on_present(&self, pod: &Pod) -> Result<(), Error> {
+        if should_ignore(pod) {
+            return Ok(());
+        }
+        let ns = pod.namespace().unwrap_or_default();
+        let name = pod.name_any();
+        let uid = pod.uid().unwrap_or_default();
+        if is_completed(pod) {
+            if self.delete_kuryrport(pod).await? {
+                remove_finalizer(&self.ctx.kube, pod, finalizers::POD).await?;
+            }
+            return Ok(());
+        }
+        let static_pod = is_static(pod);
+        if !static_pod {
+            add_finalizer(&self.ctx.kube, pod, finalizers::POD).await?;
+        }
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        match self.kps(&ns).get_opt(&name).await? {
+            Some(kp) if kp.spec.pod_uid == uid => Ok(()),
+            Some(kp) => {
+                // A re-created pod with the old pod's name: the old KuryrPort (and its ports) must go
+                // first, so the new pod never gets the old port.
+                if kp.meta().deletion_timestamp.is_none() {
+                    self.kps(&ns).delete(&name, &DeleteParams::background()).await?;
+                }
+                Err(Error::not_ready(format!(
+                    "KuryrPort {ns}/{name} of a previous pod (uid {}) is being released",
+                    kp.spec.pod_uid
+                )))
+            }
+            None => {
+                let owner = pod.controller_owner_ref(&()).map(|mut o| {
+                    // The KuryrPort must not block the pod's deletion: we release explicitly.
+                    o.block_owner_deletion = Some(false);
+                    o
+                });
+                let kp = KuryrPort {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        namespace: Some(ns.clone()),
+                        labels: Some(BTreeMap::from([(labels::NODE_NAME.to_string(), node.clone())])),
+                        finalizers: Some(vec![finalizers::KURYRPORT.to_string()]),
+                        owner_references: owner.map(|o| vec![o]),
+                        ..Default::default()
+                    },
+                    spec: KuryrPortSpec {
+                        pod_uid: uid,
+                        pod_node_name: node,
+                        pod_static: static_pod,
+                    },
+                    status: None,
+                };
+                match self.kps(&ns).create(&PostParams::default(), &kp).await {
+                    Ok(_) => Ok(()),
+                    // Created concurrently (e.g. a replayed event): the next event re-checks the uid.
+                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                    Err(e) => Err(e.into()),
+                }
+            }
+        }
+    }
+
+    async fn on_finalize(&self, pod: &Pod) -> Result<(), Error> {
+        // The KuryrPort handler removes the pod finalizer after releasing the ports; if there is no
+        // KuryrPort (never wired, or already released) it is ours to remove.
+        if self.delete_kuryrport(pod).await? {
+            remove_finalizer(&self.ctx.kube, pod, finalizers::POD).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,189 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease, so two controller replicas are safe:
+//! only the holder runs the pipeline. A holder that stops renewing loses the lease after
+//! `lease_duration`; a follower then takes over within one retry period.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, PostParams};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Error;
+
+#[derive(Clone, Debug)]
+pub struct LeaseConfig {
+    pub namespace: String,
+    pub name: String,
+    pub identity: String,
+    pub lease_duration: Duration,
+    pub retry_period: Duration,
+}
+
+impl LeaseConfig {
+    pub fn new(namespace: &str, identity: &str) -> Self {
+        Self {
+            namespace: namespace.to_string(),
+            name: "kuryr-controller".to_string(),
+            identity: identity.to_string(),
+            // 10 s + 2 s retry keeps a hand-over under 15 s after the leader dies.
+            lease_duration: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Pure decision: may `identity` take or keep the lease as it is now?
+pub fn may_hold(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> bool {
+    let Some(spec) = spec else { return true };
+    match spec.holder_identity.as_deref() {
+        None | Some("") => true,
+        Some(h) if h == identity => true,
+        Some(_) => {
+            let duration = i64::from(spec.lease_duration_seconds.unwrap_or(15));
+            match spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) {
+                Some(t) => t.0 + SignedDuration::from_secs(duration) < now,
+                None => true,
+            }
+        }
+    }
+}
+
+pub struct LeaderElector {
+    api: Api<Lease>,
+    cfg: LeaseConfig,
+}
+
+impl LeaderElector {
+    pub fn new(client: kube::Client, cfg: LeaseConfig) -> Self {
+        Self {
+            api: Api::namespaced(client, &cfg.namespace),
+            cfg,
+        }
+    }
+
+    fn spec(&self, now: Timestamp, acquire: Option<MicroTime>, transitions: i32) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(self.cfg.identity.clone()),
+            lease_duration_seconds: Some(i32::try_from(self.cfg.lease_duration.as_secs()).unwrap_or(15)),
+            acquire_time: Some(acquire.unwrap_or(MicroTime(now))),
+            renew_time: Some(MicroTime(now)),
+            lease_transitions: Some(transitions),
+            ..Default::default()
+        }
+    }
+
+    /// One round: take or renew the lease. Ok(true) while we hold it.
+    pub async fn try_acquire_or_renew(&self) -> Result<bool, Error> {
+        let now = Timestamp::now();
+        let Some(mut lease) = self.api.get_opt(&self.cfg.name).await? else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.cfg.name.clone()),
+                    ..Default::default()
+                },
+                spec: Some(self.spec(now, None, 0)),
+            };
+            return match self.api.create(&PostParams::default(), &lease).await {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+                Err(e) => Err(e.into()),
+            };
+        };
+        if !may_hold(lease.spec.as_ref(), &self.cfg.identity, now) {
+            return Ok(false);
+        }
+        let old = lease.spec.clone().unwrap_or_default();
+        let ours = old.holder_identity.as_deref() == Some(self.cfg.identity.as_str());
+        let transitions = old.lease_transitions.unwrap_or(0) + i32::from(!ours);
+        let acquire = if ours { old.acquire_time.clone() } else { None };
+        lease.spec = Some(self.spec(now, acquire, transitions));
+        // PUT with the resourceVersion we read: a concurrent candidate makes one of us get 409.
+        match self
+            .api
+            .replace(&self.cfg.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Keeps electing until `stop`; publishes leadership changes on `tx`.
+    pub async fn run(self, tx: watch::Sender<bool>, stop: CancellationToken) {
+        let mut leader = false;
+        let mut last_renew = tokio::time::Instant::now();
+        loop {
+            let result = self.try_acquire_or_renew().await;
+            let now_leader = match result {
+                Ok(v) => {
+                    if v {
+                        last_renew = tokio::time::Instant::now();
+                    }
+                    v
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "lease renewal failed");
+                    // Keep leading only while the lease we hold cannot have expired yet.
+                    leader && last_renew.elapsed() < self.cfg.lease_duration
+                }
+            };
+            if now_leader != leader {
+                leader = now_leader;
+                tracing::info!(identity = %self.cfg.identity, leader, "leadership changed");
+                let _ = tx.send(leader);
+            }
+            tokio::select! {
+                _ = stop.cancelled() => {
+                    if leader {
+                        // Hand over at once instead of making the next leader wait for expiry.
+                        if let Ok(Some(mut lease)) = self.api.get_opt(&self.cfg.name).await
+                            && let Some(spec) = lease.spec.as_mut()
+                            && spec.holder_identity.as_deref() == Some(self.cfg.identity.as_str())
+                        {
+                            spec.holder_identity = None;
+                            let _ = self.api.replace(&self.cfg.name, &PostParams::default(), &lease).await;
+                        }
+                        let _ = tx.send(false);
+                    }
+                    return;
+                }
+                _ = tokio::time::sleep(self.cfg.retry_period) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(holder: &str, renewed_secs_ago: i64) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(10),
+            renew_time: Some(MicroTime(
+                Timestamp::now() - SignedDuration::from_secs(renewed_secs_ago),
+            )),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn lease_rules() {
+        let now = Timestamp::now();
+        assert!(may_hold(None, "a", now));
+        assert!(may_hold(Some(&spec("a", 1)), "a", now), "holder renews");
+        assert!(
+            !may_hold(Some(&spec("b", 1)), "a", now),
+            "fresh lease of another is respected"
+        );
+        assert!(
+            may_hold(Some(&spec("b", 11)), "a", now),
+            "expired lease is taken over"
+        );
+    }
+}

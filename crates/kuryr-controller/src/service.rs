@@ -1,0 +1,234 @@
+//! The controller process: leader election, the handler pipeline while leading, pool maintenance,
+//! and the health (`/ready`, `/alive`) and Prometheus (`/metrics`) endpoints.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use kube::Client;
+use kuryr_config::KuryrConfig;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::context::Context;
+use crate::drivers::Drivers;
+use crate::error::Error;
+use crate::handlers::HandlerRegistry;
+use crate::leader::{LeaderElector, LeaseConfig};
+use crate::metrics::Metrics;
+use crate::openstack::Deployments;
+use crate::pipeline::{ControllerPipeline, RetryPolicy};
+
+/// How to run a controller.
+pub struct ControllerOptions {
+    pub config: Arc<KuryrConfig>,
+    pub kube: Client,
+    pub deployments: Deployments,
+    pub metrics: Metrics,
+    pub registry: HandlerRegistry,
+    /// Identity in the leader Lease (pod name / hostname).
+    pub identity: String,
+    /// Health endpoint address; `None` = off (tests run many controllers in one process).
+    pub health_addr: Option<SocketAddr>,
+    /// Prometheus endpoint address; `None` = off.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Handlers run concurrently on this many objects at most.
+    pub max_concurrency: usize,
+    pub retry: RetryPolicy,
+}
+
+impl ControllerOptions {
+    pub fn new(config: Arc<KuryrConfig>, kube: Client, deployments: Deployments, metrics: Metrics) -> Self {
+        let identity = std::env::var("HOSTNAME")
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| format!("kuryr-controller-{}", std::process::id()));
+        let health_addr = Some(SocketAddr::from(([0, 0, 0, 0], config.health_server.port)));
+        let metrics_addr = Some(SocketAddr::from((
+            [0, 0, 0, 0],
+            config.prometheus_exporter.controller_exporter_port,
+        )));
+        Self {
+            config,
+            kube,
+            deployments,
+            metrics,
+            registry: HandlerRegistry::with_builtin(),
+            identity,
+            health_addr,
+            metrics_addr,
+            max_concurrency: 64,
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+/// What `/ready` reports on.
+#[derive(Default)]
+pub struct Readiness {
+    pub kube_ok: AtomicBool,
+    pub neutron_ok: AtomicBool,
+    pub pools_ready: AtomicBool,
+    pub leader: AtomicBool,
+}
+
+impl Readiness {
+    pub fn ready(&self) -> bool {
+        self.kube_ok.load(Ordering::Relaxed)
+            && self.neutron_ok.load(Ordering::Relaxed)
+            && self.pools_ready.load(Ordering::Relaxed)
+    }
+}
+
+/// Runs the controller until `stop` is cancelled.
+pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(), Error> {
+    let metrics = opts.metrics.clone();
+    let ctx = Arc::new(Context::new(
+        opts.kube.clone(),
+        opts.config.clone(),
+        opts.deployments.clone(),
+        metrics.clone(),
+    ));
+    let drivers = Arc::new(Drivers::from_config(&ctx)?);
+    let handlers = opts
+        .registry
+        .build(&opts.config.kubernetes.enabled_handlers, &ctx, &drivers)?;
+    tracing::info!(
+        handlers = ?handlers.iter().map(|h| h.name.clone()).collect::<Vec<_>>(),
+        vif_driver = drivers.vif.name(),
+        pool = drivers.pool.name(),
+        "controller starting"
+    );
+    let readiness = Arc::new(Readiness::default());
+    readiness.pools_ready.store(true, Ordering::Relaxed);
+
+    let mut tasks = tokio::task::JoinSet::new();
+    if let Some(addr) = opts.health_addr {
+        tasks.spawn(serve_health(addr, readiness.clone(), stop.clone()));
+    }
+    if let Some(addr) = opts.metrics_addr {
+        tasks.spawn(serve_metrics(addr, metrics.clone(), stop.clone()));
+    }
+    tasks.spawn(probe_dependencies(ctx.clone(), readiness.clone(), stop.clone()));
+
+    // Leadership: with controller_ha the Lease decides; without it this replica always leads.
+    let (tx, mut rx) = watch::channel(!opts.config.kubernetes.controller_ha);
+    if opts.config.kubernetes.controller_ha {
+        let elector = LeaderElector::new(
+            opts.kube.clone(),
+            LeaseConfig::new(&opts.config.kubernetes.controller_namespace, &opts.identity),
+        );
+        tasks.spawn(elector.run(tx, stop.clone()));
+    }
+
+    let reconcile = Duration::from_secs(opts.config.kubernetes.watch_reconcile_period.max(1));
+    let mut leading: Option<CancellationToken> = None;
+    let handlers = Arc::new(std::sync::Mutex::new(Some(handlers)));
+    loop {
+        let is_leader = *rx.borrow_and_update();
+        readiness.leader.store(is_leader, Ordering::Relaxed);
+        match (is_leader, &leading) {
+            (true, None) => {
+                let token = stop.child_token();
+                // Handlers are instantiated once; on a later re-election rebuild them.
+                let hs = match handlers.lock().ok().and_then(|mut h| h.take()) {
+                    Some(h) => h,
+                    None => opts
+                        .registry
+                        .build(&opts.config.kubernetes.enabled_handlers, &ctx, &drivers)?,
+                };
+                let mut pipeline =
+                    ControllerPipeline::new(Arc::new(opts.kube.clone()), opts.retry.clone(), metrics.clone());
+                for h in hs {
+                    pipeline.register(h);
+                }
+                tracing::info!(identity = %opts.identity, "leading: pipeline started");
+                tasks.spawn(pipeline.run(opts.kube.clone(), reconcile, opts.max_concurrency, token.clone()));
+                leading = Some(token);
+            }
+            (false, Some(token)) => {
+                tracing::warn!(identity = %opts.identity, "lost leadership: pipeline stopped");
+                token.cancel();
+                leading = None;
+            }
+            _ => {}
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            changed = rx.changed() => if changed.is_err() { break },
+        }
+    }
+    if let Some(t) = leading {
+        t.cancel();
+    }
+    // Graceful shutdown: let in-flight watch loops observe the cancellation.
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    Ok(())
+}
+
+async fn probe_dependencies(ctx: Arc<Context>, readiness: Arc<Readiness>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(10));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {
+                let kube_ok = ctx.kube.apiserver_version().await.is_ok();
+                readiness.kube_ok.store(kube_ok, Ordering::Relaxed);
+                let mut neutron_ok = true;
+                for name in ctx.deployments.names() {
+                    if let Ok(c) = ctx.deployments.client(name) {
+                        neutron_ok &= c.list_extensions().await.is_ok();
+                    }
+                }
+                readiness.neutron_ok.store(neutron_ok, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+async fn serve_health(addr: SocketAddr, readiness: Arc<Readiness>, stop: CancellationToken) {
+    let app = Router::new()
+        .route("/alive", get(|| async { StatusCode::OK }))
+        .route(
+            "/ready",
+            get(|State(r): State<Arc<Readiness>>| async move {
+                if r.ready() {
+                    (StatusCode::OK, "ready")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                }
+            }),
+        )
+        .with_state(readiness);
+    serve(addr, app, stop, "health").await;
+}
+
+async fn serve_metrics(addr: SocketAddr, metrics: Metrics, stop: CancellationToken) {
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(|State(m): State<Metrics>| async move { m.encode() }),
+        )
+        .with_state(metrics);
+    serve(addr, app, stop, "metrics").await;
+}
+
+async fn serve(addr: SocketAddr, app: Router, stop: CancellationToken, what: &str) {
+    match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => {
+            tracing::info!(%addr, "{what} endpoint listening");
+            let _ = axum::serve(l, app)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await;
+        }
+        Err(e) => tracing::error!(%addr, error = %e, "cannot bind {what} endpoint"),
+    }
+}
