@@ -491,17 +491,6 @@ fn select_fields(v: Value, fields: &[String]) -> Value {
 
 /// Filterable attribute names per collection (neutron's filter-validation refuses others with 400).
 fn filterable(res: Resource) -> &'static [&'static str] {
-    const STD: [&str; 8] = [
-        "id",
-        "name",
-        "project_id",
-        "tenant_id",
-        "description",
-        "revision_number",
-        "created_at",
-        "updated_at",
-    ];
-    let _ = STD;
     match res {
         Resource::Port => &[
             "id",

@@ -409,7 +409,8 @@ impl Store {
             if !QUOTA_DEFAULTS.iter().any(|(q, _)| q == k) {
                 return Err(ApiError::bad_request(format!("Unrecognized attribute(s) '{k}'")));
             }
-            let n = input::to_int(k, v)?;
+            let n = input::to_int(k, v)
+                .map_err(|_| ApiError::invalid_input(format!("'{}' is not an integer", input::show(v))))?;
             if n < -1 {
                 return Err(ApiError::invalid_attr(
                     k,
@@ -900,11 +901,18 @@ impl Store {
             return Err(ApiError::resource_not_found(Resource::Network, id));
         }
         // Neutron deletes network-owned ports (DHCP) itself; any other port blocks the delete.
-        if self.ports.values().any(|p| p.network_id == id) {
+        let in_use: Vec<&str> = self
+            .ports
+            .values()
+            .filter(|p| p.network_id == id)
+            .map(|p| p.std.id.as_str())
+            .collect();
+        if !in_use.is_empty() {
             return Err(ApiError::conflict(
                 "NetworkInUse",
                 format!(
-                    "Unable to complete operation on network {id}. There are one or more ports still in use on the network."
+                    "Unable to complete operation on network {id}. There are one or more ports still in use on the network, id for these ports is: {}.",
+                    in_use.join(", ")
                 ),
             ));
         }
@@ -995,12 +1003,10 @@ impl Store {
             (Some(c), pool) => {
                 let cidr = match Cidr::parse(&c) {
                     Ok(c) => c,
-                    Err(Some(norm)) => {
-                        return Err(ApiError::invalid_attr(
-                            "cidr",
-                            format!("'{c}' isn't a recognized IP subnet cidr, '{norm}' is recommended"),
-                        ));
-                    }
+                    // The real server accepts host bits and stores the network address.
+                    Err(Some(norm)) => Cidr::parse(&norm).map_err(|_| {
+                        ApiError::invalid_attr("cidr", format!("'{c}' is not a valid IP subnet"))
+                    })?,
                     Err(None) => {
                         return Err(ApiError::invalid_attr(
                             "cidr",
@@ -1061,8 +1067,10 @@ impl Store {
                 })?
             }
             (None, None) => {
-                return Err(ApiError::bad_request(
-                    "a subnetpool must be specified in the absence of a cidr".to_string(),
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "Bad subnets request: a subnetpool must be specified in the absence of a cidr.",
                 ));
             }
         };
@@ -1071,14 +1079,13 @@ impl Store {
                 "Cidr and ip_version mismatch".to_string(),
             ));
         }
-        if let Some(other) = self
+        if self
             .subnets
             .values()
-            .find(|s| s.network_id == network_id && s.cidr.overlaps(&cidr))
+            .any(|s| s.network_id == network_id && s.cidr.overlaps(&cidr))
         {
             return Err(ApiError::invalid_input(format!(
-                "Requested subnet with cidr: {cidr} for network: {network_id} overlaps with another subnet {}",
-                other.std.id
+                "Requested subnet with cidr: {cidr} for network: {network_id} overlaps with another subnet"
             )));
         }
         let gateway = match obj.get("gateway_ip") {
@@ -1141,12 +1148,8 @@ impl Store {
         };
         let project = std.project_id.clone();
         self.check_quota(&project, "subnet", 1)?;
-        let mut ipam = SubnetIpam::new(version, pools);
-        // The gateway is reserved (by the router port once one exists); in-pool gateways cannot happen by construction.
-        let _ = gateway.map(|g| ipam.in_pool(g));
-        if ipam.pools().is_empty() && ipam.pool_total() == 0 {
-            ipam = SubnetIpam::new(version, Vec::new());
-        }
+        // The gateway lies outside the pools (checked above), so only a router interface can take it.
+        let ipam = SubnetIpam::new(version, pools);
         let subnet = Subnet {
             network_id: network_id.clone(),
             cidr,
@@ -1988,6 +1991,12 @@ impl Store {
             .as_ref()
             .map(|s| !s.is_empty())
             .unwrap_or(!port.security_groups.is_empty());
+        if !final_ps && final_sgs_nonempty && sgs.is_none() && ps.is_some() {
+            return Err(ApiError::conflict(
+                "PortSecurityPortHasSecurityGroup",
+                "Port has security group associated. Cannot disable port security or IP address until security group is removed.",
+            ));
+        }
         if !final_ps && final_sgs_nonempty && (ps.is_some() || sgs.is_some()) {
             return Err(ApiError::conflict(
                 "PortSecurityAndIPRequiredForSecurityGroups",
