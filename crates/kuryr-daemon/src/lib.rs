@@ -19,3 +19,4 @@ pub mod server;
 pub mod vif;
 
 pub use daemon::{ApiHealth, Daemon, DaemonConfig, NoEvents, PodEvents};
+pub mod testing;
