@@ -174,7 +174,7 @@ impl LatencyProfile {
 /// Injected failure for some operations.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FaultRule {
-    /// `port.create`, `port.*`, `*.delete` or `*`.
+    /// `port.create`, `port.create*` (prefix), `port.*`, `*.delete` or `*`.
     pub operation: String,
     /// Probability (0..=1) that a matching request fails.
     #[serde(default)]
@@ -227,6 +227,12 @@ impl FaultRule {
         if self.operation == "*" || self.operation == op {
             return true;
         }
+        // `port.create*` covers `port.create` and `port.create_bulk`.
+        if let Some(prefix) = self.operation.strip_suffix('*')
+            && !prefix.ends_with('.')
+        {
+            return op.starts_with(prefix);
+        }
         match (self.operation.split_once('.'), op.split_once('.')) {
             (Some((r, "*")), Some((or, _))) => r == or,
             (Some(("*", a)), Some((_, oa))) => a == oa,
@@ -275,7 +281,7 @@ pub struct Stats {
     pub total_requests: u64,
     /// Requests per operation name (`port.create`, `port.create_bulk`, `port.list`, ...).
     pub operations: BTreeMap<String, u64>,
-    /// Ports created (single and bulk).
+    /// Ports created through `POST /ports` (single and bulk; counted even when an `after_commit` fault hid it).
     pub ports_created: u64,
     /// Failures injected by fault rules or outages.
     pub faults_injected: u64,
@@ -419,6 +425,9 @@ mod tests {
         assert_eq!(c.stats.faults_injected, 1);
         assert!(FaultRule::always("*.delete", 500).matches("trunk.delete"));
         assert!(!FaultRule::always("*.delete", 500).matches("trunk.create"));
+        assert!(FaultRule::always("port.create*", 500).matches("port.create_bulk"));
+        assert!(FaultRule::always("port.create*", 500).matches("port.create"));
+        assert!(!FaultRule::always("port.create*", 500).matches("port.update"));
     }
 
     #[test]

@@ -6,6 +6,21 @@
 //! outages) and request statistics, all settable at start, through [`EmulatorHandle`] and over HTTP at
 //! `/_emulator/{faults,latency,stats,reset}`.
 //!
+//! Operation names (stats keys, latency table keys, fault rule targets) are `<resource>.<action>`: resources
+//! `network`, `subnet`, `subnetpool`, `port`, `router`, `security_group`, `security_group_rule`, `trunk`,
+//! `quota`, `network_ip_availability`, `extension`, `agent`; actions `list`, `get`, `create`, `create_bulk`
+//! (`POST /ports {"ports": [..]}`), `update`, `delete`, `tags` (any tag call), `add_subports`, `remove_subports`,
+//! `get_subports`, `add_router_interface`, `remove_router_interface`, `details`.
+//!
+//! Admin endpoints (JSON bodies are the serde forms of the public types):
+//! - `GET /_emulator/stats` -> [`Stats`]; `DELETE /_emulator/stats` zeroes it.
+//! - `GET|PUT /_emulator/faults` -> [`FaultConfig`], e.g.
+//!   `{"rules": [{"operation": "port.create*", "rate": 0.1, "status": 503, "retry_after_secs": 1}],
+//!   "outage": {"mode": "reset", "duration_ms": 2000}}`; `DELETE` clears.
+//! - `GET|PUT /_emulator/latency` -> [`LatencyProfile`]: `{"profile": "none"}`, `{"profile": "real_server"}`,
+//!   `{"profile": "custom", "table": {"default": {"base_ms": 5}, "ops": {"port.get": {"base_ms": 16}}}}`.
+//! - `POST /_emulator/reset`: forget all resources, quotas, faults and counters.
+//!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
 //! use neutron_emulator::{Emulator, EmulatorOptions};
@@ -151,7 +166,7 @@ impl Emulator {
     }
 }
 
-/// A running emulator. Dropping it without `shutdown()` leaves the server running until the runtime ends.
+/// A running emulator. Dropping it stops the server; `shutdown()` also waits for it.
 pub struct EmulatorHandle {
     addr: SocketAddr,
     shared: Arc<Shared>,
@@ -206,6 +221,15 @@ impl EmulatorHandle {
         let task = self.task.lock().take();
         if let Some(task) = task {
             let _ = task.await;
+        }
+    }
+}
+
+impl Drop for EmulatorHandle {
+    /// A forgotten handle still stops the server (in-flight requests finish in the background).
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.lock().take() {
+            let _ = tx.send(());
         }
     }
 }
@@ -384,6 +408,9 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: AxumRequest) -> Respon
         (r, std::mem::take(&mut store.activations))
     };
     schedule_activations(&shared, activations, &result);
+    if result.is_ok() && (op.name == "port.create" || op.name == "port.create_bulk") {
+        shared.control.lock().stats.ports_created += op.items as u64;
+    }
     if let Some(f) = fault {
         return fault_response(&shared, f);
     }

@@ -709,6 +709,10 @@ async fn fault_injection_counts_and_outage() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(stats["operations"]["port.create"], 5);
+    assert_eq!(
+        stats["ports_created"], 3,
+        "two plain creates and one hidden by after_commit"
+    );
     emu.shutdown().await;
 }
 
