@@ -2533,9 +2533,22 @@ impl Store {
                 ));
             }
         }
+        let parent_bound = self
+            .ports
+            .get(&t.port_id)
+            .is_some_and(|p| self.host_binds(&p.host));
         if let Some(t) = self.trunks.get_mut(id) {
             t.sub_ports
                 .retain(|x| !subs.iter().any(|s| s.port_id == x.port_id));
+            // The agent unwires the VLANs: the real trunk answers DOWN and comes back ACTIVE afterwards.
+            if parent_bound {
+                t.generation += 1;
+                t.status = "DOWN".into();
+                self.activations.push(Activation::Trunk {
+                    id: id.to_string(),
+                    generation: t.generation,
+                });
+            }
         }
         for s in &subs {
             self.subport_of.remove(&s.port_id);

@@ -347,6 +347,11 @@ async fn trunk_rules_and_subport_binding() {
         )
         .await;
     assert_eq!(v["sub_ports"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        v["status"], "DOWN",
+        "the agent rewires the trunk after remove_subports"
+    );
+    wait_trunk(&api, &trunk, "ACTIVE").await;
     let (s, v) = api
         .req(
             Method::PUT,

@@ -63,7 +63,12 @@ async fn main() -> anyhow::Result<()> {
     };
     let emu = Emulator::start(options).await?;
     println!("neutron-emulator listening on {}", emu.url());
-    tokio::signal::ctrl_c().await?;
+    // Scripts stop it with SIGTERM, terminals with Ctrl-C: both shut down gracefully.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = term.recv() => {}
+    }
     emu.shutdown().await;
     Ok(())
 }
