@@ -1,0 +1,780 @@
+//! The `neutron` (bare metal) and `nested` (trunk) pool drivers: [`PoolDriver`] implements
+//! [`VifPool`] on top of any [`VifDriver`], with the decisions of [`super::state`].
+//!
+//! - hit path: no Neutron call (a name/device id update only with `[kubernetes] port_debug`);
+//! - refills run in background tasks, one bulk `request_vifs` per refill, the ports tagged with
+//!   the pool tag in the same request (`PortOwner::Pool`);
+//! - a request finding its pool empty waits (bounded) for the refill it triggered, then answers
+//!   ResourceNotReady;
+//! - [`PoolDriver::maintain`] is one maintenance pass (recycle, TTL, failed refills, port status).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use k8s_openapi::jiff::Timestamp;
+use kuryr_crds::names::neutron as tags;
+use kuryr_crds::{PoolKey, Vif};
+use kuryr_neutron::{ListFilter, PortUpdate};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::state::{Entry, Key, Limits, PoolMeta, Pools, RecycleAction, RecycleOutcome, Refill, Take};
+use crate::drivers::os_vif::VifKind;
+use crate::drivers::pool::{VifOrigin, VifPool, origin_for};
+use crate::drivers::vif::{PortOwner, VifDriver};
+use crate::drivers::{PodRef, PortSpec};
+use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::openstack::Deployments;
+
+/// Which pool driver (`[kubernetes] vif_pool_driver`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolKind {
+    /// `neutron`: bare-metal ports bound to the node.
+    Neutron,
+    /// `nested`: subports of the node VM's trunk (or macvlan ports of the VM port).
+    Nested,
+}
+
+impl PoolKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolKind::Neutron => "neutron",
+            PoolKind::Nested => "nested",
+        }
+    }
+
+    /// Upstream pairs `neutron` with `neutron-vif` and `nested` with the nested VIF drivers.
+    pub fn check_vif_driver(self, vif_driver: &str) -> Result<(), Error> {
+        let ok = match self {
+            PoolKind::Neutron => vif_driver == "neutron-vif",
+            PoolKind::Nested => matches!(vif_driver, "nested-vlan" | "nested-macvlan"),
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::Config(format!(
+                "vif_pool_driver {} cannot pool ports of pod_vif_driver {vif_driver}",
+                self.name()
+            )))
+        }
+    }
+}
+
+/// Everything a pool driver needs besides its VIF driver; [`PoolOptions::from_config`] reads
+/// it from `kuryr.conf`.
+#[derive(Clone)]
+pub struct PoolOptions {
+    pub deployments: Deployments,
+    pub limits: Limits,
+    pub port_debug: bool,
+    /// `[neutron_defaults] network_device_mtu` (0 = the network's), for VIFs of recovered ports.
+    pub mtu: u32,
+    /// `[neutron_defaults] ovs_bridge`, for VIFs of recovered bare-metal ports.
+    pub ovs_bridge: String,
+    /// The cluster tag (`kuryr-rs.cluster=<id>`): recovery and the orphan sweep only ever look
+    /// at ports carrying it and `kuryr-rs`.
+    pub cluster_tag: String,
+    pub metrics: Metrics,
+    /// How long a request waits for the refill it triggered before answering ResourceNotReady.
+    pub refill_wait: Duration,
+    /// `[vif_pool] ports_pool_update_frequency`.
+    pub update_frequency: Duration,
+}
+
+impl PoolOptions {
+    pub fn from_config(
+        config: &kuryr_config::KuryrConfig,
+        deployments: Deployments,
+        metrics: Metrics,
+    ) -> Self {
+        Self {
+            deployments,
+            limits: Limits::from_config(&config.vif_pool),
+            port_debug: config.kubernetes.port_debug,
+            mtu: config.neutron_defaults.network_device_mtu,
+            ovs_bridge: config.neutron_defaults.ovs_bridge.clone(),
+            cluster_tag: tags::cluster_tag(&config.kubernetes.cluster_id),
+            metrics,
+            refill_wait: Duration::from_secs(30),
+            update_frequency: Duration::from_secs(config.vif_pool.ports_pool_update_frequency.max(1)),
+        }
+    }
+}
+
+/// A pool driver: the pools of one pod VIF driver.
+pub struct PoolDriver {
+    me: Weak<PoolDriver>,
+    kind: PoolKind,
+    vif: Arc<dyn VifDriver>,
+    opts: PoolOptions,
+    pub(super) state: Mutex<Pools<Vif>>,
+    /// What a refill of each key creates (the last request's network and subnets).
+    pub(super) specs: Mutex<HashMap<Key, PortSpec>>,
+    /// (deployment, node) -> pool host: a node's trunk never changes, and the hit path must
+    /// not ask Neutron.
+    hosts: Mutex<HashMap<(String, String), String>>,
+    /// Bumped after every refill; requests waiting on an empty pool watch it.
+    refilled: watch::Sender<u64>,
+    /// Wakes the KuryrPortPool flusher.
+    pub(super) changed: Notify,
+    ready: AtomicBool,
+}
+
+/// Sorted subnet ids of a network, comma-joined: the `subnetId` of the pool key.
+pub fn subnet_key(ids: impl IntoIterator<Item = String>) -> String {
+    let set: BTreeSet<String> = ids.into_iter().collect();
+    set.into_iter().collect::<Vec<_>>().join(",")
+}
+
+impl PoolDriver {
+    pub fn new(kind: PoolKind, vif: Arc<dyn VifDriver>, opts: PoolOptions) -> Result<Arc<Self>, Error> {
+        kind.check_vif_driver(vif.name())?;
+        let limits = opts.limits;
+        Ok(Arc::new_cyclic(|me| Self {
+            me: me.clone(),
+            kind,
+            vif,
+            opts,
+            state: Mutex::new(Pools::new(limits)),
+            specs: Mutex::default(),
+            hosts: Mutex::default(),
+            refilled: watch::Sender::new(0),
+            changed: Notify::new(),
+            ready: AtomicBool::new(false),
+        }))
+    }
+
+    pub fn kind(&self) -> PoolKind {
+        self.kind
+    }
+
+    pub fn options(&self) -> &PoolOptions {
+        &self.opts
+    }
+
+    pub fn vif(&self) -> &Arc<dyn VifDriver> {
+        &self.vif
+    }
+
+    /// False until recovery (or [`PoolDriver::mark_ready`]) ran: until then requests answer
+    /// ResourceNotReady, so nothing is created twice.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Starts serving without recovery (fresh pools; tests and the first start of a cluster).
+    pub fn mark_ready(&self) {
+        self.ready.store(true, Ordering::Release);
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, Pools<Vif>> {
+        // A panic while holding the lock leaves consistent bookkeeping (every method completes
+        // its mutation before returning), so poisoning is not a reason to stop serving.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn specs(&self) -> MutexGuard<'_, HashMap<Key, PortSpec>> {
+        self.specs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The KuryrPortPool key of a pool.
+    pub fn crd_key(&self, key: &Key, subnet_id: &str) -> PoolKey {
+        let nested = self.kind == PoolKind::Nested;
+        PoolKey {
+            deployment: key.deployment.clone(),
+            host: (!nested).then(|| key.host.clone()),
+            trunk_port_id: nested.then(|| key.host.clone()),
+            trunk_ip: None,
+            project_id: key.project_id.clone(),
+            network_id: key.network_id.clone(),
+            subnet_id: subnet_id.to_string(),
+            security_group_ids: key.security_groups.clone(),
+        }
+    }
+
+    pub(super) fn meta_for(&self, key: &Key, subnet_id: &str) -> PoolMeta {
+        PoolMeta {
+            name: self.crd_key(key, subnet_id).resource_name(),
+            nested: self.kind == PoolKind::Nested,
+            subnet_id: subnet_id.to_string(),
+        }
+    }
+
+    /// The os-vif kind of a recovered port's VIF.
+    pub(super) fn vif_kind(&self, vlan: Option<u16>) -> Result<VifKind, Error> {
+        match self.vif.name() {
+            "neutron-vif" => Ok(VifKind::Bound {
+                ovs_bridge: self.opts.ovs_bridge.clone(),
+            }),
+            "nested-vlan" => vlan
+                .map(|vlan_id| VifKind::VlanNested { vlan_id })
+                .ok_or_else(|| Error::invalid("subport segmentation_id", "port is not a trunk subport")),
+            "nested-macvlan" => Ok(VifKind::MacvlanNested),
+            other => Err(Error::Config(format!("pool cannot rebuild VIFs of {other}"))),
+        }
+    }
+
+    async fn host_for(&self, deployment: &str, node: &str) -> Result<String, Error> {
+        let k = (deployment.to_string(), node.to_string());
+        if let Some(h) = self
+            .hosts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&k)
+        {
+            return Ok(h.clone());
+        }
+        let host = self.vif.pool_host(deployment, node).await?;
+        self.hosts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(k, host.clone());
+        Ok(host)
+    }
+
+    pub(super) fn remember_spec(&self, key: &Key, spec: &PortSpec) {
+        self.specs().insert(key.clone(), spec.clone());
+    }
+
+    /// Starts background refills (each is one bulk create).
+    pub(super) fn start_refills(&self, refills: Vec<Refill>) {
+        let Some(me) = self.me.upgrade() else {
+            return;
+        };
+        for r in refills {
+            let me = me.clone();
+            tokio::spawn(async move { me.run_refill(r).await });
+        }
+    }
+
+    async fn run_refill(self: Arc<Self>, r: Refill) {
+        let started = Instant::now();
+        let spec = self.specs().get(&r.key).cloned();
+        let result = match spec {
+            Some(spec) => self
+                .vif
+                .request_vifs(&spec, &r.key.host, &PortOwner::Pool { pool: r.name.clone() }, r.n)
+                .await
+                .map_err(|e| e.to_string()),
+            None => Err(format!("no port spec known for pool {}", r.key)),
+        };
+        let now = Timestamp::now();
+        let result = result.map(|vifs| {
+            vifs.into_iter()
+                .map(|v| Entry::new(v.id().to_string(), v, now))
+                .collect::<Vec<_>>()
+        });
+        match &result {
+            Ok(v) => {
+                self.opts.metrics.pool_event("refill", 1);
+                self.opts.metrics.pool_event("created", v.len() as u64);
+                self.opts.metrics.stage("pool_refill", started.elapsed());
+                tracing::info!(pool = %r.key, ports = v.len(), took = ?started.elapsed(), "pool refilled");
+            }
+            Err(e) => {
+                self.opts.metrics.pool_event("refill_error", 1);
+                tracing::warn!(pool = %r.key, error = %e, "pool refill failed");
+            }
+        }
+        let next = self.lock().finish_refill(&r.key, result, now);
+        self.refilled.send_modify(|g| *g = g.wrapping_add(1));
+        self.touched();
+        self.start_refills(next);
+    }
+
+    /// Something changed that the KuryrPortPool objects and metrics should show.
+    pub(super) fn touched(&self) {
+        self.changed.notify_one();
+    }
+
+    /// Exports pool sizes as metrics.
+    pub fn publish_sizes(&self) {
+        let st = self.lock();
+        for (_, pool) in st.iter() {
+            let m = &self.opts.metrics;
+            m.pool_size(&pool.meta.name, "available", pool.available_len());
+            m.pool_size(&pool.meta.name, "recyclable", pool.recyclable_len());
+            m.pool_size(&pool.meta.name, "in_use", pool.in_use().len());
+        }
+    }
+
+    /// Hands a pooled port to `pod`; with `port_debug` it is renamed after the pod first.
+    async fn hand_out(
+        &self,
+        pod: &PodRef,
+        spec: &PortSpec,
+        key: &Key,
+        host: &str,
+        vif: Vif,
+    ) -> Result<(Vif, VifOrigin), Error> {
+        if self.opts.port_debug {
+            let client = self.opts.deployments.client(&key.deployment)?;
+            let update = PortUpdate {
+                name: Some(format!("{}/{}", pod.namespace, pod.name)),
+                // A subport's device id is its trunk's: only bare-metal ports name their pod.
+                device_id: (self.kind == PoolKind::Neutron).then(|| pod.uid.clone()),
+                ..PortUpdate::default()
+            };
+            if let Err(e) = client.update_port(vif.id(), &update).await {
+                self.give_back(key, vif);
+                return Err(e.into());
+            }
+        }
+        Ok((vif, origin_for(self.vif.as_ref(), spec, host)))
+    }
+
+    /// Puts a port that could not be handed out into the recyclable list (the next pass fixes
+    /// its security groups and name).
+    fn give_back(&self, key: &Key, mut vif: Vif) {
+        let id = vif.id().to_string();
+        vif.base_mut().active = false;
+        if self
+            .lock()
+            .release(key, &id, vif, None, Timestamp::now())
+            .is_err()
+        {
+            tracing::warn!(port = %id, pool = %key, "pool vanished while handing out a port");
+        }
+        self.touched();
+    }
+
+    /// One maintenance pass: recycle released ports, apply the TTL, retry failed refills,
+    /// refresh the status of available ports. Returns how many Neutron ports it deleted.
+    pub async fn maintain(&self) -> usize {
+        let mut deleted = self.recycle().await;
+        deleted += self.apply_ttl().await;
+        let refills = self.lock().plan_refills_below_min();
+        self.start_refills(refills);
+        self.refresh_active().await;
+        self.publish_sizes();
+        self.touched();
+        deleted
+    }
+
+    async fn recycle(&self) -> usize {
+        let steps = self.lock().plan_recycle();
+        let mut deleted = 0;
+        for step in steps {
+            let outcome = match step.action {
+                RecycleAction::Return => self.clean_port(&step.key, &step.port_id).await,
+                RecycleAction::Delete => {
+                    match self
+                        .vif
+                        .release_vif(&step.key.deployment, &step.key.host, &step.data)
+                        .await
+                    {
+                        Ok(()) => {
+                            deleted += 1;
+                            self.opts.metrics.pool_event("deleted_max", 1);
+                            RecycleOutcome::Dropped
+                        }
+                        Err(e) => {
+                            tracing::warn!(port = %step.port_id, error = %e, "could not delete port beyond pool max");
+                            RecycleOutcome::Retry
+                        }
+                    }
+                }
+            };
+            if outcome == RecycleOutcome::Returned {
+                self.opts.metrics.pool_event("recycled", 1);
+            }
+            self.lock()
+                .finish_recycle(&step.key, &step.port_id, outcome, Timestamp::now());
+        }
+        deleted
+    }
+
+    /// Re-applies the pool's security groups and resets name (and device id on bare metal) in
+    /// one update.
+    async fn clean_port(&self, key: &Key, port_id: &str) -> RecycleOutcome {
+        let client = match self.opts.deployments.client(&key.deployment) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(port = port_id, error = %e, "cannot recycle port");
+                return RecycleOutcome::Retry;
+            }
+        };
+        let update = PortUpdate {
+            name: Some(tags::POOL_PORT_NAME.to_string()),
+            device_id: (self.kind == PoolKind::Neutron).then(String::new),
+            security_groups: Some(key.security_groups.clone()),
+            ..PortUpdate::default()
+        };
+        match client.update_port(port_id, &update).await {
+            Ok(_) => RecycleOutcome::Returned,
+            Err(e) if e.is_not_found() => RecycleOutcome::Dropped,
+            Err(e) => {
+                tracing::warn!(port = port_id, error = %e, "could not recycle port; retrying next pass");
+                RecycleOutcome::Retry
+            }
+        }
+    }
+
+    async fn apply_ttl(&self) -> usize {
+        let expired = self.lock().plan_ttl(Timestamp::now());
+        let mut deleted = 0;
+        for (key, entry) in expired {
+            match self
+                .vif
+                .release_vif(&key.deployment, &key.host, &entry.data)
+                .await
+            {
+                Ok(()) => {
+                    deleted += 1;
+                    self.opts.metrics.pool_event("deleted_ttl", 1);
+                }
+                // Still tagged as ours and now in no pool: the orphan sweep deletes it.
+                Err(e) => tracing::warn!(port = %entry.port_id, error = %e, "could not delete expired port"),
+            }
+        }
+        deleted
+    }
+
+    /// One port list per pool holding inactive ports, so that a hit hands out an ACTIVE VIF
+    /// and activation needs no Neutron call either.
+    async fn refresh_active(&self) {
+        let pending: Vec<(Key, String)> = {
+            let st = self.lock();
+            st.iter()
+                .filter(|(_, p)| p.available().any(|e| !e.data.active()))
+                .map(|(k, p)| (k.clone(), p.meta.name.clone()))
+                .collect()
+        };
+        for (key, name) in pending {
+            let Ok(client) = self.opts.deployments.client(&key.deployment) else {
+                continue;
+            };
+            let filter = ListFilter::new()
+                .tags([tags::pool_tag(&name)])
+                .status("ACTIVE")
+                .fields(["id"]);
+            match client.list_ports(&filter).await {
+                Ok(ports) => {
+                    let active: BTreeSet<String> = ports.into_iter().map(|p| p.id).collect();
+                    self.lock().update_available(&key, |e| {
+                        if active.contains(&e.port_id) {
+                            e.data.base_mut().active = true;
+                        }
+                    });
+                }
+                Err(e) => tracing::debug!(pool = %key, error = %e, "could not refresh port status"),
+            }
+        }
+    }
+
+    /// Runs [`PoolDriver::maintain`] every `ports_pool_update_frequency` until `stop`.
+    pub async fn run_maintenance(&self, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(self.opts.update_frequency);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if self.is_ready() {
+                self.maintain().await;
+            }
+        }
+    }
+
+    /// Creates `n` ports for a pool now (pool management `populate`). `None`: a populate of the
+    /// pool is already running, or the global cap is reached.
+    pub fn populate(&self, key: &Key, n: usize) -> Result<bool, Error> {
+        if !self.specs().contains_key(key) {
+            return Err(Error::invalid("pool", format!("{key}: no port spec known yet")));
+        }
+        let r = self.lock().plan_populate(key, n);
+        let started = r.is_some();
+        self.start_refills(r.into_iter().collect());
+        Ok(started)
+    }
+
+    /// Deletes every available port of a pool (pool management `free`). Returns how many.
+    pub async fn free(&self, key: &Key) -> Result<usize, Error> {
+        let drained = self.lock().drain_available(key);
+        let mut deleted = 0;
+        let mut first = None;
+        for e in drained {
+            match self.vif.release_vif(&key.deployment, &key.host, &e.data).await {
+                Ok(()) => deleted += 1,
+                Err(err) => {
+                    tracing::warn!(port = %e.port_id, error = %err, "could not delete pooled port");
+                    first.get_or_insert(err);
+                }
+            }
+        }
+        self.touched();
+        first.map_or(Ok(deleted), Err)
+    }
+
+    /// Port ids this driver's pools account for, per deployment.
+    pub fn owned_ports(&self) -> BTreeMap<String, BTreeSet<String>> {
+        let st = self.lock();
+        let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (k, p) in st.iter() {
+            let ids = out.entry(k.deployment.clone()).or_default();
+            ids.extend(p.available().map(|e| e.port_id.clone()));
+            ids.extend(p.recyclable().map(|e| e.port_id.clone()));
+            ids.extend(p.in_use().keys().cloned());
+        }
+        out
+    }
+}
+
+/// What the pool management API and `kuryr pools` show about one pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolSummary {
+    /// KuryrPortPool name (also the pool tag on its ports).
+    pub name: String,
+    pub pool_driver: String,
+    pub deployment: String,
+    /// Node (bare metal) or trunk / VM port (nested).
+    pub host: String,
+    pub project_id: String,
+    pub network_id: String,
+    pub subnet_id: String,
+    pub security_groups: Vec<String>,
+    pub available: usize,
+    pub recyclable: usize,
+    pub in_use: usize,
+    pub populating: bool,
+    /// Seconds the longest-waiting available port has been idle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_available_secs: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_refill: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error_time: Option<String>,
+    /// `show` only: every port with its state and age in seconds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<PortSummary>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortSummary {
+    pub port_id: String,
+    /// `available`, `recyclable` or `inUse`.
+    pub state: String,
+    pub age_secs: i64,
+}
+
+impl PoolDriver {
+    fn summary(&self, key: &Key, pool: &super::state::Pool<Vif>, now: Timestamp, ports: bool) -> PoolSummary {
+        let age = |t: Timestamp| now.duration_since(t).as_secs();
+        let mut list = Vec::new();
+        if ports {
+            let mut push = |id: &str, state: &str, since: Timestamp| {
+                list.push(PortSummary {
+                    port_id: id.to_string(),
+                    state: state.to_string(),
+                    age_secs: age(since),
+                })
+            };
+            pool.available()
+                .for_each(|e| push(&e.port_id, "available", e.since));
+            pool.recyclable()
+                .for_each(|e| push(&e.port_id, "recyclable", e.since));
+            pool.in_use()
+                .iter()
+                .for_each(|(id, since)| push(id, "inUse", *since));
+        }
+        PoolSummary {
+            name: pool.meta.name.clone(),
+            pool_driver: self.kind.name().to_string(),
+            deployment: key.deployment.clone(),
+            host: key.host.clone(),
+            project_id: key.project_id.clone(),
+            network_id: key.network_id.clone(),
+            subnet_id: pool.meta.subnet_id.clone(),
+            security_groups: key.security_groups.clone(),
+            available: pool.available_len(),
+            recyclable: pool.recyclable_len(),
+            in_use: pool.in_use().len(),
+            populating: pool.is_populating(),
+            oldest_available_secs: pool.available().map(|e| age(e.since)).max(),
+            last_refill: pool.last_refill().map(|t| t.to_string()),
+            last_error: pool.last_error().map(|e| e.0.clone()),
+            last_error_time: pool.last_error().map(|e| e.1.to_string()),
+            ports: list,
+        }
+    }
+
+    /// One pool with its ports.
+    pub fn snapshot(&self, key: &Key) -> Option<PoolSummary> {
+        let st = self.lock();
+        let pool = st.get(key)?;
+        Some(self.summary(key, pool, Timestamp::now(), true))
+    }
+
+    /// Every pool, without port lists.
+    pub fn summaries(&self) -> Vec<PoolSummary> {
+        let st = self.lock();
+        let now = Timestamp::now();
+        st.iter().map(|(k, p)| self.summary(k, p, now, false)).collect()
+    }
+
+    /// The key of the pool named `name`.
+    pub fn key_by_name(&self, name: &str) -> Option<Key> {
+        self.lock()
+            .iter()
+            .find(|(_, p)| p.meta.name == name)
+            .map(|(k, _)| k.clone())
+    }
+}
+
+#[async_trait]
+impl VifPool for PoolDriver {
+    fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    async fn request_vif(&self, pod: &PodRef, spec: &PortSpec) -> Result<(Vif, VifOrigin), Error> {
+        if !self.is_ready() {
+            return Err(Error::not_ready("port pools are being recovered"));
+        }
+        let subnet_id = subnet_key(spec.network.subnet_ids());
+        if subnet_id.is_empty() {
+            return Err(Error::invalid(
+                "network.subnets",
+                format!("network {} has no subnet to pool ports on", spec.network.id),
+            ));
+        }
+        let host = self.host_for(&spec.deployment, &pod.node).await?;
+        let key = Key::new(
+            spec.deployment.clone(),
+            host.clone(),
+            spec.project_id.clone(),
+            spec.network.id.clone(),
+            spec.security_groups.clone(),
+        );
+        self.remember_spec(&key, spec);
+        let deadline = Instant::now() + self.opts.refill_wait;
+        let asked = Timestamp::now();
+        let mut missed = false;
+        loop {
+            let mut refilled = self.refilled.subscribe();
+            let taken = {
+                let mut st = self.lock();
+                st.ensure(&key, || self.meta_for(&key, &subnet_id));
+                st.take(&key, Timestamp::now())
+            };
+            self.start_refills(taken.refills);
+            match taken.take {
+                Take::Hit(entry) => {
+                    self.opts
+                        .metrics
+                        .pool_event(if missed { "miss" } else { "hit" }, 1);
+                    self.touched();
+                    return self.hand_out(pod, spec, &key, &host, entry.data).await;
+                }
+                Take::Borrowed { entry, from } => {
+                    self.opts.metrics.pool_event("borrowed", 1);
+                    self.touched();
+                    tracing::debug!(port = %entry.port_id, from = %from, to = %key, "re-applying security groups of a sibling pool's port");
+                    let client = self.opts.deployments.client(&key.deployment)?;
+                    let update = PortUpdate {
+                        security_groups: Some(key.security_groups.clone()),
+                        ..PortUpdate::default()
+                    };
+                    if let Err(e) = client.update_port(&entry.port_id, &update).await {
+                        self.give_back(&key, entry.data);
+                        return Err(e.into());
+                    }
+                    return self.hand_out(pod, spec, &key, &host, entry.data).await;
+                }
+                Take::Empty => {
+                    missed = true;
+                    let (failed, populating) = {
+                        let st = self.lock();
+                        let pool = st.get(&key);
+                        (
+                            pool.and_then(|p| p.last_error().cloned())
+                                .filter(|(_, at)| *at >= asked),
+                            pool.is_some_and(|p| p.is_populating()),
+                        )
+                    };
+                    if let Some((err, _)) = failed
+                        && !populating
+                    {
+                        return Err(Error::not_ready(format!(
+                            "pool {key} could not be refilled: {err}"
+                        )));
+                    }
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(Error::not_ready(format!("pool {key} is empty; refilling")));
+                    }
+                    let _ = tokio::time::timeout(left, refilled.changed()).await;
+                }
+            }
+        }
+    }
+
+    async fn release_vif(&self, vif: &Vif, origin: &VifOrigin) -> Result<(), Error> {
+        if origin.preserve {
+            return Ok(());
+        }
+        let key = Key::new(
+            origin.deployment.clone(),
+            origin.host.clone(),
+            origin.project_id.clone(),
+            origin.network_id.clone(),
+            origin.security_groups.clone(),
+        );
+        let mut data = vif.clone();
+        // The pod's interface is gone: Neutron will report the port DOWN until rebound.
+        data.base_mut().active = false;
+        let released = self.lock().release(&key, vif.id(), data, None, Timestamp::now());
+        match released {
+            Ok(()) => {
+                self.opts.metrics.pool_event("released", 1);
+                self.touched();
+                Ok(())
+            }
+            // No pool for it (config changed, or the pool was freed): nothing will reuse it.
+            Err(_) => self.vif.release_vif(&origin.deployment, &origin.host, vif).await,
+        }
+    }
+
+    async fn activate_vif(&self, origin: &VifOrigin, vif: &mut Vif) -> Result<(), Error> {
+        self.vif.activate_vif(&origin.deployment, vif).await
+    }
+
+    fn vif_driver(&self) -> &Arc<dyn VifDriver> {
+        &self.vif
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_pair_with_upstream_vif_drivers() {
+        assert!(PoolKind::Neutron.check_vif_driver("neutron-vif").is_ok());
+        assert!(PoolKind::Neutron.check_vif_driver("nested-vlan").is_err());
+        assert!(PoolKind::Nested.check_vif_driver("nested-vlan").is_ok());
+        assert!(PoolKind::Nested.check_vif_driver("nested-macvlan").is_ok());
+        assert!(PoolKind::Nested.check_vif_driver("neutron-vif").is_err());
+    }
+
+    #[test]
+    fn subnet_key_is_sorted_and_unique() {
+        assert_eq!(subnet_key(["b".to_string(), "a".into(), "b".into()]), "a,b");
+        assert_eq!(subnet_key(Vec::<String>::new()), "");
+    }
+}

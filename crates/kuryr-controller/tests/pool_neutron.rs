@@ -1,0 +1,316 @@
+#![allow(clippy::unwrap_used)]
+//! Port pools against the real neutron-server (`KURYR_TEST_NEUTRON_URL`), driving the `neutron`
+//! pool driver directly (no Kubernetes). Each test has its own project, network and cluster tag,
+//! and deletes what it made even when it fails.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kuryr_controller::drivers::pool::{VifOrigin, VifPool};
+use kuryr_controller::drivers::vif::neutron::NeutronVif;
+use kuryr_controller::drivers::{NetworkInfo, PodRef, PortSpec};
+use kuryr_controller::metrics::Metrics;
+use kuryr_controller::openstack::Deployments;
+use kuryr_controller::pool::driver::{PoolDriver, PoolKind, PoolOptions};
+use kuryr_controller::pool::recover::{InUsePort, RecoveryInput};
+use kuryr_controller::pool::state::{Key, Limits};
+use kuryr_crds::Vif;
+use kuryr_crds::names::neutron as tags;
+use kuryr_neutron::{
+    ClientOptions, ListFilter, NetworkCreate, NeutronClient, Port, SecurityGroupCreate, SubnetCreate,
+};
+
+const NODE: &str = "k8s-node-1";
+
+#[derive(Clone)]
+struct Lab {
+    client: NeutronClient,
+    project: String,
+    cluster: String,
+    spec: PortSpec,
+}
+
+fn neutron_url(test: &str) -> Option<String> {
+    match std::env::var("KURYR_TEST_NEUTRON_URL") {
+        Ok(u) if !u.is_empty() => Some(u),
+        _ => {
+            println!(
+                "{test}: skipped: KURYR_TEST_NEUTRON_URL is unset (scripts/neutron-lab/start-neutron.sh starts one)"
+            );
+            None
+        }
+    }
+}
+
+impl Lab {
+    async fn new(url: &str, test: &str) -> Lab {
+        let mut opts = ClientOptions::noauth(url);
+        opts.timeout = Some(Duration::from_secs(120));
+        let client = NeutronClient::new(&opts).unwrap();
+        let id: u64 = rand::random();
+        let project = format!("pooltest{id:016x}");
+        let net = client
+            .create_network(&NetworkCreate {
+                name: Some(format!("{test}-net")),
+                project_id: Some(project.clone()),
+                ..NetworkCreate::default()
+            })
+            .await
+            .unwrap();
+        let subnet = client
+            .create_subnet(&SubnetCreate {
+                network_id: net.id.clone(),
+                ip_version: 4,
+                cidr: Some("10.77.0.0/24".into()),
+                project_id: Some(project.clone()),
+                enable_dhcp: Some(false),
+                ..SubnetCreate::default()
+            })
+            .await
+            .unwrap();
+        let sg = client
+            .create_security_group(&SecurityGroupCreate {
+                name: format!("{test}-sg"),
+                project_id: Some(project.clone()),
+                description: None,
+                stateful: None,
+            })
+            .await
+            .unwrap();
+        let info = Arc::new(NetworkInfo {
+            id: net.id.clone(),
+            name: net.name.clone(),
+            mtu: net.mtu,
+            subnets: vec![subnet],
+        });
+        Lab {
+            client,
+            cluster: format!("test-{id:016x}"),
+            spec: PortSpec::new("default", project.clone(), info, vec![sg.id]),
+            project,
+        }
+    }
+
+    fn driver(&self, min: u32, max: u32, batch: u32, ttl: u64) -> Arc<PoolDriver> {
+        let deployments = Deployments::single(self.client.clone());
+        let cluster_tag = tags::cluster_tag(&self.cluster);
+        let vif = Arc::new(NeutronVif::new(
+            deployments.clone(),
+            vec![tags::TAG_MANAGED.to_string(), cluster_tag.clone()],
+            "br-int".into(),
+            0,
+        ));
+        let opts = PoolOptions {
+            deployments,
+            limits: Limits {
+                min: min as usize,
+                max: max as usize,
+                batch: batch as usize,
+                ttl: (ttl > 0).then(|| Duration::from_secs(ttl)),
+                max_concurrent_populate: 4,
+            },
+            port_debug: false,
+            mtu: 0,
+            ovs_bridge: "br-int".into(),
+            cluster_tag,
+            metrics: Metrics::new(),
+            refill_wait: Duration::from_secs(60),
+            update_frequency: Duration::from_secs(1),
+        };
+        PoolDriver::new(PoolKind::Neutron, vif, opts).unwrap()
+    }
+
+    async fn ports(&self) -> Vec<Port> {
+        self.client
+            .list_ports(&ListFilter::new().project_id(&self.project))
+            .await
+            .unwrap()
+    }
+
+    fn pod(&self, name: &str) -> PodRef {
+        PodRef {
+            namespace: "default".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            node: NODE.into(),
+        }
+    }
+
+    fn key(&self) -> Key {
+        Key::new(
+            "default",
+            NODE,
+            self.project.clone(),
+            self.spec.network.id.clone(),
+            self.spec.security_groups.clone(),
+        )
+    }
+
+    async fn cleanup(&self) {
+        for p in self.ports().await {
+            let _ = self.client.delete_port(&p.id).await;
+        }
+        let _ = self.client.delete_network(&self.spec.network.id).await;
+        let sgs = self
+            .client
+            .list_security_groups(&ListFilter::new().project_id(&self.project))
+            .await
+            .unwrap_or_default();
+        for sg in sgs {
+            let _ = self.client.delete_security_group(&sg.id).await;
+        }
+    }
+
+    /// Runs `body`, cleans up, then re-raises a failure of `body`.
+    async fn run<F, Fut>(self, body: F)
+    where
+        F: FnOnce(Lab) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let res = tokio::spawn(body(self.clone())).await;
+        self.cleanup().await;
+        if let Err(e) = res {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
+}
+
+async fn request(d: &PoolDriver, lab: &Lab, pod: &str) -> (Vif, VifOrigin) {
+    d.request_vif(&lab.pod(pod), &lab.spec).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_request_creates_one_batch_second_none() {
+    let Some(url) = neutron_url("first_request_creates_one_batch_second_none") else {
+        return;
+    };
+    Lab::new(&url, "pool-batch")
+        .await
+        .run(|lab| async move {
+            let d = lab.driver(2, 0, 5, 0);
+            d.mark_ready();
+            let (vif, origin) = request(&d, &lab, "a").await;
+            assert_eq!(lab.ports().await.len(), 5, "the first pod adds exactly one batch");
+            assert_eq!(origin.host, NODE);
+            assert_eq!(origin.driver, "neutron-vif");
+            let (vif2, _) = request(&d, &lab, "b").await;
+            assert_ne!(vif.id(), vif2.id());
+            assert_eq!(lab.ports().await.len(), 5, "the second pod adds none");
+            // Pool ports are tagged as this cluster's and this pool's in the create request.
+            let name = d.snapshot(&lab.key()).unwrap().name;
+            for p in lab.ports().await {
+                assert!(p.tags.contains(&tags::TAG_MANAGED.to_string()), "{:?}", p.tags);
+                assert!(p.tags.contains(&tags::pool_tag(&name)), "{:?}", p.tags);
+                assert_eq!(p.binding_host_id, NODE);
+            }
+            let pool = d.snapshot(&lab.key()).unwrap();
+            assert_eq!((pool.available, pool.in_use), (3, 2));
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_ports_recycle_up_to_max() {
+    let Some(url) = neutron_url("released_ports_recycle_up_to_max") else {
+        return;
+    };
+    Lab::new(&url, "pool-max")
+        .await
+        .run(|lab| async move {
+            let d = lab.driver(1, 2, 2, 0);
+            d.mark_ready();
+            let mut used = Vec::new();
+            for pod in ["a", "b", "c"] {
+                used.push(request(&d, &lab, pod).await);
+            }
+            assert_eq!(lab.ports().await.len(), 3, "max bounds spare ports, never a pod");
+            for (vif, origin) in &used {
+                d.release_vif(vif, origin).await.unwrap();
+            }
+            assert_eq!(lab.ports().await.len(), 3, "release deletes nothing by itself");
+            let deleted = d.maintain().await;
+            assert_eq!(deleted, 1);
+            let ports = lab.ports().await;
+            assert_eq!(ports.len(), 2, "exactly max spare ports after one update pass");
+            for p in &ports {
+                assert_eq!(p.name, tags::POOL_PORT_NAME);
+                assert_eq!(p.security_groups, lab.spec.security_groups);
+            }
+            let pool = d.snapshot(&lab.key()).unwrap();
+            assert_eq!((pool.available, pool.recyclable, pool.in_use), (2, 0, 0));
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_shrinks_pool_back_to_min() {
+    let Some(url) = neutron_url("ttl_shrinks_pool_back_to_min") else {
+        return;
+    };
+    Lab::new(&url, "pool-ttl")
+        .await
+        .run(|lab| async move {
+            let d = lab.driver(1, 0, 4, 1);
+            d.mark_ready();
+            request(&d, &lab, "a").await;
+            assert_eq!(lab.ports().await.len(), 4);
+            assert_eq!(d.maintain().await, 0, "nothing idle for the TTL yet");
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+            assert_eq!(d.maintain().await, 2);
+            assert_eq!(lab.ports().await.len(), 2, "one in use plus min spare");
+            assert_eq!(d.snapshot(&lab.key()).unwrap().available, 1);
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_from_neutron_tags_readopts_pool_ports() {
+    let Some(url) = neutron_url("recovery_from_neutron_tags_readopts_pool_ports") else {
+        return;
+    };
+    Lab::new(&url, "pool-recover")
+        .await
+        .run(|lab| async move {
+            let d = lab.driver(2, 0, 5, 0);
+            d.mark_ready();
+            let (vif, origin) = request(&d, &lab, "a").await;
+            let (freed, freed_origin) = request(&d, &lab, "b").await;
+            d.release_vif(&freed, &freed_origin).await.unwrap();
+            drop(d);
+            // Someone else's port on the same network, without our tags: never touched.
+            let foreign = lab
+                .client
+                .create_port(&kuryr_neutron::PortCreate {
+                    project_id: Some(lab.project.clone()),
+                    ..kuryr_neutron::PortCreate::new(lab.spec.network.id.clone())
+                })
+                .await
+                .unwrap();
+
+            let d = lab.driver(2, 0, 5, 0);
+            assert!(!d.is_ready());
+            let err = d.request_vif(&lab.pod("early"), &lab.spec).await.unwrap_err();
+            assert!(err.to_string().contains("recovered"), "{err}");
+            // No KuryrPortPool objects (never flushed): rebuilt from the Neutron tags alone.
+            let input = RecoveryInput {
+                pools: Vec::new(),
+                in_use: vec![InUsePort {
+                    port_id: vif.id().to_string(),
+                    origin: Some(origin.clone()),
+                }],
+            };
+            let report = d.recover(&input).await.unwrap();
+            assert!(d.is_ready());
+            assert_eq!(report.in_use, 1);
+            assert_eq!(report.adopted, 4, "3 spare + the released one");
+            let pool = d.snapshot(&lab.key()).unwrap();
+            assert_eq!((pool.available, pool.in_use), (4, 1));
+            let before = lab.ports().await.len();
+            assert_eq!(before, 6);
+            let (again, _) = request(&d, &lab, "c").await;
+            assert_ne!(again.id(), vif.id(), "a port in use is never handed out twice");
+            assert_ne!(again.id(), foreign.id);
+            assert_eq!(lab.ports().await.len(), before, "served from the recovered pool");
+        })
+        .await;
+}
