@@ -187,10 +187,19 @@ impl Daemon {
     }
 
     fn decide<T>(
+        &self,
+        key: &PodKey,
         entry: Option<&Entry>,
         uid: Option<&str>,
         ready: impl Fn(&KuryrPort) -> Option<T>,
     ) -> Wait<Result<T, DaemonError>> {
+        if let Some(uid) = uid
+            && self.registry.is_gone(key, uid)
+        {
+            return Wait::Fail(Err(DaemonError::PodGone(format!(
+                "pod {key} ({uid}) was deleted"
+            ))));
+        }
         let Some(e) = entry else { return Wait::Pending };
         if let (Some(gone), Some(uid)) = (&e.gone_uid, uid)
             && gone == uid
@@ -254,7 +263,7 @@ impl Daemon {
                 &p.key,
                 deadline,
                 |e| {
-                    Self::decide(e, uid, |kp| {
+                    self.decide(&p.key, e, uid, |kp| {
                         kp.vifs().filter(|v| !v.is_empty()).map(|_| kp.clone())
                     })
                 },
@@ -330,7 +339,7 @@ impl Daemon {
                 &p.key,
                 deadline,
                 |e| {
-                    Self::decide(e, uid, |kp| {
+                    self.decide(&p.key, e, uid, |kp| {
                         kp.status.as_ref().filter(|s| s.all_active()).map(|_| kp.clone())
                     })
                 },

@@ -79,9 +79,15 @@ pub struct Entry {
     pub gone_uid: Option<String>,
 }
 
+/// How many deleted pods are remembered for ADDs still waiting on them.
+const RECENTLY_GONE: usize = 4096;
+
 #[derive(Default)]
 pub struct Registry {
     entries: Mutex<HashMap<PodKey, Entry>>,
+    /// Pods reported deleted (key, uid), newest last, bounded: an ADD for a
+    /// pod with no entry left must still learn that it is gone.
+    gone: Mutex<std::collections::VecDeque<(PodKey, String)>>,
     version: watch::Sender<u64>,
 }
 
@@ -157,8 +163,24 @@ impl Registry {
         self.bump();
     }
 
+    /// Whether the API reported pod `key` with `uid` deleted.
+    pub fn is_gone(&self, key: &PodKey, uid: &str) -> bool {
+        self.gone
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|(k, u)| k == key && u == uid)
+    }
+
     /// The API reports the pod deleted: waiting ADDs for it fail with 410.
     pub fn pod_deleted(&self, key: &PodKey, uid: &str) {
+        {
+            let mut gone = self.gone.lock().unwrap_or_else(|p| p.into_inner());
+            if gone.len() >= RECENTLY_GONE {
+                gone.pop_front();
+            }
+            gone.push_back((key.clone(), uid.to_string()));
+        }
         {
             let mut map = self.lock();
             if let Some(e) = map.get_mut(key) {

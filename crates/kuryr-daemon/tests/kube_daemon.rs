@@ -1,0 +1,258 @@
+//! The daemon fed by its real watchers from the Kubernetes API emulator:
+//! ADD waits for the controller to write VIFs into KuryrPort status, answers
+//! the upstream body (bare eth0 VIF), a pod deleted while ADD waits gives
+//! 410, errors carry upstream codes, health and metrics endpoints answer.
+#![allow(clippy::unwrap_used)]
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use common::*;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use kube_emulator::{KubeEmulator, KubeOptions};
+use kuryr_crds::KuryrPort;
+use kuryr_daemon::registry::PodKey;
+use kuryr_daemon::testing::{VifFixture, kuryrport};
+use kuryr_daemon::{ApiHealth, Daemon, DaemonConfig, PodEvents};
+use serde_json::{Value, json};
+
+#[derive(Default)]
+struct Recorded(Mutex<Vec<(String, String)>>);
+
+#[async_trait]
+impl PodEvents for Recorded {
+    async fn publish(&self, pod: &PodKey, _: Option<&str>, reason: &str, _: &str, _: bool) {
+        self.0.lock().unwrap().push((pod.to_string(), reason.to_string()));
+    }
+}
+
+async fn client(handle: &kube_emulator::KubeHandle, dir: &std::path::Path) -> Client {
+    let path = dir.join("kubeconfig");
+    handle.write_kubeconfig(&path).unwrap();
+    let kc = Kubeconfig::read_from(&path).unwrap();
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    Client::try_from(config).unwrap()
+}
+
+fn pod(name: &str, node: &str) -> Pod {
+    serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default"},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}}))
+    .unwrap()
+}
+
+fn cni_body(pod: &str, container: &str, netns: &str, uid: &str) -> Value {
+    json!({"CNI_IFNAME": "eth0", "CNI_NETNS": netns, "CNI_PATH": "/opt/cni/bin", "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": container,
+        "CNI_ARGS": format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};K8S_POD_UID={uid}"),
+        "config_kuryr": {"cniVersion": "1.0.0", "name": "kuryr", "type": "kuryr-cni"}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_against_kube_emulator() {
+    if !can_netns() {
+        return;
+    }
+    let handle = KubeEmulator::start(KubeOptions::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let client = client(&handle, dir.path()).await;
+    let crds: Api<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    > = Api::all(client.clone());
+    for crd in kuryr_crds::generate::crds() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let kps: Api<KuryrPort> = Api::namespaced(client.clone(), "default");
+    let node = unique("knode");
+
+    let mut cfg = DaemonConfig::new(node.clone());
+    cfg.bind_address = "127.0.0.1:0".parse().unwrap();
+    cfg.health_address = "127.0.0.1:0".parse().unwrap();
+    cfg.metrics_address = "127.0.0.1:0".parse().unwrap();
+    cfg.vif_annotation_timeout = Duration::from_secs(10);
+    let events = Arc::new(Recorded::default());
+    let d = Daemon::new(
+        cfg,
+        events.clone(),
+        Arc::new(kuryr_daemon::kube::KubeApiHealth(client.clone())),
+    );
+    let w1 = tokio::spawn({
+        let (c, n, r) = (client.clone(), node.clone(), d.registry.clone());
+        async move { kuryr_daemon::kube::watch_kuryrports(c, &n, r).await }
+    });
+    let w2 = tokio::spawn({
+        let (c, n, r) = (client.clone(), node.clone(), d.registry.clone());
+        async move { kuryr_daemon::kube::watch_pods(c, &n, r).await }
+    });
+    let servers = kuryr_daemon::server::start(d.clone()).await.unwrap();
+    let http = reqwest::Client::new();
+    let api = format!("http://{}", servers.api);
+
+    // The pod and its KuryrPort as the controller creates them: no VIFs yet.
+    let p = pods
+        .create(&PostParams::default(), &pod("web", &node))
+        .await
+        .unwrap();
+    let uid = p.metadata.uid.clone().unwrap();
+    let bridge = unique("kbr");
+    let _br = HostLink(bridge.clone());
+    let port_id = format!("{}-port", unique("q"));
+    let fixture = VifFixture {
+        ifname: "eth0".into(),
+        port_id: port_id.clone(),
+        mac: "fa:16:3e:00:20:01".into(),
+        subnets: vec![("10.98.0.0/24".into(), "10.98.0.7".parse().unwrap(), None)],
+        bridge: bridge.clone(),
+        mtu: None,
+        active: true,
+    };
+    let _tap = HostLink(kuryr_crds::vif_name_for_port(&port_id));
+    let mut kp = kuryrport("default", "web", &uid, &node, std::slice::from_ref(&fixture));
+    let status = kp.status.take().unwrap();
+    kps.create(&PostParams::default(), &kp).await.unwrap();
+
+    let netns = TestNetns::new("kkp");
+    let add = tokio::spawn({
+        let (http, url, body) = (
+            http.clone(),
+            format!("{api}/addNetwork"),
+            cni_body("web", "c1", &netns.path(), &uid),
+        );
+        async move { http.post(url).json(&body).send().await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!add.is_finished(), "ADD must wait for the VIFs");
+    // The controller writes the (active) VIF.
+    // kuryr-crds' KuryrPort CRD has no status subresource (as upstream):
+    // status is written through the main resource.
+    kps.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": status})),
+    )
+    .await
+    .unwrap();
+    let resp = add.await.unwrap().unwrap();
+    assert_eq!(resp.status().as_u16(), 202);
+    let vif: Value = resp.json().await.unwrap();
+    // Upstream body: the bare os-vif object of eth0.
+    assert_eq!(vif["versioned_object.name"], "VIFBridge");
+    assert_eq!(vif["versioned_object.data"]["address"], "fa:16:3e:00:20:01");
+    let routes = netns.exec_ok(&["ip", "-4", "route"]);
+    assert!(
+        !routes.contains("default"),
+        "no gateway, no default route: {routes}"
+    );
+    assert!(
+        events
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(p, r)| p == "default/web" && r == "CNIWaitingForVIFs")
+    );
+
+    // Upstream error format and codes.
+    let r = http
+        .post(format!("{api}/addNetwork"))
+        .json(&json!({"CNI_ARGS": "K8S_POD_NAME=x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["code"], 4);
+    assert!(e["msg"].is_string() && e["details"].as_str().unwrap().contains("K8S_POD_NAMESPACE"));
+
+    // A pod deleted while its ADD waits: 410 / code 3, without waiting out the timeout.
+    let p2 = pods
+        .create(&PostParams::default(), &pod("gone", &node))
+        .await
+        .unwrap();
+    let uid2 = p2.metadata.uid.clone().unwrap();
+    let kp2 = kuryrport("default", "gone", &uid2, &node, &[]);
+    kps.create(&PostParams::default(), &kp2).await.unwrap();
+    let started = std::time::Instant::now();
+    let add2 = tokio::spawn({
+        let (http, url, body) = (
+            http.clone(),
+            format!("{api}/addNetwork"),
+            cni_body("gone", "c2", &netns.path(), &uid2),
+        );
+        async move { http.post(url).json(&body).send().await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    pods.delete("gone", &DeleteParams::default()).await.unwrap();
+    let r = add2.await.unwrap().unwrap();
+    assert_eq!(r.status().as_u16(), 410);
+    assert_eq!(r.json::<Value>().await.unwrap()["code"], 3);
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "410 comes from the pod watch, not the timeout"
+    );
+
+    // DEL, then the KuryrPort goes: nothing of the pod is left in the registry.
+    let mut del = cni_body("web", "c1", &netns.path(), &uid);
+    del["CNI_COMMAND"] = json!("DEL");
+    let r = http
+        .post(format!("{api}/delNetwork"))
+        .json(&del)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    kps.delete("web", &DeleteParams::default()).await.unwrap();
+    kps.delete("gone", &DeleteParams::default()).await.unwrap();
+    for _ in 0..100 {
+        if d.registry.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(d.registry.is_empty(), "left: {:?}", d.registry.keys());
+
+    // Health and metrics.
+    let ready = http
+        .get(format!("http://{}/ready", servers.health))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status().as_u16(), 200);
+    let alive = http
+        .get(format!("http://{}/alive", servers.health))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(alive.status().as_u16(), 200);
+    let m = http
+        .get(format!("http://{}/metrics", servers.metrics))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        m.contains("kuryr_cni_request_duration_milliseconds_count{command=\"ADD\"} 3"),
+        "{m}"
+    );
+    assert!(
+        m.contains("kuryr_cni_errors_total{command=\"ADD\",code=\"3\"} 1"),
+        "{m}"
+    );
+    assert!(m.contains("kuryr_cni_registry_entries 0"), "{m}");
+
+    servers.shutdown().await;
+    w1.abort();
+    w2.abort();
+    // Readiness follows the API: with the emulator gone the daemon is not ready.
+    handle.shutdown().await.unwrap();
+    assert!(kuryr_daemon::kube::KubeApiHealth(client).check().await.is_err());
+}
