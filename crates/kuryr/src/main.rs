@@ -1,1 +1,65 @@
-fn main() {}
+//! `kuryr`: the kuryr-rs command line.
+//!
+//! - `kuryr controller` / `kuryr daemon`: the two long-running services, configured by upstream
+//!   `kuryr.conf` files (`--config-file`, `--config-dir`, like oslo.config);
+//! - `kuryr crds`: writes or checks the CRD manifests;
+//! - `kuryr sandbox`: a whole cluster on the laptop (Kubernetes and Neutron emulators, a controller,
+//!   two simulated nodes) wiring demo pods, with a latency summary.
+
+mod cli;
+mod crds;
+mod kubeclient;
+mod sandbox;
+mod services;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+
+fn init_logging(default_filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The sandbox prints its own progress on stdout; only warnings from the components go to the log.
+    init_logging(match cli.command {
+        Command::Sandbox(_) => "warn",
+        _ => "info",
+    });
+    // kube-rs and reqwest are built without a default crypto provider (ring only, no aws-lc).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+
+    if let Command::Crds(args) = &cli.command {
+        return crds::run(args);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kuryr: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Controller(args) => services::controller(args).await,
+            Command::Daemon(args) => services::daemon(args).await,
+            Command::Sandbox(args) => sandbox::run(args).await,
+            Command::Crds(_) => Ok(()),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kuryr: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

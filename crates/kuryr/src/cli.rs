@@ -1,0 +1,155 @@
+//! Command-line arguments.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use kuryr_config::{KuryrConfig, Loaded};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "kuryr",
+    version,
+    about = "kuryr-rs: Kubernetes pods on OpenStack Neutron ports"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the controller (pods -> KuryrPorts -> Neutron ports) until SIGTERM or Ctrl-C.
+    Controller(ControllerArgs),
+    /// Run the CNI daemon of one node until SIGTERM or Ctrl-C.
+    Daemon(DaemonArgs),
+    /// Write the CRD manifests into DIR, or with --check verify that DIR is up to date.
+    Crds(CrdsArgs),
+    /// Start an emulated cluster (Kubernetes + Neutron), a controller and two nodes, and wire demo pods.
+    Sandbox(SandboxArgs),
+}
+
+/// oslo.config's file options, with upstream's names.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ConfigArgs {
+    /// A kuryr.conf file; repeat it, later files win.
+    #[arg(long = "config-file", value_name = "FILE")]
+    pub config_file: Vec<PathBuf>,
+    /// A directory whose *.conf files are loaded in name order after the --config-files.
+    #[arg(long = "config-dir", value_name = "DIR")]
+    pub config_dir: Vec<PathBuf>,
+}
+
+impl ConfigArgs {
+    /// Every file to load, in oslo.config's order.
+    pub fn files(&self) -> anyhow::Result<Vec<PathBuf>> {
+        let mut files = self.config_file.clone();
+        for dir in &self.config_dir {
+            files.extend(
+                KuryrConfig::config_dir_files(dir)
+                    .with_context(|| format!("--config-dir {}", dir.display()))?,
+            );
+        }
+        Ok(files)
+    }
+
+    /// Loads the configuration; unknown options are logged as warnings by the loader.
+    pub fn load(&self) -> anyhow::Result<Loaded> {
+        let files = self.files()?;
+        if files.is_empty() {
+            tracing::warn!(
+                "no --config-file or --config-dir given: using upstream defaults and KURYR__ env overrides"
+            );
+        }
+        let loaded = KuryrConfig::load(&files).context("loading the configuration")?;
+        tracing::info!(files = ?files, warnings = loaded.warnings.len(), "configuration loaded");
+        Ok(loaded)
+    }
+}
+
+/// How to reach the Kubernetes API.
+#[derive(Args, Debug, Clone, Default)]
+pub struct KubeArgs {
+    /// A kubeconfig file; takes precedence over `[kubernetes] api_root` (also read from $KUBECONFIG).
+    #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct ControllerArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    /// Identity in the leader-election Lease (defaults to $HOSTNAME).
+    #[arg(long)]
+    pub identity: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct DaemonArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    /// This node's name, as in the Node object (upstream reads $KUBERNETES_NODE_NAME).
+    #[arg(long, env = "KUBERNETES_NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Also serve the daemon API on this unix socket.
+    #[arg(long, value_name = "PATH")]
+    pub unix_socket: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct CrdsArgs {
+    /// Only compare DIR with the generated manifests; exit 1 when they differ.
+    #[arg(long)]
+    pub check: bool,
+    /// Directory of the manifests.
+    #[arg(default_value = "deploy/crds")]
+    pub dir: PathBuf,
+}
+
+/// Latency of the embedded Neutron emulator.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatencyArg {
+    /// The measured medians of a real neutron-server (2 API workers, 200 ms to ACTIVE).
+    RealServer,
+    /// No added latency (ports go ACTIVE after 50 ms).
+    None,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SandboxArgs {
+    /// Demo pods to create.
+    #[arg(long, default_value_t = 20)]
+    pub pods: usize,
+    /// Demo namespaces the pods are spread over.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=100))]
+    pub namespaces: u16,
+    /// Use this neutron-server (noauth, e.g. http://127.0.0.1:9696) instead of the embedded emulator.
+    #[arg(long, value_name = "URL")]
+    pub neutron_url: Option<String>,
+    /// Latency profile of the embedded Neutron emulator.
+    #[arg(long, value_enum, default_value_t = LatencyArg::RealServer)]
+    pub latency: LatencyArg,
+    /// CIDR of the demo pod subnet.
+    #[arg(long, default_value = "10.244.0.0/16")]
+    pub cidr: String,
+    /// Directory for the kubeconfig and the emulator's state.
+    #[arg(long, default_value = ".sandbox", value_name = "DIR")]
+    pub state_dir: PathBuf,
+    /// Kubernetes API emulator listen address (port 0 = any free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub kube_listen: SocketAddr,
+    /// Serve the controller's Prometheus metrics here (e.g. 127.0.0.1:9654).
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Seconds to wait for every pod to be wired before printing the summary anyway.
+    #[arg(long, default_value_t = 120)]
+    pub timeout: u64,
+    /// Print the summary and exit (status 1 unless every pod was wired) instead of running until Ctrl-C.
+    #[arg(long)]
+    pub exit_after_summary: bool,
+}

@@ -1,0 +1,135 @@
+//! The Kubernetes client of the services, from a kubeconfig or from `[kubernetes]`.
+//!
+//! Precedence: `--kubeconfig`/`$KUBECONFIG`; then in-cluster service-account settings when running
+//! in a pod and `api_root` is left at its default; otherwise `[kubernetes] api_root` with
+//! `token_file`, `ssl_ca_crt_file` and the client certificate options, like upstream's client.
+
+use std::path::Path;
+
+use anyhow::Context as _;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kuryr_config::{KubernetesSection, KuryrConfig};
+
+use crate::cli::KubeArgs;
+
+pub async fn client(args: &KubeArgs, config: &KuryrConfig) -> anyhow::Result<kube::Client> {
+    let cfg = kube_config(args, &config.kubernetes).await?;
+    tracing::info!(server = %cfg.cluster_url, "Kubernetes API");
+    kube::Client::try_from(cfg).context("building the Kubernetes client")
+}
+
+async fn kube_config(args: &KubeArgs, k: &KubernetesSection) -> anyhow::Result<kube::Config> {
+    if let Some(path) = &args.kubeconfig {
+        let file = Kubeconfig::read_from(path).with_context(|| format!("kubeconfig {}", path.display()))?;
+        return kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+            .await
+            .with_context(|| format!("kubeconfig {}", path.display()));
+    }
+    let default_root = KubernetesSection::default().api_root;
+    if k.api_root == default_root && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+        return kube::Config::incluster().context("in-cluster Kubernetes configuration");
+    }
+    from_section(k)
+}
+
+/// `[kubernetes]` the way upstream's client reads it. Upstream verifies the server certificate
+/// only with `ssl_verify_server_crt = True`; kuryr-rs keeps that default for drop-in configs.
+fn from_section(k: &KubernetesSection) -> anyhow::Result<kube::Config> {
+    let url = k
+        .api_root
+        .parse::<http::Uri>()
+        .with_context(|| format!("[kubernetes] api_root = {:?} is not a URL", k.api_root))?;
+    let https = url.scheme_str() == Some("https");
+    let mut cfg = kube::Config::new(url);
+    // Outside a pod the default service-account token does not exist: send no token then.
+    cfg.auth_info.token_file = k.token_file.clone().filter(|p| Path::new(p).is_file());
+    if https {
+        if k.ssl_verify_server_crt {
+            let ca = k
+                .ssl_ca_crt_file
+                .as_deref()
+                .context("[kubernetes] ssl_verify_server_crt = True needs ssl_ca_crt_file")?;
+            if !Path::new(ca).is_file() {
+                anyhow::bail!("[kubernetes] ssl_ca_crt_file = {ca:?} does not exist");
+            }
+            cfg.root_cert_file = Some(ca.into());
+        } else {
+            tracing::warn!(
+                "[kubernetes] ssl_verify_server_crt = False: the API server certificate is not verified"
+            );
+            cfg.accept_invalid_certs = true;
+        }
+        match (&k.ssl_client_crt_file, &k.ssl_client_key_file) {
+            (Some(crt), Some(key)) => {
+                cfg.auth_info.client_certificate = Some(crt.clone());
+                cfg.auth_info.client_key = Some(key.clone());
+            }
+            (None, None) => {}
+            _ => {
+                anyhow::bail!("[kubernetes] ssl_client_crt_file and ssl_client_key_file must be set together")
+            }
+        }
+    }
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(ini: &str) -> KubernetesSection {
+        match KuryrConfig::from_ini_str(ini) {
+            Ok(l) => l.config.kubernetes,
+            Err(e) => panic!("test config: {e}"),
+        }
+    }
+
+    #[test]
+    fn api_root_with_missing_token_and_ca_files_is_plain() -> anyhow::Result<()> {
+        let k = section("[kubernetes]\napi_root = http://10.0.0.1:8080\ntoken_file = /nonexistent/token\n");
+        let cfg = from_section(&k)?;
+        assert_eq!(cfg.cluster_url.to_string(), "http://10.0.0.1:8080/");
+        assert_eq!(cfg.auth_info.token_file, None);
+        assert!(!cfg.accept_invalid_certs);
+        Ok(())
+    }
+
+    #[test]
+    fn https_without_verification_accepts_any_certificate_and_reads_the_token_file() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let token = dir.path().join("token");
+        std::fs::write(&token, "abc")?;
+        let k = section(&format!(
+            "[kubernetes]\napi_root = https://k8s.example:6443\ntoken_file = {}\n",
+            token.display()
+        ));
+        let cfg = from_section(&k)?;
+        assert!(cfg.accept_invalid_certs);
+        assert_eq!(cfg.auth_info.token_file.as_deref(), token.to_str());
+        Ok(())
+    }
+
+    #[test]
+    fn verification_needs_an_existing_ca_file() {
+        let k = section(
+            "[kubernetes]\napi_root = https://k8s.example:6443\nssl_verify_server_crt = True\nssl_ca_crt_file = /nonexistent/ca.crt\n",
+        );
+        let err = from_section(&k).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("ssl_ca_crt_file"), "{err}");
+    }
+
+    #[test]
+    fn half_a_client_certificate_is_an_error() {
+        let k =
+            section("[kubernetes]\napi_root = https://k8s.example:6443\nssl_client_crt_file = /tmp/c.crt\n");
+        let err = from_section(&k).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("ssl_client_key_file"), "{err}");
+    }
+
+    #[test]
+    fn bad_api_root_names_the_option() {
+        let k = section("[kubernetes]\napi_root = not a url\n");
+        let err = from_section(&k).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("api_root"), "{err}");
+    }
+}

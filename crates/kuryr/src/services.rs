@@ -1,0 +1,133 @@
+//! `kuryr controller` and `kuryr daemon`: the long-running services.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use kuryr_config::KuryrConfig;
+use kuryr_controller::metrics::Metrics;
+use kuryr_controller::openstack::Deployments;
+use kuryr_controller::service::{ControllerOptions, run};
+use kuryr_daemon::DaemonConfig;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{ControllerArgs, DaemonArgs};
+use crate::kubeclient;
+
+/// Resolves on SIGTERM (what Kubernetes sends) or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => tracing::info!("Ctrl-C: shutting down"),
+        _ = term => tracing::info!("SIGTERM: shutting down"),
+    }
+}
+
+pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
+    let config = Arc::new(args.config.load()?.config);
+    let kube = kubeclient::client(&args.kube, &config).await?;
+    let metrics = Metrics::new();
+    let deployments = Deployments::from_config(&config, &metrics).context("OpenStack deployments")?;
+    let mut opts = ControllerOptions::new(config, kube, deployments, metrics);
+    if let Some(identity) = args.identity {
+        opts.identity = identity;
+    }
+    let stop = CancellationToken::new();
+    let on_signal = stop.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        on_signal.cancel();
+    });
+    run(opts, stop).await.context("controller")
+}
+
+pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
+    let config = args.config.load()?.config;
+    let node = match args.node_name.filter(|n| !n.is_empty()) {
+        Some(n) => n,
+        None => hostname()
+            .context("--node-name (or $KUBERNETES_NODE_NAME) is not set and the hostname is unreadable")?,
+    };
+    let mut daemon_config = daemon_config(&config, &node);
+    daemon_config.unix_socket = args.unix_socket;
+    let kube = kubeclient::client(&args.kube, &config).await?;
+    kuryr_daemon::kube::run(daemon_config, kube, shutdown_signal())
+        .await
+        .context("CNI daemon")
+}
+
+/// `[cni_daemon]`, `[cni_health_server]`, `[prometheus_exporter]`, `[binding]` and
+/// `[neutron_defaults]` mapped onto the daemon's settings.
+fn daemon_config(config: &KuryrConfig, node: &str) -> DaemonConfig {
+    let mut d = DaemonConfig::new(node);
+    d.bind_address = config.cni_daemon.bind_address;
+    d.health_address = SocketAddr::from(([0, 0, 0, 0], config.cni_health_server.port));
+    d.metrics_address = SocketAddr::from(([0, 0, 0, 0], config.prometheus_exporter.cni_exporter_port));
+    d.vif_annotation_timeout = Duration::from_secs(config.cni_daemon.vif_annotation_timeout);
+    d.netns_proc_dir = config.cni_daemon.netns_proc_dir.clone().map(Into::into);
+    d.binding.link_iface = Some(config.binding.link_iface.clone()).filter(|i| !i.is_empty());
+    d.binding.ovs_bridge = config.neutron_defaults.ovs_bridge.clone();
+    d
+}
+
+fn hostname() -> anyhow::Result<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")?;
+    let name = name.trim();
+    anyhow::ensure!(!name.is_empty(), "empty hostname");
+    Ok(name.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn daemon_settings_come_from_the_upstream_sections() -> anyhow::Result<()> {
+        let loaded = KuryrConfig::from_ini_str(
+            "[cni_daemon]\nbind_address = 127.0.0.1:6036\nvif_annotation_timeout = 7\nnetns_proc_dir = /host/proc\n\
+             [cni_health_server]\nport = 8091\n[prometheus_exporter]\ncni_exporter_port = 9666\n\
+             [binding]\nlink_iface = ens3\n[neutron_defaults]\novs_bridge = br-kuryr\n",
+        )?;
+        let d = daemon_config(&loaded.config, "node-a");
+        assert_eq!(d.node_name, "node-a");
+        assert_eq!(d.bind_address, "127.0.0.1:6036".parse()?);
+        assert_eq!(d.health_address.port(), 8091);
+        assert_eq!(d.metrics_address.port(), 9666);
+        assert_eq!(d.vif_annotation_timeout, Duration::from_secs(7));
+        assert_eq!(
+            d.netns_proc_dir.as_deref(),
+            Some(std::path::Path::new("/host/proc"))
+        );
+        assert_eq!(d.binding.link_iface.as_deref(), Some("ens3"));
+        assert_eq!(d.binding.ovs_bridge, "br-kuryr");
+        Ok(())
+    }
+
+    #[test]
+    fn empty_link_iface_means_none() -> anyhow::Result<()> {
+        let d = daemon_config(&KuryrConfig::from_ini_str("")?.config, "n");
+        assert_eq!(d.binding.link_iface, None);
+        assert_eq!(d.bind_address, "127.0.0.1:5036".parse()?);
+        Ok(())
+    }
+}

@@ -1,0 +1,139 @@
+//! `kuryr sandbox` end to end: the built binary against its embedded emulators.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Read as _;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Runs the CLI, killing it after `limit` so a hang fails the test instead of blocking CI.
+fn run_kuryr(args: &[&str], limit: Duration) -> (bool, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kuryr"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn kuryr");
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let (out, err) = (out.join().unwrap(), err.join().unwrap());
+    assert!(
+        status.is_some(),
+        "kuryr {args:?} did not finish within {limit:?}\nstdout:\n{out}\nstderr:\n{err}"
+    );
+    (status.is_some_and(|s| s.success()), out, err)
+}
+
+/// The value column of a summary row, e.g. `pods wired   6/6`.
+fn row<'a>(summary: &'a str, label: &str) -> Option<&'a str> {
+    summary
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix(label))
+        .map(str::trim)
+}
+
+#[test]
+fn sandbox_wires_six_pods_and_prints_the_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let (ok, out, err) = run_kuryr(
+        &[
+            "sandbox",
+            "--exit-after-summary",
+            "--pods",
+            "6",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        Duration::from_secs(180),
+    );
+    assert!(ok, "kuryr sandbox failed\nstdout:\n{out}\nstderr:\n{err}");
+    assert_eq!(row(&out, "pods wired"), Some("6/6"), "{out}");
+    assert_eq!(row(&out, "pods Running (kubelet)"), Some("6/6"), "{out}");
+    let p99 = row(&out, "wiring latency p99").unwrap_or_default();
+    assert!(p99.ends_with(" ms") && p99 != "- ms", "p99 row: {p99:?}\n{out}");
+    // Six ports created through Neutron (one call each, or bulk), none failed.
+    let creates: u64 = out
+        .lines()
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            (cols.len() == 3 && cols[0].starts_with("create_port")).then(|| {
+                assert_eq!(cols[2], "0", "failed port creations: {l}");
+                cols[1].parse::<u64>().unwrap()
+            })
+        })
+        .sum();
+    assert!(creates >= 1, "no port creation in the Neutron calls table\n{out}");
+    // kubectl can use the kubeconfig it wrote (the server is gone now, but the file is complete).
+    let kubeconfig = std::fs::read_to_string(state.join("kubeconfig")).unwrap();
+    assert!(kubeconfig.contains("server: http://127.0.0.1:"), "{kubeconfig}");
+    assert!(
+        out.contains(&format!(
+            "export KUBECONFIG={}",
+            state.canonicalize().unwrap().join("kubeconfig").display()
+        )),
+        "{out}"
+    );
+}
+
+#[test]
+fn crds_check_passes_on_the_committed_manifests_and_fails_on_an_empty_dir() {
+    let manifests = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/crds");
+    let (ok, out, err) = run_kuryr(&["crds", "--check", manifests], Duration::from_secs(30));
+    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("is up to date"), "{out}");
+
+    let empty = tempfile::tempdir().unwrap();
+    let (ok, _, err) = run_kuryr(
+        &["crds", "--check", empty.path().to_str().unwrap()],
+        Duration::from_secs(30),
+    );
+    assert!(!ok, "an empty directory must be reported as out of date");
+    assert!(err.contains("missing: kuryrports.openstack.org.yaml"), "{err}");
+
+    let (ok, out, _) = run_kuryr(&["crds", empty.path().to_str().unwrap()], Duration::from_secs(30));
+    assert!(ok && out.contains("wrote "), "{out}");
+    let (ok, _, err) = run_kuryr(
+        &["crds", "--check", empty.path().to_str().unwrap()],
+        Duration::from_secs(30),
+    );
+    assert!(ok, "freshly written manifests must pass the check: {err}");
+}
+
+#[test]
+fn controller_reports_bad_config_values_by_section_and_option() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("kuryr.conf");
+    std::fs::write(&conf, "[vif_pool]\nports_pool_min = lots\n").unwrap();
+    let (ok, _, err) = run_kuryr(
+        &["controller", "--config-file", conf.to_str().unwrap()],
+        Duration::from_secs(30),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("vif_pool") && err.contains("ports_pool_min"),
+        "{err}"
+    );
+}

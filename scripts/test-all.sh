@@ -1,0 +1,77 @@
+#!/bin/bash
+# The README's test command: every check CI runs, including the tests against a real
+# neutron-server.
+#   1. installs (first run) and starts neutron-server 29.0.0 via scripts/neutron-lab/ (state in
+#      .neutron-lab/; an already running lab server is reused) and exports KURYR_TEST_NEUTRON_URL
+#   2. cargo fmt --check, clippy -D warnings, the CRD manifests staleness check
+#   3. cargo test --workspace (the Neutron contract suite runs against the emulator and the
+#      real server; its per-target summary lines are repeated at the end)
+#   4. stops neutron-server again, but only if this script started it
+# Env: KEEP_NEUTRON=1 leaves a server this script started running; NEUTRON_LAB overrides the
+# state directory; extra arguments go to `cargo test` (e.g. `-- --test-threads=1`).
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO"
+export NEUTRON_LAB=${NEUTRON_LAB:-$REPO/.neutron-lab}
+API_PORT=${API_PORT:-9696}
+NEUTRON_URL="http://127.0.0.1:$API_PORT"
+LOG_DIR="$REPO/target/test-all"
+mkdir -p "$LOG_DIR"
+
+step() { echo; echo "==> $*"; }
+
+# A fresh machine has no Rust toolchain: install rustup (the pinned toolchain in
+# rust-toolchain.toml is then fetched by cargo itself).
+if ! command -v cargo >/dev/null 2>&1; then
+  [ -x "$HOME/.cargo/bin/cargo" ] || {
+    step "installing rustup"
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain none
+  }
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi
+
+neutron_up() { curl -sf -o /dev/null "$NEUTRON_URL/v2.0/networks?limit=1"; }
+
+STARTED_NEUTRON=0
+if neutron_up; then
+  step "neutron-server already answers at $NEUTRON_URL: reusing it"
+else
+  step "starting neutron-server (first run installs it; takes a few minutes)"
+  STARTED_NEUTRON=1
+fi
+stop_neutron() {
+  if [ "$STARTED_NEUTRON" = 1 ] && [ "${KEEP_NEUTRON:-0}" != 1 ]; then
+    step "stopping the neutron-server this script started"
+    "$REPO/scripts/neutron-lab/stop-neutron.sh" || true
+  fi
+}
+trap stop_neutron EXIT
+# Idempotent: with a running lab it only re-checks packages, venv, DB schema and processes.
+"$REPO/scripts/neutron-lab/start-neutron.sh"
+neutron_up || { echo "neutron-server is not answering at $NEUTRON_URL" >&2; exit 1; }
+export KURYR_TEST_NEUTRON_URL="$NEUTRON_URL"
+
+step "cargo fmt --all -- --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "CRD manifests are up to date (deploy/crds)"
+cargo run -q -p kuryr -- crds --check deploy/crds
+
+step "cargo test --workspace (KURYR_TEST_NEUTRON_URL=$KURYR_TEST_NEUTRON_URL)"
+set +e
+cargo test --workspace "$@" 2>&1 | tee "$LOG_DIR/cargo-test.log"
+rc=${PIPESTATUS[0]}
+set -e
+
+step "summary"
+grep -E '^contract\[[^]]+\]: ' "$LOG_DIR/cargo-test.log" || echo "(no contract suite summary found in the test output)"
+grep -E '^test result: ' "$LOG_DIR/cargo-test.log" | awk '{p+=$4; f+=$6; i+=$8} END {printf "libtest totals: %d passed, %d failed, %d ignored\n", p, f, i}'
+if [ "$rc" -ne 0 ]; then
+  echo "cargo test FAILED (exit $rc); full log: $LOG_DIR/cargo-test.log"
+  exit "$rc"
+fi
+echo "all checks passed"
