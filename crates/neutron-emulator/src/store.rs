@@ -1850,7 +1850,7 @@ impl Store {
                 Some(o) => normalize_dhcp_opts(&o)?,
                 None => json!([]),
             };
-            let port = Port {
+            let mut port = Port {
                 network_id: s.network_id,
                 mac,
                 admin_state_up: input::opt_bool(obj, "admin_state_up")?.unwrap_or(true),
@@ -1870,6 +1870,10 @@ impl Store {
                 bind_gen: 0,
                 std: s.std,
             };
+            if !port.host.is_empty() {
+                // Binding at creation writes the binding rows twice more (revision 3 on the real server).
+                port.std.revision += 2;
+            }
             let id = port.std.id.clone();
             let bound = self.host_binds(&port.host);
             if !port.host.is_empty() {

@@ -153,6 +153,21 @@ async fn run_target(t: &Target, args: &Args) -> anyhow::Result<Vec<(String, Dura
     let _ = t
         .call(reqwest::Method::DELETE, &format!("/networks/{net_id}"), None)
         .await;
+    // The real server created the project's default security group: leave nothing behind.
+    let sgs_path = format!("/security-groups?project_id={project}&fields=id");
+    if let Ok(sgs) = t.call(reqwest::Method::GET, &sgs_path, None).await {
+        for sg in sgs
+            .get("security_groups")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(id) = sg.get("id").and_then(Value::as_str) {
+                let path = format!("/security-groups/{id}");
+                let _ = t.call(reqwest::Method::DELETE, &path, None).await;
+            }
+        }
+    }
     rows
 }
 
