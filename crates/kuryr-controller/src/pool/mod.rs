@@ -1,6 +1,387 @@
 //! Port pools (seeds 000 and 002): pre-created Neutron ports handed to pods without a Neutron
 //! call, recycled on release, persisted as KuryrPortPool objects.
+//!
+//! - [`state`]: the pure decisions (refill, borrow, recycle, max, TTL), unit tested
+//! - [`driver`]: [`driver::PoolDriver`], the `neutron` / `nested` pool drivers over a VIF driver
+//! - [`recover`]: restart recovery from KuryrPortPools + KuryrPorts, cross-checked with Neutron
+//! - [`persist`]: the coalescing KuryrPortPool writer and the recovery reader
+//! - [`sweep`]: deletion of kuryr-tagged ports owned by nothing (two passes)
+//! - [`api`]: the pool management HTTP API on a unix socket and its client
+//!
+//! [`PoolManager`] ties them together for the controller: it implements [`VifPool`] (routing
+//! per pod VIF driver for `multi_pool`), and [`PoolManager::run`] recovers, then runs the
+//! maintenance, flusher, sweep and API tasks.
 
+pub mod api;
 pub mod driver;
+pub mod persist;
 pub mod recover;
 pub mod state;
+pub mod sweep;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kuryr_config::{KuryrConfig, PodVifDriver, VifPoolDriver, VifPoolSection};
+use kuryr_crds::Vif;
+use tokio_util::sync::CancellationToken;
+
+use crate::context::Context;
+use crate::drivers::pool::{NoopPool, VifOrigin, VifPool};
+use crate::drivers::vif::VifDriver;
+use crate::drivers::{PodRef, PortSpec};
+use crate::error::Error;
+use driver::{PoolDriver, PoolKind, PoolOptions, PoolSummary};
+use persist::Persister;
+
+/// Node label naming the pod VIF driver of a node's pods (upstream `multi_pool`).
+pub const NODE_POD_VIF_LABEL: &str = "pod_vif";
+
+/// The controller's pool driver (`[kubernetes] vif_pool_driver`), with its background tasks.
+pub struct PoolManager {
+    ctx: Arc<Context>,
+    name: &'static str,
+    /// Pod VIF driver name -> its pool driver (`noop` entries included).
+    routes: BTreeMap<String, Arc<dyn VifPool>>,
+    /// The route of `[kubernetes] pod_vif_driver` (or the first one).
+    primary: Arc<dyn VifPool>,
+    /// The pooling drivers among `routes`.
+    pooled: Vec<Arc<PoolDriver>>,
+    default_vif: String,
+    multi: bool,
+    /// node -> pod VIF driver (multi_pool; a node's label does not change under its pods).
+    node_vif: Mutex<HashMap<String, String>>,
+    persister: Arc<Persister>,
+    ready: AtomicBool,
+    api_socket: Mutex<Option<PathBuf>>,
+}
+
+/// Builds the pool driver `[kubernetes] vif_pool_driver` names over `driver` (the pod VIF
+/// driver). For `multi_pool` use [`build_multi`].
+pub fn build(
+    ctx: Arc<Context>,
+    driver: Arc<dyn VifDriver>,
+    cfg: &VifPoolSection,
+) -> Result<Arc<PoolManager>, Error> {
+    let kind = ctx.config.kubernetes.vif_pool_driver;
+    if kind == VifPoolDriver::MultiPool {
+        return build_multi(ctx, vec![driver], cfg);
+    }
+    let name = driver.name().to_string();
+    let pool = pool_for(&ctx, kind, driver, cfg)?;
+    let pooled = pool.1.into_iter().collect();
+    PoolManager::new(
+        ctx,
+        kind.as_str(),
+        BTreeMap::from([(name.clone(), pool.0)]),
+        pooled,
+        name,
+        false,
+    )
+}
+
+/// `multi_pool`: one pool driver per pod VIF driver, as `[vif_pool] vif_pool_mapping` (or the
+/// deprecated `pools_vif_drivers`) maps them. `drivers` are the VIF drivers the mapping names;
+/// pods are routed by their node's `pod_vif` label, else `[kubernetes] pod_vif_driver`.
+pub fn build_multi(
+    ctx: Arc<Context>,
+    drivers: Vec<Arc<dyn VifDriver>>,
+    cfg: &VifPoolSection,
+) -> Result<Arc<PoolManager>, Error> {
+    let mut mapping: BTreeMap<PodVifDriver, VifPoolDriver> = cfg.vif_pool_mapping.clone();
+    for (pool, vif) in &cfg.pools_vif_drivers {
+        mapping.entry(*vif).or_insert(*pool);
+    }
+    if mapping.is_empty() {
+        return Err(Error::Config(
+            "[vif_pool] vif_pool_mapping must map pod VIF drivers to pool drivers for multi_pool".into(),
+        ));
+    }
+    let mut routes = BTreeMap::new();
+    let mut pooled = Vec::new();
+    for (vif_name, pool_kind) in mapping {
+        let driver = drivers
+            .iter()
+            .find(|d| d.name() == vif_name.as_str())
+            .cloned()
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "[vif_pool] vif_pool_mapping names {}, but no such VIF driver was built",
+                    vif_name.as_str()
+                ))
+            })?;
+        if pool_kind == VifPoolDriver::MultiPool {
+            return Err(Error::Config(format!(
+                "[vif_pool] vif_pool_mapping: {} cannot map to multi_pool",
+                vif_name.as_str()
+            )));
+        }
+        let (pool, p) = pool_for(&ctx, pool_kind, driver, cfg)?;
+        routes.insert(vif_name.as_str().to_string(), pool);
+        pooled.extend(p);
+    }
+    let default_vif = ctx.config.kubernetes.pod_vif_driver.as_str().to_string();
+    PoolManager::new(ctx, "multi_pool", routes, pooled, default_vif, true)
+}
+
+/// A route and, when it pools, its pool driver.
+type Route = (Arc<dyn VifPool>, Option<Arc<PoolDriver>>);
+
+fn pool_for(
+    ctx: &Arc<Context>,
+    kind: VifPoolDriver,
+    driver: Arc<dyn VifDriver>,
+    cfg: &VifPoolSection,
+) -> Result<Route, Error> {
+    let pool_kind = match kind {
+        VifPoolDriver::Noop => return Ok((Arc::new(NoopPool::new(driver)), None)),
+        VifPoolDriver::Neutron => PoolKind::Neutron,
+        VifPoolDriver::Nested => PoolKind::Nested,
+        VifPoolDriver::MultiPool => {
+            return Err(Error::Config("multi_pool cannot nest".into()));
+        }
+    };
+    let mut opts = PoolOptions::from_config(&ctx.config, ctx.deployments.clone(), ctx.metrics.clone());
+    opts.limits = state::Limits::from_config(cfg);
+    opts.update_frequency = Duration::from_secs(cfg.ports_pool_update_frequency.max(1));
+    let d = PoolDriver::new(pool_kind, driver, opts)?;
+    Ok((d.clone(), Some(d)))
+}
+
+fn api_socket(config: &KuryrConfig) -> Option<PathBuf> {
+    // Upstream serves the pool manager only with `enable_manager`.
+    config
+        .kubernetes
+        .enable_manager
+        .then(|| PathBuf::from(&config.pool_manager.sock_file))
+}
+
+impl PoolManager {
+    fn new(
+        ctx: Arc<Context>,
+        name: &'static str,
+        routes: BTreeMap<String, Arc<dyn VifPool>>,
+        pooled: Vec<Arc<PoolDriver>>,
+        default_vif: String,
+        multi: bool,
+    ) -> Result<Arc<Self>, Error> {
+        let primary = routes
+            .get(&default_vif)
+            .or_else(|| routes.values().next())
+            .cloned()
+            .ok_or_else(|| Error::Config("no pool driver configured".into()))?;
+        let persister = Arc::new(Persister::new(
+            ctx.kube.clone(),
+            ctx.config.kubernetes.controller_namespace.clone(),
+        ));
+        let api_socket = api_socket(&ctx.config);
+        let ready = pooled.is_empty();
+        Ok(Arc::new(Self {
+            ctx,
+            name,
+            routes,
+            primary,
+            pooled,
+            default_vif,
+            multi,
+            node_vif: Mutex::default(),
+            persister,
+            ready: AtomicBool::new(ready),
+            api_socket: Mutex::new(api_socket),
+        }))
+    }
+
+    /// Serves the pool management API on `path` instead of `[pool_manager] sock_file` (also
+    /// without `enable_manager`); `None` disables it. Takes effect at [`PoolManager::run`].
+    pub fn set_api_socket(&self, path: Option<PathBuf>) {
+        *self
+            .api_socket
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = path;
+    }
+
+    /// True once every pool has been recovered; until then requests answer ResourceNotReady.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// The pooling drivers (none for `noop`).
+    pub fn drivers(&self) -> &[Arc<PoolDriver>] {
+        &self.pooled
+    }
+
+    /// Every pool of every driver.
+    pub fn summaries(&self) -> Vec<PoolSummary> {
+        self.pooled.iter().flat_map(|d| d.summaries()).collect()
+    }
+
+    /// The driver and key of the pool named `name`.
+    pub fn find(&self, name: &str) -> Option<(Arc<PoolDriver>, state::Key)> {
+        self.pooled
+            .iter()
+            .find_map(|d| d.key_by_name(name).map(|k| (d.clone(), k)))
+    }
+
+    async fn route_for_pod(&self, pod: &PodRef) -> Result<&Arc<dyn VifPool>, Error> {
+        let vif = if self.multi {
+            self.node_vif_driver(&pod.node).await?
+        } else {
+            self.default_vif.clone()
+        };
+        self.route(&vif)
+    }
+
+    fn route(&self, vif_driver: &str) -> Result<&Arc<dyn VifPool>, Error> {
+        self.routes.get(vif_driver).ok_or_else(|| {
+            Error::Config(format!(
+                "no pool driver for pod VIF driver {vif_driver} (see [vif_pool] vif_pool_mapping)"
+            ))
+        })
+    }
+
+    async fn node_vif_driver(&self, node: &str) -> Result<String, Error> {
+        if let Some(v) = self
+            .node_vif
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(node)
+        {
+            return Ok(v.clone());
+        }
+        let n = Api::<Node>::all(self.ctx.kube.clone()).get(node).await?;
+        let vif = n
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(NODE_POD_VIF_LABEL))
+            .cloned()
+            .unwrap_or_else(|| self.default_vif.clone());
+        self.node_vif
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(node.to_string(), vif.clone());
+        Ok(vif)
+    }
+
+    /// Recovers every pooling driver from the Kubernetes API and Neutron.
+    pub async fn recover(&self) -> Result<(), Error> {
+        let input = self.persister.load_recovery_input().await?;
+        for d in &self.pooled {
+            let report = d.recover(&input).await?;
+            self.ctx.metrics.pool_event("recovered", report.adopted as u64);
+        }
+        self.ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// One orphan sweep pass (needs recovery done). Returns the deleted port ids.
+    pub async fn sweep_once(&self, suspects: &mut sweep::Suspects) -> Result<Vec<String>, Error> {
+        // Owned sets are read before Neutron is listed: a port created after this read is
+        // unowned at most once before the next pass sees it owned.
+        let mut owned: HashSet<String> = self.persister.ports_in_use().await?;
+        for d in &self.pooled {
+            owned.extend(d.owned_ports().into_values().flatten());
+        }
+        let tag = kuryr_crds::names::neutron::cluster_tag(&self.ctx.cluster_id);
+        let deleted = sweep::sweep(&self.ctx.deployments, &tag, &owned, suspects).await?;
+        self.ctx
+            .metrics
+            .pool_event("deleted_orphan", deleted.len() as u64);
+        Ok(deleted)
+    }
+
+    /// Recovers (retrying until it succeeds), then runs maintenance, the KuryrPortPool flusher,
+    /// the orphan sweep and the management API until `stop`.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let mut backoff = Duration::from_secs(1);
+        while !self.pooled.is_empty() && !self.is_ready() {
+            match self.recover().await {
+                Ok(()) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "port pool recovery failed; retrying");
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for d in &self.pooled {
+            let (d1, s1) = (d.clone(), stop.clone());
+            tasks.spawn(async move { d1.run_maintenance(s1).await });
+            let (p, d2, s2) = (self.persister.clone(), d.clone(), stop.clone());
+            tasks.spawn(async move { p.run(d2, s2).await });
+        }
+        if !self.pooled.is_empty() {
+            let (me, s) = (self.clone(), stop.clone());
+            tasks.spawn(async move { me.run_sweep(s).await });
+        }
+        let socket = self
+            .api_socket
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(path) = socket {
+            let (me, s) = (self.clone(), stop.clone());
+            tasks.spawn(async move {
+                if let Err(e) = api::serve(me, &path, s).await {
+                    tracing::error!(error = %e, path = %path.display(), "pool management API stopped");
+                }
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+
+    async fn run_sweep(&self, stop: CancellationToken) {
+        let period = Duration::from_secs(self.ctx.config.vif_pool.ports_pool_update_frequency.max(1));
+        let mut suspects = sweep::Suspects::default();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(period) => {}
+            }
+            if let Err(e) = self.sweep_once(&mut suspects).await {
+                tracing::warn!(error = %e, "orphan sweep failed");
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl VifPool for PoolManager {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    async fn request_vif(&self, pod: &PodRef, spec: &PortSpec) -> Result<(Vif, VifOrigin), Error> {
+        if !self.is_ready() {
+            return Err(Error::not_ready("port pools are being recovered"));
+        }
+        self.route_for_pod(pod).await?.request_vif(pod, spec).await
+    }
+
+    async fn release_vif(&self, vif: &Vif, origin: &VifOrigin) -> Result<(), Error> {
+        if !self.is_ready() {
+            return Err(Error::not_ready("port pools are being recovered"));
+        }
+        // The origin names the VIF driver that made the port: release goes back to its pool
+        // even if the node's label changed since.
+        self.route(&origin.driver)?.release_vif(vif, origin).await
+    }
+
+    async fn activate_vif(&self, origin: &VifOrigin, vif: &mut Vif) -> Result<(), Error> {
+        self.route(&origin.driver)?.activate_vif(origin, vif).await
+    }
+
+    fn vif_driver(&self) -> &Arc<dyn VifDriver> {
+        self.primary.vif_driver()
+    }
+}

@@ -1,0 +1,251 @@
+//! KuryrPortPool persistence (seed 002): pool membership lives in the Kubernetes API, written
+//! off the hit path by a flusher that coalesces changes (at most one write per pool per
+//! [`FLUSH_INTERVAL`]), and read back for restart recovery together with the KuryrPorts.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kuryr_crds::{KuryrPort, KuryrPortPool, KuryrPortPoolStatus, PoolFixedIp, PoolPort, Vif};
+use serde_json::Value;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use super::driver::PoolDriver;
+use super::recover::{InUsePort, RecoveryInput};
+use super::state::{Entry, Key};
+use crate::drivers::pool::{ORIGIN_FIELD, VifOrigin};
+use crate::error::{Error, is_not_found};
+
+/// Changes are collected this long before a write.
+pub const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Writes and reads the KuryrPortPool objects of the controller namespace.
+pub struct Persister {
+    kube: kube::Client,
+    namespace: String,
+    /// Objects known to exist (skips the create attempt).
+    created: Mutex<HashSet<String>>,
+}
+
+fn pool_port(e: &Entry<Vif>, subnet_id: &str) -> PoolPort {
+    PoolPort {
+        port_id: e.port_id.clone(),
+        mac_address: e.data.address().unwrap_or_default().to_string(),
+        fixed_ips: e
+            .data
+            .fixed_ips()
+            .map(|(_, ip)| PoolFixedIp {
+                subnet_id: subnet_id.to_string(),
+                ip_address: ip.to_string(),
+            })
+            .collect(),
+        vlan_id: e.data.vlan_id(),
+        since: Time(e.since),
+        released_by: e.released_by.clone(),
+    }
+}
+
+/// The port ids (and kuryr-rs origins) a KuryrPort's `status.vifs` records. Read from raw JSON
+/// so that one object kuryr-rs cannot fully parse still protects its ports.
+pub fn kuryrport_ports(obj: &Value) -> Vec<InUsePort> {
+    let Some(vifs) = obj.pointer("/status/vifs").and_then(Value::as_object) else {
+        return Vec::new();
+    };
+    vifs.values()
+        .filter_map(|entry| {
+            let id = entry
+                .pointer("/vif/versioned_object.data/id")
+                .and_then(Value::as_str)?;
+            let origin = entry
+                .get(ORIGIN_FIELD)
+                .and_then(|o| serde_json::from_value::<VifOrigin>(o.clone()).ok());
+            Some(InUsePort {
+                port_id: id.to_string(),
+                origin,
+            })
+        })
+        .collect()
+}
+
+impl Persister {
+    pub fn new(kube: kube::Client, namespace: impl Into<String>) -> Self {
+        Self {
+            kube,
+            namespace: namespace.into(),
+            created: Mutex::default(),
+        }
+    }
+
+    fn api(&self) -> Api<KuryrPortPool> {
+        Api::namespaced(self.kube.clone(), &self.namespace)
+    }
+
+    /// The object and status of one pool as the driver holds it now.
+    fn render(&self, driver: &PoolDriver, key: &Key) -> Result<Option<KuryrPortPool>, Error> {
+        let st = driver.lock();
+        let Some(pool) = st.get(key) else {
+            return Ok(None);
+        };
+        let limits = st.limits();
+        let clamp = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+        let mut obj = KuryrPortPool::for_key(
+            &self.namespace,
+            driver.crd_key(key, &pool.meta.subnet_id),
+            clamp(limits.min),
+            clamp(limits.batch),
+            clamp(limits.max),
+            limits.ttl.map(|t| t.as_secs()),
+        )
+        .map_err(|e| Error::invalid(format!("pool {key}"), e.to_string()))?;
+        // Named at creation; the pool tag on its ports must keep matching the object.
+        obj.metadata.name = Some(pool.meta.name.clone());
+        let subnet = pool.meta.subnet_id.as_str();
+        let mut status = KuryrPortPoolStatus {
+            available: pool.available().map(|e| pool_port(e, subnet)).collect(),
+            recyclable: pool.recyclable().map(|e| pool_port(e, subnet)).collect(),
+            last_refill_time: pool.last_refill().map(Time),
+            last_error: pool.last_error().map(|e| e.0.clone()),
+            last_error_time: pool.last_error().map(|e| Time(e.1)),
+            ..KuryrPortPoolStatus::default()
+        };
+        status.update_counts();
+        obj.status = Some(status);
+        Ok(Some(obj))
+    }
+
+    async fn write(&self, obj: &KuryrPortPool) -> Result<(), Error> {
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        let api = self.api();
+        if !self.created.lock().await.contains(&name) {
+            let mut bare = obj.clone();
+            bare.status = None;
+            match api.create(&PostParams::default(), &bare).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+            self.created.lock().await.insert(name.clone());
+        }
+        let patch = serde_json::json!({ "status": obj.status });
+        match api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if is_not_found(&e) => {
+                // Deleted behind our back: create it again on the next flush.
+                self.created.lock().await.remove(&name);
+                Err(e.into())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Writes every pool changed since the last flush. Pools whose write failed stay dirty.
+    pub async fn flush(&self, driver: &PoolDriver) -> Result<usize, Error> {
+        let dirty = driver.lock().take_dirty();
+        let mut written = 0;
+        let mut failed = Vec::new();
+        let mut first = None;
+        for key in dirty {
+            let res = match self.render(driver, &key) {
+                Ok(Some(obj)) => self.write(&obj).await,
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            };
+            match res {
+                Ok(()) => written += 1,
+                Err(e) => {
+                    tracing::warn!(pool = %key, error = %e, "could not write KuryrPortPool");
+                    failed.push(key);
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        driver.lock().mark_dirty(failed);
+        first.map_or(Ok(written), Err)
+    }
+
+    /// Flushes whenever the driver reports a change, at most once per [`FLUSH_INTERVAL`],
+    /// and once more on stop.
+    pub async fn run(self: Arc<Self>, driver: Arc<PoolDriver>, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => {
+                    let _ = self.flush(&driver).await;
+                    return;
+                }
+                _ = driver.changed.notified() => {}
+            }
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(FLUSH_INTERVAL) => {}
+            }
+            if let Err(e) = self.flush(&driver).await {
+                tracing::debug!(error = %e, "KuryrPortPool flush failed; retrying");
+                driver.touched();
+            }
+        }
+    }
+
+    /// The pool objects of the controller namespace and every port the KuryrPorts record.
+    pub async fn load_recovery_input(&self) -> Result<RecoveryInput, Error> {
+        let pools = self.api().list(&ListParams::default()).await?.items;
+        let ar = ApiResource::erase::<KuryrPort>(&());
+        let kps: Api<DynamicObject> = Api::all_with(self.kube.clone(), &ar);
+        let mut in_use = Vec::new();
+        for kp in kps.list(&ListParams::default()).await?.items {
+            in_use.extend(kuryrport_ports(&kp.data));
+        }
+        Ok(RecoveryInput { pools, in_use })
+    }
+
+    /// Port ids recorded by KuryrPorts (the orphan sweep's "owned by a pod").
+    pub async fn ports_in_use(&self) -> Result<HashSet<String>, Error> {
+        let ar = ApiResource::erase::<KuryrPort>(&());
+        let kps: Api<DynamicObject> = Api::all_with(self.kube.clone(), &ar);
+        Ok(kps
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .flat_map(|kp| kuryrport_ports(&kp.data))
+            .map(|u| u.port_id)
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kuryrport_ports_reads_ids_and_origins_from_raw_status() {
+        let obj = serde_json::json!({
+            "status": {"vifs": {
+                "eth0": {
+                    "default": true,
+                    "vif": {"versioned_object.data": {"id": "p1"}, "versioned_object.name": "VIFOpenVSwitch"},
+                    "kuryrRsOrigin": {
+                        "deployment": "default", "host": "n1", "projectId": "pr", "networkId": "net",
+                        "securityGroups": ["sg"], "driver": "neutron-vif"
+                    }
+                },
+                "eth1": {"vif": {"versioned_object.data": {"id": "p2"}}, "kuryrRsOrigin": {"bad": 1}},
+                "eth2": {"vif": "garbage"}
+            }}
+        });
+        let mut ports = kuryrport_ports(&obj);
+        ports.sort_by(|a, b| a.port_id.cmp(&b.port_id));
+        assert_eq!(ports.len(), 2);
+        assert_eq!(ports[0].port_id, "p1");
+        assert_eq!(ports[0].origin.as_ref().map(|o| o.host.as_str()), Some("n1"));
+        // An origin kuryr-rs cannot read still protects the port.
+        assert_eq!(ports[1].port_id, "p2");
+        assert!(ports[1].origin.is_none());
+        assert!(kuryrport_ports(&serde_json::json!({"spec": {}})).is_empty());
+    }
+}

@@ -1,0 +1,115 @@
+//! Orphan sweep: pod ports (`compute:kuryr`, `trunk:subport`) tagged `kuryr-rs` and with this
+//! cluster's tag that no pool and no KuryrPort owns. A port must be seen unowned in two
+//! consecutive passes before it is deleted, so a port created between a Neutron call and its
+//! record (a refill landing, a KuryrPort status being written) is never taken for a leak.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use kuryr_crds::names::device_owner::{COMPUTE_KURYR, TRUNK_SUBPORT};
+use kuryr_crds::names::neutron as tags;
+use kuryr_neutron::{ListFilter, NeutronClient};
+
+use crate::error::Error;
+use crate::openstack::Deployments;
+
+/// Ports seen unowned in the previous pass, per deployment.
+#[derive(Debug, Default)]
+pub struct Suspects {
+    previous: HashMap<String, BTreeSet<String>>,
+}
+
+impl Suspects {
+    /// Records this pass' unowned ports of `deployment`; returns the ones unowned in the
+    /// previous pass too (to delete now).
+    pub fn confirm(&mut self, deployment: &str, unowned: BTreeSet<String>) -> Vec<String> {
+        let before = self.previous.remove(deployment).unwrap_or_default();
+        let confirmed = unowned.intersection(&before).cloned().collect();
+        self.previous.insert(deployment.to_string(), unowned);
+        confirmed
+    }
+}
+
+/// Detaches a subport (if it is one) and deletes the port; gone is success.
+pub async fn delete_port(client: &NeutronClient, port_id: &str, trunk: Option<&str>) -> Result<(), Error> {
+    if let Some(trunk) = trunk {
+        match client.remove_subports(trunk, &[port_id]).await {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() || e.status() == Some(400) || e.status() == Some(409) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    match client.delete_port(port_id).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// One sweep pass over every deployment. `owned` is everything pools and KuryrPorts account
+/// for, read after the Neutron listing would be racy, so callers read it before. Returns the
+/// deleted port ids.
+pub async fn sweep(
+    deployments: &Deployments,
+    cluster_tag: &str,
+    owned: &HashSet<String>,
+    suspects: &mut Suspects,
+) -> Result<Vec<String>, Error> {
+    let mut deleted = Vec::new();
+    let names: Vec<String> = deployments.names().map(str::to_string).collect();
+    for deployment in names {
+        let client = deployments.client(&deployment)?;
+        let ports = client
+            .list_ports(&ListFilter::new().tags([tags::TAG_MANAGED, cluster_tag]))
+            .await?;
+        let mut device_ids = HashMap::new();
+        let unowned: BTreeSet<String> = ports
+            .into_iter()
+            .filter(|p| p.device_owner == COMPUTE_KURYR || p.device_owner == TRUNK_SUBPORT)
+            .filter(|p| !owned.contains(&p.id))
+            .map(|p| {
+                if p.device_owner == TRUNK_SUBPORT {
+                    device_ids.insert(p.id.clone(), p.device_id.clone());
+                }
+                p.id
+            })
+            .collect();
+        for id in suspects.confirm(&deployment, unowned) {
+            // A subport's device id is its trunk.
+            let trunk = device_ids.get(&id).filter(|t| !t.is_empty()).map(String::as_str);
+            match delete_port(client, &id, trunk).await {
+                Ok(()) => {
+                    tracing::info!(port = %id, deployment, "deleted orphaned kuryr-rs port");
+                    deleted.push(id);
+                }
+                Err(e) => tracing::warn!(port = %id, error = %e, "could not delete orphaned port"),
+            }
+        }
+    }
+    Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(ids: &[&str]) -> BTreeSet<String> {
+        ids.iter().map(|s| (*s).to_string()).collect()
+    }
+
+    #[test]
+    fn deletes_only_ports_unowned_in_two_consecutive_passes() {
+        let mut s = Suspects::default();
+        assert!(
+            s.confirm("default", set(&["a", "b"])).is_empty(),
+            "first sighting"
+        );
+        // "a" got owned meanwhile (its KuryrPort was written); "c" is new.
+        assert_eq!(s.confirm("default", set(&["b", "c"])), vec!["b".to_string()]);
+        // Deployments are tracked separately.
+        assert!(s.confirm("east", set(&["c"])).is_empty());
+        assert_eq!(s.confirm("default", set(&["c"])), vec!["c".to_string()]);
+        // An owned pass in between resets the count.
+        assert!(s.confirm("default", set(&[])).is_empty());
+        assert!(s.confirm("default", set(&["c"])).is_empty());
+    }
+}
