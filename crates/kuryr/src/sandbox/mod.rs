@@ -317,10 +317,16 @@ impl DemoNetwork {
                 eprintln!("  cannot delete the demo {what}: {e}");
             }
         }
-        // The default security group Neutron made for the project on first use.
-        if let Ok(sgs) = neutron.list_security_groups(&project).await {
-            for sg in sgs {
-                let _ = neutron.delete_security_group(&sg.id).await;
+        // The `default` group Neutron made for the project with its first port. Listed without a
+        // project filter: a project-filtered list would make Neutron create it again.
+        if let Ok(sgs) = neutron
+            .list_security_groups(&ListFilter::new().name("default"))
+            .await
+        {
+            for sg in sgs.iter().filter(|sg| sg.project_id == self.project) {
+                if let Err(e) = neutron.delete_security_group(&sg.id).await {
+                    eprintln!("  cannot delete the project's default security group: {e}");
+                }
             }
         }
     }
