@@ -86,7 +86,10 @@ impl VifDriver for NestedVlan {
         n: usize,
     ) -> Result<Vec<Vif>, Error> {
         let client = self.deployments.client(&spec.deployment)?;
-        let req = port_create(spec, owner, &self.tags, TRUNK_SUBPORT);
+        let mut req = port_create(spec, owner, &self.tags, TRUNK_SUBPORT);
+        // Neutron refuses a port with a device_id as a subport (409 PortInUse); the pod tag keeps
+        // the port accountable instead.
+        req.device_id = None;
         let reqs = vec![req; n];
         let ports = if n == 1 {
             vec![client.create_port(&reqs[0]).await?]

@@ -1,0 +1,254 @@
+//! Issue 4: nested VLAN nodes with trunks, namespace networks, and two controllers in HA.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, DeleteParams, ListParams};
+use kube::ResourceExt;
+use kuryr_crds::{KuryrNetwork, KuryrPort};
+use kuryr_neutron::{ListFilter, PortCreate, PortUpdate, SubnetCreate, SubnetPoolCreate, TrunkCreate};
+use serde_json::json;
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+async fn active_kps(kube: &kube::Client, ns: &str) -> Result<Vec<KuryrPort>> {
+    let kps = Api::<KuryrPort>::namespaced(kube.clone(), ns).list(&ListParams::default()).await?.items;
+    Ok(kps.into_iter().filter(|kp| kp.status.as_ref().is_some_and(|s| s.all_active())).collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nested_vlan_pods_become_active_subports_with_unique_vlans() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.20.0.0/24").await?;
+        // The VMs' network: one parent port per node, trunk created while unbound, then bound (as Nova does).
+        let vm_net = neutron
+            .create_network(&kuryr_neutron::NetworkCreate {
+                name: Some("vms".into()),
+                project_id: Some(fx.project.clone()),
+                ..Default::default()
+            })
+            .await?;
+        let vm_subnet = neutron
+            .create_subnet(&SubnetCreate {
+                network_id: vm_net.id.clone(),
+                ip_version: 4,
+                cidr: Some("192.168.50.0/24".into()),
+                project_id: Some(fx.project.clone()),
+                ..Default::default()
+            })
+            .await?;
+        let mut trunks = vec![];
+        for node in NODES {
+            let parent = neutron
+                .create_port(&PortCreate {
+                    project_id: Some(fx.project.clone()),
+                    name: Some(format!("vm-{node}")),
+                    ..PortCreate::new(vm_net.id.clone())
+                })
+                .await?;
+            let trunk = neutron
+                .create_trunk(&TrunkCreate {
+                    port_id: parent.id.clone(),
+                    project_id: Some(fx.project.clone()),
+                    ..Default::default()
+                })
+                .await?;
+            neutron
+                .update_port(
+                    &parent.id,
+                    &PortUpdate {
+                        binding_host_id: Some(node.to_string()),
+                        device_owner: Some("compute:nova".into()),
+                        device_id: Some(format!("vm-{node}")),
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            set_node_ip(&kube.client, node, &parent.fixed_ips[0].ip_address).await?;
+            trunks.push(trunk.id);
+        }
+        let cfg = format!(
+            "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_vif_driver = nested-vlan\n\
+             [pod_vif_nested]\nworker_nodes_subnets = {}\n\
+             [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\n",
+            vm_subnet.id, fx.project, fx.subnet, fx.sg
+        );
+        let ctrl = start_controller(&kube.client, neutron, config(&cfg), "c1");
+        create_namespace(&kube.client, "nested", json!({})).await?;
+        for i in 0..8 {
+            create_pod(&kube.client, "nested", &format!("n-{i}"), NODES[i % 2], json!({})).await?;
+        }
+        let kps = eventually("8 active nested KuryrPorts", WAIT, || async {
+            let a = active_kps(&kube.client, "nested").await?;
+            Ok((a.len() == 8).then_some(a))
+        })
+        .await?;
+        for (node, trunk) in NODES.iter().zip(&trunks) {
+            let subports = neutron.get_subports(trunk).await?;
+            let vlans: BTreeSet<u32> = subports.iter().map(|s| s.segmentation_id).collect();
+            assert_eq!(subports.len(), 4, "{}: 4 pods per node", target.name);
+            assert_eq!(vlans.len(), 4, "{}: VLAN ids unique per trunk", target.name);
+            for kp in kps.iter().filter(|kp| kp.spec.pod_node_name == *node) {
+                let (_, vif) = kp.status.as_ref().unwrap().default_vif().unwrap();
+                let sp = subports.iter().find(|s| s.port_id == vif.id()).expect("VIF is a subport of its node's trunk");
+                assert_eq!(vif.vlan_id().map(u32::from), Some(sp.segmentation_id));
+                let port = neutron.get_port(vif.id()).await?;
+                assert_eq!(port.status, "ACTIVE", "{}", target.name);
+                assert_eq!(port.device_owner, "trunk:subport");
+            }
+        }
+        let pods: Api<Pod> = Api::namespaced(kube.client.clone(), "nested");
+        for i in 0..8 {
+            pods.delete(&format!("n-{i}"), &DeleteParams::default()).await?;
+        }
+        eventually("pods gone", WAIT, || async { Ok(pods.list(&ListParams::default()).await?.items.is_empty().then_some(())) })
+            .await?;
+        for trunk in &trunks {
+            assert!(neutron.get_subports(trunk).await?.is_empty(), "{}: subports detached", target.name);
+        }
+        let left = neutron.list_ports(&ListFilter::new().network_id(&fx.network)).await?;
+        assert!(left.iter().all(|p| p.device_owner != "trunk:subport"), "{}: pod ports deleted", target.name);
+        ctrl.stop.cancel();
+        cleanup_project(neutron, &fx.project).await;
+        eprintln!("nested[{}]: 8 pods on 2 trunks wired and released", target.name);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn namespace_subnet_driver_creates_and_removes_namespace_networks() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.30.0.0/24").await?;
+        let pool = neutron
+            .create_subnetpool(&SubnetPoolCreate {
+                name: "ns-pool".into(),
+                prefixes: vec!["10.99.0.0/16".into()],
+                default_prefixlen: Some(26),
+                project_id: Some(fx.project.clone()),
+                ..Default::default()
+            })
+            .await?;
+        let router = neutron
+            .create_router(&kuryr_neutron::RouterCreate {
+                name: Some("pods".into()),
+                project_id: Some(fx.project.clone()),
+                ..Default::default()
+            })
+            .await?;
+        let cfg = format!(
+            "[kubernetes]\nenabled_handlers = vif,kuryrport,namespace,kuryrnetwork\npod_subnets_driver = namespace\n\
+             [namespace_subnet]\npod_router = {}\npod_subnet_pool = {}\n\
+             [neutron_defaults]\nproject = {}\npod_security_groups = {}\n",
+            router.id, pool.id, fx.project, fx.sg
+        );
+        let ctrl = start_controller(&kube.client, neutron, config(&cfg), "c1");
+        create_namespace(&kube.client, "team-a", json!({})).await?;
+        create_pod(&kube.client, "team-a", "p", NODES[0], json!({})).await?;
+        let kns: Api<KuryrNetwork> = Api::namespaced(kube.client.clone(), "team-a");
+        let status = eventually("KuryrNetwork populated", WAIT, || async {
+            Ok(kns.get_opt("team-a").await?.and_then(|kn| kn.status).filter(|s| s.router_id.is_some()))
+        })
+        .await?;
+        let net_id = status.net_id.clone().unwrap();
+        let subnet_id = status.subnet_id.clone().unwrap();
+        assert!(status.subnet_cidr.as_deref().unwrap_or("").starts_with("10.99."), "{:?}", status.subnet_cidr);
+        let net = neutron.get_network(&net_id).await?;
+        assert_eq!(net.project_id, fx.project);
+        let router_ports = neutron.list_ports(&ListFilter::new().device_id(&router.id)).await?;
+        assert!(router_ports.iter().any(|p| p.fixed_ips.iter().any(|f| f.subnet_id == subnet_id)), "{}: router interface", target.name);
+        let kp = eventually("pod wired on the namespace subnet", WAIT, || async {
+            Ok(active_kps(&kube.client, "team-a").await?.into_iter().next())
+        })
+        .await?;
+        let (_, vif) = kp.status.as_ref().unwrap().default_vif().unwrap();
+        assert_eq!(neutron.get_port(vif.id()).await?.network_id, net_id);
+
+        Api::<Pod>::namespaced(kube.client.clone(), "team-a").delete("p", &DeleteParams::default()).await?;
+        Api::<Namespace>::all(kube.client.clone()).delete("team-a", &DeleteParams::default()).await?;
+        eventually("namespace network removed", WAIT, || async {
+            Ok(neutron.get_network(&net_id).await.err().filter(|e| e.is_not_found()).map(|_| ()))
+        })
+        .await?;
+        eventually("KuryrNetwork gone", WAIT, || async { Ok(kns.get_opt("team-a").await?.is_none().then_some(())) }).await?;
+        ctrl.stop.cancel();
+        let _ = neutron.delete_router(&router.id).await;
+        cleanup_project(neutron, &fx.project).await;
+        let _ = neutron.delete_subnetpool(&pool.id).await;
+        eprintln!("namespace[{}]: network created and removed", target.name);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn only_the_leader_acts_and_a_killed_leader_is_replaced_within_15s() -> Result<()> {
+    init_logs();
+    // One target is enough here: this is about Kubernetes-side coordination.
+    let target = neutron_targets().await?.into_iter().next().unwrap();
+    let kube = start_kube().await?;
+    let neutron = &target.client;
+    let fx = neutron_fixture(neutron, "10.40.0.0/24").await?;
+    let cfg = format!(
+        "[kubernetes]\nenabled_handlers = vif,kuryrport\ncontroller_ha = True\ncontroller_namespace = default\n\
+         [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\n",
+        fx.project, fx.subnet, fx.sg
+    );
+    let a = start_controller(&kube.client, neutron, config(&cfg), "replica-a");
+    let b = start_controller(&kube.client, neutron, config(&cfg), "replica-b");
+    create_namespace(&kube.client, "ha", json!({})).await?;
+    for i in 0..4 {
+        create_pod(&kube.client, "ha", &format!("h-{i}"), NODES[i % 2], json!({})).await?;
+    }
+    eventually("4 pods wired", WAIT, || async {
+        let n = active_kps(&kube.client, "ha").await?.len();
+        Ok((n == 4).then_some(()))
+    })
+    .await?;
+    let leases: Api<Lease> = Api::namespaced(kube.client.clone(), "default");
+    let holder = leases.get("kuryr-controller").await?.spec.unwrap().holder_identity.unwrap();
+    let (leader, follower) = if holder == "replica-a" { (a, b) } else { (b, a) };
+    // Readiness probes list extensions on every replica; port creation is the leader's alone.
+    let creates = |c: &Controller| {
+        c.metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with("kuryr_neutron_calls_total") && l.contains("operation=\"create_port\""))
+            .count()
+    };
+    assert!(creates(&leader) > 0, "the leader wired the pods");
+    assert_eq!(creates(&follower), 0, "the follower created no port");
+
+    leader.kill();
+    let killed = Instant::now();
+    create_pod(&kube.client, "ha", "after-failover", NODES[0], json!({})).await?;
+    // The lease is the contract: a dead leader's lease expires and a follower takes it.
+    let new_holder = eventually("a new lease holder", Duration::from_secs(30), || async {
+        let h = leases.get("kuryr-controller").await?.spec.and_then(|s| s.holder_identity);
+        Ok(h.filter(|h| *h != holder))
+    })
+    .await?;
+    let handover = killed.elapsed();
+    assert!(handover < Duration::from_secs(15), "hand-over took {handover:?}");
+    assert_ne!(new_holder, holder);
+    eventually("pod wired by the new leader", WAIT, || async {
+        let wired = active_kps(&kube.client, "ha").await?.iter().any(|kp| kp.name_any() == "after-failover");
+        Ok(wired.then_some(()))
+    })
+    .await?;
+    eprintln!("ha: hand-over in {handover:?}, wiring continued");
+    follower.stop.cancel();
+    cleanup_project(neutron, &fx.project).await;
+    Ok(())
+}
