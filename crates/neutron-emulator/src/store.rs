@@ -114,6 +114,44 @@ pub struct Subnet {
     pub ipam: SubnetIpam,
 }
 
+impl Subnet {
+    /// SLAAC and DHCPv6-stateless subnets: addresses are EUI-64 from the MAC, never from the pool.
+    pub fn is_auto_address(&self) -> bool {
+        self.cidr.version == 6
+            && matches!(
+                self.ipv6_address_mode.as_str(),
+                Some("slaac" | "dhcpv6-stateless")
+            )
+    }
+}
+
+/// What address allocation needs to know about the port.
+#[derive(Debug, Clone, Copy)]
+struct AddrCtx<'a> {
+    mac: &'a str,
+    /// Router interfaces get only the addresses they ask for.
+    auto_addresses: bool,
+}
+
+/// Modified EUI-64 interface identifier (RFC 4291): fa:16:3e:16:e6:e0 -> f816:3eff:fe16:e6e0.
+fn eui64_interface_id(mac: &str) -> u128 {
+    let b: Vec<u128> = mac
+        .split(':')
+        .map(|p| u128::from(u8::from_str_radix(p, 16).unwrap_or(0)))
+        .collect();
+    if b.len() != 6 {
+        return 0;
+    }
+    ((b[0] ^ 0x02) << 56)
+        | (b[1] << 48)
+        | (b[2] << 40)
+        | (0xff << 32)
+        | (0xfe << 24)
+        | (b[3] << 16)
+        | (b[4] << 8)
+        | b[5]
+}
+
 #[derive(Debug, Clone)]
 pub struct SubnetPool {
     pub std: Std,
@@ -1156,8 +1194,8 @@ impl Store {
             gateway,
             enable_dhcp: input::opt_bool(obj, "enable_dhcp")?.unwrap_or(true),
             subnetpool_id,
-            ipv6_ra_mode: obj.get("ipv6_ra_mode").cloned().unwrap_or(Value::Null),
-            ipv6_address_mode: obj.get("ipv6_address_mode").cloned().unwrap_or(Value::Null),
+            ipv6_ra_mode: ipv6_mode(obj, "ipv6_ra_mode")?,
+            ipv6_address_mode: ipv6_mode(obj, "ipv6_address_mode")?,
             host_routes: input::opt_list(obj, "host_routes")?
                 .map(Value::Array)
                 .unwrap_or(json!([])),
@@ -1524,16 +1562,53 @@ impl Store {
 
     /// Allocates the requested fixed IPs (or the defaults) for a port on `network_id`. On error everything taken here
     /// is released again.
+    /// MAC and addresses of one port being created; nothing stays taken on error.
+    fn allocate_port(&mut self, obj: &Obj, network_id: &str) -> ApiResult<(String, Vec<FixedIp>)> {
+        let mac = match input::opt_str(obj, "mac_address")? {
+            Some(m) => {
+                let m = m.to_ascii_lowercase();
+                if !self.macs.insert(m.clone()) {
+                    return Err(ApiError::conflict(
+                        "MacAddressInUse",
+                        format!(
+                            "Unable to complete operation for network {network_id}. The mac address {m} is in use."
+                        ),
+                    ));
+                }
+                m
+            }
+            None => self.new_mac(),
+        };
+        let requested = input::opt_list(obj, "fixed_ips")?;
+        let owner = input::opt_str(obj, "device_owner")?.unwrap_or_default();
+        let addr = AddrCtx {
+            mac: &mac,
+            auto_addresses: owner != ROUTER_INTERFACE_OWNER,
+        };
+        match self.allocate_ips(network_id, requested.as_deref(), &[], addr) {
+            Ok(ips) => Ok((mac, ips)),
+            Err(e) => {
+                self.macs.remove(&mac);
+                Err(e)
+            }
+        }
+    }
+
     fn allocate_ips(
         &mut self,
         network_id: &str,
         requested: Option<&[Value]>,
         keep: &[FixedIp],
+        addr: AddrCtx<'_>,
     ) -> ApiResult<Vec<FixedIp>> {
         let mut taken: Vec<FixedIp> = Vec::new();
-        let res = self.allocate_ips_inner(network_id, requested, keep, &mut taken);
+        let res = self.allocate_ips_inner(network_id, requested, keep, addr, &mut taken);
         if res.is_err() {
+            // Give back only what this call took, not the addresses the port already had.
             for f in &taken {
+                if keep.iter().any(|k| k.subnet_id == f.subnet_id && k.ip == f.ip) {
+                    continue;
+                }
                 if let Some(s) = self.subnets.get_mut(&f.subnet_id) {
                     s.ipam.release(f.ip);
                 }
@@ -1542,11 +1617,45 @@ impl Store {
         res.map(|()| taken)
     }
 
+    /// The EUI-64 address of `mac` on an address-autoconfiguration (SLAAC / DHCPv6-stateless) subnet.
+    fn take_auto_address(
+        &mut self,
+        sid: &str,
+        mac: &str,
+        keep: &[FixedIp],
+        taken: &mut Vec<FixedIp>,
+    ) -> ApiResult<()> {
+        let Some(s) = self.subnets.get_mut(sid) else {
+            return Ok(());
+        };
+        let ip = s.cidr.network | eui64_interface_id(mac);
+        if let Some(k) = keep.iter().find(|k| k.subnet_id == sid && k.ip == ip) {
+            taken.push(k.clone());
+            return Ok(());
+        }
+        if s.ipam.allocate_specific(ip).is_err() {
+            return Err(ApiError::conflict(
+                "IpAddressAlreadyAllocated",
+                format!(
+                    "IP address {} already allocated in subnet {sid}",
+                    ipam::format_ip(6, ip)
+                ),
+            ));
+        }
+        taken.push(FixedIp {
+            subnet_id: sid.to_string(),
+            version: 6,
+            ip,
+        });
+        Ok(())
+    }
+
     fn allocate_ips_inner(
         &mut self,
         network_id: &str,
         requested: Option<&[Value]>,
         keep: &[FixedIp],
+        addr: AddrCtx<'_>,
         taken: &mut Vec<FixedIp>,
     ) -> ApiResult<()> {
         let net_subnets: Vec<String> = self
@@ -1554,6 +1663,11 @@ impl Store {
             .get(network_id)
             .map(|n| n.subnets.clone())
             .unwrap_or_default();
+        let auto_subnets: Vec<String> = net_subnets
+            .iter()
+            .filter(|id| self.subnets.get(*id).is_some_and(Subnet::is_auto_address))
+            .cloned()
+            .collect();
         let exhausted = || {
             ApiError::conflict(
                 "IpAddressGenerationFailure",
@@ -1565,7 +1679,11 @@ impl Store {
             for version in [4u8, 6u8] {
                 let candidates: Vec<&String> = net_subnets
                     .iter()
-                    .filter(|id| self.subnets.get(*id).is_some_and(|s| s.cidr.version == version))
+                    .filter(|id| {
+                        self.subnets
+                            .get(*id)
+                            .is_some_and(|s| s.cidr.version == version && !s.is_auto_address())
+                    })
                     .collect();
                 if candidates.is_empty() {
                     continue;
@@ -1587,6 +1705,11 @@ impl Store {
                         version,
                         ip,
                     });
+                }
+            }
+            if addr.auto_addresses {
+                for sid in &auto_subnets {
+                    self.take_auto_address(sid, addr.mac, keep, taken)?;
                 }
             }
             return Ok(());
@@ -1654,6 +1777,10 @@ impl Store {
                 taken.push(k.clone());
                 continue;
             }
+            if ip.is_none() && auto_subnets.contains(&sid) {
+                self.take_auto_address(&sid, addr.mac, keep, taken)?;
+                continue;
+            }
             let Some(s) = self.subnets.get_mut(&sid) else {
                 continue;
             };
@@ -1683,6 +1810,14 @@ impl Store {
                     }),
                     Err(AllocError::Exhausted | AllocError::AlreadyAllocated) => return Err(exhausted()),
                 },
+            }
+        }
+        // Autoconfiguration subnets always give the port its EUI-64 address, asked for or not.
+        if addr.auto_addresses {
+            for sid in &auto_subnets {
+                if !taken.iter().any(|f| &f.subnet_id == sid) {
+                    self.take_auto_address(sid, addr.mac, keep, taken)?;
+                }
             }
         }
         Ok(())
@@ -1801,15 +1936,19 @@ impl Store {
             self.check_quota(project, "port", *n)?;
         }
         // Allocate addresses; undo all of this request's allocations on the first failure.
-        let mut allocations: Vec<Vec<FixedIp>> = Vec::with_capacity(specs.len());
+        // MACs first: SLAAC addresses derive from them. Everything taken here is given back on failure.
+        let mut allocations: Vec<(String, Vec<FixedIp>)> = Vec::with_capacity(specs.len());
         for s in &specs {
-            let requested = input::opt_list(s.obj, "fixed_ips")?;
-            match self.allocate_ips(&s.network_id, requested.as_deref(), &[]) {
-                Ok(ips) => allocations.push(ips),
+            let result = self.allocate_port(s.obj, &s.network_id);
+            match result {
+                Ok(a) => allocations.push(a),
                 Err(e) => {
-                    for f in allocations.iter().flatten() {
-                        if let Some(sub) = self.subnets.get_mut(&f.subnet_id) {
-                            sub.ipam.release(f.ip);
+                    for (mac, ips) in &allocations {
+                        self.macs.remove(mac);
+                        for f in ips {
+                            if let Some(sub) = self.subnets.get_mut(&f.subnet_id) {
+                                sub.ipam.release(f.ip);
+                            }
                         }
                     }
                     return Err(e);
@@ -1817,7 +1956,7 @@ impl Store {
             }
         }
         let mut ids = Vec::with_capacity(specs.len());
-        for (s, fixed_ips) in specs.into_iter().zip(allocations) {
+        for (s, (mac, fixed_ips)) in specs.into_iter().zip(allocations) {
             let obj = s.obj;
             let project = s.std.project_id.clone();
             let net_ps = self
@@ -1832,14 +1971,6 @@ impl Store {
                     vec![self.ensure_default_sg(&project)]
                 }
                 None => Vec::new(),
-            };
-            let mac = match input::opt_str(obj, "mac_address")? {
-                Some(m) => {
-                    let m = m.to_ascii_lowercase();
-                    self.macs.insert(m.clone());
-                    m
-                }
-                None => self.new_mac(),
             };
             let host = input::opt_str(obj, "binding:host_id")?.unwrap_or_default();
             let allowed_address_pairs = match input::opt_list(obj, "allowed_address_pairs")? {
@@ -2008,7 +2139,14 @@ impl Store {
             ));
         }
         let new_ips = match input::opt_list(obj, "fixed_ips")? {
-            Some(list) => Some(self.allocate_ips(&network_id, Some(&list), &old_ips)?),
+            Some(list) => {
+                let mac = port.mac.clone();
+                let addr = AddrCtx {
+                    mac: &mac,
+                    auto_addresses: port.device_owner != ROUTER_INTERFACE_OWNER,
+                };
+                Some(self.allocate_ips(&network_id, Some(&list), &old_ips, addr)?)
+            }
             None => None,
         };
         if let Some(new_ips) = &new_ips {
@@ -3126,4 +3264,12 @@ fn aap_needs_port_security() -> ApiError {
         "AddressPairAndPortSecurityRequired",
         "Port Security must be enabled in order to have allowed address pairs on a port.",
     )
+}
+
+fn ipv6_mode(obj: &Obj, key: &str) -> ApiResult<Value> {
+    match input::opt_str(obj, key)? {
+        None => Ok(Value::Null),
+        Some(m) if ["slaac", "dhcpv6-stateful", "dhcpv6-stateless"].contains(&m.as_str()) => Ok(json!(m)),
+        Some(m) => Err(ApiError::invalid_attr(key, format!("{m} is not in valid_values"))),
+    }
 }

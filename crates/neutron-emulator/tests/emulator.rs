@@ -960,3 +960,82 @@ async fn shapes_match_real_server() {
     }
     emu.shutdown().await;
 }
+
+fn eui64(prefix: &str, mac: &str) -> String {
+    let b: Vec<u16> = mac
+        .split(':')
+        .filter_map(|p| u16::from_str_radix(p, 16).ok())
+        .collect();
+    assert_eq!(b.len(), 6, "mac {mac}");
+    let iid = [
+        ((b[0] ^ 2) << 8) | b[1],
+        (b[2] << 8) | 0xff,
+        0xfe00 | b[3],
+        (b[4] << 8) | b[5],
+    ];
+    let addr = format!("{prefix}{:x}:{:x}:{:x}:{:x}", iid[0], iid[1], iid[2], iid[3]);
+    addr.parse::<std::net::Ipv6Addr>()
+        .map(|a| a.to_string())
+        .unwrap_or(addr)
+}
+
+#[tokio::test]
+async fn slaac_subnets_give_every_port_its_eui64_address() {
+    let (emu, api) = emulator().await;
+    let (net, v4) = api.net_subnet("s", "10.66.0.0/24").await;
+    let v6 = api
+        .ok(
+            Method::POST,
+            "/subnets",
+            Some(json!({"subnet": {"network_id": net, "project_id": "s", "ip_version": 6, "cidr": "fd66:1::/64",
+                "ipv6_address_mode": "slaac", "ipv6_ra_mode": "slaac"}})),
+        )
+        .await;
+    assert_eq!(v6["subnet"]["allocation_pools"][0]["start"], "fd66:1::1");
+    let (s, v) = api
+        .req(
+            Method::POST,
+            "/subnets",
+            Some(json!({"subnet": {"network_id": net, "ip_version": 6, "cidr": "fd66:3::/64", "ipv6_address_mode": "bogus"}})),
+        )
+        .await;
+    assert_eq!(
+        (s, v["NeutronError"]["message"].as_str()),
+        (
+            StatusCode::BAD_REQUEST,
+            Some("Invalid input for ipv6_address_mode. Reason: bogus is not in valid_values.")
+        )
+    );
+    let p = api.port(&net, "s", json!({})).await;
+    let mac = p["mac_address"].as_str().unwrap_or_default();
+    assert_eq!(p["fixed_ips"].as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        p["fixed_ips"][1]["ip_address"].as_str(),
+        Some(eui64("fd66:1::", mac).as_str())
+    );
+    let only_v4 = api
+        .port(&net, "s", json!({"fixed_ips": [{"subnet_id": v4}]}))
+        .await;
+    let mac = only_v4["mac_address"].as_str().unwrap_or_default();
+    let addrs: Vec<&str> = only_v4["fixed_ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f["ip_address"].as_str())
+        .collect();
+    assert!(
+        addrs.contains(&eui64("fd66:1::", mac).as_str()),
+        "SLAAC address added although only v4 was asked: {addrs:?}"
+    );
+    let bulk = api
+        .ok(Method::POST, "/ports", Some(json!({"ports": [{"network_id": net, "project_id": "s"}, {"network_id": net, "project_id": "s"}]})))
+        .await;
+    let v6s: BTreeSet<&str> = bulk["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["fixed_ips"][1]["ip_address"].as_str())
+        .collect();
+    assert_eq!(v6s.len(), 2);
+    emu.shutdown().await;
+}
