@@ -42,6 +42,13 @@ impl Deployments {
         })
     }
 
+    /// One `noauth` deployment at `url` (a test or sandbox Neutron), reporting into `metrics`.
+    pub fn noauth(url: &str, metrics: &Metrics) -> Result<Self, Error> {
+        let client = NeutronClient::with_metrics(&ClientOptions::noauth(url), metrics_hook(metrics))
+            .map_err(|e| Error::Config(format!("Neutron at {url}: {e}")))?;
+        Ok(Self::single(client))
+    }
+
     /// For tests and the sandbox: one deployment with an explicit client.
     pub fn single(client: NeutronClient) -> Self {
         Self {
@@ -62,6 +69,12 @@ impl Deployments {
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.clients.keys().map(String::as_str)
     }
+}
+
+/// Reports every Neutron call into the controller's Prometheus metrics.
+pub fn metrics_hook(metrics: &Metrics) -> Arc<dyn kuryr_neutron::Metrics> {
+    let m = metrics.clone();
+    Arc::new(move |c: &CallRecord<'_>| m.neutron_call(c.operation, c.outcome.as_str(), c.latency))
 }
 
 /// Maps a `kuryr.conf` keystoneauth section onto the client's options.

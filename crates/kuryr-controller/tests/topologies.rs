@@ -83,7 +83,7 @@ async fn nested_vlan_pods_become_active_subports_with_unique_vlans() -> Result<(
              [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\n",
             vm_subnet.id, fx.project, fx.subnet, fx.sg
         );
-        let ctrl = start_controller(&kube.client, neutron, config(&cfg), "c1");
+        let ctrl = start_controller(&kube.client, &target, config(&cfg), "c1");
         create_namespace(&kube.client, "nested", json!({})).await?;
         for i in 0..8 {
             create_pod(&kube.client, "nested", &format!("n-{i}"), NODES[i % 2], json!({})).await?;
@@ -154,7 +154,7 @@ async fn namespace_subnet_driver_creates_and_removes_namespace_networks() -> Res
              [neutron_defaults]\nproject = {}\npod_security_groups = {}\n",
             router.id, pool.id, fx.project, fx.sg
         );
-        let ctrl = start_controller(&kube.client, neutron, config(&cfg), "c1");
+        let ctrl = start_controller(&kube.client, &target, config(&cfg), "c1");
         create_namespace(&kube.client, "team-a", json!({})).await?;
         create_pod(&kube.client, "team-a", "p", NODES[0], json!({})).await?;
         let kns: Api<KuryrNetwork> = Api::namespaced(kube.client.clone(), "team-a");
@@ -205,8 +205,8 @@ async fn only_the_leader_acts_and_a_killed_leader_is_replaced_within_15s() -> Re
          [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\n",
         fx.project, fx.subnet, fx.sg
     );
-    let a = start_controller(&kube.client, neutron, config(&cfg), "replica-a");
-    let b = start_controller(&kube.client, neutron, config(&cfg), "replica-b");
+    let a = start_controller(&kube.client, &target, config(&cfg), "replica-a");
+    let b = start_controller(&kube.client, &target, config(&cfg), "replica-b");
     create_namespace(&kube.client, "ha", json!({})).await?;
     for i in 0..4 {
         create_pod(&kube.client, "ha", &format!("h-{i}"), NODES[i % 2], json!({})).await?;

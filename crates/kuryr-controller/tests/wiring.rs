@@ -50,7 +50,7 @@ async fn bare_metal_pods_get_active_ports_and_release_them() -> Result<()> {
         let kube = start_kube().await?;
         let neutron = &target.client;
         let fx = neutron_fixture(neutron, "10.10.0.0/24").await?;
-        let ctrl = start_controller(&kube.client, neutron, config(&bare_metal_config(&fx, "")), "c1");
+        let ctrl = start_controller(&kube.client, &target, config(&bare_metal_config(&fx, "")), "c1");
         create_namespace(&kube.client, "demo", json!({})).await?;
         for i in 0..20 {
             create_pod(&kube.client, "demo", &format!("pod-{i}"), NODES[i % 2], json!({})).await?;
@@ -158,7 +158,7 @@ async fn quota_and_bad_annotation_produce_events_while_others_are_wired() -> Res
             )
             .await?;
         let cfg = bare_metal_config(&fx, "pod_project_driver = annotation");
-        let ctrl = start_controller(&kube.client, neutron, config(&cfg), "c1");
+        let ctrl = start_controller(&kube.client, &target, config(&cfg), "c1");
         create_namespace(&kube.client, "ok", json!({})).await?;
         create_namespace(
             &kube.client,

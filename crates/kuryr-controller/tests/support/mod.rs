@@ -182,17 +182,13 @@ impl Controller {
 
 pub fn start_controller(
     kube: &Client,
-    neutron: &NeutronClient,
+    neutron: &NeutronTarget,
     cfg: Arc<KuryrConfig>,
     identity: &str,
 ) -> Controller {
     let metrics = Metrics::new();
-    let mut opts = ControllerOptions::new(
-        cfg,
-        kube.clone(),
-        Deployments::single(neutron.clone()),
-        metrics.clone(),
-    );
+    let deployments = Deployments::noauth(&neutron.url, &metrics).expect("neutron client");
+    let mut opts = ControllerOptions::new(cfg, kube.clone(), deployments, metrics.clone());
     opts.health_addr = None;
     opts.metrics_addr = None;
     opts.identity = identity.to_string();
