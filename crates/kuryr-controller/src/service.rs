@@ -11,18 +11,20 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use kube::Client;
-use kuryr_config::KuryrConfig;
+use kuryr_config::{KuryrConfig, VifPoolDriver};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
 use crate::drivers::Drivers;
+use crate::drivers::set::vif_driver;
 use crate::error::Error;
 use crate::handlers::HandlerRegistry;
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::openstack::Deployments;
 use crate::pipeline::{ControllerPipeline, RetryPolicy};
+use crate::pool::{self, PoolManager};
 
 /// How to run a controller.
 pub struct ControllerOptions {
@@ -94,7 +96,9 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
         opts.deployments.clone(),
         metrics.clone(),
     ));
-    let drivers = Arc::new(Drivers::from_config(&ctx)?);
+    let mut drivers = Drivers::from_config(&ctx)?;
+    let pools = build_pools(&ctx, &mut drivers)?;
+    let drivers = Arc::new(drivers);
     let handlers = opts
         .registry
         .build(&opts.config.kubernetes.enabled_handlers, &ctx, &drivers)?;
@@ -105,7 +109,7 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
         "controller starting"
     );
     let readiness = Arc::new(Readiness::default());
-    readiness.pools_ready.store(true, Ordering::Relaxed);
+    readiness.pools_ready.store(pools.is_none(), Ordering::Relaxed);
 
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(addr) = opts.health_addr {
@@ -147,6 +151,11 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
                 for h in hs {
                     pipeline.register(h);
                 }
+                if let Some(p) = &pools {
+                    // Pools act on Neutron too: only the leader maintains (and recovers) them.
+                    tasks.spawn(p.clone().run(token.clone()));
+                    tasks.spawn(track_pool_readiness(p.clone(), readiness.clone(), token.clone()));
+                }
                 tracing::info!(identity = %opts.identity, "leading: pipeline started");
                 tasks.spawn(pipeline.run(opts.kube.clone(), reconcile, opts.max_concurrency, token.clone()));
                 leading = Some(token);
@@ -172,6 +181,41 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
     })
     .await;
     Ok(())
+}
+
+/// Replaces the `noop` pool by the configured pool driver; None when pooling is off.
+fn build_pools(ctx: &Arc<Context>, drivers: &mut Drivers) -> Result<Option<Arc<PoolManager>>, Error> {
+    let cfg = &ctx.config;
+    let manager = match cfg.kubernetes.vif_pool_driver {
+        VifPoolDriver::Noop => return Ok(None),
+        VifPoolDriver::MultiPool => {
+            let mut vifs = vec![drivers.vif.clone()];
+            for name in cfg
+                .vif_pool
+                .vif_pool_mapping
+                .keys()
+                .chain(cfg.vif_pool.pools_vif_drivers.values())
+            {
+                if vifs.iter().all(|v| v.name() != name.as_str()) {
+                    vifs.push(vif_driver(ctx, *name)?);
+                }
+            }
+            pool::build_multi(ctx.clone(), vifs, &cfg.vif_pool)?
+        }
+        _ => pool::build(ctx.clone(), drivers.vif.clone(), &cfg.vif_pool)?,
+    };
+    drivers.pool = manager.clone();
+    Ok(Some(manager))
+}
+
+async fn track_pool_readiness(pools: Arc<PoolManager>, readiness: Arc<Readiness>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => readiness.pools_ready.store(pools.is_ready(), Ordering::Relaxed),
+        }
+    }
 }
 
 async fn probe_dependencies(ctx: Arc<Context>, readiness: Arc<Readiness>, stop: CancellationToken) {
