@@ -13,6 +13,8 @@ use crate::store::{Store, render_subport};
 pub struct Reply {
     pub status: StatusCode,
     pub body: Option<Value>,
+    /// A non-JSON (webob HTML) answer, which the real server gives for a few paths.
+    pub html: Option<String>,
 }
 
 impl Reply {
@@ -20,18 +22,21 @@ impl Reply {
         Self {
             status: StatusCode::OK,
             body: Some(body),
+            html: None,
         }
     }
     fn created(body: Value) -> Self {
         Self {
             status: StatusCode::CREATED,
             body: Some(body),
+            html: None,
         }
     }
     fn no_content() -> Self {
         Self {
             status: StatusCode::NO_CONTENT,
             body: None,
+            html: None,
         }
     }
 }
@@ -218,12 +223,15 @@ pub fn handle(
                     a.iter()
                         .find(|e| e.get("alias").and_then(Value::as_str) == Some(alias))
                 })
-                .map(|e| Reply::ok(json!({"extension": e})))
-                .ok_or_else(|| {
-                    ApiError::not_found(
-                        "ExtensionNotFound",
-                        format!("Extension with alias {alias} does not exist"),
-                    )
+                .map(|e| Ok(Reply::ok(json!({"extension": e}))))
+                .unwrap_or_else(|| {
+                    Ok(Reply {
+                        status: StatusCode::NOT_FOUND,
+                        body: None,
+                        html: Some(format!(
+                            "<html>\n <head>\n  <title>404 Not Found</title>\n </head>\n <body>\n  <h1>404 Not Found</h1>\n  The resource could not be found.<br /><br />\nExtension with alias {alias} does not exist\n\n\n </body>\n</html>"
+                        )),
+                    })
                 })
         }
         Route::Agents if *m == Method::GET => {
@@ -382,7 +390,7 @@ fn create(store: &mut Store, res: Resource, body: &Value) -> ApiResult<Reply> {
 fn tags_collection(store: &mut Store, res: Resource, id: &str, req: &Request<'_>) -> ApiResult<Reply> {
     match req.method {
         Method::GET => {
-            let std = store.tags_mut(res, id)?;
+            let std = tag_target(store, res, id)?;
             Ok(Reply::ok(json!({"tags": std.tags})))
         }
         Method::PUT => {
@@ -392,17 +400,15 @@ fn tags_collection(store: &mut Store, res: Resource, id: &str, req: &Request<'_>
                 .map(|o| input::opt_str_list(o, "tags"))
                 .transpose()?
                 .flatten()
-                .ok_or_else(|| {
-                    ApiError::bad_request("Invalid input for tags. Reason: 'tags' is required.")
-                })?;
+                .ok_or_else(|| ApiError::invalid_input("Invalid tags body"))?;
             let tags = input::tags("tags", list)?;
-            let std = store.tags_mut(res, id)?;
+            let std = tag_target(store, res, id)?;
             std.tags = tags;
             std.revision += 1;
             Ok(Reply::ok(json!({"tags": std.tags})))
         }
         Method::DELETE => {
-            let std = store.tags_mut(res, id)?;
+            let std = tag_target(store, res, id)?;
             std.tags.clear();
             std.revision += 1;
             Ok(Reply::no_content())
@@ -413,7 +419,7 @@ fn tags_collection(store: &mut Store, res: Resource, id: &str, req: &Request<'_>
 
 fn tag_member(store: &mut Store, res: Resource, id: &str, tag: &str, m: &Method) -> ApiResult<Reply> {
     let not_found = || ApiError::not_found("TagNotFound", format!("Tag {tag} could not be found."));
-    let std = store.tags_mut(res, id)?;
+    let std = tag_target(store, res, id)?;
     match *m {
         Method::GET => {
             if std.tags.iter().any(|t| t == tag) {
@@ -791,11 +797,9 @@ fn list_reply(
         .collect();
     for d in &sort_dirs {
         if *d != "asc" && *d != "desc" {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "BadRequest",
-                format!("Bad sort_dir request: sort_dir must be 'asc' or 'desc', not '{d}'."),
-            ));
+            return Err(ApiError::bad_request(format!(
+                "['{d}'] is invalid value for sort_dirs, valid value is 'asc' and 'desc'"
+            )));
         }
     }
     if !sort_keys.is_empty() {
@@ -924,4 +928,9 @@ fn page_href(req: &Request<'_>, marker: &str, previous: bool) -> String {
         ser.append_pair("page_reverse", "True");
     }
     format!("http://{}{}?{}", req.host, req.path, ser.finish())
+}
+
+/// The resource behind a tags URL. The real server answers 500 (a neutron bug) when it does not exist; so do we.
+fn tag_target<'s>(store: &'s mut Store, res: Resource, id: &str) -> ApiResult<&'s mut crate::store::Std> {
+    store.tags_mut(res, id).map_err(|_| ApiError::internal())
 }

@@ -105,6 +105,8 @@ impl ApiError {
                 "SecurityGroupRuleNotFound",
                 format!("Security group rule {id} does not exist"),
             ),
+            // Neutron's RouterNotFound message has no final period.
+            Resource::Router => Self::not_found("RouterNotFound", format!("Router {id} could not be found")),
             _ => Self::not_found(
                 &format!("{}NotFound", res.type_name()),
                 format!("{} {id} could not be found.", res.human_name()),

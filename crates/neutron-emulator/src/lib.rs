@@ -415,6 +415,19 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: AxumRequest) -> Respon
         return fault_response(&shared, f);
     }
     match result {
+        Ok(api::Reply {
+            status,
+            html: Some(html),
+            ..
+        }) => {
+            let mut r = json_response(&shared, status, None, HeaderMap::new());
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=UTF-8"),
+            );
+            *r.body_mut() = Body::from(html);
+            r
+        }
         Ok(reply) => json_response(&shared, reply.status, reply.body.as_ref(), HeaderMap::new()),
         Err(e) => error_response(&shared, &e),
     }

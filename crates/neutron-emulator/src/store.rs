@@ -1026,7 +1026,7 @@ impl Store {
         if ip_version != 4 && ip_version != 6 {
             return Err(ApiError::invalid_attr(
                 "ip_version",
-                format!("{ip_version} is not in [4, 6]"),
+                format!("{ip_version} is not in valid_values"),
             ));
         }
         let version = if ip_version == 4 { 4u8 } else { 6u8 };
@@ -1046,10 +1046,7 @@ impl Store {
                         ApiError::invalid_attr("cidr", format!("'{c}' is not a valid IP subnet"))
                     })?,
                     Err(None) => {
-                        return Err(ApiError::invalid_attr(
-                            "cidr",
-                            format!("'{c}' is not a valid IP subnet"),
-                        ));
+                        return Err(ApiError::invalid_input(format!("{c} is not in a CIDR format")));
                     }
                 };
                 if let Some(pool_id) = pool {
@@ -1113,9 +1110,9 @@ impl Store {
             }
         };
         if cidr.version != version {
-            return Err(ApiError::invalid_input(
-                "Cidr and ip_version mismatch".to_string(),
-            ));
+            return Err(ApiError::invalid_input(format!(
+                "cidr '{cidr}' does not match the ip_version '{version}'"
+            )));
         }
         if self
             .subnets
@@ -1130,10 +1127,11 @@ impl Store {
             None => Some(cidr.default_gateway()),
             Some(Value::Null) => None,
             Some(Value::String(g)) => match ipam::parse_ip(g) {
-                Some((v, ip)) if cidr.contains(v, ip) => Some(ip),
+                // Neutron accepts a gateway outside the cidr (an on-link router elsewhere).
+                Some((v, ip)) if v == version => Some(ip),
                 Some(_) => {
                     return Err(ApiError::invalid_input(format!(
-                        "Gateway IP {g} conflicts with allocation pool"
+                        "Gateway IP {g} does not match the ip_version of the subnet"
                     )));
                 }
                 None => {
@@ -1175,9 +1173,13 @@ impl Store {
                             pools.push((s, e));
                         }
                         _ => {
+                            let show = |k: &str| item.get(k).map(input::show).unwrap_or_default();
                             return Err(ApiError::bad_request(format!(
-                                "The allocation pool {item} spans beyond the subnet cidr {cidr}."
-                            )));
+                                "The allocation pool {}-{} spans beyond the subnet cidr {cidr}.",
+                                show("start"),
+                                show("end")
+                            ))
+                            .with_kind("OutOfBoundsAllocationPool"));
                         }
                     }
                 }
@@ -1911,6 +1913,7 @@ impl Store {
                 }
             }
             input::opt_obj(obj, "binding:profile")?;
+            vnic_type(obj)?;
             input::opt_list(obj, "fixed_ips")?;
             if let Some(aap) = input::opt_list(obj, "allowed_address_pairs")? {
                 normalize_aap(&aap, "fa:16:3e:00:00:00")?;
@@ -1991,7 +1994,7 @@ impl Store {
                 fixed_ips,
                 port_security_enabled,
                 security_groups,
-                vnic_type: input::opt_str(obj, "binding:vnic_type")?.unwrap_or_else(|| "normal".into()),
+                vnic_type: vnic_type(obj)?.unwrap_or_else(|| "normal".into()),
                 profile: input::opt_obj(obj, "binding:profile")?
                     .map(Value::Object)
                     .unwrap_or(json!({})),
@@ -2074,7 +2077,7 @@ impl Store {
             _ => input::opt_str(obj, "binding:host_id")?,
         };
         let profile = input::opt_obj(obj, "binding:profile")?;
-        let vnic = input::opt_str(obj, "binding:vnic_type")?;
+        let vnic = vnic_type(obj)?;
         let new_mac = input::opt_str(obj, "mac_address")?.map(|m| m.to_ascii_lowercase());
         let aap = match input::opt_list(obj, "allowed_address_pairs")? {
             Some(a) => Some(normalize_aap(&a, new_mac.as_deref().unwrap_or(&port.mac))?),
@@ -3271,5 +3274,29 @@ fn ipv6_mode(obj: &Obj, key: &str) -> ApiResult<Value> {
         None => Ok(Value::Null),
         Some(m) if ["slaac", "dhcpv6-stateful", "dhcpv6-stateless"].contains(&m.as_str()) => Ok(json!(m)),
         Some(m) => Err(ApiError::invalid_attr(key, format!("{m} is not in valid_values"))),
+    }
+}
+
+const VNIC_TYPES: [&str; 11] = [
+    "normal",
+    "direct",
+    "macvtap",
+    "baremetal",
+    "direct-physical",
+    "virtio-forwarder",
+    "smart-nic",
+    "vdpa",
+    "accelerator-direct",
+    "accelerator-direct-physical",
+    "remote-managed",
+];
+
+fn vnic_type(obj: &Obj) -> ApiResult<Option<String>> {
+    match input::opt_str(obj, "binding:vnic_type")? {
+        Some(v) if !VNIC_TYPES.contains(&v.as_str()) => Err(ApiError::invalid_attr(
+            "binding:vnic_type",
+            format!("{v} is not in valid_values"),
+        )),
+        other => Ok(other),
     }
 }
