@@ -802,6 +802,18 @@ fn list_reply(
             )));
         }
     }
+    if sort_keys.len() != sort_dirs.len() {
+        return Err(ApiError::bad_request(
+            "The number of sort_keys and sort_dirs must be same",
+        ));
+    }
+    if let Some(r) = res
+        && let Some(bad) = sort_keys.iter().find(|k| !filterable(r).contains(*k))
+    {
+        return Err(ApiError::bad_request(format!(
+            "['{bad}'] is invalid attribute for sort_keys"
+        )));
+    }
     if !sort_keys.is_empty() {
         items.sort_by(|a, b| {
             for (i, k) in sort_keys.iter().enumerate() {

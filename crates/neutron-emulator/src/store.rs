@@ -452,7 +452,7 @@ impl Store {
             if n < -1 {
                 return Err(ApiError::invalid_attr(
                     k,
-                    format!("'{n}' is smaller than minimum (-1)"),
+                    format!("'{n}' is too small - must be at least '-1'"),
                 ));
             }
             parsed.push((k.clone(), n));
@@ -687,7 +687,8 @@ impl Store {
         {
             return Err(ApiError::bad_request(
                 "For TCP/UDP protocols, port_range_min must be <= port_range_max".to_string(),
-            ));
+            )
+            .with_kind("SecurityGroupInvalidPortRange"));
         }
         let remote_ip_prefix = match input::opt_str(obj, "remote_ip_prefix")? {
             None => Value::Null,

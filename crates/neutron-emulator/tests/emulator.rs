@@ -1039,3 +1039,282 @@ async fn slaac_subnets_give_every_port_its_eui64_address() {
     assert_eq!(v6s.len(), 2);
     emu.shutdown().await;
 }
+
+/// label, method, path, body, If-Match value.
+type ParityCase<'a> = (&'a str, Method, String, Option<Value>, Option<&'a str>);
+
+/// Status, error type and message (ids blanked) of edge-case requests, compared with the real server.
+#[tokio::test]
+async fn error_parity_with_real_server() {
+    let Ok(real_url) = std::env::var("KURYR_TEST_NEUTRON_URL") else {
+        eprintln!("skipping error_parity_with_real_server: KURYR_TEST_NEUTRON_URL is unset");
+        return;
+    };
+    let (emu, emu_api) = emulator().await;
+    let real_api = Api::new(&real_url);
+    let zero = "00000000-0000-0000-0000-000000000000";
+    let mut results: Vec<Vec<String>> = Vec::new();
+    for api in [&emu_api, &real_api] {
+        let project = format!("emu-parity-{}", uuid::Uuid::new_v4().simple());
+        let (net, sub) = api.net_subnet(&project, "10.56.0.0/24").await;
+        let port = api
+            .port(
+                &net,
+                &project,
+                json!({"fixed_ips": [{"ip_address": "10.56.0.10"}]}),
+            )
+            .await;
+        let port = port["id"].as_str().unwrap_or_default().to_string();
+        let sg = api
+            .ok(
+                Method::POST,
+                "/security-groups",
+                Some(json!({"security_group": {"project_id": project, "name": "s"}})),
+            )
+            .await;
+        let sg = sg["security_group"]["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let cases: Vec<ParityCase<'_>> = vec![
+            (
+                "no member",
+                Method::POST,
+                "/networks".into(),
+                Some(json!({})),
+                None,
+            ),
+            (
+                "bad bool",
+                Method::POST,
+                "/networks".into(),
+                Some(json!({"network": {"admin_state_up": "x"}})),
+                None,
+            ),
+            (
+                "bad cidr",
+                Method::POST,
+                "/subnets".into(),
+                Some(json!({"subnet": {"network_id": net, "ip_version": 4, "cidr": "banana"}})),
+                None,
+            ),
+            (
+                "bad version",
+                Method::POST,
+                "/subnets".into(),
+                Some(json!({"subnet": {"network_id": net, "ip_version": 5, "cidr": "10.1.0.0/24"}})),
+                None,
+            ),
+            (
+                "overlap",
+                Method::POST,
+                "/subnets".into(),
+                Some(json!({"subnet": {"network_id": net, "ip_version": 4, "cidr": "10.56.0.0/25"}})),
+                None,
+            ),
+            (
+                "no cidr",
+                Method::POST,
+                "/subnets".into(),
+                Some(json!({"subnet": {"network_id": net, "ip_version": 4}})),
+                None,
+            ),
+            (
+                "pool outside",
+                Method::POST,
+                "/subnets".into(),
+                Some(
+                    json!({"subnet": {"network_id": net, "ip_version": 4, "cidr": "10.4.0.0/24", "allocation_pools": [{"start": "10.5.0.2", "end": "10.5.0.9"}]}}),
+                ),
+                None,
+            ),
+            (
+                "bad mac",
+                Method::POST,
+                "/ports".into(),
+                Some(json!({"port": {"network_id": net, "mac_address": "zz"}})),
+                None,
+            ),
+            (
+                "missing sg",
+                Method::POST,
+                "/ports".into(),
+                Some(json!({"port": {"network_id": net, "security_groups": [zero]}})),
+                None,
+            ),
+            (
+                "ip outside subnet",
+                Method::POST,
+                "/ports".into(),
+                Some(
+                    json!({"port": {"network_id": net, "fixed_ips": [{"subnet_id": sub, "ip_address": "10.99.0.5"}]}}),
+                ),
+                None,
+            ),
+            (
+                "ip taken",
+                Method::POST,
+                "/ports".into(),
+                Some(json!({"port": {"network_id": net, "fixed_ips": [{"ip_address": "10.56.0.10"}]}})),
+                None,
+            ),
+            (
+                "status in POST",
+                Method::POST,
+                "/ports".into(),
+                Some(json!({"port": {"network_id": net, "status": "ACTIVE"}})),
+                None,
+            ),
+            (
+                "read-only",
+                Method::PUT,
+                format!("/ports/{port}"),
+                Some(json!({"port": {"status": "ACTIVE"}})),
+                None,
+            ),
+            (
+                "bad vnic",
+                Method::PUT,
+                format!("/ports/{port}"),
+                Some(json!({"port": {"binding:vnic_type": "weird"}})),
+                None,
+            ),
+            (
+                "stale delete",
+                Method::DELETE,
+                format!("/ports/{port}"),
+                None,
+                Some("revision_number=99"),
+            ),
+            (
+                "trunk without port",
+                Method::POST,
+                "/trunks".into(),
+                Some(json!({"trunk": {}})),
+                None,
+            ),
+            (
+                "trunk missing port",
+                Method::POST,
+                "/trunks".into(),
+                Some(json!({"trunk": {"port_id": zero}})),
+                None,
+            ),
+            (
+                "bad tags body",
+                Method::PUT,
+                format!("/ports/{port}/tags"),
+                Some(json!({"x": 1})),
+                None,
+            ),
+            (
+                "missing rule dir",
+                Method::POST,
+                "/security-group-rules".into(),
+                Some(json!({"security_group_rule": {"security_group_id": sg}})),
+                None,
+            ),
+            (
+                "bad port range",
+                Method::POST,
+                "/security-group-rules".into(),
+                Some(
+                    json!({"security_group_rule": {"security_group_id": sg, "direction": "ingress", "protocol": "tcp", "port_range_min": 90, "port_range_max": 80}}),
+                ),
+                None,
+            ),
+            (
+                "sg in use",
+                Method::DELETE,
+                format!("/security-groups/{sg}"),
+                None,
+                None,
+            ),
+            (
+                "missing router",
+                Method::GET,
+                format!("/routers/{zero}"),
+                None,
+                None,
+            ),
+            (
+                "missing pool",
+                Method::GET,
+                format!("/subnetpools/{zero}"),
+                None,
+                None,
+            ),
+            (
+                "sort mismatch",
+                Method::GET,
+                "/networks?sort_key=name".into(),
+                None,
+                None,
+            ),
+            ("bad filter", Method::GET, "/ports?bogus=1".into(), None, None),
+            ("bad limit", Method::GET, "/ports?limit=x".into(), None, None),
+            (
+                "quota too small",
+                Method::PUT,
+                format!("/quotas/{project}"),
+                Some(json!({"quota": {"port": -5}})),
+                None,
+            ),
+            (
+                "network in use",
+                Method::DELETE,
+                format!("/networks/{net}"),
+                None,
+                None,
+            ),
+        ];
+        let mut out = Vec::new();
+        // Bind the port to the security group first so "sg in use" is in use on both.
+        api.ok(
+            Method::PUT,
+            &format!("/ports/{port}"),
+            Some(json!({"port": {"security_groups": [sg]}})),
+        )
+        .await;
+        for (label, m, path, body, if_match) in cases {
+            let headers: Vec<(&str, &str)> = if_match.map(|v| vec![("If-Match", v)]).unwrap_or_default();
+            let (s, v) = api.req_h(m, &path, body, &headers).await;
+            let msg = v["NeutronError"]["message"].as_str().unwrap_or("").to_string();
+            let blanked: String = msg
+                .split(' ')
+                .map(|w| {
+                    if uuid::Uuid::parse_str(w.trim_end_matches(['.', ',', ':'])).is_ok() {
+                        "ID"
+                    } else {
+                        w
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" ");
+            out.push(format!("{label}: {} {} {blanked}", s.as_u16(), err_type(&v)));
+        }
+        api.req(Method::DELETE, &format!("/ports/{port}"), None).await;
+        api.req(Method::DELETE, &format!("/networks/{net}"), None).await;
+        let sgs = api
+            .ok(
+                Method::GET,
+                &format!("/security-groups?project_id={project}&fields=id"),
+                None,
+            )
+            .await;
+        for s in sgs["security_groups"].as_array().into_iter().flatten() {
+            api.req(
+                Method::DELETE,
+                &format!("/security-groups/{}", s["id"].as_str().unwrap_or_default()),
+                None,
+            )
+            .await;
+        }
+        api.req(Method::DELETE, &format!("/quotas/{project}"), None).await;
+        results.push(out);
+    }
+    for (e, r) in results[0].iter().zip(&results[1]) {
+        assert_eq!(e, r, "emulator (left) differs from the real server (right)");
+    }
+    emu.shutdown().await;
+}
