@@ -249,6 +249,8 @@ pub enum OutageMode {
     #[default]
     Unavailable,
     /// New connections are accepted and dropped at once (the client sees a reset / closed connection).
+    /// Already established keep-alive connections keep working; start the emulator with
+    /// `connection_close: true` (like the real uWSGI) so every request opens a new connection.
     Reset,
 }
 
