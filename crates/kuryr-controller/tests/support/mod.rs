@@ -262,3 +262,54 @@ where
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Namespace of the controller's KuryrPortPool objects in the pool tests.
+pub const CONTROLLER_NS: &str = "kuryr-system";
+
+/// What a pooled controller needs: its config (`neutron` pool driver, a cluster id of its own so
+/// that its orphan sweep never touches another test's ports on a shared neutron-server) and the
+/// pool management API socket.
+pub struct PoolBed {
+    pub ini: String,
+    pub socket: std::path::PathBuf,
+    pub cluster_id: String,
+}
+
+impl PoolBed {
+    /// `vif_pool` is the body of the `[vif_pool]` section.
+    pub async fn new(kube: &Kube, fx: &NeutronFixture, vif_pool: &str) -> Result<Self> {
+        match create_namespace(&kube.client, CONTROLLER_NS, json!({})).await {
+            Ok(()) => {}
+            Err(e) if e.to_string().contains("already exists") => {}
+            Err(e) => return Err(e),
+        }
+        let cluster_id = format!("pool-{}", uuid::Uuid::new_v4().simple());
+        let socket = std::env::temp_dir().join(format!("{cluster_id}.sock"));
+        let ini = format!(
+            "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_vif_driver = neutron-vif\nvif_pool_driver = neutron\n\
+             cluster_id = {cluster_id}\ncontroller_namespace = {CONTROLLER_NS}\nenable_manager = true\n\
+             [pool_manager]\nsock_file = {}\n[vif_pool]\n{vif_pool}\n\
+             [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\nresource_tags = k8s,test\n",
+            socket.display(),
+            fx.project,
+            fx.subnet,
+            fx.sg
+        );
+        Ok(Self {
+            ini,
+            socket,
+            cluster_id,
+        })
+    }
+}
+
+/// Ids of the kuryr-rs ports of a project (pool and pod ports alike).
+pub async fn kuryr_ports(
+    client: &NeutronClient,
+    project: &str,
+) -> Result<std::collections::BTreeSet<String>> {
+    let f = kuryr_neutron::ListFilter::new()
+        .project_id(project)
+        .tags([kuryr_crds::names::neutron::TAG_MANAGED]);
+    Ok(client.list_ports(&f).await?.into_iter().map(|p| p.id).collect())
+}

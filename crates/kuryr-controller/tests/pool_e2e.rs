@@ -1,0 +1,244 @@
+//! Issue 5's "must show" pool behaviour end to end: the controller (service::run with
+//! `vif_pool_driver = neutron`) against the Kubernetes API emulator and a Neutron - the in-repo
+//! emulator, and the real neutron-server when KURYR_TEST_NEUTRON_URL is set.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use kube::api::{Api, DeleteParams, ListParams};
+use kuryr_controller::pool::api;
+use kuryr_crds::{KuryrPort, KuryrPortPool};
+use serde_json::json;
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn first_pod_fills_the_pool_second_hits_and_a_restart_recovers_it() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.61.0.0/24").await?;
+        let bed = PoolBed::new(
+            &kube,
+            &fx,
+            "ports_pool_batch = 5\nports_pool_min = 2\nports_pool_update_frequency = 2",
+        )
+        .await?;
+        let ctrl = start_controller(&kube.client, &target, config(&bed.ini), "c1");
+        create_namespace(&kube.client, "demo", json!({})).await?;
+
+        create_pod(&kube.client, "demo", "pod-0", NODES[0], json!({})).await?;
+        wait_active_ports(&kube.client, "demo", 1).await?;
+        let first = eventually("the first refill's 5 ports", WAIT, || async {
+            let p = kuryr_ports(neutron, &fx.project).await?;
+            Ok((p.len() == 5).then_some(p))
+        })
+        .await?;
+        create_pod(&kube.client, "demo", "pod-1", NODES[0], json!({})).await?;
+        let used = wait_active_ports(&kube.client, "demo", 2).await?;
+        // Give a (wrong) refill the time to land before asserting there is none.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            kuryr_ports(neutron, &fx.project).await?,
+            first,
+            "{}: the second pod was served from the pool",
+            target.name
+        );
+        assert!(used.is_subset(&first), "{}: pods use pool ports", target.name);
+        let pools = api::list_pools(&bed.socket).await?;
+        assert_eq!(pools.len(), 1, "{}: {pools:?}", target.name);
+        assert_eq!((pools[0].available, pools[0].in_use), (3, 2), "{}", target.name);
+        // Membership is flushed to the KuryrPortPool object before the restart.
+        let objs = Api::<KuryrPortPool>::namespaced(kube.client.clone(), CONTROLLER_NS);
+        eventually("KuryrPortPool with 3 available ports", WAIT, || async {
+            let l = objs.list(&ListParams::default()).await?.items;
+            Ok(l.iter()
+                .any(|p| p.status.as_ref().is_some_and(|s| s.available.len() == 3))
+                .then_some(()))
+        })
+        .await?;
+
+        ctrl.stop.cancel();
+        ctrl.task.await?;
+        let ctrl = start_controller(&kube.client, &target, config(&bed.ini), "c2");
+        create_pod(&kube.client, "demo", "pod-2", NODES[0], json!({})).await?;
+        let used_after = wait_active_ports(&kube.client, "demo", 3).await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            kuryr_ports(neutron, &fx.project).await?,
+            first,
+            "{}: the restart created or deleted no port",
+            target.name
+        );
+        let new: Vec<_> = used_after.difference(&used).collect();
+        assert_eq!(new.len(), 1, "{}", target.name);
+        assert!(
+            first.contains(new[0]),
+            "{}: served from the recovered pool",
+            target.name
+        );
+        let pools = api::list_pools(&bed.socket).await?;
+        assert_eq!(
+            (pools[0].available, pools[0].in_use),
+            (2, 3),
+            "{}: {pools:?}",
+            target.name
+        );
+        ctrl.stop.cancel();
+        ctrl.task.await?;
+        cleanup_project(neutron, &fx.project).await;
+        eprintln!("pool_e2e[{}]: 5 ports for 3 pods across a restart", target.name);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn released_ports_are_recycled_up_to_max() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.62.0.0/24").await?;
+        let bed = PoolBed::new(
+            &kube,
+            &fx,
+            "ports_pool_batch = 2\nports_pool_max = 2\nports_pool_min = 1\nports_pool_update_frequency = 2",
+        )
+        .await?;
+        let ctrl = start_controller(&kube.client, &target, config(&bed.ini), "c1");
+        create_namespace(&kube.client, "demo", json!({})).await?;
+        for i in 0..3 {
+            create_pod(&kube.client, "demo", &format!("pod-{i}"), NODES[1], json!({})).await?;
+        }
+        let used = wait_active_ports(&kube.client, "demo", 3).await?;
+        assert_eq!(used.len(), 3);
+        let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(kube.client.clone(), "demo");
+        for i in 0..3 {
+            pods.delete(&format!("pod-{i}"), &DeleteParams::default()).await?;
+        }
+        eventually("pods gone", WAIT, || async {
+            Ok(pods
+                .list(&ListParams::default())
+                .await?
+                .items
+                .is_empty()
+                .then_some(()))
+        })
+        .await?;
+        let released = Instant::now();
+        let spare = eventually("exactly 2 spare ports", WAIT, || async {
+            let pools = api::list_pools(&bed.socket).await?;
+            let p = kuryr_ports(neutron, &fx.project).await?;
+            let settled = pools.len() == 1
+                && pools[0].available == 2
+                && pools[0].recyclable == 0
+                && pools[0].in_use == 0
+                && p.len() == 2;
+            Ok(settled.then_some(p))
+        })
+        .await?;
+        // One recycle pass does it (update period 2 s; the real server needs ~0.3 s per update).
+        assert!(
+            released.elapsed() < Duration::from_secs(10),
+            "{}: took {:?}",
+            target.name,
+            released.elapsed()
+        );
+        assert!(
+            spare.is_subset(&used),
+            "{}: spare ports are the recycled ones",
+            target.name
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(
+            kuryr_ports(neutron, &fx.project).await?,
+            spare,
+            "{}: stable",
+            target.name
+        );
+        // Recycled ports are reset: pool name, no device id, the pool's security groups.
+        for id in &spare {
+            let port = neutron.get_port(id).await?;
+            assert_eq!(port.name, kuryr_crds::names::neutron::POOL_PORT_NAME);
+            assert_eq!(port.device_id, "");
+            assert_eq!(port.security_groups, vec![fx.sg.clone()]);
+        }
+        ctrl.stop.cancel();
+        ctrl.task.await?;
+        cleanup_project(neutron, &fx.project).await;
+        eprintln!("pool_e2e[{}]: 3 pods released, 2 spare ports kept", target.name);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_ports_above_min_expire_after_the_ttl() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.63.0.0/24").await?;
+        let bed = PoolBed::new(
+            &kube,
+            &fx,
+            "ports_pool_batch = 4\nports_pool_min = 1\nports_pool_ttl = 6\nports_pool_update_frequency = 1",
+        )
+        .await?;
+        let ctrl = start_controller(&kube.client, &target, config(&bed.ini), "c1");
+        create_namespace(&kube.client, "demo", json!({})).await?;
+        create_pod(&kube.client, "demo", "pod-0", NODES[0], json!({})).await?;
+        let used = wait_active_ports(&kube.client, "demo", 1).await?;
+        let filled = Instant::now();
+        let grown = kuryr_ports(neutron, &fx.project).await?;
+        assert_eq!(grown.len(), 4, "{}: one batch", target.name);
+        let pools = api::list_pools(&bed.socket).await?;
+        assert_eq!(pools[0].available, 3, "{}: above min", target.name);
+        let left = eventually("the pool back at min", WAIT, || async {
+            let pools = api::list_pools(&bed.socket).await?;
+            let p = kuryr_ports(neutron, &fx.project).await?;
+            Ok((pools[0].available == 1 && p.len() == 2).then_some(p))
+        })
+        .await?;
+        assert!(
+            filled.elapsed() >= Duration::from_secs(5),
+            "{}: expired after {:?}, before the 6 s TTL",
+            target.name,
+            filled.elapsed()
+        );
+        assert!(used.is_subset(&left), "{}: the pod keeps its port", target.name);
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        assert_eq!(
+            kuryr_ports(neutron, &fx.project).await?,
+            left,
+            "{}: min is kept",
+            target.name
+        );
+        ctrl.stop.cancel();
+        ctrl.task.await?;
+        cleanup_project(neutron, &fx.project).await;
+        eprintln!("pool_e2e[{}]: 3 idle ports expired down to min", target.name);
+    }
+    Ok(())
+}
+
+/// KuryrPorts of `ns`: waits for `n` with an active default VIF; returns their port ids.
+async fn wait_active_ports(kube: &kube::Client, ns: &str, n: usize) -> Result<BTreeSet<String>> {
+    let api = Api::<KuryrPort>::namespaced(kube.clone(), ns);
+    eventually(&format!("{n} active KuryrPorts in {ns}"), WAIT, || async {
+        let kps = api.list(&ListParams::default()).await?.items;
+        let ids: BTreeSet<String> = kps
+            .iter()
+            .filter_map(|kp| kp.status.as_ref()?.default_vif())
+            .filter(|(_, v)| v.active())
+            .map(|(_, v)| v.id().to_string())
+            .collect();
+        Ok((kps.len() == n && ids.len() == n).then_some(ids))
+    })
+    .await
+}
