@@ -45,6 +45,18 @@ pub async fn delete_port(client: &NeutronClient, port_id: &str, trunk: Option<&s
     }
 }
 
+/// Subport id -> trunk id, over every trunk of the deployment.
+pub async fn trunk_of_subports(client: &NeutronClient) -> Result<HashMap<String, String>, Error> {
+    let trunks = client.list_trunks(&ListFilter::new()).await?;
+    Ok(trunks
+        .into_iter()
+        .flat_map(|t| {
+            let id = t.id;
+            t.sub_ports.into_iter().map(move |s| (s.port_id, id.clone()))
+        })
+        .collect())
+}
+
 /// One sweep pass over every deployment. `owned` is everything pools and KuryrPorts account
 /// for, read after the Neutron listing would be racy, so callers read it before. Returns the
 /// deleted port ids.
@@ -61,21 +73,28 @@ pub async fn sweep(
         let ports = client
             .list_ports(&ListFilter::new().tags([tags::TAG_MANAGED, cluster_tag]))
             .await?;
-        let mut device_ids = HashMap::new();
+        let mut subports = HashSet::new();
         let unowned: BTreeSet<String> = ports
             .into_iter()
             .filter(|p| p.device_owner == COMPUTE_KURYR || p.device_owner == TRUNK_SUBPORT)
             .filter(|p| !owned.contains(&p.id))
             .map(|p| {
                 if p.device_owner == TRUNK_SUBPORT {
-                    device_ids.insert(p.id.clone(), p.device_id.clone());
+                    subports.insert(p.id.clone());
                 }
                 p.id
             })
             .collect();
-        for id in suspects.confirm(&deployment, unowned) {
-            // A subport's device id is its trunk.
-            let trunk = device_ids.get(&id).filter(|t| !t.is_empty()).map(String::as_str);
+        let confirmed = suspects.confirm(&deployment, unowned);
+        // Subports carry no device id (Neutron refuses one on them): their trunk is found the
+        // way recovery finds it, from the trunks' subport lists.
+        let trunks = if confirmed.iter().any(|id| subports.contains(id)) {
+            trunk_of_subports(client).await?
+        } else {
+            HashMap::new()
+        };
+        for id in confirmed {
+            let trunk = trunks.get(&id).map(String::as_str);
             match delete_port(client, &id, trunk).await {
                 Ok(()) => {
                     tracing::info!(port = %id, deployment, "deleted orphaned kuryr-rs port");

@@ -1,0 +1,88 @@
+//! The orphan sweep on nested ports: a kuryr-rs subport owned by nothing has no device id
+//! (Neutron refuses one on subports), so the sweep must find its trunk from the trunks' subport
+//! lists, detach it and delete it - after two passes, and never touching an owned subport.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::HashSet;
+
+use anyhow::Result;
+use kuryr_controller::openstack::Deployments;
+use kuryr_controller::pool::sweep::{Suspects, sweep};
+use kuryr_crds::names::device_owner::TRUNK_SUBPORT;
+use kuryr_crds::names::neutron as tags;
+use kuryr_neutron::{PortCreate, SubPort, TrunkCreate};
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_detaches_and_deletes_unowned_subports() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.65.0.0/24").await?;
+        let cluster_tag = tags::cluster_tag(&format!("sweep-{}", uuid::Uuid::new_v4().simple()));
+        let parent = neutron
+            .create_port(&PortCreate {
+                project_id: Some(fx.project.clone()),
+                ..PortCreate::new(&fx.network)
+            })
+            .await?;
+        let trunk = neutron
+            .create_trunk(&TrunkCreate {
+                port_id: parent.id.clone(),
+                project_id: Some(fx.project.clone()),
+                ..TrunkCreate::default()
+            })
+            .await?;
+        let sub = || PortCreate {
+            project_id: Some(fx.project.clone()),
+            device_owner: Some(TRUNK_SUBPORT.into()),
+            ..PortCreate::new(&fx.network)
+        };
+        let ports = neutron.create_ports(&[sub(), sub()]).await?;
+        for p in &ports {
+            neutron
+                .replace_tags(
+                    kuryr_neutron::Taggable::Port,
+                    &p.id,
+                    &[tags::TAG_MANAGED, cluster_tag.as_str()],
+                )
+                .await?;
+        }
+        let (orphan, owned) = (ports[0].id.clone(), ports[1].id.clone());
+        neutron
+            .add_subports(
+                &trunk.id,
+                &[SubPort::vlan(&orphan, 101), SubPort::vlan(&owned, 102)],
+            )
+            .await?;
+        // What made the old sweep skip the trunk: nothing on the port names it.
+        let before = neutron.get_port(&orphan).await?;
+        eprintln!(
+            "pool_sweep[{}]: subport device_id {:?}",
+            target.name, before.device_id
+        );
+
+        let deployments = Deployments::single(neutron.clone());
+        let owned_set: HashSet<String> = HashSet::from([owned.clone()]);
+        let mut suspects = Suspects::default();
+        let first = sweep(&deployments, &cluster_tag, &owned_set, &mut suspects).await?;
+        assert!(first.is_empty(), "{}: first sighting deletes nothing", target.name);
+        let second = sweep(&deployments, &cluster_tag, &owned_set, &mut suspects).await?;
+        assert_eq!(second, vec![orphan.clone()], "{}", target.name);
+        assert!(neutron.get_port(&orphan).await.is_err_and(|e| e.is_not_found()));
+        let left: Vec<String> = neutron
+            .get_subports(&trunk.id)
+            .await?
+            .into_iter()
+            .map(|s| s.port_id)
+            .collect();
+        assert_eq!(left, vec![owned.clone()], "{}: the owned subport stays", target.name);
+
+        neutron.remove_subports(&trunk.id, &[owned.as_str()]).await?;
+        neutron.delete_trunk(&trunk.id).await?;
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}
