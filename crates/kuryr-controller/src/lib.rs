@@ -6,6 +6,7 @@
 //! - `drivers`: project, subnets, security groups, VIF (neutron-vif, nested-vlan, nested-macvlan),
 //!   pool, multi-VIF
 
+pub mod binding;
 pub mod context;
 pub mod drivers;
 pub mod error;
