@@ -1,0 +1,211 @@
+//! cni-bench: CNI ADD/DEL latency from plugin exec to result (VIF already
+//! ACTIVE, veth + Linux bridge, real namespaces) and daemon memory with
+//! many pods registered. Prints a table.
+//!
+//! `cargo bench -p kuryr-cni --bench cni-bench` (root needed for netns);
+//! env `CNI_BENCH_PODS` (default 200) and `CNI_BENCH_REGISTERED` (default 500).
+#![allow(clippy::unwrap_used)]
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use kuryr_daemon::testing::{VifFixture, kuryrport};
+use kuryr_daemon::{ApiHealth, Daemon, DaemonConfig, NoEvents};
+use serde_json::json;
+
+struct ApiUp;
+#[async_trait]
+impl ApiHealth for ApiUp {
+    async fn check(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn children_max_rss_kib() -> i64 {
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage only writes into the struct we pass.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    ru.ru_maxrss
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn fixture(i: u32, tag: &str, bridge: &str) -> VifFixture {
+    let (a, b) = (i / 250, i % 250 + 2);
+    VifFixture {
+        ifname: "eth0".into(),
+        port_id: format!("{tag}{i:05}-0000-0000-0000-000000000000"),
+        mac: format!("fa:16:3e:99:{:02x}:{:02x}", i / 256, i % 256),
+        subnets: vec![(
+            format!("10.{}.0.0/16", 100 + a),
+            format!("10.{}.{}.{}", 100 + a, i % 200, b).parse().unwrap(),
+            None,
+        )],
+        bridge: bridge.into(),
+        mtu: Some(1450),
+        active: true,
+    }
+}
+
+fn main() {
+    let pods: u32 = std::env::var("CNI_BENCH_PODS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let registered: u32 = std::env::var("CNI_BENCH_REGISTERED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500);
+    let probe = format!("kbp{}", std::process::id());
+    if !Command::new("ip")
+        .args(["netns", "add", &probe])
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        eprintln!("cni-bench: cannot create network namespaces (need root); nothing measured");
+        return;
+    }
+    let _ = Command::new("ip").args(["netns", "del", &probe]).status();
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("kuryr.sock");
+    let mut cfg = DaemonConfig::new("bench-node");
+    cfg.bind_address = "127.0.0.1:0".parse().unwrap();
+    cfg.health_address = "127.0.0.1:0".parse().unwrap();
+    cfg.metrics_address = "127.0.0.1:0".parse().unwrap();
+    cfg.unix_socket = Some(sock.clone());
+    let bridge = format!("kbb{}", std::process::id() % 100_000);
+    let rss_before_daemon = rss_kib();
+    let (daemon, servers) = rt.block_on(async {
+        let d = Daemon::new(cfg, Arc::new(NoEvents), Arc::new(ApiUp));
+        let s = kuryr_daemon::server::start(d.clone()).await.unwrap();
+        (d, s)
+    });
+    let rss_idle = rss_kib();
+
+    // Latency: one netns per pod (created outside the timed section).
+    let tag = format!("b{:03}", std::process::id() % 1000);
+    let conf = json!({"cniVersion": "1.0.0", "name": "kuryr", "type": "kuryr-cni", "kuryr_daemon": format!("unix://{}", sock.display())}).to_string();
+    let run = |cmd: &str, i: u32, ns: &str| -> Duration {
+        let started = Instant::now();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kuryr-cni"))
+            .env_clear()
+            .env("CNI_COMMAND", cmd)
+            .env("CNI_CONTAINERID", format!("ctr{i}"))
+            .env("CNI_NETNS", format!("/var/run/netns/{ns}"))
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_ARGS", format!("K8S_POD_NAMESPACE=bench;K8S_POD_NAME=pod{i}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(conf.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let took = started.elapsed();
+        assert!(
+            out.status.success(),
+            "{cmd} pod{i}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        took
+    };
+    let mut adds = Vec::new();
+    let mut dels = Vec::new();
+    for i in 0..pods {
+        let ns = format!("kbn{}x{i}", std::process::id() % 100_000);
+        Command::new("ip").args(["netns", "add", &ns]).status().unwrap();
+        daemon.registry.apply_kuryrport(kuryrport(
+            "bench",
+            &format!("pod{i}"),
+            &format!("uid{i}"),
+            "bench-node",
+            &[fixture(i, &tag, &bridge)],
+        ));
+        adds.push(run("ADD", i, &ns));
+        dels.push(run("DEL", i, &ns));
+        let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+    }
+    let plugin_rss = children_max_rss_kib();
+    adds.sort();
+    dels.sort();
+
+    // Memory with many pods registered (status.vifs filled, as in production).
+    for i in 0..registered {
+        daemon.registry.apply_kuryrport(kuryrport(
+            "mem",
+            &format!("pod{i}"),
+            &format!("uid{i}"),
+            "bench-node",
+            &[fixture(i, &tag, &bridge)],
+        ));
+    }
+    let rss_loaded = rss_kib();
+
+    rt.block_on(servers.shutdown());
+    let _ = Command::new("ip").args(["link", "del", &bridge]).status();
+
+    println!("\ncni-bench (veth + Linux bridge, VIF already ACTIVE, plugin exec -> result)");
+    println!("{:<34} {:>12}", "metric", "value");
+    println!("{}", "-".repeat(47));
+    let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1000.0);
+    println!("{:<34} {:>12}", "pods", pods);
+    println!("{:<34} {:>12}", "ADD p50", ms(pct(&adds, 0.50)));
+    println!("{:<34} {:>12}", "ADD p99", ms(pct(&adds, 0.99)));
+    println!("{:<34} {:>12}", "ADD max", ms(pct(&adds, 1.0)));
+    println!("{:<34} {:>12}", "DEL p50", ms(pct(&dels, 0.50)));
+    println!("{:<34} {:>12}", "DEL p99", ms(pct(&dels, 0.99)));
+    println!(
+        "{:<34} {:>12}",
+        "children max RSS (plugin, ip)",
+        format!("{plugin_rss} KiB")
+    );
+    println!(
+        "{:<34} {:>12}",
+        "process RSS before daemon",
+        format!("{rss_before_daemon} KiB")
+    );
+    println!(
+        "{:<34} {:>12}",
+        "daemon RSS idle (process)",
+        format!("{rss_idle} KiB")
+    );
+    println!(
+        "{:<34} {:>12}",
+        format!("RSS with {registered} pods registered"),
+        format!("{rss_loaded} KiB")
+    );
+    println!(
+        "{:<34} {:>12}",
+        "per registered pod",
+        format!(
+            "{:.1} KiB",
+            rss_loaded.saturating_sub(rss_idle) as f64 / f64::from(registered.max(1))
+        )
+    );
+    println!("{:<34} {:>12}", "registry entries", daemon.registry.len());
+}
