@@ -65,6 +65,7 @@ cases!(
     trunk_get_missing_is_trunk_not_found,
     trunk_add_and_remove_subports,
     trunk_duplicate_subport,
+    subport_with_device_id_is_port_in_use,
     trunk_vlan_out_of_range_is_invalid_input,
     delete_subport_port_is_port_in_use_as_subport,
     parent_port_has_trunk_details,
@@ -1097,6 +1098,35 @@ async fn trunk_duplicate_subport(ctx: &Ctx) -> anyhow::Result<()> {
     ensure!(
         ctx.client.get_subports(&t.id).await?.len() == 1,
         "duplicate was added"
+    );
+    Ok(())
+}
+
+/// A port that already has a device (here a `device_id` set at creation) cannot become a subport:
+/// kuryr's nested driver must create subports without one.
+async fn subport_with_device_id_is_port_in_use(ctx: &Ctx) -> anyhow::Result<()> {
+    let (parent, _) = trunk_fixture(ctx, "10.57.0.0/24", 0).await?;
+    let t = new_trunk(ctx, &parent).await?;
+    let owned = ctx
+        .port(PortCreate {
+            device_id: Some("pod-uid-1".into()),
+            ..ctx.port_req(&parent.network_id)
+        })
+        .await?;
+    let e = expect_api_error(
+        ctx.client
+            .add_subports(&t.id, &[SubPort::vlan(&owned.id, 110)])
+            .await,
+        ErrorKind::Other {
+            error_type: "PortInUse".into(),
+        },
+        409,
+    )?;
+    let msg = e.api().map(|a| a.message.clone()).unwrap_or_default();
+    ensure!(msg.contains("pod-uid-1"), "message names the device: {msg}");
+    ensure!(
+        ctx.client.get_subports(&t.id).await?.is_empty(),
+        "nothing was added"
     );
     Ok(())
 }

@@ -2457,8 +2457,19 @@ impl Store {
         let mut seen_ids: Vec<u32> = existing.iter().map(|s| s.segmentation_id).collect();
         let mut seen_ports: Vec<&str> = Vec::new();
         for sp in new {
-            if !self.ports.contains_key(&sp.port_id) {
+            let Some(port) = self.ports.get(&sp.port_id) else {
                 return Err(ApiError::resource_not_found(Resource::Port, &sp.port_id));
+            };
+            // The real server refuses a port that already has a device (e.g. a device_id set at
+            // creation) as a subport.
+            if !port.device_id.is_empty() && !self.subport_of.contains_key(&sp.port_id) {
+                return Err(ApiError::conflict(
+                    "PortInUse",
+                    format!(
+                        "Unable to complete operation on port {} for network {}. Port already has an attached device {}.",
+                        sp.port_id, port.network_id, port.device_id
+                    ),
+                ));
             }
             if self.parent_of.contains_key(&sp.port_id) {
                 return Err(ApiError::conflict(
