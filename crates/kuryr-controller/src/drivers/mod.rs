@@ -6,7 +6,9 @@
 //! - [`security_groups`]: which security groups (`default`, `namespace`)
 //! - [`vif`]: how a port is made and activated (`neutron-vif`, `nested-vlan`, `nested-macvlan`)
 //! - [`pool`]: where ports come from (`noop` creates per pod; pools live in `crate::pool`)
+//! - [`multi_vif`]: the pod's additional interfaces (`[kubernetes] multi_vif_drivers`)
 
+pub mod multi_vif;
 pub mod os_vif;
 pub mod pool;
 pub mod project;

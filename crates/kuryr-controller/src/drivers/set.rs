@@ -6,6 +6,7 @@ use kuryr_config::{
     PodSubnetsDriver, PodVifDriver, ProjectDriver as ProjectDriverName, SecurityGroupsDriver as SgName,
 };
 
+use super::multi_vif::{self, MultiVifDriver};
 use super::pool::{NoopPool, VifPool};
 use super::project::{AnnotationProject, DefaultProject, ProjectDriver};
 use super::security_groups::{DefaultSecurityGroups, NamespaceSecurityGroups, SecurityGroupsDriver};
@@ -25,6 +26,8 @@ pub struct Drivers {
     pub security_groups: Arc<dyn SecurityGroupsDriver>,
     pub vif: Arc<dyn VifDriver>,
     pub pool: Arc<dyn VifPool>,
+    /// `[kubernetes] multi_vif_drivers`, in order; empty for `noop`.
+    pub multi_vif: Vec<Arc<dyn MultiVifDriver>>,
 }
 
 impl Drivers {
@@ -67,6 +70,7 @@ impl Drivers {
         };
         let vif = vif_driver(ctx, k.pod_vif_driver)?;
         let pool: Arc<dyn VifPool> = Arc::new(NoopPool::new(vif.clone()));
+        let multi_vif = multi_vif::from_config(ctx, &subnet_cache)?;
         Ok(Self {
             project,
             subnets,
@@ -74,6 +78,7 @@ impl Drivers {
             security_groups,
             vif,
             pool,
+            multi_vif,
         })
     }
 }

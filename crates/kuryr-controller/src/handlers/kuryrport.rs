@@ -1,6 +1,11 @@
 //! `kuryrport` handler: asks the drivers for the pod's VIFs, stores them in `status.vifs` (the
 //! upstream VIF JSON, plus where each came from), activates them, and releases them on finalize.
 //!
+//! Additional interfaces (`[kubernetes] multi_vif_drivers`) are planned and validated before any
+//! port is made, then acquired together with eth0: if one fails, all of the pod's ports are
+//! given back, so a pod never runs half-wired. Once every VIF is active the pod gets its
+//! `k8s.v1.cni.cncf.io/network-status` annotation.
+//!
 //! Progress is written after each step (VIFs requested, then activated), so a crash between steps
 //! resumes from the stored state instead of creating ports twice; ports created but never recorded
 //! carry the pod's tag and `device_id`, which the orphan sweep uses to collect them.
@@ -13,11 +18,13 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
+use kuryr_crds::names::annotations::NPWG_NETWORK_STATUS;
 use kuryr_crds::names::{DEFAULT_IFNAME, finalizers};
 use kuryr_crds::{KuryrPort, KuryrPortStatus, KuryrPortVif, Vif};
 use serde_json::json;
 
 use crate::context::Context;
+use crate::drivers::multi_vif::{self, MultiVifRecord, PodNetworking, RECORD_FIELD};
 use crate::drivers::pool::{ORIGIN_FIELD, VifOrigin, origin_for};
 use crate::drivers::{Drivers, PodRef, PortSpec};
 use crate::error::{Error, is_not_found};
@@ -35,6 +42,8 @@ pub struct RecordedVif {
     pub default: bool,
     pub vif: Vif,
     pub origin: Option<VifOrigin>,
+    /// Set on additional interfaces: how they go back and which network they are.
+    pub multi: Option<MultiVifRecord>,
 }
 
 pub fn recorded_vifs(kp: &KuryrPort) -> Vec<RecordedVif> {
@@ -51,6 +60,10 @@ pub fn recorded_vifs(kp: &KuryrPort) -> Vec<RecordedVif> {
                         .extra
                         .get(ORIGIN_FIELD)
                         .and_then(|o| serde_json::from_value(o.clone()).ok()),
+                    multi: v
+                        .extra
+                        .get(RECORD_FIELD)
+                        .and_then(|o| serde_json::from_value(o.clone()).ok()),
                 })
                 .collect()
         })
@@ -64,6 +77,10 @@ fn to_status(vifs: &[RecordedVif]) -> Result<KuryrPortStatus, Error> {
         if let Some(o) = &r.origin {
             let v = serde_json::to_value(o).map_err(|e| Error::Config(e.to_string()))?;
             entry.extra.insert(ORIGIN_FIELD.to_string(), v);
+        }
+        if let Some(m) = &r.multi {
+            let v = serde_json::to_value(m).map_err(|e| Error::Config(e.to_string()))?;
+            entry.extra.insert(RECORD_FIELD.to_string(), v);
         }
         map.insert(r.ifname.clone(), entry);
     }
@@ -124,6 +141,35 @@ impl KuryrPortHandler {
         ))
     }
 
+    /// Writes `k8s.v1.cni.cncf.io/network-status` on the pod (every interface, eth0 first) when
+    /// multi-VIF drivers are enabled and the value changed.
+    async fn write_network_status(&self, pod: &Pod, vifs: &[RecordedVif]) -> Result<(), Error> {
+        if self.drivers.multi_vif.is_empty() {
+            return Ok(());
+        }
+        let mut ordered: Vec<&RecordedVif> = vifs.iter().collect();
+        ordered.sort_by_key(|r| (!r.default, r.ifname.clone()));
+        let status: Vec<serde_json::Value> = ordered
+            .iter()
+            .map(|r| {
+                let network = r
+                    .multi
+                    .as_ref()
+                    .map_or(multi_vif::DEFAULT_NETWORK_NAME, |m| m.network.as_str());
+                multi_vif::network_status_entry(network, &r.ifname, &r.vif, r.default)
+            })
+            .collect();
+        let value = serde_json::to_string_pretty(&status).map_err(|e| Error::Config(e.to_string()))?;
+        if pod.annotations().get(NPWG_NETWORK_STATUS) == Some(&value) {
+            return Ok(());
+        }
+        let pods: Api<Pod> = Api::namespaced(self.ctx.kube.clone(), &pod.namespace().unwrap_or_default());
+        let patch = json!({"metadata": {"annotations": {NPWG_NETWORK_STATUS: value}}});
+        pods.patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
     async fn pod_event(&self, pod: &Pod, err: &Error) {
         if err.is_user_visible() {
             self.ctx
@@ -140,13 +186,40 @@ impl KuryrPortHandler {
             let started = Instant::now();
             let spec = self.default_spec(&ns).await?;
             let podref = PodRef::from_pod(pod);
+            // Phase 1 for the additional interfaces: bad input stops here, before any port.
+            let plans = multi_vif::plan_all(
+                &self.drivers.multi_vif,
+                &PodNetworking {
+                    pod,
+                    podref: &podref,
+                    default: &spec,
+                    vif_driver: self.drivers.vif.name(),
+                },
+                &self.ctx.config.kubernetes.additional_ifname_prefix,
+            )
+            .await?;
             let (vif, origin) = self.drivers.pool.request_vif(&podref, &spec).await?;
             vifs.push(RecordedVif {
                 ifname: DEFAULT_IFNAME.to_string(),
                 default: true,
                 vif,
                 origin: Some(origin),
+                multi: None,
             });
+            match multi_vif::acquire_all(&self.ctx, &self.drivers, &podref, plans).await {
+                Ok(extra) => vifs.extend(extra.into_iter().map(|a| RecordedVif {
+                    ifname: a.ifname,
+                    default: false,
+                    vif: a.vif,
+                    origin: Some(a.origin),
+                    multi: Some(a.record),
+                })),
+                Err(e) => {
+                    // acquire_all rolled back the extra ones; eth0 goes back too.
+                    self.release_all(kp, &vifs).await;
+                    return Err(e);
+                }
+            }
             self.ctx.metrics.stage("request", started.elapsed());
             if let Err(e) = self.write_status(kp, &vifs).await {
                 // Could not record the ports: give them back rather than leak them.
@@ -155,13 +228,18 @@ impl KuryrPortHandler {
             }
         }
         if vifs.iter().all(|v| v.vif.active()) {
-            return Ok(());
+            return self.write_network_status(pod, &vifs).await;
         }
         let started = Instant::now();
         let mut changed = false;
         let mut pending = None;
         for r in &mut vifs {
             if r.vif.active() {
+                continue;
+            }
+            if r.multi.is_some() && multi_vif::activates_immediately(&r.vif) {
+                r.vif.base_mut().active = true;
+                changed = true;
                 continue;
             }
             let origin = match &r.origin {
@@ -180,6 +258,7 @@ impl KuryrPortHandler {
             return Err(e);
         }
         self.ctx.metrics.stage("activate", started.elapsed());
+        self.write_network_status(pod, &vifs).await?;
         if let Some(created) = pod.meta().creation_timestamp.as_ref() {
             let age = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
             if let Ok(d) = std::time::Duration::try_from(age) {
@@ -203,7 +282,11 @@ impl KuryrPortHandler {
                     }
                 },
             };
-            if let Err(e) = self.drivers.pool.release_vif(&r.vif, &origin).await {
+            let released = match &r.multi {
+                Some(m) => multi_vif::release(&self.ctx, &self.drivers, &r.vif, &origin, m).await,
+                None => self.drivers.pool.release_vif(&r.vif, &origin).await,
+            };
+            if let Err(e) = released {
                 tracing::warn!(port = r.vif.id(), error = %e, "releasing VIF failed");
                 first.get_or_insert(e);
             }

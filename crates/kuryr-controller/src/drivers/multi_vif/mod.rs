@@ -1,0 +1,622 @@
+//! Multi-VIF drivers (`[kubernetes] multi_vif_drivers`, seed 004): the pod's interfaces beyond
+//! `eth0`.
+//!
+//! Two phases, so a pod is never left half-wired:
+//! 1. **plan** ([`MultiVifDriver::plan`], [`plan_all`]): each enabled driver reads the pod
+//!    (annotations, resource requests), resolves subnets, NADs and pre-created ports, and
+//!    validates everything. No Neutron writes; a bad request is an [`Error::InvalidInput`]
+//!    naming the field, which the kuryrport handler turns into an Event on the pod.
+//! 2. **acquire** ([`acquire_all`]): ports are taken from the pool, created, or adopted
+//!    (`spec-ports`). If one fails, everything acquired for the pod so far is released.
+//!
+//! Drivers only describe *what* a pod needs ([`PlannedVif`]); how a port is obtained and given
+//! back is shared here, so the release path is the same for every driver.
+//!
+//! - [`additional_subnets::AdditionalSubnets`] (`additional_subnets`)
+//! - [`npwg::NpwgMultipleInterfaces`] (`npwg_multiple_interfaces`)
+//! - [`sriov::Sriov`] (`sriov`)
+//! - [`specific_ports::SpecificPorts`] (`specific_ports`)
+
+pub mod additional_subnets;
+pub mod npwg;
+pub mod specific_ports;
+pub mod sriov;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Pod;
+use kuryr_config::MultiVifDriver as MultiVifName;
+use kuryr_crds::Vif;
+use kuryr_crds::names::{DEFAULT_IFNAME, additional_ifname, device_owner::COMPUTE_KURYR};
+use kuryr_neutron::{FixedIpRequest, Port, PortUpdate};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::os_vif::{VifKind, vif_from_port};
+use super::pool::VifOrigin;
+use super::subnets::SubnetCache;
+use super::vif::{PortOwner, port_create};
+use super::{Drivers, NetworkInfo, PodRef, PortSpec};
+use crate::context::Context;
+use crate::error::Error;
+
+/// `binding:vnic_type` of SR-IOV ports.
+pub const VNIC_DIRECT: &str = "direct";
+/// `binding:vnic_type` of ordinary ports.
+pub const VNIC_NORMAL: &str = "normal";
+/// The field name of [`MultiVifRecord`] inside a KuryrPort `status.vifs` entry.
+pub const RECORD_FIELD: &str = "kuryrRsMultiVif";
+/// Name of the pod's default network in `k8s.v1.cni.cncf.io/network-status`.
+pub const DEFAULT_NETWORK_NAME: &str = "kuryr";
+/// Longest Linux interface name (IFNAMSIZ - 1).
+const MAX_IFNAME: usize = 15;
+
+/// What a multi-VIF driver needs to know about the pod's default interface: its deployment,
+/// project and security groups are inherited by the additional ones.
+pub struct PodNetworking<'a> {
+    pub pod: &'a Pod,
+    pub podref: &'a PodRef,
+    pub default: &'a PortSpec,
+    /// `[kubernetes] pod_vif_driver` in use (some sources only work on bare metal).
+    pub vif_driver: &'a str,
+}
+
+impl PodNetworking<'_> {
+    /// A spec for an extra interface on `network`, in the pod's deployment and project.
+    pub fn spec_on(&self, network: Arc<NetworkInfo>, vnic_type: &str) -> PortSpec {
+        let mut spec = PortSpec::new(
+            self.default.deployment.clone(),
+            self.default.project_id.clone(),
+            network,
+            self.default.security_groups.clone(),
+        );
+        spec.vnic_type = vnic_type.to_string();
+        spec
+    }
+
+    pub fn bare_metal(&self) -> bool {
+        self.vif_driver == "neutron-vif"
+    }
+}
+
+/// How one additional interface's port is obtained.
+#[derive(Clone, Debug)]
+pub enum PortSource {
+    /// From the pool (or created per pod by the `noop` pool) through the pod VIF driver.
+    Pooled { spec: PortSpec },
+    /// Created for this pod only: requested addresses/MAC (bare metal) or an SR-IOV VF port.
+    /// Deleted on release.
+    Create {
+        spec: PortSpec,
+        fixed_ips: Vec<FixedIpRequest>,
+        mac: Option<String>,
+        /// `Some` for `direct` (SR-IOV) ports.
+        physnet: Option<String>,
+    },
+    /// A pre-created port (`spec-ports`), validated free and in the pod's project. Bound to the
+    /// pod on acquire, restored (never deleted) on release.
+    Adopt {
+        deployment: String,
+        port: Box<Port>,
+        network: Arc<NetworkInfo>,
+        /// `Some` when the port is `direct`: it is plugged as an SR-IOV VF.
+        physnet: Option<Option<String>>,
+    },
+}
+
+/// One additional interface a driver wants for the pod (phase 1 result).
+#[derive(Clone, Debug)]
+pub struct PlannedVif {
+    /// Multi-VIF driver that asked for it.
+    pub driver: &'static str,
+    /// Interface name the user asked for (NPWG `interface`); numbered otherwise.
+    pub ifname: Option<String>,
+    /// Network name reported in `network-status` (NAD `namespace/name`, `subnet:<id>`, ...).
+    pub network: String,
+    pub source: PortSource,
+}
+
+/// How an additional VIF goes back on release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ReleaseMode {
+    /// Through the pool driver (recycled, or deleted by `noop`).
+    Pool,
+    /// Port made for this pod only: deleted.
+    Delete,
+    /// Pre-created port: its attributes are restored; never deleted or pooled.
+    Restore,
+}
+
+/// What a pre-created port looked like before the pod took it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortRestore {
+    pub name: String,
+    pub device_id: String,
+    pub device_owner: String,
+    pub host_id: String,
+}
+
+impl PortRestore {
+    pub fn of(port: &Port) -> Self {
+        Self {
+            name: port.name.clone(),
+            device_id: port.device_id.clone(),
+            device_owner: port.device_owner.clone(),
+            host_id: port.binding_host_id.clone(),
+        }
+    }
+
+    fn update(&self) -> PortUpdate {
+        PortUpdate {
+            name: Some(self.name.clone()),
+            device_id: Some(self.device_id.clone()),
+            device_owner: Some(self.device_owner.clone()),
+            binding_host_id: Some(self.host_id.clone()),
+            ..Default::default()
+        }
+    }
+}
+
+/// Stored next to each additional VIF in KuryrPort status (an extra field upstream ignores), so
+/// release and `network-status` work after a restart.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MultiVifRecord {
+    pub driver: String,
+    pub network: String,
+    pub release: ReleaseMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<PortRestore>,
+}
+
+/// An acquired additional interface (phase 2 result).
+#[derive(Clone, Debug)]
+pub struct AdditionalVif {
+    pub ifname: String,
+    pub vif: Vif,
+    pub origin: VifOrigin,
+    pub record: MultiVifRecord,
+}
+
+#[async_trait]
+pub trait MultiVifDriver: Send + Sync {
+    /// The `[kubernetes] multi_vif_drivers` name.
+    fn name(&self) -> &'static str;
+
+    /// Phase 1: the pod's additional interfaces, validated and resolved, with no Neutron writes.
+    /// A pod that asks for nothing gets an empty list.
+    async fn plan(&self, net: &PodNetworking<'_>) -> Result<Vec<PlannedVif>, Error>;
+}
+
+/// Builds the drivers `[kubernetes] multi_vif_drivers` names, in order (`noop` adds none).
+pub fn from_config(ctx: &Arc<Context>, subnets: &SubnetCache) -> Result<Vec<Arc<dyn MultiVifDriver>>, Error> {
+    let mut out: Vec<Arc<dyn MultiVifDriver>> = vec![];
+    let mut seen = BTreeSet::new();
+    for name in &ctx.config.kubernetes.multi_vif_drivers {
+        if !seen.insert(name.as_str()) {
+            return Err(Error::Config(format!(
+                "[kubernetes] multi_vif_drivers lists {} twice",
+                name.as_str()
+            )));
+        }
+        match name {
+            MultiVifName::Noop => {}
+            MultiVifName::AdditionalSubnets => out.push(Arc::new(
+                additional_subnets::AdditionalSubnets::new(subnets.clone()),
+            )),
+            MultiVifName::NpwgMultipleInterfaces => out.push(Arc::new(npwg::NpwgMultipleInterfaces::new(
+                ctx.kube.clone(),
+                subnets.clone(),
+                sriov::PhysnetMap::from_config(&ctx.config.sriov),
+            ))),
+            MultiVifName::Sriov => out.push(Arc::new(sriov::Sriov::new(&ctx.config.sriov, subnets.clone()))),
+            MultiVifName::SpecificPorts => out.push(Arc::new(specific_ports::SpecificPorts::new(
+                ctx.deployments.clone(),
+                subnets.clone(),
+                sriov::PhysnetMap::from_config(&ctx.config.sriov),
+            ))),
+        }
+    }
+    Ok(out)
+}
+
+/// Runs every driver's plan phase and names the interfaces: NPWG-requested names first, then
+/// `prefix1`, `prefix2`, ... numbered across drivers in configuration order, skipping taken
+/// names. Returns (ifname, plan) pairs.
+pub async fn plan_all(
+    drivers: &[Arc<dyn MultiVifDriver>],
+    net: &PodNetworking<'_>,
+    prefix: &str,
+) -> Result<Vec<(String, PlannedVif)>, Error> {
+    let mut plans = vec![];
+    for d in drivers {
+        plans.extend(d.plan(net).await?);
+    }
+    assign_ifnames(plans, prefix)
+}
+
+/// Names the planned interfaces (see [`plan_all`]).
+pub fn assign_ifnames(plans: Vec<PlannedVif>, prefix: &str) -> Result<Vec<(String, PlannedVif)>, Error> {
+    let mut taken = BTreeSet::from([DEFAULT_IFNAME.to_string()]);
+    for p in &plans {
+        if let Some(name) = &p.ifname {
+            check_ifname(name)?;
+            if !taken.insert(name.clone()) {
+                return Err(Error::invalid(
+                    format!("interface of network {}", p.network),
+                    format!(
+                        "interface name {name:?} is used twice in the pod (eth0 is the default interface)"
+                    ),
+                ));
+            }
+        }
+    }
+    let mut index = 0;
+    let mut out = Vec::with_capacity(plans.len());
+    for p in plans {
+        let name = match &p.ifname {
+            Some(n) => n.clone(),
+            None => loop {
+                index += 1;
+                let candidate = additional_ifname(prefix, index);
+                if taken.insert(candidate.clone()) {
+                    break candidate;
+                }
+            },
+        };
+        out.push((name, p));
+    }
+    Ok(out)
+}
+
+/// Linux accepts interface names of 1..=15 bytes without '/', ':' or whitespace.
+pub fn check_ifname(name: &str) -> Result<(), Error> {
+    let bad = name.is_empty()
+        || name.len() > MAX_IFNAME
+        || name == "."
+        || name == ".."
+        || name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace());
+    if bad {
+        return Err(Error::invalid(
+            "interface",
+            format!(
+                "{name:?} is not a valid interface name (1-{MAX_IFNAME} characters, no '/', ':' or spaces)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Phase 2: obtains every planned port. On the first failure, everything acquired so far is
+/// released and the error returned, so the pod has either all its interfaces or none of them.
+pub async fn acquire_all(
+    ctx: &Context,
+    drivers: &Drivers,
+    pod: &PodRef,
+    plans: Vec<(String, PlannedVif)>,
+) -> Result<Vec<AdditionalVif>, Error> {
+    let mut done: Vec<AdditionalVif> = Vec::with_capacity(plans.len());
+    for (ifname, plan) in plans {
+        match acquire(ctx, drivers, pod, ifname, plan).await {
+            Ok(v) => done.push(v),
+            Err(e) => {
+                for v in done.iter().rev() {
+                    if let Err(re) = release(ctx, drivers, &v.vif, &v.origin, &v.record).await {
+                        tracing::warn!(port = v.vif.id(), error = %re, "rollback of an additional VIF failed");
+                    }
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(done)
+}
+
+async fn acquire(
+    ctx: &Context,
+    drivers: &Drivers,
+    pod: &PodRef,
+    ifname: String,
+    plan: PlannedVif,
+) -> Result<AdditionalVif, Error> {
+    let record = |release, restore| MultiVifRecord {
+        driver: plan.driver.to_string(),
+        network: plan.network.clone(),
+        release,
+        restore,
+    };
+    let mtu = ctx.config.neutron_defaults.network_device_mtu;
+    match &plan.source {
+        PortSource::Pooled { spec } => {
+            let (vif, origin) = drivers.pool.request_vif(pod, spec).await?;
+            Ok(AdditionalVif {
+                ifname,
+                vif,
+                origin,
+                record: record(ReleaseMode::Pool, None),
+            })
+        }
+        PortSource::Create {
+            spec,
+            fixed_ips,
+            mac,
+            physnet,
+        } => {
+            let client = ctx.deployments.client(&spec.deployment)?;
+            let mut req = port_create(
+                spec,
+                &PortOwner::Pod(pod.clone()),
+                &ctx.resource_tags(),
+                COMPUTE_KURYR,
+            );
+            if !fixed_ips.is_empty() {
+                req.fixed_ips = Some(fixed_ips.clone());
+            }
+            req.mac_address = mac.clone();
+            req.binding_host_id = Some(pod.node.clone());
+            if let Some(p) = physnet {
+                req.binding_vnic_type = Some(VNIC_DIRECT.into());
+                req.binding_profile = Some(BTreeMap::from([("physical_network".to_string(), json!(p))]));
+            }
+            let port = client.create_port(&req).await.map_err(|e| {
+                let err = Error::from(e);
+                // A requested address or MAC Neutron refuses is the user's to fix.
+                if (!fixed_ips.is_empty() || mac.is_some()) && !err.is_retryable() {
+                    Error::invalid(format!("ips/mac of network {}", plan.network), err.to_string())
+                } else {
+                    err
+                }
+            })?;
+            let kind = match physnet {
+                Some(p) => VifKind::Sriov {
+                    physnet: Some(p.clone()),
+                },
+                None => VifKind::Bound {
+                    ovs_bridge: ctx.config.neutron_defaults.ovs_bridge.clone(),
+                },
+            };
+            let vif = match vif_from_port(&port, &spec.network, &kind, mtu) {
+                Ok(v) => v,
+                Err(e) => {
+                    let _ = super::vif::delete_ports(client, std::slice::from_ref(&port.id)).await;
+                    return Err(e);
+                }
+            };
+            let origin = VifOrigin {
+                deployment: spec.deployment.clone(),
+                host: pod.node.clone(),
+                project_id: spec.project_id.clone(),
+                network_id: spec.network.id.clone(),
+                security_groups: spec.security_groups.clone(),
+                driver: if physnet.is_some() { "sriov" } else { "neutron-vif" }.into(),
+                preserve: false,
+            };
+            Ok(AdditionalVif {
+                ifname,
+                vif,
+                origin,
+                record: record(ReleaseMode::Delete, None),
+            })
+        }
+        PortSource::Adopt {
+            deployment,
+            port,
+            network,
+            physnet,
+        } => {
+            let client = ctx.deployments.client(deployment)?;
+            let update = PortUpdate {
+                name: Some(format!("{}/{}", pod.namespace, pod.name)),
+                device_id: Some(pod.uid.clone()),
+                device_owner: Some(COMPUTE_KURYR.into()),
+                binding_host_id: Some(pod.node.clone()),
+                ..Default::default()
+            };
+            // Conditional on the revision validated in phase 1: a port taken by someone else
+            // meanwhile fails here (412) and the next attempt re-validates it.
+            let bound = client
+                .update_port_if_revision(&port.id, &update, port.revision_number)
+                .await?;
+            let restore = PortRestore::of(port);
+            let kind = match physnet {
+                Some(p) => VifKind::Sriov { physnet: p.clone() },
+                None => VifKind::Bound {
+                    ovs_bridge: ctx.config.neutron_defaults.ovs_bridge.clone(),
+                },
+            };
+            let vif = match vif_from_port(&bound, network, &kind, mtu) {
+                Ok(v) => v,
+                Err(e) => {
+                    let _ = client.update_port(&port.id, &restore.update()).await;
+                    return Err(e);
+                }
+            };
+            let origin = VifOrigin {
+                deployment: deployment.clone(),
+                host: pod.node.clone(),
+                project_id: port.project_id.clone(),
+                network_id: port.network_id.clone(),
+                security_groups: port.security_groups.clone(),
+                driver: if physnet.is_some() { "sriov" } else { "neutron-vif" }.into(),
+                preserve: true,
+            };
+            Ok(AdditionalVif {
+                ifname,
+                vif,
+                origin,
+                record: record(ReleaseMode::Restore, Some(restore)),
+            })
+        }
+    }
+}
+
+/// Gives an additional VIF back the way its record says. A port already gone is success.
+pub async fn release(
+    ctx: &Context,
+    drivers: &Drivers,
+    vif: &Vif,
+    origin: &VifOrigin,
+    record: &MultiVifRecord,
+) -> Result<(), Error> {
+    match record.release {
+        ReleaseMode::Pool => drivers.pool.release_vif(vif, origin).await,
+        ReleaseMode::Delete => {
+            super::vif::delete_ports(
+                ctx.deployments.client(&origin.deployment)?,
+                &[vif.id().to_string()],
+            )
+            .await
+        }
+        ReleaseMode::Restore => {
+            let Some(restore) = &record.restore else {
+                return Err(Error::invalid(
+                    format!("KuryrPort status of port {}", vif.id()),
+                    "pre-created port recorded without its original attributes",
+                ));
+            };
+            let client = ctx.deployments.client(&origin.deployment)?;
+            match client.update_port(vif.id(), &restore.update()).await {
+                Ok(_) => Ok(()),
+                Err(e) if e.is_not_found() => Ok(()),
+                Err(e) => Err(e.into()),
+            }
+        }
+    }
+}
+
+/// SR-IOV VIFs are active once created: the VF is moved by the CNI daemon and Neutron may have
+/// no agent that would report the port ACTIVE (upstream `SriovVIFDriver.activate_vif` does the
+/// same).
+pub fn activates_immediately(vif: &Vif) -> bool {
+    matches!(vif, Vif::Sriov(_))
+}
+
+/// Checks `ip` is an address of `cidr`; both as Neutron writes them.
+pub fn ip_in_cidr(ip: IpAddr, cidr: &str) -> bool {
+    let Ok((net, prefix)) = kuryr_crds::vif::parse_cidr("cidr", cidr) else {
+        return false;
+    };
+    let (a, b, bits) = match (ip, net) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => (u128::from(u32::from(a)), u128::from(u32::from(b)), 32u32),
+        (IpAddr::V6(a), IpAddr::V6(b)) => (u128::from(a), u128::from(b), 128u32),
+        _ => return false,
+    };
+    let host_bits = bits - u32::from(prefix);
+    if host_bits >= 128 {
+        return true;
+    }
+    (a >> host_bits) == (b >> host_bits)
+}
+
+/// One entry of `k8s.v1.cni.cncf.io/network-status`.
+pub fn network_status_entry(network: &str, ifname: &str, vif: &Vif, default: bool) -> Value {
+    let ips: Vec<String> = vif.fixed_ips().map(|(_, ip)| ip.to_string()).collect();
+    let mut dns: Vec<String> = vif
+        .network()
+        .map(|n| {
+            n.subnets
+                .objects
+                .iter()
+                .flat_map(|s| s.dns.iter().map(IpAddr::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    dns.dedup();
+    let mut entry = json!({
+        "name": network,
+        "interface": ifname,
+        "ips": ips,
+        "mac": vif.address().unwrap_or_default(),
+        "default": default,
+        "dns": {},
+    });
+    if !dns.is_empty() {
+        entry["dns"] = json!({ "nameservers": dns });
+    }
+    entry
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn planned(ifname: Option<&str>, network: &str) -> PlannedVif {
+        let net = Arc::new(NetworkInfo {
+            id: "n".into(),
+            name: "n".into(),
+            mtu: None,
+            subnets: vec![],
+        });
+        PlannedVif {
+            driver: "test",
+            ifname: ifname.map(str::to_string),
+            network: network.into(),
+            source: PortSource::Pooled {
+                spec: PortSpec::new("default", "p", net, vec![]),
+            },
+        }
+    }
+
+    #[test]
+    fn interfaces_are_numbered_across_drivers_around_requested_names() {
+        let plans = vec![
+            planned(None, "a"),
+            planned(Some("eth2"), "b"),
+            planned(None, "c"),
+            planned(Some("net1"), "d"),
+            planned(None, "e"),
+        ];
+        let names: Vec<String> = assign_ifnames(plans, "eth")
+            .unwrap()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(names, ["eth1", "eth2", "eth3", "net1", "eth4"]);
+    }
+
+    #[test]
+    fn duplicate_or_invalid_interface_names_are_rejected() {
+        let e = assign_ifnames(vec![planned(Some("eth0"), "x")], "eth").unwrap_err();
+        assert!(e.to_string().contains("\"eth0\" is used twice"), "{e}");
+        let e = assign_ifnames(vec![planned(Some("a"), "x"), planned(Some("a"), "y")], "eth").unwrap_err();
+        assert!(e.to_string().contains("network y"), "{e}");
+        for bad in ["", "a/b", "has space", "abcdefghijklmnop"] {
+            assert!(check_ifname(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_ifname("net-1").is_ok());
+    }
+
+    #[test]
+    fn addresses_are_checked_against_the_subnet() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(ip_in_cidr(ip("10.1.2.3"), "10.1.2.0/24"));
+        assert!(!ip_in_cidr(ip("10.1.3.3"), "10.1.2.0/24"));
+        assert!(ip_in_cidr(ip("2001:db8::5"), "2001:db8::/64"));
+        assert!(!ip_in_cidr(ip("10.1.2.3"), "2001:db8::/64"));
+        assert!(ip_in_cidr(ip("1.2.3.4"), "0.0.0.0/0"));
+    }
+
+    #[test]
+    fn records_round_trip_with_upstream_ignorable_names() {
+        let r = MultiVifRecord {
+            driver: "specific_ports".into(),
+            network: "port:x".into(),
+            release: ReleaseMode::Restore,
+            restore: Some(PortRestore {
+                name: "mine".into(),
+                device_id: String::new(),
+                device_owner: String::new(),
+                host_id: String::new(),
+            }),
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["release"], "restore");
+        assert_eq!(v["restore"]["deviceOwner"], "");
+        assert_eq!(serde_json::from_value::<MultiVifRecord>(v).unwrap(), r);
+    }
+}
