@@ -73,6 +73,17 @@ impl Context {
         DEFAULT_DEPLOYMENT
     }
 
+    /// Where `project`'s existing resources live (its current binding), for releasing them.
+    pub async fn bound_deployment(&self, project_id: &str) -> Result<String, Error> {
+        match &self.binder {
+            Some(b) => Ok(b
+                .current(project_id)
+                .await?
+                .unwrap_or_else(|| DEFAULT_DEPLOYMENT.to_string())),
+            None => Ok(DEFAULT_DEPLOYMENT.to_string()),
+        }
+    }
+
     /// The OpenStack deployment serving `namespace`'s project: with `[pod_binding] enabled` the
     /// binding scheduler (seed 001) decides and records it; otherwise the default deployment.
     pub async fn bind(&self, project_id: &str, namespace: Option<&Namespace>) -> Result<String, Error> {

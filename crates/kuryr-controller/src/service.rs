@@ -119,6 +119,15 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
         tasks.spawn(serve_metrics(addr, metrics.clone(), stop.clone()));
     }
     tasks.spawn(probe_dependencies(ctx.clone(), readiness.clone(), stop.clone()));
+    if let Some(binder) = &ctx.binder {
+        let every = Duration::from_secs(opts.config.pod_binding.usage_refresh_interval);
+        tasks.spawn(crate::binding::usage::run(
+            binder.clone(),
+            ctx.deployments.clone(),
+            every,
+            stop.clone(),
+        ));
+    }
 
     // Leadership: with controller_ha the Lease decides; without it this replica always leads.
     let (tx, mut rx) = watch::channel(!opts.config.kubernetes.controller_ha);

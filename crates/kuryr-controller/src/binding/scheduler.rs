@@ -90,6 +90,15 @@ impl Binder {
         self.candidates.read().await.clone()
     }
 
+    /// The deployment `project` is bound to now, without (re)scheduling: where its existing
+    /// resources live, for releasing them.
+    pub async fn current(&self, project: &str) -> Result<Option<String>, Error> {
+        if let Some(d) = self.cache.lock().await.get(project) {
+            return Ok(Some(d.clone()));
+        }
+        self.store.current(project).await
+    }
+
     /// The deployment serving `req.project`, binding (or re-binding) it when needed.
     pub async fn bind(&self, req: &BindingRequest) -> Result<String, Error> {
         if let Some(d) = self.cache.lock().await.get(&req.project).cloned() {

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kuryr_crds::names::finalizers;
@@ -62,7 +63,10 @@ impl ResourceEventHandler for KuryrNetworkHandler {
         let kn = add_finalizer(&self.ctx.kube, kn, finalizers::KURYRNETWORK).await?;
         let ns = kn.spec.ns_name.clone();
         let project = kn.spec.project_id.clone();
-        let deployment = self.ctx.deployment_for(&project).to_string();
+        let namespace = Api::<Namespace>::all(self.ctx.kube.clone())
+            .get_opt(&kn.spec.ns_name)
+            .await?;
+        let deployment = self.ctx.bind(&project, namespace.as_ref()).await?;
         let client = self.ctx.deployments.client(&deployment)?;
         let cfg = &self.ctx.config.namespace_subnet;
         let mut status = kn.status.clone().unwrap_or_default();
@@ -148,7 +152,8 @@ impl ResourceEventHandler for KuryrNetworkHandler {
 
     async fn on_finalize(&self, kn: &KuryrNetwork) -> Result<(), Error> {
         let project = kn.spec.project_id.clone();
-        let deployment = self.ctx.deployment_for(&project).to_string();
+        // Release where the network was made: the project's current binding.
+        let deployment = self.ctx.bound_deployment(&project).await?;
         let client = self.ctx.deployments.client(&deployment)?;
         let status = kn.status.clone().unwrap_or_default();
         if let (Some(router), Some(subnet_id)) = (&status.router_id, &status.subnet_id) {
