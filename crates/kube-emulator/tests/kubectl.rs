@@ -100,7 +100,8 @@ fn wait_line(rx: &mpsc::Receiver<String>, needle: &str) -> String {
 }
 
 fn crd_fixture() -> String {
-    let generated = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds/kuryrports.openstack.org.yaml");
+    let generated =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds/kuryrports.openstack.org.yaml");
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kuryrport-crd.yaml");
     let path = if generated.exists() { generated } else { fixture };
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{Api, DeleteParams, ListParams};
 use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams};
 use kuryr_crds::{KuryrNetwork, KuryrPort};
 use kuryr_neutron::{ListFilter, PortCreate, PortUpdate, SubnetCreate, SubnetPoolCreate, TrunkCreate};
 use serde_json::json;
@@ -19,8 +19,14 @@ use support::*;
 const WAIT: Duration = Duration::from_secs(120);
 
 async fn active_kps(kube: &kube::Client, ns: &str) -> Result<Vec<KuryrPort>> {
-    let kps = Api::<KuryrPort>::namespaced(kube.clone(), ns).list(&ListParams::default()).await?.items;
-    Ok(kps.into_iter().filter(|kp| kp.status.as_ref().is_some_and(|s| s.all_active())).collect())
+    let kps = Api::<KuryrPort>::namespaced(kube.clone(), ns)
+        .list(&ListParams::default())
+        .await?
+        .items;
+    Ok(kps
+        .into_iter()
+        .filter(|kp| kp.status.as_ref().is_some_and(|s| s.all_active()))
+        .collect())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -100,7 +106,10 @@ async fn nested_vlan_pods_become_active_subports_with_unique_vlans() -> Result<(
             assert_eq!(vlans.len(), 4, "{}: VLAN ids unique per trunk", target.name);
             for kp in kps.iter().filter(|kp| kp.spec.pod_node_name == *node) {
                 let (_, vif) = kp.status.as_ref().unwrap().default_vif().unwrap();
-                let sp = subports.iter().find(|s| s.port_id == vif.id()).expect("VIF is a subport of its node's trunk");
+                let sp = subports
+                    .iter()
+                    .find(|s| s.port_id == vif.id())
+                    .expect("VIF is a subport of its node's trunk");
                 assert_eq!(vif.vlan_id().map(u32::from), Some(sp.segmentation_id));
                 let port = neutron.get_port(vif.id()).await?;
                 assert_eq!(port.status, "ACTIVE", "{}", target.name);
@@ -111,13 +120,30 @@ async fn nested_vlan_pods_become_active_subports_with_unique_vlans() -> Result<(
         for i in 0..8 {
             pods.delete(&format!("n-{i}"), &DeleteParams::default()).await?;
         }
-        eventually("pods gone", WAIT, || async { Ok(pods.list(&ListParams::default()).await?.items.is_empty().then_some(())) })
-            .await?;
+        eventually("pods gone", WAIT, || async {
+            Ok(pods
+                .list(&ListParams::default())
+                .await?
+                .items
+                .is_empty()
+                .then_some(()))
+        })
+        .await?;
         for trunk in &trunks {
-            assert!(neutron.get_subports(trunk).await?.is_empty(), "{}: subports detached", target.name);
+            assert!(
+                neutron.get_subports(trunk).await?.is_empty(),
+                "{}: subports detached",
+                target.name
+            );
         }
-        let left = neutron.list_ports(&ListFilter::new().network_id(&fx.network)).await?;
-        assert!(left.iter().all(|p| p.device_owner != "trunk:subport"), "{}: pod ports deleted", target.name);
+        let left = neutron
+            .list_ports(&ListFilter::new().network_id(&fx.network))
+            .await?;
+        assert!(
+            left.iter().all(|p| p.device_owner != "trunk:subport"),
+            "{}: pod ports deleted",
+            target.name
+        );
         ctrl.stop.cancel();
         cleanup_project(neutron, &fx.project).await;
         eprintln!("nested[{}]: 8 pods on 2 trunks wired and released", target.name);
@@ -159,16 +185,32 @@ async fn namespace_subnet_driver_creates_and_removes_namespace_networks() -> Res
         create_pod(&kube.client, "team-a", "p", NODES[0], json!({})).await?;
         let kns: Api<KuryrNetwork> = Api::namespaced(kube.client.clone(), "team-a");
         let status = eventually("KuryrNetwork populated", WAIT, || async {
-            Ok(kns.get_opt("team-a").await?.and_then(|kn| kn.status).filter(|s| s.router_id.is_some()))
+            Ok(kns
+                .get_opt("team-a")
+                .await?
+                .and_then(|kn| kn.status)
+                .filter(|s| s.router_id.is_some()))
         })
         .await?;
         let net_id = status.net_id.clone().unwrap();
         let subnet_id = status.subnet_id.clone().unwrap();
-        assert!(status.subnet_cidr.as_deref().unwrap_or("").starts_with("10.99."), "{:?}", status.subnet_cidr);
+        assert!(
+            status.subnet_cidr.as_deref().unwrap_or("").starts_with("10.99."),
+            "{:?}",
+            status.subnet_cidr
+        );
         let net = neutron.get_network(&net_id).await?;
         assert_eq!(net.project_id, fx.project);
-        let router_ports = neutron.list_ports(&ListFilter::new().device_id(&router.id)).await?;
-        assert!(router_ports.iter().any(|p| p.fixed_ips.iter().any(|f| f.subnet_id == subnet_id)), "{}: router interface", target.name);
+        let router_ports = neutron
+            .list_ports(&ListFilter::new().device_id(&router.id))
+            .await?;
+        assert!(
+            router_ports
+                .iter()
+                .any(|p| p.fixed_ips.iter().any(|f| f.subnet_id == subnet_id)),
+            "{}: router interface",
+            target.name
+        );
         let kp = eventually("pod wired on the namespace subnet", WAIT, || async {
             Ok(active_kps(&kube.client, "team-a").await?.into_iter().next())
         })
@@ -176,13 +218,25 @@ async fn namespace_subnet_driver_creates_and_removes_namespace_networks() -> Res
         let (_, vif) = kp.status.as_ref().unwrap().default_vif().unwrap();
         assert_eq!(neutron.get_port(vif.id()).await?.network_id, net_id);
 
-        Api::<Pod>::namespaced(kube.client.clone(), "team-a").delete("p", &DeleteParams::default()).await?;
-        Api::<Namespace>::all(kube.client.clone()).delete("team-a", &DeleteParams::default()).await?;
+        Api::<Pod>::namespaced(kube.client.clone(), "team-a")
+            .delete("p", &DeleteParams::default())
+            .await?;
+        Api::<Namespace>::all(kube.client.clone())
+            .delete("team-a", &DeleteParams::default())
+            .await?;
         eventually("namespace network removed", WAIT, || async {
-            Ok(neutron.get_network(&net_id).await.err().filter(|e| e.is_not_found()).map(|_| ()))
+            Ok(neutron
+                .get_network(&net_id)
+                .await
+                .err()
+                .filter(|e| e.is_not_found())
+                .map(|_| ()))
         })
         .await?;
-        eventually("KuryrNetwork gone", WAIT, || async { Ok(kns.get_opt("team-a").await?.is_none().then_some(())) }).await?;
+        eventually("KuryrNetwork gone", WAIT, || async {
+            Ok(kns.get_opt("team-a").await?.is_none().then_some(()))
+        })
+        .await?;
         ctrl.stop.cancel();
         let _ = neutron.delete_router(&router.id).await;
         cleanup_project(neutron, &fx.project).await;
@@ -217,7 +271,13 @@ async fn only_the_leader_acts_and_a_killed_leader_is_replaced_within_15s() -> Re
     })
     .await?;
     let leases: Api<Lease> = Api::namespaced(kube.client.clone(), "default");
-    let holder = leases.get("kuryr-controller").await?.spec.unwrap().holder_identity.unwrap();
+    let holder = leases
+        .get("kuryr-controller")
+        .await?
+        .spec
+        .unwrap()
+        .holder_identity
+        .unwrap();
     let (leader, follower) = if holder == "replica-a" { (a, b) } else { (b, a) };
     // Readiness probes list extensions on every replica; port creation is the leader's alone.
     let creates = |c: &Controller| {
@@ -235,7 +295,11 @@ async fn only_the_leader_acts_and_a_killed_leader_is_replaced_within_15s() -> Re
     create_pod(&kube.client, "ha", "after-failover", NODES[0], json!({})).await?;
     // The lease is the contract: a dead leader's lease expires and a follower takes it.
     let new_holder = eventually("a new lease holder", Duration::from_secs(30), || async {
-        let h = leases.get("kuryr-controller").await?.spec.and_then(|s| s.holder_identity);
+        let h = leases
+            .get("kuryr-controller")
+            .await?
+            .spec
+            .and_then(|s| s.holder_identity);
         Ok(h.filter(|h| *h != holder))
     })
     .await?;
@@ -243,7 +307,10 @@ async fn only_the_leader_acts_and_a_killed_leader_is_replaced_within_15s() -> Re
     assert!(handover < Duration::from_secs(15), "hand-over took {handover:?}");
     assert_ne!(new_holder, holder);
     eventually("pod wired by the new leader", WAIT, || async {
-        let wired = active_kps(&kube.client, "ha").await?.iter().any(|kp| kp.name_any() == "after-failover");
+        let wired = active_kps(&kube.client, "ha")
+            .await?
+            .iter()
+            .any(|kp| kp.name_any() == "after-failover");
         Ok(wired.then_some(()))
     })
     .await?;
