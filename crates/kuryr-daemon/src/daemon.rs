@@ -56,6 +56,24 @@ impl DaemonConfig {
             binding: BindingConfig::default(),
         }
     }
+
+    /// Settings from `kuryr.conf`: `[cni_daemon]` (bind_address,
+    /// vif_annotation_timeout, netns_proc_dir), `[cni_health_server] port`,
+    /// `[prometheus_exporter] cni_exporter_port`, `[binding] link_iface`,
+    /// `[neutron_defaults] ovs_bridge`. Health and metrics listen on all
+    /// addresses, as upstream's.
+    pub fn from_kuryr_config(cfg: &kuryr_config::KuryrConfig, node_name: impl Into<String>) -> Self {
+        let mut out = Self::new(node_name);
+        out.bind_address = cfg.cni_daemon.bind_address;
+        out.vif_annotation_timeout = Duration::from_secs(cfg.cni_daemon.vif_annotation_timeout);
+        out.netns_proc_dir = cfg.cni_daemon.netns_proc_dir.as_ref().map(PathBuf::from);
+        out.health_address = SocketAddr::from(([0, 0, 0, 0], cfg.cni_health_server.port));
+        out.metrics_address = SocketAddr::from(([0, 0, 0, 0], cfg.prometheus_exporter.cni_exporter_port));
+        out.binding.link_iface = Some(cfg.binding.link_iface.clone()).filter(|s| !s.is_empty());
+        out.binding.ovs_bridge = cfg.neutron_defaults.ovs_bridge.clone();
+        out.binding.ovs_timeout_secs = u32::try_from(cfg.cni_daemon.pyroute2_timeout).unwrap_or(u32::MAX);
+        out
+    }
 }
 
 /// Posts Kubernetes Events on pods (a no-op or recorder in tests).
@@ -619,4 +637,28 @@ pub fn has_cap_net_admin() -> bool {
         .find_map(|l| l.strip_prefix("CapEff:"))
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         .is_some_and(|caps| caps & (1 << 12) != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_from_kuryr_conf_defaults() {
+        let mut k = kuryr_config::KuryrConfig::default();
+        k.binding.link_iface = "ens4".into();
+        let c = DaemonConfig::from_kuryr_config(&k, "n1");
+        assert_eq!(c.bind_address, SocketAddr::from(([127, 0, 0, 1], 5036)));
+        assert_eq!(c.vif_annotation_timeout, Duration::from_secs(60));
+        assert_eq!(c.health_address.port(), 8090);
+        assert_eq!(c.metrics_address.port(), 9655);
+        assert_eq!(c.binding.link_iface.as_deref(), Some("ens4"));
+        assert_eq!(c.binding.ovs_bridge, "br-int");
+        assert_eq!(
+            DaemonConfig::from_kuryr_config(&kuryr_config::KuryrConfig::default(), "n")
+                .binding
+                .link_iface,
+            None
+        );
+    }
 }

@@ -1,0 +1,240 @@
+//! Daemon logic in real namespaces without HTTP: multi-VIF pods, CNI_IFNAME
+//! renaming, static pods, restart recovery of stale-DEL protection.
+#![allow(clippy::unwrap_used)]
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use common::*;
+use kuryr_daemon::registry::PodKey;
+use kuryr_daemon::testing::{VifFixture, kuryrport};
+use kuryr_daemon::{ApiHealth, Daemon, DaemonConfig, NoEvents};
+use serde_json::{Value, json};
+
+struct ApiUp;
+#[async_trait]
+impl ApiHealth for ApiUp {
+    async fn check(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+fn daemon() -> Arc<Daemon> {
+    let mut cfg = DaemonConfig::new("n1");
+    cfg.vif_annotation_timeout = Duration::from_secs(2);
+    Daemon::new(cfg, Arc::new(NoEvents), Arc::new(ApiUp))
+}
+
+fn body(pod: &str, container: &str, netns: &str, ifname: &str, uid: &str) -> Vec<u8> {
+    json!({"CNI_IFNAME": ifname, "CNI_NETNS": netns, "CNI_CONTAINERID": container, "CNI_COMMAND": "ADD",
+        "CNI_ARGS": format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};K8S_POD_UID={uid}"), "config_kuryr": {}})
+    .to_string()
+    .into_bytes()
+}
+
+fn vif(
+    ifname: &str,
+    tag: &str,
+    mac: &str,
+    cidr: &str,
+    ip: &str,
+    gw: Option<&str>,
+    bridge: &str,
+) -> VifFixture {
+    VifFixture {
+        ifname: ifname.into(),
+        port_id: format!("{}{tag}-0000", unique("d")),
+        mac: mac.into(),
+        subnets: vec![(cidr.into(), ip.parse().unwrap(), gw.map(|g| g.parse().unwrap()))],
+        bridge: bridge.into(),
+        mtu: None,
+        active: true,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_vif_pod_with_renamed_default_interface() {
+    if !can_netns() {
+        return;
+    }
+    let br = unique("kdb");
+    let _b = HostLink(br.clone());
+    let ns = TestNetns::new("kdm");
+    let v0 = vif(
+        "eth0",
+        "a",
+        "fa:16:3e:00:30:01",
+        "10.81.0.0/24",
+        "10.81.0.5",
+        Some("10.81.0.1"),
+        &br,
+    );
+    let v1 = vif(
+        "eth1",
+        "b",
+        "fa:16:3e:00:30:02",
+        "10.82.0.0/24",
+        "10.82.0.5",
+        Some("10.82.0.1"),
+        &br,
+    );
+    let _t = (
+        HostLink(kuryr_crds::vif_name_for_port(&v0.port_id)),
+        HostLink(kuryr_crds::vif_name_for_port(&v1.port_id)),
+    );
+    let d = daemon();
+    d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "multi",
+        "u1",
+        "n1",
+        &[v0.clone(), v1.clone()],
+    ));
+    let r = d
+        .add(&body("multi", "c1", &ns.path(), "net0", "u1"))
+        .await
+        .unwrap();
+    let links = ns.exec_ok(&["ip", "-o", "link"]);
+    assert!(
+        links.contains("net0") && links.contains("eth1") && !links.contains("eth0"),
+        "{links}"
+    );
+    let routes = ns.exec_ok(&["ip", "-4", "route"]);
+    assert!(routes.contains("default via 10.81.0.1 dev net0"), "{routes}");
+    assert!(
+        !routes.contains("default via 10.82.0.1"),
+        "only the default VIF gets a default route: {routes}"
+    );
+    assert_eq!(r.result["interfaces"].as_array().unwrap().len(), 2);
+    assert_eq!(r.result["interfaces"][0]["name"], "net0");
+    assert_eq!(r.result["ips"][1]["interface"], 1);
+    assert_eq!(r.vif["versioned_object.data"]["address"], "fa:16:3e:00:30:01");
+    // CHECK passes, DEL removes both.
+    d.check(&body("multi", "c1", &ns.path(), "net0", "u1"))
+        .await
+        .unwrap();
+    d.del(&body("multi", "c1", &ns.path(), "net0", "u1"))
+        .await
+        .unwrap();
+    let links = ns.exec_ok(&["ip", "-o", "link"]);
+    assert!(!links.contains("net0") && !links.contains("eth1"), "{links}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_pods_skip_the_uid_check_others_get_410() {
+    if !can_netns() {
+        return;
+    }
+    let br = unique("kdb");
+    let _b = HostLink(br.clone());
+    let ns = TestNetns::new("kds");
+    let v0 = vif(
+        "eth0",
+        "s",
+        "fa:16:3e:00:31:01",
+        "10.83.0.0/24",
+        "10.83.0.5",
+        None,
+        &br,
+    );
+    let _t = HostLink(kuryr_crds::vif_name_for_port(&v0.port_id));
+    let d = daemon();
+    let mut kp = kuryrport(
+        "kube-system",
+        "etcd-n1",
+        "mirror-uid",
+        "n1",
+        std::slice::from_ref(&v0),
+    );
+    d.registry.apply_kuryrport(kp.clone());
+    let b = json!({"CNI_IFNAME": "eth0", "CNI_NETNS": ns.path(), "CNI_CONTAINERID": "c1",
+        "CNI_ARGS": "K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=etcd-n1;K8S_POD_UID=kubelet-uid"})
+    .to_string();
+    let e = d.add(b.as_bytes()).await.err().unwrap();
+    assert_eq!(e.code(), 3, "{e}");
+    assert!(e.to_string().contains("UID mismatch"), "{e}");
+    kp.spec.pod_static = true;
+    d.registry.apply_kuryrport(kp);
+    d.add(b.as_bytes()).await.unwrap();
+    d.del(b.as_bytes()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_daemon_still_ignores_stale_dels() {
+    if !can_netns() {
+        return;
+    }
+    let br = unique("kdb");
+    let _b = HostLink(br.clone());
+    let ns = TestNetns::new("kdr");
+    let v0 = vif(
+        "eth0",
+        "r",
+        "fa:16:3e:00:32:01",
+        "10.84.0.0/24",
+        "10.84.0.5",
+        None,
+        &br,
+    );
+    let tap = kuryr_crds::vif_name_for_port(&v0.port_id);
+    let _t = HostLink(tap.clone());
+    let kp = kuryrport("default", "web", "u1", "n1", std::slice::from_ref(&v0));
+    let first = daemon();
+    first.registry.apply_kuryrport(kp.clone());
+    first
+        .add(&body("web", "new-ctr", &ns.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+    drop(first);
+
+    // A new daemon process: KuryrPorts come back from the API, ownership
+    // from the host link aliases.
+    let d = daemon();
+    d.registry.apply_kuryrport(kp);
+    assert!(d.restore_from_host().await.unwrap() >= 1);
+    let att = d
+        .registry
+        .get(&PodKey::new("default", "web"))
+        .unwrap()
+        .attachment
+        .unwrap();
+    assert_eq!(att.container_id, "new-ctr");
+    assert_eq!(att.host_ifnames, vec![tap.clone()]);
+    d.del(&body("web", "old-ctr", &ns.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+    assert!(
+        ns.exec_ok(&["ip", "-o", "link"]).contains("eth0"),
+        "stale DEL touched nothing"
+    );
+    d.del(&body("web", "new-ctr", &ns.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+    assert!(!ns.exec_ok(&["ip", "-o", "link"]).contains("eth0"));
+    let host = std::process::Command::new("ip")
+        .args(["-o", "link"])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&host.stdout).contains(&tap));
+}
+
+#[tokio::test]
+async fn add_errors_name_the_problem() {
+    let d = daemon();
+    let e = d.add(b"{}").await.err().unwrap();
+    assert_eq!(e.code(), 4);
+    let e = d
+        .add(&body("p", "c", "/nonexistent/netns", "eth0", "u"))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.code(), 11, "no KuryrPort: timeout, try again later");
+    let bad: Value = json!({"CNI_IFNAME": "this-name-is-too-long", "CNI_NETNS": "/x", "CNI_CONTAINERID": "c",
+        "CNI_ARGS": "K8S_POD_NAMESPACE=a;K8S_POD_NAME=b"});
+    let e = d.add(bad.to_string().as_bytes()).await.err().unwrap();
+    assert_eq!(e.code(), 4);
+    assert!(e.to_string().contains("CNI_IFNAME"), "{e}");
+    assert_eq!(d.pod_lock_count(), 0);
+}
