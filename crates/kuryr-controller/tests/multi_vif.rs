@@ -383,6 +383,7 @@ async fn sriov_request_gets_direct_ports_on_the_physnet() -> Result<()> {
                 panic!("{}: {ifname} is not a VIFSriov", target.name)
             };
             assert_eq!(v.physnet.as_deref(), Some("physnet2"));
+            assert_eq!(v.pod_name.as_deref(), Some("vf"));
             let port = neutron.get_port(&v.base.id).await?;
             assert_eq!(port.binding_vnic_type, "direct", "{}", target.name);
             assert_eq!(
@@ -465,11 +466,11 @@ async fn bad_input_produces_events_and_leaks_nothing() -> Result<()> {
                 json!({"k8s.v1.cni.cncf.io/networks": json!([{"name": "data", "bandwidth": {}}]).to_string()}),
                 "bandwidth",
             ),
-            // Valid at planning time, refused by Neutron: eth0 was made by then and must be
-            // given back with everything else.
+            // Valid at planning time, refused by Neutron: eth0 and eth1 (additional subnet) were
+            // made by then and must be given back.
             (
                 "address-taken",
-                json!({"k8s.v1.cni.cncf.io/networks": json!([{"name": "data", "ips": ["10.61.0.50"]}]).to_string()}),
+                json!({"openstack.org/kuryr-additional-subnets": json!([data]).to_string(), "k8s.v1.cni.cncf.io/networks": json!([{"name": "data", "ips": ["10.61.0.50"]}]).to_string()}),
                 "ips/mac of network demo/data",
             ),
         ];

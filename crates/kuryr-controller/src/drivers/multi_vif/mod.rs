@@ -331,6 +331,23 @@ async fn acquire(
         restore,
     };
     let mtu = ctx.config.neutron_defaults.network_device_mtu;
+    let mut acquired = acquire_port(ctx, drivers, pod, ifname, &plan, record, mtu).await?;
+    // Upstream's SR-IOV VIFs name their pod: the daemon finds the pod's allocated VFs by it.
+    if let Vif::Sriov(s) = &mut acquired.vif {
+        s.pod_name = Some(pod.name.clone());
+    }
+    Ok(acquired)
+}
+
+async fn acquire_port(
+    ctx: &Context,
+    drivers: &Drivers,
+    pod: &PodRef,
+    ifname: String,
+    plan: &PlannedVif,
+    record: impl Fn(ReleaseMode, Option<PortRestore>) -> MultiVifRecord,
+    mtu: u32,
+) -> Result<AdditionalVif, Error> {
     match &plan.source {
         PortSource::Pooled { spec } => {
             let (vif, origin) = drivers.pool.request_vif(pod, spec).await?;
