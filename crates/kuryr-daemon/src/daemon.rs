@@ -269,7 +269,8 @@ impl Daemon {
     async fn add_inner(&self, body: &[u8]) -> Result<AddResult, DaemonError> {
         let p = CniParams::parse(body)?;
         p.require(&["CNI_IFNAME", "CNI_NETNS", "CNI_CONTAINERID"])?;
-        let _lock = self.lock_pod(&p.key).await;
+        // The per-pod lock is held only while plugging, never during the
+        // waits, so a DEL (or the kubelet's retry) is not stuck behind them.
         let deadline = Instant::now() + self.config.vif_annotation_timeout;
         let uid = p.pod_uid.as_deref();
 
@@ -312,6 +313,7 @@ impl Daemon {
         };
 
         // 2. plug every VIF
+        let lock = self.lock_pod(&p.key).await;
         let specs = self.specs_for(&kp, &p.req.ifname)?;
         let netns_path = self.netns_path(&p.req.netns);
         let netns =
@@ -348,6 +350,8 @@ impl Daemon {
                 specs: specs.clone(),
             },
         );
+
+        drop(lock);
 
         // 3. every VIF active
         let mut waiting = false;
@@ -386,6 +390,18 @@ impl Daemon {
                 return Err(e);
             }
         };
+        // A DEL may have run while we waited: then there is nothing to report.
+        let still_ours = self
+            .registry
+            .get(&p.key)
+            .and_then(|e| e.attachment)
+            .is_some_and(|a| a.container_id == p.req.container_id);
+        if !still_ours {
+            return Err(DaemonError::PodGone(format!(
+                "container {} of pod {} was deleted while waiting for VIF activation",
+                p.req.container_id, p.key
+            )));
+        }
         let status = kp
             .status
             .as_ref()

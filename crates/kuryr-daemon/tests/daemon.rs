@@ -238,3 +238,71 @@ async fn add_errors_name_the_problem() {
     assert!(e.to_string().contains("CNI_IFNAME"), "{e}");
     assert_eq!(d.pod_lock_count(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn del_is_not_stuck_behind_an_add_waiting_for_activation() {
+    if !can_netns() {
+        return;
+    }
+    let br = unique("kdb");
+    let _b = HostLink(br.clone());
+    let ns = TestNetns::new("kdw");
+    let mut v0 = vif(
+        "eth0",
+        "w",
+        "fa:16:3e:00:33:01",
+        "10.85.0.0/24",
+        "10.85.0.5",
+        None,
+        &br,
+    );
+    v0.active = false;
+    let _t = HostLink(kuryr_crds::vif_name_for_port(&v0.port_id));
+    let mut cfg = DaemonConfig::new("n1");
+    cfg.vif_annotation_timeout = Duration::from_secs(20);
+    let d = Daemon::new(cfg, Arc::new(NoEvents), Arc::new(ApiUp));
+    d.registry
+        .apply_kuryrport(kuryrport("default", "slow", "u1", "n1", &[v0]));
+    let add = tokio::spawn({
+        let (d, b) = (d.clone(), body("slow", "c1", &ns.path(), "eth0", "u1"));
+        async move { d.add(&b).await }
+    });
+    // Wait until ADD has plugged (it then waits for activation).
+    for _ in 0..100 {
+        if d.registry
+            .get(&PodKey::new("default", "slow"))
+            .and_then(|e| e.attachment)
+            .is_some()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let started = std::time::Instant::now();
+    d.del(&body("slow", "c1", &ns.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "DEL waited for the ADD"
+    );
+    assert!(!ns.exec_ok(&["ip", "-o", "link"]).contains("eth0"));
+    // Activation after the DEL does not resurrect the ADD's success.
+    let mut active = kuryrport("default", "slow", "u1", "n1", &[]);
+    active.status = d
+        .registry
+        .get(&PodKey::new("default", "slow"))
+        .unwrap()
+        .kuryrport
+        .unwrap()
+        .status
+        .clone();
+    if let Some(s) = active.status.as_mut() {
+        for v in s.vifs.values_mut() {
+            v.vif.base_mut().active = true;
+        }
+    }
+    d.registry.apply_kuryrport(active);
+    let e = add.await.unwrap().err().unwrap();
+    assert_eq!(e.code(), 3, "{e}");
+}
