@@ -6,7 +6,7 @@ use kube::Client;
 use kuryr_config::KuryrConfig;
 
 use k8s_openapi::api::core::v1::Namespace;
-use kube::ResourceExt;
+use kube::{Api, ResourceExt};
 
 use crate::binding::store::ConfigMapStore;
 use crate::binding::{AFFINITY_ANNOTATION, AZ_ANNOTATION, Binder, BindingRequest, Candidate, Scheduler};
@@ -67,12 +67,6 @@ impl Context {
         }
     }
 
-    /// The OpenStack deployment serving a project, without consulting the binding scheduler.
-    /// Prefer [`Context::bind`], which honours `[pod_binding]`.
-    pub fn deployment_for(&self, _project_id: &str) -> &str {
-        DEFAULT_DEPLOYMENT
-    }
-
     /// Where `project`'s existing resources live (its current binding), for releasing them.
     pub async fn bound_deployment(&self, project_id: &str) -> Result<String, Error> {
         match &self.binder {
@@ -86,11 +80,17 @@ impl Context {
 
     /// The OpenStack deployment serving `namespace`'s project: with `[pod_binding] enabled` the
     /// binding scheduler (seed 001) decides and records it; otherwise the default deployment.
-    pub async fn bind(&self, project_id: &str, namespace: Option<&Namespace>) -> Result<String, Error> {
+    ///
+    /// The namespace is only read when the scheduler is on (its annotations carry the requested
+    /// zone and affinity), so the default path costs no API call.
+    pub async fn bind(&self, project_id: &str, namespace: &str) -> Result<String, Error> {
         let Some(binder) = &self.binder else {
             return Ok(DEFAULT_DEPLOYMENT.to_string());
         };
-        let annotations = namespace.map(|n| n.annotations().clone()).unwrap_or_default();
+        let ns = Api::<Namespace>::all(self.kube.clone())
+            .get_opt(namespace)
+            .await?;
+        let annotations = ns.map(|n| n.annotations().clone()).unwrap_or_default();
         let req = BindingRequest {
             project: project_id.to_string(),
             availability_zone: annotations.get(AZ_ANNOTATION).cloned(),

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kuryr_crds::names::finalizers;
@@ -63,10 +62,7 @@ impl ResourceEventHandler for KuryrNetworkHandler {
         let kn = add_finalizer(&self.ctx.kube, kn, finalizers::KURYRNETWORK).await?;
         let ns = kn.spec.ns_name.clone();
         let project = kn.spec.project_id.clone();
-        let namespace = Api::<Namespace>::all(self.ctx.kube.clone())
-            .get_opt(&kn.spec.ns_name)
-            .await?;
-        let deployment = self.ctx.bind(&project, namespace.as_ref()).await?;
+        let deployment = self.ctx.bind(&project, &ns).await?;
         let client = self.ctx.deployments.client(&deployment)?;
         let cfg = &self.ctx.config.namespace_subnet;
         let mut status = kn.status.clone().unwrap_or_default();

@@ -105,7 +105,7 @@ impl KuryrPortHandler {
     /// Resolves project, network and security groups of the pod's default interface.
     async fn default_spec(&self, ns: &str) -> Result<PortSpec, Error> {
         let project = self.drivers.project.project_for_namespace(ns).await?;
-        let deployment = self.ctx.deployment_for(&project).to_string();
+        let deployment = self.ctx.bind(&project, ns).await?;
         let network = self
             .drivers
             .subnets
