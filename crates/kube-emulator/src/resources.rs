@@ -103,6 +103,18 @@ const EVENT_FIELDS: &[&str] = &[
     "type",
 ];
 
+/// events.k8s.io/v1 (what kube-runtime's `Recorder` writes) selects on `regarding.*`.
+const EVENTS_V1_FIELDS: &[&str] = &[
+    "regarding.kind",
+    "regarding.namespace",
+    "regarding.name",
+    "regarding.uid",
+    "regarding.apiVersion",
+    "reason",
+    "reportingController",
+    "type",
+];
+
 const BUILTINS: &[Builtin] = &[
     Builtin {
         group: "",
@@ -213,6 +225,17 @@ const BUILTINS: &[Builtin] = &[
         status: false,
         categories: &[],
         fields: &[],
+    },
+    Builtin {
+        group: "events.k8s.io",
+        version: "v1",
+        kind: "Event",
+        plural: "events",
+        short: &[],
+        namespaced: true,
+        status: false,
+        categories: &[],
+        fields: EVENTS_V1_FIELDS,
     },
     Builtin {
         group: "coordination.k8s.io",

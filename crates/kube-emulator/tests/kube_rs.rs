@@ -203,3 +203,53 @@ async fn kube_runtime_against_emulator() {
 
     handle.shutdown().await.expect("shutdown");
 }
+
+/// kube-runtime's event Recorder writes events.k8s.io/v1 Events (the CNI daemon uses it).
+#[tokio::test]
+async fn kube_runtime_recorder_publishes_events_v1() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::api::events::v1::Event as EventV1;
+    use kube::Resource;
+    use kube::api::{ListParams, PostParams};
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+    let handle = KubeEmulator::start(KubeOptions::default())
+        .await
+        .expect("emulator");
+    let client =
+        kube::Client::try_from(kube::Config::new(handle.url().parse().expect("url"))).expect("client");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let obj = cms
+        .create(&PostParams::default(), &cm("evented", "x"))
+        .await
+        .expect("create");
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "kuryr-test".into(),
+            instance: None,
+        },
+    );
+    let ev = Event {
+        type_: EventType::Warning,
+        reason: "VifNotActive".into(),
+        note: Some("waiting".into()),
+        action: "Wiring".into(),
+        secondary: None,
+    };
+    recorder
+        .publish(&ev, &obj.object_ref(&()))
+        .await
+        .expect("publish");
+    let events: Api<EventV1> = Api::namespaced(client, "default");
+    let listed = events
+        .list(&ListParams::default().fields("regarding.name=evented"))
+        .await
+        .expect("list by regarding.name");
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(listed.items[0].reason.as_deref(), Some("VifNotActive"));
+    assert_eq!(
+        listed.items[0].reporting_controller.as_deref(),
+        Some("kuryr-test")
+    );
+}
