@@ -313,3 +313,82 @@ pub async fn kuryr_ports(
         .tags([kuryr_crds::names::neutron::TAG_MANAGED]);
     Ok(client.list_ports(&f).await?.into_iter().map(|p| p.id).collect())
 }
+
+/// A controller on a runtime of its own, so that [`IsolatedController::kill`] has SIGKILL
+/// semantics: every task it spawned - detached ones included (per-object handler queues, pool
+/// refills) - stops at once, nothing is flushed and no lease is handed over. Aborting the
+/// JoinHandle of `run` ([`Controller::kill`]) leaves detached tasks running.
+pub struct IsolatedController {
+    rt: Option<tokio::runtime::Runtime>,
+    pub stop: CancellationToken,
+    exited: Arc<std::sync::atomic::AtomicBool>,
+}
+
+pub fn start_isolated_controller(
+    kube_url: &str,
+    neutron: &NeutronTarget,
+    cfg: Arc<KuryrConfig>,
+    identity: &str,
+) -> Result<IsolatedController> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let stop = CancellationToken::new();
+    let exited = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Clients spawn background tasks on the runtime that builds them: build them inside.
+    let (kube_url, neutron_url, identity) = (kube_url.to_string(), neutron.url.clone(), identity.to_string());
+    let (s, done) = (stop.clone(), exited.clone());
+    rt.spawn(async move {
+        let result = async {
+            let kube = Client::try_from(kube::Config::new(kube_url.parse()?))?;
+            let metrics = Metrics::new();
+            let deployments = Deployments::noauth(&neutron_url, &metrics)?;
+            let mut opts = ControllerOptions::new(cfg, kube, deployments, metrics);
+            opts.health_addr = None;
+            opts.metrics_addr = None;
+            opts.identity = identity.clone();
+            run(opts, s).await?;
+            anyhow::Ok(())
+        }
+        .await;
+        if let Err(e) = result {
+            eprintln!("controller {identity} failed: {e:#}");
+        }
+        done.store(true, std::sync::atomic::Ordering::Release);
+    });
+    Ok(IsolatedController {
+        rt: Some(rt),
+        stop,
+        exited,
+    })
+}
+
+impl IsolatedController {
+    /// SIGKILL: the runtime is torn down without waiting for anything.
+    pub fn kill(mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+
+    /// Graceful stop: cancel, then give the controller 15 s to finish.
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        if let Some(rt) = self.rt.take() {
+            let _ = tokio::task::spawn_blocking(move || rt.shutdown_timeout(Duration::from_secs(15))).await;
+        }
+    }
+
+    pub fn has_exited(&self) -> bool {
+        self.exited.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+impl Drop for IsolatedController {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
