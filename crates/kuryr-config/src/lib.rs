@@ -220,6 +220,38 @@ impl KuryrConfig {
             .find(|(n, _)| *n == name)
             .map(|(_, a)| a)
     }
+
+    /// The Neutron ids pods use in deployment `name`: its own section's overrides, else the
+    /// global `[neutron_defaults]` / `[namespace_subnet]` values.
+    pub fn deployment_defaults(&self, name: &str) -> DeploymentDefaults {
+        let d = self.deployment(name);
+        let nd = &self.neutron_defaults;
+        let ns = &self.namespace_subnet;
+        DeploymentDefaults {
+            pod_subnet: d
+                .and_then(|d| d.pod_subnet.clone())
+                .or_else(|| nd.pod_subnet.clone()),
+            pod_security_groups: d
+                .map(|d| d.pod_security_groups.clone())
+                .filter(|g| !g.is_empty())
+                .unwrap_or_else(|| nd.pod_security_groups.clone()),
+            pod_router: d
+                .and_then(|d| d.pod_router.clone())
+                .or_else(|| ns.pod_router.clone()),
+            pod_subnet_pool: d
+                .and_then(|d| d.pod_subnet_pool.clone())
+                .or_else(|| ns.pod_subnet_pool.clone()),
+        }
+    }
+}
+
+/// Per-deployment Neutron ids, resolved by [`KuryrConfig::deployment_defaults`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeploymentDefaults {
+    pub pod_subnet: Option<String>,
+    pub pod_security_groups: Vec<String>,
+    pub pod_router: Option<String>,
+    pub pod_subnet_pool: Option<String>,
 }
 
 /// Applies `KURYR__<SECTION>__<OPTION>=value` and `KURYR__DEPLOYMENT__<NAME>__<OPTION>=value`

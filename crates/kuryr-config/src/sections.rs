@@ -530,6 +530,15 @@ config_section! {
         resource_affinity: BTreeMap<String, String> = BTreeMap::new(),
         /// kuryr-rs (seed 001): `false` takes the deployment out of new bindings (maintenance).
         binding_enabled: bool = true,
+        /// kuryr-rs: this deployment's pod subnet (overrides `[neutron_defaults] pod_subnet`, whose
+        /// id only exists in one deployment).
+        pod_subnet: Option<String> = None,
+        /// kuryr-rs: this deployment's pod security groups (overrides `[neutron_defaults]`).
+        pod_security_groups: Vec<String> = Vec::new(),
+        /// kuryr-rs: this deployment's `[namespace_subnet] pod_router`.
+        pod_router: Option<String> = None,
+        /// kuryr-rs: this deployment's `[namespace_subnet] pod_subnet_pool`.
+        pod_subnet_pool: Option<String> = None,
     }
 }
 

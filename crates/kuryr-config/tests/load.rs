@@ -571,3 +571,24 @@ fn serialized_dump_uses_conf_spellings_and_hides_secrets() {
     );
     assert!(!json.to_string().contains("west-secret"));
 }
+
+#[test]
+fn deployment_sections_override_pod_ids() {
+    let ini = "[neutron]\nauth_type = noauth\nendpoint_override = http://a\n\
+               [neutron_defaults]\npod_subnet = global-subnet\npod_security_groups = sg1,sg2\n\
+               [namespace_subnet]\npod_router = r0\n\
+               [deployment:east]\nauth_type = noauth\nendpoint_override = http://b\npod_subnet = east-subnet\n\
+               pod_router = r-east\n";
+    let cfg = KuryrConfig::from_ini_str(ini).expect("loads").config;
+    let d = cfg.deployment_defaults("default");
+    assert_eq!(d.pod_subnet.as_deref(), Some("global-subnet"));
+    assert_eq!(d.pod_router.as_deref(), Some("r0"));
+    let e = cfg.deployment_defaults("east");
+    assert_eq!(e.pod_subnet.as_deref(), Some("east-subnet"));
+    assert_eq!(
+        e.pod_security_groups,
+        ["sg1", "sg2"],
+        "falls back to [neutron_defaults]"
+    );
+    assert_eq!(e.pod_router.as_deref(), Some("r-east"));
+}

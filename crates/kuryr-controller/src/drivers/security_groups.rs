@@ -2,7 +2,10 @@
 
 use std::collections::HashMap;
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
+use kuryr_config::KuryrConfig;
 use kuryr_neutron::{ListFilter, SecurityGroupCreate, SecurityGroupRuleCreate, Taggable};
 use tokio::sync::Mutex;
 
@@ -24,23 +27,21 @@ pub trait SecurityGroupsDriver: Send + Sync {
     }
 }
 
-/// `default`: `[neutron_defaults] pod_security_groups` for every pod.
+/// `default`: `[neutron_defaults] pod_security_groups` for every pod (or the deployment's own).
 pub struct DefaultSecurityGroups {
-    groups: Vec<String>,
+    config: Arc<KuryrConfig>,
 }
 
 impl DefaultSecurityGroups {
-    pub fn new(groups: &[String]) -> Self {
-        Self {
-            groups: groups.to_vec(),
-        }
+    pub fn new(config: Arc<KuryrConfig>) -> Self {
+        Self { config }
     }
 }
 
 #[async_trait]
 impl SecurityGroupsDriver for DefaultSecurityGroups {
-    async fn security_groups(&self, _: &str, _: &str, _: &str) -> Result<Vec<String>, Error> {
-        Ok(self.groups.clone())
+    async fn security_groups(&self, deployment: &str, _: &str, _: &str) -> Result<Vec<String>, Error> {
+        Ok(self.config.deployment_defaults(deployment).pod_security_groups)
     }
 }
 
@@ -49,16 +50,16 @@ impl SecurityGroupsDriver for DefaultSecurityGroups {
 /// or a second controller never creates a duplicate.
 pub struct NamespaceSecurityGroups {
     deployments: Deployments,
-    defaults: Vec<String>,
+    config: Arc<KuryrConfig>,
     tags: Vec<String>,
     cache: Mutex<HashMap<(String, String), String>>,
 }
 
 impl NamespaceSecurityGroups {
-    pub fn new(deployments: Deployments, defaults: &[String], tags: Vec<String>) -> Self {
+    pub fn new(deployments: Deployments, config: Arc<KuryrConfig>, tags: Vec<String>) -> Self {
         Self {
             deployments,
-            defaults: defaults.to_vec(),
+            config,
             tags,
             cache: Mutex::default(),
         }
@@ -128,7 +129,7 @@ impl SecurityGroupsDriver for NamespaceSecurityGroups {
         project_id: &str,
         namespace: &str,
     ) -> Result<Vec<String>, Error> {
-        let mut groups = self.defaults.clone();
+        let mut groups = self.config.deployment_defaults(deployment).pod_security_groups;
         groups.push(self.namespace_group(deployment, project_id, namespace).await?);
         Ok(groups)
     }

@@ -48,16 +48,15 @@ impl Drivers {
             PodSubnetsDriver::Namespace => {
                 Arc::new(NamespaceSubnets::new(ctx.kube.clone(), subnet_cache.clone()))
             }
-            PodSubnetsDriver::Default => Arc::new(DefaultSubnets::new(
-                nd.pod_subnet.as_deref(),
-                subnet_cache.clone(),
-            )?),
+            PodSubnetsDriver::Default => {
+                Arc::new(DefaultSubnets::new(ctx.config.clone(), subnet_cache.clone())?)
+            }
         };
         let security_groups: Arc<dyn SecurityGroupsDriver> = match k.pod_security_groups_driver {
-            SgName::Default => Arc::new(DefaultSecurityGroups::new(&nd.pod_security_groups)),
+            SgName::Default => Arc::new(DefaultSecurityGroups::new(ctx.config.clone())),
             SgName::Namespace => Arc::new(NamespaceSecurityGroups::new(
                 ctx.deployments.clone(),
-                &nd.pod_security_groups,
+                ctx.config.clone(),
                 ctx.resource_tags(),
             )),
             SgName::Policy => {

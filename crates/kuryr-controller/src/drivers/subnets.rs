@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use kube::Api;
+use kuryr_config::KuryrConfig;
 use kuryr_crds::KuryrNetwork;
 use tokio::sync::RwLock;
 
@@ -77,23 +78,30 @@ impl SubnetCache {
     }
 }
 
-/// `default`: `[neutron_defaults] pod_subnet` for every pod.
+/// `default`: `[neutron_defaults] pod_subnet` for every pod (or the deployment's own `pod_subnet`
+/// when several OpenStack deployments are configured).
 pub struct DefaultSubnets {
-    subnet_id: String,
+    config: Arc<KuryrConfig>,
     cache: SubnetCache,
 }
 
 impl DefaultSubnets {
-    pub fn new(subnet_id: Option<&str>, cache: SubnetCache) -> Result<Self, Error> {
-        match subnet_id {
-            Some(s) if !s.is_empty() => Ok(Self {
-                subnet_id: s.to_string(),
-                cache,
-            }),
-            _ => Err(Error::Config(
-                "[neutron_defaults] pod_subnet must be set for the default subnets driver".into(),
-            )),
+    pub fn new(config: Arc<KuryrConfig>, cache: SubnetCache) -> Result<Self, Error> {
+        for (name, _) in config.deployments() {
+            if config
+                .deployment_defaults(name)
+                .pod_subnet
+                .as_deref()
+                .unwrap_or("")
+                .is_empty()
+            {
+                return Err(Error::Config(format!(
+                    "the default subnets driver needs [neutron_defaults] pod_subnet (or pod_subnet in the \
+                     section of deployment {name:?})"
+                )));
+            }
         }
+        Ok(Self { config, cache })
     }
 }
 
@@ -104,7 +112,12 @@ impl SubnetsDriver for DefaultSubnets {
         deployment: &str,
         _namespace: &str,
     ) -> Result<Arc<NetworkInfo>, Error> {
-        self.cache.network_of_subnet(deployment, &self.subnet_id).await
+        let subnet = self
+            .config
+            .deployment_defaults(deployment)
+            .pod_subnet
+            .ok_or_else(|| Error::Config(format!("no pod_subnet for deployment {deployment:?}")))?;
+        self.cache.network_of_subnet(deployment, &subnet).await
     }
 }
 

@@ -64,7 +64,7 @@ impl ResourceEventHandler for KuryrNetworkHandler {
         let project = kn.spec.project_id.clone();
         let deployment = self.ctx.bind(&project, &ns).await?;
         let client = self.ctx.deployments.client(&deployment)?;
-        let cfg = &self.ctx.config.namespace_subnet;
+        let cfg = self.ctx.config.deployment_defaults(&deployment);
         let mut status = kn.status.clone().unwrap_or_default();
         let tag = ns_tag(&ns);
         let cluster_tags = self.tags(&ns);
