@@ -225,3 +225,38 @@ async fn quota_and_bad_annotation_produce_events_while_others_are_wired() -> Res
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_port_that_never_goes_active_produces_an_activation_timeout_event() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.12.0.0/24").await?;
+        let cfg = format!(
+            "{}[cni_daemon]\nvif_annotation_timeout = 1\n",
+            bare_metal_config(&fx, "")
+        );
+        let ctrl = start_controller(&kube.client, &target, config(&cfg), "c1");
+        create_namespace(&kube.client, "stuck", json!({})).await?;
+        // No L2 agent serves this host: Neutron fails the binding and the port stays DOWN.
+        create_pod(&kube.client, "stuck", "s-0", "node-without-agent", json!({})).await?;
+        let api = Api::<Event>::namespaced(kube.client.clone(), "stuck");
+        let ev = eventually("VIFActivationTimeout event", WAIT, || async {
+            let evs = api.list(&ListParams::default()).await?.items;
+            Ok(evs
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("VIFActivationTimeout")))
+        })
+        .await?;
+        assert_eq!(ev.involved_object.name.as_deref(), Some("s-0"), "{}", target.name);
+        assert!(
+            ev.message.unwrap_or_default().contains("not active"),
+            "{}",
+            target.name
+        );
+        ctrl.stop.cancel();
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}

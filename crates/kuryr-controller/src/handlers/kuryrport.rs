@@ -255,6 +255,20 @@ impl KuryrPortHandler {
             self.write_status(kp, &vifs).await?;
         }
         if let Some(e) = pending {
+            // The user sees a port that never comes up (agent down, binding failed) once it has
+            // taken longer than the CNI daemon waits for it.
+            let timeout = self.ctx.config.cni_daemon.vif_annotation_timeout;
+            if let Some(since) = kp.meta().creation_timestamp.as_ref()
+                && let Ok(age) =
+                    std::time::Duration::try_from(k8s_openapi::jiff::Timestamp::now().duration_since(since.0))
+                && age.as_secs() >= timeout
+            {
+                let msg = format!("VIFs not active after {}s: {e}", age.as_secs());
+                self.ctx
+                    .events
+                    .publish(pod, true, "VIFActivationTimeout", &msg)
+                    .await;
+            }
             return Err(e);
         }
         self.ctx.metrics.stage("activate", started.elapsed());
