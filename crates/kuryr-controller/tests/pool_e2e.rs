@@ -242,3 +242,106 @@ async fn wait_active_ports(kube: &kube::Client, ns: &str, n: usize) -> Result<BT
     })
     .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kuryrportpool_objects_follow_the_pools() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.66.0.0/24").await?;
+        let bed = PoolBed::new(
+            &kube,
+            &fx,
+            "ports_pool_batch = 3\nports_pool_min = 1\nports_pool_update_frequency = 1",
+        )
+        .await?;
+        let objs = Api::<KuryrPortPool>::namespaced(kube.client.clone(), CONTROLLER_NS);
+        let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(kube.client.clone(), "demo");
+        let ctrl = start_controller(&kube.client, &target, config(&bed.ini), "c1");
+        create_namespace(&kube.client, "demo", json!({})).await?;
+        create_pod(&kube.client, "demo", "pod-0", NODES[0], json!({})).await?;
+        wait_active_ports(&kube.client, "demo", 1).await?;
+        let obj = eventually("the pool object", WAIT, || async {
+            Ok(objs.list(&ListParams::default()).await?.items.into_iter().next())
+        })
+        .await?;
+        assert_eq!(obj.spec.min, 1);
+        assert!(
+            obj.metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == kuryr_crds::names::finalizers::KURYRPORTPOOL)
+        );
+
+        // A restart with other limits writes them back to the existing object.
+        ctrl.stop.cancel();
+        ctrl.task.await?;
+        let ini = bed.ini.replace("ports_pool_min = 1", "ports_pool_min = 2");
+        let ctrl = start_controller(&kube.client, &target, config(&ini), "c2");
+        eventually("min written back", WAIT, || async {
+            let o = objs.list(&ListParams::default()).await?.items;
+            Ok((o.len() == 1 && o[0].spec.min == 2).then_some(()))
+        })
+        .await?;
+
+        // `free` on a pool nobody uses empties it: the pool and its object go.
+        pods.delete("pod-0", &DeleteParams::default()).await?;
+        let name = obj.metadata.name.clone().unwrap();
+        eventually("the released port recycled", WAIT, || async {
+            let p = api::list_pools(&bed.socket).await?;
+            Ok((p.len() == 1 && p[0].in_use == 0 && p[0].recyclable == 0).then_some(()))
+        })
+        .await?;
+        let freed = api::free_pool(&bed.socket, &name).await?;
+        assert_eq!(freed.deleted, 3, "{}", target.name);
+        eventually("the freed pool's object deleted", WAIT, || async {
+            Ok(objs
+                .list(&ListParams::default())
+                .await?
+                .items
+                .is_empty()
+                .then_some(()))
+        })
+        .await?;
+        assert!(api::list_pools(&bed.socket).await?.is_empty());
+        assert!(
+            kuryr_ports(neutron, &fx.project).await?.is_empty(),
+            "{}",
+            target.name
+        );
+
+        // Demand re-creates pool and object; deleting the object frees the pool's spare ports
+        // and the controller releases its finalizer, while the pod keeps its port.
+        create_pod(&kube.client, "demo", "pod-1", NODES[0], json!({})).await?;
+        let used = wait_active_ports(&kube.client, "demo", 1).await?;
+        eventually("the pool object again", WAIT, || async {
+            let o = objs.list(&ListParams::default()).await?.items;
+            Ok((o.len() == 1 && o[0].status.as_ref().is_some_and(|s| s.available.len() == 2)).then_some(()))
+        })
+        .await?;
+        objs.delete(&name, &Default::default()).await?;
+        eventually("the deleted object released", WAIT, || async {
+            Ok(objs
+                .list(&ListParams::default())
+                .await?
+                .items
+                .is_empty()
+                .then_some(()))
+        })
+        .await?;
+        assert!(api::list_pools(&bed.socket).await?.is_empty());
+        assert_eq!(kuryr_ports(neutron, &fx.project).await?, used, "{}", target.name);
+        // With no pool to return to, the released port is deleted.
+        pods.delete("pod-1", &DeleteParams::default()).await?;
+        eventually("the last port deleted", WAIT, || async {
+            Ok(kuryr_ports(neutron, &fx.project).await?.is_empty().then_some(()))
+        })
+        .await?;
+        ctrl.stop.cancel();
+        ctrl.task.await?;
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}

@@ -501,7 +501,14 @@ impl PoolDriver {
 
     /// Deletes every available port of a pool (pool management `free`). Returns how many.
     pub async fn free(&self, key: &Key) -> Result<usize, Error> {
-        let drained = self.lock().drain_available(key);
+        let drained = {
+            let mut st = self.lock();
+            let drained = st.drain_available(key);
+            // A pool left with no port at all is gone (the next reconcile deletes its object);
+            // dropped in the same lock so that maintenance cannot refill it meanwhile.
+            st.remove_if_empty(key);
+            drained
+        };
         let mut deleted = 0;
         let mut first = None;
         for e in drained {
@@ -515,6 +522,21 @@ impl PoolDriver {
         }
         self.touched();
         first.map_or(Ok(deleted), Err)
+    }
+
+    /// Forgets the pool of `key` and deletes its spare ports (its KuryrPortPool object was
+    /// deleted or names a pool that is gone). Ports in use are deleted when released.
+    pub async fn drop_pool(&self, key: &Key) {
+        let Some(spare) = self.lock().remove(key) else {
+            return;
+        };
+        for e in spare {
+            if let Err(err) = self.vif.release_vif(&key.deployment, &key.host, &e.data).await {
+                // Tagged and now owned by nothing: the orphan sweep retries.
+                tracing::warn!(port = %e.port_id, error = %err, "could not delete port of a dropped pool");
+            }
+        }
+        self.publish_sizes();
     }
 
     /// Port ids this driver's pools account for, per deployment.

@@ -351,6 +351,9 @@ impl PoolManager {
             if let Err(e) = self.sweep_once(&mut suspects).await {
                 tracing::warn!(error = %e, "orphan sweep failed");
             }
+            if let Err(e) = self.persister.reconcile(&self.pooled).await {
+                tracing::warn!(error = %e, "KuryrPortPool reconcile failed");
+            }
         }
     }
 }

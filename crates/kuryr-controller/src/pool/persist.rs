@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kuryr_crds::{KuryrPort, KuryrPortPool, KuryrPortPoolStatus, PoolFixedIp, PoolPort, Vif};
 use serde_json::Value;
 use tokio::sync::Mutex;
@@ -18,6 +18,8 @@ use super::recover::{InUsePort, RecoveryInput};
 use super::state::{Entry, Key};
 use crate::drivers::pool::{ORIGIN_FIELD, VifOrigin};
 use crate::error::{Error, is_not_found};
+use crate::k8s::remove_finalizer;
+use kuryr_crds::names::finalizers;
 
 /// Changes are collected this long before a write.
 pub const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
@@ -124,7 +126,12 @@ impl Persister {
             bare.status = None;
             match api.create(&PostParams::default(), &bare).await {
                 Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    // Left by an earlier run: its limits may predate a config change.
+                    let spec = serde_json::json!({ "spec": obj.spec });
+                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&spec))
+                        .await?;
+                }
                 Err(e) => return Err(e.into()),
             }
             self.created.lock().await.insert(name.clone());
@@ -189,6 +196,42 @@ impl Persister {
                 driver.touched();
             }
         }
+    }
+
+    /// Aligns the KuryrPortPool objects with the pools (after recovery): an object being
+    /// deleted frees its pool (spare ports deleted) and loses the kuryr-rs finalizer; an object
+    /// naming no pool of any driver (freed and emptied) is deleted. Returns how many objects
+    /// were released.
+    pub async fn reconcile(&self, drivers: &[Arc<PoolDriver>]) -> Result<usize, Error> {
+        let api = self.api();
+        let mut released = 0;
+        for obj in api.list(&ListParams::default()).await?.items {
+            let Some(name) = obj.metadata.name.clone() else {
+                continue;
+            };
+            let owner = drivers
+                .iter()
+                .find_map(|d| d.key_by_name(&name).map(|k| (d.clone(), k)));
+            let deleting = obj.metadata.deletion_timestamp.is_some();
+            if !deleting && owner.is_some() {
+                continue;
+            }
+            if let Some((driver, key)) = &owner {
+                driver.drop_pool(key).await;
+            }
+            self.created.lock().await.remove(&name);
+            remove_finalizer(&self.kube, &obj, finalizers::KURYRPORTPOOL).await?;
+            if !deleting {
+                match api.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(e) if is_not_found(&e) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            tracing::info!(pool = %name, deleted_by_user = deleting, "KuryrPortPool released");
+            released += 1;
+        }
+        Ok(released)
     }
 
     /// The pool objects of the controller namespace and every port the KuryrPorts record.

@@ -616,6 +616,35 @@ impl<T> Pools<T> {
         expired
     }
 
+    /// Drops the pool of `key` (its KuryrPortPool object was deleted). Returns its available
+    /// and recyclable ports for the caller to delete. Ports in use stay with their KuryrPorts:
+    /// on release no pool takes them back, so they are deleted then; ports being recycled are
+    /// left to the orphan sweep.
+    pub fn remove(&mut self, key: &Key) -> Option<Vec<Entry<T>>> {
+        let pool = self.pools.remove(key)?;
+        if pool.populating {
+            self.populating = self.populating.saturating_sub(1);
+        }
+        self.dirty.remove(key);
+        let mut out: Vec<Entry<T>> = pool.available.into_iter().collect();
+        out.extend(pool.recyclable);
+        Some(out)
+    }
+
+    /// Drops the pool of `key` if it holds no port at all and is not being filled (a pool
+    /// emptied by `free`): its KuryrPortPool object then goes too. True when dropped.
+    pub fn remove_if_empty(&mut self, key: &Key) -> bool {
+        let empty = self
+            .pools
+            .get(key)
+            .is_some_and(|p| p.total() == 0 && p.recycling.is_empty() && !p.populating);
+        if empty {
+            self.pools.remove(key);
+            self.dirty.remove(key);
+        }
+        empty
+    }
+
     /// Empties `key`'s available list (pool management `free`): the caller deletes the ports.
     pub fn drain_available(&mut self, key: &Key) -> Vec<Entry<T>> {
         let Some(pool) = self.pools.get_mut(key) else {
@@ -734,6 +763,36 @@ mod tests {
         assert!(matches!(got.take, Take::Hit(_)));
         assert_eq!(got.refills.len(), 1);
         assert_eq!(got.refills[0].n, 5);
+    }
+
+    #[test]
+    fn removed_pool_returns_spare_ports_and_frees_its_populate_slot() {
+        let mut pools = Pools::<()>::new(Limits {
+            max_concurrent_populate: 1,
+            ..limits(1, 0, 2)
+        });
+        let (a, b) = (key(&["a"]), key(&["b"]));
+        pools.ensure(&a, || meta("a"));
+        pools.ensure(&b, || meta("b"));
+        let r = pools.take(&a, t(0)).refills;
+        complete(&mut pools, &r[0], t(1));
+        let Take::Hit(used) = pools.take(&a, t(2)).take else {
+            panic!("hit expected")
+        };
+        pools.release(&a, &used.port_id, (), None, t(3)).unwrap();
+        // b populating holds the only slot; removing b must give it back.
+        assert_eq!(pools.take(&b, t(3)).refills.len(), 1);
+        assert_eq!(pools.remove(&b).map(|v| v.len()), Some(0));
+        assert!(pools.get(&b).is_none());
+        assert!(pools.remove(&b).is_none());
+        assert!(!pools.remove_if_empty(&a), "a holds ports");
+        let spare = pools.remove(&a).unwrap();
+        assert_eq!(spare.len(), 2, "available and recyclable ports come back");
+        pools.ensure(&a, || meta("a"));
+        assert_eq!(pools.take(&a, t(4)).refills.len(), 1, "the slot is free again");
+        pools.ensure(&b, || meta("b"));
+        assert!(pools.remove_if_empty(&b));
+        assert!(!pools.remove_if_empty(&a), "a is populating");
     }
 
     #[test]
