@@ -771,7 +771,8 @@ mod tests {
             max_concurrent_populate: 1,
             ..limits(1, 0, 2)
         });
-        let (a, b) = (key(&["a"]), key(&["b"]));
+        // Another network: b must not borrow a's ports.
+        let (a, b) = (key(&["a"]), Key::new("default", "node-1", "proj", "net-2", vec![]));
         pools.ensure(&a, || meta("a"));
         pools.ensure(&b, || meta("b"));
         let r = pools.take(&a, t(0)).refills;
@@ -828,7 +829,8 @@ mod tests {
         let mut l = limits(1, 0, 2);
         l.max_concurrent_populate = 1;
         let mut pools = Pools::<()>::new(l);
-        let (a, b) = (key(&["a"]), key(&["b"]));
+        // Another network: b must not borrow a's ports.
+        let (a, b) = (key(&["a"]), Key::new("default", "node-1", "proj", "net-2", vec![]));
         pools.ensure(&a, || meta("a"));
         pools.ensure(&b, || meta("b"));
         let ra = pools.take(&a, t(0)).refills;
