@@ -72,6 +72,11 @@ impl DaemonConfig {
         out.binding.link_iface = Some(cfg.binding.link_iface.clone()).filter(|s| !s.is_empty());
         out.binding.ovs_bridge = cfg.neutron_defaults.ovs_bridge.clone();
         out.binding.ovs_timeout_secs = u32::try_from(cfg.cni_daemon.pyroute2_timeout).unwrap_or(u32::MAX);
+        match crate::binding::SriovConfig::parse_mappings(&cfg.sriov.physical_device_mappings) {
+            Ok(m) => out.binding.sriov.physnet_pfs = m,
+            // Only SR-IOV ADDs depend on it: they fail naming the physnet.
+            Err(e) => tracing::error!(error = %e, "ignoring [sriov] physical_device_mappings"),
+        }
         out
     }
 }
@@ -670,6 +675,10 @@ mod tests {
         assert_eq!(c.metrics_address.port(), 9655);
         assert_eq!(c.binding.link_iface.as_deref(), Some("ens4"));
         assert_eq!(c.binding.ovs_bridge, "br-int");
+        assert_eq!(c.binding.ovs_plug, crate::binding::OvsPlugMode::OpenVSwitch);
+        k.sriov.physical_device_mappings = vec!["physnet1:ens1f0".into(), "physnet1:ens1f1".into()];
+        let c = DaemonConfig::from_kuryr_config(&k, "n1");
+        assert_eq!(c.binding.sriov.physnet_pfs["physnet1"], vec!["ens1f0", "ens1f1"]);
         assert_eq!(
             DaemonConfig::from_kuryr_config(&kuryr_config::KuryrConfig::default(), "n")
                 .binding

@@ -6,7 +6,7 @@ use kuryr_crds::Vif;
 use kuryr_crds::vif::parse_cidr;
 use serde_json::{Value, json};
 
-use crate::binding::{BindingConfig, BindingError, PlugKind, PlugSpec, SubnetRoute};
+use crate::binding::{BindingConfig, BindingError, OvsPlugMode, PlugKind, PlugSpec, SubnetRoute};
 use crate::netlink::{IpPrefix, MacAddr};
 
 fn invalid(field: impl Into<String>, message: impl Into<String>) -> BindingError {
@@ -68,17 +68,23 @@ pub fn plug_spec(
                 .or_else(|| network.and_then(|n| n.bridge.clone()))
                 .unwrap_or_else(|| config.default_bridge.clone()),
         },
-        Vif::OpenVSwitch(o) => PlugKind::OpenVSwitch {
-            bridge: o
+        Vif::OpenVSwitch(o) => {
+            let bridge = o
                 .bridge_name
                 .clone()
                 .or_else(|| network.and_then(|n| n.bridge.clone()))
-                .unwrap_or_else(|| config.ovs_bridge.clone()),
-        },
+                .unwrap_or_else(|| config.ovs_bridge.clone());
+            match config.ovs_plug {
+                OvsPlugMode::OpenVSwitch => PlugKind::OpenVSwitch { bridge },
+                OvsPlugMode::LinuxBridge => PlugKind::Bridge { bridge },
+            }
+        }
         Vif::VlanNested(v) => PlugKind::VlanNested { vlan_id: v.vlan_id },
         Vif::MacvlanNested(_) => PlugKind::MacvlanNested,
         Vif::Sriov(s) => PlugKind::Sriov {
             pci_address: s.dev_address.clone(),
+            physnet: s.physnet.clone(),
+            vlan: network.and_then(|n| n.vlan).filter(|v| *v > 0),
         },
         other => {
             return Err(invalid(

@@ -14,7 +14,7 @@ mod veth;
 
 pub use nested::{MacvlanDriver, VlanDriver};
 pub use ovs::{OvsProbe, ovs_available};
-pub use sriov::{SriovDriver, sriov_capable_pfs};
+pub use sriov::{SriovConfig, SriovDriver, VfCandidate, find_free_vf, sriov_capable_pfs};
 pub use veth::{BridgeDriver, OvsDriver};
 
 use std::net::IpAddr;
@@ -63,8 +63,15 @@ pub enum PlugKind {
     VlanNested { vlan_id: u16 },
     /// macvlan on the node's interface (VIFMacvlanNested).
     MacvlanNested,
-    /// A VF netdev moved into the pod (VIFSriov); `pci_address` names the VF.
-    Sriov { pci_address: Option<String> },
+    /// A VF netdev moved into the pod (VIFSriov). `pci_address` names the VF
+    /// when the VIF carries it (`dev_address`); otherwise the daemon picks a
+    /// free VF of one of `physnet`'s PFs (`[sriov] physical_device_mappings`).
+    /// `vlan` (the network's segmentation id) is set on the VF through its PF.
+    Sriov {
+        pci_address: Option<String>,
+        physnet: Option<String>,
+        vlan: Option<u16>,
+    },
 }
 
 impl PlugKind {
@@ -171,6 +178,39 @@ pub struct BindingConfig {
     pub default_bridge: String,
     /// `ovs-vsctl --timeout` seconds.
     pub ovs_timeout_secs: u32,
+    /// How `VIFOpenVSwitch` VIFs are plugged on this node.
+    pub ovs_plug: OvsPlugMode,
+    /// SR-IOV: where the daemon picks VFs for `VIFSriov` VIFs that name none.
+    pub sriov: SriovConfig,
+}
+
+/// Datapath for `VIFOpenVSwitch` VIFs.
+///
+/// Neutron decides the VIF type from the agent on the port's host (the OVS
+/// agent gives `ovs`), not from what the node can do. A node without Open
+/// vSwitch whose L2 is a Linux bridge (labs, CI machines without the OVS
+/// kernel module) may set `LinuxBridge`: the veth then goes on a Linux bridge
+/// with the VIF's bridge name (`br-int`), created if missing. Neutron's OVS
+/// agent does not see such ports, so its flows and security groups do not
+/// apply to them: this is an operator's explicit choice, never a fallback.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OvsPlugMode {
+    /// veth added to the OVS bridge with Neutron's external ids (default).
+    #[default]
+    OpenVSwitch,
+    /// veth on a Linux bridge named like the VIF's OVS bridge.
+    LinuxBridge,
+}
+
+impl std::str::FromStr for OvsPlugMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ovs" | "openvswitch" => Ok(Self::OpenVSwitch),
+            "linux_bridge" | "bridge" => Ok(Self::LinuxBridge),
+            other => Err(format!("ovs_plug: {other:?} is not one of ovs, linux_bridge")),
+        }
+    }
 }
 
 impl Default for BindingConfig {
@@ -180,6 +220,8 @@ impl Default for BindingConfig {
             ovs_bridge: "br-int".into(),
             default_bridge: "kuryr-br0".into(),
             ovs_timeout_secs: 10,
+            ovs_plug: OvsPlugMode::default(),
+            sriov: SriovConfig::default(),
         }
     }
 }
@@ -200,7 +242,7 @@ impl Drivers {
             ovs: OvsDriver::new(config.ovs_timeout_secs),
             vlan: VlanDriver::new(config.link_iface.clone()),
             macvlan: MacvlanDriver::new(config.link_iface.clone()),
-            sriov: SriovDriver,
+            sriov: SriovDriver::new(config.sriov.clone()),
         }
     }
 

@@ -511,6 +511,21 @@ impl Netlink {
         self.set(format!("set link #{index} down"), msg).await
     }
 
+    /// Set MAC and VLAN of virtual function `vf` through its physical function
+    /// `pf` (`ip link set PF vf N mac M vlan V`); VLAN 0 clears it.
+    pub async fn set_vf(&self, pf: u32, vf: u32, mac: Option<MacAddr>, vlan: u16) -> Result<()> {
+        use netlink_packet_route::link::{LinkVfInfo, VfInfo, VfInfoMac, VfInfoVlan};
+        let mut infos = vec![VfInfo::Vlan(VfInfoVlan::new(vf, u32::from(vlan), 0))];
+        if let Some(mac) = mac {
+            infos.insert(0, VfInfo::Mac(VfInfoMac::new(vf, &mac.0)));
+        }
+        let mut msg = LinkUnspec::new_with_index(pf).build();
+        msg.attributes
+            .push(LinkAttribute::VfInfoList(vec![LinkVfInfo(infos)]));
+        self.set(format!("set VF {vf} of link #{pf} (vlan {vlan})"), msg)
+            .await
+    }
+
     /// Set the interface alias (`ip link set X alias Y`), at most 255 bytes.
     pub async fn set_alias(&self, index: u32, alias: &str) -> Result<()> {
         let msg = LinkUnspec::new_with_index(index).alias(alias).build();
