@@ -26,6 +26,8 @@ pub enum Command {
     Daemon(DaemonArgs),
     /// Write the CRD manifests into DIR, or with --check verify that DIR is up to date.
     Crds(CrdsArgs),
+    /// Inspect and manage the controller's port pools (needs `[kubernetes] enable_manager = True`).
+    Pools(PoolsArgs),
     /// Start an emulated cluster (Kubernetes + Neutron), a controller and two nodes, and wire demo pods.
     Sandbox(SandboxArgs),
 }
@@ -111,6 +113,40 @@ pub struct CrdsArgs {
     pub dir: PathBuf,
 }
 
+#[derive(Args, Debug)]
+pub struct PoolsArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// The controller's pool management socket (default: `[pool_manager] sock_file`).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: PoolsCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PoolsCommand {
+    /// Every pool with its port counts.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// One pool with its ports.
+    Show {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Create ports in a pool now (default: `[vif_pool] ports_pool_batch`).
+    Populate {
+        name: String,
+        #[arg(long)]
+        count: Option<usize>,
+    },
+    /// Delete a pool's unused ports.
+    Free { name: String },
+}
+
 /// Latency of the embedded Neutron emulator.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LatencyArg {
@@ -149,6 +185,9 @@ pub struct SandboxArgs {
     /// Seconds to wait for every pod to be wired before printing the summary anyway.
     #[arg(long, default_value_t = 120)]
     pub timeout: u64,
+    /// Use the `neutron` port pool driver instead of `noop` (pool management socket in --state-dir).
+    #[arg(long)]
+    pub pool: bool,
     /// Print the summary and exit (status 1 unless every pod was wired) instead of running until Ctrl-C.
     #[arg(long)]
     pub exit_after_summary: bool,

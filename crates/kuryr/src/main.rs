@@ -3,12 +3,14 @@
 //! - `kuryr controller` / `kuryr daemon`: the two long-running services, configured by upstream
 //!   `kuryr.conf` files (`--config-file`, `--config-dir`, like oslo.config);
 //! - `kuryr crds`: writes or checks the CRD manifests;
+//! - `kuryr pools`: the controller's port pools over its management socket;
 //! - `kuryr sandbox`: a whole cluster on the laptop (Kubernetes and Neutron emulators, a controller,
 //!   two simulated nodes) wiring demo pods, with a latency summary.
 
 mod cli;
 mod crds;
 mod kubeclient;
+mod pools;
 mod sandbox;
 mod services;
 
@@ -31,7 +33,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The sandbox prints its own progress on stdout; only warnings from the components go to the log.
     init_logging(match cli.command {
-        Command::Sandbox(_) => "warn",
+        Command::Sandbox(_) | Command::Pools(_) => "warn",
         _ => "info",
     });
     // kube-rs and reqwest are built without a default crypto provider (ring only, no aws-lc).
@@ -51,6 +53,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Controller(args) => services::controller(args).await,
             Command::Daemon(args) => services::daemon(args).await,
+            Command::Pools(args) => pools::run(args).await,
             Command::Sandbox(args) => sandbox::run(args).await,
             Command::Crds(_) => Ok(()),
         }

@@ -137,3 +137,36 @@ fn controller_reports_bad_config_values_by_section_and_option() {
         "{err}"
     );
 }
+
+#[test]
+fn sandbox_with_pools_wires_pods_from_bulk_created_ports() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let (ok, out, err) = run_kuryr(
+        &[
+            "sandbox",
+            "--exit-after-summary",
+            "--pool",
+            "--pods",
+            "4",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        Duration::from_secs(180),
+    );
+    assert!(ok, "kuryr sandbox --pool failed\nstdout:\n{out}\nstderr:\n{err}");
+    assert_eq!(row(&out, "pods wired"), Some("4/4"), "{out}");
+    // The pool fills itself with bulk creates; no pod needs a single-port create.
+    let cols = |op: &str| -> Option<Vec<String>> {
+        out.lines()
+            .map(|l| l.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+            .find(|c| c.len() == 3 && c[0] == op)
+    };
+    let bulk = cols("create_ports").unwrap_or_else(|| panic!("no bulk port creation\n{out}"));
+    assert!(bulk[1].parse::<u64>().unwrap() >= 1 && bulk[2] == "0", "{bulk:?}");
+    assert_eq!(
+        cols("create_port"),
+        None,
+        "pods were wired outside the pool\n{out}"
+    );
+}

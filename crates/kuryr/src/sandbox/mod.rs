@@ -9,6 +9,7 @@
 mod report;
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -85,8 +86,15 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<()> {
     // Controller, scheduler, kubelets.
     let metrics = Metrics::new();
     let stop = CancellationToken::new();
-    let mut controller =
-        start_controller(&args, &client, &neutron_url, &demo, metrics.clone(), stop.clone())?;
+    let mut controller = start_controller(
+        &args,
+        &state_dir,
+        &client,
+        &neutron_url,
+        &demo,
+        metrics.clone(),
+        stop.clone(),
+    )?;
     let _scheduler = spawn_scheduler(kube.store());
     let _kubelet = spawn_kubelet(
         kube.store(),
@@ -332,13 +340,24 @@ impl DemoNetwork {
     }
 }
 
-fn controller_config(neutron_url: &str, demo: &DemoNetwork) -> anyhow::Result<KuryrConfig> {
+fn controller_config(
+    neutron_url: &str,
+    demo: &DemoNetwork,
+    pool_socket: Option<&Path>,
+) -> anyhow::Result<KuryrConfig> {
+    let pool = match pool_socket {
+        Some(sock) => format!(
+            "vif_pool_driver = neutron\nenable_manager = True\n[pool_manager]\nsock_file = {}\n",
+            sock.display()
+        ),
+        None => "vif_pool_driver = noop\n".to_string(),
+    };
     let ini = format!(
         "[kubernetes]\n\
          enabled_handlers = vif,kuryrport\n\
          pod_vif_driver = neutron-vif\n\
-         vif_pool_driver = noop\n\
          cluster_id = {CLUSTER_ID}\n\
+         {pool}\
          [neutron]\n\
          endpoint_override = {neutron_url}\n\
          [neutron_defaults]\n\
@@ -356,13 +375,23 @@ fn controller_config(neutron_url: &str, demo: &DemoNetwork) -> anyhow::Result<Ku
 
 fn start_controller(
     args: &SandboxArgs,
+    state_dir: &Path,
     client: &kube::Client,
     neutron_url: &str,
     demo: &DemoNetwork,
     metrics: Metrics,
     stop: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<Result<(), kuryr_controller::Error>>> {
-    let config = Arc::new(controller_config(neutron_url, demo)?);
+    let pool_socket = args.pool.then(|| state_dir.join("kuryr_manage.sock"));
+    if let Some(sock) = &pool_socket {
+        // A socket left by an earlier run would make the bind fail.
+        let _ = std::fs::remove_file(sock);
+        println!(
+            "port pools on (neutron pool driver): kuryr pools --socket {} list",
+            sock.display()
+        );
+    }
+    let config = Arc::new(controller_config(neutron_url, demo, pool_socket.as_deref())?);
     let deployments =
         Deployments::from_config(&config, &metrics).context("Neutron client of the controller")?;
     let mut opts = ControllerOptions::new(config, client.clone(), deployments, metrics);
