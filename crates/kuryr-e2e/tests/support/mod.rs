@@ -1,0 +1,750 @@
+//! Test bed: the Kubernetes API emulator, Neutron targets, the controller,
+//! CNI daemons on network-namespace "nodes" and the real `kuryr-cni` binary.
+//!
+//! The Neutron/Kubernetes helpers are copied from the controller's test
+//! support (test support is not shared across crates).
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail, ensure};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
+use kube::api::{Api, PostParams};
+use kube_emulator::{KubeEmulator, KubeHandle, KubeOptions};
+use kuryr_config::KuryrConfig;
+use kuryr_controller::metrics::Metrics;
+use kuryr_controller::openstack::Deployments;
+use kuryr_controller::service::{ControllerOptions, run};
+use kuryr_daemon::DaemonConfig;
+use kuryr_daemon::binding::OvsPlugMode;
+use kuryr_neutron::{ClientOptions, NeutronClient};
+use neutron_emulator::{AgentHosts, Emulator, EmulatorHandle, EmulatorOptions};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// The real server's fake OVS agent serves exactly these hosts.
+pub const NODES: [&str; 2] = ["k8s-node-1", "k8s-node-2"];
+/// Bridge the controller's VIFs name (`binding:vif_details.bridge_name`).
+pub const BRIDGE: &str = "br-int";
+
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_test_writer()
+        .try_init();
+}
+
+// ---------------------------------------------------------------- Neutron
+
+pub struct NeutronTarget {
+    pub name: &'static str,
+    pub url: String,
+    pub client: NeutronClient,
+    _emulator: Option<EmulatorHandle>,
+}
+
+/// The emulator always, the real neutron-server when `KURYR_TEST_NEUTRON_URL` is set.
+pub async fn neutron_targets() -> Result<Vec<NeutronTarget>> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut out = vec![];
+    let emu = Emulator::start(EmulatorOptions {
+        active_delay: Duration::from_millis(50),
+        agent_hosts: AgentHosts::Only(NODES.iter().map(|s| s.to_string()).collect()),
+        ..EmulatorOptions::default()
+    })
+    .await?;
+    let url = emu.url();
+    out.push(NeutronTarget {
+        name: "emulator",
+        client: NeutronClient::new(&ClientOptions::noauth(&url))?,
+        url,
+        _emulator: Some(emu),
+    });
+    match std::env::var("KURYR_TEST_NEUTRON_URL") {
+        Ok(url) if !url.is_empty() => out.push(NeutronTarget {
+            name: "neutron-server",
+            client: NeutronClient::new(&ClientOptions::noauth(&url))?,
+            url,
+            _emulator: None,
+        }),
+        _ => eprintln!(
+            "KURYR_TEST_NEUTRON_URL unset: real neutron-server target skipped (scripts/test-all.sh sets it)"
+        ),
+    }
+    Ok(out)
+}
+
+/// One test's Neutron resources: its own project, a network with `cidrs.len()` subnets
+/// (each on its own network), and a security group allowing everything between pods.
+pub struct NeutronFixture {
+    pub project: String,
+    /// (network id, subnet id, cidr) per requested cidr; the first is the pod subnet.
+    pub subnets: Vec<(String, String, String)>,
+    pub sg: String,
+}
+
+impl NeutronFixture {
+    pub fn pod_subnet(&self) -> &str {
+        &self.subnets[0].1
+    }
+}
+
+pub async fn neutron_fixture(client: &NeutronClient, cidrs: &[&str]) -> Result<NeutronFixture> {
+    let project = format!("kuryr-e2e-{}", uuid::Uuid::new_v4().simple());
+    let mut subnets = Vec::new();
+    for (i, cidr) in cidrs.iter().enumerate() {
+        let net = client
+            .create_network(&kuryr_neutron::NetworkCreate {
+                name: Some(format!("e2e-{i}")),
+                project_id: Some(project.clone()),
+                ..Default::default()
+            })
+            .await?;
+        let subnet = client
+            .create_subnet(&kuryr_neutron::SubnetCreate {
+                network_id: net.id.clone(),
+                ip_version: 4,
+                cidr: Some((*cidr).into()),
+                project_id: Some(project.clone()),
+                name: Some(format!("e2e-{i}")),
+                ..Default::default()
+            })
+            .await?;
+        subnets.push((net.id, subnet.id, (*cidr).to_string()));
+    }
+    let sg = client
+        .create_security_group(&kuryr_neutron::SecurityGroupCreate {
+            name: "pods".into(),
+            project_id: Some(project.clone()),
+            ..Default::default()
+        })
+        .await?;
+    Ok(NeutronFixture {
+        project,
+        subnets,
+        sg: sg.id,
+    })
+}
+
+/// Removes whatever a test left in its project (ports, networks, groups).
+pub async fn cleanup_project(client: &NeutronClient, project: &str) {
+    use kuryr_neutron::ListFilter;
+    let f = || ListFilter::new().project_id(project);
+    if let Ok(ports) = client.list_ports(&f()).await {
+        for p in ports {
+            let _ = client.delete_port(&p.id).await;
+        }
+    }
+    if let Ok(nets) = client.list_networks(&f()).await {
+        for n in nets {
+            let _ = client.delete_network(&n.id).await;
+        }
+    }
+    if let Ok(sgs) = client.list_security_groups(&f()).await {
+        for s in sgs {
+            if s.name != "default" {
+                let _ = client.delete_security_group(&s.id).await;
+            }
+        }
+    }
+}
+
+/// Ports of the project that kuryr-rs created for pods.
+pub async fn pod_ports(client: &NeutronClient, project: &str) -> Result<Vec<kuryr_neutron::Port>> {
+    let f = kuryr_neutron::ListFilter::new()
+        .project_id(project)
+        .device_owner("compute:kuryr");
+    Ok(client.list_ports(&f).await?)
+}
+
+// ------------------------------------------------------- Kubernetes + controller
+
+pub struct Kube {
+    pub handle: KubeHandle,
+    pub client: Client,
+}
+
+pub async fn start_kube() -> Result<Kube> {
+    let handle = KubeEmulator::start(KubeOptions {
+        nodes: NODES.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    })
+    .await?;
+    let client = Client::try_from(kube::Config::new(handle.url().parse()?))?;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in kuryr_crds::generate::crds() {
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .context("apply CRD")?;
+    }
+    Ok(Kube { handle, client })
+}
+
+/// Bare-metal controller config: `neutron-vif`, no pool, `extra` lines in `[kubernetes]`.
+pub fn controller_config(fx: &NeutronFixture, extra: &str) -> Arc<KuryrConfig> {
+    let ini = format!(
+        "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_vif_driver = neutron-vif\nvif_pool_driver = noop\n\
+         cluster_id = e2e-{}\n{extra}\n\
+         [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\nresource_tags = k8s,e2e\n",
+        &fx.project[fx.project.len() - 8..],
+        fx.project,
+        fx.pod_subnet(),
+        fx.sg
+    );
+    Arc::new(KuryrConfig::from_ini_str(&ini).expect("test config").config)
+}
+
+/// A running controller; `stop` ends it.
+pub struct Controller {
+    pub stop: CancellationToken,
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+pub fn start_controller(kube: &Client, neutron: &NeutronTarget, cfg: Arc<KuryrConfig>) -> Controller {
+    let metrics = Metrics::new();
+    let deployments = Deployments::noauth(&neutron.url, &metrics).expect("neutron client");
+    let mut opts = ControllerOptions::new(cfg, kube.clone(), deployments, metrics);
+    opts.health_addr = None;
+    opts.metrics_addr = None;
+    opts.identity = "e2e".into();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    let task = tokio::spawn(async move {
+        if let Err(e) = run(opts, s).await {
+            panic!("controller failed: {e}");
+        }
+    });
+    Controller { stop, task }
+}
+
+pub async fn create_namespace(kube: &Client, name: &str) -> Result<()> {
+    let ns: Namespace = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
+    }))?;
+    Api::<Namespace>::all(kube.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    Ok(())
+}
+
+pub async fn create_pod(kube: &Client, ns: &str, name: &str, node: &str, annotations: Value) -> Result<Pod> {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "annotations": annotations},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}
+    }))?;
+    Ok(Api::<Pod>::namespaced(kube.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await?)
+}
+
+/// Polls `f` until it returns Some or the deadline passes.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last_err = None;
+    loop {
+        match f().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("timed out waiting for {what} (last error: {last_err:?})");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+// ---------------------------------------------------------------- namespaces
+
+static N: AtomicU32 = AtomicU32::new(0);
+
+/// Short unique names (interface names have 15 bytes).
+pub fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}{}x{}",
+        std::process::id() % 100_000,
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+pub fn ip(args: &[&str]) -> Output {
+    Command::new("ip").args(args).output().expect("run ip (iproute2)")
+}
+
+pub fn ip_ok(args: &[&str]) -> Result<String> {
+    let o = ip(args);
+    ensure!(
+        o.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// Whether this process may create network namespaces (root + iproute2);
+/// prints why not.
+pub fn can_netns() -> bool {
+    let n = unique("kprobe");
+    let ok = Command::new("ip")
+        .args(["netns", "add", &n])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        ip(&["netns", "del", &n]);
+    } else {
+        eprintln!("skipping: cannot create network namespaces (needs root and iproute2)");
+    }
+    ok
+}
+
+/// A named network namespace, deleted on drop (also when a test fails).
+pub struct Ns(pub String);
+
+impl Ns {
+    pub fn new(prefix: &str) -> Result<Self> {
+        let n = unique(prefix);
+        ip_ok(&["netns", "add", &n])?;
+        let ns = Ns(n);
+        ip_ok(&["-n", &ns.0, "link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    pub fn path(&self) -> String {
+        format!("/var/run/netns/{}", self.0)
+    }
+
+    /// `ip -j addr` inside the namespace: (ifname, mac, ["ip/len", ...]).
+    pub fn addrs(&self) -> Result<Vec<(String, String, Vec<String>)>> {
+        let out = ip_ok(&["-n", &self.0, "-j", "addr"])?;
+        let v: Value = serde_json::from_str(&out).context("ip -j addr output")?;
+        Ok(v.as_array()
+            .into_iter()
+            .flatten()
+            .map(|l| {
+                let addrs = l["addr_info"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|a| a["scope"] != "link" && a["scope"] != "host")
+                    .map(|a| format!("{}/{}", a["local"].as_str().unwrap_or(""), a["prefixlen"]))
+                    .collect();
+                (
+                    l["ifname"].as_str().unwrap_or("").to_string(),
+                    l["address"].as_str().unwrap_or("").to_string(),
+                    addrs,
+                )
+            })
+            .collect())
+    }
+
+    /// Link names in the namespace.
+    pub fn links(&self) -> Result<Vec<String>> {
+        Ok(self.addrs()?.into_iter().map(|(n, _, _)| n).collect())
+    }
+
+    /// Default routes (`ip -j route show default`) as their device names.
+    pub fn default_route_devs(&self) -> Result<Vec<String>> {
+        let out = ip_ok(&["-n", &self.0, "-j", "route", "show", "default"])?;
+        let v: Value = serde_json::from_str(&out).context("ip -j route output")?;
+        Ok(v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["dev"].as_str().map(str::to_string))
+            .collect())
+    }
+}
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        ip(&["netns", "del", &self.0]);
+    }
+}
+
+fn enter_netns(path: &str) -> std::result::Result<(), String> {
+    let f = std::fs::File::open(path).map_err(|e| format!("{path}: {e}"))?;
+    nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns {path}: {e}"))
+}
+
+/// TCP connectivity from namespace `from` to `addr` served in namespace `to`
+/// (the machine has no ping). Retries for ~10 s: ARP, bridge learning.
+pub fn reachable(from: &str, to: &str, addr: IpAddr) -> std::result::Result<(), String> {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let (tx, rx) = std::sync::mpsc::channel();
+    let to = to.to_string();
+    let server = std::thread::spawn(move || -> std::result::Result<(), String> {
+        enter_netns(&to)?;
+        let l = TcpListener::bind(SocketAddr::new(addr, 0)).map_err(|e| format!("bind {addr}: {e}"))?;
+        tx.send(l.local_addr().map_err(|e| e.to_string())?.port())
+            .map_err(|e| e.to_string())?;
+        let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
+        s.write_all(b"k").map_err(|e| e.to_string())
+    });
+    let port = match rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(p) => p,
+        Err(_) => {
+            return Err(server
+                .join()
+                .map_err(|_| "server panicked".to_string())?
+                .err()
+                .unwrap_or_else(|| "server did not start".into()));
+        }
+    };
+    let from = from.to_string();
+    let client = std::thread::spawn(move || -> std::result::Result<(), String> {
+        enter_netns(&from)?;
+        let mut last = String::new();
+        for _ in 0..40 {
+            match TcpStream::connect_timeout(&SocketAddr::new(addr, port), Duration::from_secs(1)) {
+                Ok(mut s) => {
+                    let mut b = [0u8; 1];
+                    s.read_exact(&mut b).map_err(|e| e.to_string())?;
+                    return Ok(());
+                }
+                Err(e) => {
+                    last = e.to_string();
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+            }
+        }
+        // Unblock the server's accept so its thread ends.
+        let _ = TcpStream::connect_timeout(&SocketAddr::new(addr, port), Duration::from_millis(100));
+        Err(format!("connect to {addr}:{port}: {last}"))
+    });
+    let r = client.join().map_err(|_| "client panicked".to_string())?;
+    if r.is_ok() {
+        server.join().map_err(|_| "server panicked".to_string())??;
+    }
+    r
+}
+
+// ---------------------------------------------------------------- nodes
+
+/// Forwards TCP connections accepted on 127.0.0.1 inside `netns` to `target`
+/// in the test's own namespace: the node's daemon reaches the API emulator
+/// as a real daemon reaches its API server, without addresses in the root
+/// namespace. The listener socket is created in the node namespace; the
+/// forwarding runs on the test runtime, whose threads stay in the root one.
+async fn api_proxy(netns: String, target: SocketAddr) -> Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = std::thread::spawn(move || -> Result<std::net::TcpListener> {
+        enter_netns(&netns).map_err(anyhow::Error::msg)?;
+        Ok(std::net::TcpListener::bind("127.0.0.1:0")?)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("proxy thread panicked"))??;
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let addr = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                if let Ok(mut out) = tokio::net::TcpStream::connect(target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                }
+            });
+        }
+    });
+    Ok((addr, task))
+}
+
+/// A daemon (`kuryr_daemon::kube::run`, as the CLI runs it) on a runtime
+/// whose threads live in the node's namespace.
+struct DaemonThread {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<()>>>,
+}
+
+impl DaemonThread {
+    fn stop(&mut self) -> Result<()> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        match self.thread.take() {
+            Some(t) => t.join().map_err(|_| anyhow::anyhow!("daemon thread panicked"))?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for DaemonThread {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// One node: a namespace with bridge `br-int`, its daemon and the API proxy.
+pub struct Node {
+    pub name: &'static str,
+    pub ns: Ns,
+    pub socket: PathBuf,
+    api: SocketAddr,
+    proxy: tokio::task::JoinHandle<()>,
+    daemon: Option<DaemonThread>,
+    _dir: tempfile::TempDir,
+}
+
+impl Node {
+    pub async fn start(name: &'static str, kube: &Kube) -> Result<Self> {
+        let ns = Ns::new("kn")?;
+        ip_ok(&["-n", &ns.0, "link", "add", BRIDGE, "type", "bridge"])?;
+        ip_ok(&["-n", &ns.0, "link", "set", BRIDGE, "up"])?;
+        let (api, proxy) = api_proxy(ns.path(), kube.handle.addr()).await?;
+        let dir = tempfile::tempdir()?;
+        let mut node = Node {
+            name,
+            socket: dir.path().join("kuryr-daemon.sock"),
+            ns,
+            api,
+            proxy,
+            daemon: None,
+            _dir: dir,
+        };
+        node.start_daemon().await?;
+        Ok(node)
+    }
+
+    /// The daemon's settings: API on the unix socket only, and OVS VIFs on
+    /// the Linux bridge (no Open vSwitch on this machine; see OvsPlugMode).
+    fn daemon_config(&self) -> DaemonConfig {
+        let mut cfg = DaemonConfig::new(self.name);
+        cfg.bind_address = "127.0.0.1:0".parse().expect("address");
+        cfg.health_address = "127.0.0.1:0".parse().expect("address");
+        cfg.metrics_address = "127.0.0.1:0".parse().expect("address");
+        cfg.unix_socket = Some(self.socket.clone());
+        cfg.vif_annotation_timeout = Duration::from_secs(120);
+        cfg.binding.ovs_plug = OvsPlugMode::LinuxBridge;
+        cfg
+    }
+
+    pub async fn start_daemon(&mut self) -> Result<()> {
+        ensure!(self.daemon.is_none(), "daemon of {} already runs", self.name);
+        let cfg = self.daemon_config();
+        let (path, api) = (self.ns.path(), self.api);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || -> Result<()> {
+            enter_netns(&path).map_err(anyhow::Error::msg)?;
+            // Worker threads are spawned from here and inherit the node namespace.
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                let client = Client::try_from(kube::Config::new(format!("http://{api}").parse()?))?;
+                kuryr_daemon::kube::run(cfg, client, async {
+                    let _ = stop_rx.await;
+                })
+                .await
+            })
+        });
+        self.daemon = Some(DaemonThread {
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        });
+        // Ready when the socket accepts (a stale file from an earlier daemon refuses).
+        let socket = self.socket.clone();
+        eventually("the daemon's unix socket", Duration::from_secs(30), || {
+            let socket = socket.clone();
+            async move { Ok(std::os::unix::net::UnixStream::connect(&socket).ok().map(|_| ())) }
+        })
+        .await
+    }
+
+    /// Graceful stop of the daemon (pods stay plugged).
+    pub async fn stop_daemon(&mut self) -> Result<()> {
+        let Some(mut d) = self.daemon.take() else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || d.stop()).await?
+    }
+
+    /// veth ends left in the node (everything but lo, the bridge and the uplink).
+    pub fn leftover_links(&self) -> Result<Vec<String>> {
+        Ok(self
+            .ns
+            .links()?
+            .into_iter()
+            .filter(|l| l != "lo" && l != BRIDGE && !l.starts_with("kup"))
+            .collect())
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.daemon.take();
+        self.proxy.abort();
+    }
+}
+
+/// Two nodes whose `br-int` bridges are joined by a veth (`kup*`): one L2
+/// segment, as Neutron's network would give them.
+pub async fn two_nodes(kube: &Kube) -> Result<[Node; 2]> {
+    let a = Node::start(NODES[0], kube).await?;
+    let b = Node::start(NODES[1], kube).await?;
+    let (la, lb) = (unique("kup"), unique("kup"));
+    ip_ok(&[
+        "link", "add", &la, "netns", &a.ns.0, "type", "veth", "peer", "name", &lb, "netns", &b.ns.0,
+    ])?;
+    ip_ok(&["-n", &a.ns.0, "link", "set", &la, "master", BRIDGE, "up"])?;
+    ip_ok(&["-n", &b.ns.0, "link", "set", &lb, "master", BRIDGE, "up"])?;
+    Ok([a, b])
+}
+
+// ---------------------------------------------------------------- the plugin
+
+/// `kuryr-cni`, built once per test run (`cargo build -p kuryr-cni` into this
+/// test's target directory).
+pub fn cni_binary() -> Result<PathBuf> {
+    static BIN: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        // target/<profile>/deps/<test> -> target/<profile>
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .ok_or("test binary has no target directory")?;
+        let target_dir = profile_dir.parent().ok_or("no target directory")?;
+        let bin = profile_dir.join("kuryr-cni");
+        let cargo = option_env!("CARGO").unwrap_or("cargo");
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "kuryr-cni", "--bin", "kuryr-cni", "--target-dir"])
+            .arg(target_dir)
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if profile_dir.file_name().is_some_and(|p| p == "release") {
+            cmd.arg("--release");
+        }
+        let out = cmd
+            .output()
+            .map_err(|e| format!("{cargo} build -p kuryr-cni: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "cargo build -p kuryr-cni failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        if !bin.is_file() {
+            return Err(format!("{} missing after cargo build", bin.display()));
+        }
+        Ok(bin)
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
+}
+
+/// What the plugin printed and how it exited.
+pub struct CniOutput {
+    pub success: bool,
+    pub stdout: Value,
+    pub stderr: String,
+}
+
+/// One pod as the runtime sees it: its sandbox namespace and container id.
+pub struct PodSandbox {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub container: String,
+    pub netns: Ns,
+}
+
+impl PodSandbox {
+    pub fn new(pod: &Pod) -> Result<Self> {
+        Ok(Self {
+            namespace: pod.metadata.namespace.clone().context("pod namespace")?,
+            name: pod.metadata.name.clone().context("pod name")?,
+            uid: pod.metadata.uid.clone().context("pod uid")?,
+            container: format!("c{}", uuid::Uuid::new_v4().simple()),
+            netns: Ns::new("kpod")?,
+        })
+    }
+}
+
+/// Run `kuryr-cni` exactly as a container runtime does: CNI_* environment,
+/// network config on stdin (daemon address from the config). Blocking, so
+/// run it off the async workers.
+pub async fn cni(node: &Node, command: &str, pod: &PodSandbox) -> Result<CniOutput> {
+    let bin = cni_binary()?;
+    let conf = json!({"cniVersion": "1.0.0", "name": "kuryr", "type": "kuryr-cni",
+        "kuryr_daemon": format!("unix://{}", node.socket.display()), "kuryr_daemon_timeout": 150});
+    let args = format!(
+        "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={}",
+        pod.namespace, pod.name, pod.container, pod.uid
+    );
+    let env = [
+        ("CNI_COMMAND", command.to_string()),
+        ("CNI_CONTAINERID", pod.container.clone()),
+        ("CNI_NETNS", pod.netns.path()),
+        ("CNI_IFNAME", "eth0".to_string()),
+        ("CNI_PATH", "/opt/cni/bin".to_string()),
+        ("CNI_ARGS", args),
+    ];
+    tokio::task::spawn_blocking(move || -> Result<CniOutput> {
+        use std::io::Write;
+        let mut child = Command::new(&bin)
+            .env_clear()
+            .envs(env)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("spawn {}", bin.display()))?;
+        child
+            .stdin
+            .take()
+            .context("plugin stdin")?
+            .write_all(conf.to_string().as_bytes())?;
+        let out = child.wait_with_output()?;
+        Ok(CniOutput {
+            success: out.status.success(),
+            stdout: serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    })
+    .await?
+}
+
+/// CNI ADD that must succeed; returns the CNI result.
+pub async fn cni_add(node: &Node, pod: &PodSandbox) -> Result<Value> {
+    let out = cni(node, "ADD", pod).await?;
+    ensure!(
+        out.success,
+        "ADD of {}/{} on {} failed: {} {}",
+        pod.namespace,
+        pod.name,
+        node.name,
+        out.stdout,
+        out.stderr
+    );
+    Ok(out.stdout)
+}
+
+pub async fn cni_del(node: &Node, pod: &PodSandbox) -> Result<()> {
+    let out = cni(node, "DEL", pod).await?;
+    ensure!(
+        out.success,
+        "DEL of {}/{} on {} failed: {} {}",
+        pod.namespace,
+        pod.name,
+        node.name,
+        out.stdout,
+        out.stderr
+    );
+    Ok(())
+}
