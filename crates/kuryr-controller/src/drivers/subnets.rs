@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use kube::Api;
 use kuryr_config::KuryrConfig;
 use kuryr_crds::KuryrNetwork;
-use tokio::sync::RwLock;
+use tokio::sync::{OnceCell, RwLock};
 
 use super::NetworkInfo;
 use crate::error::Error;
@@ -23,10 +23,11 @@ pub trait SubnetsDriver: Send + Sync {
 }
 
 /// (deployment, subnet id) -> network info.
-type NetworkCache = HashMap<(String, String), Arc<NetworkInfo>>;
+type NetworkCache = HashMap<(String, String), Arc<OnceCell<Arc<NetworkInfo>>>>;
 
 /// Subnet/network details rarely change; caching them keeps the pod path to zero extra Neutron
 /// calls after the first pod of a subnet (upstream caches for `[subnet_caching] cache_time` too).
+/// One fetch per subnet even when a burst of pods misses the cache together (single flight).
 #[derive(Clone)]
 pub struct SubnetCache {
     deployments: Deployments,
@@ -48,26 +49,27 @@ impl SubnetCache {
         subnet_id: &str,
     ) -> Result<Arc<NetworkInfo>, Error> {
         let key = (deployment.to_string(), subnet_id.to_string());
-        if let Some(n) = self.cache.read().await.get(&key) {
-            return Ok(n.clone());
-        }
-        let client = self.deployments.client(deployment)?;
-        let subnet = client.get_subnet(subnet_id).await.map_err(|e| {
-            if e.is_not_found() {
-                Error::invalid("subnet", format!("Neutron subnet {subnet_id} does not exist"))
-            } else {
-                e.into()
-            }
-        })?;
-        let network = client.get_network(&subnet.network_id).await?;
-        let info = Arc::new(NetworkInfo {
-            id: network.id,
-            name: network.name,
-            mtu: network.mtu,
-            subnets: vec![subnet],
-        });
-        self.cache.write().await.insert(key, info.clone());
-        Ok(info)
+        let cell = self.cache.write().await.entry(key).or_default().clone();
+        let info = cell
+            .get_or_try_init(|| async {
+                let client = self.deployments.client(deployment)?;
+                let subnet = client.get_subnet(subnet_id).await.map_err(|e| {
+                    if e.is_not_found() {
+                        Error::invalid("subnet", format!("Neutron subnet {subnet_id} does not exist"))
+                    } else {
+                        Error::from(e)
+                    }
+                })?;
+                let network = client.get_network(&subnet.network_id).await?;
+                Ok::<_, Error>(Arc::new(NetworkInfo {
+                    id: network.id,
+                    name: network.name,
+                    mtu: network.mtu,
+                    subnets: vec![subnet],
+                }))
+            })
+            .await?;
+        Ok(info.clone())
     }
 
     pub async fn forget(&self, deployment: &str, subnet_id: &str) {
