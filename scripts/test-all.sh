@@ -3,7 +3,9 @@
 # neutron-server.
 #   1. installs (first run) and starts neutron-server 29.0.0 via scripts/neutron-lab/ (state in
 #      .neutron-lab/; an already running lab server is reused) and exports KURYR_TEST_NEUTRON_URL
-#   2. cargo fmt --check, clippy -D warnings, the CRD manifests staleness check
+#   2. creates the upstream kuryr-kubernetes venv (scripts/upstream-kuryr-venv.sh) for the
+#      compatibility tests
+#   3. cargo fmt --check, clippy -D warnings, the CRD manifests staleness check
 #   3. cargo test --workspace (the Neutron contract suite runs against the emulator and the
 #      real server; its per-target summary lines are repeated at the end)
 #   4. stops neutron-server again, but only if this script started it
@@ -51,6 +53,10 @@ trap stop_neutron EXIT
 "$REPO/scripts/neutron-lab/start-neutron.sh"
 neutron_up || { echo "neutron-server is not answering at $NEUTRON_URL" >&2; exit 1; }
 export KURYR_TEST_NEUTRON_URL="$NEUTRON_URL"
+
+step "upstream kuryr-kubernetes 10.0.0 venv (its Python client is run against the Kubernetes emulator)"
+KURYR_TEST_UPSTREAM_PYTHON=$("$REPO/scripts/upstream-kuryr-venv.sh")
+export KURYR_TEST_UPSTREAM_PYTHON
 
 step "cargo fmt --all -- --check"
 cargo fmt --all -- --check
