@@ -6,9 +6,9 @@
 #   2. creates the upstream kuryr-kubernetes venv (scripts/upstream-kuryr-venv.sh) for the
 #      compatibility tests
 #   3. cargo fmt --check, clippy -D warnings, the CRD manifests staleness check
-#   3. cargo test --workspace (the Neutron contract suite runs against the emulator and the
+#   4. cargo test --workspace (the Neutron contract suite runs against the emulator and the
 #      real server; its per-target summary lines are repeated at the end)
-#   4. stops neutron-server again, but only if this script started it
+#   5. stops neutron-server again, but only if this script started it
 # Env: KEEP_NEUTRON=1 leaves a server this script started running; NEUTRON_LAB overrides the
 # state directory; extra arguments go to `cargo test` (e.g. `-- --test-threads=1`).
 set -euo pipefail
