@@ -241,10 +241,22 @@ pub async fn create_namespace(kube: &Client, name: &str) -> Result<()> {
 }
 
 pub async fn create_pod(kube: &Client, ns: &str, name: &str, node: &str, annotations: Value) -> Result<Pod> {
+    create_pod_with(kube, ns, name, node, annotations, json!({})).await
+}
+
+/// A pod whose container asks for `resources` (`{"requests": .., "limits": ..}`).
+pub async fn create_pod_with(
+    kube: &Client,
+    ns: &str,
+    name: &str,
+    node: &str,
+    annotations: Value,
+    resources: Value,
+) -> Result<Pod> {
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": ns, "annotations": annotations},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox", "resources": resources}]}
     }))?;
     Ok(Api::<Pod>::namespaced(kube.clone(), ns)
         .create(&PostParams::default(), &pod)
@@ -498,6 +510,8 @@ pub struct Node {
     api: SocketAddr,
     proxy: tokio::task::JoinHandle<()>,
     daemon: Option<DaemonThread>,
+    /// `[sriov] physical_device_mappings` of the next daemon start.
+    pub sriov_mappings: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -515,6 +529,7 @@ impl Node {
             api,
             proxy,
             daemon: None,
+            sriov_mappings: Vec::new(),
             _dir: dir,
         };
         node.start_daemon().await?;
@@ -536,7 +551,10 @@ impl Node {
 
     pub async fn start_daemon(&mut self) -> Result<()> {
         ensure!(self.daemon.is_none(), "daemon of {} already runs", self.name);
-        let cfg = self.daemon_config();
+        let mut cfg = self.daemon_config();
+        cfg.binding.sriov.physnet_pfs =
+            kuryr_daemon::binding::SriovConfig::parse_mappings(&self.sriov_mappings)
+                .map_err(anyhow::Error::msg)?;
         let (path, api) = (self.ns.path(), self.api);
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || -> Result<()> {
