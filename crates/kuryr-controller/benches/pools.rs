@@ -85,7 +85,7 @@ async fn main() -> Result<()> {
 
 async fn run_mode(mode: &'static str, pods: usize) -> Result<Row> {
     let emu = Emulator::start(EmulatorOptions::real_server()).await?;
-    let neutron = NeutronClient::new(&ClientOptions::noauth(&emu.url()))?;
+    let neutron = NeutronClient::new(&ClientOptions::noauth(emu.url()))?;
     let kube_handle = KubeEmulator::start(KubeOptions {
         nodes: NODES.iter().map(|s| s.to_string()).collect(),
         ..Default::default()

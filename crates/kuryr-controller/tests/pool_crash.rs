@@ -57,7 +57,7 @@ async fn pools_stay_consistent_when_the_controller_is_killed_during_churn() -> R
 
         let mut generation = 0;
         let kube_url = kube.handle.url();
-        let start = |id: String| start_isolated_controller(&kube_url, &target, config(&bed.ini), &id);
+        let start = |id: String| start_isolated_controller(kube_url, &target, config(&bed.ini), &id);
         let mut ctrl = start("c0".into())?;
         let mut live: Vec<String> = Vec::new();
         for i in 0..PODS {

@@ -345,3 +345,72 @@ async fn kuryrportpool_objects_follow_the_pools() -> Result<()> {
     }
     Ok(())
 }
+
+/// Pre-population (the kuryrnetwork handler's hook): every node's pool of a new namespace
+/// network is filled up to min in one bulk create each; a second call creates nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn prepopulate_fills_every_nodes_pool_up_to_min() -> Result<()> {
+    use kuryr_controller::context::Context;
+    use kuryr_controller::drivers::vif::neutron::NeutronVif;
+    use kuryr_controller::drivers::{NetworkInfo, PortSpec};
+    use kuryr_controller::metrics::Metrics;
+    use kuryr_controller::openstack::Deployments;
+    use std::sync::Arc;
+
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.67.0.0/24").await?;
+        let bed = PoolBed::new(&kube, &fx, "ports_pool_batch = 2\nports_pool_min = 3").await?;
+        let config = config(&bed.ini);
+        let metrics = Metrics::new();
+        let deployments = Deployments::noauth(&target.url, &metrics)?;
+        let ctx = Arc::new(Context::new(
+            kube.client.clone(),
+            config.clone(),
+            deployments.clone(),
+            metrics,
+        ));
+        let vif = Arc::new(NeutronVif::new(
+            deployments,
+            ctx.resource_tags(),
+            "br-int".into(),
+            0,
+        ));
+        let manager = kuryr_controller::pool::build(ctx, vif, &config.vif_pool)?;
+        let subnet = neutron.get_subnet(&fx.subnet).await?;
+        let net = Arc::new(NetworkInfo {
+            id: fx.network.clone(),
+            name: "pods".into(),
+            mtu: None,
+            subnets: vec![subnet],
+        });
+        let spec = PortSpec::new("default", fx.project.clone(), net, vec![fx.sg.clone()]);
+        assert!(
+            manager.prepopulate(&spec).await.is_err(),
+            "{}: not ready before recovery",
+            target.name
+        );
+        manager.recover().await?;
+        let started = manager.prepopulate(&spec).await?;
+        assert_eq!(started.len(), NODES.len(), "{}: one pool per node", target.name);
+        let ports = eventually("pools filled to min", WAIT, || async {
+            let pools = manager.summaries();
+            let p = kuryr_ports(neutron, &fx.project).await?;
+            let filled =
+                pools.len() == NODES.len() && pools.iter().all(|s| s.available == 3 && !s.populating);
+            Ok((filled && p.len() == 3 * NODES.len()).then_some(p))
+        })
+        .await?;
+        assert!(
+            manager.prepopulate(&spec).await?.is_empty(),
+            "{}: already at min",
+            target.name
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(kuryr_ports(neutron, &fx.project).await?, ports, "{}", target.name);
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}

@@ -68,7 +68,11 @@ async fn sweep_detaches_and_deletes_unowned_subports() -> Result<()> {
         let owned_set: HashSet<String> = HashSet::from([owned.clone()]);
         let mut suspects = Suspects::default();
         let first = sweep(&deployments, &cluster_tag, &owned_set, &mut suspects).await?;
-        assert!(first.is_empty(), "{}: first sighting deletes nothing", target.name);
+        assert!(
+            first.is_empty(),
+            "{}: first sighting deletes nothing",
+            target.name
+        );
         let second = sweep(&deployments, &cluster_tag, &owned_set, &mut suspects).await?;
         assert_eq!(second, vec![orphan.clone()], "{}", target.name);
         assert!(neutron.get_port(&orphan).await.is_err_and(|e| e.is_not_found()));
@@ -78,7 +82,12 @@ async fn sweep_detaches_and_deletes_unowned_subports() -> Result<()> {
             .into_iter()
             .map(|s| s.port_id)
             .collect();
-        assert_eq!(left, vec![owned.clone()], "{}: the owned subport stays", target.name);
+        assert_eq!(
+            left,
+            vec![owned.clone()],
+            "{}: the owned subport stays",
+            target.name
+        );
 
         neutron.remove_subports(&trunk.id, &[owned.as_str()]).await?;
         neutron.delete_trunk(&trunk.id).await?;

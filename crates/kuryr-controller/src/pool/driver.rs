@@ -487,6 +487,41 @@ impl PoolDriver {
         }
     }
 
+    /// Pre-population (a namespace network was created): makes sure the pool of `spec` on
+    /// `node` exists and starts filling it up to `ports_pool_min` (one bulk create; nothing
+    /// when it already holds that many or `min` is 0). Returns the pool name when a refill
+    /// started.
+    pub async fn prepopulate(&self, node: &str, spec: &PortSpec) -> Result<Option<String>, Error> {
+        if !self.is_ready() {
+            return Err(Error::not_ready("port pools are being recovered"));
+        }
+        let subnet_id = subnet_key(spec.network.subnet_ids());
+        if subnet_id.is_empty() {
+            return Err(Error::invalid(
+                "network.subnets",
+                format!("network {} has no subnet to pool ports on", spec.network.id),
+            ));
+        }
+        let host = self.host_for(&spec.deployment, node).await?;
+        let key = Key::new(
+            spec.deployment.clone(),
+            host,
+            spec.project_id.clone(),
+            spec.network.id.clone(),
+            spec.security_groups.clone(),
+        );
+        self.remember_spec(&key, spec);
+        let refill = {
+            let mut st = self.lock();
+            st.ensure(&key, || self.meta_for(&key, &subnet_id));
+            st.plan_refill(&key)
+        };
+        let name = refill.as_ref().map(|r| r.name.clone());
+        self.start_refills(refill.into_iter().collect());
+        self.touched();
+        Ok(name)
+    }
+
     /// Creates `n` ports for a pool now (pool management `populate`). `None`: a populate of the
     /// pool is already running, or the global cap is reached.
     pub fn populate(&self, key: &Key, n: usize) -> Result<bool, Error> {

@@ -269,6 +269,45 @@ impl PoolManager {
         Ok(vif)
     }
 
+    /// Pre-population (issue 5 item 6), for the kuryrnetwork handler once a namespace network
+    /// and subnet exist: starts filling the pool of `spec` on every node up to
+    /// `[vif_pool] ports_pool_min` (so `ports_pool_min = 0` turns it off), routed per node as
+    /// pods are. Nodes whose route does not pool, or whose pool host cannot be found (a nested
+    /// node without trunk), are skipped with a log line. Returns the pools a refill started for;
+    /// ResourceNotReady while recovery runs (the handler retries).
+    pub async fn prepopulate(&self, spec: &PortSpec) -> Result<Vec<String>, Error> {
+        if !self.is_ready() {
+            return Err(Error::not_ready("port pools are being recovered"));
+        }
+        if self.pooled.is_empty() || self.ctx.config.vif_pool.ports_pool_min == 0 {
+            return Ok(Vec::new());
+        }
+        let nodes = Api::<Node>::all(self.ctx.kube.clone())
+            .list(&kube::api::ListParams::default())
+            .await?;
+        let mut started = Vec::new();
+        for node in nodes.items {
+            let Some(name) = node.metadata.name.as_deref() else {
+                continue;
+            };
+            let vif = if self.multi {
+                self.node_vif_driver(name).await?
+            } else {
+                self.default_vif.clone()
+            };
+            let Some(driver) = self.pooled.iter().find(|d| d.vif().name() == vif) else {
+                continue;
+            };
+            match driver.prepopulate(name, spec).await {
+                Ok(Some(pool)) => started.push(pool),
+                Ok(None) => {}
+                Err(e @ Error::ResourceNotReady(_)) => return Err(e),
+                Err(e) => tracing::warn!(node = name, error = %e, "cannot pre-populate the node's pool"),
+            }
+        }
+        Ok(started)
+    }
+
     /// Recovers every pooling driver from the Kubernetes API and Neutron.
     pub async fn recover(&self) -> Result<(), Error> {
         let input = self.persister.load_recovery_input().await?;

@@ -772,7 +772,10 @@ mod tests {
             ..limits(1, 0, 2)
         });
         // Another network: b must not borrow a's ports.
-        let (a, b) = (key(&["a"]), Key::new("default", "node-1", "proj", "net-2", vec![]));
+        let (a, b) = (
+            key(&["a"]),
+            Key::new("default", "node-1", "proj", "net-2", vec![]),
+        );
         pools.ensure(&a, || meta("a"));
         pools.ensure(&b, || meta("b"));
         let r = pools.take(&a, t(0)).refills;
@@ -830,7 +833,10 @@ mod tests {
         l.max_concurrent_populate = 1;
         let mut pools = Pools::<()>::new(l);
         // Another network: b must not borrow a's ports.
-        let (a, b) = (key(&["a"]), Key::new("default", "node-1", "proj", "net-2", vec![]));
+        let (a, b) = (
+            key(&["a"]),
+            Key::new("default", "node-1", "proj", "net-2", vec![]),
+        );
         pools.ensure(&a, || meta("a"));
         pools.ensure(&b, || meta("b"));
         let ra = pools.take(&a, t(0)).refills;
