@@ -175,3 +175,47 @@ pub fn dns_servers(vifs: &[&Vif]) -> Vec<IpAddr> {
     }
     out
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use kuryr_crds::vif::{Network, VifBase, VifOpenVSwitch};
+
+    use super::*;
+
+    fn ovs_vif() -> Vif {
+        let mut base = VifBase::new("port-1", "ovs");
+        base.address = Some("fa:16:3e:00:00:01".into());
+        base.network = Some(Network::new("net-1"));
+        Vif::OpenVSwitch(VifOpenVSwitch {
+            base,
+            bridge_name: Some("br-int".into()),
+            obj: Default::default(),
+        })
+    }
+
+    #[test]
+    fn ovs_vifs_follow_the_node_ovs_plug_mode() {
+        let mut config = BindingConfig::default();
+        let spec = plug_spec(&ovs_vif(), "eth0", true, &config).unwrap();
+        assert_eq!(
+            spec.kind,
+            PlugKind::OpenVSwitch {
+                bridge: "br-int".into()
+            }
+        );
+        config.ovs_plug = OvsPlugMode::LinuxBridge;
+        let spec = plug_spec(&ovs_vif(), "eth0", true, &config).unwrap();
+        assert_eq!(
+            spec.kind,
+            PlugKind::Bridge {
+                bridge: "br-int".into()
+            }
+        );
+        assert_eq!(
+            "linux_bridge".parse::<OvsPlugMode>(),
+            Ok(OvsPlugMode::LinuxBridge)
+        );
+        assert!("vpp".parse::<OvsPlugMode>().unwrap_err().contains("ovs_plug"));
+    }
+}
