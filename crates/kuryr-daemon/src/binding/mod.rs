@@ -13,7 +13,7 @@ mod sriov;
 mod veth;
 
 pub use nested::{MacvlanDriver, VlanDriver};
-pub use ovs::{OvsProbe, ovs_available};
+pub use ovs::{OvsProbe, disable_tx_checksum, is_userspace_datapath, ovs_available, ovs_available_at};
 pub use sriov::{SriovConfig, SriovDriver, VfCandidate, find_free_vf, sriov_capable_pfs};
 pub use veth::{BridgeDriver, OvsDriver};
 
@@ -178,6 +178,14 @@ pub struct BindingConfig {
     pub default_bridge: String,
     /// `ovs-vsctl --timeout` seconds.
     pub ovs_timeout_secs: u32,
+    /// ovsdb-server to talk to (`ovs-vsctl --db=`): `unix:/path/db.sock` or
+    /// `tcp:host:port`. `None`: ovs-vsctl's default
+    /// (`unix:/var/run/openvswitch/db.sock`).
+    pub ovs_db: Option<String>,
+    /// `datapath_type` of an OVS bridge the daemon has to create because no
+    /// agent did (`system`: kernel module, `netdev`: userspace). Existing
+    /// bridges keep theirs.
+    pub ovs_datapath_type: String,
     /// How `VIFOpenVSwitch` VIFs are plugged on this node.
     pub ovs_plug: OvsPlugMode,
     /// SR-IOV: where the daemon picks VFs for `VIFSriov` VIFs that name none.
@@ -220,6 +228,8 @@ impl Default for BindingConfig {
             ovs_bridge: "br-int".into(),
             default_bridge: "kuryr-br0".into(),
             ovs_timeout_secs: 10,
+            ovs_db: None,
+            ovs_datapath_type: "system".into(),
             ovs_plug: OvsPlugMode::default(),
             sriov: SriovConfig::default(),
         }
@@ -239,7 +249,7 @@ impl Drivers {
     pub fn new(config: &BindingConfig) -> Self {
         Self {
             bridge: BridgeDriver,
-            ovs: OvsDriver::new(config.ovs_timeout_secs),
+            ovs: OvsDriver::new(config),
             vlan: VlanDriver::new(config.link_iface.clone()),
             macvlan: MacvlanDriver::new(config.link_iface.clone()),
             sriov: SriovDriver::new(config.sriov.clone()),

@@ -1,13 +1,16 @@
-//! `ovs-vsctl` wrapper and availability probe.
+//! `ovs-vsctl` wrapper, availability probe and the userspace-datapath fixup.
 
 use std::path::PathBuf;
 
+use crate::netlink::NetNs;
+
 use super::BindingError;
 
-/// Whether Open vSwitch can be driven on this node.
+/// Whether Open vSwitch can be driven on this node, and how to reach it.
 #[derive(Clone, Debug)]
 pub struct OvsProbe {
     vsctl: Option<PathBuf>,
+    db: Option<String>,
     db_error: Option<String>,
     timeout_secs: u32,
 }
@@ -20,26 +23,28 @@ fn find_in_path(bin: &str) -> Option<PathBuf> {
 }
 
 impl OvsProbe {
-    /// Look for `ovs-vsctl` and ask ovsdb-server whether it answers. Works
-    /// with the kernel datapath and with the userspace (netdev) datapath
-    /// alike: only the database has to be reachable to add ports.
-    pub async fn detect(timeout_secs: u32) -> Self {
-        let Some(vsctl) = find_in_path("ovs-vsctl") else {
-            return Self {
-                vsctl: None,
-                db_error: None,
-                timeout_secs,
-            };
-        };
+    /// Look for `ovs-vsctl` and ask ovsdb-server at `db` (an ovsdb
+    /// connection string such as `unix:/run/openvswitch/db.sock`; `None` is
+    /// ovs-vsctl's default) whether it answers. Works with the kernel and the
+    /// userspace (netdev) datapath alike: only the database has to answer.
+    pub async fn detect(timeout_secs: u32, db: Option<&str>) -> Self {
         let mut probe = Self {
-            vsctl: Some(vsctl),
+            vsctl: find_in_path("ovs-vsctl"),
+            db: db.map(str::to_owned),
             db_error: None,
             timeout_secs,
         };
-        if let Err(e) = probe.vsctl(&["show".to_string()]).await {
+        if probe.vsctl.is_some()
+            && let Err(e) = probe.vsctl(&["show"]).await
+        {
             probe.db_error = Some(e.to_string());
         }
         probe
+    }
+
+    /// `true` when `ovs-vsctl` exists (so OVS ports may have been created).
+    pub fn installed(&self) -> bool {
+        self.vsctl.is_some()
     }
 
     /// `None` when OVS is usable, else a human readable reason.
@@ -51,8 +56,9 @@ impl OvsProbe {
         }
     }
 
-    /// Run `ovs-vsctl --timeout=N <args>`.
-    pub async fn vsctl(&self, args: &[String]) -> Result<String, BindingError> {
+    /// Run `ovs-vsctl [--db=DB] --timeout=N <args>`; stdout on success.
+    pub async fn vsctl<S: AsRef<str>>(&self, args: &[S]) -> Result<String, BindingError> {
+        let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
         let joined = args.join(" ");
         let Some(bin) = &self.vsctl else {
             return Err(BindingError::Ovs {
@@ -60,9 +66,15 @@ impl OvsProbe {
                 message: "ovs-vsctl is not installed".into(),
             });
         };
-        let out = tokio::process::Command::new(bin)
+        let mut cmd = tokio::process::Command::new(bin);
+        if let Some(db) = &self.db {
+            cmd.arg(format!("--db={db}"));
+        }
+        let out = cmd
             .arg(format!("--timeout={}", self.timeout_secs))
-            .args(args)
+            .args(&args)
+            // A hung ovs-vsctl must not outlive a cancelled request.
+            .kill_on_drop(true)
             .output()
             .await
             .map_err(|e| BindingError::Ovs {
@@ -77,11 +89,133 @@ impl OvsProbe {
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
+
+    /// `datapath_type` of `bridge` (`""` and `system` mean the kernel
+    /// datapath), or `None` when the bridge does not exist.
+    pub async fn bridge_datapath(&self, bridge: &str) -> Result<Option<String>, BindingError> {
+        // `list-br` instead of `br-exists`: the latter reports absence through
+        // its exit code, which would be indistinguishable from a failure.
+        let bridges = self.vsctl(&["list-br"]).await?;
+        if !bridges.lines().any(|b| b == bridge) {
+            return Ok(None);
+        }
+        let dp = self.vsctl(&["get", "Bridge", bridge, "datapath_type"]).await?;
+        Ok(Some(unquote(dp.trim()).to_string()))
+    }
+
+    /// Create the missing `bridge` with `datapath_type`. Only called for a
+    /// bridge that does not exist: an existing one keeps the datapath its
+    /// owner (the Neutron agent) chose.
+    pub async fn create_bridge(&self, bridge: &str, datapath_type: &str) -> Result<(), BindingError> {
+        let dp = format!("datapath_type={datapath_type}");
+        self.vsctl(&["--may-exist", "add-br", bridge, "--", "set", "Bridge", bridge, dp.as_str()])
+            .await
+            .map(drop)
+    }
+
+    /// The OVS interface's error column (empty when vswitchd attached it).
+    pub async fn interface_error(&self, iface: &str) -> Result<String, BindingError> {
+        let e = self.vsctl(&["--if-exists", "get", "Interface", iface, "error"]).await?;
+        Ok(unquote(e.trim()).to_string())
+    }
 }
 
-/// `Ok(())` when OVS is usable, `Err(reason)` otherwise (for tests and /ready).
+/// ovs-vsctl prints strings quoted when they contain special characters and
+/// `[]` for an empty optional column.
+fn unquote(s: &str) -> &str {
+    if s == "[]" {
+        return "";
+    }
+    s.strip_prefix('"').and_then(|s| s.strip_suffix('"')).unwrap_or(s)
+}
+
+/// Whether an OVS `datapath_type` is the userspace one.
+pub fn is_userspace_datapath(datapath_type: &str) -> bool {
+    datapath_type == "netdev"
+}
+
+/// The userspace datapath reads packets from a veth through an AF_PACKET
+/// socket and forwards them as they are: a pod stack that leaves the TCP/UDP
+/// checksum to the NIC (veths offload it by default) would send packets with
+/// a partial checksum that the peer drops. Turn off TX checksum offload on
+/// the pod end so the pod's kernel computes it (what `ethtool -K <if> tx off`
+/// does).
+pub async fn disable_tx_checksum(netns: &NetNs, ifname: &str) -> Result<(), BindingError> {
+    let fd = netns.try_clone()?;
+    let path = netns.path().to_string();
+    let name = ifname.to_string();
+    let fail = |message: String| BindingError::Ovs {
+        args: format!("(ethtool) {name} tx-checksumming off in {path}"),
+        message,
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (t_path, t_name) = (path.clone(), name.clone());
+    std::thread::Builder::new()
+        .name("kuryr-ethtool".into())
+        .spawn(move || {
+            let r = nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| format!("enter netns {t_path}: {e}"))
+                .and_then(|()| ethtool_set_tx_csum(&t_name, false).map_err(|e| e.to_string()));
+            let _ = tx.send(r);
+            // The thread ends here, so its namespace change dies with it.
+        })
+        .map_err(|e| fail(e.to_string()))?;
+    rx.await
+        .map_err(|_| fail("ethtool thread exited without an answer".into()))?
+        .map_err(fail)
+}
+
+/// `SIOCETHTOOL` / `ETHTOOL_STXCSUM` on the calling thread's namespace.
+fn ethtool_set_tx_csum(ifname: &str, on: bool) -> std::io::Result<()> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    const ETHTOOL_STXCSUM: u32 = 0x17;
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    let bytes = ifname.as_bytes();
+    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("invalid interface name {ifname:?}"),
+        ));
+    }
+    let mut value = EthtoolValue {
+        cmd: ETHTOOL_STXCSUM,
+        data: u32::from(on),
+    };
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in ifr.ifr_name.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    ifr.ifr_ifru.ifru_data = (&raw mut value).cast::<libc::c_char>();
+    // SAFETY: plain socket(2) call; the result is checked before use.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor nobody else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: `ifr` points at `value`, both live across the call.
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCETHTOOL, &mut ifr) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `Ok(())` when OVS is usable through ovs-vsctl's default database,
+/// `Err(reason)` otherwise (for tests and /ready).
 pub async fn ovs_available() -> Result<(), String> {
-    match OvsProbe::detect(5).await.unavailable_reason() {
+    ovs_available_at(None).await
+}
+
+/// Like [`ovs_available`] for the database at `db` (`unix:/path`, `tcp:host:port`).
+pub async fn ovs_available_at(db: Option<&str>) -> Result<(), String> {
+    match OvsProbe::detect(5, db).await.unavailable_reason() {
         None => Ok(()),
         Some(r) => Err(r),
     }

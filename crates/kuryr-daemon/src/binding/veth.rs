@@ -5,8 +5,8 @@ use async_trait::async_trait;
 
 use crate::netlink::{Netlink, NetlinkError};
 
-use super::ovs::OvsProbe;
-use super::{BindingDriver, BindingError, PlugKind, PlugSpec, PlugTarget, TeardownError, l3};
+use super::ovs::{OvsProbe, disable_tx_checksum, is_userspace_datapath};
+use super::{BindingConfig, BindingDriver, BindingError, PlugKind, PlugSpec, PlugTarget, TeardownError, l3};
 
 /// Create the veth pair (pod end created directly in the pod namespace under
 /// its final name) and configure the pod end. Returns the host end's index.
@@ -148,14 +148,77 @@ impl BindingDriver for BridgeDriver {
 }
 
 /// veth with the host end added to an OVS bridge with the external ids the
-/// Neutron OVS agent matches on (os-vif VIFOpenVSwitch).
+/// Neutron OVS agent matches on (os-vif VIFOpenVSwitch): `iface-id` (the
+/// Neutron port), `attached-mac`, `iface-status=active` and `vm-uuid` (the pod
+/// UID where upstream writes a constant).
 pub struct OvsDriver {
     timeout_secs: u32,
+    db: Option<String>,
+    datapath_type: String,
 }
 
 impl OvsDriver {
-    pub fn new(timeout_secs: u32) -> Self {
-        Self { timeout_secs }
+    pub fn new(config: &BindingConfig) -> Self {
+        Self {
+            timeout_secs: config.ovs_timeout_secs,
+            db: config.ovs_db.clone(),
+            datapath_type: config.ovs_datapath_type.clone(),
+        }
+    }
+
+    async fn probe(&self) -> OvsProbe {
+        OvsProbe::detect(self.timeout_secs, self.db.as_deref()).await
+    }
+
+    /// Everything after the veth exists: bridge, port, external ids, and the
+    /// datapath specific pod-side setting.
+    async fn attach(
+        &self,
+        probe: &OvsProbe,
+        bridge: &str,
+        spec: &PlugSpec,
+        target: &PlugTarget<'_>,
+    ) -> Result<(), BindingError> {
+        let datapath = match probe.bridge_datapath(bridge).await? {
+            Some(dp) => dp,
+            None => {
+                // Normally the Neutron agent creates it; a node without one
+                // (sandbox, tests) gets it with the configured datapath.
+                probe.create_bridge(bridge, &self.datapath_type).await?;
+                self.datapath_type.clone()
+            }
+        };
+        if is_userspace_datapath(&datapath) {
+            disable_tx_checksum(target.require_netns()?, &spec.ifname).await?;
+        }
+        let iface = spec.host_ifname.as_str();
+        let ids = [
+            format!("external-ids:iface-id={}", spec.port_id),
+            format!("external-ids:attached-mac={}", spec.mac),
+            "external-ids:iface-status=active".to_string(),
+            format!("external-ids:vm-uuid={}", target.pod_uid),
+        ];
+        let mut args: Vec<&str> = vec![
+            "--", "--may-exist", "add-port", bridge, iface, "--", "set", "Interface", iface,
+        ];
+        args.extend(ids.iter().map(String::as_str));
+        probe.vsctl(&args).await?;
+        // ovs-vsctl waited for vswitchd to apply the change: a port it could
+        // not open (wrong datapath, device gone) is reported here.
+        let error = probe.interface_error(iface).await?;
+        if !error.is_empty() {
+            return Err(BindingError::Ovs {
+                args: format!("add-port {bridge} {iface}"),
+                message: format!("ovs-vswitchd could not attach the interface: {error}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// `--if-exists del-port <iface>`: removes the port from whichever bridge
+    /// holds it (it may have been moved since setup).
+    async fn del_port(&self, probe: &OvsProbe, iface: &str) -> Result<(), BindingError> {
+        probe.vsctl(&["--if-exists", "del-port", iface]).await.map(drop)
     }
 }
 
@@ -169,36 +232,21 @@ impl BindingDriver for OvsDriver {
         let PlugKind::OpenVSwitch { bridge } = &spec.kind else {
             return Err(wrong_kind(self.name(), spec));
         };
-        let probe = OvsProbe::detect(self.timeout_secs).await;
+        let probe = self.probe().await;
         if let Some(reason) = probe.unavailable_reason() {
             return Err(BindingError::Unsupported {
                 driver: self.name(),
                 reason,
             });
         }
+        // A port record left by an interrupted setup refers to the veth that
+        // plug_veth is about to replace.
+        self.del_port(&probe, &spec.host_ifname).await?;
         plug_veth(spec, target).await?;
-        let mac = spec.mac.to_string();
-        let iface = spec.host_ifname.as_str();
-        let ids = [
-            format!("external-ids:iface-id={}", spec.port_id),
-            format!("external-ids:attached-mac={mac}"),
-            "external-ids:iface-status=active".to_string(),
-            format!("external-ids:vm-uuid={}", target.pod_uid),
-        ];
-        let mut args: Vec<String> = vec![
-            "--".into(),
-            "--may-exist".into(),
-            "add-port".into(),
-            bridge.clone(),
-            iface.into(),
-            "--".into(),
-            "set".into(),
-            "Interface".into(),
-            iface.into(),
-        ];
-        args.extend(ids);
-        if let Err(e) = probe.vsctl(&args).await {
-            // Don't leave a veth nobody will ever wire.
+        if let Err(e) = self.attach(&probe, bridge, spec, target).await {
+            // Don't leave a port or a veth nobody will ever wire; the setup
+            // error is the one worth reporting.
+            let _ = self.del_port(&probe, &spec.host_ifname).await;
             let mut ignored = Vec::new();
             unplug_veth(spec, target, &mut ignored).await;
             return Err(e);
@@ -208,25 +256,22 @@ impl BindingDriver for OvsDriver {
 
     async fn teardown(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), TeardownError> {
         let mut errors = Vec::new();
-        if let PlugKind::OpenVSwitch { bridge } = &spec.kind {
-            let probe = OvsProbe::detect(self.timeout_secs).await;
-            if probe.unavailable_reason().is_none() {
-                let args: Vec<String> = vec![
-                    "--if-exists".into(),
-                    "del-port".into(),
-                    bridge.clone(),
-                    spec.host_ifname.clone(),
-                ];
-                if let Err(e) = probe.vsctl(&args).await {
-                    errors.push(e);
-                }
-            }
+        let probe = self.probe().await;
+        // Without ovs-vsctl no OVS port can exist; with an unreachable
+        // database one may, and leaking it silently would hide it.
+        if probe.installed()
+            && let Err(e) = self.del_port(&probe, &spec.host_ifname).await
+        {
+            errors.push(e);
         }
         unplug_veth(spec, target, &mut errors).await;
         TeardownError::into_result(errors)
     }
 
     async fn check(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), BindingError> {
+        let PlugKind::OpenVSwitch { bridge } = &spec.kind else {
+            return Err(wrong_kind(self.name(), spec));
+        };
         let pod = Netlink::in_netns(target.require_netns()?).await?;
         l3::check(&pod, spec).await?;
         let host = Netlink::current()?;
@@ -235,6 +280,41 @@ impl BindingDriver for OvsDriver {
                 ifname: spec.host_ifname.clone(),
                 message: "host end of the veth is missing".into(),
             });
+        }
+        let fail = |message: String| BindingError::Check {
+            ifname: spec.host_ifname.clone(),
+            message,
+        };
+        let probe = self.probe().await;
+        if let Some(reason) = probe.unavailable_reason() {
+            return Err(fail(reason));
+        }
+        let on = probe
+            .vsctl(&["port-to-br", spec.host_ifname.as_str()])
+            .await
+            .map_err(|e| fail(format!("not an OVS port: {e}")))?;
+        if on.trim() != bridge {
+            return Err(fail(format!(
+                "OVS port is on bridge {}, expected {bridge}",
+                on.trim()
+            )));
+        }
+        let iface_id = probe
+            .vsctl(&[
+                "--if-exists",
+                "get",
+                "Interface",
+                spec.host_ifname.as_str(),
+                "external-ids:iface-id",
+            ])
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        if iface_id.trim().trim_matches('"') != spec.port_id {
+            return Err(fail(format!(
+                "external-ids:iface-id is {:?}, expected {}",
+                iface_id.trim(),
+                spec.port_id
+            )));
         }
         Ok(())
     }
