@@ -1,0 +1,393 @@
+//! The neutron-vif OVS binding against a real Open vSwitch with the userspace
+//! (netdev) datapath: `scripts/ovs-userspace.sh start` runs one and prints its
+//! database socket; these tests talk to it through `KURYR_TEST_OVS_DB`
+//! (`unix:<socket>`, set by `scripts/test-all.sh`) and skip with the reason
+//! when it is unset. They never start or stop OVS themselves.
+#![allow(clippy::unwrap_used)]
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use common::*;
+use kuryr_crds::vif::{FixedIp, Network, PortProfile, Subnet, VifBase, VifOpenVSwitch};
+use kuryr_crds::{KuryrPort, KuryrPortSpec, KuryrPortStatus, KuryrPortVif, Vif};
+use kuryr_daemon::binding::{BindingConfig, BindingError, Drivers, PlugKind, PlugSpec, PlugTarget};
+use kuryr_daemon::netlink::{NetNs, Netlink};
+use kuryr_daemon::{ApiHealth, Daemon, DaemonConfig, NoEvents};
+use serde_json::{Value, json};
+
+/// The userspace OVS database, or `None` (with the reason printed).
+fn ovs_db() -> Option<String> {
+    match std::env::var("KURYR_TEST_OVS_DB") {
+        Ok(db) if !db.is_empty() => Some(db),
+        _ => {
+            eprintln!(
+                "skipping: KURYR_TEST_OVS_DB is unset (run `scripts/ovs-userspace.sh start` and set \
+                 KURYR_TEST_OVS_DB=unix:<printed socket>; scripts/test-all.sh does both)"
+            );
+            None
+        }
+    }
+}
+
+fn vsctl(db: &str, args: &[&str]) -> String {
+    let mut full = vec!["ovs-vsctl", "--timeout=10"];
+    let db_arg = format!("--db={db}");
+    full.push(&db_arg);
+    full.extend_from_slice(args);
+    host_ok(&full)
+}
+
+/// `external_ids` of an OVS Interface as `ovs-vsctl list Interface` shows it.
+fn external_ids(db: &str, iface: &str) -> serde_json::Map<String, Value> {
+    let out = vsctl(
+        db,
+        &["--format=json", "--columns=external_ids", "list", "Interface", iface],
+    );
+    let v: Value = serde_json::from_str(&out).unwrap();
+    // {"data":[[["map",[["k","v"],...]]]],"headings":["external_ids"]}
+    let pairs = v["data"][0][0][1].as_array().unwrap_or_else(|| panic!("{out}"));
+    pairs
+        .iter()
+        .map(|p| (p[0].as_str().unwrap().to_string(), p[1].clone()))
+        .collect()
+}
+
+/// An OVS bridge removed (with its ports) on drop.
+struct OvsBridge {
+    db: String,
+    name: String,
+}
+
+impl Drop for OvsBridge {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ovs-vsctl")
+            .args([
+                &format!("--db={}", self.db),
+                "--timeout=10",
+                "--if-exists",
+                "del-br",
+                &self.name,
+            ])
+            .status();
+    }
+}
+
+fn ovs_config(db: &str) -> BindingConfig {
+    BindingConfig {
+        ovs_db: Some(db.to_string()),
+        // No kernel module here: bridges the driver creates must be userspace ones.
+        ovs_datapath_type: "netdev".into(),
+        ..BindingConfig::default()
+    }
+}
+
+fn spec(port: &str, tap: &str, mac: &str, addr: &str, bridge: &str) -> PlugSpec {
+    PlugSpec {
+        port_id: port.into(),
+        ifname: "eth0".into(),
+        host_ifname: tap.into(),
+        mac: mac.parse().unwrap(),
+        mtu: Some(1450),
+        addresses: vec![addr.parse().unwrap()],
+        gateways: vec![],
+        routes: vec![],
+        is_default: true,
+        kind: PlugKind::OpenVSwitch {
+            bridge: bridge.into(),
+        },
+    }
+}
+
+async fn host_link_exists(name: &str) -> bool {
+    Netlink::current()
+        .unwrap()
+        .link_by_name(name)
+        .await
+        .unwrap()
+        .is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pods_on_a_netdev_bridge_reach_each_other_and_teardown_cleans_up() {
+    let Some(db) = ovs_db() else { return };
+    if !can_netns() {
+        return;
+    }
+    // The driver creates the missing bridge with the configured datapath.
+    let bridge = OvsBridge {
+        db: db.clone(),
+        name: unique("kovb"),
+    };
+    let (a, b) = (TestNetns::new("kova"), TestNetns::new("kovb"));
+    let (ta, tb) = (unique("kovt"), unique("kovt"));
+    let _links = (HostLink(ta.clone()), HostLink(tb.clone()));
+    let (port_a, port_b) = (format!("{}-port-a", unique("q")), format!("{}-port-b", unique("q")));
+    let sa = spec(&port_a, &ta, "fa:16:3e:00:40:0a", "10.71.0.10/24", &bridge.name);
+    let sb = spec(&port_b, &tb, "fa:16:3e:00:40:0b", "10.71.0.11/24", &bridge.name);
+    let (na, nb) = (NetNs::open(&a.path()).unwrap(), NetNs::open(&b.path()).unwrap());
+    let (target_a, target_b) = (
+        PlugTarget::new(&na, "pod-uid-a"),
+        PlugTarget::new(&nb, "pod-uid-b"),
+    );
+    let drivers = Drivers::new(&ovs_config(&db));
+    let d = drivers.for_kind(&sa.kind);
+    assert_eq!(d.name(), "neutron-vif/ovs");
+    d.setup(&sa, &target_a).await.unwrap();
+    d.setup(&sb, &target_b).await.unwrap();
+    // A retried ADD over the leftovers of the first one succeeds.
+    d.setup(&sa, &target_a).await.unwrap();
+    d.check(&sa, &target_a).await.unwrap();
+    d.check(&sb, &target_b).await.unwrap();
+
+    let dp = vsctl(&db, &["get", "Bridge", &bridge.name, "datapath_type"]);
+    assert_eq!(dp.trim(), "netdev");
+    let mut ports: Vec<String> = vsctl(&db, &["list-ports", &bridge.name])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    ports.sort();
+    let mut want = vec![ta.clone(), tb.clone()];
+    want.sort();
+    assert_eq!(ports, want);
+
+    // The pod ends carry the Neutron port's MAC and IP.
+    let link = a.exec_ok(&["ip", "-o", "link", "show", "eth0"]);
+    assert!(link.contains("fa:16:3e:00:40:0a") && link.contains("mtu 1450"), "{link}");
+    let addr = b.exec_ok(&["ip", "-o", "-4", "addr", "show", "eth0"]);
+    assert!(addr.contains("10.71.0.11/24"), "{addr}");
+
+    // What the Neutron OVS agent matches on.
+    for (tap, port, mac, uid) in [
+        (&ta, &port_a, "fa:16:3e:00:40:0a", "pod-uid-a"),
+        (&tb, &port_b, "fa:16:3e:00:40:0b", "pod-uid-b"),
+    ] {
+        let ids = external_ids(&db, tap);
+        assert_eq!(ids["iface-id"], json!(port), "{ids:?}");
+        assert_eq!(ids["attached-mac"], json!(mac), "{ids:?}");
+        assert_eq!(ids["iface-status"], json!("active"), "{ids:?}");
+        assert_eq!(ids["vm-uuid"], json!(uid), "{ids:?}");
+    }
+
+    // TCP both ways through the userspace datapath.
+    tcp_reachable(&a.name, &b.name, "10.71.0.11".parse().unwrap()).unwrap();
+    tcp_reachable(&b.name, &a.name, "10.71.0.10".parse().unwrap()).unwrap();
+
+    // CHECK notices a port someone removed from OVS.
+    vsctl(&db, &["del-port", &bridge.name, &tb]);
+    match d.check(&sb, &target_b).await {
+        Err(BindingError::Check { ifname, message }) => {
+            assert_eq!(ifname, tb);
+            assert!(message.contains("not an OVS port"), "{message}");
+        }
+        other => panic!("CHECK must fail without the OVS port, got {other:?}"),
+    }
+
+    d.teardown(&sa, &target_a).await.unwrap();
+    d.teardown(&sb, &target_b).await.unwrap();
+    d.teardown(&sa, &target_a).await.expect("teardown is idempotent");
+    assert_eq!(vsctl(&db, &["list-ports", &bridge.name]).trim(), "");
+    assert!(!host_link_exists(&ta).await && !host_link_exists(&tb).await);
+    for ns in [&a, &b] {
+        let links = ns.exec_ok(&["ip", "-o", "link"]);
+        assert!(!links.contains("eth0"), "{links}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn teardown_collects_the_ovsdb_error_and_still_removes_the_veth() {
+    let Some(db) = ovs_db() else { return };
+    if !can_netns() {
+        return;
+    }
+    let bridge = OvsBridge {
+        db: db.clone(),
+        name: unique("kovb"),
+    };
+    let pod = TestNetns::new("kovc");
+    let tap = unique("kovt");
+    let _l = HostLink(tap.clone());
+    let s = spec("port-collect", &tap, "fa:16:3e:00:41:01", "10.72.0.5/24", &bridge.name);
+    let ns = NetNs::open(&pod.path()).unwrap();
+    let target = PlugTarget::new(&ns, "pod-uid-c");
+    let good = Drivers::new(&ovs_config(&db));
+    good.for_kind(&s.kind).setup(&s, &target).await.unwrap();
+
+    // The same driver pointed at a database that does not answer.
+    let dead = tempfile::tempdir().unwrap();
+    let dead_db = format!("unix:{}/db.sock", dead.path().display());
+    let broken = Drivers::new(&BindingConfig {
+        ovs_timeout_secs: 2,
+        ..ovs_config(&dead_db)
+    });
+    let err = broken
+        .for_kind(&s.kind)
+        .teardown(&s, &target)
+        .await
+        .unwrap_err();
+    assert_eq!(err.0.len(), 1, "{err}");
+    assert!(matches!(&err.0[0], BindingError::Ovs { args, .. } if args.contains("del-port")), "{err}");
+    // The kernel side went anyway; the OVS record is what the error is about.
+    assert!(!host_link_exists(&tap).await);
+    assert_eq!(vsctl(&db, &["list-ports", &bridge.name]).trim(), tap);
+    good.for_kind(&s.kind).teardown(&s, &target).await.unwrap();
+    assert_eq!(vsctl(&db, &["list-ports", &bridge.name]).trim(), "");
+}
+
+/// Needs no running OVS: a database that does not answer makes the driver
+/// refuse with the reason, leaving nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_ovsdb_refuses_setup_without_leftovers() {
+    if !can_netns() {
+        return;
+    }
+    let pod = TestNetns::new("kovu");
+    let ns = NetNs::open(&pod.path()).unwrap();
+    let tap = unique("kovt");
+    let _l = HostLink(tap.clone());
+    let dead = tempfile::tempdir().unwrap();
+    let drivers = Drivers::new(&BindingConfig {
+        ovs_timeout_secs: 2,
+        ..ovs_config(&format!("unix:{}/db.sock", dead.path().display()))
+    });
+    let s = spec("port-u", &tap, "fa:16:3e:00:42:01", "10.73.0.5/24", "br-int");
+    match drivers
+        .for_kind(&s.kind)
+        .setup(&s, &PlugTarget::new(&ns, "u"))
+        .await
+    {
+        Err(BindingError::Unsupported { driver, reason }) => {
+            assert_eq!(driver, "neutron-vif/ovs");
+            assert!(
+                reason.contains("ovsdb-server does not answer") || reason.contains("not installed"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    assert!(!host_link_exists(&tap).await);
+    assert!(!pod.exec_ok(&["ip", "-o", "link"]).contains("eth0"));
+}
+
+struct ApiUp;
+#[async_trait]
+impl ApiHealth for ApiUp {
+    async fn check(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// A KuryrPort whose eth0 is a `VIFOpenVSwitch` on `bridge`, as the
+/// controller's neutron-vif driver writes it for a port bound by the OVS agent.
+fn ovs_kuryrport(name: &str, uid: &str, node: &str, port_id: &str, mac: &str, ip: &str, bridge: &str) -> KuryrPort {
+    let mut base = VifBase::new(port_id, "ovs");
+    base.address = Some(mac.into());
+    base.active = true;
+    base.port_profile = Some(PortProfile::open_vswitch(port_id));
+    let mut net = Network::new(format!("net-{port_id}"));
+    net.mtu = Some(1450);
+    net.bridge = Some(bridge.into());
+    let mut subnet = Subnet::new("10.74.0.0/24", None);
+    subnet.ips = vec![FixedIp::new(ip.parse().unwrap())].into();
+    net.subnets = vec![subnet].into();
+    base.network = Some(net);
+    let vif = Vif::OpenVSwitch(VifOpenVSwitch {
+        base,
+        bridge_name: Some(bridge.into()),
+        obj: Default::default(),
+    });
+    let mut kp = KuryrPort::new(
+        name,
+        KuryrPortSpec {
+            pod_uid: uid.into(),
+            pod_node_name: node.into(),
+            pod_static: false,
+        },
+    );
+    kp.metadata.namespace = Some("default".into());
+    kp.metadata.labels = Some(
+        [(kuryr_crds::names::labels::NODE_NAME.to_string(), node.to_string())].into(),
+    );
+    kp.status = Some(KuryrPortStatus {
+        vifs: [("eth0".to_string(), KuryrPortVif::new(true, vif))].into(),
+    });
+    kp
+}
+
+fn cni_body(command: &str, pod: &str, container: &str, netns: &str, uid: &str) -> Value {
+    json!({"CNI_IFNAME": "eth0", "CNI_NETNS": netns, "CNI_CONTAINERID": container, "CNI_COMMAND": command,
+        "CNI_ARGS": format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};K8S_POD_UID={uid}"), "config_kuryr": {}})
+}
+
+/// ADD and DEL through the daemon's HTTP API with VIFOpenVSwitch VIFs on the
+/// userspace OVS's br-int (the bridge `scripts/ovs-userspace.sh` creates).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_http_add_del_with_ovs_vifs() {
+    let Some(db) = ovs_db() else { return };
+    if !can_netns() {
+        return;
+    }
+    let dp = vsctl(&db, &["get", "Bridge", "br-int", "datapath_type"]);
+    assert_eq!(dp.trim(), "netdev", "scripts/ovs-userspace.sh makes br-int a netdev bridge");
+    let node = unique("kovn");
+    let mut cfg = DaemonConfig::new(node.clone());
+    cfg.bind_address = "127.0.0.1:0".parse().unwrap();
+    cfg.health_address = "127.0.0.1:0".parse().unwrap();
+    cfg.metrics_address = "127.0.0.1:0".parse().unwrap();
+    cfg.vif_annotation_timeout = Duration::from_secs(5);
+    cfg.binding = ovs_config(&db);
+    let d = Daemon::new(cfg, Arc::new(NoEvents), Arc::new(ApiUp));
+    let servers = kuryr_daemon::server::start(d.clone()).await.unwrap();
+    let api = format!("http://{}", servers.api);
+    // reqwest is built without a default TLS provider (ring only here).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::new();
+
+    let pods = [
+        ("ovs-web", "fa:16:3e:00:43:01", "10.74.0.21", TestNetns::new("kovw")),
+        ("ovs-db", "fa:16:3e:00:43:02", "10.74.0.22", TestNetns::new("kovd")),
+    ];
+    let mut taps = Vec::new();
+    for (i, (name, mac, ip, ns)) in pods.iter().enumerate() {
+        let uid = format!("uid-{name}-{}", unique("u"));
+        let port_id = format!("{}-port-{i}", unique("q"));
+        let tap = kuryr_crds::vif_name_for_port(&port_id);
+        taps.push((HostLink(tap.clone()), port_id.clone(), uid.clone()));
+        d.registry
+            .apply_kuryrport(ovs_kuryrport(name, &uid, &node, &port_id, mac, ip, "br-int"));
+        let r = http
+            .post(format!("{api}/addNetwork"))
+            .json(&cni_body("ADD", name, &format!("c-{name}"), &ns.path(), &uid))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(status, 202, "{body}");
+        assert_eq!(body["versioned_object.name"], "VIFOpenVSwitch");
+        assert_eq!(body["versioned_object.data"]["address"], *mac);
+        let ids = external_ids(&db, &tap);
+        assert_eq!(ids["iface-id"], json!(port_id), "{ids:?}");
+        assert_eq!(ids["attached-mac"], json!(mac), "{ids:?}");
+        assert_eq!(ids["iface-status"], json!("active"), "{ids:?}");
+        assert_eq!(ids["vm-uuid"], json!(uid), "{ids:?}");
+        assert_eq!(vsctl(&db, &["port-to-br", &tap]).trim(), "br-int");
+    }
+    tcp_reachable(&pods[0].3.name, &pods[1].3.name, "10.74.0.22".parse().unwrap()).unwrap();
+
+    for ((name, _, _, ns), (tap, _, uid)) in pods.iter().zip(&taps) {
+        let r = http
+            .post(format!("{api}/delNetwork"))
+            .json(&cni_body("DEL", name, &format!("c-{name}"), &ns.path(), uid))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 204, "{:?}", r.text().await);
+        let ports = vsctl(&db, &["list-ports", "br-int"]);
+        assert!(!ports.lines().any(|p| p == tap.0), "{ports}");
+        assert!(!host_link_exists(&tap.0).await);
+    }
+    servers.shutdown().await;
+}
