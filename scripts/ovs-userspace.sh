@@ -60,13 +60,13 @@ start() {
     rm -f "$SOCK"
     log "starting ovsdb-server"
     ovsdb-server "$D/conf.db" --remote="punix:$SOCK" --pidfile="$D/ovsdb-server.pid" \
-      --detach --log-file="$D/ovsdb-server.log"
+      --detach --log-file="$D/ovsdb-server.log" -vconsole:warn
   fi
   vsctl --no-wait init
   if ! running_pid "$D/ovs-vswitchd.pid" ovs-vswitchd >/dev/null; then
     log "starting ovs-vswitchd (userspace datapath)"
     ovs-vswitchd "unix:$SOCK" --pidfile="$D/ovs-vswitchd.pid" --detach \
-      --log-file="$D/ovs-vswitchd.log"
+      --log-file="$D/ovs-vswitchd.log" -vconsole:warn
   fi
   # Without the kernel module only the netdev datapath works; an existing bridge is switched
   # to it too (a system-datapath bridge could never forward here).

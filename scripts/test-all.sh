@@ -4,13 +4,16 @@
 #   1. installs (first run) and starts neutron-server 29.0.0 via scripts/neutron-lab/ (state in
 #      .neutron-lab/; an already running lab server is reused) and exports KURYR_TEST_NEUTRON_URL
 #   2. creates the upstream kuryr-kubernetes venv (scripts/upstream-kuryr-venv.sh) for the
-#      compatibility tests
+#      compatibility tests, and starts a private userspace Open vSwitch
+#      (scripts/ovs-userspace.sh, state in .ovs/; a running one is reused) for the OVS binding
+#      tests, exporting KURYR_TEST_OVS_DB
 #   3. cargo fmt --check, clippy -D warnings, the CRD manifests staleness check
 #   4. cargo test --workspace (the Neutron contract suite runs against the emulator and the
 #      real server; its per-target summary lines are repeated at the end)
-#   5. stops neutron-server again, but only if this script started it
-# Env: KEEP_NEUTRON=1 leaves a server this script started running; NEUTRON_LAB overrides the
-# state directory; extra arguments go to `cargo test` (e.g. `-- --test-threads=1`).
+#   5. stops neutron-server and Open vSwitch again, but only those this script started
+# Env: KEEP_NEUTRON=1 leaves a server this script started running (KEEP_OVS=1 the same for Open
+# vSwitch); NEUTRON_LAB overrides the state directory; extra arguments go to `cargo test`
+# (e.g. `-- --test-threads=1`).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,10 +45,15 @@ else
   step "starting neutron-server (first run installs it; takes a few minutes)"
   STARTED_NEUTRON=1
 fi
+STARTED_OVS=0
 stop_neutron() {
   if [ "$STARTED_NEUTRON" = 1 ] && [ "${KEEP_NEUTRON:-0}" != 1 ]; then
     step "stopping the neutron-server this script started"
     "$REPO/scripts/neutron-lab/stop-neutron.sh" || true
+  fi
+  if [ "$STARTED_OVS" = 1 ] && [ "${KEEP_OVS:-0}" != 1 ]; then
+    step "stopping the Open vSwitch this script started"
+    "$REPO/scripts/ovs-userspace.sh" stop || true
   fi
 }
 trap stop_neutron EXIT
@@ -58,6 +66,16 @@ step "upstream kuryr-kubernetes 10.0.0 venv (its Python client is run against th
 KURYR_TEST_UPSTREAM_PYTHON=$("$REPO/scripts/upstream-kuryr-venv.sh")
 export KURYR_TEST_UPSTREAM_PYTHON
 
+if "$REPO/scripts/ovs-userspace.sh" status >/dev/null 2>&1; then
+  step "userspace Open vSwitch already running: reusing it"
+else
+  step "starting a userspace Open vSwitch (scripts/ovs-userspace.sh; no kernel module needed)"
+  STARTED_OVS=1
+fi
+# Idempotent: also (re)creates br-int with the netdev datapath.
+OVS_DB_SOCK=$("$REPO/scripts/ovs-userspace.sh" start)
+export KURYR_TEST_OVS_DB="unix:$OVS_DB_SOCK"
+
 step "cargo fmt --all -- --check"
 cargo fmt --all -- --check
 
@@ -67,7 +85,7 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "CRD manifests are up to date (deploy/crds)"
 cargo run -q -p kuryr -- crds --check deploy/crds
 
-step "cargo test --workspace (KURYR_TEST_NEUTRON_URL=$KURYR_TEST_NEUTRON_URL)"
+step "cargo test --workspace (KURYR_TEST_NEUTRON_URL=$KURYR_TEST_NEUTRON_URL KURYR_TEST_OVS_DB=$KURYR_TEST_OVS_DB)"
 set +e
 cargo test --workspace "$@" 2>&1 | tee "$LOG_DIR/cargo-test.log"
 rc=${PIPESTATUS[0]}
