@@ -152,7 +152,8 @@ async fn accounted_for(
         recyclable += p.recyclable;
         in_use += p.in_use;
         let counted = shown.ports.len();
-        if counted != p.available + p.recyclable + p.in_use {
+        // Quiet means no refill in flight either: its ports would land after the listing.
+        if p.populating || counted != p.available + p.recyclable + p.in_use {
             return Ok(None);
         }
         for port in shown.ports {

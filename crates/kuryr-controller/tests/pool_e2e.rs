@@ -278,13 +278,32 @@ async fn kuryrportpool_objects_follow_the_pools() -> Result<()> {
         // A restart with other limits writes them back to the existing object.
         ctrl.stop.cancel();
         ctrl.task.await?;
+        // An object left by an earlier configuration, naming a pool with no port at all.
+        let stale = KuryrPortPool::for_key(
+            CONTROLLER_NS,
+            kuryr_crds::PoolKey::host(
+                "default",
+                NODES[1],
+                &fx.project,
+                "gone-network",
+                "gone-subnet",
+                [&fx.sg],
+            ),
+            1,
+            1,
+            0,
+            None,
+        )?;
+        let stale_name = stale.metadata.name.clone().unwrap();
+        objs.create(&Default::default(), &stale).await?;
         let ini = bed.ini.replace("ports_pool_min = 1", "ports_pool_min = 2");
         let ctrl = start_controller(&kube.client, &target, config(&ini), "c2");
-        eventually("min written back", WAIT, || async {
+        eventually("min written back, the stale object deleted", WAIT, || async {
             let o = objs.list(&ListParams::default()).await?.items;
             Ok((o.len() == 1 && o[0].spec.min == 2).then_some(()))
         })
         .await?;
+        assert!(objs.get_opt(&stale_name).await?.is_none());
 
         // `free` on a pool nobody uses empties it: the pool and its object go.
         pods.delete("pod-0", &DeleteParams::default()).await?;

@@ -48,6 +48,8 @@ pub struct RecoveryReport {
     pub vanished: usize,
     /// Tagged pool ports that fit no pool (left to the orphan sweep).
     pub unplaced: usize,
+    /// Pools (KuryrPortPool objects) with no port left at all.
+    pub dropped: usize,
 }
 
 /// The pool key a KuryrPortPool object describes.
@@ -265,6 +267,13 @@ impl PoolDriver {
             }
         }
         report.vanished = listed.keys().filter(|id| !seen.contains(**id)).count();
+        // Objects whose pools hold nothing (left by an earlier configuration, or freed) name
+        // pools that no longer exist: dropped here, the reconcile pass deletes the objects.
+        report.dropped = {
+            let mut st = self.lock();
+            let keys: Vec<Key> = st.iter().map(|(k, _)| k.clone()).collect();
+            keys.iter().filter(|k| st.remove_if_empty(k)).count()
+        };
         self.mark_ready();
         self.publish_sizes();
         self.touched();
