@@ -214,6 +214,7 @@ fn build_pools(ctx: &Arc<Context>, drivers: &mut Drivers) -> Result<Option<Arc<P
         _ => pool::build(ctx.clone(), drivers.vif.clone(), &cfg.vif_pool)?,
     };
     drivers.pool = manager.clone();
+    drivers.pools = Some(manager.clone());
     Ok(Some(manager))
 }
 

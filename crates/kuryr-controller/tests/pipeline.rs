@@ -296,3 +296,24 @@ fn known_objects_emit_deletes_for_objects_missing_after_a_relist() {
     assert_eq!(done[0].1.metadata.name.as_deref(), Some("b"));
     assert_eq!(k.len(), 2);
 }
+
+#[tokio::test]
+async fn stopping_the_pipeline_ends_queued_and_running_handlers() {
+    let rec = Arc::new(Recorder {
+        delay: Duration::from_millis(500),
+        ..Default::default()
+    });
+    let stop = tokio_util::sync::CancellationToken::new();
+    let a = Async::with_stop(rec.clone(), 1, stop.clone());
+    for i in 0..3 {
+        a.handle(ev(EventType::Added, &format!("p{i}"), &format!("u{i}"), "1"))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    stop.cancel();
+    wait_idle(&a).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // A lost leader must not keep acting: nothing completes after the stop.
+    assert!(rec.seen.lock().await.is_empty(), "{:?}", rec.seen.lock().await);
+}

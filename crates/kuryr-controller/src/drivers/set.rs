@@ -18,6 +18,7 @@ use super::vif::nested_vlan::NestedVlan;
 use super::vif::neutron::NeutronVif;
 use crate::context::Context;
 use crate::error::Error;
+use crate::pool::PoolManager;
 
 pub struct Drivers {
     pub project: Arc<dyn ProjectDriver>,
@@ -28,6 +29,8 @@ pub struct Drivers {
     pub pool: Arc<dyn VifPool>,
     /// `[kubernetes] multi_vif_drivers`, in order; empty for `noop`.
     pub multi_vif: Vec<Arc<dyn MultiVifDriver>>,
+    /// The pool manager behind `pool` when a pooling driver is configured (pre-population).
+    pub pools: Option<Arc<PoolManager>>,
 }
 
 impl Drivers {
@@ -78,6 +81,7 @@ impl Drivers {
             vif,
             pool,
             multi_vif,
+            pools: None,
         })
     }
 }

@@ -15,7 +15,7 @@ use kuryr_neutron::{ListFilter, NetworkCreate, RouterInterfaceSpec, SubnetCreate
 use serde_json::json;
 
 use crate::context::Context;
-use crate::drivers::Drivers;
+use crate::drivers::{Drivers, PortSpec};
 use crate::error::Error;
 use crate::k8s::{add_finalizer, remove_finalizer};
 use crate::pipeline::ResourceEventHandler;
@@ -141,6 +141,27 @@ impl ResourceEventHandler for KuryrNetworkHandler {
             status.router_id = Some(router);
             status.ns_labels = Some(kn.spec.ns_labels.clone());
             status.populated = Some(false);
+            self.patch_status(&kn, &status).await?;
+        }
+        // Pre-populate the new subnet's pools on every node (issue 5 item 6), once.
+        if status.populated != Some(true)
+            && let Some(pools) = &self.drivers.pools
+            && let Some(subnet_id) = status.subnet_id.clone()
+        {
+            let network = self
+                .drivers
+                .subnet_cache
+                .network_of_subnet(&deployment, &subnet_id)
+                .await?;
+            let sgs = self
+                .drivers
+                .security_groups
+                .security_groups(&deployment, &project, &ns)
+                .await?;
+            pools
+                .prepopulate(&PortSpec::new(deployment.clone(), project.clone(), network, sgs))
+                .await?;
+            status.populated = Some(true);
             self.patch_status(&kn, &status).await?;
         }
         Ok(())

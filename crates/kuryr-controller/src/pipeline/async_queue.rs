@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use tokio::sync::{Mutex, Semaphore};
+use tokio_util::sync::CancellationToken;
 
 use super::{Event, EventHandler};
 use crate::error::Error;
@@ -32,11 +33,20 @@ pub struct Async<H> {
     queues: Queues,
     workers: Arc<Semaphore>,
     stats: Arc<AsyncStats>,
+    /// Cancels every queue: a pipeline that stops (shutdown, lost leadership, or its task being
+    /// dropped) must not leave handlers running behind the next leader's back.
+    stop: CancellationToken,
 }
 
 impl<H: EventHandler + 'static> Async<H> {
     /// `max_concurrency` bounds how many objects are handled at once.
     pub fn new(inner: H, max_concurrency: usize) -> Self {
+        Self::with_stop(inner, max_concurrency, CancellationToken::new())
+    }
+
+    /// Like [`Async::new`]; cancelling `stop` ends every queue, dropping in-flight handlers at
+    /// their next await point.
+    pub fn with_stop(inner: H, max_concurrency: usize, stop: CancellationToken) -> Self {
         let name = format!("async({})", inner.name());
         Self {
             inner: Arc::new(inner),
@@ -44,6 +54,7 @@ impl<H: EventHandler + 'static> Async<H> {
             queues: Arc::default(),
             workers: Arc::new(Semaphore::new(max_concurrency.max(1))),
             stats: Arc::default(),
+            stop,
         }
     }
 
@@ -62,15 +73,25 @@ impl<H: EventHandler + 'static> Async<H> {
         queues: Queues,
         workers: Arc<Semaphore>,
         stats: Arc<AsyncStats>,
+        stop: CancellationToken,
     ) {
+        tokio::select! {
+            _ = stop.cancelled() => {
+                queues.lock().await.remove(&key);
+            }
+            _ = Self::drain(&key, &inner, &queues, &workers, &stats) => {}
+        }
+    }
+
+    async fn drain(key: &str, inner: &Arc<H>, queues: &Queues, workers: &Semaphore, stats: &AsyncStats) {
         loop {
             let event = {
                 let mut q = queues.lock().await;
-                match q.get_mut(&key).and_then(Option::take) {
+                match q.get_mut(key).and_then(Option::take) {
                     Some(ev) => ev,
                     None => {
                         // Drained: drop the queue so memory follows live objects only.
-                        q.remove(&key);
+                        q.remove(key);
                         return;
                     }
                 }
@@ -110,6 +131,7 @@ impl<H: EventHandler + 'static> EventHandler for Async<H> {
                     self.queues.clone(),
                     self.workers.clone(),
                     self.stats.clone(),
+                    self.stop.clone(),
                 ));
             }
         }

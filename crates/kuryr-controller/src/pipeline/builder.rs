@@ -101,7 +101,10 @@ impl ControllerPipeline {
     ) {
         let watches = self.watches;
         let metrics = self.metrics.clone();
-        let sink = Arc::new(Async::new(self.dispatcher, max_concurrency));
+        // Dropping this future (lost leadership, an aborted task) or `stop` ends every queue.
+        let queues_stop = stop.child_token();
+        let _cancel_queues_on_drop = queues_stop.clone().drop_guard();
+        let sink = Arc::new(Async::with_stop(self.dispatcher, max_concurrency, queues_stop));
         let mut tasks = tokio::task::JoinSet::new();
         for (_, (resource, selector)) in watches {
             tasks.spawn(crate::watcher::run_watch(

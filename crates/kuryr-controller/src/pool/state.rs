@@ -391,7 +391,9 @@ impl<T> Pools<T> {
         }
         let mut n = limits.batch.max(limits.min.saturating_sub(size));
         if limits.max > 0 {
-            n = n.min(limits.max.saturating_sub(pool.total()));
+            // `max` bounds the spare ports (available + waiting to be recycled), as upstream's
+            // pool size: ports in use by pods never stop a busy node from keeping spares.
+            n = n.min(limits.max.saturating_sub(size + pool.recyclable_len()));
         }
         if n == 0 && pool.demand && size == 0 {
             // `max` bounds the spare ports, never a pod: a waiting request gets its port.
@@ -809,22 +811,29 @@ mod tests {
     }
 
     #[test]
-    fn max_caps_spare_ports_but_never_a_waiting_pod() {
-        let mut pools = Pools::<()>::new(limits(1, 2, 2));
+    fn max_caps_spare_ports_not_ports_in_use() {
+        // min 2, max 2, batch 1
+        let mut pools = Pools::<()>::new(limits(2, 2, 1));
         let k = key(&[]);
         pools.ensure(&k, || meta("p"));
         let r = pools.take(&k, t(0)).refills;
         assert_eq!(r[0].n, 2);
         complete(&mut pools, &r[0], t(1));
-        // Two pods take both ports; the second take leaves 0 < min but total (2 in use) is at max.
-        assert!(pools.take(&k, t(2)).refills.is_empty());
-        let second = pools.take(&k, t(2));
+        // A pod takes one: 1 spare < min 2, refill only up to max 2 spares.
+        let first = pools.take(&k, t(2));
+        assert!(matches!(first.take, Take::Hit(_)));
+        assert_eq!(first.refills[0].n, 1);
+        complete(&mut pools, &first.refills[0], t(2));
+        let p = pools.get(&k).unwrap();
+        assert_eq!(
+            (p.available_len(), p.in_use().len()),
+            (2, 1),
+            "a busy node keeps its spares"
+        );
+        // At max spares: a further take refills just the one it used.
+        let second = pools.take(&k, t(3));
         assert!(matches!(second.take, Take::Hit(_)));
-        assert!(second.refills.is_empty(), "at max: no spare ports");
-        // A third pod: empty, at max, but it must get a port: exactly one.
-        let third = pools.take(&k, t(3));
-        assert_eq!(third.take, Take::Empty);
-        assert_eq!(third.refills[0].n, 1);
+        assert_eq!(second.refills[0].n, 1);
     }
 
     #[test]
@@ -896,30 +905,16 @@ mod tests {
 
     #[test]
     fn recycle_returns_up_to_max_and_deletes_the_rest() {
-        let mut pools = Pools::<()>::new(limits(1, 2, 2));
+        // min 0 (no refill): spares only come back through recycling; max 2.
+        let mut pools = Pools::<()>::new(limits(0, 2, 1));
         let k = key(&[]);
         pools.ensure(&k, || meta("p"));
-        let mut used = Vec::new();
         for i in 0..3 {
-            let got = pools.take(&k, t(i));
-            for r in &got.refills {
-                complete(&mut pools, r, t(i));
-            }
-            match got.take {
-                Take::Hit(e) => used.push(e),
-                Take::Empty => match pools.take(&k, t(i)).take {
-                    Take::Hit(e) => used.push(e),
-                    other => panic!("{other:?}"),
-                },
-                other => panic!("{other:?}"),
-            }
+            pools.mark_in_use(&k, &format!("port-{i}"), t(i));
         }
-        assert_eq!(used.len(), 3);
-        let p = pools.get(&k).unwrap();
-        assert_eq!((p.available_len(), p.in_use().len()), (0, 3));
-        for e in used {
+        for i in 0..3 {
             pools
-                .release(&k, &e.port_id, (), Some("ns/pod".into()), t(10))
+                .release(&k, &format!("port-{i}"), (), Some("ns/pod".into()), t(10))
                 .unwrap();
         }
         assert_eq!(pools.get(&k).unwrap().recyclable_len(), 3);
