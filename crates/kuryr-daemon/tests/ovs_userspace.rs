@@ -44,7 +44,13 @@ fn vsctl(db: &str, args: &[&str]) -> String {
 fn external_ids(db: &str, iface: &str) -> serde_json::Map<String, Value> {
     let out = vsctl(
         db,
-        &["--format=json", "--columns=external_ids", "list", "Interface", iface],
+        &[
+            "--format=json",
+            "--columns=external_ids",
+            "list",
+            "Interface",
+            iface,
+        ],
     );
     let v: Value = serde_json::from_str(&out).unwrap();
     // {"data":[[["map",[["k","v"],...]]]],"headings":["external_ids"]}
@@ -101,6 +107,23 @@ fn spec(port: &str, tap: &str, mac: &str, addr: &str, bridge: &str) -> PlugSpec 
     }
 }
 
+/// [`tcp_reachable`] with a deadline: without one a path that drops every
+/// packet would leave its listener blocked in accept() and the test hanging.
+async fn tcp_ok(from: &TestNetns, to: &TestNetns, addr: &str) {
+    let (f, t, a) = (from.name.clone(), to.name.clone(), addr.parse().unwrap());
+    match tokio::time::timeout(
+        Duration::from_secs(90),
+        tokio::task::spawn_blocking(move || tcp_reachable(&f, &t, a)),
+    )
+    .await
+    {
+        Ok(r) => r
+            .unwrap()
+            .unwrap_or_else(|e| panic!("no TCP to {addr} through OVS: {e}")),
+        Err(_) => panic!("no TCP to {addr} through OVS within 90 s"),
+    }
+}
+
 async fn host_link_exists(name: &str) -> bool {
     Netlink::current()
         .unwrap()
@@ -124,7 +147,10 @@ async fn two_pods_on_a_netdev_bridge_reach_each_other_and_teardown_cleans_up() {
     let (a, b) = (TestNetns::new("kova"), TestNetns::new("kovb"));
     let (ta, tb) = (unique("kovt"), unique("kovt"));
     let _links = (HostLink(ta.clone()), HostLink(tb.clone()));
-    let (port_a, port_b) = (format!("{}-port-a", unique("q")), format!("{}-port-b", unique("q")));
+    let (port_a, port_b) = (
+        format!("{}-port-a", unique("q")),
+        format!("{}-port-b", unique("q")),
+    );
     let sa = spec(&port_a, &ta, "fa:16:3e:00:40:0a", "10.71.0.10/24", &bridge.name);
     let sb = spec(&port_b, &tb, "fa:16:3e:00:40:0b", "10.71.0.11/24", &bridge.name);
     let (na, nb) = (NetNs::open(&a.path()).unwrap(), NetNs::open(&b.path()).unwrap());
@@ -155,7 +181,10 @@ async fn two_pods_on_a_netdev_bridge_reach_each_other_and_teardown_cleans_up() {
 
     // The pod ends carry the Neutron port's MAC and IP.
     let link = a.exec_ok(&["ip", "-o", "link", "show", "eth0"]);
-    assert!(link.contains("fa:16:3e:00:40:0a") && link.contains("mtu 1450"), "{link}");
+    assert!(
+        link.contains("fa:16:3e:00:40:0a") && link.contains("mtu 1450"),
+        "{link}"
+    );
     let addr = b.exec_ok(&["ip", "-o", "-4", "addr", "show", "eth0"]);
     assert!(addr.contains("10.71.0.11/24"), "{addr}");
 
@@ -172,8 +201,8 @@ async fn two_pods_on_a_netdev_bridge_reach_each_other_and_teardown_cleans_up() {
     }
 
     // TCP both ways through the userspace datapath.
-    tcp_reachable(&a.name, &b.name, "10.71.0.11".parse().unwrap()).unwrap();
-    tcp_reachable(&b.name, &a.name, "10.71.0.10".parse().unwrap()).unwrap();
+    tcp_ok(&a, &b, "10.71.0.11").await;
+    tcp_ok(&b, &a, "10.71.0.10").await;
 
     // CHECK notices a port someone removed from OVS.
     vsctl(&db, &["del-port", &bridge.name, &tb]);
@@ -209,7 +238,13 @@ async fn teardown_collects_the_ovsdb_error_and_still_removes_the_veth() {
     let pod = TestNetns::new("kovc");
     let tap = unique("kovt");
     let _l = HostLink(tap.clone());
-    let s = spec("port-collect", &tap, "fa:16:3e:00:41:01", "10.72.0.5/24", &bridge.name);
+    let s = spec(
+        "port-collect",
+        &tap,
+        "fa:16:3e:00:41:01",
+        "10.72.0.5/24",
+        &bridge.name,
+    );
     let ns = NetNs::open(&pod.path()).unwrap();
     let target = PlugTarget::new(&ns, "pod-uid-c");
     let good = Drivers::new(&ovs_config(&db));
@@ -222,13 +257,12 @@ async fn teardown_collects_the_ovsdb_error_and_still_removes_the_veth() {
         ovs_timeout_secs: 2,
         ..ovs_config(&dead_db)
     });
-    let err = broken
-        .for_kind(&s.kind)
-        .teardown(&s, &target)
-        .await
-        .unwrap_err();
+    let err = broken.for_kind(&s.kind).teardown(&s, &target).await.unwrap_err();
     assert_eq!(err.0.len(), 1, "{err}");
-    assert!(matches!(&err.0[0], BindingError::Ovs { args, .. } if args.contains("del-port")), "{err}");
+    assert!(
+        matches!(&err.0[0], BindingError::Ovs { args, .. } if args.contains("del-port")),
+        "{err}"
+    );
     // The kernel side went anyway; the OVS record is what the error is about.
     assert!(!host_link_exists(&tap).await);
     assert_eq!(vsctl(&db, &["list-ports", &bridge.name]).trim(), tap);
@@ -281,7 +315,15 @@ impl ApiHealth for ApiUp {
 
 /// A KuryrPort whose eth0 is a `VIFOpenVSwitch` on `bridge`, as the
 /// controller's neutron-vif driver writes it for a port bound by the OVS agent.
-fn ovs_kuryrport(name: &str, uid: &str, node: &str, port_id: &str, mac: &str, ip: &str, bridge: &str) -> KuryrPort {
+fn ovs_kuryrport(
+    name: &str,
+    uid: &str,
+    node: &str,
+    port_id: &str,
+    mac: &str,
+    ip: &str,
+    bridge: &str,
+) -> KuryrPort {
     let mut base = VifBase::new(port_id, "ovs");
     base.address = Some(mac.into());
     base.active = true;
@@ -307,9 +349,7 @@ fn ovs_kuryrport(name: &str, uid: &str, node: &str, port_id: &str, mac: &str, ip
         },
     );
     kp.metadata.namespace = Some("default".into());
-    kp.metadata.labels = Some(
-        [(kuryr_crds::names::labels::NODE_NAME.to_string(), node.to_string())].into(),
-    );
+    kp.metadata.labels = Some([(kuryr_crds::names::labels::NODE_NAME.to_string(), node.to_string())].into());
     kp.status = Some(KuryrPortStatus {
         vifs: [("eth0".to_string(), KuryrPortVif::new(true, vif))].into(),
     });
@@ -330,7 +370,11 @@ async fn daemon_http_add_del_with_ovs_vifs() {
         return;
     }
     let dp = vsctl(&db, &["get", "Bridge", "br-int", "datapath_type"]);
-    assert_eq!(dp.trim(), "netdev", "scripts/ovs-userspace.sh makes br-int a netdev bridge");
+    assert_eq!(
+        dp.trim(),
+        "netdev",
+        "scripts/ovs-userspace.sh makes br-int a netdev bridge"
+    );
     let node = unique("kovn");
     let mut cfg = DaemonConfig::new(node.clone());
     cfg.bind_address = "127.0.0.1:0".parse().unwrap();
@@ -346,8 +390,18 @@ async fn daemon_http_add_del_with_ovs_vifs() {
     let http = reqwest::Client::new();
 
     let pods = [
-        ("ovs-web", "fa:16:3e:00:43:01", "10.74.0.21", TestNetns::new("kovw")),
-        ("ovs-db", "fa:16:3e:00:43:02", "10.74.0.22", TestNetns::new("kovd")),
+        (
+            "ovs-web",
+            "fa:16:3e:00:43:01",
+            "10.74.0.21",
+            TestNetns::new("kovw"),
+        ),
+        (
+            "ovs-db",
+            "fa:16:3e:00:43:02",
+            "10.74.0.22",
+            TestNetns::new("kovd"),
+        ),
     ];
     let mut taps = Vec::new();
     for (i, (name, mac, ip, ns)) in pods.iter().enumerate() {
@@ -375,7 +429,7 @@ async fn daemon_http_add_del_with_ovs_vifs() {
         assert_eq!(ids["vm-uuid"], json!(uid), "{ids:?}");
         assert_eq!(vsctl(&db, &["port-to-br", &tap]).trim(), "br-int");
     }
-    tcp_reachable(&pods[0].3.name, &pods[1].3.name, "10.74.0.22".parse().unwrap()).unwrap();
+    tcp_ok(&pods[0].3, &pods[1].3, "10.74.0.22").await;
 
     for ((name, _, _, ns), (tap, _, uid)) in pods.iter().zip(&taps) {
         let r = http

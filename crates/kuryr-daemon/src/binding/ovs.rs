@@ -108,14 +108,25 @@ impl OvsProbe {
     /// owner (the Neutron agent) chose.
     pub async fn create_bridge(&self, bridge: &str, datapath_type: &str) -> Result<(), BindingError> {
         let dp = format!("datapath_type={datapath_type}");
-        self.vsctl(&["--may-exist", "add-br", bridge, "--", "set", "Bridge", bridge, dp.as_str()])
-            .await
-            .map(drop)
+        self.vsctl(&[
+            "--may-exist",
+            "add-br",
+            bridge,
+            "--",
+            "set",
+            "Bridge",
+            bridge,
+            dp.as_str(),
+        ])
+        .await
+        .map(drop)
     }
 
     /// The OVS interface's error column (empty when vswitchd attached it).
     pub async fn interface_error(&self, iface: &str) -> Result<String, BindingError> {
-        let e = self.vsctl(&["--if-exists", "get", "Interface", iface, "error"]).await?;
+        let e = self
+            .vsctl(&["--if-exists", "get", "Interface", iface, "error"])
+            .await?;
         Ok(unquote(e.trim()).to_string())
     }
 }

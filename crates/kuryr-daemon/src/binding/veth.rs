@@ -199,7 +199,15 @@ impl OvsDriver {
             format!("external-ids:vm-uuid={}", target.pod_uid),
         ];
         let mut args: Vec<&str> = vec![
-            "--", "--may-exist", "add-port", bridge, iface, "--", "set", "Interface", iface,
+            "--",
+            "--may-exist",
+            "add-port",
+            bridge,
+            iface,
+            "--",
+            "set",
+            "Interface",
+            iface,
         ];
         args.extend(ids.iter().map(String::as_str));
         probe.vsctl(&args).await?;
