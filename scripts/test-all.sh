@@ -87,7 +87,7 @@ cargo run -q -p kuryr -- crds --check deploy/crds
 
 step "cargo test --workspace (KURYR_TEST_NEUTRON_URL=$KURYR_TEST_NEUTRON_URL KURYR_TEST_OVS_DB=$KURYR_TEST_OVS_DB)"
 set +e
-cargo test --workspace "$@" 2>&1 | tee "$LOG_DIR/cargo-test.log"
+cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$LOG_DIR/cargo-test.log"
 rc=${PIPESTATUS[0]}
 set -e
 
