@@ -71,6 +71,25 @@ fn list(v: &[&str]) -> Vec<String> {
 // Driver and other enumerated names (the spellings upstream registers as entry points).
 
 choice_enum! {
+    /// `[binding] ovs_plug_mode` (kuryr-rs): how the CNI daemon plugs VIFOpenVSwitch VIFs.
+    pub enum OvsPlugMode {
+        /// veth on the OVS bridge with Neutron's external-ids (what the OVS agent expects).
+        Ovs = "ovs",
+        /// veth on a Linux bridge named like the VIF's OVS bridge (hosts without OVS; no
+        /// agent flows or security groups apply).
+        LinuxBridge = "linux_bridge",
+    }
+}
+
+choice_enum! {
+    /// `[binding] ovs_datapath_type` (kuryr-rs): datapath of an OVS bridge the daemon creates.
+    pub enum OvsDatapathType {
+        System = "system",
+        Netdev = "netdev",
+    }
+}
+
+choice_enum! {
     /// `[kubernetes] pod_vif_driver`
     pub enum PodVifDriver {
         NeutronVif = "neutron-vif",
@@ -398,6 +417,13 @@ config_section! {
         enabled_drivers: Vec<String> = list(&["kuryr.lib.binding.drivers.veth"]),
         /// Host interface the nested drivers put VLAN/macvlan devices on.
         link_iface: String = String::new(),
+        /// kuryr-rs: OVSDB the CNI daemon talks to (`unix:/path/db.sock` or `tcp:host:port`);
+        /// unset = ovs-vsctl's default socket.
+        ovs_db: Option<String> = None,
+        /// kuryr-rs: datapath of an OVS bridge the daemon has to create itself.
+        ovs_datapath_type: OvsDatapathType = OvsDatapathType::System,
+        /// kuryr-rs: how VIFOpenVSwitch VIFs are plugged on this node.
+        ovs_plug_mode: OvsPlugMode = OvsPlugMode::Ovs,
     }
 }
 

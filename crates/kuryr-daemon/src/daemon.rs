@@ -60,7 +60,8 @@ impl DaemonConfig {
     /// Settings from `kuryr.conf`: `[cni_daemon]` (bind_address,
     /// vif_annotation_timeout, netns_proc_dir), `[cni_health_server] port`,
     /// `[prometheus_exporter] cni_exporter_port`, `[binding] link_iface`,
-    /// `[neutron_defaults] ovs_bridge`. Health and metrics listen on all
+    /// `[neutron_defaults] ovs_bridge`, `[binding] ovs_db/ovs_datapath_type/ovs_plug_mode`,
+    /// `[sriov] physical_device_mappings`. Health and metrics listen on all
     /// addresses, as upstream's.
     pub fn from_kuryr_config(cfg: &kuryr_config::KuryrConfig, node_name: impl Into<String>) -> Self {
         let mut out = Self::new(node_name);
@@ -72,6 +73,12 @@ impl DaemonConfig {
         out.binding.link_iface = Some(cfg.binding.link_iface.clone()).filter(|s| !s.is_empty());
         out.binding.ovs_bridge = cfg.neutron_defaults.ovs_bridge.clone();
         out.binding.ovs_timeout_secs = u32::try_from(cfg.cni_daemon.pyroute2_timeout).unwrap_or(u32::MAX);
+        out.binding.ovs_db = cfg.binding.ovs_db.clone().filter(|s| !s.is_empty());
+        out.binding.ovs_datapath_type = cfg.binding.ovs_datapath_type.as_str().to_string();
+        out.binding.ovs_plug = match cfg.binding.ovs_plug_mode {
+            kuryr_config::OvsPlugMode::Ovs => crate::binding::OvsPlugMode::OpenVSwitch,
+            kuryr_config::OvsPlugMode::LinuxBridge => crate::binding::OvsPlugMode::LinuxBridge,
+        };
         match crate::binding::SriovConfig::parse_mappings(&cfg.sriov.physical_device_mappings) {
             Ok(m) => out.binding.sriov.physnet_pfs = m,
             // Only SR-IOV ADDs depend on it: they fail naming the physnet.
@@ -685,5 +692,19 @@ mod tests {
                 .link_iface,
             None
         );
+    }
+
+    #[test]
+    fn config_from_kuryr_conf_ovs_options() {
+        let ini = "[binding]\novs_db = unix:/run/ovs/db.sock\novs_datapath_type = netdev\novs_plug_mode = linux_bridge\n";
+        let k = kuryr_config::KuryrConfig::from_ini_str(ini)
+            .expect("loads")
+            .config;
+        let c = DaemonConfig::from_kuryr_config(&k, "n1");
+        assert_eq!(c.binding.ovs_db.as_deref(), Some("unix:/run/ovs/db.sock"));
+        assert_eq!(c.binding.ovs_datapath_type, "netdev");
+        assert_eq!(c.binding.ovs_plug, crate::binding::OvsPlugMode::LinuxBridge);
+        let bad = kuryr_config::KuryrConfig::from_ini_str("[binding]\novs_plug_mode = vpp\n");
+        assert!(bad.is_err_and(|e| e.to_string().contains("ovs_plug_mode")));
     }
 }
