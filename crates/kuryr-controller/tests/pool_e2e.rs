@@ -64,8 +64,7 @@ async fn first_pod_fills_the_pool_second_hits_and_a_restart_recovers_it() -> Res
         })
         .await?;
 
-        ctrl.stop.cancel();
-        ctrl.task.await?;
+        ctrl.shutdown().await?;
         let ctrl = start_controller(&kube.client, &target, config(&bed.ini), "c2");
         create_pod(&kube.client, "demo", "pod-2", NODES[0], json!({})).await?;
         let used_after = wait_active_ports(&kube.client, "demo", 3).await?;
@@ -90,8 +89,7 @@ async fn first_pod_fills_the_pool_second_hits_and_a_restart_recovers_it() -> Res
             "{}: {pools:?}",
             target.name
         );
-        ctrl.stop.cancel();
-        ctrl.task.await?;
+        ctrl.shutdown().await?;
         cleanup_project(neutron, &fx.project).await;
         eprintln!("pool_e2e[{}]: 5 ports for 3 pods across a restart", target.name);
     }
@@ -167,8 +165,7 @@ async fn released_ports_are_recycled_up_to_max() -> Result<()> {
             assert_eq!(port.device_id, "");
             assert_eq!(port.security_groups, vec![fx.sg.clone()]);
         }
-        ctrl.stop.cancel();
-        ctrl.task.await?;
+        ctrl.shutdown().await?;
         cleanup_project(neutron, &fx.project).await;
         eprintln!("pool_e2e[{}]: 3 pods released, 2 spare ports kept", target.name);
     }
@@ -217,8 +214,7 @@ async fn idle_ports_above_min_expire_after_the_ttl() -> Result<()> {
             "{}: min is kept",
             target.name
         );
-        ctrl.stop.cancel();
-        ctrl.task.await?;
+        ctrl.shutdown().await?;
         cleanup_project(neutron, &fx.project).await;
         eprintln!("pool_e2e[{}]: 3 idle ports expired down to min", target.name);
     }
@@ -274,8 +270,7 @@ async fn kuryrportpool_objects_follow_the_pools() -> Result<()> {
         );
 
         // A restart with other limits writes them back to the existing object.
-        ctrl.stop.cancel();
-        ctrl.task.await?;
+        ctrl.shutdown().await?;
         // An object left by an earlier configuration, naming a pool with no port at all.
         let stale = KuryrPortPool::for_key(
             CONTROLLER_NS,
@@ -356,8 +351,7 @@ async fn kuryrportpool_objects_follow_the_pools() -> Result<()> {
             Ok(kuryr_ports(neutron, &fx.project).await?.is_empty().then_some(()))
         })
         .await?;
-        ctrl.stop.cancel();
-        ctrl.task.await?;
+        ctrl.shutdown().await?;
         cleanup_project(neutron, &fx.project).await;
     }
     Ok(())

@@ -223,13 +223,17 @@ async fn released_ports_recycle_up_to_max() {
             for pod in ["a", "b", "c"] {
                 used.push(request(&d, &lab, pod).await);
             }
-            assert_eq!(lab.ports().await.len(), 3, "max bounds spare ports, never a pod");
+            // Batches of 2: a and b drain the first, c takes one of the second. `max` bounds the
+            // spare ports (one here), never the ports pods use.
+            assert_eq!(lab.ports().await.len(), 4, "three in use plus one spare");
+            let pool = d.snapshot(&lab.key()).unwrap();
+            assert_eq!((pool.available, pool.in_use), (1, 3));
             for (vif, origin) in &used {
                 d.release_vif(vif, origin).await.unwrap();
             }
-            assert_eq!(lab.ports().await.len(), 3, "release deletes nothing by itself");
+            assert_eq!(lab.ports().await.len(), 4, "release deletes nothing by itself");
             let deleted = d.maintain().await;
-            assert_eq!(deleted, 1);
+            assert_eq!(deleted, 2, "one spare plus one recycled reach max; the rest go");
             let ports = lab.ports().await;
             assert_eq!(ports.len(), 2, "exactly max spare ports after one update pass");
             for p in &ports {

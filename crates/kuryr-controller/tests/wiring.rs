@@ -217,7 +217,7 @@ async fn quota_and_bad_annotation_produce_events_while_others_are_wired() -> Res
             .filter(|kp| kp.status.as_ref().is_some_and(|s| !s.vifs.is_empty()))
             .count();
         assert_eq!(wired, 2, "{}", target.name);
-        assert!(!ctrl.task.is_finished());
+        assert!(!ctrl.is_finished());
         ctrl.stop.cancel();
         let _ = neutron.reset_quota(&tight).await;
         cleanup_project(neutron, &tight).await;

@@ -276,7 +276,7 @@ async fn additional_subnets_pod_has_eth0_eth1_eth2_and_leaves_nothing() -> Resul
         let _ctrl = start_controller(&kube.client, &target, cfg);
         create_namespace(&kube.client, NS).await?;
         let nodes = two_nodes(&kube).await?;
-        let extra = json!([fx.subnets[1].1, fx.subnets[2].1]).to_string();
+        let extra = json!([fx.subnets[1].subnet, fx.subnets[2].subnet]).to_string();
         let pod = wire_pod(
             &kube,
             &target,
@@ -290,11 +290,11 @@ async fn additional_subnets_pod_has_eth0_eth1_eth2_and_leaves_nothing() -> Resul
         ensure!(names == ["eth0", "eth1", "eth2"], "interfaces {names:?}");
         // Each interface on its own subnet, in that order.
         for (i, (ifname, _, ip)) in pod.ports.iter().enumerate() {
-            let prefix = fx.subnets[i].2.trim_end_matches("0/24");
+            let prefix = fx.subnets[i].cidr.trim_end_matches("0/24");
             ensure!(
                 ip.to_string().starts_with(prefix),
                 "{ifname} has {ip}, not in {}",
-                fx.subnets[i].2
+                fx.subnets[i].cidr
             );
         }
         ensure!(

@@ -109,7 +109,7 @@ async fn sriov_pod_without_a_free_vf_fails_cleanly() -> Result<()> {
             let kube = start_kube().await?;
             let extra = format!(
                 "multi_vif_drivers = sriov\n[sriov]\ndefault_physnet_subnets = physnet2:{}\n",
-                fx.subnets[1].1
+                fx.subnets[1].subnet
             );
             let _ctrl = start_controller(&kube.client, &target, controller_config(&fx, &extra));
             create_namespace(&kube.client, NS).await?;

@@ -1,8 +1,7 @@
 //! Test bed: the Kubernetes API emulator, Neutron targets, the controller,
 //! CNI daemons on network-namespace "nodes" and the real `kuryr-cni` binary.
 //!
-//! The Neutron/Kubernetes helpers are copied from the controller's test
-//! support (test support is not shared across crates).
+//! The Neutron/Kubernetes parts come from the shared `kuryr-testbed` crate.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::{IpAddr, SocketAddr};
@@ -12,148 +11,28 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail, ensure};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use anyhow::{Context as _, Result, ensure};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
-use kube::api::{Api, PostParams};
-use kube_emulator::{KubeEmulator, KubeHandle, KubeOptions};
 use kuryr_config::KuryrConfig;
-use kuryr_controller::metrics::Metrics;
-use kuryr_controller::openstack::Deployments;
-use kuryr_controller::service::{ControllerOptions, run};
 use kuryr_daemon::DaemonConfig;
 use kuryr_daemon::binding::OvsPlugMode;
-use kuryr_neutron::{ClientOptions, NeutronClient};
-use neutron_emulator::{AgentHosts, Emulator, EmulatorHandle, EmulatorOptions};
+use kuryr_neutron::NeutronClient;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-/// The real server's fake OVS agent serves exactly these hosts.
-pub const NODES: [&str; 2] = ["k8s-node-1", "k8s-node-2"];
+pub use kuryr_testbed::{
+    Controller, Kube, NODES, NeutronFixture, NeutronTarget, cleanup_project, eventually, init_logs,
+    neutron_targets, start_kube,
+};
+#[allow(unused_imports)]
+pub use kuryr_testbed::{create_pod, create_pod_with};
+
 /// Bridge the controller's VIFs name (`binding:vif_details.bridge_name`).
 pub const BRIDGE: &str = "br-int";
 
-pub fn init_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_test_writer()
-        .try_init();
-}
-
-// ---------------------------------------------------------------- Neutron
-
-pub struct NeutronTarget {
-    pub name: &'static str,
-    pub url: String,
-    pub client: NeutronClient,
-    _emulator: Option<EmulatorHandle>,
-}
-
-/// The emulator always, the real neutron-server when `KURYR_TEST_NEUTRON_URL` is set.
-pub async fn neutron_targets() -> Result<Vec<NeutronTarget>> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut out = vec![];
-    let emu = Emulator::start(EmulatorOptions {
-        active_delay: Duration::from_millis(50),
-        agent_hosts: AgentHosts::Only(NODES.iter().map(|s| s.to_string()).collect()),
-        ..EmulatorOptions::default()
-    })
-    .await?;
-    let url = emu.url();
-    out.push(NeutronTarget {
-        name: "emulator",
-        client: NeutronClient::new(&ClientOptions::noauth(&url))?,
-        url,
-        _emulator: Some(emu),
-    });
-    match std::env::var("KURYR_TEST_NEUTRON_URL") {
-        Ok(url) if !url.is_empty() => out.push(NeutronTarget {
-            name: "neutron-server",
-            client: NeutronClient::new(&ClientOptions::noauth(&url))?,
-            url,
-            _emulator: None,
-        }),
-        _ => eprintln!(
-            "KURYR_TEST_NEUTRON_URL unset: real neutron-server target skipped (scripts/test-all.sh sets it)"
-        ),
-    }
-    Ok(out)
-}
-
-/// One test's Neutron resources: its own project, a network with `cidrs.len()` subnets
-/// (each on its own network), and a security group allowing everything between pods.
-pub struct NeutronFixture {
-    pub project: String,
-    /// (network id, subnet id, cidr) per requested cidr; the first is the pod subnet.
-    pub subnets: Vec<(String, String, String)>,
-    pub sg: String,
-}
-
-impl NeutronFixture {
-    pub fn pod_subnet(&self) -> &str {
-        &self.subnets[0].1
-    }
-}
-
+/// A project with one network + subnet per cidr (the first is the pod subnet).
 pub async fn neutron_fixture(client: &NeutronClient, cidrs: &[&str]) -> Result<NeutronFixture> {
-    let project = format!("kuryr-e2e-{}", uuid::Uuid::new_v4().simple());
-    let mut subnets = Vec::new();
-    for (i, cidr) in cidrs.iter().enumerate() {
-        let net = client
-            .create_network(&kuryr_neutron::NetworkCreate {
-                name: Some(format!("e2e-{i}")),
-                project_id: Some(project.clone()),
-                ..Default::default()
-            })
-            .await?;
-        let subnet = client
-            .create_subnet(&kuryr_neutron::SubnetCreate {
-                network_id: net.id.clone(),
-                ip_version: 4,
-                cidr: Some((*cidr).into()),
-                project_id: Some(project.clone()),
-                name: Some(format!("e2e-{i}")),
-                ..Default::default()
-            })
-            .await?;
-        subnets.push((net.id, subnet.id, (*cidr).to_string()));
-    }
-    let sg = client
-        .create_security_group(&kuryr_neutron::SecurityGroupCreate {
-            name: "pods".into(),
-            project_id: Some(project.clone()),
-            ..Default::default()
-        })
-        .await?;
-    Ok(NeutronFixture {
-        project,
-        subnets,
-        sg: sg.id,
-    })
-}
-
-/// Removes whatever a test left in its project (ports, networks, groups).
-pub async fn cleanup_project(client: &NeutronClient, project: &str) {
-    use kuryr_neutron::ListFilter;
-    let f = || ListFilter::new().project_id(project);
-    if let Ok(ports) = client.list_ports(&f()).await {
-        for p in ports {
-            let _ = client.delete_port(&p.id).await;
-        }
-    }
-    if let Ok(nets) = client.list_networks(&f()).await {
-        for n in nets {
-            let _ = client.delete_network(&n.id).await;
-        }
-    }
-    if let Ok(sgs) = client.list_security_groups(&f()).await {
-        for s in sgs {
-            if s.name != "default" {
-                let _ = client.delete_security_group(&s.id).await;
-            }
-        }
-    }
+    kuryr_testbed::neutron_fixture_subnets(client, cidrs).await
 }
 
 /// Ports of the project that kuryr-rs created for pods.
@@ -164,124 +43,25 @@ pub async fn pod_ports(client: &NeutronClient, project: &str) -> Result<Vec<kury
     Ok(client.list_ports(&f).await?)
 }
 
-// ------------------------------------------------------- Kubernetes + controller
-
-pub struct Kube {
-    pub handle: KubeHandle,
-    pub client: Client,
-}
-
-pub async fn start_kube() -> Result<Kube> {
-    let handle = KubeEmulator::start(KubeOptions {
-        nodes: NODES.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    })
-    .await?;
-    let client = Client::try_from(kube::Config::new(handle.url().parse()?))?;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in kuryr_crds::generate::crds() {
-        crds.create(&PostParams::default(), &crd)
-            .await
-            .context("apply CRD")?;
-    }
-    Ok(Kube { handle, client })
-}
-
 /// Bare-metal controller config: `neutron-vif`, no pool, `extra` lines in `[kubernetes]`.
 pub fn controller_config(fx: &NeutronFixture, extra: &str) -> Arc<KuryrConfig> {
-    let ini = format!(
+    kuryr_testbed::config(&format!(
         "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_vif_driver = neutron-vif\nvif_pool_driver = noop\n\
          cluster_id = e2e-{}\n{extra}\n\
          [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\nresource_tags = k8s,e2e\n",
         &fx.project[fx.project.len() - 8..],
         fx.project,
-        fx.pod_subnet(),
+        fx.subnet,
         fx.sg
-    );
-    Arc::new(KuryrConfig::from_ini_str(&ini).expect("test config").config)
-}
-
-/// A running controller; `stop` ends it.
-pub struct Controller {
-    pub stop: CancellationToken,
-    pub task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
+    ))
 }
 
 pub fn start_controller(kube: &Client, neutron: &NeutronTarget, cfg: Arc<KuryrConfig>) -> Controller {
-    let metrics = Metrics::new();
-    let deployments = Deployments::noauth(&neutron.url, &metrics).expect("neutron client");
-    let mut opts = ControllerOptions::new(cfg, kube.clone(), deployments, metrics);
-    opts.health_addr = None;
-    opts.metrics_addr = None;
-    opts.identity = "e2e".into();
-    let stop = CancellationToken::new();
-    let s = stop.clone();
-    let task = tokio::spawn(async move {
-        if let Err(e) = run(opts, s).await {
-            panic!("controller failed: {e}");
-        }
-    });
-    Controller { stop, task }
+    kuryr_testbed::start_controller(kube, neutron, cfg, "e2e")
 }
 
 pub async fn create_namespace(kube: &Client, name: &str) -> Result<()> {
-    let ns: Namespace = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
-    }))?;
-    Api::<Namespace>::all(kube.clone())
-        .create(&PostParams::default(), &ns)
-        .await?;
-    Ok(())
-}
-
-pub async fn create_pod(kube: &Client, ns: &str, name: &str, node: &str, annotations: Value) -> Result<Pod> {
-    create_pod_with(kube, ns, name, node, annotations, json!({})).await
-}
-
-/// A pod whose container asks for `resources` (`{"requests": .., "limits": ..}`).
-pub async fn create_pod_with(
-    kube: &Client,
-    ns: &str,
-    name: &str,
-    node: &str,
-    annotations: Value,
-    resources: Value,
-) -> Result<Pod> {
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns, "annotations": annotations},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox", "resources": resources}]}
-    }))?;
-    Ok(Api::<Pod>::namespaced(kube.clone(), ns)
-        .create(&PostParams::default(), &pod)
-        .await?)
-}
-
-/// Polls `f` until it returns Some or the deadline passes.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut last_err = None;
-    loop {
-        match f().await {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last_err = Some(e),
-        }
-        if tokio::time::Instant::now() > deadline {
-            bail!("timed out waiting for {what} (last error: {last_err:?})");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    kuryr_testbed::create_namespace(kube, name, json!({})).await
 }
 
 // ---------------------------------------------------------------- namespaces

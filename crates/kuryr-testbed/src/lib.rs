@@ -1,0 +1,323 @@
+//! Test only: the test bed shared by the controller's integration tests and the end-to-end tests.
+//! The Kubernetes API emulator with the CRDs applied, the Neutron targets (the in-repo emulator
+//! always, the real neutron-server when `KURYR_TEST_NEUTRON_URL` is set), per-test Neutron
+//! fixtures, in-process controllers and polling helpers.
+#![allow(clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube_emulator::{KubeEmulator, KubeHandle, KubeOptions};
+use kuryr_config::KuryrConfig;
+use kuryr_controller::metrics::Metrics;
+use kuryr_controller::openstack::Deployments;
+use kuryr_controller::service::{ControllerOptions, run};
+use kuryr_neutron::{ClientOptions, ListFilter, NeutronClient};
+use neutron_emulator::{AgentHosts, Emulator, EmulatorHandle, EmulatorOptions};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// The real server's fake OVS agent serves exactly these hosts.
+pub const NODES: [&str; 2] = ["k8s-node-1", "k8s-node-2"];
+
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_test_writer()
+        .try_init();
+}
+
+/// One Neutron to run against.
+pub struct NeutronTarget {
+    pub name: &'static str,
+    pub url: String,
+    pub client: NeutronClient,
+    _emulator: Option<EmulatorHandle>,
+}
+
+/// Every target available here: the emulator, and the real server when configured.
+pub async fn neutron_targets() -> Result<Vec<NeutronTarget>> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut out = vec![];
+    let emu = Emulator::start(EmulatorOptions {
+        active_delay: Duration::from_millis(50),
+        agent_hosts: AgentHosts::Only(NODES.iter().map(|s| s.to_string()).collect()),
+        ..EmulatorOptions::default()
+    })
+    .await?;
+    let url = emu.url();
+    out.push(NeutronTarget {
+        name: "emulator",
+        client: NeutronClient::new(&ClientOptions::noauth(&url))?,
+        url,
+        _emulator: Some(emu),
+    });
+    match std::env::var("KURYR_TEST_NEUTRON_URL") {
+        Ok(url) if !url.is_empty() => out.push(NeutronTarget {
+            name: "neutron-server",
+            client: NeutronClient::new(&ClientOptions::noauth(&url))?,
+            url,
+            _emulator: None,
+        }),
+        _ => eprintln!(
+            "KURYR_TEST_NEUTRON_URL unset: real neutron-server target skipped (scripts/test-all.sh sets it)"
+        ),
+    }
+    Ok(out)
+}
+
+pub struct Kube {
+    pub handle: KubeHandle,
+    pub client: Client,
+}
+
+/// The Kubernetes API emulator with the two nodes and every kuryr CRD.
+pub async fn start_kube() -> Result<Kube> {
+    let handle = KubeEmulator::start(KubeOptions {
+        nodes: NODES.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    })
+    .await?;
+    let client = Client::try_from(kube::Config::new(handle.url().parse()?))?;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in kuryr_crds::generate::crds() {
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .context("apply CRD")?;
+    }
+    Ok(Kube { handle, client })
+}
+
+/// One network with one subnet.
+#[derive(Clone, Debug)]
+pub struct SubnetFixture {
+    pub network: String,
+    pub subnet: String,
+    pub cidr: String,
+}
+
+/// Neutron resources of one test: its own project, networks and a security group. `network`,
+/// `subnet` and `cidr` are the first (pod) subnet's.
+pub struct NeutronFixture {
+    pub project: String,
+    pub network: String,
+    pub subnet: String,
+    pub cidr: String,
+    pub sg: String,
+    pub subnets: Vec<SubnetFixture>,
+}
+
+/// A fixture with one pod subnet.
+pub async fn neutron_fixture(client: &NeutronClient, cidr: &str) -> Result<NeutronFixture> {
+    neutron_fixture_subnets(client, &[cidr]).await
+}
+
+/// A fixture with one network + subnet per cidr (the first is the pod subnet).
+pub async fn neutron_fixture_subnets(client: &NeutronClient, cidrs: &[&str]) -> Result<NeutronFixture> {
+    let project = format!("kuryr-test-{}", uuid::Uuid::new_v4().simple());
+    let mut subnets = Vec::new();
+    for (i, cidr) in cidrs.iter().enumerate() {
+        let net = client
+            .create_network(&kuryr_neutron::NetworkCreate {
+                name: Some(format!("pods-{i}")),
+                project_id: Some(project.clone()),
+                ..Default::default()
+            })
+            .await?;
+        let subnet = client
+            .create_subnet(&kuryr_neutron::SubnetCreate {
+                network_id: net.id.clone(),
+                ip_version: 4,
+                cidr: Some((*cidr).into()),
+                project_id: Some(project.clone()),
+                name: Some(format!("pods-{i}")),
+                ..Default::default()
+            })
+            .await?;
+        subnets.push(SubnetFixture {
+            network: net.id,
+            subnet: subnet.id,
+            cidr: (*cidr).to_string(),
+        });
+    }
+    let sg = client
+        .create_security_group(&kuryr_neutron::SecurityGroupCreate {
+            name: "pods".into(),
+            project_id: Some(project.clone()),
+            ..Default::default()
+        })
+        .await?;
+    let first = subnets.first().cloned().context("at least one cidr")?;
+    Ok(NeutronFixture {
+        project,
+        network: first.network,
+        subnet: first.subnet,
+        cidr: first.cidr,
+        sg: sg.id,
+        subnets,
+    })
+}
+
+/// Removes whatever a test left in its project (trunks, ports, networks, groups).
+pub async fn cleanup_project(client: &NeutronClient, project: &str) {
+    let f = || ListFilter::new().project_id(project);
+    if let Ok(trunks) = client.list_trunks(&f()).await {
+        for t in trunks {
+            let _ = client.delete_trunk(&t.id).await;
+        }
+    }
+    if let Ok(ports) = client.list_ports(&f()).await {
+        for p in ports {
+            let _ = client.delete_port(&p.id).await;
+        }
+    }
+    if let Ok(nets) = client.list_networks(&f()).await {
+        for n in nets {
+            let _ = client.delete_network(&n.id).await;
+        }
+    }
+    if let Ok(sgs) = client.list_security_groups(&f()).await {
+        for s in sgs {
+            if s.name != "default" {
+                let _ = client.delete_security_group(&s.id).await;
+            }
+        }
+    }
+}
+
+/// A `kuryr.conf` from text (panics on a bad test config).
+pub fn config(ini: &str) -> Arc<KuryrConfig> {
+    Arc::new(KuryrConfig::from_ini_str(ini).expect("test config").config)
+}
+
+/// A controller running in this process; dropping it stops it.
+pub struct Controller {
+    pub stop: CancellationToken,
+    pub metrics: Metrics,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Controller {
+    /// Stops it abruptly: its task (and with it every task it owns) is aborted, no lease is
+    /// handed over and nothing is flushed.
+    pub fn kill(mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+
+    /// Graceful stop: cancel and wait for the controller to finish.
+    pub async fn shutdown(mut self) -> Result<()> {
+        self.stop.cancel();
+        if let Some(t) = self.task.take() {
+            t.await?;
+        }
+        Ok(())
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.task.as_ref().is_none_or(|t| t.is_finished())
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        if self.task.is_some() {
+            self.stop.cancel();
+        }
+    }
+}
+
+pub fn start_controller(
+    kube: &Client,
+    neutron: &NeutronTarget,
+    cfg: Arc<KuryrConfig>,
+    identity: &str,
+) -> Controller {
+    let metrics = Metrics::new();
+    let deployments = Deployments::noauth(&neutron.url, &metrics).expect("neutron client");
+    let mut opts = ControllerOptions::new(cfg, kube.clone(), deployments, metrics.clone());
+    opts.health_addr = None;
+    opts.metrics_addr = None;
+    opts.identity = identity.to_string();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    let task = tokio::spawn(async move {
+        if let Err(e) = run(opts, s).await {
+            panic!("controller failed: {e}");
+        }
+    });
+    Controller {
+        stop,
+        metrics,
+        task: Some(task),
+    }
+}
+
+pub async fn create_namespace(kube: &Client, name: &str, annotations: Value) -> Result<()> {
+    let ns: Namespace = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": name, "annotations": annotations}
+    }))?;
+    Api::<Namespace>::all(kube.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    Ok(())
+}
+
+pub async fn create_pod(kube: &Client, ns: &str, name: &str, node: &str, annotations: Value) -> Result<Pod> {
+    create_pod_with(kube, ns, name, node, annotations, json!({})).await
+}
+
+/// A pod whose container asks for `resources` (`{"requests": .., "limits": ..}`).
+pub async fn create_pod_with(
+    kube: &Client,
+    ns: &str,
+    name: &str,
+    node: &str,
+    annotations: Value,
+    resources: Value,
+) -> Result<Pod> {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "annotations": annotations},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox", "resources": resources}]}
+    }))?;
+    Ok(Api::<Pod>::namespaced(kube.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await?)
+}
+
+pub async fn set_node_ip(kube: &Client, node: &str, ip: &str) -> Result<()> {
+    let api: Api<Node> = Api::all(kube.clone());
+    let patch = json!({"status": {"addresses": [{"type": "InternalIP", "address": ip}]}});
+    api.patch_status(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Polls `f` until it returns Some or the deadline passes.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last_err = None;
+    loop {
+        match f().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("timed out waiting for {what} (last error: {last_err:?})");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
