@@ -3,8 +3,8 @@
 //!
 //! `cargo bench -p kube-emulator --bench kube-emulator-bench` (env: PODS, WATCHERS, CONCURRENCY).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -51,7 +51,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?
         .error_for_status()?;
 
-    let sent: Arc<Mutex<HashMap<usize, Instant>>> = Arc::new(Mutex::new(HashMap::with_capacity(pods)));
+    // Send time of pod i in ns since `t0` (0 = not sent yet): lock-free so 100 watchers reading
+    // it measure the server, not contention in the benchmark itself.
+    let t0 = Instant::now();
+    let sent: Arc<Vec<AtomicU64>> = Arc::new((0..pods).map(|_| AtomicU64::new(0)).collect());
     let start_rv = handle.store().resource_version();
     let mut watch_tasks = Vec::new();
     for _ in 0..watchers {
@@ -72,16 +75,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 else {
                     break;
                 };
-                let received = Instant::now();
+                let received = t0.elapsed().as_nanos() as u64;
                 buf.extend_from_slice(&chunk);
-                while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
-                    let line: Vec<u8> = buf.drain(..=nl).collect();
-                    if let Some(i) = pod_index(&line)
-                        && let Some(t) = sent.lock().unwrap_or_else(|e| e.into_inner()).get(&i)
-                    {
-                        latencies.push(received.duration_since(*t));
+                let mut start = 0;
+                while let Some(nl) = buf[start..].iter().position(|b| *b == b'\n') {
+                    let line = &buf[start..start + nl];
+                    start += nl + 1;
+                    if let Some(t) = pod_index(line).and_then(|i| sent.get(i)) {
+                        let t = t.load(Ordering::Acquire);
+                        if t > 0 {
+                            latencies.push(Duration::from_nanos(received.saturating_sub(t)));
+                        }
                     }
                 }
+                buf.drain(..start);
             }
             latencies
         }));
@@ -95,12 +102,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         creators.push(tokio::spawn(async move {
             let mut failures = 0usize;
             loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= pods {
                     break;
                 }
                 let body = json!({"metadata": {"name": format!("p-{i}"), "labels": {"app": "bench"}}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}});
-                sent.lock().unwrap_or_else(|e| e.into_inner()).insert(i, Instant::now());
+                sent[i].store(t0.elapsed().as_nanos().max(1) as u64, Ordering::Release);
                 match http.post(format!("{url}/api/v1/namespaces/bench/pods")).json(&body).send().await {
                     Ok(r) if r.status().is_success() => {}
                     _ => failures += 1,

@@ -13,6 +13,7 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
+use bytes::BytesMut;
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
@@ -708,6 +709,9 @@ impl WatchFilter {
     }
 }
 
+/// Upper bound of one watch chunk assembled from already-queued events.
+const WATCH_BATCH_BYTES: usize = 64 * 1024;
+
 fn watch_response(
     app: &Arc<App>,
     def: Arc<ResourceDef>,
@@ -772,20 +776,42 @@ fn watch_response(
                         return;
                     }
                 }
-                ev = start.rx.recv() => match ev {
-                    Ok(ev) => {
-                        if ev.rv <= last_rv {
-                            continue;
+                ev = start.rx.recv() => {
+                    // Under load, send what is already queued as one chunk: one wake-up and one
+                    // HTTP frame per batch instead of per event keeps fan-out to many watchers cheap.
+                    let mut batch = BytesMut::new();
+                    let mut next = ev;
+                    loop {
+                        match next {
+                            Ok(ev) => {
+                                if ev.rv > last_rv {
+                                    last_rv = ev.rv;
+                                    if let Some(line) = filter.render(&ev) {
+                                        batch.extend_from_slice(&line);
+                                    }
+                                }
+                            }
+                            // A watcher that fell behind is closed; the client resumes from its last rv.
+                            Err(broadcast::error::RecvError::Lagged(_)) | Err(broadcast::error::RecvError::Closed) => {
+                                if !batch.is_empty() {
+                                    let _ = tx.send(Ok(batch.freeze())).await;
+                                }
+                                return;
+                            }
                         }
-                        last_rv = ev.rv;
-                        if let Some(line) = filter.render(&ev)
-                            && tx.send(Ok(line)).await.is_err()
-                        {
-                            return;
+                        if batch.len() >= WATCH_BATCH_BYTES {
+                            break;
                         }
+                        next = match start.rx.try_recv() {
+                            Ok(ev) => Ok(ev),
+                            Err(broadcast::error::TryRecvError::Empty) => break,
+                            Err(broadcast::error::TryRecvError::Lagged(n)) => Err(broadcast::error::RecvError::Lagged(n)),
+                            Err(broadcast::error::TryRecvError::Closed) => Err(broadcast::error::RecvError::Closed),
+                        };
                     }
-                    // A watcher that fell behind is closed; the client resumes from its last rv.
-                    Err(broadcast::error::RecvError::Lagged(_)) | Err(broadcast::error::RecvError::Closed) => return,
+                    if !batch.is_empty() && tx.send(Ok(batch.freeze())).await.is_err() {
+                        return;
+                    }
                 }
             }
         }

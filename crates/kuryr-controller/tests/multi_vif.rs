@@ -54,20 +54,14 @@ async fn extra_subnet(neutron: &NeutronClient, project: &str, name: &str, cidr: 
     Ok(subnet.id)
 }
 
+/// A pod in [`NS`] on the first node.
 async fn create_pod_with(
     kube: &kube::Client,
     name: &str,
     annotations: Value,
     resources: Value,
 ) -> Result<Pod> {
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "annotations": annotations},
-        "spec": {"nodeName": NODES[0], "containers": [{"name": "c", "image": "busybox", "resources": resources}]}
-    }))?;
-    Ok(Api::<Pod>::namespaced(kube.clone(), NS)
-        .create(&PostParams::default(), &pod)
-        .await?)
+    support::create_pod_with(kube, NS, name, NODES[0], annotations, resources).await
 }
 
 async fn create_nad(kube: &kube::Client, ns: &str, name: &str, kuryr_config: Option<Value>) -> Result<()> {
@@ -322,7 +316,7 @@ async fn specific_port_is_used_restored_and_used_again() -> Result<()> {
             assert_eq!(used.device_id, pod.uid().unwrap(), "{}: {round}", target.name);
             assert_eq!(used.device_owner, "compute:kuryr");
             assert_eq!(used.binding_host_id, NODES[0]);
-            assert_eq!(used.name, format!("{NS}/{round}"));
+            assert_eq!(used.name, before.name, "the user's name is kept");
             delete_pod_and_wait(&kube.client, round).await?;
             let after = neutron.get_port(&before.id).await?;
             assert_eq!(
@@ -354,6 +348,83 @@ async fn specific_port_is_used_restored_and_used_again() -> Result<()> {
         ctrl.stop.cancel();
         cleanup_project(neutron, &fx.project).await;
         eprintln!("multi_vif[{}]: spec-port used twice and restored", target.name);
+    }
+    Ok(())
+}
+
+/// A crash between claiming a specific port and recording it in the KuryrPort leaves the port
+/// claimed by the pod. The restarted controller resumes the claim (the port is not "in use" by
+/// someone else) and release restores the port as it was before the first claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_interrupted_specific_port_claim_is_resumed_and_restored() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.42.0.0/24").await?;
+        let sub = extra_subnet(neutron, &fx.project, "spec", "10.43.0.0/24").await?;
+        let net = neutron.get_subnet(&sub).await?.network_id;
+        let mut req = kuryr_neutron::PortCreate::new(net);
+        req.name = Some("precreated".into());
+        req.project_id = Some(fx.project.clone());
+        let before = neutron.create_port(&req).await?;
+        create_namespace(&kube.client, NS, json!({})).await?;
+        let pod = create_pod_with(
+            &kube.client,
+            "resumed",
+            json!({"spec-ports": json!([before.id]).to_string()}),
+            json!({}),
+        )
+        .await?;
+        // What the crashed controller had done: the claim, and nothing recorded yet.
+        let claim = kuryr_neutron::PortUpdate {
+            device_id: pod.uid(),
+            device_owner: Some("compute:kuryr".into()),
+            binding_host_id: Some(NODES[0].into()),
+            ..Default::default()
+        };
+        neutron.update_port(&before.id, &claim).await?;
+        let ctrl = start_controller(&kube.client, &target, config(&multi_config(&fx, None)), "c1");
+        let kp = wired(&kube.client, "resumed", 2).await?;
+        assert_eq!(vif(&kp, "eth1").id(), before.id, "{}", target.name);
+        delete_pod_and_wait(&kube.client, "resumed").await?;
+        let after = neutron.get_port(&before.id).await?;
+        assert_eq!(
+            (
+                &after.name,
+                &after.device_id,
+                &after.device_owner,
+                &after.binding_host_id
+            ),
+            (
+                &before.name,
+                &before.device_id,
+                &before.device_owner,
+                &before.binding_host_id
+            ),
+            "{}: restored as before the claim",
+            target.name
+        );
+        // Another pod's claim is still refused.
+        let mut other = claim.clone();
+        other.device_id = Some("someone-else".into());
+        neutron.update_port(&before.id, &other).await?;
+        create_pod_with(
+            &kube.client,
+            "refused",
+            json!({"spec-ports": json!([before.id]).to_string()}),
+            json!({}),
+        )
+        .await?;
+        let ev = event_for(&kube.client, "refused").await?;
+        assert!(
+            ev.message.as_deref().unwrap_or_default().contains("in use"),
+            "{}: {ev:?}",
+            target.name
+        );
+        ctrl.stop.cancel();
+        cleanup_project(neutron, &fx.project).await;
+        eprintln!("multi_vif[{}]: interrupted spec-port claim resumed", target.name);
     }
     Ok(())
 }

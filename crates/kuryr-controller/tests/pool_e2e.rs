@@ -5,13 +5,12 @@
 
 mod support;
 
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use kube::api::{Api, DeleteParams, ListParams};
 use kuryr_controller::pool::api;
-use kuryr_crds::{KuryrPort, KuryrPortPool};
+use kuryr_crds::KuryrPortPool;
 use serde_json::json;
 use support::*;
 
@@ -219,22 +218,6 @@ async fn idle_ports_above_min_expire_after_the_ttl() -> Result<()> {
         eprintln!("pool_e2e[{}]: 3 idle ports expired down to min", target.name);
     }
     Ok(())
-}
-
-/// KuryrPorts of `ns`: waits for `n` with an active default VIF; returns their port ids.
-async fn wait_active_ports(kube: &kube::Client, ns: &str, n: usize) -> Result<BTreeSet<String>> {
-    let api = Api::<KuryrPort>::namespaced(kube.clone(), ns);
-    eventually(&format!("{n} active KuryrPorts in {ns}"), WAIT, || async {
-        let kps = api.list(&ListParams::default()).await?.items;
-        let ids: BTreeSet<String> = kps
-            .iter()
-            .filter_map(|kp| kp.status.as_ref()?.default_vif())
-            .filter(|(_, v)| v.active())
-            .map(|(_, v)| v.id().to_string())
-            .collect();
-        Ok((kps.len() == n && ids.len() == n).then_some(ids))
-    })
-    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
 use kuryr_crds::{KuryrNetwork, KuryrPort};
-use kuryr_neutron::{ListFilter, PortCreate, PortUpdate, SubnetCreate, SubnetPoolCreate, TrunkCreate};
+use kuryr_neutron::{ListFilter, SubnetPoolCreate};
 use serde_json::json;
 use support::*;
 
@@ -36,58 +36,13 @@ async fn nested_vlan_pods_become_active_subports_with_unique_vlans() -> Result<(
         let kube = start_kube().await?;
         let neutron = &target.client;
         let fx = neutron_fixture(neutron, "10.20.0.0/24").await?;
-        // The VMs' network: one parent port per node, trunk created while unbound, then bound (as Nova does).
-        let vm_net = neutron
-            .create_network(&kuryr_neutron::NetworkCreate {
-                name: Some("vms".into()),
-                project_id: Some(fx.project.clone()),
-                ..Default::default()
-            })
-            .await?;
-        let vm_subnet = neutron
-            .create_subnet(&SubnetCreate {
-                network_id: vm_net.id.clone(),
-                ip_version: 4,
-                cidr: Some("192.168.50.0/24".into()),
-                project_id: Some(fx.project.clone()),
-                ..Default::default()
-            })
-            .await?;
-        let mut trunks = vec![];
-        for node in NODES {
-            let parent = neutron
-                .create_port(&PortCreate {
-                    project_id: Some(fx.project.clone()),
-                    name: Some(format!("vm-{node}")),
-                    ..PortCreate::new(vm_net.id.clone())
-                })
-                .await?;
-            let trunk = neutron
-                .create_trunk(&TrunkCreate {
-                    port_id: parent.id.clone(),
-                    project_id: Some(fx.project.clone()),
-                    ..Default::default()
-                })
-                .await?;
-            neutron
-                .update_port(
-                    &parent.id,
-                    &PortUpdate {
-                        binding_host_id: Some(node.to_string()),
-                        device_owner: Some("compute:nova".into()),
-                        device_id: Some(format!("vm-{node}")),
-                        ..Default::default()
-                    },
-                )
-                .await?;
-            set_node_ip(&kube.client, node, &parent.fixed_ips[0].ip_address).await?;
-            trunks.push(trunk.id);
-        }
+        let vms = vm_trunks(neutron, &kube.client, &fx.project, "192.168.50.0/24").await?;
+        let trunks = vms.trunks.clone();
         let cfg = format!(
             "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_vif_driver = nested-vlan\n\
              [pod_vif_nested]\nworker_nodes_subnets = {}\n\
              [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\n",
-            vm_subnet.id, fx.project, fx.subnet, fx.sg
+            vms.subnet, fx.project, fx.subnet, fx.sg
         );
         let ctrl = start_controller(&kube.client, &target, config(&cfg), "c1");
         create_namespace(&kube.client, "nested", json!({})).await?;

@@ -168,6 +168,20 @@ pub async fn cleanup_project(client: &NeutronClient, project: &str) {
     let f = || ListFilter::new().project_id(project);
     if let Ok(trunks) = client.list_trunks(&f()).await {
         for t in trunks {
+            // Neutron deletes neither a trunk whose parent is bound nor a port that is a subport.
+            if let Ok(subports) = client.get_subports(&t.id).await
+                && !subports.is_empty()
+            {
+                let ids: Vec<&str> = subports.iter().map(|s| s.port_id.as_str()).collect();
+                let _ = client.remove_subports(&t.id, &ids).await;
+            }
+            let unbind = kuryr_neutron::PortUpdate {
+                device_id: Some(String::new()),
+                device_owner: Some(String::new()),
+                binding_host_id: Some(String::new()),
+                ..Default::default()
+            };
+            let _ = client.update_port(&t.port_id, &unbind).await;
             let _ = client.delete_trunk(&t.id).await;
         }
     }
@@ -291,6 +305,81 @@ pub async fn create_pod_with(
     Ok(Api::<Pod>::namespaced(kube.clone(), ns)
         .create(&PostParams::default(), &pod)
         .await?)
+}
+
+/// Nested nodes: a VM network and, per node in [`NODES`], a parent port with a trunk, bound to
+/// the node as Nova does (trunk created while the parent is unbound), and the node's InternalIP
+/// set to the parent's address so the nested drivers find the trunk.
+pub struct VmTrunks {
+    pub network: String,
+    pub subnet: String,
+    /// Trunk ids in [`NODES`] order.
+    pub trunks: Vec<String>,
+}
+
+pub async fn vm_trunks(
+    neutron: &NeutronClient,
+    kube: &Client,
+    project: &str,
+    cidr: &str,
+) -> Result<VmTrunks> {
+    use kuryr_neutron::{NetworkCreate, PortCreate, PortUpdate, SubnetCreate, TrunkCreate};
+    let net = neutron
+        .create_network(&NetworkCreate {
+            name: Some("vms".into()),
+            project_id: Some(project.to_string()),
+            ..Default::default()
+        })
+        .await?;
+    let subnet = neutron
+        .create_subnet(&SubnetCreate {
+            network_id: net.id.clone(),
+            ip_version: 4,
+            cidr: Some(cidr.to_string()),
+            project_id: Some(project.to_string()),
+            ..Default::default()
+        })
+        .await?;
+    let mut trunks = Vec::new();
+    for node in NODES {
+        let parent = neutron
+            .create_port(&PortCreate {
+                project_id: Some(project.to_string()),
+                name: Some(format!("vm-{node}")),
+                ..PortCreate::new(net.id.clone())
+            })
+            .await?;
+        let trunk = neutron
+            .create_trunk(&TrunkCreate {
+                port_id: parent.id.clone(),
+                project_id: Some(project.to_string()),
+                ..Default::default()
+            })
+            .await?;
+        neutron
+            .update_port(
+                &parent.id,
+                &PortUpdate {
+                    binding_host_id: Some(node.to_string()),
+                    device_owner: Some("compute:nova".into()),
+                    device_id: Some(format!("vm-{node}")),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let ip = parent
+            .fixed_ips
+            .first()
+            .map(|f| f.ip_address.clone())
+            .context("trunk parent port without a fixed IP")?;
+        set_node_ip(kube, node, &ip).await?;
+        trunks.push(trunk.id);
+    }
+    Ok(VmTrunks {
+        network: net.id,
+        subnet: subnet.id,
+        trunks,
+    })
 }
 
 pub async fn set_node_ip(kube: &Client, node: &str, ip: &str) -> Result<()> {

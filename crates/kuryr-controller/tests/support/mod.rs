@@ -2,15 +2,18 @@
 //! pool tests need.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
 use kube::Client;
+use kube::api::{Api, ListParams};
 use kuryr_config::KuryrConfig;
 use kuryr_controller::metrics::Metrics;
 use kuryr_controller::openstack::Deployments;
 use kuryr_controller::service::{ControllerOptions, run};
+use kuryr_crds::KuryrPort;
 use kuryr_neutron::NeutronClient;
 pub use kuryr_testbed::*;
 use serde_json::json;
@@ -29,8 +32,32 @@ pub struct PoolBed {
 }
 
 impl PoolBed {
-    /// `vif_pool` is the body of the `[vif_pool]` section.
+    /// Bare metal (`neutron-vif` through the `neutron` pool); `vif_pool` is the body of the
+    /// `[vif_pool]` section.
     pub async fn new(kube: &Kube, fx: &NeutronFixture, vif_pool: &str) -> Result<Self> {
+        Self::with_drivers(kube, fx, "neutron-vif", "neutron", "", vif_pool).await
+    }
+
+    /// Nested VLAN (`nested-vlan` through the `nested` pool) on VMs whose trunk parents are on
+    /// `worker_subnet`.
+    pub async fn nested(
+        kube: &Kube,
+        fx: &NeutronFixture,
+        worker_subnet: &str,
+        vif_pool: &str,
+    ) -> Result<Self> {
+        let nested = format!("[pod_vif_nested]\nworker_nodes_subnets = {worker_subnet}\n");
+        Self::with_drivers(kube, fx, "nested-vlan", "nested", &nested, vif_pool).await
+    }
+
+    async fn with_drivers(
+        kube: &Kube,
+        fx: &NeutronFixture,
+        vif_driver: &str,
+        pool_driver: &str,
+        extra: &str,
+        vif_pool: &str,
+    ) -> Result<Self> {
         match create_namespace(&kube.client, CONTROLLER_NS, json!({})).await {
             Ok(()) => {}
             Err(e) if e.to_string().contains("already exists") => {}
@@ -39,9 +66,9 @@ impl PoolBed {
         let cluster_id = format!("pool-{}", uuid::Uuid::new_v4().simple());
         let socket = std::env::temp_dir().join(format!("{cluster_id}.sock"));
         let ini = format!(
-            "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_vif_driver = neutron-vif\nvif_pool_driver = neutron\n\
+            "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_vif_driver = {vif_driver}\nvif_pool_driver = {pool_driver}\n\
              cluster_id = {cluster_id}\ncontroller_namespace = {CONTROLLER_NS}\nenable_manager = true\n\
-             [pool_manager]\nsock_file = {}\n[vif_pool]\n{vif_pool}\n\
+             [pool_manager]\nsock_file = {}\n[vif_pool]\n{vif_pool}\n{extra}\
              [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\nresource_tags = k8s,test\n",
             socket.display(),
             fx.project,
@@ -144,4 +171,24 @@ impl Drop for IsolatedController {
             rt.shutdown_background();
         }
     }
+}
+
+/// Waits for exactly `n` KuryrPorts in `ns`, all with an active default VIF; their port ids.
+pub async fn wait_active_ports(kube: &kube::Client, ns: &str, n: usize) -> Result<BTreeSet<String>> {
+    let api = Api::<KuryrPort>::namespaced(kube.clone(), ns);
+    eventually(
+        &format!("{n} active KuryrPorts in {ns}"),
+        Duration::from_secs(120),
+        || async {
+            let kps = api.list(&ListParams::default()).await?.items;
+            let ids: BTreeSet<String> = kps
+                .iter()
+                .filter_map(|kp| kp.status.as_ref()?.default_vif())
+                .filter(|(_, v)| v.active())
+                .map(|(_, v)| v.id().to_string())
+                .collect();
+            Ok((kps.len() == n && ids.len() == n).then_some(ids))
+        },
+    )
+    .await
 }

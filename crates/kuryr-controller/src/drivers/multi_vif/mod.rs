@@ -104,6 +104,8 @@ pub enum PortSource {
         network: Arc<NetworkInfo>,
         /// `Some` when the port is `direct`: it is plugged as an SR-IOV VF.
         physnet: Option<Option<String>>,
+        /// What release puts back.
+        restore: PortRestore,
     },
 }
 
@@ -142,12 +144,25 @@ pub struct PortRestore {
 }
 
 impl PortRestore {
+    /// A port's state before kuryr claims it.
     pub fn of(port: &Port) -> Self {
         Self {
             name: port.name.clone(),
             device_id: port.device_id.clone(),
             device_owner: port.device_owner.clone(),
             host_id: port.binding_host_id.clone(),
+        }
+    }
+
+    /// A port this pod had claimed when a crash interrupted the claim: kuryr claims only ports
+    /// without a device and leaves their name alone, so this is what it was (a host binding set
+    /// before the claim is the one thing that cannot be told apart; it is cleared).
+    pub fn unclaimed(port: &Port) -> Self {
+        Self {
+            name: port.name.clone(),
+            device_id: String::new(),
+            device_owner: String::new(),
+            host_id: String::new(),
         }
     }
 
@@ -425,10 +440,12 @@ async fn acquire_port(
             port,
             network,
             physnet,
+            restore,
         } => {
             let client = ctx.deployments.client(deployment)?;
+            // The name stays the user's: with only kuryr's own fields changed, a claim that a
+            // crash interrupted can still be restored exactly (see `specific_ports`).
             let update = PortUpdate {
-                name: Some(format!("{}/{}", pod.namespace, pod.name)),
                 device_id: Some(pod.uid.clone()),
                 device_owner: Some(COMPUTE_KURYR.into()),
                 binding_host_id: Some(pod.node.clone()),
@@ -439,7 +456,7 @@ async fn acquire_port(
             let bound = client
                 .update_port_if_revision(&port.id, &update, port.revision_number)
                 .await?;
-            let restore = PortRestore::of(port);
+            let restore = restore.clone();
             let kind = match physnet {
                 Some(p) => VifKind::Sriov { physnet: p.clone() },
                 None => VifKind::Bound {

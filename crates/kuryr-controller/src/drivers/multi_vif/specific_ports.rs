@@ -4,8 +4,9 @@
 //! SR-IOV VFs.
 //!
 //! Each port is validated before anything is touched: it exists, nobody uses it (no
-//! `device_id`/`device_owner`), and it belongs to the pod's project. On release the port is
-//! restored (name, `device_id`, `device_owner`, host) and never deleted or pooled.
+//! `device_id`/`device_owner`, unless this pod's own claim was interrupted by a crash), and it
+//! belongs to the pod's project. The claim sets only `device_id`, `device_owner` and the host; on
+//! release those are restored and the port is never deleted or pooled.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -16,11 +17,12 @@ use kuryr_crds::names::annotations::SPEC_PORTS;
 
 use super::additional_subnets::refield;
 use super::sriov::PhysnetMap;
-use super::{MultiVifDriver, PlannedVif, PodNetworking, PortSource, VNIC_DIRECT, VNIC_NORMAL};
+use super::{MultiVifDriver, PlannedVif, PodNetworking, PortRestore, PortSource, VNIC_DIRECT, VNIC_NORMAL};
 use crate::drivers::NetworkInfo;
 use crate::drivers::subnets::SubnetCache;
 use crate::error::Error;
 use crate::openstack::Deployments;
+use kuryr_crds::names::device_owner::COMPUTE_KURYR;
 
 pub const NAME: &str = "specific_ports";
 
@@ -75,6 +77,7 @@ impl MultiVifDriver for SpecificPorts {
         };
         let deployment = &net.default.deployment;
         let client = self.deployments.client(deployment)?;
+        let pod_uid = net.pod.metadata.uid.as_deref();
         let mut out = vec![];
         for (i, id) in parse(raw)?.into_iter().enumerate() {
             let field = format!("{SPEC_PORTS}[{i}]");
@@ -85,7 +88,11 @@ impl MultiVifDriver for SpecificPorts {
                     e.into()
                 }
             })?;
-            if !port.device_id.is_empty() || !port.device_owner.is_empty() {
+            // Claimed by this very pod: a crash came between the claim and the KuryrPort
+            // status that records it. Resume the claim instead of calling the port taken.
+            let own_claim =
+                pod_uid.is_some_and(|uid| port.device_id == uid) && port.device_owner == COMPUTE_KURYR;
+            if !own_claim && (!port.device_id.is_empty() || !port.device_owner.is_empty()) {
                 return Err(Error::invalid(
                     &field,
                     format!(
@@ -143,9 +150,14 @@ impl MultiVifDriver for SpecificPorts {
                 network: format!("port:{id}"),
                 source: PortSource::Adopt {
                     deployment: deployment.clone(),
-                    port: Box::new(port),
+                    port: Box::new(port.clone()),
                     network,
                     physnet,
+                    restore: if own_claim {
+                        PortRestore::unclaimed(&port)
+                    } else {
+                        PortRestore::of(&port)
+                    },
                 },
             });
         }

@@ -1,0 +1,162 @@
+//! Issue 5 on nested VLAN nodes: the `nested` pool driver keeps subports attached to each VM's
+//! trunk, fills it in one bulk create + one `add_subports` per batch, recycles released subports
+//! in place, and recovers its pools after a restart without creating, deleting or re-numbering a
+//! subport - against the emulator and, when KURYR_TEST_NEUTRON_URL is set, the real server.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::Result;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams};
+use kuryr_controller::pool::api;
+use kuryr_crds::KuryrPortPool;
+use kuryr_neutron::NeutronClient;
+use serde_json::json;
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// port id -> VLAN id of a trunk's subports.
+async fn subports(neutron: &NeutronClient, trunk: &str) -> Result<BTreeMap<String, u32>> {
+    Ok(neutron
+        .get_subports(trunk)
+        .await?
+        .into_iter()
+        .map(|s| (s.port_id, s.segmentation_id))
+        .collect())
+}
+
+fn assert_unique_vlans(target: &str, sp: &BTreeMap<String, u32>) {
+    let vlans: BTreeSet<u32> = sp.values().copied().collect();
+    assert_eq!(vlans.len(), sp.len(), "{target}: VLAN ids collide: {sp:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nested_pools_fill_trunks_in_batches_recycle_and_recover() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let t = target.name;
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.67.0.0/24").await?;
+        let vms = vm_trunks(neutron, &kube.client, &fx.project, "192.168.67.0/24").await?;
+        let (trunk, other_trunk) = (&vms.trunks[0], &vms.trunks[1]);
+        let bed = PoolBed::nested(
+            &kube,
+            &fx,
+            &vms.subnet,
+            "ports_pool_batch = 3\nports_pool_min = 1\nports_pool_update_frequency = 1",
+        )
+        .await?;
+        let ctrl = start_controller(&kube.client, &target, config(&bed.ini), "c1");
+        create_namespace(&kube.client, "demo", json!({})).await?;
+
+        // First pod: one batch of 3 subports on its node's trunk, none on the other node's.
+        create_pod(&kube.client, "demo", "pod-0", NODES[0], json!({})).await?;
+        wait_active_ports(&kube.client, "demo", 1).await?;
+        let first = eventually("3 subports on the trunk", WAIT, || async {
+            let sp = subports(neutron, trunk).await?;
+            Ok((sp.len() == 3).then_some(sp))
+        })
+        .await?;
+        assert_unique_vlans(t, &first);
+        assert!(
+            subports(neutron, other_trunk).await?.is_empty(),
+            "{t}: pools are per trunk"
+        );
+        create_pod(&kube.client, "demo", "pod-1", NODES[0], json!({})).await?;
+        let used = wait_active_ports(&kube.client, "demo", 2).await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            subports(neutron, trunk).await?,
+            first,
+            "{t}: the second pod hit the pool"
+        );
+        assert!(
+            used.iter().all(|p| first.contains_key(p)),
+            "{t}: pods use pooled subports"
+        );
+        for id in first.keys() {
+            let port = neutron.get_port(id).await?;
+            assert_eq!(port.device_owner, "trunk:subport", "{t}");
+            assert!(
+                port.tags
+                    .iter()
+                    .any(|x| x == kuryr_crds::names::neutron::TAG_MANAGED),
+                "{t}: {:?}",
+                port.tags
+            );
+        }
+        let pools = api::list_pools(&bed.socket).await?;
+        assert_eq!(pools.len(), 1, "{t}: {pools:?}");
+        assert_eq!((pools[0].available, pools[0].in_use), (1, 2), "{t}");
+        let objs = Api::<KuryrPortPool>::namespaced(kube.client.clone(), CONTROLLER_NS);
+        eventually("a KuryrPortPool for the trunk", WAIT, || async {
+            let l = objs.list(&ListParams::default()).await?.items;
+            Ok(l.iter()
+                .any(|p| {
+                    p.spec.key.trunk_port_id.as_deref() == Some(trunk.as_str())
+                        && p.status.as_ref().is_some_and(|s| s.available.len() == 1)
+                })
+                .then_some(()))
+        })
+        .await?;
+
+        // Restart: the recovered pool serves the next pod; nothing is created, deleted or
+        // re-numbered until it runs below min, and the next batch's VLANs avoid the old ones.
+        ctrl.shutdown().await?;
+        let ctrl = start_controller(&kube.client, &target, config(&bed.ini), "c2");
+        create_pod(&kube.client, "demo", "pod-2", NODES[0], json!({})).await?;
+        let used_after = wait_active_ports(&kube.client, "demo", 3).await?;
+        let new: Vec<_> = used_after.difference(&used).collect();
+        assert_eq!(new.len(), 1, "{t}");
+        assert!(first.contains_key(new[0]), "{t}: served from the recovered pool");
+        let grown = eventually("the refill after the restart", WAIT, || async {
+            let sp = subports(neutron, trunk).await?;
+            Ok((sp.len() == 6).then_some(sp))
+        })
+        .await?;
+        for (port, vlan) in &first {
+            assert_eq!(
+                grown.get(port),
+                Some(vlan),
+                "{t}: recovered subports keep their VLAN"
+            );
+        }
+        assert_unique_vlans(t, &grown);
+
+        // Released subports stay on the trunk and return to the pool.
+        let pods: Api<Pod> = Api::namespaced(kube.client.clone(), "demo");
+        for i in 0..3 {
+            pods.delete(&format!("pod-{i}"), &DeleteParams::default()).await?;
+        }
+        eventually("all 6 subports available again", WAIT, || async {
+            let pools = api::list_pools(&bed.socket).await?;
+            Ok((pools.len() == 1
+                && pools[0].available == 6
+                && pools[0].in_use == 0
+                && pools[0].recyclable == 0)
+                .then_some(()))
+        })
+        .await?;
+        assert_eq!(subports(neutron, trunk).await?, grown, "{t}: recycled in place");
+        assert_eq!(
+            kuryr_ports(neutron, &fx.project).await?.len(),
+            6,
+            "{t}: nothing leaked"
+        );
+        for id in grown.keys() {
+            let port = neutron.get_port(id).await?;
+            assert_eq!(port.name, kuryr_crds::names::neutron::POOL_PORT_NAME, "{t}");
+            assert_eq!(port.security_groups, vec![fx.sg.clone()], "{t}");
+        }
+        ctrl.shutdown().await?;
+        cleanup_project(neutron, &fx.project).await;
+        eprintln!("pool_nested[{t}]: 6 subports for 3 pods across a restart, recycled in place");
+    }
+    Ok(())
+}
