@@ -1,8 +1,7 @@
 //! `kuryr controller` and `kuryr daemon`: the long-running services.
 
-use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use kuryr_config::KuryrConfig;
@@ -68,25 +67,19 @@ pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
         None => hostname()
             .context("--node-name (or $KUBERNETES_NODE_NAME) is not set and the hostname is unreadable")?,
     };
-    let mut daemon_config = daemon_config(&config, &node);
-    daemon_config.unix_socket = args.unix_socket;
+    let daemon_config = daemon_config(&config, &node, args.unix_socket);
     let kube = kubeclient::client(&args.kube, &config).await?;
     kuryr_daemon::kube::run(daemon_config, kube, shutdown_signal())
         .await
         .context("CNI daemon")
 }
 
-/// `[cni_daemon]`, `[cni_health_server]`, `[prometheus_exporter]`, `[binding]` and
-/// `[neutron_defaults]` mapped onto the daemon's settings.
-fn daemon_config(config: &KuryrConfig, node: &str) -> DaemonConfig {
-    let mut d = DaemonConfig::new(node);
-    d.bind_address = config.cni_daemon.bind_address;
-    d.health_address = SocketAddr::from(([0, 0, 0, 0], config.cni_health_server.port));
-    d.metrics_address = SocketAddr::from(([0, 0, 0, 0], config.prometheus_exporter.cni_exporter_port));
-    d.vif_annotation_timeout = Duration::from_secs(config.cni_daemon.vif_annotation_timeout);
-    d.netns_proc_dir = config.cni_daemon.netns_proc_dir.clone().map(Into::into);
-    d.binding.link_iface = Some(config.binding.link_iface.clone()).filter(|i| !i.is_empty());
-    d.binding.ovs_bridge = config.neutron_defaults.ovs_bridge.clone();
+/// The daemon's settings: everything from `kuryr.conf` through the daemon's
+/// one constructor ([`DaemonConfig::from_kuryr_config`]), then the CLI flags
+/// (the node name is already resolved from `--node-name`/env/hostname).
+fn daemon_config(config: &KuryrConfig, node: &str, unix_socket: Option<PathBuf>) -> DaemonConfig {
+    let mut d = DaemonConfig::from_kuryr_config(config, node);
+    d.unix_socket = unix_socket;
     d
 }
 
@@ -100,6 +93,7 @@ fn hostname() -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn daemon_settings_come_from_the_upstream_sections() -> anyhow::Result<()> {
@@ -108,7 +102,7 @@ mod tests {
              [cni_health_server]\nport = 8091\n[prometheus_exporter]\ncni_exporter_port = 9666\n\
              [binding]\nlink_iface = ens3\n[neutron_defaults]\novs_bridge = br-kuryr\n",
         )?;
-        let d = daemon_config(&loaded.config, "node-a");
+        let d = daemon_config(&loaded.config, "node-a", None);
         assert_eq!(d.node_name, "node-a");
         assert_eq!(d.bind_address, "127.0.0.1:6036".parse()?);
         assert_eq!(d.health_address.port(), 8091);
@@ -125,9 +119,43 @@ mod tests {
 
     #[test]
     fn empty_link_iface_means_none() -> anyhow::Result<()> {
-        let d = daemon_config(&KuryrConfig::from_ini_str("")?.config, "n");
+        let d = daemon_config(&KuryrConfig::from_ini_str("")?.config, "n", None);
         assert_eq!(d.binding.link_iface, None);
         assert_eq!(d.bind_address, "127.0.0.1:5036".parse()?);
+        Ok(())
+    }
+
+    /// `kuryr daemon` must carry every daemon option of kuryr.conf, not only
+    /// the ones it once copied by hand (OVS database and plug mode, SR-IOV
+    /// PFs, the OVS timeout), and the CLI flags must win.
+    #[test]
+    fn daemon_cli_carries_binding_and_sriov_options() -> anyhow::Result<()> {
+        let loaded = KuryrConfig::from_ini_str(
+            "[binding]\novs_db = unix:/run/ovs/db.sock\novs_datapath_type = netdev\novs_plug_mode = linux_bridge\n\
+             [sriov]\nphysical_device_mappings = physnet1:ens1f0,physnet1:ens1f1,physnet2:ens2f0\n\
+             [cni_daemon]\npyroute2_timeout = 25\n",
+        )?;
+        let d = daemon_config(&loaded.config, "node-b", Some("/run/kuryr/daemon.sock".into()));
+        assert_eq!(d.node_name, "node-b");
+        assert_eq!(
+            d.unix_socket.as_deref(),
+            Some(std::path::Path::new("/run/kuryr/daemon.sock"))
+        );
+        assert_eq!(d.binding.ovs_db.as_deref(), Some("unix:/run/ovs/db.sock"));
+        assert_eq!(d.binding.ovs_datapath_type, "netdev");
+        assert_eq!(
+            d.binding.ovs_plug,
+            kuryr_daemon::binding::OvsPlugMode::LinuxBridge
+        );
+        assert_eq!(d.binding.ovs_timeout_secs, 25);
+        assert_eq!(
+            d.binding.sriov.physnet_pfs.get("physnet1").map(Vec::as_slice),
+            Some(&["ens1f0".to_string(), "ens1f1".to_string()][..])
+        );
+        assert_eq!(
+            d.binding.sriov.physnet_pfs.get("physnet2").map(Vec::as_slice),
+            Some(&["ens2f0".to_string()][..])
+        );
         Ok(())
     }
 }
