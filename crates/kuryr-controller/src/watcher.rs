@@ -3,8 +3,8 @@
 //! kube-runtime's watcher resumes from the last resourceVersion, re-lists on 410 Gone and reconnects
 //! with backoff. On top of it we keep the last state of every object so that (a) objects deleted
 //! while the watch was down still produce a DELETED event after the re-list, and (b) a periodic full
-//! reconcile (`[kubernetes] watch_reconcile_period`) re-sends every object as MODIFIED, healing
-//! anything a lost event or an exhausted retry left behind.
+//! reconcile (`[kubernetes] watch_reconcile_period`) re-sends every object as MODIFIED and re-lists,
+//! healing anything a lost event or an exhausted retry left behind.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -125,7 +125,12 @@ pub async fn run_watch(
     if let Some(f) = &selector.fields {
         cfg = cfg.fields(f);
     }
-    let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+    let start = || {
+        watcher::watcher(api.clone(), cfg.clone())
+            .default_backoff()
+            .boxed()
+    };
+    let mut stream = start();
     let mut known = KnownObjects::default();
     let mut tick = tokio::time::interval(reconcile_period.max(Duration::from_secs(1)));
     tick.tick().await;
@@ -134,9 +139,12 @@ pub async fn run_watch(
             _ = stop.cancelled() => return,
             _ = tick.tick() => {
                 tracing::debug!(kind = %resource.kind, objects = known.len(), "periodic reconcile");
+                // Re-send what we know (heals handlers whose retries ran out) and re-list (heals
+                // anything the watch itself missed: the re-list's changes and deletions follow).
                 for obj in known.all() {
                     let _ = sink.handle(Event::new(EventType::Modified, resource.clone(), obj.clone())).await;
                 }
+                stream = start();
             }
             next = stream.next() => match next {
                 None => return,

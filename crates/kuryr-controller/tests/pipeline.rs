@@ -317,3 +317,51 @@ async fn stopping_the_pipeline_ends_queued_and_running_handlers() {
     // A lost leader must not keep acting: nothing completes after the stop.
     assert!(rec.seen.lock().await.is_empty(), "{:?}", rec.seen.lock().await);
 }
+
+/// Fails "not ready" for every object named `stuck*`; records the others.
+struct StuckOrRecord(Mutex<Vec<String>>);
+
+#[async_trait]
+impl EventHandler for StuckOrRecord {
+    async fn handle(&self, event: Event) -> Result<(), Error> {
+        let name = event.object.metadata.name.clone().unwrap_or_default();
+        if name.starts_with("stuck") {
+            return Err(Error::not_ready("quota"));
+        }
+        self.0.lock().await.push(name);
+        Ok(())
+    }
+    fn name(&self) -> &str {
+        "stuck-or-record"
+    }
+}
+
+#[tokio::test]
+async fn objects_backing_off_do_not_hold_the_worker_slots() {
+    let handler = Arc::new(StuckOrRecord(Mutex::default()));
+    let source = Arc::new(Source(Mutex::new(Some(obj("stuck-0", "uid-s0", "1")))));
+    let policy = RetryPolicy {
+        initial: Duration::from_millis(200),
+        max_interval: Duration::from_millis(200),
+        deadline: Duration::from_secs(30),
+    };
+    // One worker slot, and two objects that keep failing: without releasing the slot while
+    // backing off, "ok" would wait for their whole 30 s retry budget.
+    let a = Async::new(Retry::new(handler.clone(), source, policy, Metrics::new()), 1);
+    a.handle(ev(EventType::Added, "stuck-0", "uid-s0", "1"))
+        .await
+        .unwrap();
+    a.handle(ev(EventType::Added, "stuck-1", "uid-s1", "1"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    a.handle(ev(EventType::Added, "ok", "uid-ok", "1")).await.unwrap();
+    for _ in 0..200 {
+        if handler.0.lock().await.contains(&"ok".to_string()) {
+            assert!(a.depth().await >= 1, "stuck-0 is still retrying");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("an object behind two backing-off objects was not handled within 2 s");
+}

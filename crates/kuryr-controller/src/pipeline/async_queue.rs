@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::{Event, EventHandler};
@@ -25,6 +25,36 @@ pub struct AsyncStats {
 }
 
 type Queues = Arc<Mutex<HashMap<String, Option<Event>>>>;
+
+/// The worker permit of the object being handled, so that a handler waiting on a timer (Retry's
+/// backoff) can give its slot to other objects instead of stalling them: a few dozen pods stuck
+/// on quota must not stop every other pod from being wired.
+struct WorkerSlot {
+    workers: Arc<Semaphore>,
+    permit: std::sync::Mutex<Option<OwnedSemaphorePermit>>,
+}
+
+tokio::task_local! {
+    static WORKER_SLOT: Arc<WorkerSlot>;
+}
+
+/// Runs `wait` without holding the Async worker permit of the current object (if any), and takes
+/// a permit again before returning. The object's queue stays claimed, so its events stay ordered.
+pub async fn idle<F: std::future::Future>(wait: F) -> F::Output {
+    let Ok(slot) = WORKER_SLOT.try_with(Arc::clone) else {
+        return wait.await;
+    };
+    let released = slot.permit.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let out = wait.await;
+    if released.is_some() {
+        drop(released);
+        // A closed semaphore only happens on shutdown; the handler then finishes without a slot.
+        if let Ok(p) = slot.workers.clone().acquire_owned().await {
+            *slot.permit.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+        }
+    }
+    out
+}
 
 pub struct Async<H> {
     inner: Arc<H>,
@@ -83,7 +113,7 @@ impl<H: EventHandler + 'static> Async<H> {
         }
     }
 
-    async fn drain(key: &str, inner: &Arc<H>, queues: &Queues, workers: &Semaphore, stats: &AsyncStats) {
+    async fn drain(key: &str, inner: &Arc<H>, queues: &Queues, workers: &Arc<Semaphore>, stats: &AsyncStats) {
         loop {
             let event = {
                 let mut q = queues.lock().await;
@@ -97,12 +127,16 @@ impl<H: EventHandler + 'static> Async<H> {
                 }
             };
             // A closed semaphore only happens on shutdown; stop quietly then.
-            let Ok(_permit) = workers.acquire().await else {
+            let Ok(permit) = workers.clone().acquire_owned().await else {
                 return;
             };
+            let slot = Arc::new(WorkerSlot {
+                workers: workers.clone(),
+                permit: std::sync::Mutex::new(Some(permit)),
+            });
             // LogExceptions wrappers below us normally swallow errors; one reaching here is logged
             // rather than lost.
-            if let Err(e) = inner.handle(event).await {
+            if let Err(e) = WORKER_SLOT.scope(slot, inner.handle(event)).await {
                 tracing::error!(queue = %key, error = %e, "unhandled pipeline error");
             }
             stats.handled.fetch_add(1, Ordering::Relaxed);

@@ -21,7 +21,7 @@ use async_trait::async_trait;
 use kube::api::{ApiResource, DynamicObject};
 use kube::core::GroupVersionKind;
 
-pub use async_queue::{Async, AsyncStats};
+pub use async_queue::{Async, AsyncStats, idle};
 pub use builder::{ControllerPipeline, RegisteredHandler};
 pub use dispatcher::Dispatcher;
 pub use log_exceptions::LogExceptions;

@@ -84,7 +84,8 @@ impl<H: EventHandler> EventHandler for Retry<H> {
             tracing::debug!(handler = %self.name, object = %event.object_ref(), attempt, ?wait, error = %err,
                 request_id = err.request_id(), "retrying");
             self.metrics.retry(&self.name);
-            tokio::time::sleep(wait).await;
+            // Backing off is waiting, not working: other objects get the worker slot meanwhile.
+            super::idle(tokio::time::sleep(wait)).await;
             attempt += 1;
             // A DELETED event describes an object that is already gone: retry it as it was.
             if event.event_type != EventType::Deleted {
