@@ -286,8 +286,7 @@ impl Daemon {
         let deadline = Instant::now() + self.config.vif_annotation_timeout;
         let uid = p.pod_uid.as_deref();
 
-        // 1. the KuryrPort carries VIFs
-        let mut waiting = false;
+        // 1. the KuryrPort carries VIFs (the Event goes out as the wait starts)
         let kp = self
             .registry
             .wait_for(
@@ -298,20 +297,17 @@ impl Daemon {
                         kp.vifs().filter(|v| !v.is_empty()).map(|_| kp.clone())
                     })
                 },
-                || waiting = true,
+                || {
+                    self.events.publish(
+                        &p.key,
+                        uid,
+                        "CNIWaitingForVIFs",
+                        "Waiting for Neutron ports to be created for the pod",
+                        false,
+                    )
+                },
             )
             .await;
-        if waiting {
-            self.events
-                .publish(
-                    &p.key,
-                    uid,
-                    "CNIWaitingForVIFs",
-                    "Waiting for Neutron ports to be created for the pod",
-                    false,
-                )
-                .await;
-        }
         let kp = match kp {
             Ok(Ok(Ok(kp)) | Err(Ok(kp))) => kp,
             Ok(Ok(Err(e)) | Err(Err(e))) => return Err(e),
@@ -366,7 +362,6 @@ impl Daemon {
         drop(lock);
 
         // 3. every VIF active
-        let mut waiting = false;
         let active = self
             .registry
             .wait_for(
@@ -377,20 +372,17 @@ impl Daemon {
                         kp.status.as_ref().filter(|s| s.all_active()).map(|_| kp.clone())
                     })
                 },
-                || waiting = true,
+                || {
+                    self.events.publish(
+                        &p.key,
+                        uid,
+                        "CNIWaitingForVIFActivation",
+                        "Waiting for Neutron ports to become ACTIVE",
+                        false,
+                    )
+                },
             )
             .await;
-        if waiting {
-            self.events
-                .publish(
-                    &p.key,
-                    uid,
-                    "CNIWaitingForVIFActivation",
-                    "Waiting for Neutron ports to become ACTIVE",
-                    false,
-                )
-                .await;
-        }
         let kp = match active {
             Ok(Ok(Ok(kp)) | Err(Ok(kp))) => kp,
             Ok(Ok(Err(e)) | Err(Err(e))) => return Err(e),

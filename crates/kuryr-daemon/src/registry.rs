@@ -243,16 +243,21 @@ impl Registry {
 
     /// Wait until `decide` returns Ready/Fail for the pod's entry or the
     /// deadline passes (`Err(last entry)`). `on_pending` runs once, the first
-    /// time the answer is Pending (to post a "waiting" event).
-    pub async fn wait_for<T>(
+    /// time the answer is Pending, before the wait starts (to post a "waiting"
+    /// event while the caller is still waiting); it is bounded by the deadline
+    /// and no update is missed while it runs.
+    pub async fn wait_for<T, F>(
         &self,
         key: &PodKey,
         deadline: Instant,
         mut decide: impl FnMut(Option<&Entry>) -> Wait<T>,
-        mut on_pending: impl FnMut(),
-    ) -> Result<Result<T, T>, Option<Entry>> {
+        on_pending: impl FnOnce() -> F,
+    ) -> Result<Result<T, T>, Option<Entry>>
+    where
+        F: std::future::Future<Output = ()>,
+    {
         let mut rx = self.version.subscribe();
-        let mut told = false;
+        let mut on_pending = Some(on_pending);
         loop {
             rx.borrow_and_update();
             let decision = {
@@ -264,9 +269,9 @@ impl Registry {
                 Wait::Fail(t) => return Ok(Err(t)),
                 Wait::Pending => {}
             }
-            if !told {
-                told = true;
-                on_pending();
+            if let Some(hook) = on_pending.take() {
+                // Updates arriving meanwhile mark `rx` changed: none is lost.
+                let _ = tokio::time::timeout_at(deadline, hook()).await;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() || tokio::time::timeout(left, rx.changed()).await.is_err() {
@@ -360,7 +365,7 @@ mod tests {
                     Some(kp) => Wait::Ready(kp.spec.pod_uid.clone()),
                     None => Wait::Pending,
                 },
-                || {},
+                || async {},
             )
             .await
         });
@@ -369,16 +374,18 @@ mod tests {
         let got = waiter.await.ok().and_then(|r| r.ok()).and_then(|r| r.ok());
         assert_eq!(got.as_deref(), Some("u9"));
 
-        let mut pending = 0;
+        let pending = std::sync::atomic::AtomicUsize::new(0);
         let res: Result<Result<(), ()>, _> = r
             .wait_for(
                 &k,
                 Instant::now() + Duration::from_millis(30),
                 |_| Wait::Pending,
-                || pending += 1,
+                || async {
+                    pending.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                },
             )
             .await;
         assert!(res.is_err());
-        assert_eq!(pending, 1);
+        assert_eq!(pending.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 }

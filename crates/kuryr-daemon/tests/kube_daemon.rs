@@ -31,6 +31,29 @@ impl PodEvents for Recorded {
     }
 }
 
+impl Recorded {
+    fn all(&self) -> Vec<(String, String)> {
+        self.0.lock().unwrap().clone()
+    }
+    fn count(&self, pod: &str, reason: &str) -> usize {
+        self.all().iter().filter(|(p, r)| p == pod && r == reason).count()
+    }
+    fn has(&self, pod: &str, reason: &str) -> bool {
+        self.count(pod, reason) > 0
+    }
+}
+
+/// Polls `cond` for up to 5 s.
+async fn eventually(cond: impl Fn() -> bool) -> bool {
+    for _ in 0..100 {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cond()
+}
+
 async fn client(handle: &kube_emulator::KubeHandle, dir: &std::path::Path) -> Client {
     let path = dir.join("kubeconfig");
     handle.write_kubeconfig(&path).unwrap();
@@ -127,11 +150,40 @@ async fn daemon_against_kube_emulator() {
         );
         async move { http.post(url).json(&body).send().await }
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The "waiting" Event is posted when the wait starts, not once it ends.
+    assert!(
+        eventually(|| events.has("default/web", "CNIWaitingForVIFs")).await,
+        "CNIWaitingForVIFs while ADD waits: {:?}",
+        events.all()
+    );
     assert!(!add.is_finished(), "ADD must wait for the VIFs");
-    // The controller writes the (active) VIF.
+    // The controller writes the VIF, not yet active: ADD plugs it, then
+    // waits for activation, saying so at once.
     // kuryr-crds' KuryrPort CRD has no status subresource (as upstream):
     // status is written through the main resource.
+    let inactive = VifFixture {
+        active: false,
+        ..fixture.clone()
+    };
+    let inactive_status = kuryrport("default", "web", &uid, &node, &[inactive])
+        .status
+        .unwrap();
+    kps.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": inactive_status})),
+    )
+    .await
+    .unwrap();
+    assert!(
+        eventually(|| events.has("default/web", "CNIWaitingForVIFActivation")).await,
+        "CNIWaitingForVIFActivation while ADD waits: {:?}",
+        events.all()
+    );
+    assert!(!add.is_finished(), "ADD must wait for the VIF to become active");
+    // Once per ADD, not per poll or update.
+    assert_eq!(events.count("default/web", "CNIWaitingForVIFs"), 1);
+    // The controller marks the VIF active.
     kps.patch(
         "web",
         &PatchParams::default(),
@@ -150,14 +202,8 @@ async fn daemon_against_kube_emulator() {
         !routes.contains("default"),
         "no gateway, no default route: {routes}"
     );
-    assert!(
-        events
-            .0
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|(p, r)| p == "default/web" && r == "CNIWaitingForVIFs")
-    );
+    assert_eq!(events.count("default/web", "CNIWaitingForVIFs"), 1);
+    assert_eq!(events.count("default/web", "CNIWaitingForVIFActivation"), 1);
 
     // Upstream error format and codes.
     let r = http
