@@ -429,7 +429,9 @@ fn fold_deprecated(ini: &Ini, config: &mut KuryrConfig, warnings: &mut Vec<Warni
 
 /// Checks each deployment has what its `auth_type` needs, so a typo fails at start-up
 /// rather than at the first Neutron call. A `cloud` (clouds.yaml) entry may supply
-/// everything, so it disables the check.
+/// everything, so it disables the check here; the cloud itself is loaded, and a missing file or
+/// cloud name reported, when the Neutron clients are built at start-up
+/// (`kuryr_controller::openstack::Deployments::from_config`).
 fn missing_credentials(config: &KuryrConfig) -> Vec<MissingOption> {
     let mut missing = Vec::new();
     for (name, auth) in config.deployments() {

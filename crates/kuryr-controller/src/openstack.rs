@@ -2,10 +2,12 @@
 //! `[deployment:<name>]` sections, plus the mapping of client errors onto pipeline errors.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kuryr_config::{KuryrConfig, NeutronAuthSection};
+use kuryr_config::{DEPLOYMENT_SECTION_PREFIX, KuryrConfig, NeutronAuthSection};
+use kuryr_neutron::auth::{CloudsYamlError, clouds_yaml_search_paths, display_paths, load_cloud_in};
 use kuryr_neutron::{
     AuthOptions, AuthType, CallRecord, ClientOptions, ErrorKind, Interface, NeutronClient, Secret,
 };
@@ -26,7 +28,7 @@ impl Deployments {
     pub fn from_config(config: &KuryrConfig, metrics: &Metrics) -> Result<Self, Error> {
         let mut clients = BTreeMap::new();
         for (name, section) in config.deployments() {
-            let opts = client_options(section);
+            let opts = client_options(&section_name(name), section)?;
             let m = metrics.clone();
             let client = NeutronClient::with_metrics(
                 &opts,
@@ -77,15 +79,44 @@ pub fn metrics_hook(metrics: &Metrics) -> Arc<dyn kuryr_neutron::Metrics> {
     Arc::new(move |c: &CallRecord<'_>| m.neutron_call(c.operation, c.outcome.as_str(), c.latency))
 }
 
-/// Maps a `kuryr.conf` keystoneauth section onto the client's options.
-pub fn client_options(s: &NeutronAuthSection) -> ClientOptions {
-    if let Some(cloud) = &s.cloud
-        && let Ok(mut from_yaml) = ClientOptions::from_clouds_yaml(Some(cloud))
-    {
+/// The `kuryr.conf` section of deployment `name`, as error messages name it.
+fn section_name(name: &str) -> String {
+    if name == DEFAULT_DEPLOYMENT {
+        "neutron".to_owned()
+    } else {
+        format!("{DEPLOYMENT_SECTION_PREFIX}{name}")
+    }
+}
+
+/// Maps a `kuryr.conf` keystoneauth section (`section` names it in errors) onto the client's options. A `cloud`
+/// that cannot be loaded is an error: falling back to other options would start without the intended credentials.
+pub fn client_options(section: &str, s: &NeutronAuthSection) -> Result<ClientOptions, Error> {
+    client_options_searching(section, s, &clouds_yaml_search_paths())
+}
+
+fn client_options_searching(
+    section: &str,
+    s: &NeutronAuthSection,
+    clouds_yaml: &[PathBuf],
+) -> Result<ClientOptions, Error> {
+    if let Some(cloud) = &s.cloud {
+        let mut from_yaml = load_cloud_in(clouds_yaml, Some(cloud)).map_err(|e| {
+            let searched = match &e {
+                // Already lists the paths.
+                CloudsYamlError::NotFound { .. } => String::new(),
+                _ => format!(
+                    "; clouds.yaml is searched in {} and the first one found is used",
+                    display_paths(clouds_yaml)
+                ),
+            };
+            Error::Config(format!(
+                "[{section}] cloud = {cloud:?} cannot be loaded: {e}{searched}"
+            ))
+        })?;
         if s.endpoint_override.is_some() {
             from_yaml.endpoint_override = s.endpoint_override.clone();
         }
-        return from_yaml;
+        return Ok(from_yaml);
     }
     let auth_type = match s.auth_type.map(|t| t.as_str()) {
         Some("v3applicationcredential" | "applicationcredential" | "application_credential") => {
@@ -100,7 +131,7 @@ pub fn client_options(s: &NeutronAuthSection) -> ClientOptions {
         "admin" => Interface::Admin,
         _ => Interface::Public,
     };
-    ClientOptions {
+    Ok(ClientOptions {
         auth: AuthOptions {
             auth_type,
             auth_url: s.auth_url.clone(),
@@ -139,7 +170,7 @@ pub fn client_options(s: &NeutronAuthSection) -> ClientOptions {
             .map(Duration::from_secs)
             .or(Some(Duration::from_secs(60))),
         ..ClientOptions::default()
-    }
+    })
 }
 
 impl From<kuryr_neutron::Error> for Error {
@@ -167,5 +198,116 @@ impl From<kuryr_neutron::Error> for Error {
             request_id: e.request_id().map(str::to_string),
             retry_after: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> KuryrConfig {
+        KuryrConfig::from_ini_str(text)
+            .unwrap_or_else(|e| panic!("config: {e}"))
+            .config
+    }
+
+    /// A fresh directory under the system temp dir (this crate has no tempfile dev-dependency).
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(test: &str) -> Self {
+            let p = std::env::temp_dir().join(format!("kuryr-openstack-{test}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir_all(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            Self(p)
+        }
+
+        fn path(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn yaml(dir: &std::path::Path) -> PathBuf {
+        let p = dir.join("clouds.yaml");
+        std::fs::write(
+            &p,
+            "clouds:\n  lab:\n    auth_type: none\n    auth:\n      endpoint: http://127.0.0.1:9696\n",
+        )
+        .unwrap_or_else(|e| panic!("write: {e}"));
+        p
+    }
+
+    #[test]
+    fn cloud_that_cannot_be_loaded_is_a_start_up_error() {
+        let dir = TempDir::new("unloadable");
+        let env_file = dir.path().join("env/clouds.yaml");
+        let etc = dir.path().join("etc/clouds.yaml");
+        let c = config("[neutron]\nauth_type = password\ncloud = prod\n");
+
+        // No clouds.yaml anywhere: the error names the option, the cloud and every path searched.
+        let e = client_options_searching("neutron", &c.neutron, &[env_file.clone(), etc.clone()])
+            .expect_err("no clouds.yaml");
+        let msg = e.to_string();
+        for want in ["[neutron] cloud", "\"prod\"", "OS_CLIENT_CONFIG_FILE"] {
+            assert!(msg.contains(want), "{want:?} missing in {msg}");
+        }
+        for p in [&env_file, &etc] {
+            assert!(
+                msg.contains(&p.display().to_string()),
+                "{} missing in {msg}",
+                p.display()
+            );
+        }
+
+        // A clouds.yaml without that cloud: same, plus the file that was read.
+        let found = yaml(dir.path());
+        let e = client_options_searching("neutron", &c.neutron, &[env_file.clone(), found.clone()])
+            .expect_err("unknown cloud");
+        let msg = e.to_string();
+        for want in ["[neutron] cloud", "\"prod\"", "lab"] {
+            assert!(msg.contains(want), "{want:?} missing in {msg}");
+        }
+        for p in [&env_file, &found] {
+            assert!(
+                msg.contains(&p.display().to_string()),
+                "{} missing in {msg}",
+                p.display()
+            );
+        }
+
+        // Deployments::from_config, called at start-up, reports it (through the real search paths, which
+        // hold no cloud of this name).
+        let c = config("[neutron]\ncloud = kuryr-test-no-such-cloud\n");
+        let e = Deployments::from_config(&c, &Metrics::new())
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.contains("[neutron] cloud = \"kuryr-test-no-such-cloud\"")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn cloud_is_loaded_and_endpoint_override_wins() {
+        let dir = TempDir::new("loaded");
+        let found = yaml(dir.path());
+        let c =
+            config("[neutron]\n[deployment:east]\ncloud = lab\nendpoint_override = http://10.0.0.1:9696\n");
+        let (name, section) = c.deployments()[1];
+        assert_eq!(name, "east");
+        let o = client_options_searching(&section_name(name), section, &[found])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(o.auth.auth_type, AuthType::NoAuth);
+        assert_eq!(o.endpoint_override.as_deref(), Some("http://10.0.0.1:9696"));
+        let e = client_options_searching(&section_name(name), section, &[dir.path().join("none.yaml")])
+            .expect_err("missing");
+        assert!(e.to_string().contains("[deployment:east] cloud = \"lab\""), "{e}");
     }
 }

@@ -9,7 +9,11 @@ use super::{AuthOptions, AuthType, ClientOptions, Interface, Secret};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CloudsYamlError {
-    #[error("no clouds.yaml found (searched {})", display_paths(.searched))]
+    #[error(
+        "no clouds.yaml found (searched {}; the order is $OS_CLIENT_CONFIG_FILE, ./clouds.yaml, \
+         ~/.config/openstack/clouds.yaml, /etc/openstack/clouds.yaml, as in openstacksdk)",
+        display_paths(.searched)
+    )]
     NotFound { searched: Vec<PathBuf> },
     #[error("cannot read {path}: {source}")]
     Read {
@@ -29,7 +33,8 @@ pub enum CloudsYamlError {
     Ambiguous { path: PathBuf, count: usize },
 }
 
-fn display_paths(p: &[PathBuf]) -> String {
+/// `paths` joined for an error message.
+pub fn display_paths(p: &[PathBuf]) -> String {
     p.iter()
         .map(|p| p.display().to_string())
         .collect::<Vec<_>>()
@@ -84,7 +89,12 @@ pub fn clouds_yaml_search_paths() -> Vec<PathBuf> {
     if let Some(p) = std::env::var_os("OS_CLIENT_CONFIG_FILE") {
         paths.push(PathBuf::from(p));
     }
-    paths.push(PathBuf::from("clouds.yaml"));
+    // Absolute, so that an error message says which directory was meant.
+    paths.push(
+        std::env::current_dir()
+            .map(|d| d.join("clouds.yaml"))
+            .unwrap_or_else(|_| PathBuf::from("clouds.yaml")),
+    );
     if let Some(home) = std::env::var_os("HOME") {
         paths.push(Path::new(&home).join(".config/openstack/clouds.yaml"));
     }
@@ -94,16 +104,19 @@ pub fn clouds_yaml_search_paths() -> Vec<PathBuf> {
 
 /// Load cloud `name` (default `$OS_CLOUD`, or the only cloud of the file) from the first existing clouds.yaml.
 pub fn load_cloud(name: Option<&str>) -> Result<ClientOptions, CloudsYamlError> {
-    let searched = clouds_yaml_search_paths();
-    let path = searched
+    let env_name = std::env::var("OS_CLOUD").ok();
+    load_cloud_in(&clouds_yaml_search_paths(), name.or(env_name.as_deref()))
+}
+
+/// Load cloud `name` from the first existing file of `search` (like openstacksdk, later files are not merged).
+pub fn load_cloud_in(search: &[PathBuf], name: Option<&str>) -> Result<ClientOptions, CloudsYamlError> {
+    let path = search
         .iter()
         .find(|p| p.is_file())
-        .cloned()
-        .ok_or(CloudsYamlError::NotFound {
-            searched: searched.clone(),
+        .ok_or_else(|| CloudsYamlError::NotFound {
+            searched: search.to_vec(),
         })?;
-    let env_name = std::env::var("OS_CLOUD").ok();
-    load_cloud_from(&path, name.or(env_name.as_deref()))
+    load_cloud_from(path, name)
 }
 
 /// Load cloud `name` from a given clouds.yaml; `None` picks the file's only cloud.
@@ -254,5 +267,23 @@ clouds:
         assert!(e.to_string().contains("\"nope\""), "{e}");
         let e = load_cloud_from(f.path(), None).expect_err("ambiguous");
         assert!(matches!(e, CloudsYamlError::Ambiguous { count: 3, .. }));
+    }
+
+    #[test]
+    fn search_uses_the_first_existing_file_and_names_every_path_when_none_exists() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let missing = dir.path().join("missing/clouds.yaml");
+        let present = dir.path().join("clouds.yaml");
+        std::fs::write(&present, YAML).expect("write");
+        let o = load_cloud_in(&[missing.clone(), present], Some("lab")).expect("second path");
+        assert_eq!(o.auth.auth_type, AuthType::NoAuth);
+        let other = dir.path().join("etc/clouds.yaml");
+        let e = load_cloud_in(&[missing.clone(), other.clone()], Some("lab")).expect_err("none exists");
+        let msg = e.to_string();
+        assert!(matches!(e, CloudsYamlError::NotFound { .. }), "{e:?}");
+        for p in [&missing, &other] {
+            assert!(msg.contains(&p.display().to_string()), "{msg}");
+        }
+        assert!(msg.contains("OS_CLIENT_CONFIG_FILE"), "{msg}");
     }
 }

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-pub use clouds::{CloudsYamlError, clouds_yaml_search_paths, load_cloud, load_cloud_from};
+pub use clouds::{
+    CloudsYamlError, clouds_yaml_search_paths, display_paths, load_cloud, load_cloud_from, load_cloud_in,
+};
 pub(crate) use keystone::Authenticator;
 
 /// A secret string (password, token, application credential secret). Never printed by `Debug` or `Display`.
