@@ -172,6 +172,9 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
             (false, Some(token)) => {
                 tracing::warn!(identity = %opts.identity, "lost leadership: pipeline stopped");
                 token.cancel();
+                // The pool manager's term ends with the token: its pools are dropped and the
+                // next term recovers them again (PoolManager::run).
+                readiness.pools_ready.store(pools.is_none(), Ordering::Relaxed);
                 leading = None;
             }
             _ => {}

@@ -9,7 +9,7 @@
 //! - [`PoolDriver::maintain`] is one maintenance pass (recycle, TTL, failed refills, port status).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -123,6 +123,8 @@ pub struct PoolDriver {
     /// Wakes the KuryrPortPool flusher.
     pub(super) changed: Notify,
     ready: AtomicBool,
+    /// Bumped by [`PoolDriver::reset`]: a refill started before it lands nowhere.
+    generation: AtomicU64,
 }
 
 /// Sorted subnet ids of a network, comma-joined: the `subnetId` of the pool key.
@@ -146,6 +148,7 @@ impl PoolDriver {
             refilled: watch::Sender::new(0),
             changed: Notify::new(),
             ready: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
         }))
     }
 
@@ -170,6 +173,19 @@ impl PoolDriver {
     /// Starts serving without recovery (fresh pools; tests and the first start of a cluster).
     pub fn mark_ready(&self) {
         self.ready.store(true, Ordering::Release);
+    }
+
+    /// Drops every pool and stops serving until the next recovery (leadership lost): while
+    /// another replica leads it hands out, recycles and deletes these ports, so nothing held in
+    /// memory stays true. Refills still in flight land nowhere; their tagged ports are adopted by
+    /// the next recovery or deleted by the orphan sweep.
+    pub fn reset(&self) {
+        self.ready.store(false, Ordering::Release);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        *self.lock() = Pools::new(self.opts.limits);
+        self.specs().clear();
+        // Requests waiting for a refill re-check readiness and answer ResourceNotReady.
+        self.refilled.send_modify(|g| *g = g.wrapping_add(1));
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Pools<Vif>> {
@@ -258,6 +274,7 @@ impl PoolDriver {
 
     async fn run_refill(self: Arc<Self>, r: Refill) {
         let started = Instant::now();
+        let generation = self.generation.load(Ordering::Acquire);
         let spec = self.specs().get(&r.key).cloned();
         let result = match spec {
             Some(spec) => self
@@ -267,6 +284,10 @@ impl PoolDriver {
                 .map_err(|e| e.to_string()),
             None => Err(format!("no port spec known for pool {}", r.key)),
         };
+        if self.generation.load(Ordering::Acquire) != generation {
+            tracing::info!(pool = %r.key, "refill finished after the pools were dropped; its ports are left to recovery or the orphan sweep");
+            return;
+        }
         let now = Timestamp::now();
         let result = result.map(|vifs| {
             vifs.into_iter()
@@ -724,6 +745,9 @@ impl VifPool for PoolDriver {
         let mut missed = false;
         loop {
             let mut refilled = self.refilled.subscribe();
+            if !self.is_ready() {
+                return Err(Error::not_ready("port pools are being recovered"));
+            }
             let taken = {
                 let mut st = self.lock();
                 st.ensure(&key, || self.meta_for(&key, &subnet_id));

@@ -60,6 +60,9 @@ pub struct PoolManager {
     persister: Arc<Persister>,
     ready: AtomicBool,
     api_socket: Mutex<Option<PathBuf>>,
+    /// Held by [`PoolManager::run`] for one leadership term, so that a term's end (dropping its
+    /// pools) never overlaps the next term's recovery.
+    term: tokio::sync::Mutex<()>,
 }
 
 /// Builds the pool driver `[kubernetes] vif_pool_driver` names over `driver` (the pod VIF
@@ -194,6 +197,7 @@ impl PoolManager {
             persister,
             ready: AtomicBool::new(ready),
             api_socket: Mutex::new(api_socket),
+            term: tokio::sync::Mutex::new(()),
         }))
     }
 
@@ -335,15 +339,45 @@ impl PoolManager {
         Ok(deleted)
     }
 
-    /// Recovers (retrying until it succeeds), then runs maintenance, the KuryrPortPool flusher,
-    /// the orphan sweep and the management API until `stop`.
+    /// One leadership term: recovers (retrying until it succeeds), then runs maintenance, the
+    /// KuryrPortPool flusher, the orphan sweep and the management API until `stop`; then drops
+    /// every pool ([`PoolManager::end_term`]), so that the next term recovers again from the
+    /// KuryrPortPools, KuryrPorts and Neutron as the other leaders left them.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let _term = tokio::select! {
+            _ = stop.cancelled() => return,
+            t = self.term.lock() => t,
+        };
+        self.clone().serve_term(&stop).await;
+        self.end_term().await;
+    }
+
+    /// Leadership lost (or shutdown): forget every pool and answer ResourceNotReady until the
+    /// next recovery. The KuryrPortPool objects stay: they are the next leader's input.
+    pub async fn end_term(&self) {
+        if self.pooled.is_empty() {
+            return;
+        }
+        self.ready.store(false, Ordering::Release);
+        for d in &self.pooled {
+            d.reset();
+        }
+        self.persister.forget_created().await;
+        tracing::info!(
+            pool_driver = self.name,
+            "port pools dropped until the next recovery"
+        );
+    }
+
+    async fn serve_term(self: Arc<Self>, stop: &CancellationToken) {
         let mut backoff = Duration::from_secs(1);
         while !self.pooled.is_empty() && !self.is_ready() {
             match self.recover().await {
                 Ok(()) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "port pool recovery failed; retrying");
+                    // Recovery starts from empty drivers: drop what the failed attempt adopted.
+                    self.pooled.iter().for_each(|d| d.reset());
                     tokio::select! {
                         _ = stop.cancelled() => return,
                         _ = tokio::time::sleep(backoff) => {}

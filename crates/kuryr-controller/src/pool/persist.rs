@@ -81,6 +81,11 @@ impl Persister {
         }
     }
 
+    /// Forgets which objects exist (leadership lost: another leader may delete them meanwhile).
+    pub async fn forget_created(&self) {
+        self.created.lock().await.clear();
+    }
+
     fn api(&self) -> Api<KuryrPortPool> {
         Api::namespaced(self.kube.clone(), &self.namespace)
     }

@@ -1,0 +1,194 @@
+//! Pools across leadership terms (controller HA): a replica that loses leadership and wins it
+//! back must not serve from the pools of its earlier term, since the other leader may have handed
+//! their ports out meanwhile. Driven through `PoolManager::run` terms (what `service::run`
+//! starts and cancels with leadership) against the Kubernetes API emulator and a Neutron - the
+//! in-repo emulator, and the real neutron-server when KURYR_TEST_NEUTRON_URL is set.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use kuryr_config::{KuryrConfig, VifPoolDriver};
+use kuryr_controller::context::Context;
+use kuryr_controller::drivers::pool::{ORIGIN_FIELD, VifOrigin, VifPool};
+use kuryr_controller::drivers::vif::neutron::NeutronVif;
+use kuryr_controller::drivers::{NetworkInfo, PodRef, PortSpec};
+use kuryr_controller::metrics::Metrics;
+use kuryr_controller::openstack::Deployments;
+use kuryr_controller::pool::{self, PoolManager};
+use kuryr_crds::{KuryrPort, KuryrPortPool, Vif};
+use serde_json::json;
+use support::*;
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// A pooled port for `pod`, retrying while the pool is recovered or refilled.
+async fn request(m: &PoolManager, pod: &PodRef, spec: &PortSpec) -> Result<(Vif, VifOrigin)> {
+    eventually(&format!("a port for {}", pod.name), WAIT, || async {
+        match m.request_vif(pod, spec).await {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.is_retryable() => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    })
+    .await
+}
+
+/// Records the pod's port in its KuryrPort as the kuryrport handler does (recovery reads it).
+async fn record_kuryrport(kube: &kube::Client, pod: &PodRef, vif: &Vif, origin: &VifOrigin) -> Result<()> {
+    let mut kp: KuryrPort = serde_json::from_value(json!({
+        "apiVersion": "openstack.org/v1", "kind": "KuryrPort",
+        "metadata": {"name": pod.name, "namespace": pod.namespace},
+        "spec": {"podUid": pod.uid, "podNodeName": pod.node},
+    }))?;
+    let mut entry = kuryr_crds::KuryrPortVif::new(true, vif.clone());
+    entry
+        .extra
+        .insert(ORIGIN_FIELD.into(), serde_json::to_value(origin)?);
+    kp.status = Some(kuryr_crds::KuryrPortStatus {
+        vifs: [("eth0".to_string(), entry)].into_iter().collect(),
+    });
+    Api::<KuryrPort>::namespaced(kube.clone(), &pod.namespace)
+        .create(&PostParams::default(), &kp)
+        .await?;
+    Ok(())
+}
+
+fn pod(name: &str) -> PodRef {
+    PodRef {
+        namespace: "default".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        node: NODES[0].into(),
+    }
+}
+
+/// One leadership term of `m`: started, and ready once its recovery is done.
+async fn start_term(m: &Arc<PoolManager>) -> Result<(CancellationToken, tokio::task::JoinHandle<()>)> {
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(m.clone().run(stop.clone()));
+    eventually("pools recovered", WAIT, || async {
+        Ok(m.is_ready().then_some(()))
+    })
+    .await?;
+    Ok((stop, task))
+}
+
+async fn end_term(term: (CancellationToken, tokio::task::JoinHandle<()>)) -> Result<()> {
+    term.0.cancel();
+    tokio::time::timeout(WAIT, term.1).await??;
+    Ok(())
+}
+
+/// Waits until no refill runs and the pool holds at least `min` spare ports (its state then no
+/// longer changes by itself).
+async fn settled(m: &PoolManager, min: usize) -> Result<()> {
+    eventually("the pool settled", WAIT, || async {
+        let s = m.summaries();
+        Ok((s.len() == 1 && !s[0].populating && s[0].available >= min).then_some(()))
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn regained_leadership_recovers_instead_of_serving_stale_pools() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.64.0.0/24").await?;
+        // Creates the controller namespace (the KuryrPortPool objects live there).
+        PoolBed::new(&kube, &fx, "").await?;
+        let mut config = KuryrConfig::default();
+        config.kubernetes.cluster_id = format!("ha-{}", uuid::Uuid::new_v4().simple());
+        config.kubernetes.controller_namespace = CONTROLLER_NS.into();
+        config.kubernetes.vif_pool_driver = VifPoolDriver::Neutron;
+        config.vif_pool.ports_pool_min = 2;
+        config.vif_pool.ports_pool_batch = 3.try_into()?;
+        let config = Arc::new(config);
+        let metrics = Metrics::new();
+        let deployments = Deployments::noauth(&target.url, &metrics)?;
+        let ctx = Arc::new(Context::new(
+            kube.client.clone(),
+            config.clone(),
+            deployments.clone(),
+            metrics,
+        ));
+        let replica = || {
+            let vif = Arc::new(NeutronVif::new(
+                deployments.clone(),
+                ctx.resource_tags(),
+                "br-int".into(),
+                0,
+            ));
+            pool::build(ctx.clone(), vif, &config.vif_pool)
+        };
+        let info = Arc::new(NetworkInfo {
+            id: fx.network.clone(),
+            name: String::new(),
+            mtu: None,
+            subnets: vec![neutron.get_subnet(&fx.subnet).await?],
+        });
+        let spec = PortSpec::new("default", fx.project.clone(), info, vec![fx.sg.clone()]);
+
+        // Term 1 of replica A: a cold pool, one pod served.
+        let a = replica()?;
+        let term = start_term(&a).await?;
+        let (va, oa) = request(&a, &pod("a"), &spec).await?;
+        record_kuryrport(&kube.client, &pod("a"), &va, &oa).await?;
+        settled(&a, 2).await?;
+        end_term(term).await?;
+        assert!(
+            !a.is_ready(),
+            "{}: a replica that lost leadership does not serve",
+            target.name
+        );
+
+        // Replica B leads meanwhile and hands one of A's spare ports to another pod.
+        let b = replica()?;
+        let term = start_term(&b).await?;
+        assert_eq!(b.summaries()[0].in_use, 1, "{}", target.name);
+        let (vb, ob) = request(&b, &pod("b"), &spec).await?;
+        record_kuryrport(&kube.client, &pod("b"), &vb, &ob).await?;
+        assert_ne!(vb.id(), va.id());
+        settled(&b, 2).await?;
+        end_term(term).await?;
+
+        // A leads again: its pools come from recovery, with B's pod port in use.
+        let term = start_term(&a).await?;
+        let s = a.summaries();
+        assert_eq!(s.len(), 1, "{}: {s:?}", target.name);
+        assert_eq!(
+            s[0].in_use, 2,
+            "{}: both pods' ports are in use: {s:?}",
+            target.name
+        );
+        let spare = s[0].available;
+        assert!(spare >= 2, "{}: {s:?}", target.name);
+        for i in 0..spare {
+            let p = pod(&format!("c{i}"));
+            let (v, _) = request(&a, &p, &spec).await?;
+            assert_ne!(v.id(), vb.id(), "{}: B's pod port handed out again", target.name);
+            assert_ne!(v.id(), va.id(), "{}: A's pod port handed out again", target.name);
+        }
+        end_term(term).await?;
+        let objs = Api::<KuryrPortPool>::namespaced(kube.client.clone(), CONTROLLER_NS)
+            .list(&ListParams::default())
+            .await?;
+        assert_eq!(
+            objs.items.len(),
+            1,
+            "{}: one pool object across the terms",
+            target.name
+        );
+        cleanup_project(neutron, &fx.project).await;
+        eprintln!("pool_ha[{}]: the regained term recovered its pools", target.name);
+    }
+    Ok(())
+}
