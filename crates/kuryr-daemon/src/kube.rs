@@ -1,6 +1,7 @@
 //! Kubernetes plumbing: the KuryrPort and Pod watchers feeding the
 //! registry, Events on pods, API health.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -45,20 +46,79 @@ pub async fn watch_kuryrports(client: Client, node: &str, registry: Arc<Registry
 pub async fn watch_pods(client: Client, node: &str, registry: Arc<Registry>) {
     let api: Api<Pod> = Api::all(client);
     let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let mut stream = watcher::watcher(api, cfg).boxed();
+    track_pods(watcher::watcher(api, cfg).boxed(), &registry).await;
+}
+
+/// Feed pod deletions from a pod watch stream into `registry` until the
+/// stream ends (see [`PodTracker`]).
+pub async fn track_pods<E: std::fmt::Display>(
+    mut stream: impl futures::Stream<Item = Result<WEvent<Pod>, E>> + Unpin,
+    registry: &Registry,
+) {
+    let mut tracker = PodTracker::default();
     while let Some(ev) = stream.next().await {
         match ev {
-            Ok(WEvent::Delete(pod)) => {
-                if let (Some(ns), Some(name), Some(uid)) =
-                    (pod.metadata.namespace, pod.metadata.name, pod.metadata.uid)
-                {
-                    registry.pod_deleted(&PodKey::new(ns, name), &uid);
-                }
-            }
-            Ok(_) => {}
+            Ok(ev) => tracker.on_event(ev, registry),
             Err(e) => {
                 tracing::warn!(error = %e, "Pod watch failed, retrying");
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// What the pod watch knows about this node's pods: the UID under each
+/// name. A DELETE is not the only proof that a pod is gone: after a re-list
+/// (the watch expired, the connection dropped) pods deleted in the gap are
+/// simply absent, and a name that comes back with another UID means the pod
+/// with the old UID was deleted (a name is reused only once the old pod is
+/// gone). Both are reported as deletions, so an ADD still waiting for such a
+/// pod answers 410 at once instead of waiting out its timeout.
+#[derive(Default)]
+pub struct PodTracker {
+    known: HashMap<PodKey, String>,
+    /// Pods of a re-list in progress (between `Init` and `InitDone`).
+    relist: Option<HashMap<PodKey, String>>,
+}
+
+fn pod_key_uid(pod: &Pod) -> Option<(PodKey, String)> {
+    let m = &pod.metadata;
+    Some((PodKey::new(m.namespace.clone()?, m.name.clone()?), m.uid.clone()?))
+}
+
+impl PodTracker {
+    pub fn on_event(&mut self, ev: WEvent<Pod>, registry: &Registry) {
+        match ev {
+            WEvent::Apply(pod) => {
+                if let Some((key, uid)) = pod_key_uid(&pod)
+                    && let Some(old) = self.known.insert(key.clone(), uid.clone())
+                    && old != uid
+                {
+                    registry.pod_deleted(&key, &old);
+                }
+            }
+            WEvent::Delete(pod) => {
+                if let Some((key, uid)) = pod_key_uid(&pod) {
+                    if self.known.get(&key) == Some(&uid) {
+                        self.known.remove(&key);
+                    }
+                    registry.pod_deleted(&key, &uid);
+                }
+            }
+            WEvent::Init => self.relist = Some(HashMap::new()),
+            WEvent::InitApply(pod) => {
+                if let Some((key, uid)) = pod_key_uid(&pod) {
+                    self.relist.get_or_insert_default().insert(key, uid);
+                }
+            }
+            WEvent::InitDone => {
+                let fresh = self.relist.take().unwrap_or_default();
+                for (key, uid) in &self.known {
+                    if fresh.get(key) != Some(uid) {
+                        registry.pod_deleted(key, uid);
+                    }
+                }
+                self.known = fresh;
             }
         }
     }
@@ -158,4 +218,59 @@ pub async fn run(
     kp_task.abort();
     pod_task.abort();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, uid: &str) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.namespace = Some("default".into());
+        p.metadata.name = Some(name.into());
+        p.metadata.uid = Some(uid.into());
+        p
+    }
+
+    #[test]
+    fn pods_deleted_while_not_watching_are_reported_after_the_relist() {
+        let r = Registry::new();
+        let mut t = PodTracker::default();
+        for ev in [
+            WEvent::Init,
+            WEvent::InitApply(pod("a", "ua")),
+            WEvent::InitApply(pod("b", "ub")),
+            WEvent::InitDone,
+        ] {
+            t.on_event(ev, &r);
+        }
+        assert!(!r.is_gone(&PodKey::new("default", "a"), "ua"));
+        // The watch broke; "a" was deleted and "b" re-created meanwhile.
+        for ev in [
+            WEvent::Init,
+            WEvent::InitApply(pod("b", "ub2")),
+            WEvent::InitApply(pod("c", "uc")),
+            WEvent::InitDone,
+        ] {
+            t.on_event(ev, &r);
+        }
+        assert!(r.is_gone(&PodKey::new("default", "a"), "ua"));
+        assert!(r.is_gone(&PodKey::new("default", "b"), "ub"));
+        assert!(!r.is_gone(&PodKey::new("default", "b"), "ub2"));
+        assert!(!r.is_gone(&PodKey::new("default", "c"), "uc"));
+    }
+
+    #[test]
+    fn a_name_back_with_another_uid_means_the_old_pod_is_gone() {
+        let r = Registry::new();
+        let mut t = PodTracker::default();
+        t.on_event(WEvent::Apply(pod("s-0", "u1")), &r);
+        t.on_event(WEvent::Apply(pod("s-0", "u1")), &r);
+        assert!(!r.is_gone(&PodKey::new("default", "s-0"), "u1"));
+        t.on_event(WEvent::Apply(pod("s-0", "u2")), &r);
+        assert!(r.is_gone(&PodKey::new("default", "s-0"), "u1"));
+        assert!(!r.is_gone(&PodKey::new("default", "s-0"), "u2"));
+        t.on_event(WEvent::Delete(pod("s-0", "u2")), &r);
+        assert!(r.is_gone(&PodKey::new("default", "s-0"), "u2"));
+    }
 }

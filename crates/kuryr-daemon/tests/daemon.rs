@@ -306,3 +306,114 @@ async fn del_is_not_stuck_behind_an_add_waiting_for_activation() {
     let e = add.await.unwrap().err().unwrap();
     assert_eq!(e.code(), 3, "{e}");
 }
+
+/// A StatefulSet pod re-created under the same name: the KuryrPort of the
+/// old pod may still be around (finalizer) when the kubelet asks for the new
+/// one. As upstream, ADD waits for the KuryrPort of the pod it was asked for
+/// and never plugs the old pod's VIF; an ADD for the old pod (a kubelet
+/// retry) answers 410 as soon as the pod watch knows that pod is gone, here
+/// learned from a re-list that no longer has it, without waiting out
+/// `vif_annotation_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uid_mismatch_waits_for_the_right_kuryrport_and_410s_once_the_pod_is_gone() {
+    if !can_netns() {
+        return;
+    }
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::runtime::watcher::Event as WEvent;
+    use kuryr_daemon::kube::PodTracker;
+    let pod = |uid: &str| {
+        let mut p = Pod::default();
+        p.metadata.namespace = Some("default".into());
+        p.metadata.name = Some("db-0".into());
+        p.metadata.uid = Some(uid.into());
+        p
+    };
+    let br = unique("kdb");
+    let _b = HostLink(br.clone());
+    let ns = TestNetns::new("kdu");
+    let old = vif(
+        "eth0",
+        "o",
+        "fa:16:3e:00:34:01",
+        "10.86.0.0/24",
+        "10.86.0.5",
+        None,
+        &br,
+    );
+    let new = vif(
+        "eth0",
+        "n",
+        "fa:16:3e:00:34:02",
+        "10.86.0.0/24",
+        "10.86.0.6",
+        None,
+        &br,
+    );
+    let old_tap = kuryr_crds::vif_name_for_port(&old.port_id);
+    let _t1 = HostLink(old_tap.clone());
+    let _t2 = HostLink(kuryr_crds::vif_name_for_port(&new.port_id));
+    let mut cfg = DaemonConfig::new("n1");
+    cfg.vif_annotation_timeout = Duration::from_secs(20);
+    let d = Daemon::new(cfg, Arc::new(NoEvents), Arc::new(ApiUp));
+    let mut pods = PodTracker::default();
+    for ev in [WEvent::Init, WEvent::InitApply(pod("u-old")), WEvent::InitDone] {
+        pods.on_event(ev, &d.registry);
+    }
+    d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "db-0",
+        "u-old",
+        "n1",
+        std::slice::from_ref(&old),
+    ));
+
+    // ADD for the new pod while only the old pod's KuryrPort exists: wait.
+    let add = tokio::spawn({
+        let (d, b) = (d.clone(), body("db-0", "c-new", &ns.path(), "eth0", "u-new"));
+        async move { d.add(&b).await }
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!add.is_finished(), "ADD must wait for the new pod's KuryrPort");
+    assert!(
+        !host_ok(&["ip", "-o", "link"]).contains(&old_tap),
+        "the old pod's VIF must not be plugged"
+    );
+    d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "db-0",
+        "u-new",
+        "n1",
+        std::slice::from_ref(&new),
+    ));
+    let res = add.await.unwrap().unwrap();
+    assert_eq!(
+        res.vif["versioned_object.data"]["address"], "fa:16:3e:00:34:02",
+        "the new pod's VIF"
+    );
+    assert!(ns.exec_ok(&["ip", "-o", "link"]).contains("fa:16:3e:00:34:02"));
+
+    // A late ADD for the old pod: pending until the pod watch says the pod
+    // is gone. The watch broke and its re-list only has the new pod.
+    let started = std::time::Instant::now();
+    let stale = tokio::spawn({
+        let (d, b) = (d.clone(), body("db-0", "c-old", &ns.path(), "eth0", "u-old"));
+        async move { d.add(&b).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!stale.is_finished(), "nothing says the old pod is gone yet");
+    for ev in [WEvent::Init, WEvent::InitApply(pod("u-new")), WEvent::InitDone] {
+        pods.on_event(ev, &d.registry);
+    }
+    let e = stale.await.unwrap().err().unwrap();
+    assert_eq!(e.code(), 3, "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "410 from the pod watch, not the 20 s timeout"
+    );
+    // The new pod's interface is untouched by the stale ADD.
+    d.del(&body("db-0", "c-new", &ns.path(), "eth0", "u-new"))
+        .await
+        .unwrap();
+    assert!(!ns.exec_ok(&["ip", "-o", "link"]).contains("fa:16:3e:00:34:02"));
+}
