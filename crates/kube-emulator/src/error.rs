@@ -53,6 +53,10 @@ impl Cause {
     }
 
     fn render(&self) -> String {
+        if self.reason == "FieldManagerConflict" {
+            // Apply conflicts carry the field separately and only the manager in the message.
+            return self.message.clone();
+        }
         format!("{}: {}", self.field, self.message)
     }
 }

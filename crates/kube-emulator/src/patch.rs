@@ -72,7 +72,7 @@ pub fn merge_patch(doc: &mut Value, body: &Value) -> ApiResult<()> {
 
 /// The merge key of a list field, from the patch tags of the core API types; `None` means the
 /// list is atomic (replaced wholesale).
-fn merge_key(field: &str, target: &[Value], patch: &[Value]) -> Option<&'static str> {
+pub(crate) fn merge_key(field: &str, target: &[Value], patch: &[Value]) -> Option<&'static str> {
     Some(match field {
         "containers"
         | "initContainers"

@@ -137,8 +137,23 @@ fn write_opts(q: &Query) -> ApiResult<WriteOpts> {
     Ok(WriteOpts {
         dry_run: dry_run(q)?,
         field_manager: q.get("fieldManager").cloned(),
+        force: false,
         field_validation,
     })
+}
+
+/// `fieldManager` or, like the real server for non-apply writes, the User-Agent up to its first `/`.
+fn write_opts_with_manager(q: &Query, headers: &HeaderMap) -> ApiResult<WriteOpts> {
+    let mut opts = write_opts(q)?;
+    if opts.field_manager.as_deref().is_none_or(str::is_empty) {
+        opts.field_manager = headers
+            .get(header::USER_AGENT)
+            .and_then(|h| h.to_str().ok())
+            .and_then(|ua| ua.split('/').next())
+            .map(|m| m.chars().take(128).collect::<String>())
+            .filter(|m| !m.is_empty());
+    }
+    Ok(opts)
 }
 
 fn dry_run(q: &Query) -> ApiResult<bool> {
@@ -526,7 +541,12 @@ fn serve(
                     def.plural
                 )));
             }
-            let out = store.create(&def, &ns, parse_body(headers, body)?, &write_opts(q)?)?;
+            let out = store.create(
+                &def,
+                &ns,
+                parse_body(headers, body)?,
+                &write_opts_with_manager(q, headers)?,
+            )?;
             Ok(with_warnings(
                 json_response(201, &object_body(&def, &out.object, mode, q)),
                 &out.warnings,
@@ -548,7 +568,7 @@ fn serve(
                 name,
                 parse_body(headers, body)?,
                 status_only,
-                &write_opts(q)?,
+                &write_opts_with_manager(q, headers)?,
             )?;
             Ok(with_warnings(
                 json_response(200, &object_body(&def, &out.object, mode, q)),
@@ -562,12 +582,17 @@ fn serve(
                 .and_then(|h| h.to_str().ok())
                 .unwrap_or_default();
             let ptype = PatchType::from_content_type(ct)?;
-            let mut opts = write_opts(q)?;
+            let mut opts = if ptype == PatchType::Apply {
+                write_opts(q)?
+            } else {
+                write_opts_with_manager(q, headers)?
+            };
             if ptype != PatchType::Apply && q.get("force").is_some() {
                 return Err(ApiError::bad_request(
                     "force: Invalid value: force may only be set for apply patches",
                 ));
             }
+            opts.force = flag(q, "force");
             if ptype == PatchType::Apply
                 && opts.field_validation == FieldValidation::Warn
                 && q.get("fieldValidation").is_none()

@@ -13,6 +13,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, watch};
 
 use crate::error::{ApiError, ApiResult, Cause};
+use crate::fields::{self, Entry, FieldSet};
 use crate::patch::{self, PatchType};
 use crate::resources::{Registry, ResourceDef, defs_from_crd};
 use crate::schema;
@@ -75,6 +76,8 @@ pub enum FieldValidation {
 pub struct WriteOpts {
     pub dry_run: bool,
     pub field_manager: Option<String>,
+    /// `force=true` on an apply: take over fields other managers own instead of a 409.
+    pub force: bool,
     pub field_validation: FieldValidation,
 }
 
@@ -219,13 +222,20 @@ fn spec_part(def: &ResourceDef, obj: &Value) -> Value {
     v
 }
 
-/// Equality for no-op detection: resourceVersion and managedFields do not count.
+/// Equality for no-op detection: resourceVersion and managedFields timestamps do not count
+/// (a change of field ownership does, as on the real server).
 fn same_content(a: &Value, b: &Value) -> bool {
     let strip = |v: &Value| {
         let mut v = v.clone();
         if let Some(Value::Object(m)) = v.get_mut("metadata") {
             m.remove("resourceVersion");
-            m.remove("managedFields");
+            if let Some(Value::Array(entries)) = m.get_mut("managedFields") {
+                for e in entries {
+                    if let Value::Object(e) = e {
+                        e.remove("time");
+                    }
+                }
+            }
         }
         v
     };
@@ -477,7 +487,7 @@ impl Store {
         {
             return Err(ApiError::stale(&def.group, &def.plural, name));
         }
-        st.update_existing(def, ns, &cur, body, status_only, opts, self)
+        st.update_existing(def, ns, &cur, body, status_only, opts, None, self)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -515,7 +525,7 @@ impl Store {
                 "metadata.name: the patch may not change the name (\"{name}\")"
             )));
         }
-        st.update_existing(def, ns, &cur, doc, status_only, opts, self)
+        st.update_existing(def, ns, &cur, doc, status_only, opts, None, self)
     }
 
     pub fn delete(
@@ -971,14 +981,6 @@ impl State {
         meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
         meta.insert("creationTimestamp".into(), json!(now()));
         meta.insert("generation".into(), json!(1));
-        if let Some(fm) = &opts.field_manager
-            && !meta.contains_key("managedFields")
-        {
-            meta.insert(
-                "managedFields".into(),
-                json!([{"manager": fm, "operation": "Update", "apiVersion": api_version, "time": now()}]),
-            );
-        }
         if def.namespaced {
             match self.namespace_terminating(ns) {
                 None => return Err(ApiError::not_found("", "namespaces", ns)),
@@ -1008,6 +1010,30 @@ impl State {
             body["status"] = json!({"phase": "Active"});
         }
         let warnings = self.admit(def, &mut body, opts)?;
+        if let Some(fm) = opts.field_manager.as_deref().filter(|m| !m.is_empty())
+            && body.pointer("/metadata/managedFields").is_none()
+        {
+            // The creator owns every field it set (status is the server's on create).
+            let mut owned = body.clone();
+            if def.status_subresource
+                && let Value::Object(m) = &mut owned
+            {
+                m.remove("status");
+            }
+            let entry = Entry {
+                manager: fm.to_string(),
+                operation: "Update".into(),
+                subresource: String::new(),
+                api_version: api_version.clone(),
+                time: None,
+                set: fields::set_of(&owned, fields::Schema { builtin: !def.custom }),
+                touched: true,
+            };
+            let rendered = fields::render(&[entry], &now());
+            if rendered.as_array().is_some_and(|a| !a.is_empty()) {
+                meta_mut(&mut body).insert("managedFields".into(), rendered);
+            }
+        }
         if def.is_crd() {
             body["status"] = crd_status(&body);
         }
@@ -1036,6 +1062,7 @@ impl State {
         new: Value,
         status_only: bool,
         opts: &WriteOpts,
+        applied: Option<FieldSet>,
         store: &Store,
     ) -> ApiResult<WriteOutcome> {
         let name = meta_str(cur, "name").unwrap_or_default().to_string();
@@ -1090,6 +1117,30 @@ impl State {
             }
         }
         let warnings = self.admit(def, &mut merged, opts)?;
+        // Field ownership: an update takes over what it changes, an apply may conflict.
+        if applied.is_some()
+            || opts.field_manager.is_some()
+            || cur.pointer("/metadata/managedFields").is_some()
+        {
+            let entries = fields::track(
+                fields::entries(cur),
+                cur,
+                &merged,
+                fields::Schema { builtin: !def.custom },
+                opts.field_manager.as_deref().filter(|m| !m.is_empty()),
+                if status_only { "status" } else { "" },
+                &def.api_version(),
+                applied,
+                opts.force,
+            )?;
+            let rendered = fields::render(&entries, &now());
+            let meta = meta_mut(&mut merged);
+            if rendered.as_array().is_some_and(Vec::is_empty) {
+                meta.remove("managedFields");
+            } else {
+                meta.insert("managedFields".into(), rendered);
+            }
+        }
         let deleting = meta_str(cur, "deletionTimestamp").is_some();
         let fins = finalizers(&merged);
         if deleting {
@@ -1164,43 +1215,60 @@ impl State {
             ));
         };
         check_body_identity(def, ns, name, &mut body)?;
-        let fields = patch::field_set(&body);
-        let entry = json!({"manager": manager, "operation": "Apply", "apiVersion": def.api_version(), "time": now(), "fieldsType": "FieldsV1", "fieldsV1": fields});
-        let Some(cur) = self.get(def, ns, name) else {
-            meta_mut(&mut body).insert("managedFields".into(), json!([entry]));
-            return self.create(def, ns, body, opts, store);
-        };
-        if let Some(rv) = meta_str(&body, "resourceVersion")
-            && Some(rv) != meta_str(&cur, "resourceVersion")
-        {
-            return Err(ApiError::stale(&def.group, &def.plural, name));
-        }
-        let mut doc = (*cur).clone();
-        let mut managed: Vec<Value> = cur
-            .pointer("/metadata/managedFields")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        let is_mine = |m: &Value| {
-            m.get("manager").and_then(Value::as_str) == Some(manager.as_str())
-                && m.get("operation").and_then(Value::as_str) == Some("Apply")
-        };
-        if let Some(prev) = managed.iter().find(|m| is_mine(m)) {
-            patch::remove_dropped_fields(&mut doc, prev.get("fieldsV1").unwrap_or(&Value::Null), &fields);
-        }
+        let rv = meta_str(&body, "resourceVersion").map(String::from);
         if let Some(Value::Object(m)) = body.get_mut("metadata") {
             m.remove("managedFields");
             m.remove("resourceVersion");
         }
+        let mut applied = fields::set_of(&body, fields::Schema { builtin: !def.custom });
+        if def.status_subresource {
+            // The main resource ignores status and the status subresource everything else.
+            applied.retain(|p| (p.first().map(String::as_str) == Some("f:status")) == status_only);
+        }
+        let subresource = if status_only { "status" } else { "" };
+        let Some(cur) = self.get(def, ns, name) else {
+            let entry = Entry {
+                manager,
+                operation: "Apply".into(),
+                subresource: subresource.into(),
+                api_version: def.api_version(),
+                time: None,
+                set: applied,
+                touched: true,
+            };
+            meta_mut(&mut body).insert("managedFields".into(), fields::render(&[entry], &now()));
+            return self.create(def, ns, body, opts, store);
+        };
+        if let Some(rv) = rv
+            && Some(rv.as_str()) != meta_str(&cur, "resourceVersion")
+        {
+            return Err(ApiError::stale(&def.group, &def.plural, name));
+        }
+        let mut doc = (*cur).clone();
+        // Fields this manager no longer applies go, unless another manager still owns them.
+        let entries = fields::entries(&cur);
+        let mine = |e: &&Entry| e.same_owner(&manager, "Apply", subresource);
+        let last = entries
+            .iter()
+            .find(mine)
+            .map(|e| e.set.clone())
+            .unwrap_or_default();
+        let others: Vec<&Entry> = entries.iter().filter(|e| !mine(e)).collect();
+        fields::prune(&mut doc, &last, &applied, &others);
         if def.custom {
-            patch::merge_patch(&mut doc, &body)?
+            // Custom resources: merge semantics (atomic lists), except ObjectMeta's keyed lists.
+            let meta = match &mut body {
+                Value::Object(m) => m.remove("metadata"),
+                _ => None,
+            };
+            patch::merge_patch(&mut doc, &body)?;
+            if let Some(meta) = meta {
+                patch::strategic_merge(&mut doc["metadata"], &meta)?;
+            }
         } else {
             patch::strategic_merge(&mut doc, &body)?
         }
-        managed.retain(|m| !is_mine(m));
-        managed.push(entry);
-        meta_mut(&mut doc).insert("managedFields".into(), Value::Array(managed));
-        self.update_existing(def, ns, &cur, doc, status_only, opts, store)
+        self.update_existing(def, ns, &cur, doc, status_only, opts, Some(applied), store)
     }
 
     fn delete(

@@ -416,6 +416,45 @@ async fn kubectl_drives_the_emulator() {
         None,
     );
     assert!(managers.contains("kubectl"), "{managers}");
+    // Another field manager changing a field "kubectl" owns conflicts; --force-conflicts takes it over.
+    let kp2c = kuryrport("kp2", "  podUid: uid-9\n  podNodeName: node-e\n");
+    let err = k.fails(
+        &["apply", "--server-side", "--field-manager=other", "-f", "-"],
+        Some(&kp2c),
+    );
+    assert!(
+        err.contains("Apply failed with 1 conflict: conflict with \"kubectl\": .spec.podNodeName"),
+        "{err}"
+    );
+    k.ok(
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=other",
+            "--force-conflicts",
+            "-f",
+            "-",
+        ],
+        Some(&kp2c),
+    );
+    let owners = k.ok(
+        &[
+            "get",
+            "kp",
+            "kp2",
+            "-n",
+            "ns1",
+            "--show-managed-fields",
+            "-o",
+            "jsonpath={.spec.podNodeName} {.metadata.managedFields[?(@.manager==\"other\")].fieldsV1.f:spec}",
+        ],
+        None,
+    );
+    assert!(owners.starts_with("node-e "), "{owners}");
+    assert!(
+        owners.contains("f:podNodeName") && owners.contains("f:podUid"),
+        "{owners}"
+    );
 
     // An invalid custom resource is rejected with 422 and the field path.
     let bad = kuryrport("kp3", "  podUid: uid-3\n");
