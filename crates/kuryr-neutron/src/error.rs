@@ -141,7 +141,7 @@ pub enum Error {
     #[error("{0}")]
     Api(Box<ApiError>),
     /// The request did not get an HTTP answer (refused, reset, DNS, TLS, timeout).
-    #[error("{operation}: connection to Neutron failed{}: {source}", if *.timed_out { " (timeout)" } else { "" })]
+    #[error("{operation}: connection to Neutron failed{}: {}", if *.timed_out { " (timeout)" } else { "" }, describe_transport(.source))]
     Connection {
         operation: &'static str,
         timed_out: bool,
@@ -214,6 +214,41 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A transport error with its causes: reqwest's own message ("error sending request for url ...") hides why, e.g. which
+/// certificate check failed. A failed certificate verification gets a hint naming the options that fix it.
+pub(crate) fn describe_transport(e: &reqwest::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut bad_certificate = false;
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(rustls::Error::InvalidCertificate(_)) = find_rustls(err) {
+            bad_certificate = true;
+        }
+        let msg = err.to_string();
+        if parts.last() != Some(&msg) {
+            parts.push(msg);
+        }
+        cur = err.source();
+    }
+    let mut out = parts.join(": ");
+    if bad_certificate {
+        out.push_str(
+            " (TLS certificate verification failed: set `cafile` to the CA bundle that signed the server's \
+             certificate, or `insecure = True` on test clouds only)",
+        );
+    }
+    out
+}
+
+/// The rustls error in `err`, looking through (nested) `io::Error`s, whose `source()` skips the wrapped error.
+fn find_rustls<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    if let Some(r) = err.downcast_ref::<rustls::Error>() {
+        return Some(r);
+    }
+    let inner = err.downcast_ref::<std::io::Error>()?.get_ref()?;
+    find_rustls(inner)
+}
 
 #[cfg(test)]
 mod tests {

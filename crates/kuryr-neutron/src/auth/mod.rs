@@ -242,7 +242,7 @@ pub enum AuthError {
     InvalidOption { option: &'static str, message: String },
     #[error("Keystone refused authentication ({status}): {message}")]
     Rejected { status: u16, message: String },
-    #[error("cannot reach Keystone at {url}: {source}")]
+    #[error("cannot reach Keystone at {url}: {}", crate::error::describe_transport(.source))]
     Connection {
         url: String,
         #[source]
