@@ -761,6 +761,7 @@ fn watch_response(
         .map(Duration::from_secs);
     let bookmarks = flag(q, "allowWatchBookmarks");
     let interval = app.bookmark_interval;
+    let store = app.store.clone();
     let filter = WatchFilter {
         def: def.clone(),
         opts,
@@ -796,6 +797,34 @@ fn watch_response(
                     }
                 }
                 _ = ticker.tick(), if bookmarks => {
+                    // Like the watch cache, a bookmark carries the current resourceVersion (also
+                    // when only other kinds changed). Every event up to it is already queued on
+                    // this watcher's channel (commit sends under the store lock): send those first.
+                    let current = store.resource_version();
+                    let mut batch = BytesMut::new();
+                    loop {
+                        match start.rx.try_recv() {
+                            Ok(ev) => {
+                                if ev.rv > last_rv {
+                                    last_rv = ev.rv;
+                                    if let Some(line) = filter.render(&ev) {
+                                        batch.extend_from_slice(&line);
+                                    }
+                                }
+                            }
+                            Err(broadcast::error::TryRecvError::Empty) => break,
+                            Err(_) => {
+                                if !batch.is_empty() {
+                                    let _ = tx.send(Ok(batch.freeze())).await;
+                                }
+                                return;
+                            }
+                        }
+                    }
+                    if !batch.is_empty() && tx.send(Ok(batch.freeze())).await.is_err() {
+                        return;
+                    }
+                    last_rv = last_rv.max(current);
                     let bm = json!({"kind": def.kind, "apiVersion": def.api_version(), "metadata": {"resourceVersion": last_rv.to_string()}});
                     if tx.send(Ok(event_line("BOOKMARK", &bm))).await.is_err() {
                         return;

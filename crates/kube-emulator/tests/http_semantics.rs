@@ -258,7 +258,6 @@ async fn server_side_apply_tracks_field_ownership_between_managers() {
     handle.shutdown().await.expect("shutdown");
 }
 
-#[allow(dead_code)]
 async fn next_event(
     stream: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
     buf: &mut Vec<u8>,
@@ -275,4 +274,85 @@ async fn next_event(
             .expect("chunk");
         buf.extend_from_slice(&chunk);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_bookmarks_carry_the_current_resource_version_and_resume() {
+    let opts = KubeOptions {
+        bookmark_interval: Duration::from_millis(200),
+        ..KubeOptions::default()
+    };
+    let handle = KubeEmulator::start(opts).await.expect("start");
+    let http = Http::new(&handle);
+    let cms = "/api/v1/namespaces/default/configmaps";
+    let create = |path: &'static str, name: &'static str| {
+        http.send(
+            http.client
+                .post(format!("{}{path}", http.base))
+                .json(&json!({"metadata": {"name": name}})),
+        )
+    };
+    assert_eq!(create(cms, "a").await.0, 201);
+    let (_, list) = http.get(cms).await;
+    let list_rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("list rv")
+        .to_string();
+    let watch = |rv: String| {
+        http.client
+            .get(format!(
+                "{}{cms}?watch=true&allowWatchBookmarks=true&resourceVersion={rv}",
+                http.base
+            ))
+            .send()
+    };
+    let resp = watch(list_rv.clone()).await.expect("watch");
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut stream = Box::pin(resp.bytes_stream());
+    let mut buf = Vec::new();
+    // Writes of another kind move the resourceVersion on; the bookmark reports it.
+    assert_eq!(create("/api/v1/namespaces/default/secrets", "s").await.0, 201);
+    let current = handle.store().resource_version();
+    assert!(current > list_rv.parse::<u64>().expect("numeric rv"));
+    // (A bookmark sent before the secret was written may come first: it carries the list's rv.)
+    let mut tries = 0;
+    let bookmark_rv = loop {
+        tries += 1;
+        assert!(
+            tries < 50,
+            "no bookmark with the current resourceVersion {current}"
+        );
+        let bookmark = next_event(&mut stream, &mut buf).await;
+        assert_eq!(bookmark["type"], "BOOKMARK", "{bookmark}");
+        assert_eq!(bookmark["object"]["kind"], "ConfigMap");
+        let rv = bookmark["object"]["metadata"]["resourceVersion"]
+            .as_str()
+            .expect("bookmark rv")
+            .to_string();
+        if rv == current.to_string() {
+            break rv;
+        }
+        assert_eq!(rv, list_rv, "a bookmark carries the list's or the current rv");
+    };
+    drop(stream);
+
+    // Resuming from the bookmark replays nothing before it and delivers what came after.
+    assert_eq!(create(cms, "b").await.0, 201);
+    let resp = watch(bookmark_rv).await.expect("resume");
+    let mut stream = Box::pin(resp.bytes_stream());
+    let mut buf = Vec::new();
+    let ev = next_event(&mut stream, &mut buf).await;
+    assert_eq!(
+        (ev["type"].as_str(), ev["object"]["metadata"]["name"].as_str()),
+        (Some("ADDED"), Some("b")),
+        "{ev}"
+    );
+    assert_eq!(create(cms, "c").await.0, 201);
+    let mut ev = next_event(&mut stream, &mut buf).await;
+    while ev["type"] == "BOOKMARK" {
+        ev = next_event(&mut stream, &mut buf).await;
+    }
+    assert_eq!(ev["object"]["metadata"]["name"], "c", "{ev}");
+    drop(stream);
+    handle.shutdown().await.expect("shutdown");
 }
