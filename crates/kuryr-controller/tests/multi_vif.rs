@@ -54,6 +54,36 @@ async fn extra_subnet(neutron: &NeutronClient, project: &str, name: &str, cidr: 
     Ok(subnet.id)
 }
 
+/// A VLAN provider network on `physnet` (admin-created, VLAN allocated by Neutron) with one subnet in
+/// the fixture's project: what an operator gives SR-IOV VFs. Returns (network, subnet).
+async fn physnet_subnet(
+    neutron: &NeutronClient,
+    project: &str,
+    physnet: &str,
+    cidr: &str,
+) -> Result<(kuryr_neutron::Network, String)> {
+    let net = neutron
+        .create_network(&kuryr_neutron::NetworkCreate {
+            name: Some(format!("{physnet}-vfs")),
+            project_id: Some(project.into()),
+            provider_network_type: Some("vlan".into()),
+            provider_physical_network: Some(physnet.into()),
+            ..Default::default()
+        })
+        .await?;
+    let subnet = neutron
+        .create_subnet(&kuryr_neutron::SubnetCreate {
+            network_id: net.id.clone(),
+            ip_version: 4,
+            cidr: Some(cidr.into()),
+            project_id: Some(project.into()),
+            name: Some(format!("{physnet}-vfs")),
+            ..Default::default()
+        })
+        .await?;
+    Ok((net, subnet.id))
+}
+
 /// A pod in [`NS`] on the first node.
 async fn create_pod_with(
     kube: &kube::Client,
@@ -436,7 +466,20 @@ async fn sriov_request_gets_direct_ports_on_the_physnet() -> Result<()> {
         let kube = start_kube().await?;
         let neutron = &target.client;
         let fx = neutron_fixture(neutron, "10.50.0.0/24").await?;
-        let vf_subnet = extra_subnet(neutron, &fx.project, "vfs", "10.51.0.0/24").await?;
+        let (vf_net, vf_subnet) = physnet_subnet(neutron, &fx.project, "physnet2", "10.51.0.0/24").await?;
+        assert_eq!(
+            (
+                vf_net.provider_network_type.as_deref(),
+                vf_net.provider_physical_network.as_deref()
+            ),
+            (Some("vlan"), Some("physnet2")),
+            "{}: {vf_net:?}",
+            target.name
+        );
+        let vlan = vf_net
+            .provider_segmentation_id
+            .expect("VLAN allocated")
+            .to_string();
         let cfg = multi_config(&fx, Some(&vf_subnet));
         let ctrl = start_controller(&kube.client, &target, config(&cfg), "c1");
         create_namespace(&kube.client, NS, json!({})).await?;
@@ -455,21 +498,32 @@ async fn sriov_request_gets_direct_ports_on_the_physnet() -> Result<()> {
             };
             assert_eq!(v.physnet.as_deref(), Some("physnet2"));
             assert_eq!(v.pod_name.as_deref(), Some("vf"));
-            let port = neutron.get_port(&v.base.id).await?;
+            // Bound by ML2's sriovnicswitch driver (the node's NIC Switch agent maps physnet2)
+            // and wired by that agent: ACTIVE, on both targets.
+            let port = eventually(&format!("{ifname} direct port ACTIVE"), WAIT, || async {
+                let p = neutron.get_port(&v.base.id).await?;
+                Ok((p.status == "ACTIVE").then_some(p))
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("{}: {e:#}", target.name))?;
             assert_eq!(port.binding_vnic_type, "direct", "{}", target.name);
+            assert_eq!(port.binding_vif_type, "hw_veb", "{}: {port:?}", target.name);
+            assert_eq!(port.binding_host_id, NODES[0], "{}", target.name);
             assert_eq!(
                 port.binding_profile.get("physical_network"),
-                Some(&json!("physnet2"))
+                Some(&json!("physnet2")),
+                "{}",
+                target.name
             );
-            assert_eq!(port.binding_host_id, NODES[0]);
+            assert_eq!(
+                port.binding_vif_details.get("vlan"),
+                Some(&json!(vlan)),
+                "{}: {:?}",
+                target.name,
+                port.binding_vif_details
+            );
+            assert_eq!(port.network_id, vf_net.id);
             assert_eq!(subnet_of(&port), vf_subnet);
-            if target.name == "neutron-server" {
-                // The lab's ML2 has only the (fake) OVS agent: no mechanism driver binds a direct
-                // port, so the real server reports the binding failed and the port DOWN. kuryr
-                // marks SR-IOV VIFs active without Neutron, like upstream.
-                assert_eq!(port.binding_vif_type, "binding_failed");
-                assert_eq!(port.status, "DOWN");
-            }
             eprintln!(
                 "multi_vif[{}]: {ifname} direct port vif_type={} status={}",
                 target.name, port.binding_vif_type, port.status

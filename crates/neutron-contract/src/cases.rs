@@ -1,5 +1,7 @@
-//! The cases. Each asserts what neutron-server 29.0.0 (noauth, ML2/OVS, fake OVS agent on k8s-node-1 and k8s-node-2)
-//! does; see docs in `shared/notes/real-neutron.md` and the curl transcripts.
+//! The cases. Each asserts what neutron-server 29.0.0 (noauth, ML2 openvswitch + sriovnicswitch, fake OVS and NIC
+//! Switch agents on k8s-node-1 and k8s-node-2, VLAN ranges physnet1:100:200 and physnet2:300:399, NIC Switch
+//! device_mappings physnet2; see `scripts/neutron-lab/`) does; see docs in `shared/notes/real-neutron.md` and the
+//! curl transcripts.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -80,6 +82,8 @@ cases!(
     binding_by_update_becomes_active_and_unbinding_goes_down,
     binding_to_host_without_agent_fails,
     trunk_subports_become_active,
+    provider_networks_flat_and_vlan,
+    direct_port_on_physnet_host_is_hw_veb_and_goes_active,
 );
 
 fn ids(ports: &[Port]) -> BTreeSet<String> {
@@ -1683,5 +1687,159 @@ async fn trunk_subports_become_active(ctx: &Ctx) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------ provider networks, SR-IOV
+
+/// The physnet the NIC Switch agents map (and that has a VLAN range).
+const SRIOV_PHYSNET: &str = "physnet2";
+
+/// An admin-created VLAN network on `physnet`, VLAN allocated by Neutron, in this case's project.
+async fn vlan_network(ctx: &Ctx, physnet: &str) -> anyhow::Result<kuryr_neutron::Network> {
+    Ok(ctx
+        .client
+        .create_network(&NetworkCreate {
+            name: Some(format!("{}-{physnet}", ctx.case)),
+            project_id: Some(ctx.project.clone()),
+            provider_network_type: Some("vlan".into()),
+            provider_physical_network: Some(physnet.into()),
+            ..NetworkCreate::default()
+        })
+        .await?)
+}
+
+async fn provider_networks_flat_and_vlan(ctx: &Ctx) -> anyhow::Result<()> {
+    let c = &ctx.client;
+    let vlan = vlan_network(ctx, SRIOV_PHYSNET).await?;
+    let vid = vlan
+        .provider_segmentation_id
+        .ok_or_else(|| anyhow!("no VLAN allocated: {vlan:?}"))?;
+    ensure!(
+        vlan.provider_network_type.as_deref() == Some("vlan")
+            && vlan.provider_physical_network.as_deref() == Some(SRIOV_PHYSNET)
+            && (300..=399).contains(&vid)
+            && vlan.mtu == Some(1500),
+        "{vlan:?}"
+    );
+    let tenant = c
+        .create_network(&NetworkCreate {
+            name: Some("tenant".into()),
+            project_id: Some(ctx.project.clone()),
+            ..NetworkCreate::default()
+        })
+        .await?;
+    ensure!(
+        tenant.provider_network_type.as_deref() == Some("vxlan")
+            && tenant.provider_physical_network.is_none()
+            && tenant.mtu == Some(1450),
+        "{tenant:?}"
+    );
+    let create = |t: &str, physnet: Option<&str>, seg: Option<u32>| NetworkCreate {
+        name: Some("bad".into()),
+        project_id: Some(ctx.project.clone()),
+        provider_network_type: Some(t.into()),
+        provider_physical_network: physnet.map(String::from),
+        provider_segmentation_id: seg,
+        ..NetworkCreate::default()
+    };
+    let e = expect_api_error(
+        c.create_network(&create("vlan", Some(SRIOV_PHYSNET), Some(vid)))
+            .await,
+        ErrorKind::Other {
+            error_type: "VlanIdInUse".into(),
+        },
+        409,
+    )?;
+    ensure!(
+        e.to_string().contains(&format!(
+            "The VLAN {vid} on physical network {SRIOV_PHYSNET} is in use"
+        )),
+        "{e}"
+    );
+    let e = expect_api_error(
+        c.create_network(&create("vlan", Some("physnet9"), None)).await,
+        ErrorKind::InvalidInput,
+        400,
+    )?;
+    ensure!(
+        e.to_string()
+            .contains("physical_network 'physnet9' unknown for VLAN provider network"),
+        "{e}"
+    );
+    expect_api_error(
+        c.create_network(&create("vlan", Some(SRIOV_PHYSNET), Some(5000)))
+            .await,
+        ErrorKind::InvalidInput,
+        400,
+    )?;
+    let e = expect_api_error(
+        c.create_network(&create("flat", None, None)).await,
+        ErrorKind::InvalidInput,
+        400,
+    )?;
+    ensure!(
+        e.to_string()
+            .contains("physical_network required for flat provider network"),
+        "{e}"
+    );
+    expect_api_error(
+        c.create_network(&create("vxlan", Some(SRIOV_PHYSNET), None))
+            .await,
+        ErrorKind::InvalidInput,
+        400,
+    )?;
+    Ok(())
+}
+
+async fn direct_port_on_physnet_host_is_hw_veb_and_goes_active(ctx: &Ctx) -> anyhow::Result<()> {
+    let net = vlan_network(ctx, SRIOV_PHYSNET).await?;
+    let vid = net.provider_segmentation_id.unwrap_or_default();
+    ctx.subnet(&net.id, "10.63.0.0/24").await?;
+    let direct = |network_id: &str| PortCreate {
+        binding_host_id: Some(AGENT_HOST.into()),
+        binding_vnic_type: Some("direct".into()),
+        binding_profile: Some([("physical_network".to_string(), json!(SRIOV_PHYSNET))].into()),
+        device_owner: Some("compute:kuryr".into()),
+        ..ctx.port_req(network_id)
+    };
+    // sriovnicswitch binds it: the host's NIC Switch agent maps the network's physnet.
+    let p = ctx.port(direct(&net.id)).await?;
+    ensure!(
+        p.binding_vif_type == "hw_veb"
+            && p.binding_vnic_type == "direct"
+            && p.binding_host_id == AGENT_HOST
+            && p.binding_profile.get("physical_network") == Some(&json!(SRIOV_PHYSNET)),
+        "{p:?}"
+    );
+    let d = &p.binding_vif_details;
+    ensure!(
+        d.get("vlan") == Some(&json!(vid.to_string()))
+            && d.get("port_filter") == Some(&json!(false))
+            && d.get("connectivity") == Some(&json!("l2"))
+            && d.get("bound_drivers") == Some(&json!({"0": "sriovnicswitch"})),
+        "vif_details {d:?}"
+    );
+    // The NIC Switch agent reports the VF up.
+    let active = ctx.wait_status(&p.id, "ACTIVE", ACTIVE_WITHIN).await?;
+    ensure!(active.binding_vif_type == "hw_veb", "{active:?}");
+    // On a (tenant) VXLAN network nothing binds a direct port.
+    let (tenant, _) = ctx.network("10.64.0.0/24").await?;
+    let failed = ctx.port(direct(&tenant.id)).await?;
+    ensure!(
+        failed.binding_vif_type == "binding_failed" && failed.status == "DOWN",
+        "{failed:?}"
+    );
+    // Nor on a host without agents.
+    let elsewhere = ctx
+        .port(PortCreate {
+            binding_host_id: Some("no-agent-host".into()),
+            ..direct(&net.id)
+        })
+        .await?;
+    ensure!(
+        elsewhere.binding_vif_type == "binding_failed" && elsewhere.status == "DOWN",
+        "{elsewhere:?}"
+    );
     Ok(())
 }

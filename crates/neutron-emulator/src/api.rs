@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use crate::control::Op;
 use crate::error::{ApiError, ApiResult, Resource};
 use crate::input::{self, Obj};
-use crate::store::{Store, render_subport};
+use crate::store::{OVS_BRIDGE_MAPPINGS, SRIOV_DEVICE_MAPPINGS, Store, render_subport};
 
 /// A reply before headers are added.
 #[derive(Debug)]
@@ -235,7 +235,7 @@ pub fn handle(
                 })
         }
         Route::Agents if *m == Method::GET => {
-            let items: Vec<Value> = agent_hosts.iter().map(|h| agent_json(h)).collect();
+            let items: Vec<Value> = agent_hosts.iter().flat_map(|h| agents_json(h)).collect();
             list_reply(req, "agents", items, None, |_| false)
         }
         Route::Collection(res) if *m == Method::GET => list_resource(store, *res, req),
@@ -332,14 +332,49 @@ pub fn handle(
     }
 }
 
-fn agent_json(host: &str) -> Value {
-    // Stable id per host so repeated lists agree.
-    let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, host.as_bytes()).to_string();
-    json!({"id": id, "agent_type": "Open vSwitch agent", "binary": "neutron-openvswitch-agent", "topic": "N/A",
-           "host": host, "admin_state_up": true, "alive": true, "description": null, "resources_synced": null,
-           "availability_zone": null, "created_at": "", "started_at": "", "heartbeat_timestamp": "",
-           "configurations": {"bridge_mappings": {}, "datapath_type": "system", "integration_bridge": "br-int",
-                              "tunnel_types": ["vxlan"], "ovs_hybrid_plug": false, "emulated": true}})
+/// An agent host's L2 agents, like the lab's fake agent registers them: an Open vSwitch agent and a NIC Switch
+/// (SR-IOV) agent.
+fn agents_json(host: &str) -> [Value; 2] {
+    // Stable ids per host and agent so repeated lists agree.
+    let id = |binary: &str| {
+        let name = if binary == "neutron-openvswitch-agent" {
+            host.to_string()
+        } else {
+            format!("{binary}@{host}")
+        };
+        uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes()).to_string()
+    };
+    let agent = |binary: &str, agent_type: &str, configurations: Value| {
+        json!({"id": id(binary), "agent_type": agent_type, "binary": binary, "topic": "N/A",
+               "host": host, "admin_state_up": true, "alive": true, "description": null, "resources_synced": null,
+               "availability_zone": null, "created_at": "", "started_at": "", "heartbeat_timestamp": "",
+               "configurations": configurations})
+    };
+    let bridges: serde_json::Map<String, Value> = OVS_BRIDGE_MAPPINGS
+        .iter()
+        .map(|(p, b)| (p.to_string(), json!(b)))
+        .collect();
+    let mut devices = serde_json::Map::new();
+    for (p, d) in SRIOV_DEVICE_MAPPINGS {
+        if let Some(Value::Array(a)) = devices.get_mut(p) {
+            a.push(json!(d));
+        } else {
+            devices.insert(p.to_string(), json!([d]));
+        }
+    }
+    [
+        agent(
+            "neutron-openvswitch-agent",
+            "Open vSwitch agent",
+            json!({"bridge_mappings": bridges, "datapath_type": "system", "integration_bridge": "br-int",
+                   "tunnel_types": ["vxlan"], "ovs_hybrid_plug": false, "emulated": true}),
+        ),
+        agent(
+            "neutron-sriov-nic-agent",
+            "NIC Switch agent",
+            json!({"device_mappings": devices, "devices": 0, "extensions": [], "emulated": true}),
+        ),
+    ]
 }
 
 fn create(store: &mut Store, res: Resource, body: &Value) -> ApiResult<Reply> {

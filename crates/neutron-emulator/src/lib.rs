@@ -57,7 +57,10 @@ pub use control::{
     FaultConfig, FaultRule, LatencyProfile, LatencyTable, OpLatency, Outage, OutageMode, Stats,
 };
 pub use error::{ApiError, Resource};
-pub use store::{AgentHosts, NOAUTH_PROJECT, QUOTA_DEFAULTS};
+pub use store::{
+    AgentHosts, Binding, NOAUTH_PROJECT, OVS_BRIDGE_MAPPINGS, QUOTA_DEFAULTS, SRIOV_DEVICE_MAPPINGS,
+    VLAN_RANGES,
+};
 
 use crate::control::Control;
 use crate::store::{Activation, Store};
@@ -73,7 +76,9 @@ pub struct EmulatorOptions {
     pub active_delay: Duration,
     /// Process at most this many API requests at once (uWSGI runs 2 processes); `None` = unlimited.
     pub workers: Option<usize>,
-    /// Hosts with an L2 agent. `Any` binds every host; `Only` makes other hosts `binding_failed` like the real server.
+    /// Hosts with L2 agents (an OVS agent and a NIC Switch agent each, mapped as [`OVS_BRIDGE_MAPPINGS`] and
+    /// [`SRIOV_DEVICE_MAPPINGS`] say). `Any` binds every host; `Only` makes other hosts `binding_failed` like the real
+    /// server.
     pub agent_hosts: AgentHosts,
     /// Answer with `Connection: close` like the real uWSGI setup (clients must cope with it).
     pub connection_close: bool,

@@ -17,6 +17,16 @@ pub const NOAUTH_PROJECT: &str = "fake_project_id";
 pub const TRUNK_SUBPORT_OWNER: &str = "trunk:subport";
 pub const ROUTER_INTERFACE_OWNER: &str = "network:router_interface";
 
+// What the lab's ML2 and fake agents are configured with (scripts/neutron-lab/start-neutron.sh): tenant networks
+// are VXLAN; admins create flat networks on any physnet and VLAN networks on these ranges.
+/// `[ml2_type_vlan] network_vlan_ranges`: physnet, first and last VLAN.
+pub const VLAN_RANGES: [(&str, u32, u32); 2] = [("physnet1", 100, 200), ("physnet2", 300, 399)];
+/// Every agent host's OVS agent `bridge_mappings`: `normal` ports on a flat/VLAN network bind only on these physnets.
+pub const OVS_BRIDGE_MAPPINGS: [(&str, &str); 1] = [("physnet1", "br-ex")];
+/// Every agent host's NIC Switch (SR-IOV) agent `device_mappings`: `direct`/`macvtap` ports bind (vif_type
+/// `hw_veb`) on a flat/VLAN network of these physnets, and nowhere else.
+pub const SRIOV_DEVICE_MAPPINGS: [(&str, &str); 1] = [("physnet2", "ens2f0")];
+
 /// Quota keys in the order neutron lists them, with their defaults (-1 = unlimited).
 pub const QUOTA_DEFAULTS: [(&str, i64); 11] = [
     ("network", 100),
@@ -94,8 +104,30 @@ pub struct Network {
     pub shared: bool,
     pub external: bool,
     pub port_security_enabled: bool,
-    pub segmentation_id: u32,
+    /// `provider:network_type`: `vxlan` (tenant networks), `vlan` or `flat`.
+    pub network_type: String,
+    pub physical_network: Option<String>,
+    /// None for flat networks.
+    pub segmentation_id: Option<u32>,
     pub subnets: Vec<String>,
+}
+
+/// A port's binding as ML2 (openvswitch + sriovnicswitch) decides it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Binding {
+    Unbound,
+    Failed,
+    Ovs,
+    /// sriovnicswitch: the VLAN the VF gets ("0" on a flat network).
+    HwVeb {
+        vlan: String,
+    },
+}
+
+impl Binding {
+    pub fn bound(&self) -> bool {
+        matches!(self, Binding::Ovs | Binding::HwVeb { .. })
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -841,7 +873,10 @@ impl Store {
         if !std.tags.is_empty() {
             std.revision += 1;
         }
-        let mtu = input::opt_int(obj, "mtu")?.unwrap_or(1450);
+        let (network_type, physical_network, segmentation_id) = self.provider_segment(obj)?;
+        // VXLAN takes 50 bytes of the physical networks' 1500.
+        let default_mtu = if network_type == "vxlan" { 1450 } else { 1500 };
+        let mtu = input::opt_int(obj, "mtu")?.unwrap_or(default_mtu);
         let mtu = u32::try_from(mtu)
             .map_err(|_| ApiError::invalid_attr("mtu", format!("'{mtu}' is not a valid mtu")))?;
         let net = Network {
@@ -850,7 +885,9 @@ impl Store {
             external: input::opt_bool(obj, "router:external")?.unwrap_or(false),
             port_security_enabled: input::opt_bool(obj, "port_security_enabled")?.unwrap_or(true),
             mtu,
-            segmentation_id: rand::rng().random_range(1000..16_000_000),
+            network_type,
+            physical_network,
+            segmentation_id,
             subnets: Vec::new(),
             std,
         };
@@ -865,6 +902,121 @@ impl Store {
             o.insert("is_default".into(), json!(false));
         }
         Ok(v)
+    }
+
+    /// The network's segment from the `provider:*` attributes, validated like ML2's type drivers (flat on any
+    /// physnet, VLAN on [`VLAN_RANGES`], VXLAN); without them a tenant VXLAN network.
+    fn provider_segment(&self, obj: &Obj) -> ApiResult<(String, Option<String>, Option<u32>)> {
+        let net_type = input::opt_str(obj, "provider:network_type")?;
+        let physnet = input::opt_str(obj, "provider:physical_network")?.filter(|p| !p.is_empty());
+        let seg = input::opt_int(obj, "provider:segmentation_id")?;
+        let Some(net_type) = net_type else {
+            if physnet.is_some() || seg.is_some() {
+                return Err(ApiError::invalid_input("network_type required"));
+            }
+            let vni = rand::rng().random_range(1000..16_000_000);
+            return Ok(("vxlan".into(), None, Some(vni)));
+        };
+        match net_type.as_str() {
+            "flat" => {
+                let Some(p) = physnet else {
+                    return Err(ApiError::invalid_input(
+                        "physical_network required for flat provider network",
+                    ));
+                };
+                if seg.is_some() {
+                    return Err(ApiError::invalid_input(
+                        "segmentation_id prohibited for flat provider network",
+                    ));
+                }
+                if self
+                    .networks
+                    .values()
+                    .any(|n| n.network_type == "flat" && n.physical_network.as_deref() == Some(p.as_str()))
+                {
+                    return Err(ApiError::conflict(
+                        "FlatNetworkInUse",
+                        format!("Unable to create the flat network. Physical network {p} is in use."),
+                    ));
+                }
+                Ok((net_type, Some(p), None))
+            }
+            "vlan" => {
+                let ranges: Vec<(&str, u32, u32)> = match &physnet {
+                    Some(p) => {
+                        let r: Vec<_> = VLAN_RANGES.iter().filter(|r| r.0 == p).copied().collect();
+                        if r.is_empty() {
+                            return Err(ApiError::invalid_input(format!(
+                                "physical_network '{p}' unknown for VLAN provider network"
+                            )));
+                        }
+                        r
+                    }
+                    None if seg.is_some() => {
+                        return Err(ApiError::invalid_input(
+                            "segmentation_id requires physical_network for VLAN provider network",
+                        ));
+                    }
+                    None => VLAN_RANGES.to_vec(),
+                };
+                let used = |physnet: &str, vlan: u32| {
+                    self.networks.values().any(|n| {
+                        n.network_type == "vlan"
+                            && n.physical_network.as_deref() == Some(physnet)
+                            && n.segmentation_id == Some(vlan)
+                    })
+                };
+                if let Some(v) = seg {
+                    let p = physnet.unwrap_or_default();
+                    let vlan = u32::try_from(v)
+                        .ok()
+                        .filter(|v| (1..=4094).contains(v))
+                        .ok_or_else(|| {
+                            ApiError::invalid_input("segmentation_id out of range (1 through 4094)")
+                        })?;
+                    if used(&p, vlan) {
+                        return Err(ApiError::conflict(
+                            "VlanIdInUse",
+                            format!(
+                                "Unable to create the network. The VLAN {vlan} on physical network {p} is in use."
+                            ),
+                        ));
+                    }
+                    return Ok((net_type, Some(p), Some(vlan)));
+                }
+                // Like the type driver: a random free VLAN of the physnet's (or any) range.
+                let free: Vec<(&str, u32)> = ranges
+                    .iter()
+                    .flat_map(|&(p, lo, hi)| (lo..=hi).map(move |v| (p, v)))
+                    .filter(|&(p, v)| !used(p, v))
+                    .collect();
+                if free.is_empty() {
+                    return Err(ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "NoNetworkAvailable",
+                        "Unable to create the network. No tenant network is available for allocation.",
+                    ));
+                }
+                let (p, v) = free[rand::rng().random_range(0..free.len())];
+                Ok((net_type, Some(p.to_string()), Some(v)))
+            }
+            "vxlan" => {
+                if physnet.is_some() {
+                    return Err(ApiError::invalid_input(
+                        "provider:physical_network specified for vxlan network",
+                    ));
+                }
+                let vni = match seg {
+                    Some(v) => u32::try_from(v)
+                        .map_err(|_| ApiError::invalid_input("segmentation_id out of range"))?,
+                    None => rand::rng().random_range(1000..16_000_000),
+                };
+                Ok((net_type, None, Some(vni)))
+            }
+            other => Err(ApiError::invalid_input(format!(
+                "network_type value '{other}' not supported"
+            ))),
+        }
     }
 
     pub fn update_network(&mut self, id: &str, body: &Value) -> ApiResult<Value> {
@@ -980,8 +1132,8 @@ impl Store {
             ("router:external", json!(n.external)),
             ("port_security_enabled", json!(n.port_security_enabled)),
             ("l2_adjacency", json!(true)),
-            ("provider:network_type", json!("vxlan")),
-            ("provider:physical_network", Value::Null),
+            ("provider:network_type", json!(n.network_type)),
+            ("provider:physical_network", json!(n.physical_network)),
             ("provider:segmentation_id", json!(n.segmentation_id)),
         ] {
             o.insert(k.into(), v);
@@ -1563,6 +1715,54 @@ impl Store {
             }
     }
 
+    /// The port's binding, as ML2 with the openvswitch and sriovnicswitch mechanism drivers decides it with an
+    /// OVS agent ([`OVS_BRIDGE_MAPPINGS`]) and a NIC Switch agent ([`SRIOV_DEVICE_MAPPINGS`]) on every agent host:
+    /// - `normal` (and `direct` with the `switchdev` capability, OVS hardware offload): `ovs` on a VXLAN network or
+    ///   a flat/VLAN network of a bridge-mapped physnet;
+    /// - `direct` / `macvtap`: `hw_veb` on a flat/VLAN network of a device-mapped physnet;
+    /// - anything else, another host or another network: `binding_failed`.
+    pub fn binding(&self, p: &Port) -> Binding {
+        if p.host.is_empty() {
+            return Binding::Unbound;
+        }
+        if !self.host_binds(&p.host) {
+            return Binding::Failed;
+        }
+        let Some(net) = self.networks.get(&p.network_id) else {
+            return Binding::Failed;
+        };
+        let physnet = net.physical_network.as_deref().unwrap_or_default();
+        let physical = net.network_type == "vlan" || net.network_type == "flat";
+        let switchdev = p
+            .profile
+            .get("capabilities")
+            .and_then(Value::as_array)
+            .is_some_and(|c| c.iter().any(|c| c == "switchdev"));
+        match p.vnic_type.as_str() {
+            "normal" => {}
+            "direct" if switchdev => {}
+            "direct" | "macvtap" => {
+                return if physical && SRIOV_DEVICE_MAPPINGS.iter().any(|m| m.0 == physnet) {
+                    Binding::HwVeb {
+                        vlan: net.segmentation_id.unwrap_or(0).to_string(),
+                    }
+                } else {
+                    Binding::Failed
+                };
+            }
+            _ => return Binding::Failed,
+        }
+        if net.network_type == "vxlan" || OVS_BRIDGE_MAPPINGS.iter().any(|m| m.0 == physnet) {
+            Binding::Ovs
+        } else {
+            Binding::Failed
+        }
+    }
+
+    fn port_binds(&self, id: &str) -> bool {
+        self.ports.get(id).is_some_and(|p| self.binding(p).bound())
+    }
+
     /// Allocates the requested fixed IPs (or the defaults) for a port on `network_id`. On error everything taken here
     /// is released again.
     /// MAC and addresses of one port being created; nothing stays taken on error.
@@ -2010,12 +2210,11 @@ impl Store {
                 port.std.revision += 2;
             }
             let id = port.std.id.clone();
-            let bound = self.host_binds(&port.host);
             if !port.host.is_empty() {
                 self.seen_hosts.insert(port.host.clone());
             }
             self.ports.insert(id.clone(), port);
-            if bound {
+            if self.port_binds(&id) {
                 self.activations.push(Activation::Port {
                     id: id.clone(),
                     generation: 0,
@@ -2171,7 +2370,6 @@ impl Store {
             self.macs.remove(&old);
             self.macs.insert(m.to_ascii_lowercase());
         }
-        let host_binds = host.as_deref().map(|h| self.host_binds(h));
         let is_parent = self.parent_of.get(id).cloned();
         let Some(port) = self.ports.get_mut(id) else {
             return Err(ApiError::resource_not_found(Resource::Port, id));
@@ -2235,7 +2433,7 @@ impl Store {
             if !host_now.is_empty() {
                 self.seen_hosts.insert(host_now.clone());
             }
-            if host_binds == Some(true) {
+            if self.port_binds(id) {
                 self.activations.push(Activation::Port {
                     id: id.to_string(),
                     generation,
@@ -2270,7 +2468,6 @@ impl Store {
     }
 
     fn bind_subport(&mut self, port_id: &str, host: &str) {
-        let binds = self.host_binds(host);
         if let Some(p) = self.ports.get_mut(port_id) {
             p.device_owner = TRUNK_SUBPORT_OWNER.into();
             if p.host != host {
@@ -2280,10 +2477,11 @@ impl Store {
                 p.std.revision += 2;
             }
             p.std.bump();
-            if binds {
+            let generation = p.bind_gen;
+            if self.port_binds(port_id) {
                 self.activations.push(Activation::Port {
                     id: port_id.to_string(),
-                    generation: p.bind_gen,
+                    generation,
                 });
             }
         }
@@ -2333,16 +2531,19 @@ impl Store {
             .iter()
             .map(|f| json!({"subnet_id": f.subnet_id, "ip_address": ipam::format_ip(f.version, f.ip)}))
             .collect();
-        let (vif_type, vif_details) = if p.host.is_empty() {
-            ("unbound", json!({}))
-        } else if self.host_binds(&p.host) {
-            (
+        let (vif_type, vif_details) = match self.binding(p) {
+            Binding::Unbound => ("unbound", json!({})),
+            Binding::Ovs => (
                 "ovs",
                 json!({"connectivity": "l2", "port_filter": true, "ovs_hybrid_plug": false, "ovs_create_tap": true,
                        "datapath_type": "system", "bridge_name": "br-int", "bound_drivers": {"0": "openvswitch"}}),
-            )
-        } else {
-            ("binding_failed", json!({}))
+            ),
+            Binding::HwVeb { vlan } => (
+                "hw_veb",
+                json!({"port_filter": false, "connectivity": "l2", "vlan": vlan,
+                       "bound_drivers": {"0": "sriovnicswitch"}}),
+            ),
+            Binding::Failed => ("binding_failed", json!({})),
         };
         for (k, v) in [
             ("network_id", json!(p.network_id)),
@@ -2690,10 +2891,7 @@ impl Store {
                 ));
             }
         }
-        let parent_bound = self
-            .ports
-            .get(&t.port_id)
-            .is_some_and(|p| self.host_binds(&p.host));
+        let parent_bound = self.port_binds(&t.port_id);
         if let Some(t) = self.trunks.get_mut(id) {
             t.sub_ports
                 .retain(|x| !subs.iter().any(|s| s.port_id == x.port_id));

@@ -5,8 +5,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use neutron_emulator::{
-    Emulator, EmulatorHandle, EmulatorOptions, FaultConfig, FaultRule, LatencyProfile, LatencyTable,
-    OpLatency, Outage, OutageMode,
+    AgentHosts, Emulator, EmulatorHandle, EmulatorOptions, FaultConfig, FaultRule, LatencyProfile,
+    LatencyTable, OpLatency, Outage, OutageMode,
 };
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -1317,4 +1317,158 @@ async fn error_parity_with_real_server() {
         assert_eq!(e, r, "emulator (left) differs from the real server (right)");
     }
     emu.shutdown().await;
+}
+
+/// ML2 openvswitch + sriovnicswitch with the lab's agents (what scripts/neutron-lab/ configures and the real
+/// server answered): which port binds where, with which vif_type.
+#[tokio::test]
+#[allow(clippy::unwrap_used)]
+async fn bindings_follow_network_segment_vnic_type_and_agent_mappings() {
+    let emu = Emulator::start(EmulatorOptions {
+        agent_hosts: AgentHosts::Only(["node-a".to_string()].into()),
+        ..EmulatorOptions::default()
+    })
+    .await
+    .unwrap();
+    let api = Api::new(&emu.url());
+    let project = "bindings";
+    let net = |extra: Value| {
+        let api = &api;
+        async move {
+            let mut n = json!({"name": "n", "project_id": project});
+            if let (Value::Object(n), Value::Object(e)) = (&mut n, extra) {
+                n.extend(e);
+            }
+            let v = api
+                .ok(Method::POST, "/networks", Some(json!({"network": n})))
+                .await["network"]
+                .clone();
+            let id = v["id"].as_str().unwrap().to_string();
+            api.ok(
+                Method::POST,
+                "/subnets",
+                Some(
+                    json!({"subnet": {"network_id": id, "project_id": project, "ip_version": 4,
+                                       "cidr": format!("10.{}.0.0/24", rand_octet()), "enable_dhcp": false}}),
+                ),
+            )
+            .await;
+            v
+        }
+    };
+    let vlan2 = net(json!({"provider:network_type": "vlan", "provider:physical_network": "physnet2"})).await;
+    let seg = vlan2["provider:segmentation_id"].as_u64().unwrap();
+    assert!((300..=399).contains(&seg), "{vlan2}");
+    assert_eq!(vlan2["mtu"], 1500);
+    let vlan1 = net(
+        json!({"provider:network_type": "vlan", "provider:physical_network": "physnet1",
+                           "provider:segmentation_id": 150}),
+    )
+    .await;
+    assert_eq!(vlan1["provider:segmentation_id"], 150);
+    let flat2 = net(json!({"provider:network_type": "flat", "provider:physical_network": "physnet2"})).await;
+    assert_eq!(flat2["provider:segmentation_id"], Value::Null);
+    let vxlan = net(json!({})).await;
+    assert_eq!(vxlan["provider:network_type"], "vxlan");
+    assert_eq!(vxlan["mtu"], 1450);
+    let (s, e) = api
+        .req(
+            Method::POST,
+            "/networks",
+            Some(json!({"network": {"provider:network_type": "flat", "provider:physical_network": "physnet2"}})),
+        )
+        .await;
+    assert_eq!((s.as_u16(), err_type(&e)), (409, "FlatNetworkInUse"), "{e}");
+
+    let bind = |net: &Value, host: &str, extra: Value| {
+        let api = &api;
+        let id = net["id"].as_str().unwrap().to_string();
+        let host = host.to_string();
+        async move {
+            let mut x = json!({"binding:host_id": host});
+            if let (Value::Object(x), Value::Object(e)) = (&mut x, extra) {
+                x.extend(e);
+            }
+            api.port(&id, project, x).await
+        }
+    };
+    let direct = json!({"binding:vnic_type": "direct"});
+    // SR-IOV: direct and macvtap on a flat/VLAN network of the NIC Switch agent's physnet.
+    let p = bind(&vlan2, "node-a", direct.clone()).await;
+    assert_eq!(p["binding:vif_type"], "hw_veb");
+    assert_eq!(
+        p["binding:vif_details"],
+        json!({"port_filter": false, "connectivity": "l2", "vlan": seg.to_string(),
+               "bound_drivers": {"0": "sriovnicswitch"}})
+    );
+    assert_eq!(p["status"], "DOWN");
+    wait_status(&api, p["id"].as_str().unwrap(), "ACTIVE").await;
+    let p = bind(&flat2, "node-a", direct.clone()).await;
+    assert_eq!(
+        (&p["binding:vif_type"], &p["binding:vif_details"]["vlan"]),
+        (&json!("hw_veb"), &json!("0"))
+    );
+    let p = bind(&vlan2, "node-a", json!({"binding:vnic_type": "macvtap"})).await;
+    assert_eq!(p["binding:vif_type"], "hw_veb");
+    // Not on VXLAN, not on the OVS agent's physnet, not on a host without agents, not with switchdev there.
+    for (n, host, extra) in [
+        (&vxlan, "node-a", direct.clone()),
+        (&vlan1, "node-a", direct.clone()),
+        (&vlan2, "node-b", direct.clone()),
+        (
+            &vlan2,
+            "node-a",
+            json!({"binding:vnic_type": "direct", "binding:profile": {"capabilities": ["switchdev"]}}),
+        ),
+        (&vlan2, "node-a", json!({})),
+    ] {
+        let p = bind(n, host, extra.clone()).await;
+        assert_eq!(p["binding:vif_type"], "binding_failed", "{extra} on {n}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let v = api
+            .ok(
+                Method::GET,
+                &format!("/ports/{}", p["id"].as_str().unwrap()),
+                None,
+            )
+            .await;
+        assert_eq!(v["port"]["status"], "DOWN");
+    }
+    // OVS: VXLAN, or a flat/VLAN network of its bridge-mapped physnet; unbound without a host.
+    assert_eq!(bind(&vxlan, "node-a", json!({})).await["binding:vif_type"], "ovs");
+    assert_eq!(bind(&vlan1, "node-a", json!({})).await["binding:vif_type"], "ovs");
+    assert_eq!(
+        bind(&vlan2, "", direct.clone()).await["binding:vif_type"],
+        "unbound"
+    );
+    // Both agents of the host are listed.
+    let agents = api.ok(Method::GET, "/agents", None).await;
+    let mut types: Vec<(&str, &str)> = agents["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["host"].as_str().unwrap(), a["agent_type"].as_str().unwrap()))
+        .collect();
+    types.sort();
+    assert_eq!(
+        types,
+        [("node-a", "NIC Switch agent"), ("node-a", "Open vSwitch agent")]
+    );
+    let nic = agents["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["agent_type"] == "NIC Switch agent")
+        .unwrap();
+    assert_eq!(
+        nic["configurations"]["device_mappings"],
+        json!({"physnet2": ["ens2f0"]})
+    );
+    emu.shutdown().await;
+}
+
+fn rand_octet() -> u8 {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    static NEXT: AtomicU8 = AtomicU8::new(100);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
