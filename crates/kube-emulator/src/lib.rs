@@ -38,7 +38,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 pub use error::{ApiError, ApiResult};
-pub use store::{DeleteOpts, ListOpts, Store, StoreConfig, WriteOpts};
+pub use store::{DeleteOpts, ListOpts, Propagation, Store, StoreConfig, WriteOpts};
 
 /// Errors starting, persisting or stopping the emulator.
 #[derive(Debug, thiserror::Error)]
@@ -177,6 +177,7 @@ impl KubeEmulator {
             IpAddr::V6(_) => format!("{scheme}://[{host}]:{}", addr.port()),
             IpAddr::V4(_) => format!("{scheme}://{host}:{}", addr.port()),
         };
+        let gc_task = tokio::spawn(store.clone().run_garbage_collector());
         tracing::info!(%url, "kube-emulator serving");
         Ok(KubeHandle {
             url,
@@ -188,6 +189,7 @@ impl KubeEmulator {
             server_handle,
             task,
             persist_task,
+            gc_task,
         })
     }
 }
@@ -280,6 +282,7 @@ pub struct KubeHandle {
     server_handle: axum_server::Handle<SocketAddr>,
     task: JoinHandle<std::io::Result<()>>,
     persist_task: Option<JoinHandle<()>>,
+    gc_task: JoinHandle<()>,
 }
 
 impl KubeHandle {
@@ -365,8 +368,10 @@ impl KubeHandle {
             server_handle,
             task,
             persist_task,
+            gc_task,
             ..
         } = self;
+        gc_task.abort();
         store.drop_watches();
         server_handle.graceful_shutdown(Some(Duration::from_secs(2)));
         if let Some(t) = &persist_task {

@@ -23,7 +23,7 @@ use crate::patch::PatchType;
 use crate::resources::ResourceDef;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::store::{
-    DeleteOpts, EventType, FieldValidation, ListOpts, Store, WatchEvent, WriteOpts, event_line,
+    DeleteOpts, EventType, FieldValidation, ListOpts, Propagation, Store, WatchEvent, WriteOpts, event_line,
 };
 use crate::table;
 
@@ -675,7 +675,16 @@ fn delete_opts(q: &Query, body: &[u8]) -> ApiResult<(bool, DeleteOpts)> {
         orphan_deps == Some(false),
         DeleteOpts {
             dry_run: dry_run(q)? || body_dry,
-            orphan: policy == Some("Orphan") || orphan_deps == Some(true),
+            propagation: match (policy, orphan_deps) {
+                (Some("Orphan"), _) | (None, Some(true)) => Propagation::Orphan,
+                (Some("Foreground"), _) => Propagation::Foreground,
+                (Some("Background") | None, _) => Propagation::Background,
+                (Some(other), _) => {
+                    return Err(ApiError::bad_request(format!(
+                        "propagationPolicy: Unsupported value: {other:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
+                    )));
+                }
+            },
             precondition_uid: b
                 .pointer("/preconditions/uid")
                 .and_then(Value::as_str)

@@ -85,10 +85,25 @@ pub struct WriteOpts {
 #[derive(Debug, Clone, Default)]
 pub struct DeleteOpts {
     pub dry_run: bool,
-    pub orphan: bool,
+    pub propagation: Propagation,
     pub precondition_uid: Option<String>,
     pub precondition_rv: Option<String>,
 }
+
+/// `propagationPolicy` of a DELETE: what happens to the object's dependents.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Propagation {
+    /// The object goes now, the garbage collector deletes dependents afterwards.
+    #[default]
+    Background,
+    /// The object waits (finalizer `foregroundDeletion`) until its blocking dependents are gone.
+    Foreground,
+    /// Dependents stay; their ownerReferences to the object are removed.
+    Orphan,
+}
+
+/// The finalizer of a foreground deletion.
+pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
 
 /// List parameters.
 #[derive(Debug, Clone, Default)]
@@ -145,7 +160,9 @@ struct State {
     channels: HashMap<(String, Option<String>), broadcast::Sender<Arc<WatchEvent>>>,
     uids: HashMap<String, ObjRef>,
     dependents: HashMap<String, HashSet<ObjRef>>,
-    gc_queue: Vec<String>,
+    /// uids the garbage collector must look at: deleted owners (their dependents may be
+    /// orphaned) and owners in foreground deletion (their dependents may be gone).
+    gc_queue: VecDeque<String>,
 }
 
 /// Tunables of the store.
@@ -169,6 +186,8 @@ pub struct Store {
     state: Mutex<State>,
     cfg: StoreConfig,
     kill: watch::Sender<u64>,
+    /// Wakes the garbage collector task ([`Store::run_garbage_collector`]).
+    gc_wake: tokio::sync::Notify,
 }
 
 fn now() -> String {
@@ -294,10 +313,11 @@ impl Store {
                 channels: HashMap::new(),
                 uids: HashMap::new(),
                 dependents: HashMap::new(),
-                gc_queue: Vec::new(),
+                gc_queue: VecDeque::new(),
             }),
             cfg,
             kill,
+            gc_wake: tokio::sync::Notify::new(),
         };
         store.ensure_builtin_namespaces();
         store
@@ -536,9 +556,7 @@ impl Store {
         opts: &DeleteOpts,
     ) -> ApiResult<(Value, bool)> {
         let mut st = self.lock();
-        let out = st.delete(def, ns, name, opts, self)?;
-        st.run_gc(self);
-        Ok(out)
+        st.delete(def, ns, name, opts, self)
     }
 
     pub fn delete_collection(
@@ -571,8 +589,28 @@ impl Store {
                 Err(e) => return Err(e),
             }
         }
-        st.run_gc(self);
         Ok(out)
+    }
+
+    /// The garbage collector: runs until the store is dropped, handling what deletions queued
+    /// (one object per lock acquisition, so it never holds up requests for long).
+    pub async fn run_garbage_collector(self: Arc<Self>) {
+        loop {
+            self.gc_wake.notified().await;
+            while self.collect_garbage_step() {
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+
+    /// Handles one queued uid; false when the queue is empty.
+    pub fn collect_garbage_step(&self) -> bool {
+        let mut st = self.lock();
+        let Some(uid) = st.gc_queue.pop_front() else {
+            return false;
+        };
+        st.collect(&uid, self);
+        true
     }
 
     /// `pods/binding`: assigns a node to a pod once.
@@ -790,14 +828,29 @@ impl State {
             old.as_deref(),
             (type_ != EventType::Deleted).then_some(&obj),
         );
+        if let Some(old) = &old {
+            // A dependent that went away (or dropped its owner) may unblock a foreground deletion.
+            let old_owners = owner_uids(old);
+            if !old_owners.is_empty() && (type_ == EventType::Deleted || owner_uids(&obj) != old_owners) {
+                for o in old_owners {
+                    if self.in_foreground_deletion(&o) {
+                        self.gc_queue.push_back(o);
+                        store.gc_wake.notify_one();
+                    }
+                }
+            }
+        }
         let obj = Arc::new(obj);
         let slot = (ns.clone(), name.to_string());
         if type_ == EventType::Deleted {
             if let Some(m) = self.objects.get_mut(&key) {
                 m.remove(&slot);
             }
-            if let Some(uid) = meta_str(&obj, "uid") {
-                self.gc_queue.push(uid.to_string());
+            if let Some(uid) = meta_str(&obj, "uid")
+                && self.dependents.contains_key(uid)
+            {
+                self.gc_queue.push_back(uid.to_string());
+                store.gc_wake.notify_one();
             }
         } else {
             self.objects
@@ -1189,7 +1242,6 @@ impl State {
         let obj = self.commit(def, ns, &name, type_, merged, Some(cur.clone()), store);
         if type_ == EventType::Deleted {
             self.after_removal(def, ns, store);
-            self.run_gc(store);
         }
         Ok(WriteOutcome {
             object: (*obj).clone(),
@@ -1338,7 +1390,13 @@ impl State {
                 }
             }
         }
-        if !finalizers(&cur).is_empty() {
+        let uid = meta_str(&cur, "uid").unwrap_or_default().to_string();
+        let has_dependents = self.dependents.get(&uid).is_some_and(|d| !d.is_empty());
+        if opts.propagation == Propagation::Orphan && has_dependents {
+            self.orphan_dependents(&uid, store);
+        }
+        let foreground = opts.propagation == Propagation::Foreground && has_dependents;
+        if !finalizers(&cur).is_empty() || foreground {
             if meta_str(&cur, "deletionTimestamp").is_some() {
                 return Ok(((*cur).clone(), false));
             }
@@ -1351,7 +1409,16 @@ impl State {
             meta.insert("deletionTimestamp".into(), json!(now()));
             meta.insert("deletionGracePeriodSeconds".into(), json!(0));
             meta.insert("generation".into(), json!(generation + 1));
+            if foreground {
+                let mut fins = finalizers(&cur);
+                fins.push(FOREGROUND_FINALIZER.to_string());
+                meta.insert("finalizers".into(), json!(fins));
+            }
             let obj = self.commit(def, ns, name, EventType::Modified, new, Some(cur), store);
+            if foreground {
+                self.gc_queue.push_back(uid);
+                store.gc_wake.notify_one();
+            }
             return Ok(((*obj).clone(), false));
         }
         let obj = self.commit(
@@ -1363,9 +1430,6 @@ impl State {
             Some(cur),
             store,
         );
-        if opts.orphan {
-            self.gc_queue.clear();
-        }
         self.after_removal(def, ns, store);
         Ok(((*obj).clone(), true))
     }
@@ -1439,12 +1503,65 @@ impl State {
         }
     }
 
-    /// Background garbage collection: dependents whose owners are all gone are deleted.
-    fn run_gc(&mut self, store: &Store) {
-        while let Some(uid) = self.gc_queue.pop() {
-            let Some(deps) = self.dependents.get(&uid).cloned() else {
+    /// Removes the ownerReferences to `uid` from its dependents (`propagationPolicy=Orphan`).
+    fn orphan_dependents(&mut self, uid: &str, store: &Store) {
+        let deps: Vec<ObjRef> = self
+            .dependents
+            .get(uid)
+            .map(|d| d.iter().cloned().collect())
+            .unwrap_or_default();
+        for dep in deps {
+            let Some(def) = self.registry.by_storage_key(&dep.key) else {
                 continue;
             };
+            let Some(obj) = self.get(&def, &dep.ns, &dep.name) else {
+                continue;
+            };
+            let mut new = (*obj).clone();
+            let meta = meta_mut(&mut new);
+            if let Some(Value::Array(refs)) = meta.get_mut("ownerReferences") {
+                refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(uid));
+                if refs.is_empty() {
+                    meta.remove("ownerReferences");
+                }
+            }
+            self.commit(
+                &def,
+                &dep.ns,
+                &dep.name,
+                EventType::Modified,
+                new,
+                Some(obj),
+                store,
+            );
+        }
+    }
+
+    /// Whether the object with this uid waits for its dependents (foreground deletion).
+    fn in_foreground_deletion(&self, uid: &str) -> bool {
+        let Some(r) = self.uids.get(uid) else {
+            return false;
+        };
+        self.objects
+            .get(&r.key)
+            .and_then(|m| m.get(&(r.ns.clone(), r.name.clone())))
+            .is_some_and(|o| {
+                meta_str(o, "deletionTimestamp").is_some()
+                    && finalizers(o).iter().any(|f| f == FOREGROUND_FINALIZER)
+            })
+    }
+
+    /// One garbage collector step for `uid`: if that object is gone, its dependents without any
+    /// remaining owner are deleted (background); if it is in foreground deletion, its
+    /// dependents are deleted and, once no blocking one (`blockOwnerDeletion`) is left, its
+    /// `foregroundDeletion` finalizer is removed.
+    fn collect(&mut self, uid: &str, store: &Store) {
+        let deps: Vec<ObjRef> = self
+            .dependents
+            .get(uid)
+            .map(|d| d.iter().cloned().collect())
+            .unwrap_or_default();
+        let Some(owner) = self.uids.get(uid).cloned() else {
             for dep in deps {
                 let Some(def) = self.registry.by_storage_key(&dep.key) else {
                     continue;
@@ -1455,8 +1572,69 @@ impl State {
                 if owner_uids(&obj).iter().any(|o| self.uids.contains_key(o)) {
                     continue;
                 }
+                // Gone meanwhile (404) is fine.
                 let _ = self.delete(&def, &dep.ns, &dep.name, &DeleteOpts::default(), store);
             }
+            return;
+        };
+        if !self.in_foreground_deletion(uid) {
+            return;
+        }
+        let mut blocked = false;
+        for dep in deps {
+            let Some(def) = self.registry.by_storage_key(&dep.key) else {
+                continue;
+            };
+            let Some(obj) = self.get(&def, &dep.ns, &dep.name) else {
+                continue;
+            };
+            let opts = DeleteOpts {
+                propagation: Propagation::Foreground,
+                ..DeleteOpts::default()
+            };
+            if meta_str(&obj, "deletionTimestamp").is_none() {
+                let _ = self.delete(&def, &dep.ns, &dep.name, &opts, store);
+            }
+            let blocks = self.get(&def, &dep.ns, &dep.name).is_some_and(|o| {
+                o.pointer("/metadata/ownerReferences")
+                    .and_then(Value::as_array)
+                    .is_some_and(|refs| {
+                        refs.iter().any(|r| {
+                            r.get("uid").and_then(Value::as_str) == Some(uid)
+                                && r.get("blockOwnerDeletion").and_then(Value::as_bool) == Some(true)
+                        })
+                    })
+            });
+            blocked |= blocks;
+        }
+        if blocked {
+            return;
+        }
+        let Some(def) = self.registry.by_storage_key(&owner.key) else {
+            return;
+        };
+        let Some(cur) = self.get(&def, &owner.ns, &owner.name) else {
+            return;
+        };
+        let fins: Vec<String> = finalizers(&cur)
+            .into_iter()
+            .filter(|f| f != FOREGROUND_FINALIZER)
+            .collect();
+        let mut new = (*cur).clone();
+        let meta = meta_mut(&mut new);
+        if fins.is_empty() {
+            meta.remove("finalizers");
+        } else {
+            meta.insert("finalizers".into(), json!(fins));
+        }
+        let type_ = if fins.is_empty() {
+            EventType::Deleted
+        } else {
+            EventType::Modified
+        };
+        self.commit(&def, &owner.ns, &owner.name, type_, new, Some(cur), store);
+        if type_ == EventType::Deleted {
+            self.after_removal(&def, &owner.ns, store);
         }
     }
 }

@@ -356,3 +356,98 @@ async fn watch_bookmarks_carry_the_current_resource_version_and_resume() {
     drop(stream);
     handle.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_collection_background_foreground_and_orphan() {
+    let handle = KubeEmulator::start(KubeOptions::default()).await.expect("start");
+    let http = Http::new(&handle);
+    let cms = "/api/v1/namespaces/default/configmaps";
+    let create = |body: Value| http.send(http.client.post(format!("{}{cms}", http.base)).json(&body));
+    let owned_by = |name: &str, owner: &Value, block: bool| {
+        json!({"metadata": {"name": name, "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
+            "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"], "blockOwnerDeletion": block}]}})
+    };
+    let delete = |name: &str, policy: &str| {
+        http.send(
+            http.client
+                .delete(format!("{}{cms}/{name}", http.base))
+                .json(&json!({"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": policy})),
+        )
+    };
+    let exists = |name: &'static str| {
+        let http = &http;
+        async move { http.get(&format!("{cms}/{name}")).await }
+    };
+    async fn wait_for<F, Fut>(what: &str, mut f: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        for _ in 0..200 {
+            if f().await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("timed out waiting for: {what}");
+    }
+
+    // Background (default): the owner goes at once, the dependent (and its dependent) after it.
+    let (_, owner) = create(json!({"metadata": {"name": "bg-owner"}})).await;
+    let (_, dep) = create(owned_by("bg-dep", &owner, false)).await;
+    create(owned_by("bg-grandchild", &dep, false)).await;
+    let (code, _) = delete("bg-owner", "Background").await;
+    assert_eq!(code, 200);
+    assert_eq!(exists("bg-owner").await.0, 404);
+    wait_for("background GC of the chain", || async {
+        exists("bg-dep").await.0 == 404 && exists("bg-grandchild").await.0 == 404
+    })
+    .await;
+
+    // Foreground: the owner waits (deletionTimestamp + foregroundDeletion) until its blocking
+    // dependent is gone; the dependent is deleted by the collector.
+    let (_, owner) = create(json!({"metadata": {"name": "fg-owner"}})).await;
+    let mut blocking = owned_by("fg-dep", &owner, true);
+    blocking["metadata"]["finalizers"] = json!(["example.com/hold"]);
+    create(blocking).await;
+    create(owned_by("fg-free", &owner, false)).await;
+    let (code, obj) = delete("fg-owner", "Foreground").await;
+    assert!(code == 200 || code == 202, "{code} {obj}");
+    assert_eq!(obj["metadata"]["finalizers"], json!(["foregroundDeletion"]));
+    assert!(obj["metadata"]["deletionTimestamp"].is_string(), "{obj}");
+    wait_for("dependents deleted in the foreground", || async {
+        let (_, dep) = exists("fg-dep").await;
+        dep["metadata"]["deletionTimestamp"].is_string() && exists("fg-free").await.0 == 404
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (code, owner_now) = exists("fg-owner").await;
+    assert_eq!(code, 200, "the owner waits for its blocking dependent");
+    assert_eq!(owner_now["metadata"]["finalizers"], json!(["foregroundDeletion"]));
+    let (code, _) = http
+        .patch(
+            &format!("{cms}/fg-dep"),
+            "",
+            "application/merge-patch+json",
+            json!({"metadata": {"finalizers": null}}),
+        )
+        .await;
+    assert_eq!(code, 200);
+    wait_for("owner deleted once its dependent is gone", || async {
+        exists("fg-owner").await.0 == 404 && exists("fg-dep").await.0 == 404
+    })
+    .await;
+
+    // Orphan: the dependent stays and loses its ownerReference.
+    let (_, owner) = create(json!({"metadata": {"name": "or-owner"}})).await;
+    create(owned_by("or-dep", &owner, true)).await;
+    let (code, _) = delete("or-owner", "Orphan").await;
+    assert_eq!(code, 200);
+    assert_eq!(exists("or-owner").await.0, 404);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (code, dep) = exists("or-dep").await;
+    assert_eq!(code, 200, "orphaned dependent survives");
+    assert!(dep["metadata"]["ownerReferences"].is_null(), "{dep}");
+
+    handle.shutdown().await.expect("shutdown");
+}

@@ -221,6 +221,13 @@ async fn gc_persistence_auth_and_http_errors() {
         .await
         .expect("delete");
     assert_eq!(del.status().as_u16(), 200);
+    // The garbage collector runs in the background: the dependent goes soon after, not within the DELETE.
+    let store = handle.store();
+    let cm_def = store.find("", "v1", "configmaps").expect("configmaps served");
+    eventually("dependent garbage-collected", || {
+        store.get(&cm_def, "default", "dep").is_err()
+    })
+    .await;
     assert_eq!(
         http.get(format!("{cms}/dep"))
             .bearer_auth("tok")
