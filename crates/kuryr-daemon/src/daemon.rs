@@ -17,6 +17,7 @@ use crate::binding::{BindingConfig, Drivers, PlugSpec, PlugTarget};
 use crate::metrics::Metrics;
 use crate::netlink::{NetNs, Netlink};
 use crate::registry::{Attachment, Entry, PodKey, Registry, Wait};
+use crate::state::{Record, StateDir};
 use crate::vif;
 
 /// Daemon settings; `kuryr-config`'s `[cni_daemon]`, `[binding]` and
@@ -40,8 +41,16 @@ pub struct DaemonConfig {
     /// with the host's /proc mounted elsewhere, `/proc/...` netns paths are
     /// looked up under this directory instead.
     pub netns_proc_dir: Option<PathBuf>,
+    /// Where each pod's attachment is kept on disk ([`crate::state`]) so
+    /// that a restarted daemon can tear down every kind of binding. `None`
+    /// (tests, sandbox): only host link aliases survive a restart.
+    pub state_dir: Option<PathBuf>,
     pub binding: BindingConfig,
 }
+
+/// The state directory of `kuryr daemon`: on a tmpfs, since a reboot ends
+/// every attachment (mount it from the host when the daemon runs in a pod).
+pub const DEFAULT_STATE_DIR: &str = "/run/kuryr/cni-daemon";
 
 impl DaemonConfig {
     pub fn new(node_name: impl Into<String>) -> Self {
@@ -53,6 +62,7 @@ impl DaemonConfig {
             metrics_address: SocketAddr::from(([0, 0, 0, 0], 9655)),
             vif_annotation_timeout: Duration::from_secs(60),
             netns_proc_dir: None,
+            state_dir: None,
             binding: BindingConfig::default(),
         }
     }
@@ -62,12 +72,13 @@ impl DaemonConfig {
     /// `[prometheus_exporter] cni_exporter_port`, `[binding] link_iface`,
     /// `[neutron_defaults] ovs_bridge`, `[binding] ovs_db/ovs_datapath_type/ovs_plug_mode`,
     /// `[sriov] physical_device_mappings`. Health and metrics listen on all
-    /// addresses, as upstream's.
+    /// addresses, as upstream's. Attachments are kept in [`DEFAULT_STATE_DIR`].
     pub fn from_kuryr_config(cfg: &kuryr_config::KuryrConfig, node_name: impl Into<String>) -> Self {
         let mut out = Self::new(node_name);
         out.bind_address = cfg.cni_daemon.bind_address;
         out.vif_annotation_timeout = Duration::from_secs(cfg.cni_daemon.vif_annotation_timeout);
         out.netns_proc_dir = cfg.cni_daemon.netns_proc_dir.as_ref().map(PathBuf::from);
+        out.state_dir = Some(PathBuf::from(DEFAULT_STATE_DIR));
         out.health_address = SocketAddr::from(([0, 0, 0, 0], cfg.cni_health_server.port));
         out.metrics_address = SocketAddr::from(([0, 0, 0, 0], cfg.prometheus_exporter.cni_exporter_port));
         out.binding.link_iface = Some(cfg.binding.link_iface.clone()).filter(|s| !s.is_empty());
@@ -120,6 +131,7 @@ pub struct Daemon {
     pub registry: Arc<Registry>,
     pub metrics: Metrics,
     drivers: Drivers,
+    state: Option<StateDir>,
     events: Arc<dyn PodEvents>,
     api: Arc<dyn ApiHealth>,
     /// Serialises requests for one pod; entries are dropped when idle.
@@ -153,6 +165,7 @@ impl Daemon {
     pub fn new(config: DaemonConfig, events: Arc<dyn PodEvents>, api: Arc<dyn ApiHealth>) -> Arc<Self> {
         Arc::new(Self {
             drivers: Drivers::new(&config.binding),
+            state: config.state_dir.clone().map(StateDir::new),
             config,
             registry: Arc::new(Registry::new()),
             metrics: Metrics::new(),
@@ -349,15 +362,20 @@ impl Daemon {
                 )));
             }
         }
-        self.registry.set_attachment(
-            &p.key,
-            Attachment {
-                container_id: p.req.container_id.clone(),
-                netns: Some(netns_path.clone()),
-                host_ifnames: specs.iter().map(|s| s.host_ifname.clone()).collect(),
-                specs: specs.clone(),
-            },
-        );
+        let attachment = Attachment {
+            container_id: p.req.container_id.clone(),
+            netns: Some(netns_path.clone()),
+            host_ifnames: specs.iter().map(|s| s.host_ifname.clone()).collect(),
+            specs: specs.clone(),
+        };
+        if let Some(state) = &self.state
+            && let Err(e) = state.save(&Record::new(&p.key, &pod_uid, &attachment))
+        {
+            // The pod works; only a restart in its lifetime would fall back
+            // to host link aliases (veths only) for its DEL.
+            tracing::error!(pod = %p.key, error = %e, "could not record the attachment");
+        }
+        self.registry.set_attachment(&p.key, attachment);
 
         drop(lock);
 
@@ -479,14 +497,24 @@ impl Daemon {
                 errors.push(e.to_string());
             }
         }
-        // Attachments restored after a restart only know host link names.
+        // Attachments restored from host link aliases only know link names:
+        // remove the links and any OVS port named after them.
         if specs.is_empty()
             && let Some(att) = &attachment
         {
-            delete_host_links(&att.host_ifnames, &mut errors).await;
+            let bridged = delete_host_links(&att.host_ifnames, &mut errors).await;
+            let mut ovs_errors = Vec::new();
+            self.drivers
+                .ovs()
+                .remove_ports_of_unknown_links(&att.host_ifnames, &bridged, &mut ovs_errors)
+                .await;
+            errors.extend(ovs_errors.iter().map(ToString::to_string));
         }
         if !errors.is_empty() {
             return Err(internal(format!("DEL of {}: {}", p.key, errors.join("; "))));
+        }
+        if let Some(state) = &self.state {
+            state.remove(&p.key).map_err(internal)?;
         }
         self.registry.clear_attachment(&p.key);
         Ok(())
@@ -597,11 +625,24 @@ impl Daemon {
             .map_err(|e| DaemonError::NotReady(format!("Kubernetes API unreachable: {e}")))
     }
 
-    /// Rebuild attachments from host-side link aliases written at ADD (so
-    /// that stale-DEL detection survives a daemon restart).
+    /// Rebuild attachments after a restart: the state directory has every
+    /// binding as plugged (veth, OVS, nested VLAN/macvlan, SR-IOV); host
+    /// link aliases written at ADD cover veths plugged without one (no state
+    /// directory, or a crash between plugging and recording). Keeps
+    /// stale-DEL detection and lets DEL tear everything down even when the
+    /// KuryrPort is gone. Returns how many pods were restored.
     pub async fn restore_from_host(&self) -> Result<usize, DaemonError> {
-        let host = Netlink::current().map_err(internal)?;
         let mut found: HashMap<PodKey, Attachment> = HashMap::new();
+        if let Some(state) = &self.state {
+            let (records, errors) = state.load_all();
+            for e in errors {
+                tracing::error!(error = %e, "skipping an unreadable attachment record");
+            }
+            for r in records {
+                found.insert(r.key(), r.attachment());
+            }
+        }
+        let host = Netlink::current().map_err(internal)?;
         for link in host.list_links().await.map_err(internal)? {
             let Some((key, container)) = link.alias.as_deref().and_then(PodKey::parse_owner_tag) else {
                 continue;
@@ -612,7 +653,10 @@ impl Daemon {
                 specs: Vec::new(),
                 host_ifnames: Vec::new(),
             });
-            att.host_ifnames.push(link.name);
+            // A recorded attachment already names its links.
+            if att.specs.is_empty() && !att.host_ifnames.contains(&link.name) {
+                att.host_ifnames.push(link.name);
+            }
         }
         let n = found.len();
         for (key, att) in found {
@@ -624,17 +668,26 @@ impl Daemon {
     }
 }
 
-async fn delete_host_links(names: &[String], errors: &mut Vec<String>) {
+/// Delete host links by name; returns the names that were enslaved to a
+/// Linux bridge (so were never OVS ports).
+async fn delete_host_links(names: &[String], errors: &mut Vec<String>) -> Vec<String> {
+    let mut bridged = Vec::new();
     let host = match Netlink::current() {
         Ok(h) => h,
         Err(e) => {
             errors.push(e.to_string());
-            return;
+            return bridged;
         }
     };
     for name in names {
         match host.link_by_name(name).await {
             Ok(Some(l)) => {
+                if let Some(master) = l.master
+                    && let Ok(Some(m)) = host.link_by_index(master).await
+                    && m.kind.as_deref() == Some("bridge")
+                {
+                    bridged.push(name.clone());
+                }
                 if let Err(e) = host.delete_link(l.index).await
                     && e.errno() != Some(libc::ENODEV)
                 {
@@ -645,6 +698,7 @@ async fn delete_host_links(names: &[String], errors: &mut Vec<String>) {
             Err(e) => errors.push(e.to_string()),
         }
     }
+    bridged
 }
 
 /// CAP_NET_ADMIN (bit 12) in the effective set, from /proc/self/status.

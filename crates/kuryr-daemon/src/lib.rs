@@ -4,6 +4,7 @@
 //! - [`binding`]: binding drivers (`neutron-vif` bridge/OVS, `nested-vlan`, `nested-macvlan`, `sriov`)
 //! - [`vif`]: os-vif VIFs to binding specs and CNI results
 //! - [`registry`]: in-memory pods/KuryrPorts/attachments of this node
+//! - [`state`]: attachments kept on disk for a restarted daemon
 //! - [`daemon`]: CNI ADD/DEL/CHECK/GC logic; [`server`]: HTTP API, health, metrics
 //! - [`kube`]: watchers feeding the registry, Events, and [`kube::run`] for the CLI
 //! - [`api`]: wire format and error codes
@@ -16,6 +17,7 @@ pub mod metrics;
 pub mod netlink;
 pub mod registry;
 pub mod server;
+pub mod state;
 pub mod vif;
 
 pub use daemon::{ApiHealth, Daemon, DaemonConfig, NoEvents, PodEvents};

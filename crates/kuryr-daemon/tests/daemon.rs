@@ -417,3 +417,119 @@ async fn uid_mismatch_waits_for_the_right_kuryrport_and_410s_once_the_pod_is_gon
         .unwrap();
     assert!(!ns.exec_ok(&["ip", "-o", "link"]).contains("fa:16:3e:00:34:02"));
 }
+
+/// A nested macvlan VIF (`VIFMacvlanNested`) named `ifname`.
+fn macvlan_vif(port_id: &str, mac: &str, cidr: &str, ip: &str) -> kuryr_crds::Vif {
+    use kuryr_crds::vif::{FixedIp, Network, Subnet, VifBase, VifMacvlanNested};
+    let mut base = VifBase::new(port_id, "noop");
+    base.address = Some(mac.into());
+    base.active = true;
+    let mut net = Network::new(format!("net-{port_id}"));
+    let mut subnet = Subnet::new(cidr, None);
+    subnet.ips = vec![FixedIp::new(ip.parse().unwrap())].into();
+    net.subnets = vec![subnet].into();
+    base.network = Some(net);
+    kuryr_crds::Vif::MacvlanNested(VifMacvlanNested {
+        base,
+        obj: Default::default(),
+    })
+}
+
+/// A daemon restarted while a pod with a veth (eth0) and a nested macvlan
+/// (eth1) is plugged: the macvlan lives only in the pod's namespace, so host
+/// link aliases cannot bring it back; the state directory does. With the
+/// KuryrPort gone, DEL still removes both interfaces and the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_daemon_tears_down_nested_bindings_from_its_state_dir() {
+    if !can_netns() {
+        return;
+    }
+    // The "VM interface": one end of a veth in the host namespace.
+    let parent = unique("kdp");
+    let _p = HostLink(parent.clone());
+    host_ok(&[
+        "ip",
+        "link",
+        "add",
+        &parent,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &format!("{parent}p"),
+    ]);
+    host_ok(&["ip", "link", "set", &parent, "up"]);
+    let br = unique("kdb");
+    let _b = HostLink(br.clone());
+    let ns = TestNetns::new("kdn");
+    let v0 = vif(
+        "eth0",
+        "m",
+        "fa:16:3e:00:35:01",
+        "10.87.0.0/24",
+        "10.87.0.5",
+        None,
+        &br,
+    );
+    let tap = kuryr_crds::vif_name_for_port(&v0.port_id);
+    let _t = HostLink(tap.clone());
+    let pod = unique("nested");
+    let mut kp = kuryrport("default", &pod, "u1", "n1", std::slice::from_ref(&v0));
+    let port1 = format!("{}m1-0000", unique("d"));
+    kp.status.as_mut().unwrap().vifs.insert(
+        "eth1".into(),
+        kuryr_crds::KuryrPortVif::new(
+            false,
+            macvlan_vif(&port1, "fa:16:3e:00:35:02", "10.88.0.0/24", "10.88.0.5"),
+        ),
+    );
+    let state = tempfile::tempdir().unwrap();
+    let cfg = || {
+        let mut cfg = DaemonConfig::new("n1");
+        cfg.vif_annotation_timeout = Duration::from_secs(2);
+        cfg.binding.link_iface = Some(parent.clone());
+        cfg.state_dir = Some(state.path().to_path_buf());
+        cfg
+    };
+    let first = Daemon::new(cfg(), Arc::new(NoEvents), Arc::new(ApiUp));
+    first.registry.apply_kuryrport(kp);
+    first
+        .add(&body(&pod, "ctr", &ns.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+    let links = ns.exec_ok(&["ip", "-d", "-o", "link"]);
+    assert!(
+        links.contains("eth0") && links.contains("eth1") && links.contains("macvlan"),
+        "{links}"
+    );
+    drop(first);
+
+    // A new daemon process; the pod's KuryrPort is already gone.
+    let d = Daemon::new(cfg(), Arc::new(NoEvents), Arc::new(ApiUp));
+    assert!(d.restore_from_host().await.unwrap() >= 1);
+    let att = d
+        .registry
+        .get(&PodKey::new("default", &pod))
+        .unwrap()
+        .attachment
+        .unwrap();
+    assert_eq!(att.container_id, "ctr");
+    assert_eq!(att.netns.as_deref(), Some(ns.path().as_str()));
+    let kinds: Vec<_> = att.specs.iter().map(|s| s.kind.driver_name()).collect();
+    assert_eq!(kinds, vec!["neutron-vif/bridge", "nested-macvlan"]);
+    // The stale-DEL protection survives too.
+    d.del(&body(&pod, "old-ctr", &ns.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+    assert!(ns.exec_ok(&["ip", "-o", "link"]).contains("eth1"));
+    // The kubelet's DEL may come without a namespace path.
+    d.del(&body(&pod, "ctr", "", "eth0", "u1")).await.unwrap();
+    let links = ns.exec_ok(&["ip", "-o", "link"]);
+    assert!(!links.contains("eth0") && !links.contains("eth1"), "{links}");
+    assert!(!host_ok(&["ip", "-o", "link"]).contains(&tap));
+    assert_eq!(
+        std::fs::read_dir(state.path()).unwrap().count(),
+        0,
+        "the record goes with the attachment"
+    );
+}

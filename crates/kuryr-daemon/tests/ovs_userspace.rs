@@ -445,3 +445,67 @@ async fn daemon_http_add_del_with_ovs_vifs() {
     }
     servers.shutdown().await;
 }
+
+/// A daemon restarted while an OVS pod is plugged, whose KuryrPort is gone
+/// by the time of the DEL: the OVS Port row must go with the veth, both when
+/// the attachment comes back from the state directory (full spec) and when
+/// only the host link alias is left (no state directory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn del_after_restart_removes_the_ovs_port() {
+    let Some(db) = ovs_db() else { return };
+    if !can_netns() {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    for (case, with_state) in [("state", true), ("alias", false)] {
+        let node = unique("kovr");
+        let cfg = |state_dir: Option<std::path::PathBuf>| {
+            let mut cfg = DaemonConfig::new(node.clone());
+            cfg.vif_annotation_timeout = Duration::from_secs(5);
+            cfg.binding = ovs_config(&db);
+            cfg.state_dir = state_dir;
+            cfg
+        };
+        let state_dir = with_state.then(|| state.path().join(case));
+        let first = Daemon::new(cfg(state_dir.clone()), Arc::new(NoEvents), Arc::new(ApiUp));
+        let pod = unique("ovsr");
+        let uid = format!("uid-{pod}");
+        let port_id = format!("{}-port-r", unique("q"));
+        let tap = kuryr_crds::vif_name_for_port(&port_id);
+        let _t = HostLink(tap.clone());
+        let ns = TestNetns::new("kovr");
+        first.registry.apply_kuryrport(ovs_kuryrport(
+            &pod,
+            &uid,
+            &node,
+            &port_id,
+            "fa:16:3e:00:44:01",
+            "10.74.0.31",
+            "br-int",
+        ));
+        let add = cni_body("ADD", &pod, "ctr", &ns.path(), &uid).to_string();
+        first.add(add.as_bytes()).await.unwrap();
+        assert_eq!(vsctl(&db, &["port-to-br", &tap]).trim(), "br-int", "{case}");
+        drop(first);
+
+        let d = Daemon::new(cfg(state_dir), Arc::new(NoEvents), Arc::new(ApiUp));
+        d.restore_from_host().await.unwrap();
+        let att = d
+            .registry
+            .get(&kuryr_daemon::registry::PodKey::new("default", &pod))
+            .and_then(|e| e.attachment)
+            .unwrap_or_else(|| panic!("{case}: attachment not restored"));
+        assert_eq!(att.specs.is_empty(), !with_state, "{case}");
+        let del = cni_body("DEL", &pod, "ctr", &ns.path(), &uid).to_string();
+        d.del(del.as_bytes()).await.unwrap();
+        let ports = vsctl(&db, &["list-ports", "br-int"]);
+        assert!(!ports.lines().any(|p| p == tap), "{case}: {ports}");
+        let rows = vsctl(
+            &db,
+            &["--columns=name", "find", "Interface", &format!("name={tap}")],
+        );
+        assert!(rows.trim().is_empty(), "{case}: {rows}");
+        assert!(!host_link_exists(&tap).await, "{case}");
+        assert!(!ns.exec_ok(&["ip", "-o", "link"]).contains("eth0"), "{case}");
+    }
+}

@@ -101,6 +101,11 @@ pub struct DaemonArgs {
     /// Also serve the daemon API on this unix socket.
     #[arg(long, value_name = "PATH")]
     pub unix_socket: Option<PathBuf>,
+    /// Keep a record of each pod's plugged interfaces here, so that a
+    /// restarted daemon can still remove them (default /run/kuryr/cni-daemon;
+    /// a tmpfs, mounted from the host when the daemon runs in a pod).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

@@ -67,7 +67,7 @@ pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
         None => hostname()
             .context("--node-name (or $KUBERNETES_NODE_NAME) is not set and the hostname is unreadable")?,
     };
-    let daemon_config = daemon_config(&config, &node, args.unix_socket);
+    let daemon_config = daemon_config(&config, &node, args.unix_socket, args.state_dir);
     let kube = kubeclient::client(&args.kube, &config).await?;
     kuryr_daemon::kube::run(daemon_config, kube, shutdown_signal())
         .await
@@ -77,9 +77,17 @@ pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
 /// The daemon's settings: everything from `kuryr.conf` through the daemon's
 /// one constructor ([`DaemonConfig::from_kuryr_config`]), then the CLI flags
 /// (the node name is already resolved from `--node-name`/env/hostname).
-fn daemon_config(config: &KuryrConfig, node: &str, unix_socket: Option<PathBuf>) -> DaemonConfig {
+fn daemon_config(
+    config: &KuryrConfig,
+    node: &str,
+    unix_socket: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+) -> DaemonConfig {
     let mut d = DaemonConfig::from_kuryr_config(config, node);
     d.unix_socket = unix_socket;
+    if let Some(dir) = state_dir {
+        d.state_dir = Some(dir);
+    }
     d
 }
 
@@ -102,7 +110,7 @@ mod tests {
              [cni_health_server]\nport = 8091\n[prometheus_exporter]\ncni_exporter_port = 9666\n\
              [binding]\nlink_iface = ens3\n[neutron_defaults]\novs_bridge = br-kuryr\n",
         )?;
-        let d = daemon_config(&loaded.config, "node-a", None);
+        let d = daemon_config(&loaded.config, "node-a", None, None);
         assert_eq!(d.node_name, "node-a");
         assert_eq!(d.bind_address, "127.0.0.1:6036".parse()?);
         assert_eq!(d.health_address.port(), 8091);
@@ -119,9 +127,13 @@ mod tests {
 
     #[test]
     fn empty_link_iface_means_none() -> anyhow::Result<()> {
-        let d = daemon_config(&KuryrConfig::from_ini_str("")?.config, "n", None);
+        let d = daemon_config(&KuryrConfig::from_ini_str("")?.config, "n", None, None);
         assert_eq!(d.binding.link_iface, None);
         assert_eq!(d.bind_address, "127.0.0.1:5036".parse()?);
+        assert_eq!(
+            d.state_dir.as_deref(),
+            Some(std::path::Path::new(kuryr_daemon::daemon::DEFAULT_STATE_DIR))
+        );
         Ok(())
     }
 
@@ -135,7 +147,16 @@ mod tests {
              [sriov]\nphysical_device_mappings = physnet1:ens1f0,physnet1:ens1f1,physnet2:ens2f0\n\
              [cni_daemon]\npyroute2_timeout = 25\n",
         )?;
-        let d = daemon_config(&loaded.config, "node-b", Some("/run/kuryr/daemon.sock".into()));
+        let d = daemon_config(
+            &loaded.config,
+            "node-b",
+            Some("/run/kuryr/daemon.sock".into()),
+            Some("/tmp/kuryr-state".into()),
+        );
+        assert_eq!(
+            d.state_dir.as_deref(),
+            Some(std::path::Path::new("/tmp/kuryr-state"))
+        );
         assert_eq!(d.node_name, "node-b");
         assert_eq!(
             d.unix_socket.as_deref(),

@@ -24,8 +24,9 @@ use async_trait::async_trait;
 use crate::netlink::{IpPrefix, MacAddr, NetNs, NetlinkError};
 
 /// One interface to configure in the pod, independent of the os-vif wire
-/// format (built from a VIF by [`crate::vif`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// format (built from a VIF by [`crate::vif`]). Kept in the daemon's state
+/// files ([`crate::state`]), so that a restarted daemon can tear it down.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PlugSpec {
     /// Neutron port id.
     pub port_id: String,
@@ -46,14 +47,15 @@ pub struct PlugSpec {
     pub kind: PlugKind,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SubnetRoute {
     pub destination: IpPrefix,
     pub gateway: Option<IpAddr>,
 }
 
 /// What kind of binding the VIF asks for.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
 pub enum PlugKind {
     /// veth, host end on a Linux bridge (os-vif VIFBridge).
     Bridge { bridge: String },
@@ -254,6 +256,11 @@ impl Drivers {
             macvlan: MacvlanDriver::new(config.link_iface.clone()),
             sriov: SriovDriver::new(config.sriov.clone()),
         }
+    }
+
+    /// The OVS driver (for cleanups that are not tied to one spec).
+    pub fn ovs(&self) -> &OvsDriver {
+        &self.ovs
     }
 
     pub fn for_kind(&self, kind: &PlugKind) -> &dyn BindingDriver {

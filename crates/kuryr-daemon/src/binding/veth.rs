@@ -228,6 +228,38 @@ impl OvsDriver {
     async fn del_port(&self, probe: &OvsProbe, iface: &str) -> Result<(), BindingError> {
         probe.vsctl(&["--if-exists", "del-port", iface]).await.map(drop)
     }
+
+    /// Remove OVS ports named after host links whose binding is unknown (an
+    /// attachment restored from link aliases only). `linux_bridged` names
+    /// the links found enslaved to a Linux bridge: those were never OVS
+    /// ports, so an unreachable ovsdb is no error for them. Without ovs-vsctl
+    /// no OVS port can exist.
+    pub async fn remove_ports_of_unknown_links(
+        &self,
+        names: &[String],
+        linux_bridged: &[String],
+        errors: &mut Vec<BindingError>,
+    ) {
+        let probe = self.probe().await;
+        if !probe.installed() {
+            return;
+        }
+        let reason = probe.unavailable_reason();
+        for name in names {
+            match &reason {
+                None => {
+                    if let Err(e) = self.del_port(&probe, name).await {
+                        errors.push(e);
+                    }
+                }
+                Some(_) if linux_bridged.contains(name) => {}
+                Some(r) => errors.push(BindingError::Ovs {
+                    args: format!("--if-exists del-port {name}"),
+                    message: format!("cannot remove a possible OVS port: {r}"),
+                }),
+            }
+        }
+    }
 }
 
 #[async_trait]

@@ -245,6 +245,26 @@ impl std::fmt::Display for IpPrefix {
     }
 }
 
+/// Serialised as their text form (`fa:16:3e:..`, `10.0.0.5/24`), as the
+/// daemon's state files keep them.
+macro_rules! serde_as_str {
+    ($t:ty) => {
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+                let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+serde_as_str!(MacAddr);
+serde_as_str!(IpPrefix);
+
 /// A route to add: `destination` None means the default route.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Route {
