@@ -161,6 +161,19 @@ fn api_error(op: &'static str, status: u16, request_id: Option<String>, body: &[
     }))
 }
 
+/// The final failure of a call, at warn level with Neutron's request id so that it can be found in neutron-server's
+/// log. A 404 is only debug: callers use it as an answer ("already gone"), not as a failure. The token never
+/// reaches a log line: it lives in the request headers only.
+fn log_failure(call: &Call, attempts: u32, e: &Error) {
+    let request_id = e.request_id().unwrap_or("");
+    if e.is_not_found() {
+        tracing::debug!(op = call.op, method = %call.method, request_id, attempts, error = %e, "neutron call failed");
+    } else {
+        tracing::warn!(op = call.op, method = %call.method, status = e.status(), request_id, attempts, error = %e,
+            "neutron call failed");
+    }
+}
+
 /// `Retry-After` in seconds (the HTTP-date form is not used by OpenStack services).
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let v = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
@@ -325,9 +338,9 @@ impl NeutronClient {
                 Err(e) => {
                     // A refused connection never reached the server, so even a POST is safe to resend.
                     let retry = can_retry && (call.idempotent || e.is_connect());
-                    tracing::debug!(op = call.op, method = %call.method, path, latency_ms, attempt = attempts,
-                        error = %e, retry, "neutron call failed without answer");
                     if retry {
+                        tracing::info!(op = call.op, method = %call.method, path, latency_ms, attempt = attempts,
+                            error = %crate::error::describe_transport(&e), "neutron call failed without answer, retrying");
                         tokio::time::sleep(self.backoff(attempts)).await;
                         continue;
                     }
@@ -355,6 +368,9 @@ impl NeutronClient {
                     if retryable_status && call.idempotent && can_retry {
                         let delay =
                             wait.map_or_else(|| self.backoff(attempts), |w| w.min(self.inner.max_delay));
+                        tracing::info!(op = call.op, method = %call.method, path, status,
+                            request_id = rid.as_deref().unwrap_or(""), attempt = attempts,
+                            delay_ms = delay.as_millis() as u64, "neutron call failed, retrying");
                         tokio::time::sleep(delay).await;
                         continue;
                     }
@@ -370,6 +386,9 @@ impl NeutronClient {
                 }
             }
         };
+        if let Err(e) = &result {
+            log_failure(&call, attempts, e);
+        }
         if let Some(m) = &self.inner.metrics {
             let (outcome, error_type) = match &result {
                 Ok(_) => (Outcome::Success, None),
