@@ -75,6 +75,7 @@ fi
 # Idempotent: also (re)creates br-int with the netdev datapath.
 OVS_DB_SOCK=$("$REPO/scripts/ovs-userspace.sh" start)
 export KURYR_TEST_OVS_DB="unix:$OVS_DB_SOCK"
+export KURYR_TEST_REQUIRE_KUBECTL=1
 
 step "cargo fmt --all -- --check"
 cargo fmt --all -- --check

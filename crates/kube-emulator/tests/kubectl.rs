@@ -99,12 +99,57 @@ fn wait_line(rx: &mpsc::Receiver<String>, needle: &str) -> String {
     panic!("no line containing {needle:?}; saw {seen:?}");
 }
 
-fn crd_fixture() -> String {
-    let generated =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds/kuryrports.openstack.org.yaml");
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kuryrport-crd.yaml");
-    let path = if generated.exists() { generated } else { fixture };
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+/// Every CRD manifest of deploy/crds/ (the KuryrPort fixture when the directory is absent).
+fn crd_files() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    if files.is_empty() {
+        files.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kuryrport-crd.yaml"));
+    }
+    files
+}
+
+/// `metadata.name` of a CRD manifest.
+fn crd_name(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let doc: serde_json::Value =
+        serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{} is not YAML: {e}", path.display()));
+    doc.pointer("/metadata/name")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_else(|| panic!("{} has no metadata.name", path.display()))
+        .to_string()
+}
+
+/// Whether to run: kubectl missing is a skip (said on stderr) unless
+/// `KURYR_TEST_REQUIRE_KUBECTL=1`; kubectl present but broken is a failure.
+fn kubectl_available() -> bool {
+    match Command::new("kubectl").args(["version", "--client"]).output() {
+        Ok(out) => {
+            assert!(
+                out.status.success(),
+                "kubectl is installed but `kubectl version --client` failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            true
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            assert!(
+                std::env::var("KURYR_TEST_REQUIRE_KUBECTL").as_deref() != Ok("1"),
+                "KURYR_TEST_REQUIRE_KUBECTL=1 but kubectl is not on PATH"
+            );
+            eprintln!("skipping kubectl_drives_the_emulator: kubectl is not on PATH ({e})");
+            false
+        }
+        Err(e) => panic!("running kubectl failed: {e}"),
+    }
 }
 
 const NAMESPACE: &str = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: ns1\n";
@@ -123,13 +168,7 @@ fn kuryrport(name: &str, spec: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kubectl_drives_the_emulator() {
-    if Command::new("kubectl")
-        .arg("version")
-        .arg("--client")
-        .output()
-        .is_err()
-    {
-        println!("skipping: kubectl is not installed");
+    if !kubectl_available() {
         return;
     }
     let opts = KubeOptions {
@@ -150,12 +189,33 @@ async fn kubectl_drives_the_emulator() {
     assert!(version.contains("v1.32.0-kube-emulator"), "{version}");
     assert!(k.ok(&["get", "namespaces"], None).contains("default"));
 
-    // CRD, namespace, pod and a KuryrPort from YAML (client-side apply with server-side field validation).
-    let crd = k.ok(&["apply", "-f", "-"], Some(&crd_fixture()));
-    assert!(
-        crd.contains("customresourcedefinition.apiextensions.k8s.io/kuryrports.openstack.org created"),
-        "{crd}"
+    // Every CRD, namespace, pod and a KuryrPort from YAML (client-side apply with server-side
+    // field validation).
+    let files = crd_files();
+    let mut args = vec!["apply".to_string()];
+    for f in &files {
+        args.push("-f".into());
+        args.push(f.display().to_string());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let crds = k.ok(&args, None);
+    for f in &files {
+        let name = crd_name(f);
+        assert!(
+            crds.contains(&format!(
+                "customresourcedefinition.apiextensions.k8s.io/{name} created"
+            )),
+            "{name}: {crds}"
+        );
+    }
+    let served = k.ok(
+        &["api-resources", "--api-group=openstack.org", "-o", "name"],
+        None,
     );
+    for f in files.iter().filter(|f| crd_name(f).ends_with(".openstack.org")) {
+        let name = crd_name(f);
+        assert!(served.lines().any(|l| l == name), "{name} not served: {served}");
+    }
     assert!(
         k.ok(&["apply", "-f", "-"], Some(NAMESPACE))
             .contains("namespace/ns1 created")
@@ -456,20 +516,42 @@ async fn kubectl_drives_the_emulator() {
         "{owners}"
     );
 
-    // An invalid custom resource is rejected with 422 and the field path.
+    // An invalid custom resource is rejected with 422 and the field path (-v=6 logs each
+    // request with its response code).
     let bad = kuryrport("kp3", "  podUid: uid-3\n");
-    let err = k.fails(&["apply", "-f", "-"], Some(&bad));
+    let err = k.fails(&["apply", "-v=6", "-f", "-"], Some(&bad));
     assert!(
         err.contains("is invalid") && err.contains("spec.podNodeName: Required value"),
         "{err}"
     );
+    assert!(
+        err.lines().any(|l| l.contains("POST")
+            && l.contains("/kuryrports?")
+            && l.contains(" 422 Unprocessable Entity")),
+        "no 422 response logged: {err}"
+    );
     let err = k.fails(
-        &["create", "-f", "-"],
+        &["create", "-v=6", "-f", "-"],
         Some(&kuryrport("kp4", "  podUid: 5\n  podNodeName: n\n")),
     );
     assert!(
         err.contains("spec.podUid") && err.contains("must be of type string"),
         "{err}"
+    );
+    assert!(
+        err.lines().any(|l| l.contains("POST")
+            && l.contains("/kuryrports?")
+            && l.contains(" 422 Unprocessable Entity")),
+        "no 422 response logged: {err}"
+    );
+    // The same through the raw API: the Status body says 422/Invalid.
+    let raw = k.fails(
+        &["create", "--raw", "/apis/openstack.org/v1/namespaces/ns1/kuryrports", "-f", "-"],
+        Some(r#"{"apiVersion":"openstack.org/v1","kind":"KuryrPort","metadata":{"name":"kp5"},"spec":{"podUid":"u"}}"#),
+    );
+    assert!(
+        raw.contains("is invalid") && raw.contains("spec.podNodeName"),
+        "{raw}"
     );
 
     // Deleting the namespace deletes its contents.
