@@ -1361,7 +1361,27 @@ impl State {
             ));
         }
         if opts.dry_run {
-            return Ok(((*cur).clone(), false));
+            // The would-be result: marked for deletion while finalizers (or a foreground
+            // deletion) hold it, otherwise the object as it is removed.
+            let uid = meta_str(&cur, "uid").unwrap_or_default();
+            let foreground = opts.propagation == Propagation::Foreground
+                && self.dependents.get(uid).is_some_and(|d| !d.is_empty());
+            let pending = !finalizers(&cur).is_empty() || foreground || def.is_namespace();
+            let mut out = (*cur).clone();
+            if pending && meta_str(&cur, "deletionTimestamp").is_none() {
+                let meta = meta_mut(&mut out);
+                meta.insert("deletionTimestamp".into(), json!(now()));
+                meta.insert("deletionGracePeriodSeconds".into(), json!(0));
+                if foreground {
+                    let mut fins = finalizers(&cur);
+                    fins.push(FOREGROUND_FINALIZER.to_string());
+                    meta.insert("finalizers".into(), json!(fins));
+                }
+                if def.is_namespace() {
+                    out["status"] = json!({"phase": "Terminating"});
+                }
+            }
+            return Ok((out, !pending));
         }
         if def.is_namespace() {
             return Ok(self.delete_namespace(def, name, cur, store));

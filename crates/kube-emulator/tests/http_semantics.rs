@@ -451,3 +451,163 @@ async fn garbage_collection_background_foreground_and_orphan() {
 
     handle.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_writes_and_no_op_writes_change_nothing() {
+    let handle = KubeEmulator::start(KubeOptions::default()).await.expect("start");
+    let http = Http::new(&handle);
+    let cms = "/api/v1/namespaces/default/configmaps";
+    let x = format!("{cms}/x");
+    let post = |body: Value| http.send(http.client.post(format!("{}{cms}", http.base)).json(&body));
+    let (code, _) =
+        post(json!({"metadata": {"name": "x", "labels": {"app": "a"}}, "data": {"k": "1"}})).await;
+    assert_eq!(code, 201);
+    let (code, _) = post(json!({"metadata": {"name": "held", "finalizers": ["example.com/hold"]}})).await;
+    assert_eq!(code, 201);
+    let (_, before) = http.get(&x).await;
+    let rv = before["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("rv")
+        .to_string();
+    let store_rv = handle.store().resource_version();
+    let resp = http
+        .client
+        .get(format!(
+            "{}{cms}?watch=true&resourceVersion={store_rv}",
+            http.base
+        ))
+        .send()
+        .await
+        .expect("watch");
+    let mut stream = Box::pin(resp.bytes_stream());
+    let mut buf = Vec::new();
+    let unchanged = || async {
+        let (_, now) = http.get(&x).await;
+        assert_eq!(now, before, "the object must not change");
+    };
+
+    // dryRun=All on PUT, merge/JSON/apply PATCH and DELETE: the would-be result, nothing stored.
+    let mut put = before.clone();
+    put["data"]["k"] = json!("2");
+    let (code, out) = http
+        .send(http.client.put(format!("{}{x}?dryRun=All", http.base)).json(&put))
+        .await;
+    assert_eq!((code, &out["data"]["k"]), (200, &json!("2")), "{out}");
+    unchanged().await;
+    let (code, out) = http
+        .patch(
+            &x,
+            "dryRun=All",
+            "application/merge-patch+json",
+            json!({"data": {"k": "3"}}),
+        )
+        .await;
+    assert_eq!((code, &out["data"]["k"]), (200, &json!("3")), "{out}");
+    unchanged().await;
+    let (code, out) = http
+        .patch(
+            &x,
+            "dryRun=All",
+            "application/json-patch+json",
+            json!([{"op": "replace", "path": "/data/k", "value": "4"}]),
+        )
+        .await;
+    assert_eq!((code, &out["data"]["k"]), (200, &json!("4")), "{out}");
+    unchanged().await;
+    let (code, out) = http
+        .patch(
+            &x,
+            "dryRun=All&fieldManager=applier&force=true",
+            "application/apply-patch+yaml",
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"k": "5"}}),
+        )
+        .await;
+    assert_eq!((code, &out["data"]["k"]), (200, &json!("5")), "{out}");
+    unchanged().await;
+    let (code, out) = http
+        .send(http.client.delete(format!("{}{x}?dryRun=All", http.base)))
+        .await;
+    assert_eq!((code, &out["metadata"]["name"]), (200, &json!("x")), "{out}");
+    unchanged().await;
+    let held = format!("{cms}/held");
+    let (_, held_before) = http.get(&held).await;
+    let (code, out) = http
+        .send(
+            http.client
+                .delete(format!("{}{held}", http.base))
+                .json(&json!({"kind": "DeleteOptions", "apiVersion": "v1", "dryRun": ["All"]})),
+        )
+        .await;
+    assert_eq!(code, 200);
+    assert!(
+        out["metadata"]["deletionTimestamp"].is_string(),
+        "a held object would be marked for deletion: {out}"
+    );
+    assert_eq!(http.get(&held).await.1, held_before);
+
+    // No-op writes: same resourceVersion, no event.
+    let (code, out) = http
+        .send(http.client.put(format!("{}{x}", http.base)).json(&before))
+        .await;
+    assert_eq!(
+        (code, &out["metadata"]["resourceVersion"]),
+        (200, &json!(rv)),
+        "{out}"
+    );
+    for (ctype, body) in [
+        ("application/merge-patch+json", json!({"data": {"k": "1"}})),
+        (
+            "application/strategic-merge-patch+json",
+            json!({"metadata": {"labels": {"app": "a"}}}),
+        ),
+        (
+            "application/json-patch+json",
+            json!([{"op": "replace", "path": "/data/k", "value": "1"}]),
+        ),
+    ] {
+        let (code, out) = http.patch(&x, "fieldManager=editor", ctype, body).await;
+        assert_eq!(
+            (code, &out["metadata"]["resourceVersion"]),
+            (200, &json!(rv)),
+            "{ctype}: {out}"
+        );
+    }
+    unchanged().await;
+    // A repeated apply by the same manager is a no-op too.
+    let cfg = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"k": "1"}});
+    let (code, applied) = http.apply(&x, "applier", true, cfg.clone()).await;
+    assert_eq!(code, 200, "{applied}");
+    let (code, again) = http.apply(&x, "applier", false, cfg).await;
+    assert_eq!(code, 200, "{again}");
+    assert_eq!(
+        again["metadata"]["resourceVersion"],
+        applied["metadata"]["resourceVersion"]
+    );
+
+    // The first event the watcher sees is the apply's ownership change (the only real write),
+    // then a real change.
+    let ev = next_event(&mut stream, &mut buf).await;
+    assert_eq!(ev["type"], "MODIFIED");
+    assert_eq!(
+        ev["object"]["metadata"]["resourceVersion"], applied["metadata"]["resourceVersion"],
+        "{ev}"
+    );
+    let (code, changed) = http
+        .patch(
+            &x,
+            "",
+            "application/merge-patch+json",
+            json!({"data": {"k": "9"}}),
+        )
+        .await;
+    assert_eq!(code, 200);
+    let ev = next_event(&mut stream, &mut buf).await;
+    assert_eq!(ev["type"], "MODIFIED");
+    assert_eq!(ev["object"]["data"]["k"], "9");
+    assert_eq!(
+        ev["object"]["metadata"]["resourceVersion"],
+        changed["metadata"]["resourceVersion"]
+    );
+    drop(stream);
+    handle.shutdown().await.expect("shutdown");
+}
