@@ -528,11 +528,38 @@ fn scenario(version: &str) {
     );
     assert_eq!(n1.daemon.pod_lock_count(), 0);
     let metrics = n1.daemon.metrics.encode();
+    // Node 1 answered three ADDs: pod-a after waiting ~400 ms for
+    // activation, then the UID mismatch and the unknown pod after the 3 s
+    // vif_annotation_timeout each. The cumulative buckets must say so.
+    let bucket = |le: &str| -> u64 {
+        let prefix =
+            format!("kuryr_cni_request_duration_milliseconds_bucket{{le=\"{le}\",command=\"ADD\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no ADD bucket le={le}: {metrics}"))
+    };
+    let les: Vec<String> = kuryr_daemon::metrics::LATENCY_BUCKETS_MS
+        .iter()
+        .map(|b| format!("{b:.1}"))
+        .chain(["+Inf".to_string()])
+        .collect();
+    let counts: Vec<u64> = les.iter().map(|le| bucket(le)).collect();
+    assert!(counts.windows(2).all(|w| w[0] <= w[1]), "cumulative: {counts:?}");
+    assert_eq!(bucket("250.0"), 0, "pod-a waited for activation: {metrics}");
+    assert!(bucket("2500.0") <= 1, "the timeouts took 3 s: {metrics}");
+    assert_eq!(bucket("+Inf"), 3, "{metrics}");
     assert!(
-        metrics.contains("kuryr_cni_request_duration_milliseconds_bucket{le=\"1000.0\",command=\"ADD\"}")
-            || metrics.contains("command=\"ADD\""),
+        metrics.contains("kuryr_cni_request_duration_milliseconds_count{command=\"ADD\"} 3\n"),
         "{metrics}"
     );
+    let sum: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("kuryr_cni_request_duration_milliseconds_sum{command=\"ADD\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no ADD sum: {metrics}"));
+    assert!(sum >= 6000.0, "two 3 s timeouts: {sum}");
     assert!(
         metrics.contains("kuryr_cni_errors_total{command=\"ADD\",code=\"11\"} 1"),
         "{metrics}"

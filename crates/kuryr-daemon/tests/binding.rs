@@ -5,7 +5,6 @@ mod common;
 use common::*;
 use kuryr_daemon::binding::{
     BindingConfig, BindingError, Drivers, PlugKind, PlugSpec, PlugTarget, SubnetRoute, ovs_available,
-    sriov_capable_pfs,
 };
 use kuryr_daemon::netlink::{NetNs, Netlink};
 
@@ -302,14 +301,67 @@ async fn ovs_binding_when_available() {
         .status();
 }
 
-#[test]
-fn sriov_probe() {
-    let pfs = sriov_capable_pfs();
-    if pfs.is_empty() {
-        eprintln!("skipping SR-IOV plug test: no /sys/class/net/*/device/sriov_numvfs > 0 on this node");
-    } else {
-        eprintln!(
-            "SR-IOV PFs with VFs: {pfs:?} (plugging a VF needs a Neutron direct port; covered by the driver's unit tests)"
-        );
+/// No SR-IOV hardware is needed to check what an ADD does without a usable
+/// VF: the error names the physnet and every PF's reason, and the pod is
+/// left as it was. (Picking and releasing VFs is covered on a fake sysfs by
+/// the driver's unit tests.)
+#[tokio::test]
+async fn sriov_without_a_usable_vf_fails_naming_physnet_and_pfs() {
+    if !can_netns() {
+        return;
     }
+    let missing_pf = unique("kpf");
+    let mut config = BindingConfig::default();
+    // `lo` exists but is no PCI device; the other PF does not exist at all.
+    config.sriov.physnet_pfs = [("physnet1".to_string(), vec![missing_pf.clone(), "lo".to_string()])].into();
+    let drivers = Drivers::new(&config);
+    let pod = TestNetns::new("kps");
+    let ns = NetNs::open(&pod.path()).unwrap();
+    let target = PlugTarget::new(&ns, "uid-s");
+    let sriov = |physnet: Option<&str>| {
+        spec(
+            "eth0",
+            "unused",
+            "fa:16:3e:00:05:00",
+            &["10.95.0.5/24"],
+            &[],
+            PlugKind::Sriov {
+                pci_address: None,
+                physnet: physnet.map(str::to_string),
+                vlan: Some(100),
+            },
+        )
+    };
+    let before = pod.exec_ok(&["ip", "-o", "link"]);
+
+    let s = sriov(Some("physnet1"));
+    match drivers.for_kind(&s.kind).setup(&s, &target).await {
+        Err(BindingError::Unsupported { driver, reason }) => {
+            assert_eq!(driver, "sriov");
+            assert!(reason.contains("physnet physnet1"), "{reason}");
+            assert!(reason.contains(&format!("PF {missing_pf}")), "{reason}");
+            assert!(reason.contains("PF lo"), "{reason}");
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    let s = sriov(Some("physnet2"));
+    match drivers.for_kind(&s.kind).setup(&s, &target).await {
+        Err(BindingError::Unsupported { reason, .. }) => assert!(
+            reason.contains("physnet physnet2 has no PF in [sriov] physical_device_mappings"),
+            "{reason}"
+        ),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    let s = sriov(None);
+    match drivers.for_kind(&s.kind).setup(&s, &target).await {
+        Err(BindingError::InvalidVif { field, .. }) => assert_eq!(field, "physnet"),
+        other => panic!("expected InvalidVif, got {other:?}"),
+    }
+    assert_eq!(pod.exec_ok(&["ip", "-o", "link"]), before, "the pod is untouched");
+    // Teardown of a VIF that never got a VF is a no-op, not an error.
+    drivers
+        .for_kind(&s.kind)
+        .teardown(&sriov(Some("physnet1")), &target)
+        .await
+        .unwrap();
 }

@@ -18,7 +18,7 @@ use kube_emulator::{KubeEmulator, KubeOptions};
 use kuryr_crds::KuryrPort;
 use kuryr_daemon::registry::PodKey;
 use kuryr_daemon::testing::{VifFixture, kuryrport};
-use kuryr_daemon::{ApiHealth, Daemon, DaemonConfig, PodEvents};
+use kuryr_daemon::{Daemon, DaemonConfig, PodEvents};
 use serde_json::{Value, json};
 
 #[derive(Default)]
@@ -295,10 +295,30 @@ async fn daemon_against_kube_emulator() {
     );
     assert!(m.contains("kuryr_cni_registry_entries 0"), "{m}");
 
-    servers.shutdown().await;
+    // Readiness follows the API: with the emulator gone, GET /ready is 503
+    // (CNI code 50) naming the unreachable API, while /alive stays 200.
     w1.abort();
     w2.abort();
-    // Readiness follows the API: with the emulator gone the daemon is not ready.
     handle.shutdown().await.unwrap();
-    assert!(kuryr_daemon::kube::KubeApiHealth(client).check().await.is_err());
+    let ready = http
+        .get(format!("http://{}/ready", servers.health))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status().as_u16(), 503);
+    let body: Value = ready.json().await.unwrap();
+    assert_eq!(body["code"], 50, "{body}");
+    assert!(
+        body["details"]
+            .as_str()
+            .is_some_and(|d| d.contains("Kubernetes API unreachable")),
+        "{body}"
+    );
+    let alive = http
+        .get(format!("http://{}/alive", servers.health))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(alive.status().as_u16(), 200);
+    servers.shutdown().await;
 }
