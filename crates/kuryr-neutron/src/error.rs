@@ -141,10 +141,18 @@ pub enum Error {
     #[error("{0}")]
     Api(Box<ApiError>),
     /// The request did not get an HTTP answer (refused, reset, DNS, TLS, timeout).
-    #[error("{operation}: connection to Neutron failed{}: {}", if *.timed_out { " (timeout)" } else { "" }, describe_transport(.source))]
+    #[error(
+        "{operation}: connection to Neutron failed{}{}: {}",
+        if *.timed_out { " (timeout)" } else { "" },
+        if *.outcome_unknown { " after the request was sent, so it may have been applied" } else { "" },
+        describe_transport(.source)
+    )]
     Connection {
         operation: &'static str,
         timed_out: bool,
+        /// The connection was established and the request (maybe) sent, then lost before an answer: a
+        /// non-idempotent call (e.g. a port create) may have taken effect. See [`Error::outcome_unknown`].
+        outcome_unknown: bool,
         #[source]
         source: reqwest::Error,
     },
@@ -190,6 +198,19 @@ impl Error {
             Self::Decode { request_id, .. } => request_id.as_deref(),
             _ => None,
         }
+    }
+
+    /// A non-idempotent call (POST, action PUT) lost its connection after the request may have reached Neutron: it is
+    /// not retried by the client, and the caller must find out whether it took effect (e.g. list its ports by name
+    /// or tag) before creating again, or leave the leftover to the tag-based cleanup.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(
+            self,
+            Self::Connection {
+                outcome_unknown: true,
+                ..
+            }
+        )
     }
 
     /// True for any 404 answer (PortNotFound, TrunkNotFound, ...): "already gone" for delete paths.

@@ -13,8 +13,9 @@
 //! method, path, status, latency and `x-openstack-request-id` (never the token; a retry at info, a final failure at
 //! warn with the request id, a 404 at debug only), is reported to the optional
 //! [`Metrics`] hook, and is retried with exponential backoff + jitter on connection failures, 5xx and 429 when it is
-//! idempotent (GET, PUT, DELETE; POST only when the connection could not be established). A 401 triggers one
-//! re-authentication and one resend.
+//! idempotent (GET, PUT, DELETE; POST only when the connection could not be established: a POST that lost its
+//! connection after sending fails with [`Error::outcome_unknown`] set, since it may have taken effect). A 401
+//! triggers one re-authentication and one resend.
 
 pub mod auth;
 pub mod client;

@@ -347,6 +347,8 @@ impl NeutronClient {
                     break Err(Error::Connection {
                         operation: call.op,
                         timed_out: e.is_timeout(),
+                        // Idempotent calls are safe to repeat whatever happened; a refused connection sent nothing.
+                        outcome_unknown: !call.idempotent && !e.is_connect(),
                         source: e,
                     });
                 }
