@@ -29,6 +29,8 @@ pub use kuryr_testbed::{create_pod, create_pod_with};
 
 /// Bridge the controller's VIFs name (`binding:vif_details.bridge_name`).
 pub const BRIDGE: &str = "br-int";
+/// The daemon's TCP address inside every node namespace.
+pub const UPSTREAM_DAEMON_ADDRESS: &str = "127.0.0.1:5036";
 
 /// A project with one network + subnet per cidr (the first is the pod subnet).
 pub async fn neutron_fixture(client: &NeutronClient, cidrs: &[&str]) -> Result<NeutronFixture> {
@@ -320,7 +322,9 @@ impl Node {
     /// the Linux bridge (no Open vSwitch on this machine; see OvsPlugMode).
     fn daemon_config(&self) -> DaemonConfig {
         let mut cfg = DaemonConfig::new(self.name);
-        cfg.bind_address = "127.0.0.1:0".parse().expect("address");
+        // Upstream's default address: each node has its own loopback, and upstream's own
+        // plugin (which only speaks TCP to `[cni_daemon] bind_address`) can reach it.
+        cfg.bind_address = UPSTREAM_DAEMON_ADDRESS.parse().expect("address");
         cfg.health_address = "127.0.0.1:0".parse().expect("address");
         cfg.metrics_address = "127.0.0.1:0".parse().expect("address");
         cfg.unix_socket = Some(self.socket.clone());

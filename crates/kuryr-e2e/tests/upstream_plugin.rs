@@ -1,0 +1,202 @@
+//! Drop-in check from the runtime's side: upstream kuryr-kubernetes 10.0.0's own CNI plugin
+//! (`kuryr-cni` of the PyPI package, which parses the daemon's answer with os-vif's versioned
+//! objects) wires and unwires a pod through the kuryr-rs daemon, next to kuryr-rs' own plugin.
+//! A node that keeps upstream's plugin in its CNI config works unchanged.
+//!
+//! The venv comes from `scripts/upstream-kuryr-venv.sh` (the README test command creates it and
+//! exports KURYR_TEST_UPSTREAM_PYTHON); without it the test says why it skips.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams};
+use kuryr_crds::KuryrPort;
+use serde_json::{Value, json};
+use support::*;
+
+const NS: &str = "upstream";
+
+fn upstream_plugin() -> Option<PathBuf> {
+    let python = std::env::var_os("KURYR_TEST_UPSTREAM_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.upstream-kuryr/venv/bin/python")
+        });
+    Some(python.parent()?.join("kuryr-cni")).filter(|p| p.exists())
+}
+
+/// Runs upstream's plugin inside the node's namespace, as a runtime on that node would.
+async fn upstream_cni(
+    plugin: &std::path::Path,
+    node: &Node,
+    command: &str,
+    pod: &PodSandbox,
+) -> Result<(bool, Value, String)> {
+    let dir = tempfile::tempdir()?;
+    let conf_file = dir.path().join("kuryr.conf");
+    // Logs to a file as deployments configure it: with oslo.log's default they would go to
+    // stdout, where the runtime expects only the result.
+    let log_file = dir.path().join("kuryr-cni.log");
+    std::fs::write(
+        &conf_file,
+        format!(
+            "[DEFAULT]\nlog_file = {}\n[cni_daemon]\nbind_address = {UPSTREAM_DAEMON_ADDRESS}\n",
+            log_file.display()
+        ),
+    )?;
+    let conf = json!({"cniVersion": "0.3.1", "name": "kuryr", "type": "kuryr-cni",
+        "kuryr_conf": conf_file.display().to_string(), "debug": false});
+    let args = format!(
+        "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={}",
+        pod.namespace, pod.name, pod.container, pod.uid
+    );
+    let env = [
+        ("CNI_COMMAND", command.to_string()),
+        ("CNI_CONTAINERID", pod.container.clone()),
+        ("CNI_NETNS", pod.netns.path()),
+        ("CNI_IFNAME", "eth0".to_string()),
+        ("CNI_PATH", "/opt/cni/bin".to_string()),
+        ("CNI_ARGS", args),
+    ];
+    let (plugin, node_ns) = (plugin.to_path_buf(), node.ns.0.clone());
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let _dir = dir;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &node_ns])
+            .arg(&plugin)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .envs(env)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("spawn {}", plugin.display()))?;
+        child
+            .stdin
+            .take()
+            .context("stdin")?
+            .write_all(conf.to_string().as_bytes())?;
+        let out = child.wait_with_output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        Ok((
+            out.status.success(),
+            serde_json::from_str(stdout.trim()).unwrap_or(Value::Null),
+            format!(
+                "stdout: {stdout}\nstderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        ))
+    })
+    .await?
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn upstream_python_plugin_wires_a_pod_through_the_kuryr_rs_daemon() -> Result<()> {
+    init_logs();
+    let Some(plugin) = upstream_plugin() else {
+        eprintln!(
+            "upstream kuryr venv not found: run scripts/upstream-kuryr-venv.sh (scripts/test-all.sh does); skipped"
+        );
+        return Ok(());
+    };
+    if !can_netns() {
+        return Ok(());
+    }
+    cni_binary()?;
+    for target in neutron_targets().await? {
+        let fx = neutron_fixture(&target.client, &["10.73.0.0/24"]).await?;
+        let result: Result<()> = async {
+            let kube = start_kube().await?;
+            let _ctrl = start_controller(&kube.client, &target, controller_config(&fx, ""));
+            create_namespace(&kube.client, NS).await?;
+            let nodes = two_nodes(&kube).await?;
+            // One pod through upstream's plugin, its peer on the other node through ours.
+            let up = create_pod(&kube.client, NS, "via-upstream", nodes[0].name, json!({})).await?;
+            let peer = create_pod(&kube.client, NS, "via-kuryr-rs", nodes[1].name, json!({})).await?;
+            let (up_box, peer_box) = (PodSandbox::new(&up)?, PodSandbox::new(&peer)?);
+            let (ok, result, out) = upstream_cni(&plugin, &nodes[0], "ADD", &up_box).await?;
+            ensure!(ok, "upstream plugin ADD failed: {out}");
+            cni_add(&nodes[1], &peer_box).await?;
+
+            let kp = Api::<KuryrPort>::namespaced(kube.client.clone(), NS)
+                .get("via-upstream")
+                .await?;
+            let (_, vif) = kp
+                .status
+                .as_ref()
+                .and_then(|s| s.default_vif())
+                .context("no eth0 VIF")?;
+            let port = target.client.get_port(vif.id()).await?;
+            let ip = &port.fixed_ips.first().context("port without IP")?.ip_address;
+            // Upstream's result: built by os-vif from our VIF JSON.
+            ensure!(result["interfaces"][0]["name"] == "eth0", "{result} {out}");
+            ensure!(
+                result["interfaces"][0]["mac"] == port.mac_address.as_str(),
+                "{result}"
+            );
+            ensure!(
+                result["interfaces"][0]["sandbox"] == up_box.container.as_str(),
+                "{result}"
+            );
+            ensure!(
+                result["ips"][0]["address"]
+                    .as_str()
+                    .is_some_and(|a| a.starts_with(&format!("{ip}/"))),
+                "{result}"
+            );
+            ensure!(result["ips"][0]["version"] == "4", "{result}");
+            let addrs = up_box.netns.addrs()?;
+            ensure!(
+                addrs.iter().any(|(n, mac, a)| n == "eth0"
+                    && *mac == port.mac_address
+                    && a.iter().any(|x| x.starts_with(&format!("{ip}/")))),
+                "pod namespace: {addrs:?}"
+            );
+            reachable(&peer_box.netns.path(), &up_box.netns.path(), ip.parse()?)
+                .map_err(anyhow::Error::msg)?;
+
+            // DEL through upstream's plugin, twice (runtimes repeat DELs).
+            for round in 0..2 {
+                let (ok, _, out) = upstream_cni(&plugin, &nodes[0], "DEL", &up_box).await?;
+                ensure!(ok, "upstream plugin DEL #{round} failed: {out}");
+            }
+            ensure!(up_box.netns.links()? == ["lo"], "eth0 left after DEL");
+            cni_del(&nodes[1], &peer_box).await?;
+            let pods = Api::<Pod>::namespaced(kube.client.clone(), NS);
+            for p in ["via-upstream", "via-kuryr-rs"] {
+                pods.delete(p, &DeleteParams::default()).await?;
+            }
+            eventually(
+                "the ports deleted in Neutron",
+                Duration::from_secs(120),
+                || async {
+                    Ok(pod_ports(&target.client, &fx.project)
+                        .await?
+                        .is_empty()
+                        .then_some(()))
+                },
+            )
+            .await?;
+            for n in &nodes {
+                ensure!(n.leftover_links()?.is_empty(), "{}: links left", n.name);
+            }
+            eprintln!(
+                "upstream_plugin[{}]: upstream kuryr-cni ADD/DEL through the kuryr-rs daemon",
+                target.name
+            );
+            Ok(())
+        }
+        .await;
+        cleanup_project(&target.client, &fx.project).await;
+        result.with_context(|| format!("against {}", target.name))?;
+    }
+    Ok(())
+}
