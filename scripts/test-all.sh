@@ -9,7 +9,8 @@
 #      tests, exporting KURYR_TEST_OVS_DB
 #   3. cargo fmt --check, clippy -D warnings, the CRD manifests staleness check
 #   4. cargo test --workspace (the Neutron contract suite runs against the emulator and the
-#      real server; its per-target summary lines are repeated at the end)
+#      real server; its per-target summary lines are repeated at the end, and the run fails
+#      unless both passed the same number of cases with 0 failed: scripts/check-contract-summary.sh)
 #   5. stops neutron-server and Open vSwitch again, but only those this script started
 # Env: KEEP_NEUTRON=1 leaves a server this script started running (KEEP_OVS=1 the same for Open
 # vSwitch); NEUTRON_LAB overrides the state directory; extra arguments go to `cargo test`
@@ -61,6 +62,8 @@ trap stop_neutron EXIT
 "$REPO/scripts/neutron-lab/start-neutron.sh"
 neutron_up || { echo "neutron-server is not answering at $NEUTRON_URL" >&2; exit 1; }
 export KURYR_TEST_NEUTRON_URL="$NEUTRON_URL"
+# Real-server tests (contract suite, kuryr-testbed targets) then fail instead of skipping without the URL.
+export KURYR_TEST_REQUIRE_NEUTRON=1
 
 step "upstream kuryr-kubernetes 10.0.0 venv (its Python client is run against the Kubernetes emulator)"
 KURYR_TEST_UPSTREAM_PYTHON=$("$REPO/scripts/upstream-kuryr-venv.sh")
@@ -95,8 +98,15 @@ set -e
 step "summary"
 grep -E '^contract\[[^]]+\]: ' "$LOG_DIR/cargo-test.log" || echo "(no contract suite summary found in the test output)"
 grep -E '^test result: ' "$LOG_DIR/cargo-test.log" | awk '{p+=$4; f+=$6; i+=$8} END {printf "libtest totals: %d passed, %d failed, %d ignored\n", p, f, i}'
+# Both contract targets must have run the same N cases with 0 failed.
+contract_ok=1
+"$REPO/scripts/check-contract-summary.sh" "$LOG_DIR/cargo-test.log" || contract_ok=0
 if [ "$rc" -ne 0 ]; then
   echo "cargo test FAILED (exit $rc); full log: $LOG_DIR/cargo-test.log"
   exit "$rc"
+fi
+if [ "$contract_ok" != 1 ]; then
+  echo "contract suite check FAILED; full log: $LOG_DIR/cargo-test.log"
+  exit 1
 fi
 echo "all checks passed"

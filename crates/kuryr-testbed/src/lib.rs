@@ -1,6 +1,7 @@
 //! Test only: the test bed shared by the controller's integration tests and the end-to-end tests.
 //! The Kubernetes API emulator with the CRDs applied, the Neutron targets (the in-repo emulator
-//! always, the real neutron-server when `KURYR_TEST_NEUTRON_URL` is set), per-test Neutron
+//! always, the real neutron-server when `KURYR_TEST_NEUTRON_URL` is set, required with
+//! `KURYR_TEST_REQUIRE_NEUTRON=1`), per-test Neutron
 //! fixtures, in-process controllers and polling helpers.
 #![allow(clippy::expect_used)]
 
@@ -57,15 +58,17 @@ pub async fn neutron_targets() -> Result<Vec<NeutronTarget>> {
         url,
         _emulator: Some(emu),
     });
-    match std::env::var("KURYR_TEST_NEUTRON_URL") {
-        Ok(url) if !url.is_empty() => out.push(NeutronTarget {
+    // KURYR_TEST_REQUIRE_NEUTRON=1 (scripts/test-all.sh) turns a missing URL into an error instead of a skip.
+    match neutron_contract::env::real_neutron_url().map_err(anyhow::Error::msg)? {
+        Some(url) => out.push(NeutronTarget {
             name: "neutron-server",
             client: NeutronClient::new(&ClientOptions::noauth(&url))?,
             url,
             _emulator: None,
         }),
-        _ => eprintln!(
-            "KURYR_TEST_NEUTRON_URL unset: real neutron-server target skipped (scripts/test-all.sh sets it)"
+        None => eprintln!(
+            "real neutron-server target skipped: {}",
+            neutron_contract::env::skip_reason()
         ),
     }
     Ok(out)

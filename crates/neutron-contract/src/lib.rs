@@ -13,6 +13,7 @@
 
 mod cases;
 mod ctx;
+pub mod env;
 
 use std::future::Future;
 use std::pin::Pin;

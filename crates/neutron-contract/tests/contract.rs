@@ -1,6 +1,7 @@
 //! The contract suite against every available target (harness = false):
 //! - `emulator`: `neutron_emulator::Emulator` started in-process, agents on k8s-node-1 and k8s-node-2;
-//! - `neutron-server`: the real server at `KURYR_TEST_NEUTRON_URL` (skipped with a reason when unset).
+//! - `neutron-server`: the real server at `KURYR_TEST_NEUTRON_URL` (skipped with a reason when unset, a failure when
+//!   `KURYR_TEST_REQUIRE_NEUTRON=1`).
 //!
 //! Env: `KURYR_CONTRACT_TARGETS=emulator,neutron-server` (default both), `KURYR_CONTRACT_CONCURRENCY` (default 2).
 //! Positional args select cases by substring: `cargo test -p neutron-contract --test contract -- trunk`.
@@ -88,8 +89,8 @@ fn main() -> ExitCode {
         if !targets.contains("neutron-server") {
             println!("contract[neutron-server]: skipped (not in KURYR_CONTRACT_TARGETS)");
         } else {
-            match std::env::var("KURYR_TEST_NEUTRON_URL") {
-                Ok(url) if !url.is_empty() => match run_suite("neutron-server", &url, &opts).await {
+            match neutron_contract::env::real_neutron_url() {
+                Ok(Some(url)) => match run_suite("neutron-server", &url, &opts).await {
                     Ok(r) => {
                         print_report(&r);
                         failed |= r.failed() > 0;
@@ -99,10 +100,14 @@ fn main() -> ExitCode {
                         failed = true;
                     }
                 },
-                _ => println!(
-                    "contract[neutron-server]: skipped: KURYR_TEST_NEUTRON_URL is unset \
-                     (scripts/neutron-lab/start-neutron.sh starts one)"
+                Ok(None) => println!(
+                    "contract[neutron-server]: skipped: {}",
+                    neutron_contract::env::skip_reason()
                 ),
+                Err(e) => {
+                    println!("contract[neutron-server]: FAILED: {e}");
+                    failed = true;
+                }
             }
         }
         failed
