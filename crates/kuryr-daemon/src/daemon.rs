@@ -71,7 +71,8 @@ impl DaemonConfig {
     /// vif_annotation_timeout, netns_proc_dir), `[cni_health_server] port`,
     /// `[prometheus_exporter] cni_exporter_port`, `[binding] link_iface`,
     /// `[neutron_defaults] ovs_bridge`, `[binding] ovs_db/ovs_datapath_type/ovs_plug_mode`,
-    /// `[sriov] physical_device_mappings`. Health and metrics listen on all
+    /// `[sriov] physical_device_mappings/enable_pod_resource_service/kubelet_root_dir/
+    /// physnet_resource_mappings/device_plugin_resource_prefix`. Health and metrics listen on all
     /// addresses, as upstream's. Attachments are kept in [`DEFAULT_STATE_DIR`].
     pub fn from_kuryr_config(cfg: &kuryr_config::KuryrConfig, node_name: impl Into<String>) -> Self {
         let mut out = Self::new(node_name);
@@ -95,6 +96,10 @@ impl DaemonConfig {
             // Only SR-IOV ADDs depend on it: they fail naming the physnet.
             Err(e) => tracing::error!(error = %e, "ignoring [sriov] physical_device_mappings"),
         }
+        out.binding.sriov.enable_pod_resource_service = cfg.sriov.enable_pod_resource_service;
+        out.binding.sriov.kubelet_root_dir = PathBuf::from(&cfg.sriov.kubelet_root_dir);
+        out.binding.sriov.physnet_resource_mappings = cfg.sriov.physnet_resource_mappings.clone();
+        out.binding.sriov.device_plugin_resource_prefix = cfg.sriov.device_plugin_resource_prefix.clone();
         out
     }
 }

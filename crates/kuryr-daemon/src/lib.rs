@@ -6,6 +6,7 @@
 //! - [`registry`]: in-memory pods/KuryrPorts/attachments of this node
 //! - [`state`]: attachments kept on disk for a restarted daemon
 //! - [`daemon`]: CNI ADD/DEL/CHECK/GC logic; [`server`]: HTTP API, health, metrics
+//! - [`kubelet`]: the kubelet's PodResources service (VFs the device plugin gave a pod)
 //! - [`kube`]: watchers feeding the registry, Events, and [`kube::run`] for the CLI
 //! - [`api`]: wire format and error codes
 
@@ -13,6 +14,7 @@ pub mod api;
 pub mod binding;
 pub mod daemon;
 pub mod kube;
+pub mod kubelet;
 pub mod metrics;
 pub mod netlink;
 pub mod registry;

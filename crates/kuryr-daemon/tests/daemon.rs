@@ -533,3 +533,30 @@ async fn restarted_daemon_tears_down_nested_bindings_from_its_state_dir() {
         "the record goes with the attachment"
     );
 }
+
+#[test]
+fn sriov_pod_resource_options_come_from_kuryr_conf() {
+    let ini = "[sriov]\nenable_pod_resource_service = True\nkubelet_root_dir = /srv/kubelet\n\
+               physnet_resource_mappings = physnet1:sriov_a,physnet2:sriov_b\n\
+               device_plugin_resource_prefix = example.org\n";
+    let k = kuryr_config::KuryrConfig::from_ini_str(ini)
+        .expect("loads")
+        .config;
+    let s = DaemonConfig::from_kuryr_config(&k, "n1").binding.sriov;
+    assert!(s.enable_pod_resource_service);
+    assert_eq!(s.kubelet_root_dir, std::path::PathBuf::from("/srv/kubelet"));
+    assert_eq!(
+        s.resource_of_physnet("physnet2").as_deref(),
+        Ok("example.org/sriov_b")
+    );
+    // Upstream's defaults: off, /var/lib/kubelet, intel.com.
+    let d = DaemonConfig::from_kuryr_config(&kuryr_config::KuryrConfig::default(), "n1")
+        .binding
+        .sriov;
+    assert!(!d.enable_pod_resource_service);
+    assert_eq!(d.kubelet_root_dir, std::path::PathBuf::from("/var/lib/kubelet"));
+    assert_eq!(
+        d.resource_of_physnet("physnet1").as_deref(),
+        Ok("intel.com/physnet1")
+    );
+}

@@ -66,8 +66,10 @@ pub enum PlugKind {
     /// macvlan on the node's interface (VIFMacvlanNested).
     MacvlanNested,
     /// A VF netdev moved into the pod (VIFSriov). `pci_address` names the VF
-    /// when the VIF carries it (`dev_address`); otherwise the daemon picks a
-    /// free VF of one of `physnet`'s PFs (`[sriov] physical_device_mappings`).
+    /// when the VIF carries it (`dev_address`); otherwise the daemon takes a
+    /// VF the kubelet allocated to the pod (`[sriov]
+    /// enable_pod_resource_service`) or picks a free VF of one of `physnet`'s
+    /// PFs (`[sriov] physical_device_mappings`).
     /// `vlan` (the network's segmentation id) is set on the VF through its PF.
     Sriov {
         pci_address: Option<String>,
@@ -109,6 +111,14 @@ impl<'a> PlugTarget<'a> {
         }
     }
 
+    /// The pod being plugged, from the owner tag ADD sets
+    /// (`kuryr:<container>:<namespace>/<name>`); `None` outside an ADD.
+    pub fn pod(&self) -> Option<crate::registry::PodKey> {
+        self.owner_tag
+            .and_then(crate::registry::PodKey::parse_owner_tag)
+            .map(|(pod, _)| pod)
+    }
+
     pub(crate) fn require_netns(&self) -> Result<&'a NetNs, BindingError> {
         self.netns.ok_or_else(|| BindingError::InvalidVif {
             field: "CNI_NETNS".into(),
@@ -123,6 +133,10 @@ pub enum BindingError {
     Netlink(#[from] NetlinkError),
     #[error("{driver}: not supported on this node: {reason}")]
     Unsupported { driver: &'static str, reason: String },
+    /// The device the VIF needs is not to be had (SR-IOV: the kubelet lists
+    /// no VF for the pod, or cannot be asked).
+    #[error("{driver}: {reason}")]
+    NoDevice { driver: &'static str, reason: String },
     #[error("{driver}: MTU {requested} is above the parent interface {parent}'s MTU {parent_mtu}")]
     MtuTooLarge {
         driver: &'static str,
@@ -190,7 +204,8 @@ pub struct BindingConfig {
     pub ovs_datapath_type: String,
     /// How `VIFOpenVSwitch` VIFs are plugged on this node.
     pub ovs_plug: OvsPlugMode,
-    /// SR-IOV: where the daemon picks VFs for `VIFSriov` VIFs that name none.
+    /// SR-IOV: where the daemon picks VFs for `VIFSriov` VIFs that name none
+    /// (PFs of the physnet, or the kubelet's PodResources service).
     pub sriov: SriovConfig,
 }
 

@@ -7,14 +7,25 @@
 //! PF, moves it into the pod and configures L3 there. A VF is free when its
 //! netdev is visible in the daemon's namespace (a VF moved into a pod is not)
 //! and no concurrent ADD has claimed it.
+//!
+//! With the SR-IOV network device plugin the kubelet has already given the
+//! pod specific VFs; picking another one would let two pods swap VFs. With
+//! `[sriov] enable_pod_resource_service = True` the daemon therefore asks the
+//! kubelet's PodResources service ([`crate::kubelet`]) for the pod's devices
+//! of the physnet's resource (`[sriov] physnet_resource_mappings`, with
+//! `device_plugin_resource_prefix`, as the controller maps them) and takes
+//! the first of them that no other interface of the pod uses yet.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::kubelet::{PodResourcesClient, pod_devices};
 use crate::netlink::{NetNs, Netlink};
+use crate::registry::PodKey;
 
 use super::veth::wrong_kind;
 use super::{BindingDriver, BindingError, PlugKind, PlugSpec, PlugTarget, TeardownError, l3};
@@ -39,6 +50,19 @@ pub struct SriovConfig {
     pub physnet_pfs: BTreeMap<String, Vec<String>>,
     /// Root of sysfs (`/sys`); tests point it at a fake tree.
     pub sysfs_root: PathBuf,
+    /// `[sriov] enable_pod_resource_service`: a VIF without `dev_address`
+    /// gets a VF the kubelet allocated to the pod, never any free VF.
+    pub enable_pod_resource_service: bool,
+    /// `[sriov] kubelet_root_dir` (`/var/lib/kubelet`); the PodResources
+    /// socket is `pod-resources/kubelet.sock` in it.
+    pub kubelet_root_dir: PathBuf,
+    /// `[sriov] physnet_resource_mappings`: physnet -> device-plugin
+    /// resource, without the prefix.
+    pub physnet_resource_mappings: BTreeMap<String, String>,
+    /// `[sriov] device_plugin_resource_prefix` (`intel.com`).
+    pub device_plugin_resource_prefix: String,
+    /// Bound on one PodResources call (connect included).
+    pub kubelet_timeout: Duration,
 }
 
 impl Default for SriovConfig {
@@ -46,6 +70,11 @@ impl Default for SriovConfig {
         Self {
             physnet_pfs: BTreeMap::new(),
             sysfs_root: PathBuf::from("/sys"),
+            enable_pod_resource_service: false,
+            kubelet_root_dir: PathBuf::from("/var/lib/kubelet"),
+            physnet_resource_mappings: BTreeMap::new(),
+            device_plugin_resource_prefix: "intel.com".into(),
+            kubelet_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -74,6 +103,40 @@ impl SriovConfig {
             }
         }
         Ok(out)
+    }
+
+    /// The device-plugin resource (`intel.com/sriov_a`) whose VFs serve
+    /// `physnet`, mapped as the controller's `sriov` driver maps it:
+    /// `<prefix>/<physnet_resource_mappings[physnet]>`, or `<prefix>/<physnet>`
+    /// when no mapping is configured at all.
+    pub fn resource_of_physnet(&self, physnet: &str) -> Result<String, String> {
+        let prefix = self.device_plugin_resource_prefix.trim_end_matches('/');
+        if self.physnet_resource_mappings.is_empty() {
+            return Ok(format!("{prefix}/{physnet}"));
+        }
+        self.physnet_resource_mappings
+            .get(physnet)
+            .map(|res| format!("{prefix}/{res}"))
+            .ok_or_else(|| format!("physnet {physnet} has no resource in [sriov] physnet_resource_mappings"))
+    }
+}
+
+/// The devices the kubelet allocated to a pod for one physnet's resource.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Allocation {
+    pod: PodKey,
+    physnet: String,
+    resource: String,
+    /// PCI addresses, in the kubelet's order.
+    device_ids: Vec<String>,
+}
+
+impl Allocation {
+    fn context(&self) -> String {
+        format!(
+            "pod {}, physnet {}, resource {}",
+            self.pod, self.physnet, self.resource
+        )
     }
 }
 
@@ -238,6 +301,125 @@ impl SriovDriver {
         }
     }
 
+    /// The VF for this spec: the one the VIF names, one the kubelet
+    /// allocated to `pod` (`enable_pod_resource_service`), or a free one of
+    /// its physnet's PFs.
+    async fn choose(
+        &self,
+        pci_address: Option<&str>,
+        physnet: Option<&str>,
+        pod: Option<&PodKey>,
+    ) -> Result<(VfCandidate, Claim<'_>), BindingError> {
+        match (pci_address, physnet) {
+            (None, Some(physnet)) if self.config.enable_pod_resource_service => {
+                let allocation = self.kubelet_allocation(physnet, pod).await?;
+                self.pick_allocated(&allocation)
+            }
+            _ => self.pick(pci_address, physnet),
+        }
+    }
+
+    /// Ask the kubelet which devices of `physnet`'s resource `pod` was given.
+    async fn kubelet_allocation(
+        &self,
+        physnet: &str,
+        pod: Option<&PodKey>,
+    ) -> Result<Allocation, BindingError> {
+        let no_device = |reason: String| BindingError::NoDevice {
+            driver: "sriov",
+            reason,
+        };
+        let pod = pod.ok_or_else(|| {
+            no_device(format!(
+                "physnet {physnet}: [sriov] enable_pod_resource_service needs the pod's name and namespace, \
+                 and the plug target does not name the pod"
+            ))
+        })?;
+        let resource = self
+            .config
+            .resource_of_physnet(physnet)
+            .map_err(|e| no_device(format!("pod {pod}: {e}")))?;
+        let client =
+            PodResourcesClient::in_root_dir(&self.config.kubelet_root_dir, self.config.kubelet_timeout);
+        let pods = client.list().await.map_err(|e| {
+            no_device(format!(
+                "pod {pod}, physnet {physnet}, resource {resource}: kubelet PodResources on {}: {e}",
+                client.socket().display()
+            ))
+        })?;
+        let device_ids = pod_devices(&pods, &pod.namespace, &pod.name, &resource);
+        if device_ids.is_empty() {
+            return Err(no_device(format!(
+                "pod {pod}, physnet {physnet}, resource {resource}: the kubelet lists no {resource} device \
+                 for the pod (does it request {resource} from the SR-IOV device plugin?)"
+            )));
+        }
+        Ok(Allocation {
+            pod: pod.clone(),
+            physnet: physnet.to_string(),
+            resource,
+            device_ids,
+        })
+    }
+
+    /// The first VF of `allocation` that is not in use: its netdev is still
+    /// in the daemon's namespace (an earlier interface of the pod has moved
+    /// its VF away) and no concurrent ADD claimed it.
+    fn pick_allocated(&self, allocation: &Allocation) -> Result<(VfCandidate, Claim<'_>), BindingError> {
+        let root = &self.config.sysfs_root;
+        let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut reasons = Vec::new();
+        for pci in &allocation.device_ids {
+            if claimed.contains(pci) {
+                reasons.push(format!("{pci} is taken by a concurrent ADD"));
+                continue;
+            }
+            let netdev = match vf_netdev(root, pci) {
+                Ok(netdev) => netdev,
+                Err(BindingError::InvalidVif { message, .. }) => {
+                    reasons.push(message);
+                    continue;
+                }
+                Err(_) => {
+                    reasons.push(format!(
+                        "{pci} has no netdev in the daemon's namespace (plugged already, e.g. as another \
+                         interface of this pod, or bound to a non-netdev driver)"
+                    ));
+                    continue;
+                }
+            };
+            let (pf, vf_index) = match vf_identity(root, pci) {
+                Ok(identity) => identity,
+                Err(e) => {
+                    reasons.push(e);
+                    continue;
+                }
+            };
+            claimed.insert(pci.clone());
+            tracing::debug!(pod = %allocation.pod, pci = %pci, %pf, vf_index, "VF allocated by the kubelet");
+            let vf = VfCandidate {
+                pf,
+                vf_index,
+                pci_address: pci.clone(),
+                netdev,
+            };
+            let claim = Claim {
+                driver: self,
+                pci: Some(pci.clone()),
+            };
+            return Ok((vf, claim));
+        }
+        Err(BindingError::NoDevice {
+            driver: "sriov",
+            reason: format!(
+                "{}: none of the {} VFs the kubelet allocated to the pod is free: {}",
+                allocation.context(),
+                allocation.device_ids.len(),
+                reasons.join("; ")
+            ),
+        })
+    }
+
     /// The VF for this spec: the one the VIF names, or a free one of its physnet.
     fn pick(
         &self,
@@ -310,7 +492,10 @@ impl BindingDriver for SriovDriver {
         let pod = Netlink::in_netns(netns).await?;
         // A retried ADD finds the VF already in the pod.
         if pod.link_by_name(&spec.ifname).await?.is_none() {
-            let (vf, _claim) = self.pick(pci_address.as_deref(), physnet.as_deref())?;
+            let pod_key = target.pod();
+            let (vf, _claim) = self
+                .choose(pci_address.as_deref(), physnet.as_deref(), pod_key.as_ref())
+                .await?;
             let host = Netlink::current()?;
             let link = host.require_link(&vf.netdev).await?;
             let pf = host.require_link(&vf.pf).await?;
@@ -508,6 +693,7 @@ mod tests {
         let driver = SriovDriver::new(SriovConfig {
             physnet_pfs: SriovConfig::parse_mappings(&["physnet2:ens1f0".into()]).unwrap(),
             sysfs_root: root.to_path_buf(),
+            ..SriovConfig::default()
         });
         let (a, claim_a) = driver.pick(None, Some("physnet2")).unwrap();
         let (b, claim_b) = driver.pick(None, Some("physnet2")).unwrap();
@@ -526,6 +712,269 @@ mod tests {
             (named.pf.as_str(), named.vf_index, named.netdev.as_str()),
             ("ens1f0", 1, "v1")
         );
+    }
+
+    mod kubelet_allocated {
+        use std::collections::HashMap;
+
+        use super::*;
+        use crate::kubelet::fake::{Answer, FakeKubelet};
+        use crate::kubelet::pod_resources::{V1_LIST, V1ALPHA1_LIST};
+        use crate::kubelet::{ContainerDevices, ContainerResources, PodResources};
+
+        const RESOURCE: &str = "intel.com/sriov_a";
+
+        fn pod_with(ns: &str, name: &str, devices: &[(&str, &[&str])]) -> PodResources {
+            PodResources {
+                name: name.into(),
+                namespace: ns.into(),
+                containers: vec![ContainerResources {
+                    name: "app".into(),
+                    devices: devices
+                        .iter()
+                        .map(|(r, ids)| ContainerDevices {
+                            resource_name: (*r).into(),
+                            device_ids: ids.iter().map(|s| (*s).to_string()).collect(),
+                        })
+                        .collect(),
+                }],
+            }
+        }
+
+        /// PF ens1f0 with four free VFs, 0000:3b:02.0 (VF 0) to 0000:3b:02.3 (VF 3).
+        fn four_free_vfs(root: &Path) {
+            fake_pf(
+                root,
+                "ens1f0",
+                "0000:3b:00.0",
+                &[
+                    (0, "0000:3b:02.0", Some("v0")),
+                    (1, "0000:3b:02.1", Some("v1")),
+                    (2, "0000:3b:02.2", Some("v2")),
+                    (3, "0000:3b:02.3", Some("v3")),
+                ],
+            );
+        }
+
+        fn driver(root: &Path, kubelet: &FakeKubelet, enabled: bool) -> SriovDriver {
+            SriovDriver::new(SriovConfig {
+                physnet_pfs: SriovConfig::parse_mappings(&["physnet2:ens1f0".into()]).unwrap(),
+                sysfs_root: root.to_path_buf(),
+                enable_pod_resource_service: enabled,
+                kubelet_root_dir: kubelet.root_dir().to_path_buf(),
+                physnet_resource_mappings: [("physnet2".to_string(), "sriov_a".to_string())].into(),
+                device_plugin_resource_prefix: "intel.com".into(),
+                kubelet_timeout: Duration::from_secs(5),
+            })
+        }
+
+        #[tokio::test]
+        async fn the_kubelet_allocated_vf_wins_over_a_lower_free_one() {
+            let dir = tempfile::tempdir().unwrap();
+            four_free_vfs(dir.path());
+            let kubelet = FakeKubelet::start(HashMap::from([(
+                V1_LIST,
+                Answer::Pods(vec![
+                    pod_with("ns", "other", &[(RESOURCE, &["0000:3b:02.1"])]),
+                    pod_with(
+                        "ns",
+                        "p",
+                        &[
+                            ("intel.com/sriov_b", &["0000:3b:02.0"]),
+                            (RESOURCE, &["0000:3b:02.2"]),
+                        ],
+                    ),
+                ]),
+            )]))
+            .await;
+            let pod = PodKey::new("ns", "p");
+            let d = driver(dir.path(), &kubelet, true);
+            let (vf, _claim) = d.choose(None, Some("physnet2"), Some(&pod)).await.unwrap();
+            assert_eq!(
+                vf,
+                VfCandidate {
+                    pf: "ens1f0".into(),
+                    vf_index: 2,
+                    pci_address: "0000:3b:02.2".into(),
+                    netdev: "v2".into(),
+                }
+            );
+            assert_eq!(kubelet.calls(), vec![V1_LIST]);
+            // Disabled: today's behaviour, the lowest free VF, no kubelet call.
+            let disabled = driver(dir.path(), &kubelet, false);
+            let (vf, _claim) = disabled.choose(None, Some("physnet2"), Some(&pod)).await.unwrap();
+            assert_eq!(vf.vf_index, 0);
+            // A VIF naming its VF keeps it.
+            let (vf, _claim) = d
+                .choose(Some("0000:3b:02.3"), Some("physnet2"), Some(&pod))
+                .await
+                .unwrap();
+            assert_eq!(vf.vf_index, 3);
+            assert_eq!(kubelet.calls().len(), 1);
+        }
+
+        #[tokio::test]
+        async fn each_vif_of_the_pod_takes_another_allocated_vf() {
+            let dir = tempfile::tempdir().unwrap();
+            four_free_vfs(dir.path());
+            // Kubelet's order, not numeric; the same VF listed twice counts once.
+            let kubelet = FakeKubelet::start(HashMap::from([(
+                V1_LIST,
+                Answer::Pods(vec![pod_with(
+                    "ns",
+                    "p",
+                    &[
+                        (RESOURCE, &["0000:3b:02.3", "0000:3b:02.1"]),
+                        (RESOURCE, &["0000:3b:02.3"]),
+                    ],
+                )]),
+            )]))
+            .await;
+            let pod = PodKey::new("ns", "p");
+            let d = driver(dir.path(), &kubelet, true);
+            // Concurrent ADDs (claims held): one VF each.
+            let (eth1, claim1) = d.choose(None, Some("physnet2"), Some(&pod)).await.unwrap();
+            let (eth2, claim2) = d.choose(None, Some("physnet2"), Some(&pod)).await.unwrap();
+            assert_eq!(
+                (eth1.pci_address.as_str(), eth2.pci_address.as_str()),
+                ("0000:3b:02.3", "0000:3b:02.1")
+            );
+            let err = d
+                .choose(None, Some("physnet2"), Some(&pod))
+                .await
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                err.contains("pod ns/p, physnet physnet2, resource intel.com/sriov_a")
+                    && err.contains("none of the 2 VFs the kubelet allocated")
+                    && err.contains("0000:3b:02.3 is taken by a concurrent ADD"),
+                "{err}"
+            );
+            drop((claim1, claim2));
+            // eth1's VF has moved into the pod (no host netdev): eth2 gets the other one.
+            std::fs::remove_dir_all(dir.path().join("bus/pci/devices/0000:3b:02.3/net/v3")).unwrap();
+            let (eth2, _claim) = d.choose(None, Some("physnet2"), Some(&pod)).await.unwrap();
+            assert_eq!((eth2.vf_index, eth2.netdev.as_str()), (1, "v1"));
+        }
+
+        #[tokio::test]
+        async fn no_allocation_is_a_clear_error() {
+            let dir = tempfile::tempdir().unwrap();
+            four_free_vfs(dir.path());
+            let kubelet = FakeKubelet::start(HashMap::from([(
+                V1_LIST,
+                Answer::Pods(vec![
+                    pod_with("ns", "p", &[("intel.com/sriov_b", &["0000:3b:02.0"])]),
+                    pod_with("ns2", "p", &[(RESOURCE, &["0000:3b:02.1"])]),
+                ]),
+            )]))
+            .await;
+            let d = driver(dir.path(), &kubelet, true);
+            let err = d
+                .choose(None, Some("physnet2"), Some(&PodKey::new("ns", "p")))
+                .await
+                .err()
+                .unwrap();
+            assert!(
+                matches!(err, BindingError::NoDevice { driver: "sriov", .. }),
+                "{err:?}"
+            );
+            assert_eq!(
+                err.to_string(),
+                "sriov: pod ns/p, physnet physnet2, resource intel.com/sriov_a: the kubelet lists no \
+                 intel.com/sriov_a device for the pod (does it request intel.com/sriov_a from the SR-IOV \
+                 device plugin?)"
+            );
+            // A physnet without a resource, or no pod to ask about.
+            let err = d
+                .choose(None, Some("physnet9"), Some(&PodKey::new("ns", "p")))
+                .await
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                err.contains("physnet physnet9 has no resource in [sriov] physnet_resource_mappings"),
+                "{err}"
+            );
+            let err = d
+                .choose(None, Some("physnet2"), None)
+                .await
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(err.contains("needs the pod's name and namespace"), "{err}");
+        }
+
+        #[tokio::test]
+        async fn kubelet_errors_are_reported() {
+            let dir = tempfile::tempdir().unwrap();
+            four_free_vfs(dir.path());
+            let kubelet = FakeKubelet::start(HashMap::from([(
+                V1_LIST,
+                Answer::Status {
+                    code: 7,
+                    message: "access denied to pod resources".into(),
+                    trailers_only: false,
+                },
+            )]))
+            .await;
+            let d = driver(dir.path(), &kubelet, true);
+            let err = d
+                .choose(None, Some("physnet2"), Some(&PodKey::new("ns", "p")))
+                .await
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                err.starts_with(
+                    "sriov: pod ns/p, physnet physnet2, resource intel.com/sriov_a: kubelet PodResources on "
+                ),
+                "{err}"
+            );
+            assert!(
+                err.ends_with("pod-resources/kubelet.sock: /v1.PodResourcesLister/List: gRPC status 7 (PERMISSION_DENIED): access denied to pod resources"),
+                "{err}"
+            );
+            // Unimplemented in both versions: the v1alpha1 status is the one reported.
+            let none = FakeKubelet::start(HashMap::new()).await;
+            let err = driver(dir.path(), &none, true)
+                .choose(None, Some("physnet2"), Some(&PodKey::new("ns", "p")))
+                .await
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                err.contains(&format!("{V1ALPHA1_LIST}: gRPC status 12 (UNIMPLEMENTED)")),
+                "{err}"
+            );
+        }
+
+        #[test]
+        fn an_add_target_names_its_pod() {
+            let tag = PodKey::new("ns", "p").owner_tag("c1");
+            let target = PlugTarget {
+                netns: None,
+                pod_uid: "u",
+                owner_tag: Some(&tag),
+            };
+            assert_eq!(target.pod(), Some(PodKey::new("ns", "p")));
+            let target = PlugTarget {
+                owner_tag: None,
+                ..target
+            };
+            assert_eq!(target.pod(), None);
+        }
+
+        #[test]
+        fn resources_are_mapped_like_the_controller_maps_them() {
+            let mut c = SriovConfig::default();
+            assert_eq!(c.resource_of_physnet("physnet1").unwrap(), "intel.com/physnet1");
+            c.device_plugin_resource_prefix = "example.org/".into();
+            c.physnet_resource_mappings = [("physnet1".to_string(), "sriov_a".to_string())].into();
+            assert_eq!(c.resource_of_physnet("physnet1").unwrap(), "example.org/sriov_a");
+            assert!(c.resource_of_physnet("physnet2").is_err());
+        }
     }
 
     #[test]
