@@ -1,0 +1,446 @@
+//! The handler registry through the real start-up path (`service::run`): `[kubernetes]
+//! enabled_handlers` validation, a library user's own handler next to the built-in ones, and the
+//! pod UID check of the `vif` handler. Each test runs against the Neutron emulator and, with
+//! KURYR_TEST_NEUTRON_URL set, the real neutron-server.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kuryr_config::KuryrConfig;
+use kuryr_controller::Error;
+use kuryr_controller::context::Context;
+use kuryr_controller::handlers::HandlerRegistry;
+use kuryr_controller::metrics::Metrics;
+use kuryr_controller::openstack::Deployments;
+use kuryr_controller::pipeline::{RegisteredHandler, ResourceEventHandler};
+use kuryr_controller::service::{ControllerOptions, run};
+use kuryr_crds::KuryrPort;
+use serde_json::json;
+use support::*;
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+fn bare_metal_config(fx: &NeutronFixture, handlers: &str) -> String {
+    format!(
+        "[kubernetes]\nenabled_handlers = {handlers}\npod_vif_driver = neutron-vif\nvif_pool_driver = noop\n\
+         cluster_id = handlers-test\n\
+         [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\nresource_tags = k8s,test\n",
+        fx.project, fx.subnet, fx.sg
+    )
+}
+
+/// What `kuryr controller` builds (minus the HTTP endpoints), with the given handler registry.
+fn options(
+    kube: &kube::Client,
+    target: &NeutronTarget,
+    cfg: Arc<KuryrConfig>,
+    registry: HandlerRegistry,
+) -> ControllerOptions {
+    let metrics = Metrics::new();
+    let deployments = Deployments::noauth(&target.url, &metrics).expect("neutron client");
+    let mut opts = ControllerOptions::new(cfg, kube.clone(), deployments, metrics);
+    opts.health_addr = None;
+    opts.metrics_addr = None;
+    opts.identity = "handlers-test".into();
+    opts.registry = registry;
+    opts
+}
+
+/// The default VIF of `ns/name`'s KuryrPort once it is active and belongs to the pod `uid`.
+async fn active_port_of(kube: &kube::Client, ns: &str, name: &str, uid: &str) -> Result<String> {
+    let kps = Api::<KuryrPort>::namespaced(kube.clone(), ns);
+    eventually(
+        &format!("active KuryrPort {ns}/{name} of pod {uid}"),
+        WAIT,
+        || async {
+            let Some(kp) = kps.get_opt(name).await? else {
+                return Ok(None);
+            };
+            if kp.spec.pod_uid != uid {
+                return Ok(None);
+            }
+            Ok(kp
+                .status
+                .as_ref()
+                .and_then(|s| s.default_vif())
+                .filter(|(_, v)| v.active())
+                .map(|(_, v)| v.id().to_string()))
+        },
+    )
+    .await
+}
+
+/// Collects formatted log lines (the warnings start-up prints).
+#[derive(Clone, Default)]
+struct LogCapture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl LogCapture {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+// current_thread on purpose: the log capture is this thread's default subscriber, and every task
+// of the controller runs on this thread.
+#[tokio::test]
+async fn unknown_enabled_handler_stops_start_up_and_upstream_only_handlers_are_skipped() -> Result<()> {
+    let logs = LogCapture::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("warn")
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.60.0.0/24").await?;
+        create_namespace(&kube.client, "demo", json!({})).await?;
+        let pod = create_pod(&kube.client, "demo", "p", NODES[0], json!({})).await?;
+
+        // A typo in enabled_handlers: run() refuses to start and names every valid handler.
+        let cfg = config(&bare_metal_config(&fx, "vif,kuryrport,kuryrprot"));
+        let opts = options(&kube.client, &target, cfg, HandlerRegistry::with_builtin());
+        let res = tokio::time::timeout(Duration::from_secs(30), run(opts, CancellationToken::new())).await;
+        let err = match res {
+            Ok(Err(e)) => e,
+            Ok(Ok(())) => bail!("{}: run() accepted an unknown handler", target.name),
+            Err(_) => bail!("{}: run() kept running with an unknown handler", target.name),
+        };
+        assert!(matches!(err, Error::Config(_)), "{}: {err}", target.name);
+        let msg = err.to_string();
+        assert!(msg.contains("enabled_handlers"), "{msg}");
+        assert!(msg.contains("\"kuryrprot\""), "{msg}");
+        assert!(
+            msg.contains("valid handlers: kuryrnetwork, kuryrport, namespace, vif"),
+            "{msg}"
+        );
+        // Nothing was started: the pod got no KuryrPort.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let kps = Api::<KuryrPort>::namespaced(kube.client.clone(), "demo");
+        assert!(kps.list(&ListParams::default()).await?.items.is_empty());
+
+        // Upstream's default list (load balancers) plus network policies: the ones kuryr-rs does
+        // not provide are skipped with a warning each, and the controller wires pods.
+        let upstream = "vif,endpoints,service,kuryrloadbalancer,kuryrport,policy,kuryrnetworkpolicy";
+        let cfg = config(&bare_metal_config(&fx, upstream));
+        let opts = options(&kube.client, &target, cfg, HandlerRegistry::with_builtin());
+        let stop = CancellationToken::new();
+        let ctrl = tokio::spawn(run(opts, stop.clone()));
+        let port = active_port_of(&kube.client, "demo", "p", &pod.uid().unwrap()).await?;
+        assert!(!ctrl.is_finished(), "{}: controller exited", target.name);
+        assert_eq!(neutron.get_port(&port).await?.device_id, pod.uid().unwrap());
+        let text = logs.text();
+        for skipped in [
+            "endpoints",
+            "service",
+            "kuryrloadbalancer",
+            "policy",
+            "kuryrnetworkpolicy",
+        ] {
+            assert!(
+                text.lines().any(|l| l.contains(" WARN ")
+                    && l.contains("not provided by kuryr-rs")
+                    && l.contains(&format!("handler={skipped}"))),
+                "{}: no warning for {skipped}:\n{text}",
+                target.name
+            );
+        }
+        for provided in ["vif", "kuryrport"] {
+            assert!(
+                !text
+                    .lines()
+                    .any(|l| l.contains("not provided") && l.contains(&format!("handler={provided}"))),
+                "{}: {provided} reported as skipped:\n{text}",
+                target.name
+            );
+        }
+        stop.cancel();
+        ctrl.await??;
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}
+
+/// A library user's handler: records every ConfigMap event and marks the ConfigMap as seen,
+/// through the context it was built with.
+struct ConfigMapHandler {
+    ctx: Arc<Context>,
+    vif_driver: String,
+    seen: Seen,
+}
+
+/// (event, ConfigMap name, its `color` value) in the order the handler saw them.
+type Seen = Arc<Mutex<Vec<(String, String, Option<String>)>>>;
+
+const SEEN_ANNOTATION: &str = "example.org/seen-by";
+
+#[async_trait]
+impl ResourceEventHandler for ConfigMapHandler {
+    type Object = ConfigMap;
+
+    fn name(&self) -> &'static str {
+        "configmap"
+    }
+
+    async fn on_present(&self, cm: &ConfigMap) -> Result<(), Error> {
+        let value = cm.data.as_ref().and_then(|d| d.get("color").cloned());
+        self.seen
+            .lock()
+            .unwrap()
+            .push(("present".into(), cm.name_any(), value));
+        if !cm.annotations().contains_key(SEEN_ANNOTATION) {
+            let api: Api<ConfigMap> =
+                Api::namespaced(self.ctx.kube.clone(), &cm.namespace().unwrap_or_default());
+            let patch = json!({"metadata": {"annotations": {SEEN_ANNOTATION: self.vif_driver}}});
+            api.patch(&cm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn on_deleted(&self, cm: &ConfigMap) -> Result<(), Error> {
+        self.seen
+            .lock()
+            .unwrap()
+            .push(("deleted".into(), cm.name_any(), None));
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_registered_handler_receives_events_next_to_the_builtin_ones() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.61.0.0/24").await?;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let mut registry = HandlerRegistry::with_builtin();
+        let s = seen.clone();
+        registry.register("configmap", move |ctx, drivers| {
+            RegisteredHandler::new(ConfigMapHandler {
+                ctx: ctx.clone(),
+                vif_driver: drivers.vif.name().to_string(),
+                seen: s.clone(),
+            })
+        });
+        assert!(registry.names().any(|n| n == "configmap"));
+        let cfg = config(&bare_metal_config(&fx, "vif,kuryrport,configmap"));
+        let stop = CancellationToken::new();
+        let ctrl = tokio::spawn(run(options(&kube.client, &target, cfg, registry), stop.clone()));
+
+        create_namespace(&kube.client, "apps", json!({})).await?;
+        let cms: Api<ConfigMap> = Api::namespaced(kube.client.clone(), "apps");
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "settings", "namespace": "apps"},
+            "data": {"color": "blue"}
+        }))?;
+        cms.create(&PostParams::default(), &cm).await?;
+        let pod = create_pod(&kube.client, "apps", "web", NODES[1], json!({})).await?;
+
+        // The handler got the context: it annotated the ConfigMap with the configured VIF driver.
+        let annotated = eventually("ConfigMap annotated by the handler", WAIT, || async {
+            Ok(cms
+                .get("settings")
+                .await?
+                .annotations()
+                .get(SEEN_ANNOTATION)
+                .cloned())
+        })
+        .await?;
+        assert_eq!(annotated, "neutron-vif", "{}", target.name);
+        // An update reaches it with the new content.
+        let patch = json!({"data": {"color": "green"}});
+        cms.patch("settings", &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        let has = |event: &str, value: Option<&str>| {
+            seen.lock()
+                .unwrap()
+                .iter()
+                .any(|(e, n, v)| e == event && n == "settings" && v.as_deref() == value)
+        };
+        eventually("update seen", WAIT, || async {
+            Ok(has("present", Some("green")).then_some(()))
+        })
+        .await?;
+        assert!(has("present", Some("blue")), "{}: creation seen", target.name);
+        cms.delete("settings", &DeleteParams::default()).await?;
+        eventually("deletion seen", WAIT, || async {
+            Ok(has("deleted", None).then_some(()))
+        })
+        .await?;
+
+        // The built-in handlers still run in the same pipeline.
+        let port = active_port_of(&kube.client, "apps", "web", &pod.uid().unwrap()).await?;
+        assert_eq!(neutron.get_port(&port).await?.binding_host_id, NODES[1]);
+        // Only ConfigMaps reach the ConfigMap handler.
+        assert!(
+            seen.lock().unwrap().iter().all(|(_, n, _)| n == "settings"),
+            "{}: {:?}",
+            target.name,
+            seen.lock().unwrap()
+        );
+
+        // Registered but not enabled: never instantiated, never called.
+        let calls = Arc::new(Mutex::new(0u32));
+        let mut registry = HandlerRegistry::with_builtin();
+        let c = calls.clone();
+        let s2 = Arc::new(Mutex::new(Vec::new()));
+        registry.register("configmap", move |ctx, drivers| {
+            *c.lock().unwrap() += 1;
+            RegisteredHandler::new(ConfigMapHandler {
+                ctx: ctx.clone(),
+                vif_driver: drivers.vif.name().to_string(),
+                seen: s2.clone(),
+            })
+        });
+        stop.cancel();
+        ctrl.await??;
+        let cfg = config(&bare_metal_config(&fx, "vif,kuryrport"));
+        let stop = CancellationToken::new();
+        let ctrl = tokio::spawn(run(options(&kube.client, &target, cfg, registry), stop.clone()));
+        cms.create(&PostParams::default(), &cm).await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(*calls.lock().unwrap(), 0, "{}", target.name);
+        assert!(
+            !cms.get("settings")
+                .await?
+                .annotations()
+                .contains_key(SEEN_ANNOTATION)
+        );
+        stop.cancel();
+        ctrl.await??;
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_recreated_pod_never_gets_the_old_pods_port() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.62.0.0/24").await?;
+        let cfg = bare_metal_config(&fx, "vif,kuryrport");
+        let ctrl = start_controller(&kube.client, &target, config(&cfg), "c1");
+        create_namespace(&kube.client, "uid", json!({})).await?;
+        let pods: Api<Pod> = Api::namespaced(kube.client.clone(), "uid");
+
+        // 1. Deleted and re-created while the controller runs.
+        let first = create_pod(&kube.client, "uid", "p", NODES[0], json!({})).await?;
+        let first_port = active_port_of(&kube.client, "uid", "p", &first.uid().unwrap()).await?;
+        pods.delete("p", &DeleteParams::default()).await?;
+        let second = eventually("re-created pod", WAIT, || async {
+            match create_pod(&kube.client, "uid", "p", NODES[0], json!({})).await {
+                Ok(p) => Ok(Some(p)),
+                // The old pod still carries its finalizer until its port is released.
+                Err(e) if e.to_string().contains("already exists") => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+        .await?;
+        assert_ne!(first.uid(), second.uid());
+        let second_port = active_port_of(&kube.client, "uid", "p", &second.uid().unwrap()).await?;
+        assert_ne!(second_port, first_port, "{}: old port reused", target.name);
+        let err = neutron.get_port(&first_port).await.unwrap_err();
+        assert!(err.is_not_found(), "{}: old port left: {err}", target.name);
+        let port = neutron.get_port(&second_port).await?;
+        assert_eq!(port.device_id, second.uid().unwrap(), "{}", target.name);
+
+        // 2. The old pod vanished while the controller was down (its finalizer removed by hand),
+        // the new one exists before the controller comes back: the old KuryrPort - with an
+        // active VIF under the same name - must not be handed to the new pod.
+        ctrl.shutdown().await?;
+        // The garbage collector would delete the pod's KuryrPort with the pod; it runs
+        // asynchronously, so the controller must not count on it: the KuryrPort loses its owner
+        // reference here, standing in for a collector that has not got to it yet.
+        let orphan = json!({"metadata": {"ownerReferences": null}});
+        Api::<KuryrPort>::namespaced(kube.client.clone(), "uid")
+            .patch("p", &PatchParams::default(), &Patch::Merge(&orphan))
+            .await?;
+        let strip = json!({"metadata": {"finalizers": null}});
+        pods.patch("p", &PatchParams::default(), &Patch::Merge(&strip))
+            .await?;
+        pods.delete("p", &DeleteParams::default()).await?;
+        eventually("old pod gone", WAIT, || async {
+            Ok(pods.get_opt("p").await?.is_none().then_some(()))
+        })
+        .await?;
+        let third = create_pod(&kube.client, "uid", "p", NODES[1], json!({})).await?;
+        let stale = Api::<KuryrPort>::namespaced(kube.client.clone(), "uid")
+            .get("p")
+            .await?;
+        assert_eq!(stale.spec.pod_uid, second.uid().unwrap(), "stale KuryrPort kept");
+        let ctrl = start_controller(&kube.client, &target, config(&cfg), "c2");
+        let third_port = active_port_of(&kube.client, "uid", "p", &third.uid().unwrap()).await?;
+        assert_ne!(third_port, second_port, "{}: old port reused", target.name);
+        let port = neutron.get_port(&third_port).await?;
+        assert_eq!(port.device_id, third.uid().unwrap());
+        assert_eq!(port.binding_host_id, NODES[1]);
+        eventually("old pod's port deleted", WAIT, || async {
+            match neutron.get_port(&second_port).await {
+                Err(e) if e.is_not_found() => Ok(Some(())),
+                Err(e) => Err(e.into()),
+                Ok(_) => Ok(None),
+            }
+        })
+        .await?;
+        let owned = neutron
+            .list_ports(
+                &kuryr_neutron::ListFilter::new()
+                    .project_id(&fx.project)
+                    .device_owner("compute:kuryr"),
+            )
+            .await?;
+        let ids: Vec<&str> = owned.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids, [third_port.as_str()], "{}", target.name);
+        let pod = pods.get("p").await?;
+        assert!(
+            pod.finalizers()
+                .iter()
+                .any(|f| f == kuryr_crds::names::finalizers::POD),
+            "{}: the new pod carries the finalizer",
+            target.name
+        );
+        let labels: BTreeMap<String, String> = Api::<KuryrPort>::namespaced(kube.client.clone(), "uid")
+            .get("p")
+            .await?
+            .labels()
+            .clone();
+        assert_eq!(
+            labels
+                .get(kuryr_crds::names::labels::NODE_NAME)
+                .map(String::as_str),
+            Some(NODES[1])
+        );
+        ctrl.stop.cancel();
+        cleanup_project(neutron, &fx.project).await;
+        eprintln!("uid[{}]: re-created pods got new ports", target.name);
+    }
+    Ok(())
+}
