@@ -135,6 +135,15 @@ async fn namespace_subnet_driver_creates_and_removes_namespace_networks() -> Res
              [neutron_defaults]\nproject = {}\npod_security_groups = {}\n",
             router.id, pool.id, fx.project, fx.sg
         );
+        // What a controller that crashed between creating team-a's network and tagging it left
+        // behind: adopted, not duplicated.
+        let crashed = neutron
+            .create_network(&kuryr_neutron::NetworkCreate {
+                name: Some("ns/team-a-net".into()),
+                project_id: Some(fx.project.clone()),
+                ..Default::default()
+            })
+            .await?;
         let ctrl = start_controller(&kube.client, &target, config(&cfg), "c1");
         create_namespace(&kube.client, "team-a", json!({})).await?;
         create_pod(&kube.client, "team-a", "p", NODES[0], json!({})).await?;
@@ -156,6 +165,16 @@ async fn namespace_subnet_driver_creates_and_removes_namespace_networks() -> Res
         );
         let net = neutron.get_network(&net_id).await?;
         assert_eq!(net.project_id, fx.project);
+        assert_eq!(
+            net_id, crashed.id,
+            "{}: the untagged network is adopted",
+            target.name
+        );
+        assert!(!net.tags.is_empty(), "{}: and tagged", target.name);
+        let same_name = neutron
+            .list_networks(&ListFilter::new().name("ns/team-a-net").project_id(&fx.project))
+            .await?;
+        assert_eq!(same_name.len(), 1, "{}: no duplicate network", target.name);
         let router_ports = neutron
             .list_ports(&ListFilter::new().device_id(&router.id))
             .await?;

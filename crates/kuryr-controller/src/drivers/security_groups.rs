@@ -88,21 +88,29 @@ impl NamespaceSecurityGroups {
         let id = match existing.into_iter().next() {
             Some(sg) => sg.id,
             None => {
-                let sg = client
-                    .create_security_group(&SecurityGroupCreate {
-                        name: format!("ns/{namespace}-sg"),
-                        project_id: Some(project_id.to_string()),
-                        description: Some(format!("kuryr-rs: pods of namespace {namespace}")),
-                        ..Default::default()
-                    })
-                    .await?;
-                let mut tags = self.tags.clone();
-                tags.push(tag);
-                client
-                    .replace_tags(Taggable::SecurityGroup, &sg.id, &tags)
-                    .await?;
+                // Tagged last, once its rules exist: a tagged group is complete. One left
+                // untagged by a crash is adopted and completed rather than duplicated.
+                let name = format!("ns/{namespace}-sg");
+                let untagged = client
+                    .list_security_groups(&ListFilter::new().name(&name).project_id(project_id))
+                    .await?
+                    .into_iter()
+                    .find(|sg| sg.tags.is_empty());
+                let sg = match untagged {
+                    Some(sg) => sg,
+                    None => {
+                        client
+                            .create_security_group(&SecurityGroupCreate {
+                                name,
+                                project_id: Some(project_id.to_string()),
+                                description: Some(format!("kuryr-rs: pods of namespace {namespace}")),
+                                ..Default::default()
+                            })
+                            .await?
+                    }
+                };
                 for ethertype in ["IPv4", "IPv6"] {
-                    client
+                    let rule = client
                         .create_security_group_rule(&SecurityGroupRuleCreate {
                             security_group_id: sg.id.clone(),
                             direction: "ingress".into(),
@@ -111,8 +119,20 @@ impl NamespaceSecurityGroups {
                             project_id: Some(project_id.to_string()),
                             ..Default::default()
                         })
-                        .await?;
+                        .await;
+                    match rule {
+                        // SecurityGroupRuleExists: created before the crash.
+                        Err(e) if e.status() == Some(409) => {}
+                        r => {
+                            r?;
+                        }
+                    }
                 }
+                let mut tags = self.tags.clone();
+                tags.push(tag);
+                client
+                    .replace_tags(Taggable::SecurityGroup, &sg.id, &tags)
+                    .await?;
                 sg.id
             }
         };

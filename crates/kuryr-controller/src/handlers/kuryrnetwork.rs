@@ -73,16 +73,30 @@ impl ResourceEventHandler for KuryrNetworkHandler {
             let found = client
                 .list_networks(&ListFilter::new().tags(&cluster_tags))
                 .await?;
+            let name = format!("ns/{ns}-net");
             let net = match found.into_iter().next() {
                 Some(n) => n,
                 None => {
-                    let n = client
-                        .create_network(&NetworkCreate {
-                            name: Some(format!("ns/{ns}-net")),
-                            project_id: Some(project.clone()),
-                            ..Default::default()
-                        })
-                        .await?;
+                    // Neutron takes no tags in a network create: a crash between the create and
+                    // the tagging leaves an untagged network of ours, which is adopted rather
+                    // than duplicated.
+                    let untagged = client
+                        .list_networks(&ListFilter::new().name(&name).project_id(&project))
+                        .await?
+                        .into_iter()
+                        .find(|n| n.tags.is_empty());
+                    let n = match untagged {
+                        Some(n) => n,
+                        None => {
+                            client
+                                .create_network(&NetworkCreate {
+                                    name: Some(name),
+                                    project_id: Some(project.clone()),
+                                    ..Default::default()
+                                })
+                                .await?
+                        }
+                    };
                     client
                         .replace_tags(Taggable::Network, &n.id, &cluster_tags)
                         .await?;
@@ -102,20 +116,32 @@ impl ResourceEventHandler for KuryrNetworkHandler {
             let found = client
                 .list_subnets(&ListFilter::new().network_id(&net_id).tags([tag.as_str()]))
                 .await?;
+            let name = format!("ns/{ns}-subnet");
             let subnet = match found.into_iter().next() {
                 Some(s) => s,
                 None => {
-                    let sp = client.get_subnetpool(&pool).await?;
-                    let s = client
-                        .create_subnet(&SubnetCreate {
-                            network_id: net_id.clone(),
-                            ip_version: sp.ip_version,
-                            name: Some(format!("ns/{ns}-subnet")),
-                            project_id: Some(project.clone()),
-                            subnetpool_id: Some(pool),
-                            ..Default::default()
-                        })
-                        .await?;
+                    // As for the network: adopt our own subnet left untagged by a crash.
+                    let untagged = client
+                        .list_subnets(&ListFilter::new().network_id(&net_id).name(&name))
+                        .await?
+                        .into_iter()
+                        .find(|s| s.tags.is_empty());
+                    let s = match untagged {
+                        Some(s) => s,
+                        None => {
+                            let sp = client.get_subnetpool(&pool).await?;
+                            client
+                                .create_subnet(&SubnetCreate {
+                                    network_id: net_id.clone(),
+                                    ip_version: sp.ip_version,
+                                    name: Some(name),
+                                    project_id: Some(project.clone()),
+                                    subnetpool_id: Some(pool),
+                                    ..Default::default()
+                                })
+                                .await?
+                        }
+                    };
                     client
                         .replace_tags(Taggable::Subnet, &s.id, &cluster_tags)
                         .await?;
