@@ -46,8 +46,9 @@ impl SecurityGroupsDriver for DefaultSecurityGroups {
 }
 
 /// `namespace`: the default groups plus one group per namespace that admits traffic from pods of
-/// the same namespace (upstream's namespace isolation). The group is found by tag, so a restart
-/// or a second controller never creates a duplicate.
+/// the same namespace (upstream's namespace isolation). The group is found by its namespace and
+/// cluster tags in the pod's project, so a restart or a second controller never creates a
+/// duplicate, and another cluster's namespace of the same name never shares (or deletes) it.
 pub struct NamespaceSecurityGroups {
     deployments: Deployments,
     config: Arc<KuryrConfig>,
@@ -69,6 +70,14 @@ impl NamespaceSecurityGroups {
         format!("kuryr-rs.namespace={namespace}")
     }
 
+    /// The tags that identify this cluster's group of `namespace`.
+    fn lookup_tags(&self, namespace: &str) -> [String; 2] {
+        [
+            Self::namespace_tag(namespace),
+            kuryr_crds::names::neutron::cluster_tag(&self.config.kubernetes.cluster_id),
+        ]
+    }
+
     async fn namespace_group(
         &self,
         deployment: &str,
@@ -81,9 +90,9 @@ impl NamespaceSecurityGroups {
             return Ok(id.clone());
         }
         let client = self.deployments.client(deployment)?;
-        let tag = Self::namespace_tag(namespace);
+        let lookup = self.lookup_tags(namespace);
         let existing = client
-            .list_security_groups(&ListFilter::new().tags([tag.as_str()]))
+            .list_security_groups(&ListFilter::new().project_id(project_id).tags(&lookup))
             .await?;
         let id = match existing.into_iter().next() {
             Some(sg) => sg.id,
@@ -129,7 +138,9 @@ impl NamespaceSecurityGroups {
                     }
                 }
                 let mut tags = self.tags.clone();
-                tags.push(tag);
+                tags.extend(lookup);
+                tags.sort();
+                tags.dedup();
                 client
                     .replace_tags(Taggable::SecurityGroup, &sg.id, &tags)
                     .await?;
@@ -160,9 +171,8 @@ impl SecurityGroupsDriver for NamespaceSecurityGroups {
             .await
             .remove(&(deployment.to_string(), namespace.to_string()));
         let client = self.deployments.client(deployment)?;
-        let tag = Self::namespace_tag(namespace);
         for sg in client
-            .list_security_groups(&ListFilter::new().tags([tag.as_str()]))
+            .list_security_groups(&ListFilter::new().tags(self.lookup_tags(namespace)))
             .await?
         {
             match client.delete_security_group(&sg.id).await {

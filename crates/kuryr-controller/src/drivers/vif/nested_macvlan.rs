@@ -2,7 +2,14 @@
 //! port's allowed address pairs; the CNI daemon creates a macvlan device on the VM's interface.
 //!
 //! The VM port is shared by every pod of the node, so updates are revision-checked (`If-Match`)
-//! and re-read on 412, as upstream does with `rev_update_attempts`.
+//! and re-read on 412, as upstream does with `rev_update_attempts`. The revision check alone does
+//! not serialize them: a real neutron-server (29.0.0, MariaDB) answers 200 to two concurrent
+//! updates carrying the same `If-Match` revision, and one pod's pair is lost. So this controller's
+//! own updates of one VM port also take turns; the revision check still guards against other
+//! writers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use kuryr_crds::Vif;
@@ -15,12 +22,16 @@ use crate::drivers::os_vif::{VifKind, vif_from_port};
 use crate::error::Error;
 use crate::openstack::Deployments;
 
+/// (deployment, VM port id) -> the lock its pair updates take turns on.
+type VmLocks = HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>;
+
 pub struct NestedMacvlan {
     deployments: Deployments,
     lookup: VmPortLookup,
     tags: Vec<String>,
     mtu: u32,
     attempts: u32,
+    vm_locks: Mutex<VmLocks>,
 }
 
 impl NestedMacvlan {
@@ -37,7 +48,17 @@ impl NestedMacvlan {
             tags,
             mtu,
             attempts: attempts.max(1),
+            vm_locks: Mutex::default(),
         }
+    }
+
+    fn vm_lock(&self, deployment: &str, vm_port_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.vm_locks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry((deployment.to_string(), vm_port_id.to_string()))
+            .or_default()
+            .clone()
     }
 
     /// Applies `change` to the VM port's allowed address pairs with optimistic concurrency.
@@ -48,6 +69,8 @@ impl NestedMacvlan {
         change: impl Fn(&mut Vec<AllowedAddressPair>) + Send + Sync,
     ) -> Result<(), Error> {
         let client = self.deployments.client(deployment)?;
+        let lock = self.vm_lock(deployment, vm_port_id);
+        let _turn = lock.lock().await;
         let mut last = None;
         for _ in 0..self.attempts {
             let vm: Port = client.get_port(vm_port_id).await?;

@@ -1,0 +1,445 @@
+//! Drivers end to end through the controller: `nested-macvlan` (allowed address pairs on the VM
+//! port), the `namespace` security group driver and `multi_pool` routing. Each test runs against
+//! the Neutron emulator and, with KURYR_TEST_NEUTRON_URL set, the real neutron-server.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::Result;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kuryr_crds::KuryrPort;
+use kuryr_crds::names::neutron as tags;
+use kuryr_neutron::{ListFilter, NeutronClient};
+use serde_json::json;
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// Port id of each pod of `ns` (by pod name) once exactly `n` KuryrPorts have an active VIF.
+async fn wired(kube: &kube::Client, ns: &str, n: usize) -> Result<BTreeMap<String, String>> {
+    let api = Api::<KuryrPort>::namespaced(kube.clone(), ns);
+    eventually(&format!("{n} active KuryrPorts in {ns}"), WAIT, || async {
+        let kps = api.list(&ListParams::default()).await?.items;
+        let ports: BTreeMap<String, String> = kps
+            .iter()
+            .filter_map(|kp| {
+                let (_, vif) = kp.status.as_ref()?.default_vif()?;
+                vif.active().then(|| (kp.name_any(), vif.id().to_string()))
+            })
+            .collect();
+        Ok((kps.len() == n && ports.len() == n).then_some(ports))
+    })
+    .await
+}
+
+async fn delete_pods(kube: &kube::Client, ns: &str, names: &[&str]) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(kube.clone(), ns);
+    for name in names {
+        pods.delete(name, &DeleteParams::default()).await?;
+    }
+    eventually("pods gone", WAIT, || async {
+        for name in names {
+            if pods.get_opt(name).await?.is_some() {
+                return Ok(None);
+            }
+        }
+        Ok(Some(()))
+    })
+    .await
+}
+
+async fn gone(neutron: &NeutronClient, port: &str) -> Result<bool> {
+    match neutron.get_port(port).await {
+        Ok(_) => Ok(false),
+        Err(e) if e.is_not_found() => Ok(true),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// (ip, mac) of every fixed IP of `port`.
+async fn addresses(neutron: &NeutronClient, port: &str) -> Result<BTreeSet<(String, String)>> {
+    let p = neutron.get_port(port).await?;
+    Ok(p.fixed_ips
+        .iter()
+        .map(|f| (f.ip_address.clone(), p.mac_address.to_lowercase()))
+        .collect())
+}
+
+/// The allowed address pairs of the VM port `port`.
+async fn pairs(neutron: &NeutronClient, port: &str) -> Result<BTreeSet<(String, String)>> {
+    let p = neutron.get_port(port).await?;
+    Ok(p.allowed_address_pairs
+        .iter()
+        .map(|a| {
+            (
+                a.ip_address.clone(),
+                a.mac_address.clone().unwrap_or_default().to_lowercase(),
+            )
+        })
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nested_macvlan_pods_are_allowed_address_pairs_of_their_vm_port() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.70.0.0/24").await?;
+        let vms = vm_trunks(neutron, &kube.client, &fx.project, "192.168.70.0/24").await?;
+        let mut vm_ports = Vec::new();
+        for trunk in &vms.trunks {
+            vm_ports.push(neutron.get_trunk(trunk).await?.port_id);
+        }
+        let cfg = format!(
+            "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_vif_driver = nested-macvlan\n\
+             [pod_vif_nested]\nworker_nodes_subnets = {}\n\
+             [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\n",
+            vms.subnet, fx.project, fx.subnet, fx.sg
+        );
+        let ctrl = start_controller(&kube.client, &target, config(&cfg), "c1");
+        create_namespace(&kube.client, "mv", json!({})).await?;
+        // Six pods on the first VM at once: their pair updates race on one VM port, and the
+        // revision-checked update must keep every one of them.
+        let names: Vec<String> = (0..8).map(|i| format!("m-{i}")).collect();
+        let creates = names.iter().enumerate().map(|(i, name)| {
+            let node = if i < 6 { NODES[0] } else { NODES[1] };
+            create_pod(&kube.client, "mv", name, node, json!({}))
+        });
+        futures::future::try_join_all(creates).await?;
+        let ports = wired(&kube.client, "mv", 8).await?;
+
+        let mut expected = [BTreeSet::new(), BTreeSet::new()];
+        let mut by_pod = BTreeMap::new();
+        for (i, name) in names.iter().enumerate() {
+            let port = neutron.get_port(&ports[name]).await?;
+            assert_eq!(port.device_owner, "compute:kuryr", "{}", target.name);
+            assert_eq!(port.network_id, fx.network);
+            assert!(port.binding_host_id.is_empty(), "macvlan ports are not bound");
+            let own = addresses(neutron, &port.id).await?;
+            expected[usize::from(i >= 6)].extend(own.iter().cloned());
+            by_pod.insert(name.clone(), own);
+        }
+        assert_eq!(expected[0].len(), 6);
+        for (vm, want) in vm_ports.iter().zip(&expected) {
+            assert_eq!(&pairs(neutron, vm).await?, want, "{}: VM port {vm}", target.name);
+        }
+
+        // Deleting two pods removes exactly their pairs.
+        delete_pods(&kube.client, "mv", &["m-0", "m-1"]).await?;
+        let mut left = expected[0].clone();
+        for name in ["m-0", "m-1"] {
+            assert!(
+                gone(neutron, &ports[name]).await?,
+                "{}: port deleted",
+                target.name
+            );
+        }
+        for a in by_pod["m-0"].iter().chain(&by_pod["m-1"]) {
+            left.remove(a);
+        }
+        assert_eq!(left.len(), 4);
+        assert_eq!(pairs(neutron, &vm_ports[0]).await?, left, "{}", target.name);
+        assert_eq!(pairs(neutron, &vm_ports[1]).await?, expected[1]);
+
+        let rest: Vec<&str> = names[2..].iter().map(String::as_str).collect();
+        delete_pods(&kube.client, "mv", &rest).await?;
+        for vm in &vm_ports {
+            assert!(
+                pairs(neutron, vm).await?.is_empty(),
+                "{}: pairs left on {vm}",
+                target.name
+            );
+        }
+        let owned = neutron
+            .list_ports(
+                &ListFilter::new()
+                    .network_id(&fx.network)
+                    .device_owner("compute:kuryr"),
+            )
+            .await?;
+        assert!(owned.is_empty(), "{}: pod ports left", target.name);
+        ctrl.stop.cancel();
+        cleanup_project(neutron, &fx.project).await;
+        eprintln!("macvlan[{}]: 8 pods paired and unpaired", target.name);
+    }
+    Ok(())
+}
+
+fn namespace_sg_config(fx: &NeutronFixture, cluster: &str) -> String {
+    format!(
+        "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_vif_driver = neutron-vif\n\
+         pod_security_groups_driver = namespace\ncluster_id = {cluster}\n\
+         [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\nresource_tags = k8s,test\n",
+        fx.project, fx.subnet, fx.sg
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn namespace_security_groups_isolate_namespaces_and_clusters() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let neutron = &target.client;
+        // Two clusters sharing one Neutron, each with a namespace "team".
+        let kube = start_kube().await?;
+        let other_kube = start_kube().await?;
+        let fx = neutron_fixture(neutron, "10.71.0.0/24").await?;
+        let other_fx = neutron_fixture(neutron, "10.72.0.0/24").await?;
+        let run_id = uuid::Uuid::new_v4().simple().to_string();
+        let ctrl = start_controller(
+            &kube.client,
+            &target,
+            config(&namespace_sg_config(&fx, &format!("a-{run_id}"))),
+            "a",
+        );
+        let other_ctrl = start_controller(
+            &other_kube.client,
+            &target,
+            config(&namespace_sg_config(&other_fx, &format!("b-{run_id}"))),
+            "b",
+        );
+        for ns in ["team", "other"] {
+            create_namespace(&kube.client, ns, json!({})).await?;
+        }
+        create_namespace(&other_kube.client, "team", json!({})).await?;
+        for (i, node) in NODES.iter().enumerate() {
+            create_pod(&kube.client, "team", &format!("t-{i}"), node, json!({})).await?;
+        }
+        create_pod(&kube.client, "other", "o-0", NODES[0], json!({})).await?;
+        let team = wired(&kube.client, "team", 2).await?;
+        let other = wired(&kube.client, "other", 1).await?;
+
+        let extra_group = |sgs: &[String], default: &str| -> BTreeSet<String> {
+            sgs.iter().filter(|s| *s != default).cloned().collect()
+        };
+        let mut team_groups = BTreeSet::new();
+        for port in team.values() {
+            let p = neutron.get_port(port).await?;
+            assert!(
+                p.security_groups.contains(&fx.sg),
+                "{}: default group kept",
+                target.name
+            );
+            assert_eq!(
+                p.security_groups.len(),
+                2,
+                "{}: {:?}",
+                target.name,
+                p.security_groups
+            );
+            team_groups.extend(extra_group(&p.security_groups, &fx.sg));
+        }
+        assert_eq!(team_groups.len(), 1, "{}: one group per namespace", target.name);
+        let team_sg = team_groups.into_iter().next().unwrap();
+        let p = neutron.get_port(&other["o-0"]).await?;
+        let other_groups = extra_group(&p.security_groups, &fx.sg);
+        assert_eq!(other_groups.len(), 1, "{}", target.name);
+        assert!(
+            !other_groups.contains(&team_sg),
+            "{}: namespaces share a group",
+            target.name
+        );
+
+        // The namespace's group: in the pod's project, tagged, admitting its own members.
+        let sg = neutron.get_security_group(&team_sg).await?;
+        assert_eq!(sg.project_id, fx.project, "{}", target.name);
+        assert!(
+            sg.tags.iter().any(|t| t == "kuryr-rs.namespace=team"),
+            "{:?}",
+            sg.tags
+        );
+        assert!(
+            sg.tags
+                .iter()
+                .any(|t| *t == tags::cluster_tag(&format!("a-{run_id}")))
+        );
+        let rules = neutron
+            .list_security_group_rules(&ListFilter::new().security_group_id(&team_sg))
+            .await?;
+        for ethertype in ["IPv4", "IPv6"] {
+            assert!(
+                rules.iter().any(|r| r.direction == "ingress"
+                    && r.ethertype == ethertype
+                    && r.remote_group_id.as_deref() == Some(team_sg.as_str())),
+                "{}: no {ethertype} ingress rule from the group itself: {rules:?}",
+                target.name
+            );
+        }
+
+        // The other cluster's "team" never shares this cluster's group.
+        create_pod(&other_kube.client, "team", "x-0", NODES[1], json!({})).await?;
+        let theirs = wired(&other_kube.client, "team", 1).await?;
+        let p = neutron.get_port(&theirs["x-0"]).await?;
+        assert!(p.security_groups.contains(&other_fx.sg));
+        assert!(
+            !p.security_groups.contains(&team_sg),
+            "{}: another cluster's namespace got this cluster's group",
+            target.name
+        );
+        for sg in extra_group(&p.security_groups, &other_fx.sg) {
+            let sg = neutron.get_security_group(&sg).await?;
+            assert_eq!(sg.project_id, other_fx.project, "{}", target.name);
+        }
+
+        // A second controller of the same cluster (a restart) finds the group instead of
+        // making another one.
+        ctrl.shutdown().await?;
+        let ctrl = start_controller(
+            &kube.client,
+            &target,
+            config(&namespace_sg_config(&fx, &format!("a-{run_id}"))),
+            "a2",
+        );
+        create_pod(&kube.client, "team", "t-2", NODES[0], json!({})).await?;
+        let team = wired(&kube.client, "team", 3).await?;
+        let p = neutron.get_port(&team["t-2"]).await?;
+        assert_eq!(
+            extra_group(&p.security_groups, &fx.sg),
+            BTreeSet::from([team_sg.clone()]),
+            "{}",
+            target.name
+        );
+        let groups = neutron
+            .list_security_groups(&ListFilter::new().project_id(&fx.project))
+            .await?;
+        let namespace_groups = groups
+            .iter()
+            .filter(|g| g.tags.iter().any(|t| t.starts_with("kuryr-rs.namespace=")))
+            .count();
+        assert_eq!(namespace_groups, 2, "{}: team and other", target.name);
+
+        ctrl.stop.cancel();
+        other_ctrl.stop.cancel();
+        for k in [&kube.client, &other_kube.client] {
+            for ns in ["team", "other"] {
+                let names: Vec<String> = Api::<Pod>::namespaced(k.clone(), ns)
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .iter()
+                    .map(|p| p.name_any())
+                    .collect();
+                for n in names {
+                    let _ = Api::<Pod>::namespaced(k.clone(), ns)
+                        .delete(&n, &DeleteParams::default())
+                        .await;
+                }
+            }
+        }
+        cleanup_project(neutron, &fx.project).await;
+        cleanup_project(neutron, &other_fx.project).await;
+        eprintln!("namespace-sg[{}]: groups per namespace and cluster", target.name);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn multi_pool_routes_pods_by_their_nodes_vif_driver() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.73.0.0/24").await?;
+        let vms = vm_trunks(neutron, &kube.client, &fx.project, "192.168.73.0/24").await?;
+        // node 1: bare metal (no label: [kubernetes] pod_vif_driver), pooled by `neutron`;
+        // node 2: a VM whose pods are nested-vlan subports, not pooled (`noop`).
+        let label =
+            json!({"metadata": {"labels": {kuryr_controller::pool::NODE_POD_VIF_LABEL: "nested-vlan"}}});
+        Api::<Node>::all(kube.client.clone())
+            .patch(NODES[1], &PatchParams::default(), &Patch::Merge(&label))
+            .await?;
+        let bed = PoolBed::new(
+            &kube,
+            &fx,
+            "vif_pool_mapping = neutron-vif:neutron,nested-vlan:noop\nports_pool_min = 1\nports_pool_batch = 3\n",
+        )
+        .await?;
+        let ini = format!(
+            "{}[pod_vif_nested]\nworker_nodes_subnets = {}\n",
+            bed.ini
+                .replace("vif_pool_driver = neutron\n", "vif_pool_driver = multi_pool\n"),
+            vms.subnet
+        );
+        assert!(ini.contains("vif_pool_driver = multi_pool"));
+        let ctrl = start_controller(&kube.client, &target, config(&ini), "c1");
+        create_namespace(&kube.client, "multi", json!({})).await?;
+        create_pod(&kube.client, "multi", "bare", NODES[0], json!({})).await?;
+        create_pod(&kube.client, "multi", "nested", NODES[1], json!({})).await?;
+        let ports = wired(&kube.client, "multi", 2).await?;
+
+        let bare = neutron.get_port(&ports["bare"]).await?;
+        assert_eq!(bare.binding_host_id, NODES[0], "{}", target.name);
+        assert_eq!(bare.device_owner, "compute:kuryr");
+        let pool_tags: Vec<&String> = bare
+            .tags
+            .iter()
+            .filter(|t| t.starts_with(tags::TAG_POOL_PREFIX))
+            .collect();
+        assert_eq!(
+            pool_tags.len(),
+            1,
+            "{}: bare metal port from a pool: {:?}",
+            target.name,
+            bare.tags
+        );
+
+        let nested = neutron.get_port(&ports["nested"]).await?;
+        assert_eq!(nested.device_owner, "trunk:subport", "{}", target.name);
+        assert!(
+            nested.tags.iter().all(|t| !t.starts_with(tags::TAG_POOL_PREFIX)),
+            "{}: nested port not pooled: {:?}",
+            target.name,
+            nested.tags
+        );
+        assert!(nested.tags.contains(&tags::pod_tag("multi", "nested")));
+        let subports = neutron.get_subports(&vms.trunks[1]).await?;
+        assert_eq!(
+            subports.iter().map(|s| s.port_id.as_str()).collect::<Vec<_>>(),
+            [nested.id.as_str()],
+            "{}",
+            target.name
+        );
+        assert!(neutron.get_subports(&vms.trunks[0]).await?.is_empty());
+
+        // Only node 1 has a pool, holding the bare metal pod's port.
+        let pools = kuryr_controller::pool::api::list_pools(&bed.socket).await?;
+        assert_eq!(pools.len(), 1, "{}: {pools:?}", target.name);
+        assert_eq!(
+            (pools[0].host.as_str(), pools[0].pool_driver.as_str()),
+            (NODES[0], "neutron")
+        );
+        assert_eq!(pools[0].in_use, 1);
+        assert_eq!(pool_tags[0], &tags::pool_tag(&pools[0].name));
+
+        // Release follows the route too: the nested port is deleted, the bare metal one recycled.
+        delete_pods(&kube.client, "multi", &["bare", "nested"]).await?;
+        eventually("nested port deleted", WAIT, || async {
+            Ok(gone(neutron, &nested.id).await?.then_some(()))
+        })
+        .await?;
+        assert!(neutron.get_subports(&vms.trunks[1]).await?.is_empty());
+        let pool = eventually("bare metal port back in its pool", WAIT, || async {
+            let p = kuryr_controller::pool::api::show_pool(&bed.socket, &pools[0].name).await?;
+            Ok((p.in_use == 0).then_some(p))
+        })
+        .await?;
+        assert!(
+            pool.ports.iter().any(|p| p.port_id == bare.id),
+            "{}: {:?}",
+            target.name,
+            pool.ports
+        );
+        assert!(!gone(neutron, &bare.id).await?);
+        ctrl.stop.cancel();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        cleanup_project(neutron, &fx.project).await;
+        let _ = std::fs::remove_file(&bed.socket);
+        eprintln!("multi_pool[{}]: routed per node", target.name);
+    }
+    Ok(())
+}
