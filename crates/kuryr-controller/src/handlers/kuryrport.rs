@@ -8,7 +8,8 @@
 //!
 //! Progress is written after each step (VIFs requested, then activated), so a crash between steps
 //! resumes from the stored state instead of creating ports twice; ports created but never recorded
-//! carry the pod's tag and `device_id`, which the orphan sweep uses to collect them.
+//! carry the pod's ownership tags, by which finalize finds and deletes them (with pools, the
+//! orphan sweep also collects them).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -282,6 +283,50 @@ impl KuryrPortHandler {
         Ok(())
     }
 
+    /// Deletes the ports a crash created for this pod without recording them in its KuryrPort
+    /// (between the Neutron create and the status write). They carry the pod's ownership tags
+    /// (subports have no device id, so the tags are what finds them); pool ports are left to
+    /// their pool's recovery and anything recorded was released by [`Self::release_all`].
+    async fn release_unrecorded(&self, kp: &KuryrPort, recorded: &[RecordedVif]) -> Result<(), Error> {
+        use kuryr_crds::names::device_owner::TRUNK_SUBPORT;
+        use kuryr_crds::names::neutron as tags;
+        let pod_tag = tags::pod_tag(&kp.namespace().unwrap_or_default(), &kp.name_any());
+        let cluster_tag = tags::cluster_tag(&self.ctx.cluster_id);
+        let known: std::collections::HashSet<&str> = recorded.iter().map(|r| r.vif.id()).collect();
+        for deployment in self.ctx.deployments.names() {
+            let client = self.ctx.deployments.client(deployment)?;
+            let filter = kuryr_neutron::ListFilter::new().tags([
+                tags::TAG_MANAGED,
+                cluster_tag.as_str(),
+                pod_tag.as_str(),
+            ]);
+            let stray: Vec<_> = client
+                .list_ports(&filter)
+                .await?
+                .into_iter()
+                .filter(|p| !known.contains(p.id.as_str()))
+                .filter(|p| !p.tags.iter().any(|t| t.starts_with(tags::TAG_POOL_PREFIX)))
+                // A name reused by a newer pod is not ours to touch.
+                .filter(|p| p.device_id.is_empty() || p.device_id == kp.spec.pod_uid)
+                .collect();
+            if stray.is_empty() {
+                continue;
+            }
+            let trunks = if stray.iter().any(|p| p.device_owner == TRUNK_SUBPORT) {
+                crate::pool::sweep::trunk_of_subports(client).await?
+            } else {
+                Default::default()
+            };
+            for p in stray {
+                let trunk = trunks.get(&p.id).map(String::as_str);
+                crate::pool::sweep::delete_port(client, &p.id, trunk).await?;
+                tracing::info!(port = %p.id, deployment, kuryrport = %kp.name_any(),
+                    "deleted a port created for the pod but never recorded (crash mid-request)");
+            }
+        }
+        Ok(())
+    }
+
     /// Releases every VIF; errors are collected so one failure never strands the others.
     async fn release_all(&self, kp: &KuryrPort, vifs: &[RecordedVif]) -> Option<Error> {
         let mut first = None;
@@ -350,6 +395,7 @@ impl ResourceEventHandler for KuryrPortHandler {
         if let Some(e) = self.release_all(kp, &vifs).await {
             return Err(e);
         }
+        self.release_unrecorded(kp, &vifs).await?;
         remove_finalizer(&self.ctx.kube, kp, finalizers::KURYRPORT).await?;
         let pods: Api<Pod> = Api::namespaced(self.ctx.kube.clone(), &kp.namespace().unwrap_or_default());
         if let Some(pod) = pods.get_opt(&kp.name_any()).await?
