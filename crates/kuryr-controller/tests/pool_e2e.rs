@@ -408,3 +408,137 @@ async fn prepopulate_fills_every_nodes_pool_up_to_min() -> Result<()> {
     }
     Ok(())
 }
+
+/// Namespace deletion with pools on: the pre-populated (and the used, recycled) pool ports are
+/// on the namespace network, so the kuryrnetwork handler drops those pools - ports and
+/// KuryrPortPool objects - before deleting the network, which Neutron refuses while a port is on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deleting_a_namespace_drops_its_pools_and_removes_its_network() -> Result<()> {
+    use k8s_openapi::api::core::v1::{Namespace, Pod};
+    use kuryr_crds::KuryrNetwork;
+    use kuryr_neutron::{ListFilter, SubnetPoolCreate};
+
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.68.0.0/24").await?;
+        let subnetpool = neutron
+            .create_subnetpool(&SubnetPoolCreate {
+                name: "ns-pool".into(),
+                prefixes: vec!["10.98.0.0/16".into()],
+                default_prefixlen: Some(26),
+                project_id: Some(fx.project.clone()),
+                ..Default::default()
+            })
+            .await?;
+        let router = neutron
+            .create_router(&kuryr_neutron::RouterCreate {
+                name: Some("pods".into()),
+                project_id: Some(fx.project.clone()),
+                ..Default::default()
+            })
+            .await?;
+        let bed = PoolBed::new(&kube, &fx, "").await?;
+        let cfg = format!(
+            "[kubernetes]\nenabled_handlers = vif,kuryrport,namespace,kuryrnetwork\npod_subnets_driver = namespace\n\
+             pod_vif_driver = neutron-vif\nvif_pool_driver = neutron\ncluster_id = {}\ncontroller_namespace = {CONTROLLER_NS}\n\
+             enable_manager = true\n[pool_manager]\nsock_file = {}\n\
+             [namespace_subnet]\npod_router = {}\npod_subnet_pool = {}\n\
+             [vif_pool]\nports_pool_batch = 2\nports_pool_min = 2\nports_pool_update_frequency = 2\n\
+             [neutron_defaults]\nproject = {}\npod_security_groups = {}\nresource_tags = k8s,test\n",
+            bed.cluster_id,
+            bed.socket.display(),
+            router.id,
+            subnetpool.id,
+            fx.project,
+            fx.sg
+        );
+        let ctrl = start_controller(&kube.client, &target, config(&cfg), "c1");
+        create_namespace(&kube.client, "team-p", json!({})).await?;
+        create_pod(&kube.client, "team-p", "p", NODES[0], json!({})).await?;
+        let kns: Api<KuryrNetwork> = Api::namespaced(kube.client.clone(), "team-p");
+        let status = eventually("KuryrNetwork pre-populated", WAIT, || async {
+            Ok(kns
+                .get_opt("team-p")
+                .await?
+                .and_then(|kn| kn.status)
+                .filter(|s| s.populated == Some(true)))
+        })
+        .await?;
+        let net_id = status.net_id.clone().unwrap();
+        wait_active_ports(&kube.client, "team-p", 1).await?;
+        let on_net = || async {
+            let f = ListFilter::new()
+                .network_id(&net_id)
+                .tags([kuryr_crds::names::neutron::TAG_MANAGED]);
+            anyhow::Ok(neutron.list_ports(&f).await?.len())
+        };
+        let objs = Api::<KuryrPortPool>::namespaced(kube.client.clone(), CONTROLLER_NS);
+        let net_objs = || async {
+            let l = objs.list(&ListParams::default()).await?.items;
+            anyhow::Ok(l.into_iter().filter(|o| o.spec.key.network_id == net_id).count())
+        };
+        // One pool per node, filled to min; the pod's port came from node 1's.
+        eventually("every node's pool filled and persisted", WAIT, || async {
+            Ok((on_net().await? > 2 * NODES.len() && net_objs().await? == NODES.len()).then_some(()))
+        })
+        .await?;
+
+        Api::<Pod>::namespaced(kube.client.clone(), "team-p")
+            .delete("p", &DeleteParams::default())
+            .await?;
+        Api::<Namespace>::all(kube.client.clone())
+            .delete("team-p", &DeleteParams::default())
+            .await?;
+        eventually("namespace network removed", WAIT, || async {
+            Ok(neutron
+                .get_network(&net_id)
+                .await
+                .err()
+                .filter(|e| e.is_not_found())
+                .map(|_| ()))
+        })
+        .await?;
+        eventually("KuryrNetwork gone", WAIT, || async {
+            Ok(kns.get_opt("team-p").await?.is_none().then_some(()))
+        })
+        .await?;
+        // Every other namespace (default, kube-system, ...) keeps its network and pools.
+        assert_eq!(on_net().await?, 0, "{}: no port left on the network", target.name);
+        assert_eq!(
+            net_objs().await?,
+            0,
+            "{}: its KuryrPortPools are deleted",
+            target.name
+        );
+        let pools = api::list_pools(&bed.socket).await?;
+        assert!(
+            pools.iter().all(|p| p.network_id != net_id),
+            "{}: no pool left on the network: {pools:?}",
+            target.name
+        );
+        ctrl.shutdown().await?;
+        // The other namespaces' subnets stay on the router: detach them so that nothing leaks.
+        for p in neutron
+            .list_ports(&ListFilter::new().device_id(&router.id))
+            .await
+            .unwrap_or_default()
+        {
+            for ip in p.fixed_ips {
+                let spec = kuryr_neutron::RouterInterfaceSpec::Subnet {
+                    subnet_id: ip.subnet_id,
+                };
+                let _ = neutron.remove_router_interface(&router.id, &spec).await;
+            }
+        }
+        let _ = neutron.delete_router(&router.id).await;
+        cleanup_project(neutron, &fx.project).await;
+        let _ = neutron.delete_subnetpool(&subnetpool.id).await;
+        eprintln!(
+            "pool_e2e[{}]: namespace deleted with its pools and network",
+            target.name
+        );
+    }
+    Ok(())
+}

@@ -218,11 +218,19 @@ impl ResourceEventHandler for KuryrNetworkHandler {
             self.drivers.subnet_cache.forget(&deployment, subnet_id).await;
         }
         if let Some(net_id) = &status.net_id {
+            // Spare pool ports are on the network too: pools on it go first.
+            if let Some(pools) = &self.drivers.pools {
+                pools.drop_network(&deployment, net_id).await?;
+            }
             // Ports of pods in the namespace are released by their KuryrPorts first; a port still
             // there makes Neutron refuse (409), and the retry comes back once they are gone.
             match client.delete_network(net_id).await {
                 Ok(()) => {}
                 Err(e) if e.is_not_found() => {}
+                // NetworkInUse: retried until the pods' ports are released.
+                Err(e) if e.status() == Some(409) => {
+                    return Err(Error::not_ready(format!("network {net_id} still has ports: {e}")));
+                }
                 Err(e) => return Err(e.into()),
             }
         }

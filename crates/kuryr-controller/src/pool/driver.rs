@@ -306,7 +306,27 @@ impl PoolDriver {
                 tracing::warn!(pool = %r.key, error = %e, "pool refill failed");
             }
         }
-        let next = self.lock().finish_refill(&r.key, result, now);
+        let (next, orphans) = {
+            let mut st = self.lock();
+            if st.get(&r.key).is_some() {
+                (st.finish_refill(&r.key, result, now), Vec::new())
+            } else {
+                // The pool was dropped meanwhile (freed, or its network is being deleted).
+                (
+                    st.finish_refill(&r.key, Err("pool dropped".into()), now),
+                    result.unwrap_or_default(),
+                )
+            }
+        };
+        for e in orphans {
+            if let Err(err) = self
+                .vif
+                .release_vif(&r.key.deployment, &r.key.host, &e.data)
+                .await
+            {
+                tracing::warn!(port = %e.port_id, error = %err, "could not delete a port refilled into a dropped pool");
+            }
+        }
         self.refilled.send_modify(|g| *g = g.wrapping_add(1));
         self.touched();
         self.start_refills(next);
@@ -581,18 +601,42 @@ impl PoolDriver {
     }
 
     /// Forgets the pool of `key` and deletes its spare ports (its KuryrPortPool object was
-    /// deleted or names a pool that is gone). Ports in use are deleted when released.
-    pub async fn drop_pool(&self, key: &Key) {
+    /// deleted or names a pool that is gone). Ports in use are deleted when released. A port that
+    /// could not be deleted is tagged and owned by nothing: the orphan sweep retries it; the
+    /// first such failure is returned.
+    pub async fn drop_pool(&self, key: &Key) -> Result<(), Error> {
         let Some(spare) = self.lock().remove(key) else {
-            return;
+            return Ok(());
         };
+        self.specs().remove(key);
+        let mut first = None;
         for e in spare {
             if let Err(err) = self.vif.release_vif(&key.deployment, &key.host, &e.data).await {
-                // Tagged and now owned by nothing: the orphan sweep retries.
                 tracing::warn!(port = %e.port_id, error = %err, "could not delete port of a dropped pool");
+                first.get_or_insert(err);
             }
         }
         self.publish_sizes();
+        self.touched();
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Drops every pool on `network_id` (its namespace network is being deleted: Neutron
+    /// refuses while a port is left on it). Returns the names of the dropped pools.
+    pub async fn drop_network(&self, deployment: &str, network_id: &str) -> Result<Vec<String>, Error> {
+        let pools: Vec<(Key, String)> = self
+            .lock()
+            .iter()
+            .filter(|(k, _)| k.deployment == deployment && k.network_id == network_id)
+            .map(|(k, p)| (k.clone(), p.meta.name.clone()))
+            .collect();
+        let mut first = None;
+        for (key, _) in &pools {
+            if let Err(e) = self.drop_pool(key).await {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(pools.into_iter().map(|(_, n)| n).collect()), Err)
     }
 
     /// Port ids this driver's pools account for, per deployment.

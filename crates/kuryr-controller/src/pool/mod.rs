@@ -312,6 +312,36 @@ impl PoolManager {
         Ok(started)
     }
 
+    /// A namespace network is being deleted: drops every pool on it, deleting their available
+    /// and recyclable ports in Neutron and their KuryrPortPool objects, so that Neutron lets the
+    /// network go. ResourceNotReady while recovery runs (the pools' content is unknown yet).
+    pub async fn drop_network(&self, deployment: &str, network_id: &str) -> Result<(), Error> {
+        if self.pooled.is_empty() {
+            return Ok(());
+        }
+        if !self.is_ready() {
+            return Err(Error::not_ready("port pools are being recovered"));
+        }
+        let mut first = None;
+        for d in &self.pooled {
+            match d.drop_network(deployment, network_id).await {
+                Ok(names) => {
+                    for name in names {
+                        tracing::info!(pool = %name, network = network_id, "pool of a deleted network dropped");
+                        if let Err(e) = self.persister.delete(&name).await {
+                            // The reconcile pass deletes objects naming no pool.
+                            tracing::warn!(pool = %name, error = %e, "could not delete KuryrPortPool");
+                        }
+                    }
+                }
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
     /// Recovers every pooling driver from the Kubernetes API and Neutron.
     pub async fn recover(&self) -> Result<(), Error> {
         let input = self.persister.load_recovery_input().await?;

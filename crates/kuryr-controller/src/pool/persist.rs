@@ -221,8 +221,10 @@ impl Persister {
             if !deleting && owner.is_some() {
                 continue;
             }
-            if let Some((driver, key)) = &owner {
-                driver.drop_pool(key).await;
+            if let Some((driver, key)) = &owner
+                && let Err(e) = driver.drop_pool(key).await
+            {
+                tracing::warn!(pool = %name, error = %e, "some ports of a released pool are left to the orphan sweep");
             }
             self.created.lock().await.remove(&name);
             remove_finalizer(&self.kube, &obj, finalizers::KURYRPORTPOOL).await?;
@@ -237,6 +239,21 @@ impl Persister {
             released += 1;
         }
         Ok(released)
+    }
+
+    /// Deletes the KuryrPortPool object `name` (its pool was dropped), finalizer first.
+    pub async fn delete(&self, name: &str) -> Result<(), Error> {
+        self.created.lock().await.remove(name);
+        let api = self.api();
+        let Some(obj) = api.get_opt(name).await? else {
+            return Ok(());
+        };
+        remove_finalizer(&self.kube, &obj, finalizers::KURYRPORTPOOL).await?;
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// The pool objects of the controller namespace and every port the KuryrPorts record.

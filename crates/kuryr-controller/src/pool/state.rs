@@ -618,10 +618,10 @@ impl<T> Pools<T> {
         expired
     }
 
-    /// Drops the pool of `key` (its KuryrPortPool object was deleted). Returns its available
-    /// and recyclable ports for the caller to delete. Ports in use stay with their KuryrPorts:
-    /// on release no pool takes them back, so they are deleted then; ports being recycled are
-    /// left to the orphan sweep.
+    /// Drops the pool of `key` (its KuryrPortPool object was deleted, or its network is being
+    /// deleted). Returns its available and recyclable ports, those a recycle pass is processing
+    /// included (its update then finds them gone), for the caller to delete. Ports in use stay
+    /// with their KuryrPorts: on release no pool takes them back, so they are deleted then.
     pub fn remove(&mut self, key: &Key) -> Option<Vec<Entry<T>>> {
         let pool = self.pools.remove(key)?;
         if pool.populating {
@@ -630,6 +630,7 @@ impl<T> Pools<T> {
         self.dirty.remove(key);
         let mut out: Vec<Entry<T>> = pool.available.into_iter().collect();
         out.extend(pool.recyclable);
+        out.extend(pool.recycling);
         Some(out)
     }
 
