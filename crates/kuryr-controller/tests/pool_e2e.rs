@@ -542,3 +542,66 @@ async fn deleting_a_namespace_drops_its_pools_and_removes_its_network() -> Resul
     }
     Ok(())
 }
+
+/// A pool refill refused for quota: the waiting pod gets the same OverQuota Event as without
+/// pools, keeps being retried, and is wired once the quota allows the refill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refill_over_quota_is_an_event_on_the_pod_which_is_wired_once_quota_allows() -> Result<()> {
+    use k8s_openapi::api::core::v1::Event;
+
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.69.0.0/24").await?;
+        // A batch of 5 never fits a quota of 3 ports.
+        let quota = |port| kuryr_neutron::QuotaUpdate {
+            port: Some(port),
+            ..Default::default()
+        };
+        neutron.update_quota(&fx.project, &quota(3)).await?;
+        let bed = PoolBed::new(
+            &kube,
+            &fx,
+            "ports_pool_batch = 5\nports_pool_min = 1\nports_pool_update_frequency = 2",
+        )
+        .await?;
+        let ctrl = start_controller(&kube.client, &target, config(&bed.ini), "c1");
+        create_namespace(&kube.client, "tight", json!({})).await?;
+        create_pod(&kube.client, "tight", "t-0", NODES[0], json!({})).await?;
+        let events = Api::<Event>::namespaced(kube.client.clone(), "tight");
+        let ev = eventually("OverQuota event on the pod", WAIT, || async {
+            let evs = events.list(&ListParams::default()).await?.items;
+            Ok(evs.into_iter().find(|e| e.reason.as_deref() == Some("OverQuota")))
+        })
+        .await?;
+        assert_eq!(ev.type_.as_deref(), Some("Warning"), "{}", target.name);
+        assert_eq!(ev.involved_object.name.as_deref(), Some("t-0"), "{}", target.name);
+        assert!(
+            ev.message
+                .as_deref()
+                .unwrap_or_default()
+                .contains("Quota exceeded"),
+            "{}: {:?}",
+            target.name,
+            ev.message
+        );
+        assert!(
+            kuryr_ports(neutron, &fx.project).await?.is_empty(),
+            "{}: nothing created",
+            target.name
+        );
+        // Still retried: room for the batch wires it.
+        neutron.update_quota(&fx.project, &quota(10)).await?;
+        wait_active_ports(&kube.client, "tight", 1).await?;
+        assert!(!ctrl.is_finished());
+        ctrl.shutdown().await?;
+        let _ = neutron.reset_quota(&fx.project).await;
+        cleanup_project(neutron, &fx.project).await;
+        eprintln!(
+            "pool_e2e[{}]: OverQuota event, wired once quota allowed",
+            target.name
+        );
+    }
+    Ok(())
+}

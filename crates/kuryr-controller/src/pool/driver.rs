@@ -4,8 +4,9 @@
 //! - hit path: no Neutron call (a name/device id update only with `[kubernetes] port_debug`);
 //! - refills run in background tasks, one bulk `request_vifs` per refill, the ports tagged with
 //!   the pool tag in the same request (`PortOwner::Pool`);
-//! - a request finding its pool empty waits (bounded) for the refill it triggered, then answers
-//!   ResourceNotReady;
+//! - a request finding its pool empty starts a refill at once and waits for it at most
+//!   [`REFILL_WAIT`], then answers ResourceNotReady (or the refill's quota / address exhaustion
+//!   error, which the pod sees as an Event);
 //! - [`PoolDriver::maintain`] is one maintenance pass (recycle, TTL, failed refills, port status).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -22,7 +23,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::state::{Entry, Key, Limits, PoolMeta, Pools, RecycleAction, RecycleOutcome, Refill, Take};
+use super::state::{
+    Entry, Key, Limits, PoolMeta, Pools, RecycleAction, RecycleOutcome, Refill, RefillFailure, Take,
+};
 use crate::drivers::os_vif::VifKind;
 use crate::drivers::pool::{VifOrigin, VifPool, origin_for};
 use crate::drivers::vif::{PortOwner, VifDriver};
@@ -65,6 +68,13 @@ impl PoolKind {
     }
 }
 
+/// How long a request finding its pool empty waits for the refill it triggered before answering
+/// ResourceNotReady. A bulk create takes 0.2-2 s on a real neutron-server: waiting hands the
+/// port out as soon as it lands, where the pipeline's retry backoff (0.25 s doubling, jittered)
+/// would add up to one more interval on top. Short, so that a slow or failing Neutron never holds
+/// a handler slot for long.
+pub const REFILL_WAIT: Duration = Duration::from_secs(2);
+
 /// Everything a pool driver needs besides its VIF driver; [`PoolOptions::from_config`] reads
 /// it from `kuryr.conf`.
 #[derive(Clone)]
@@ -100,7 +110,7 @@ impl PoolOptions {
             ovs_bridge: config.neutron_defaults.ovs_bridge.clone(),
             cluster_tag: tags::cluster_tag(&config.kubernetes.cluster_id),
             metrics,
-            refill_wait: Duration::from_secs(30),
+            refill_wait: REFILL_WAIT,
             update_frequency: Duration::from_secs(config.vif_pool.ports_pool_update_frequency.max(1)),
         }
     }
@@ -281,8 +291,14 @@ impl PoolDriver {
                 .vif
                 .request_vifs(&spec, &r.key.host, &PortOwner::Pool { pool: r.name.clone() }, r.n)
                 .await
-                .map_err(|e| e.to_string()),
-            None => Err(format!("no port spec known for pool {}", r.key)),
+                .map_err(|e| RefillFailure {
+                    message: e.to_string(),
+                    kind: e.label(),
+                    user_visible: e.is_user_visible(),
+                }),
+            None => Err(RefillFailure::from(
+                format!("no port spec known for pool {}", r.key).as_str(),
+            )),
         };
         if self.generation.load(Ordering::Acquire) != generation {
             tracing::info!(pool = %r.key, "refill finished after the pools were dropped; its ports are left to recovery or the orphan sweep");
@@ -303,7 +319,7 @@ impl PoolDriver {
             }
             Err(e) => {
                 self.opts.metrics.pool_event("refill_error", 1);
-                tracing::warn!(pool = %r.key, error = %e, "pool refill failed");
+                tracing::warn!(pool = %r.key, error = %e.message, kind = e.kind, "pool refill failed");
             }
         }
         let (next, orphans) = {
@@ -729,7 +745,7 @@ impl PoolDriver {
             populating: pool.is_populating(),
             oldest_available_secs: pool.available().map(|e| age(e.since)).max(),
             last_refill: pool.last_refill().map(|t| t.to_string()),
-            last_error: pool.last_error().map(|e| e.0.clone()),
+            last_error: pool.last_error().map(|e| e.0.message.clone()),
             last_error_time: pool.last_error().map(|e| e.1.to_string()),
             ports: list,
         }
@@ -755,6 +771,25 @@ impl PoolDriver {
             .iter()
             .find(|(_, p)| p.meta.name == name)
             .map(|(k, _)| k.clone())
+    }
+}
+
+/// What a request on an empty pool answers when its refill failed: quota or address exhaustion
+/// as the OpenStack error itself (transient, so the pod is retried, and user-visible, so it gets
+/// the same Event as without pools); anything else as ResourceNotReady.
+fn refill_error(key: &Key, f: RefillFailure) -> Error {
+    let message = format!("pool {key} could not be refilled: {}", f.message);
+    if f.user_visible {
+        Error::OpenStack {
+            message,
+            kind: f.kind,
+            transient: true,
+            user_visible: true,
+            request_id: None,
+            retry_after: None,
+        }
+    } else {
+        Error::not_ready(message)
     }
 }
 
@@ -827,21 +862,22 @@ impl VifPool for PoolDriver {
                         let st = self.lock();
                         let pool = st.get(&key);
                         (
-                            pool.and_then(|p| p.last_error().cloned())
-                                .filter(|(_, at)| *at >= asked),
+                            pool.and_then(|p| p.last_error().cloned()),
                             pool.is_some_and(|p| p.is_populating()),
                         )
                     };
-                    if let Some((err, _)) = failed
-                        && !populating
-                    {
-                        return Err(Error::not_ready(format!(
-                            "pool {key} could not be refilled: {err}"
-                        )));
-                    }
+                    // A failure since this request, or an earlier one with no refill running to
+                    // wait for, is the answer; a refill still running at the deadline reports the
+                    // earlier failure, so the pod keeps showing why it waits.
                     let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(Error::not_ready(format!("pool {key} is empty; refilling")));
+                    match failed {
+                        Some((f, at)) if at >= asked || !populating || left.is_zero() => {
+                            return Err(refill_error(&key, f));
+                        }
+                        None if left.is_zero() => {
+                            return Err(Error::not_ready(format!("pool {key} is empty; refilling")));
+                        }
+                        _ => {}
                     }
                     let _ = tokio::time::timeout(left, refilled.changed()).await;
                 }

@@ -114,7 +114,7 @@ impl Persister {
             available: pool.available().map(|e| pool_port(e, subnet)).collect(),
             recyclable: pool.recyclable().map(|e| pool_port(e, subnet)).collect(),
             last_refill_time: pool.last_refill().map(Time),
-            last_error: pool.last_error().map(|e| e.0.clone()),
+            last_error: pool.last_error().map(|e| e.0.message.clone()),
             last_error_time: pool.last_error().map(|e| Time(e.1)),
             ..KuryrPortPoolStatus::default()
         };

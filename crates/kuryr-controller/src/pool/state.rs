@@ -144,7 +144,7 @@ pub struct Pool<T> {
     /// A request found the pool empty and waits for the next populate.
     demand: bool,
     last_refill: Option<Timestamp>,
-    last_error: Option<(String, Timestamp)>,
+    last_error: Option<(RefillFailure, Timestamp)>,
 }
 
 impl<T> Pool<T> {
@@ -192,7 +192,8 @@ impl<T> Pool<T> {
         self.last_refill
     }
 
-    pub fn last_error(&self) -> Option<&(String, Timestamp)> {
+    /// The failure of the last refill, until one succeeds.
+    pub fn last_error(&self) -> Option<&(RefillFailure, Timestamp)> {
         self.last_error.as_ref()
     }
 
@@ -205,6 +206,26 @@ impl<T> Pool<T> {
         self.in_use.contains_key(port_id)
             || self.available.iter().any(|e| e.port_id == port_id)
             || self.recyclable().any(|e| e.port_id == port_id)
+    }
+}
+
+/// Why a refill failed, as the pod waiting for the pool must see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefillFailure {
+    pub message: String,
+    /// The error label (`OverQuota`, `IpAddressGenerationFailure`, ...): the Event reason.
+    pub kind: &'static str,
+    /// Quota or address exhaustion: the user must see it (an Event on the pod).
+    pub user_visible: bool,
+}
+
+impl From<&str> for RefillFailure {
+    fn from(message: &str) -> Self {
+        Self {
+            message: message.to_string(),
+            kind: "RefillFailed",
+            user_visible: false,
+        }
     }
 }
 
@@ -440,7 +461,7 @@ impl<T> Pools<T> {
     pub fn finish_refill(
         &mut self,
         key: &Key,
-        result: Result<Vec<Entry<T>>, String>,
+        result: Result<Vec<Entry<T>>, RefillFailure>,
         now: Timestamp,
     ) -> Vec<Refill> {
         let mut again = false;
@@ -874,7 +895,7 @@ mod tests {
         assert!(pools.finish_refill(&k, Err("quota".into()), t(1)).is_empty());
         assert_eq!(pools.populating(), 0);
         let pool = pools.get(&k).unwrap();
-        assert_eq!(pool.last_error().map(|e| e.0.as_str()), Some("quota"));
+        assert_eq!(pool.last_error().map(|e| e.0.message.as_str()), Some("quota"));
         assert!(!pool.is_populating());
         assert_eq!(pools.plan_refills_below_min(), r);
     }
