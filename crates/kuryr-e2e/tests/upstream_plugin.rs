@@ -9,15 +9,15 @@
 
 mod support;
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
 use kuryr_crds::KuryrPort;
-use serde_json::{Value, json};
+use serde_json::json;
 use support::*;
 
 const NS: &str = "upstream";
@@ -32,12 +32,7 @@ fn upstream_plugin() -> Option<PathBuf> {
 }
 
 /// Runs upstream's plugin inside the node's namespace, as a runtime on that node would.
-async fn upstream_cni(
-    plugin: &std::path::Path,
-    node: &Node,
-    command: &str,
-    pod: &PodSandbox,
-) -> Result<(bool, Value, String)> {
+async fn upstream_cni(plugin: &Path, node: &Node, command: &str, pod: &PodSandbox) -> Result<CniOutput> {
     let dir = tempfile::tempdir()?;
     let conf_file = dir.path().join("kuryr.conf");
     // Logs to a file as deployments configure it: with oslo.log's default they would go to
@@ -52,50 +47,14 @@ async fn upstream_cni(
     )?;
     let conf = json!({"cniVersion": "0.3.1", "name": "kuryr", "type": "kuryr-cni",
         "kuryr_conf": conf_file.display().to_string(), "debug": false});
-    let args = format!(
-        "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={}",
-        pod.namespace, pod.name, pod.container, pod.uid
-    );
-    let env = [
-        ("CNI_COMMAND", command.to_string()),
-        ("CNI_CONTAINERID", pod.container.clone()),
-        ("CNI_NETNS", pod.netns.path()),
-        ("CNI_IFNAME", "eth0".to_string()),
-        ("CNI_PATH", "/opt/cni/bin".to_string()),
-        ("CNI_ARGS", args),
-    ];
-    let (plugin, node_ns) = (plugin.to_path_buf(), node.ns.0.clone());
-    tokio::task::spawn_blocking(move || {
-        use std::io::Write;
-        let _dir = dir;
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &node_ns])
-            .arg(&plugin)
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .envs(env)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("spawn {}", plugin.display()))?;
-        child
-            .stdin
-            .take()
-            .context("stdin")?
-            .write_all(conf.to_string().as_bytes())?;
-        let out = child.wait_with_output()?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        Ok((
-            out.status.success(),
-            serde_json::from_str(stdout.trim()).unwrap_or(Value::Null),
-            format!(
-                "stdout: {stdout}\nstderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        ))
-    })
-    .await?
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &node.ns.0]).arg(plugin);
+    let mut out = exec_plugin(cmd, command, pod, &conf).await?;
+    if !out.success {
+        let log = std::fs::read_to_string(&log_file).unwrap_or_default();
+        out.stderr = format!("{}\nplugin log:\n{log}", out.stderr);
+    }
+    Ok(out)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -122,8 +81,14 @@ async fn upstream_python_plugin_wires_a_pod_through_the_kuryr_rs_daemon() -> Res
             let up = create_pod(&kube.client, NS, "via-upstream", nodes[0].name, json!({})).await?;
             let peer = create_pod(&kube.client, NS, "via-kuryr-rs", nodes[1].name, json!({})).await?;
             let (up_box, peer_box) = (PodSandbox::new(&up)?, PodSandbox::new(&peer)?);
-            let (ok, result, out) = upstream_cni(&plugin, &nodes[0], "ADD", &up_box).await?;
-            ensure!(ok, "upstream plugin ADD failed: {out}");
+            let add = upstream_cni(&plugin, &nodes[0], "ADD", &up_box).await?;
+            ensure!(
+                add.success,
+                "upstream plugin ADD failed: {} {}",
+                add.stdout,
+                add.stderr
+            );
+            let result = add.stdout;
             cni_add(&nodes[1], &peer_box).await?;
 
             let kp = Api::<KuryrPort>::namespaced(kube.client.clone(), NS)
@@ -137,7 +102,7 @@ async fn upstream_python_plugin_wires_a_pod_through_the_kuryr_rs_daemon() -> Res
             let port = target.client.get_port(vif.id()).await?;
             let ip = &port.fixed_ips.first().context("port without IP")?.ip_address;
             // Upstream's result: built by os-vif from our VIF JSON.
-            ensure!(result["interfaces"][0]["name"] == "eth0", "{result} {out}");
+            ensure!(result["interfaces"][0]["name"] == "eth0", "{result}");
             ensure!(
                 result["interfaces"][0]["mac"] == port.mac_address.as_str(),
                 "{result}"
@@ -165,8 +130,13 @@ async fn upstream_python_plugin_wires_a_pod_through_the_kuryr_rs_daemon() -> Res
 
             // DEL through upstream's plugin, twice (runtimes repeat DELs).
             for round in 0..2 {
-                let (ok, _, out) = upstream_cni(&plugin, &nodes[0], "DEL", &up_box).await?;
-                ensure!(ok, "upstream plugin DEL #{round} failed: {out}");
+                let del = upstream_cni(&plugin, &nodes[0], "DEL", &up_box).await?;
+                ensure!(
+                    del.success,
+                    "upstream plugin DEL #{round} failed: {} {}",
+                    del.stdout,
+                    del.stderr
+                );
             }
             ensure!(up_box.netns.links()? == ["lo"], "eth0 left after DEL");
             cni_del(&nodes[1], &peer_box).await?;

@@ -482,36 +482,46 @@ impl PodSandbox {
 /// network config on stdin (daemon address from the config). Blocking, so
 /// run it off the async workers.
 pub async fn cni(node: &Node, command: &str, pod: &PodSandbox) -> Result<CniOutput> {
-    let bin = cni_binary()?;
     let conf = json!({"cniVersion": "1.0.0", "name": "kuryr", "type": "kuryr-cni",
         "kuryr_daemon": format!("unix://{}", node.socket.display()), "kuryr_daemon_timeout": 150});
+    exec_plugin(Command::new(cni_binary()?), command, pod, &conf).await
+}
+
+/// Runs a CNI plugin as a container runtime does: a clean environment with the CNI_* variables
+/// of `pod`, the network config on stdin. Blocking work, run off the async workers.
+pub async fn exec_plugin(
+    mut plugin: Command,
+    command: &str,
+    pod: &PodSandbox,
+    conf: &Value,
+) -> Result<CniOutput> {
     let args = format!(
         "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={}",
         pod.namespace, pod.name, pod.container, pod.uid
     );
-    let env = [
-        ("CNI_COMMAND", command.to_string()),
-        ("CNI_CONTAINERID", pod.container.clone()),
-        ("CNI_NETNS", pod.netns.path()),
-        ("CNI_IFNAME", "eth0".to_string()),
-        ("CNI_PATH", "/opt/cni/bin".to_string()),
-        ("CNI_ARGS", args),
-    ];
+    plugin
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", &pod.container)
+        .env("CNI_NETNS", pod.netns.path())
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", "/opt/cni/bin")
+        .env("CNI_ARGS", args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let conf = conf.to_string();
     tokio::task::spawn_blocking(move || -> Result<CniOutput> {
         use std::io::Write;
-        let mut child = Command::new(&bin)
-            .env_clear()
-            .envs(env)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+        let mut child = plugin
             .spawn()
-            .with_context(|| format!("spawn {}", bin.display()))?;
+            .with_context(|| format!("spawn {:?}", plugin.get_program()))?;
         child
             .stdin
             .take()
             .context("plugin stdin")?
-            .write_all(conf.to_string().as_bytes())?;
+            .write_all(conf.as_bytes())?;
         let out = child.wait_with_output()?;
         Ok(CniOutput {
             success: out.status.success(),
