@@ -142,6 +142,7 @@ impl Lab {
             NODE,
             self.project.clone(),
             self.spec.network.id.clone(),
+            self.spec.network.subnet_ids(),
             self.spec.security_groups.clone(),
         )
     }

@@ -23,6 +23,11 @@ pub struct VifOrigin {
     pub host: String,
     pub project_id: String,
     pub network_id: String,
+    /// The subnets the port has its fixed IPs on, sorted: pools on one network but different
+    /// subnets are different pools. Empty in origins written before it was recorded (release and
+    /// recovery then go by the pool holding the port, or by the port's own fixed IPs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subnets: Vec<String>,
     pub security_groups: Vec<String>,
     /// The VIF driver that made it.
     pub driver: String,
@@ -33,6 +38,14 @@ pub struct VifOrigin {
 
 /// The field name of [`VifOrigin`] inside a KuryrPort `status.vifs` entry.
 pub const ORIGIN_FIELD: &str = "kuryrRsOrigin";
+
+/// The subnets a port has fixed IPs on, sorted and unique (the `subnets` of its origin and of
+/// its pool key).
+pub fn port_subnets(port: &kuryr_neutron::Port) -> Vec<String> {
+    let set: std::collections::BTreeSet<String> =
+        port.fixed_ips.iter().map(|f| f.subnet_id.clone()).collect();
+    set.into_iter().collect()
+}
 
 #[async_trait]
 pub trait VifPool: Send + Sync {
@@ -63,11 +76,15 @@ impl NoopPool {
 }
 
 pub fn origin_for(driver: &dyn VifDriver, spec: &PortSpec, host: &str) -> VifOrigin {
+    let mut subnets = spec.network.subnet_ids();
+    subnets.sort();
+    subnets.dedup();
     VifOrigin {
         deployment: spec.deployment.clone(),
         host: host.to_string(),
         project_id: spec.project_id.clone(),
         network_id: spec.network.id.clone(),
+        subnets,
         security_groups: spec.security_groups.clone(),
         driver: driver.name().to_string(),
         preserve: false,

@@ -137,12 +137,6 @@ pub struct PoolDriver {
     generation: AtomicU64,
 }
 
-/// Sorted subnet ids of a network, comma-joined: the `subnetId` of the pool key.
-pub fn subnet_key(ids: impl IntoIterator<Item = String>) -> String {
-    let set: BTreeSet<String> = ids.into_iter().collect();
-    set.into_iter().collect::<Vec<_>>().join(",")
-}
-
 impl PoolDriver {
     pub fn new(kind: PoolKind, vif: Arc<dyn VifDriver>, opts: PoolOptions) -> Result<Arc<Self>, Error> {
         kind.check_vif_driver(vif.name())?;
@@ -212,8 +206,10 @@ impl PoolDriver {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The KuryrPortPool key of a pool.
-    pub fn crd_key(&self, key: &Key, subnet_id: &str) -> PoolKey {
+    /// The KuryrPortPool key of a pool. Its `subnetId` is [`Key::subnet_id`]: the one subnet
+    /// id, or for ports with addresses on several subnets their sorted ids comma-joined, which
+    /// `recover::key_of` splits back into the same key.
+    pub fn crd_key(&self, key: &Key) -> PoolKey {
         let nested = self.kind == PoolKind::Nested;
         PoolKey {
             deployment: key.deployment.clone(),
@@ -222,17 +218,35 @@ impl PoolDriver {
             trunk_ip: None,
             project_id: key.project_id.clone(),
             network_id: key.network_id.clone(),
-            subnet_id: subnet_id.to_string(),
+            subnet_id: key.subnet_id(),
             security_group_ids: key.security_groups.clone(),
         }
     }
 
-    pub(super) fn meta_for(&self, key: &Key, subnet_id: &str) -> PoolMeta {
+    pub(super) fn meta_for(&self, key: &Key) -> PoolMeta {
         PoolMeta {
-            name: self.crd_key(key, subnet_id).resource_name(),
+            name: self.crd_key(key).resource_name(),
             nested: self.kind == PoolKind::Nested,
-            subnet_id: subnet_id.to_string(),
         }
+    }
+
+    /// The pool key of a request: the spec's network, subnets and security groups on `host`.
+    fn key_for(spec: &PortSpec, host: String) -> Result<Key, Error> {
+        let key = Key::new(
+            spec.deployment.clone(),
+            host,
+            spec.project_id.clone(),
+            spec.network.id.clone(),
+            spec.network.subnet_ids(),
+            spec.security_groups.clone(),
+        );
+        if key.subnets.is_empty() {
+            return Err(Error::invalid(
+                "network.subnets",
+                format!("network {} has no subnet to pool ports on", spec.network.id),
+            ));
+        }
+        Ok(key)
     }
 
     /// The os-vif kind of a recovered port's VIF.
@@ -552,25 +566,12 @@ impl PoolDriver {
         if !self.is_ready() {
             return Err(Error::not_ready("port pools are being recovered"));
         }
-        let subnet_id = subnet_key(spec.network.subnet_ids());
-        if subnet_id.is_empty() {
-            return Err(Error::invalid(
-                "network.subnets",
-                format!("network {} has no subnet to pool ports on", spec.network.id),
-            ));
-        }
         let host = self.host_for(&spec.deployment, node).await?;
-        let key = Key::new(
-            spec.deployment.clone(),
-            host,
-            spec.project_id.clone(),
-            spec.network.id.clone(),
-            spec.security_groups.clone(),
-        );
+        let key = Self::key_for(spec, host)?;
         self.remember_spec(&key, spec);
         let refill = {
             let mut st = self.lock();
-            st.ensure(&key, || self.meta_for(&key, &subnet_id));
+            st.ensure(&key, || self.meta_for(&key));
             st.plan_refill(&key)
         };
         let name = refill.as_ref().map(|r| r.name.clone());
@@ -737,7 +738,7 @@ impl PoolDriver {
             host: key.host.clone(),
             project_id: key.project_id.clone(),
             network_id: key.network_id.clone(),
-            subnet_id: pool.meta.subnet_id.clone(),
+            subnet_id: key.subnet_id(),
             security_groups: key.security_groups.clone(),
             available: pool.available_len(),
             recyclable: pool.recyclable_len(),
@@ -793,6 +794,33 @@ fn refill_error(key: &Key, f: RefillFailure) -> Error {
     }
 }
 
+/// The pool a released VIF goes back to. An origin written before origins recorded their
+/// subnets (empty `subnets`) goes to the pool that has the port in use, else to the one pool
+/// matching everything else; with several such pools (one per subnet) and none holding the port,
+/// to no pool, so the port is deleted rather than pooled on a subnet it may not be on.
+fn release_key(st: &Pools<Vif>, origin: &VifOrigin, port_id: &str) -> Key {
+    let key = Key::new(
+        origin.deployment.clone(),
+        origin.host.clone(),
+        origin.project_id.clone(),
+        origin.network_id.clone(),
+        origin.subnets.clone(),
+        origin.security_groups.clone(),
+    );
+    if !key.subnets.is_empty() {
+        return key;
+    }
+    let same = |k: &Key| k.same_network(&key) && k.security_groups == key.security_groups;
+    if let Some(owner) = st.owner_of(port_id).filter(|k| same(k)) {
+        return owner.clone();
+    }
+    let mut matching = st.iter().map(|(k, _)| k).filter(|k| same(k));
+    match (matching.next(), matching.next()) {
+        (Some(only), None) => only.clone(),
+        _ => key,
+    }
+}
+
 #[async_trait]
 impl VifPool for PoolDriver {
     fn name(&self) -> &'static str {
@@ -803,21 +831,8 @@ impl VifPool for PoolDriver {
         if !self.is_ready() {
             return Err(Error::not_ready("port pools are being recovered"));
         }
-        let subnet_id = subnet_key(spec.network.subnet_ids());
-        if subnet_id.is_empty() {
-            return Err(Error::invalid(
-                "network.subnets",
-                format!("network {} has no subnet to pool ports on", spec.network.id),
-            ));
-        }
         let host = self.host_for(&spec.deployment, &pod.node).await?;
-        let key = Key::new(
-            spec.deployment.clone(),
-            host.clone(),
-            spec.project_id.clone(),
-            spec.network.id.clone(),
-            spec.security_groups.clone(),
-        );
+        let key = Self::key_for(spec, host.clone())?;
         self.remember_spec(&key, spec);
         let deadline = Instant::now() + self.opts.refill_wait;
         let asked = Timestamp::now();
@@ -829,7 +844,7 @@ impl VifPool for PoolDriver {
             }
             let taken = {
                 let mut st = self.lock();
-                st.ensure(&key, || self.meta_for(&key, &subnet_id));
+                st.ensure(&key, || self.meta_for(&key));
                 st.take(&key, Timestamp::now())
             };
             self.start_refills(taken.refills);
@@ -889,17 +904,14 @@ impl VifPool for PoolDriver {
         if origin.preserve {
             return Ok(());
         }
-        let key = Key::new(
-            origin.deployment.clone(),
-            origin.host.clone(),
-            origin.project_id.clone(),
-            origin.network_id.clone(),
-            origin.security_groups.clone(),
-        );
         let mut data = vif.clone();
         // The pod's interface is gone: Neutron will report the port DOWN until rebound.
         data.base_mut().active = false;
-        let released = self.lock().release(&key, vif.id(), data, None, Timestamp::now());
+        let released = {
+            let mut st = self.lock();
+            let key = release_key(&st, origin, vif.id());
+            st.release(&key, vif.id(), data, None, Timestamp::now())
+        };
         match released {
             Ok(()) => {
                 self.opts.metrics.pool_event("released", 1);
@@ -933,9 +945,56 @@ mod tests {
         assert!(PoolKind::Nested.check_vif_driver("neutron-vif").is_err());
     }
 
+    fn origin(subnets: &[&str]) -> VifOrigin {
+        VifOrigin {
+            deployment: "default".into(),
+            host: "node-1".into(),
+            project_id: "proj".into(),
+            network_id: "net".into(),
+            subnets: subnets.iter().map(|s| (*s).to_string()).collect(),
+            security_groups: vec!["sg".into()],
+            driver: "neutron-vif".into(),
+            preserve: false,
+        }
+    }
+
+    fn key(subnet: &str) -> Key {
+        Key::new(
+            "default",
+            "node-1",
+            "proj",
+            "net",
+            [subnet.to_string()],
+            ["sg".to_string()],
+        )
+    }
+
     #[test]
-    fn subnet_key_is_sorted_and_unique() {
-        assert_eq!(subnet_key(["b".to_string(), "a".into(), "b".into()]), "a,b");
-        assert_eq!(subnet_key(Vec::<String>::new()), "");
+    fn released_vifs_go_back_to_the_pool_of_their_subnets() {
+        let meta = || PoolMeta {
+            name: "p".into(),
+            nested: false,
+        };
+        let mut st = Pools::<Vif>::new(Limits {
+            min: 0,
+            max: 0,
+            batch: 1,
+            ttl: None,
+            max_concurrent_populate: 1,
+        });
+        st.ensure(&key("a"), meta);
+        assert_eq!(
+            release_key(&st, &origin(&["b"]), "x"),
+            key("b"),
+            "recorded subnets win"
+        );
+        // An origin from before subnets were recorded: the one pool matching the rest.
+        assert_eq!(release_key(&st, &origin(&[]), "x"), key("a"));
+        // Two candidate pools: the one holding the port in use.
+        st.ensure(&key("b"), meta);
+        st.mark_in_use(&key("b"), "x", Timestamp::UNIX_EPOCH);
+        assert_eq!(release_key(&st, &origin(&[]), "x"), key("b"));
+        // Neither holds it: no pool (the port is deleted rather than pooled on a guess).
+        assert!(release_key(&st, &origin(&[]), "y").subnets.is_empty());
     }
 }

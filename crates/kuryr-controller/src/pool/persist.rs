@@ -100,7 +100,7 @@ impl Persister {
         let clamp = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
         let mut obj = KuryrPortPool::for_key(
             &self.namespace,
-            driver.crd_key(key, &pool.meta.subnet_id),
+            driver.crd_key(key),
             clamp(limits.min),
             clamp(limits.batch),
             clamp(limits.max),
@@ -109,7 +109,8 @@ impl Persister {
         .map_err(|e| Error::invalid(format!("pool {key}"), e.to_string()))?;
         // Named at creation; the pool tag on its ports must keep matching the object.
         obj.metadata.name = Some(pool.meta.name.clone());
-        let subnet = pool.meta.subnet_id.as_str();
+        let subnet_id = key.subnet_id();
+        let subnet = subnet_id.as_str();
         let mut status = KuryrPortPoolStatus {
             available: pool.available().map(|e| pool_port(e, subnet)).collect(),
             recyclable: pool.recyclable().map(|e| pool_port(e, subnet)).collect(),

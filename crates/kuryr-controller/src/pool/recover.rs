@@ -17,10 +17,10 @@ use kuryr_crds::names::device_owner::TRUNK_SUBPORT;
 use kuryr_crds::names::neutron as tags;
 use kuryr_neutron::{ListFilter, NeutronClient, Port};
 
-use super::driver::{PoolDriver, PoolKind, subnet_key};
+use super::driver::{PoolDriver, PoolKind};
 use super::state::{Entry, Key};
 use crate::drivers::os_vif::vif_from_port;
-use crate::drivers::pool::VifOrigin;
+use crate::drivers::pool::{VifOrigin, port_subnets};
 use crate::drivers::{NetworkInfo, PortSpec};
 use crate::error::Error;
 
@@ -52,31 +52,41 @@ pub struct RecoveryReport {
     pub dropped: usize,
 }
 
-/// The pool key a KuryrPortPool object describes.
+/// The pool key a KuryrPortPool object describes (its `subnetId` may list several subnets,
+/// comma-joined: see `PoolDriver::crd_key`). None when it names no host or no subnet.
 pub fn key_of(pool: &KuryrPortPool) -> Option<Key> {
     let k = &pool.spec.key;
     let host = k.host.clone().or_else(|| k.trunk_port_id.clone())?;
+    let subnets = Key::split_subnets(&k.subnet_id);
+    if subnets.is_empty() {
+        return None;
+    }
     Some(Key::new(
         k.deployment.clone(),
         host,
         k.project_id.clone(),
         k.network_id.clone(),
+        subnets,
         k.security_group_ids.clone(),
     ))
 }
 
-fn origin_key(o: &VifOrigin) -> Key {
+/// The pool an in-use port goes back to. An origin written before origins recorded their
+/// subnets takes the port's own fixed-IP subnets.
+fn origin_key(o: &VifOrigin, port_subnets: &[String]) -> Key {
+    let subnets = if o.subnets.is_empty() {
+        port_subnets
+    } else {
+        &o.subnets
+    };
     Key::new(
         o.deployment.clone(),
         o.host.clone(),
         o.project_id.clone(),
         o.network_id.clone(),
+        subnets.iter().cloned(),
         o.security_groups.clone(),
     )
-}
-
-fn port_subnets(port: &Port) -> String {
-    subnet_key(port.fixed_ips.iter().map(|f| f.subnet_id.clone()))
 }
 
 /// Available and recyclable ports adopted into one pool.
@@ -85,17 +95,17 @@ type Lists = (Vec<Entry<kuryr_crds::Vif>>, Vec<Entry<kuryr_crds::Vif>>);
 /// Network details for VIFs, fetched once per (network, subnets).
 struct Networks<'a> {
     client: &'a NeutronClient,
-    cache: HashMap<(String, String), Arc<NetworkInfo>>,
+    cache: HashMap<(String, Vec<String>), Arc<NetworkInfo>>,
 }
 
 impl Networks<'_> {
-    async fn get(&mut self, network_id: &str, subnet_ids: &str) -> Result<Arc<NetworkInfo>, Error> {
-        let k = (network_id.to_string(), subnet_ids.to_string());
+    async fn get(&mut self, network_id: &str, subnet_ids: &[String]) -> Result<Arc<NetworkInfo>, Error> {
+        let k = (network_id.to_string(), subnet_ids.to_vec());
         if let Some(n) = self.cache.get(&k) {
             return Ok(n.clone());
         }
         let net = self.client.get_network(network_id).await?;
-        let wanted: HashSet<&str> = subnet_ids.split(',').collect();
+        let wanted: HashSet<&str> = subnet_ids.iter().map(String::as_str).collect();
         let subnets = self
             .client
             .list_subnets(&ListFilter::new().network_id(network_id))
@@ -149,12 +159,11 @@ impl PoolDriver {
         let deployments: Vec<String> = self.options().deployments.names().map(str::to_string).collect();
         for deployment in deployments {
             let client = self.options().deployments.client(&deployment)?;
-            for (name, pool, key) in &objects {
+            for (name, _, key) in &objects {
                 if key.deployment == deployment {
                     let meta = super::state::PoolMeta {
                         name: (*name).to_string(),
                         nested,
-                        subnet_id: pool.spec.key.subnet_id.clone(),
                     };
                     self.lock().ensure(key, || meta);
                 }
@@ -181,7 +190,7 @@ impl PoolDriver {
                 // In use by a pod: its origin names the pool it goes back to.
                 if let Some(origin) = in_use.get(port.id.as_str()) {
                     let key = match origin {
-                        Some(o) if o.driver == self.vif().name() => Some(origin_key(o)),
+                        Some(o) if o.driver == self.vif().name() => Some(origin_key(o, &subnets)),
                         // Another pool driver's pod (multi_pool).
                         Some(_) => None,
                         None => listed
@@ -192,7 +201,7 @@ impl PoolDriver {
                             .map(|(_, k)| (*k).clone()),
                     };
                     if let Some(key) = key {
-                        self.lock().ensure(&key, || self.meta_for(&key, &subnets));
+                        self.lock().ensure(&key, || self.meta_for(&key));
                         self.lock().mark_in_use(&key, &port.id, now);
                         report.in_use += 1;
                     }
@@ -207,9 +216,9 @@ impl PoolDriver {
                     // Created by a refill whose membership was not flushed before the restart.
                     ((*key).clone(), false, now)
                 } else if let Some(key) = self.rebuild_key(&deployment, port, &subports)
-                    && self.meta_for(&key, &subnets).name == tag_name
+                    && self.meta_for(&key).name == tag_name
                 {
-                    self.lock().ensure(&key, || self.meta_for(&key, &subnets));
+                    self.lock().ensure(&key, || self.meta_for(&key));
                     (key, false, now)
                 } else {
                     if self.port_is_my_kind(port) {
@@ -241,14 +250,15 @@ impl PoolDriver {
                 report.adopted += 1;
             }
             // Refills need a spec per pool: the network as Neutron has it now.
-            let keys: Vec<(Key, String)> = self
+            let keys: Vec<Key> = self
                 .lock()
                 .iter()
-                .filter(|(k, _)| k.deployment == deployment)
-                .map(|(k, p)| (k.clone(), p.meta.subnet_id.clone()))
+                .map(|(k, _)| k)
+                .filter(|k| k.deployment == deployment)
+                .cloned()
                 .collect();
-            for (key, subnets) in keys {
-                match nets.get(&key.network_id, &subnets).await {
+            for key in keys {
+                match nets.get(&key.network_id, &key.subnets).await {
                     Ok(net) => self.remember_spec(
                         &key,
                         &PortSpec::new(
@@ -319,11 +329,58 @@ impl PoolDriver {
             host,
             port.project_id.clone(),
             port.network_id.clone(),
+            port_subnets(port),
             port.security_groups.clone(),
         ))
     }
 
     fn port_is_my_kind(&self, port: &Port) -> bool {
         (port.device_owner == TRUNK_SUBPORT) == (self.kind() == PoolKind::Nested)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kuryr_crds::PoolKey;
+
+    #[test]
+    fn crd_subnet_id_and_origins_map_to_subnet_keys() {
+        let pool = |subnet_id: &str| {
+            KuryrPortPool::for_key(
+                "kuryr-system",
+                PoolKey::host("default", "node-1", "proj", "net", subnet_id, ["sg"]),
+                1,
+                1,
+                0,
+                None,
+            )
+            .unwrap()
+        };
+        let key = key_of(&pool("b,a")).unwrap();
+        assert_eq!(key.subnets, ["a", "b"]);
+        assert_eq!(key.subnet_id(), "a,b");
+        assert_eq!(key_of(&pool("a")).unwrap().subnets, ["a"]);
+        assert!(key_of(&pool(",")).is_none(), "no subnet, no key");
+
+        let mut origin = VifOrigin {
+            deployment: "default".into(),
+            host: "node-1".into(),
+            project_id: "proj".into(),
+            network_id: "net".into(),
+            subnets: vec!["b".into()],
+            security_groups: vec!["sg".into()],
+            driver: "neutron-vif".into(),
+            preserve: false,
+        };
+        let port_subnets = ["a".to_string()];
+        assert_eq!(origin_key(&origin, &port_subnets).subnets, ["b"]);
+        // An origin written before subnets were recorded: the port's own fixed-IP subnets.
+        origin.subnets.clear();
+        assert_eq!(origin_key(&origin, &port_subnets), key_of(&pool("a")).unwrap());
+        let json = serde_json::to_value(&origin).unwrap();
+        assert!(json.get("subnets").is_none(), "{json}");
+        let back: VifOrigin = serde_json::from_value(json).unwrap();
+        assert_eq!(back, origin);
     }
 }

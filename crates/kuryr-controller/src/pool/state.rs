@@ -7,8 +7,8 @@
 //!   one bulk request, capped by `max` (a waiting pod always gets at least one port);
 //! - at most one populate per key, at most `max_concurrent_populate` across keys (blocked keys
 //!   are started when a slot frees up);
-//! - an empty pool borrows from a sibling (same deployment/host/project/network, other security
-//!   groups) so the caller can re-apply the groups instead of waiting;
+//! - an empty pool borrows from a sibling (same deployment/host/project/network/subnets, other
+//!   security groups) so the caller can re-apply the groups instead of waiting;
 //! - the recycle pass returns released ports to `available` or deletes them at `max`;
 //! - the TTL pass deletes idle ports while the pool stays above `min`.
 
@@ -18,13 +18,17 @@ use std::time::Duration;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 /// What makes pooled ports interchangeable. `host` is the node (bare metal), the trunk id
-/// (nested VLAN) or the VM port id (nested macvlan). Security groups are sorted and unique.
+/// (nested VLAN) or the VM port id (nested macvlan). `subnets` are the subnets the ports have
+/// fixed IPs on: two pools on one network but different subnets are different pools (a port on
+/// the pod subnet must never serve an extra interface asked for on another subnet). Subnets and
+/// security groups are sorted and unique.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key {
     pub deployment: String,
     pub host: String,
     pub project_id: String,
     pub network_id: String,
+    pub subnets: Vec<String>,
     pub security_groups: Vec<String>,
 }
 
@@ -34,39 +38,67 @@ impl Key {
         host: impl Into<String>,
         project_id: impl Into<String>,
         network_id: impl Into<String>,
-        mut security_groups: Vec<String>,
+        subnets: impl IntoIterator<Item = String>,
+        security_groups: impl IntoIterator<Item = String>,
     ) -> Self {
-        security_groups.sort();
-        security_groups.dedup();
         Self {
             deployment: deployment.into(),
             host: host.into(),
             project_id: project_id.into(),
             network_id: network_id.into(),
-            security_groups,
+            subnets: sorted_unique(subnets),
+            security_groups: sorted_unique(security_groups),
         }
     }
 
-    /// Same place and network, different security groups: its ports serve us after one
-    /// security-group update.
+    /// The KuryrPortPool `subnetId` of this key: the sorted subnet ids, comma-joined (just the
+    /// id in the normal one-subnet case). Lossless, so [`Key::split_subnets`] reads it back.
+    pub fn subnet_id(&self) -> String {
+        self.subnets.join(",")
+    }
+
+    /// The subnets of a KuryrPortPool `subnetId` (see [`Key::subnet_id`]).
+    pub fn split_subnets(subnet_id: &str) -> Vec<String> {
+        subnet_id
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Same place, network and subnets, different security groups: its ports serve us after
+    /// one security-group update.
     pub fn is_sibling_of(&self, other: &Key) -> bool {
+        self.same_network(other)
+            && self.subnets == other.subnets
+            && self.security_groups != other.security_groups
+    }
+
+    /// Same deployment, host, project and network (subnets and security groups aside).
+    pub fn same_network(&self, other: &Key) -> bool {
         self.deployment == other.deployment
             && self.host == other.host
             && self.project_id == other.project_id
             && self.network_id == other.network_id
-            && self.security_groups != other.security_groups
     }
+}
+
+fn sorted_unique(items: impl IntoIterator<Item = String>) -> Vec<String> {
+    let set: BTreeSet<String> = items.into_iter().collect();
+    set.into_iter().collect()
 }
 
 impl std::fmt::Display for Key {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}/{}/{}/{}/[{}]",
+            "{}/{}/{}/{}/{}/[{}]",
             self.deployment,
             self.host,
             self.project_id,
             self.network_id,
+            self.subnet_id(),
             self.security_groups.join(",")
         )
     }
@@ -103,8 +135,6 @@ pub struct PoolMeta {
     /// KuryrPortPool name, also the value of the pool tag on its Neutron ports.
     pub name: String,
     pub nested: bool,
-    /// Subnet(s) the ports have addresses on, comma-joined and sorted.
-    pub subnet_id: String,
 }
 
 /// A port held by a pool. `data` is whatever the caller needs to hand it out (the VIF).
@@ -732,7 +762,8 @@ mod tests {
             "node-1",
             "proj",
             "net",
-            sgs.iter().map(|s| (*s).to_string()).collect(),
+            ["sub".to_string()],
+            sgs.iter().map(|s| (*s).to_string()),
         )
     }
 
@@ -740,7 +771,6 @@ mod tests {
         PoolMeta {
             name: name.into(),
             nested: false,
-            subnet_id: "sub".into(),
         }
     }
 
@@ -798,7 +828,7 @@ mod tests {
         // Another network: b must not borrow a's ports.
         let (a, b) = (
             key(&["a"]),
-            Key::new("default", "node-1", "proj", "net-2", vec![]),
+            Key::new("default", "node-1", "proj", "net-2", ["sub-2".to_string()], []),
         );
         pools.ensure(&a, || meta("a"));
         pools.ensure(&b, || meta("b"));
@@ -866,7 +896,7 @@ mod tests {
         // Another network: b must not borrow a's ports.
         let (a, b) = (
             key(&["a"]),
-            Key::new("default", "node-1", "proj", "net-2", vec![]),
+            Key::new("default", "node-1", "proj", "net-2", ["sub-2".to_string()], []),
         );
         pools.ensure(&a, || meta("a"));
         pools.ensure(&b, || meta("b"));
@@ -920,9 +950,50 @@ mod tests {
         assert_eq!(got.refills.len(), 1);
         assert_eq!(pools.get(&other).unwrap().available_len(), 2);
         // A different network is not a sibling.
-        let far = Key::new("default", "node-1", "proj", "net2", vec!["new".into()]);
+        let far = Key::new(
+            "default",
+            "node-1",
+            "proj",
+            "net2",
+            ["sub".to_string()],
+            ["new".to_string()],
+        );
         pools.ensure(&far, || meta("f"));
         assert_eq!(pools.take(&far, t(3)).take, Take::Empty);
+        // Nor is another subnet of the same network: its ports have the wrong addresses.
+        let other_subnet = Key::new(
+            "default",
+            "node-1",
+            "proj",
+            "net",
+            ["sub-b".to_string()],
+            ["new".to_string()],
+        );
+        pools.ensure(&other_subnet, || meta("s"));
+        assert_eq!(pools.take(&other_subnet, t(3)).take, Take::Empty);
+    }
+
+    #[test]
+    fn keys_differ_by_subnets_and_round_trip_through_the_crd_subnet_id() {
+        let k = |subnets: &[&str]| {
+            Key::new(
+                "default",
+                "node-1",
+                "proj",
+                "net",
+                subnets.iter().map(|s| (*s).to_string()),
+                ["sg".to_string()],
+            )
+        };
+        assert_ne!(k(&["a"]), k(&["b"]));
+        assert!(!k(&["a"]).is_sibling_of(&k(&["b"])));
+        assert!(k(&["a"]).same_network(&k(&["b"])));
+        let multi = k(&["b", "a", "b"]);
+        assert_eq!(multi.subnets, ["a", "b"]);
+        assert_eq!(multi.subnet_id(), "a,b");
+        assert_eq!(Key::split_subnets(&multi.subnet_id()), multi.subnets);
+        assert_eq!(k(&["a"]).subnet_id(), "a");
+        assert_eq!(multi.to_string(), "default/node-1/proj/net/a,b/[sg]");
     }
 
     #[test]

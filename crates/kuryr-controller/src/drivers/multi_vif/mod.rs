@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::os_vif::{VifKind, vif_from_port};
-use super::pool::VifOrigin;
+use super::pool::{VifOrigin, port_subnets};
 use super::subnets::SubnetCache;
 use super::vif::{PortOwner, port_create};
 use super::{Drivers, NetworkInfo, PodRef, PortSpec};
@@ -424,6 +424,7 @@ async fn acquire_port(
                 host: pod.node.clone(),
                 project_id: spec.project_id.clone(),
                 network_id: spec.network.id.clone(),
+                subnets: port_subnets(&port),
                 security_groups: spec.security_groups.clone(),
                 driver: if physnet.is_some() { "sriov" } else { "neutron-vif" }.into(),
                 preserve: false,
@@ -475,6 +476,7 @@ async fn acquire_port(
                 host: pod.node.clone(),
                 project_id: port.project_id.clone(),
                 network_id: port.network_id.clone(),
+                subnets: port_subnets(port),
                 security_groups: port.security_groups.clone(),
                 driver: if physnet.is_some() { "sriov" } else { "neutron-vif" }.into(),
                 preserve: true,
