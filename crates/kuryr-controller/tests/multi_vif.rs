@@ -112,18 +112,7 @@ async fn create_nad(kube: &kube::Client, ns: &str, name: &str, kuryr_config: Opt
 
 /// The pod's KuryrPort once it has `n` VIFs, all active.
 async fn wired(kube: &kube::Client, pod: &str, n: usize) -> Result<KuryrPort> {
-    let api = Api::<KuryrPort>::namespaced(kube.clone(), NS);
-    eventually(&format!("{pod} wired with {n} VIFs"), WAIT, || async {
-        let Some(kp) = api.get_opt(pod).await? else {
-            return Ok(None);
-        };
-        let ok = kp
-            .status
-            .as_ref()
-            .is_some_and(|s| s.vifs.len() == n && s.vifs.values().all(|v| v.vif.active()));
-        Ok(ok.then_some(kp))
-    })
-    .await
+    wired_kp(kube, NS, pod, n).await
 }
 
 fn vif<'a>(kp: &'a KuryrPort, ifname: &str) -> &'a Vif {

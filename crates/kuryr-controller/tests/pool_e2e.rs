@@ -416,29 +416,14 @@ async fn prepopulate_fills_every_nodes_pool_up_to_min() -> Result<()> {
 async fn deleting_a_namespace_drops_its_pools_and_removes_its_network() -> Result<()> {
     use k8s_openapi::api::core::v1::{Namespace, Pod};
     use kuryr_crds::KuryrNetwork;
-    use kuryr_neutron::{ListFilter, SubnetPoolCreate};
+    use kuryr_neutron::ListFilter;
 
     init_logs();
     for target in neutron_targets().await? {
         let kube = start_kube().await?;
         let neutron = &target.client;
         let fx = neutron_fixture(neutron, "10.68.0.0/24").await?;
-        let subnetpool = neutron
-            .create_subnetpool(&SubnetPoolCreate {
-                name: "ns-pool".into(),
-                prefixes: vec!["10.98.0.0/16".into()],
-                default_prefixlen: Some(26),
-                project_id: Some(fx.project.clone()),
-                ..Default::default()
-            })
-            .await?;
-        let router = neutron
-            .create_router(&kuryr_neutron::RouterCreate {
-                name: Some("pods".into()),
-                project_id: Some(fx.project.clone()),
-                ..Default::default()
-            })
-            .await?;
+        let (subnetpool, router) = namespace_subnet_infra(neutron, &fx.project, "10.98.0.0/16").await?;
         let bed = PoolBed::new(&kube, &fx, "").await?;
         let cfg = format!(
             "[kubernetes]\nenabled_handlers = vif,kuryrport,namespace,kuryrnetwork\npod_subnets_driver = namespace\n\

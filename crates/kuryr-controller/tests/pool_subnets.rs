@@ -25,18 +25,7 @@ const NS: &str = "demo";
 
 /// The pod's KuryrPort once it has `n` VIFs, all active.
 async fn wired(kube: &kube::Client, pod: &str, n: usize) -> Result<KuryrPort> {
-    let api = Api::<KuryrPort>::namespaced(kube.clone(), NS);
-    eventually(&format!("{pod} wired with {n} VIFs"), WAIT, || async {
-        let Some(kp) = api.get_opt(pod).await? else {
-            return Ok(None);
-        };
-        let ok = kp
-            .status
-            .as_ref()
-            .is_some_and(|s| s.vifs.len() == n && s.vifs.values().all(|v| v.vif.active()));
-        Ok(ok.then_some(kp))
-    })
-    .await
+    wired_kp(kube, NS, pod, n).await
 }
 
 /// (eth0 port id, eth1 port id) of a wired pod, after checking each port's fixed IPs are on

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
 use kuryr_crds::{KuryrNetwork, KuryrPort};
-use kuryr_neutron::{ListFilter, SubnetPoolCreate};
+use kuryr_neutron::ListFilter;
 use serde_json::json;
 use support::*;
 
@@ -113,22 +113,7 @@ async fn namespace_subnet_driver_creates_and_removes_namespace_networks() -> Res
         let kube = start_kube().await?;
         let neutron = &target.client;
         let fx = neutron_fixture(neutron, "10.30.0.0/24").await?;
-        let pool = neutron
-            .create_subnetpool(&SubnetPoolCreate {
-                name: "ns-pool".into(),
-                prefixes: vec!["10.99.0.0/16".into()],
-                default_prefixlen: Some(26),
-                project_id: Some(fx.project.clone()),
-                ..Default::default()
-            })
-            .await?;
-        let router = neutron
-            .create_router(&kuryr_neutron::RouterCreate {
-                name: Some("pods".into()),
-                project_id: Some(fx.project.clone()),
-                ..Default::default()
-            })
-            .await?;
+        let (pool, router) = namespace_subnet_infra(neutron, &fx.project, "10.99.0.0/16").await?;
         let cfg = format!(
             "[kubernetes]\nenabled_handlers = vif,kuryrport,namespace,kuryrnetwork\npod_subnets_driver = namespace\n\
              [namespace_subnet]\npod_router = {}\npod_subnet_pool = {}\n\

@@ -192,3 +192,49 @@ pub async fn wait_active_ports(kube: &kube::Client, ns: &str, n: usize) -> Resul
     )
     .await
 }
+
+/// The KuryrPort of `ns/pod` once it has `n` VIFs, all active.
+pub async fn wired_kp(kube: &Client, ns: &str, pod: &str, n: usize) -> Result<KuryrPort> {
+    let api = Api::<KuryrPort>::namespaced(kube.clone(), ns);
+    eventually(
+        &format!("{pod} wired with {n} VIFs"),
+        Duration::from_secs(120),
+        || async {
+            let Some(kp) = api.get_opt(pod).await? else {
+                return Ok(None);
+            };
+            let ok = kp
+                .status
+                .as_ref()
+                .is_some_and(|s| s.vifs.len() == n && s.vifs.values().all(|v| v.vif.active()));
+            Ok(ok.then_some(kp))
+        },
+    )
+    .await
+}
+
+/// What the `namespace` subnet driver needs in `project`: a subnet pool over `prefix` handing
+/// out a /26 per namespace, and the router namespace subnets are attached to.
+pub async fn namespace_subnet_infra(
+    neutron: &NeutronClient,
+    project: &str,
+    prefix: &str,
+) -> Result<(kuryr_neutron::SubnetPool, kuryr_neutron::Router)> {
+    let pool = neutron
+        .create_subnetpool(&kuryr_neutron::SubnetPoolCreate {
+            name: "ns-pool".into(),
+            prefixes: vec![prefix.into()],
+            default_prefixlen: Some(26),
+            project_id: Some(project.to_string()),
+            ..Default::default()
+        })
+        .await?;
+    let router = neutron
+        .create_router(&kuryr_neutron::RouterCreate {
+            name: Some("pods".into()),
+            project_id: Some(project.to_string()),
+            ..Default::default()
+        })
+        .await?;
+    Ok((pool, router))
+}
