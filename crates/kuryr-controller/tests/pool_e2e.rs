@@ -414,7 +414,6 @@ async fn prepopulate_fills_every_nodes_pool_up_to_min() -> Result<()> {
 /// KuryrPortPool objects - before deleting the network, which Neutron refuses while a port is on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deleting_a_namespace_drops_its_pools_and_removes_its_network() -> Result<()> {
-    use k8s_openapi::api::core::v1::{Namespace, Pod};
     use kuryr_crds::KuryrNetwork;
     use kuryr_neutron::ListFilter;
 
@@ -470,25 +469,7 @@ async fn deleting_a_namespace_drops_its_pools_and_removes_its_network() -> Resul
         })
         .await?;
 
-        Api::<Pod>::namespaced(kube.client.clone(), "team-p")
-            .delete("p", &DeleteParams::default())
-            .await?;
-        Api::<Namespace>::all(kube.client.clone())
-            .delete("team-p", &DeleteParams::default())
-            .await?;
-        eventually("namespace network removed", WAIT, || async {
-            Ok(neutron
-                .get_network(&net_id)
-                .await
-                .err()
-                .filter(|e| e.is_not_found())
-                .map(|_| ()))
-        })
-        .await?;
-        eventually("KuryrNetwork gone", WAIT, || async {
-            Ok(kns.get_opt("team-p").await?.is_none().then_some(()))
-        })
-        .await?;
+        delete_namespace_and_wait(&kube.client, neutron, "team-p", "p", &net_id).await?;
         // Every other namespace (default, kube-system, ...) keeps its network and pools.
         assert_eq!(on_net().await?, 0, "{}: no port left on the network", target.name);
         assert_eq!(

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
 use kuryr_crds::{KuryrNetwork, KuryrPort};
@@ -177,25 +177,7 @@ async fn namespace_subnet_driver_creates_and_removes_namespace_networks() -> Res
         let (_, vif) = kp.status.as_ref().unwrap().default_vif().unwrap();
         assert_eq!(neutron.get_port(vif.id()).await?.network_id, net_id);
 
-        Api::<Pod>::namespaced(kube.client.clone(), "team-a")
-            .delete("p", &DeleteParams::default())
-            .await?;
-        Api::<Namespace>::all(kube.client.clone())
-            .delete("team-a", &DeleteParams::default())
-            .await?;
-        eventually("namespace network removed", WAIT, || async {
-            Ok(neutron
-                .get_network(&net_id)
-                .await
-                .err()
-                .filter(|e| e.is_not_found())
-                .map(|_| ()))
-        })
-        .await?;
-        eventually("KuryrNetwork gone", WAIT, || async {
-            Ok(kns.get_opt("team-a").await?.is_none().then_some(()))
-        })
-        .await?;
+        delete_namespace_and_wait(&kube.client, neutron, "team-a", "p", &net_id).await?;
         ctrl.stop.cancel();
         let _ = neutron.delete_router(&router.id).await;
         cleanup_project(neutron, &fx.project).await;

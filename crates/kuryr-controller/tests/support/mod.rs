@@ -238,3 +238,37 @@ pub async fn namespace_subnet_infra(
         .await?;
     Ok((pool, router))
 }
+
+/// Deletes pod `pod` and then namespace `ns`; waits until the namespace's Neutron network
+/// `net_id` and its KuryrNetwork are gone.
+pub async fn delete_namespace_and_wait(
+    kube: &Client,
+    neutron: &NeutronClient,
+    ns: &str,
+    pod: &str,
+    net_id: &str,
+) -> Result<()> {
+    use k8s_openapi::api::core::v1::{Namespace, Pod};
+    use kube::api::DeleteParams;
+    let wait = Duration::from_secs(120);
+    Api::<Pod>::namespaced(kube.clone(), ns)
+        .delete(pod, &DeleteParams::default())
+        .await?;
+    Api::<Namespace>::all(kube.clone())
+        .delete(ns, &DeleteParams::default())
+        .await?;
+    eventually("namespace network removed", wait, || async {
+        Ok(neutron
+            .get_network(net_id)
+            .await
+            .err()
+            .filter(|e| e.is_not_found())
+            .map(|_| ()))
+    })
+    .await?;
+    let kns = Api::<kuryr_crds::KuryrNetwork>::namespaced(kube.clone(), ns);
+    eventually("KuryrNetwork gone", wait, || async {
+        Ok(kns.get_opt(ns).await?.is_none().then_some(()))
+    })
+    .await
+}
