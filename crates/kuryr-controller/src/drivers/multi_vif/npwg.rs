@@ -234,7 +234,7 @@ impl MultiVifDriver for NpwgMultipleInterfaces {
             let driver = cfg.driver_type.as_deref().unwrap_or("").trim();
             let sriov = match driver {
                 "" | "neutron" | "neutron-vif" => false,
-                d if d == net.vif_driver => false,
+                d if d == net.vif_driver.as_str() => false,
                 "sriov" => true,
                 other => {
                     return Err(Error::invalid(

@@ -4,7 +4,7 @@
 //!
 //! Requests are read from container `resources.requests` (or `limits`, which Kubernetes copies
 //! to requests for extended resources) in two forms:
-//! - `pod.alpha.kubernetes.io/opaque-int-resource-sriov-vf-<physnet>` (seed 004)
+//! - `pod.alpha.kubernetes.io/opaque-int-resource-sriov-vf-<physnet>` (the original multi-VIF design's opaque integer resource)
 //! - device-plugin `<[sriov] device_plugin_resource_prefix>/<resource>`, the resource mapped to a
 //!   physnet by `[sriov] physnet_resource_mappings` (`physnet:resource`; without mappings the
 //!   resource is named after the physnet, as upstream).
@@ -21,7 +21,7 @@ use crate::drivers::subnets::SubnetCache;
 use crate::error::Error;
 
 pub const NAME: &str = "sriov";
-/// Seed 004's opaque integer resource prefix; the physnet follows it.
+/// The opaque integer resource prefix of the original multi-VIF design; the physnet follows it.
 pub const OPAQUE_PREFIX: &str = "pod.alpha.kubernetes.io/opaque-int-resource-sriov-vf-";
 /// More VFs than any NIC offers a pod: a typo, not a request.
 const MAX_VFS: u32 = 64;
