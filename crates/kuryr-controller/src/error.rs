@@ -154,15 +154,12 @@ impl Error {
             Error::Config(_) => "Config",
             Error::Exhausted { reason, .. } => reason,
             Error::Serialization { .. } => "Serialization",
-            Error::Multiple(errors) => match errors.first() {
-                // The first user-visible failure names the Event; metrics count the first.
-                Some(_) => errors
-                    .iter()
-                    .find(|e| e.is_user_visible())
-                    .unwrap_or(&errors[0])
-                    .label(),
-                None => "Multiple",
-            },
+            // The first user-visible failure names the Event, else the first failure.
+            Error::Multiple(errors) => errors
+                .iter()
+                .find(|e| e.is_user_visible())
+                .or(errors.first())
+                .map_or("Multiple", Error::label),
             Error::OpenStack { source, .. } => match source.kind() {
                 Some(ErrorKind::OverQuota) => "OverQuota",
                 Some(ErrorKind::IpAddressGenerationFailure) => "IpAddressGenerationFailure",
