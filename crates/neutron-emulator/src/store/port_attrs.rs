@@ -1,0 +1,135 @@
+//! Validation and normalisation of port attributes that need more than a type check.
+
+use serde_json::{Value, json};
+
+use crate::error::{ApiError, ApiResult};
+use crate::input::{self, Obj};
+use crate::ipam::{self, Cidr};
+
+pub(super) fn validate_mac(mac: &str) -> ApiResult<()> {
+    let parts: Vec<&str> = mac.split(':').collect();
+    let ok = parts.len() == 6
+        && parts
+            .iter()
+            .all(|p| p.len() == 2 && u8::from_str_radix(p, 16).is_ok());
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid_attr(
+            "mac_address",
+            format!("'{mac}' is not a valid MAC address"),
+        ))
+    }
+}
+
+/// Python-style repr of a flat JSON object, as neutron puts request fragments into messages.
+pub(super) fn py_repr(v: &Value) -> String {
+    match v {
+        Value::Object(o) => {
+            let items: Vec<String> = o.iter().map(|(k, v)| format!("'{k}': {}", py_repr(v))).collect();
+            format!("{{{}}}", items.join(", "))
+        }
+        Value::String(s) => format!("'{s}'"),
+        other => input::show(other),
+    }
+}
+
+/// Validates allowed address pairs; a pair without `mac_address` gets the port's MAC, and the list comes back in
+/// the order the real server stores it (by MAC, then address).
+pub(super) fn normalize_aap(items: &[Value], port_mac: &str) -> ApiResult<Value> {
+    let mut out: Vec<(String, String)> = Vec::with_capacity(items.len());
+    for item in items {
+        let Value::Object(o) = item else {
+            return Err(ApiError::invalid_attr(
+                "allowed_address_pairs",
+                format!("'{}' is not a dictionary", input::show(item)),
+            ));
+        };
+        let ip = match o.get("ip_address") {
+            Some(Value::String(s)) => s.clone(),
+            _ => {
+                return Err(
+                    ApiError::bad_request("AllowedAddressPair must contain ip_address")
+                        .with_kind("AllowedAddressPairsMissingIP"),
+                );
+            }
+        };
+        if ipam::parse_ip(&ip).is_none() && matches!(Cidr::parse(&ip), Err(None)) {
+            return Err(ApiError::bad_request(format!("'{ip}' is not a valid IP address")));
+        }
+        let mac = match o.get("mac_address") {
+            None | Some(Value::Null) => port_mac.to_string(),
+            Some(Value::String(m)) => {
+                validate_mac(m)?;
+                m.to_ascii_lowercase()
+            }
+            Some(other) => {
+                return Err(ApiError::invalid_attr(
+                    "mac_address",
+                    format!("'{}' is not a valid MAC address", input::show(other)),
+                ));
+            }
+        };
+        out.push((mac, ip));
+    }
+    out.sort();
+    out.dedup();
+    Ok(Value::Array(
+        out.into_iter()
+            .map(|(m, i)| json!({"mac_address": m, "ip_address": i}))
+            .collect(),
+    ))
+}
+
+/// Validates extra DHCP options and fills `ip_version` (4 unless given).
+pub(super) fn normalize_dhcp_opts(items: &[Value]) -> ApiResult<Value> {
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let ok = item.get("opt_name").is_some_and(Value::is_string) && item.get("opt_value").is_some();
+        if !ok {
+            return Err(ApiError::invalid_input(format!(
+                "No valid key specs matched for: {}",
+                py_repr(item)
+            )));
+        }
+        let version = match item.get("ip_version") {
+            None | Some(Value::Null) => 4,
+            Some(v) => input::to_int("ip_version", v)?,
+        };
+        out.push(
+            json!({"opt_name": item["opt_name"], "opt_value": item["opt_value"], "ip_version": version}),
+        );
+    }
+    Ok(Value::Array(out))
+}
+
+pub(super) fn aap_needs_port_security() -> ApiError {
+    ApiError::conflict(
+        "AddressPairAndPortSecurityRequired",
+        "Port Security must be enabled in order to have allowed address pairs on a port.",
+    )
+}
+
+pub(super) const VNIC_TYPES: [&str; 11] = [
+    "normal",
+    "direct",
+    "macvtap",
+    "baremetal",
+    "direct-physical",
+    "virtio-forwarder",
+    "smart-nic",
+    "vdpa",
+    "accelerator-direct",
+    "accelerator-direct-physical",
+    "remote-managed",
+];
+
+pub(super) fn vnic_type(obj: &Obj) -> ApiResult<Option<String>> {
+    match input::opt_str(obj, "binding:vnic_type")? {
+        Some(v) if !VNIC_TYPES.contains(&v.as_str()) => Err(ApiError::invalid_attr(
+            "binding:vnic_type",
+            format!("{v} is not in valid_values"),
+        )),
+        other => Ok(other),
+    }
+}
