@@ -15,6 +15,16 @@ pub struct FixedIp {
     pub ip: u128,
 }
 
+impl FixedIp {
+    fn is(&self, subnet_id: &str, ip: u128) -> bool {
+        self.subnet_id == subnet_id && self.ip == ip
+    }
+
+    fn same_address(&self, other: &FixedIp) -> bool {
+        other.is(&self.subnet_id, self.ip)
+    }
+}
+
 /// What address allocation needs to know about the port.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct AddrCtx<'a> {
@@ -62,12 +72,7 @@ impl Store {
             Some(m) => {
                 let m = m.to_ascii_lowercase();
                 if !self.macs.insert(m.clone()) {
-                    return Err(ApiError::conflict(
-                        "MacAddressInUse",
-                        format!(
-                            "Unable to complete operation for network {network_id}. The mac address {m} is in use."
-                        ),
-                    ));
+                    return Err(ApiError::mac_in_use(network_id, &m));
                 }
                 m
             }
@@ -99,16 +104,24 @@ impl Store {
         let res = self.allocate_ips_inner(network_id, requested, keep, addr, &mut taken);
         if res.is_err() {
             // Give back only what this call took, not the addresses the port already had.
-            for f in &taken {
-                if keep.iter().any(|k| k.subnet_id == f.subnet_id && k.ip == f.ip) {
-                    continue;
-                }
-                if let Some(s) = self.subnets.get_mut(&f.subnet_id) {
-                    s.ipam.release(f.ip);
-                }
-            }
+            self.release_ips(&taken, keep);
         }
         res.map(|()| taken)
+    }
+
+    /// Gives `ips` back to their subnets, except those also in `keep`.
+    pub(super) fn release_ips(&mut self, ips: &[FixedIp], keep: &[FixedIp]) {
+        for f in ips.iter().filter(|f| !keep.iter().any(|k| k.same_address(f))) {
+            if let Some(s) = self.subnets.get_mut(&f.subnet_id) {
+                s.ipam.release(f.ip);
+            }
+        }
+    }
+
+    /// Gives back the MAC and addresses of a port that is gone (or was never created).
+    pub(super) fn release_port(&mut self, mac: &str, ips: &[FixedIp]) {
+        self.macs.remove(mac);
+        self.release_ips(ips, &[]);
     }
 
     /// The EUI-64 address of `mac` on an address-autoconfiguration (SLAAC / DHCPv6-stateless) subnet.
@@ -123,18 +136,12 @@ impl Store {
             return Ok(());
         };
         let ip = s.cidr.network | eui64_interface_id(mac);
-        if let Some(k) = keep.iter().find(|k| k.subnet_id == sid && k.ip == ip) {
+        if let Some(k) = keep.iter().find(|k| k.is(sid, ip)) {
             taken.push(k.clone());
             return Ok(());
         }
         if s.ipam.allocate_specific(ip).is_err() {
-            return Err(ApiError::conflict(
-                "IpAddressAlreadyAllocated",
-                format!(
-                    "IP address {} already allocated in subnet {sid}",
-                    ipam::format_ip(6, ip)
-                ),
-            ));
+            return Err(ApiError::ip_already_allocated(&ipam::format_ip(6, ip), sid));
         }
         taken.push(FixedIp {
             subnet_id: sid.to_string(),
@@ -266,7 +273,7 @@ impl Store {
                 }
             };
             if let Some((_, ip)) = ip
-                && let Some(k) = keep.iter().find(|k| k.subnet_id == sid && k.ip == ip)
+                && let Some(k) = keep.iter().find(|k| k.is(&sid, ip))
             {
                 taken.push(k.clone());
                 continue;
@@ -287,12 +294,9 @@ impl Store {
                         ip,
                     }),
                     Err(_) => {
-                        return Err(ApiError::conflict(
-                            "IpAddressAlreadyAllocated",
-                            format!(
-                                "IP address {} already allocated in subnet {sid}",
-                                ipam::format_ip(version, ip)
-                            ),
+                        return Err(ApiError::ip_already_allocated(
+                            &ipam::format_ip(version, ip),
+                            &sid,
                         ));
                     }
                 },

@@ -109,6 +109,47 @@ impl Std {
     }
 }
 
+/// The `name` and `description` of an update body, read (and validated) before anything changes.
+struct StdUpdate {
+    name: Option<String>,
+    description: Option<String>,
+}
+
+impl StdUpdate {
+    fn parse(obj: &Obj) -> ApiResult<Self> {
+        Ok(Self {
+            name: input::opt_str(obj, "name")?,
+            description: input::opt_str(obj, "description")?,
+        })
+    }
+
+    fn apply(self, std: &mut Std) {
+        if let Some(v) = self.name {
+            std.name = v;
+        }
+        if let Some(v) = self.description {
+            std.description = v;
+        }
+    }
+}
+
+/// A record with neutron's standard attributes.
+trait Record {
+    fn std(&self) -> &Std;
+}
+
+macro_rules! records {
+    ($($t:ty),*) => {
+        $(impl Record for $t {
+            fn std(&self) -> &Std {
+                &self.std
+            }
+        })*
+    };
+}
+
+records!(Network, Subnet, SubnetPool, Port, Router, SecurityGroup, Trunk);
+
 /// Something to flip to ACTIVE after the configured delay, if still current.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Activation {

@@ -4,9 +4,20 @@ use axum::http::StatusCode;
 use rand::Rng;
 use serde_json::{Value, json};
 
-use super::{Std, Store, VLAN_RANGES, create_tags, std_from};
+use super::{Std, StdUpdate, Store, VLAN_RANGES, create_tags, std_from};
 use crate::error::{ApiError, ApiResult, Resource};
 use crate::input::{self, Obj};
+
+/// What a network create or update may set.
+const NETWORK_WRITABLE: [&str; 7] = [
+    "name",
+    "description",
+    "admin_state_up",
+    "mtu",
+    "shared",
+    "port_security_enabled",
+    "router:external",
+];
 
 #[derive(Debug, Clone)]
 pub struct Network {
@@ -33,15 +44,7 @@ impl Store {
         let obj = input::member(body, "network")?;
         input::check_attrs(
             obj,
-            &[
-                "name",
-                "description",
-                "admin_state_up",
-                "mtu",
-                "shared",
-                "port_security_enabled",
-                "router:external",
-            ],
+            &NETWORK_WRITABLE,
             &[
                 "project_id",
                 "tenant_id",
@@ -216,15 +219,7 @@ impl Store {
         let obj = input::member(body, "network")?;
         input::check_attrs(
             obj,
-            &[
-                "name",
-                "description",
-                "admin_state_up",
-                "mtu",
-                "shared",
-                "port_security_enabled",
-                "router:external",
-            ],
+            &NETWORK_WRITABLE,
             &[
                 "project_id",
                 "tenant_id",
@@ -243,8 +238,7 @@ impl Store {
             ],
             true,
         )?;
-        let name = input::opt_str(obj, "name")?;
-        let description = input::opt_str(obj, "description")?;
+        let std_update = StdUpdate::parse(obj)?;
         let admin = input::opt_bool(obj, "admin_state_up")?;
         let shared = input::opt_bool(obj, "shared")?;
         let ps = input::opt_bool(obj, "port_security_enabled")?;
@@ -254,12 +248,7 @@ impl Store {
             .networks
             .get_mut(id)
             .ok_or_else(|| ApiError::resource_not_found(Resource::Network, id))?;
-        if let Some(v) = name {
-            net.std.name = v;
-        }
-        if let Some(v) = description {
-            net.std.description = v;
-        }
+        std_update.apply(&mut net.std);
         if let Some(v) = admin {
             net.admin_state_up = v;
         }

@@ -9,11 +9,30 @@ use super::port_attrs::{
     aap_needs_port_security, normalize_aap, normalize_dhcp_opts, validate_mac, vnic_type,
 };
 use super::{
-    Activation, Binding, FixedIp, ROUTER_INTERFACE_OWNER, Std, Store, check_revision, create_tags, std_from,
+    Activation, Binding, FixedIp, ROUTER_INTERFACE_OWNER, Std, StdUpdate, Store, check_revision, create_tags,
+    std_from,
 };
 use crate::error::{ApiError, ApiResult, Resource};
 use crate::input::{self, Obj};
 use crate::ipam;
+
+/// What a port create or update may set.
+const PORT_WRITABLE: [&str; 14] = [
+    "name",
+    "description",
+    "admin_state_up",
+    "device_id",
+    "device_owner",
+    "fixed_ips",
+    "security_groups",
+    "port_security_enabled",
+    "binding:host_id",
+    "binding:profile",
+    "binding:vnic_type",
+    "allowed_address_pairs",
+    "extra_dhcp_opts",
+    "mac_address",
+];
 
 #[derive(Debug, Clone)]
 pub struct Port {
@@ -48,22 +67,6 @@ impl Store {
 
     /// Creates one or many ports atomically. `bulk` only changes how the caller wraps the answer.
     pub fn create_ports(&mut self, items: &[&Obj]) -> ApiResult<Vec<String>> {
-        const WRITABLE: [&str; 14] = [
-            "name",
-            "description",
-            "admin_state_up",
-            "device_id",
-            "device_owner",
-            "fixed_ips",
-            "security_groups",
-            "port_security_enabled",
-            "binding:host_id",
-            "binding:profile",
-            "binding:vnic_type",
-            "allowed_address_pairs",
-            "extra_dhcp_opts",
-            "mac_address",
-        ];
         // Validate everything first (no state change).
         struct Spec<'a> {
             obj: &'a Obj,
@@ -74,7 +77,7 @@ impl Store {
         for obj in items {
             input::check_attrs(
                 obj,
-                &WRITABLE,
+                &PORT_WRITABLE,
                 &["project_id", "tenant_id", "network_id", "tags", "ip_allocation"],
                 &[
                     "id",
@@ -116,12 +119,7 @@ impl Store {
             if let Some(mac) = input::opt_str(obj, "mac_address")? {
                 validate_mac(&mac)?;
                 if self.macs.contains(&mac.to_ascii_lowercase()) {
-                    return Err(ApiError::conflict(
-                        "MacAddressInUse",
-                        format!(
-                            "Unable to complete operation for network {network_id}. The mac address {mac} is in use."
-                        ),
-                    ));
+                    return Err(ApiError::mac_in_use(&network_id, &mac));
                 }
             }
             input::opt_obj(obj, "binding:profile")?;
@@ -159,12 +157,7 @@ impl Store {
                 Ok(a) => allocations.push(a),
                 Err(e) => {
                     for (mac, ips) in &allocations {
-                        self.macs.remove(mac);
-                        for f in ips {
-                            if let Some(sub) = self.subnets.get_mut(&f.subnet_id) {
-                                sub.ipam.release(f.ip);
-                            }
-                        }
+                        self.release_port(mac, ips);
                     }
                     return Err(e);
                 }
@@ -240,22 +233,7 @@ impl Store {
         let obj = input::member(body, "port")?;
         input::check_attrs(
             obj,
-            &[
-                "name",
-                "description",
-                "admin_state_up",
-                "device_id",
-                "device_owner",
-                "fixed_ips",
-                "security_groups",
-                "port_security_enabled",
-                "binding:host_id",
-                "binding:profile",
-                "binding:vnic_type",
-                "allowed_address_pairs",
-                "extra_dhcp_opts",
-                "mac_address",
-            ],
+            &PORT_WRITABLE,
             &["project_id", "tenant_id", "network_id", "ip_allocation"],
             &[
                 "id",
@@ -277,8 +255,7 @@ impl Store {
         check_revision(if_match, port.std.revision)?;
         let network_id = port.network_id.clone();
         let old_ips = port.fixed_ips.clone();
-        let name = input::opt_str(obj, "name")?;
-        let description = input::opt_str(obj, "description")?;
+        let std_update = StdUpdate::parse(obj)?;
         let admin = input::opt_bool(obj, "admin_state_up")?;
         let device_id = input::opt_str(obj, "device_id")?;
         let device_owner = input::opt_str(obj, "device_owner")?;
@@ -318,12 +295,7 @@ impl Store {
         if let Some(m) = &mac {
             validate_mac(m)?;
             if port.mac != m.to_ascii_lowercase() && self.macs.contains(&m.to_ascii_lowercase()) {
-                return Err(ApiError::conflict(
-                    "MacAddressInUse",
-                    format!(
-                        "Unable to complete operation for network {network_id}. The mac address {m} is in use."
-                    ),
-                ));
+                return Err(ApiError::mac_in_use(&network_id, m));
             }
             if !port.host.is_empty() && port.mac != m.to_ascii_lowercase() {
                 return Err(ApiError::conflict(
@@ -364,15 +336,7 @@ impl Store {
             None => None,
         };
         if let Some(new_ips) = &new_ips {
-            for old in &old_ips {
-                if !new_ips
-                    .iter()
-                    .any(|n| n.subnet_id == old.subnet_id && n.ip == old.ip)
-                    && let Some(s) = self.subnets.get_mut(&old.subnet_id)
-                {
-                    s.ipam.release(old.ip);
-                }
-            }
+            self.release_ips(&old_ips, new_ips);
         }
         if let Some(m) = &mac
             && let Some(p) = self.ports.get(id)
@@ -386,12 +350,7 @@ impl Store {
             return Err(ApiError::resource_not_found(Resource::Port, id));
         };
         let mut binding_changed = false;
-        if let Some(v) = name {
-            port.std.name = v;
-        }
-        if let Some(v) = description {
-            port.std.description = v;
-        }
+        std_update.apply(&mut port.std);
         if let Some(v) = admin {
             port.admin_state_up = v;
         }
@@ -481,12 +440,7 @@ impl Store {
 
     pub(super) fn remove_port(&mut self, id: &str) {
         if let Some(p) = self.ports.remove(id) {
-            for f in &p.fixed_ips {
-                if let Some(s) = self.subnets.get_mut(&f.subnet_id) {
-                    s.ipam.release(f.ip);
-                }
-            }
-            self.macs.remove(&p.mac);
+            self.release_port(&p.mac, &p.fixed_ips);
         }
     }
 

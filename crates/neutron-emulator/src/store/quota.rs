@@ -2,7 +2,9 @@
 
 use serde_json::{Value, json};
 
-use super::Store;
+use std::collections::BTreeMap;
+
+use super::{Record, Store};
 use crate::error::{ApiError, ApiResult};
 use crate::input::{self, Obj};
 
@@ -35,42 +37,14 @@ impl Store {
 
     pub fn quota_used(&self, project: &str, key: &str) -> i64 {
         let n = match key {
-            "network" => self
-                .networks
-                .values()
-                .filter(|r| r.std.project_id == project)
-                .count(),
-            "subnet" => self
-                .subnets
-                .values()
-                .filter(|r| r.std.project_id == project)
-                .count(),
-            "subnetpool" => self
-                .subnetpools
-                .values()
-                .filter(|r| r.std.project_id == project)
-                .count(),
-            "port" => self
-                .ports
-                .values()
-                .filter(|r| r.std.project_id == project)
-                .count(),
-            "router" => self
-                .routers
-                .values()
-                .filter(|r| r.std.project_id == project)
-                .count(),
-            "security_group" => self
-                .security_groups
-                .values()
-                .filter(|r| r.std.project_id == project)
-                .count(),
+            "network" => owned_by(&self.networks, project),
+            "subnet" => owned_by(&self.subnets, project),
+            "subnetpool" => owned_by(&self.subnetpools, project),
+            "port" => owned_by(&self.ports, project),
+            "router" => owned_by(&self.routers, project),
+            "security_group" => owned_by(&self.security_groups, project),
             "security_group_rule" => self.sg_rules.values().filter(|r| r.project_id == project).count(),
-            "trunk" => self
-                .trunks
-                .values()
-                .filter(|r| r.std.project_id == project)
-                .count(),
+            "trunk" => owned_by(&self.trunks, project),
             _ => 0,
         };
         i64::try_from(n).unwrap_or(i64::MAX)
@@ -157,4 +131,9 @@ impl Store {
     pub fn quota_delete(&mut self, project: &str) {
         self.quotas.remove(project);
     }
+}
+
+/// How many of `records` belong to `project`.
+fn owned_by<R: Record>(records: &BTreeMap<String, R>, project: &str) -> usize {
+    records.values().filter(|r| r.std().project_id == project).count()
 }

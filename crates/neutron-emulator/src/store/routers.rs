@@ -3,10 +3,19 @@
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 
-use super::{ROUTER_INTERFACE_OWNER, Std, Store, create_tags, std_from};
+use super::{ROUTER_INTERFACE_OWNER, STD_READONLY, Std, StdUpdate, Store, create_tags, std_from};
 use crate::error::{ApiError, ApiResult, Resource};
 use crate::input::{self, Obj};
 use crate::ipam;
+
+/// What a router create or update may set.
+const ROUTER_WRITABLE: [&str; 5] = [
+    "name",
+    "description",
+    "admin_state_up",
+    "external_gateway_info",
+    "routes",
+];
 
 #[derive(Debug, Clone)]
 pub struct Router {
@@ -21,13 +30,7 @@ impl Store {
         let obj = input::member(body, "router")?;
         input::check_attrs(
             obj,
-            &[
-                "name",
-                "description",
-                "admin_state_up",
-                "external_gateway_info",
-                "routes",
-            ],
+            &ROUTER_WRITABLE,
             &[
                 "project_id",
                 "tenant_id",
@@ -60,13 +63,7 @@ impl Store {
         let obj = input::member(body, "router")?;
         input::check_attrs(
             obj,
-            &[
-                "name",
-                "description",
-                "admin_state_up",
-                "external_gateway_info",
-                "routes",
-            ],
+            &ROUTER_WRITABLE,
             &[
                 "project_id",
                 "tenant_id",
@@ -75,30 +72,17 @@ impl Store {
                 "availability_zone_hints",
                 "flavor_id",
             ],
-            &[
-                "id",
-                "created_at",
-                "updated_at",
-                "revision_number",
-                "status",
-                "tags",
-            ],
+            &STD_READONLY,
             true,
         )?;
-        let name = input::opt_str(obj, "name")?;
-        let description = input::opt_str(obj, "description")?;
+        let std_update = StdUpdate::parse(obj)?;
         let admin = input::opt_bool(obj, "admin_state_up")?;
         let routes = input::opt_list(obj, "routes")?;
         let r = self
             .routers
             .get_mut(id)
             .ok_or_else(|| ApiError::resource_not_found(Resource::Router, id))?;
-        if let Some(v) = name {
-            r.std.name = v;
-        }
-        if let Some(v) = description {
-            r.std.description = v;
-        }
+        std_update.apply(&mut r.std);
         if let Some(v) = admin {
             r.admin_state_up = v;
         }
@@ -153,9 +137,7 @@ impl Store {
     }
 
     pub fn add_router_interface(&mut self, id: &str, body: &Value) -> ApiResult<Value> {
-        let obj = body
-            .as_object()
-            .ok_or_else(|| ApiError::bad_request("Body contains invalid data"))?;
+        let obj = input::body_obj(body)?;
         let router = self
             .routers
             .get(id)
@@ -204,13 +186,7 @@ impl Store {
                     .get(&pid)
                     .ok_or_else(|| ApiError::resource_not_found(Resource::Port, &pid))?;
                 if !p.device_id.is_empty() {
-                    return Err(ApiError::conflict(
-                        "PortInUse",
-                        format!(
-                            "Unable to complete operation on port {pid} for network {}. Port already has an attached device {}.",
-                            p.network_id, p.device_id
-                        ),
-                    ));
+                    return Err(ApiError::port_in_use(&pid, &p.network_id, &p.device_id));
                 }
                 if p.fixed_ips.is_empty() {
                     return Err(bad("Router port must have at least one fixed IP".to_string()));
@@ -256,9 +232,7 @@ impl Store {
     }
 
     pub fn remove_router_interface(&mut self, id: &str, body: &Value) -> ApiResult<Value> {
-        let obj = body
-            .as_object()
-            .ok_or_else(|| ApiError::bad_request("Body contains invalid data"))?;
+        let obj = input::body_obj(body)?;
         if !self.routers.contains_key(id) {
             return Err(ApiError::resource_not_found(Resource::Router, id));
         }

@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use super::{STD_READONLY, Std, Store, create_tags, new_id, now, project_of, std_from};
+use super::{STD_READONLY, Std, StdUpdate, Store, create_tags, new_id, now, project_of, std_from};
 use crate::error::{ApiError, ApiResult, Resource};
 use crate::input::{self, Obj};
 use crate::ipam::{self, Cidr};
@@ -144,19 +144,13 @@ impl Store {
             &STD_READONLY,
             true,
         )?;
-        let name = input::opt_str(obj, "name")?;
-        let description = input::opt_str(obj, "description")?;
+        let std_update = StdUpdate::parse(obj)?;
         let stateful = input::opt_bool(obj, "stateful")?;
         let sg = self
             .security_groups
             .get_mut(id)
             .ok_or_else(|| ApiError::resource_not_found(Resource::SecurityGroup, id))?;
-        if let Some(n) = name {
-            sg.std.name = n;
-        }
-        if let Some(d) = description {
-            sg.std.description = d;
-        }
+        std_update.apply(&mut sg.std);
         if let Some(s) = stateful {
             sg.stateful = s;
         }

@@ -2,10 +2,22 @@
 
 use serde_json::{Value, json};
 
-use super::{Std, Store, create_tags, std_from};
+use super::{Std, StdUpdate, Store, create_tags, std_from};
 use crate::error::{ApiError, ApiResult, Resource};
 use crate::input::{self, Obj};
 use crate::ipam::Cidr;
+
+/// What a subnet pool create or update may set.
+const SUBNETPOOL_WRITABLE: [&str; 8] = [
+    "name",
+    "description",
+    "prefixes",
+    "default_prefixlen",
+    "min_prefixlen",
+    "max_prefixlen",
+    "is_default",
+    "default_quota",
+];
 
 #[derive(Debug, Clone)]
 pub struct SubnetPool {
@@ -24,16 +36,7 @@ impl Store {
         let obj = input::member(body, "subnetpool")?;
         input::check_attrs(
             obj,
-            &[
-                "name",
-                "description",
-                "prefixes",
-                "default_prefixlen",
-                "min_prefixlen",
-                "max_prefixlen",
-                "is_default",
-                "default_quota",
-            ],
+            &SUBNETPOOL_WRITABLE,
             &["project_id", "tenant_id", "tags", "shared", "address_scope_id"],
             &["id", "created_at", "updated_at", "revision_number", "ip_version"],
             false,
@@ -108,16 +111,7 @@ impl Store {
         let obj = input::member(body, "subnetpool")?;
         input::check_attrs(
             obj,
-            &[
-                "name",
-                "description",
-                "prefixes",
-                "default_prefixlen",
-                "min_prefixlen",
-                "max_prefixlen",
-                "is_default",
-                "default_quota",
-            ],
+            &SUBNETPOOL_WRITABLE,
             &["project_id", "tenant_id", "shared", "address_scope_id"],
             &[
                 "id",
@@ -129,19 +123,13 @@ impl Store {
             ],
             true,
         )?;
-        let name = input::opt_str(obj, "name")?;
-        let description = input::opt_str(obj, "description")?;
+        let std_update = StdUpdate::parse(obj)?;
         let prefixes = input::opt_str_list(obj, "prefixes")?;
         let pool = self
             .subnetpools
             .get_mut(id)
             .ok_or_else(|| ApiError::resource_not_found(Resource::SubnetPool, id))?;
-        if let Some(v) = name {
-            pool.std.name = v;
-        }
-        if let Some(v) = description {
-            pool.std.description = v;
-        }
+        std_update.apply(&mut pool.std);
         if let Some(list) = prefixes {
             let mut parsed = Vec::new();
             for p in &list {

@@ -3,7 +3,7 @@
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 
-use super::{Std, Store, create_tags, std_from};
+use super::{Std, StdUpdate, Store, create_tags, std_from};
 use crate::error::{ApiError, ApiResult, Resource};
 use crate::input::{self, Obj};
 use crate::ipam::{self, Cidr, SubnetIpam};
@@ -310,8 +310,7 @@ impl Store {
             &["id", "created_at", "updated_at", "revision_number", "tags"],
             true,
         )?;
-        let name = input::opt_str(obj, "name")?;
-        let description = input::opt_str(obj, "description")?;
+        let std_update = StdUpdate::parse(obj)?;
         let dhcp = input::opt_bool(obj, "enable_dhcp")?;
         let dns = input::opt_list(obj, "dns_nameservers")?;
         let routes = input::opt_list(obj, "host_routes")?;
@@ -320,12 +319,7 @@ impl Store {
             .subnets
             .get_mut(id)
             .ok_or_else(|| ApiError::resource_not_found(Resource::Subnet, id))?;
-        if let Some(v) = name {
-            s.std.name = v;
-        }
-        if let Some(v) = description {
-            s.std.description = v;
-        }
+        std_update.apply(&mut s.std);
         if let Some(v) = dhcp {
             s.enable_dhcp = v;
         }

@@ -177,11 +177,16 @@ fn quota_limits_are_per_project_and_validated() {
         .create_network(&json!({"network": {"project_id": PROJECT}}))
         .expect_err("over quota");
     assert_eq!(e.kind, "OverQuota");
+    assert_eq!(e.message, "Quota exceeded for resources: ['network'].");
     store
         .create_network(&json!({"network": {"project_id": "other"}}))
         .expect("another project has its own quota");
     let details = store.quota_details_json(PROJECT);
     assert_eq!(details["network"], json!({"limit": 1, "used": 1, "reserved": 0}));
+    assert_eq!(
+        details["security_group"]["used"], 1,
+        "the default group, created with the first network"
+    );
     let e = store
         .quota_update(PROJECT, &json!({"quota": {"port": -2}}))
         .expect_err("below -1");

@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Activation, Std, Store, TRUNK_SUBPORT_OWNER, create_tags, std_from};
+use super::{Activation, STD_READONLY, Std, StdUpdate, Store, TRUNK_SUBPORT_OWNER, create_tags, std_from};
 use crate::error::{ApiError, ApiResult, Resource};
 use crate::input::{self, Obj};
 
@@ -78,6 +78,17 @@ impl Store {
         Ok(out)
     }
 
+    /// The `sub_ports` of an `add_subports` / `remove_subports` body.
+    fn subports_body(&self, body: &Value, need_segmentation: bool) -> ApiResult<Vec<SubPort>> {
+        let obj = input::body_obj(body)?;
+        if !obj.contains_key("sub_ports") {
+            return Err(ApiError::bad_request(
+                "Unable to find 'sub_ports' in request body",
+            ));
+        }
+        self.parse_subports(obj, "sub_ports", need_segmentation)
+    }
+
     /// Validates subports to add to `trunk_id` (or to a trunk being created on `parent`).
     pub(super) fn validate_new_subports(
         &self,
@@ -94,28 +105,17 @@ impl Store {
             // The real server refuses a port that already has a device (e.g. a device_id set at
             // creation) as a subport.
             if !port.device_id.is_empty() && !self.subport_of.contains_key(&sp.port_id) {
-                return Err(ApiError::conflict(
-                    "PortInUse",
-                    format!(
-                        "Unable to complete operation on port {} for network {}. Port already has an attached device {}.",
-                        sp.port_id, port.network_id, port.device_id
-                    ),
+                return Err(ApiError::port_in_use(
+                    &sp.port_id,
+                    &port.network_id,
+                    &port.device_id,
                 ));
             }
             if self.parent_of.contains_key(&sp.port_id) {
-                return Err(ApiError::conflict(
-                    "ParentPortInUse",
-                    format!(
-                        "Port {} is currently in use and is not eligible for use as a parent port.",
-                        sp.port_id
-                    ),
-                ));
+                return Err(ApiError::parent_port_in_use(&sp.port_id));
             }
             if self.subport_of.contains_key(&sp.port_id) || seen_ports.contains(&sp.port_id.as_str()) {
-                return Err(ApiError::conflict(
-                    "TrunkPortInUse",
-                    format!("Port {} is in use by another trunk.", sp.port_id),
-                ));
+                return Err(ApiError::trunk_port_in_use(&sp.port_id));
             }
             if seen_ids.contains(&sp.segmentation_id) {
                 return Err(ApiError::conflict(
@@ -150,23 +150,14 @@ impl Store {
             .get(&port_id)
             .ok_or_else(|| ApiError::resource_not_found(Resource::Port, &port_id))?;
         if self.parent_of.contains_key(&port_id) || self.subport_of.contains_key(&port_id) {
-            return Err(ApiError::conflict(
-                "TrunkPortInUse",
-                format!("Port {port_id} is in use by another trunk."),
-            ));
+            return Err(ApiError::trunk_port_in_use(&port_id));
         }
         // The OVS trunk driver only accepts unbound parents; Nova binds them afterwards.
         if !parent.host.is_empty() {
-            return Err(ApiError::conflict(
-                "ParentPortInUse",
-                format!("Port {port_id} is currently in use and is not eligible for use as a parent port."),
-            ));
+            return Err(ApiError::parent_port_in_use(&port_id));
         }
         if subs.iter().any(|s| s.port_id == port_id) {
-            return Err(ApiError::conflict(
-                "TrunkPortInUse",
-                format!("Port {port_id} is in use by another trunk."),
-            ));
+            return Err(ApiError::trunk_port_in_use(&port_id));
         }
         self.validate_new_subports(&std.id, &[], &subs)?;
         self.check_quota(&std.project_id, "trunk", 1)?;
@@ -193,29 +184,16 @@ impl Store {
             obj,
             &["name", "description", "admin_state_up"],
             &["project_id", "tenant_id", "port_id", "sub_ports"],
-            &[
-                "id",
-                "created_at",
-                "updated_at",
-                "revision_number",
-                "status",
-                "tags",
-            ],
+            &STD_READONLY,
             true,
         )?;
-        let name = input::opt_str(obj, "name")?;
-        let description = input::opt_str(obj, "description")?;
+        let std_update = StdUpdate::parse(obj)?;
         let admin = input::opt_bool(obj, "admin_state_up")?;
         let t = self
             .trunks
             .get_mut(id)
             .ok_or_else(|| ApiError::resource_not_found(Resource::Trunk, id))?;
-        if let Some(v) = name {
-            t.std.name = v;
-        }
-        if let Some(v) = description {
-            t.std.description = v;
-        }
+        std_update.apply(&mut t.std);
         if let Some(v) = admin {
             t.admin_state_up = v;
         }
@@ -258,27 +236,13 @@ impl Store {
     }
 
     pub fn add_subports(&mut self, id: &str, body: &Value) -> ApiResult<Value> {
-        let obj = body
-            .as_object()
-            .ok_or_else(|| ApiError::bad_request("Body contains invalid data"))?;
-        if !obj.contains_key("sub_ports") {
-            return Err(ApiError::bad_request(
-                "Unable to find 'sub_ports' in request body",
-            ));
-        }
-        let subs = self.parse_subports(obj, "sub_ports", true)?;
+        let subs = self.subports_body(body, true)?;
         let t = self
             .trunks
             .get(id)
             .ok_or_else(|| ApiError::resource_not_found(Resource::Trunk, id))?;
         if subs.iter().any(|s| s.port_id == t.port_id) {
-            return Err(ApiError::conflict(
-                "ParentPortInUse",
-                format!(
-                    "Port {} is currently in use and is not eligible for use as a parent port.",
-                    t.port_id
-                ),
-            ));
+            return Err(ApiError::parent_port_in_use(&t.port_id));
         }
         self.validate_new_subports(id, &t.sub_ports, &subs)?;
         let parent_host = self
@@ -300,15 +264,7 @@ impl Store {
     }
 
     pub fn remove_subports(&mut self, id: &str, body: &Value) -> ApiResult<Value> {
-        let obj = body
-            .as_object()
-            .ok_or_else(|| ApiError::bad_request("Body contains invalid data"))?;
-        if !obj.contains_key("sub_ports") {
-            return Err(ApiError::bad_request(
-                "Unable to find 'sub_ports' in request body",
-            ));
-        }
-        let subs = self.parse_subports(obj, "sub_ports", false)?;
+        let subs = self.subports_body(body, false)?;
         let t = self
             .trunks
             .get(id)
