@@ -109,10 +109,8 @@ pub(super) async fn trunk_subports_become_active(ctx: &Ctx) -> anyhow::Result<()
     let t = ctx
         .client
         .create_trunk(&TrunkCreate {
-            port_id: parent.id.clone(),
-            project_id: Some(ctx.project.clone()),
             sub_ports: vec![SubPort::vlan(&subs[0].id, 10)],
-            ..TrunkCreate::default()
+            ..ctx.trunk_req(&parent.id)
         })
         .await?;
     // "Nova boots the VM": bind the parent after the trunk exists.

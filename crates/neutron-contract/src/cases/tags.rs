@@ -1,7 +1,7 @@
 //! The tags API on every taggable resource.
 
 use anyhow::{anyhow, ensure};
-use kuryr_neutron::{Taggable, TrunkCreate};
+use kuryr_neutron::Taggable;
 
 use super::sorted;
 use crate::Ctx;
@@ -42,13 +42,7 @@ pub(super) async fn tags_on_network_subnet_and_trunk(ctx: &Ctx) -> anyhow::Resul
     c.add_tag(Taggable::Network, &net.id, "kuryr.net").await?;
     c.add_tag(Taggable::Subnet, &subnet.id, "kuryr.subnet").await?;
     let parent = ctx.port(ctx.port_req(&net.id)).await?;
-    let trunk = c
-        .create_trunk(&TrunkCreate {
-            port_id: parent.id.clone(),
-            project_id: Some(ctx.project.clone()),
-            ..TrunkCreate::default()
-        })
-        .await?;
+    let trunk = c.create_trunk(&ctx.trunk_req(&parent.id)).await?;
     c.replace_tags(Taggable::Trunk, &trunk.id, &["kuryr.trunk"])
         .await?;
     let nets = c.list_networks(&ctx.project_filter().tags(["kuryr.net"])).await?;

@@ -34,15 +34,7 @@ pub(super) async fn trunk_fixture(
 
 pub(super) async fn trunk_create_on_unbound_parent(ctx: &Ctx) -> anyhow::Result<()> {
     let (parent, _) = trunk_fixture(ctx, "10.45.0.0/24", 0).await?;
-    let t = ctx
-        .client
-        .create_trunk(&TrunkCreate {
-            port_id: parent.id.clone(),
-            name: Some("vm-trunk".into()),
-            project_id: Some(ctx.project.clone()),
-            ..TrunkCreate::default()
-        })
-        .await?;
+    let t = new_trunk(ctx, &parent).await?;
     ensure!(
         t.port_id == parent.id && t.name == "vm-trunk" && t.project_id == ctx.project,
         "{t:?}"
@@ -61,13 +53,7 @@ pub(super) async fn trunk_create_on_unbound_parent(ctx: &Ctx) -> anyhow::Result<
         "list by port_id: {listed:?}"
     );
     expect_api_error(
-        ctx.client
-            .create_trunk(&TrunkCreate {
-                port_id: MISSING.into(),
-                project_id: Some(ctx.project.clone()),
-                ..TrunkCreate::default()
-            })
-            .await,
+        ctx.client.create_trunk(&ctx.trunk_req(MISSING)).await,
         ErrorKind::PortNotFound,
         404,
     )?;
@@ -81,10 +67,8 @@ pub(super) async fn trunk_create_with_subports(ctx: &Ctx) -> anyhow::Result<()> 
     let t = ctx
         .client
         .create_trunk(&TrunkCreate {
-            port_id: parent.id.clone(),
-            project_id: Some(ctx.project.clone()),
             sub_ports: vec![SubPort::vlan(&subs[0].id, 10)],
-            ..TrunkCreate::default()
+            ..ctx.trunk_req(&parent.id)
         })
         .await?;
     ensure!(
@@ -104,13 +88,7 @@ pub(super) async fn trunk_on_bound_parent_is_parent_port_in_use(ctx: &Ctx) -> an
         })
         .await?;
     expect_api_error(
-        ctx.client
-            .create_trunk(&TrunkCreate {
-                port_id: bound.id.clone(),
-                project_id: Some(ctx.project.clone()),
-                ..TrunkCreate::default()
-            })
-            .await,
+        ctx.client.create_trunk(&ctx.trunk_req(&bound.id)).await,
         ErrorKind::ParentPortInUse,
         409,
     )?;
@@ -133,14 +111,13 @@ pub(super) async fn trunk_get_missing_is_trunk_not_found(ctx: &Ctx) -> anyhow::R
     Ok(())
 }
 
+/// A trunk named `vm-trunk` on `parent`, without subports.
 pub(super) async fn new_trunk(ctx: &Ctx, parent: &Port) -> anyhow::Result<kuryr_neutron::Trunk> {
     Ok(ctx
         .client
         .create_trunk(&TrunkCreate {
-            port_id: parent.id.clone(),
             name: Some("vm-trunk".into()),
-            project_id: Some(ctx.project.clone()),
-            ..TrunkCreate::default()
+            ..ctx.trunk_req(&parent.id)
         })
         .await?)
 }
