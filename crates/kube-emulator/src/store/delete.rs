@@ -105,14 +105,7 @@ impl State {
             let pending = !finalizers(&cur).is_empty() || foreground || def.is_namespace();
             let mut out = (*cur).clone();
             if pending && meta_str(&cur, "deletionTimestamp").is_none() {
-                let meta = meta_mut(&mut out);
-                meta.insert("deletionTimestamp".into(), json!(now()));
-                meta.insert("deletionGracePeriodSeconds".into(), json!(0));
-                if foreground {
-                    let mut fins = finalizers(&cur);
-                    fins.push(FOREGROUND_FINALIZER.to_string());
-                    meta.insert("finalizers".into(), json!(fins));
-                }
+                mark_deleting(&mut out, foreground);
                 if def.is_namespace() {
                     out["status"] = json!({"phase": "Terminating"});
                 }
@@ -161,15 +154,8 @@ impl State {
                 .pointer("/metadata/generation")
                 .and_then(Value::as_i64)
                 .unwrap_or(0);
-            let meta = meta_mut(&mut new);
-            meta.insert("deletionTimestamp".into(), json!(now()));
-            meta.insert("deletionGracePeriodSeconds".into(), json!(0));
-            meta.insert("generation".into(), json!(generation + 1));
-            if foreground {
-                let mut fins = finalizers(&cur);
-                fins.push(FOREGROUND_FINALIZER.to_string());
-                meta.insert("finalizers".into(), json!(fins));
-            }
+            mark_deleting(&mut new, foreground);
+            meta_mut(&mut new).insert("generation".into(), json!(generation + 1));
             let obj = self.commit(def, ns, name, EventType::Modified, new, Some(cur), store);
             if foreground {
                 self.gc_queue.push_back(uid);
@@ -265,5 +251,18 @@ impl State {
         if def.namespaced {
             self.finalize_namespace(ns, store);
         }
+    }
+}
+
+/// Sets the deletion timestamp of an object that finalizers (or, with `foreground`, its
+/// dependents) keep around for now.
+fn mark_deleting(obj: &mut Value, foreground: bool) {
+    let mut fins = finalizers(obj);
+    let meta = meta_mut(obj);
+    meta.insert("deletionTimestamp".into(), json!(now()));
+    meta.insert("deletionGracePeriodSeconds".into(), json!(0));
+    if foreground {
+        fins.push(FOREGROUND_FINALIZER.to_string());
+        meta.insert("finalizers".into(), json!(fins));
     }
 }

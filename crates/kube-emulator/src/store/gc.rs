@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 use super::{
     DeleteOpts, EventType, ObjRef, Propagation, State, Store, finalizers, meta_mut, meta_str, owner_uids,
 };
+use crate::resources::ResourceDef;
 
 /// The finalizer of a foreground deletion.
 pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
@@ -82,10 +83,7 @@ impl State {
             .map(|d| d.iter().cloned().collect())
             .unwrap_or_default();
         for dep in deps {
-            let Some(def) = self.registry.by_storage_key(&dep.key) else {
-                continue;
-            };
-            let Some(obj) = self.get(&def, &dep.ns, &dep.name) else {
+            let Some((def, obj)) = self.resolve(&dep) else {
                 continue;
             };
             let mut new = (*obj).clone();
@@ -106,6 +104,13 @@ impl State {
                 store,
             );
         }
+    }
+
+    /// The definition and current object of an indexed reference, if both still exist.
+    fn resolve(&self, r: &ObjRef) -> Option<(Arc<ResourceDef>, Arc<Value>)> {
+        let def = self.registry.by_storage_key(&r.key)?;
+        let obj = self.get(&def, &r.ns, &r.name)?;
+        Some((def, obj))
     }
 
     /// Whether the object with this uid waits for its dependents (foreground deletion).
@@ -134,10 +139,7 @@ impl State {
             .unwrap_or_default();
         let Some(owner) = self.uids.get(uid).cloned() else {
             for dep in deps {
-                let Some(def) = self.registry.by_storage_key(&dep.key) else {
-                    continue;
-                };
-                let Some(obj) = self.get(&def, &dep.ns, &dep.name) else {
+                let Some((def, obj)) = self.resolve(&dep) else {
                     continue;
                 };
                 if owner_uids(&obj).iter().any(|o| self.uids.contains_key(o)) {
@@ -153,10 +155,7 @@ impl State {
         }
         let mut blocked = false;
         for dep in deps {
-            let Some(def) = self.registry.by_storage_key(&dep.key) else {
-                continue;
-            };
-            let Some(obj) = self.get(&def, &dep.ns, &dep.name) else {
+            let Some((def, obj)) = self.resolve(&dep) else {
                 continue;
             };
             let opts = DeleteOpts {
@@ -181,10 +180,7 @@ impl State {
         if blocked {
             return;
         }
-        let Some(def) = self.registry.by_storage_key(&owner.key) else {
-            return;
-        };
-        let Some(cur) = self.get(&def, &owner.ns, &owner.name) else {
+        let Some((def, cur)) = self.resolve(&owner) else {
             return;
         };
         let fins: Vec<String> = finalizers(&cur)

@@ -13,6 +13,18 @@ use crate::patch::{self, PatchType};
 use crate::resources::{ResourceDef, defs_from_crd};
 use crate::schema;
 
+/// Makes `to`'s status that of `from` (none if `from` has none).
+fn copy_status(to: &mut Value, from: &Value) {
+    match from.get("status") {
+        Some(s) => to["status"] = s.clone(),
+        None => {
+            if let Value::Object(o) = to {
+                o.remove("status");
+            }
+        }
+    }
+}
+
 /// Name/namespace in a PUT/apply body must agree with the URL.
 pub(super) fn check_body_identity(
     def: &ResourceDef,
@@ -428,28 +440,15 @@ impl State {
         store: &Store,
     ) -> ApiResult<WriteOutcome> {
         let name = meta_str(cur, "name").unwrap_or_default().to_string();
+        // The status subresource writes only status; the main resource never does.
         let mut merged = if status_only {
             let mut m = (**cur).clone();
-            match new.get("status") {
-                Some(s) => m["status"] = s.clone(),
-                None => {
-                    if let Value::Object(o) = &mut m {
-                        o.remove("status");
-                    }
-                }
-            }
+            copy_status(&mut m, &new);
             m
         } else {
             let mut n = new;
             if def.status_subresource {
-                match cur.get("status") {
-                    Some(s) => n["status"] = s.clone(),
-                    None => {
-                        if let Value::Object(o) = &mut n {
-                            o.remove("status");
-                        }
-                    }
-                }
+                copy_status(&mut n, cur);
             }
             n
         };
