@@ -16,6 +16,12 @@ async fn get_status(http: &reqwest::Client, url: String) -> u16 {
     r.expect("get").status().as_u16()
 }
 
+/// Body of an authenticated GET.
+async fn get_json(http: &reqwest::Client, url: String) -> Value {
+    let r = http.get(url).bearer_auth("tok").send().await.expect("get");
+    r.json().await.expect("json body")
+}
+
 fn pod(name: &str, selector: Option<&str>) -> Value {
     let mut p = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}});
     if let Some(node) = selector {
@@ -158,26 +164,10 @@ async fn gc_persistence_auth_and_http_errors() {
     assert_eq!(dry.status().as_u16(), 201);
     assert_eq!(get_status(&http, format!("{cms}/dry")).await, 404);
     // Paging.
-    let page: Value = http
-        .get(format!("{cms}?&limit=1"))
-        .bearer_auth("tok")
-        .send()
-        .await
-        .expect("list")
-        .json()
-        .await
-        .expect("json");
+    let page: Value = get_json(&http, format!("{cms}?&limit=1")).await;
     assert_eq!(page["items"].as_array().map(Vec::len), Some(1));
     let token = page["metadata"]["continue"].as_str().expect("continue token");
-    let rest: Value = http
-        .get(format!("{cms}?limit=1&continue={token}"))
-        .bearer_auth("tok")
-        .send()
-        .await
-        .expect("list")
-        .json()
-        .await
-        .expect("json");
+    let rest: Value = get_json(&http, format!("{cms}?limit=1&continue={token}")).await;
     assert_eq!(rest["items"][0]["metadata"]["name"], "owner");
     // Unsupported field selector -> 400; unsupported method -> 405.
     assert_eq!(
