@@ -911,3 +911,76 @@ fn page_href(req: &Request<'_>, marker: &str, previous: bool) -> String {
 fn tag_target<'s>(store: &'s mut Store, res: Resource, id: &str) -> ApiResult<&'s mut crate::store::Std> {
     store.tags_mut(res, id).map_err(|_| ApiError::internal())
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn query(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn tag_filters_combine_like_neutron() {
+        let items = [
+            json!({"id": "a", "tags": ["x", "y"]}),
+            json!({"id": "b", "tags": ["x"]}),
+            json!({"id": "c", "tags": ["z"]}),
+            json!({"id": "d", "tags": []}),
+        ];
+        let matching = |q: &[(&str, &str)]| -> Vec<String> {
+            let q = query(q);
+            let Ok(pred) = filter_for(Resource::Port, &q) else {
+                panic!("valid query {q:?}");
+            };
+            items
+                .iter()
+                .filter(|i| pred(i))
+                .filter_map(|i| i["id"].as_str().map(String::from))
+                .collect()
+        };
+        assert_eq!(matching(&[("tags", "x,y")]), ["a"], "tags: all of them");
+        assert_eq!(
+            matching(&[("tags", "x"), ("tags", "y")]),
+            ["a"],
+            "repeated parameters add up"
+        );
+        assert_eq!(matching(&[("tags-any", "y,z")]), ["a", "c"]);
+        assert_eq!(
+            matching(&[("not-tags", "x,y")]),
+            ["b", "c", "d"],
+            "not all of them"
+        );
+        assert_eq!(matching(&[("not-tags-any", "x")]), ["c", "d"]);
+        assert_eq!(matching(&[("tags", "x"), ("not-tags-any", "y")]), ["b"]);
+        assert_eq!(
+            matching(&[("fields", "id"), ("limit", "2")]),
+            ["a", "b", "c", "d"],
+            "list controls are no filters"
+        );
+    }
+
+    #[test]
+    fn unknown_filter_attributes_are_refused() {
+        let refused = |res: Resource, key: &str| {
+            let q = query(&[(key, "v")]);
+            filter_for(res, &q).err().map(|e| e.message)
+        };
+        assert_eq!(
+            refused(Resource::Port, "bogus").as_deref(),
+            Some("['bogus'] is invalid attribute for filtering")
+        );
+        assert_eq!(refused(Resource::Port, "name"), None);
+        assert_eq!(refused(Resource::Port, "binding:host_id"), None);
+        assert!(
+            refused(Resource::SecurityGroupRule, "name").is_some(),
+            "rules have no name"
+        );
+        assert_eq!(refused(Resource::SecurityGroupRule, "remote_group_id"), None);
+    }
+}

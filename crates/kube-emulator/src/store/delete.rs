@@ -184,7 +184,7 @@ impl State {
         Some(meta_str(obj, "deletionTimestamp").is_some())
     }
 
-    pub(super) fn delete_namespace(
+    fn delete_namespace(
         &mut self,
         def: &ResourceDef,
         name: &str,
@@ -229,7 +229,7 @@ impl State {
     }
 
     /// Removes a terminating namespace once nothing is left in it.
-    pub(super) fn finalize_namespace(&mut self, ns: &str, store: &Store) -> Option<Arc<Value>> {
+    fn finalize_namespace(&mut self, ns: &str, store: &Store) -> Option<Arc<Value>> {
         let cur = self
             .objects
             .get("namespaces")?

@@ -9,12 +9,12 @@ use super::{ListOpts, ListPage, Store};
 use crate::error::{ApiError, ApiResult};
 use crate::resources::ResourceDef;
 
-pub(super) fn encode_continue(ns: &str, name: &str, rv: u64) -> String {
+fn encode_continue(ns: &str, name: &str, rv: u64) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD
         .encode(json!({"ns": ns, "name": name, "rv": rv}).to_string())
 }
 
-pub(super) fn decode_continue(token: &str) -> ApiResult<(String, String)> {
+fn decode_continue(token: &str) -> ApiResult<(String, String)> {
     let bad = || ApiError::bad_request(format!("continue key is not valid: {token:?}"));
     let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(token)

@@ -58,7 +58,7 @@ pub(super) fn check_body_identity(
 }
 
 /// Everything except metadata (and status when it is a subresource): what `generation` tracks.
-pub(super) fn spec_part(def: &ResourceDef, obj: &Value) -> Value {
+fn spec_part(def: &ResourceDef, obj: &Value) -> Value {
     let mut v = obj.clone();
     if let Value::Object(m) = &mut v {
         m.remove("metadata");
@@ -71,7 +71,7 @@ pub(super) fn spec_part(def: &ResourceDef, obj: &Value) -> Value {
 
 /// Equality for no-op detection: resourceVersion and managedFields timestamps do not count
 /// (a change of field ownership does, as on the real server).
-pub(super) fn same_content(a: &Value, b: &Value) -> bool {
+fn same_content(a: &Value, b: &Value) -> bool {
     let strip = |v: &Value| {
         let mut v = v.clone();
         if let Some(Value::Object(m)) = v.get_mut("metadata") {
@@ -89,7 +89,7 @@ pub(super) fn same_content(a: &Value, b: &Value) -> bool {
     strip(a) == strip(b)
 }
 
-pub(super) fn valid_dns_subdomain(name: &str) -> bool {
+fn valid_dns_subdomain(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
         && name
@@ -99,7 +99,7 @@ pub(super) fn valid_dns_subdomain(name: &str) -> bool {
         && name.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
-pub(super) fn random_suffix() -> String {
+fn random_suffix() -> String {
     uuid::Uuid::new_v4()
         .simple()
         .to_string()
@@ -109,7 +109,7 @@ pub(super) fn random_suffix() -> String {
         .collect()
 }
 
-pub(super) fn crd_status(crd: &Value) -> Value {
+fn crd_status(crd: &Value) -> Value {
     let t = now();
     let storage: Vec<Value> = crd
         .pointer("/spec/versions")
@@ -208,12 +208,7 @@ impl Store {
 
 impl State {
     /// Validation and defaulting shared by create and update; returns warnings.
-    pub(super) fn admit(
-        &self,
-        def: &ResourceDef,
-        obj: &mut Value,
-        opts: &WriteOpts,
-    ) -> ApiResult<Vec<String>> {
+    fn admit(&self, def: &ResourceDef, obj: &mut Value, opts: &WriteOpts) -> ApiResult<Vec<String>> {
         let name = meta_str(obj, "name").unwrap_or_default().to_string();
         let invalid = |causes| ApiError::invalid(&def.group, &def.kind, &def.plural, &name, causes);
         let mut warnings = Vec::new();

@@ -147,7 +147,7 @@ pub(super) async fn filter_fixed_ip_subnet(ctx: &Ctx) -> anyhow::Result<()> {
 }
 
 /// Ports tagged [x,y], [x], [z].
-pub(super) async fn tagged_trio(ctx: &Ctx, cidr: &str) -> anyhow::Result<(Port, Port, Port)> {
+async fn tagged_trio(ctx: &Ctx, cidr: &str) -> anyhow::Result<(Port, Port, Port)> {
     let (net, _) = ctx.network(cidr).await?;
     let with = |t: &[&str]| PortCreate {
         tags: t.iter().map(|s| (*s).to_owned()).collect(),

@@ -112,7 +112,7 @@ pub(super) async fn trunk_get_missing_is_trunk_not_found(ctx: &Ctx) -> anyhow::R
 }
 
 /// A trunk named `vm-trunk` on `parent`, without subports.
-pub(super) async fn new_trunk(ctx: &Ctx, parent: &Port) -> anyhow::Result<kuryr_neutron::Trunk> {
+async fn new_trunk(ctx: &Ctx, parent: &Port) -> anyhow::Result<kuryr_neutron::Trunk> {
     Ok(ctx
         .client
         .create_trunk(&TrunkCreate {

@@ -34,7 +34,7 @@ pub(super) struct AddrCtx<'a> {
 }
 
 /// Modified EUI-64 interface identifier (RFC 4291): fa:16:3e:16:e6:e0 -> f816:3eff:fe16:e6e0.
-pub(super) fn eui64_interface_id(mac: &str) -> u128 {
+fn eui64_interface_id(mac: &str) -> u128 {
     let b: Vec<u128> = mac
         .split(':')
         .map(|p| u128::from(u8::from_str_radix(p, 16).unwrap_or(0)))
@@ -64,9 +64,8 @@ impl Store {
         }
     }
 
-    /// Allocates the requested fixed IPs (or the defaults) for a port on `network_id`. On error everything taken here
-    /// is released again.
-    /// MAC and addresses of one port being created; nothing stays taken on error.
+    /// The MAC and the requested (or default) fixed IPs of a port being created on `network_id`; nothing stays
+    /// taken on error.
     pub(super) fn allocate_port(&mut self, obj: &Obj, network_id: &str) -> ApiResult<(String, Vec<FixedIp>)> {
         let mac = match input::opt_str(obj, "mac_address")? {
             Some(m) => {
@@ -125,7 +124,7 @@ impl Store {
     }
 
     /// The EUI-64 address of `mac` on an address-autoconfiguration (SLAAC / DHCPv6-stateless) subnet.
-    pub(super) fn take_auto_address(
+    fn take_auto_address(
         &mut self,
         sid: &str,
         mac: &str,
@@ -151,7 +150,7 @@ impl Store {
         Ok(())
     }
 
-    pub(super) fn allocate_ips_inner(
+    fn allocate_ips_inner(
         &mut self,
         network_id: &str,
         requested: Option<&[Value]>,

@@ -25,7 +25,7 @@ impl Binding {
 }
 
 impl Store {
-    pub(super) fn host_binds(&self, host: &str) -> bool {
+    fn host_binds(&self, host: &str) -> bool {
         !host.is_empty()
             && match &self.agent_hosts {
                 AgentHosts::Any => true,
@@ -125,7 +125,7 @@ impl Store {
         }
     }
 
-    pub(super) fn bind_subport(&mut self, port_id: &str, host: &str) {
+    fn bind_subport(&mut self, port_id: &str, host: &str) {
         if let Some(p) = self.ports.get_mut(port_id) {
             p.device_owner = TRUNK_SUBPORT_OWNER.into();
             if p.host != host {

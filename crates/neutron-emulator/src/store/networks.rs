@@ -35,7 +35,7 @@ pub struct Network {
     pub subnets: Vec<String>,
 }
 
-pub(super) fn clamp(v: u128) -> u64 {
+fn clamp(v: u128) -> u64 {
     u64::try_from(v).unwrap_or(u64::MAX)
 }
 
@@ -102,7 +102,7 @@ impl Store {
 
     /// The network's segment from the `provider:*` attributes, validated like ML2's type drivers (flat on any
     /// physnet, VLAN on [`VLAN_RANGES`], VXLAN); without them a tenant VXLAN network.
-    pub(super) fn provider_segment(&self, obj: &Obj) -> ApiResult<(String, Option<String>, Option<u32>)> {
+    fn provider_segment(&self, obj: &Obj) -> ApiResult<(String, Option<String>, Option<u32>)> {
         let net_type = input::opt_str(obj, "provider:network_type")?;
         let physnet = input::opt_str(obj, "provider:physical_network")?.filter(|p| !p.is_empty());
         let seg = input::opt_int(obj, "provider:segmentation_id")?;

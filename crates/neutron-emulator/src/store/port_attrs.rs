@@ -23,7 +23,7 @@ pub(super) fn validate_mac(mac: &str) -> ApiResult<()> {
 }
 
 /// Python-style repr of a flat JSON object, as neutron puts request fragments into messages.
-pub(super) fn py_repr(v: &Value) -> String {
+fn py_repr(v: &Value) -> String {
     match v {
         Value::Object(o) => {
             let items: Vec<String> = o.iter().map(|(k, v)| format!("'{k}': {}", py_repr(v))).collect();
@@ -110,7 +110,7 @@ pub(super) fn aap_needs_port_security() -> ApiError {
     )
 }
 
-pub(super) const VNIC_TYPES: [&str; 11] = [
+const VNIC_TYPES: [&str; 11] = [
     "normal",
     "direct",
     "macvtap",

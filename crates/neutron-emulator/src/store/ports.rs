@@ -56,7 +56,7 @@ pub struct Port {
 }
 
 impl Store {
-    pub(super) fn validate_sgs(&self, sgs: &[String]) -> ApiResult<()> {
+    fn validate_sgs(&self, sgs: &[String]) -> ApiResult<()> {
         for sg in sgs {
             if !self.security_groups.contains_key(sg) {
                 return Err(ApiError::resource_not_found(Resource::SecurityGroup, sg));
@@ -65,7 +65,7 @@ impl Store {
         Ok(())
     }
 
-    /// Creates one or many ports atomically. `bulk` only changes how the caller wraps the answer.
+    /// Creates one or many ports atomically: all of them or none (the caller wraps the answer as one or a bulk).
     pub fn create_ports(&mut self, items: &[&Obj]) -> ApiResult<Vec<String>> {
         // Validate everything first (no state change).
         struct Spec<'a> {
@@ -148,8 +148,8 @@ impl Store {
         for (project, n) in &per_project {
             self.check_quota(project, "port", *n)?;
         }
-        // Allocate addresses; undo all of this request's allocations on the first failure.
-        // MACs first: SLAAC addresses derive from them. Everything taken here is given back on failure.
+        // MACs and addresses (SLAAC addresses derive from the MAC); on the first failure everything this request
+        // took is given back.
         let mut allocations: Vec<(String, Vec<FixedIp>)> = Vec::with_capacity(specs.len());
         for s in &specs {
             let result = self.allocate_port(s.obj, &s.network_id);

@@ -205,7 +205,7 @@ impl Store {
         Ok(self.router_interface_info(id, &port_id))
     }
 
-    pub(super) fn router_port_on_subnet(&self, router: &str, subnet: &str) -> Option<String> {
+    fn router_port_on_subnet(&self, router: &str, subnet: &str) -> Option<String> {
         self.ports
             .values()
             .find(|p| {
@@ -216,7 +216,7 @@ impl Store {
             .map(|p| p.std.id.clone())
     }
 
-    pub(super) fn router_interface_info(&self, router: &str, port_id: &str) -> Value {
+    fn router_interface_info(&self, router: &str, port_id: &str) -> Value {
         let p = self.ports.get(port_id);
         let subnet_ids: Vec<String> = p
             .map(|p| p.fixed_ips.iter().map(|f| f.subnet_id.clone()).collect())

@@ -75,7 +75,7 @@ impl Store {
         id
     }
 
-    pub(super) fn new_rule(
+    fn new_rule(
         &mut self,
         project: &str,
         sg: &str,

@@ -35,7 +35,7 @@ impl Subnet {
     }
 }
 
-pub(super) fn ipv6_mode(obj: &Obj, key: &str) -> ApiResult<Value> {
+fn ipv6_mode(obj: &Obj, key: &str) -> ApiResult<Value> {
     match input::opt_str(obj, key)? {
         None => Ok(Value::Null),
         Some(m) if ["slaac", "dhcpv6-stateful", "dhcpv6-stateless"].contains(&m.as_str()) => Ok(json!(m)),

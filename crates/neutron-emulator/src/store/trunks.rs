@@ -28,12 +28,7 @@ pub fn render_subport(s: &SubPort) -> Value {
 }
 
 impl Store {
-    pub(super) fn parse_subports(
-        &self,
-        obj: &Obj,
-        key: &str,
-        need_segmentation: bool,
-    ) -> ApiResult<Vec<SubPort>> {
+    fn parse_subports(&self, obj: &Obj, key: &str, need_segmentation: bool) -> ApiResult<Vec<SubPort>> {
         let items = input::opt_list(obj, key)?.unwrap_or_default();
         let mut out = Vec::with_capacity(items.len());
         for item in items {
@@ -90,12 +85,7 @@ impl Store {
     }
 
     /// Validates subports to add to `trunk_id` (or to a trunk being created on `parent`).
-    pub(super) fn validate_new_subports(
-        &self,
-        trunk_id: &str,
-        existing: &[SubPort],
-        new: &[SubPort],
-    ) -> ApiResult<()> {
+    fn validate_new_subports(&self, trunk_id: &str, existing: &[SubPort], new: &[SubPort]) -> ApiResult<()> {
         let mut seen_ids: Vec<u32> = existing.iter().map(|s| s.segmentation_id).collect();
         let mut seen_ports: Vec<&str> = Vec::new();
         for sp in new {
@@ -223,7 +213,7 @@ impl Store {
         Ok(())
     }
 
-    pub(super) fn release_subport(&mut self, port_id: &str) {
+    fn release_subport(&mut self, port_id: &str) {
         if let Some(p) = self.ports.get_mut(port_id)
             && p.device_owner == TRUNK_SUBPORT_OWNER
         {
