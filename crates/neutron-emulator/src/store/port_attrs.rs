@@ -1,5 +1,6 @@
 //! Validation and normalisation of port attributes that need more than a type check.
 
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::error::{ApiError, ApiResult};
@@ -34,10 +35,18 @@ fn py_repr(v: &Value) -> String {
     }
 }
 
+/// One allowed address pair; ordered by MAC, then address, as the real server stores them.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct AddressPair {
+    pub mac_address: String,
+    /// An address or a CIDR.
+    pub ip_address: String,
+}
+
 /// Validates allowed address pairs; a pair without `mac_address` gets the port's MAC, and the list comes back in
-/// the order the real server stores it (by MAC, then address).
-pub(super) fn normalize_aap(items: &[Value], port_mac: &str) -> ApiResult<Value> {
-    let mut out: Vec<(String, String)> = Vec::with_capacity(items.len());
+/// the order the real server stores it.
+pub(super) fn normalize_aap(items: &[Value], port_mac: &str) -> ApiResult<Vec<AddressPair>> {
+    let mut out: Vec<AddressPair> = Vec::with_capacity(items.len());
     for item in items {
         let Value::Object(o) = item else {
             return Err(ApiError::invalid_attr(
@@ -70,15 +79,14 @@ pub(super) fn normalize_aap(items: &[Value], port_mac: &str) -> ApiResult<Value>
                 ));
             }
         };
-        out.push((mac, ip));
+        out.push(AddressPair {
+            mac_address: mac,
+            ip_address: ip,
+        });
     }
     out.sort();
     out.dedup();
-    Ok(Value::Array(
-        out.into_iter()
-            .map(|(m, i)| json!({"mac_address": m, "ip_address": i}))
-            .collect(),
-    ))
+    Ok(out)
 }
 
 /// Validates extra DHCP options and fills `ip_version` (4 unless given).

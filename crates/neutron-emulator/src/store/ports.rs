@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use super::addresses::AddrCtx;
 use super::port_attrs::{
-    aap_needs_port_security, normalize_aap, normalize_dhcp_opts, validate_mac, vnic_type,
+    AddressPair, aap_needs_port_security, normalize_aap, normalize_dhcp_opts, validate_mac, vnic_type,
 };
 use super::{
     Activation, Binding, FixedIp, ROUTER_INTERFACE_OWNER, Std, StdUpdate, Store, check_revision, create_tags,
@@ -49,7 +49,7 @@ pub struct Port {
     pub vnic_type: String,
     pub profile: Value,
     pub host: String,
-    pub allowed_address_pairs: Value,
+    pub allowed_address_pairs: Vec<AddressPair>,
     pub extra_dhcp_opts: Value,
     /// Bumped on every binding change so a stale activation timer does nothing.
     pub bind_gen: u64,
@@ -183,7 +183,7 @@ impl Store {
             let host = input::opt_str(obj, "binding:host_id")?.unwrap_or_default();
             let allowed_address_pairs = match input::opt_list(obj, "allowed_address_pairs")? {
                 Some(a) => normalize_aap(&a, &mac)?,
-                None => json!([]),
+                None => Vec::new(),
             };
             let extra_dhcp_opts = match input::opt_list(obj, "extra_dhcp_opts")? {
                 Some(o) => normalize_dhcp_opts(&o)?,
@@ -275,13 +275,7 @@ impl Store {
             Some(o) => Some(normalize_dhcp_opts(&o)?),
             None => None,
         };
-        let final_aap_nonempty = match &aap {
-            Some(a) => a.as_array().is_some_and(|a| !a.is_empty()),
-            None => port
-                .allowed_address_pairs
-                .as_array()
-                .is_some_and(|a| !a.is_empty()),
-        };
+        let final_aap_nonempty = !aap.as_ref().unwrap_or(&port.allowed_address_pairs).is_empty();
         if !input::opt_bool(obj, "port_security_enabled")?.unwrap_or(port.port_security_enabled)
             && final_aap_nonempty
         {
@@ -477,7 +471,7 @@ impl Store {
             ("device_id", json!(p.device_id)),
             ("device_owner", json!(p.device_owner)),
             ("fixed_ips", json!(fixed)),
-            ("allowed_address_pairs", p.allowed_address_pairs.clone()),
+            ("allowed_address_pairs", json!(p.allowed_address_pairs)),
             ("extra_dhcp_opts", p.extra_dhcp_opts.clone()),
             ("security_groups", json!(p.security_groups)),
             ("binding:vnic_type", json!(p.vnic_type)),

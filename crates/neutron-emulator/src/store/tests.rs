@@ -403,3 +403,43 @@ fn security_group_rules_are_unique_and_groups_in_use_stay() {
         "rules go with the group"
     );
 }
+
+#[test]
+fn address_pairs_default_to_the_port_mac_and_need_port_security() {
+    let mut store = Store::new(AgentHosts::Any);
+    let (net, _) = network(&mut store, "10.0.12.0/24");
+    let id = create_port(&mut store, port_req(&net)).expect("port");
+    let mac = store.ports[&id].mac.clone();
+    let v = store
+        .update_port(
+            &id,
+            &json!({"port": {"allowed_address_pairs": [
+                {"ip_address": "10.0.12.200"},
+                {"ip_address": "10.0.12.0/28", "mac_address": "FA:16:3E:00:00:01"},
+                {"ip_address": "10.0.12.200"}]}}),
+            None,
+        )
+        .expect("pairs");
+    assert_eq!(
+        v["allowed_address_pairs"],
+        json!([{"mac_address": "fa:16:3e:00:00:01", "ip_address": "10.0.12.0/28"},
+               {"mac_address": mac, "ip_address": "10.0.12.200"}]),
+        "sorted by MAC, duplicates dropped"
+    );
+    let e = store
+        .update_port(
+            &id,
+            &json!({"port": {"port_security_enabled": false, "security_groups": []}}),
+            None,
+        )
+        .expect_err("pairs need port security");
+    assert_eq!(e.kind, "AddressPairAndPortSecurityRequired");
+    let e = store
+        .update_port(
+            &id,
+            &json!({"port": {"allowed_address_pairs": [{"mac_address": mac}]}}),
+            None,
+        )
+        .expect_err("no ip_address");
+    assert_eq!(e.kind, "AllowedAddressPairsMissingIP");
+}
