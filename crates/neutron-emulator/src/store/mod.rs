@@ -23,7 +23,7 @@ mod trunks;
 pub use addresses::FixedIp;
 pub use binding::Binding;
 pub use networks::Network;
-pub use port_attrs::AddressPair;
+pub use port_attrs::{AddressPair, DhcpOpt};
 pub use ports::Port;
 pub use quota::QUOTA_DEFAULTS;
 pub use routers::Router;

@@ -1,7 +1,7 @@
 //! Validation and normalisation of port attributes that need more than a type check.
 
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::error::{ApiError, ApiResult};
 use crate::input::{self, Obj};
@@ -89,26 +89,39 @@ pub(super) fn normalize_aap(items: &[Value], port_mac: &str) -> ApiResult<Vec<Ad
     Ok(out)
 }
 
+/// One extra DHCP option of a port.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DhcpOpt {
+    pub opt_name: String,
+    /// As the request gave it.
+    pub opt_value: Value,
+    pub ip_version: i64,
+}
+
 /// Validates extra DHCP options and fills `ip_version` (4 unless given).
-pub(super) fn normalize_dhcp_opts(items: &[Value]) -> ApiResult<Value> {
+pub(super) fn normalize_dhcp_opts(items: &[Value]) -> ApiResult<Vec<DhcpOpt>> {
     let mut out = Vec::with_capacity(items.len());
     for item in items {
-        let ok = item.get("opt_name").is_some_and(Value::is_string) && item.get("opt_value").is_some();
-        if !ok {
+        let (Some(name), Some(value)) = (
+            item.get("opt_name").and_then(Value::as_str),
+            item.get("opt_value"),
+        ) else {
             return Err(ApiError::invalid_input(format!(
                 "No valid key specs matched for: {}",
                 py_repr(item)
             )));
-        }
-        let version = match item.get("ip_version") {
+        };
+        let ip_version = match item.get("ip_version") {
             None | Some(Value::Null) => 4,
             Some(v) => input::to_int("ip_version", v)?,
         };
-        out.push(
-            json!({"opt_name": item["opt_name"], "opt_value": item["opt_value"], "ip_version": version}),
-        );
+        out.push(DhcpOpt {
+            opt_name: name.to_string(),
+            opt_value: value.clone(),
+            ip_version,
+        });
     }
-    Ok(Value::Array(out))
+    Ok(out)
 }
 
 pub(super) fn aap_needs_port_security() -> ApiError {

@@ -6,7 +6,8 @@ use serde_json::{Value, json};
 
 use super::addresses::AddrCtx;
 use super::port_attrs::{
-    AddressPair, aap_needs_port_security, normalize_aap, normalize_dhcp_opts, validate_mac, vnic_type,
+    AddressPair, DhcpOpt, aap_needs_port_security, normalize_aap, normalize_dhcp_opts, validate_mac,
+    vnic_type,
 };
 use super::{
     Activation, Binding, FixedIp, ROUTER_INTERFACE_OWNER, Std, StdUpdate, Store, check_revision, create_tags,
@@ -50,7 +51,7 @@ pub struct Port {
     pub profile: Value,
     pub host: String,
     pub allowed_address_pairs: Vec<AddressPair>,
-    pub extra_dhcp_opts: Value,
+    pub extra_dhcp_opts: Vec<DhcpOpt>,
     /// Bumped on every binding change so a stale activation timer does nothing.
     pub bind_gen: u64,
 }
@@ -187,7 +188,7 @@ impl Store {
             };
             let extra_dhcp_opts = match input::opt_list(obj, "extra_dhcp_opts")? {
                 Some(o) => normalize_dhcp_opts(&o)?,
-                None => json!([]),
+                None => Vec::new(),
             };
             let mut port = Port {
                 network_id: s.network_id,
@@ -472,7 +473,7 @@ impl Store {
             ("device_owner", json!(p.device_owner)),
             ("fixed_ips", json!(fixed)),
             ("allowed_address_pairs", json!(p.allowed_address_pairs)),
-            ("extra_dhcp_opts", p.extra_dhcp_opts.clone()),
+            ("extra_dhcp_opts", json!(p.extra_dhcp_opts)),
             ("security_groups", json!(p.security_groups)),
             ("binding:vnic_type", json!(p.vnic_type)),
             ("binding:profile", p.profile.clone()),

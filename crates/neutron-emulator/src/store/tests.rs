@@ -443,3 +443,30 @@ fn address_pairs_default_to_the_port_mac_and_need_port_security() {
         .expect_err("no ip_address");
     assert_eq!(e.kind, "AllowedAddressPairsMissingIP");
 }
+
+#[test]
+fn extra_dhcp_opts_get_an_ip_version_and_need_a_value() {
+    let mut store = Store::new(AgentHosts::Any);
+    let (net, _) = network(&mut store, "10.0.13.0/24");
+    let mut req = port_req(&net);
+    req.insert(
+        "extra_dhcp_opts".into(),
+        json!([{"opt_name": "mtu", "opt_value": "1400"}, {"opt_name": "dns-server", "opt_value": "::1", "ip_version": 6}]),
+    );
+    let id = create_port(&mut store, req).expect("port");
+    assert_eq!(
+        store.render_port(&id)["extra_dhcp_opts"],
+        json!([{"opt_name": "mtu", "opt_value": "1400", "ip_version": 4},
+               {"opt_name": "dns-server", "opt_value": "::1", "ip_version": 6}])
+    );
+    let mut bad = port_req(&net);
+    bad.insert("extra_dhcp_opts".into(), json!([{"opt_name": "mtu"}]));
+    let e = create_port(&mut store, bad).expect_err("no opt_value");
+    assert_eq!(
+        (e.kind.as_str(), e.message.as_str()),
+        (
+            "InvalidInput",
+            "Invalid input for operation: No valid key specs matched for: {'opt_name': 'mtu'}."
+        )
+    );
+}
