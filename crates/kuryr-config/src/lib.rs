@@ -23,6 +23,7 @@
 pub mod error;
 pub mod ini;
 pub mod sections;
+pub mod sriov;
 pub mod value;
 
 use std::collections::BTreeSet;
@@ -32,6 +33,7 @@ use std::path::Path;
 pub use error::{ConfigError, InvalidValue, MissingOption, Warning};
 pub use ini::{DEFAULT_SECTION, Ini, IniValue, Origin};
 pub use sections::*;
+pub use sriov::{OPAQUE_RESOURCE_PREFIX, PhysicalDeviceMappings};
 pub use value::{OptionValue, ScalarValue, Secret};
 
 /// Prefix of the section name of extra OpenStack deployments: `[deployment:<name>]`.

@@ -7,6 +7,7 @@ use std::num::NonZeroU32;
 
 use crate::error::InvalidValue;
 use crate::ini::Ini;
+use crate::sriov::PhysicalDeviceMappings;
 use crate::value::{OptionValue, Secret, choice_enum};
 
 /// Declares a section struct: one line per option, `name: Type = default`.
@@ -481,7 +482,8 @@ config_section! {
         kubelet_root_dir: String = s("/var/lib/kubelet"),
         enable_pod_resource_service: bool = false,
         default_physnet_subnets: BTreeMap<String, String> = BTreeMap::new(),
-        physical_device_mappings: Vec<String> = Vec::new(),
+        /// Checked on load (`physnet:interface` entries).
+        physical_device_mappings: PhysicalDeviceMappings = PhysicalDeviceMappings::default(),
         physnet_resource_mappings: BTreeMap<String, String> = BTreeMap::new(),
         device_plugin_resource_prefix: String = s("intel.com"),
         resource_driver_mappings: BTreeMap<String, String> = BTreeMap::new(),

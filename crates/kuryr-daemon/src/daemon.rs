@@ -13,7 +13,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::api::{CniParams, DaemonError};
-use crate::binding::{BindingConfig, Drivers, PlugSpec, PlugTarget};
+use crate::binding::{BindingConfig, BindingDrivers, PlugSpec, PlugTarget};
 use crate::metrics::Metrics;
 use crate::netlink::{NetNs, Netlink};
 use crate::registry::{Attachment, Entry, PodKey, Registry, Wait};
@@ -87,19 +87,9 @@ impl DaemonConfig {
         out.binding.ovs_timeout_secs = u32::try_from(cfg.cni_daemon.pyroute2_timeout).unwrap_or(u32::MAX);
         out.binding.ovs_db = cfg.binding.ovs_db.clone().filter(|s| !s.is_empty());
         out.binding.ovs_datapath_type = cfg.binding.ovs_datapath_type.as_str().to_string();
-        out.binding.ovs_plug = match cfg.binding.ovs_plug_mode {
-            kuryr_config::OvsPlugMode::Ovs => crate::binding::OvsPlugMode::OpenVSwitch,
-            kuryr_config::OvsPlugMode::LinuxBridge => crate::binding::OvsPlugMode::LinuxBridge,
-        };
-        match crate::binding::SriovConfig::parse_mappings(&cfg.sriov.physical_device_mappings) {
-            Ok(m) => out.binding.sriov.physnet_pfs = m,
-            // Only SR-IOV ADDs depend on it: they fail naming the physnet.
-            Err(e) => tracing::error!(error = %e, "ignoring [sriov] physical_device_mappings"),
-        }
-        out.binding.sriov.enable_pod_resource_service = cfg.sriov.enable_pod_resource_service;
-        out.binding.sriov.kubelet_root_dir = PathBuf::from(&cfg.sriov.kubelet_root_dir);
-        out.binding.sriov.physnet_resource_mappings = cfg.sriov.physnet_resource_mappings.clone();
-        out.binding.sriov.device_plugin_resource_prefix = cfg.sriov.device_plugin_resource_prefix.clone();
+        out.binding.ovs_plug = cfg.binding.ovs_plug_mode;
+        // Checked when kuryr.conf loaded: a bad mapping never gets this far.
+        out.binding.sriov.options = cfg.sriov.clone();
         out
     }
 }
@@ -135,7 +125,7 @@ pub struct Daemon {
     pub config: DaemonConfig,
     pub registry: Arc<Registry>,
     pub metrics: Metrics,
-    drivers: Drivers,
+    drivers: BindingDrivers,
     state: Option<StateDir>,
     events: Arc<dyn PodEvents>,
     api: Arc<dyn ApiHealth>,
@@ -169,7 +159,7 @@ fn internal(e: impl std::fmt::Display) -> DaemonError {
 impl Daemon {
     pub fn new(config: DaemonConfig, events: Arc<dyn PodEvents>, api: Arc<dyn ApiHealth>) -> Arc<Self> {
         Arc::new(Self {
-            drivers: Drivers::new(&config.binding),
+            drivers: BindingDrivers::new(&config.binding),
             state: config.state_dir.clone().map(StateDir::new),
             config,
             registry: Arc::new(Registry::new()),
@@ -733,10 +723,18 @@ mod tests {
         assert_eq!(c.metrics_address.port(), 9655);
         assert_eq!(c.binding.link_iface.as_deref(), Some("ens4"));
         assert_eq!(c.binding.ovs_bridge, "br-int");
-        assert_eq!(c.binding.ovs_plug, crate::binding::OvsPlugMode::OpenVSwitch);
-        k.sriov.physical_device_mappings = vec!["physnet1:ens1f0".into(), "physnet1:ens1f1".into()];
+        assert_eq!(c.binding.ovs_plug, kuryr_config::OvsPlugMode::Ovs);
+        let k = kuryr_config::KuryrConfig::from_ini_str(
+            "[sriov]\nphysical_device_mappings = physnet1:ens1f0,physnet1:ens1f1\nkubelet_root_dir = /k\n",
+        )
+        .expect("loads")
+        .config;
         let c = DaemonConfig::from_kuryr_config(&k, "n1");
-        assert_eq!(c.binding.sriov.physnet_pfs["physnet1"], vec!["ens1f0", "ens1f1"]);
+        assert_eq!(
+            c.binding.sriov.options.pfs_of_physnet("physnet1"),
+            Some(&["ens1f0".to_string(), "ens1f1".to_string()][..])
+        );
+        assert_eq!(c.binding.sriov.options.kubelet_root_dir, "/k");
         assert_eq!(
             DaemonConfig::from_kuryr_config(&kuryr_config::KuryrConfig::default(), "n")
                 .binding
@@ -754,7 +752,7 @@ mod tests {
         let c = DaemonConfig::from_kuryr_config(&k, "n1");
         assert_eq!(c.binding.ovs_db.as_deref(), Some("unix:/run/ovs/db.sock"));
         assert_eq!(c.binding.ovs_datapath_type, "netdev");
-        assert_eq!(c.binding.ovs_plug, crate::binding::OvsPlugMode::LinuxBridge);
+        assert_eq!(c.binding.ovs_plug, kuryr_config::OvsPlugMode::LinuxBridge);
         let bad = kuryr_config::KuryrConfig::from_ini_str("[binding]\novs_plug_mode = vpp\n");
         assert!(bad.is_err_and(|e| e.to_string().contains("ovs_plug_mode")));
     }

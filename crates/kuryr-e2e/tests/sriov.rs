@@ -20,7 +20,7 @@ use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
 use kuryr_daemon::binding::{
-    BindingConfig, Drivers, PlugKind, PlugSpec, PlugTarget, SriovConfig, find_free_vf, sriov_capable_pfs,
+    BindingConfig, BindingDrivers, PlugKind, PlugSpec, PlugTarget, SriovConfig, find_free_vf, sriov_capable_pfs,
 };
 use kuryr_daemon::netlink::NetNs;
 use serde_json::json;
@@ -47,12 +47,16 @@ async fn sriov_vf_moves_into_the_pod_where_the_hardware_allows() -> Result<()> {
     };
     let config = BindingConfig {
         sriov: SriovConfig {
-            physnet_pfs: [("e2e-physnet".to_string(), pfs.clone())].into(),
+            options: kuryr_config::SriovSection {
+                physical_device_mappings: std::collections::BTreeMap::from([("e2e-physnet".to_string(), pfs.clone())])
+                    .into(),
+                ..Default::default()
+            },
             ..SriovConfig::default()
         },
         ..BindingConfig::default()
     };
-    let drivers = Drivers::new(&config);
+    let drivers = BindingDrivers::new(&config);
     let pod = Ns::new("kvf")?;
     let netns = NetNs::open(&pod.path())?;
     let spec = PlugSpec {
