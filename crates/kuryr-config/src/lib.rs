@@ -58,7 +58,8 @@ macro_rules! kuryr_config {
         #[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
         pub struct KuryrConfig {
             $( $(#[$meta])* pub $field: $ty, )+
-            /// `[deployment:<name>]` sections in declaration order (seed 001); see
+            /// `[deployment:<name>]` sections in declaration order (see
+            /// `docs/architecture.md#several-openstack-deployments`); see
             /// [`KuryrConfig::deployments`] for all deployments including `[neutron]`.
             pub extra_deployments: Vec<(String, NeutronAuthSection)>,
         }

@@ -1,10 +1,10 @@
-//! SR-IOV in the daemon (issue 7): the controller asks Neutron for a `direct`
+//! SR-IOV in the daemon: the controller asks Neutron for a `direct`
 //! port on the physnet but cannot know which VF the device plugin gave the
 //! pod, so the daemon picks a free VF of the physnet's PFs
 //! (`[sriov] physical_device_mappings`) and moves it into the pod.
 //!
 //! The VF selection itself is unit-tested against a fake sysfs tree in
-//! `kuryr-daemon` (`binding::sriov::tests`). Here: the real VF move where the
+//! `kuryr-daemon` (`binding::sriov::allocation`). Here: the real VF move where the
 //! machine has SR-IOV NICs, and everywhere the full path up to the VF pick,
 //! which must fail cleanly (CNI error naming the physnet, nothing plugged)
 //! when the node has no VF for the physnet.
