@@ -148,6 +148,13 @@ pub enum BindingError {
     },
     #[error("ovs-vsctl {args}: {message}")]
     Ovs { args: String, message: String },
+    /// ovs-vsctl could not be run at all.
+    #[error("ovs-vsctl {args}: {source}")]
+    OvsExec {
+        args: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("check failed for {ifname}: {message}")]
     Check { ifname: String, message: String },
     #[error("invalid VIF: {field}: {message}")]
