@@ -179,8 +179,10 @@ mod tests {
 
     #[test]
     fn resources_map_both_ways_with_the_prefix() {
-        let mut s = SriovSection::default();
-        s.default_physnet_subnets = [("physnet2".to_string(), "sub-2".to_string())].into();
+        let mut s = SriovSection {
+            default_physnet_subnets: [("physnet2".to_string(), "sub-2".to_string())].into(),
+            ..SriovSection::default()
+        };
         // No resource mappings: resources are named after physnets.
         assert_eq!(
             s.resource_of_physnet("physnet1").as_deref(),
