@@ -4,7 +4,7 @@
 //!
 //! Requests are read from container `resources.requests` (or `limits`, which Kubernetes copies
 //! to requests for extended resources) in two forms:
-//! - `pod.alpha.kubernetes.io/opaque-int-resource-sriov-vf-<physnet>` (opaque integer resources)
+//! - `pod.alpha.kubernetes.io/opaque-int-resource-sriov-vf-<physnet>` (the original multi-VIF design's opaque integer resource)
 //! - device-plugin `<[sriov] device_plugin_resource_prefix>/<resource>`, the resource mapped to a
 //!   physnet by `[sriov] physnet_resource_mappings` (`physnet:resource`; without mappings the
 //!   resource is named after the physnet, as upstream).
