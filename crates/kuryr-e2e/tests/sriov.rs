@@ -20,7 +20,8 @@ use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
 use kuryr_daemon::binding::{
-    BindingConfig, BindingDrivers, PlugKind, PlugSpec, PlugTarget, SriovConfig, find_free_vf, sriov_capable_pfs,
+    BindingConfig, BindingDrivers, PlugKind, PlugSpec, PlugTarget, SriovConfig, find_free_vf,
+    sriov_capable_pfs,
 };
 use kuryr_daemon::netlink::NetNs;
 use serde_json::json;
@@ -48,8 +49,11 @@ async fn sriov_vf_moves_into_the_pod_where_the_hardware_allows() -> Result<()> {
     let config = BindingConfig {
         sriov: SriovConfig {
             options: kuryr_config::SriovSection {
-                physical_device_mappings: std::collections::BTreeMap::from([("e2e-physnet".to_string(), pfs.clone())])
-                    .into(),
+                physical_device_mappings: std::collections::BTreeMap::from([(
+                    "e2e-physnet".to_string(),
+                    pfs.clone(),
+                )])
+                .into(),
                 ..Default::default()
             },
             ..SriovConfig::default()

@@ -15,8 +15,8 @@ use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kuryr_config::KuryrConfig;
-use kuryr_daemon::DaemonConfig;
 use kuryr_config::OvsPlugMode;
+use kuryr_daemon::DaemonConfig;
 use kuryr_neutron::NeutronClient;
 use serde_json::{Value, json};
 

@@ -162,7 +162,13 @@ mod tests {
         }));
         let got = requested_vfs(&p, &m).unwrap();
         let want = BTreeMap::from([
-            ((format!("{}physnet2", kuryr_config::OPAQUE_RESOURCE_PREFIX), "physnet2".to_string()), 2),
+            (
+                (
+                    format!("{}physnet2", kuryr_config::OPAQUE_RESOURCE_PREFIX),
+                    "physnet2".to_string(),
+                ),
+                2,
+            ),
             (("intel.com/sriov_a".to_string(), "physnet3".to_string()), 1),
         ]);
         assert_eq!(got, want);
