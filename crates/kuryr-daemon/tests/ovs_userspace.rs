@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use common::*;
 use kuryr_crds::vif::{FixedIp, Network, PortProfile, Subnet, VifBase, VifOpenVSwitch};
 use kuryr_crds::{KuryrPort, KuryrPortSpec, KuryrPortStatus, KuryrPortVif, Vif};
-use kuryr_daemon::binding::{BindingConfig, BindingError, Drivers, PlugKind, PlugSpec, PlugTarget};
+use kuryr_daemon::binding::{BindingConfig, BindingDrivers, BindingError, PlugKind, PlugSpec, PlugTarget};
 use kuryr_daemon::netlink::{NetNs, Netlink};
 use kuryr_daemon::{ApiHealth, Daemon, DaemonConfig, NoEvents};
 use serde_json::{Value, json};
@@ -158,7 +158,7 @@ async fn two_pods_on_a_netdev_bridge_reach_each_other_and_teardown_cleans_up() {
         PlugTarget::new(&na, "pod-uid-a"),
         PlugTarget::new(&nb, "pod-uid-b"),
     );
-    let drivers = Drivers::new(&ovs_config(&db));
+    let drivers = BindingDrivers::new(&ovs_config(&db));
     let d = drivers.for_kind(&sa.kind);
     assert_eq!(d.name(), "neutron-vif/ovs");
     d.setup(&sa, &target_a).await.unwrap();
@@ -247,13 +247,13 @@ async fn teardown_collects_the_ovsdb_error_and_still_removes_the_veth() {
     );
     let ns = NetNs::open(&pod.path()).unwrap();
     let target = PlugTarget::new(&ns, "pod-uid-c");
-    let good = Drivers::new(&ovs_config(&db));
+    let good = BindingDrivers::new(&ovs_config(&db));
     good.for_kind(&s.kind).setup(&s, &target).await.unwrap();
 
     // The same driver pointed at a database that does not answer.
     let dead = tempfile::tempdir().unwrap();
     let dead_db = format!("unix:{}/db.sock", dead.path().display());
-    let broken = Drivers::new(&BindingConfig {
+    let broken = BindingDrivers::new(&BindingConfig {
         ovs_timeout_secs: 2,
         ..ovs_config(&dead_db)
     });
@@ -282,7 +282,7 @@ async fn unreachable_ovsdb_refuses_setup_without_leftovers() {
     let tap = unique("kovt");
     let _l = HostLink(tap.clone());
     let dead = tempfile::tempdir().unwrap();
-    let drivers = Drivers::new(&BindingConfig {
+    let drivers = BindingDrivers::new(&BindingConfig {
         ovs_timeout_secs: 2,
         ..ovs_config(&format!("unix:{}/db.sock", dead.path().display()))
     });

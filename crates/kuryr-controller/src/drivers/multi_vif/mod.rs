@@ -217,13 +217,13 @@ pub fn from_config(ctx: &Platform, subnets: &SubnetCache) -> Result<Vec<Arc<dyn 
             MultiVifName::NpwgMultipleInterfaces => out.push(Arc::new(npwg::NpwgMultipleInterfaces::new(
                 ctx.kube.clone(),
                 subnets.clone(),
-                sriov::PhysnetMap::from_config(&ctx.config.sriov),
+                ctx.config.sriov.clone(),
             ))),
             MultiVifName::Sriov => out.push(Arc::new(sriov::Sriov::new(&ctx.config.sriov, subnets.clone()))),
             MultiVifName::SpecificPorts => out.push(Arc::new(specific_ports::SpecificPorts::new(
                 ctx.deployments.clone(),
                 subnets.clone(),
-                sriov::PhysnetMap::from_config(&ctx.config.sriov),
+                ctx.config.sriov.clone(),
             ))),
         }
     }
