@@ -111,9 +111,11 @@ async fn list_show_populate_free_over_the_socket() {
                 tokio::spawn(async move { api::serve(m, &sock, stop).await })
             };
             // The socket appears once the server is bound.
-            eventually("the management socket", WAIT, || async { Ok(sock.exists().then_some(())) })
-                .await
-                .unwrap();
+            eventually("the management socket", WAIT, || async {
+                Ok(sock.exists().then_some(()))
+            })
+            .await
+            .unwrap();
 
             let pools = api::list_pools(&sock).await.unwrap();
             assert_eq!(pools.len(), 1);

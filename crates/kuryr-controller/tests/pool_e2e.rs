@@ -208,7 +208,9 @@ async fn idle_ports_above_min_expire_after_the_ttl() -> Result<()> {
         // the pool's clock), it must still be there.
         eventually("the spare port idle past the TTL", WAIT, || async {
             let p = settled_pool(&bed.socket, 1, 1).await?;
-            Ok(p.oldest_available_secs.is_some_and(|s| s >= TTL + 5).then_some(()))
+            Ok(p.oldest_available_secs
+                .is_some_and(|s| s >= TTL + 5)
+                .then_some(()))
         })
         .await?;
         assert_eq!(

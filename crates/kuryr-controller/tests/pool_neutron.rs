@@ -268,10 +268,14 @@ async fn ttl_shrinks_pool_back_to_min() {
             assert_eq!(d.maintain().await, 0, "nothing idle for the TTL yet");
             // Passes (as the update loop runs them) until the TTL is up: one pass deletes both
             // ports above min.
-            let deleted = eventually("idle ports above min expired", Duration::from_secs(120), || async {
-                let n = d.maintain().await;
-                Ok((n > 0).then_some(n))
-            })
+            let deleted = eventually(
+                "idle ports above min expired",
+                Duration::from_secs(120),
+                || async {
+                    let n = d.maintain().await;
+                    Ok((n > 0).then_some(n))
+                },
+            )
             .await
             .unwrap();
             assert_eq!(deleted, 2);
