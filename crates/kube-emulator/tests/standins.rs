@@ -9,7 +9,9 @@ use kube_emulator::{DeleteOpts, KubeEmulator, KubeOptions, WriteOpts};
 use serde_json::{Value, json};
 
 async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    for _ in 0..200 {
+    // Generous: a loaded machine must not fail what only takes longer.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while tokio::time::Instant::now() < deadline {
         if f() {
             return;
         }
