@@ -383,7 +383,9 @@ async fn garbage_collection_background_foreground_and_orphan() {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = bool>,
     {
-        for _ in 0..200 {
+        // Generous: a loaded machine must not fail what only takes longer.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        while tokio::time::Instant::now() < deadline {
             if f().await {
                 return;
             }

@@ -95,7 +95,7 @@ impl Kubectl {
 }
 
 fn wait_line(rx: &mpsc::Receiver<String>, needle: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(120);
     let mut seen = Vec::new();
     while Instant::now() < deadline {
         if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {

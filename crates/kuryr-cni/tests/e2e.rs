@@ -120,7 +120,7 @@ impl Node {
                 servers.shutdown().await;
             });
         });
-        let daemon = ready_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let daemon = ready_rx.recv_timeout(Duration::from_secs(120)).unwrap();
         Node {
             ns,
             daemon,
@@ -250,7 +250,7 @@ fn reachable(from: &str, to: &str, addr: IpAddr) -> Result<(), String> {
         s.write_all(b"k").map_err(|e| e.to_string())
     });
     let port = rx
-        .recv_timeout(Duration::from_secs(10))
+        .recv_timeout(Duration::from_secs(120))
         .map_err(|e| e.to_string())?;
     let from = from.to_string();
     let client = std::thread::spawn(move || -> Result<(), String> {
@@ -315,6 +315,18 @@ fn scenario(version: &str) {
         let d = n1.daemon.clone();
         let mut fa = fa.clone();
         std::thread::spawn(move || {
+            // Activate 400 ms after the ADD has plugged and waits for activation, not 400 ms
+            // after this thread started: the ADD (a process the test runs) may start later.
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+            while d
+                .registry
+                .get(&PodKey::new("default", "pod-a"))
+                .and_then(|e| e.attachment)
+                .is_none()
+            {
+                assert!(std::time::Instant::now() < deadline, "ADD of pod-a never plugged");
+                std::thread::sleep(Duration::from_millis(20));
+            }
             std::thread::sleep(Duration::from_millis(400));
             fa.active = true;
             d.registry

@@ -1,5 +1,7 @@
 #![allow(clippy::unwrap_used)]
-//! The pipeline's semantics, tested without any API server.
+//! The pipeline's semantics, tested without any API server. Every test runs on tokio's paused
+//! clock: handler delays, retry backoffs and deadlines then advance in virtual time, only when
+//! nothing else can run, so no outcome depends on how fast or loaded the machine is.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -72,7 +74,7 @@ async fn wait_idle<H: EventHandler + 'static>(a: &Async<H>) {
     panic!("async queues never drained");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn async_keeps_per_object_order_and_coalesces_stale_events() {
     let rec = Arc::new(Recorder {
         delay: Duration::from_millis(30),
@@ -109,14 +111,14 @@ async fn async_keeps_per_object_order_and_coalesces_stale_events() {
     assert_eq!(a.depth().await, 0, "queues are dropped once empty");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn async_handles_different_objects_concurrently() {
     let rec = Arc::new(Recorder {
         delay: Duration::from_millis(200),
         ..Default::default()
     });
     let a = Async::new(rec.clone(), 16);
-    let start = std::time::Instant::now();
+    let start = tokio::time::Instant::now();
     for i in 0..10 {
         a.handle(ev(EventType::Added, &format!("p{i}"), &format!("u{i}"), "1"))
             .await
@@ -124,7 +126,7 @@ async fn async_handles_different_objects_concurrently() {
     }
     wait_idle(&a).await;
     assert_eq!(rec.seen.lock().await.len(), 10);
-    // Sequential handling would need 2 s.
+    // Sequential handling would need 2 s (virtual time: exactly 200 ms when concurrent).
     assert!(
         start.elapsed() < Duration::from_millis(1500),
         "took {:?}",
@@ -176,7 +178,7 @@ fn fast_policy() -> RetryPolicy {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn retry_rereads_the_object_and_succeeds() {
     let flaky = Arc::new(Flaky {
         fail_times: Mutex::new(2),
@@ -195,7 +197,7 @@ async fn retry_rereads_the_object_and_succeeds() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn retry_drops_the_event_when_the_object_is_gone() {
     let flaky = Arc::new(Flaky {
         fail_times: Mutex::new(100),
@@ -214,7 +216,7 @@ async fn retry_drops_the_event_when_the_object_is_gone() {
     assert_eq!(flaky.seen_rvs.lock().await.len(), 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn retry_does_not_retry_permanent_errors_and_gives_up_at_the_deadline() {
     let flaky = Arc::new(Flaky {
         fail_times: Mutex::new(100),
@@ -248,7 +250,7 @@ async fn retry_does_not_retry_permanent_errors_and_gives_up_at_the_deadline() {
     assert!(flaky.seen_rvs.lock().await.len() > 2);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn log_exceptions_isolates_failures_between_handlers() {
     let metrics = Metrics::new();
     let failing = Arc::new(Flaky {
@@ -297,7 +299,7 @@ fn known_objects_emit_deletes_for_objects_missing_after_a_relist() {
     assert_eq!(k.len(), 2);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn stopping_the_pipeline_ends_queued_and_running_handlers() {
     let rec = Arc::new(Recorder {
         delay: Duration::from_millis(500),
@@ -336,7 +338,7 @@ impl EventHandler for StuckOrRecord {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn objects_backing_off_do_not_hold_the_worker_slots() {
     let handler = Arc::new(StuckOrRecord(Mutex::default()));
     let source = Arc::new(Source(Mutex::new(Some(obj("stuck-0", "uid-s0", "1")))));

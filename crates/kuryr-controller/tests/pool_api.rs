@@ -3,6 +3,8 @@
 //! built by `pool::build` against the real neutron-server (`KURYR_TEST_NEUTRON_URL`). The
 //! Kubernetes client points nowhere: list/show/populate/free never need it.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +18,10 @@ use kuryr_controller::openstack::Deployments;
 use kuryr_controller::pool::{self, api};
 use kuryr_crds::names::neutron as tags;
 use kuryr_neutron::{ClientOptions, ListFilter, NetworkCreate, NeutronClient, SubnetCreate};
+use support::{eventually, pooled_vif};
 use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_show_populate_free_over_the_socket() {
@@ -95,7 +100,8 @@ async fn list_show_populate_free_over_the_socket() {
                 uid: "u".into(),
                 node: "k8s-node-1".into(),
             };
-            driver.request_vif(&pod, &spec).await.unwrap();
+            // The cold pool's first request may answer ResourceNotReady while its refill runs.
+            pooled_vif(driver.as_ref(), &pod, &spec).await.unwrap();
 
             let dir = std::env::temp_dir().join(format!("kuryr-pool-api-{id:016x}"));
             let sock = dir.join("manage.sock");
@@ -105,12 +111,11 @@ async fn list_show_populate_free_over_the_socket() {
                 tokio::spawn(async move { api::serve(m, &sock, stop).await })
             };
             // The socket appears once the server is bound.
-            for _ in 0..100 {
-                if sock.exists() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            eventually("the management socket", WAIT, || async {
+                Ok(sock.exists().then_some(()))
+            })
+            .await
+            .unwrap();
 
             let pools = api::list_pools(&sock).await.unwrap();
             assert_eq!(pools.len(), 1);
@@ -132,15 +137,13 @@ async fn list_show_populate_free_over_the_socket() {
             );
 
             assert!(api::populate_pool(&sock, &p.name, Some(2)).await.unwrap().started);
-            let mut available = 0;
-            for _ in 0..300 {
-                available = api::show_pool(&sock, &p.name).await.unwrap().available;
-                if available == 4 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            assert_eq!(available, 4, "populate created exactly 2 ports");
+            let shown = eventually("the populate landed", WAIT, || async {
+                let p = api::show_pool(&sock, &p.name).await?;
+                Ok((!p.populating && p.available >= 4).then_some(p))
+            })
+            .await
+            .unwrap();
+            assert_eq!(shown.available, 4, "populate created exactly 2 ports");
             let pool_tag = tags::pool_tag(&p.name);
             let tagged = client
                 .list_ports(&ListFilter::new().tags([pool_tag.as_str()]))

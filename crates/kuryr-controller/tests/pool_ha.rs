@@ -15,7 +15,7 @@ use kube::Api;
 use kube::api::{ListParams, PostParams};
 use kuryr_config::{KuryrConfig, VifPoolDriver};
 use kuryr_controller::context::Platform;
-use kuryr_controller::drivers::pool::{ORIGIN_FIELD, VifOrigin, VifPool};
+use kuryr_controller::drivers::pool::{ORIGIN_FIELD, VifOrigin};
 use kuryr_controller::drivers::vif::neutron::NeutronVif;
 use kuryr_controller::drivers::{NetworkInfo, PodRef, PortSpec};
 use kuryr_controller::metrics::Metrics;
@@ -27,18 +27,6 @@ use support::*;
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(120);
-
-/// A pooled port for `pod`, retrying while the pool is recovered or refilled.
-async fn request(m: &PoolManager, pod: &PodRef, spec: &PortSpec) -> Result<(Vif, VifOrigin)> {
-    eventually(&format!("a port for {}", pod.name), WAIT, || async {
-        match m.request_vif(pod, spec).await {
-            Ok(v) => Ok(Some(v)),
-            Err(e) if e.is_retryable() => Ok(None),
-            Err(e) => Err(e.into()),
-        }
-    })
-    .await
-}
 
 /// Records the pod's port in its KuryrPort as the kuryrport handler does (recovery reads it).
 async fn record_kuryrport(kube: &kube::Client, pod: &PodRef, vif: &Vif, origin: &VifOrigin) -> Result<()> {
@@ -140,7 +128,7 @@ async fn regained_leadership_recovers_instead_of_serving_stale_pools() -> Result
         // Term 1 of replica A: a cold pool, one pod served.
         let a = replica()?;
         let term = start_term(&a).await?;
-        let (va, oa) = request(&a, &pod("a"), &spec).await?;
+        let (va, oa) = pooled_vif(a.as_ref(), &pod("a"), &spec).await?;
         record_kuryrport(&kube.client, &pod("a"), &va, &oa).await?;
         settled(&a, 2).await?;
         end_term(term).await?;
@@ -154,7 +142,7 @@ async fn regained_leadership_recovers_instead_of_serving_stale_pools() -> Result
         let b = replica()?;
         let term = start_term(&b).await?;
         assert_eq!(b.summaries()[0].in_use, 1, "{}", target.name);
-        let (vb, ob) = request(&b, &pod("b"), &spec).await?;
+        let (vb, ob) = pooled_vif(b.as_ref(), &pod("b"), &spec).await?;
         record_kuryrport(&kube.client, &pod("b"), &vb, &ob).await?;
         assert_ne!(vb.id(), va.id());
         settled(&b, 2).await?;
@@ -173,7 +161,7 @@ async fn regained_leadership_recovers_instead_of_serving_stale_pools() -> Result
         assert!(spare >= 2, "{}: {s:?}", target.name);
         for i in 0..spare {
             let p = pod(&format!("c{i}"));
-            let (v, _) = request(&a, &p, &spec).await?;
+            let (v, _) = pooled_vif(a.as_ref(), &p, &spec).await?;
             assert_ne!(v.id(), vb.id(), "{}: B's pod port handed out again", target.name);
             assert_ne!(v.id(), va.id(), "{}: A's pod port handed out again", target.name);
         }

@@ -3,6 +3,8 @@
 //! pool driver directly (no Kubernetes). Each test has its own project, network and cluster tag,
 //! and deletes what it made even when it fails.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +21,8 @@ use kuryr_crds::names::neutron as tags;
 use kuryr_neutron::{
     ClientOptions, ListFilter, NetworkCreate, NeutronClient, Port, SecurityGroupCreate, SubnetCreate,
 };
+
+use support::{eventually, pooled_vif};
 
 const NODE: &str = "k8s-node-1";
 
@@ -176,7 +180,7 @@ impl Lab {
 }
 
 async fn request(d: &PoolDriver, lab: &Lab, pod: &str) -> (Vif, VifOrigin) {
-    d.request_vif(&lab.pod(pod), &lab.spec).await.unwrap()
+    pooled_vif(d, &lab.pod(pod), &lab.spec).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,13 +258,26 @@ async fn ttl_shrinks_pool_back_to_min() {
     Lab::new(&url, "pool-ttl")
         .await
         .run(|lab| async move {
-            let d = lab.driver(1, 0, 4, 1);
+            // A TTL far longer than the few calls between the refill landing and the first
+            // pass, so that "not yet" does not depend on how fast they are.
+            let d = lab.driver(1, 0, 4, 20);
             d.mark_ready();
             request(&d, &lab, "a").await;
             assert_eq!(lab.ports().await.len(), 4);
             assert_eq!(d.maintain().await, 0, "nothing idle for the TTL yet");
-            tokio::time::sleep(Duration::from_millis(1100)).await;
-            assert_eq!(d.maintain().await, 2);
+            // Passes (as the update loop runs them) until the TTL is up: one pass deletes both
+            // ports above min.
+            let deleted = eventually(
+                "idle ports above min expired",
+                Duration::from_secs(120),
+                || async {
+                    let n = d.maintain().await;
+                    Ok((n > 0).then_some(n))
+                },
+            )
+            .await
+            .unwrap();
+            assert_eq!(deleted, 2);
             assert_eq!(lab.ports().await.len(), 2, "one in use plus min spare");
             assert_eq!(d.snapshot(&lab.key()).unwrap().available, 1);
         })

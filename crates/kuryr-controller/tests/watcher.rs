@@ -53,8 +53,10 @@ async fn periodic_reconcile_resends_unchanged_objects() -> anyhow::Result<()> {
         Metrics::new(),
         stop.clone(),
     ));
+    // Waits for the outcome (two re-sends of a 1 s period), however long a loaded machine takes.
     let mut events = vec![];
-    for _ in 0..100 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
         events = seen.0.lock().await.clone();
         if events.iter().filter(|(_, n, _)| n == "cm-1").count() >= 3 {
@@ -65,7 +67,7 @@ async fn periodic_reconcile_resends_unchanged_objects() -> anyhow::Result<()> {
     task.await?;
     let mine: Vec<_> = events.iter().filter(|(_, n, _)| n == "cm-1").collect();
     assert_eq!(mine.first().map(|e| e.0), Some(EventType::Added), "{events:?}");
-    assert!(mine.len() >= 3, "two periodic re-sends within 5 s: {events:?}");
+    assert!(mine.len() >= 3, "two periodic re-sends: {events:?}");
     assert!(
         mine[1..]
             .iter()

@@ -43,17 +43,6 @@ impl Recorded {
     }
 }
 
-/// Polls `cond` for up to 5 s.
-async fn eventually(cond: impl Fn() -> bool) -> bool {
-    for _ in 0..100 {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    cond()
-}
-
 async fn client(handle: &kube_emulator::KubeHandle, dir: &std::path::Path) -> Client {
     let path = dir.join("kubeconfig");
     handle.write_kubeconfig(&path).unwrap();
@@ -99,7 +88,8 @@ async fn daemon_against_kube_emulator() {
     cfg.bind_address = "127.0.0.1:0".parse().unwrap();
     cfg.health_address = "127.0.0.1:0".parse().unwrap();
     cfg.metrics_address = "127.0.0.1:0".parse().unwrap();
-    cfg.vif_annotation_timeout = Duration::from_secs(10);
+    // Every wait below is ended by an event; the timeout must never be what ends it.
+    cfg.vif_annotation_timeout = WAIT;
     let events = Arc::new(Recorded::default());
     let d = Daemon::new(
         cfg,
@@ -240,7 +230,7 @@ async fn daemon_against_kube_emulator() {
     assert_eq!(r.status().as_u16(), 410);
     assert_eq!(r.json::<Value>().await.unwrap()["code"], 3);
     assert!(
-        started.elapsed() < Duration::from_secs(8),
+        started.elapsed() < WAIT,
         "410 comes from the pod watch, not the timeout"
     );
 
@@ -256,13 +246,11 @@ async fn daemon_against_kube_emulator() {
     assert_eq!(r.status().as_u16(), 204);
     kps.delete("web", &DeleteParams::default()).await.unwrap();
     kps.delete("gone", &DeleteParams::default()).await.unwrap();
-    for _ in 0..100 {
-        if d.registry.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(d.registry.is_empty(), "left: {:?}", d.registry.keys());
+    assert!(
+        eventually(|| d.registry.is_empty()).await,
+        "left: {:?}",
+        d.registry.keys()
+    );
 
     // Health and metrics.
     let ready = http

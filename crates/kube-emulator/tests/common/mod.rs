@@ -2,9 +2,11 @@
 
 use std::time::Duration;
 
-/// Polls `f` every 50 ms for up to 10 s.
+/// Polls `f` every 50 ms until it holds. Generous (120 s): a loaded machine must not fail what
+/// only takes longer.
 pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    for _ in 0..200 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while tokio::time::Instant::now() < deadline {
         if f() {
             return;
         }

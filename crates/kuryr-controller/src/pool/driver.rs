@@ -683,6 +683,12 @@ impl PoolDriver {
     }
 
     /// Port ids this driver's pools account for, per deployment.
+    /// Whether a refill of any pool is in flight: Neutron may already list its ports (a bulk
+    /// create commits before it answers) while no pool records them yet.
+    pub fn refilling(&self) -> bool {
+        self.lock().iter().any(|(_, p)| p.is_populating())
+    }
+
     pub fn owned_ports(&self) -> BTreeMap<String, BTreeSet<String>> {
         let st = self.lock();
         let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();

@@ -370,6 +370,13 @@ impl PoolManager {
 
     /// One orphan sweep pass (needs recovery done). Returns the deleted port ids.
     pub async fn sweep_once(&self, suspects: &mut sweep::Suspects) -> Result<Vec<String>, Error> {
+        // A refill in flight may have ports Neutron lists but no pool records yet, for as long as
+        // Neutron takes to answer (seconds on a loaded server, more than a pass period): such a
+        // pass could confirm them as orphans. It is skipped; the suspects of the last pass wait.
+        // A refill started after this check has no port in that earlier pass' listing.
+        if self.pooled.iter().any(|d| d.refilling()) {
+            return Ok(Vec::new());
+        }
         // Owned sets are read before Neutron is listed: a port created after this read is
         // unowned at most once before the next pass sees it owned.
         let mut owned: HashSet<String> = self.persister.ports_in_use().await?;

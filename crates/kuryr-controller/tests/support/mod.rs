@@ -10,10 +10,14 @@ use anyhow::Result;
 use kube::Client;
 use kube::api::{Api, ListParams};
 use kuryr_config::KuryrConfig;
+use kuryr_controller::drivers::pool::{VifOrigin, VifPool};
+use kuryr_controller::drivers::{PodRef, PortSpec};
 use kuryr_controller::metrics::Metrics;
 use kuryr_controller::openstack::Deployments;
+use kuryr_controller::pool::api;
+use kuryr_controller::pool::driver::PoolSummary;
 use kuryr_controller::service::{ControllerOptions, run};
-use kuryr_crds::KuryrPort;
+use kuryr_crds::{KuryrPort, Vif};
 use kuryr_neutron::NeutronClient;
 pub use kuryr_testbed::*;
 use serde_json::json;
@@ -81,6 +85,48 @@ impl PoolBed {
             cluster_id,
         })
     }
+}
+
+/// How long the pool helpers wait for an outcome: generous, as a real neutron-server on a loaded
+/// machine can take seconds per call.
+const POOL_WAIT: Duration = Duration::from_secs(120);
+
+/// A pooled port for `pod`, asking again while the pool answers a retryable error, as the
+/// handler pipeline does: a pool being recovered, or a refill that outlasts the pool's short
+/// refill wait (a cold pool's first request on a real neutron-server, whose bulk create may take
+/// longer than that wait).
+pub async fn pooled_vif<P: VifPool + ?Sized>(
+    pool: &P,
+    pod: &PodRef,
+    spec: &PortSpec,
+) -> Result<(Vif, VifOrigin)> {
+    eventually(&format!("a pooled port for {}", pod.name), POOL_WAIT, || async {
+        match pool.request_vif(pod, spec).await {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.is_retryable() => Ok(None),
+            Err(e) => Err(anyhow::anyhow!("not retryable: {e}")),
+        }
+    })
+    .await
+}
+
+/// The controller's only pool (through the management socket) once no refill runs and it holds
+/// exactly `available` spare and `in_use` used ports: from then on it changes only when pods or
+/// maintenance passes change it, so "nothing else was created" can be checked without sleeping.
+pub async fn settled_pool(socket: &std::path::Path, available: usize, in_use: usize) -> Result<PoolSummary> {
+    eventually(
+        &format!("one settled pool with {available} available and {in_use} in use"),
+        POOL_WAIT,
+        || async {
+            let mut pools = api::list_pools(socket).await?;
+            let ok = pools.len() == 1
+                && !pools[0].populating
+                && pools[0].recyclable == 0
+                && (pools[0].available, pools[0].in_use) == (available, in_use);
+            Ok(ok.then(|| pools.remove(0)))
+        },
+    )
+    .await
 }
 
 /// Ids of the kuryr-rs ports of a project (pool and pod ports alike).

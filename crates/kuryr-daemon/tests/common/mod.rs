@@ -181,3 +181,20 @@ pub fn tcp_reachable(from_ns: &str, to_ns: &str, addr: std::net::IpAddr) -> Resu
     let server_res = server.join().map_err(|_| "server panicked".to_string())?;
     res.and(server_res)
 }
+
+/// How long tests wait for an outcome (and how long a daemon in a test waits for VIFs when the
+/// test wants a wait that only an event, never the timeout, ends): generous, so that nothing
+/// depends on how fast or loaded the machine is.
+pub const WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Polls `cond` until it holds or [`WAIT`] has passed; whether it held.
+pub async fn eventually(cond: impl Fn() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while tokio::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    cond()
+}
