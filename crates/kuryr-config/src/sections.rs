@@ -90,6 +90,20 @@ choice_enum! {
 }
 
 choice_enum! {
+    /// `[binding] pod_tx_checksum_offload` (kuryr-rs): TX checksum offload of the pod end of an
+    /// OVS-bound veth.
+    pub enum PodTxChecksumOffload {
+        /// Off when the bridge uses the userspace (netdev) datapath, which forwards the partial
+        /// checksums a veth leaves to "hardware"; left as the kernel set it otherwise.
+        Auto = "auto",
+        /// Always off (datapaths the daemon cannot recognise that need it too).
+        Off = "off",
+        /// Never touched.
+        On = "on",
+    }
+}
+
+choice_enum! {
     /// `[kubernetes] pod_vif_driver`
     pub enum PodVifDriver {
         NeutronVif = "neutron-vif",
@@ -424,6 +438,8 @@ config_section! {
         ovs_datapath_type: OvsDatapathType = OvsDatapathType::System,
         /// kuryr-rs: how VIFOpenVSwitch VIFs are plugged on this node.
         ovs_plug_mode: OvsPlugMode = OvsPlugMode::Ovs,
+        /// kuryr-rs: TX checksum offload of the pod end of OVS-bound veths.
+        pod_tx_checksum_offload: PodTxChecksumOffload = PodTxChecksumOffload::Auto,
     }
 }
 

@@ -204,6 +204,8 @@ pub struct BindingConfig {
     pub ovs_datapath_type: String,
     /// How `VIFOpenVSwitch` VIFs are plugged on this node.
     pub ovs_plug: OvsPlugMode,
+    /// TX checksum offload of the pod end of OVS-bound veths.
+    pub pod_tx_checksum: TxChecksumMode,
     /// SR-IOV: where the daemon picks VFs for `VIFSriov` VIFs that name none
     /// (PFs of the physnet, or the kubelet's PodResources service).
     pub sriov: SriovConfig,
@@ -227,6 +229,30 @@ pub enum OvsPlugMode {
     LinuxBridge,
 }
 
+/// What the OVS binding does with the pod end's TX checksum offload (`[binding]
+/// pod_tx_checksum_offload`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TxChecksumMode {
+    /// Off on a userspace-datapath bridge (see [`disable_tx_checksum`]), untouched otherwise.
+    #[default]
+    Auto,
+    /// Always off: for datapaths the daemon does not recognise that forward partial checksums too.
+    Off,
+    /// Never touched (an operator who knows the datapath completes checksums).
+    On,
+}
+
+impl TxChecksumMode {
+    /// Whether the pod end's TX checksum offload goes off on a bridge with `datapath_type`.
+    pub fn disables_on(self, datapath_type: &str) -> bool {
+        match self {
+            Self::Auto => ovs::is_userspace_datapath(datapath_type),
+            Self::Off => true,
+            Self::On => false,
+        }
+    }
+}
+
 impl std::str::FromStr for OvsPlugMode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -248,6 +274,7 @@ impl Default for BindingConfig {
             ovs_db: None,
             ovs_datapath_type: "system".into(),
             ovs_plug: OvsPlugMode::default(),
+            pod_tx_checksum: TxChecksumMode::default(),
             sriov: SriovConfig::default(),
         }
     }
@@ -286,5 +313,19 @@ impl Drivers {
             PlugKind::MacvlanNested => &self.macvlan,
             PlugKind::Sriov { .. } => &self.sriov,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TxChecksumMode;
+
+    #[test]
+    fn tx_checksum_goes_off_on_userspace_bridges_unless_configured_otherwise() {
+        assert!(TxChecksumMode::default().disables_on("netdev"));
+        assert!(!TxChecksumMode::Auto.disables_on("system"));
+        assert!(!TxChecksumMode::Auto.disables_on(""));
+        assert!(TxChecksumMode::Off.disables_on("system"));
+        assert!(!TxChecksumMode::On.disables_on("netdev"));
     }
 }
