@@ -364,6 +364,10 @@ config_section! {
     pub struct NeutronDefaultsSection {
         project: Option<String> = None,
         pod_subnet: Option<String> = None,
+        /// kuryr-rs: every pod subnet of the `default` subnets driver, all on one network (dual
+        /// stack: an IPv4 and an IPv6 subnet; each pod gets an address from each). Overrides
+        /// `pod_subnet` when set.
+        pod_subnets: Vec<String> = Vec::new(),
         pod_security_groups: Vec<String> = Vec::new(),
         ovs_bridge: String = s("br-int"),
         service_subnet: Option<String> = None,

@@ -178,13 +178,17 @@ struct Wired {
     sandbox: PodSandbox,
     node: usize,
     port_id: String,
-    ip: IpAddr,
+    /// Every fixed IP of the port (one per subnet: IPv4 and IPv6 with dual stack).
+    ips: Vec<IpAddr>,
     /// Host-side veth name (the OVS port).
     tap: String,
     add_latency: Duration,
 }
 
 impl Wired {
+    fn ip(&self) -> IpAddr {
+        self.ips[0]
+    }
     fn path(&self) -> String {
         self.sandbox.netns.path()
     }
@@ -197,7 +201,18 @@ impl Wired {
 /// namespace show: port ACTIVE and bound as `ovs` to the node's chassis, the pod end with the
 /// port's MAC and IP, the network's (geneve) MTU and TX checksum offload off.
 async fn wire(lab: &Lab, kube: &Kube, nodes: &[Node; 2], name: &str, node: usize) -> Result<Wired> {
-    let pod = create_pod(&kube.client, NS, name, nodes[node].name, json!({})).await?;
+    wire_in(lab, kube, nodes, NS, name, node).await
+}
+
+async fn wire_in(
+    lab: &Lab,
+    kube: &Kube,
+    nodes: &[Node; 2],
+    ns: &str,
+    name: &str,
+    node: usize,
+) -> Result<Wired> {
+    let pod = create_pod(&kube.client, ns, name, nodes[node].name, json!({})).await?;
     let sandbox = PodSandbox::new(&pod)?;
     let t = Instant::now();
     cni_add(&nodes[node], &sandbox).await?;
@@ -230,12 +245,12 @@ async fn wire(lab: &Lab, kube: &Kube, nodes: &[Node; 2], name: &str, node: usize
         port.id,
         nodes[node].name
     );
-    let ip: IpAddr = port
+    let ips = port
         .fixed_ips
-        .first()
-        .context("port without a fixed IP")?
-        .ip_address
-        .parse()?;
+        .iter()
+        .map(|f| f.ip_address.parse::<IpAddr>())
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    ensure!(!ips.is_empty(), "{name}: port without a fixed IP");
     let addrs = sandbox.netns.addrs()?;
     let eth0 = addrs
         .iter()
@@ -247,11 +262,13 @@ async fn wire(lab: &Lab, kube: &Kube, nodes: &[Node; 2], name: &str, node: usize
         eth0.1,
         port.mac_address
     );
-    ensure!(
-        eth0.2.iter().any(|a| a.starts_with(&format!("{ip}/"))),
-        "{name}: eth0 lacks {ip}: {:?}",
-        eth0.2
-    );
+    for ip in &ips {
+        ensure!(
+            eth0.2.iter().any(|a| a.starts_with(&format!("{ip}/"))),
+            "{name}: eth0 lacks {ip}: {:?}",
+            eth0.2
+        );
+    }
     let net = lab.client().get_network(&port.network_id).await?;
     let mtu = link_mtu(&sandbox.netns.0, "eth0")?;
     ensure!(
@@ -273,7 +290,7 @@ async fn wire(lab: &Lab, kube: &Kube, nodes: &[Node; 2], name: &str, node: usize
         sandbox,
         node,
         port_id: port.id,
-        ip,
+        ips,
         tap,
         add_latency,
     })
@@ -323,7 +340,7 @@ async fn remove(lab: &Lab, kube: &Kube, nodes: &[Node; 2], w: &Wired) -> Result<
         w.tap,
         nodes[w.node].name
     );
-    Api::<Pod>::namespaced(kube.client.clone(), NS)
+    Api::<Pod>::namespaced(kube.client.clone(), &w.sandbox.namespace)
         .delete(w.name(), &DeleteParams::default())
         .await?;
     eventually("the pod's Neutron port deleted", WAIT, || async {
@@ -341,7 +358,7 @@ async fn remove(lab: &Lab, kube: &Kube, nodes: &[Node; 2], w: &Wired) -> Result<
 }
 
 async fn assert_all_gone(lab: &Lab, kube: &Kube, fx: &NeutronFixture, nodes: &[Node; 2]) -> Result<()> {
-    let kps = Api::<KuryrPort>::namespaced(kube.client.clone(), NS);
+    let kps = Api::<KuryrPort>::all(kube.client.clone());
     eventually("KuryrPorts gone", WAIT, || async {
         Ok(kps
             .list(&Default::default())
@@ -371,7 +388,7 @@ async fn assert_all_gone(lab: &Lab, kube: &Kube, fx: &NeutronFixture, nodes: &[N
     Ok(())
 }
 
-/// ICMP and TCP (and UDP) from every pod to every other one.
+/// ICMP, TCP and UDP from every pod to every address of every other one.
 fn full_mesh(pods: &[&Wired], expect: Expect) -> Vec<Probe> {
     let mut probes = Vec::new();
     for a in pods {
@@ -379,15 +396,17 @@ fn full_mesh(pods: &[&Wired], expect: Expect) -> Vec<Probe> {
             if a.name() == b.name() {
                 continue;
             }
-            for proto in [Proto::Icmp, Proto::Tcp, Proto::Udp] {
-                probes.push(Probe::new(
-                    format!("{} -> {}", a.name(), b.name()),
-                    &a.path(),
-                    proto,
-                    b.ip,
-                    APP_PORT,
-                    expect,
-                ));
+            for ip in &b.ips {
+                for proto in [Proto::Icmp, Proto::Tcp, Proto::Udp] {
+                    probes.push(Probe::new(
+                        format!("{} -> {}", a.name(), b.name()),
+                        &a.path(),
+                        proto,
+                        *ip,
+                        APP_PORT,
+                        expect,
+                    ));
+                }
             }
         }
     }
@@ -442,7 +461,7 @@ async fn four_pods_on_two_chassis_reach_each_other_over_geneve_and_a_deleted_pod
 
         // A deleted pod loses its port (Neutron, OVN, OVS) and with it its connectivity.
         let gone = pods.remove(3);
-        let gone_ip = gone.ip;
+        let gone_ip = gone.ip();
         remove(&lab, &kube, &nodes, &gone).await?;
         let rest: Vec<&Wired> = pods.iter().collect();
         check_all(&full_mesh(&rest, Expect::Open), PROBE_DEADLINE)?;
@@ -485,7 +504,7 @@ async fn security_group_without_an_ingress_rule_for_tcp_80_blocks_it_and_allows_
                 format!("client -> web:{port}"),
                 &client.path(),
                 Proto::Tcp,
-                web.ip,
+                web.ip(),
                 port,
                 expect,
             )
@@ -496,7 +515,7 @@ async fn security_group_without_an_ingress_rule_for_tcp_80_blocks_it_and_allows_
                     "client -> web (icmp)",
                     &client.path(),
                     Proto::Icmp,
-                    web.ip,
+                    web.ip(),
                     0,
                     Expect::Open,
                 ),
@@ -558,7 +577,7 @@ async fn daemon_restart_keeps_pods_connected_and_del_after_it_removes_ovs_and_ne
                 "old-b -> deleted old-c",
                 &b.path(),
                 Proto::Icmp,
-                c.ip,
+                c.ip(),
                 0,
                 Expect::Closed,
             )],
@@ -568,5 +587,206 @@ async fn daemon_restart_keeps_pods_connected_and_del_after_it_removes_ovs_and_ne
             remove(&lab, &kube, &nodes, p).await?;
         }
         assert_all_gone(&lab, &kube, &fx, &nodes).await
+    })
+}
+
+/// An IPv6 subnet (static addresses, as kuryr plugs them) on `network` of the fixture's project.
+async fn v6_subnet(client: &NeutronClient, fx: &NeutronFixture, network: &str, cidr: &str) -> Result<String> {
+    let s = client
+        .create_subnet(&kuryr_neutron::SubnetCreate {
+            network_id: network.to_string(),
+            ip_version: 6,
+            cidr: Some(cidr.into()),
+            project_id: Some(fx.project.clone()),
+            name: Some("pods-v6".into()),
+            ..Default::default()
+        })
+        .await?;
+    Ok(s.id)
+}
+
+/// The controller's config with `[neutron_defaults] pod_subnets` (every pod subnet, one network).
+fn config_with_subnets(fx: &NeutronFixture, subnets: &[&str]) -> std::sync::Arc<kuryr_config::KuryrConfig> {
+    kuryr_testbed::config(&format!(
+        "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_vif_driver = neutron-vif\nvif_pool_driver = noop\n\
+         cluster_id = e2e-{}\n\
+         [neutron_defaults]\nproject = {}\npod_subnets = {}\npod_security_groups = {}\nresource_tags = k8s,e2e\n",
+        &fx.project[fx.project.len() - 8..],
+        fx.project,
+        subnets.join(","),
+        fx.sg
+    ))
+}
+
+/// Every ICMP/TCP/UDP probe between the pods, over every address family they have.
+async fn pods_talk_over_each_family(lab: &Lab, kube: &Kube, nodes: &[Node; 2], want: &[bool]) -> Result<()> {
+    let a = wire(lab, kube, nodes, "pod-a", 0).await?;
+    let b = wire(lab, kube, nodes, "pod-b", 1).await?;
+    for p in [&a, &b] {
+        let families: Vec<bool> = p.ips.iter().map(IpAddr::is_ipv6).collect();
+        ensure!(
+            families == want,
+            "{}: addresses {:?}, wanted IPv6 flags {want:?}",
+            p.name(),
+            p.ips
+        );
+    }
+    let _servers = [&a, &b]
+        .iter()
+        .map(|p| Server::start(&p.path(), APP_PORT))
+        .collect::<Result<Vec<_>>>()?;
+    check_all(&full_mesh(&[&a, &b], Expect::Open), PROBE_DEADLINE)?;
+    remove(lab, kube, nodes, &a).await?;
+    remove(lab, kube, nodes, &b).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dual_stack_pods_on_two_chassis_talk_over_ipv4_and_ipv6() -> Result<()> {
+    on_lab!(&["10.84.0.0/24"], |lab, fx| {
+        allow(lab.client(), &fx, None, None, "IPv4").await?;
+        allow(lab.client(), &fx, None, None, "IPv6").await?;
+        let v6 = v6_subnet(lab.client(), &fx, &fx.network, "fd00:84::/64").await?;
+        let kube = start_kube().await?;
+        let _ctrl = start_controller(
+            &kube.client,
+            &lab.target,
+            config_with_subnets(&fx, &[&fx.subnet, &v6]),
+        );
+        create_namespace(&kube.client, NS).await?;
+        let nodes = lab.nodes(&kube).await?;
+        pods_talk_over_each_family(&lab, &kube, &nodes, &[false, true]).await?;
+        assert_all_gone(&lab, &kube, &fx, &nodes).await
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ipv6_only_pods_on_two_chassis_talk() -> Result<()> {
+    on_lab!(&["10.85.0.0/24"], |lab, fx| {
+        allow(lab.client(), &fx, None, None, "IPv6").await?;
+        let net = lab
+            .client()
+            .create_network(&kuryr_neutron::NetworkCreate {
+                name: Some("pods-v6-only".into()),
+                project_id: Some(fx.project.clone()),
+                ..Default::default()
+            })
+            .await?;
+        let v6 = v6_subnet(lab.client(), &fx, &net.id, "fd00:85::/64").await?;
+        let kube = start_kube().await?;
+        let _ctrl = start_controller(&kube.client, &lab.target, config_with_subnets(&fx, &[&v6]));
+        create_namespace(&kube.client, NS).await?;
+        let nodes = lab.nodes(&kube).await?;
+        pods_talk_over_each_family(&lab, &kube, &nodes, &[true]).await?;
+        assert_all_gone(&lab, &kube, &fx, &nodes).await
+    })
+}
+
+/// Pods in two namespaces, each namespace with its own network and subnet (the `namespace`
+/// subnets driver) joined by the Neutron router, on the two chassis: traffic between them is
+/// routed by OVN's logical router. Run with the `noop` and the `neutron` (port pool) VIF pool
+/// drivers: pooled ports, bound before any pod exists, must work the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn namespace_subnets_route_between_namespaces_with_and_without_port_pools() -> Result<()> {
+    use kuryr_crds::KuryrNetwork;
+    use kuryr_neutron::{RouterCreate, SubnetPoolCreate};
+
+    on_lab!(&["10.86.0.0/24"], |lab, fx| {
+        allow(lab.client(), &fx, None, None, "IPv4").await?;
+        let client = lab.client();
+        let subnetpool = client
+            .create_subnetpool(&SubnetPoolCreate {
+                name: "ns-pool".into(),
+                prefixes: vec!["10.87.0.0/16".into()],
+                default_prefixlen: Some(26),
+                project_id: Some(fx.project.clone()),
+                ..Default::default()
+            })
+            .await?;
+        let router = client
+            .create_router(&RouterCreate {
+                name: Some("pods".into()),
+                project_id: Some(fx.project.clone()),
+                ..Default::default()
+            })
+            .await?;
+        let result: Result<()> = async {
+            for pool in ["noop", "neutron"] {
+                let kube = start_kube().await?;
+                let cfg = kuryr_testbed::config(&format!(
+                    "[kubernetes]\nenabled_handlers = vif,kuryrport,namespace,kuryrnetwork\n\
+                     pod_subnets_driver = namespace\npod_vif_driver = neutron-vif\nvif_pool_driver = {pool}\n\
+                     cluster_id = e2e-{}\n\
+                     [namespace_subnet]\npod_router = {}\npod_subnet_pool = {}\n\
+                     [vif_pool]\nports_pool_batch = 2\nports_pool_min = 1\nports_pool_update_frequency = 2\n\
+                     [neutron_defaults]\nproject = {}\npod_security_groups = {}\nresource_tags = k8s,e2e\n",
+                    &fx.project[fx.project.len() - 8..],
+                    router.id,
+                    subnetpool.id,
+                    fx.project,
+                    fx.sg
+                ));
+                let ctrl = start_controller(&kube.client, &lab.target, cfg);
+                let nodes = lab.nodes(&kube).await?;
+                let (ns_a, ns_b) = (format!("team-a-{pool}"), format!("team-b-{pool}"));
+                create_namespace(&kube.client, &ns_a).await?;
+                create_namespace(&kube.client, &ns_b).await?;
+                let a = wire_in(&lab, &kube, &nodes, &ns_a, "a", 0).await.context(pool)?;
+                let b = wire_in(&lab, &kube, &nodes, &ns_b, "b", 1).await.context(pool)?;
+                let a2 = wire_in(&lab, &kube, &nodes, &ns_a, "a2", 1).await.context(pool)?;
+                // Each namespace on its own network (a and a2 share theirs).
+                let net = |w: &Wired| {
+                    let id = w.port_id.clone();
+                    async move { Ok::<_, anyhow::Error>(client.get_port(&id).await?.network_id) }
+                };
+                let (net_a, net_b, net_a2) = (net(&a).await?, net(&b).await?, net(&a2).await?);
+                ensure!(
+                    net_a != net_b && net_a == net_a2,
+                    "{pool}: networks a={net_a} b={net_b} a2={net_a2}"
+                );
+                let _servers = [&a, &b, &a2]
+                    .iter()
+                    .map(|p| Server::start(&p.path(), APP_PORT))
+                    .collect::<Result<Vec<_>>>()?;
+                check_all(&full_mesh(&[&a, &b, &a2], Expect::Open), PROBE_DEADLINE)
+                    .with_context(|| format!("routed between namespaces ({pool} pool)"))?;
+                for w in [&a, &b, &a2] {
+                    cni_del(&nodes[w.node], &w.sandbox).await?;
+                    Api::<Pod>::namespaced(kube.client.clone(), &w.sandbox.namespace)
+                        .delete(w.name(), &DeleteParams::default())
+                        .await?;
+                }
+                // Deleting the namespaces releases their networks (and router interfaces).
+                for (ns, net) in [(&ns_a, &net_a), (&ns_b, &net_b)] {
+                    Api::<k8s_openapi::api::core::v1::Namespace>::all(kube.client.clone())
+                        .delete(ns, &DeleteParams::default())
+                        .await?;
+                    let kns: Api<KuryrNetwork> = Api::namespaced(kube.client.clone(), ns);
+                    eventually("the namespace's network deleted", WAIT, || async {
+                        let gone = match client.get_network(net).await {
+                            Err(e) if e.is_not_found() => true,
+                            Err(e) => return Err(e.into()),
+                            Ok(_) => false,
+                        };
+                        Ok((gone && kns.get_opt(ns).await?.is_none()).then_some(()))
+                    })
+                    .await
+                    .with_context(|| format!("{pool}: namespace {ns}"))?;
+                }
+                ctrl.shutdown().await?;
+                for n in &nodes {
+                    let left = n.ovs_ports()?;
+                    ensure!(left.is_empty(), "{pool}: {}: OVS ports left: {left:?}", n.name);
+                }
+            }
+            Ok(())
+        }
+        .await;
+        // Pooled ports outlive the namespaces' networks only until cleanup_project.
+        for p in pod_ports(client, &fx.project).await.unwrap_or_default() {
+            let _ = client.delete_port(&p.id).await;
+        }
+        let _ = client.delete_router(&router.id).await;
+        let _ = client.delete_subnetpool(&subnetpool.id).await;
+        result
     })
 }
