@@ -94,6 +94,32 @@ impl Lab {
         out.try_into().map_err(|_| anyhow::anyhow!("two nodes"))
     }
 
+    /// Removes what an earlier, failed run left on the chassis: OVS port records of pods whose
+    /// namespaces are gone (their veths went with them). The lab lock makes this safe: no other
+    /// test has pods plugged right now.
+    fn reset_chassis(&self) -> Result<()> {
+        for name in NODES {
+            let db = format!(
+                "--db=unix:{}",
+                self.dir.join("nodes").join(name).join("db.sock").display()
+            );
+            let out = Command::new("ovs-vsctl")
+                .args([&db, "--timeout=10", "list-ports", BRIDGE])
+                .output()?;
+            ensure!(out.status.success(), "ovs-vsctl list-ports on {name}");
+            for port in String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|p| !p.starts_with("ovn-"))
+            {
+                eprintln!("{name}: removing OVS port {port} left by an earlier run");
+                Command::new("ovs-vsctl")
+                    .args([&db, "--timeout=10", "--if-exists", "del-port", BRIDGE, port])
+                    .status()?;
+            }
+        }
+        Ok(())
+    }
+
     fn ovn(&self, tool: &str, db: &str, args: &[&str]) -> Result<String> {
         let sock = self.dir.join("run").join(format!("{db}.sock"));
         let o = Command::new(tool)
@@ -217,7 +243,7 @@ async fn wire_in(
     let t = Instant::now();
     cni_add(&nodes[node], &sandbox).await?;
     let add_latency = t.elapsed();
-    let kp = Api::<KuryrPort>::namespaced(kube.client.clone(), NS)
+    let kp = Api::<KuryrPort>::namespaced(kube.client.clone(), ns)
         .get(name)
         .await?;
     let (_, vif) = kp
@@ -427,6 +453,7 @@ macro_rules! on_lab {
         );
         cni_binary()?;
         let _serial = LAB_LOCK.lock().await;
+        $lab.reset_chassis()?;
         let $fx = neutron_fixture($lab.client(), $cidrs).await?;
         let result: Result<()> = async { $body }.await;
         cleanup_project($lab.client(), &$fx.project).await;
