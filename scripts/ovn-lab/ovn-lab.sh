@@ -67,11 +67,11 @@ running_pid() {
   echo "$pid"
 }
 
-# stop_pid PIDFILE PROG: TERM, up to 10 s, then KILL.
+# stop_pid PIDFILE PROG [SIGNAL]: SIGNAL (TERM), up to 10 s, then KILL.
 stop_pid() {
   local pid i
   pid=$(running_pid "$1" "$2") || { rm -f "$1"; return 0; }
-  kill -TERM "$pid" 2>/dev/null || true
+  kill -"${3:-TERM}" "$pid" 2>/dev/null || true
   for i in $(seq 100); do
     [ -d "/proc/$pid" ] || break
     sleep 0.1
@@ -398,13 +398,14 @@ start_neutron() {
   sum=$(cat "$e/neutron.conf" "$e/ml2_conf.ini" "$e/uwsgi.ini" | sha256sum | cut -d' ' -f1)
   # A running server started with another config is restarted once.
   if [ "$(cat "$RUN/neutron.conf-sum" 2>/dev/null)" != "$sum" ]; then
-    stop_pid "$RUN/neutron-api.pid" uwsgi
+    stop_pid "$RUN/neutron-api.pid" uwsgi INT
     stop_pid "$RUN/maintenance.pid" neutron-ovn-mai
   fi
   step "neutron-server (uWSGI, $API_URL)" "$LOGS/neutron-api.log"
   if ! running_pid "$RUN/neutron-api.pid" uwsgi >/dev/null; then
     if api_up; then
       echo "ovn-lab: something else already answers on $API_URL" >&2
+      STEP_LOG=""
       false
     fi
     : >"$LOGS/neutron-api.log"
@@ -426,22 +427,42 @@ start_neutron() {
 
 # ---------------------------------------------------------------- stop / status
 stop_all() {
-  local node d ns
-  stop_pid "$RUN/maintenance.pid" neutron-ovn-mai
-  stop_pid "$RUN/neutron-api.pid" uwsgi
+  local node d
+  # Neutron first (it holds OVSDB connections), then everything else at once: each daemon
+  # takes a moment to exit and none depends on another one's shutdown.
+  # Only these jobs are waited for: a bare `wait` would also wait for the daemons this shell
+  # started in the background (mariadbd, uwsgi) when a failed start lands here.
+  local jobs=()
+  stop_pid "$RUN/maintenance.pid" neutron-ovn-mai &
+  jobs+=($!)
+  # SIGTERM is a graceful uWSGI shutdown that waits for workers blocked in their OVSDB
+  # connections; SIGINT ends them at once (the lab keeps no request state worth finishing).
+  stop_pid "$RUN/neutron-api.pid" uwsgi INT &
+  jobs+=($!)
+  wait "${jobs[@]}"
+  jobs=()
   for node in $NODES; do
     d=$(node_dir "$node")
-    stop_pid "$d/ovn-controller.pid" ovn-controller
-    stop_pid "$d/ovs-vswitchd.pid" ovs-vswitchd
-    stop_pid "$d/ovsdb-server.pid" ovsdb-server
-    ns=$(netns_of "$node")
-    # Removing the namespace also removes the underlay veth and any pod veth left in it.
-    ip netns del "$ns" 2>/dev/null || true
+    stop_pid "$d/ovn-controller.pid" ovn-controller &
+    jobs+=($!)
+    stop_pid "$d/ovs-vswitchd.pid" ovs-vswitchd &
+    jobs+=($!)
+    stop_pid "$d/ovsdb-server.pid" ovsdb-server &
+    jobs+=($!)
   done
-  stop_pid "$RUN/ovn-northd.pid" ovn-northd
-  stop_pid "$RUN/ovsdb-sb.pid" ovsdb-server
-  stop_pid "$RUN/ovsdb-nb.pid" ovsdb-server
-  stop_pid "$RUN/mysqld.pid" mariadbd
+  stop_pid "$RUN/ovn-northd.pid" ovn-northd &
+  jobs+=($!)
+  stop_pid "$RUN/ovsdb-sb.pid" ovsdb-server &
+  jobs+=($!)
+  stop_pid "$RUN/ovsdb-nb.pid" ovsdb-server &
+  jobs+=($!)
+  stop_pid "$RUN/mysqld.pid" mariadbd &
+  jobs+=($!)
+  wait "${jobs[@]}"
+  for node in $NODES; do
+    # Removing the namespace also removes the underlay veth and any pod veth left in it.
+    ip netns del "$(netns_of "$node")" 2>/dev/null || true
+  done
   rm -f "$RUN/neutron.conf-sum"
   log "stopped"
 }

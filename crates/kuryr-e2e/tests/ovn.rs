@@ -808,10 +808,20 @@ async fn namespace_subnets_route_between_namespaces_with_and_without_port_pools(
             Ok(())
         }
         .await;
-        // Pooled ports outlive the namespaces' networks only until cleanup_project.
+        // After a failure the namespaces' networks may still hang on the router: detach them so
+        // cleanup_project can delete them.
+        let subnets = client
+            .list_subnets(&kuryr_neutron::ListFilter::new().project_id(&fx.project))
+            .await
+            .unwrap_or_default();
+        for sn in subnets {
+            let spec = kuryr_neutron::RouterInterfaceSpec::Subnet { subnet_id: sn.id };
+            let _ = client.remove_router_interface(&router.id, &spec).await;
+        }
         for p in pod_ports(client, &fx.project).await.unwrap_or_default() {
             let _ = client.delete_port(&p.id).await;
         }
+        cleanup_project(client, &fx.project).await;
         let _ = client.delete_router(&router.id).await;
         let _ = client.delete_subnetpool(&subnetpool.id).await;
         result
