@@ -69,10 +69,10 @@ running_pid() {
 
 # stop_pid PIDFILE PROG [SIGNAL]: SIGNAL (TERM), up to 10 s, then KILL.
 stop_pid() {
-  local pid i
+  local pid
   pid=$(running_pid "$1" "$2") || { rm -f "$1"; return 0; }
   kill -"${3:-TERM}" "$pid" 2>/dev/null || true
-  for i in $(seq 100); do
+  for _ in $(seq 100); do
     [ -d "/proc/$pid" ] || break
     sleep 0.1
   done
@@ -103,9 +103,9 @@ on_error() {
 
 # wait_for WHAT TRIES CMD...: poll CMD every 0.2 s.
 wait_for() {
-  local what=$1 tries=$2 i
+  local what=$1 tries=$2 _
   shift 2
-  for i in $(seq "$tries"); do
+  for _ in $(seq "$tries"); do
     "$@" >/dev/null 2>&1 && return 0
     sleep 0.2
   done
@@ -129,6 +129,8 @@ install_packages() {
     own_policy=1
   fi
   local rc=0
+  # $missing is a word list on purpose.
+  # shellcheck disable=SC2086
   {
     apt-get update -q &&
       DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing
@@ -393,13 +395,15 @@ start_neutron() {
   local e=$LAB/etc sum nconf
   write_neutron_config
   nconf=(--config-file "$e/neutron.conf" --config-file "$e/ml2_conf.ini")
-  step "neutron-db-manage upgrade heads" "$LOGS/db-manage.log"
-  "$VENV/bin/neutron-db-manage" "${nconf[@]}" upgrade heads >"$LOGS/db-manage.log" 2>&1
   sum=$(cat "$e/neutron.conf" "$e/ml2_conf.ini" "$e/uwsgi.ini" | sha256sum | cut -d' ' -f1)
-  # A running server started with another config is restarted once.
-  if [ "$(cat "$RUN/neutron.conf-sum" 2>/dev/null)" != "$sum" ]; then
+  # A running server started with this config (and so on a migrated schema) is reused as it is;
+  # one started with another config is restarted once.
+  if [ "$(cat "$RUN/neutron.conf-sum" 2>/dev/null)" != "$sum" ] ||
+    ! running_pid "$RUN/neutron-api.pid" uwsgi >/dev/null; then
     stop_pid "$RUN/neutron-api.pid" uwsgi INT
     stop_pid "$RUN/maintenance.pid" neutron-ovn-mai
+    step "neutron-db-manage upgrade heads" "$LOGS/db-manage.log"
+    "$VENV/bin/neutron-db-manage" "${nconf[@]}" upgrade heads >"$LOGS/db-manage.log" 2>&1
   fi
   step "neutron-server (uWSGI, $API_URL)" "$LOGS/neutron-api.log"
   if ! running_pid "$RUN/neutron-api.pid" uwsgi >/dev/null; then
