@@ -14,15 +14,8 @@ use kube::{Client, Config};
 use kube_emulator::{KubeEmulator, KubeOptions};
 use serde_json::json;
 
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    for _ in 0..200 {
-        if f() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting for: {what}");
-}
+mod common;
+use common::eventually;
 
 fn cm(name: &str, value: &str) -> ConfigMap {
     serde_json::from_value(json!({"metadata": {"name": name}, "data": {"k": value}}))

@@ -42,6 +42,15 @@ impl Kubectl {
         child.wait_with_output().expect("kubectl runs")
     }
 
+    /// `kubectl get <args> -o jsonpath=<path>`.
+    fn get_jsonpath(&self, args: &[&str], path: &str) -> String {
+        let path = format!("jsonpath={path}");
+        let mut full = vec!["get"];
+        full.extend_from_slice(args);
+        full.extend(["-o", path.as_str()]);
+        self.ok(&full, None)
+    }
+
     /// Runs kubectl, asserts success, returns stdout.
     fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
         let out = self.run(args, stdin);
@@ -160,6 +169,16 @@ fn pod(label: &str) -> String {
     )
 }
 
+/// kubectl's `-v=6` log shows the KuryrPort POST answered 422.
+fn assert_kuryrport_post_got_422(log: &str) {
+    assert!(
+        log.lines().any(|l| l.contains("POST")
+            && l.contains("/kuryrports?")
+            && l.contains(" 422 Unprocessable Entity")),
+        "no 422 response logged: {log}"
+    );
+}
+
 fn kuryrport(name: &str, spec: &str) -> String {
     format!(
         "apiVersion: openstack.org/v1\nkind: KuryrPort\nmetadata:\n  name: {name}\n  namespace: ns1\nspec:\n{spec}"
@@ -233,18 +252,7 @@ async fn kubectl_drives_the_emulator() {
             .contains("pod/pod1 configured")
     );
     assert_eq!(
-        k.ok(
-            &[
-                "get",
-                "pod",
-                "pod1",
-                "-n",
-                "ns1",
-                "-o",
-                "jsonpath={.metadata.labels.app}"
-            ],
-            None
-        ),
+        k.get_jsonpath(&["pod", "pod1", "-n", "ns1"], "{.metadata.labels.app}"),
         "db"
     );
     let kp = kuryrport("kp1", "  podUid: uid-1\n  podNodeName: node-a\n");
@@ -294,18 +302,7 @@ async fn kubectl_drives_the_emulator() {
         None,
     );
     k.ok(&["patch", "kp", "kp1", "-n", "ns1", "--type=json", "-p", r#"[{"op":"test","path":"/spec/podUid","value":"uid-1"},{"op":"replace","path":"/spec/podUid","value":"uid-2"}]"#], None);
-    let spec = k.ok(
-        &[
-            "get",
-            "kp",
-            "kp1",
-            "-n",
-            "ns1",
-            "-o",
-            "jsonpath={.spec.podUid}/{.spec.podNodeName}",
-        ],
-        None,
-    );
+    let spec = k.get_jsonpath(&["kp", "kp1", "-n", "ns1"], "{.spec.podUid}/{.spec.podNodeName}");
     assert_eq!(spec, "uid-2/node-b");
     let err = k.fails(
         &[
@@ -352,18 +349,7 @@ async fn kubectl_drives_the_emulator() {
         None,
     );
     assert_eq!(
-        k.ok(
-            &[
-                "get",
-                "pod",
-                "pod1",
-                "-n",
-                "ns1",
-                "-o",
-                "jsonpath={.status.phase}"
-            ],
-            None
-        ),
+        k.get_jsonpath(&["pod", "pod1", "-n", "ns1"], "{.status.phase}"),
         "Running"
     );
 
@@ -407,18 +393,7 @@ async fn kubectl_drives_the_emulator() {
         delete.try_wait().expect("poll delete").is_none(),
         "delete returned while a finalizer was present"
     );
-    let ts = k.ok(
-        &[
-            "get",
-            "kp",
-            "kp1",
-            "-n",
-            "ns1",
-            "-o",
-            "jsonpath={.metadata.deletionTimestamp}",
-        ],
-        None,
-    );
+    let ts = k.get_jsonpath(&["kp", "kp1", "-n", "ns1"], "{.metadata.deletionTimestamp}");
     assert!(!ts.is_empty(), "deletionTimestamp not set");
     k.ok(
         &[
@@ -448,32 +423,12 @@ async fn kubectl_drives_the_emulator() {
     let kp2b = kuryrport("kp2", "  podUid: uid-9\n  podNodeName: node-d\n");
     k.ok(&["apply", "--server-side", "-f", "-"], Some(&kp2b));
     assert_eq!(
-        k.ok(
-            &[
-                "get",
-                "kp",
-                "kp2",
-                "-n",
-                "ns1",
-                "-o",
-                "jsonpath={.spec.podNodeName}"
-            ],
-            None
-        ),
+        k.get_jsonpath(&["kp", "kp2", "-n", "ns1"], "{.spec.podNodeName}"),
         "node-d"
     );
-    let managers = k.ok(
-        &[
-            "get",
-            "kp",
-            "kp2",
-            "-n",
-            "ns1",
-            "--show-managed-fields",
-            "-o",
-            "jsonpath={.metadata.managedFields[*].manager}",
-        ],
-        None,
+    let managers = k.get_jsonpath(
+        &["kp", "kp2", "-n", "ns1", "--show-managed-fields"],
+        "{.metadata.managedFields[*].manager}",
     );
     assert!(managers.contains("kubectl"), "{managers}");
     // Another field manager changing a field "kubectl" owns conflicts; --force-conflicts takes it over.
@@ -524,12 +479,7 @@ async fn kubectl_drives_the_emulator() {
         err.contains("is invalid") && err.contains("spec.podNodeName: Required value"),
         "{err}"
     );
-    assert!(
-        err.lines().any(|l| l.contains("POST")
-            && l.contains("/kuryrports?")
-            && l.contains(" 422 Unprocessable Entity")),
-        "no 422 response logged: {err}"
-    );
+    assert_kuryrport_post_got_422(&err);
     let err = k.fails(
         &["create", "-v=6", "-f", "-"],
         Some(&kuryrport("kp4", "  podUid: 5\n  podNodeName: n\n")),
@@ -538,12 +488,7 @@ async fn kubectl_drives_the_emulator() {
         err.contains("spec.podUid") && err.contains("must be of type string"),
         "{err}"
     );
-    assert!(
-        err.lines().any(|l| l.contains("POST")
-            && l.contains("/kuryrports?")
-            && l.contains(" 422 Unprocessable Entity")),
-        "no 422 response logged: {err}"
-    );
+    assert_kuryrport_post_got_422(&err);
     // The same through the raw API: the Status body says 422/Invalid.
     let raw = k.fails(
         &["create", "--raw", "/apis/openstack.org/v1/namespaces/ns1/kuryrports", "-f", "-"],

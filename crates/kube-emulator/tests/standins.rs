@@ -2,20 +2,24 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use kube_emulator::standins::{spawn_kubelet, spawn_scheduler};
 use kube_emulator::{DeleteOpts, KubeEmulator, KubeOptions, WriteOpts};
 use serde_json::{Value, json};
 
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    for _ in 0..200 {
-        if f() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting for: {what}");
+mod common;
+use common::eventually;
+
+/// Status code of an authenticated GET.
+async fn get_status(http: &reqwest::Client, url: String) -> u16 {
+    let r = http.get(url).bearer_auth("tok").send().await;
+    r.expect("get").status().as_u16()
+}
+
+/// Body of an authenticated GET.
+async fn get_json(http: &reqwest::Client, url: String) -> Value {
+    let r = http.get(url).bearer_auth("tok").send().await.expect("get");
+    r.json().await.expect("json body")
 }
 
 fn pod(name: &str, selector: Option<&str>) -> Value {
@@ -158,47 +162,16 @@ async fn gc_persistence_auth_and_http_errors() {
         .await
         .expect("post");
     assert_eq!(dry.status().as_u16(), 201);
-    assert_eq!(
-        http.get(format!("{cms}/dry"))
-            .bearer_auth("tok")
-            .send()
-            .await
-            .expect("get")
-            .status()
-            .as_u16(),
-        404
-    );
+    assert_eq!(get_status(&http, format!("{cms}/dry")).await, 404);
     // Paging.
-    let page: Value = http
-        .get(format!("{cms}?&limit=1"))
-        .bearer_auth("tok")
-        .send()
-        .await
-        .expect("list")
-        .json()
-        .await
-        .expect("json");
+    let page: Value = get_json(&http, format!("{cms}?&limit=1")).await;
     assert_eq!(page["items"].as_array().map(Vec::len), Some(1));
     let token = page["metadata"]["continue"].as_str().expect("continue token");
-    let rest: Value = http
-        .get(format!("{cms}?limit=1&continue={token}"))
-        .bearer_auth("tok")
-        .send()
-        .await
-        .expect("list")
-        .json()
-        .await
-        .expect("json");
+    let rest: Value = get_json(&http, format!("{cms}?limit=1&continue={token}")).await;
     assert_eq!(rest["items"][0]["metadata"]["name"], "owner");
     // Unsupported field selector -> 400; unsupported method -> 405.
     assert_eq!(
-        http.get(format!("{cms}?fieldSelector=spec.bogus=1"))
-            .bearer_auth("tok")
-            .send()
-            .await
-            .expect("list")
-            .status()
-            .as_u16(),
+        get_status(&http, format!("{cms}?fieldSelector=spec.bogus=1")).await,
         400
     );
     assert_eq!(
@@ -228,16 +201,7 @@ async fn gc_persistence_auth_and_http_errors() {
         store.get(&cm_def, "default", "dep").is_err()
     })
     .await;
-    assert_eq!(
-        http.get(format!("{cms}/dep"))
-            .bearer_auth("tok")
-            .send()
-            .await
-            .expect("get")
-            .status()
-            .as_u16(),
-        404
-    );
+    assert_eq!(get_status(&http, format!("{cms}/dep")).await, 404);
 
     post(json!({"metadata": {"name": "kept"}, "data": {"a": "b"}}))
         .await

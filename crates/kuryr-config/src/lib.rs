@@ -23,6 +23,7 @@
 pub mod error;
 pub mod ini;
 pub mod sections;
+pub mod sriov;
 pub mod value;
 
 use std::collections::BTreeSet;
@@ -32,6 +33,7 @@ use std::path::Path;
 pub use error::{ConfigError, InvalidValue, MissingOption, Warning};
 pub use ini::{DEFAULT_SECTION, Ini, IniValue, Origin};
 pub use sections::*;
+pub use sriov::{OPAQUE_RESOURCE_PREFIX, PhysicalDeviceMappings};
 pub use value::{OptionValue, ScalarValue, Secret};
 
 /// Prefix of the section name of extra OpenStack deployments: `[deployment:<name>]`.
@@ -56,7 +58,8 @@ macro_rules! kuryr_config {
         #[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
         pub struct KuryrConfig {
             $( $(#[$meta])* pub $field: $ty, )+
-            /// `[deployment:<name>]` sections in declaration order (seed 001); see
+            /// `[deployment:<name>]` sections in declaration order (see
+            /// `docs/architecture.md#several-openstack-deployments`); see
             /// [`KuryrConfig::deployments`] for all deployments including `[neutron]`.
             pub extra_deployments: Vec<(String, NeutronAuthSection)>,
         }

@@ -7,6 +7,7 @@ use std::num::NonZeroU32;
 
 use crate::error::InvalidValue;
 use crate::ini::Ini;
+use crate::sriov::PhysicalDeviceMappings;
 use crate::value::{OptionValue, Secret, choice_enum};
 
 /// Declares a section struct: one line per option, `name: Type = default`.
@@ -162,9 +163,9 @@ choice_enum! {
         Noop = "noop",
         NpwgMultipleInterfaces = "npwg_multiple_interfaces",
         Sriov = "sriov",
-        /// kuryr-rs (seed 004): `openstack.org/kuryr-additional-subnets` pod annotation.
+        /// kuryr-rs: `openstack.org/kuryr-additional-subnets` pod annotation.
         AdditionalSubnets = "additional_subnets",
-        /// kuryr-rs (seed 004): `spec-ports` pod annotation (pre-created ports).
+        /// kuryr-rs: `spec-ports` pod annotation (pre-created ports).
         SpecificPorts = "specific_ports",
     }
 }
@@ -246,7 +247,7 @@ choice_enum! {
 }
 
 choice_enum! {
-    /// `[pod_binding] filters` items (seed 001): which deployments may receive a tenant.
+    /// `[pod_binding] filters` items: which deployments may receive a tenant.
     pub enum BindingFilter {
         /// Passes every enabled deployment.
         All = "all",
@@ -260,7 +261,7 @@ choice_enum! {
 }
 
 choice_enum! {
-    /// `[pod_binding] weighers` items (seed 001): how the remaining deployments are ranked.
+    /// `[pod_binding] weighers` items: how the remaining deployments are ranked.
     pub enum BindingWeigher {
         /// Earlier declared deployments weigh more (upstream "pod creation time").
         CreationOrder = "creation_order",
@@ -501,7 +502,8 @@ config_section! {
         kubelet_root_dir: String = s("/var/lib/kubelet"),
         enable_pod_resource_service: bool = false,
         default_physnet_subnets: BTreeMap<String, String> = BTreeMap::new(),
-        physical_device_mappings: Vec<String> = Vec::new(),
+        /// Checked on load (`physnet:interface` entries).
+        physical_device_mappings: PhysicalDeviceMappings = PhysicalDeviceMappings::default(),
         physnet_resource_mappings: BTreeMap<String, String> = BTreeMap::new(),
         device_plugin_resource_prefix: String = s("intel.com"),
         resource_driver_mappings: BTreeMap<String, String> = BTreeMap::new(),
@@ -570,11 +572,11 @@ config_section! {
         insecure: bool = false,
         /// Seconds per HTTP request; `None` = no timeout (keystoneauth's default).
         timeout: Option<u64> = None,
-        /// kuryr-rs (seed 001): availability zone this deployment serves.
+        /// kuryr-rs: availability zone this deployment serves.
         availability_zone: Option<String> = None,
-        /// kuryr-rs (seed 001): key:value tags matched by the `resource_affinity` filter.
+        /// kuryr-rs: key:value tags matched by the `resource_affinity` filter.
         resource_affinity: BTreeMap<String, String> = BTreeMap::new(),
-        /// kuryr-rs (seed 001): `false` takes the deployment out of new bindings (maintenance).
+        /// kuryr-rs: `false` takes the deployment out of new bindings (maintenance).
         binding_enabled: bool = true,
         /// kuryr-rs: this deployment's pod subnet (overrides `[neutron_defaults] pod_subnet`, whose
         /// id only exists in one deployment).
@@ -589,7 +591,8 @@ config_section! {
 }
 
 config_section! {
-    /// `[pod_binding]` (kuryr-rs, seed 001): which deployment a tenant is bound to.
+    /// `[pod_binding]` (kuryr-rs): which deployment a tenant is bound to (see
+    /// `docs/architecture.md#several-openstack-deployments`).
     pub struct PodBindingSection {
         enabled: bool = false,
         filters: Vec<BindingFilter> = vec![BindingFilter::All],

@@ -74,9 +74,10 @@ impl ScalarValue for SocketAddr {
     }
 }
 
-/// A secret string (passwords, application credential secrets): never shown by `Debug`
-/// or serialization, so a config dump cannot leak it.
-#[derive(Clone, PartialEq, Eq)]
+/// A secret string (passwords, application credential secrets, tokens): never shown by
+/// `Debug`, `Display` or serialization, so neither a config dump nor a log line can leak
+/// it. The Neutron client uses the same type.
+#[derive(Clone, PartialEq, Eq, Default)]
 pub struct Secret(String);
 
 impl Secret {
@@ -86,6 +87,23 @@ impl Secret {
     /// The secret itself, for the one place that sends it (the Keystone request).
     pub fn expose(&self) -> &str {
         &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// Read in clear (from `clouds.yaml` or JSON options); only output is redacted.
+impl<'de> serde::Deserialize<'de> for Secret {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        <String as serde::Deserialize>::deserialize(d).map(Secret)
     }
 }
 
@@ -282,6 +300,7 @@ mod tests {
     fn secret_is_not_printed() {
         let s = Secret::new("hunter2");
         assert!(!format!("{s:?}").contains("hunter2"));
+        assert!(!format!("{s}").contains("hunter2"));
         assert_eq!(s.expose(), "hunter2");
     }
 }

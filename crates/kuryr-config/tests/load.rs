@@ -131,8 +131,12 @@ fn devstack_file_gives_typed_values() {
     assert_eq!(c.cni_daemon.cni_failures_count, 5);
     assert_eq!(c.cni_health_server.max_memory_usage, 1024);
     assert_eq!(
-        c.sriov.physical_device_mappings,
-        ["physnet1:ens4f0", "physnet2:ens4f1"]
+        c.sriov.pfs_of_physnet("physnet1"),
+        Some(&["ens4f0".to_string()][..])
+    );
+    assert_eq!(
+        c.sriov.pfs_of_physnet("physnet2"),
+        Some(&["ens4f1".to_string()][..])
     );
     assert_eq!(
         c.sriov
@@ -445,6 +449,55 @@ fn bad_values_name_section_option_and_value() {
             "config {text:?}\n  error: {err}\n  expected to contain: {expected}"
         );
     }
+}
+
+/// The daemon used to log a bad mapping and start without it; now it cannot start.
+#[test]
+fn bad_physical_device_mappings_fail_the_load() {
+    for (value, why) in [
+        (
+            "physnet1:ens1f0,ens1f1",
+            "entry \"ens1f1\" is not physnet:interface",
+        ),
+        (
+            "physnet1:../etc",
+            "\"../etc\" (physnet physnet1) is not an interface name",
+        ),
+        (
+            "physnet1:an-interface-name-too-long",
+            "(physnet physnet1) is not an interface name",
+        ),
+    ] {
+        let err = KuryrConfig::from_ini_str(&format!("[sriov]\nphysical_device_mappings = {value}\n"))
+            .expect_err(value);
+        let bad = err.invalid_values();
+        assert_eq!(bad.len(), 1, "{err}");
+        assert_eq!(
+            (
+                bad[0].section.as_str(),
+                bad[0].option.as_str(),
+                bad[0].value.as_str()
+            ),
+            ("sriov", "physical_device_mappings", value)
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with(&format!("[sriov] physical_device_mappings = {value:?}: ")) && msg.contains(why),
+            "{msg}"
+        );
+    }
+    // Environment overrides are checked the same way.
+    let err = KuryrConfig::load_with_env(
+        &[] as &[&str],
+        [("KURYR__SRIOV__PHYSICAL_DEVICE_MAPPINGS", "nocolon")],
+    )
+    .expect_err("bad override");
+    assert!(
+        err.to_string().contains(
+            "[sriov] physical_device_mappings = \"nocolon\": entry \"nocolon\" is not physnet:interface"
+        ),
+        "{err}"
+    );
 }
 
 #[test]

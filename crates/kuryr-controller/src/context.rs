@@ -1,38 +1,49 @@
-//! The context injected into handlers and drivers (kube-rs controller style).
+//! The context injected into handlers (kube-rs controller style), built once before anything runs.
+//!
+//! - [`Platform`]: what everything shares - the Kubernetes client, `kuryr.conf`, the OpenStack
+//!   clients of every deployment, metrics, the Event recorder and deployment placement.
+//! - [`Context`]: the platform plus the [`Drivers`] chosen from it. Drivers are complete when the
+//!   context exists (the pool included); nothing in it is replaced afterwards.
 
+use std::ops::Deref;
 use std::sync::Arc;
 
-use kube::Client;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::{Api, Client, ResourceExt};
 use kuryr_config::KuryrConfig;
 
-use k8s_openapi::api::core::v1::Namespace;
-use kube::{Api, ResourceExt};
-
-use crate::binding::store::ConfigMapStore;
-use crate::binding::{AFFINITY_ANNOTATION, AZ_ANNOTATION, Binder, BindingRequest, Candidate, Scheduler};
+use crate::drivers::Drivers;
 use crate::error::Error;
-use crate::k8s::EventRecorder;
 use crate::metrics::Metrics;
 use crate::openstack::{DEFAULT_DEPLOYMENT, Deployments};
+use crate::placement::store::ConfigMapStore;
+use crate::placement::{AFFINITY_ANNOTATION, AZ_ANNOTATION, Binder, BindingRequest, Candidate, Scheduler};
 
-pub struct Context {
+/// Clients, configuration and shared services; cheap to share behind an `Arc`.
+pub struct Platform {
     pub kube: Client,
     pub config: Arc<KuryrConfig>,
     pub deployments: Deployments,
     pub metrics: Metrics,
-    pub events: EventRecorder,
+    /// kube-runtime's Event recorder (events.k8s.io/v1, with its own de-duplication into series).
+    pub events: Recorder,
     /// Tags every Neutron resource this cluster's controller creates, so that clusters sharing a
     /// project never touch each other's ports.
     pub cluster_id: String,
-    /// The seed 001 binding scheduler, when `[pod_binding] enabled`.
-    pub binder: Option<Arc<Binder>>,
+    /// Which deployment serves a project, when `[pod_binding] enabled`.
+    pub placement: Option<Arc<Binder>>,
 }
 
-impl Context {
+impl Platform {
     pub fn new(kube: Client, config: Arc<KuryrConfig>, deployments: Deployments, metrics: Metrics) -> Self {
-        let events = EventRecorder::new(kube.clone(), "kuryr-controller");
+        let reporter = Reporter {
+            controller: "kuryr-controller".into(),
+            instance: std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()),
+        };
+        let events = Recorder::new(kube.clone(), reporter);
         let cluster_id = config.kubernetes.cluster_id.clone();
-        let binder = config.pod_binding.enabled.then(|| {
+        let placement = config.pod_binding.enabled.then(|| {
             let candidates = config
                 .deployments()
                 .into_iter()
@@ -63,13 +74,13 @@ impl Context {
             metrics,
             events,
             cluster_id,
-            binder,
+            placement,
         }
     }
 
-    /// Where `project`'s existing resources live (its current binding), for releasing them.
+    /// Where `project`'s existing resources live (its current placement), for releasing them.
     pub async fn bound_deployment(&self, project_id: &str) -> Result<String, Error> {
-        match &self.binder {
+        match &self.placement {
             Some(b) => Ok(b
                 .current(project_id)
                 .await?
@@ -79,12 +90,12 @@ impl Context {
     }
 
     /// The OpenStack deployment serving `namespace`'s project: with `[pod_binding] enabled` the
-    /// binding scheduler (seed 001) decides and records it; otherwise the default deployment.
+    /// placement scheduler decides and records it; otherwise the default deployment.
     ///
     /// The namespace is only read when the scheduler is on (its annotations carry the requested
     /// zone and affinity), so the default path costs no API call.
     pub async fn bind(&self, project_id: &str, namespace: &str) -> Result<String, Error> {
-        let Some(binder) = &self.binder else {
+        let Some(binder) = &self.placement else {
             return Ok(DEFAULT_DEPLOYMENT.to_string());
         };
         let ns = Api::<Namespace>::all(self.kube.clone())
@@ -118,5 +129,31 @@ impl Context {
         tags.sort();
         tags.dedup();
         tags
+    }
+}
+
+/// The platform and the drivers `kuryr.conf` chose, as every handler receives them.
+pub struct Context {
+    platform: Arc<Platform>,
+    pub drivers: Drivers,
+}
+
+impl Context {
+    /// Chooses every driver (the pool included) from the platform's configuration.
+    pub fn build(platform: Arc<Platform>) -> Result<Arc<Self>, Error> {
+        let drivers = Drivers::from_config(&platform)?;
+        Ok(Arc::new(Self { platform, drivers }))
+    }
+
+    pub fn platform(&self) -> &Arc<Platform> {
+        &self.platform
+    }
+}
+
+impl Deref for Context {
+    type Target = Platform;
+
+    fn deref(&self) -> &Platform {
+        &self.platform
     }
 }

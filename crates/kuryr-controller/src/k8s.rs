@@ -1,18 +1,13 @@
 //! Small Kubernetes helpers shared by handlers: object re-reads, finalizers, Events.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::core::NamespaceResourceScope;
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use tokio::sync::Mutex;
 
 use crate::error::{Error, is_not_found};
 
@@ -77,7 +72,8 @@ where
             {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer},
         ])
     };
-    let patch: json_patch::Patch = serde_json::from_value(patch).map_err(|e| Error::Config(e.to_string()))?;
+    let patch: json_patch::Patch =
+        serde_json::from_value(patch).map_err(|e| Error::serialization("finalizer patch", e))?;
     Ok(api_for(client, obj)
         .patch(
             &obj.name_any(),
@@ -104,7 +100,8 @@ where
         {"op": "test", "path": path, "value": finalizer},
         {"op": "remove", "path": path},
     ]);
-    let patch: json_patch::Patch = serde_json::from_value(patch).map_err(|e| Error::Config(e.to_string()))?;
+    let patch: json_patch::Patch =
+        serde_json::from_value(patch).map_err(|e| Error::serialization("finalizer patch", e))?;
     match api_for(client, obj)
         .patch(
             &obj.name_any(),
@@ -119,109 +116,26 @@ where
     }
 }
 
-/// (object uid, reason) -> (Event name, count)
-type EventIndex = HashMap<(String, String), (String, i32)>;
-
-/// Publishes core/v1 Events (what `kubectl describe` shows). Repeats of the same reason on the same
-/// object bump `count` on one Event instead of creating a new one each retry.
-#[derive(Clone)]
-pub struct EventRecorder {
-    client: Client,
-    component: String,
-    host: String,
-    seen: Arc<Mutex<EventIndex>>,
-}
-
-impl EventRecorder {
-    pub fn new(client: Client, component: impl Into<String>) -> Self {
-        let host = std::env::var("HOSTNAME").unwrap_or_default();
-        Self {
-            client,
-            component: component.into(),
-            host,
-            seen: Arc::default(),
-        }
+/// Records an Event on `obj` through kube-runtime's recorder (which folds repeats of one reason
+/// into a series). Failures are logged, never raised: an Event is a courtesy and must not fail
+/// the handler.
+pub async fn publish_event<K>(recorder: &Recorder, obj: &K, warning: bool, reason: &str, message: &str)
+where
+    K: Resource<DynamicType = ()>,
+{
+    let event = Event {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.to_string(),
+        // events.k8s.io caps the note at 1 kB.
+        note: Some(message.chars().take(1000).collect()),
+        action: reason.to_string(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &obj.object_ref(&())).await {
+        tracing::warn!(reason, error = %e, "could not record event");
     }
-
-    /// Records a Warning (or Normal) Event on `obj`. Failures to record are logged, never raised:
-    /// an Event is a courtesy and must not fail the handler.
-    pub async fn publish<K>(&self, obj: &K, warning: bool, reason: &str, message: &str)
-    where
-        K: Resource<DynamicType = ()>,
-    {
-        let Some(uid) = obj.meta().uid.clone() else { return };
-        let ns = obj.meta().namespace.clone().unwrap_or_else(|| "default".into());
-        let reference = ObjectReference {
-            api_version: Some(K::api_version(&()).into_owned()),
-            kind: Some(K::kind(&()).into_owned()),
-            name: obj.meta().name.clone(),
-            namespace: obj.meta().namespace.clone(),
-            uid: Some(uid.clone()),
-            resource_version: obj.meta().resource_version.clone(),
-            field_path: None,
-        };
-        let api: Api<CoreEvent> = Api::namespaced(self.client.clone(), &ns);
-        let now = Time(chrono_now());
-        let key = (uid.clone(), reason.to_string());
-        let existing = self.seen.lock().await.get(&key).cloned();
-        if let Some((name, count)) = existing {
-            let patch = json!({"count": count + 1, "lastTimestamp": now, "message": message});
-            if api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .is_ok()
-            {
-                self.seen.lock().await.insert(key, (name, count + 1));
-                return;
-            }
-        }
-        let name = format!(
-            "{}.{:x}",
-            obj.meta().name.as_deref().unwrap_or("object"),
-            rand::random::<u64>()
-        );
-        let ev = CoreEvent {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                namespace: Some(ns),
-                ..Default::default()
-            },
-            involved_object: reference,
-            reason: Some(reason.to_string()),
-            message: Some(message.to_string()),
-            type_: Some(if warning { "Warning" } else { "Normal" }.to_string()),
-            count: Some(1),
-            first_timestamp: Some(now.clone()),
-            last_timestamp: Some(now.clone()),
-            event_time: Some(MicroTime(now.0)),
-            action: Some(reason.to_string()),
-            reporting_component: Some(self.component.clone()),
-            reporting_instance: Some(self.host.clone()),
-            source: Some(EventSource {
-                component: Some(self.component.clone()),
-                host: None,
-            }),
-            ..Default::default()
-        };
-        match api.create(&PostParams::default(), &ev).await {
-            Ok(_) => {
-                let mut seen = self.seen.lock().await;
-                // Bounded: forget everything once large; worst case a repeat creates a new Event.
-                if seen.len() > 10_000 {
-                    seen.clear();
-                }
-                seen.insert(key, (name, 1));
-            }
-            Err(e) => tracing::warn!(reason, error = %e, "could not record event"),
-        }
-    }
-
-    /// Forget dedup state of an object that is gone.
-    pub async fn forget(&self, uid: &str) {
-        self.seen.lock().await.retain(|(u, _), _| u != uid);
-    }
-}
-
-fn chrono_now() -> k8s_openapi::jiff::Timestamp {
-    k8s_openapi::jiff::Timestamp::now()
 }

@@ -1,12 +1,11 @@
 //! kuryr-controller: turns Kubernetes objects into OpenStack Neutron resources.
 //!
-//! - [`pipeline`]: the seed 003 handler pipeline (Async, Dispatcher, Retry, LogExceptions)
+//! - [`pipeline`]: the handler pipeline (Async, Dispatcher, Retry, LogExceptions)
 //! - [`watcher`]: list+watch per kind with resume, re-list and periodic reconcile
 //! - `handlers`: `vif`, `kuryrport`, `namespace`, `kuryrnetwork`
 //! - `drivers`: project, subnets, security groups, VIF (neutron-vif, nested-vlan, nested-macvlan),
 //!   pool, multi-VIF
 
-pub mod binding;
 pub mod context;
 pub mod drivers;
 pub mod error;
@@ -16,8 +15,10 @@ pub mod leader;
 pub mod metrics;
 pub mod openstack;
 pub mod pipeline;
+pub mod placement;
 pub mod pool;
 pub mod service;
 pub mod watcher;
+pub mod wiring;
 
 pub use error::{Error, Result};

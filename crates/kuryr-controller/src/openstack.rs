@@ -1,5 +1,5 @@
-//! One Neutron client per OpenStack deployment (seed 001), built from `[neutron]` and the
-//! `[deployment:<name>]` sections, plus the mapping of client errors onto pipeline errors.
+//! One Neutron client per OpenStack deployment, built from `[neutron]` and the
+//! `[deployment:<name>]` sections.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use kuryr_config::{DEPLOYMENT_SECTION_PREFIX, KuryrConfig, NeutronAuthSection};
 use kuryr_neutron::auth::{CloudsYamlError, clouds_yaml_search_paths, display_paths, load_cloud_in};
-use kuryr_neutron::{
-    AuthOptions, AuthType, CallRecord, ClientOptions, ErrorKind, Interface, NeutronClient, Secret,
-};
+use kuryr_neutron::{AuthOptions, AuthType, CallRecord, ClientOptions, Interface, NeutronClient, Secret};
 
 use crate::error::Error;
 use crate::metrics::Metrics;
@@ -171,34 +169,6 @@ fn client_options_searching(
             .or(Some(Duration::from_secs(60))),
         ..ClientOptions::default()
     })
-}
-
-impl From<kuryr_neutron::Error> for Error {
-    fn from(e: kuryr_neutron::Error) -> Self {
-        let kind = match e.kind() {
-            Some(ErrorKind::OverQuota) => "OverQuota",
-            Some(ErrorKind::IpAddressGenerationFailure) => "IpAddressGenerationFailure",
-            Some(ErrorKind::PortNotFound) => "PortNotFound",
-            Some(ErrorKind::DuplicateSubPort) => "DuplicateSubPort",
-            Some(ErrorKind::RevisionNumberConstraintFailed) => "RevisionNumberConstraintFailed",
-            Some(ErrorKind::Conflict) => "Conflict",
-            Some(_) => "NeutronError",
-            None if e.is_transient() => "NeutronUnreachable",
-            None => "NeutronClient",
-        };
-        // Exhausted quotas or addresses are transient from the pod's point of view (someone may free
-        // resources) and the user must see them; a 412 just means "re-read and try again".
-        let capacity = matches!(kind, "OverQuota" | "IpAddressGenerationFailure");
-        let transient = e.is_transient() || capacity || kind == "RevisionNumberConstraintFailed";
-        Error::OpenStack {
-            message: e.to_string(),
-            kind,
-            transient,
-            user_visible: capacity,
-            request_id: e.request_id().map(str::to_string),
-            retry_after: None,
-        }
-    }
 }
 
 #[cfg(test)]

@@ -11,20 +11,18 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use kube::Client;
-use kuryr_config::{KuryrConfig, VifPoolDriver};
+use kuryr_config::KuryrConfig;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::context::Context;
-use crate::drivers::Drivers;
-use crate::drivers::set::vif_driver;
+use crate::context::{Context, Platform};
 use crate::error::Error;
 use crate::handlers::HandlerRegistry;
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::openstack::Deployments;
 use crate::pipeline::{ControllerPipeline, RetryPolicy};
-use crate::pool::{self, PoolManager};
+use crate::pool::PoolManager;
 
 /// How to run a controller.
 pub struct ControllerOptions {
@@ -90,22 +88,20 @@ impl Readiness {
 /// Runs the controller until `stop` is cancelled.
 pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(), Error> {
     let metrics = opts.metrics.clone();
-    let ctx = Arc::new(Context::new(
+    let ctx = Context::build(Arc::new(Platform::new(
         opts.kube.clone(),
         opts.config.clone(),
         opts.deployments.clone(),
         metrics.clone(),
-    ));
-    let mut drivers = Drivers::from_config(&ctx)?;
-    let pools = build_pools(&ctx, &mut drivers)?;
-    let drivers = Arc::new(drivers);
+    )))?;
+    let pools = ctx.drivers.pools.clone();
     let handlers = opts
         .registry
-        .build(&opts.config.kubernetes.enabled_handlers, &ctx, &drivers)?;
+        .build(&opts.config.kubernetes.enabled_handlers, &ctx)?;
     tracing::info!(
         handlers = ?handlers.iter().map(|h| h.name.clone()).collect::<Vec<_>>(),
-        vif_driver = drivers.vif.name(),
-        pool = drivers.pool.name(),
+        vif_driver = ctx.drivers.vif.name(),
+        pool = ctx.drivers.pool.name(),
         "controller starting"
     );
     let readiness = Arc::new(Readiness::default());
@@ -119,9 +115,9 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
         tasks.spawn(serve_metrics(addr, metrics.clone(), stop.clone()));
     }
     tasks.spawn(probe_dependencies(ctx.clone(), readiness.clone(), stop.clone()));
-    if let Some(binder) = &ctx.binder {
+    if let Some(binder) = &ctx.placement {
         let every = Duration::from_secs(opts.config.pod_binding.usage_refresh_interval);
-        tasks.spawn(crate::binding::usage::run(
+        tasks.spawn(crate::placement::usage::run(
             binder.clone(),
             ctx.deployments.clone(),
             every,
@@ -153,7 +149,7 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
                     Some(h) => h,
                     None => opts
                         .registry
-                        .build(&opts.config.kubernetes.enabled_handlers, &ctx, &drivers)?,
+                        .build(&opts.config.kubernetes.enabled_handlers, &ctx)?,
                 };
                 let mut pipeline =
                     ControllerPipeline::new(Arc::new(opts.kube.clone()), opts.retry.clone(), metrics.clone());
@@ -193,32 +189,6 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
     })
     .await;
     Ok(())
-}
-
-/// Replaces the `noop` pool by the configured pool driver; None when pooling is off.
-fn build_pools(ctx: &Arc<Context>, drivers: &mut Drivers) -> Result<Option<Arc<PoolManager>>, Error> {
-    let cfg = &ctx.config;
-    let manager = match cfg.kubernetes.vif_pool_driver {
-        VifPoolDriver::Noop => return Ok(None),
-        VifPoolDriver::MultiPool => {
-            let mut vifs = vec![drivers.vif.clone()];
-            for name in cfg
-                .vif_pool
-                .vif_pool_mapping
-                .keys()
-                .chain(cfg.vif_pool.pools_vif_drivers.values())
-            {
-                if vifs.iter().all(|v| v.name() != name.as_str()) {
-                    vifs.push(vif_driver(ctx, *name)?);
-                }
-            }
-            pool::build_multi(ctx.clone(), vifs, &cfg.vif_pool)?
-        }
-        _ => pool::build(ctx.clone(), drivers.vif.clone(), &cfg.vif_pool)?,
-    };
-    drivers.pool = manager.clone();
-    drivers.pools = Some(manager.clone());
-    Ok(Some(manager))
 }
 
 async fn track_pool_readiness(pools: Arc<PoolManager>, readiness: Arc<Readiness>, stop: CancellationToken) {

@@ -240,10 +240,10 @@ async fn a_registered_handler_receives_events_next_to_the_builtin_ones() -> Resu
         let seen = Arc::new(Mutex::new(Vec::new()));
         let mut registry = HandlerRegistry::with_builtin();
         let s = seen.clone();
-        registry.register("configmap", move |ctx, drivers| {
+        registry.register("configmap", move |ctx| {
             RegisteredHandler::new(ConfigMapHandler {
                 ctx: ctx.clone(),
-                vif_driver: drivers.vif.name().to_string(),
+                vif_driver: ctx.drivers.vif.name().to_string(),
                 seen: s.clone(),
             })
         });
@@ -310,11 +310,11 @@ async fn a_registered_handler_receives_events_next_to_the_builtin_ones() -> Resu
         let mut registry = HandlerRegistry::with_builtin();
         let c = calls.clone();
         let s2 = Arc::new(Mutex::new(Vec::new()));
-        registry.register("configmap", move |ctx, drivers| {
+        registry.register("configmap", move |ctx| {
             *c.lock().unwrap() += 1;
             RegisteredHandler::new(ConfigMapHandler {
                 ctx: ctx.clone(),
-                vif_driver: drivers.vif.name().to_string(),
+                vif_driver: ctx.drivers.vif.name().to_string(),
                 seen: s2.clone(),
             })
         });

@@ -1,4 +1,4 @@
-//! Issue 7's end-to-end checks: multi-VIF drivers driven through the controller against the
+//! Multi-VIF end to end: multi-VIF drivers driven through the controller against the
 //! Kubernetes API emulator and a Neutron (the emulator, and the real neutron-server when
 //! KURYR_TEST_NEUTRON_URL is set).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -8,7 +8,8 @@ mod support;
 use std::time::Duration;
 
 use anyhow::Result;
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kuryr_crds::{KuryrPort, NetworkAttachmentDefinition, Vif};
@@ -143,7 +144,8 @@ async fn event_for(kube: &kube::Client, pod: &str) -> Result<Event> {
     eventually(&format!("InvalidInput event on {pod}"), WAIT, || async {
         let evs = api.list(&ListParams::default()).await?.items;
         Ok(evs.into_iter().find(|e| {
-            e.reason.as_deref() == Some("InvalidInput") && e.involved_object.name.as_deref() == Some(pod)
+            e.reason.as_deref() == Some("InvalidInput")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod)
         }))
     })
     .await
@@ -437,7 +439,7 @@ async fn an_interrupted_specific_port_claim_is_resumed_and_restored() -> Result<
         .await?;
         let ev = event_for(&kube.client, "refused").await?;
         assert!(
-            ev.message.as_deref().unwrap_or_default().contains("in use"),
+            ev.note.as_deref().unwrap_or_default().contains("in use"),
             "{}: {ev:?}",
             target.name
         );
@@ -593,7 +595,7 @@ async fn bad_input_produces_events_and_leaks_nothing() -> Result<()> {
         }
         for (name, _, needle) in &cases {
             let ev = event_for(&kube.client, name).await?;
-            let msg = ev.message.unwrap_or_default();
+            let msg = ev.note.unwrap_or_default();
             assert!(
                 msg.contains(needle),
                 "{}: {name}: event {msg:?} lacks {needle:?}",

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kuryr_config::{KuryrConfig, VifPoolDriver};
-use kuryr_controller::context::Context;
+use kuryr_controller::context::Platform;
 use kuryr_controller::drivers::pool::VifPool;
 use kuryr_controller::drivers::vif::neutron::NeutronVif;
 use kuryr_controller::drivers::{NetworkInfo, PodRef, PortSpec};
@@ -65,7 +65,7 @@ async fn list_show_populate_free_over_the_socket() {
             let kube =
                 kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
             let deployments = Deployments::single(client.clone());
-            let ctx = Arc::new(Context::new(
+            let ctx = Arc::new(Platform::new(
                 kube,
                 config.clone(),
                 deployments.clone(),

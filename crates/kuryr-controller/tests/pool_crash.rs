@@ -1,4 +1,4 @@
-//! Crash safety of the port pools (issue 5): the controller is killed abruptly (its runtime torn
+//! Crash safety of the port pools: the controller is killed abruptly (its runtime torn
 //! down: no flush, no hand-over, detached tasks die too - SIGKILL semantics) 10 times at random moments during a churn of pod
 //! creations and deletions. Once the last controller has settled, every kuryr-rs port of the
 //! test project is used by exactly one KuryrPort or held by exactly one pool, and the pool

@@ -1,4 +1,4 @@
-//! Issue 5's "must show" pool behaviour end to end: the controller (service::run with
+//! Pool behaviour end to end: the controller (service::run with
 //! `vif_pool_driver = neutron`) against the Kubernetes API emulator and a Neutron - the in-repo
 //! emulator, and the real neutron-server when KURYR_TEST_NEUTRON_URL is set.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -344,7 +344,7 @@ async fn kuryrportpool_objects_follow_the_pools() -> Result<()> {
 /// network is filled up to min in one bulk create each; a second call creates nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prepopulate_fills_every_nodes_pool_up_to_min() -> Result<()> {
-    use kuryr_controller::context::Context;
+    use kuryr_controller::context::Platform;
     use kuryr_controller::drivers::vif::neutron::NeutronVif;
     use kuryr_controller::drivers::{NetworkInfo, PortSpec};
     use kuryr_controller::metrics::Metrics;
@@ -360,7 +360,7 @@ async fn prepopulate_fills_every_nodes_pool_up_to_min() -> Result<()> {
         let config = config(&bed.ini);
         let metrics = Metrics::new();
         let deployments = Deployments::noauth(&target.url, &metrics)?;
-        let ctx = Arc::new(Context::new(
+        let ctx = Arc::new(Platform::new(
             kube.client.clone(),
             config.clone(),
             deployments.clone(),
@@ -513,7 +513,7 @@ async fn deleting_a_namespace_drops_its_pools_and_removes_its_network() -> Resul
 /// pools, keeps being retried, and is wired once the quota allows the refill.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn refill_over_quota_is_an_event_on_the_pod_which_is_wired_once_quota_allows() -> Result<()> {
-    use k8s_openapi::api::core::v1::Event;
+    use k8s_openapi::api::events::v1::Event;
 
     init_logs();
     for target in neutron_targets().await? {
@@ -542,15 +542,17 @@ async fn refill_over_quota_is_an_event_on_the_pod_which_is_wired_once_quota_allo
         })
         .await?;
         assert_eq!(ev.type_.as_deref(), Some("Warning"), "{}", target.name);
-        assert_eq!(ev.involved_object.name.as_deref(), Some("t-0"), "{}", target.name);
+        assert_eq!(
+            ev.regarding.as_ref().and_then(|r| r.name.as_deref()),
+            Some("t-0"),
+            "{}",
+            target.name
+        );
         assert!(
-            ev.message
-                .as_deref()
-                .unwrap_or_default()
-                .contains("Quota exceeded"),
+            ev.note.as_deref().unwrap_or_default().contains("Quota exceeded"),
             "{}: {:?}",
             target.name,
-            ev.message
+            ev.note
         );
         assert!(
             kuryr_ports(neutron, &fx.project).await?.is_empty(),

@@ -14,7 +14,7 @@ use anyhow::Result;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use kuryr_config::{KuryrConfig, VifPoolDriver};
-use kuryr_controller::context::Context;
+use kuryr_controller::context::Platform;
 use kuryr_controller::drivers::pool::{ORIGIN_FIELD, VifOrigin, VifPool};
 use kuryr_controller::drivers::vif::neutron::NeutronVif;
 use kuryr_controller::drivers::{NetworkInfo, PodRef, PortSpec};
@@ -114,7 +114,7 @@ async fn regained_leadership_recovers_instead_of_serving_stale_pools() -> Result
         let config = Arc::new(config);
         let metrics = Metrics::new();
         let deployments = Deployments::noauth(&target.url, &metrics)?;
-        let ctx = Arc::new(Context::new(
+        let ctx = Arc::new(Platform::new(
             kube.client.clone(),
             config.clone(),
             deployments.clone(),

@@ -1,4 +1,4 @@
-//! Issue 5 on nested VLAN nodes: the `nested` pool driver keeps subports attached to each VM's
+//! Port pools on nested VLAN nodes: the `nested` pool driver keeps subports attached to each VM's
 //! trunk, fills it in one bulk create + one `add_subports` per batch, recycles released subports
 //! in place, and recovers its pools after a restart without creating, deleting or re-numbering a
 //! subport - against the emulator and, when KURYR_TEST_NEUTRON_URL is set, the real server.

@@ -111,7 +111,6 @@ impl Lab {
             },
             port_debug: false,
             mtu: 0,
-            ovs_bridge: "br-int".into(),
             cluster_tag,
             metrics: Metrics::new(),
             refill_wait: Duration::from_secs(60),

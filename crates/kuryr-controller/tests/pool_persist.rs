@@ -12,7 +12,7 @@ use kube::Api;
 use kube::api::PostParams;
 use kube_emulator::{KubeEmulator, KubeOptions};
 use kuryr_config::{KuryrConfig, VifPoolDriver};
-use kuryr_controller::context::Context;
+use kuryr_controller::context::Platform;
 use kuryr_controller::drivers::pool::{ORIGIN_FIELD, VifPool};
 use kuryr_controller::drivers::vif::neutron::NeutronVif;
 use kuryr_controller::drivers::{NetworkInfo, PodRef, PortSpec};
@@ -88,7 +88,7 @@ async fn restart_rebuilds_pools_from_kuryrportpools_and_kuryrports() {
             config.vif_pool.ports_pool_batch = 5.try_into().unwrap();
             let config = Arc::new(config);
             let deployments = Deployments::single(neutron.clone());
-            let ctx = Arc::new(Context::new(
+            let ctx = Arc::new(Platform::new(
                 kube.clone(),
                 config.clone(),
                 deployments.clone(),

@@ -1,4 +1,4 @@
-//! An empty pool answers ResourceNotReady quickly and refills at once (seed 000): a request never
+//! An empty pool answers ResourceNotReady quickly and refills at once: a request never
 //! waits for a slow refill longer than `REFILL_WAIT`. Needs a Neutron whose bulk create is slow,
 //! so only the in-repo emulator (with a latency table) runs it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use kuryr_config::{KuryrConfig, VifPoolDriver};
-use kuryr_controller::context::Context;
+use kuryr_controller::context::Platform;
 use kuryr_controller::drivers::pool::VifPool;
 use kuryr_controller::drivers::vif::neutron::NeutronVif;
 use kuryr_controller::drivers::{NetworkInfo, PodRef, PortSpec};
@@ -57,7 +57,7 @@ async fn an_empty_pool_answers_not_ready_at_once_and_refills() -> Result<()> {
     let config = Arc::new(config);
     let metrics = Metrics::new();
     let deployments = Deployments::noauth(&emu.url(), &metrics)?;
-    let ctx = Arc::new(Context::new(
+    let ctx = Arc::new(Platform::new(
         kube.client.clone(),
         config.clone(),
         deployments.clone(),

@@ -1,4 +1,4 @@
-//! Issue 4: nested VLAN nodes with trunks, namespace networks, and two controllers in HA.
+//! Nested VLAN nodes with trunks, namespace networks, and two controllers in HA.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;

@@ -1,4 +1,4 @@
-//! Issue 4's end-to-end checks: the controller against the Kubernetes API emulator and a Neutron
+//! Pod wiring end to end: the controller against the Kubernetes API emulator and a Neutron
 //! (the emulator, and the real neutron-server when KURYR_TEST_NEUTRON_URL is set).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -7,7 +7,8 @@ mod support;
 use std::time::Duration;
 
 use anyhow::Result;
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
 use kuryr_crds::KuryrPort;
@@ -193,7 +194,7 @@ async fn quota_and_bad_annotation_produce_events_while_others_are_wired() -> Res
         let quota = eventually("OverQuota event", WAIT, || events_with("tight", "OverQuota")).await?;
         assert_eq!(quota.type_.as_deref(), Some("Warning"));
         assert!(
-            quota.message.unwrap_or_default().contains("Quota exceeded"),
+            quota.note.unwrap_or_default().contains("Quota exceeded"),
             "{}",
             target.name
         );
@@ -202,11 +203,14 @@ async fn quota_and_bad_annotation_produce_events_while_others_are_wired() -> Res
         })
         .await?;
         assert!(
-            bad.message
+            bad.note
                 .unwrap_or_default()
                 .contains("openstack.org/kuryr-project")
         );
-        assert_eq!(bad.involved_object.name.as_deref(), Some("b-0"));
+        assert_eq!(
+            bad.regarding.as_ref().and_then(|r| r.name.as_deref()),
+            Some("b-0")
+        );
         // The two pods that fit the quota are wired; the controller is still alive.
         let tight_kps = Api::<KuryrPort>::namespaced(kube.client.clone(), "tight")
             .list(&ListParams::default())
@@ -249,9 +253,14 @@ async fn a_port_that_never_goes_active_produces_an_activation_timeout_event() ->
                 .find(|e| e.reason.as_deref() == Some("VIFActivationTimeout")))
         })
         .await?;
-        assert_eq!(ev.involved_object.name.as_deref(), Some("s-0"), "{}", target.name);
+        assert_eq!(
+            ev.regarding.as_ref().and_then(|r| r.name.as_deref()),
+            Some("s-0"),
+            "{}",
+            target.name
+        );
         assert!(
-            ev.message.unwrap_or_default().contains("not active"),
+            ev.note.unwrap_or_default().contains("not active"),
             "{}",
             target.name
         );

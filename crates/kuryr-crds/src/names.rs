@@ -44,7 +44,8 @@ pub mod labels {
     pub const NODE_NAME: &str = "kuryr.openstack.org/nodeName";
     /// kuryr-rs, on KuryrPortPool: node (bare metal) or trunk IP (nested) the pool serves.
     pub const POOL_HOST: &str = "kuryr.openstack.org/poolHost";
-    /// kuryr-rs, on KuryrPortPool: OpenStack deployment of the pool (seed 001).
+    /// kuryr-rs, on KuryrPortPool: OpenStack deployment of the pool
+    /// (see `docs/architecture.md#several-openstack-deployments`).
     pub const POOL_DEPLOYMENT: &str = "kuryr.openstack.org/deployment";
 }
 

@@ -11,8 +11,8 @@ fn fixture(name: &str) -> Value {
 }
 
 #[test]
-fn seed_002_kuryrport_v1_deserializes() -> Result<(), serde_json::Error> {
-    let raw = fixture("seed002-kuryrport-v1.json");
+fn upstream_kuryrport_v1_deserializes() -> Result<(), serde_json::Error> {
+    let raw = fixture("kuryrport-v1.json");
     let kp: KuryrPort = serde_json::from_value(raw.clone())?;
 
     assert_eq!(kp.name_any(), "luis-pod");
@@ -39,7 +39,7 @@ fn seed_002_kuryrport_v1_deserializes() -> Result<(), serde_json::Error> {
 
 #[test]
 fn spec_without_pod_static_defaults_to_false() -> Result<(), serde_json::Error> {
-    let mut raw = fixture("seed002-kuryrport-v1.json");
+    let mut raw = fixture("kuryrport-v1.json");
     raw["spec"]
         .as_object_mut()
         .expect("spec object")
@@ -53,7 +53,7 @@ fn spec_without_pod_static_defaults_to_false() -> Result<(), serde_json::Error> 
 
 #[test]
 fn missing_pod_uid_is_rejected_naming_the_field() {
-    let mut raw = fixture("seed002-kuryrport-v1.json");
+    let mut raw = fixture("kuryrport-v1.json");
     raw["spec"].as_object_mut().expect("spec object").remove("podUid");
     let err = serde_json::from_value::<KuryrPort>(raw)
         .err()
@@ -63,7 +63,7 @@ fn missing_pod_uid_is_rejected_naming_the_field() {
 
 #[test]
 fn multiple_vifs_default_and_extra_keys() -> Result<(), serde_json::Error> {
-    let raw = fixture("seed002-kuryrport-v1.json");
+    let raw = fixture("kuryrport-v1.json");
     let eth0 = raw["status"]["vifs"]["eth0"]["vif"].clone();
     let mut eth1 = eth0.clone();
     eth1["versioned_object.data"]["id"] = Value::String("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee".into());
@@ -92,7 +92,7 @@ fn multiple_vifs_default_and_extra_keys() -> Result<(), serde_json::Error> {
 
 #[test]
 fn unsupported_vif_type_error_names_it() {
-    let mut raw = fixture("seed002-kuryrport-v1.json");
+    let mut raw = fixture("kuryrport-v1.json");
     raw["status"]["vifs"]["eth0"]["vif"]["versioned_object.name"] = Value::String("VIFTap".into());
     let err = serde_json::from_value::<KuryrPort>(raw)
         .err()

@@ -12,8 +12,8 @@ fn fixture(name: &str) -> Value {
 }
 
 #[test]
-fn seed_002_vlan_nested_vif_round_trips_exactly() -> Result<(), vif::VifError> {
-    let raw = fixture("seed002-vif-vlan-nested.json");
+fn upstream_vlan_nested_vif_round_trips_exactly() -> Result<(), vif::VifError> {
+    let raw = fixture("vif-vlan-nested.json");
     let vif = Vif::from_primitive(raw.clone())?;
 
     assert_eq!(vif.object_name(), "VIFVlanNested");
@@ -49,7 +49,7 @@ fn seed_002_vlan_nested_vif_round_trips_exactly() -> Result<(), vif::VifError> {
 
 #[test]
 fn unknown_data_fields_and_changes_survive() -> Result<(), vif::VifError> {
-    let mut raw = fixture("seed002-vif-vlan-nested.json");
+    let mut raw = fixture("vif-vlan-nested.json");
     raw["versioned_object.changes"] = serde_json::json!(["active", "id"]);
     raw["versioned_object.data"]["future_field"] = serde_json::json!({"x": 1});
     raw["versioned_object.data"]["network"]["versioned_object.data"]["bridge"] = serde_json::json!("br-int");
@@ -73,7 +73,7 @@ fn unknown_data_fields_and_changes_survive() -> Result<(), vif::VifError> {
 
 #[test]
 fn subnet_without_gateway_parses() -> Result<(), vif::VifError> {
-    let mut raw = fixture("seed002-vif-vlan-nested.json");
+    let mut raw = fixture("vif-vlan-nested.json");
     let subnet = &mut raw["versioned_object.data"]["network"]["versioned_object.data"]["subnets"]["versioned_object.data"]
         ["objects"][0]["versioned_object.data"];
     subnet
@@ -88,7 +88,7 @@ fn subnet_without_gateway_parses() -> Result<(), vif::VifError> {
 
 #[test]
 fn changing_a_field_changes_only_that_field() -> Result<(), vif::VifError> {
-    let raw = fixture("seed002-vif-vlan-nested.json");
+    let raw = fixture("vif-vlan-nested.json");
     let mut vif = Vif::from_primitive(raw.clone())?;
     vif.base_mut().active = false;
     let mut expected = raw;

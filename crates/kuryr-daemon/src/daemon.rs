@@ -13,7 +13,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::api::{CniParams, DaemonError};
-use crate::binding::{BindingConfig, Drivers, PlugSpec, PlugTarget};
+use crate::binding::{BindingConfig, BindingDrivers, BindingError, PlugSpec, PlugTarget, TeardownError};
 use crate::metrics::Metrics;
 use crate::netlink::{NetNs, Netlink};
 use crate::registry::{Attachment, Entry, PodKey, Registry, Wait};
@@ -88,24 +88,14 @@ impl DaemonConfig {
         out.binding.ovs_timeout_secs = u32::try_from(cfg.cni_daemon.pyroute2_timeout).unwrap_or(u32::MAX);
         out.binding.ovs_db = cfg.binding.ovs_db.clone().filter(|s| !s.is_empty());
         out.binding.ovs_datapath_type = cfg.binding.ovs_datapath_type.as_str().to_string();
-        out.binding.ovs_plug = match cfg.binding.ovs_plug_mode {
-            kuryr_config::OvsPlugMode::Ovs => crate::binding::OvsPlugMode::OpenVSwitch,
-            kuryr_config::OvsPlugMode::LinuxBridge => crate::binding::OvsPlugMode::LinuxBridge,
-        };
+        out.binding.ovs_plug = cfg.binding.ovs_plug_mode;
+        // Checked when kuryr.conf loaded: a bad mapping never gets this far.
+        out.binding.sriov.options = cfg.sriov.clone();
         out.binding.pod_tx_checksum = match cfg.binding.pod_tx_checksum_offload {
             kuryr_config::PodTxChecksumOffload::Auto => crate::binding::TxChecksumMode::Auto,
             kuryr_config::PodTxChecksumOffload::Off => crate::binding::TxChecksumMode::Off,
             kuryr_config::PodTxChecksumOffload::On => crate::binding::TxChecksumMode::On,
         };
-        match crate::binding::SriovConfig::parse_mappings(&cfg.sriov.physical_device_mappings) {
-            Ok(m) => out.binding.sriov.physnet_pfs = m,
-            // Only SR-IOV ADDs depend on it: they fail naming the physnet.
-            Err(e) => tracing::error!(error = %e, "ignoring [sriov] physical_device_mappings"),
-        }
-        out.binding.sriov.enable_pod_resource_service = cfg.sriov.enable_pod_resource_service;
-        out.binding.sriov.kubelet_root_dir = PathBuf::from(&cfg.sriov.kubelet_root_dir);
-        out.binding.sriov.physnet_resource_mappings = cfg.sriov.physnet_resource_mappings.clone();
-        out.binding.sriov.device_plugin_resource_prefix = cfg.sriov.device_plugin_resource_prefix.clone();
         out
     }
 }
@@ -141,7 +131,7 @@ pub struct Daemon {
     pub config: DaemonConfig,
     pub registry: Arc<Registry>,
     pub metrics: Metrics,
-    drivers: Drivers,
+    drivers: BindingDrivers,
     state: Option<StateDir>,
     events: Arc<dyn PodEvents>,
     api: Arc<dyn ApiHealth>,
@@ -175,7 +165,7 @@ fn internal(e: impl std::fmt::Display) -> DaemonError {
 impl Daemon {
     pub fn new(config: DaemonConfig, events: Arc<dyn PodEvents>, api: Arc<dyn ApiHealth>) -> Arc<Self> {
         Arc::new(Self {
-            drivers: Drivers::new(&config.binding),
+            drivers: BindingDrivers::new(&config.binding),
             state: config.state_dir.clone().map(StateDir::new),
             config,
             registry: Arc::new(Registry::new()),
@@ -302,47 +292,60 @@ impl Daemon {
             .set(i64::try_from(self.registry.len()).unwrap_or(i64::MAX));
     }
 
+    /// Wait until the pod's KuryrPort is `ready`, posting the `waiting`
+    /// Event (reason, message) once the wait starts; a timeout posts
+    /// `CNITimedOut` and names `what` was waited for.
+    async fn wait_for_kuryrport(
+        &self,
+        p: &CniParams,
+        deadline: Instant,
+        what: &str,
+        waiting: (&str, &str),
+        ready: impl Fn(&KuryrPort) -> Option<KuryrPort>,
+    ) -> Result<KuryrPort, DaemonError> {
+        let uid = p.pod_uid.as_deref();
+        let (reason, message) = waiting;
+        let answer = self
+            .registry
+            .wait_for(
+                &p.key,
+                deadline,
+                |e| self.decide(&p.key, e, uid, &ready),
+                || self.events.publish(&p.key, uid, reason, message, false),
+            )
+            .await;
+        match answer {
+            Ok(Ok(res) | Err(res)) => res,
+            Err(last) => {
+                let e = self.timeout_error(p, last, what);
+                self.events
+                    .publish(&p.key, uid, "CNITimedOut", &e.to_string(), true)
+                    .await;
+                Err(e)
+            }
+        }
+    }
+
     async fn add_inner(&self, body: &[u8]) -> Result<AddResult, DaemonError> {
         let p = CniParams::parse(body)?;
         p.require(&["CNI_IFNAME", "CNI_NETNS", "CNI_CONTAINERID"])?;
         // The per-pod lock is held only while plugging, never during the
         // waits, so a DEL (or the kubelet's retry) is not stuck behind them.
         let deadline = Instant::now() + self.config.vif_annotation_timeout;
-        let uid = p.pod_uid.as_deref();
 
         // 1. the KuryrPort carries VIFs (the Event goes out as the wait starts)
         let kp = self
-            .registry
-            .wait_for(
-                &p.key,
+            .wait_for_kuryrport(
+                &p,
                 deadline,
-                |e| {
-                    self.decide(&p.key, e, uid, |kp| {
-                        kp.vifs().filter(|v| !v.is_empty()).map(|_| kp.clone())
-                    })
-                },
-                || {
-                    self.events.publish(
-                        &p.key,
-                        uid,
-                        "CNIWaitingForVIFs",
-                        "Waiting for Neutron ports to be created for the pod",
-                        false,
-                    )
-                },
+                "the KuryrPort's VIFs",
+                (
+                    "CNIWaitingForVIFs",
+                    "Waiting for Neutron ports to be created for the pod",
+                ),
+                |kp| kp.vifs().filter(|v| !v.is_empty()).map(|_| kp.clone()),
             )
-            .await;
-        let kp = match kp {
-            Ok(Ok(Ok(kp)) | Err(Ok(kp))) => kp,
-            Ok(Ok(Err(e)) | Err(Err(e))) => return Err(e),
-            Err(last) => {
-                let e = self.timeout_error(&p, last, "the KuryrPort's VIFs");
-                self.events
-                    .publish(&p.key, uid, "CNITimedOut", &e.to_string(), true)
-                    .await;
-                return Err(e);
-            }
-        };
+            .await?;
 
         // 2. plug every VIF
         let lock = self.lock_pod(&p.key).await;
@@ -391,38 +394,18 @@ impl Daemon {
         drop(lock);
 
         // 3. every VIF active
-        let active = self
-            .registry
-            .wait_for(
-                &p.key,
+        let kp = self
+            .wait_for_kuryrport(
+                &p,
                 deadline,
-                |e| {
-                    self.decide(&p.key, e, uid, |kp| {
-                        kp.status.as_ref().filter(|s| s.all_active()).map(|_| kp.clone())
-                    })
-                },
-                || {
-                    self.events.publish(
-                        &p.key,
-                        uid,
-                        "CNIWaitingForVIFActivation",
-                        "Waiting for Neutron ports to become ACTIVE",
-                        false,
-                    )
-                },
+                "VIF activation",
+                (
+                    "CNIWaitingForVIFActivation",
+                    "Waiting for Neutron ports to become ACTIVE",
+                ),
+                |kp| kp.status.as_ref().filter(|s| s.all_active()).map(|_| kp.clone()),
             )
-            .await;
-        let kp = match active {
-            Ok(Ok(Ok(kp)) | Err(Ok(kp))) => kp,
-            Ok(Ok(Err(e)) | Err(Err(e))) => return Err(e),
-            Err(last) => {
-                let e = self.timeout_error(&p, last, "VIF activation");
-                self.events
-                    .publish(&p.key, uid, "CNITimedOut", &e.to_string(), true)
-                    .await;
-                return Err(e);
-            }
-        };
+            .await?;
         // A DEL may have run while we waited: then there is nothing to report.
         let still_ours = self
             .registry
@@ -502,10 +485,11 @@ impl Daemon {
             pod_uid: &uid,
             owner_tag: None,
         };
-        let mut errors = Vec::new();
+        // Typed up to the HTTP answer, which can only carry text.
+        let mut errors: Vec<BindingError> = Vec::new();
         for spec in specs.iter().rev() {
-            if let Err(e) = self.drivers.for_kind(&spec.kind).teardown(spec, &target).await {
-                errors.push(e.to_string());
+            if let Err(TeardownError(e)) = self.drivers.for_kind(&spec.kind).teardown(spec, &target).await {
+                errors.extend(e);
             }
         }
         // Attachments restored from host link aliases only know link names:
@@ -514,15 +498,14 @@ impl Daemon {
             && let Some(att) = &attachment
         {
             let bridged = delete_host_links(&att.host_ifnames, &mut errors).await;
-            let mut ovs_errors = Vec::new();
             self.drivers
                 .ovs()
-                .remove_ports_of_unknown_links(&att.host_ifnames, &bridged, &mut ovs_errors)
+                .remove_ports_of_unknown_links(&att.host_ifnames, &bridged, &mut errors)
                 .await;
-            errors.extend(ovs_errors.iter().map(ToString::to_string));
         }
-        if !errors.is_empty() {
-            return Err(internal(format!("DEL of {}: {}", p.key, errors.join("; "))));
+        if let Err(e) = TeardownError::into_result(errors) {
+            tracing::warn!(pod = %p.key, error = ?e, "DEL left errors");
+            return Err(internal(format!("DEL of {}: {e}", p.key)));
         }
         if let Some(state) = &self.state {
             state.remove(&p.key).map_err(internal)?;
@@ -681,12 +664,12 @@ impl Daemon {
 
 /// Delete host links by name; returns the names that were enslaved to a
 /// Linux bridge (so were never OVS ports).
-async fn delete_host_links(names: &[String], errors: &mut Vec<String>) -> Vec<String> {
+async fn delete_host_links(names: &[String], errors: &mut Vec<BindingError>) -> Vec<String> {
     let mut bridged = Vec::new();
     let host = match Netlink::current() {
         Ok(h) => h,
         Err(e) => {
-            errors.push(e.to_string());
+            errors.push(e.into());
             return bridged;
         }
     };
@@ -702,11 +685,11 @@ async fn delete_host_links(names: &[String], errors: &mut Vec<String>) -> Vec<St
                 if let Err(e) = host.delete_link(l.index).await
                     && e.errno() != Some(libc::ENODEV)
                 {
-                    errors.push(e.to_string());
+                    errors.push(e.into());
                 }
             }
             Ok(None) => {}
-            Err(e) => errors.push(e.to_string()),
+            Err(e) => errors.push(e.into()),
         }
     }
     bridged
@@ -739,10 +722,18 @@ mod tests {
         assert_eq!(c.metrics_address.port(), 9655);
         assert_eq!(c.binding.link_iface.as_deref(), Some("ens4"));
         assert_eq!(c.binding.ovs_bridge, "br-int");
-        assert_eq!(c.binding.ovs_plug, crate::binding::OvsPlugMode::OpenVSwitch);
-        k.sriov.physical_device_mappings = vec!["physnet1:ens1f0".into(), "physnet1:ens1f1".into()];
+        assert_eq!(c.binding.ovs_plug, kuryr_config::OvsPlugMode::Ovs);
+        let k = kuryr_config::KuryrConfig::from_ini_str(
+            "[sriov]\nphysical_device_mappings = physnet1:ens1f0,physnet1:ens1f1\nkubelet_root_dir = /k\n",
+        )
+        .expect("loads")
+        .config;
         let c = DaemonConfig::from_kuryr_config(&k, "n1");
-        assert_eq!(c.binding.sriov.physnet_pfs["physnet1"], vec!["ens1f0", "ens1f1"]);
+        assert_eq!(
+            c.binding.sriov.options.pfs_of_physnet("physnet1"),
+            Some(&["ens1f0".to_string(), "ens1f1".to_string()][..])
+        );
+        assert_eq!(c.binding.sriov.options.kubelet_root_dir, "/k");
         assert_eq!(
             DaemonConfig::from_kuryr_config(&kuryr_config::KuryrConfig::default(), "n")
                 .binding
@@ -760,7 +751,7 @@ mod tests {
         let c = DaemonConfig::from_kuryr_config(&k, "n1");
         assert_eq!(c.binding.ovs_db.as_deref(), Some("unix:/run/ovs/db.sock"));
         assert_eq!(c.binding.ovs_datapath_type, "netdev");
-        assert_eq!(c.binding.ovs_plug, crate::binding::OvsPlugMode::LinuxBridge);
+        assert_eq!(c.binding.ovs_plug, kuryr_config::OvsPlugMode::LinuxBridge);
         assert_eq!(c.binding.pod_tx_checksum, crate::binding::TxChecksumMode::Auto);
         let bad = kuryr_config::KuryrConfig::from_ini_str("[binding]\novs_plug_mode = vpp\n");
         assert!(bad.is_err_and(|e| e.to_string().contains("ovs_plug_mode")));

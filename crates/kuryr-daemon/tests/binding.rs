@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use kuryr_daemon::binding::{
-    BindingConfig, BindingError, Drivers, PlugKind, PlugSpec, PlugTarget, SubnetRoute, ovs_available,
+    BindingConfig, BindingDrivers, BindingError, PlugKind, PlugSpec, PlugTarget, SubnetRoute, ovs_available,
 };
 use kuryr_daemon::netlink::{NetNs, Netlink};
 
@@ -33,7 +33,7 @@ async fn bridge_binding_dual_stack_ping_check_and_teardown() {
     let (a, b) = (TestNetns::new("kpa"), TestNetns::new("kpb"));
     let (ta, tb) = (unique("ktp"), unique("ktp"));
     let _g = (HostLink(ta.clone()), HostLink(tb.clone()));
-    let drivers = Drivers::new(&BindingConfig::default());
+    let drivers = BindingDrivers::new(&BindingConfig::default());
     let kind = PlugKind::Bridge { bridge: br.clone() };
     let mut sa = spec(
         "eth0",
@@ -109,7 +109,7 @@ async fn secondary_interface_and_gatewayless_subnet_get_no_default_route() {
     let _g = (HostLink(t0.clone()), HostLink(t1.clone()));
     let ns = NetNs::open(&p.path()).unwrap();
     let target = PlugTarget::new(&ns, "uid");
-    let drivers = Drivers::new(&BindingConfig::default());
+    let drivers = BindingDrivers::new(&BindingConfig::default());
     let kind = PlugKind::Bridge { bridge: br.clone() };
     // eth0 on a subnet without gateway: valid, no default route.
     let s0 = spec(
@@ -164,7 +164,7 @@ async fn nested_macvlan_and_mtu_limit_and_vlan_probe() {
     let pod = TestNetns::new("kpm");
     let ns = NetNs::open(&pod.path()).unwrap();
     let target = PlugTarget::new(&ns, "uid");
-    let drivers = Drivers::new(&BindingConfig {
+    let drivers = BindingDrivers::new(&BindingConfig {
         link_iface: Some(parent.clone()),
         ..Default::default()
     });
@@ -216,7 +216,7 @@ async fn nested_macvlan_and_mtu_limit_and_vlan_probe() {
     }
 
     // Without link_iface the nested drivers say why they cannot work.
-    let bare = Drivers::new(&BindingConfig::default());
+    let bare = BindingDrivers::new(&BindingConfig::default());
     assert!(matches!(
         bare.for_kind(&s.kind).setup(&s, &target).await,
         Err(BindingError::Unsupported { .. })
@@ -244,7 +244,7 @@ async fn ovs_binding_when_available() {
                 bridge: "br-int".into(),
             },
         );
-        let drivers = Drivers::new(&BindingConfig::default());
+        let drivers = BindingDrivers::new(&BindingConfig::default());
         let r = drivers
             .for_kind(&s.kind)
             .setup(&s, &PlugTarget::new(&ns, "u"))
@@ -284,7 +284,7 @@ async fn ovs_binding_when_available() {
         &[],
         PlugKind::OpenVSwitch { bridge: br.clone() },
     );
-    let drivers = Drivers::new(&BindingConfig::default());
+    let drivers = BindingDrivers::new(&BindingConfig::default());
     let d = drivers.for_kind(&s.kind);
     let target = PlugTarget::new(&ns, "pod-uid-1");
     d.setup(&s, &target).await.unwrap();
@@ -313,8 +313,12 @@ async fn sriov_without_a_usable_vf_fails_naming_physnet_and_pfs() {
     let missing_pf = unique("kpf");
     let mut config = BindingConfig::default();
     // `lo` exists but is no PCI device; the other PF does not exist at all.
-    config.sriov.physnet_pfs = [("physnet1".to_string(), vec![missing_pf.clone(), "lo".to_string()])].into();
-    let drivers = Drivers::new(&config);
+    config.sriov.options.physical_device_mappings = std::collections::BTreeMap::from([(
+        "physnet1".to_string(),
+        vec![missing_pf.clone(), "lo".to_string()],
+    )])
+    .into();
+    let drivers = BindingDrivers::new(&config);
     let pod = TestNetns::new("kps");
     let ns = NetNs::open(&pod.path()).unwrap();
     let target = PlugTarget::new(&ns, "uid-s");

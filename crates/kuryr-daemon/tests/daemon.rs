@@ -542,9 +542,9 @@ fn sriov_pod_resource_options_come_from_kuryr_conf() {
     let k = kuryr_config::KuryrConfig::from_ini_str(ini)
         .expect("loads")
         .config;
-    let s = DaemonConfig::from_kuryr_config(&k, "n1").binding.sriov;
+    let s = DaemonConfig::from_kuryr_config(&k, "n1").binding.sriov.options;
     assert!(s.enable_pod_resource_service);
-    assert_eq!(s.kubelet_root_dir, std::path::PathBuf::from("/srv/kubelet"));
+    assert_eq!(s.kubelet_root_dir, "/srv/kubelet");
     assert_eq!(
         s.resource_of_physnet("physnet2").as_deref(),
         Ok("example.org/sriov_b")
@@ -552,9 +552,10 @@ fn sriov_pod_resource_options_come_from_kuryr_conf() {
     // Upstream's defaults: off, /var/lib/kubelet, intel.com.
     let d = DaemonConfig::from_kuryr_config(&kuryr_config::KuryrConfig::default(), "n1")
         .binding
-        .sriov;
+        .sriov
+        .options;
     assert!(!d.enable_pod_resource_service);
-    assert_eq!(d.kubelet_root_dir, std::path::PathBuf::from("/var/lib/kubelet"));
+    assert_eq!(d.kubelet_root_dir, "/var/lib/kubelet");
     assert_eq!(
         d.resource_of_physnet("physnet1").as_deref(),
         Ok("intel.com/physnet1")

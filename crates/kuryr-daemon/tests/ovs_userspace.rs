@@ -14,7 +14,7 @@ use common::*;
 use kuryr_crds::vif::{FixedIp, Network, PortProfile, Subnet, VifBase, VifOpenVSwitch};
 use kuryr_crds::{KuryrPort, KuryrPortSpec, KuryrPortStatus, KuryrPortVif, Vif};
 use kuryr_daemon::binding::{
-    BindingConfig, BindingError, Drivers, PlugKind, PlugSpec, PlugTarget, TxChecksumMode,
+    BindingConfig, BindingDrivers, BindingError, PlugKind, PlugSpec, PlugTarget, TxChecksumMode,
 };
 use kuryr_daemon::netlink::{NetNs, Netlink};
 use kuryr_daemon::{ApiHealth, Daemon, DaemonConfig, NoEvents};
@@ -160,7 +160,7 @@ async fn two_pods_on_a_netdev_bridge_reach_each_other_and_teardown_cleans_up() {
         PlugTarget::new(&na, "pod-uid-a"),
         PlugTarget::new(&nb, "pod-uid-b"),
     );
-    let drivers = Drivers::new(&ovs_config(&db));
+    let drivers = BindingDrivers::new(&ovs_config(&db));
     let d = drivers.for_kind(&sa.kind);
     assert_eq!(d.name(), "neutron-vif/ovs");
     d.setup(&sa, &target_a).await.unwrap();
@@ -249,13 +249,13 @@ async fn teardown_collects_the_ovsdb_error_and_still_removes_the_veth() {
     );
     let ns = NetNs::open(&pod.path()).unwrap();
     let target = PlugTarget::new(&ns, "pod-uid-c");
-    let good = Drivers::new(&ovs_config(&db));
+    let good = BindingDrivers::new(&ovs_config(&db));
     good.for_kind(&s.kind).setup(&s, &target).await.unwrap();
 
     // The same driver pointed at a database that does not answer.
     let dead = tempfile::tempdir().unwrap();
     let dead_db = format!("unix:{}/db.sock", dead.path().display());
-    let broken = Drivers::new(&BindingConfig {
+    let broken = BindingDrivers::new(&BindingConfig {
         ovs_timeout_secs: 2,
         ..ovs_config(&dead_db)
     });
@@ -311,7 +311,7 @@ async fn pod_tx_checksum_offload_goes_off_on_a_netdev_bridge_unless_configured_o
         let s = spec("port-tx", &tap, "fa:16:3e:00:43:01", "10.74.0.5/24", &bridge.name);
         let ns = NetNs::open(&pod.path()).unwrap();
         let target = PlugTarget::new(&ns, "pod-uid-tx");
-        let drivers = Drivers::new(&BindingConfig {
+        let drivers = BindingDrivers::new(&BindingConfig {
             pod_tx_checksum: mode,
             ..ovs_config(&db)
         });
@@ -334,7 +334,7 @@ async fn unreachable_ovsdb_refuses_setup_without_leftovers() {
     let tap = unique("kovt");
     let _l = HostLink(tap.clone());
     let dead = tempfile::tempdir().unwrap();
-    let drivers = Drivers::new(&BindingConfig {
+    let drivers = BindingDrivers::new(&BindingConfig {
         ovs_timeout_secs: 2,
         ..ovs_config(&format!("unix:{}/db.sock", dead.path().display()))
     });

@@ -1,4 +1,4 @@
-//! Issue 6 and 7 end-to-end: the controller (neutron-vif, noop pool) and two
+//! Pod wiring end-to-end: the controller (neutron-vif, noop pool) and two
 //! CNI daemons, one per network-namespace node, wire pods through the real
 //! `kuryr-cni` binary, against the Neutron emulator and (when
 //! `KURYR_TEST_NEUTRON_URL` is set) the real neutron-server.

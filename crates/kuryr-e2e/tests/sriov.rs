@@ -1,10 +1,10 @@
-//! SR-IOV in the daemon (issue 7): the controller asks Neutron for a `direct`
+//! SR-IOV in the daemon: the controller asks Neutron for a `direct`
 //! port on the physnet but cannot know which VF the device plugin gave the
 //! pod, so the daemon picks a free VF of the physnet's PFs
 //! (`[sriov] physical_device_mappings`) and moves it into the pod.
 //!
 //! The VF selection itself is unit-tested against a fake sysfs tree in
-//! `kuryr-daemon` (`binding::sriov::tests`). Here: the real VF move where the
+//! `kuryr-daemon` (`binding::sriov::allocation`). Here: the real VF move where the
 //! machine has SR-IOV NICs, and everywhere the full path up to the VF pick,
 //! which must fail cleanly (CNI error naming the physnet, nothing plugged)
 //! when the node has no VF for the physnet.
@@ -20,7 +20,8 @@ use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
 use kuryr_daemon::binding::{
-    BindingConfig, Drivers, PlugKind, PlugSpec, PlugTarget, SriovConfig, find_free_vf, sriov_capable_pfs,
+    BindingConfig, BindingDrivers, PlugKind, PlugSpec, PlugTarget, SriovConfig, find_free_vf,
+    sriov_capable_pfs,
 };
 use kuryr_daemon::netlink::NetNs;
 use serde_json::json;
@@ -47,12 +48,19 @@ async fn sriov_vf_moves_into_the_pod_where_the_hardware_allows() -> Result<()> {
     };
     let config = BindingConfig {
         sriov: SriovConfig {
-            physnet_pfs: [("e2e-physnet".to_string(), pfs.clone())].into(),
+            options: kuryr_config::SriovSection {
+                physical_device_mappings: std::collections::BTreeMap::from([(
+                    "e2e-physnet".to_string(),
+                    pfs.clone(),
+                )])
+                .into(),
+                ..Default::default()
+            },
             ..SriovConfig::default()
         },
         ..BindingConfig::default()
     };
-    let drivers = Drivers::new(&config);
+    let drivers = BindingDrivers::new(&config);
     let pod = Ns::new("kvf")?;
     let netns = NetNs::open(&pod.path())?;
     let spec = PlugSpec {

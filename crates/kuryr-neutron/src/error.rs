@@ -116,6 +116,8 @@ pub struct ApiError {
     pub message: String,
     /// `x-openstack-request-id` of the failed request, to grep in neutron-server's log.
     pub request_id: Option<String>,
+    /// The server's `Retry-After` (429/503): when to try again at the earliest.
+    pub retry_after: Option<std::time::Duration>,
     /// Client operation name, e.g. `create_port`.
     pub operation: &'static str,
 }
@@ -198,6 +200,11 @@ impl Error {
             Self::Decode { request_id, .. } => request_id.as_deref(),
             _ => None,
         }
+    }
+
+    /// How long the server asked callers to wait before trying again (`Retry-After`).
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        self.api().and_then(|e| e.retry_after)
     }
 
     /// A non-idempotent call (POST, action PUT) lost its connection after the request may have reached Neutron: it is
@@ -298,6 +305,7 @@ mod tests {
                 status,
                 message: String::new(),
                 request_id: Some("req-1".into()),
+                retry_after: None,
                 operation: "op",
             }))
         };

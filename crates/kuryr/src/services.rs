@@ -164,17 +164,14 @@ mod tests {
         );
         assert_eq!(d.binding.ovs_db.as_deref(), Some("unix:/run/ovs/db.sock"));
         assert_eq!(d.binding.ovs_datapath_type, "netdev");
-        assert_eq!(
-            d.binding.ovs_plug,
-            kuryr_daemon::binding::OvsPlugMode::LinuxBridge
-        );
+        assert_eq!(d.binding.ovs_plug, kuryr_config::OvsPlugMode::LinuxBridge);
         assert_eq!(d.binding.ovs_timeout_secs, 25);
         assert_eq!(
-            d.binding.sriov.physnet_pfs.get("physnet1").map(Vec::as_slice),
+            d.binding.sriov.options.pfs_of_physnet("physnet1"),
             Some(&["ens1f0".to_string(), "ens1f1".to_string()][..])
         );
         assert_eq!(
-            d.binding.sriov.physnet_pfs.get("physnet2").map(Vec::as_slice),
+            d.binding.sriov.options.pfs_of_physnet("physnet2"),
             Some(&["ens2f0".to_string()][..])
         );
         Ok(())

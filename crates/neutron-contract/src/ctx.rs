@@ -6,7 +6,7 @@ use anyhow::{Context as _, anyhow, bail};
 use futures::StreamExt;
 use kuryr_neutron::{
     ClientOptions, Error, ErrorKind, ListFilter, Network, NetworkCreate, NeutronClient, Port, PortCreate,
-    PortUpdate, RouterInterfaceSpec, Subnet, SubnetCreate,
+    PortUpdate, RouterInterfaceSpec, Subnet, SubnetCreate, TrunkCreate,
 };
 use serde_json::Value;
 
@@ -74,6 +74,15 @@ impl Ctx {
         PortCreate {
             project_id: Some(self.project.clone()),
             ..PortCreate::new(network_id)
+        }
+    }
+
+    /// A trunk request on `port_id` in this project.
+    pub fn trunk_req(&self, port_id: &str) -> TrunkCreate {
+        TrunkCreate {
+            port_id: port_id.to_owned(),
+            project_id: Some(self.project.clone()),
+            ..TrunkCreate::default()
         }
     }
 

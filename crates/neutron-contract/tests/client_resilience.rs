@@ -140,6 +140,21 @@ fn client_with_attempts(url: &str, max_attempts: u32) -> (NeutronClient, Attempt
     (c, seen)
 }
 
+/// A port create that failed on the connection: the caller cannot know whether the port exists.
+fn assert_create_port_outcome_unknown(e: &Error) {
+    assert!(
+        matches!(
+            e,
+            Error::Connection {
+                operation: "create_port",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.outcome_unknown(), "{e:?}");
+}
+
 fn attempts_of(seen: &Attempts, op: &str) -> Vec<u32> {
     seen.lock()
         .expect("metrics")
@@ -204,17 +219,7 @@ async fn reset_connections_retry_a_list_but_never_a_port_create() {
         ..FaultConfig::default()
     });
     let e = c.create_port(&PortCreate::new(&net.id)).await.expect_err("reset");
-    assert!(
-        matches!(
-            e,
-            Error::Connection {
-                operation: "create_port",
-                ..
-            }
-        ),
-        "{e:?}"
-    );
-    assert!(e.outcome_unknown(), "{e:?}");
+    assert_create_port_outcome_unknown(&e);
     assert!(e.to_string().contains("may have been applied"), "{e}");
     assert_eq!(attempts_of(&seen, "create_port"), vec![1], "a POST is not resent");
     // An idempotent call that fails for good is not "unknown": repeating it is harmless.
@@ -299,17 +304,7 @@ async fn a_create_whose_answer_is_lost_is_reported_once_and_not_duplicated() {
         })
         .await
         .expect_err("answer lost");
-    assert!(
-        matches!(
-            e,
-            Error::Connection {
-                operation: "create_port",
-                ..
-            }
-        ),
-        "{e:?}"
-    );
-    assert!(e.outcome_unknown(), "{e:?}");
+    assert_create_port_outcome_unknown(&e);
     assert_eq!(attempts_of(&seen, "create_port"), vec![1], "not resent");
     // The port does exist: exactly one, which the caller can find by name/tags (or the tag sweep removes).
     assert_eq!(emu.stats().count("port.create"), 1);

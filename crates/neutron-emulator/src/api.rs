@@ -386,13 +386,7 @@ fn create(store: &mut Store, res: Resource, body: &Value) -> ApiResult<Reply> {
             if items.is_empty() {
                 return Err(ApiError::bad_request("Resources required"));
             }
-            let objs: Vec<&Obj> = items
-                .iter()
-                .map(|i| {
-                    i.as_object()
-                        .ok_or_else(|| ApiError::bad_request("Body contains invalid data"))
-                })
-                .collect::<ApiResult<_>>()?;
+            let objs: Vec<&Obj> = items.iter().map(input::body_obj).collect::<ApiResult<_>>()?;
             let ids = store.create_ports(&objs)?;
             let out: Vec<Value> = ids.iter().map(|id| store.render_port(id)).collect();
             return Ok(Reply::created(json!({"ports": out})));
@@ -530,18 +524,22 @@ fn select_fields(v: Value, fields: &[String]) -> Value {
     }
 }
 
-/// Filterable attribute names per collection (neutron's filter-validation refuses others with 400).
-fn filterable(res: Resource) -> &'static [&'static str] {
-    match res {
+/// Standard attributes every collection filters on (security group rules have no `name`).
+const STD_FILTERS: [&str; 8] = [
+    "id",
+    "name",
+    "project_id",
+    "tenant_id",
+    "description",
+    "revision_number",
+    "created_at",
+    "updated_at",
+];
+
+/// Whether a collection filters on `key` (neutron's filter-validation refuses others with 400).
+fn filterable(res: Resource, key: &str) -> bool {
+    let own: &[&str] = match res {
         Resource::Port => &[
-            "id",
-            "name",
-            "project_id",
-            "tenant_id",
-            "description",
-            "revision_number",
-            "created_at",
-            "updated_at",
             "network_id",
             "mac_address",
             "admin_state_up",
@@ -560,14 +558,6 @@ fn filterable(res: Resource) -> &'static [&'static str] {
             "extra_dhcp_opts",
         ],
         Resource::Network => &[
-            "id",
-            "name",
-            "project_id",
-            "tenant_id",
-            "description",
-            "revision_number",
-            "created_at",
-            "updated_at",
             "admin_state_up",
             "mtu",
             "status",
@@ -582,14 +572,6 @@ fn filterable(res: Resource) -> &'static [&'static str] {
             "availability_zone_hints",
         ],
         Resource::Subnet => &[
-            "id",
-            "name",
-            "project_id",
-            "tenant_id",
-            "description",
-            "revision_number",
-            "created_at",
-            "updated_at",
             "network_id",
             "ip_version",
             "cidr",
@@ -605,14 +587,6 @@ fn filterable(res: Resource) -> &'static [&'static str] {
             "service_types",
         ],
         Resource::SubnetPool => &[
-            "id",
-            "name",
-            "project_id",
-            "tenant_id",
-            "description",
-            "revision_number",
-            "created_at",
-            "updated_at",
             "prefixes",
             "ip_version",
             "default_prefixlen",
@@ -623,41 +597,9 @@ fn filterable(res: Resource) -> &'static [&'static str] {
             "address_scope_id",
             "default_quota",
         ],
-        Resource::Router => &[
-            "id",
-            "name",
-            "project_id",
-            "tenant_id",
-            "description",
-            "revision_number",
-            "created_at",
-            "updated_at",
-            "admin_state_up",
-            "status",
-            "distributed",
-            "ha",
-            "flavor_id",
-        ],
-        Resource::SecurityGroup => &[
-            "id",
-            "name",
-            "project_id",
-            "tenant_id",
-            "description",
-            "revision_number",
-            "created_at",
-            "updated_at",
-            "stateful",
-            "shared",
-        ],
+        Resource::Router => &["admin_state_up", "status", "distributed", "ha", "flavor_id"],
+        Resource::SecurityGroup => &["stateful", "shared"],
         Resource::SecurityGroupRule => &[
-            "id",
-            "project_id",
-            "tenant_id",
-            "description",
-            "revision_number",
-            "created_at",
-            "updated_at",
             "security_group_id",
             "direction",
             "ethertype",
@@ -670,21 +612,10 @@ fn filterable(res: Resource) -> &'static [&'static str] {
             "remote_address_group_id",
             "belongs_to_default_sg",
         ],
-        Resource::Trunk => &[
-            "id",
-            "name",
-            "project_id",
-            "tenant_id",
-            "description",
-            "revision_number",
-            "created_at",
-            "updated_at",
-            "admin_state_up",
-            "status",
-            "port_id",
-            "sub_ports",
-        ],
-    }
+        Resource::Trunk => &["admin_state_up", "status", "port_id", "sub_ports"],
+    };
+    let std = STD_FILTERS.contains(&key) && !(res == Resource::SecurityGroupRule && key == "name");
+    std || own.contains(&key)
 }
 
 fn value_matches(v: &Value, wanted: &str) -> bool {
@@ -713,7 +644,6 @@ fn tag_set(q: &[(String, String)], key: &str) -> Vec<String> {
 
 /// Builds a predicate from the query's attribute filters; rejects unknown attributes like the real server.
 fn filter_for(res: Resource, q: &[(String, String)]) -> ApiResult<impl Fn(&Value) -> bool> {
-    let allowed = filterable(res);
     let mut attr_filters: Vec<(String, Vec<String>)> = Vec::new();
     let mut fip_ips: Vec<String> = Vec::new();
     let mut fip_subnets: Vec<String> = Vec::new();
@@ -730,7 +660,7 @@ fn filter_for(res: Resource, q: &[(String, String)]) -> ApiResult<impl Fn(&Value
             }
             continue;
         }
-        if !allowed.contains(&k.as_str()) {
+        if !filterable(res, k) {
             if !bad.contains(k) {
                 bad.push(k.clone());
             }
@@ -843,7 +773,7 @@ fn list_reply(
         ));
     }
     if let Some(r) = res
-        && let Some(bad) = sort_keys.iter().find(|k| !filterable(r).contains(*k))
+        && let Some(bad) = sort_keys.iter().find(|k| !filterable(r, k))
     {
         return Err(ApiError::bad_request(format!(
             "['{bad}'] is invalid attribute for sort_keys"
@@ -980,4 +910,77 @@ fn page_href(req: &Request<'_>, marker: &str, previous: bool) -> String {
 /// The resource behind a tags URL. The real server answers 500 (a neutron bug) when it does not exist; so do we.
 fn tag_target<'s>(store: &'s mut Store, res: Resource, id: &str) -> ApiResult<&'s mut crate::store::Std> {
     store.tags_mut(res, id).map_err(|_| ApiError::internal())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn query(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn tag_filters_combine_like_neutron() {
+        let items = [
+            json!({"id": "a", "tags": ["x", "y"]}),
+            json!({"id": "b", "tags": ["x"]}),
+            json!({"id": "c", "tags": ["z"]}),
+            json!({"id": "d", "tags": []}),
+        ];
+        let matching = |q: &[(&str, &str)]| -> Vec<String> {
+            let q = query(q);
+            let Ok(pred) = filter_for(Resource::Port, &q) else {
+                panic!("valid query {q:?}");
+            };
+            items
+                .iter()
+                .filter(|i| pred(i))
+                .filter_map(|i| i["id"].as_str().map(String::from))
+                .collect()
+        };
+        assert_eq!(matching(&[("tags", "x,y")]), ["a"], "tags: all of them");
+        assert_eq!(
+            matching(&[("tags", "x"), ("tags", "y")]),
+            ["a"],
+            "repeated parameters add up"
+        );
+        assert_eq!(matching(&[("tags-any", "y,z")]), ["a", "c"]);
+        assert_eq!(
+            matching(&[("not-tags", "x,y")]),
+            ["b", "c", "d"],
+            "not all of them"
+        );
+        assert_eq!(matching(&[("not-tags-any", "x")]), ["c", "d"]);
+        assert_eq!(matching(&[("tags", "x"), ("not-tags-any", "y")]), ["b"]);
+        assert_eq!(
+            matching(&[("fields", "id"), ("limit", "2")]),
+            ["a", "b", "c", "d"],
+            "list controls are no filters"
+        );
+    }
+
+    #[test]
+    fn unknown_filter_attributes_are_refused() {
+        let refused = |res: Resource, key: &str| {
+            let q = query(&[(key, "v")]);
+            filter_for(res, &q).err().map(|e| e.message)
+        };
+        assert_eq!(
+            refused(Resource::Port, "bogus").as_deref(),
+            Some("['bogus'] is invalid attribute for filtering")
+        );
+        assert_eq!(refused(Resource::Port, "name"), None);
+        assert_eq!(refused(Resource::Port, "binding:host_id"), None);
+        assert!(
+            refused(Resource::SecurityGroupRule, "name").is_some(),
+            "rules have no name"
+        );
+        assert_eq!(refused(Resource::SecurityGroupRule, "remote_group_id"), None);
+    }
 }

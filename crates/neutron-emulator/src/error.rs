@@ -87,6 +87,46 @@ impl ApiError {
         )
     }
 
+    pub fn mac_in_use(network_id: &str, mac: &str) -> Self {
+        Self::conflict(
+            "MacAddressInUse",
+            format!(
+                "Unable to complete operation for network {network_id}. The mac address {mac} is in use."
+            ),
+        )
+    }
+
+    pub fn ip_already_allocated(ip: &str, subnet_id: &str) -> Self {
+        Self::conflict(
+            "IpAddressAlreadyAllocated",
+            format!("IP address {ip} already allocated in subnet {subnet_id}"),
+        )
+    }
+
+    /// A port that already has a device (`device_id`) cannot become a subport or a router interface.
+    pub fn port_in_use(port_id: &str, network_id: &str, device_id: &str) -> Self {
+        Self::conflict(
+            "PortInUse",
+            format!(
+                "Unable to complete operation on port {port_id} for network {network_id}. Port already has an attached device {device_id}."
+            ),
+        )
+    }
+
+    pub fn parent_port_in_use(port_id: &str) -> Self {
+        Self::conflict(
+            "ParentPortInUse",
+            format!("Port {port_id} is currently in use and is not eligible for use as a parent port."),
+        )
+    }
+
+    pub fn trunk_port_in_use(port_id: &str) -> Self {
+        Self::conflict(
+            "TrunkPortInUse",
+            format!("Port {port_id} is in use by another trunk."),
+        )
+    }
+
     pub fn over_quota(resource: &str) -> Self {
         Self::conflict(
             "OverQuota",

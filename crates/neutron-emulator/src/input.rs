@@ -18,6 +18,12 @@ pub fn show(v: &Value) -> String {
 }
 
 /// `{"<member>": {...}}` -> the inner object.
+/// The request body as an object (action bodies such as `add_subports` have no wrapper member).
+pub fn body_obj(body: &Value) -> ApiResult<&Obj> {
+    body.as_object()
+        .ok_or_else(|| ApiError::bad_request("Body contains invalid data"))
+}
+
 pub fn member<'a>(body: &'a Value, member: &str) -> ApiResult<&'a Obj> {
     match body.get(member) {
         Some(Value::Object(o)) => Ok(o),

@@ -1,4 +1,4 @@
-//! Drivers (seed 003 "providers"): they decide the OpenStack side of a pod. Chosen by the upstream
+//! Drivers: they decide the OpenStack side of a pod. Chosen by the upstream
 //! config names in `[kubernetes]`.
 //!
 //! - [`project`]: which Neutron project a pod's ports belong to (`default`, `annotation`)
@@ -67,7 +67,7 @@ impl NetworkInfo {
 /// Everything the project/subnet/security-group drivers resolved for one interface of a pod.
 #[derive(Clone, Debug)]
 pub struct PortSpec {
-    /// OpenStack deployment (seed 001) whose Neutron serves this pod.
+    /// OpenStack deployment whose Neutron serves this pod (docs/architecture.md#several-openstack-deployments).
     pub deployment: String,
     pub project_id: String,
     pub network: Arc<NetworkInfo>,

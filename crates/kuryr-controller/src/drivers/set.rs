@@ -1,9 +1,10 @@
-//! The drivers chosen by `[kubernetes]` options, built once at start-up.
+//! The drivers chosen by `[kubernetes]` options, built once at start-up, the pool included.
 
 use std::sync::Arc;
 
 use kuryr_config::{
     PodSubnetsDriver, PodVifDriver, ProjectDriver as ProjectDriverName, SecurityGroupsDriver as SgName,
+    VifPoolDriver,
 };
 
 use super::multi_vif::{self, MultiVifDriver};
@@ -16,9 +17,9 @@ use super::vif::nested::VmPortLookup;
 use super::vif::nested_macvlan::NestedMacvlan;
 use super::vif::nested_vlan::NestedVlan;
 use super::vif::neutron::NeutronVif;
-use crate::context::Context;
+use crate::context::Platform;
 use crate::error::Error;
-use crate::pool::PoolManager;
+use crate::pool::{self, PoolManager};
 
 pub struct Drivers {
     pub project: Arc<dyn ProjectDriver>,
@@ -29,14 +30,14 @@ pub struct Drivers {
     pub pool: Arc<dyn VifPool>,
     /// `[kubernetes] multi_vif_drivers`, in order; empty for `noop`.
     pub multi_vif: Vec<Arc<dyn MultiVifDriver>>,
-    /// The pool manager behind `pool` when a pooling driver is configured (pre-population).
+    /// The pool manager behind `pool` when a pooling driver is configured (pre-population,
+    /// recovery, maintenance); `None` with `noop`.
     pub pools: Option<Arc<PoolManager>>,
 }
 
 impl Drivers {
-    /// Builds the drivers `[kubernetes]` names, with the `noop` pool. `pool` replaces it when a
-    /// pooling driver is configured (see `crate::service`).
-    pub fn from_config(ctx: &Arc<Context>) -> Result<Self, Error> {
+    /// Builds every driver `[kubernetes]` names, the pool driver included.
+    pub fn from_config(ctx: &Arc<Platform>) -> Result<Self, Error> {
         let cfg = &ctx.config;
         let k = &cfg.kubernetes;
         let nd = &cfg.neutron_defaults;
@@ -71,7 +72,11 @@ impl Drivers {
             }
         };
         let vif = vif_driver(ctx, k.pod_vif_driver)?;
-        let pool: Arc<dyn VifPool> = Arc::new(NoopPool::new(vif.clone()));
+        let pools = pool_manager(ctx, &vif)?;
+        let pool: Arc<dyn VifPool> = match &pools {
+            Some(p) => p.clone(),
+            None => Arc::new(NoopPool::new(vif.clone())),
+        };
         let multi_vif = multi_vif::from_config(ctx, &subnet_cache)?;
         Ok(Self {
             project,
@@ -81,13 +86,37 @@ impl Drivers {
             vif,
             pool,
             multi_vif,
-            pools: None,
+            pools,
         })
     }
 }
 
+/// The pool manager of `[kubernetes] vif_pool_driver`; `None` for `noop`. `multi_pool` gets a
+/// VIF driver for every pod VIF driver its mapping names.
+fn pool_manager(ctx: &Arc<Platform>, vif: &Arc<dyn VifDriver>) -> Result<Option<Arc<PoolManager>>, Error> {
+    let cfg = &ctx.config;
+    Ok(match cfg.kubernetes.vif_pool_driver {
+        VifPoolDriver::Noop => None,
+        VifPoolDriver::MultiPool => {
+            let mut vifs = vec![vif.clone()];
+            for kind in cfg
+                .vif_pool
+                .vif_pool_mapping
+                .keys()
+                .chain(cfg.vif_pool.pools_vif_drivers.values())
+            {
+                if vifs.iter().all(|v| v.kind() != *kind) {
+                    vifs.push(vif_driver(ctx, *kind)?);
+                }
+            }
+            Some(pool::build_multi(ctx.clone(), vifs, &cfg.vif_pool)?)
+        }
+        _ => Some(pool::build(ctx.clone(), vif.clone(), &cfg.vif_pool)?),
+    })
+}
+
 /// Builds the VIF driver named by `[kubernetes] pod_vif_driver` (or by `vif_pool_mapping`).
-pub fn vif_driver(ctx: &Arc<Context>, name: PodVifDriver) -> Result<Arc<dyn VifDriver>, Error> {
+pub fn vif_driver(ctx: &Platform, name: PodVifDriver) -> Result<Arc<dyn VifDriver>, Error> {
     let cfg = &ctx.config;
     let mtu = cfg.neutron_defaults.network_device_mtu;
     let tags = ctx.resource_tags();

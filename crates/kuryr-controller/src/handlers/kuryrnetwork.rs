@@ -15,14 +15,13 @@ use kuryr_neutron::{ListFilter, NetworkCreate, RouterInterfaceSpec, SubnetCreate
 use serde_json::json;
 
 use crate::context::Context;
-use crate::drivers::{Drivers, PortSpec};
+use crate::drivers::PortSpec;
 use crate::error::Error;
 use crate::k8s::{add_finalizer, remove_finalizer};
 use crate::pipeline::ResourceEventHandler;
 
 pub struct KuryrNetworkHandler {
     ctx: Arc<Context>,
-    drivers: Arc<Drivers>,
 }
 
 fn ns_tag(ns: &str) -> String {
@@ -30,8 +29,8 @@ fn ns_tag(ns: &str) -> String {
 }
 
 impl KuryrNetworkHandler {
-    pub fn new(ctx: Arc<Context>, drivers: Arc<Drivers>) -> Self {
-        Self { ctx, drivers }
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Self { ctx }
     }
 
     async fn patch_status(&self, kn: &KuryrNetwork, status: &KuryrNetworkStatus) -> Result<(), Error> {
@@ -169,17 +168,19 @@ impl ResourceEventHandler for KuryrNetworkHandler {
             status.populated = Some(false);
             self.patch_status(&kn, &status).await?;
         }
-        // Pre-populate the new subnet's pools on every node (issue 5 item 6), once.
+        // Pre-populate the new subnet's pools on every node, once (docs/architecture.md#port-pools).
         if status.populated != Some(true)
-            && let Some(pools) = &self.drivers.pools
+            && let Some(pools) = &self.ctx.drivers.pools
             && let Some(subnet_id) = status.subnet_id.clone()
         {
             let network = self
+                .ctx
                 .drivers
                 .subnet_cache
                 .network_of_subnet(&deployment, &subnet_id)
                 .await?;
             let sgs = self
+                .ctx
                 .drivers
                 .security_groups
                 .security_groups(&deployment, &project, &ns)
@@ -215,11 +216,11 @@ impl ResourceEventHandler for KuryrNetworkHandler {
             }
         }
         if let Some(subnet_id) = &status.subnet_id {
-            self.drivers.subnet_cache.forget(&deployment, subnet_id).await;
+            self.ctx.drivers.subnet_cache.forget(&deployment, subnet_id).await;
         }
         if let Some(net_id) = &status.net_id {
             // Spare pool ports are on the network too: pools on it go first.
-            if let Some(pools) = &self.drivers.pools {
+            if let Some(pools) = &self.ctx.drivers.pools {
                 pools.drop_network(&deployment, net_id).await?;
             }
             // Ports of pods in the namespace are released by their KuryrPorts first; a port still
@@ -234,7 +235,8 @@ impl ResourceEventHandler for KuryrNetworkHandler {
                 Err(e) => return Err(e.into()),
             }
         }
-        self.drivers
+        self.ctx
+            .drivers
             .security_groups
             .release_namespace(&deployment, &kn.spec.ns_name)
             .await?;

@@ -16,12 +16,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::context::Context;
-use crate::drivers::Drivers;
 use crate::error::Error;
 use crate::pipeline::RegisteredHandler;
 
-/// Builds a handler from the shared context and drivers.
-pub type HandlerFactory = Box<dyn Fn(&Arc<Context>, &Arc<Drivers>) -> RegisteredHandler + Send + Sync>;
+/// Builds a handler from the shared context (which holds the drivers).
+pub type HandlerFactory = Box<dyn Fn(&Arc<Context>) -> RegisteredHandler + Send + Sync>;
 
 /// Upstream handler names kuryr-rs deliberately does not provide (Octavia load balancers and
 /// network policies): accepted in `enabled_handlers` so upstream configs load, and skipped with a
@@ -59,17 +58,17 @@ impl HandlerRegistry {
     /// The handlers kuryr-rs ships.
     pub fn with_builtin() -> Self {
         let mut r = Self::empty();
-        r.register("vif", |ctx, d| {
-            RegisteredHandler::new(vif::VifHandler::new(ctx.clone(), d.clone()))
+        r.register("vif", |ctx| {
+            RegisteredHandler::new(vif::VifHandler::new(ctx.clone()))
         });
-        r.register("kuryrport", |ctx, d| {
-            RegisteredHandler::new(kuryrport::KuryrPortHandler::new(ctx.clone(), d.clone()))
+        r.register("kuryrport", |ctx| {
+            RegisteredHandler::new(kuryrport::KuryrPortHandler::new(ctx.clone()))
         });
-        r.register("namespace", |ctx, d| {
-            RegisteredHandler::new(namespace::NamespaceHandler::new(ctx.clone(), d.clone()))
+        r.register("namespace", |ctx| {
+            RegisteredHandler::new(namespace::NamespaceHandler::new(ctx.clone()))
         });
-        r.register("kuryrnetwork", |ctx, d| {
-            RegisteredHandler::new(kuryrnetwork::KuryrNetworkHandler::new(ctx.clone(), d.clone()))
+        r.register("kuryrnetwork", |ctx| {
+            RegisteredHandler::new(kuryrnetwork::KuryrNetworkHandler::new(ctx.clone()))
         });
         r
     }
@@ -77,7 +76,7 @@ impl HandlerRegistry {
     pub fn register(
         &mut self,
         name: &str,
-        factory: impl Fn(&Arc<Context>, &Arc<Drivers>) -> RegisteredHandler + Send + Sync + 'static,
+        factory: impl Fn(&Arc<Context>) -> RegisteredHandler + Send + Sync + 'static,
     ) {
         self.factories.insert(name.to_string(), Box::new(factory));
     }
@@ -87,16 +86,11 @@ impl HandlerRegistry {
     }
 
     /// Instantiates the enabled handlers. An unknown name stops start-up with the valid ones listed.
-    pub fn build(
-        &self,
-        enabled: &[String],
-        ctx: &Arc<Context>,
-        drivers: &Arc<Drivers>,
-    ) -> Result<Vec<RegisteredHandler>, Error> {
+    pub fn build(&self, enabled: &[String], ctx: &Arc<Context>) -> Result<Vec<RegisteredHandler>, Error> {
         let mut out = vec![];
         for name in enabled {
             if let Some(f) = self.factories.get(name) {
-                out.push(f(ctx, drivers));
+                out.push(f(ctx));
             } else if NOT_PROVIDED.contains(&name.as_str()) {
                 tracing::warn!(handler = %name, "upstream handler not provided by kuryr-rs; skipped");
             } else {

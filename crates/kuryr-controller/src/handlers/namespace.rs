@@ -14,18 +14,16 @@ use kuryr_crds::{KuryrNetwork, KuryrNetworkSpec};
 use serde_json::json;
 
 use crate::context::Context;
-use crate::drivers::Drivers;
 use crate::error::{Error, is_not_found};
 use crate::pipeline::ResourceEventHandler;
 
 pub struct NamespaceHandler {
     ctx: Arc<Context>,
-    drivers: Arc<Drivers>,
 }
 
 impl NamespaceHandler {
-    pub fn new(ctx: Arc<Context>, drivers: Arc<Drivers>) -> Self {
-        Self { ctx, drivers }
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Self { ctx }
     }
 }
 
@@ -51,7 +49,7 @@ impl ResourceEventHandler for NamespaceHandler {
                 Ok(())
             }
             None => {
-                let project = self.drivers.project.project_for_namespace(&name).await?;
+                let project = self.ctx.drivers.project.project_for_namespace(&name).await?;
                 let kn = KuryrNetwork {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),

@@ -1,4 +1,4 @@
-//! `vif` handler (Pods): the pod side of seed 004's split. For every scheduled, non-hostNetwork pod
+//! `vif` handler (Pods): the pod side of the split between pods and their ports (KuryrPort). For every scheduled, non-hostNetwork pod
 //! it adds the pod finalizer and creates the pod's KuryrPort (owner reference, finalizer, node label);
 //! when the pod completes or is deleted it deletes the KuryrPort, whose handler releases the ports.
 
@@ -14,22 +14,17 @@ use kuryr_crds::names::{finalizers, labels};
 use kuryr_crds::{KuryrPort, KuryrPortSpec};
 
 use crate::context::Context;
-use crate::drivers::Drivers;
 use crate::error::{Error, is_not_found};
 use crate::k8s::{add_finalizer, remove_finalizer};
 use crate::pipeline::ResourceEventHandler;
 
 pub struct VifHandler {
     ctx: Arc<Context>,
-    _drivers: Arc<Drivers>,
 }
 
 impl VifHandler {
-    pub fn new(ctx: Arc<Context>, drivers: Arc<Drivers>) -> Self {
-        Self {
-            ctx,
-            _drivers: drivers,
-        }
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Self { ctx }
     }
 
     fn kps(&self, ns: &str) -> Api<KuryrPort> {

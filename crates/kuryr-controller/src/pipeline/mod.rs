@@ -1,4 +1,4 @@
-//! The handler pipeline of seed 003.
+//! The handler pipeline (docs/architecture.md#handler-pipeline).
 //!
 //! ```text
 //! Watcher --> Async (per-object queue, coalescing) --> Dispatcher (by kind)

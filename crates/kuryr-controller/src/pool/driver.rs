@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use k8s_openapi::jiff::Timestamp;
+use kuryr_config::PodVifDriver;
 use kuryr_crds::names::neutron as tags;
 use kuryr_crds::{PoolKey, Vif};
 use kuryr_neutron::{ListFilter, PortUpdate};
@@ -23,10 +24,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::recover::{Recovered, RecoveryInput, RecoveryReport};
 use super::state::{
     Entry, Key, Limits, PoolMeta, Pools, RecycleAction, RecycleOutcome, Refill, RefillFailure, Take,
 };
-use crate::drivers::os_vif::VifKind;
 use crate::drivers::pool::{VifOrigin, VifPool, origin_for};
 use crate::drivers::vif::{PortOwner, VifDriver};
 use crate::drivers::{PodRef, PortSpec};
@@ -52,10 +53,10 @@ impl PoolKind {
     }
 
     /// Upstream pairs `neutron` with `neutron-vif` and `nested` with the nested VIF drivers.
-    pub fn check_vif_driver(self, vif_driver: &str) -> Result<(), Error> {
+    pub fn check_vif_driver(self, vif_driver: PodVifDriver) -> Result<(), Error> {
         let ok = match self {
-            PoolKind::Neutron => vif_driver == "neutron-vif",
-            PoolKind::Nested => matches!(vif_driver, "nested-vlan" | "nested-macvlan"),
+            PoolKind::Neutron => vif_driver == PodVifDriver::NeutronVif,
+            PoolKind::Nested => matches!(vif_driver, PodVifDriver::NestedVlan | PodVifDriver::NestedMacvlan),
         };
         if ok {
             Ok(())
@@ -84,8 +85,6 @@ pub struct PoolOptions {
     pub port_debug: bool,
     /// `[neutron_defaults] network_device_mtu` (0 = the network's), for VIFs of recovered ports.
     pub mtu: u32,
-    /// `[neutron_defaults] ovs_bridge`, for VIFs of recovered bare-metal ports.
-    pub ovs_bridge: String,
     /// The cluster tag (`kuryr-rs.cluster=<id>`): recovery and the orphan sweep only ever look
     /// at ports carrying it and `kuryr-rs`.
     pub cluster_tag: String,
@@ -107,7 +106,6 @@ impl PoolOptions {
             limits: Limits::from_config(&config.vif_pool),
             port_debug: config.kubernetes.port_debug,
             mtu: config.neutron_defaults.network_device_mtu,
-            ovs_bridge: config.neutron_defaults.ovs_bridge.clone(),
             cluster_tag: tags::cluster_tag(&config.kubernetes.cluster_id),
             metrics,
             refill_wait: REFILL_WAIT,
@@ -122,16 +120,16 @@ pub struct PoolDriver {
     kind: PoolKind,
     vif: Arc<dyn VifDriver>,
     opts: PoolOptions,
-    pub(super) state: Mutex<Pools<Vif>>,
+    state: Mutex<Pools<Vif>>,
     /// What a refill of each key creates (the last request's network and subnets).
-    pub(super) specs: Mutex<HashMap<Key, PortSpec>>,
+    specs: Mutex<HashMap<Key, PortSpec>>,
     /// (deployment, node) -> pool host: a node's trunk never changes, and the hit path must
     /// not ask Neutron.
     hosts: Mutex<HashMap<(String, String), String>>,
     /// Bumped after every refill; requests waiting on an empty pool watch it.
     refilled: watch::Sender<u64>,
     /// Wakes the KuryrPortPool flusher.
-    pub(super) changed: Notify,
+    changed: Notify,
     ready: AtomicBool,
     /// Bumped by [`PoolDriver::reset`]: a refill started before it lands nowhere.
     generation: AtomicU64,
@@ -139,7 +137,7 @@ pub struct PoolDriver {
 
 impl PoolDriver {
     pub fn new(kind: PoolKind, vif: Arc<dyn VifDriver>, opts: PoolOptions) -> Result<Arc<Self>, Error> {
-        kind.check_vif_driver(vif.name())?;
+        kind.check_vif_driver(vif.kind())?;
         let limits = opts.limits;
         Ok(Arc::new_cyclic(|me| Self {
             me: me.clone(),
@@ -249,20 +247,6 @@ impl PoolDriver {
         Ok(key)
     }
 
-    /// The os-vif kind of a recovered port's VIF.
-    pub(super) fn vif_kind(&self, vlan: Option<u16>) -> Result<VifKind, Error> {
-        match self.vif.name() {
-            "neutron-vif" => Ok(VifKind::Bound {
-                ovs_bridge: self.opts.ovs_bridge.clone(),
-            }),
-            "nested-vlan" => vlan
-                .map(|vlan_id| VifKind::VlanNested { vlan_id })
-                .ok_or_else(|| Error::invalid("subport segmentation_id", "port is not a trunk subport")),
-            "nested-macvlan" => Ok(VifKind::MacvlanNested),
-            other => Err(Error::Config(format!("pool cannot rebuild VIFs of {other}"))),
-        }
-    }
-
     async fn host_for(&self, deployment: &str, node: &str) -> Result<String, Error> {
         let k = (deployment.to_string(), node.to_string());
         if let Some(h) = self
@@ -363,6 +347,48 @@ impl PoolDriver {
     }
 
     /// Something changed that the KuryrPortPool objects and metrics should show.
+    /// Rebuilds this driver's pools after a restart (`super::recover`), then marks it ready.
+    /// Safe to call on an empty driver only.
+    pub async fn recover(&self, input: &RecoveryInput) -> Result<RecoveryReport, Error> {
+        let recovered = super::recover::recover(self, input).await?;
+        Ok(self.install_recovered(recovered))
+    }
+
+    /// Installs what recovery decided, in one step, and starts serving. Pools that hold nothing
+    /// (objects left by an earlier configuration, or freed) are dropped; the reconcile pass
+    /// deletes their objects.
+    fn install_recovered(&self, r: Recovered) -> RecoveryReport {
+        let mut report = r.report;
+        let now = Timestamp::now();
+        {
+            let mut st = self.lock();
+            for (key, meta) in r.pools {
+                st.ensure(&key, || meta);
+            }
+            for (key, port) in &r.in_use {
+                st.mark_in_use(key, port, now);
+            }
+            for (key, (available, recyclable)) in r.adopted {
+                st.adopt(&key, available, recyclable);
+            }
+            let keys: Vec<Key> = st.iter().map(|(k, _)| k.clone()).collect();
+            report.dropped = keys.iter().filter(|k| st.remove_if_empty(k)).count();
+        }
+        for (key, spec) in &r.specs {
+            self.remember_spec(key, spec);
+        }
+        self.mark_ready();
+        self.publish_sizes();
+        self.touched();
+        tracing::info!(?report, pool_driver = self.kind.name(), "port pools recovered");
+        report
+    }
+
+    /// Resolves once a pool changed since the last call (the KuryrPortPool flusher waits here).
+    pub(super) async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
     pub(super) fn touched(&self) {
         self.changed.notify_one();
     }
@@ -781,14 +807,7 @@ impl PoolDriver {
 fn refill_error(key: &Key, f: RefillFailure) -> Error {
     let message = format!("pool {key} could not be refilled: {}", f.message);
     if f.user_visible {
-        Error::OpenStack {
-            message,
-            kind: f.kind,
-            transient: true,
-            user_visible: true,
-            request_id: None,
-            retry_after: None,
-        }
+        Error::exhausted(f.kind, message)
     } else {
         Error::not_ready(message)
     }
@@ -938,11 +957,31 @@ mod tests {
 
     #[test]
     fn kinds_pair_with_upstream_vif_drivers() {
-        assert!(PoolKind::Neutron.check_vif_driver("neutron-vif").is_ok());
-        assert!(PoolKind::Neutron.check_vif_driver("nested-vlan").is_err());
-        assert!(PoolKind::Nested.check_vif_driver("nested-vlan").is_ok());
-        assert!(PoolKind::Nested.check_vif_driver("nested-macvlan").is_ok());
-        assert!(PoolKind::Nested.check_vif_driver("neutron-vif").is_err());
+        assert!(
+            PoolKind::Neutron
+                .check_vif_driver(PodVifDriver::NeutronVif)
+                .is_ok()
+        );
+        assert!(
+            PoolKind::Neutron
+                .check_vif_driver(PodVifDriver::NestedVlan)
+                .is_err()
+        );
+        assert!(
+            PoolKind::Nested
+                .check_vif_driver(PodVifDriver::NestedVlan)
+                .is_ok()
+        );
+        assert!(
+            PoolKind::Nested
+                .check_vif_driver(PodVifDriver::NestedMacvlan)
+                .is_ok()
+        );
+        assert!(
+            PoolKind::Nested
+                .check_vif_driver(PodVifDriver::NeutronVif)
+                .is_err()
+        );
     }
 
     fn origin(subnets: &[&str]) -> VifOrigin {

@@ -1,4 +1,4 @@
-//! Port pools (seeds 000 and 002): pre-created Neutron ports handed to pods without a Neutron
+//! Port pools (docs/architecture.md#port-pools): pre-created Neutron ports handed to pods without a Neutron
 //! call, recycled on release, persisted as KuryrPortPool objects.
 //!
 //! - [`state`]: the pure decisions (refill, borrow, recycle, max, TTL), unit tested
@@ -32,7 +32,7 @@ use kuryr_config::{KuryrConfig, PodVifDriver, VifPoolDriver, VifPoolSection};
 use kuryr_crds::Vif;
 use tokio_util::sync::CancellationToken;
 
-use crate::context::Context;
+use crate::context::Platform;
 use crate::drivers::pool::{NoopPool, VifOrigin, VifPool};
 use crate::drivers::vif::VifDriver;
 use crate::drivers::{PodRef, PortSpec};
@@ -45,18 +45,18 @@ pub const NODE_POD_VIF_LABEL: &str = "pod_vif";
 
 /// The controller's pool driver (`[kubernetes] vif_pool_driver`), with its background tasks.
 pub struct PoolManager {
-    ctx: Arc<Context>,
+    ctx: Arc<Platform>,
     name: &'static str,
-    /// Pod VIF driver name -> its pool driver (`noop` entries included).
-    routes: BTreeMap<String, Arc<dyn VifPool>>,
+    /// Pod VIF driver -> its pool driver (`noop` entries included).
+    routes: BTreeMap<PodVifDriver, Arc<dyn VifPool>>,
     /// The route of `[kubernetes] pod_vif_driver` (or the first one).
     primary: Arc<dyn VifPool>,
     /// The pooling drivers among `routes`.
     pooled: Vec<Arc<PoolDriver>>,
-    default_vif: String,
+    default_vif: PodVifDriver,
     multi: bool,
     /// node -> pod VIF driver (multi_pool; a node's label does not change under its pods).
-    node_vif: Mutex<HashMap<String, String>>,
+    node_vif: Mutex<HashMap<String, PodVifDriver>>,
     persister: Arc<Persister>,
     ready: AtomicBool,
     api_socket: Mutex<Option<PathBuf>>,
@@ -68,7 +68,7 @@ pub struct PoolManager {
 /// Builds the pool driver `[kubernetes] vif_pool_driver` names over `driver` (the pod VIF
 /// driver). For `multi_pool` use [`build_multi`].
 pub fn build(
-    ctx: Arc<Context>,
+    ctx: Arc<Platform>,
     driver: Arc<dyn VifDriver>,
     cfg: &VifPoolSection,
 ) -> Result<Arc<PoolManager>, Error> {
@@ -76,15 +76,15 @@ pub fn build(
     if kind == VifPoolDriver::MultiPool {
         return build_multi(ctx, vec![driver], cfg);
     }
-    let name = driver.name().to_string();
+    let vif_kind = driver.kind();
     let pool = pool_for(&ctx, kind, driver, cfg)?;
     let pooled = pool.1.into_iter().collect();
     PoolManager::new(
         ctx,
         kind.as_str(),
-        BTreeMap::from([(name.clone(), pool.0)]),
+        BTreeMap::from([(vif_kind, pool.0)]),
         pooled,
-        name,
+        vif_kind,
         false,
     )
 }
@@ -93,7 +93,7 @@ pub fn build(
 /// deprecated `pools_vif_drivers`) maps them. `drivers` are the VIF drivers the mapping names;
 /// pods are routed by their node's `pod_vif` label, else `[kubernetes] pod_vif_driver`.
 pub fn build_multi(
-    ctx: Arc<Context>,
+    ctx: Arc<Platform>,
     drivers: Vec<Arc<dyn VifDriver>>,
     cfg: &VifPoolSection,
 ) -> Result<Arc<PoolManager>, Error> {
@@ -111,7 +111,7 @@ pub fn build_multi(
     for (vif_name, pool_kind) in mapping {
         let driver = drivers
             .iter()
-            .find(|d| d.name() == vif_name.as_str())
+            .find(|d| d.kind() == vif_name)
             .cloned()
             .ok_or_else(|| {
                 Error::Config(format!(
@@ -126,10 +126,10 @@ pub fn build_multi(
             )));
         }
         let (pool, p) = pool_for(&ctx, pool_kind, driver, cfg)?;
-        routes.insert(vif_name.as_str().to_string(), pool);
+        routes.insert(vif_name, pool);
         pooled.extend(p);
     }
-    let default_vif = ctx.config.kubernetes.pod_vif_driver.as_str().to_string();
+    let default_vif = ctx.config.kubernetes.pod_vif_driver;
     PoolManager::new(ctx, "multi_pool", routes, pooled, default_vif, true)
 }
 
@@ -137,7 +137,7 @@ pub fn build_multi(
 type Route = (Arc<dyn VifPool>, Option<Arc<PoolDriver>>);
 
 fn pool_for(
-    ctx: &Arc<Context>,
+    ctx: &Arc<Platform>,
     kind: VifPoolDriver,
     driver: Arc<dyn VifDriver>,
     cfg: &VifPoolSection,
@@ -167,11 +167,11 @@ fn api_socket(config: &KuryrConfig) -> Option<PathBuf> {
 
 impl PoolManager {
     fn new(
-        ctx: Arc<Context>,
+        ctx: Arc<Platform>,
         name: &'static str,
-        routes: BTreeMap<String, Arc<dyn VifPool>>,
+        routes: BTreeMap<PodVifDriver, Arc<dyn VifPool>>,
         pooled: Vec<Arc<PoolDriver>>,
-        default_vif: String,
+        default_vif: PodVifDriver,
         multi: bool,
     ) -> Result<Arc<Self>, Error> {
         let primary = routes
@@ -236,44 +236,59 @@ impl PoolManager {
         let vif = if self.multi {
             self.node_vif_driver(&pod.node).await?
         } else {
-            self.default_vif.clone()
+            self.default_vif
         };
-        self.route(&vif)
+        self.route(vif)
     }
 
-    fn route(&self, vif_driver: &str) -> Result<&Arc<dyn VifPool>, Error> {
-        self.routes.get(vif_driver).ok_or_else(|| {
+    fn route(&self, vif_driver: PodVifDriver) -> Result<&Arc<dyn VifPool>, Error> {
+        self.routes.get(&vif_driver).ok_or_else(|| {
             Error::Config(format!(
-                "no pool driver for pod VIF driver {vif_driver} (see [vif_pool] vif_pool_mapping)"
+                "no pool driver for pod VIF driver {} (see [vif_pool] vif_pool_mapping)",
+                vif_driver.as_str()
             ))
         })
     }
 
-    async fn node_vif_driver(&self, node: &str) -> Result<String, Error> {
+    /// The route of a VIF by the driver its origin names: release goes back to the pool that
+    /// made the port even if the node's label changed since.
+    fn route_of(&self, origin: &VifOrigin) -> Result<&Arc<dyn VifPool>, Error> {
+        let kind = origin.driver.parse::<PodVifDriver>().map_err(|_| {
+            Error::invalid(
+                "KuryrPort status origin.driver",
+                format!("{:?} is not a pod VIF driver", origin.driver),
+            )
+        })?;
+        self.route(kind)
+    }
+
+    async fn node_vif_driver(&self, node: &str) -> Result<PodVifDriver, Error> {
         if let Some(v) = self
             .node_vif
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(node)
         {
-            return Ok(v.clone());
+            return Ok(*v);
         }
         let n = Api::<Node>::all(self.ctx.kube.clone()).get(node).await?;
-        let vif = n
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(NODE_POD_VIF_LABEL))
-            .cloned()
-            .unwrap_or_else(|| self.default_vif.clone());
+        let vif = match n.metadata.labels.as_ref().and_then(|l| l.get(NODE_POD_VIF_LABEL)) {
+            Some(label) => label.parse::<PodVifDriver>().map_err(|_| {
+                Error::invalid(
+                    format!("node {node} label {NODE_POD_VIF_LABEL}"),
+                    format!("{label:?} is not a pod VIF driver"),
+                )
+            })?,
+            None => self.default_vif,
+        };
         self.node_vif
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(node.to_string(), vif.clone());
+            .insert(node.to_string(), vif);
         Ok(vif)
     }
 
-    /// Pre-population (issue 5 item 6), for the kuryrnetwork handler once a namespace network
+    /// Pre-population, for the kuryrnetwork handler once a namespace network
     /// and subnet exist: starts filling the pool of `spec` on every node up to
     /// `[vif_pool] ports_pool_min` (so `ports_pool_min = 0` turns it off), routed per node as
     /// pods are. Nodes whose route does not pool, or whose pool host cannot be found (a nested
@@ -297,9 +312,9 @@ impl PoolManager {
             let vif = if self.multi {
                 self.node_vif_driver(name).await?
             } else {
-                self.default_vif.clone()
+                self.default_vif
             };
-            let Some(driver) = self.pooled.iter().find(|d| d.vif().name() == vif) else {
+            let Some(driver) = self.pooled.iter().find(|d| d.vif().kind() == vif) else {
                 continue;
             };
             match driver.prepopulate(name, spec).await {
@@ -478,13 +493,11 @@ impl VifPool for PoolManager {
         if !self.is_ready() {
             return Err(Error::not_ready("port pools are being recovered"));
         }
-        // The origin names the VIF driver that made the port: release goes back to its pool
-        // even if the node's label changed since.
-        self.route(&origin.driver)?.release_vif(vif, origin).await
+        self.route_of(origin)?.release_vif(vif, origin).await
     }
 
     async fn activate_vif(&self, origin: &VifOrigin, vif: &mut Vif) -> Result<(), Error> {
-        self.route(&origin.driver)?.activate_vif(origin, vif).await
+        self.route_of(origin)?.activate_vif(origin, vif).await
     }
 
     fn vif_driver(&self) -> &Arc<dyn VifDriver> {

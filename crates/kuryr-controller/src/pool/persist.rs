@@ -1,4 +1,4 @@
-//! KuryrPortPool persistence (seed 002): pool membership lives in the Kubernetes API, written
+//! KuryrPortPool persistence (docs/architecture.md#port-pools): pool membership lives in the Kubernetes API, written
 //! off the hit path by a flusher that coalesces changes (at most one write per pool per
 //! [`FLUSH_INTERVAL`]), and read back for restart recovery together with the KuryrPorts.
 
@@ -191,7 +191,7 @@ impl Persister {
                     let _ = self.flush(&driver).await;
                     return;
                 }
-                _ = driver.changed.notified() => {}
+                _ = driver.changed() => {}
             }
             tokio::select! {
                 _ = stop.cancelled() => {}

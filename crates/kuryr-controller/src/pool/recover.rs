@@ -7,20 +7,25 @@
 //! the key rebuilt from the port itself, accepted only if it yields the tag's name). Ports that
 //! fit nowhere are left alone here: the orphan sweep deletes them after two passes, so a
 //! recovery bug can never delete a port that is in use.
+//!
+//! Deciding is separate from acting: [`recover`] only reads (the Kubernetes API input and Neutron)
+//! and builds a [`Recovered`] value, which the driver installs in one step
+//! (`PoolDriver::install_recovered`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
+use kuryr_config::PodVifDriver;
 use kuryr_crds::KuryrPortPool;
 use kuryr_crds::names::device_owner::TRUNK_SUBPORT;
 use kuryr_crds::names::neutron as tags;
 use kuryr_neutron::{ListFilter, NeutronClient, Port};
 
 use super::driver::{PoolDriver, PoolKind};
-use super::state::{Entry, Key};
-use crate::drivers::os_vif::vif_from_port;
+use super::state::{Entry, Key, PoolMeta};
 use crate::drivers::pool::{VifOrigin, port_subnets};
+use crate::drivers::vif::subports_by_port;
 use crate::drivers::{NetworkInfo, PortSpec};
 use crate::error::Error;
 
@@ -90,7 +95,21 @@ fn origin_key(o: &VifOrigin, port_subnets: &[String]) -> Key {
 }
 
 /// Available and recyclable ports adopted into one pool.
-type Lists = (Vec<Entry<kuryr_crds::Vif>>, Vec<Entry<kuryr_crds::Vif>>);
+pub type Lists = (Vec<Entry<kuryr_crds::Vif>>, Vec<Entry<kuryr_crds::Vif>>);
+
+/// Everything recovery decided, for an empty driver to install.
+#[derive(Default)]
+pub struct Recovered {
+    /// Every pool that exists again, with its metadata.
+    pub pools: BTreeMap<Key, PoolMeta>,
+    /// Ports in use by pods: (pool, port id).
+    pub in_use: Vec<(Key, String)>,
+    /// Available and recyclable ports per pool.
+    pub adopted: BTreeMap<Key, Lists>,
+    /// What a refill of each pool creates: the network as Neutron has it now.
+    pub specs: Vec<(Key, PortSpec)>,
+    pub report: RecoveryReport,
+}
 
 /// Network details for VIFs, fetched once per (network, subnets).
 struct Networks<'a> {
@@ -124,219 +143,190 @@ impl Networks<'_> {
     }
 }
 
-impl PoolDriver {
-    /// Rebuilds this driver's pools, then marks it ready. Safe to call on an empty driver only.
-    pub async fn recover(&self, input: &RecoveryInput) -> Result<RecoveryReport, Error> {
-        let nested = self.kind() == PoolKind::Nested;
-        let objects: Vec<(&str, &KuryrPortPool, Key)> = input
-            .pools
-            .iter()
-            .filter(|p| p.spec.key.is_nested() == nested)
-            .filter_map(|p| Some((p.metadata.name.as_deref()?, p, key_of(p)?)))
-            .collect();
-        let by_name: HashMap<&str, (&KuryrPortPool, &Key)> =
-            objects.iter().map(|(n, p, k)| (*n, (*p, k))).collect();
-        // Port -> (pool object name, recyclable?, since): membership as last flushed.
-        let mut listed: HashMap<&str, (&str, bool, Timestamp)> = HashMap::new();
-        for (name, pool, _) in &objects {
-            if let Some(st) = &pool.status {
-                for p in &st.available {
-                    listed.insert(&p.port_id, (name, false, p.since.0));
-                }
-                for p in &st.recyclable {
-                    listed.insert(&p.port_id, (name, true, p.since.0));
-                }
+/// Decides how `driver`'s pools looked before the restart, from `input` and Neutron.
+pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recovered, Error> {
+    let nested = driver.kind() == PoolKind::Nested;
+    let objects: Vec<(&str, &KuryrPortPool, Key)> = input
+        .pools
+        .iter()
+        .filter(|p| p.spec.key.is_nested() == nested)
+        .filter_map(|p| Some((p.metadata.name.as_deref()?, p, key_of(p)?)))
+        .collect();
+    let by_name: HashMap<&str, (&KuryrPortPool, &Key)> =
+        objects.iter().map(|(n, p, k)| (*n, (*p, k))).collect();
+    // Port -> (pool object name, recyclable?, since): membership as last flushed.
+    let mut listed: HashMap<&str, (&str, bool, Timestamp)> = HashMap::new();
+    for (name, pool, _) in &objects {
+        if let Some(st) = &pool.status {
+            for p in &st.available {
+                listed.insert(&p.port_id, (name, false, p.since.0));
+            }
+            for p in &st.recyclable {
+                listed.insert(&p.port_id, (name, true, p.since.0));
             }
         }
-        let in_use: HashMap<&str, Option<&VifOrigin>> = input
-            .in_use
-            .iter()
-            .map(|u| (u.port_id.as_str(), u.origin.as_ref()))
-            .collect();
+    }
+    let in_use: HashMap<&str, Option<&VifOrigin>> = input
+        .in_use
+        .iter()
+        .map(|u| (u.port_id.as_str(), u.origin.as_ref()))
+        .collect();
 
-        let mut report = RecoveryReport::default();
-        let mut seen: HashSet<String> = HashSet::new();
-        let deployments: Vec<String> = self.options().deployments.names().map(str::to_string).collect();
-        for deployment in deployments {
-            let client = self.options().deployments.client(&deployment)?;
-            for (name, _, key) in &objects {
-                if key.deployment == deployment {
-                    let meta = super::state::PoolMeta {
-                        name: (*name).to_string(),
-                        nested,
-                    };
-                    self.lock().ensure(key, || meta);
-                }
+    let mut out = Recovered::default();
+    let mut seen: HashSet<String> = HashSet::new();
+    let opts = driver.options();
+    let deployments: Vec<String> = opts.deployments.names().map(str::to_string).collect();
+    for deployment in deployments {
+        let client = opts.deployments.client(&deployment)?;
+        for (name, _, key) in &objects {
+            if key.deployment == deployment {
+                let meta = PoolMeta {
+                    name: (*name).to_string(),
+                    nested,
+                };
+                out.pools.entry(key.clone()).or_insert(meta);
             }
-            let filter = ListFilter::new().tags([tags::TAG_MANAGED, self.options().cluster_tag.as_str()]);
-            let ports = client.list_ports(&filter).await?;
-            let subports = self.subports_of_trunks(client).await?;
-            let mut nets = Networks {
-                client,
-                cache: HashMap::new(),
-            };
-            let now = Timestamp::now();
-            let mut adopted: BTreeMap<Key, Lists> = BTreeMap::new();
-            for port in &ports {
-                let Some(tag_name) = port
-                    .tags
-                    .iter()
-                    .find_map(|t| t.strip_prefix(tags::TAG_POOL_PREFIX))
-                else {
-                    continue;
-                };
-                seen.insert(port.id.clone());
-                let subnets = port_subnets(port);
-                // In use by a pod: its origin names the pool it goes back to.
-                if let Some(origin) = in_use.get(port.id.as_str()) {
-                    let key = match origin {
-                        Some(o) if o.driver == self.vif().name() => Some(origin_key(o, &subnets)),
-                        // Another pool driver's pod (multi_pool).
-                        Some(_) => None,
-                        None => listed
-                            .get(port.id.as_str())
-                            .map(|(n, _, _)| *n)
-                            .or(Some(tag_name))
-                            .and_then(|n| by_name.get(n))
-                            .map(|(_, k)| (*k).clone()),
-                    };
-                    if let Some(key) = key {
-                        self.lock().ensure(&key, || self.meta_for(&key));
-                        self.lock().mark_in_use(&key, &port.id, now);
-                        report.in_use += 1;
-                    }
-                    continue;
-                }
-                let (key, recyclable, since) = if let Some((name, recyclable, since)) =
-                    listed.get(port.id.as_str())
-                    && let Some((_, key)) = by_name.get(name)
-                {
-                    ((*key).clone(), *recyclable, *since)
-                } else if let Some((_, key)) = by_name.get(tag_name) {
-                    // Created by a refill whose membership was not flushed before the restart.
-                    ((*key).clone(), false, now)
-                } else if let Some(key) = self.rebuild_key(&deployment, port, &subports)
-                    && self.meta_for(&key).name == tag_name
-                {
-                    self.lock().ensure(&key, || self.meta_for(&key));
-                    (key, false, now)
-                } else {
-                    if self.port_is_my_kind(port) {
-                        report.unplaced += 1;
-                        tracing::info!(port = %port.id, pool = tag_name, "pool port fits no pool; left to the orphan sweep");
-                    }
-                    continue;
-                };
-                let vlan = subports.get(&port.id).and_then(|(_, v)| u16::try_from(*v).ok());
-                let vif = match self.vif_kind(vlan) {
-                    Ok(kind) => {
-                        let net = nets.get(&port.network_id, &subnets).await?;
-                        vif_from_port(port, &net, &kind, self.options().mtu)?
-                    }
-                    Err(e) => {
-                        report.unplaced += 1;
-                        tracing::info!(port = %port.id, error = %e, "pool port cannot be reused; left to the orphan sweep");
-                        continue;
-                    }
-                };
-                let mut entry = Entry::new(port.id.clone(), vif, since);
-                let lists = adopted.entry(key).or_default();
-                if recyclable {
-                    entry.data.base_mut().active = false;
-                    lists.1.push(entry);
-                } else {
-                    lists.0.push(entry);
-                }
-                report.adopted += 1;
-            }
-            // Refills need a spec per pool: the network as Neutron has it now.
-            let keys: Vec<Key> = self
-                .lock()
+        }
+        let filter = ListFilter::new().tags([tags::TAG_MANAGED, opts.cluster_tag.as_str()]);
+        let ports = client.list_ports(&filter).await?;
+        let subports = if driver.vif().kind() == PodVifDriver::NestedVlan {
+            subports_by_port(client).await?
+        } else {
+            HashMap::new()
+        };
+        let mut nets = Networks {
+            client,
+            cache: HashMap::new(),
+        };
+        let now = Timestamp::now();
+        for port in &ports {
+            let Some(tag_name) = port
+                .tags
                 .iter()
-                .map(|(k, _)| k)
-                .filter(|k| k.deployment == deployment)
-                .cloned()
-                .collect();
-            for key in keys {
-                match nets.get(&key.network_id, &key.subnets).await {
-                    Ok(net) => self.remember_spec(
-                        &key,
-                        &PortSpec::new(
-                            deployment.clone(),
-                            key.project_id.clone(),
-                            net,
-                            key.security_groups.clone(),
-                        ),
-                    ),
-                    Err(e) => tracing::warn!(pool = %key, error = %e, "network of pool unavailable"),
+                .find_map(|t| t.strip_prefix(tags::TAG_POOL_PREFIX))
+            else {
+                continue;
+            };
+            seen.insert(port.id.clone());
+            let subnets = port_subnets(port);
+            // In use by a pod: its origin names the pool it goes back to.
+            if let Some(origin) = in_use.get(port.id.as_str()) {
+                let key = match origin {
+                    Some(o) if o.driver == driver.vif().name() => Some(origin_key(o, &subnets)),
+                    // Another pool driver's pod (multi_pool).
+                    Some(_) => None,
+                    None => listed
+                        .get(port.id.as_str())
+                        .map(|(n, _, _)| *n)
+                        .or(Some(tag_name))
+                        .and_then(|n| by_name.get(n))
+                        .map(|(_, k)| (*k).clone()),
+                };
+                if let Some(key) = key {
+                    out.pools
+                        .entry(key.clone())
+                        .or_insert_with(|| driver.meta_for(&key));
+                    out.in_use.push((key, port.id.clone()));
+                    out.report.in_use += 1;
                 }
+                continue;
             }
-            let mut st = self.lock();
-            for (key, (available, recyclable)) in adopted {
-                st.adopt(&key, available, recyclable);
+            let (key, recyclable, since) = if let Some((name, recyclable, since)) =
+                listed.get(port.id.as_str())
+                && let Some((_, key)) = by_name.get(name)
+            {
+                ((*key).clone(), *recyclable, *since)
+            } else if let Some((_, key)) = by_name.get(tag_name) {
+                // Created by a refill whose membership was not flushed before the restart.
+                ((*key).clone(), false, now)
+            } else if let Some(key) = rebuild_key(driver, &deployment, port, &subports)
+                && driver.meta_for(&key).name == tag_name
+            {
+                out.pools
+                    .entry(key.clone())
+                    .or_insert_with(|| driver.meta_for(&key));
+                (key, false, now)
+            } else {
+                if port_is_my_kind(driver, port) {
+                    out.report.unplaced += 1;
+                    tracing::info!(port = %port.id, pool = tag_name, "pool port fits no pool; left to the orphan sweep");
+                }
+                continue;
+            };
+            let vlan = subports.get(&port.id).and_then(|(_, v)| u16::try_from(*v).ok());
+            let net = nets.get(&port.network_id, &subnets).await?;
+            let vif = match driver.vif().vif_of_port(port, &net, vlan) {
+                Ok(vif) => vif,
+                Err(e) => {
+                    out.report.unplaced += 1;
+                    tracing::info!(port = %port.id, error = %e, "pool port cannot be reused; left to the orphan sweep");
+                    continue;
+                }
+            };
+            let mut entry = Entry::new(port.id.clone(), vif, since);
+            out.pools
+                .entry(key.clone())
+                .or_insert_with(|| driver.meta_for(&key));
+            let lists = out.adopted.entry(key).or_default();
+            if recyclable {
+                entry.data.base_mut().active = false;
+                lists.1.push(entry);
+            } else {
+                lists.0.push(entry);
+            }
+            out.report.adopted += 1;
+        }
+        // Refills need a spec per pool: the network as Neutron has it now.
+        let keys: Vec<Key> = out
+            .pools
+            .keys()
+            .filter(|k| k.deployment == deployment)
+            .cloned()
+            .collect();
+        for key in keys {
+            match nets.get(&key.network_id, &key.subnets).await {
+                Ok(net) => {
+                    let spec = PortSpec::new(
+                        deployment.clone(),
+                        key.project_id.clone(),
+                        net,
+                        key.security_groups.clone(),
+                    );
+                    out.specs.push((key, spec));
+                }
+                Err(e) => tracing::warn!(pool = %key, error = %e, "network of pool unavailable"),
             }
         }
-        report.vanished = listed.keys().filter(|id| !seen.contains(**id)).count();
-        // Objects whose pools hold nothing (left by an earlier configuration, or freed) name
-        // pools that no longer exist: dropped here, the reconcile pass deletes the objects.
-        report.dropped = {
-            let mut st = self.lock();
-            let keys: Vec<Key> = st.iter().map(|(k, _)| k.clone()).collect();
-            keys.iter().filter(|k| st.remove_if_empty(k)).count()
-        };
-        self.mark_ready();
-        self.publish_sizes();
-        self.touched();
-        tracing::info!(?report, pool_driver = self.kind().name(), "port pools recovered");
-        Ok(report)
     }
+    out.report.vanished = listed.keys().filter(|id| !seen.contains(**id)).count();
+    Ok(out)
+}
 
-    /// Nested VLAN: every subport of every trunk, with its trunk and VLAN id.
-    async fn subports_of_trunks(
-        &self,
-        client: &NeutronClient,
-    ) -> Result<HashMap<String, (String, u32)>, Error> {
-        if self.vif().name() != "nested-vlan" {
-            return Ok(HashMap::new());
-        }
-        let trunks = client.list_trunks(&ListFilter::new()).await?;
-        Ok(trunks
-            .into_iter()
-            .flat_map(|t| {
-                let id = t.id;
-                t.sub_ports
-                    .into_iter()
-                    .map(move |s| (s.port_id, (id.clone(), s.segmentation_id)))
-            })
-            .collect())
-    }
+/// The key of a pool port whose KuryrPortPool was never written, from the port itself.
+fn rebuild_key(
+    driver: &PoolDriver,
+    deployment: &str,
+    port: &Port,
+    subports: &HashMap<String, (String, u32)>,
+) -> Option<Key> {
+    let host = match driver.vif().kind() {
+        PodVifDriver::NeutronVif if !port.binding_host_id.is_empty() => port.binding_host_id.clone(),
+        PodVifDriver::NestedVlan => subports.get(&port.id)?.0.clone(),
+        // Macvlan ports do not name their VM port.
+        _ => return None,
+    };
+    Some(Key::new(
+        deployment,
+        host,
+        port.project_id.clone(),
+        port.network_id.clone(),
+        port_subnets(port),
+        port.security_groups.clone(),
+    ))
+}
 
-    /// The key of a pool port whose KuryrPortPool was never written, from the port itself.
-    fn rebuild_key(
-        &self,
-        deployment: &str,
-        port: &Port,
-        subports: &HashMap<String, (String, u32)>,
-    ) -> Option<Key> {
-        let host = match self.vif().name() {
-            "neutron-vif" if !port.binding_host_id.is_empty() => port.binding_host_id.clone(),
-            "nested-vlan" => subports.get(&port.id)?.0.clone(),
-            // Macvlan ports do not name their VM port.
-            _ => return None,
-        };
-        Some(Key::new(
-            deployment,
-            host,
-            port.project_id.clone(),
-            port.network_id.clone(),
-            port_subnets(port),
-            port.security_groups.clone(),
-        ))
-    }
-
-    fn port_is_my_kind(&self, port: &Port) -> bool {
-        (port.device_owner == TRUNK_SUBPORT) == (self.kind() == PoolKind::Nested)
-    }
+fn port_is_my_kind(driver: &PoolDriver, port: &Port) -> bool {
+    (port.device_owner == TRUNK_SUBPORT) == (driver.kind() == PoolKind::Nested)
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! The pure pool bookkeeping: which ports each pool holds and what to do next. No I/O and no
 //! clock: callers pass `now`, execute the returned decisions (bulk creates, Neutron updates,
-//! deletions) and report back. Everything the seed asks for is decided here so it can be tested
+//! deletions) and report back. Every pool decision is made here so it can be tested
 //! without a server:
 //!
 //! - refill after every allocation when fewer than `min` remain: `max(batch, min - size)` ports in

@@ -7,8 +7,9 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use kuryr_crds::names::device_owner::{COMPUTE_KURYR, TRUNK_SUBPORT};
 use kuryr_crds::names::neutron as tags;
-use kuryr_neutron::{ListFilter, NeutronClient};
+use kuryr_neutron::ListFilter;
 
+use crate::drivers::vif::{detach_and_delete, subports_by_port};
 use crate::error::Error;
 use crate::openstack::Deployments;
 
@@ -27,34 +28,6 @@ impl Suspects {
         self.previous.insert(deployment.to_string(), unowned);
         confirmed
     }
-}
-
-/// Detaches a subport (if it is one) and deletes the port; gone is success.
-pub async fn delete_port(client: &NeutronClient, port_id: &str, trunk: Option<&str>) -> Result<(), Error> {
-    if let Some(trunk) = trunk {
-        match client.remove_subports(trunk, &[port_id]).await {
-            Ok(_) => {}
-            Err(e) if e.is_not_found() || e.status() == Some(400) || e.status() == Some(409) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    match client.delete_port(port_id).await {
-        Ok(()) => Ok(()),
-        Err(e) if e.is_not_found() => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Subport id -> trunk id, over every trunk of the deployment.
-pub async fn trunk_of_subports(client: &NeutronClient) -> Result<HashMap<String, String>, Error> {
-    let trunks = client.list_trunks(&ListFilter::new()).await?;
-    Ok(trunks
-        .into_iter()
-        .flat_map(|t| {
-            let id = t.id;
-            t.sub_ports.into_iter().map(move |s| (s.port_id, id.clone()))
-        })
-        .collect())
 }
 
 /// One sweep pass over every deployment. `owned` is everything pools and KuryrPorts account
@@ -86,16 +59,14 @@ pub async fn sweep(
             })
             .collect();
         let confirmed = suspects.confirm(&deployment, unowned);
-        // Subports carry no device id (Neutron refuses one on them): their trunk is found the
-        // way recovery finds it, from the trunks' subport lists.
         let trunks = if confirmed.iter().any(|id| subports.contains(id)) {
-            trunk_of_subports(client).await?
+            subports_by_port(client).await?
         } else {
             HashMap::new()
         };
         for id in confirmed {
-            let trunk = trunks.get(&id).map(String::as_str);
-            match delete_port(client, &id, trunk).await {
+            let trunk = trunks.get(&id).map(|(t, _)| t.as_str());
+            match detach_and_delete(client, &id, trunk).await {
                 Ok(()) => {
                     tracing::info!(port = %id, deployment, "deleted orphaned kuryr-rs port");
                     deleted.push(id);

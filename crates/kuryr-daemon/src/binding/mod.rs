@@ -21,6 +21,8 @@ use std::net::IpAddr;
 
 use async_trait::async_trait;
 
+use kuryr_config::OvsPlugMode;
+
 use crate::netlink::{IpPrefix, MacAddr, NetNs, NetlinkError};
 
 /// One interface to configure in the pod, independent of the os-vif wire
@@ -146,6 +148,13 @@ pub enum BindingError {
     },
     #[error("ovs-vsctl {args}: {message}")]
     Ovs { args: String, message: String },
+    /// ovs-vsctl could not be run at all.
+    #[error("ovs-vsctl {args}: {source}")]
+    OvsExec {
+        args: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("check failed for {ifname}: {message}")]
     Check { ifname: String, message: String },
     #[error("invalid VIF: {field}: {message}")]
@@ -202,31 +211,19 @@ pub struct BindingConfig {
     /// agent did (`system`: kernel module, `netdev`: userspace). Existing
     /// bridges keep theirs.
     pub ovs_datapath_type: String,
-    /// How `VIFOpenVSwitch` VIFs are plugged on this node.
+    /// How `VIFOpenVSwitch` VIFs are plugged on this node (`[binding]
+    /// ovs_plug_mode`). Neutron decides the VIF type from the agent on the
+    /// port's host, not from what the node can do: a node without Open
+    /// vSwitch whose L2 is a Linux bridge may choose `LinuxBridge`, and the
+    /// veth then goes on a Linux bridge named like the VIF's OVS bridge. The
+    /// OVS agent does not see such ports (no flows, no security groups): an
+    /// operator's explicit choice, never a fallback.
     pub ovs_plug: OvsPlugMode,
     /// TX checksum offload of the pod end of OVS-bound veths.
     pub pod_tx_checksum: TxChecksumMode,
     /// SR-IOV: where the daemon picks VFs for `VIFSriov` VIFs that name none
     /// (PFs of the physnet, or the kubelet's PodResources service).
     pub sriov: SriovConfig,
-}
-
-/// Datapath for `VIFOpenVSwitch` VIFs.
-///
-/// Neutron decides the VIF type from the agent on the port's host (the OVS
-/// agent gives `ovs`), not from what the node can do. A node without Open
-/// vSwitch whose L2 is a Linux bridge (labs, CI machines without the OVS
-/// kernel module) may set `LinuxBridge`: the veth then goes on a Linux bridge
-/// with the VIF's bridge name (`br-int`), created if missing. Neutron's OVS
-/// agent does not see such ports, so its flows and security groups do not
-/// apply to them: this is an operator's explicit choice, never a fallback.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum OvsPlugMode {
-    /// veth added to the OVS bridge with Neutron's external ids (default).
-    #[default]
-    OpenVSwitch,
-    /// veth on a Linux bridge named like the VIF's OVS bridge.
-    LinuxBridge,
 }
 
 /// What the OVS binding does with the pod end's TX checksum offload (`[binding]
@@ -253,17 +250,6 @@ impl TxChecksumMode {
     }
 }
 
-impl std::str::FromStr for OvsPlugMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "ovs" | "openvswitch" => Ok(Self::OpenVSwitch),
-            "linux_bridge" | "bridge" => Ok(Self::LinuxBridge),
-            other => Err(format!("ovs_plug: {other:?} is not one of ovs, linux_bridge")),
-        }
-    }
-}
-
 impl Default for BindingConfig {
     fn default() -> Self {
         Self {
@@ -273,7 +259,7 @@ impl Default for BindingConfig {
             ovs_timeout_secs: 10,
             ovs_db: None,
             ovs_datapath_type: "system".into(),
-            ovs_plug: OvsPlugMode::default(),
+            ovs_plug: OvsPlugMode::Ovs,
             pod_tx_checksum: TxChecksumMode::default(),
             sriov: SriovConfig::default(),
         }
@@ -281,7 +267,7 @@ impl Default for BindingConfig {
 }
 
 /// Picks the driver for a [`PlugKind`].
-pub struct Drivers {
+pub struct BindingDrivers {
     bridge: BridgeDriver,
     ovs: OvsDriver,
     vlan: VlanDriver,
@@ -289,7 +275,7 @@ pub struct Drivers {
     sriov: SriovDriver,
 }
 
-impl Drivers {
+impl BindingDrivers {
     pub fn new(config: &BindingConfig) -> Self {
         Self {
             bridge: BridgeDriver,
@@ -318,7 +304,24 @@ impl Drivers {
 
 #[cfg(test)]
 mod tests {
-    use super::TxChecksumMode;
+    use super::*;
+    use crate::registry::PodKey;
+
+    #[test]
+    fn an_add_target_names_its_pod() {
+        let tag = PodKey::new("ns", "p").owner_tag("c1");
+        let target = PlugTarget {
+            netns: None,
+            pod_uid: "u",
+            owner_tag: Some(&tag),
+        };
+        assert_eq!(target.pod(), Some(PodKey::new("ns", "p")));
+        let target = PlugTarget {
+            owner_tag: None,
+            ..target
+        };
+        assert_eq!(target.pod(), None);
+    }
 
     #[test]
     fn tx_checksum_goes_off_on_userspace_bridges_unless_configured_otherwise() {

@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 
-use crate::netlink::{Link, Netlink, NetlinkError};
+use crate::netlink::{Link, NetNs, Netlink, NetlinkError};
 
 use super::veth::{delete_pod_link, wrong_kind};
 use super::{BindingDriver, BindingError, PlugKind, PlugSpec, PlugTarget, TeardownError, l3};
@@ -40,9 +40,57 @@ fn check_mtu(driver: &'static str, spec: &PlugSpec, parent: &Link) -> Result<(),
     Ok(())
 }
 
-async fn remove_leftover(pod: &Netlink, spec: &PlugSpec) -> Result<(), BindingError> {
+/// What a nested setup starts from: the parent link (its MTU checked) and
+/// the pod's namespace, cleared of a leftover of an interrupted setup.
+struct Prepared<'a> {
+    host: Netlink,
+    parent: Link,
+    netns: &'a NetNs,
+    pod: Netlink,
+}
+
+async fn prepare<'a>(
+    driver: &'static str,
+    link_iface: &Option<String>,
+    spec: &PlugSpec,
+    target: &PlugTarget<'a>,
+) -> Result<Prepared<'a>, BindingError> {
+    let host = Netlink::current()?;
+    let parent = parent_link(driver, link_iface, &host).await?;
+    check_mtu(driver, spec, &parent)?;
+    let netns = target.require_netns()?;
+    let pod = Netlink::in_netns(netns).await?;
     if let Some(old) = pod.link_by_name(&spec.ifname).await? {
         pod.delete_link(old.index).await?;
+    }
+    Ok(Prepared {
+        host,
+        parent,
+        netns,
+        pod,
+    })
+}
+
+/// The device lives in the pod only: deleting it there is all of teardown.
+async fn teardown_pod_link(
+    spec: &PlugSpec,
+    target: &PlugTarget<'_>,
+    kind: &str,
+) -> Result<(), TeardownError> {
+    let mut errors = Vec::new();
+    delete_pod_link(spec, target, kind, &mut errors).await;
+    TeardownError::into_result(errors)
+}
+
+/// L3 as configured, on a link of `kind`.
+async fn check_pod_link(spec: &PlugSpec, target: &PlugTarget<'_>, kind: &str) -> Result<(), BindingError> {
+    let pod = Netlink::in_netns(target.require_netns()?).await?;
+    let link = l3::check(&pod, spec).await?;
+    if link.kind.as_deref() != Some(kind) {
+        return Err(BindingError::Check {
+            ifname: spec.ifname.clone(),
+            message: format!("is a {:?} link, expected {kind}", link.kind),
+        });
     }
     Ok(())
 }
@@ -67,12 +115,12 @@ impl BindingDriver for VlanDriver {
         let PlugKind::VlanNested { vlan_id } = spec.kind else {
             return Err(wrong_kind(self.name(), spec));
         };
-        let host = Netlink::current()?;
-        let parent = parent_link(self.name(), &self.link_iface, &host).await?;
-        check_mtu(self.name(), spec, &parent)?;
-        let netns = target.require_netns()?;
-        let pod = Netlink::in_netns(netns).await?;
-        remove_leftover(&pod, spec).await?;
+        let Prepared {
+            host,
+            parent,
+            netns,
+            pod,
+        } = prepare(self.name(), &self.link_iface, spec, target).await?;
         host.create_vlan(&spec.ifname, parent.index, vlan_id, Some(netns.fd()))
             .await
             .map_err(|e| match e {
@@ -87,21 +135,11 @@ impl BindingDriver for VlanDriver {
     }
 
     async fn teardown(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), TeardownError> {
-        let mut errors = Vec::new();
-        delete_pod_link(spec, target, "vlan", &mut errors).await;
-        TeardownError::into_result(errors)
+        teardown_pod_link(spec, target, "vlan").await
     }
 
     async fn check(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), BindingError> {
-        let pod = Netlink::in_netns(target.require_netns()?).await?;
-        let link = l3::check(&pod, spec).await?;
-        if link.kind.as_deref() != Some("vlan") {
-            return Err(BindingError::Check {
-                ifname: spec.ifname.clone(),
-                message: format!("is a {:?} link, expected vlan", link.kind),
-            });
-        }
-        Ok(())
+        check_pod_link(spec, target, "vlan").await
     }
 }
 
@@ -125,12 +163,12 @@ impl BindingDriver for MacvlanDriver {
         if spec.kind != PlugKind::MacvlanNested {
             return Err(wrong_kind(self.name(), spec));
         }
-        let host = Netlink::current()?;
-        let parent = parent_link(self.name(), &self.link_iface, &host).await?;
-        check_mtu(self.name(), spec, &parent)?;
-        let netns = target.require_netns()?;
-        let pod = Netlink::in_netns(netns).await?;
-        remove_leftover(&pod, spec).await?;
+        let Prepared {
+            host,
+            parent,
+            netns,
+            pod,
+        } = prepare(self.name(), &self.link_iface, spec, target).await?;
         host.create_macvlan(&spec.ifname, parent.index, Some(netns.fd()))
             .await?;
         let link = pod.require_link(&spec.ifname).await?;
@@ -140,20 +178,10 @@ impl BindingDriver for MacvlanDriver {
     }
 
     async fn teardown(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), TeardownError> {
-        let mut errors = Vec::new();
-        delete_pod_link(spec, target, "macvlan", &mut errors).await;
-        TeardownError::into_result(errors)
+        teardown_pod_link(spec, target, "macvlan").await
     }
 
     async fn check(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), BindingError> {
-        let pod = Netlink::in_netns(target.require_netns()?).await?;
-        let link = l3::check(&pod, spec).await?;
-        if link.kind.as_deref() != Some("macvlan") {
-            return Err(BindingError::Check {
-                ifname: spec.ifname.clone(),
-                message: format!("is a {:?} link, expected macvlan", link.kind),
-            });
-        }
-        Ok(())
+        check_pod_link(spec, target, "macvlan").await
     }
 }

@@ -77,9 +77,9 @@ impl OvsProbe {
             .kill_on_drop(true)
             .output()
             .await
-            .map_err(|e| BindingError::Ovs {
+            .map_err(|source| BindingError::OvsExec {
                 args: joined.clone(),
-                message: e.to_string(),
+                source,
             })?;
         if !out.status.success() {
             return Err(BindingError::Ovs {
@@ -229,5 +229,34 @@ pub async fn ovs_available_at(db: Option<&str>) -> Result<(), String> {
     match OvsProbe::detect(5, db).await.unavailable_reason() {
         None => Ok(()),
         Some(r) => Err(r),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An ovs-vsctl that cannot be run keeps the OS error as the source.
+    #[tokio::test]
+    async fn exec_failures_keep_their_source() {
+        let probe = OvsProbe {
+            vsctl: Some(PathBuf::from("/nonexistent/ovs-vsctl")),
+            db: None,
+            db_error: None,
+            timeout_secs: 1,
+        };
+        let err = probe
+            .vsctl(&["--if-exists", "del-port", "tap0"])
+            .await
+            .expect_err("no binary");
+        let source = std::error::Error::source(&err)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .map(std::io::Error::kind);
+        assert_eq!(source, Some(std::io::ErrorKind::NotFound), "{err:?}");
+        assert!(
+            err.to_string()
+                .starts_with("ovs-vsctl --if-exists del-port tap0: "),
+            "{err}"
+        );
     }
 }

@@ -14,7 +14,7 @@ use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
 use super::pod_resources::{GRPC_UNIMPLEMENTED, SOCKET_IN_ROOT_DIR};
-use super::proto::{PodResources, encode};
+use super::proto::{ContainerDevices, ContainerResources, PodResources, encode};
 
 #[derive(Clone, Debug)]
 pub(crate) enum Answer {
@@ -162,5 +162,23 @@ impl FakeKubelet {
     /// The gRPC methods called so far, in order.
     pub fn calls(&self) -> Vec<String> {
         self.calls.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Pod `ns/name` with one container holding `devices` as (resource, device ids).
+pub(crate) fn pod_with(ns: &str, name: &str, devices: &[(&str, &[&str])]) -> PodResources {
+    PodResources {
+        name: name.into(),
+        namespace: ns.into(),
+        containers: vec![ContainerResources {
+            name: "app".into(),
+            devices: devices
+                .iter()
+                .map(|(r, ids)| ContainerDevices {
+                    resource_name: (*r).into(),
+                    device_ids: ids.iter().map(|s| (*s).to_string()).collect(),
+                })
+                .collect(),
+        }],
     }
 }

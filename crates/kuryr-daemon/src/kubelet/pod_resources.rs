@@ -307,26 +307,8 @@ pub fn pod_devices(pods: &[PodResources], namespace: &str, name: &str, resource:
 mod tests {
     use std::collections::HashMap;
 
-    use super::super::fake::{Answer, FakeKubelet};
-    use super::super::proto::{ContainerDevices, ContainerResources};
+    use super::super::fake::{Answer, FakeKubelet, pod_with as pod};
     use super::*;
-
-    fn pod(ns: &str, name: &str, devices: &[(&str, &[&str])]) -> PodResources {
-        PodResources {
-            name: name.into(),
-            namespace: ns.into(),
-            containers: vec![ContainerResources {
-                name: "c".into(),
-                devices: devices
-                    .iter()
-                    .map(|(r, ids)| ContainerDevices {
-                        resource_name: (*r).into(),
-                        device_ids: ids.iter().map(|s| (*s).to_string()).collect(),
-                    })
-                    .collect(),
-            }],
-        }
-    }
 
     #[test]
     fn frames_and_messages() {

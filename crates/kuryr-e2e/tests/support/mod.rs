@@ -15,8 +15,8 @@ use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kuryr_config::KuryrConfig;
+use kuryr_config::OvsPlugMode;
 use kuryr_daemon::DaemonConfig;
-use kuryr_daemon::binding::OvsPlugMode;
 use kuryr_neutron::NeutronClient;
 use serde_json::{Value, json};
 
@@ -364,7 +364,7 @@ impl Node {
             Some(db) => {
                 // Lab nodes are shared namespaces: no fixed TCP port to collide on.
                 cfg.bind_address = "127.0.0.1:0".parse().expect("address");
-                cfg.binding.ovs_plug = OvsPlugMode::OpenVSwitch;
+                cfg.binding.ovs_plug = OvsPlugMode::Ovs;
                 cfg.binding.ovs_db = Some(db.clone());
                 cfg.binding.ovs_datapath_type = "netdev".into();
                 // What a production daemon keeps on the host's tmpfs: a restarted daemon
@@ -379,8 +379,8 @@ impl Node {
     pub async fn start_daemon(&mut self) -> Result<()> {
         ensure!(self.daemon.is_none(), "daemon of {} already runs", self.name);
         let mut cfg = self.daemon_config();
-        cfg.binding.sriov.physnet_pfs =
-            kuryr_daemon::binding::SriovConfig::parse_mappings(&self.sriov_mappings)
+        cfg.binding.sriov.options.physical_device_mappings =
+            kuryr_config::OptionValue::parse_option(&self.sriov_mappings.join(","))
                 .map_err(anyhow::Error::msg)?;
         let (path, api) = (self.ns.path(), self.api);
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

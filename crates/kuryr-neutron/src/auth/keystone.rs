@@ -202,31 +202,41 @@ impl Keystone {
     }
 }
 
-fn request_body(a: &AuthOptions) -> Result<Value, AuthError> {
-    let domain = |id: &Option<String>, name: &Option<String>| match (id, name) {
+/// A domain by id or name.
+fn domain(id: &Option<String>, name: &Option<String>) -> Option<Value> {
+    match (id, name) {
         (Some(id), _) => Some(json!({ "id": id })),
         (None, Some(name)) => Some(json!({ "name": name })),
         (None, None) => None,
-    };
+    }
+}
+
+/// The user by id, or by name with its domain (what `auth_type` `t` needs).
+fn user_ref(a: &AuthOptions, t: AuthType) -> Result<serde_json::Map<String, Value>, AuthError> {
+    let mut user = serde_json::Map::new();
+    match (&a.user_id, &a.username) {
+        (Some(id), _) => {
+            user.insert("id".into(), json!(id));
+        }
+        (None, Some(name)) => {
+            user.insert("name".into(), json!(name));
+            let d = domain(&a.user_domain_id, &a.user_domain_name)
+                .ok_or(AuthError::MissingOption("user_domain_name", t))?;
+            user.insert("domain".into(), d);
+        }
+        (None, None) => return Err(AuthError::MissingOption("username", t)),
+    }
+    Ok(user)
+}
+
+fn request_body(a: &AuthOptions) -> Result<Value, AuthError> {
     match a.auth_type {
         AuthType::Password => {
             let password = a
                 .password
                 .as_ref()
                 .ok_or(AuthError::MissingOption("password", AuthType::Password))?;
-            let mut user = serde_json::Map::new();
-            match (&a.user_id, &a.username) {
-                (Some(id), _) => {
-                    user.insert("id".into(), json!(id));
-                }
-                (None, Some(name)) => {
-                    user.insert("name".into(), json!(name));
-                    let d = domain(&a.user_domain_id, &a.user_domain_name)
-                        .ok_or(AuthError::MissingOption("user_domain_name", AuthType::Password))?;
-                    user.insert("domain".into(), d);
-                }
-                (None, None) => return Err(AuthError::MissingOption("username", AuthType::Password)),
-            }
+            let mut user = user_ref(a, AuthType::Password)?;
             user.insert("password".into(), json!(password.expose()));
             let scope = match (&a.project_id, &a.project_name) {
                 (Some(id), _) => json!({ "project": { "id": id } }),
@@ -255,19 +265,7 @@ fn request_body(a: &AuthOptions) -> Result<Value, AuthError> {
             let cred = match (&a.application_credential_id, &a.application_credential_name) {
                 (Some(id), _) => json!({ "id": id, "secret": secret.expose() }),
                 (None, Some(name)) => {
-                    let mut user = serde_json::Map::new();
-                    match (&a.user_id, &a.username) {
-                        (Some(id), _) => {
-                            user.insert("id".into(), json!(id));
-                        }
-                        (None, Some(uname)) => {
-                            user.insert("name".into(), json!(uname));
-                            let d = domain(&a.user_domain_id, &a.user_domain_name)
-                                .ok_or(AuthError::MissingOption("user_domain_name", t))?;
-                            user.insert("domain".into(), d);
-                        }
-                        (None, None) => return Err(AuthError::MissingOption("username", t)),
-                    }
+                    let user = user_ref(a, t)?;
                     json!({ "name": name, "secret": secret.expose(), "user": user })
                 }
                 (None, None) => return Err(AuthError::MissingOption("application_credential_id", t)),

@@ -5,7 +5,6 @@
 mod clouds;
 mod keystone;
 
-use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -16,42 +15,9 @@ pub use clouds::{
 };
 pub(crate) use keystone::Authenticator;
 
-/// A secret string (password, token, application credential secret). Never printed by `Debug` or `Display`.
-#[derive(Clone, PartialEq, Eq, Default)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-
-    /// The clear text, for the one place that must send it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(<redacted>)")
-    }
-}
-
-impl fmt::Display for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-impl<'de> Deserialize<'de> for Secret {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d).map(Secret)
-    }
-}
+/// Passwords, tokens and application credential secrets: kuryr-config's type, so an option
+/// goes from `kuryr.conf` to Keystone without being copied into another wrapper.
+pub use kuryr_config::Secret;
 
 /// keystoneauth `auth_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]

@@ -144,7 +144,13 @@ struct NeutronErrorInner {
     message: String,
 }
 
-fn api_error(op: &'static str, status: u16, request_id: Option<String>, body: &[u8]) -> Error {
+fn api_error(
+    op: &'static str,
+    status: u16,
+    request_id: Option<String>,
+    retry_after: Option<Duration>,
+    body: &[u8],
+) -> Error {
     let (error_type, message) = match serde_json::from_slice::<NeutronErrorBody>(body) {
         Ok(b) => (b.error.error_type, b.error.message),
         Err(_) => (
@@ -157,6 +163,7 @@ fn api_error(op: &'static str, status: u16, request_id: Option<String>, body: &[
         status,
         message,
         request_id,
+        retry_after,
         operation: op,
     }))
 }
@@ -377,7 +384,7 @@ impl NeutronClient {
                         continue;
                     }
                     if status >= 400 {
-                        break Err(api_error(call.op, status, rid, &body));
+                        break Err(api_error(call.op, status, rid, wait, &body));
                     }
                     break Ok(Reply {
                         op: call.op,
@@ -522,13 +529,25 @@ mod tests {
             "delete_port",
             404,
             Some("req-x".into()),
+            None,
             br#"{"NeutronError": {"type": "PortNotFound", "message": "Port p could not be found.", "detail": ""}}"#,
         );
         assert_eq!(e.kind(), Some(&ErrorKind::PortNotFound));
         assert_eq!(e.request_id(), Some("req-x"));
-        let e = api_error("list_ports", 503, None, b"<html>busy</html>");
+        let e = api_error(
+            "list_ports",
+            503,
+            None,
+            Some(Duration::from_secs(7)),
+            b"<html>busy</html>",
+        );
         assert_eq!(e.kind(), Some(&ErrorKind::ServiceUnavailable));
         assert!(e.is_transient());
+        assert_eq!(
+            e.retry_after(),
+            Some(Duration::from_secs(7)),
+            "the server's Retry-After is kept"
+        );
     }
 
     #[test]

@@ -86,27 +86,29 @@ impl NeutronClient {
         router_id: &str,
         spec: &RouterInterfaceSpec,
     ) -> Result<RouterInterface> {
-        let call = Call::new(
-            "add_router_interface",
-            Method::PUT,
-            &["routers", router_id, "add_router_interface"],
-        )
-        .json(spec)?
-        .not_idempotent();
-        self.execute(call).await?.json()
+        self.router_interface("add_router_interface", router_id, spec)
+            .await
     }
+    /// `PUT /v2.0/routers/{id}/remove_router_interface` (answer not wrapped).
     pub async fn remove_router_interface(
         &self,
         router_id: &str,
         spec: &RouterInterfaceSpec,
     ) -> Result<RouterInterface> {
-        let call = Call::new(
-            "remove_router_interface",
-            Method::PUT,
-            &["routers", router_id, "remove_router_interface"],
-        )
-        .json(spec)?
-        .not_idempotent();
+        self.router_interface("remove_router_interface", router_id, spec)
+            .await
+    }
+    /// The router interface actions: the action is both the operation name and the last
+    /// path segment.
+    async fn router_interface(
+        &self,
+        action: &'static str,
+        router_id: &str,
+        spec: &RouterInterfaceSpec,
+    ) -> Result<RouterInterface> {
+        let call = Call::new(action, Method::PUT, &["routers", router_id, action])
+            .json(spec)?
+            .not_idempotent();
         self.execute(call).await?.json()
     }
 

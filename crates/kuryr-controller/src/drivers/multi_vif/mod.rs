@@ -1,4 +1,4 @@
-//! Multi-VIF drivers (`[kubernetes] multi_vif_drivers`, seed 004): the pod's interfaces beyond
+//! Multi-VIF drivers (`[kubernetes] multi_vif_drivers`): the pod's interfaces beyond
 //! `eth0`.
 //!
 //! Two phases, so a pod is never left half-wired:
@@ -6,11 +6,12 @@
 //!    (annotations, resource requests), resolves subnets, NADs and pre-created ports, and
 //!    validates everything. No Neutron writes; a bad request is an [`Error::InvalidInput`]
 //!    naming the field, which the kuryrport handler turns into an Event on the pod.
-//! 2. **acquire** ([`acquire_all`]): ports are taken from the pool, created, or adopted
-//!    (`spec-ports`). If one fails, everything acquired for the pod so far is released.
+//! 2. **acquire** (`crate::wiring`): ports are taken from the pool, created, or adopted
+//!    (`spec-ports`), together with eth0. If one fails, everything acquired for the pod so far
+//!    is released.
 //!
 //! Drivers only describe *what* a pod needs ([`PlannedVif`]); how a port is obtained and given
-//! back is shared here, so the release path is the same for every driver.
+//! back is `crate::wiring`'s, the same for every interface of the pod.
 //!
 //! - [`additional_subnets::AdditionalSubnets`] (`additional_subnets`)
 //! - [`npwg::NpwgMultipleInterfaces`] (`npwg_multiple_interfaces`)
@@ -22,25 +23,22 @@ pub mod npwg;
 pub mod specific_ports;
 pub mod sriov;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
-use kuryr_config::MultiVifDriver as MultiVifName;
+use kuryr_config::{MultiVifDriver as MultiVifName, PodVifDriver};
 use kuryr_crds::Vif;
-use kuryr_crds::names::{DEFAULT_IFNAME, additional_ifname, device_owner::COMPUTE_KURYR};
+use kuryr_crds::names::{DEFAULT_IFNAME, additional_ifname};
 use kuryr_neutron::{FixedIpRequest, Port, PortUpdate};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::os_vif::{VifKind, vif_from_port};
-use super::pool::{VifOrigin, port_subnets};
 use super::subnets::SubnetCache;
-use super::vif::{PortOwner, port_create};
-use super::{Drivers, NetworkInfo, PodRef, PortSpec};
-use crate::context::Context;
+use super::{NetworkInfo, PodRef, PortSpec};
+use crate::context::Platform;
 use crate::error::Error;
 
 /// `binding:vnic_type` of SR-IOV ports.
@@ -61,7 +59,7 @@ pub struct PodNetworking<'a> {
     pub podref: &'a PodRef,
     pub default: &'a PortSpec,
     /// `[kubernetes] pod_vif_driver` in use (some sources only work on bare metal).
-    pub vif_driver: &'a str,
+    pub vif_driver: PodVifDriver,
 }
 
 impl PodNetworking<'_> {
@@ -78,7 +76,7 @@ impl PodNetworking<'_> {
     }
 
     pub fn bare_metal(&self) -> bool {
-        self.vif_driver == "neutron-vif"
+        self.vif_driver == PodVifDriver::NeutronVif
     }
 }
 
@@ -166,7 +164,8 @@ impl PortRestore {
         }
     }
 
-    fn update(&self) -> PortUpdate {
+    /// The update that puts the port back as it was.
+    pub fn update(&self) -> PortUpdate {
         PortUpdate {
             name: Some(self.name.clone()),
             device_id: Some(self.device_id.clone()),
@@ -189,15 +188,6 @@ pub struct MultiVifRecord {
     pub restore: Option<PortRestore>,
 }
 
-/// An acquired additional interface (phase 2 result).
-#[derive(Clone, Debug)]
-pub struct AdditionalVif {
-    pub ifname: String,
-    pub vif: Vif,
-    pub origin: VifOrigin,
-    pub record: MultiVifRecord,
-}
-
 #[async_trait]
 pub trait MultiVifDriver: Send + Sync {
     /// The `[kubernetes] multi_vif_drivers` name.
@@ -209,7 +199,7 @@ pub trait MultiVifDriver: Send + Sync {
 }
 
 /// Builds the drivers `[kubernetes] multi_vif_drivers` names, in order (`noop` adds none).
-pub fn from_config(ctx: &Arc<Context>, subnets: &SubnetCache) -> Result<Vec<Arc<dyn MultiVifDriver>>, Error> {
+pub fn from_config(ctx: &Platform, subnets: &SubnetCache) -> Result<Vec<Arc<dyn MultiVifDriver>>, Error> {
     let mut out: Vec<Arc<dyn MultiVifDriver>> = vec![];
     let mut seen = BTreeSet::new();
     for name in &ctx.config.kubernetes.multi_vif_drivers {
@@ -227,13 +217,13 @@ pub fn from_config(ctx: &Arc<Context>, subnets: &SubnetCache) -> Result<Vec<Arc<
             MultiVifName::NpwgMultipleInterfaces => out.push(Arc::new(npwg::NpwgMultipleInterfaces::new(
                 ctx.kube.clone(),
                 subnets.clone(),
-                sriov::PhysnetMap::from_config(&ctx.config.sriov),
+                ctx.config.sriov.clone(),
             ))),
             MultiVifName::Sriov => out.push(Arc::new(sriov::Sriov::new(&ctx.config.sriov, subnets.clone()))),
             MultiVifName::SpecificPorts => out.push(Arc::new(specific_ports::SpecificPorts::new(
                 ctx.deployments.clone(),
                 subnets.clone(),
-                sriov::PhysnetMap::from_config(&ctx.config.sriov),
+                ctx.config.sriov.clone(),
             ))),
         }
     }
@@ -305,224 +295,6 @@ pub fn check_ifname(name: &str) -> Result<(), Error> {
         ));
     }
     Ok(())
-}
-
-/// Phase 2: obtains every planned port. On the first failure, everything acquired so far is
-/// released and the error returned, so the pod has either all its interfaces or none of them.
-pub async fn acquire_all(
-    ctx: &Context,
-    drivers: &Drivers,
-    pod: &PodRef,
-    plans: Vec<(String, PlannedVif)>,
-) -> Result<Vec<AdditionalVif>, Error> {
-    let mut done: Vec<AdditionalVif> = Vec::with_capacity(plans.len());
-    for (ifname, plan) in plans {
-        match acquire(ctx, drivers, pod, ifname, plan).await {
-            Ok(v) => done.push(v),
-            Err(e) => {
-                for v in done.iter().rev() {
-                    if let Err(re) = release(ctx, drivers, &v.vif, &v.origin, &v.record).await {
-                        tracing::warn!(port = v.vif.id(), error = %re, "rollback of an additional VIF failed");
-                    }
-                }
-                return Err(e);
-            }
-        }
-    }
-    Ok(done)
-}
-
-async fn acquire(
-    ctx: &Context,
-    drivers: &Drivers,
-    pod: &PodRef,
-    ifname: String,
-    plan: PlannedVif,
-) -> Result<AdditionalVif, Error> {
-    let record = |release, restore| MultiVifRecord {
-        driver: plan.driver.to_string(),
-        network: plan.network.clone(),
-        release,
-        restore,
-    };
-    let mtu = ctx.config.neutron_defaults.network_device_mtu;
-    let mut acquired = acquire_port(ctx, drivers, pod, ifname, &plan, record, mtu).await?;
-    // Upstream's SR-IOV VIFs name their pod: the daemon finds the pod's allocated VFs by it.
-    if let Vif::Sriov(s) = &mut acquired.vif {
-        s.pod_name = Some(pod.name.clone());
-    }
-    Ok(acquired)
-}
-
-async fn acquire_port(
-    ctx: &Context,
-    drivers: &Drivers,
-    pod: &PodRef,
-    ifname: String,
-    plan: &PlannedVif,
-    record: impl Fn(ReleaseMode, Option<PortRestore>) -> MultiVifRecord,
-    mtu: u32,
-) -> Result<AdditionalVif, Error> {
-    match &plan.source {
-        PortSource::Pooled { spec } => {
-            let (vif, origin) = drivers.pool.request_vif(pod, spec).await?;
-            Ok(AdditionalVif {
-                ifname,
-                vif,
-                origin,
-                record: record(ReleaseMode::Pool, None),
-            })
-        }
-        PortSource::Create {
-            spec,
-            fixed_ips,
-            mac,
-            physnet,
-        } => {
-            let client = ctx.deployments.client(&spec.deployment)?;
-            let mut req = port_create(
-                spec,
-                &PortOwner::Pod(pod.clone()),
-                &ctx.resource_tags(),
-                COMPUTE_KURYR,
-            );
-            if !fixed_ips.is_empty() {
-                req.fixed_ips = Some(fixed_ips.clone());
-            }
-            req.mac_address = mac.clone();
-            req.binding_host_id = Some(pod.node.clone());
-            if let Some(p) = physnet {
-                req.binding_vnic_type = Some(VNIC_DIRECT.into());
-                req.binding_profile = Some(BTreeMap::from([("physical_network".to_string(), json!(p))]));
-            }
-            let port = client.create_port(&req).await.map_err(|e| {
-                let err = Error::from(e);
-                // A requested address or MAC Neutron refuses is the user's to fix.
-                if (!fixed_ips.is_empty() || mac.is_some()) && !err.is_retryable() {
-                    Error::invalid(format!("ips/mac of network {}", plan.network), err.to_string())
-                } else {
-                    err
-                }
-            })?;
-            let kind = match physnet {
-                Some(p) => VifKind::Sriov {
-                    physnet: Some(p.clone()),
-                },
-                None => VifKind::Bound {
-                    ovs_bridge: ctx.config.neutron_defaults.ovs_bridge.clone(),
-                },
-            };
-            let vif = match vif_from_port(&port, &spec.network, &kind, mtu) {
-                Ok(v) => v,
-                Err(e) => {
-                    let _ = super::vif::delete_ports(client, std::slice::from_ref(&port.id)).await;
-                    return Err(e);
-                }
-            };
-            let origin = VifOrigin {
-                deployment: spec.deployment.clone(),
-                host: pod.node.clone(),
-                project_id: spec.project_id.clone(),
-                network_id: spec.network.id.clone(),
-                subnets: port_subnets(&port),
-                security_groups: spec.security_groups.clone(),
-                driver: if physnet.is_some() { "sriov" } else { "neutron-vif" }.into(),
-                preserve: false,
-            };
-            Ok(AdditionalVif {
-                ifname,
-                vif,
-                origin,
-                record: record(ReleaseMode::Delete, None),
-            })
-        }
-        PortSource::Adopt {
-            deployment,
-            port,
-            network,
-            physnet,
-            restore,
-        } => {
-            let client = ctx.deployments.client(deployment)?;
-            // The name stays the user's: with only kuryr's own fields changed, a claim that a
-            // crash interrupted can still be restored exactly (see `specific_ports`).
-            let update = PortUpdate {
-                device_id: Some(pod.uid.clone()),
-                device_owner: Some(COMPUTE_KURYR.into()),
-                binding_host_id: Some(pod.node.clone()),
-                ..Default::default()
-            };
-            // Conditional on the revision validated in phase 1: a port taken by someone else
-            // meanwhile fails here (412) and the next attempt re-validates it.
-            let bound = client
-                .update_port_if_revision(&port.id, &update, port.revision_number)
-                .await?;
-            let restore = restore.clone();
-            let kind = match physnet {
-                Some(p) => VifKind::Sriov { physnet: p.clone() },
-                None => VifKind::Bound {
-                    ovs_bridge: ctx.config.neutron_defaults.ovs_bridge.clone(),
-                },
-            };
-            let vif = match vif_from_port(&bound, network, &kind, mtu) {
-                Ok(v) => v,
-                Err(e) => {
-                    let _ = client.update_port(&port.id, &restore.update()).await;
-                    return Err(e);
-                }
-            };
-            let origin = VifOrigin {
-                deployment: deployment.clone(),
-                host: pod.node.clone(),
-                project_id: port.project_id.clone(),
-                network_id: port.network_id.clone(),
-                subnets: port_subnets(port),
-                security_groups: port.security_groups.clone(),
-                driver: if physnet.is_some() { "sriov" } else { "neutron-vif" }.into(),
-                preserve: true,
-            };
-            Ok(AdditionalVif {
-                ifname,
-                vif,
-                origin,
-                record: record(ReleaseMode::Restore, Some(restore)),
-            })
-        }
-    }
-}
-
-/// Gives an additional VIF back the way its record says. A port already gone is success.
-pub async fn release(
-    ctx: &Context,
-    drivers: &Drivers,
-    vif: &Vif,
-    origin: &VifOrigin,
-    record: &MultiVifRecord,
-) -> Result<(), Error> {
-    match record.release {
-        ReleaseMode::Pool => drivers.pool.release_vif(vif, origin).await,
-        ReleaseMode::Delete => {
-            super::vif::delete_ports(
-                ctx.deployments.client(&origin.deployment)?,
-                &[vif.id().to_string()],
-            )
-            .await
-        }
-        ReleaseMode::Restore => {
-            let Some(restore) = &record.restore else {
-                return Err(Error::invalid(
-                    format!("KuryrPort status of port {}", vif.id()),
-                    "pre-created port recorded without its original attributes",
-                ));
-            };
-            let client = ctx.deployments.client(&origin.deployment)?;
-            match client.update_port(vif.id(), &restore.update()).await {
-                Ok(_) => Ok(()),
-                Err(e) if e.is_not_found() => Ok(()),
-                Err(e) => Err(e.into()),
-            }
-        }
-    }
 }
 
 /// SR-IOV VIFs are active once created: the VF is moved by the CNI daemon and Neutron may have

@@ -9,13 +9,13 @@
 
 use async_trait::async_trait;
 use kube::{Api, ResourceExt};
+use kuryr_config::SriovSection;
 use kuryr_crds::NetworkAttachmentDefinition;
 use kuryr_crds::names::annotations::NPWG_NETWORKS;
 use kuryr_neutron::FixedIpRequest;
 use serde_json::Value;
 
 use super::additional_subnets::refield;
-use super::sriov::PhysnetMap;
 use super::{MultiVifDriver, PlannedVif, PodNetworking, PortSource, VNIC_DIRECT, VNIC_NORMAL, ip_in_cidr};
 use crate::drivers::subnets::SubnetCache;
 use crate::error::Error;
@@ -183,11 +183,11 @@ pub fn check_mac(field: &str, mac: &str) -> Result<(), Error> {
 pub struct NpwgMultipleInterfaces {
     kube: kube::Client,
     subnets: SubnetCache,
-    physnets: PhysnetMap,
+    physnets: SriovSection,
 }
 
 impl NpwgMultipleInterfaces {
-    pub fn new(kube: kube::Client, subnets: SubnetCache, physnets: PhysnetMap) -> Self {
+    pub fn new(kube: kube::Client, subnets: SubnetCache, physnets: SriovSection) -> Self {
         Self {
             kube,
             subnets,
@@ -234,7 +234,7 @@ impl MultiVifDriver for NpwgMultipleInterfaces {
             let driver = cfg.driver_type.as_deref().unwrap_or("").trim();
             let sriov = match driver {
                 "" | "neutron" | "neutron-vif" => false,
-                d if d == net.vif_driver => false,
+                d if d == net.vif_driver.as_str() => false,
                 "sriov" => true,
                 other => {
                     return Err(Error::invalid(

@@ -13,10 +13,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use kube::ResourceExt;
+use kuryr_config::SriovSection;
 use kuryr_crds::names::annotations::SPEC_PORTS;
 
 use super::additional_subnets::refield;
-use super::sriov::PhysnetMap;
 use super::{MultiVifDriver, PlannedVif, PodNetworking, PortRestore, PortSource, VNIC_DIRECT, VNIC_NORMAL};
 use crate::drivers::NetworkInfo;
 use crate::drivers::subnets::SubnetCache;
@@ -52,11 +52,11 @@ pub fn parse(raw: &str) -> Result<Vec<String>, Error> {
 pub struct SpecificPorts {
     deployments: Deployments,
     subnets: SubnetCache,
-    physnets: PhysnetMap,
+    physnets: SriovSection,
 }
 
 impl SpecificPorts {
-    pub fn new(deployments: Deployments, subnets: SubnetCache, physnets: PhysnetMap) -> Self {
+    pub fn new(deployments: Deployments, subnets: SubnetCache, physnets: SriovSection) -> Self {
         Self {
             deployments,
             subnets,

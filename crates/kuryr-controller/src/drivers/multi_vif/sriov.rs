@@ -4,10 +4,13 @@
 //!
 //! Requests are read from container `resources.requests` (or `limits`, which Kubernetes copies
 //! to requests for extended resources) in two forms:
-//! - `pod.alpha.kubernetes.io/opaque-int-resource-sriov-vf-<physnet>` (seed 004)
+//! - `pod.alpha.kubernetes.io/opaque-int-resource-sriov-vf-<physnet>` (the original multi-VIF design's opaque integer resource)
 //! - device-plugin `<[sriov] device_plugin_resource_prefix>/<resource>`, the resource mapped to a
 //!   physnet by `[sriov] physnet_resource_mappings` (`physnet:resource`; without mappings the
 //!   resource is named after the physnet, as upstream).
+//!
+//! The mapping itself is kuryr-config's ([`SriovSection::physnet_of_resource`]), shared with the
+//! CNI daemon.
 
 use std::collections::BTreeMap;
 
@@ -21,58 +24,11 @@ use crate::drivers::subnets::SubnetCache;
 use crate::error::Error;
 
 pub const NAME: &str = "sriov";
-/// Seed 004's opaque integer resource prefix; the physnet follows it.
-pub const OPAQUE_PREFIX: &str = "pod.alpha.kubernetes.io/opaque-int-resource-sriov-vf-";
 /// More VFs than any NIC offers a pod: a typo, not a request.
 const MAX_VFS: u32 = 64;
 
-/// `[sriov]` mappings between physnets, subnets and device-plugin resources.
-#[derive(Clone, Debug, Default)]
-pub struct PhysnetMap {
-    /// physnet -> subnet id.
-    pub subnets: BTreeMap<String, String>,
-    /// device-plugin resource name (with prefix) -> physnet.
-    pub resources: BTreeMap<String, String>,
-}
-
-impl PhysnetMap {
-    pub fn from_config(cfg: &SriovSection) -> Self {
-        let prefix = cfg.device_plugin_resource_prefix.trim_end_matches('/');
-        let resources = if cfg.physnet_resource_mappings.is_empty() {
-            cfg.default_physnet_subnets
-                .keys()
-                .map(|p| (format!("{prefix}/{p}"), p.clone()))
-                .collect()
-        } else {
-            cfg.physnet_resource_mappings
-                .iter()
-                .map(|(physnet, res)| (format!("{prefix}/{res}"), physnet.clone()))
-                .collect()
-        };
-        Self {
-            subnets: cfg.default_physnet_subnets.clone(),
-            resources,
-        }
-    }
-
-    /// The physnet whose VFs serve `subnet_id`, if `default_physnet_subnets` names it.
-    pub fn physnet_of_subnet(&self, subnet_id: &str) -> Option<&str> {
-        self.subnets
-            .iter()
-            .find(|(_, s)| s.as_str() == subnet_id)
-            .map(|(p, _)| p.as_str())
-    }
-
-    /// The physnet a resource name requests, or None when it is no SR-IOV resource.
-    pub fn physnet_of_resource<'a>(&'a self, resource: &'a str) -> Option<&'a str> {
-        resource
-            .strip_prefix(OPAQUE_PREFIX)
-            .or_else(|| self.resources.get(resource).map(String::as_str))
-    }
-}
-
 /// SR-IOV VFs the pod requests: (resource name, physnet) -> count, summed over containers.
-pub fn requested_vfs(pod: &Pod, map: &PhysnetMap) -> Result<BTreeMap<(String, String), u32>, Error> {
+pub fn requested_vfs(pod: &Pod, map: &SriovSection) -> Result<BTreeMap<(String, String), u32>, Error> {
     let mut out: BTreeMap<(String, String), u32> = BTreeMap::new();
     let containers = pod
         .spec
@@ -118,14 +74,14 @@ pub fn requested_vfs(pod: &Pod, map: &PhysnetMap) -> Result<BTreeMap<(String, St
 }
 
 pub struct Sriov {
-    map: PhysnetMap,
+    map: SriovSection,
     subnets: SubnetCache,
 }
 
 impl Sriov {
     pub fn new(cfg: &SriovSection, subnets: SubnetCache) -> Self {
         Self {
-            map: PhysnetMap::from_config(cfg),
+            map: cfg.clone(),
             subnets,
         }
     }
@@ -140,7 +96,7 @@ impl MultiVifDriver for Sriov {
     async fn plan(&self, net: &PodNetworking<'_>) -> Result<Vec<PlannedVif>, Error> {
         let mut out = vec![];
         for ((resource, physnet), count) in requested_vfs(net.pod, &self.map)? {
-            let subnet = self.map.subnets.get(&physnet).ok_or_else(|| {
+            let subnet = self.map.default_physnet_subnets.get(&physnet).ok_or_else(|| {
                 Error::invalid(
                     format!("resource {resource}"),
                     format!("physnet {physnet} has no subnet in [sriov] default_physnet_subnets"),
@@ -174,7 +130,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn map(mappings: &[(&str, &str)]) -> PhysnetMap {
+    fn map(mappings: &[(&str, &str)]) -> SriovSection {
         let mut cfg = SriovSection::default();
         cfg.default_physnet_subnets
             .insert("physnet2".into(), "sub-2".into());
@@ -183,7 +139,7 @@ mod tests {
         for (p, r) in mappings {
             cfg.physnet_resource_mappings.insert((*p).into(), (*r).into());
         }
-        PhysnetMap::from_config(&cfg)
+        cfg
     }
 
     fn pod(resources: serde_json::Value) -> Pod {
@@ -206,7 +162,13 @@ mod tests {
         }));
         let got = requested_vfs(&p, &m).unwrap();
         let want = BTreeMap::from([
-            ((format!("{OPAQUE_PREFIX}physnet2"), "physnet2".to_string()), 2),
+            (
+                (
+                    format!("{}physnet2", kuryr_config::OPAQUE_RESOURCE_PREFIX),
+                    "physnet2".to_string(),
+                ),
+                2,
+            ),
             (("intel.com/sriov_a".to_string(), "physnet3".to_string()), 1),
         ]);
         assert_eq!(got, want);

@@ -7,18 +7,24 @@
 //!   port's allowed address pairs
 //!
 //! Every driver creates ports in bulk (`request_vifs(n)`), so the pools refill in one request.
+//! The Neutron steps they share live here: [`create_ports`] (all or nothing, with a rollback when
+//! a later step fails) and [`detach_and_delete`].
 
 pub mod nested;
 pub mod nested_macvlan;
 pub mod nested_vlan;
 pub mod neutron;
 
+use std::collections::HashMap;
+use std::future::Future;
+
 use async_trait::async_trait;
+use kuryr_config::PodVifDriver;
 use kuryr_crds::Vif;
 use kuryr_crds::names::{device_owner, neutron as tags};
-use kuryr_neutron::{NeutronClient, PortCreate};
+use kuryr_neutron::{NeutronClient, Port, PortCreate};
 
-use super::{PodRef, PortSpec};
+use super::{NetworkInfo, PodRef, PortSpec};
 use crate::error::Error;
 
 /// Who a new port is for: a pod (named and tagged after it, `device_id` = pod UID) or a pool.
@@ -30,7 +36,17 @@ pub enum PortOwner {
 
 #[async_trait]
 pub trait VifDriver: Send + Sync {
-    fn name(&self) -> &'static str;
+    /// Which `[kubernetes] pod_vif_driver` this is.
+    fn kind(&self) -> PodVifDriver;
+
+    /// The `kuryr.conf` name (also what a VIF's origin records).
+    fn name(&self) -> &'static str {
+        self.kind().as_str()
+    }
+
+    /// The os-vif VIF of one of this driver's ports (`vlan`: its segmentation id when it is a
+    /// trunk subport). Used for new ports and for ports recovered after a restart.
+    fn vif_of_port(&self, port: &Port, network: &NetworkInfo, vlan: Option<u16>) -> Result<Vif, Error>;
 
     /// The "host" part of the pool key for a node: the node itself on bare metal, the node VM's
     /// trunk (nested VLAN) or VM port (nested macvlan).
@@ -92,21 +108,90 @@ pub fn port_create(
     req
 }
 
-/// Deletes ports best-effort (used to roll back a half-done bulk): every error is logged, the
-/// first is returned, and every port is attempted.
+/// Deletes ports; a port already gone is success. Every port is attempted and every failure
+/// kept ([`Error::Multiple`]).
 pub async fn delete_ports(client: &NeutronClient, ids: &[String]) -> Result<(), Error> {
-    let mut first = None;
+    let mut errors = vec![];
     for id in ids {
-        match client.delete_port(id).await {
-            Ok(()) => {}
-            Err(e) if e.is_not_found() => {}
+        if let Err(e) = detach_and_delete(client, id, None).await {
+            tracing::warn!(port = %id, error = %e, "could not delete port");
+            errors.push(e);
+        }
+    }
+    Error::collect(errors)
+}
+
+/// Detaches a subport from `trunk` (when given) and deletes the port. A subport already
+/// detached, a trunk or a port already gone are success: this is the release path after crashes.
+pub async fn detach_and_delete(
+    client: &NeutronClient,
+    port_id: &str,
+    trunk: Option<&str>,
+) -> Result<(), Error> {
+    if let Some(trunk) = trunk {
+        match client.remove_subports(trunk, &[port_id]).await {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() || e.status() == Some(400) || e.status() == Some(409) => {
+                tracing::debug!(port = port_id, trunk, error = %e, "subport already detached");
+            }
             Err(e) => {
-                tracing::warn!(port = %id, error = %e, "could not delete port");
-                first.get_or_insert(Error::from(e));
+                return Err(Error::openstack(
+                    format!("detaching port {port_id} from trunk {trunk}"),
+                    e,
+                ));
             }
         }
     }
-    first.map_or(Ok(()), Err)
+    match client.delete_port(port_id).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(Error::openstack(format!("deleting port {port_id}"), e)),
+    }
+}
+
+/// Every trunk subport of the deployment: port id -> (trunk id, VLAN id). Subports carry no
+/// device id (Neutron refuses one on them), so this is how a subport's trunk is found.
+pub async fn subports_by_port(client: &NeutronClient) -> Result<HashMap<String, (String, u32)>, Error> {
+    let trunks = client.list_trunks(&kuryr_neutron::ListFilter::new()).await?;
+    Ok(trunks
+        .into_iter()
+        .flat_map(|t| {
+            let id = t.id;
+            t.sub_ports
+                .into_iter()
+                .map(move |s| (s.port_id, (id.clone(), s.segmentation_id)))
+        })
+        .collect())
+}
+
+/// Creates `n` ports like `req` in one request (bulk creates are atomic in Neutron), then runs
+/// `finish` on them (attach, build VIFs, ...). When `finish` fails the ports are deleted again,
+/// so the caller gets either everything or nothing left behind.
+pub async fn create_ports<T, F, Fut>(
+    client: &NeutronClient,
+    req: PortCreate,
+    n: usize,
+    finish: F,
+) -> Result<T, Error>
+where
+    F: FnOnce(Vec<Port>) -> Fut,
+    Fut: Future<Output = Result<T, Error>>,
+{
+    let ports = if n == 1 {
+        vec![client.create_port(&req).await?]
+    } else {
+        client.create_ports(&vec![req; n]).await?
+    };
+    let ids: Vec<String> = ports.iter().map(|p| p.id.clone()).collect();
+    match finish(ports).await {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            if let Err(cleanup) = delete_ports(client, &ids).await {
+                tracing::warn!(ports = ?ids, error = %cleanup, "rollback of created ports failed; the orphan sweep or finalize-by-tags collects them");
+            }
+            Err(e)
+        }
+    }
 }
 
 /// Shared activation: re-read the port and flip the VIF to active when Neutron says so.

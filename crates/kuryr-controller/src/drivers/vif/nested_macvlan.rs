@@ -12,13 +12,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use kuryr_config::PodVifDriver;
 use kuryr_crds::Vif;
 use kuryr_neutron::{AllowedAddressPair, ErrorKind, Port, PortUpdate};
 
 use super::nested::VmPortLookup;
-use super::{COMPUTE_KURYR, PortOwner, VifDriver, delete_ports, port_create};
-use crate::drivers::PortSpec;
+use super::{COMPUTE_KURYR, PortOwner, VifDriver, create_ports, delete_ports, port_create};
 use crate::drivers::os_vif::{VifKind, vif_from_port};
+use crate::drivers::{NetworkInfo, PortSpec};
 use crate::error::Error;
 use crate::openstack::Deployments;
 
@@ -108,8 +109,12 @@ fn pairs_of(port: &Port) -> Vec<AllowedAddressPair> {
 
 #[async_trait]
 impl VifDriver for NestedMacvlan {
-    fn name(&self) -> &'static str {
-        "nested-macvlan"
+    fn kind(&self) -> PodVifDriver {
+        PodVifDriver::NestedMacvlan
+    }
+
+    fn vif_of_port(&self, port: &Port, network: &NetworkInfo, _vlan: Option<u16>) -> Result<Vif, Error> {
+        vif_from_port(port, network, &VifKind::MacvlanNested, self.mtu)
     }
 
     async fn pool_host(&self, deployment: &str, node: &str) -> Result<String, Error> {
@@ -125,37 +130,29 @@ impl VifDriver for NestedMacvlan {
         n: usize,
     ) -> Result<Vec<Vif>, Error> {
         let client = self.deployments.client(&spec.deployment)?;
-        let reqs = vec![port_create(spec, owner, &self.tags, COMPUTE_KURYR); n];
-        let ports = if n == 1 {
-            vec![client.create_port(&reqs[0]).await?]
-        } else {
-            client.create_ports(&reqs).await?
-        };
-        let ids: Vec<String> = ports.iter().map(|p| p.id.clone()).collect();
-        let new_pairs: Vec<AllowedAddressPair> = ports.iter().flat_map(pairs_of).collect();
-        let added = self
-            .update_pairs(&spec.deployment, vm_port, |pairs| {
+        let req = port_create(spec, owner, &self.tags, COMPUTE_KURYR);
+        create_ports(client, req, n, |ports| async move {
+            let new_pairs: Vec<AllowedAddressPair> = ports.iter().flat_map(pairs_of).collect();
+            self.update_pairs(&spec.deployment, vm_port, |pairs| {
                 for p in &new_pairs {
                     if !pairs.contains(p) {
                         pairs.push(p.clone());
                     }
                 }
             })
-            .await;
-        if let Err(e) = added {
-            let _ = delete_ports(client, &ids).await;
-            return Err(e);
-        }
-        ports
-            .iter()
-            .map(|p| {
-                let mut vif = vif_from_port(p, &spec.network, &VifKind::MacvlanNested, self.mtu)?;
-                // Macvlan ports are never bound, so Neutron never reports them ACTIVE: the address
-                // pair on the VM port is what makes them work (upstream does the same).
-                vif.base_mut().active = true;
-                Ok(vif)
-            })
-            .collect()
+            .await?;
+            ports
+                .iter()
+                .map(|p| {
+                    let mut vif = self.vif_of_port(p, &spec.network, None)?;
+                    // Macvlan ports are never bound, so Neutron never reports them ACTIVE: the
+                    // address pair on the VM port is what makes them work (upstream does the same).
+                    vif.base_mut().active = true;
+                    Ok(vif)
+                })
+                .collect()
+        })
+        .await
     }
 
     async fn release_vif(&self, deployment: &str, vm_port: &str, vif: &Vif) -> Result<(), Error> {

@@ -8,15 +8,16 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use kuryr_config::PodVifDriver;
 use kuryr_crds::Vif;
 use kuryr_crds::names::device_owner::TRUNK_SUBPORT;
-use kuryr_neutron::{ErrorKind, SubPort};
+use kuryr_neutron::{ErrorKind, NeutronClient, Port, SubPort};
 use tokio::sync::Mutex;
 
 use super::nested::VmPortLookup;
-use super::{PortOwner, VifDriver, activate_from_neutron, delete_ports, port_create};
-use crate::drivers::PortSpec;
+use super::{PortOwner, VifDriver, activate_from_neutron, create_ports, detach_and_delete, port_create};
 use crate::drivers::os_vif::{VifKind, vif_from_port};
+use crate::drivers::{NetworkInfo, PortSpec};
 use crate::error::Error;
 use crate::openstack::Deployments;
 
@@ -59,12 +60,61 @@ impl NestedVlan {
             .or_default()
             .clone()
     }
+
+    /// Attaches `ports` to `trunk` on free VLAN ids; returns the ids in port order.
+    async fn attach(&self, client: &NeutronClient, trunk: &str, ports: &[Port]) -> Result<Vec<u32>, Error> {
+        let n = ports.len();
+        let lock = self.trunk_lock(trunk).await;
+        let _guard = lock.lock().await;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let in_use: BTreeSet<u32> = client
+                .get_subports(trunk)
+                .await?
+                .iter()
+                .map(|s| s.segmentation_id)
+                .collect();
+            let Some(vlans) = free_vlan_ids(&in_use, n) else {
+                return Err(Error::exhausted(
+                    "VlanExhausted",
+                    format!("trunk {trunk} has no {n} free VLAN ids left"),
+                ));
+            };
+            let subports: Vec<SubPort> = ports
+                .iter()
+                .zip(&vlans)
+                .map(|(p, v)| SubPort::vlan(p.id.clone(), *v))
+                .collect();
+            match client.add_subports(trunk, &subports).await {
+                Ok(_) => return Ok(vlans),
+                // Another writer took one of our ids between read and write: re-read and retry.
+                Err(e)
+                    if attempt < 5
+                        && (e.is_kind(&ErrorKind::DuplicateSubPort) || e.is_kind(&ErrorKind::Conflict)) =>
+                {
+                    tracing::debug!(trunk, error = %e, "VLAN id race; retrying");
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
 }
 
 #[async_trait]
 impl VifDriver for NestedVlan {
-    fn name(&self) -> &'static str {
-        "nested-vlan"
+    fn kind(&self) -> PodVifDriver {
+        PodVifDriver::NestedVlan
+    }
+
+    fn vif_of_port(&self, port: &Port, network: &NetworkInfo, vlan: Option<u16>) -> Result<Vif, Error> {
+        let vlan_id = vlan.ok_or_else(|| {
+            Error::invalid(
+                format!("port {} segmentation_id", port.id),
+                "port is not a trunk subport",
+            )
+        })?;
+        vif_from_port(port, network, &VifKind::VlanNested { vlan_id }, self.mtu)
     }
 
     async fn pool_host(&self, deployment: &str, node: &str) -> Result<String, Error> {
@@ -90,82 +140,21 @@ impl VifDriver for NestedVlan {
         // Neutron refuses a port with a device_id as a subport (409 PortInUse); the pod tag keeps
         // the port accountable instead.
         req.device_id = None;
-        let reqs = vec![req; n];
-        let ports = if n == 1 {
-            vec![client.create_port(&reqs[0]).await?]
-        } else {
-            client.create_ports(&reqs).await?
-        };
-        let ids: Vec<String> = ports.iter().map(|p| p.id.clone()).collect();
-
-        let lock = self.trunk_lock(trunk).await;
-        let _guard = lock.lock().await;
-        let mut attempt = 0;
-        let vlans = loop {
-            attempt += 1;
-            let in_use: BTreeSet<u32> = match client.get_subports(trunk).await {
-                Ok(s) => s.iter().map(|s| s.segmentation_id).collect(),
-                Err(e) => {
-                    let _ = delete_ports(client, &ids).await;
-                    return Err(e.into());
-                }
-            };
-            let Some(vlans) = free_vlan_ids(&in_use, n) else {
-                let _ = delete_ports(client, &ids).await;
-                return Err(Error::OpenStack {
-                    message: format!("trunk {trunk} has no {n} free VLAN ids left"),
-                    kind: "VlanExhausted",
-                    transient: true,
-                    user_visible: true,
-                    request_id: None,
-                    retry_after: None,
-                });
-            };
-            let subports: Vec<SubPort> = ids
-                .iter()
-                .zip(&vlans)
-                .map(|(id, v)| SubPort::vlan(id.clone(), *v))
-                .collect();
-            match client.add_subports(trunk, &subports).await {
-                Ok(_) => break vlans,
-                // Another writer took one of our ids between read and write: re-read and retry.
-                Err(e)
-                    if attempt < 5
-                        && (e.is_kind(&ErrorKind::DuplicateSubPort) || e.is_kind(&ErrorKind::Conflict)) =>
-                {
-                    tracing::debug!(trunk, error = %e, "VLAN id race; retrying");
-                }
-                Err(e) => {
-                    let _ = delete_ports(client, &ids).await;
-                    return Err(e.into());
-                }
+        create_ports(client, req, n, |ports| async move {
+            let vlans = self.attach(client, trunk, &ports).await?;
+            let mut vifs = Vec::with_capacity(n);
+            for (port, vlan) in ports.iter().zip(vlans) {
+                let vlan =
+                    u16::try_from(vlan).map_err(|_| Error::invalid("segmentation_id", vlan.to_string()))?;
+                vifs.push(self.vif_of_port(port, &spec.network, Some(vlan))?);
             }
-        };
-        let mut vifs = Vec::with_capacity(n);
-        for (port, vlan) in ports.iter().zip(vlans) {
-            let vlan_id =
-                u16::try_from(vlan).map_err(|_| Error::invalid("segmentation_id", vlan.to_string()))?;
-            vifs.push(vif_from_port(
-                port,
-                &spec.network,
-                &VifKind::VlanNested { vlan_id },
-                self.mtu,
-            )?);
-        }
-        Ok(vifs)
+            Ok(vifs)
+        })
+        .await
     }
 
     async fn release_vif(&self, deployment: &str, trunk: &str, vif: &Vif) -> Result<(), Error> {
-        let client = self.deployments.client(deployment)?;
-        match client.remove_subports(trunk, &[vif.id()]).await {
-            Ok(_) => {}
-            // Not a subport (any more) or trunk gone: deleting the port is all that is left.
-            Err(e) if e.is_not_found() || e.status() == Some(400) || e.status() == Some(409) => {
-                tracing::debug!(port = vif.id(), trunk, error = %e, "subport already detached");
-            }
-            Err(e) => return Err(e.into()),
-        }
-        delete_ports(client, &[vif.id().to_string()]).await
+        detach_and_delete(self.deployments.client(deployment)?, vif.id(), Some(trunk)).await
     }
 
     async fn activate_vif(&self, deployment: &str, vif: &mut Vif) -> Result<(), Error> {

@@ -2,11 +2,15 @@
 //! Neutron agent wires them and Neutron reports them ACTIVE.
 
 use async_trait::async_trait;
+use kuryr_config::PodVifDriver;
 use kuryr_crds::Vif;
+use kuryr_neutron::Port;
 
-use super::{COMPUTE_KURYR, PortOwner, VifDriver, activate_from_neutron, delete_ports, port_create};
-use crate::drivers::PortSpec;
+use super::{
+    COMPUTE_KURYR, PortOwner, VifDriver, activate_from_neutron, create_ports, delete_ports, port_create,
+};
 use crate::drivers::os_vif::{VifKind, vif_from_port};
+use crate::drivers::{NetworkInfo, PortSpec};
 use crate::error::Error;
 use crate::openstack::Deployments;
 
@@ -30,8 +34,15 @@ impl NeutronVif {
 
 #[async_trait]
 impl VifDriver for NeutronVif {
-    fn name(&self) -> &'static str {
-        "neutron-vif"
+    fn kind(&self) -> PodVifDriver {
+        PodVifDriver::NeutronVif
+    }
+
+    fn vif_of_port(&self, port: &Port, network: &NetworkInfo, _vlan: Option<u16>) -> Result<Vif, Error> {
+        let kind = VifKind::Bound {
+            ovs_bridge: self.ovs_bridge.clone(),
+        };
+        vif_from_port(port, network, &kind, self.mtu)
     }
 
     async fn pool_host(&self, _deployment: &str, node: &str) -> Result<String, Error> {
@@ -48,28 +59,13 @@ impl VifDriver for NeutronVif {
         let client = self.deployments.client(&spec.deployment)?;
         let mut req = port_create(spec, owner, &self.tags, COMPUTE_KURYR);
         req.binding_host_id = Some(host.to_string());
-        let reqs = vec![req; n];
-        // Bulk create is atomic on the Neutron side: either all ports exist or none.
-        let ports = if n == 1 {
-            vec![client.create_port(&reqs[0]).await?]
-        } else {
-            client.create_ports(&reqs).await?
-        };
-        let kind = VifKind::Bound {
-            ovs_bridge: self.ovs_bridge.clone(),
-        };
-        let vifs: Result<Vec<Vif>, Error> = ports
-            .iter()
-            .map(|p| vif_from_port(p, &spec.network, &kind, self.mtu))
-            .collect();
-        match vifs {
-            Ok(v) => Ok(v),
-            Err(e) => {
-                let ids: Vec<String> = ports.iter().map(|p| p.id.clone()).collect();
-                let _ = delete_ports(client, &ids).await;
-                Err(e)
-            }
-        }
+        create_ports(client, req, n, |ports| async move {
+            ports
+                .iter()
+                .map(|p| self.vif_of_port(p, &spec.network, None))
+                .collect()
+        })
+        .await
     }
 
     async fn release_vif(&self, deployment: &str, _host: &str, vif: &Vif) -> Result<(), Error> {

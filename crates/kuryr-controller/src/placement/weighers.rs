@@ -13,7 +13,7 @@ pub trait Weigher: Send + Sync {
     fn raw(&self, c: &Candidate) -> f64;
 }
 
-/// `creation_order`: earlier declared deployments first (the seed's first-phase weight).
+/// `creation_order`: earlier declared deployments first (the first-phase weight of the placement design).
 pub struct CreationOrder;
 impl Weigher for CreationOrder {
     fn name(&self) -> &'static str {

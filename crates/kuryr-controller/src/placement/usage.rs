@@ -1,5 +1,5 @@
-//! Usage of each deployment, measured periodically off the request path (seed 001: "the statistic
-//! task should be done in the bottom pod"). For kuryr the capacity that runs out is addresses on
+//! Usage of each deployment, measured periodically off the request path (docs/architecture.md#several-openstack-deployments:
+//! statistics are collected periodically, never inside a request). For kuryr the capacity that runs out is addresses on
 //! the pod networks, so usage = used / total IPs over the networks the deployment reports.
 
 use std::collections::BTreeMap;

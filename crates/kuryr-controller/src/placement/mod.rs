@@ -1,5 +1,7 @@
-//! Dynamic binding of tenants (Neutron projects) to OpenStack deployments (seed 001, from
-//! Tricircle's "dynamic pod binding"; a Tricircle "pod" is an OpenStack deployment here).
+//! Placement: which OpenStack deployment serves a tenant (Neutron project). This is the "dynamic
+//! binding of tenants to deployments" of docs/architecture.md#several-openstack-deployments; it is
+//! called placement here so that it is never confused with plugging an interface (the daemon's
+//! `binding/`) or with a Neutron port's host binding.
 //!
 //! A project stays bound to one deployment so that all its ports live together; a new project,
 //! or one whose deployment no longer passes the filters (maintenance, usage above the threshold),
@@ -30,7 +32,7 @@ pub use scheduler::{Binder, Scheduler};
 #[derive(Clone, Debug, PartialEq)]
 pub struct Candidate {
     pub name: String,
-    /// Declaration order in `kuryr.conf` (the "creation time" weight of the seed).
+    /// Declaration order in `kuryr.conf` (the "creation time" weight of the placement design).
     pub order: usize,
     pub availability_zone: Option<String>,
     pub resource_affinity: BTreeMap<String, String>,

@@ -157,7 +157,7 @@ mod tests {
     use kuryr_config::{BindingFilter, BindingWeigher};
 
     use super::*;
-    use crate::binding::store::MemoryStore;
+    use crate::placement::store::MemoryStore;
 
     fn cand(name: &str, order: usize, usage: Option<f64>) -> Candidate {
         Candidate {

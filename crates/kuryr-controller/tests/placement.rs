@@ -1,4 +1,4 @@
-//! Seed 001 end to end: two OpenStack deployments (two Neutron emulators), projects bound by
+//! Deployment placement end to end: two OpenStack deployments (two Neutron emulators), projects bound by
 //! availability zone, a deployment put under maintenance, binding history, and releases going back
 //! to the deployment each port came from.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -10,9 +10,9 @@ use std::time::Duration;
 use anyhow::Result;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, DeleteParams, ListParams};
-use kuryr_controller::binding::store::{BindingRecord, CONFIGMAP_NAME};
 use kuryr_controller::metrics::Metrics;
 use kuryr_controller::openstack::Deployments;
+use kuryr_controller::placement::store::{BindingRecord, CONFIGMAP_NAME};
 use kuryr_controller::service::{ControllerOptions, run};
 use kuryr_crds::KuryrPort;
 use kuryr_neutron::{ClientOptions, ListFilter, NeutronClient};
@@ -141,13 +141,17 @@ async fn projects_bind_by_zone_and_move_off_a_deployment_in_maintenance() -> Res
     assert!(west_c.get_port(&a2).await.is_ok());
     let left = east_c.list_ports(&ListFilter::new().project_id("proj-a")).await?;
     assert!(left.is_empty(), "{left:?}");
-    assert!(
-        pods.list(&ListParams::default())
+    // The port goes first, then the finalizers: the pod is gone once both are released.
+    eventually("a1 gone", WAIT, || async {
+        let gone = pods
+            .list(&ListParams::default())
             .await?
             .items
             .iter()
-            .all(|p| p.metadata.name.as_deref() != Some("a1"))
-    );
+            .all(|p| p.metadata.name.as_deref() != Some("a1"));
+        Ok(gone.then_some(()))
+    })
+    .await?;
     stop.cancel();
     task.await?;
     Ok(())

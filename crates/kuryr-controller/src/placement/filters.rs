@@ -46,7 +46,7 @@ impl Filter for ResourceAffinityFilter {
     }
 }
 
-/// `usage_threshold`: drops deployments above the threshold; unmeasured ones pass (seed 001).
+/// `usage_threshold`: drops deployments above the threshold; unmeasured ones pass.
 pub struct UsageThresholdFilter(pub f64);
 impl Filter for UsageThresholdFilter {
     fn name(&self) -> &'static str {

@@ -150,7 +150,8 @@ impl BindingStore for ConfigMapStore {
             return Ok(false);
         }
         rebind(&mut history, new);
-        let value = serde_json::to_string(&history).map_err(|e| Error::Config(e.to_string()))?;
+        let value =
+            serde_json::to_string(&history).map_err(|e| Error::serialization("binding history", e))?;
         let result = match cm {
             Some(mut cm) => {
                 cm.data

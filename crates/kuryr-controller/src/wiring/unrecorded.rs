@@ -1,0 +1,63 @@
+//! Ports a crash created for a pod without recording them in its KuryrPort (between the Neutron
+//! create and the status write). They carry the pod's ownership tags (subports have no device
+//! id, so the tags are what finds them).
+
+use std::collections::HashSet;
+
+use kube::ResourceExt;
+use kuryr_crds::KuryrPort;
+use kuryr_crds::names::device_owner::TRUNK_SUBPORT;
+use kuryr_crds::names::neutron as tags;
+use kuryr_neutron::{ListFilter, Port};
+
+use super::record::RecordedVif;
+use crate::context::Platform;
+use crate::drivers::vif::{detach_and_delete, subports_by_port};
+use crate::error::Error;
+
+/// Whether `port`, tagged for `kp`'s pod, is a leftover to delete: not recorded, not a pool port
+/// (pools account for their own), and not taken over by a newer pod of the same name.
+pub fn is_unrecorded(port: &Port, kp: &KuryrPort, recorded: &HashSet<&str>) -> bool {
+    !recorded.contains(port.id.as_str())
+        && !port.tags.iter().any(|t| t.starts_with(tags::TAG_POOL_PREFIX))
+        && (port.device_id.is_empty() || port.device_id == kp.spec.pod_uid)
+}
+
+/// Deletes every unrecorded port of `kp`'s pod in every deployment; every failure is kept.
+pub async fn release_unrecorded(
+    ctx: &Platform,
+    kp: &KuryrPort,
+    recorded: &[RecordedVif],
+) -> Result<(), Error> {
+    let pod_tag = tags::pod_tag(&kp.namespace().unwrap_or_default(), &kp.name_any());
+    let cluster_tag = tags::cluster_tag(&ctx.cluster_id);
+    let known: HashSet<&str> = recorded.iter().map(|r| r.vif.id()).collect();
+    let mut errors = Vec::new();
+    for deployment in ctx.deployments.names() {
+        let client = ctx.deployments.client(deployment)?;
+        let filter = ListFilter::new().tags([tags::TAG_MANAGED, cluster_tag.as_str(), pod_tag.as_str()]);
+        let stray: Vec<Port> = client
+            .list_ports(&filter)
+            .await?
+            .into_iter()
+            .filter(|p| is_unrecorded(p, kp, &known))
+            .collect();
+        if stray.is_empty() {
+            continue;
+        }
+        let trunks = if stray.iter().any(|p| p.device_owner == TRUNK_SUBPORT) {
+            subports_by_port(client).await?
+        } else {
+            Default::default()
+        };
+        for p in stray {
+            let trunk = trunks.get(&p.id).map(|(t, _)| t.as_str());
+            match detach_and_delete(client, &p.id, trunk).await {
+                Ok(()) => tracing::info!(port = %p.id, deployment, kuryrport = %kp.name_any(),
+                    "deleted a port created for the pod but never recorded (crash mid-request)"),
+                Err(e) => errors.push(e),
+            }
+        }
+    }
+    Error::collect(errors)
+}
