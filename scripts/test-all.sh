@@ -7,13 +7,18 @@
 #      compatibility tests, and starts a private userspace Open vSwitch
 #      (scripts/ovs-userspace.sh, state in .ovs/; a running one is reused) for the OVS binding
 #      tests, exporting KURYR_TEST_OVS_DB
+#   2b. installs (first run: Debian's OVN packages; the neutron venv of step 1 is reused) and
+#      starts the ML2/OVN lab (scripts/ovn-lab/ovn-lab.sh: neutron-server on :9698 with its own
+#      database, two userspace-OVS chassis over geneve; state in .ovn-lab/; a running lab is
+#      reused) for the real-dataplane tests, exporting KURYR_TEST_OVN_NEUTRON_URL and
+#      KURYR_TEST_OVN_LAB (KURYR_TEST_REQUIRE_OVN=1: those tests fail instead of skipping)
 #   3. cargo fmt --check, clippy -D warnings, the CRD manifests staleness check
 #   4. cargo test --workspace (the Neutron contract suite runs against the emulator and the
 #      real server; its per-target summary lines are repeated at the end, and the run fails
 #      unless both passed the same number of cases with 0 failed: scripts/check-contract-summary.sh)
-#   5. stops neutron-server and Open vSwitch again, but only those this script started
+#   5. stops neutron-server, Open vSwitch and the OVN lab again, but only those this script started
 # Env: KEEP_NEUTRON=1 leaves a server this script started running (KEEP_OVS=1 the same for Open
-# vSwitch); NEUTRON_LAB overrides the state directory; extra arguments go to `cargo test`
+# vSwitch, KEEP_OVN=1 for the OVN lab); NEUTRON_LAB overrides the state directory; extra arguments go to `cargo test`
 # (e.g. `-- --test-threads=1`).
 set -euo pipefail
 
@@ -47,7 +52,12 @@ else
   STARTED_NEUTRON=1
 fi
 STARTED_OVS=0
+STARTED_OVN=0
 stop_neutron() {
+  if [ "$STARTED_OVN" = 1 ] && [ "${KEEP_OVN:-0}" != 1 ]; then
+    step "stopping the OVN lab this script started"
+    "$REPO/scripts/ovn-lab/ovn-lab.sh" stop || true
+  fi
   if [ "$STARTED_NEUTRON" = 1 ] && [ "${KEEP_NEUTRON:-0}" != 1 ]; then
     step "stopping the neutron-server this script started"
     "$REPO/scripts/neutron-lab/stop-neutron.sh" || true
@@ -80,6 +90,23 @@ OVS_DB_SOCK=$("$REPO/scripts/ovs-userspace.sh" start)
 export KURYR_TEST_OVS_DB="unix:$OVS_DB_SOCK"
 export KURYR_TEST_REQUIRE_KUBECTL=1
 
+if "$REPO/scripts/ovn-lab/ovn-lab.sh" status >/dev/null 2>&1; then
+  step "ML2/OVN lab already running: reusing it"
+else
+  step "starting the ML2/OVN lab (scripts/ovn-lab/ovn-lab.sh; first run installs OVN)"
+  STARTED_OVN=1
+fi
+# Idempotent; prints its start-up time and memory, then the variables the OVN tests read.
+ovn_start=$(date +%s)
+OVN_ENV=$("$REPO/scripts/ovn-lab/ovn-lab.sh" start)
+echo "ML2/OVN lab ready after $(( $(date +%s) - ovn_start ))s"
+while IFS='=' read -r key value; do
+  case "$key" in
+    KURYR_TEST_OVN_NEUTRON_URL | KURYR_TEST_OVN_LAB) export "$key=$value" ;;
+  esac
+done <<<"$OVN_ENV"
+export KURYR_TEST_REQUIRE_OVN=1
+
 step "cargo fmt --all -- --check"
 cargo fmt --all -- --check
 
@@ -89,7 +116,7 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "CRD manifests are up to date (deploy/crds)"
 cargo run -q -p kuryr -- crds --check deploy/crds
 
-step "cargo test --workspace (KURYR_TEST_NEUTRON_URL=$KURYR_TEST_NEUTRON_URL KURYR_TEST_OVS_DB=$KURYR_TEST_OVS_DB)"
+step "cargo test --workspace (KURYR_TEST_NEUTRON_URL=$KURYR_TEST_NEUTRON_URL KURYR_TEST_OVS_DB=$KURYR_TEST_OVS_DB KURYR_TEST_OVN_NEUTRON_URL=$KURYR_TEST_OVN_NEUTRON_URL)"
 set +e
 cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$LOG_DIR/cargo-test.log"
 rc=${PIPESTATUS[0]}

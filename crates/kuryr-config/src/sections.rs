@@ -91,6 +91,20 @@ choice_enum! {
 }
 
 choice_enum! {
+    /// `[binding] pod_tx_checksum_offload` (kuryr-rs): TX checksum offload of the pod end of an
+    /// OVS-bound veth.
+    pub enum PodTxChecksumOffload {
+        /// Off when the bridge uses the userspace (netdev) datapath, which forwards the partial
+        /// checksums a veth leaves to "hardware"; left as the kernel set it otherwise.
+        Auto = "auto",
+        /// Always off (datapaths the daemon cannot recognise that need it too).
+        Off = "off",
+        /// Never touched.
+        On = "on",
+    }
+}
+
+choice_enum! {
     /// `[kubernetes] pod_vif_driver`
     pub enum PodVifDriver {
         NeutronVif = "neutron-vif",
@@ -351,6 +365,10 @@ config_section! {
     pub struct NeutronDefaultsSection {
         project: Option<String> = None,
         pod_subnet: Option<String> = None,
+        /// kuryr-rs: every pod subnet of the `default` subnets driver, all on one network (dual
+        /// stack: an IPv4 and an IPv6 subnet; each pod gets an address from each). Overrides
+        /// `pod_subnet` when set.
+        pod_subnets: Vec<String> = Vec::new(),
         pod_security_groups: Vec<String> = Vec::new(),
         ovs_bridge: String = s("br-int"),
         service_subnet: Option<String> = None,
@@ -425,6 +443,8 @@ config_section! {
         ovs_datapath_type: OvsDatapathType = OvsDatapathType::System,
         /// kuryr-rs: how VIFOpenVSwitch VIFs are plugged on this node.
         ovs_plug_mode: OvsPlugMode = OvsPlugMode::Ovs,
+        /// kuryr-rs: TX checksum offload of the pod end of OVS-bound veths.
+        pod_tx_checksum_offload: PodTxChecksumOffload = PodTxChecksumOffload::Auto,
     }
 }
 

@@ -70,7 +70,8 @@ impl DaemonConfig {
     /// Settings from `kuryr.conf`: `[cni_daemon]` (bind_address,
     /// vif_annotation_timeout, netns_proc_dir), `[cni_health_server] port`,
     /// `[prometheus_exporter] cni_exporter_port`, `[binding] link_iface`,
-    /// `[neutron_defaults] ovs_bridge`, `[binding] ovs_db/ovs_datapath_type/ovs_plug_mode`,
+    /// `[neutron_defaults] ovs_bridge`, `[binding] ovs_db/ovs_datapath_type/ovs_plug_mode/
+    /// pod_tx_checksum_offload`,
     /// `[sriov] physical_device_mappings/enable_pod_resource_service/kubelet_root_dir/
     /// physnet_resource_mappings/device_plugin_resource_prefix`. Health and metrics listen on all
     /// addresses, as upstream's. Attachments are kept in [`DEFAULT_STATE_DIR`].
@@ -90,6 +91,11 @@ impl DaemonConfig {
         out.binding.ovs_plug = cfg.binding.ovs_plug_mode;
         // Checked when kuryr.conf loaded: a bad mapping never gets this far.
         out.binding.sriov.options = cfg.sriov.clone();
+        out.binding.pod_tx_checksum = match cfg.binding.pod_tx_checksum_offload {
+            kuryr_config::PodTxChecksumOffload::Auto => crate::binding::TxChecksumMode::Auto,
+            kuryr_config::PodTxChecksumOffload::Off => crate::binding::TxChecksumMode::Off,
+            kuryr_config::PodTxChecksumOffload::On => crate::binding::TxChecksumMode::On,
+        };
         out
     }
 }
@@ -746,7 +752,25 @@ mod tests {
         assert_eq!(c.binding.ovs_db.as_deref(), Some("unix:/run/ovs/db.sock"));
         assert_eq!(c.binding.ovs_datapath_type, "netdev");
         assert_eq!(c.binding.ovs_plug, kuryr_config::OvsPlugMode::LinuxBridge);
+        assert_eq!(c.binding.pod_tx_checksum, crate::binding::TxChecksumMode::Auto);
         let bad = kuryr_config::KuryrConfig::from_ini_str("[binding]\novs_plug_mode = vpp\n");
         assert!(bad.is_err_and(|e| e.to_string().contains("ovs_plug_mode")));
+        for (value, mode) in [
+            ("off", crate::binding::TxChecksumMode::Off),
+            ("on", crate::binding::TxChecksumMode::On),
+            ("auto", crate::binding::TxChecksumMode::Auto),
+        ] {
+            let k = kuryr_config::KuryrConfig::from_ini_str(&format!(
+                "[binding]\npod_tx_checksum_offload = {value}\n"
+            ))
+            .expect("loads")
+            .config;
+            assert_eq!(
+                DaemonConfig::from_kuryr_config(&k, "n1").binding.pod_tx_checksum,
+                mode
+            );
+        }
+        let bad = kuryr_config::KuryrConfig::from_ini_str("[binding]\npod_tx_checksum_offload = maybe\n");
+        assert!(bad.is_err_and(|e| e.to_string().contains("pod_tx_checksum_offload")));
     }
 }

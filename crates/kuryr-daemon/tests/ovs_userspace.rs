@@ -13,7 +13,9 @@ use async_trait::async_trait;
 use common::*;
 use kuryr_crds::vif::{FixedIp, Network, PortProfile, Subnet, VifBase, VifOpenVSwitch};
 use kuryr_crds::{KuryrPort, KuryrPortSpec, KuryrPortStatus, KuryrPortVif, Vif};
-use kuryr_daemon::binding::{BindingConfig, BindingDrivers, BindingError, PlugKind, PlugSpec, PlugTarget};
+use kuryr_daemon::binding::{
+    BindingConfig, BindingDrivers, BindingError, PlugKind, PlugSpec, PlugTarget, TxChecksumMode,
+};
 use kuryr_daemon::netlink::{NetNs, Netlink};
 use kuryr_daemon::{ApiHealth, Daemon, DaemonConfig, NoEvents};
 use serde_json::{Value, json};
@@ -268,6 +270,56 @@ async fn teardown_collects_the_ovsdb_error_and_still_removes_the_veth() {
     assert_eq!(vsctl(&db, &["list-ports", &bridge.name]).trim(), tap);
     good.for_kind(&s.kind).teardown(&s, &target).await.unwrap();
     assert_eq!(vsctl(&db, &["list-ports", &bridge.name]).trim(), "");
+}
+
+/// `ethtool -k eth0` in the pod: whether TX checksum offload is on.
+fn pod_tx_checksum_on(pod: &TestNetns) -> bool {
+    let out = pod.exec_ok(&["ethtool", "-k", "eth0"]);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("tx-checksumming:"))
+        .unwrap_or_else(|| panic!("no tx-checksumming in {out}"));
+    line.contains(": on")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_tx_checksum_offload_goes_off_on_a_netdev_bridge_unless_configured_on() {
+    let Some(db) = ovs_db() else { return };
+    if !can_netns() {
+        return;
+    }
+    if std::process::Command::new("ethtool")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipping: ethtool is not installed (scripts/ovn-lab/ovn-lab.sh start installs it)");
+        return;
+    }
+    let bridge = OvsBridge {
+        db: db.clone(),
+        name: unique("kovb"),
+    };
+    for (mode, want_on) in [
+        (TxChecksumMode::Auto, false),
+        (TxChecksumMode::Off, false),
+        (TxChecksumMode::On, true),
+    ] {
+        let pod = TestNetns::new("kovx");
+        let tap = unique("kovt");
+        let _l = HostLink(tap.clone());
+        let s = spec("port-tx", &tap, "fa:16:3e:00:43:01", "10.74.0.5/24", &bridge.name);
+        let ns = NetNs::open(&pod.path()).unwrap();
+        let target = PlugTarget::new(&ns, "pod-uid-tx");
+        let drivers = BindingDrivers::new(&BindingConfig {
+            pod_tx_checksum: mode,
+            ..ovs_config(&db)
+        });
+        let d = drivers.for_kind(&s.kind);
+        d.setup(&s, &target).await.unwrap();
+        assert_eq!(pod_tx_checksum_on(&pod), want_on, "{mode:?} on a netdev bridge");
+        d.teardown(&s, &target).await.unwrap();
+    }
 }
 
 /// Needs no running OVS: a database that does not answer makes the driver

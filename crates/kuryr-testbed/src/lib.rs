@@ -41,6 +41,19 @@ pub struct NeutronTarget {
     _emulator: Option<EmulatorHandle>,
 }
 
+impl NeutronTarget {
+    /// A Neutron server this test bed did not start (another lab's, e.g. the ML2/OVN one).
+    pub fn server(name: &'static str, url: &str) -> Result<Self> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        Ok(Self {
+            name,
+            client: NeutronClient::new(&ClientOptions::noauth(url))?,
+            url: url.to_string(),
+            _emulator: None,
+        })
+    }
+}
+
 /// Every target available here: the emulator, and the real server when configured.
 pub async fn neutron_targets() -> Result<Vec<NeutronTarget>> {
     let _ = rustls::crypto::ring::default_provider().install_default();

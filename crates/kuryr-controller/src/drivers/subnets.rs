@@ -90,6 +90,9 @@ pub struct DefaultSubnets {
 impl DefaultSubnets {
     pub fn new(config: Arc<KuryrConfig>, cache: SubnetCache) -> Result<Self, Error> {
         for (name, _) in config.deployments() {
+            if name == kuryr_config::DEFAULT_DEPLOYMENT && !config.neutron_defaults.pod_subnets.is_empty() {
+                continue;
+            }
             if config
                 .deployment_defaults(name)
                 .pod_subnet
@@ -114,12 +117,43 @@ impl SubnetsDriver for DefaultSubnets {
         deployment: &str,
         _namespace: &str,
     ) -> Result<Arc<NetworkInfo>, Error> {
+        let several = &self.config.neutron_defaults.pod_subnets;
+        if deployment == kuryr_config::DEFAULT_DEPLOYMENT && !several.is_empty() {
+            return self.network_of_subnets(deployment, several).await;
+        }
         let subnet = self
             .config
             .deployment_defaults(deployment)
             .pod_subnet
             .ok_or_else(|| Error::Config(format!("no pod_subnet for deployment {deployment:?}")))?;
         self.cache.network_of_subnet(deployment, &subnet).await
+    }
+}
+
+impl DefaultSubnets {
+    /// `[neutron_defaults] pod_subnets`: one network with all of them (dual stack), so a port
+    /// gets an address on each.
+    async fn network_of_subnets(&self, deployment: &str, ids: &[String]) -> Result<Arc<NetworkInfo>, Error> {
+        let mut merged: Option<NetworkInfo> = None;
+        for id in ids {
+            let one = self.cache.network_of_subnet(deployment, id).await?;
+            match &mut merged {
+                None => merged = Some((*one).clone()),
+                Some(m) if m.id == one.id => m.subnets.extend(one.subnets.iter().cloned()),
+                Some(m) => {
+                    return Err(Error::invalid(
+                        "[neutron_defaults] pod_subnets",
+                        format!(
+                            "subnet {id} is on network {}, the others on {}: a port has addresses on one network",
+                            one.id, m.id
+                        ),
+                    ));
+                }
+            }
+        }
+        merged
+            .map(Arc::new)
+            .ok_or_else(|| Error::Config("[neutron_defaults] pod_subnets is empty".into()))
     }
 }
 

@@ -219,9 +219,35 @@ pub struct BindingConfig {
     /// OVS agent does not see such ports (no flows, no security groups): an
     /// operator's explicit choice, never a fallback.
     pub ovs_plug: OvsPlugMode,
+    /// TX checksum offload of the pod end of OVS-bound veths.
+    pub pod_tx_checksum: TxChecksumMode,
     /// SR-IOV: where the daemon picks VFs for `VIFSriov` VIFs that name none
     /// (PFs of the physnet, or the kubelet's PodResources service).
     pub sriov: SriovConfig,
+}
+
+/// What the OVS binding does with the pod end's TX checksum offload (`[binding]
+/// pod_tx_checksum_offload`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TxChecksumMode {
+    /// Off on a userspace-datapath bridge (see [`disable_tx_checksum`]), untouched otherwise.
+    #[default]
+    Auto,
+    /// Always off: for datapaths the daemon does not recognise that forward partial checksums too.
+    Off,
+    /// Never touched (an operator who knows the datapath completes checksums).
+    On,
+}
+
+impl TxChecksumMode {
+    /// Whether the pod end's TX checksum offload goes off on a bridge with `datapath_type`.
+    pub fn disables_on(self, datapath_type: &str) -> bool {
+        match self {
+            Self::Auto => ovs::is_userspace_datapath(datapath_type),
+            Self::Off => true,
+            Self::On => false,
+        }
+    }
 }
 
 impl Default for BindingConfig {
@@ -234,6 +260,7 @@ impl Default for BindingConfig {
             ovs_db: None,
             ovs_datapath_type: "system".into(),
             ovs_plug: OvsPlugMode::Ovs,
+            pod_tx_checksum: TxChecksumMode::default(),
             sriov: SriovConfig::default(),
         }
     }
@@ -294,5 +321,14 @@ mod tests {
             ..target
         };
         assert_eq!(target.pod(), None);
+    }
+
+    #[test]
+    fn tx_checksum_goes_off_on_userspace_bridges_unless_configured_otherwise() {
+        assert!(TxChecksumMode::default().disables_on("netdev"));
+        assert!(!TxChecksumMode::Auto.disables_on("system"));
+        assert!(!TxChecksumMode::Auto.disables_on(""));
+        assert!(TxChecksumMode::Off.disables_on("system"));
+        assert!(!TxChecksumMode::On.disables_on("netdev"));
     }
 }

@@ -5,8 +5,11 @@ use async_trait::async_trait;
 
 use crate::netlink::{Netlink, NetlinkError};
 
-use super::ovs::{OvsProbe, disable_tx_checksum, is_userspace_datapath};
-use super::{BindingConfig, BindingDriver, BindingError, PlugKind, PlugSpec, PlugTarget, TeardownError, l3};
+use super::ovs::{OvsProbe, disable_tx_checksum};
+use super::{
+    BindingConfig, BindingDriver, BindingError, PlugKind, PlugSpec, PlugTarget, TeardownError,
+    TxChecksumMode, l3,
+};
 
 /// Create the veth pair (pod end created directly in the pod namespace under
 /// its final name) and configure the pod end. Returns the host end's index.
@@ -155,6 +158,7 @@ pub struct OvsDriver {
     timeout_secs: u32,
     db: Option<String>,
     datapath_type: String,
+    tx_checksum: TxChecksumMode,
 }
 
 impl OvsDriver {
@@ -163,6 +167,7 @@ impl OvsDriver {
             timeout_secs: config.ovs_timeout_secs,
             db: config.ovs_db.clone(),
             datapath_type: config.ovs_datapath_type.clone(),
+            tx_checksum: config.pod_tx_checksum,
         }
     }
 
@@ -188,7 +193,7 @@ impl OvsDriver {
                 self.datapath_type.clone()
             }
         };
-        if is_userspace_datapath(&datapath) {
+        if self.tx_checksum.disables_on(&datapath) {
             disable_tx_checksum(target.require_netns()?, &spec.ifname).await?;
         }
         let iface = spec.host_ifname.as_str();

@@ -20,12 +20,15 @@ use kuryr_daemon::DaemonConfig;
 use kuryr_neutron::NeutronClient;
 use serde_json::{Value, json};
 
+#[allow(unused_imports)]
 pub use kuryr_testbed::{
     Controller, Kube, NODES, NeutronFixture, NeutronTarget, cleanup_project, eventually, init_logs,
     neutron_targets, start_kube,
 };
 #[allow(unused_imports)]
 pub use kuryr_testbed::{create_pod, create_pod_with};
+
+pub mod probe;
 
 /// Bridge the controller's VIFs name (`binding:vif_details.bridge_name`).
 pub const BRIDGE: &str = "br-int";
@@ -109,16 +112,23 @@ pub fn can_netns() -> bool {
     ok
 }
 
-/// A named network namespace, deleted on drop (also when a test fails).
-pub struct Ns(pub String);
+/// A named network namespace, deleted on drop (also when a test fails) unless it was only
+/// borrowed ([`Ns::existing`]).
+pub struct Ns(pub String, bool);
 
 impl Ns {
     pub fn new(prefix: &str) -> Result<Self> {
         let n = unique(prefix);
         ip_ok(&["netns", "add", &n])?;
-        let ns = Ns(n);
+        let ns = Ns(n, true);
         ip_ok(&["-n", &ns.0, "link", "set", "lo", "up"])?;
         Ok(ns)
+    }
+
+    /// A namespace someone else owns (a lab's node): used, never deleted.
+    pub fn existing(name: &str) -> Result<Self> {
+        ip_ok(&["-n", name, "link", "show", "lo"]).with_context(|| format!("network namespace {name}"))?;
+        Ok(Ns(name.to_string(), false))
     }
 
     pub fn path(&self) -> String {
@@ -168,11 +178,13 @@ impl Ns {
 
 impl Drop for Ns {
     fn drop(&mut self) {
-        ip(&["netns", "del", &self.0]);
+        if self.1 {
+            ip(&["netns", "del", &self.0]);
+        }
     }
 }
 
-fn enter_netns(path: &str) -> std::result::Result<(), String> {
+pub(crate) fn enter_netns(path: &str) -> std::result::Result<(), String> {
     let f = std::fs::File::open(path).map_err(|e| format!("{path}: {e}"))?;
     nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns {path}: {e}"))
 }
@@ -294,6 +306,11 @@ pub struct Node {
     daemon: Option<DaemonThread>,
     /// `[sriov] physical_device_mappings` of the next daemon start.
     pub sriov_mappings: Vec<String>,
+    /// The node's Open vSwitch database (`unix:<path>`) when its VIFs are plugged into a real
+    /// OVS `br-int` (the OVN lab's chassis); `None`: a Linux bridge stands in for it.
+    pub ovs_db: Option<String>,
+    /// Links the node had before any pod (a lab node's bridges and underlay).
+    baseline: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -302,8 +319,20 @@ impl Node {
         let ns = Ns::new("kn")?;
         ip_ok(&["-n", &ns.0, "link", "add", BRIDGE, "type", "bridge"])?;
         ip_ok(&["-n", &ns.0, "link", "set", BRIDGE, "up"])?;
+        Self::with_ns(name, kube, ns, None).await
+    }
+
+    /// A node on an existing namespace whose `br-int` is a real Open vSwitch bridge reached
+    /// through `ovs_db` (the OVN lab's chassis); its daemon plugs `VIFOpenVSwitch` VIFs with the
+    /// OVS binding, as on a production node.
+    pub async fn start_ovs(name: &'static str, kube: &Kube, netns: &str, ovs_db: &str) -> Result<Self> {
+        Self::with_ns(name, kube, Ns::existing(netns)?, Some(ovs_db.to_string())).await
+    }
+
+    async fn with_ns(name: &'static str, kube: &Kube, ns: Ns, ovs_db: Option<String>) -> Result<Self> {
         let (api, proxy) = api_proxy(ns.path(), kube.handle.addr()).await?;
         let dir = tempfile::tempdir()?;
+        let baseline = ns.links()?;
         let mut node = Node {
             name,
             socket: dir.path().join("kuryr-daemon.sock"),
@@ -312,6 +341,8 @@ impl Node {
             proxy,
             daemon: None,
             sriov_mappings: Vec::new(),
+            ovs_db,
+            baseline,
             _dir: dir,
         };
         node.start_daemon().await?;
@@ -329,7 +360,19 @@ impl Node {
         cfg.metrics_address = "127.0.0.1:0".parse().expect("address");
         cfg.unix_socket = Some(self.socket.clone());
         cfg.vif_annotation_timeout = Duration::from_secs(120);
-        cfg.binding.ovs_plug = OvsPlugMode::LinuxBridge;
+        match &self.ovs_db {
+            Some(db) => {
+                // Lab nodes are shared namespaces: no fixed TCP port to collide on.
+                cfg.bind_address = "127.0.0.1:0".parse().expect("address");
+                cfg.binding.ovs_plug = OvsPlugMode::Ovs;
+                cfg.binding.ovs_db = Some(db.clone());
+                cfg.binding.ovs_datapath_type = "netdev".into();
+                // What a production daemon keeps on the host's tmpfs: a restarted daemon
+                // tears down exactly what its predecessor plugged.
+                cfg.state_dir = Some(self._dir.path().join("state"));
+            }
+            None => cfg.binding.ovs_plug = OvsPlugMode::LinuxBridge,
+        }
         cfg
     }
 
@@ -377,13 +420,33 @@ impl Node {
         tokio::task::spawn_blocking(move || d.stop()).await?
     }
 
-    /// veth ends left in the node (everything but lo, the bridge and the uplink).
+    /// veth ends left in the node (everything but lo, the bridge, the uplink and what the
+    /// node had before any pod).
     pub fn leftover_links(&self) -> Result<Vec<String>> {
         Ok(self
             .ns
             .links()?
             .into_iter()
-            .filter(|l| l != "lo" && l != BRIDGE && !l.starts_with("kup"))
+            .filter(|l| l != "lo" && l != BRIDGE && !l.starts_with("kup") && !self.baseline.contains(l))
+            .collect())
+    }
+
+    /// `ovs-vsctl list-ports br-int` of an OVS node, without OVN's tunnel ports.
+    pub fn ovs_ports(&self) -> Result<Vec<String>> {
+        let db = self.ovs_db.as_deref().context("not an Open vSwitch node")?;
+        let out = Command::new("ovs-vsctl")
+            .args([&format!("--db={db}"), "--timeout=10", "list-ports", BRIDGE])
+            .output()
+            .context("run ovs-vsctl")?;
+        ensure!(
+            out.status.success(),
+            "ovs-vsctl list-ports: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|p| !p.starts_with("ovn-"))
+            .map(str::to_string)
             .collect())
     }
 }
