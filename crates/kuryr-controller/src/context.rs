@@ -9,9 +9,9 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Namespace;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, ResourceExt};
 use kuryr_config::KuryrConfig;
+use kuryr_crds::events::{Recorder, Reporter};
 
 use crate::drivers::Drivers;
 use crate::error::Error;

@@ -3,8 +3,8 @@
 use async_trait::async_trait;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::core::NamespaceResourceScope;
-use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
+use kuryr_crds::events::Recorder;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -116,26 +116,15 @@ where
     }
 }
 
-/// Records an Event on `obj` through kube-runtime's recorder (which folds repeats of one reason
-/// into a series). Failures are logged, never raised: an Event is a courtesy and must not fail
-/// the handler.
+/// Records an Event on `obj` (see `kuryr_crds::events`). Failures are logged, never raised: an
+/// Event is a courtesy and must not fail the handler.
 pub async fn publish_event<K>(recorder: &Recorder, obj: &K, warning: bool, reason: &str, message: &str)
 where
     K: Resource<DynamicType = ()>,
 {
-    let event = Event {
-        type_: if warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        },
-        reason: reason.to_string(),
-        // events.k8s.io caps the note at 1 kB.
-        note: Some(message.chars().take(1000).collect()),
-        action: reason.to_string(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&event, &obj.object_ref(&())).await {
+    let regarding = obj.object_ref(&());
+    if let Err(e) = kuryr_crds::events::publish(recorder, &regarding, warning, reason, message, reason).await
+    {
         tracing::warn!(reason, error = %e, "could not record event");
     }
 }

@@ -14,6 +14,7 @@
 //! (upstream writes status through the main resource); see [`generate`].
 
 pub mod crds;
+pub mod events;
 pub mod generate;
 pub mod names;
 pub mod vif;

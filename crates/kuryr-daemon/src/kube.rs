@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher::{self, Event as WEvent};
 use kube::{Api, Client};
 use kuryr_crds::KuryrPort;
@@ -152,19 +152,10 @@ impl PodEvents for KubeEvents {
             uid: pod_uid.map(str::to_string),
             ..Default::default()
         };
-        let ev = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.to_string(),
-            note: Some(message.chars().take(1000).collect()),
-            action: "CNIAdd".into(),
-            secondary: None,
-        };
         // Events are best effort: never fail a CNI request over them.
-        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+        if let Err(e) =
+            kuryr_crds::events::publish(&self.recorder, &reference, warning, reason, message, "CNIAdd").await
+        {
             tracing::debug!(pod = %pod, error = %e, "could not post event");
         }
     }
