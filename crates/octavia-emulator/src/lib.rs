@@ -1,0 +1,3 @@
+pub mod error;
+pub mod input;
+pub mod store;
