@@ -59,12 +59,18 @@ impl ApiError {
 
     /// `ImmutableObject`: a child write while the load balancer (or pool) is not ACTIVE.
     pub fn immutable(resource: &str, id: &str) -> Self {
-        Self::new(409, format!("{resource} {id} is immutable and cannot be updated."))
+        Self::new(
+            409,
+            format!("{resource} {id} is immutable and cannot be updated."),
+        )
     }
 
     /// `LBPendingStateError`: an update or delete of the load balancer itself while it is not ACTIVE.
     pub fn lb_pending(state: &str, id: &str) -> Self {
-        Self::new(409, format!("Invalid state {state} of loadbalancer resource {id}"))
+        Self::new(
+            409,
+            format!("Invalid state {state} of loadbalancer resource {id}"),
+        )
     }
 
     /// `QuotaException`.

@@ -68,7 +68,10 @@ impl<'a> Fields<'a> {
             Some(Value::String(s)) if uuid::Uuid::parse_str(s).is_ok() => Ok(Some(s.clone())),
             Some(other) => Err(ApiError::invalid_input(
                 key,
-                other.as_str().map(String::from).unwrap_or_else(|| other.to_string()),
+                other
+                    .as_str()
+                    .map(String::from)
+                    .unwrap_or_else(|| other.to_string()),
                 "Invalid UUID value",
             )),
         }
@@ -120,7 +123,10 @@ impl<'a> Fields<'a> {
             Some(Value::String(s)) if values.contains(&s.as_str()) => Ok(Some(s.clone())),
             Some(other) => Err(ApiError::invalid_input(
                 key,
-                other.as_str().map(String::from).unwrap_or_else(|| other.to_string()),
+                other
+                    .as_str()
+                    .map(String::from)
+                    .unwrap_or_else(|| other.to_string()),
                 &format!("Value should be one of: {}", values.join(", ")),
             )),
         }
@@ -142,7 +148,11 @@ impl<'a> Fields<'a> {
                 })
                 .collect::<Result<Vec<_>, _>>()
                 .map(Some),
-            Some(other) => Err(ApiError::invalid_input(key, other, "Wrong type. Expected '[str]'")),
+            Some(other) => Err(ApiError::invalid_input(
+                key,
+                other,
+                "Wrong type. Expected '[str]'",
+            )),
         }
     }
 
@@ -153,7 +163,11 @@ impl<'a> Fields<'a> {
                 .parse()
                 .map(Some)
                 .map_err(|_| ApiError::invalid_input(key, s, "Value should be IPv4 or IPv6 format")),
-            Some(other) => Err(ApiError::invalid_input(key, other, "Value should be IPv4 or IPv6 format")),
+            Some(other) => Err(ApiError::invalid_input(
+                key,
+                other,
+                "Value should be IPv4 or IPv6 format",
+            )),
         }
     }
 

@@ -10,7 +10,9 @@ use crate::error::ApiError;
 use crate::input::Fields;
 
 pub const TYPES: [&str; 7] = ["HTTP", "HTTPS", "PING", "SCTP", "TCP", "TLS-HELLO", "UDP-CONNECT"];
-const METHODS: [&str; 9] = ["CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE"];
+const METHODS: [&str; 9] = [
+    "CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE",
+];
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct HealthMonitor {
@@ -27,8 +29,20 @@ pub struct HealthMonitor {
 }
 
 pub const SINGLE_FIELDS: [&str; 14] = [
-    "name", "type", "delay", "timeout", "max_retries_down", "max_retries", "http_method", "url_path",
-    "expected_codes", "admin_state_up", "tags", "http_version", "domain_name", "project_id",
+    "name",
+    "type",
+    "delay",
+    "timeout",
+    "max_retries_down",
+    "max_retries",
+    "http_method",
+    "url_path",
+    "expected_codes",
+    "admin_state_up",
+    "tags",
+    "http_version",
+    "domain_name",
+    "project_id",
 ];
 
 pub struct HmSpec {
@@ -65,7 +79,10 @@ impl HmSpec {
         if !http && (s.http_method.is_some() || s.url_path.is_some() || s.expected_codes.is_some()) {
             return Err(ApiError::new(
                 400,
-                format!("http_method, url_path, expected_codes is not a valid option for health monitors of type {}", s.kind),
+                format!(
+                    "http_method, url_path, expected_codes is not a valid option for health monitors of type {}",
+                    s.kind
+                ),
             ));
         }
         if http {
@@ -100,7 +117,10 @@ impl Store {
     }
 
     fn hm_context(&self, pool_id: &str) -> Result<(String, String, Provider), ApiError> {
-        let pool = self.pools.get(pool_id).ok_or_else(|| ApiError::not_found("Pool", pool_id))?;
+        let pool = self
+            .pools
+            .get(pool_id)
+            .ok_or_else(|| ApiError::not_found("Pool", pool_id))?;
         let lb = self
             .loadbalancers
             .get(&pool.lb_id)
@@ -130,9 +150,16 @@ impl Store {
     }
 
     pub fn update_healthmonitor(&mut self, id: &str, body: &Value, now: Instant) -> Result<Value, ApiError> {
-        let hm = self.healthmonitors.get(id).ok_or_else(|| ApiError::not_found("Health Monitor", id))?;
+        let hm = self
+            .healthmonitors
+            .get(id)
+            .ok_or_else(|| ApiError::not_found("Health Monitor", id))?;
         let pool_id = hm.pool_id.clone();
-        let allowed: Vec<&str> = SINGLE_FIELDS.iter().copied().filter(|k| !["type", "project_id"].contains(k)).collect();
+        let allowed: Vec<&str> = SINGLE_FIELDS
+            .iter()
+            .copied()
+            .filter(|k| !["type", "project_id"].contains(k))
+            .collect();
         let f = Fields::root(body, "healthmonitor", &allowed)?;
         let name = f.string("name", 255)?;
         let delay = f.int("delay", 0, i64::MAX)?;
@@ -145,12 +172,20 @@ impl Store {
         self.check_lb_mutable(&lb_id)?;
         let listeners = self.listeners_using(&pool_id);
         self.lock_for_child(&lb_id, &listeners, Work::ChildUpdate, now)?;
-        let hm = self.healthmonitors.get_mut(id).ok_or_else(|| ApiError::not_found("Health Monitor", id))?;
+        let hm = self
+            .healthmonitors
+            .get_mut(id)
+            .ok_or_else(|| ApiError::not_found("Health Monitor", id))?;
         hm.common.provisioning_status = PENDING_UPDATE.into();
         if f.has("name") {
             hm.common.name = name;
         }
-        for (slot, v) in [(&mut hm.delay, delay), (&mut hm.timeout, timeout), (&mut hm.max_retries, retries), (&mut hm.max_retries_down, retries_down)] {
+        for (slot, v) in [
+            (&mut hm.delay, delay),
+            (&mut hm.timeout, timeout),
+            (&mut hm.max_retries, retries),
+            (&mut hm.max_retries_down, retries_down),
+        ] {
             if let Some(v) = v {
                 *slot = v;
             }
@@ -166,7 +201,10 @@ impl Store {
     }
 
     pub fn delete_healthmonitor(&mut self, id: &str, now: Instant) -> Result<(), ApiError> {
-        let hm = self.healthmonitors.get(id).ok_or_else(|| ApiError::not_found("Health Monitor", id))?;
+        let hm = self
+            .healthmonitors
+            .get(id)
+            .ok_or_else(|| ApiError::not_found("Health Monitor", id))?;
         let pool_id = hm.pool_id.clone();
         let (lb_id, _, _) = self.hm_context(&pool_id)?;
         let listeners = self.listeners_using(&pool_id);

@@ -9,8 +9,17 @@ use super::{Common, PENDING_DELETE, Store, Work, id_list, quotas::Kind, timestam
 use crate::error::ApiError;
 use crate::input::Fields;
 
-pub const PROTOCOLS: [&str; 9] =
-    ["HTTP", "HTTPS", "PROXY", "PROXYV2", "PROMETHEUS", "SCTP", "TCP", "TERMINATED_HTTPS", "UDP"];
+pub const PROTOCOLS: [&str; 9] = [
+    "HTTP",
+    "HTTPS",
+    "PROXY",
+    "PROXYV2",
+    "PROMETHEUS",
+    "SCTP",
+    "TCP",
+    "TERMINATED_HTTPS",
+    "UDP",
+];
 const MAX_TIMEOUT: i64 = 24 * 60 * 60 * 1000;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -48,12 +57,34 @@ pub struct ListenerSpec {
 }
 
 const COMMON_FIELDS: [&str; 20] = [
-    "name", "description", "admin_state_up", "protocol", "protocol_port", "connection_limit",
-    "default_tls_container_ref", "sni_container_refs", "project_id", "default_pool_id", "insert_headers",
-    "timeout_client_data", "timeout_member_connect", "timeout_member_data", "timeout_tcp_inspect", "tags",
-    "client_ca_tls_container_ref", "client_authentication", "client_crl_container_ref", "allowed_cidrs",
+    "name",
+    "description",
+    "admin_state_up",
+    "protocol",
+    "protocol_port",
+    "connection_limit",
+    "default_tls_container_ref",
+    "sni_container_refs",
+    "project_id",
+    "default_pool_id",
+    "insert_headers",
+    "timeout_client_data",
+    "timeout_member_connect",
+    "timeout_member_data",
+    "timeout_tcp_inspect",
+    "tags",
+    "client_ca_tls_container_ref",
+    "client_authentication",
+    "client_crl_container_ref",
+    "allowed_cidrs",
 ];
-const TLS_FIELDS: [&str; 5] = ["tls_ciphers", "tls_versions", "alpn_protocols", "hsts_max_age", "hsts_include_subdomains"];
+const TLS_FIELDS: [&str; 5] = [
+    "tls_ciphers",
+    "tls_versions",
+    "alpn_protocols",
+    "hsts_max_age",
+    "hsts_include_subdomains",
+];
 
 fn allowed(extra: &[&'static str]) -> Vec<&'static str> {
     let mut v: Vec<&str> = COMMON_FIELDS.to_vec();
@@ -65,17 +96,28 @@ fn allowed(extra: &[&'static str]) -> Vec<&'static str> {
 
 impl ListenerSpec {
     pub fn parse(f: &Fields<'_>) -> Result<Self, ApiError> {
-        let timeout = |k: &str, default: i64| Ok::<i64, ApiError>(f.int(k, 0, MAX_TIMEOUT)?.unwrap_or(default));
+        let timeout =
+            |k: &str, default: i64| Ok::<i64, ApiError>(f.int(k, 0, MAX_TIMEOUT)?.unwrap_or(default));
         let allowed_cidrs = f.string_list("allowed_cidrs", 64)?.unwrap_or_default();
         for c in &allowed_cidrs {
             if !valid_cidr(c) {
-                return Err(ApiError::invalid_input("allowed_cidrs", c, "Value should be a valid CIDR."));
+                return Err(ApiError::invalid_input(
+                    "allowed_cidrs",
+                    c,
+                    "Value should be a valid CIDR.",
+                ));
             }
         }
         let insert_headers = match f.present("insert_headers") {
             None => Map::new(),
             Some(Value::Object(m)) => m.clone(),
-            Some(other) => return Err(ApiError::invalid_input("insert_headers", other, "Invalid data type")),
+            Some(other) => {
+                return Err(ApiError::invalid_input(
+                    "insert_headers",
+                    other,
+                    "Invalid data type",
+                ));
+            }
         };
         Ok(Self {
             name: f.string("name", 255)?,
@@ -197,12 +239,22 @@ impl Store {
             .uuid("loadbalancer_id")?
             .ok_or_else(|| ApiError::invalid_input("loadbalancer_id", "None", "Mandatory field missing."))?;
         let spec = ListenerSpec::parse(&f)?;
-        let lb = self.loadbalancers.get(&lb_id).ok_or_else(|| ApiError::not_found("Load Balancer", &lb_id))?;
+        let lb = self
+            .loadbalancers
+            .get(&lb_id)
+            .ok_or_else(|| ApiError::not_found("Load Balancer", &lb_id))?;
         let (project, provider) = (lb.common.project_id.clone(), lb.provider);
         if let Some(pool_id) = &spec.default_pool_id {
-            let pool = self.pools.get(pool_id).ok_or_else(|| ApiError::not_found("Pool", pool_id))?;
+            let pool = self
+                .pools
+                .get(pool_id)
+                .ok_or_else(|| ApiError::not_found("Pool", pool_id))?;
             check_pool_protocol(&spec.protocol, &pool.protocol)?;
-            if self.listeners.values().any(|l| l.default_pool_id.as_deref() == Some(pool_id)) {
+            if self
+                .listeners
+                .values()
+                .any(|l| l.default_pool_id.as_deref() == Some(pool_id))
+            {
                 return Err(ApiError::new(409, "This listener already has a default pool"));
             }
         }
@@ -215,10 +267,21 @@ impl Store {
     }
 
     pub fn update_listener(&mut self, id: &str, body: &Value, now: Instant) -> Result<Value, ApiError> {
-        let l = self.listeners.get(id).ok_or_else(|| ApiError::not_found("Listener", id))?;
+        let l = self
+            .listeners
+            .get(id)
+            .ok_or_else(|| ApiError::not_found("Listener", id))?;
         let lb_id = l.lb_id.clone();
-        let provider = self.loadbalancers.get(&lb_id).map(|lb| lb.provider).unwrap_or(Provider::Amphora);
-        let mut fields: Vec<&str> = COMMON_FIELDS.iter().copied().filter(|k| !["protocol", "protocol_port", "project_id"].contains(k)).collect();
+        let provider = self
+            .loadbalancers
+            .get(&lb_id)
+            .map(|lb| lb.provider)
+            .unwrap_or(Provider::Amphora);
+        let mut fields: Vec<&str> = COMMON_FIELDS
+            .iter()
+            .copied()
+            .filter(|k| !["protocol", "protocol_port", "project_id"].contains(k))
+            .collect();
         fields.extend(TLS_FIELDS);
         fields.push("hsts_preload");
         let f = Fields::root(body, "listener", &fields)?;
@@ -226,24 +289,39 @@ impl Store {
         let description = f.string("description", 255)?;
         let admin = f.boolean("admin_state_up")?;
         let limit = f.int("connection_limit", -1, i64::MAX)?;
-        let timeouts: Vec<Option<i64>> = ["timeout_client_data", "timeout_member_connect", "timeout_member_data", "timeout_tcp_inspect"]
-            .iter()
-            .map(|k| f.int(k, 0, MAX_TIMEOUT))
-            .collect::<Result<_, _>>()?;
+        let timeouts: Vec<Option<i64>> = [
+            "timeout_client_data",
+            "timeout_member_connect",
+            "timeout_member_data",
+            "timeout_tcp_inspect",
+        ]
+        .iter()
+        .map(|k| f.int(k, 0, MAX_TIMEOUT))
+        .collect::<Result<_, _>>()?;
         let cidrs = f.string_list("allowed_cidrs", 64)?;
         if let Some(c) = cidrs.iter().flatten().find(|c| !valid_cidr(c)) {
-            return Err(ApiError::invalid_input("allowed_cidrs", c, "Value should be a valid CIDR."));
+            return Err(ApiError::invalid_input(
+                "allowed_cidrs",
+                c,
+                "Value should be a valid CIDR.",
+            ));
         }
         let tags = f.string_list("tags", 255)?;
         let default_pool_id = f.uuid("default_pool_id")?;
         if let Some(pid) = &default_pool_id {
-            let pool = self.pools.get(pid).ok_or_else(|| ApiError::not_found("Pool", pid))?;
+            let pool = self
+                .pools
+                .get(pid)
+                .ok_or_else(|| ApiError::not_found("Pool", pid))?;
             check_pool_protocol(&l.protocol, &pool.protocol)?;
         }
         provider.check_listener(&l.protocol, cidrs.as_deref())?;
         self.check_lb_mutable(&lb_id)?;
         self.lock_for_child(&lb_id, &[id.to_string()], Work::ChildUpdate, now)?;
-        let l = self.listeners.get_mut(id).ok_or_else(|| ApiError::not_found("Listener", id))?;
+        let l = self
+            .listeners
+            .get_mut(id)
+            .ok_or_else(|| ApiError::not_found("Listener", id))?;
         if f.has("name") {
             l.common.name = name;
         }
@@ -256,7 +334,12 @@ impl Store {
         if let Some(n) = limit {
             l.connection_limit = n;
         }
-        let slots = [&mut l.timeout_client_data, &mut l.timeout_member_connect, &mut l.timeout_member_data, &mut l.timeout_tcp_inspect];
+        let slots = [
+            &mut l.timeout_client_data,
+            &mut l.timeout_member_connect,
+            &mut l.timeout_member_data,
+            &mut l.timeout_tcp_inspect,
+        ];
         for (slot, v) in slots.into_iter().zip(timeouts) {
             if let Some(v) = v {
                 *slot = v;
@@ -276,7 +359,10 @@ impl Store {
     }
 
     pub fn delete_listener(&mut self, id: &str, now: Instant) -> Result<(), ApiError> {
-        let l = self.listeners.get(id).ok_or_else(|| ApiError::not_found("Listener", id))?;
+        let l = self
+            .listeners
+            .get(id)
+            .ok_or_else(|| ApiError::not_found("Listener", id))?;
         let lb_id = l.lb_id.clone();
         self.lock_for_child(&lb_id, &[], Work::ChildDelete, now)?;
         if let Some(l) = self.listeners.get_mut(id) {
@@ -341,4 +427,3 @@ impl Store {
         })
     }
 }
-

@@ -7,7 +7,10 @@ use serde_json::{Map, Value, json};
 use super::listeners::{ListenerSpec, check_pool_protocol};
 use super::pools::PoolSpec;
 use super::providers::Provider;
-use super::{ACTIVE, Common, ERROR, NOAUTH_PROJECT, PENDING_DELETE, PENDING_UPDATE, Store, Work, id_list, quotas::Kind, timestamp};
+use super::{
+    ACTIVE, Common, ERROR, NOAUTH_PROJECT, PENDING_DELETE, PENDING_UPDATE, Store, Work, id_list,
+    quotas::Kind, timestamp,
+};
 use crate::error::ApiError;
 use crate::input::Fields;
 
@@ -28,11 +31,32 @@ pub struct LoadBalancer {
 }
 
 const CREATE_FIELDS: [&str; 17] = [
-    "name", "description", "admin_state_up", "vip_address", "vip_port_id", "vip_subnet_id", "vip_network_id",
-    "vip_qos_policy_id", "vip_sg_ids", "additional_vips", "project_id", "listeners", "pools", "provider", "tags",
-    "flavor_id", "availability_zone",
+    "name",
+    "description",
+    "admin_state_up",
+    "vip_address",
+    "vip_port_id",
+    "vip_subnet_id",
+    "vip_network_id",
+    "vip_qos_policy_id",
+    "vip_sg_ids",
+    "additional_vips",
+    "project_id",
+    "listeners",
+    "pools",
+    "provider",
+    "tags",
+    "flavor_id",
+    "availability_zone",
 ];
-const UPDATE_FIELDS: [&str; 6] = ["name", "description", "vip_qos_policy_id", "admin_state_up", "vip_sg_ids", "tags"];
+const UPDATE_FIELDS: [&str; 6] = [
+    "name",
+    "description",
+    "vip_qos_policy_id",
+    "admin_state_up",
+    "vip_sg_ids",
+    "tags",
+];
 
 /// Without Neutron the network of a subnet is unknown; a stable derived id keeps replies consistent.
 fn derived_id(kind: &str, from: &str) -> String {
@@ -51,7 +75,9 @@ impl Store {
         let vip_subnet_id = f.uuid("vip_subnet_id")?;
         let vip_network_id = f.uuid("vip_network_id")?;
         let qos = f.uuid("vip_qos_policy_id")?;
-        let project = f.string("project_id", 36)?.unwrap_or_else(|| NOAUTH_PROJECT.to_string());
+        let project = f
+            .string("project_id", 36)?
+            .unwrap_or_else(|| NOAUTH_PROJECT.to_string());
         let provider = Provider::parse(f.string("provider", 64)?.as_deref())?;
         let tags = f.string_list("tags", 255)?.unwrap_or_default();
         let flavor_id = f.uuid("flavor_id")?;
@@ -62,16 +88,29 @@ impl Store {
                 "Validation failure: VIP must contain one of: vip_port_id, vip_network_id, vip_subnet_id.",
             ));
         }
-        let subnet = vip_subnet_id
+        let subnet = vip_subnet_id.clone().unwrap_or_else(|| {
+            derived_id(
+                "subnet",
+                vip_network_id
+                    .as_deref()
+                    .or(vip_port_id.as_deref())
+                    .unwrap_or_default(),
+            )
+        });
+        let network = vip_network_id
             .clone()
-            .unwrap_or_else(|| derived_id("subnet", vip_network_id.as_deref().or(vip_port_id.as_deref()).unwrap_or_default()));
-        let network = vip_network_id.clone().unwrap_or_else(|| derived_id("network", &subnet));
+            .unwrap_or_else(|| derived_id("network", &subnet));
         if let Some(ip) = vip_address
-            && self.loadbalancers.values().any(|lb| lb.vip_subnet_id == subnet && lb.vip_address == ip.to_string())
+            && self
+                .loadbalancers
+                .values()
+                .any(|lb| lb.vip_subnet_id == subnet && lb.vip_address == ip.to_string())
         {
             return Err(ApiError::new(
                 409,
-                format!("The VIP IP address is already in use: IP address {ip} already allocated in subnet {subnet}"),
+                format!(
+                    "The VIP IP address is already in use: IP address {ip} already allocated in subnet {subnet}"
+                ),
             ));
         }
         // Graph parts are validated completely before anything is stored.
@@ -110,12 +149,18 @@ impl Store {
         }
         for n in default_pool_names.iter().flatten() {
             if !names.iter().any(|p| p.as_deref() == Some(n)) {
-                return Err(ApiError::validation(format!("Pool '{n}' was referenced but no full definition was found.")));
+                return Err(ApiError::validation(format!(
+                    "Pool '{n}' was referenced but no full definition was found."
+                )));
             }
         }
         for p in &pool_specs {
             for attr in ["protocol", "lb_algorithm"] {
-                let missing = if attr == "protocol" { p.protocol.is_none() } else { p.lb_algorithm.is_none() };
+                let missing = if attr == "protocol" {
+                    p.protocol.is_none()
+                } else {
+                    p.lb_algorithm.is_none()
+                };
                 if missing {
                     return Err(ApiError::validation(format!(
                         "Pool definition for '{}' missing required attribute: {attr}",
@@ -197,7 +242,10 @@ impl Store {
         let admin = f.boolean("admin_state_up")?;
         let tags = f.string_list("tags", 255)?;
         let delay = self.config.worker.delay(Work::LbUpdate);
-        let lb = self.loadbalancers.get_mut(id).ok_or_else(|| ApiError::not_found("Load Balancer", id))?;
+        let lb = self
+            .loadbalancers
+            .get_mut(id)
+            .ok_or_else(|| ApiError::not_found("Load Balancer", id))?;
         if lb.common.provisioning_status != ACTIVE {
             return Err(ApiError::lb_pending(&lb.common.provisioning_status, id));
         }
@@ -224,10 +272,16 @@ impl Store {
 
     /// `DELETE /loadbalancers/{id}[?cascade=true]`: ACTIVE or ERROR load balancers can be deleted.
     pub fn delete_loadbalancer(&mut self, id: &str, cascade: bool, now: Instant) -> Result<(), ApiError> {
-        let lb = self.loadbalancers.get(id).ok_or_else(|| ApiError::not_found("Load Balancer", id))?;
-        let has_children = self.listeners.values().any(|l| l.lb_id == id) || self.pools.values().any(|p| p.lb_id == id);
+        let lb = self
+            .loadbalancers
+            .get(id)
+            .ok_or_else(|| ApiError::not_found("Load Balancer", id))?;
+        let has_children =
+            self.listeners.values().any(|l| l.lb_id == id) || self.pools.values().any(|p| p.lb_id == id);
         if has_children && !cascade {
-            return Err(ApiError::validation(format!("Cannot delete Load Balancer {id} - it has children")));
+            return Err(ApiError::validation(format!(
+                "Cannot delete Load Balancer {id} - it has children"
+            )));
         }
         let status = lb.common.provisioning_status.clone();
         if status != ACTIVE && status != ERROR {
@@ -249,7 +303,11 @@ impl Store {
         for m in self.members.values_mut().filter(|m| pools.contains(&m.pool_id)) {
             mark(&mut m.common);
         }
-        for h in self.healthmonitors.values_mut().filter(|h| pools.contains(&h.pool_id)) {
+        for h in self
+            .healthmonitors
+            .values_mut()
+            .filter(|h| pools.contains(&h.pool_id))
+        {
             mark(&mut h.common);
         }
         Ok(())
@@ -296,8 +354,15 @@ impl Store {
 
     /// `GET /loadbalancers/{id}/status`: the tree of provisioning and operating statuses.
     pub fn loadbalancer_status(&self, id: &str) -> Result<Value, ApiError> {
-        let lb = self.loadbalancers.get(id).ok_or_else(|| ApiError::not_found("Load Balancer", id))?;
-        let listeners: Vec<Value> = self.listener_ids_of(id).iter().map(|l| self.listener_status(l)).collect();
+        let lb = self
+            .loadbalancers
+            .get(id)
+            .ok_or_else(|| ApiError::not_found("Load Balancer", id))?;
+        let listeners: Vec<Value> = self
+            .listener_ids_of(id)
+            .iter()
+            .map(|l| self.listener_status(l))
+            .collect();
         Ok(json!({"statuses": {"loadbalancer": {
             "id": lb.common.id,
             "name": lb.common.name.clone().unwrap_or_default(),
@@ -309,26 +374,65 @@ impl Store {
 
     /// `GET /loadbalancers/{id}/stats`: no traffic flows through an emulated amphora.
     pub fn loadbalancer_stats(&self, id: &str) -> Result<Value, ApiError> {
-        self.loadbalancers.get(id).ok_or_else(|| ApiError::not_found("Load Balancer", id))?;
-        Ok(json!({"stats": {"bytes_in": 0, "bytes_out": 0, "active_connections": 0, "total_connections": 0, "request_errors": 0}}))
+        self.loadbalancers
+            .get(id)
+            .ok_or_else(|| ApiError::not_found("Load Balancer", id))?;
+        Ok(
+            json!({"stats": {"bytes_in": 0, "bytes_out": 0, "active_connections": 0, "total_connections": 0, "request_errors": 0}}),
+        )
     }
 }
 
 fn listener_graph_fields() -> Vec<&'static str> {
     vec![
-        "name", "description", "admin_state_up", "protocol", "protocol_port", "connection_limit",
-        "default_tls_container_ref", "sni_container_refs", "project_id", "default_pool_id", "default_pool",
-        "insert_headers", "timeout_client_data", "timeout_member_connect", "timeout_member_data",
-        "timeout_tcp_inspect", "tags", "client_ca_tls_container_ref", "client_authentication",
-        "client_crl_container_ref", "allowed_cidrs", "tls_ciphers", "tls_versions", "alpn_protocols",
-        "hsts_max_age", "hsts_include_subdomains", "hsts_preload", "l7policies",
+        "name",
+        "description",
+        "admin_state_up",
+        "protocol",
+        "protocol_port",
+        "connection_limit",
+        "default_tls_container_ref",
+        "sni_container_refs",
+        "project_id",
+        "default_pool_id",
+        "default_pool",
+        "insert_headers",
+        "timeout_client_data",
+        "timeout_member_connect",
+        "timeout_member_data",
+        "timeout_tcp_inspect",
+        "tags",
+        "client_ca_tls_container_ref",
+        "client_authentication",
+        "client_crl_container_ref",
+        "allowed_cidrs",
+        "tls_ciphers",
+        "tls_versions",
+        "alpn_protocols",
+        "hsts_max_age",
+        "hsts_include_subdomains",
+        "hsts_preload",
+        "l7policies",
     ]
 }
 
 fn pool_graph_fields() -> Vec<&'static str> {
     vec![
-        "name", "description", "admin_state_up", "protocol", "lb_algorithm", "session_persistence", "healthmonitor",
-        "members", "tags", "tls_container_ref", "ca_tls_container_ref", "crl_container_ref", "tls_enabled",
-        "tls_ciphers", "tls_versions", "alpn_protocols",
+        "name",
+        "description",
+        "admin_state_up",
+        "protocol",
+        "lb_algorithm",
+        "session_persistence",
+        "healthmonitor",
+        "members",
+        "tags",
+        "tls_container_ref",
+        "ca_tls_container_ref",
+        "crl_container_ref",
+        "tls_enabled",
+        "tls_ciphers",
+        "tls_versions",
+        "alpn_protocols",
     ]
 }

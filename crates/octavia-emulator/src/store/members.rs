@@ -24,10 +24,28 @@ pub struct Member {
 }
 
 pub const CREATE_FIELDS: [&str; 12] = [
-    "name", "admin_state_up", "address", "protocol_port", "weight", "backup", "subnet_id", "project_id",
-    "monitor_port", "monitor_address", "tags", "request_sriov",
+    "name",
+    "admin_state_up",
+    "address",
+    "protocol_port",
+    "weight",
+    "backup",
+    "subnet_id",
+    "project_id",
+    "monitor_port",
+    "monitor_address",
+    "tags",
+    "request_sriov",
 ];
-const UPDATE_FIELDS: [&str; 7] = ["name", "admin_state_up", "weight", "backup", "monitor_port", "monitor_address", "tags"];
+const UPDATE_FIELDS: [&str; 7] = [
+    "name",
+    "admin_state_up",
+    "weight",
+    "backup",
+    "monitor_port",
+    "monitor_address",
+    "tags",
+];
 
 pub struct MemberSpec {
     pub name: Option<String>,
@@ -67,11 +85,20 @@ impl MemberSpec {
 }
 
 fn duplicate(address: &str, port: i64) -> ApiError {
-    ApiError::new(409, format!("Another member on this pool is already using ip {address} on protocol_port {port}"))
+    ApiError::new(
+        409,
+        format!("Another member on this pool is already using ip {address} on protocol_port {port}"),
+    )
 }
 
 impl Store {
-    pub(crate) fn insert_member(&mut self, pool_id: &str, project_id: &str, spec: MemberSpec, has_hm: bool) -> String {
+    pub(crate) fn insert_member(
+        &mut self,
+        pool_id: &str,
+        project_id: &str,
+        spec: MemberSpec,
+        has_hm: bool,
+    ) -> String {
         let mut common = self.common(project_id, spec.name, spec.admin_state_up, spec.tags);
         if !has_hm {
             common.operating_status = NO_MONITOR.into();
@@ -96,7 +123,10 @@ impl Store {
 
     /// Octavia's member controller checks the pool first, then locks the load balancer.
     fn member_pool_context(&self, pool_id: &str) -> Result<(String, String, Provider), ApiError> {
-        let pool = self.pools.get(pool_id).ok_or_else(|| ApiError::not_found("Pool", pool_id))?;
+        let pool = self
+            .pools
+            .get(pool_id)
+            .ok_or_else(|| ApiError::not_found("Pool", pool_id))?;
         if pool.common.provisioning_status != super::ACTIVE {
             return Err(ApiError::immutable("Pool", pool_id));
         }
@@ -108,7 +138,13 @@ impl Store {
         Ok((pool.lb_id.clone(), pool.common.project_id.clone(), lb.provider))
     }
 
-    fn lock_pool_for_member(&mut self, lb_id: &str, pool_id: &str, work: Work, now: Instant) -> Result<(), ApiError> {
+    fn lock_pool_for_member(
+        &mut self,
+        lb_id: &str,
+        pool_id: &str,
+        work: Work,
+        now: Instant,
+    ) -> Result<(), ApiError> {
         let listeners = self.listeners_using(pool_id);
         self.lock_for_child(lb_id, &listeners, work, now)?;
         if let Some(p) = self.pools.get_mut(pool_id) {
@@ -121,7 +157,11 @@ impl Store {
         let f = Fields::root(body, "member", &CREATE_FIELDS)?;
         let spec = MemberSpec::parse(&f)?;
         let (lb_id, project, provider) = self.member_pool_context(pool_id)?;
-        if self.members.values().any(|m| m.pool_id == pool_id && (m.address.clone(), m.protocol_port) == spec.key()) {
+        if self
+            .members
+            .values()
+            .any(|m| m.pool_id == pool_id && (m.address.clone(), m.protocol_port) == spec.key())
+        {
             return Err(duplicate(&spec.address, spec.protocol_port));
         }
         self.check_quota(&project, Kind::Member, 1)?;
@@ -132,8 +172,14 @@ impl Store {
         Ok(json!({ "member": self.render_member(&id) }))
     }
 
-    pub fn update_member(&mut self, pool_id: &str, id: &str, body: &Value, now: Instant) -> Result<Value, ApiError> {
-        if !self.members.get(id).is_some_and(|m| m.pool_id == pool_id) {
+    pub fn update_member(
+        &mut self,
+        pool_id: &str,
+        id: &str,
+        body: &Value,
+        now: Instant,
+    ) -> Result<Value, ApiError> {
+        if self.members.get(id).is_none_or(|m| m.pool_id != pool_id) {
             return Err(ApiError::not_found("Member", id));
         }
         let f = Fields::root(body, "member", &UPDATE_FIELDS)?;
@@ -147,7 +193,10 @@ impl Store {
         let (lb_id, _, provider) = self.member_pool_context(pool_id)?;
         provider.check_member_monitor(monitor_address.is_some(), monitor_port.is_some())?;
         self.lock_pool_for_member(&lb_id, pool_id, Work::ChildUpdate, now)?;
-        let m = self.members.get_mut(id).ok_or_else(|| ApiError::not_found("Member", id))?;
+        let m = self
+            .members
+            .get_mut(id)
+            .ok_or_else(|| ApiError::not_found("Member", id))?;
         m.common.provisioning_status = PENDING_UPDATE.into();
         if f.has("name") {
             m.common.name = name;
@@ -175,7 +224,7 @@ impl Store {
     }
 
     pub fn delete_member(&mut self, pool_id: &str, id: &str, now: Instant) -> Result<(), ApiError> {
-        if !self.members.get(id).is_some_and(|m| m.pool_id == pool_id) {
+        if self.members.get(id).is_none_or(|m| m.pool_id != pool_id) {
             return Err(ApiError::not_found("Member", id));
         }
         let (lb_id, _, _) = self.member_pool_context(pool_id)?;
@@ -209,7 +258,11 @@ impl Store {
         let old: Vec<(String, (String, i64))> = self
             .member_ids_of(pool_id)
             .into_iter()
-            .filter_map(|id| self.members.get(&id).map(|m| (id, (m.address.clone(), m.protocol_port))))
+            .filter_map(|id| {
+                self.members
+                    .get(&id)
+                    .map(|m| (id, (m.address.clone(), m.protocol_port)))
+            })
             .collect();
         let mut seen = BTreeSet::new();
         let (mut updates, mut creates) = (Vec::new(), Vec::new());
@@ -217,7 +270,9 @@ impl Store {
             let key = spec.key();
             if !seen.insert(key.clone()) {
                 if old.iter().any(|(_, k)| k == &key) {
-                    return Err(ApiError::validation("Member must be updated only once in the same request."));
+                    return Err(ApiError::validation(
+                        "Member must be updated only once in the same request.",
+                    ));
                 }
                 return Err(duplicate(&key.0, key.1));
             }
@@ -227,8 +282,14 @@ impl Store {
                 None => creates.push(spec),
             }
         }
-        let deletes: Vec<String> =
-            if additive_only { Vec::new() } else { old.iter().filter(|(_, k)| !seen.contains(k)).map(|(id, _)| id.clone()).collect() };
+        let deletes: Vec<String> = if additive_only {
+            Vec::new()
+        } else {
+            old.iter()
+                .filter(|(_, k)| !seen.contains(k))
+                .map(|(id, _)| id.clone())
+                .collect()
+        };
         if creates.is_empty() && updates.is_empty() && deletes.is_empty() {
             return Ok(());
         }

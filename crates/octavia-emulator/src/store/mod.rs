@@ -217,25 +217,46 @@ impl Store {
         let mut hms = Vec::new();
         for p in &pools {
             members.extend(self.member_ids_of(p));
-            hms.extend(self.healthmonitors.values().filter(|h| &h.pool_id == p).map(|h| h.common.id.clone()));
+            hms.extend(
+                self.healthmonitors
+                    .values()
+                    .filter(|h| &h.pool_id == p)
+                    .map(|h| h.common.id.clone()),
+            );
         }
         for id in &members {
-            if self.members.get(id).is_some_and(|m| m.common.provisioning_status == PENDING_DELETE) {
+            if self
+                .members
+                .get(id)
+                .is_some_and(|m| m.common.provisioning_status == PENDING_DELETE)
+            {
                 self.members.remove(id);
             }
         }
         for id in &hms {
-            if self.healthmonitors.get(id).is_some_and(|h| h.common.provisioning_status == PENDING_DELETE) {
+            if self
+                .healthmonitors
+                .get(id)
+                .is_some_and(|h| h.common.provisioning_status == PENDING_DELETE)
+            {
                 self.healthmonitors.remove(id);
             }
         }
         for id in &pools {
-            if self.pools.get(id).is_some_and(|p| p.common.provisioning_status == PENDING_DELETE) {
+            if self
+                .pools
+                .get(id)
+                .is_some_and(|p| p.common.provisioning_status == PENDING_DELETE)
+            {
                 self.remove_pool_tree(id);
             }
         }
         for id in &listeners {
-            if self.listeners.get(id).is_some_and(|l| l.common.provisioning_status == PENDING_DELETE) {
+            if self
+                .listeners
+                .get(id)
+                .is_some_and(|l| l.common.provisioning_status == PENDING_DELETE)
+            {
                 self.listeners.remove(id);
             }
         }
@@ -253,7 +274,11 @@ impl Store {
         for m in self.members.values_mut().filter(|m| pools.contains(&m.pool_id)) {
             activate(&mut m.common);
         }
-        for h in self.healthmonitors.values_mut().filter(|h| pools.contains(&h.pool_id)) {
+        for h in self
+            .healthmonitors
+            .values_mut()
+            .filter(|h| pools.contains(&h.pool_id))
+        {
             activate(&mut h.common);
         }
     }
@@ -278,15 +303,30 @@ impl Store {
     }
 
     pub fn listener_ids_of(&self, lb_id: &str) -> Vec<String> {
-        sorted_ids(self.listeners.values().filter(|l| l.lb_id == lb_id).map(|l| &l.common))
+        sorted_ids(
+            self.listeners
+                .values()
+                .filter(|l| l.lb_id == lb_id)
+                .map(|l| &l.common),
+        )
     }
 
     pub fn pool_ids_of(&self, lb_id: &str) -> Vec<String> {
-        sorted_ids(self.pools.values().filter(|p| p.lb_id == lb_id).map(|p| &p.common))
+        sorted_ids(
+            self.pools
+                .values()
+                .filter(|p| p.lb_id == lb_id)
+                .map(|p| &p.common),
+        )
     }
 
     pub fn member_ids_of(&self, pool_id: &str) -> Vec<String> {
-        sorted_ids(self.members.values().filter(|m| m.pool_id == pool_id).map(|m| &m.common))
+        sorted_ids(
+            self.members
+                .values()
+                .filter(|m| m.pool_id == pool_id)
+                .map(|m| &m.common),
+        )
     }
 
     pub fn healthmonitor_of(&self, pool_id: &str) -> Option<&HealthMonitor> {
@@ -325,25 +365,50 @@ impl Store {
     pub(crate) fn check_lb_mutable(&self, lb_id: &str) -> Result<(), ApiError> {
         match self.loadbalancers.get(lb_id) {
             None => Err(ApiError::not_found("Load Balancer", lb_id)),
-            Some(lb) if lb.common.provisioning_status != ACTIVE => Err(ApiError::immutable("Load Balancer", lb_id)),
+            Some(lb) if lb.common.provisioning_status != ACTIVE => {
+                Err(ApiError::immutable("Load Balancer", lb_id))
+            }
             Some(_) => Ok(()),
         }
     }
 
     /// `check_quota_met`: would `count` more objects of `kind` exceed the project's quota?
-    pub(crate) fn check_quota(&self, project_id: &str, kind: quotas::Kind, count: usize) -> Result<(), ApiError> {
+    pub(crate) fn check_quota(
+        &self,
+        project_id: &str,
+        kind: quotas::Kind,
+        count: usize,
+    ) -> Result<(), ApiError> {
         let limit = self.quota_for(project_id).limit(kind);
         if limit < 0 {
             return Ok(());
         }
         let used = match kind {
-            quotas::Kind::LoadBalancer => self.loadbalancers.values().filter(|x| x.common.project_id == project_id).count(),
-            quotas::Kind::Listener => self.listeners.values().filter(|x| x.common.project_id == project_id).count(),
-            quotas::Kind::Pool => self.pools.values().filter(|x| x.common.project_id == project_id).count(),
-            quotas::Kind::Member => self.members.values().filter(|x| x.common.project_id == project_id).count(),
-            quotas::Kind::HealthMonitor => {
-                self.healthmonitors.values().filter(|x| x.common.project_id == project_id).count()
-            }
+            quotas::Kind::LoadBalancer => self
+                .loadbalancers
+                .values()
+                .filter(|x| x.common.project_id == project_id)
+                .count(),
+            quotas::Kind::Listener => self
+                .listeners
+                .values()
+                .filter(|x| x.common.project_id == project_id)
+                .count(),
+            quotas::Kind::Pool => self
+                .pools
+                .values()
+                .filter(|x| x.common.project_id == project_id)
+                .count(),
+            quotas::Kind::Member => self
+                .members
+                .values()
+                .filter(|x| x.common.project_id == project_id)
+                .count(),
+            quotas::Kind::HealthMonitor => self
+                .healthmonitors
+                .values()
+                .filter(|x| x.common.project_id == project_id)
+                .count(),
         };
         if used + count > limit as usize {
             return Err(ApiError::quota(kind.model_name()));
@@ -373,7 +438,11 @@ impl Store {
                 continue;
             }
             let ip = Ipv4Addr::from(base + host);
-            if !self.loadbalancers.values().any(|lb| lb.vip_address == ip.to_string()) {
+            if !self
+                .loadbalancers
+                .values()
+                .any(|lb| lb.vip_address == ip.to_string())
+            {
                 return Ok(ip);
             }
         }

@@ -29,7 +29,12 @@ impl SessionPersistence {
         let f = Fields::object(
             v,
             "session_persistence",
-            &["type", "cookie_name", "persistence_timeout", "persistence_granularity"],
+            &[
+                "type",
+                "cookie_name",
+                "persistence_timeout",
+                "persistence_granularity",
+            ],
         )?;
         let kind = if for_create {
             f.required_one_of("type", &SP_TYPES)?
@@ -93,18 +98,38 @@ pub struct PoolSpec {
 }
 
 const FIELDS: [&str; 17] = [
-    "name", "description", "admin_state_up", "protocol", "lb_algorithm", "session_persistence", "project_id",
-    "healthmonitor", "members", "tags", "tls_container_ref", "ca_tls_container_ref", "crl_container_ref",
-    "tls_enabled", "tls_ciphers", "tls_versions", "alpn_protocols",
+    "name",
+    "description",
+    "admin_state_up",
+    "protocol",
+    "lb_algorithm",
+    "session_persistence",
+    "project_id",
+    "healthmonitor",
+    "members",
+    "tags",
+    "tls_container_ref",
+    "ca_tls_container_ref",
+    "crl_container_ref",
+    "tls_enabled",
+    "tls_ciphers",
+    "tls_versions",
+    "alpn_protocols",
 ];
 
 impl PoolSpec {
     /// `nested`: a `PoolSingleCreate` (protocol and algorithm checked later, members/monitor allowed).
     pub fn parse(f: &Fields<'_>, nested: bool) -> Result<Self, ApiError> {
         let (protocol, lb_algorithm) = if nested {
-            (f.one_of("protocol", &PROTOCOLS)?, f.one_of("lb_algorithm", &ALGORITHMS)?)
+            (
+                f.one_of("protocol", &PROTOCOLS)?,
+                f.one_of("lb_algorithm", &ALGORITHMS)?,
+            )
         } else {
-            (Some(f.required_one_of("protocol", &PROTOCOLS)?), Some(f.required_one_of("lb_algorithm", &ALGORITHMS)?))
+            (
+                Some(f.required_one_of("protocol", &PROTOCOLS)?),
+                Some(f.required_one_of("lb_algorithm", &ALGORITHMS)?),
+            )
         };
         let members = f
             .list("members")?
@@ -113,7 +138,11 @@ impl PoolSpec {
             .collect::<Result<Vec<_>, _>>()?;
         let healthmonitor = match f.present("healthmonitor") {
             None => None,
-            Some(v) => Some(HmSpec::parse(&Fields::object(v, "healthmonitor", &super::healthmonitors::SINGLE_FIELDS)?)?),
+            Some(v) => Some(HmSpec::parse(&Fields::object(
+                v,
+                "healthmonitor",
+                &super::healthmonitors::SINGLE_FIELDS,
+            )?)?),
         };
         Ok(Self {
             name: f.string("name", 255)?,
@@ -121,7 +150,10 @@ impl PoolSpec {
             admin_state_up: f.boolean("admin_state_up")?.unwrap_or(true),
             protocol,
             lb_algorithm,
-            session_persistence: f.present("session_persistence").map(|v| SessionPersistence::parse(v, true)).transpose()?,
+            session_persistence: f
+                .present("session_persistence")
+                .map(|v| SessionPersistence::parse(v, true))
+                .transpose()?,
             tags: f.string_list("tags", 255)?.unwrap_or_default(),
             members,
             healthmonitor,
@@ -181,11 +213,16 @@ impl Store {
         let spec = PoolSpec::parse(&f, false)?;
         let (lb_id, listener) = match (&spec.listener_id, &spec.loadbalancer_id) {
             (Some(lid), _) => {
-                let l = self.listeners.get(lid).ok_or_else(|| ApiError::not_found("Listener", lid))?;
+                let l = self
+                    .listeners
+                    .get(lid)
+                    .ok_or_else(|| ApiError::not_found("Listener", lid))?;
                 if let Some(lb) = &spec.loadbalancer_id
                     && lb != &l.lb_id
                 {
-                    return Err(ApiError::validation("Listener must be on the Load Balancer specified."));
+                    return Err(ApiError::validation(
+                        "Listener must be on the Load Balancer specified.",
+                    ));
                 }
                 if l.default_pool_id.is_some() {
                     return Err(ApiError::new(409, "This listener already has a default pool"));
@@ -195,10 +232,15 @@ impl Store {
             }
             (None, Some(lb)) => (lb.clone(), None),
             (None, None) => {
-                return Err(ApiError::validation("Must provide at least one of: loadbalancer_id, listener_id"));
+                return Err(ApiError::validation(
+                    "Must provide at least one of: loadbalancer_id, listener_id",
+                ));
             }
         };
-        let lb = self.loadbalancers.get(&lb_id).ok_or_else(|| ApiError::not_found("Load Balancer", &lb_id))?;
+        let lb = self
+            .loadbalancers
+            .get(&lb_id)
+            .ok_or_else(|| ApiError::not_found("Load Balancer", &lb_id))?;
         let (project, provider) = (lb.common.project_id.clone(), lb.provider);
         self.check_lb_mutable(&lb_id)?;
         self.check_quota(&project, Kind::Pool, 1)?;
@@ -215,9 +257,16 @@ impl Store {
     }
 
     pub fn update_pool(&mut self, id: &str, body: &Value, now: Instant) -> Result<Value, ApiError> {
-        let pool = self.pools.get(id).ok_or_else(|| ApiError::not_found("Pool", id))?;
+        let pool = self
+            .pools
+            .get(id)
+            .ok_or_else(|| ApiError::not_found("Pool", id))?;
         let lb_id = pool.lb_id.clone();
-        let provider = self.loadbalancers.get(&lb_id).map(|lb| lb.provider).unwrap_or(Provider::Amphora);
+        let provider = self
+            .loadbalancers
+            .get(&lb_id)
+            .map(|lb| lb.provider)
+            .unwrap_or(Provider::Amphora);
         let fields: Vec<&str> = FIELDS
             .iter()
             .copied()
@@ -228,13 +277,19 @@ impl Store {
         let description = f.string("description", 255)?;
         let admin = f.boolean("admin_state_up")?;
         let algorithm = f.one_of("lb_algorithm", &ALGORITHMS)?;
-        let sp = f.present("session_persistence").map(|v| SessionPersistence::parse(v, false)).transpose()?;
+        let sp = f
+            .present("session_persistence")
+            .map(|v| SessionPersistence::parse(v, false))
+            .transpose()?;
         let tags = f.string_list("tags", 255)?;
         provider.check_pool(None, algorithm.as_deref(), sp.as_ref().map(|s| s.kind.as_str()))?;
         self.check_lb_mutable(&lb_id)?;
         let listeners = self.listeners_using(id);
         self.lock_for_child(&lb_id, &listeners, Work::ChildUpdate, now)?;
-        let pool = self.pools.get_mut(id).ok_or_else(|| ApiError::not_found("Pool", id))?;
+        let pool = self
+            .pools
+            .get_mut(id)
+            .ok_or_else(|| ApiError::not_found("Pool", id))?;
         pool.common.provisioning_status = super::PENDING_UPDATE.into();
         if f.has("name") {
             pool.common.name = name;
@@ -259,7 +314,10 @@ impl Store {
     }
 
     pub fn delete_pool(&mut self, id: &str, now: Instant) -> Result<(), ApiError> {
-        let pool = self.pools.get(id).ok_or_else(|| ApiError::not_found("Pool", id))?;
+        let pool = self
+            .pools
+            .get(id)
+            .ok_or_else(|| ApiError::not_found("Pool", id))?;
         let lb_id = pool.lb_id.clone();
         let listeners = self.listeners_using(id);
         self.lock_for_child(&lb_id, &listeners, Work::ChildDelete, now)?;
@@ -270,8 +328,11 @@ impl Store {
     }
 
     pub fn listeners_using(&self, pool_id: &str) -> Vec<String> {
-        let mut v: Vec<&super::Listener> =
-            self.listeners.values().filter(|l| l.default_pool_id.as_deref() == Some(pool_id)).collect();
+        let mut v: Vec<&super::Listener> = self
+            .listeners
+            .values()
+            .filter(|l| l.default_pool_id.as_deref() == Some(pool_id))
+            .collect();
         v.sort_by_key(|l| l.common.seq);
         v.into_iter().map(|l| l.common.id.clone()).collect()
     }
@@ -309,7 +370,10 @@ impl Store {
                 Value::Array(members.iter().map(|m| self.render_member(m)).collect()),
             );
             if let Some(h) = hm {
-                out.insert("healthmonitor".into(), self.render_healthmonitor(&h.common.id, true));
+                out.insert(
+                    "healthmonitor".into(),
+                    self.render_healthmonitor(&h.common.id, true),
+                );
             }
         } else {
             out.insert("loadbalancers".into(), id_list(std::slice::from_ref(&p.lb_id)));

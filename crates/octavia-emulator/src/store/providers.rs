@@ -12,10 +12,22 @@ pub enum Provider {
 }
 
 /// What `GET /v2/lbaas/providers` lists, with the descriptions a devstack-style deployment configures.
-pub const PROVIDERS: [(&str, &str); 2] = [("amphora", "The Octavia Amphora driver."), ("ovn", "Octavia OVN driver.")];
+pub const PROVIDERS: [(&str, &str); 2] = [
+    ("amphora", "The Octavia Amphora driver."),
+    ("ovn", "Octavia OVN driver."),
+];
 
-const AMPHORA_PROTOCOLS: [&str; 9] =
-    ["TCP", "HTTP", "HTTPS", "TERMINATED_HTTPS", "PROXY", "PROXYV2", "UDP", "SCTP", "PROMETHEUS"];
+const AMPHORA_PROTOCOLS: [&str; 9] = [
+    "TCP",
+    "HTTP",
+    "HTTPS",
+    "TERMINATED_HTTPS",
+    "PROXY",
+    "PROXYV2",
+    "UDP",
+    "SCTP",
+    "PROMETHEUS",
+];
 const AMPHORA_ALGORITHMS: [&str; 3] = ["ROUND_ROBIN", "SOURCE_IP", "LEAST_CONNECTIONS"];
 const OVN_PROTOCOLS: [&str; 3] = ["TCP", "UDP", "SCTP"];
 const OVN_ALGORITHMS: [&str; 2] = ["SOURCE_IP_PORT", "SOURCE_IP"];
@@ -58,7 +70,12 @@ impl Provider {
         }
     }
 
-    pub fn check_pool(self, protocol: Option<&str>, algorithm: Option<&str>, sp_type: Option<&str>) -> Result<(), ApiError> {
+    pub fn check_pool(
+        self,
+        protocol: Option<&str>,
+        algorithm: Option<&str>,
+        sp_type: Option<&str>,
+    ) -> Result<(), ApiError> {
         match self {
             Provider::Amphora => {
                 if let Some(a) = algorithm
@@ -111,6 +128,9 @@ impl Provider {
 }
 
 pub fn render_providers() -> Value {
-    let list: Vec<Value> = PROVIDERS.iter().map(|(n, d)| json!({"name": n, "description": d})).collect();
+    let list: Vec<Value> = PROVIDERS
+        .iter()
+        .map(|(n, d)| json!({"name": n, "description": d}))
+        .collect();
     json!({ "providers": list })
 }

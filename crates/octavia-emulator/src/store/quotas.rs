@@ -81,15 +81,27 @@ impl Store {
     /// `PUT /quotas/{project_id}`: only the named limits change.
     pub fn update_quota(&mut self, project_id: &str, body: &Value) -> Result<Value, ApiError> {
         let allowed = [
-            "loadbalancer", "load_balancer", "listener", "pool", "member", "healthmonitor", "health_monitor",
-            "l7policy", "l7rule",
+            "loadbalancer",
+            "load_balancer",
+            "listener",
+            "pool",
+            "member",
+            "healthmonitor",
+            "health_monitor",
+            "l7policy",
+            "l7rule",
         ];
         let f = Fields::root(body, "quota", &allowed)?;
         let get = |k: &str| f.int(k, -1, MAX_QUOTA);
         let lb = get("loadbalancer")?.or(get("load_balancer")?);
         let hm = get("healthmonitor")?.or(get("health_monitor")?);
-        let (listener, pool, member, l7p, l7r) =
-            (get("listener")?, get("pool")?, get("member")?, get("l7policy")?, get("l7rule")?);
+        let (listener, pool, member, l7p, l7r) = (
+            get("listener")?,
+            get("pool")?,
+            get("member")?,
+            get("l7policy")?,
+            get("l7rule")?,
+        );
         let q = self.quotas.entry(project_id.to_string()).or_default();
         let set = |slot: &mut Option<i64>, v: Option<i64>| {
             if v.is_some() {
