@@ -42,17 +42,16 @@ impl SessionPersistence {
             f.one_of("type", &SP_TYPES)?.unwrap_or_else(|| "SOURCE_IP".into())
         };
         let cookie_name = f.string("cookie_name", 255)?;
-        // Octavia's pool controller rules for cookie names by persistence type.
-        if kind == "APP_COOKIE" && cookie_name.is_none() {
+        // `validate.check_session_persistence`.
+        if cookie_name.is_some() && kind != "APP_COOKIE" {
             return Err(ApiError::validation(
-                "'cookie_name' must be specified for APP_COOKIE session persistence type.",
+                "Field \"cookie_name\" can only be specified with session persistence of type \"APP_COOKIE\".",
             ));
         }
-        if kind != "APP_COOKIE" && cookie_name.is_some() {
-            return Err(ApiError::validation(format!(
-                "Field 'cookie_name' can only be specified with session_persistence type 'APP_COOKIE'. The \
-                 session_persistence type '{kind}' does not support 'cookie_name'."
-            )));
+        if kind == "APP_COOKIE" && cookie_name.is_none() {
+            return Err(ApiError::validation(
+                "Field \"cookie_name\" must be specified when using the \"APP_COOKIE\" session persistence type.",
+            ));
         }
         Ok(Self {
             kind,
@@ -162,7 +161,22 @@ impl PoolSpec {
         })
     }
 
+    /// Timeout and granularity of session persistence only exist for UDP and SCTP pools.
+    pub(crate) fn check_persistence_protocol(&self) -> Result<(), ApiError> {
+        let l4 = matches!(self.protocol.as_deref(), Some("UDP" | "SCTP"));
+        if !l4
+            && let Some(sp) = &self.session_persistence
+            && (sp.persistence_timeout.is_some() || sp.persistence_granularity.is_some())
+        {
+            return Err(ApiError::validation(
+                "persistence_timeout and persistence_granularity is only for UDP and SCTP protocol pools.",
+            ));
+        }
+        Ok(())
+    }
+
     pub(crate) fn check_provider(&self, provider: Provider) -> Result<(), ApiError> {
+        self.check_persistence_protocol()?;
         provider.check_pool(
             self.protocol.as_deref(),
             self.lb_algorithm.as_deref(),
@@ -224,9 +238,6 @@ impl Store {
                         "Listener must be on the Load Balancer specified.",
                     ));
                 }
-                if l.default_pool_id.is_some() {
-                    return Err(ApiError::new(409, "This listener already has a default pool"));
-                }
                 check_pool_protocol(&l.protocol, spec.protocol.as_deref().unwrap_or_default())?;
                 (l.lb_id.clone(), Some(lid.clone()))
             }
@@ -243,7 +254,15 @@ impl Store {
             .ok_or_else(|| ApiError::not_found("Load Balancer", &lb_id))?;
         let (project, provider) = (lb.common.project_id.clone(), lb.provider);
         self.check_lb_mutable(&lb_id)?;
+        spec.check_persistence_protocol()?;
         self.check_quota(&project, Kind::Pool, 1)?;
+        if listener
+            .as_ref()
+            .and_then(|l| self.listeners.get(l))
+            .is_some_and(|l| l.default_pool_id.is_some())
+        {
+            return Err(ApiError::new(409, "This listener already has a default pool"));
+        }
         spec.check_provider(provider)?;
         let id = self.insert_pool(&lb_id, &project, spec);
         let affected: Vec<String> = listener.iter().cloned().collect();
