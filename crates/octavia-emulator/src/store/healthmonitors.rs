@@ -4,7 +4,6 @@ use std::time::Instant;
 
 use serde_json::{Map, Value, json};
 
-use super::providers::Provider;
 use super::{Common, PENDING_DELETE, PENDING_UPDATE, Store, Work, quotas::Kind, timestamp};
 use crate::error::ApiError;
 use crate::input::Fields;
@@ -116,18 +115,6 @@ impl Store {
         id
     }
 
-    fn hm_context(&self, pool_id: &str) -> Result<(String, String, Provider), ApiError> {
-        let pool = self
-            .pools
-            .get(pool_id)
-            .ok_or_else(|| ApiError::not_found("Pool", pool_id))?;
-        let lb = self
-            .loadbalancers
-            .get(&pool.lb_id)
-            .ok_or_else(|| ApiError::not_found("Load Balancer", &pool.lb_id))?;
-        Ok((pool.lb_id.clone(), pool.common.project_id.clone(), lb.provider))
-    }
-
     pub fn create_healthmonitor(&mut self, body: &Value, now: Instant) -> Result<Value, ApiError> {
         let mut fields = SINGLE_FIELDS.to_vec();
         fields.push("pool_id");
@@ -136,16 +123,19 @@ impl Store {
             .uuid("pool_id")?
             .ok_or_else(|| ApiError::invalid_input("pool_id", "None", "Mandatory field missing."))?;
         let spec = HmSpec::parse(&f)?;
-        let (lb_id, project, provider) = self.hm_context(&pool_id)?;
-        self.check_lb_mutable(&lb_id)?;
+        let project = self
+            .pools
+            .get(&pool_id)
+            .map(|p| p.common.project_id.clone())
+            .ok_or_else(|| ApiError::not_found("Pool", &pool_id))?;
+        self.check_quota(&project, Kind::HealthMonitor, 1)?;
+        let (lb_id, _, provider) = self.pool_child_context(&pool_id)?;
         if self.healthmonitor_of(&pool_id).is_some() {
             return Err(ApiError::new(409, "This pool already has a health monitor"));
         }
-        self.check_quota(&project, Kind::HealthMonitor, 1)?;
         provider.check_healthmonitor(&spec.kind)?;
         let id = self.insert_healthmonitor(&pool_id, &project, spec);
-        let listeners = self.listeners_using(&pool_id);
-        self.lock_for_child(&lb_id, &listeners, Work::ChildCreate, now)?;
+        self.lock_pool_child(&lb_id, &pool_id, Work::ChildCreate, now)?;
         Ok(json!({ "healthmonitor": self.render_healthmonitor(&id, false) }))
     }
 
@@ -168,10 +158,8 @@ impl Store {
         let retries_down = f.int("max_retries_down", 1, 10)?;
         let admin = f.boolean("admin_state_up")?;
         let tags = f.string_list("tags", 255)?;
-        let (lb_id, _, _) = self.hm_context(&pool_id)?;
-        self.check_lb_mutable(&lb_id)?;
-        let listeners = self.listeners_using(&pool_id);
-        self.lock_for_child(&lb_id, &listeners, Work::ChildUpdate, now)?;
+        let (lb_id, _, _) = self.pool_child_context(&pool_id)?;
+        self.lock_pool_child(&lb_id, &pool_id, Work::ChildUpdate, now)?;
         let hm = self
             .healthmonitors
             .get_mut(id)
@@ -206,9 +194,8 @@ impl Store {
             .get(id)
             .ok_or_else(|| ApiError::not_found("Health Monitor", id))?;
         let pool_id = hm.pool_id.clone();
-        let (lb_id, _, _) = self.hm_context(&pool_id)?;
-        let listeners = self.listeners_using(&pool_id);
-        self.lock_for_child(&lb_id, &listeners, Work::ChildDelete, now)?;
+        let (lb_id, _, _) = self.pool_child_context(&pool_id)?;
+        self.lock_pool_child(&lb_id, &pool_id, Work::ChildDelete, now)?;
         if let Some(h) = self.healthmonitors.get_mut(id) {
             h.common.provisioning_status = PENDING_DELETE.into();
         }

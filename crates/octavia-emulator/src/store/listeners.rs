@@ -187,19 +187,19 @@ impl Store {
         spec: &ListenerSpec,
         siblings: &[&ListenerSpec],
     ) -> Result<(), ApiError> {
+        // The message names the protocol of the listener already there.
         let clash = self
             .listeners
             .values()
             .filter(|l| l.lb_id == lb_id)
             .map(|l| (l.protocol.as_str(), l.protocol_port))
             .chain(siblings.iter().map(|s| (s.protocol.as_str(), s.protocol_port)))
-            .any(|(p, port)| port == spec.protocol_port && transport(p) == transport(&spec.protocol));
-        if clash {
+            .find(|(p, port)| *port == spec.protocol_port && transport(p) == transport(&spec.protocol));
+        if let Some((protocol, port)) = clash {
             return Err(ApiError::new(
                 409,
                 format!(
-                    "Another Listener on this Load Balancer is already using protocol {} and protocol_port {}",
-                    spec.protocol, spec.protocol_port
+                    "Another Listener on this Load Balancer is already using protocol {protocol} and protocol_port {port}"
                 ),
             ));
         }
@@ -244,22 +244,17 @@ impl Store {
             .get(&lb_id)
             .ok_or_else(|| ApiError::not_found("Load Balancer", &lb_id))?;
         let (project, provider) = (lb.common.project_id.clone(), lb.provider);
+        self.check_quota(&project, Kind::Listener, 1)?;
+        // A pool may be the default of several listeners, but only of listeners on its own load balancer.
         if let Some(pool_id) = &spec.default_pool_id {
             let pool = self
                 .pools
                 .get(pool_id)
+                .filter(|p| p.lb_id == lb_id)
                 .ok_or_else(|| ApiError::not_found("Pool", pool_id))?;
             check_pool_protocol(&spec.protocol, &pool.protocol)?;
-            if self
-                .listeners
-                .values()
-                .any(|l| l.default_pool_id.as_deref() == Some(pool_id))
-            {
-                return Err(ApiError::new(409, "This listener already has a default pool"));
-            }
         }
         self.check_lb_mutable(&lb_id)?;
-        self.check_quota(&project, Kind::Listener, 1)?;
         self.check_listener_spec(&lb_id, provider, &spec, &[])?;
         let id = self.insert_listener(&lb_id, &project, spec);
         self.lock_for_child(&lb_id, &[], Work::ChildCreate, now)?;

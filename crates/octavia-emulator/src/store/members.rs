@@ -121,8 +121,9 @@ impl Store {
         id
     }
 
-    /// Octavia's member controller checks the pool first, then locks the load balancer.
-    fn member_pool_context(&self, pool_id: &str) -> Result<(String, String, Provider), ApiError> {
+    /// Member and health monitor controllers check the pool first (`ImmutableObject` Pool), then the load
+    /// balancer; the write puts the pool in PENDING_UPDATE too.
+    pub(crate) fn pool_child_context(&self, pool_id: &str) -> Result<(String, String, Provider), ApiError> {
         let pool = self
             .pools
             .get(pool_id)
@@ -138,7 +139,7 @@ impl Store {
         Ok((pool.lb_id.clone(), pool.common.project_id.clone(), lb.provider))
     }
 
-    fn lock_pool_for_member(
+    pub(crate) fn lock_pool_child(
         &mut self,
         lb_id: &str,
         pool_id: &str,
@@ -156,7 +157,7 @@ impl Store {
     pub fn create_member(&mut self, pool_id: &str, body: &Value, now: Instant) -> Result<Value, ApiError> {
         let f = Fields::root(body, "member", &CREATE_FIELDS)?;
         let spec = MemberSpec::parse(&f)?;
-        let (lb_id, project, provider) = self.member_pool_context(pool_id)?;
+        let (lb_id, project, provider) = self.pool_child_context(pool_id)?;
         if self
             .members
             .values()
@@ -168,7 +169,7 @@ impl Store {
         provider.check_member_monitor(spec.monitor_address.is_some(), spec.monitor_port.is_some())?;
         let has_hm = self.healthmonitor_of(pool_id).is_some();
         let id = self.insert_member(pool_id, &project, spec, has_hm);
-        self.lock_pool_for_member(&lb_id, pool_id, Work::ChildCreate, now)?;
+        self.lock_pool_child(&lb_id, pool_id, Work::ChildCreate, now)?;
         Ok(json!({ "member": self.render_member(&id) }))
     }
 
@@ -190,9 +191,9 @@ impl Store {
         let monitor_address = f.ip("monitor_address")?;
         let monitor_port = f.int("monitor_port", 1, 65535)?;
         let tags = f.string_list("tags", 255)?;
-        let (lb_id, _, provider) = self.member_pool_context(pool_id)?;
+        let (lb_id, _, provider) = self.pool_child_context(pool_id)?;
         provider.check_member_monitor(monitor_address.is_some(), monitor_port.is_some())?;
-        self.lock_pool_for_member(&lb_id, pool_id, Work::ChildUpdate, now)?;
+        self.lock_pool_child(&lb_id, pool_id, Work::ChildUpdate, now)?;
         let m = self
             .members
             .get_mut(id)
@@ -227,8 +228,8 @@ impl Store {
         if self.members.get(id).is_none_or(|m| m.pool_id != pool_id) {
             return Err(ApiError::not_found("Member", id));
         }
-        let (lb_id, _, _) = self.member_pool_context(pool_id)?;
-        self.lock_pool_for_member(&lb_id, pool_id, Work::ChildDelete, now)?;
+        let (lb_id, _, _) = self.pool_child_context(pool_id)?;
+        self.lock_pool_child(&lb_id, pool_id, Work::ChildDelete, now)?;
         if let Some(m) = self.members.get_mut(id) {
             m.common.provisioning_status = PENDING_DELETE.into();
         }
@@ -254,7 +255,7 @@ impl Store {
         if !self.pools.contains_key(pool_id) {
             return Err(ApiError::not_found("Pool", pool_id));
         }
-        let (lb_id, project, provider) = self.member_pool_context(pool_id)?;
+        let (lb_id, project, provider) = self.pool_child_context(pool_id)?;
         let old: Vec<(String, (String, i64))> = self
             .member_ids_of(pool_id)
             .into_iter()
@@ -297,7 +298,7 @@ impl Store {
         if growth > 0 {
             self.check_quota(&project, Kind::Member, growth as usize)?;
         }
-        self.lock_pool_for_member(&lb_id, pool_id, Work::ChildUpdate, now)?;
+        self.lock_pool_child(&lb_id, pool_id, Work::ChildUpdate, now)?;
         let has_hm = self.healthmonitor_of(pool_id).is_some();
         for spec in creates {
             self.insert_member(pool_id, &project, spec, has_hm);
