@@ -76,13 +76,14 @@ pub fn handle(
     query: &[(String, String)],
     body: Option<&Value>,
     now: Instant,
+    path_url: &str,
 ) -> Result<Reply, ApiError> {
     let s: Vec<&str> = segs.iter().map(String::as_str).collect();
     let m = method.as_str();
     match (m, s.as_slice()) {
         ("GET", ["providers"]) => ok(200, providers::render_providers()),
         ("GET", ["loadbalancers"]) => list(
-            store,
+            path_url,
             "loadbalancers",
             query,
             store
@@ -109,7 +110,7 @@ pub fn handle(
         ("GET", ["loadbalancers", id, "status" | "statuses"]) => ok(200, store.loadbalancer_status(id)?),
         ("GET", ["loadbalancers", id, "stats"]) => ok(200, store.loadbalancer_stats(id)?),
         ("GET", ["listeners"]) => list(
-            store,
+            path_url,
             "listeners",
             query,
             store
@@ -131,7 +132,7 @@ pub fn handle(
             empty(204)
         }
         ("GET", ["pools"]) => list(
-            store,
+            path_url,
             "pools",
             query,
             store
@@ -162,7 +163,7 @@ pub fn handle(
                 .values()
                 .filter(|x| x.pool_id == *pid)
                 .map(|x| (&x.common, store.render_member(&x.common.id)));
-            list(store, "members", query, items)
+            list(path_url, "members", query, items)
         }
         ("POST", ["pools", pid, "members"]) => ok(201, store.create_member(pid, need_body(body)?, now)?),
         ("PUT", ["pools", pid, "members"]) => {
@@ -183,7 +184,7 @@ pub fn handle(
             empty(204)
         }
         ("GET", ["healthmonitors"]) => list(
-            store,
+            path_url,
             "healthmonitors",
             query,
             store
@@ -232,7 +233,7 @@ pub fn handle(
 /// Octavia's pagination helper: equality filters on rendered attributes, `tags`/`tags-any`/`not-tags`/
 /// `not-tags-any` (comma lists, repeatable), `fields`, `limit` + `marker` (by id) in creation order.
 fn list<'a>(
-    _store: &Store,
+    path_url: &str,
     key: &str,
     query: &[(String, String)],
     items: impl Iterator<Item = (&'a Common, Value)>,
@@ -286,16 +287,18 @@ fn list<'a>(
             .ok_or_else(|| ApiError::new(400, format!("Supplied pagination marker '{mk}' is not valid.")))?;
         items.drain(..=pos);
     }
+    // Octavia's pagination helper: the page size defaults to `pagination_max_limit` (1000); a full page gets a
+    // `next` link (even when nothing follows), a page reached through a marker a `previous` link.
+    let limit = limit.unwrap_or(1000);
+    items.truncate(limit);
     let mut links = Vec::new();
-    if let Some(n) = limit
-        && n > 0
-        && items.len() > n
-    {
-        items.truncate(n);
-        if let Some((last, _)) = items.last() {
-            links.push(
-                json!({"rel": "next", "href": format!("/v2/lbaas/{key}?limit={n}&marker={}", last.id)}),
-            );
+    if let (Some((first, _)), Some((last, _))) = (items.first(), items.last()) {
+        if marker.is_some() {
+            links.push(json!({"href": format!("{path_url}?limit={limit}&marker={}&page_reverse=True", first.id), "rel": "previous"}));
+        }
+        if items.len() >= limit {
+            links
+                .push(json!({"href": format!("{path_url}?limit={limit}&marker={}", last.id), "rel": "next"}));
         }
     }
     let rendered: Vec<Value> = items

@@ -257,6 +257,13 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: Request) -> Response {
             Err(e) => return error(&ApiError::new(400, format!("Invalid JSON: {e}"))),
         }
     };
+    let host = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(String::from)
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let path_url = format!("http://{host}{path}");
     let query: Vec<(String, String)> = form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes())
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect();
@@ -264,7 +271,15 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         let now = Instant::now();
         let mut store = shared.store.lock();
         store.settle(now);
-        let r = api::handle(&mut store, &parts.method, &api_segs, &query, body.as_ref(), now);
+        let r = api::handle(
+            &mut store,
+            &parts.method,
+            &api_segs,
+            &query,
+            body.as_ref(),
+            now,
+            &path_url,
+        );
         // The instant profile completes worker jobs before anyone can look.
         store.settle(now);
         r

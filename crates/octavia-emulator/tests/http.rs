@@ -265,3 +265,49 @@ async fn control_api_faults_stats_error_and_providers() {
     let (_, q) = c.call(Method::GET, "/v2/lbaas/quotas/p1", None).await;
     assert_eq!(q["quota"]["loadbalancer"], -1);
 }
+
+#[tokio::test]
+async fn pagination_links_like_octavia() {
+    let emu = OctaviaEmulator::start(OctaviaOptions::default())
+        .await
+        .expect("starts");
+    let c = Client::new(&emu);
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let body = json!({"loadbalancer": {"vip_subnet_id": SUBNET, "name": format!("lb{i}")}});
+        let (_, v) = c.call(Method::POST, "/v2/lbaas/loadbalancers", Some(body)).await;
+        ids.push(v["loadbalancer"]["id"].as_str().unwrap_or_default().to_string());
+    }
+    let (_, v) = c.call(Method::GET, "/v2/lbaas/loadbalancers?limit=2", None).await;
+    assert_eq!(v["loadbalancers"].as_array().map(Vec::len), Some(2));
+    let links = v["loadbalancers_links"].as_array().cloned().unwrap_or_default();
+    assert_eq!(links.len(), 1);
+    assert_eq!(links[0]["rel"], "next");
+    let href = links[0]["href"].as_str().unwrap_or_default();
+    assert!(
+        href.starts_with(&format!(
+            "{}/v2/lbaas/loadbalancers?limit=2&marker={}",
+            emu.url(),
+            ids[1]
+        )),
+        "{href}"
+    );
+    let (_, v) = c
+        .call(
+            Method::GET,
+            &format!("/v2/lbaas/loadbalancers?limit=2&marker={}", ids[1]),
+            None,
+        )
+        .await;
+    assert_eq!(v["loadbalancers"][0]["id"], ids[2].as_str());
+    assert_eq!(v["loadbalancers_links"][0]["rel"], "previous");
+    assert_eq!(v["loadbalancers_links"].as_array().map(Vec::len), Some(1));
+    let (_, v) = c
+        .call(
+            Method::GET,
+            "/v2/lbaas/loadbalancers?name=lb1&fields=id,name",
+            None,
+        )
+        .await;
+    assert_eq!(v["loadbalancers"], json!([{"id": ids[1], "name": "lb1"}]));
+}

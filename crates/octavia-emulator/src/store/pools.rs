@@ -422,7 +422,8 @@ impl Store {
             .collect();
         let mut out = json!({
             "id": p.common.id,
-            "name": p.common.name.clone().unwrap_or_default(),
+            // Only listener, member and load balancer status entries turn a missing name into "".
+            "name": p.common.name,
             "provisioning_status": p.common.provisioning_status,
             "operating_status": p.common.operating_status,
             "members": members,
@@ -430,7 +431,7 @@ impl Store {
         if let Some(h) = self.healthmonitor_of(id) {
             out["health_monitor"] = json!({
                 "id": h.common.id,
-                "name": h.common.name.clone().unwrap_or_default(),
+                "name": h.common.name,
                 "type": h.kind,
                 "provisioning_status": h.common.provisioning_status,
                 "operating_status": h.common.operating_status,
