@@ -72,7 +72,7 @@ impl<'a> Fields<'a> {
                     .as_str()
                     .map(String::from)
                     .unwrap_or_else(|| other.to_string()),
-                "Invalid UUID value",
+                "Value should be UUID format",
             )),
         }
     }

@@ -99,15 +99,7 @@ impl ListenerSpec {
         let timeout =
             |k: &str, default: i64| Ok::<i64, ApiError>(f.int(k, 0, MAX_TIMEOUT)?.unwrap_or(default));
         let allowed_cidrs = f.string_list("allowed_cidrs", 64)?.unwrap_or_default();
-        for c in &allowed_cidrs {
-            if !valid_cidr(c) {
-                return Err(ApiError::invalid_input(
-                    "allowed_cidrs",
-                    c,
-                    "Value should be a valid CIDR.",
-                ));
-            }
-        }
+        check_cidrs(&allowed_cidrs)?;
         let insert_headers = match f.present("insert_headers") {
             None => Map::new(),
             Some(Value::Object(m)) => m.clone(),
@@ -139,6 +131,19 @@ impl ListenerSpec {
             tags: f.string_list("tags", 255)?.unwrap_or_default(),
         })
     }
+}
+
+/// WSME validates the list as a whole and quotes it as Python prints a list.
+fn check_cidrs(cidrs: &[String]) -> Result<(), ApiError> {
+    if cidrs.iter().all(|c| valid_cidr(c)) {
+        return Ok(());
+    }
+    let quoted: Vec<String> = cidrs.iter().map(|c| format!("'{c}'")).collect();
+    Err(ApiError::invalid_input(
+        "allowed_cidrs",
+        format!("[{}]", quoted.join(", ")),
+        "Value should be IPv4 or IPv6 CIDR format",
+    ))
 }
 
 fn valid_cidr(c: &str) -> bool {
@@ -294,12 +299,8 @@ impl Store {
         .map(|k| f.int(k, 0, MAX_TIMEOUT))
         .collect::<Result<_, _>>()?;
         let cidrs = f.string_list("allowed_cidrs", 64)?;
-        if let Some(c) = cidrs.iter().flatten().find(|c| !valid_cidr(c)) {
-            return Err(ApiError::invalid_input(
-                "allowed_cidrs",
-                c,
-                "Value should be a valid CIDR.",
-            ));
+        if let Some(c) = &cidrs {
+            check_cidrs(c)?;
         }
         let tags = f.string_list("tags", 255)?;
         let default_pool_id = f.uuid("default_pool_id")?;

@@ -79,6 +79,17 @@ impl MemberSpec {
         })
     }
 
+    /// `validate.ip_not_reserved` with Octavia's default `[networking] reserved_ips` (the metadata address).
+    pub fn check_reserved(&self) -> Result<(), ApiError> {
+        if self.address == "169.254.169.254" {
+            return Err(ApiError::new(
+                400,
+                format!("{} is not a valid option for member address", self.address),
+            ));
+        }
+        Ok(())
+    }
+
     fn key(&self) -> (String, i64) {
         (self.address.clone(), self.protocol_port)
     }
@@ -157,6 +168,7 @@ impl Store {
     pub fn create_member(&mut self, pool_id: &str, body: &Value, now: Instant) -> Result<Value, ApiError> {
         let f = Fields::root(body, "member", &CREATE_FIELDS)?;
         let spec = MemberSpec::parse(&f)?;
+        spec.check_reserved()?;
         let (lb_id, project, provider) = self.pool_child_context(pool_id)?;
         if self
             .members
@@ -280,7 +292,10 @@ impl Store {
             provider.check_member_monitor(spec.monitor_address.is_some(), spec.monitor_port.is_some())?;
             match old.iter().find(|(_, k)| k == &key) {
                 Some((id, _)) => updates.push((id.clone(), spec)),
-                None => creates.push(spec),
+                None => {
+                    spec.check_reserved()?;
+                    creates.push(spec)
+                }
             }
         }
         let deletes: Vec<String> = if additive_only {
