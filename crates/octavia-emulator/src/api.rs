@@ -44,6 +44,7 @@ pub fn classify(method: &Method, segs: &[String]) -> String {
     let action = match (method.as_str(), item, segs.get(2).map(String::as_str)) {
         ("GET", true, Some("status" | "statuses")) if res == "loadbalancer" => "status",
         ("GET", true, Some("stats")) if res == "loadbalancer" => "stats",
+        ("PUT", true, Some("failover")) if res == "loadbalancer" => "failover",
         ("GET", true, _) => "get",
         ("GET", false, _) => "list",
         ("POST", _, _) => "create",
@@ -108,6 +109,10 @@ pub fn handle(
             empty(204)
         }
         ("GET", ["loadbalancers", id, "status" | "statuses"]) => ok(200, store.loadbalancer_status(id)?),
+        ("PUT", ["loadbalancers", id, "failover"]) => {
+            store.failover_loadbalancer(id, now)?;
+            empty(202)
+        }
         ("GET", ["loadbalancers", id, "stats"]) => ok(200, store.loadbalancer_stats(id)?),
         ("GET", ["listeners"]) => list(
             path_url,

@@ -15,6 +15,9 @@
 //! - `GET|PUT /control/latency` -> [`LatencyProfile`]: `{"profile": "instant"}`, `{"profile": "amphora_noop"}`,
 //!   `{"profile": "custom", "api_ms": {"*.create": 50}, "worker": {"lb_create_ms": 1000}}`.
 //! - `POST /control/loadbalancers/{id}/error`: the load balancer goes to ERROR (a failed worker job).
+//! - `PUT /control/worker_failures` `{"count": N}`: the next N worker jobs end in ERROR instead of ACTIVE (for a
+//!   delete: the load balancer stays, in ERROR).
+//! - `PUT /v2/lbaas/loadbalancers/{id}/failover` is served too (202; ACTIVE or ERROR load balancers only).
 //! - `POST /control/reset`: forget everything.
 //!
 //! ```no_run
@@ -162,6 +165,11 @@ impl OctaviaHandle {
     /// Puts a load balancer into ERROR.
     pub fn force_error(&self, lb_id: &str) -> Result<(), ApiError> {
         self.shared.store.lock().force_error(lb_id)
+    }
+
+    /// The next `count` worker jobs (create, update, delete, failover) end in ERROR instead of ACTIVE.
+    pub fn fail_next_jobs(&self, count: u64) {
+        self.shared.store.lock().failing_jobs = count;
     }
 
     pub fn reset(&self) {
@@ -326,6 +334,15 @@ fn control_api(shared: &Arc<Shared>, method: &Method, segs: &[String], body: &[u
         ("POST", ["loadbalancers", id, "error"]) => {
             shared.store.lock().force_error(id)?;
             Ok((204, None))
+        }
+        ("POST" | "PUT", ["worker_failures"]) => {
+            let v = parse()?;
+            let count = v
+                .get("count")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| ApiError::new(400, "worker_failures: body must be {\"count\": N}"))?;
+            shared.store.lock().failing_jobs = count;
+            Ok((200, Some(json!({ "count": count }))))
         }
         ("POST", ["reset"]) => {
             reset_all(shared);

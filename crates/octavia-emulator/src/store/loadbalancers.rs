@@ -313,6 +313,28 @@ impl Store {
         Ok(())
     }
 
+    /// `PUT /loadbalancers/{id}/failover`: ACTIVE or ERROR load balancers go PENDING_UPDATE for an update's time.
+    pub fn failover_loadbalancer(&mut self, id: &str, now: Instant) -> Result<(), ApiError> {
+        let delay = self.config.worker.delay(Work::LbUpdate);
+        let lb = self
+            .loadbalancers
+            .get_mut(id)
+            .ok_or_else(|| ApiError::not_found("Load Balancer", id))?;
+        let status = lb.common.provisioning_status.clone();
+        if status != ACTIVE && status != ERROR {
+            return Err(ApiError::lb_pending(&status, id));
+        }
+        if lb.provider == Provider::Ovn {
+            return Err(ApiError::provider_unsupported(
+                "ovn",
+                "OVN provider does not support loadbalancer failover",
+            ));
+        }
+        lb.common.provisioning_status = PENDING_UPDATE.into();
+        lb.settle_at = Some(now + delay);
+        Ok(())
+    }
+
     /// `LoadBalancerResponse`, or `LoadBalancerFullResponse` (the create's answer: listeners and pools inline).
     pub fn render_loadbalancer(&self, id: &str, full: bool) -> Value {
         let Some(lb) = self.loadbalancers.get(id) else {

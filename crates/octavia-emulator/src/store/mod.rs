@@ -150,6 +150,8 @@ pub struct Store {
     pub members: BTreeMap<String, Member>,
     pub healthmonitors: BTreeMap<String, HealthMonitor>,
     pub quotas: BTreeMap<String, Quota>,
+    /// The next N worker jobs fail: the load balancer and the objects they touched end in ERROR.
+    pub failing_jobs: u64,
     seq: u64,
     next_vip_host: u32,
 }
@@ -164,6 +166,7 @@ impl Store {
             members: BTreeMap::new(),
             healthmonitors: BTreeMap::new(),
             quotas: BTreeMap::new(),
+            failing_jobs: 0,
             seq: 0,
             next_vip_host: 0,
         }
@@ -204,12 +207,24 @@ impl Store {
             return;
         };
         lb.settle_at = None;
-        if lb.common.provisioning_status == PENDING_DELETE {
+        let outcome = if self.failing_jobs > 0 {
+            self.failing_jobs -= 1;
+            ERROR
+        } else {
+            ACTIVE
+        };
+        if outcome == ERROR && lb.common.provisioning_status == PENDING_DELETE {
+            lb.common.provisioning_status = ERROR.into();
+            let pools = self.pool_ids_of(lb_id);
+            self.fail_children(lb_id, &pools);
+            return;
+        }
+        if outcome == ACTIVE && lb.common.provisioning_status == PENDING_DELETE {
             self.remove_lb_tree(lb_id);
             return;
         }
         if lb.common.pending() {
-            lb.common.provisioning_status = ACTIVE.into();
+            lb.common.provisioning_status = outcome.into();
         }
         let listeners: Vec<String> = self.listener_ids_of(lb_id);
         let pools: Vec<String> = self.pool_ids_of(lb_id);
@@ -223,6 +238,10 @@ impl Store {
                     .filter(|h| &h.pool_id == p)
                     .map(|h| h.common.id.clone()),
             );
+        }
+        if outcome == ERROR {
+            self.fail_children(lb_id, &pools);
+            return;
         }
         for id in &members {
             if self
@@ -281,6 +300,30 @@ impl Store {
         {
             activate(&mut h.common);
         }
+    }
+
+    fn fail_children(&mut self, lb_id: &str, pools: &[String]) {
+        let fail = |c: &mut Common| {
+            if c.pending() {
+                c.provisioning_status = ERROR.into();
+            }
+        };
+        self.listeners
+            .values_mut()
+            .filter(|l| l.lb_id == lb_id)
+            .for_each(|l| fail(&mut l.common));
+        self.pools
+            .values_mut()
+            .filter(|p| p.lb_id == lb_id)
+            .for_each(|p| fail(&mut p.common));
+        self.members
+            .values_mut()
+            .filter(|m| pools.contains(&m.pool_id))
+            .for_each(|m| fail(&mut m.common));
+        self.healthmonitors
+            .values_mut()
+            .filter(|h| pools.contains(&h.pool_id))
+            .for_each(|h| fail(&mut h.common));
     }
 
     fn remove_pool_tree(&mut self, pool_id: &str) {

@@ -382,3 +382,27 @@ fn validation_errors_are_wsme_shaped() {
         json!({"faultcode": "Client", "faultstring": "Load Balancer x not found.", "debuginfo": null})
     );
 }
+
+#[test]
+fn failing_worker_jobs_end_in_error_and_failover_repairs() {
+    let mut s = store(0);
+    let now = Instant::now();
+    s.failing_jobs = 1;
+    let body = json!({"loadbalancer": {"vip_subnet_id": SUBNET,
+        "listeners": [{"protocol": "TCP", "protocol_port": 80}]}});
+    let lb = s
+        .create_loadbalancer(&body, now)
+        .map(|v| id(&v, "loadbalancer"))
+        .unwrap_or_default();
+    s.settle(now);
+    assert_eq!(s.loadbalancers[&lb].common.provisioning_status, ERROR);
+    assert!(
+        s.listeners
+            .values()
+            .all(|l| l.common.provisioning_status == ERROR)
+    );
+    assert_eq!(s.failover_loadbalancer(&lb, now), Ok(()));
+    assert_eq!(s.loadbalancers[&lb].common.provisioning_status, PENDING_UPDATE);
+    s.settle(now);
+    assert_eq!(s.loadbalancers[&lb].common.provisioning_status, ACTIVE);
+}
