@@ -240,6 +240,14 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     if segs.first().map(String::as_str) == Some("control") {
         return control_api(&shared, &parts.method, &segs[1..], &bytes);
     }
+    if segs.is_empty() && parts.method == Method::GET {
+        let host = parts
+            .headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("127.0.0.1");
+        return respond(200, Some(&api::versions(&format!("http://{host}/"))));
+    }
     let api_segs: Vec<String> = match segs.as_slice() {
         [v, l, rest @ ..] if (v == "v2" || v == "v2.0") && l == "lbaas" => rest.to_vec(),
         _ => return error(&ApiError::path_not_found()),

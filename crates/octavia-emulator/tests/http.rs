@@ -205,6 +205,14 @@ async fn control_api_faults_stats_error_and_providers() {
         .await
         .expect("starts");
     let c = Client::new(&emu);
+    let (_, v) = c.call(Method::GET, "/", None).await;
+    let versions = v["versions"].as_array().cloned().unwrap_or_default();
+    assert_eq!(versions.first().map(|x| x["id"].clone()), Some(json!("v2.0")));
+    assert_eq!(
+        versions.last().map(|x| x["status"].clone()),
+        Some(json!("CURRENT"))
+    );
+    assert_eq!(versions[0]["links"][0]["href"], format!("{}/v2", emu.url()));
     let (_, v) = c.call(Method::GET, "/v2/lbaas/providers", None).await;
     assert_eq!(
         v["providers"][1],
