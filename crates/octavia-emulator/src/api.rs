@@ -70,15 +70,28 @@ fn need_body(body: Option<&Value>) -> Result<&Value, ApiError> {
     body.ok_or_else(|| ApiError::new(400, "Invalid input: the request body is missing"))
 }
 
-pub fn handle(
-    store: &mut Store,
-    method: &Method,
-    segs: &[String],
-    query: &[(String, String)],
-    body: Option<&Value>,
-    now: Instant,
-    path_url: &str,
-) -> Result<Reply, ApiError> {
+/// One parsed API request.
+pub struct Request<'a> {
+    pub method: &'a Method,
+    /// Path segments after `/v2/lbaas`.
+    pub segs: &'a [String],
+    pub query: &'a [(String, String)],
+    pub body: Option<&'a Value>,
+    /// Scheme, host and path, for pagination links.
+    pub path_url: &'a str,
+    /// The request context's project (`X-Project-Id` under noauth).
+    pub context_project: Option<&'a str>,
+}
+
+pub fn handle(store: &mut Store, req: &Request<'_>, now: Instant) -> Result<Reply, ApiError> {
+    let Request {
+        method,
+        segs,
+        query,
+        body,
+        path_url,
+        context_project,
+    } = *req;
     let s: Vec<&str> = segs.iter().map(String::as_str).collect();
     let m = method.as_str();
     match (m, s.as_slice()) {
@@ -92,7 +105,10 @@ pub fn handle(
                 .values()
                 .map(|x| (&x.common, store.render_loadbalancer(&x.common.id, false))),
         ),
-        ("POST", ["loadbalancers"]) => ok(201, store.create_loadbalancer(need_body(body)?, now)?),
+        ("POST", ["loadbalancers"]) => ok(
+            201,
+            store.create_loadbalancer(context_project, need_body(body)?, now)?,
+        ),
         ("GET", ["loadbalancers", id]) => {
             store
                 .loadbalancers

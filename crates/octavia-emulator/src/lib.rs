@@ -1,7 +1,8 @@
 //! octavia-emulator: an in-repo Octavia v2 (load-balancer) REST API server for tests, benchmarks and the sandbox.
 //!
 //! It serves `/v2/lbaas/...` (and the `/v2.0/lbaas/...` alias) with the JSON shapes, status codes and WSME error
-//! bodies of Octavia under `auth_strategy = noauth` (no `project_id` in a create means `fake_project_id`).
+//! bodies of Octavia under `auth_strategy = noauth` (a load balancer's project is the body's `project_id`, else
+//! the `X-Project-Id` header, else the create answers 400 as Octavia does).
 //! Providers `amphora` (default) and `ovn` apply their real drivers' option checks. Writes move the load balancer
 //! through PENDING_* to ACTIVE after the latency profile's worker delay; writes while it is pending get 409.
 //! operating_status is never updated (no health manager): objects stay OFFLINE, members NO_MONITOR without a
@@ -280,6 +281,14 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         .map(String::from)
         .unwrap_or_else(|| "127.0.0.1".into());
     let path_url = format!("http://{host}{path}");
+    // oslo.context's request context under noauth: the project comes from these headers.
+    let context_project = ["x-project-id", "x-tenant-id"].iter().find_map(|h| {
+        parts
+            .headers
+            .get(*h)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from)
+    });
     let query: Vec<(String, String)> = form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes())
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect();
@@ -287,15 +296,15 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         let now = Instant::now();
         let mut store = shared.store.lock();
         store.settle(now);
-        let r = api::handle(
-            &mut store,
-            &parts.method,
-            &api_segs,
-            &query,
-            body.as_ref(),
-            now,
-            &path_url,
-        );
+        let req = api::Request {
+            method: &parts.method,
+            segs: &api_segs,
+            query: &query,
+            body: body.as_ref(),
+            path_url: &path_url,
+            context_project: context_project.as_deref(),
+        };
+        let r = api::handle(&mut store, &req, now);
         // The instant profile completes worker jobs before anyone can look.
         store.settle(now);
         r

@@ -25,7 +25,11 @@ impl Client {
     }
 
     async fn call(&self, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        // What keystonemiddleware would derive from a token; under noauth the client sends it itself.
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .header("X-Project-Id", "p-test");
         if let Some(b) = body {
             req = req.json(&b);
         }
@@ -205,6 +209,13 @@ async fn control_api_faults_stats_error_and_providers() {
         .await
         .expect("starts");
     let c = Client::new(&emu);
+    let bare = reqwest::Client::new()
+        .post(format!("{}/v2/lbaas/loadbalancers", emu.url()))
+        .json(&json!({"loadbalancer": {"vip_subnet_id": SUBNET}}))
+        .send()
+        .await
+        .expect("request reaches the emulator");
+    assert_eq!(bare.status(), StatusCode::BAD_REQUEST, "no project anywhere");
     let (_, v) = c.call(Method::GET, "/", None).await;
     let versions = v["versions"].as_array().cloned().unwrap_or_default();
     assert_eq!(versions.first().map(|x| x["id"].clone()), Some(json!("v2.0")));
@@ -245,7 +256,10 @@ async fn control_api_faults_stats_error_and_providers() {
     );
 
     let (_, s) = c.call(Method::GET, "/control/stats", None).await;
-    assert_eq!(s["operations"]["loadbalancer.create"], 2);
+    assert_eq!(
+        s["operations"]["loadbalancer.create"], 3,
+        "the bare create, the injected 503, the created one"
+    );
     assert_eq!(s["operations"]["listener.create"], 1);
     assert_eq!(s["faults_injected"], 1);
     assert_eq!(emu.stats().count("provider.list"), 1);

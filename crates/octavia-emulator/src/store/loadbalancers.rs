@@ -8,8 +8,7 @@ use super::listeners::{ListenerSpec, check_pool_protocol};
 use super::pools::PoolSpec;
 use super::providers::Provider;
 use super::{
-    ACTIVE, Common, ERROR, NOAUTH_PROJECT, PENDING_DELETE, PENDING_UPDATE, Store, Work, id_list,
-    quotas::Kind, timestamp,
+    ACTIVE, Common, ERROR, PENDING_DELETE, PENDING_UPDATE, Store, Work, id_list, quotas::Kind, timestamp,
 };
 use crate::error::ApiError;
 use crate::input::Fields;
@@ -64,8 +63,14 @@ fn derived_id(kind: &str, from: &str) -> String {
 }
 
 impl Store {
-    /// `POST /v2/lbaas/loadbalancers`, including the single-call fully populated create.
-    pub fn create_loadbalancer(&mut self, body: &Value, now: Instant) -> Result<Value, ApiError> {
+    /// `POST /v2/lbaas/loadbalancers`, including the single-call fully populated create. `context_project` is
+    /// the request context's project (under noauth: the `X-Project-Id` header); a body `project_id` wins.
+    pub fn create_loadbalancer(
+        &mut self,
+        context_project: Option<&str>,
+        body: &Value,
+        now: Instant,
+    ) -> Result<Value, ApiError> {
         let f = Fields::root(body, "loadbalancer", &CREATE_FIELDS)?;
         let name = f.string("name", 255)?;
         let description = f.string("description", 255)?;
@@ -77,7 +82,13 @@ impl Store {
         let qos = f.uuid("vip_qos_policy_id")?;
         let project = f
             .string("project_id", 36)?
-            .unwrap_or_else(|| NOAUTH_PROJECT.to_string());
+            .or_else(|| context_project.map(String::from))
+            .ok_or_else(|| {
+                ApiError::validation(
+                    "Missing project ID in request where one is required. An administrator should check the \
+                     keystone settings in the Octavia configuration.",
+                )
+            })?;
         let provider = Provider::parse(f.string("provider", 64)?.as_deref())?;
         let tags = f.string_list("tags", 255)?.unwrap_or_default();
         let flavor_id = f.uuid("flavor_id")?;

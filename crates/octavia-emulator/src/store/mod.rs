@@ -40,7 +40,8 @@ pub const PENDING_DELETE: &str = "PENDING_DELETE";
 pub const OFFLINE: &str = "OFFLINE";
 pub const NO_MONITOR: &str = "NO_MONITOR";
 
-/// `project_id` of requests that name none: under `noauth` Octavia takes the project from the request context.
+/// A project id for tests and the sandbox. Octavia under `noauth` has no default project: a create without
+/// `project_id` in the body needs an `X-Project-Id` header, else it answers 400.
 pub const NOAUTH_PROJECT: &str = "fake_project_id";
 
 /// How long the simulated controller worker takes to bring a change to ACTIVE (or to remove a deleted object).

@@ -35,6 +35,7 @@ fn later(now: Instant) -> Instant {
 fn lb_with_pool(s: &mut Store, now: Instant) -> (String, String, String) {
     let lb = s
         .create_loadbalancer(
+            Some(NOAUTH_PROJECT),
             &json!({"loadbalancer": {"vip_subnet_id": SUBNET, "name": "lb"}}),
             now,
         )
@@ -64,7 +65,11 @@ fn lb_with_pool(s: &mut Store, now: Instant) -> (String, String, String) {
 fn create_goes_pending_then_active_and_pending_blocks_writes() {
     let mut s = store(1500);
     let now = Instant::now();
-    let v = s.create_loadbalancer(&json!({"loadbalancer": {"vip_subnet_id": SUBNET}}), now);
+    let v = s.create_loadbalancer(
+        Some(NOAUTH_PROJECT),
+        &json!({"loadbalancer": {"vip_subnet_id": SUBNET}}),
+        now,
+    );
     let v = v.unwrap_or_default();
     let lb = id(&v, "loadbalancer");
     assert_eq!(v["loadbalancer"]["provisioning_status"], "PENDING_CREATE");
@@ -105,7 +110,9 @@ fn fully_populated_create_builds_the_tree() {
                 "members": [{"address": "10.1.0.1", "protocol_port": 8080}, {"address": "10.1.0.2", "protocol_port": 8080}],
                 "healthmonitor": {"type": "TCP", "delay": 5, "timeout": 3, "max_retries": 3}}}]
     }});
-    let v = s.create_loadbalancer(&body, now).unwrap_or_default();
+    let v = s
+        .create_loadbalancer(Some(NOAUTH_PROJECT), &body, now)
+        .unwrap_or_default();
     let lb = &v["loadbalancer"];
     assert_eq!(lb["vip_address"], "10.0.5.5");
     assert_eq!(lb["listeners"][0]["timeout_client_data"], 1000);
@@ -125,6 +132,7 @@ fn fully_populated_create_builds_the_tree() {
     assert_eq!(tree["listeners"][0]["pools"][0]["health_monitor"]["type"], "TCP");
     // A duplicate VIP on the same subnet is refused.
     let dup = s.create_loadbalancer(
+        Some(NOAUTH_PROJECT),
         &json!({"loadbalancer": {"vip_subnet_id": SUBNET, "vip_address": "10.0.5.5"}}),
         now,
     );
@@ -134,7 +142,9 @@ fn fully_populated_create_builds_the_tree() {
     let bad = json!({"loadbalancer": {"vip_subnet_id": SUBNET,
         "listeners": [{"protocol": "TCP", "protocol_port": 81, "default_pool": {"name": "nope"}}]}});
     assert_eq!(
-        s.create_loadbalancer(&bad, now).err().map(|e| e.faultstring),
+        s.create_loadbalancer(Some(NOAUTH_PROJECT), &bad, now)
+            .err()
+            .map(|e| e.faultstring),
         Some("Validation failure: Pool 'nope' was referenced but no full definition was found.".into())
     );
     assert_eq!(s.loadbalancers.len(), before);
@@ -258,7 +268,11 @@ fn error_state_blocks_updates_but_allows_delete() {
     let mut s = store(0);
     let now = Instant::now();
     let lb = s
-        .create_loadbalancer(&json!({"loadbalancer": {"vip_subnet_id": SUBNET}}), now)
+        .create_loadbalancer(
+            Some(NOAUTH_PROJECT),
+            &json!({"loadbalancer": {"vip_subnet_id": SUBNET}}),
+            now,
+        )
         .map(|v| id(&v, "loadbalancer"))
         .unwrap_or_default();
     s.settle(now);
@@ -278,8 +292,8 @@ fn quota_is_enforced() {
     assert_eq!(q["quota"]["load_balancer"], 1);
     assert_eq!(q["quota"]["listener"], -1);
     let body = json!({"loadbalancer": {"vip_subnet_id": SUBNET, "project_id": "p1"}});
-    assert!(s.create_loadbalancer(&body, now).is_ok());
-    let err = s.create_loadbalancer(&body, now).err();
+    assert!(s.create_loadbalancer(Some(NOAUTH_PROJECT), &body, now).is_ok());
+    let err = s.create_loadbalancer(Some(NOAUTH_PROJECT), &body, now).err();
     assert_eq!(
         err.map(|e| (e.status, e.faultstring)),
         Some((403, "Quota has been met for resources: Load Balancer".into()))
@@ -287,6 +301,7 @@ fn quota_is_enforced() {
     // Other projects keep the unlimited default.
     assert!(
         s.create_loadbalancer(
+            Some(NOAUTH_PROJECT),
             &json!({"loadbalancer": {"vip_subnet_id": SUBNET, "project_id": "p2"}}),
             now
         )
@@ -300,6 +315,7 @@ fn ovn_provider_restrictions() {
     let now = Instant::now();
     let lb = s
         .create_loadbalancer(
+            Some(NOAUTH_PROJECT),
             &json!({"loadbalancer": {"vip_subnet_id": SUBNET, "provider": "ovn"}}),
             now,
         )
@@ -333,7 +349,11 @@ fn ovn_provider_restrictions() {
     assert!(ok.is_ok());
     // amphora refuses SOURCE_IP_PORT but takes SCTP.
     let amp = s
-        .create_loadbalancer(&json!({"loadbalancer": {"vip_subnet_id": SUBNET}}), now)
+        .create_loadbalancer(
+            Some(NOAUTH_PROJECT),
+            &json!({"loadbalancer": {"vip_subnet_id": SUBNET}}),
+            now,
+        )
         .map(|v| id(&v, "loadbalancer"))
         .unwrap_or_default();
     s.settle(now);
@@ -353,7 +373,9 @@ fn ovn_provider_restrictions() {
 fn validation_errors_are_wsme_shaped() {
     let mut s = store(0);
     let now = Instant::now();
-    let no_vip = s.create_loadbalancer(&json!({"loadbalancer": {}}), now).err();
+    let no_vip = s
+        .create_loadbalancer(Some(NOAUTH_PROJECT), &json!({"loadbalancer": {}}), now)
+        .err();
     assert_eq!(
         no_vip.map(|e| e.faultstring),
         Some(
@@ -362,6 +384,7 @@ fn validation_errors_are_wsme_shaped() {
     );
     let unknown = s
         .create_loadbalancer(
+            Some(NOAUTH_PROJECT),
             &json!({"loadbalancer": {"vip_subnet_id": SUBNET, "bogus": 1}}),
             now,
         )
@@ -391,7 +414,7 @@ fn failing_worker_jobs_end_in_error_and_failover_repairs() {
     let body = json!({"loadbalancer": {"vip_subnet_id": SUBNET,
         "listeners": [{"protocol": "TCP", "protocol_port": 80}]}});
     let lb = s
-        .create_loadbalancer(&body, now)
+        .create_loadbalancer(Some(NOAUTH_PROJECT), &body, now)
         .map(|v| id(&v, "loadbalancer"))
         .unwrap_or_default();
     s.settle(now);
