@@ -150,6 +150,13 @@ impl Store {
         Ok((pool.lb_id.clone(), pool.common.project_id.clone(), lb.provider))
     }
 
+    fn vip_of(&self, lb_id: &str) -> String {
+        self.loadbalancers
+            .get(lb_id)
+            .map(|lb| lb.vip_address.clone())
+            .unwrap_or_default()
+    }
+
     pub(crate) fn lock_pool_child(
         &mut self,
         lb_id: &str,
@@ -179,6 +186,7 @@ impl Store {
         }
         self.check_quota(&project, Kind::Member, 1)?;
         provider.check_member_monitor(spec.monitor_address.is_some(), spec.monitor_port.is_some())?;
+        provider.check_member_family(&self.vip_of(&lb_id), &spec.address)?;
         let has_hm = self.healthmonitor_of(pool_id).is_some();
         let id = self.insert_member(pool_id, &project, spec, has_hm);
         self.lock_pool_child(&lb_id, pool_id, Work::ChildCreate, now)?;
@@ -290,6 +298,7 @@ impl Store {
                 return Err(duplicate(&key.0, key.1));
             }
             provider.check_member_monitor(spec.monitor_address.is_some(), spec.monitor_port.is_some())?;
+            provider.check_member_family(&self.vip_of(&lb_id), &spec.address)?;
             match old.iter().find(|(_, k)| k == &key) {
                 Some((id, _)) => updates.push((id.clone(), spec)),
                 None => {

@@ -127,6 +127,24 @@ impl Provider {
     }
 }
 
+impl Provider {
+    /// ovn load balancers take members of the VIP's IP version only.
+    pub fn check_member_family(self, vip: &str, member: &str) -> Result<(), ApiError> {
+        let v4 = |a: &str| {
+            a.parse::<std::net::IpAddr>()
+                .map(|ip| ip.is_ipv4())
+                .unwrap_or(true)
+        };
+        if self == Provider::Ovn && v4(vip) != v4(member) {
+            return Err(self.unsupported(
+                "OVN provider does not support mixing IPv4/IPv6 configuration within the same Load Balancer."
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 pub fn render_providers() -> Value {
     let list: Vec<Value> = PROVIDERS
         .iter()

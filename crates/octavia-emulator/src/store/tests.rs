@@ -347,6 +347,26 @@ fn ovn_provider_restrictions() {
         now,
     );
     assert!(ok.is_ok());
+    s.settle(now);
+    let ovn_pool = s
+        .pools
+        .values()
+        .find(|p| p.lb_id == lb)
+        .map(|p| p.common.id.clone())
+        .unwrap_or_default();
+    let v6 = s.create_member(
+        &ovn_pool,
+        &json!({"member": {"address": "fd00::5", "protocol_port": 53}}),
+        now,
+    );
+    assert_eq!(
+        v6.err().map(|e| e.faultstring),
+        Some(
+            "Provider 'ovn' does not support a requested option: OVN provider does not support mixing IPv4/IPv6 \
+             configuration within the same Load Balancer."
+                .into()
+        )
+    );
     // amphora refuses SOURCE_IP_PORT but takes SCTP.
     let amp = s
         .create_loadbalancer(
