@@ -175,7 +175,14 @@ impl Store {
     pub fn create_member(&mut self, pool_id: &str, body: &Value, now: Instant) -> Result<Value, ApiError> {
         let f = Fields::root(body, "member", &CREATE_FIELDS)?;
         let spec = MemberSpec::parse(&f)?;
+        let pool_project = self
+            .pools
+            .get(pool_id)
+            .map(|p| p.common.project_id.clone())
+            .ok_or_else(|| ApiError::not_found("Pool", pool_id))?;
+        // Octavia's order: reserved address, quota, then the pool and load balancer states, then duplicates.
         spec.check_reserved()?;
+        self.check_quota(&pool_project, Kind::Member, 1)?;
         let (lb_id, project, provider) = self.pool_child_context(pool_id)?;
         if self
             .members
@@ -184,7 +191,6 @@ impl Store {
         {
             return Err(duplicate(&spec.address, spec.protocol_port));
         }
-        self.check_quota(&project, Kind::Member, 1)?;
         provider.check_member_monitor(spec.monitor_address.is_some(), spec.monitor_port.is_some())?;
         provider.check_member_family(&self.vip_of(&lb_id), &spec.address)?;
         let has_hm = self.healthmonitor_of(pool_id).is_some();
