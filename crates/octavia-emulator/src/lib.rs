@@ -8,6 +8,11 @@
 //! operating_status is never updated (no health manager): objects stay OFFLINE, members NO_MONITOR without a
 //! health monitor.
 //!
+//! Operation names (stats keys, latency table keys, fault rule targets) are `<resource>.<action>`: resources
+//! `loadbalancer`, `listener`, `pool`, `member`, `healthmonitor`, `quota`, `provider`; actions `list`, `get`,
+//! `create`, `update`, `delete`, plus `loadbalancer.status`, `loadbalancer.stats`, `loadbalancer.failover` and
+//! `member.batch_update`.
+//!
 //! Control API (JSON bodies are the serde forms of the public types):
 //! - `GET /control/stats` -> [`Stats`] (calls per `<resource>.<action>`); `DELETE` zeroes it.
 //! - `GET|PUT|POST /control/faults` -> [`FaultConfig`], e.g.
@@ -77,6 +82,16 @@ impl Default for OctaviaOptions {
             faults: FaultConfig::default(),
             vip_network: c.vip_network,
             vip_prefix: c.vip_prefix,
+        }
+    }
+}
+
+impl OctaviaOptions {
+    /// Behaves like Octavia with the amphora noop drivers (the sandbox's choice).
+    pub fn amphora_noop() -> Self {
+        Self {
+            latency: LatencyProfile::AmphoraNoop,
+            ..Self::default()
         }
     }
 }
