@@ -362,7 +362,8 @@ fn matches_filter(v: &Value, key: &str, want: &str) -> bool {
         Some(Value::Bool(b)) => b.to_string() == want.to_ascii_lowercase(),
         Some(Value::Number(n)) => n.to_string() == want,
         Some(Value::Null) => false,
-        // Unknown attributes are rejected by Octavia; here they simply match nothing.
+        // Octavia's pagination helper drops filters on attributes the model does not have.
+        None => true,
         _ => false,
     }
 }
