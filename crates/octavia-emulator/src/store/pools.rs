@@ -42,23 +42,27 @@ impl SessionPersistence {
             f.one_of("type", &SP_TYPES)?.unwrap_or_else(|| "SOURCE_IP".into())
         };
         let cookie_name = f.string("cookie_name", 255)?;
-        // `validate.check_session_persistence`.
-        if cookie_name.is_some() && kind != "APP_COOKIE" {
-            return Err(ApiError::validation(
-                "Field \"cookie_name\" can only be specified with session persistence of type \"APP_COOKIE\".",
-            ));
-        }
-        if kind == "APP_COOKIE" && cookie_name.is_none() {
-            return Err(ApiError::validation(
-                "Field \"cookie_name\" must be specified when using the \"APP_COOKIE\" session persistence type.",
-            ));
-        }
         Ok(Self {
             kind,
             cookie_name,
             persistence_timeout: f.int("persistence_timeout", i64::MIN, i64::MAX)?,
             persistence_granularity: f.ip("persistence_granularity")?.map(|ip| ip.to_string()),
         })
+    }
+
+    /// `validate.check_session_persistence`.
+    fn check_cookie(&self) -> Result<(), ApiError> {
+        if self.cookie_name.is_some() && self.kind != "APP_COOKIE" {
+            return Err(ApiError::validation(
+                "Field \"cookie_name\" can only be specified with session persistence of type \"APP_COOKIE\".",
+            ));
+        }
+        if self.kind == "APP_COOKIE" && self.cookie_name.is_none() {
+            return Err(ApiError::validation(
+                "Field \"cookie_name\" must be specified when using the \"APP_COOKIE\" session persistence type.",
+            ));
+        }
+        Ok(())
     }
 
     fn render(&self) -> Value {
@@ -164,6 +168,20 @@ impl PoolSpec {
     /// Timeout and granularity of session persistence only exist for UDP and SCTP pools.
     pub(crate) fn check_persistence_protocol(&self) -> Result<(), ApiError> {
         let l4 = matches!(self.protocol.as_deref(), Some("UDP" | "SCTP"));
+        if l4 && let Some(sp) = &self.session_persistence {
+            // Cookie names are refused by the pool controller before the type is looked at.
+            if sp.cookie_name.is_some() {
+                return Err(ApiError::validation(
+                    "Cookie names are not supported for UDP/SCTP pools.",
+                ));
+            }
+            if sp.kind == "HTTP_COOKIE" || sp.kind == "APP_COOKIE" {
+                return Err(ApiError::validation(format!(
+                    "Session persistence of type {} is not supported for UDP/SCTP protocol pools.",
+                    sp.kind
+                )));
+            }
+        }
         if !l4
             && let Some(sp) = &self.session_persistence
             && (sp.persistence_timeout.is_some() || sp.persistence_granularity.is_some())
@@ -172,7 +190,10 @@ impl PoolSpec {
                 "persistence_timeout and persistence_granularity is only for UDP and SCTP protocol pools.",
             ));
         }
-        Ok(())
+        match &self.session_persistence {
+            Some(sp) => sp.check_cookie(),
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn check_provider(&self, provider: Provider) -> Result<(), ApiError> {
@@ -300,6 +321,9 @@ impl Store {
             .present("session_persistence")
             .map(|v| SessionPersistence::parse(v, false))
             .transpose()?;
+        if let Some(sp) = &sp {
+            sp.check_cookie()?;
+        }
         let tags = f.string_list("tags", 255)?;
         provider.check_pool(None, algorithm.as_deref(), sp.as_ref().map(|s| s.kind.as_str()))?;
         self.check_lb_mutable(&lb_id)?;

@@ -449,3 +449,41 @@ fn failing_worker_jobs_end_in_error_and_failover_repairs() {
     s.settle(now);
     assert_eq!(s.loadbalancers[&lb].common.provisioning_status, ACTIVE);
 }
+
+#[test]
+fn session_persistence_rules_by_protocol() {
+    let mut s = store(0);
+    let now = Instant::now();
+    let (lb, _, _) = lb_with_pool(&mut s, now);
+    let pool = |proto: &str, sp: Value| {
+        json!({"pool": {"loadbalancer_id": lb, "protocol": proto,
+        "lb_algorithm": "SOURCE_IP", "session_persistence": sp}})
+    };
+    let err = |r: Result<Value, ApiError>| r.err().map(|e| e.faultstring);
+    assert_eq!(
+        err(s.create_pool(
+            &pool("UDP", json!({"type": "APP_COOKIE", "cookie_name": "c"})),
+            now
+        )),
+        Some("Validation failure: Cookie names are not supported for UDP/SCTP pools.".into())
+    );
+    assert_eq!(
+        err(s.create_pool(&pool("UDP", json!({"type": "HTTP_COOKIE"})), now)),
+        Some("Validation failure: Session persistence of type HTTP_COOKIE is not supported for UDP/SCTP protocol pools.".into())
+    );
+    assert_eq!(
+        err(s.create_pool(&pool("HTTP", json!({"type": "APP_COOKIE"})), now)),
+        Some("Validation failure: Field \"cookie_name\" must be specified when using the \"APP_COOKIE\" session persistence type.".into())
+    );
+    assert_eq!(
+        err(s.create_pool(&pool("TCP", json!({"type": "SOURCE_IP", "persistence_timeout": 60})), now)),
+        Some("Validation failure: persistence_timeout and persistence_granularity is only for UDP and SCTP protocol pools.".into())
+    );
+    let ok = s.create_pool(
+        &pool("UDP", json!({"type": "SOURCE_IP", "persistence_timeout": 60})),
+        now,
+    );
+    let v = ok.unwrap_or_default();
+    assert_eq!(v["pool"]["session_persistence"]["persistence_timeout"], 60);
+    assert_eq!(v["pool"]["session_persistence"]["cookie_name"], Value::Null);
+}
