@@ -34,10 +34,11 @@ const OVN_ALGORITHMS: [&str; 2] = ["SOURCE_IP_PORT", "SOURCE_IP"];
 const OVN_HM_TYPES: [&str; 2] = ["UDP-CONNECT", "TCP"];
 
 impl Provider {
-    /// `provider` of a create request; `octavia` is the deprecated alias of the amphora driver.
+    /// `provider` of a create request; none means `[api_settings] default_provider_driver` (amphora). Only
+    /// the drivers [`PROVIDERS`] lists are enabled (not the deprecated `octavia` alias).
     pub fn parse(name: Option<&str>) -> Result<Self, ApiError> {
         match name {
-            None | Some("amphora") | Some("octavia") => Ok(Provider::Amphora),
+            None | Some("amphora") => Ok(Provider::Amphora),
             Some("ovn") => Ok(Provider::Ovn),
             Some(other) => Err(ApiError::new(400, format!("Provider '{other}' is not enabled."))),
         }
