@@ -37,6 +37,9 @@ pub struct Listener {
     pub timeout_tcp_inspect: i64,
     pub allowed_cidrs: Vec<String>,
     pub insert_headers: Map<String, Value>,
+    /// Key manager references are stored as given: there is no Barbican to ask.
+    pub default_tls_container_ref: Option<String>,
+    pub sni_container_refs: Vec<String>,
 }
 
 /// A validated listener create request (plain or nested in a fully populated load balancer).
@@ -53,6 +56,8 @@ pub struct ListenerSpec {
     pub timeouts: [i64; 4],
     pub allowed_cidrs: Vec<String>,
     pub insert_headers: Map<String, Value>,
+    pub default_tls_container_ref: Option<String>,
+    pub sni_container_refs: Vec<String>,
     pub tags: Vec<String>,
 }
 
@@ -128,6 +133,8 @@ impl ListenerSpec {
             ],
             allowed_cidrs,
             insert_headers,
+            default_tls_container_ref: f.string("default_tls_container_ref", 255)?,
+            sni_container_refs: f.string_list("sni_container_refs", 255)?.unwrap_or_default(),
             tags: f.string_list("tags", 255)?.unwrap_or_default(),
         })
     }
@@ -185,13 +192,39 @@ pub fn check_pool_protocol(listener_protocol: &str, pool_protocol: &str) -> Resu
 }
 
 impl Store {
+    /// `_validate_create_listener`'s checks in its order, then the provider's.
     pub(crate) fn check_listener_spec(
         &self,
         lb_id: &str,
+        vip: &str,
         provider: Provider,
         spec: &ListenerSpec,
         siblings: &[&ListenerSpec],
     ) -> Result<(), ApiError> {
+        let p = spec.protocol.as_str();
+        if !spec.insert_headers.is_empty() && p != "HTTP" && p != "TERMINATED_HTTPS" {
+            return Err(ApiError::new(
+                400,
+                format!("insert-headers is not a valid option for a {p} protocol listener."),
+            ));
+        }
+        let has_refs = spec.default_tls_container_ref.is_some() || !spec.sni_container_refs.is_empty();
+        if (p == "UDP" || p == "SCTP") && (has_refs || !spec.insert_headers.is_empty()) {
+            return Err(ApiError::validation(format!(
+                "{p} protocol listener does not support TLS."
+            )));
+        }
+        if p != "TERMINATED_HTTPS" && has_refs {
+            return Err(ApiError::validation(format!(
+                "Certificate container references are not allowed on {p} protocol listeners."
+            )));
+        }
+        if p == "TERMINATED_HTTPS" && !has_refs {
+            return Err(ApiError::validation(
+                "An SNI or default certificate container reference must be provided for TERMINATED_HTTPS protocol \
+                 listeners.",
+            ));
+        }
         // The message names the protocol of the listener already there.
         let clash = self
             .listeners
@@ -207,6 +240,12 @@ impl Store {
                     "Another Listener on this Load Balancer is already using protocol {protocol} and protocol_port {port}"
                 ),
             ));
+        }
+        let vip_v6 = vip.contains(':');
+        if let Some(c) = spec.allowed_cidrs.iter().find(|c| c.contains(':') != vip_v6) {
+            return Err(ApiError::validation(format!(
+                "CIDR {c} IP version incompatible with all VIPs ['{vip}'] IP version."
+            )));
         }
         provider.check_listener(&spec.protocol, Some(&spec.allowed_cidrs))
     }
@@ -231,6 +270,8 @@ impl Store {
                 timeout_tcp_inspect: tti,
                 allowed_cidrs: spec.allowed_cidrs,
                 insert_headers: spec.insert_headers,
+                default_tls_container_ref: spec.default_tls_container_ref,
+                sni_container_refs: spec.sni_container_refs,
             },
         );
         id
@@ -260,7 +301,12 @@ impl Store {
             check_pool_protocol(&spec.protocol, &pool.protocol)?;
         }
         self.check_lb_mutable(&lb_id)?;
-        self.check_listener_spec(&lb_id, provider, &spec, &[])?;
+        let vip = self
+            .loadbalancers
+            .get(&lb_id)
+            .map(|lb| lb.vip_address.clone())
+            .unwrap_or_default();
+        self.check_listener_spec(&lb_id, &vip, provider, &spec, &[])?;
         let id = self.insert_listener(&lb_id, &project, spec);
         self.lock_for_child(&lb_id, &[], Work::ChildCreate, now)?;
         Ok(json!({ "listener": self.render_listener(&id, false) }))
@@ -301,7 +347,19 @@ impl Store {
         let cidrs = f.string_list("allowed_cidrs", 64)?;
         if let Some(c) = &cidrs {
             check_cidrs(c)?;
+            let vip = self
+                .loadbalancers
+                .get(&lb_id)
+                .map(|lb| lb.vip_address.clone())
+                .unwrap_or_default();
+            if let Some(bad) = c.iter().find(|c| c.contains(':') != vip.contains(':')) {
+                return Err(ApiError::validation(format!(
+                    "CIDR {bad} IP version incompatible with all VIPs ['{vip}'] IP version."
+                )));
+            }
         }
+        let tls_ref = f.string("default_tls_container_ref", 255)?;
+        let sni_refs = f.string_list("sni_container_refs", 255)?;
         let tags = f.string_list("tags", 255)?;
         let default_pool_id = f.uuid("default_pool_id")?;
         if let Some(pid) = &default_pool_id {
@@ -341,6 +399,12 @@ impl Store {
                 *slot = v;
             }
         }
+        if f.has("default_tls_container_ref") {
+            l.default_tls_container_ref = tls_ref;
+        }
+        if let Some(refs) = sni_refs {
+            l.sni_container_refs = refs;
+        }
         if f.has("allowed_cidrs") {
             l.allowed_cidrs = cidrs.unwrap_or_default();
         }
@@ -379,8 +443,8 @@ impl Store {
             "protocol": l.protocol,
             "protocol_port": l.protocol_port,
             "connection_limit": l.connection_limit,
-            "default_tls_container_ref": null,
-            "sni_container_refs": [],
+            "default_tls_container_ref": l.default_tls_container_ref,
+            "sni_container_refs": l.sni_container_refs,
             "default_pool_id": l.default_pool_id,
             "l7policies": [],
             "insert_headers": l.insert_headers,

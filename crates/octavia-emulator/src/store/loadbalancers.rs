@@ -181,9 +181,13 @@ impl Store {
             }
             p.check_provider(provider)?;
         }
+        // CIDR checks need the VIP's IP version; an allocated VIP comes from the IPv4 pool.
+        let vip_for_checks = vip_address
+            .map(|ip| ip.to_string())
+            .unwrap_or_else(|| "0.0.0.0".into());
         for (i, l) in listener_specs.iter().enumerate() {
             let earlier: Vec<&ListenerSpec> = listener_specs[..i].iter().collect();
-            self.check_listener_spec("", provider, l, &earlier)?;
+            self.check_listener_spec("", &vip_for_checks, provider, l, &earlier)?;
             if let Some(Some(n)) = default_pool_names.get(i)
                 && let Some(p) = pool_specs.iter().find(|p| p.name.as_deref() == Some(n))
             {

@@ -487,3 +487,57 @@ fn session_persistence_rules_by_protocol() {
     assert_eq!(v["pool"]["session_persistence"]["persistence_timeout"], 60);
     assert_eq!(v["pool"]["session_persistence"]["cookie_name"], Value::Null);
 }
+
+#[test]
+fn listener_protocol_option_rules() {
+    let mut s = store(0);
+    let now = Instant::now();
+    let (lb, _, _) = lb_with_pool(&mut s, now);
+    let mk = |extra: Value| {
+        let mut l = json!({"loadbalancer_id": lb, "protocol": "TCP", "protocol_port": 90});
+        if let (Some(o), Value::Object(e)) = (l.as_object_mut(), extra) {
+            o.extend(e);
+        }
+        json!({ "listener": l })
+    };
+    let err = |r: Result<Value, ApiError>| r.err().map(|e| e.faultstring);
+    assert_eq!(
+        err(s.create_listener(&mk(json!({"insert_headers": {"X-Forwarded-For": "true"}})), now)),
+        Some("insert-headers is not a valid option for a TCP protocol listener.".into())
+    );
+    assert_eq!(
+        err(s.create_listener(
+            &mk(json!({"protocol": "TERMINATED_HTTPS", "protocol_port": 443})),
+            now
+        )),
+        Some(
+            "Validation failure: An SNI or default certificate container reference must be provided for \
+             TERMINATED_HTTPS protocol listeners."
+                .into()
+        )
+    );
+    assert_eq!(
+        err(s.create_listener(&mk(json!({"allowed_cidrs": ["fd00::/64"]})), now)),
+        Some("Validation failure: CIDR fd00::/64 IP version incompatible with all VIPs ['10.0.0.2'] IP version.".into())
+    );
+    assert_eq!(
+        err(s.create_listener(&mk(json!({"allowed_cidrs": ["10.0.1.0/33"]})), now)),
+        Some(
+            "Invalid input for field/attribute allowed_cidrs. Value: '['10.0.1.0/33']'. Value should be IPv4 or IPv6 \
+             CIDR format"
+                .into()
+        )
+    );
+    assert_eq!(
+        err(s.create_listener(&mk(json!({"protocol_port": 80})), now)),
+        Some(
+            "Another Listener on this Load Balancer is already using protocol TCP and protocol_port 80"
+                .into()
+        )
+    );
+    // UDP can share the port number with TCP.
+    assert!(
+        s.create_listener(&mk(json!({"protocol": "UDP", "protocol_port": 80})), now)
+            .is_ok()
+    );
+}
