@@ -22,6 +22,8 @@ pub mod client;
 pub mod error;
 pub mod filter;
 pub mod metrics;
+pub mod octavia;
+mod transport;
 pub mod types;
 
 pub use auth::{AuthOptions, AuthType, ClientOptions, Interface, Secret};
