@@ -301,3 +301,15 @@ fn fully_populated_create_body() {
                 "healthmonitor": {"type": "TCP", "delay": 5, "timeout": 3, "max_retries": 3}}}]})
     );
 }
+
+#[test]
+fn null_strings_and_lists_read_as_empty() {
+    let lb: LoadBalancer = serde_json::from_value(json!({
+        "id": "x", "name": null, "description": null, "provisioning_status": "ACTIVE", "tags": null,
+        "listeners": null, "admin_state_up": null, "vip_address": null
+    }))
+    .expect("lenient");
+    assert_eq!(lb.name, "");
+    assert!(lb.tags.is_empty() && lb.listeners.is_empty() && !lb.admin_state_up);
+    assert_eq!(lb.vip_address, None);
+}

@@ -5,6 +5,12 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// `null` read as the type's default: Octavia renders an unset name or description as `""`, but other
+/// implementations (and older releases, for some fields) render `null`, which must not fail a whole listing.
+fn nullable<'de, D: serde::Deserializer<'de>, T: Default + Deserialize<'de>>(d: D) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
 /// `{"id": ...}` references (a load balancer's listeners and pools, a pool's members).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct IdRef {
@@ -14,12 +20,19 @@ pub struct IdRef {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct LoadBalancer {
+    #[serde(deserialize_with = "nullable")]
     pub id: String,
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
+    #[serde(deserialize_with = "nullable")]
     pub description: String,
+    #[serde(deserialize_with = "nullable")]
     pub provisioning_status: String,
+    #[serde(deserialize_with = "nullable")]
     pub operating_status: String,
+    #[serde(deserialize_with = "nullable")]
     pub admin_state_up: bool,
+    #[serde(deserialize_with = "nullable")]
     pub project_id: String,
     pub vip_address: Option<String>,
     pub vip_port_id: Option<String>,
@@ -28,88 +41,135 @@ pub struct LoadBalancer {
     pub provider: Option<String>,
     pub flavor_id: Option<String>,
     pub availability_zone: Option<String>,
+    #[serde(deserialize_with = "nullable")]
     pub listeners: Vec<IdRef>,
+    #[serde(deserialize_with = "nullable")]
     pub pools: Vec<IdRef>,
+    #[serde(deserialize_with = "nullable")]
     pub tags: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct Listener {
+    #[serde(deserialize_with = "nullable")]
     pub id: String,
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
+    #[serde(deserialize_with = "nullable")]
     pub provisioning_status: String,
+    #[serde(deserialize_with = "nullable")]
     pub operating_status: String,
+    #[serde(deserialize_with = "nullable")]
     pub admin_state_up: bool,
+    #[serde(deserialize_with = "nullable")]
     pub project_id: String,
+    #[serde(deserialize_with = "nullable")]
     pub protocol: String,
+    #[serde(deserialize_with = "nullable")]
     pub protocol_port: u16,
     pub connection_limit: Option<i64>,
     pub default_pool_id: Option<String>,
+    #[serde(deserialize_with = "nullable")]
     pub loadbalancers: Vec<IdRef>,
     pub allowed_cidrs: Option<Vec<String>>,
     pub timeout_client_data: Option<u64>,
     pub timeout_member_data: Option<u64>,
+    #[serde(deserialize_with = "nullable")]
     pub tags: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct Pool {
+    #[serde(deserialize_with = "nullable")]
     pub id: String,
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
+    #[serde(deserialize_with = "nullable")]
     pub provisioning_status: String,
+    #[serde(deserialize_with = "nullable")]
     pub operating_status: String,
+    #[serde(deserialize_with = "nullable")]
     pub admin_state_up: bool,
+    #[serde(deserialize_with = "nullable")]
     pub project_id: String,
+    #[serde(deserialize_with = "nullable")]
     pub protocol: String,
+    #[serde(deserialize_with = "nullable")]
     pub lb_algorithm: String,
     pub session_persistence: Option<Value>,
+    #[serde(deserialize_with = "nullable")]
     pub loadbalancers: Vec<IdRef>,
+    #[serde(deserialize_with = "nullable")]
     pub listeners: Vec<IdRef>,
+    #[serde(deserialize_with = "nullable")]
     pub members: Vec<IdRef>,
     pub healthmonitor_id: Option<String>,
+    #[serde(deserialize_with = "nullable")]
     pub tags: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct Member {
+    #[serde(deserialize_with = "nullable")]
     pub id: String,
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
+    #[serde(deserialize_with = "nullable")]
     pub provisioning_status: String,
+    #[serde(deserialize_with = "nullable")]
     pub operating_status: String,
+    #[serde(deserialize_with = "nullable")]
     pub admin_state_up: bool,
+    #[serde(deserialize_with = "nullable")]
     pub project_id: String,
+    #[serde(deserialize_with = "nullable")]
     pub address: String,
+    #[serde(deserialize_with = "nullable")]
     pub protocol_port: u16,
     pub weight: Option<u32>,
+    #[serde(deserialize_with = "nullable")]
     pub backup: bool,
     pub subnet_id: Option<String>,
     pub monitor_address: Option<String>,
     pub monitor_port: Option<u16>,
+    #[serde(deserialize_with = "nullable")]
     pub tags: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct HealthMonitor {
+    #[serde(deserialize_with = "nullable")]
     pub id: String,
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
+    #[serde(deserialize_with = "nullable")]
     pub provisioning_status: String,
+    #[serde(deserialize_with = "nullable")]
     pub operating_status: String,
+    #[serde(deserialize_with = "nullable")]
     pub admin_state_up: bool,
+    #[serde(deserialize_with = "nullable")]
     pub project_id: String,
     #[serde(rename = "type")]
+    #[serde(deserialize_with = "nullable")]
     pub monitor_type: String,
+    #[serde(deserialize_with = "nullable")]
     pub delay: u32,
+    #[serde(deserialize_with = "nullable")]
     pub timeout: u32,
+    #[serde(deserialize_with = "nullable")]
     pub max_retries: u32,
     pub max_retries_down: Option<u32>,
     pub http_method: Option<String>,
     pub url_path: Option<String>,
     pub expected_codes: Option<String>,
+    #[serde(deserialize_with = "nullable")]
     pub pools: Vec<IdRef>,
+    #[serde(deserialize_with = "nullable")]
     pub tags: Vec<String>,
 }
 
@@ -117,7 +177,9 @@ pub struct HealthMonitor {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct Provider {
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
+    #[serde(deserialize_with = "nullable")]
     pub description: String,
 }
 
@@ -125,9 +187,11 @@ pub struct Provider {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct Amphora {
+    #[serde(deserialize_with = "nullable")]
     pub id: String,
     pub loadbalancer_id: Option<String>,
     pub compute_id: Option<String>,
+    #[serde(deserialize_with = "nullable")]
     pub status: String,
     pub role: Option<String>,
     pub lb_network_ip: Option<String>,
@@ -169,53 +233,79 @@ pub struct StatusTree {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct LoadBalancerStatus {
+    #[serde(deserialize_with = "nullable")]
     pub id: String,
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
+    #[serde(deserialize_with = "nullable")]
     pub provisioning_status: String,
+    #[serde(deserialize_with = "nullable")]
     pub operating_status: String,
+    #[serde(deserialize_with = "nullable")]
     pub listeners: Vec<ListenerStatus>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct ListenerStatus {
+    #[serde(deserialize_with = "nullable")]
     pub id: String,
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
+    #[serde(deserialize_with = "nullable")]
     pub provisioning_status: String,
+    #[serde(deserialize_with = "nullable")]
     pub operating_status: String,
+    #[serde(deserialize_with = "nullable")]
     pub pools: Vec<PoolStatus>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct PoolStatus {
+    #[serde(deserialize_with = "nullable")]
     pub id: String,
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
+    #[serde(deserialize_with = "nullable")]
     pub provisioning_status: String,
+    #[serde(deserialize_with = "nullable")]
     pub operating_status: String,
     pub health_monitor: Option<HealthMonitorStatus>,
+    #[serde(deserialize_with = "nullable")]
     pub members: Vec<MemberStatus>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct HealthMonitorStatus {
+    #[serde(deserialize_with = "nullable")]
     pub id: String,
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
     #[serde(rename = "type")]
+    #[serde(deserialize_with = "nullable")]
     pub monitor_type: String,
+    #[serde(deserialize_with = "nullable")]
     pub provisioning_status: String,
+    #[serde(deserialize_with = "nullable")]
     pub operating_status: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct MemberStatus {
+    #[serde(deserialize_with = "nullable")]
     pub id: String,
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
+    #[serde(deserialize_with = "nullable")]
     pub address: String,
+    #[serde(deserialize_with = "nullable")]
     pub protocol_port: u16,
+    #[serde(deserialize_with = "nullable")]
     pub provisioning_status: String,
+    #[serde(deserialize_with = "nullable")]
     pub operating_status: String,
 }
 
