@@ -98,6 +98,19 @@ async fn batch(
 }
 
 async fn serve(script: Vec<&'static str>) -> (OctaviaClient, Shared) {
+    let (state, addr) = spawn(script).await;
+    let client = OctaviaClient::new(&ClientOptions::noauth(format!("http://{addr}")))
+        .expect("client")
+        .with_wait_options(WaitOptions {
+            initial_interval: Duration::from_millis(2),
+            max_interval: Duration::from_millis(10),
+            timeout: Duration::from_secs(5),
+        });
+    (client, state)
+}
+
+/// The scripted server on a free port.
+async fn spawn(script: Vec<&'static str>) -> (Shared, std::net::SocketAddr) {
     let state: Shared = Arc::new(Mutex::new(Fake {
         script,
         ..Fake::default()
@@ -111,14 +124,7 @@ async fn serve(script: Vec<&'static str>) -> (OctaviaClient, Shared) {
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
-    let client = OctaviaClient::new(&ClientOptions::noauth(format!("http://{addr}")))
-        .expect("client")
-        .with_wait_options(WaitOptions {
-            initial_interval: Duration::from_millis(2),
-            max_interval: Duration::from_millis(10),
-            timeout: Duration::from_secs(5),
-        });
-    (client, state)
+    (state, addr)
 }
 
 #[tokio::test]
@@ -312,4 +318,33 @@ fn null_strings_and_lists_read_as_empty() {
     assert_eq!(lb.name, "");
     assert!(lb.tags.is_empty() && lb.listeners.is_empty() && !lb.admin_state_up);
     assert_eq!(lb.vip_address, None);
+}
+
+#[tokio::test]
+async fn metrics_hook_sees_octavia_error_kinds_and_request_ids_reach_errors() {
+    let (_, addr) = spawn(vec!["GONE"]).await;
+    type Seen = Vec<(String, Option<String>, crate::Outcome)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let s2 = seen.clone();
+    let c = OctaviaClient::with_metrics(
+        &ClientOptions::noauth(format!("http://{addr}")),
+        Arc::new(move |r: &crate::CallRecord<'_>| {
+            if let Ok(mut v) = s2.lock() {
+                v.push((r.operation.to_owned(), r.error_type.map(str::to_owned), r.outcome));
+            }
+        }),
+    )
+    .expect("client");
+    let e = c.get_load_balancer(LB).await.expect_err("404");
+    assert_eq!(e.kind(), Some(&OctaviaErrorKind::NotFound));
+    assert_eq!(e.request_id(), Some("req-fake"));
+    let seen = seen.lock().expect("lock");
+    assert_eq!(
+        *seen,
+        vec![(
+            "get_load_balancer".to_owned(),
+            Some("NotFound".to_owned()),
+            crate::Outcome::ApiError
+        )]
+    );
 }
