@@ -13,8 +13,10 @@ use std::process::ExitCode;
 
 use octavia_contract::{SuiteOptions, SuiteReport, run_suite};
 
-/// The adapter between the suite and the emulator: where it listens and how to stop it. The one place to change
-/// when `crates/octavia-emulator` joins the workspace (start it in-process here, as neutron-contract does).
+/// The adapter between the suite and the emulator: where it listens. The one place to change when
+/// `crates/octavia-emulator` joins the workspace: start it in-process here, as neutron-contract does, with
+/// `OctaviaOptions { latency: LatencyProfile::AmphoraNoop, .. }` - with the `Instant` profile nothing is ever
+/// PENDING_* and the 409 case cannot hold.
 mod emulator {
     pub const URL_VAR: &str = "KURYR_TEST_OCTAVIA_EMULATOR_URL";
 
