@@ -16,6 +16,7 @@
 //!         vip_subnet_id: Some("subnet-id".into()),
 //!         listeners: vec![ListenerCreate {
 //!             default_pool: Some(Box::new(PoolCreate {
+//!                 name: Some("svc-80".into()), // fully populated creates need named pools
 //!                 members: vec![MemberCreate::new("10.0.0.5", 8080)],
 //!                 ..PoolCreate::new("TCP", "ROUND_ROBIN")
 //!             })),

@@ -415,7 +415,8 @@ impl ListenerCreate {
     }
 }
 
-/// `POST /v2/lbaas/pools` (with `loadbalancer_id` or `listener_id`), or a pool of a fully populated create.
+/// `POST /v2/lbaas/pools` (with `loadbalancer_id` or `listener_id`), or a pool of a fully populated create (which
+/// Octavia refuses with 400 unless every pool has a `name`).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PoolCreate {
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -93,6 +93,24 @@ pub(super) async fn invalid_input_is_400_validation(ctx: &Ctx) -> anyhow::Result
         400,
         v,
     )?;
+    let mut unnamed = ctx.populated_req("unnamed", 80, &[("10.0.0.9", 80)]);
+    if let Some(pool) = unnamed
+        .listeners
+        .first_mut()
+        .and_then(|l| l.default_pool.as_mut())
+    {
+        pool.name = None;
+    }
+    let e = expect_error(
+        "fully populated create with an unnamed pool",
+        c.create_load_balancer(&unnamed).await,
+        400,
+        v,
+    )?;
+    ensure!(
+        e.api().is_some_and(|a| a.message.contains("Pools must be named")),
+        "{e}"
+    );
     expect_error(
         "unknown provider",
         c.create_load_balancer(&kuryr_neutron::octavia::LoadBalancerCreate {
