@@ -16,9 +16,13 @@
 #   4. cargo test --workspace (the Neutron contract suite runs against the emulator and the
 #      real server; its per-target summary lines are repeated at the end, and the run fails
 #      unless both passed the same number of cases with 0 failed: scripts/check-contract-summary.sh)
-#   5. stops neutron-server, Open vSwitch and the OVN lab again, but only those this script started
+#   5. stops neutron-server, Open vSwitch, the OVN lab and Octavia again, but only those this script started
+# Also starts a real Octavia 19.0.0 (scripts/octavia-lab/, state in .octavia-lab/; first run
+# installs it, about 1.5 minutes; then about 15 s; a running one is reused) and exports
+# KURYR_TEST_OCTAVIA_URL for the Octavia contract suite (crates/octavia-contract), whose
+# `contract-octavia[...]` lines are repeated in the summary; stopped again if this script started it.
 # Env: KEEP_NEUTRON=1 leaves a server this script started running (KEEP_OVS=1 the same for Open
-# vSwitch, KEEP_OVN=1 for the OVN lab); NEUTRON_LAB overrides the state directory; extra arguments go to `cargo test`
+# vSwitch, KEEP_OVN=1 for the OVN lab, KEEP_OCTAVIA=1 for Octavia); NEUTRON_LAB overrides the state directory; extra arguments go to `cargo test`
 # (e.g. `-- --test-threads=1`).
 set -euo pipefail
 
@@ -53,10 +57,18 @@ else
 fi
 STARTED_OVS=0
 STARTED_OVN=0
+STARTED_OCTAVIA=0
+export OCTAVIA_LAB=${OCTAVIA_LAB:-$REPO/.octavia-lab}
+OCTAVIA_URL="http://127.0.0.1:${OCTAVIA_API_PORT:-9876}"
+octavia_up() { curl -sf -o /dev/null "$OCTAVIA_URL/v2/lbaas/providers"; }
 stop_neutron() {
   if [ "$STARTED_OVN" = 1 ] && [ "${KEEP_OVN:-0}" != 1 ]; then
     step "stopping the OVN lab this script started"
     "$REPO/scripts/ovn-lab/ovn-lab.sh" stop || true
+  fi
+  if [ "$STARTED_OCTAVIA" = 1 ] && [ "${KEEP_OCTAVIA:-0}" != 1 ]; then
+    step "stopping the Octavia this script started"
+    "$REPO/scripts/octavia-lab/stop-octavia.sh" || true
   fi
   if [ "$STARTED_NEUTRON" = 1 ] && [ "${KEEP_NEUTRON:-0}" != 1 ]; then
     step "stopping the neutron-server this script started"
@@ -74,6 +86,20 @@ neutron_up || { echo "neutron-server is not answering at $NEUTRON_URL" >&2; exit
 export KURYR_TEST_NEUTRON_URL="$NEUTRON_URL"
 # Real-server tests (contract suite, kuryr-testbed targets) then fail instead of skipping without the URL.
 export KURYR_TEST_REQUIRE_NEUTRON=1
+
+octavia_t0=$(date +%s)
+if octavia_up; then
+  # Possibly another checkout's lab: use it as it is.
+  step "Octavia already answers at $OCTAVIA_URL: reusing it"
+else
+  step "starting Octavia (scripts/octavia-lab/; first run installs it)"
+  STARTED_OCTAVIA=1
+  "$REPO/scripts/octavia-lab/start-octavia.sh"
+fi
+octavia_up || { echo "Octavia is not answering at $OCTAVIA_URL" >&2; exit 1; }
+echo "Octavia lab ready in $(( $(date +%s) - octavia_t0 ))s"
+export KURYR_TEST_OCTAVIA_URL="$OCTAVIA_URL"
+export KURYR_TEST_REQUIRE_OCTAVIA=1
 
 step "upstream kuryr-kubernetes 10.0.0 venv (its Python client is run against the Kubernetes emulator)"
 KURYR_TEST_UPSTREAM_PYTHON=$("$REPO/scripts/upstream-kuryr-venv.sh")
@@ -124,6 +150,7 @@ set -e
 
 step "summary"
 grep -E '^contract\[[^]]+\]: ' "$LOG_DIR/cargo-test.log" || echo "(no contract suite summary found in the test output)"
+grep -E '^contract-octavia\[[^]]+\]: ' "$LOG_DIR/cargo-test.log" || echo "(no Octavia contract suite summary found in the test output)"
 grep -E '^test result: ' "$LOG_DIR/cargo-test.log" | awk '{p+=$4; f+=$6; i+=$8} END {printf "libtest totals: %d passed, %d failed, %d ignored\n", p, f, i}'
 # Both contract targets must have run the same N cases with 0 failed.
 contract_ok=1

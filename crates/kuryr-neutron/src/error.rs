@@ -241,6 +241,38 @@ impl Error {
     }
 }
 
+impl From<crate::transport::TransportError> for Error {
+    fn from(e: crate::transport::TransportError) -> Self {
+        use crate::transport::TransportError as T;
+        match e {
+            T::Connection {
+                operation,
+                timed_out,
+                outcome_unknown,
+                source,
+            } => Self::Connection {
+                operation,
+                timed_out,
+                outcome_unknown,
+                source,
+            },
+            T::Decode {
+                operation,
+                status,
+                request_id,
+                message,
+            } => Self::Decode {
+                operation,
+                status,
+                request_id,
+                message,
+            },
+            T::Auth(e) => Self::Auth(e),
+            T::Config(m) => Self::Config(m),
+        }
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A transport error with its causes: reqwest's own message ("error sending request for url ...") hides why, e.g. which

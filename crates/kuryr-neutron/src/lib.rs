@@ -1,4 +1,5 @@
-//! kuryr-neutron: Keystone v3 authentication and a typed OpenStack Neutron client.
+//! kuryr-neutron: the OpenStack client layer - Keystone v3 authentication, one transport, and typed clients for
+//! Neutron ([`NeutronClient`]) and Octavia ([`octavia::OctaviaClient`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), kuryr_neutron::Error> {
@@ -9,7 +10,7 @@
 //! # let _ = (ports, port); Ok(()) }
 //! ```
 //!
-//! Transport rules: every call passes through one semaphore (`max_concurrent_requests`), is logged at debug level with
+//! Transport rules (`transport.rs`, the same for every service): every call passes through one semaphore (`max_concurrent_requests`), is logged at debug level with
 //! method, path, status, latency and `x-openstack-request-id` (never the token; a retry at info, a final failure at
 //! warn with the request id, a 404 at debug only), is reported to the optional
 //! [`Metrics`] hook, and is retried with exponential backoff + jitter on connection failures, 5xx and 429 when it is
@@ -22,6 +23,8 @@ pub mod client;
 pub mod error;
 pub mod filter;
 pub mod metrics;
+pub mod octavia;
+mod transport;
 pub mod types;
 
 pub use auth::{AuthOptions, AuthType, ClientOptions, Interface, Secret};

@@ -31,6 +31,8 @@ pub(crate) struct Keystone {
     region: Option<String>,
     interface: Interface,
     endpoint_override: Option<Url>,
+    /// Catalog `type` of the service this authenticator finds the endpoint of (`network`, `load-balancer`).
+    service_type: &'static str,
     /// Held across the Keystone call so that concurrent requests wait for one re-auth instead of each doing one.
     cache: Mutex<Option<Cached>>,
 }
@@ -61,7 +63,11 @@ pub(crate) fn parse_base_url(option: &'static str, raw: &str) -> Result<Url, Aut
 }
 
 impl Authenticator {
-    pub(crate) fn new(opts: &ClientOptions, http: reqwest::Client) -> Result<Self, AuthError> {
+    pub(crate) fn new(
+        opts: &ClientOptions,
+        http: reqwest::Client,
+        service_type: &'static str,
+    ) -> Result<Self, AuthError> {
         let endpoint_override = opts
             .endpoint_override
             .as_deref()
@@ -95,6 +101,7 @@ impl Authenticator {
             region: opts.region_name.clone(),
             interface: opts.interface,
             endpoint_override,
+            service_type,
             cache: Mutex::new(None),
         })))
     }
@@ -180,7 +187,12 @@ impl Keystone {
             .map_err(|e| AuthError::InvalidResponse(format!("token body: {e}")))?;
         let endpoint = match &self.endpoint_override {
             Some(e) => e.clone(),
-            None => select_endpoint(&body.token.catalog, self.region.as_deref(), self.interface)?,
+            None => select_endpoint(
+                &body.token.catalog,
+                self.service_type,
+                self.region.as_deref(),
+                self.interface,
+            )?,
         };
         let lifetime = body
             .token
@@ -316,23 +328,24 @@ struct CatalogEndpoint {
 
 fn select_endpoint(
     catalog: &[CatalogService],
+    service_type: &'static str,
     region: Option<&str>,
     interface: Interface,
 ) -> Result<Url, AuthError> {
     let found = catalog
         .iter()
-        .filter(|s| s.service_type == "network")
+        .filter(|s| s.service_type == service_type)
         .flat_map(|s| s.endpoints.iter())
         .find(|e| {
             e.interface == interface.as_str()
                 && region.is_none_or(|r| e.region_id.as_deref() == Some(r) || e.region.as_deref() == Some(r))
         })
         .ok_or_else(|| AuthError::NoEndpoint {
-            service_type: "network",
+            service_type,
             interface: interface.as_str(),
             region: region.unwrap_or("(any)").to_owned(),
         })?;
-    parse_base_url("catalog network endpoint", &found.url)
+    parse_base_url("catalog endpoint", &found.url)
 }
 
 #[cfg(test)]

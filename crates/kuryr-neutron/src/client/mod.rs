@@ -4,129 +4,68 @@
 mod resources;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use rand::Rng;
 use reqwest::Method;
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue, IF_MATCH};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
-use tokio::sync::Semaphore;
-use url::Url;
 
 pub use resources::Page;
 
-use crate::auth::{Authenticator, ClientOptions};
+use crate::auth::ClientOptions;
 use crate::error::{ApiError, Error, ErrorKind, Result};
 use crate::filter::ListFilter;
-use crate::metrics::{CallRecord, Metrics, Outcome};
+use crate::metrics::Metrics;
+pub(crate) use crate::transport::Call;
+use crate::transport::{Service, StatusFailure, Transport};
+
+/// Neutron on the shared transport: catalog type `network`, API under `/v2.0`, `NeutronError` bodies.
+pub(crate) struct Neutron;
+
+impl Service for Neutron {
+    type Error = Error;
+    const NAME: &'static str = "neutron";
+    const SERVICE_TYPE: &'static str = "network";
+    const VERSION: &'static str = "v2.0";
+
+    fn api_error(f: StatusFailure) -> Error {
+        api_error(f.operation, f.status, f.request_id, f.retry_after, &f.body)
+    }
+    fn error_label(e: &Error) -> Option<&str> {
+        e.api().map(|a| a.kind.as_str())
+    }
+    fn status(e: &Error) -> Option<u16> {
+        e.status()
+    }
+    fn request_id(e: &Error) -> Option<&str> {
+        e.request_id()
+    }
+}
 
 /// Typed Neutron API client. Cheap to clone (one `Arc`); clones share the token cache and the concurrency cap.
 #[derive(Clone)]
 pub struct NeutronClient {
-    inner: Arc<Inner>,
+    transport: Transport<Neutron>,
 }
 
 impl std::fmt::Debug for NeutronClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NeutronClient")
-            .field("max_attempts", &self.inner.max_attempts)
-            .field("available_slots", &self.inner.limiter.available_permits())
-            .finish_non_exhaustive()
+            .field("transport", &self.transport)
+            .finish()
     }
 }
 
-struct Inner {
-    http: reqwest::Client,
-    auth: Authenticator,
-    limiter: Semaphore,
-    max_attempts: u32,
-    base_delay: Duration,
-    max_delay: Duration,
-    metrics: Option<Arc<dyn Metrics>>,
-}
-
-/// One API call as the transport sees it.
-pub(crate) struct Call {
-    op: &'static str,
-    method: Method,
-    segments: Vec<String>,
-    query: Vec<(String, String)>,
-    body: Option<Vec<u8>>,
-    if_match: Option<u64>,
-    /// Retry after a failure that may have reached the server. False for POST and for action PUTs
-    /// (add_subports, add_router_interface): replaying them after a lost answer fails with a misleading conflict.
-    idempotent: bool,
-}
-
-impl Call {
-    pub(crate) fn new(op: &'static str, method: Method, segments: &[&str]) -> Self {
-        let idempotent = method != Method::POST;
-        Self {
-            op,
-            method,
-            segments: segments.iter().map(|s| (*s).to_owned()).collect(),
-            query: Vec::new(),
-            body: None,
-            if_match: None,
-            idempotent,
-        }
-    }
-
-    pub(crate) fn json<B: Serialize + ?Sized>(mut self, body: &B) -> Result<Self> {
-        let bytes = serde_json::to_vec(body)
-            .map_err(|e| Error::Config(format!("{}: cannot serialize request body: {e}", self.op)))?;
-        self.body = Some(bytes);
-        Ok(self)
-    }
-
-    pub(crate) fn query(mut self, q: Vec<(String, String)>) -> Self {
-        self.query = q;
-        self
-    }
-
-    pub(crate) fn if_match(mut self, revision: Option<u64>) -> Self {
-        self.if_match = revision;
-        self
-    }
-
-    pub(crate) fn not_idempotent(mut self) -> Self {
-        self.idempotent = false;
-        self
-    }
-}
-
-/// A successful (2xx) answer.
-pub(crate) struct Reply {
-    op: &'static str,
-    status: u16,
-    request_id: Option<String>,
-    body: Vec<u8>,
-}
+/// A successful (2xx) answer, decoded into Neutron's error type.
+pub(crate) struct Reply(crate::transport::Reply);
 
 impl Reply {
-    fn decode_err(&self, message: String) -> Error {
-        Error::Decode {
-            operation: self.op,
-            status: self.status,
-            request_id: self.request_id.clone(),
-            message,
-        }
-    }
-
     pub(crate) fn json<T: DeserializeOwned>(&self) -> Result<T> {
-        serde_json::from_slice(&self.body).map_err(|e| self.decode_err(e.to_string()))
+        Ok(self.0.json()?)
     }
 
     /// The object under `key`, e.g. `{"port": {...}}`.
     pub(crate) fn unwrap<T: DeserializeOwned>(&self, key: &str) -> Result<T> {
-        let mut v: Value = self.json()?;
-        let inner = v
-            .get_mut(key)
-            .map(Value::take)
-            .ok_or_else(|| self.decode_err(format!("missing top-level key `{key}`")))?;
-        serde_json::from_value(inner).map_err(|e| self.decode_err(format!("`{key}`: {e}")))
+        Ok(self.0.unwrap(key)?)
     }
 }
 
@@ -148,7 +87,7 @@ fn api_error(
     op: &'static str,
     status: u16,
     request_id: Option<String>,
-    retry_after: Option<Duration>,
+    retry_after: Option<std::time::Duration>,
     body: &[u8],
 ) -> Error {
     let (error_type, message) = match serde_json::from_slice::<NeutronErrorBody>(body) {
@@ -168,32 +107,6 @@ fn api_error(
     }))
 }
 
-/// The final failure of a call, at warn level with Neutron's request id so that it can be found in neutron-server's
-/// log. A 404 is only debug: callers use it as an answer ("already gone"), not as a failure. The token never
-/// reaches a log line: it lives in the request headers only.
-fn log_failure(call: &Call, attempts: u32, e: &Error) {
-    let request_id = e.request_id().unwrap_or("");
-    if e.is_not_found() {
-        tracing::debug!(op = call.op, method = %call.method, request_id, attempts, error = %e, "neutron call failed");
-    } else {
-        tracing::warn!(op = call.op, method = %call.method, status = e.status(), request_id, attempts, error = %e,
-            "neutron call failed");
-    }
-}
-
-/// `Retry-After` in seconds (the HTTP-date form is not used by OpenStack services).
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let v = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
-    v.trim().parse::<u64>().ok().map(Duration::from_secs)
-}
-
-fn request_id(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get("x-openstack-request-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-}
-
 impl NeutronClient {
     /// Build a client. Authentication happens lazily on the first call.
     pub fn new(opts: &ClientOptions) -> Result<Self> {
@@ -206,215 +119,14 @@ impl NeutronClient {
     }
 
     fn build(opts: &ClientOptions, metrics: Option<Arc<dyn Metrics>>) -> Result<Self> {
-        if opts.max_concurrent_requests == 0 {
-            return Err(Error::Config("max_concurrent_requests must be at least 1".into()));
-        }
-        if opts.max_attempts == 0 {
-            return Err(Error::Config("max_attempts must be at least 1".into()));
-        }
-        // reqwest is built without a default crypto provider; ring is the one this project uses.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut b = reqwest::Client::builder()
-            .user_agent(concat!("kuryr-rs/", env!("CARGO_PKG_VERSION")))
-            .connect_timeout(Duration::from_secs(10));
-        if let Some(t) = opts.timeout {
-            b = b.timeout(t);
-        }
-        if !opts.connection_reuse {
-            b = b.pool_max_idle_per_host(0);
-        }
-        if let Some(ca) = &opts.cafile {
-            let pem =
-                std::fs::read(ca).map_err(|e| Error::Config(format!("cafile {}: {e}", ca.display())))?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem)
-                .map_err(|e| Error::Config(format!("cafile {}: {e}", ca.display())))?;
-            b = b.tls_certs_merge(certs);
-        }
-        if opts.insecure {
-            b = b.tls_danger_accept_invalid_certs(true);
-        }
-        let http = b
-            .build()
-            .map_err(|e| Error::Config(format!("cannot build HTTP client: {e}")))?;
-        let auth = Authenticator::new(opts, http.clone())?;
         Ok(Self {
-            inner: Arc::new(Inner {
-                http,
-                auth,
-                limiter: Semaphore::new(opts.max_concurrent_requests),
-                max_attempts: opts.max_attempts,
-                base_delay: opts.retry_base_delay,
-                max_delay: opts.retry_max_delay,
-                metrics,
-            }),
+            transport: Transport::new(opts, metrics)?,
         })
-    }
-
-    /// Exponential backoff with full jitter: uniform in [0, min(max, base * 2^(attempt-1))].
-    fn backoff(&self, attempt: u32) -> Duration {
-        let cap = self
-            .inner
-            .base_delay
-            .saturating_mul(1u32 << attempt.saturating_sub(1).min(16))
-            .min(self.inner.max_delay);
-        let ms = cap.as_millis().min(u128::from(u64::MAX)) as u64;
-        Duration::from_millis(rand::rng().random_range(0..=ms))
-    }
-
-    fn url<S: AsRef<str>>(endpoint: &Url, segments: &[S]) -> Result<Url> {
-        let mut url = endpoint.clone();
-        let has_version = endpoint.path().trim_end_matches('/').ends_with("/v2.0");
-        {
-            let mut p = url
-                .path_segments_mut()
-                .map_err(|()| Error::Config(format!("endpoint {endpoint} cannot be a base URL")))?;
-            p.pop_if_empty();
-            if !has_version {
-                p.push("v2.0");
-            }
-            // push() percent-encodes, so ids and tags cannot escape their path segment.
-            p.extend(segments.iter().map(AsRef::as_ref));
-        }
-        Ok(url)
     }
 
     /// Send `call` with auth, retries and the concurrency cap; 4xx/5xx become [`Error::Api`].
     pub(crate) async fn execute(&self, call: Call) -> Result<Reply> {
-        let started = Instant::now();
-        let mut attempts = 0u32;
-        let mut reauthed = false;
-        let mut last_status = None;
-        let result: Result<Reply> = loop {
-            attempts += 1;
-            let can_retry = attempts < self.inner.max_attempts;
-            let auth = match self.inner.auth.current().await {
-                Ok(a) => a,
-                Err(e) if e.is_transient() && can_retry => {
-                    tracing::debug!(op = call.op, error = %e, "keystone unavailable, retrying");
-                    tokio::time::sleep(self.backoff(attempts)).await;
-                    continue;
-                }
-                Err(e) => break Err(e.into()),
-            };
-            let url = match Self::url(&auth.endpoint, &call.segments) {
-                Ok(u) => u,
-                Err(e) => break Err(e),
-            };
-            let path = url.path().to_owned();
-            let mut rb = self
-                .inner
-                .http
-                .request(call.method.clone(), url)
-                .header(ACCEPT, "application/json");
-            if let Some(token) = &auth.token {
-                match HeaderValue::from_str(token.expose()) {
-                    Ok(mut hv) => {
-                        hv.set_sensitive(true);
-                        rb = rb.header("X-Auth-Token", hv);
-                    }
-                    Err(_) => break Err(Error::Config("Keystone token is not a valid header value".into())),
-                }
-            }
-            if let Some(rev) = call.if_match {
-                rb = rb.header(IF_MATCH, format!("revision_number={rev}"));
-            }
-            if let Some(body) = &call.body {
-                rb = rb.header(CONTENT_TYPE, "application/json").body(body.clone());
-            }
-            if !call.query.is_empty() {
-                rb = rb.query(&call.query);
-            }
-            let permit = match self.inner.limiter.acquire().await {
-                Ok(p) => p,
-                Err(_) => break Err(Error::Config("concurrency limiter closed".into())),
-            };
-            let t0 = Instant::now();
-            let sent = rb.send().await;
-            let outcome = match sent {
-                Ok(resp) => {
-                    let status = resp.status().as_u16();
-                    let rid = request_id(resp.headers());
-                    let wait = retry_after(resp.headers());
-                    resp.bytes().await.map(|b| (status, rid, wait, b.to_vec()))
-                }
-                Err(e) => Err(e),
-            };
-            drop(permit);
-            let latency_ms = t0.elapsed().as_millis() as u64;
-            match outcome {
-                Err(e) => {
-                    // A refused connection never reached the server, so even a POST is safe to resend.
-                    let retry = can_retry && (call.idempotent || e.is_connect());
-                    if retry {
-                        tracing::info!(op = call.op, method = %call.method, path, latency_ms, attempt = attempts,
-                            error = %crate::error::describe_transport(&e), "neutron call failed without answer, retrying");
-                        tokio::time::sleep(self.backoff(attempts)).await;
-                        continue;
-                    }
-                    break Err(Error::Connection {
-                        operation: call.op,
-                        timed_out: e.is_timeout(),
-                        // Idempotent calls are safe to repeat whatever happened; a refused connection sent nothing.
-                        outcome_unknown: !call.idempotent && !e.is_connect(),
-                        source: e,
-                    });
-                }
-                Ok((status, rid, wait, body)) => {
-                    last_status = Some(status);
-                    tracing::debug!(op = call.op, method = %call.method, path, status, latency_ms,
-                        request_id = rid.as_deref().unwrap_or(""), attempt = attempts, "neutron call");
-                    if status == 401
-                        && !reauthed
-                        && let Some(token) = &auth.token
-                    {
-                        // Token revoked or expired early: get a new one and resend once. The server did not act.
-                        reauthed = true;
-                        self.inner.auth.invalidate(token).await;
-                        attempts -= 1;
-                        continue;
-                    }
-                    let retryable_status = status >= 500 || status == 429;
-                    if retryable_status && call.idempotent && can_retry {
-                        let delay =
-                            wait.map_or_else(|| self.backoff(attempts), |w| w.min(self.inner.max_delay));
-                        tracing::info!(op = call.op, method = %call.method, path, status,
-                            request_id = rid.as_deref().unwrap_or(""), attempt = attempts,
-                            delay_ms = delay.as_millis() as u64, "neutron call failed, retrying");
-                        tokio::time::sleep(delay).await;
-                        continue;
-                    }
-                    if status >= 400 {
-                        break Err(api_error(call.op, status, rid, wait, &body));
-                    }
-                    break Ok(Reply {
-                        op: call.op,
-                        status,
-                        request_id: rid,
-                        body,
-                    });
-                }
-            }
-        };
-        if let Err(e) = &result {
-            log_failure(&call, attempts, e);
-        }
-        if let Some(m) = &self.inner.metrics {
-            let (outcome, error_type) = match &result {
-                Ok(_) => (Outcome::Success, None),
-                Err(Error::Api(e)) => (Outcome::ApiError, Some(e.kind.as_str())),
-                Err(_) => (Outcome::TransportError, None),
-            };
-            m.observe(&CallRecord {
-                operation: call.op,
-                method: call.method.as_str(),
-                outcome,
-                status: last_status,
-                error_type,
-                latency: started.elapsed(),
-                attempts,
-            });
-        }
-        result
+        self.transport.execute(call).await.map(Reply)
     }
 
     // Generic helpers used by the typed calls.
@@ -460,28 +172,7 @@ impl NeutronClient {
             .execute(Call::new(op, Method::GET, &[collection]).query(q))
             .await?;
         let key = collection.replace('-', "_");
-        let mut v: Value = reply.json()?;
-        let items = v
-            .get_mut(&key)
-            .map(Value::take)
-            .ok_or_else(|| reply.decode_err(format!("missing top-level key `{key}`")))?;
-        let items: Vec<T> =
-            serde_json::from_value(items).map_err(|e| reply.decode_err(format!("`{key}`: {e}")))?;
-        let next_marker = v
-            .get(format!("{key}_links"))
-            .and_then(Value::as_array)
-            .and_then(|links| {
-                links
-                    .iter()
-                    .find(|l| l.get("rel").and_then(Value::as_str) == Some("next"))
-            })
-            .and_then(|l| l.get("href").and_then(Value::as_str))
-            .and_then(|href| Url::parse(href).ok())
-            .and_then(|u| {
-                u.query_pairs()
-                    .find(|(k, _)| k == "marker")
-                    .map(|(_, v)| v.into_owned())
-            });
+        let (items, next_marker) = reply.0.page(&key)?;
         Ok(Page { items, next_marker })
     }
 
@@ -511,17 +202,9 @@ impl NeutronClient {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
 
-    #[test]
-    fn url_building_encodes_and_versions() {
-        let base = Url::parse("http://h:9696/").expect("url");
-        let u = NeutronClient::url(&base, &["ports", "p1", "tags", "a/b c"]).expect("url");
-        assert_eq!(u.as_str(), "http://h:9696/v2.0/ports/p1/tags/a%2Fb%20c");
-        let base = Url::parse("http://h/networking/v2.0/").expect("url");
-        let u = NeutronClient::url(&base, &["ports"]).expect("url");
-        assert_eq!(u.as_str(), "http://h/networking/v2.0/ports");
-    }
+    use super::*;
 
     #[test]
     fn error_body_parsing() {
@@ -548,17 +231,5 @@ mod tests {
             Some(Duration::from_secs(7)),
             "the server's Retry-After is kept"
         );
-    }
-
-    #[test]
-    fn retry_after_seconds() {
-        let mut h = HeaderMap::new();
-        h.insert(reqwest::header::RETRY_AFTER, HeaderValue::from_static("3"));
-        assert_eq!(retry_after(&h), Some(Duration::from_secs(3)));
-        h.insert(
-            reqwest::header::RETRY_AFTER,
-            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
-        );
-        assert_eq!(retry_after(&h), None);
     }
 }

@@ -1,0 +1,208 @@
+#!/bin/bash
+# Install (if needed) and start a real OpenStack Octavia 19.0.0 for
+# integration tests, all on 127.0.0.1, all state under $OCTAVIA_LAB:
+#   MariaDB (private instance, :3318, database `octavia`)
+#   octavia API + v2 (taskflow) worker in one process (:9876,
+#   auth_strategy=noauth), see octavia_lab_server.py: oslo.messaging `fake:/`
+#   needs both in one process, so no message broker is needed
+# Provider `amphora` (default) on the noop amphora/compute/network/volume/image
+# drivers: load balancers, listeners, pools, members and health monitors go
+# through the real API, database and taskflow flows and reach ACTIVE; nothing
+# is booted and the VIP address is invented by the noop network driver.
+# Also enabled: `octavia` (alias of amphora) and `noop_driver`.
+# Works on a fresh Debian 12 (python3 = 3.11) as root; needs only the Debian
+# and PyPI package registries.  Idempotent: a running lab whose config is
+# unchanged is reused; a changed config restarts the server.  On a failure it
+# names the component, prints the end of its log, stops what this run started
+# and exits non-zero.  Stop with stop-octavia.sh (same OCTAVIA_LAB).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+LAB=${OCTAVIA_LAB:-$PWD/.octavia-lab}
+OCTAVIA_VERSION=${OCTAVIA_VERSION:-19.0.0}
+CONSTRAINTS=${OCTAVIA_CONSTRAINTS:-$HERE/../neutron-lab/neutron-constraints.txt}
+PYTHON=${PYTHON:-/usr/bin/python3}
+API_PORT=${OCTAVIA_API_PORT:-9876}
+DB_PORT=${OCTAVIA_DB_PORT:-3318}
+RESET_DB=${RESET_DB:-0}                   # 1 = drop+recreate the octavia DB
+DEBUG=${OCTAVIA_DEBUG:-False}
+
+log() { echo "[start-octavia $(date +%T)] $*"; }
+T0=$(date +%s)
+mkdir -p "$LAB"/{etc,run,logs,db,certs,state/lock}
+
+STARTED=()   # pid files of processes this run started, stopped again on failure
+fail() {  # fail COMPONENT LOGFILE MESSAGE
+  log "FAILED: $1: $3"
+  if [ -n "${2:-}" ] && [ -f "$2" ]; then
+    echo "---- last lines of $2 ----"; tail -n 30 "$2"; echo "----"
+  fi
+  for f in "${STARTED[@]}"; do
+    [ -f "$f" ] || continue
+    p=$(cat "$f"); kill -TERM "$p" 2>/dev/null || true
+    for i in $(seq 1 40); do kill -0 "$p" 2>/dev/null || break; sleep 0.25; done
+    kill -KILL "$p" 2>/dev/null || true; rm -f "$f"
+  done
+  [ "${#STARTED[@]}" -gt 0 ] && log "stopped what this run started"
+  exit 1
+}
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# ---------------------------------------------------------------- packages
+PKGS="mariadb-server python3-venv openssl curl"
+missing=""
+for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  log "apt-get install$missing"
+  apt-get update -q >"$LAB/logs/apt.log" 2>&1 || fail apt "$LAB/logs/apt.log" "apt-get update failed"
+  # do not let the packages start system-wide services
+  RM_POLICY=0
+  [ -e /usr/sbin/policy-rc.d ] || { printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; RM_POLICY=1; }
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing >>"$LAB/logs/apt.log" 2>&1 \
+    || { [ "$RM_POLICY" = 1 ] && rm -f /usr/sbin/policy-rc.d; fail apt "$LAB/logs/apt.log" "apt-get install failed"; }
+  [ "$RM_POLICY" = 1 ] && rm -f /usr/sbin/policy-rc.d
+fi
+log "packages ready ($(( $(date +%s)-T0 ))s)"
+
+# ---------------------------------------------------------------- venv
+if [ ! -x "$LAB/venv/bin/octavia-db-manage" ] || ! "$LAB/venv/bin/python" -c 'import octavia, pymysql' 2>/dev/null; then
+  log "creating venv + pip install octavia==$OCTAVIA_VERSION ovn-octavia-provider"
+  "$PYTHON" -m venv "$LAB/venv"
+  "$LAB/venv/bin/pip" install -q -U pip >"$LAB/logs/pip.log" 2>&1 || fail pip "$LAB/logs/pip.log" "pip upgrade failed"
+  C=""; [ -f "$CONSTRAINTS" ] && C="-c $CONSTRAINTS"
+  "$LAB/venv/bin/pip" install $C "octavia==$OCTAVIA_VERSION" ovn-octavia-provider PyMySQL >>"$LAB/logs/pip.log" 2>&1 \
+    || fail pip "$LAB/logs/pip.log" "pip install octavia failed"
+fi
+log "venv ready ($(( $(date +%s)-T0 ))s)"
+
+# ---------------------------------------------------------------- CA ([certificates])
+# Octavia's local cert generator signs amphora certificates with this CA and
+# insists on an encrypted key; the noop amphora driver never uses them, but
+# the worker loads them.
+CERTS=$LAB/certs
+if [ ! -s "$CERTS/ca.pem" ] || [ ! -s "$CERTS/ca.key" ]; then
+  echo octavia-lab-passphrase >"$CERTS/passphrase"
+  openssl genrsa -aes256 -passout "file:$CERTS/passphrase" -out "$CERTS/ca.key" 2048 >"$LAB/logs/openssl.log" 2>&1 \
+    || fail openssl "$LAB/logs/openssl.log" "cannot create the CA key"
+  openssl req -x509 -new -key "$CERTS/ca.key" -passin "file:$CERTS/passphrase" -sha256 -days 3650 \
+    -subj "/CN=octavia-lab CA" -out "$CERTS/ca.pem" >>"$LAB/logs/openssl.log" 2>&1 \
+    || fail openssl "$LAB/logs/openssl.log" "cannot create the CA certificate"
+fi
+
+# ---------------------------------------------------------------- MariaDB
+MYSQL="mariadb --no-defaults -S $LAB/run/mysqld.sock -uroot"
+if [ ! -d "$LAB/db/mysql/mysql" ]; then
+  mariadb-install-db --no-defaults --user=root --datadir="$LAB/db/mysql" \
+    --auth-root-authentication-method=normal --skip-test-db >"$LAB/logs/mariadb-install.log" 2>&1 \
+    || fail mariadb "$LAB/logs/mariadb-install.log" "mariadb-install-db failed"
+fi
+if ! $MYSQL -e 'select 1' >/dev/null 2>&1; then
+  setsid mariadbd --no-defaults --user=root --datadir="$LAB/db/mysql" \
+    --socket="$LAB/run/mysqld.sock" --pid-file="$LAB/run/mysqld.pid" \
+    --bind-address=127.0.0.1 --port="$DB_PORT" --log-error="$LAB/logs/mariadb.err" \
+    --max-connections=200 --innodb-buffer-pool-size=64M \
+    --innodb-flush-log-at-trx-commit=2 --skip-log-bin \
+    --character-set-server=utf8mb4 </dev/null >/dev/null 2>&1 &
+  echo $! >"$LAB/run/mysqld.pid"
+  STARTED+=("$LAB/run/mysqld.pid")
+  for i in $(seq 1 240); do
+    $MYSQL -e 'select 1' >/dev/null 2>&1 && break
+    alive "$LAB/run/mysqld.pid" || fail mariadb "$LAB/logs/mariadb.err" "mariadbd exited"
+    sleep 0.25
+  done
+  $MYSQL -e 'select 1' >/dev/null 2>&1 || fail mariadb "$LAB/logs/mariadb.err" "MariaDB did not come up on 127.0.0.1:$DB_PORT"
+fi
+[ "$RESET_DB" = 1 ] && $MYSQL -e "DROP DATABASE IF EXISTS octavia"
+$MYSQL -e "CREATE DATABASE IF NOT EXISTS octavia CHARACTER SET utf8mb4;
+  CREATE USER IF NOT EXISTS 'octavia'@'127.0.0.1' IDENTIFIED BY 'octavia';
+  GRANT ALL ON octavia.* TO 'octavia'@'127.0.0.1';" || fail mariadb "$LAB/logs/mariadb.err" "cannot create the octavia database"
+log "mariadb up on 127.0.0.1:$DB_PORT ($(( $(date +%s)-T0 ))s)"
+
+# ---------------------------------------------------------------- config
+cat >"$LAB/etc/octavia.conf" <<CONF
+[DEFAULT]
+debug = $DEBUG
+host = octavia-lab
+transport_url = fake:/
+log_file = $LAB/logs/octavia.log
+use_stderr = False
+
+[api_settings]
+bind_host = 127.0.0.1
+bind_port = $API_PORT
+auth_strategy = noauth
+api_v2_enabled = True
+enabled_provider_drivers = amphora:The Octavia Amphora driver (noop backends).,octavia:Deprecated alias of the Octavia Amphora driver.,noop_driver:NoOp provider driver.
+default_provider_driver = amphora
+allow_tls_terminated_listeners = True
+
+[database]
+connection = mysql+pymysql://octavia:octavia@127.0.0.1:$DB_PORT/octavia?charset=utf8mb4
+max_retries = 10
+
+[controller_worker]
+amphora_driver = amphora_noop_driver
+compute_driver = compute_noop_driver
+network_driver = network_noop_driver
+volume_driver = volume_noop_driver
+image_driver = image_noop_driver
+distributor_driver = distributor_noop_driver
+client_ca = $CERTS/ca.pem
+loadbalancer_topology = SINGLE
+workers = 1
+
+[task_flow]
+jobboard_enabled = False
+
+[certificates]
+cert_generator = local_cert_generator
+cert_manager = local_cert_manager
+ca_certificate = $CERTS/ca.pem
+ca_private_key = $CERTS/ca.key
+ca_private_key_passphrase = $(cat "$CERTS/passphrase")
+storage_path = $LAB/state/certs
+
+[haproxy_amphora]
+client_cert = $CERTS/ca.pem
+server_ca = $CERTS/ca.pem
+
+[oslo_concurrency]
+lock_path = $LAB/state/lock
+
+[oslo_policy]
+enforce_scope = False
+enforce_new_defaults = False
+CONF
+OCONF="--config-file $LAB/etc/octavia.conf"
+"$LAB/venv/bin/octavia-db-manage" $OCONF upgrade head >"$LAB/logs/db-manage.log" 2>&1 \
+  || fail octavia-db-manage "$LAB/logs/db-manage.log" "database migration failed"
+log "db migrated ($(( $(date +%s)-T0 ))s)"
+
+# ---------------------------------------------------------------- octavia
+SUM=$(cat "$LAB/etc/octavia.conf" "$HERE/octavia_lab_server.py" | sha256sum | cut -d' ' -f1)
+PIDF=$LAB/run/octavia.pid
+api_up() { curl -sf -m 10 -o /dev/null "http://127.0.0.1:$API_PORT/v2/lbaas/providers"; }
+if alive "$PIDF" && [ "$(cat "$LAB/run/octavia.conf-sum" 2>/dev/null)" != "$SUM" ]; then
+  log "config changed: restarting octavia"
+  p=$(cat "$PIDF"); kill -TERM "$p" 2>/dev/null || true
+  for i in $(seq 1 60); do kill -0 "$p" 2>/dev/null || break; sleep 0.25; done
+  kill -KILL "$p" 2>/dev/null || true; rm -f "$PIDF"
+fi
+if ! alive "$PIDF"; then
+  if curl -s -m 2 -o /dev/null "http://127.0.0.1:$API_PORT/"; then
+    fail octavia "" "port $API_PORT is taken by another process (set OCTAVIA_API_PORT)"
+  fi
+  setsid "$LAB/venv/bin/python" "$HERE/octavia_lab_server.py" $OCONF --bind "127.0.0.1:$API_PORT" \
+    </dev/null >>"$LAB/logs/octavia-server.out" 2>&1 &
+  echo $! >"$PIDF"
+  STARTED+=("$PIDF")
+fi
+echo "$SUM" >"$LAB/run/octavia.conf-sum"
+for i in $(seq 1 240); do
+  api_up && break
+  alive "$PIDF" || fail octavia "$LAB/logs/octavia-server.out" "the octavia process exited (see also $LAB/logs/octavia.log)"
+  sleep 0.25
+done
+api_up || fail octavia "$LAB/logs/octavia.log" "API did not answer on 127.0.0.1:$API_PORT within 60 s"
+log "octavia API + worker up on http://127.0.0.1:$API_PORT ($(( $(date +%s)-T0 ))s)"
+log "ready in $(( $(date +%s)-T0 ))s  (state in $LAB; stop with $HERE/stop-octavia.sh)"
