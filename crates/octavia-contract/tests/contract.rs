@@ -1,7 +1,5 @@
 //! The Octavia contract suite against every available target (harness = false):
-//! - `emulator`: the Octavia emulator. Its crate (`crates/octavia-emulator`) is written on another branch; until it
-//!   is in this workspace the target runs against an emulator started elsewhere when
-//!   `KURYR_TEST_OCTAVIA_EMULATOR_URL` is set, and is skipped with that reason otherwise (see [`emulator`]);
+//! - `emulator`: the in-repo Octavia emulator (`crates/octavia-emulator`), started in-process;
 //! - `octavia`: the real Octavia at `KURYR_TEST_OCTAVIA_URL` (skipped with a reason when unset, a failure when
 //!   `KURYR_TEST_REQUIRE_OCTAVIA=1`).
 //!
@@ -13,30 +11,15 @@ use std::process::ExitCode;
 
 use octavia_contract::{SuiteOptions, SuiteReport, run_suite};
 
-/// The adapter between the suite and the emulator: where it listens. The one place to change when
-/// `crates/octavia-emulator` joins the workspace: start it in-process here, as neutron-contract does, with
-/// `OctaviaOptions { latency: LatencyProfile::AmphoraNoop, .. }` - with the `Instant` profile nothing is ever
-/// PENDING_* and the 409 case cannot hold.
+/// The emulator, started in-process with the latency of the real noop-amphora Octavia (with no
+/// latency nothing is ever PENDING_* and the immutability case could not hold).
 mod emulator {
-    pub const URL_VAR: &str = "KURYR_TEST_OCTAVIA_EMULATOR_URL";
+    use octavia_emulator::{OctaviaEmulator, OctaviaHandle, OctaviaOptions};
 
-    pub struct Running {
-        pub url: String,
-    }
-
-    /// `Ok(None)` = skip (with the printed reason), `Err` = cannot run.
-    pub async fn start() -> Result<Option<Running>, String> {
-        match std::env::var(URL_VAR).ok().filter(|u| !u.trim().is_empty()) {
-            Some(url) => Ok(Some(Running { url })),
-            None => Ok(None),
-        }
-    }
-
-    pub fn skip_reason() -> String {
-        format!(
-            "crates/octavia-emulator is not in this workspace yet and {URL_VAR} is unset (point it at a running \
-             emulator to check it)"
-        )
+    pub async fn start() -> Result<OctaviaHandle, String> {
+        OctaviaEmulator::start(OctaviaOptions::amphora_noop())
+            .await
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -104,8 +87,7 @@ fn main() -> ExitCode {
             println!("contract-octavia[emulator]: skipped (not in KURYR_CONTRACT_TARGETS)");
         } else {
             match emulator::start().await {
-                Ok(Some(emu)) => failed |= run_target("emulator", &emu.url, &opts).await,
-                Ok(None) => println!("contract-octavia[emulator]: skipped: {}", emulator::skip_reason()),
+                Ok(emu) => failed |= run_target("emulator", &emu.url(), &opts).await,
                 Err(e) => {
                     println!("contract-octavia[emulator]: cannot start the emulator: {e}");
                     failed = true;

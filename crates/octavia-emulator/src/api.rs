@@ -35,6 +35,7 @@ pub fn classify(method: &Method, segs: &[String]) -> String {
         Some("healthmonitors") => "healthmonitor",
         Some("quotas") => "quota",
         Some("providers") => "provider",
+        Some("amphorae") => "amphora",
         _ => "unknown",
     };
     let item = match res {
@@ -96,6 +97,20 @@ pub fn handle(store: &mut Store, req: &Request<'_>, now: Instant) -> Result<Repl
     let m = method.as_str();
     match (m, s.as_slice()) {
         ("GET", ["providers"]) => ok(200, providers::render_providers()),
+        ("GET", ["amphorae"]) => {
+            let amps = store.amphorae();
+            list(
+                path_url,
+                "amphorae",
+                query,
+                amps.iter().map(|(c, v)| (c, v.clone())),
+            )
+        }
+        ("GET", ["amphorae", id]) => {
+            let amp = store.amphorae().into_iter().find(|(c, _)| c.id == *id);
+            let (_, v) = amp.ok_or_else(|| ApiError::not_found("Amphora", id))?;
+            ok(200, json!({ "amphora": v }))
+        }
         ("GET", ["loadbalancers"]) => list(
             path_url,
             "loadbalancers",
@@ -343,6 +358,8 @@ fn list<'a>(
 /// Filters compare with the attribute's rendering (`loadbalancer_id` matches the `loadbalancers` id list).
 fn matches_filter(v: &Value, key: &str, want: &str) -> bool {
     let attr = match key {
+        // Children name their load balancers in a list; amphorae have a plain attribute.
+        "loadbalancer_id" if v.get("loadbalancer_id").is_some() => v.get(key),
         "loadbalancer_id" => {
             return v
                 .get("loadbalancers")

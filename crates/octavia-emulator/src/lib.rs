@@ -71,6 +71,8 @@ pub struct OctaviaOptions {
     /// VIP addresses not given in the request come from this IPv4 network.
     pub vip_network: std::net::Ipv4Addr,
     pub vip_prefix: u8,
+    /// Enforce quotas although the API is `noauth` (see `StoreConfig::enforce_quota`).
+    pub enforce_quota: bool,
 }
 
 impl Default for OctaviaOptions {
@@ -82,6 +84,7 @@ impl Default for OctaviaOptions {
             faults: FaultConfig::default(),
             vip_network: c.vip_network,
             vip_prefix: c.vip_prefix,
+            enforce_quota: false,
         }
     }
 }
@@ -114,6 +117,7 @@ impl OctaviaEmulator {
             vip_network: options.vip_network,
             vip_prefix: options.vip_prefix,
             worker: options.latency.worker(),
+            enforce_quota: options.enforce_quota,
         };
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::new(config)),
@@ -266,6 +270,10 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     }
     let api_segs: Vec<String> = match segs.as_slice() {
         [v, l, rest @ ..] if (v == "v2" || v == "v2.0") && l == "lbaas" => rest.to_vec(),
+        // The admin API of amphorae lives beside lbaas.
+        [v, o, rest @ ..] if v == "v2" && o == "octavia" && rest.first().is_some_and(|r| r == "amphorae") => {
+            rest.to_vec()
+        }
         _ => return error(&ApiError::path_not_found()),
     };
     let op = api::classify(&parts.method, &api_segs);

@@ -27,6 +27,8 @@ pub struct LoadBalancer {
     pub availability_zone: Option<String>,
     /// When the simulated worker finishes the pending job.
     pub settle_at: Option<Instant>,
+    /// The `amphora` provider's one amphora (SINGLE topology); `None` for other providers.
+    pub amphora_id: Option<String>,
 }
 
 const CREATE_FIELDS: [&str; 17] = [
@@ -230,6 +232,7 @@ impl Store {
                 flavor_id,
                 availability_zone: az,
                 settle_at: Some(now + delay),
+                amphora_id: (provider == Provider::Amphora).then(|| uuid::Uuid::new_v4().to_string()),
             },
         );
         let mut pool_ids = Vec::new();

@@ -283,8 +283,18 @@ fn error_state_blocks_updates_but_allows_delete() {
 }
 
 #[test]
-fn quota_is_enforced() {
+fn quota_is_enforced_only_when_asked() {
     let mut s = store(0);
+    let body = json!({"loadbalancer": {"vip_subnet_id": SUBNET, "project_id": "p1"}});
+    s.update_quota("p1", &json!({"quota": {"loadbalancer": 0}}))
+        .unwrap_or_default();
+    assert!(
+        s.create_loadbalancer(Some(NOAUTH_PROJECT), &body, Instant::now())
+            .is_ok(),
+        "noauth: everything is admin, no quota is met"
+    );
+    let mut s = store(0);
+    s.config.enforce_quota = true;
     let now = Instant::now();
     let q = s
         .update_quota("p1", &json!({"quota": {"loadbalancer": 1}}))
