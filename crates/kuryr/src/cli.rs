@@ -28,6 +28,8 @@ pub enum Command {
     Crds(CrdsArgs),
     /// Inspect and manage the controller's port pools (needs `[kubernetes] enable_manager = True`).
     Pools(PoolsArgs),
+    /// Install the kuryr-cni plugin and its conflist on this node (the CNI DaemonSet's init step).
+    InstallCni(InstallCniArgs),
     /// Start an emulated cluster (Kubernetes + Neutron), a controller and two nodes, and wire demo pods.
     Sandbox(SandboxArgs),
 }
@@ -196,4 +198,30 @@ pub struct SandboxArgs {
     /// Print the summary and exit (status 1 unless every pod was wired) instead of running until Ctrl-C.
     #[arg(long)]
     pub exit_after_summary: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct InstallCniArgs {
+    /// The kuryr-cni executable to install (default: `kuryr-cni` next to this `kuryr` binary).
+    #[arg(long, value_name = "PATH")]
+    pub cni_bin: Option<PathBuf>,
+    /// The host's CNI plugin directory.
+    #[arg(long, default_value = "/opt/cni/bin", value_name = "DIR")]
+    pub bin_dir: PathBuf,
+    /// The host's CNI configuration directory; `10-kuryr.conflist` is written there.
+    #[arg(long, default_value = "/etc/cni/net.d", value_name = "DIR")]
+    pub conf_dir: PathBuf,
+    /// `kuryr_conf` in the conflist.
+    #[arg(long, default_value = "/etc/kuryr/kuryr.conf", value_name = "PATH")]
+    pub kuryr_conf: String,
+    /// `debug` in the conflist.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub debug: bool,
+    /// kuryr-rs addition: `kuryr_daemon` in the conflist (http://host:port or a unix socket path;
+    /// left out by default, so kuryr-cni uses its built-in address as upstream's plugin does).
+    #[arg(long, value_name = "URL")]
+    pub kuryr_daemon: Option<String>,
+    /// kuryr-rs addition: `kuryr_daemon_timeout` in the conflist, in seconds (left out by default).
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub kuryr_daemon_timeout: Option<u64>,
 }

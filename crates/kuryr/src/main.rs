@@ -3,12 +3,14 @@
 //! - `kuryr controller` / `kuryr daemon`: the two long-running services, configured by upstream
 //!   `kuryr.conf` files (`--config-file`, `--config-dir`, like oslo.config);
 //! - `kuryr crds`: writes or checks the CRD manifests;
+//! - `kuryr install-cni`: installs kuryr-cni and its conflist on a node;
 //! - `kuryr pools`: the controller's port pools over its management socket;
 //! - `kuryr sandbox`: a whole cluster on the laptop (Kubernetes and Neutron emulators, a controller,
 //!   two simulated nodes) wiring demo pods, with a latency summary.
 
 mod cli;
 mod crds;
+mod install_cni;
 mod kubeclient;
 mod pools;
 mod sandbox;
@@ -42,6 +44,9 @@ fn main() -> ExitCode {
     if let Command::Crds(args) = &cli.command {
         return crds::run(args);
     }
+    if let Command::InstallCni(args) = &cli.command {
+        return install_cni::run(args);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -55,7 +60,7 @@ fn main() -> ExitCode {
             Command::Daemon(args) => services::daemon(args).await,
             Command::Pools(args) => pools::run(args).await,
             Command::Sandbox(args) => sandbox::run(args).await,
-            Command::Crds(_) => Ok(()),
+            Command::Crds(_) | Command::InstallCni(_) => Ok(()),
         }
     });
     match result {
