@@ -152,9 +152,10 @@ step "summary"
 grep -E '^contract\[[^]]+\]: ' "$LOG_DIR/cargo-test.log" || echo "(no contract suite summary found in the test output)"
 grep -E '^contract-octavia\[[^]]+\]: ' "$LOG_DIR/cargo-test.log" || echo "(no Octavia contract suite summary found in the test output)"
 grep -E '^test result: ' "$LOG_DIR/cargo-test.log" | awk '{p+=$4; f+=$6; i+=$8} END {printf "libtest totals: %d passed, %d failed, %d ignored\n", p, f, i}'
-# Both contract targets must have run the same N cases with 0 failed.
+# Both targets of each contract suite must have run the same N cases with 0 failed.
 contract_ok=1
 "$REPO/scripts/check-contract-summary.sh" "$LOG_DIR/cargo-test.log" || contract_ok=0
+"$REPO/scripts/check-contract-summary.sh" "$LOG_DIR/cargo-test.log" contract-octavia emulator octavia || contract_ok=0
 if [ "$rc" -ne 0 ]; then
   echo "cargo test FAILED (exit $rc); full log: $LOG_DIR/cargo-test.log"
   exit "$rc"
