@@ -7,6 +7,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::error::ApiError;
 use crate::resources::ResourceDef;
 
 /// (events.k8s.io/v1 name, core/v1 name).
@@ -21,11 +22,12 @@ const RENAMES: &[(&str, &str)] = &[
 ];
 
 const CORE_API_VERSION: &str = "v1";
+const EVENTS_GROUP: &str = "events.k8s.io";
 const EVENTS_API_VERSION: &str = "events.k8s.io/v1";
 
 /// Whether `def` is the `events.k8s.io` shape, served from the core storage.
 pub fn is_events_v1(def: &ResourceDef) -> bool {
-    def.group == "events.k8s.io" && def.plural == "events"
+    def.group == EVENTS_GROUP && def.plural == "events"
 }
 
 fn core_name(v1: &str) -> Option<&'static str> {
@@ -130,6 +132,17 @@ pub fn field_selector_to_core(sel: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// Errors about the shared storage name the core resource (`events "x" not found`); a request
+/// through events.k8s.io gets them in its own group (`events.events.k8s.io "x" not found`), as
+/// from the real server.
+pub fn error_in_events_group(mut e: ApiError) -> ApiError {
+    if e.details.group.is_none() && e.details.kind.as_deref() == Some("events") {
+        e.details.group = Some(EVENTS_GROUP.to_string());
+        e.message = e.message.replacen("events \"", "events.events.k8s.io \"", 1);
+    }
+    e
 }
 
 #[cfg(test)]

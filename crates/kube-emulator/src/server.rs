@@ -580,6 +580,24 @@ fn serve(
     headers: &HeaderMap,
     body: &[u8],
 ) -> ApiResult<Response> {
+    let events_v1 = event_shapes::is_events_v1(&t.def);
+    serve_resource(app, method, t, q, headers, body).map_err(|e| {
+        if events_v1 {
+            event_shapes::error_in_events_group(e)
+        } else {
+            e
+        }
+    })
+}
+
+fn serve_resource(
+    app: &Arc<App>,
+    method: Method,
+    t: Target,
+    q: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> ApiResult<Response> {
     let store = &app.store;
     let def = t.def.clone();
     let shape = Shape::of(store, &def)?;

@@ -211,6 +211,16 @@ async fn one_event_in_two_shapes_through_every_verb() {
         .await
         .expect("v1 delete");
     assert!(core.get_opt("pod-a.1").await.expect("core get").is_none());
+    match v1.get("pod-a.1").await {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 404);
+            assert!(
+                s.message.contains("events.events.k8s.io \"pod-a.1\" not found"),
+                "{s:?}"
+            );
+        }
+        other => panic!("expected NotFound, got {other:?}"),
+    }
     match core_watch.try_next().await.expect("core watch item") {
         Some(WatchEvent::Modified(_)) => {
             // the JSON patch and the update; the delete follows
