@@ -18,6 +18,7 @@
 //! the in-process [`Store`] handle.
 
 pub mod error;
+pub mod event_shapes;
 pub mod fields;
 pub mod patch;
 pub mod resources;

@@ -19,6 +19,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::{ApiError, ApiResult};
+use crate::event_shapes;
 use crate::patch::PatchType;
 use crate::resources::ResourceDef;
 use crate::selector::{FieldSelector, LabelSelector};
@@ -167,12 +168,10 @@ fn dry_run(q: &Query) -> ApiResult<bool> {
 }
 
 fn list_opts(q: &Query, def: &ResourceDef) -> ApiResult<ListOpts> {
+    let fields = q.get("fieldSelector").map(String::as_str).unwrap_or_default();
     Ok(ListOpts {
         labels: LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or_default())?,
-        fields: FieldSelector::parse(
-            q.get("fieldSelector").map(String::as_str).unwrap_or_default(),
-            def,
-        )?,
+        fields: FieldSelector::parse(fields, def)?,
         limit: match q.get("limit").filter(|l| !l.is_empty()) {
             Some(l) => Some(l.parse().map_err(|_| {
                 ApiError::bad_request(format!(
@@ -183,6 +182,80 @@ fn list_opts(q: &Query, def: &ResourceDef) -> ApiResult<ListOpts> {
         },
         continue_: q.get("continue").filter(|c| !c.is_empty()).cloned(),
     })
+}
+
+/// The requested shape of a resource and the resource it is stored as: the same except for
+/// events.k8s.io Events, which live in the core `events` storage (see [`event_shapes`]).
+struct Shape {
+    def: Arc<ResourceDef>,
+    storage: Arc<ResourceDef>,
+    events_v1: bool,
+}
+
+impl Shape {
+    fn of(store: &Store, def: &Arc<ResourceDef>) -> ApiResult<Self> {
+        if !event_shapes::is_events_v1(def) {
+            return Ok(Self {
+                def: def.clone(),
+                storage: def.clone(),
+                events_v1: false,
+            });
+        }
+        Ok(Self {
+            def: def.clone(),
+            storage: store.find("", "v1", "events").ok_or_else(not_found_path)?,
+            events_v1: true,
+        })
+    }
+
+    /// Selectors are validated against the requested shape's field names, then matched against
+    /// the stored shape's.
+    fn list_opts(&self, q: &Query) -> ApiResult<ListOpts> {
+        let opts = list_opts(q, &self.def)?;
+        if !self.events_v1 {
+            return Ok(opts);
+        }
+        let sel = q.get("fieldSelector").map(String::as_str).unwrap_or_default();
+        Ok(ListOpts {
+            fields: FieldSelector::parse(&event_shapes::field_selector_to_core(sel), &self.storage)?,
+            ..opts
+        })
+    }
+
+    fn inbound(&self, body: Value) -> Value {
+        if self.events_v1 {
+            event_shapes::to_core(body)
+        } else {
+            body
+        }
+    }
+
+    fn inbound_patch(&self, ptype: PatchType, body: Value) -> Value {
+        match (self.events_v1, ptype) {
+            (false, _) => body,
+            (true, PatchType::Json) => event_shapes::json_patch_to_core(body),
+            (true, _) => event_shapes::to_core(body),
+        }
+    }
+
+    fn outbound(&self, obj: &Value) -> Value {
+        if self.events_v1 {
+            event_shapes::to_events_v1(obj)
+        } else {
+            obj.clone()
+        }
+    }
+
+    fn outbound_all(&self, items: Vec<Arc<Value>>) -> Vec<Arc<Value>> {
+        if self.events_v1 {
+            items
+                .iter()
+                .map(|i| Arc::new(event_shapes::to_events_v1(i)))
+                .collect()
+        } else {
+            items
+        }
+    }
 }
 
 fn parse_body(headers: &HeaderMap, body: &[u8]) -> ApiResult<Value> {
@@ -507,17 +580,39 @@ fn serve(
     headers: &HeaderMap,
     body: &[u8],
 ) -> ApiResult<Response> {
+    let events_v1 = event_shapes::is_events_v1(&t.def);
+    serve_resource(app, method, t, q, headers, body).map_err(|e| {
+        if events_v1 {
+            event_shapes::error_in_events_group(e)
+        } else {
+            e
+        }
+    })
+}
+
+fn serve_resource(
+    app: &Arc<App>,
+    method: Method,
+    t: Target,
+    q: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> ApiResult<Response> {
     let store = &app.store;
     let def = t.def.clone();
+    let shape = Shape::of(store, &def)?;
+    // Every store call goes to the storage resource; replies are rendered in the requested shape.
+    let sdef = shape.storage.clone();
     let ns = t.ns.clone().unwrap_or_default();
     let mode = render_mode(headers);
     match (method, t.name.as_deref(), t.sub.as_deref()) {
         (Method::GET, None, None) => {
-            let opts = list_opts(q, &def)?;
+            let opts = shape.list_opts(q)?;
             if t.watch_prefix || flag(q, "watch") {
-                return Ok(watch_response(app, def, t.ns, opts, q, mode));
+                return Ok(watch_response(app, shape, t.ns, opts, q, mode));
             }
-            let page = store.list(&def, t.ns.as_deref(), &opts)?;
+            let mut page = store.list(&sdef, t.ns.as_deref(), &opts)?;
+            page.items = shape.outbound_all(page.items);
             let mut meta = json!({"resourceVersion": page.resource_version.to_string()});
             if let Some(c) = &page.continue_ {
                 meta["continue"] = json!(c);
@@ -527,11 +622,11 @@ fn serve(
         }
         (Method::GET, Some(name), None) => {
             if t.watch_prefix {
-                let mut opts = list_opts(q, &def)?;
-                opts.fields = FieldSelector::parse(&format!("metadata.name={name}"), &def)?;
-                return Ok(watch_response(app, def, t.ns, opts, q, mode));
+                let mut opts = shape.list_opts(q)?;
+                opts.fields = FieldSelector::parse(&format!("metadata.name={name}"), &sdef)?;
+                return Ok(watch_response(app, shape, t.ns, opts, q, mode));
             }
-            let obj = store.get(&def, &ns, name)?;
+            let obj = shape.outbound(&*store.get(&sdef, &ns, name)?);
             Ok(json_response(200, &object_body(&def, &obj, mode, q)))
         }
         (Method::POST, None, None) => {
@@ -542,19 +637,20 @@ fn serve(
                 )));
             }
             let out = store.create(
-                &def,
+                &sdef,
                 &ns,
-                parse_body(headers, body)?,
+                shape.inbound(parse_body(headers, body)?),
                 &write_opts_with_manager(q, headers)?,
             )?;
             Ok(with_warnings(
-                json_response(201, &object_body(&def, &out.object, mode, q)),
+                json_response(201, &object_body(&def, &shape.outbound(&out.object), mode, q)),
                 &out.warnings,
             ))
         }
         (Method::DELETE, None, None) => {
             let (_, opts) = delete_opts(q, body)?;
-            let deleted = store.delete_collection(&def, t.ns.as_deref(), &list_opts(q, &def)?, &opts)?;
+            let deleted = store.delete_collection(&sdef, t.ns.as_deref(), &shape.list_opts(q)?, &opts)?;
+            let deleted: Vec<Value> = deleted.iter().map(|d| shape.outbound(d)).collect();
             Ok(json_response(
                 200,
                 &json!({"kind": def.list_kind, "apiVersion": def.api_version(), "metadata": {}, "items": deleted}),
@@ -563,15 +659,15 @@ fn serve(
         (Method::PUT, Some(name), sub @ (None | Some("status"))) => {
             let status_only = sub_is_status(&def, sub)?;
             let out = store.update(
-                &def,
+                &sdef,
                 &ns,
                 name,
-                parse_body(headers, body)?,
+                shape.inbound(parse_body(headers, body)?),
                 status_only,
                 &write_opts_with_manager(q, headers)?,
             )?;
             Ok(with_warnings(
-                json_response(200, &object_body(&def, &out.object, mode, q)),
+                json_response(200, &object_body(&def, &shape.outbound(&out.object), mode, q)),
                 &out.warnings,
             ))
         }
@@ -600,17 +696,17 @@ fn serve(
                 opts.field_validation = FieldValidation::Strict;
             }
             let out = store.patch(
-                &def,
+                &sdef,
                 &ns,
                 name,
                 ptype,
-                parse_body(headers, body)?,
+                shape.inbound_patch(ptype, parse_body(headers, body)?),
                 status_only,
                 &opts,
             )?;
             let code = if out.created { 201 } else { 200 };
             Ok(with_warnings(
-                json_response(code, &object_body(&def, &out.object, mode, q)),
+                json_response(code, &object_body(&def, &shape.outbound(&out.object), mode, q)),
                 &out.warnings,
             ))
         }
@@ -618,12 +714,18 @@ fn serve(
             sub_is_status(&def, Some("status"))?;
             Ok(json_response(
                 200,
-                &object_body(&def, &*store.get(&def, &ns, name)?, mode, q),
+                &object_body(&def, &shape.outbound(&*store.get(&sdef, &ns, name)?), mode, q),
             ))
         }
         (Method::DELETE, Some(name), None) => {
             let (orphan_false, opts) = delete_opts(q, body)?;
-            let (obj, gone) = store.delete(&def, &ns, name, &opts)?;
+            let (obj, gone) = store.delete(&sdef, &ns, name, &opts)?;
+            // The deleted object, or a Status: only the object has a shape to convert.
+            let obj = if obj.get("kind").and_then(Value::as_str) == Some("Status") {
+                obj
+            } else {
+                shape.outbound(&obj)
+            };
             // The real server answers 202 only when deletion is pending and orphanDependents=false was asked.
             let code = if !gone && orphan_false { 202 } else { 200 };
             Ok(json_response(code, &obj))
@@ -699,7 +801,7 @@ fn delete_opts(q: &Query, body: &[u8]) -> ApiResult<(bool, DeleteOpts)> {
 
 /// Per-watcher filtering and rendering.
 struct WatchFilter {
-    def: Arc<ResourceDef>,
+    shape: Shape,
     opts: ListOpts,
     mode: Render,
 }
@@ -710,7 +812,10 @@ impl WatchFilter {
     }
 
     fn trivial(&self) -> bool {
-        self.opts.labels.is_empty() && self.opts.fields.is_empty() && self.mode == Render::Full
+        self.opts.labels.is_empty()
+            && self.opts.fields.is_empty()
+            && self.mode == Render::Full
+            && !self.shape.events_v1
     }
 
     /// The line to send for an event, or `None` when this watcher must not see it.
@@ -726,15 +831,17 @@ impl WatchFilter {
             (EventType::Modified, true, true) => EventType::Modified,
             _ => return None,
         };
-        if type_ == ev.type_ && self.mode == Render::Full {
+        if type_ == ev.type_ && self.mode == Render::Full && !self.shape.events_v1 {
             return Some(ev.line.clone());
         }
+        // Selectors match the stored shape; the watcher gets its own shape.
+        let object = self.shape.outbound(&ev.object);
         let obj = match self.mode {
-            Render::Full => (*ev.object).clone(),
-            Render::Metadata => partial(&ev.object),
+            Render::Full => object,
+            Render::Metadata => partial(&object),
             Render::Table => table::table(
-                &self.def,
-                &[&ev.object],
+                &self.shape.def,
+                &[&object],
                 json!({"resourceVersion": ev.rv.to_string()}),
                 "Metadata",
             ),
@@ -748,7 +855,7 @@ const WATCH_BATCH_BYTES: usize = 64 * 1024;
 
 fn watch_response(
     app: &Arc<App>,
-    def: Arc<ResourceDef>,
+    shape: Shape,
     ns: Option<String>,
     opts: ListOpts,
     q: &Query,
@@ -763,7 +870,8 @@ fn watch_response(
             ))
         }),
     };
-    let start = from.and_then(|from| app.store.watch(&def, ns.as_deref(), from));
+    let start = from.and_then(|from| app.store.watch(&shape.storage, ns.as_deref(), from));
+    let def = shape.def.clone();
     let timeout = q
         .get("timeoutSeconds")
         .and_then(|t| t.parse::<u64>().ok())
@@ -771,11 +879,7 @@ fn watch_response(
     let bookmarks = flag(q, "allowWatchBookmarks");
     let interval = app.bookmark_interval;
     let store = app.store.clone();
-    let filter = WatchFilter {
-        def: def.clone(),
-        opts,
-        mode,
-    };
+    let filter = WatchFilter { shape, opts, mode };
     tokio::spawn(async move {
         let mut start = match start {
             Ok(s) => s,

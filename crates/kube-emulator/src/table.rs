@@ -164,6 +164,66 @@ fn node_ready(n: &Value) -> &'static str {
     }
 }
 
+/// The real server's Event columns (what `kubectl get events` prints), for a core-shaped Event:
+/// the latest of series / lastTimestamp / eventTime is "Last Seen", the object is `kind/name`.
+fn event_columns_and_cells(e: &Value) -> (Vec<Value>, Vec<Value>) {
+    let ts = |ptrs: &[&str]| {
+        ptrs.iter()
+            .find_map(|p| e.pointer(p).filter(|v| v.as_str().is_some_and(|s| !s.is_empty())))
+    };
+    let last = ts(&["/series/lastObservedTime", "/lastTimestamp", "/eventTime"]);
+    let first = ts(&["/firstTimestamp", "/eventTime"]);
+    let object = format!(
+        "{}/{}",
+        str_or(e, "/involvedObject/kind", "").to_lowercase(),
+        str_or(e, "/involvedObject/name", "")
+    );
+    let source = match (str_or(e, "/source/component", ""), str_or(e, "/source/host", "")) {
+        ("", _) => [
+            str_or(e, "/reportingComponent", ""),
+            str_or(e, "/reportingInstance", ""),
+        ]
+        .iter()
+        .filter(|s| !s.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", "),
+        (c, "") => c.to_string(),
+        (c, h) => format!("{c}, {h}"),
+    };
+    let count = e
+        .pointer("/series/count")
+        .or_else(|| e.pointer("/count"))
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    (
+        vec![
+            col("Last Seen", "string", "", 0),
+            col("Type", "string", "", 0),
+            col("Reason", "string", "", 0),
+            col("Object", "string", "", 0),
+            col("Subobject", "string", "", 1),
+            col("Source", "string", "", 1),
+            col("Message", "string", "", 0),
+            col("First Seen", "string", "", 1),
+            col("Count", "string", "", 1),
+            col("Name", "string", "name", 1),
+        ],
+        vec![
+            age(last),
+            json!(str_or(e, "/type", "")),
+            json!(str_or(e, "/reason", "")),
+            json!(object),
+            json!(str_or(e, "/involvedObject/fieldPath", "")),
+            json!(source),
+            json!(str_or(e, "/message", "")),
+            age(first),
+            json!(count),
+            json!(e.pointer("/metadata/name")),
+        ],
+    )
+}
+
 /// Column definitions and the row cells for one object of `def`.
 fn columns_and_cells(def: &ResourceDef, obj: &Value) -> (Vec<Value>, Vec<Value>) {
     let name = json!(obj.pointer("/metadata/name"));
@@ -192,6 +252,8 @@ fn columns_and_cells(def: &ResourceDef, obj: &Value) -> (Vec<Value>, Vec<Value>)
         return (cols, cells);
     }
     match (def.group.as_str(), def.plural.as_str()) {
+        ("", "events") => event_columns_and_cells(obj),
+        ("events.k8s.io", "events") => event_columns_and_cells(&crate::event_shapes::to_core(obj.clone())),
         ("", "pods") => (
             vec![
                 col("Name", "string", "name", 0),

@@ -508,3 +508,46 @@ async fn kubectl_drives_the_emulator() {
 
     handle.shutdown().await.expect("clean shutdown");
 }
+
+/// `kubectl get events` reads core/v1 Events; one written through events.k8s.io (as kube-runtime's
+/// Recorder does) is listed there with kubectl's usual columns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_events_lists_events_k8s_io_events() {
+    if !kubectl_available() {
+        return;
+    }
+    let handle = KubeEmulator::start(KubeOptions::default())
+        .await
+        .expect("emulator starts");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    handle.write_kubeconfig(&kubeconfig).expect("kubeconfig written");
+    let k = Kubectl {
+        kubeconfig,
+        cache: dir.path().join("cache"),
+    };
+    let event = r#"{"apiVersion":"events.k8s.io/v1","kind":"Event","metadata":{"name":"evented.1","namespace":"kube-system"},
+        "eventTime":"2026-01-01T00:00:00.000000Z","regarding":{"kind":"ConfigMap","namespace":"kube-system","name":"evented"},
+        "note":"waiting for the VIF","reason":"VifNotActive","type":"Warning","action":"Wiring",
+        "reportingController":"kuryr-test","reportingInstance":"node-1"}"#;
+    k.ok(&["create", "-f", "-"], Some(event));
+
+    for resource in ["events", "events.events.k8s.io"] {
+        let table = k.ok(&["get", resource, "-A"], None);
+        let header = table.lines().next().unwrap_or_default();
+        for column in ["NAMESPACE", "LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"] {
+            assert!(header.contains(column), "{resource}: {table}");
+        }
+        let row = table
+            .lines()
+            .find(|l| l.contains("configmap/evented"))
+            .unwrap_or_else(|| panic!("{resource}: no row for the event: {table}"));
+        for cell in ["kube-system", "Warning", "VifNotActive", "waiting for the VIF"] {
+            assert!(row.contains(cell), "{resource}: {table}");
+        }
+    }
+    let message = k.get_jsonpath(&["events", "-n", "kube-system", "evented.1"], "{.message}");
+    assert_eq!(message, "waiting for the VIF");
+
+    handle.shutdown().await.expect("clean shutdown");
+}

@@ -47,6 +47,16 @@ impl Store {
                 .find(|d| d.kind == kind)
                 .cloned()
                 .ok_or_else(|| format!("snapshot object of unknown kind {api_version}/{kind}"))?;
+            // Snapshots written before both Event shapes shared one storage may hold
+            // events.k8s.io-shaped Events: they belong in the core storage, in the core shape.
+            let converted;
+            let (def, obj) = match st.registry.find("", "v1", "events") {
+                Some(core) if crate::event_shapes::is_events_v1(&def) => {
+                    converted = crate::event_shapes::to_core(obj.clone());
+                    (core, &converted)
+                }
+                _ => (def, obj),
+            };
             let ns = meta_str(obj, "namespace").unwrap_or_default().to_string();
             let name = meta_str(obj, "name")
                 .ok_or_else(|| format!("snapshot {kind} without metadata.name"))?

@@ -423,3 +423,16 @@ fn snapshot_and_restore_round_trip() {
         .expect_err("needs a resourceVersion");
     assert!(e.contains("resourceVersion"));
 }
+
+#[test]
+fn restore_moves_events_k8s_io_events_into_the_core_storage() {
+    let s = store();
+    let snap = json!({"resourceVersion": 7, "objects": [{"apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": "e1", "namespace": "default"}, "regarding": {"name": "p"}, "note": "n"}]});
+    s.restore(&snap).expect("restore");
+    let core = s.find("", "v1", "events").expect("core events");
+    let e = s.get(&core, "default", "e1").expect("in the core storage");
+    assert_eq!(e["apiVersion"], "v1");
+    assert_eq!(e["involvedObject"]["name"], "p");
+    assert_eq!(e["message"], "n");
+}
