@@ -6,7 +6,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
-//! let report = neutron_contract::run_suite("neutron-server", "http://127.0.0.1:9696", &Default::default()).await?;
+//! let report = neutron_contract::run_suite("neutron-server", "http://127.0.0.1:9696", &Default::default()).await;
 //! println!("{}", report.summary());
 //! # Ok(()) }
 //! ```
@@ -15,135 +15,27 @@ mod cases;
 mod ctx;
 pub mod env;
 
-use std::future::Future;
-use std::pin::Pin;
-use std::time::{Duration, Instant};
-
-use futures::StreamExt;
-
 pub use cases::all_cases;
+pub use contract_harness::{CaseContext, CaseOutcome, SuiteOptions, SuiteReport};
 pub use ctx::Ctx;
 
-pub type CaseFuture<'a> = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + 'a>>;
+/// One behavioural case of this suite.
+pub type Case = contract_harness::Case<Ctx>;
 
-/// One behavioural case.
-#[derive(Clone, Copy)]
-pub struct Case {
-    pub name: &'static str,
-    pub run: for<'a> fn(&'a Ctx) -> CaseFuture<'a>,
-}
+/// The suite's prefix in summary lines: `contract[<target>]: N passed, M failed`.
+pub const SUITE: &str = "contract";
 
-#[derive(Debug, Clone)]
-pub struct SuiteOptions {
-    /// Cases run at once (each in its own project). The real server is CPU-bound on 2 cores: keep it small.
-    pub concurrency: usize,
-    /// Run only cases whose name contains one of these substrings (empty = all).
-    pub only: Vec<String>,
-    /// Per-case time limit (cleanup not included).
-    pub case_timeout: Duration,
-}
-
-impl Default for SuiteOptions {
-    fn default() -> Self {
-        Self {
-            concurrency: 2,
-            only: Vec::new(),
-            case_timeout: Duration::from_secs(180),
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct CaseOutcome {
-    pub name: &'static str,
-    /// `Err` holds the failure message.
-    pub result: Result<(), String>,
-    pub duration: Duration,
-    /// Resources the sweep could not delete (reported, not a failure of the case).
-    pub cleanup_errors: Vec<String>,
-}
-
-#[derive(Debug, Clone)]
-pub struct SuiteReport {
-    pub target: String,
-    pub outcomes: Vec<CaseOutcome>,
-    pub duration: Duration,
-}
-
-impl SuiteReport {
-    pub fn passed(&self) -> usize {
-        self.outcomes.iter().filter(|o| o.result.is_ok()).count()
+impl CaseContext for Ctx {
+    fn new(base_url: &str, case: &'static str) -> anyhow::Result<Self> {
+        Ctx::new(base_url, case)
     }
 
-    pub fn failed(&self) -> usize {
-        self.outcomes.len() - self.passed()
-    }
-
-    /// `contract[<target>]: N passed, M failed`
-    pub fn summary(&self) -> String {
-        format!(
-            "contract[{}]: {} passed, {} failed",
-            self.target,
-            self.passed(),
-            self.failed()
-        )
-    }
-
-    /// Failures, one per line: `  FAIL <case>: <message>`.
-    pub fn failures(&self) -> Vec<String> {
-        self.outcomes
-            .iter()
-            .filter_map(|o| o.result.as_ref().err().map(|e| format!("  FAIL {}: {e}", o.name)))
-            .collect()
+    async fn sweep(&self) -> Vec<String> {
+        Ctx::sweep(self).await
     }
 }
 
 /// Run every selected case against `base_url` (e.g. `http://127.0.0.1:9696`, API under `/v2.0`).
-pub async fn run_suite(target: &str, base_url: &str, opts: &SuiteOptions) -> anyhow::Result<SuiteReport> {
-    let started = Instant::now();
-    let cases: Vec<Case> = all_cases()
-        .into_iter()
-        .filter(|c| opts.only.is_empty() || opts.only.iter().any(|o| c.name.contains(o.as_str())))
-        .collect();
-    let mut outcomes: Vec<CaseOutcome> = futures::stream::iter(cases)
-        .map(|case| run_case(case, base_url, opts.case_timeout))
-        .buffer_unordered(opts.concurrency.max(1))
-        .collect()
-        .await;
-    let order: Vec<&str> = all_cases().iter().map(|c| c.name).collect();
-    outcomes.sort_by_key(|o| order.iter().position(|n| *n == o.name));
-    Ok(SuiteReport {
-        target: target.to_owned(),
-        outcomes,
-        duration: started.elapsed(),
-    })
-}
-
-/// Run one case in a fresh project and sweep the project afterwards.
-pub async fn run_case(case: Case, base_url: &str, timeout: Duration) -> CaseOutcome {
-    let started = Instant::now();
-    let ctx = match Ctx::new(base_url, case.name) {
-        Ok(c) => c,
-        Err(e) => {
-            return CaseOutcome {
-                name: case.name,
-                result: Err(format!("cannot build client: {e:#}")),
-                duration: started.elapsed(),
-                cleanup_errors: Vec::new(),
-            };
-        }
-    };
-    let result = match tokio::time::timeout(timeout, (case.run)(&ctx)).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("{e:#}")),
-        Err(_) => Err(format!("timed out after {timeout:?}")),
-    };
-    let duration = started.elapsed();
-    let cleanup_errors = ctx.sweep().await;
-    CaseOutcome {
-        name: case.name,
-        result,
-        duration,
-        cleanup_errors,
-    }
+pub async fn run_suite(target: &str, base_url: &str, opts: &SuiteOptions) -> SuiteReport {
+    contract_harness::run_suite(SUITE, target, base_url, all_cases(), opts).await
 }

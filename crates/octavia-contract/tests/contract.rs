@@ -6,10 +6,10 @@
 //! Env: `KURYR_CONTRACT_TARGETS=emulator,octavia` (default both), `KURYR_CONTRACT_CONCURRENCY` (default 3).
 //! Positional args select cases by substring: `cargo test -p octavia-contract --test contract -- batch`.
 
-use std::collections::BTreeSet;
 use std::process::ExitCode;
 
-use octavia_contract::{SuiteOptions, SuiteReport, run_suite};
+use contract_harness::{Invocation, run_main};
+use octavia_contract::{SuiteReport, default_options, run_suite};
 
 /// The emulator, started in-process with the latency of the real noop-amphora Octavia (with no
 /// latency nothing is ever PENDING_* and the immutability case could not hold).
@@ -23,82 +23,38 @@ mod emulator {
     }
 }
 
-fn print_report(r: &SuiteReport) {
-    for o in &r.outcomes {
-        let verdict = if o.result.is_ok() { "ok  " } else { "FAIL" };
-        println!("  {verdict} {:<60} {:>7.2}s", o.name, o.duration.as_secs_f64());
-        for c in &o.cleanup_errors {
-            println!("       cleanup: {c}");
-        }
-    }
-    println!("{}  ({:.1}s)", r.summary(), r.duration.as_secs_f64());
-    for f in r.failures() {
-        println!("{f}");
-    }
-}
-
-async fn run_target(name: &str, url: &str, opts: &SuiteOptions) -> bool {
-    match run_suite(name, url, opts).await {
-        Ok(r) => {
-            print_report(&r);
-            r.failed() > 0
-        }
-        Err(e) => {
-            println!("contract-octavia[{name}]: suite error: {e:#}");
-            true
-        }
-    }
+fn report(r: &SuiteReport) -> bool {
+    r.print();
+    r.failed() > 0
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let targets: BTreeSet<String> = std::env::var("KURYR_CONTRACT_TARGETS")
-        .unwrap_or_else(|_| "emulator,octavia".into())
-        .split(',')
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
-        .collect();
-    let concurrency = match std::env::var("KURYR_CONTRACT_CONCURRENCY")
-        .ok()
-        .map(|v| v.parse::<usize>())
-    {
-        None => 3,
-        Some(Ok(n)) if n > 0 => n,
-        Some(_) => {
-            eprintln!("KURYR_CONTRACT_CONCURRENCY must be a positive integer");
-            return ExitCode::FAILURE;
-        }
-    };
-    let opts = SuiteOptions {
-        concurrency,
-        only: args,
-        ..SuiteOptions::default()
-    };
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
+    let inv = match Invocation::from_env(&["emulator", "octavia"], default_options()) {
+        Ok(i) => i,
         Err(e) => {
-            eprintln!("cannot start tokio runtime: {e}");
+            eprintln!("{e}");
             return ExitCode::FAILURE;
         }
     };
-    let failed = rt.block_on(async {
+    let opts = inv.options;
+    run_main(async move {
         let mut failed = false;
-        if !targets.contains("emulator") {
+        if !inv.targets.contains("emulator") {
             println!("contract-octavia[emulator]: skipped (not in KURYR_CONTRACT_TARGETS)");
         } else {
             match emulator::start().await {
-                Ok(emu) => failed |= run_target("emulator", &emu.url(), &opts).await,
+                Ok(emu) => failed |= report(&run_suite("emulator", &emu.url(), &opts).await),
                 Err(e) => {
                     println!("contract-octavia[emulator]: cannot start the emulator: {e}");
                     failed = true;
                 }
             }
         }
-        if !targets.contains("octavia") {
+        if !inv.targets.contains("octavia") {
             println!("contract-octavia[octavia]: skipped (not in KURYR_CONTRACT_TARGETS)");
         } else {
             match octavia_contract::env::real_octavia_url() {
-                Ok(Some(url)) => failed |= run_target("octavia", &url, &opts).await,
+                Ok(Some(url)) => failed |= report(&run_suite("octavia", &url, &opts).await),
                 Ok(None) => println!(
                     "contract-octavia[octavia]: skipped: {}",
                     octavia_contract::env::skip_reason()
@@ -110,10 +66,5 @@ fn main() -> ExitCode {
             }
         }
         failed
-    });
-    if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    }
+    })
 }
