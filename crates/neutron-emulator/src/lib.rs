@@ -158,7 +158,7 @@ impl Emulator {
                 let _ = rx.await;
             });
             if let Err(e) = serve.await {
-                tracing::error!(error = %e, "neutron-emulator server stopped");
+                tracing::warn!(error = %e, "neutron-emulator server stopped serving");
             }
         });
         tracing::info!(%addr, "neutron-emulator listening");

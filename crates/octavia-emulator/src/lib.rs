@@ -134,7 +134,7 @@ impl OctaviaEmulator {
                 let _ = rx.await;
             });
             if let Err(e) = serve.await {
-                tracing::error!(error = %e, "octavia-emulator stopped");
+                tracing::warn!(error = %e, "octavia-emulator stopped serving");
             }
         });
         tracing::info!(%addr, "octavia-emulator listening");
