@@ -395,6 +395,9 @@ config_section! {
         timeout_client_data: u64 = 0,
         /// Milliseconds, 0 = Octavia's default.
         timeout_member_data: u64 = 0,
+        /// kuryr-rs: seconds between checks of every load balancer against Octavia (repair of what was
+        /// changed or deleted by hand, replacement of ERROR ones, orphan sweep); upstream's fixed 600.
+        reconcile_period: u64 = 600,
     }
 }
 
@@ -566,6 +569,9 @@ config_section! {
         endpoint_type: String = s("public"),
         /// Neutron URL to use instead of the catalog's (e.g. with `auth_type = noauth`).
         endpoint_override: Option<String> = None,
+        /// kuryr-rs: Octavia URL to use instead of the catalog's `load-balancer` endpoint (openstacksdk's
+        /// name); needed by the Service handlers with `auth_type = noauth`.
+        load_balancer_endpoint_override: Option<String> = None,
         cafile: Option<String> = None,
         certfile: Option<String> = None,
         keyfile: Option<String> = None,

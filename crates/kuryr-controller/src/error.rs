@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use kuryr_neutron::ErrorKind;
+use kuryr_neutron::octavia::OctaviaErrorKind;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -37,6 +38,15 @@ pub enum Error {
         context: Option<String>,
         #[source]
         source: kuryr_neutron::Error,
+    },
+
+    /// An Octavia API call failed (or a load balancer did not reach ACTIVE in time); `context` says what the
+    /// controller was doing.
+    #[error("{}{source}", context.as_deref().map(|c| format!("{c}: ")).unwrap_or_default())]
+    LoadBalancer {
+        context: Option<String>,
+        #[source]
+        source: kuryr_neutron::octavia::OctaviaError,
     },
 
     /// OpenStack capacity ran out (quota, addresses, a trunk's VLAN ids): transient from the pod's
@@ -90,6 +100,14 @@ impl Error {
         }
     }
 
+    /// An Octavia failure with what the controller was doing.
+    pub fn octavia(context: impl Into<String>, source: kuryr_neutron::octavia::OctaviaError) -> Self {
+        Error::LoadBalancer {
+            context: Some(context.into()),
+            source,
+        }
+    }
+
     /// Every error of `errors` as one: none is `Ok`, one is itself, more are [`Error::Multiple`].
     pub fn collect(mut errors: Vec<Error>) -> Result<(), Error> {
         match errors.len() {
@@ -124,6 +142,18 @@ impl Error {
                         )
                     )
             }
+            // A load balancer that went to ERROR is replaced by the next attempt.
+            Error::LoadBalancer { source, .. } => {
+                source.is_transient()
+                    || matches!(
+                        source,
+                        kuryr_neutron::octavia::OctaviaError::ProvisioningFailed { .. }
+                    )
+                    || matches!(
+                        source.kind(),
+                        Some(OctaviaErrorKind::Quota | OctaviaErrorKind::Conflict)
+                    )
+            }
             Error::Multiple(errors) => errors.iter().any(Error::is_retryable),
             Error::InvalidInput { .. } | Error::Gone(_) | Error::Config(_) | Error::Serialization { .. } => {
                 false
@@ -138,6 +168,14 @@ impl Error {
             Error::OpenStack { source, .. } => matches!(
                 source.kind(),
                 Some(ErrorKind::OverQuota | ErrorKind::IpAddressGenerationFailure)
+            ),
+            Error::LoadBalancer { source, .. } => matches!(
+                source.kind(),
+                Some(
+                    OctaviaErrorKind::Quota
+                        | OctaviaErrorKind::Validation
+                        | OctaviaErrorKind::UnsupportedProviderOption
+                )
             ),
             Error::Multiple(errors) => errors.iter().any(Error::is_user_visible),
             _ => false,
@@ -171,6 +209,22 @@ impl Error {
                 None if source.is_transient() => "NeutronUnreachable",
                 None => "NeutronClient",
             },
+            Error::LoadBalancer { source, .. } => match source.kind() {
+                Some(OctaviaErrorKind::Quota) => "LoadBalancerOverQuota",
+                Some(OctaviaErrorKind::Validation | OctaviaErrorKind::UnsupportedProviderOption) => {
+                    "LoadBalancerRefused"
+                }
+                Some(_) => "OctaviaError",
+                None if matches!(
+                    source,
+                    kuryr_neutron::octavia::OctaviaError::ProvisioningFailed { .. }
+                ) =>
+                {
+                    "LoadBalancerError"
+                }
+                None if source.is_transient() => "OctaviaUnreachable",
+                None => "OctaviaClient",
+            },
         }
     }
 
@@ -178,6 +232,7 @@ impl Error {
     pub fn request_id(&self) -> Option<&str> {
         match self {
             Error::Multiple(errors) => errors.iter().find_map(Error::request_id),
+            Error::LoadBalancer { source, .. } => source.request_id(),
             _ => self.neutron().and_then(kuryr_neutron::Error::request_id),
         }
     }
@@ -186,6 +241,7 @@ impl Error {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Error::Multiple(errors) => errors.iter().filter_map(Error::retry_after).max(),
+            Error::LoadBalancer { source, .. } => source.retry_after(),
             _ => self.neutron().and_then(kuryr_neutron::Error::retry_after),
         }
     }

@@ -2,7 +2,10 @@
 //!
 //! - [`pipeline`]: the handler pipeline (Async, Dispatcher, Retry, LogExceptions)
 //! - [`watcher`]: list+watch per kind with resume, re-list and periodic reconcile
-//! - `handlers`: `vif`, `kuryrport`, `namespace`, `kuryrnetwork`
+//! - `handlers`: `vif`, `kuryrport`, `namespace`, `kuryrnetwork`, `service`, `endpoints`,
+//!   `kuryrloadbalancer`
+//! - [`services`]: Kubernetes Services as Octavia load balancers (decide, then act)
+//! - [`service`]: runs the controller (not to be confused with [`services`])
 //! - `drivers`: project, subnets, security groups, VIF (neutron-vif, nested-vlan, nested-macvlan),
 //!   pool, multi-VIF
 
@@ -18,6 +21,7 @@ pub mod pipeline;
 pub mod placement;
 pub mod pool;
 pub mod service;
+pub mod services;
 pub mod watcher;
 pub mod wiring;
 

@@ -26,6 +26,8 @@ struct Inner {
     stage_latency: Family<Labels2, Histogram>,
     neutron_calls: Family<Labels2, Counter>,
     neutron_latency: Family<Labels2, Histogram>,
+    octavia_calls: Family<Labels2, Counter>,
+    octavia_latency: Family<Labels2, Histogram>,
     pool: Family<Labels2, Gauge>,
     pool_events: Family<Labels2, Counter>,
 }
@@ -51,6 +53,9 @@ impl Metrics {
             Family::<Labels2, Histogram>::new_with_constructor(|| Histogram::new(latency_buckets()));
         let neutron_calls = Family::<Labels2, Counter>::default();
         let neutron_latency =
+            Family::<Labels2, Histogram>::new_with_constructor(|| Histogram::new(latency_buckets()));
+        let octavia_calls = Family::<Labels2, Counter>::default();
+        let octavia_latency =
             Family::<Labels2, Histogram>::new_with_constructor(|| Histogram::new(latency_buckets()));
         let pool = Family::<Labels2, Gauge>::default();
         let pool_events = Family::<Labels2, Counter>::default();
@@ -85,6 +90,16 @@ impl Metrics {
             "Neutron API call latency by operation",
             neutron_latency.clone(),
         );
+        registry.register(
+            "octavia_calls",
+            "Octavia API calls by operation and result",
+            octavia_calls.clone(),
+        );
+        registry.register(
+            "octavia_call_seconds",
+            "Octavia API call latency by operation",
+            octavia_latency.clone(),
+        );
         registry.register("pool_ports", "Ports per pool and state", pool.clone());
         registry.register(
             "pool_events",
@@ -100,6 +115,8 @@ impl Metrics {
             stage_latency,
             neutron_calls,
             neutron_latency,
+            octavia_calls,
+            octavia_latency,
             pool,
             pool_events,
         }))
@@ -153,6 +170,20 @@ impl Metrics {
             .inc();
         self.0
             .neutron_latency
+            .get_or_create(&vec![("operation", operation.to_string())])
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn octavia_call(&self, operation: &str, result: &str, took: Duration) {
+        self.0
+            .octavia_calls
+            .get_or_create(&vec![
+                ("operation", operation.to_string()),
+                ("result", result.to_string()),
+            ])
+            .inc();
+        self.0
+            .octavia_latency
             .get_or_create(&vec![("operation", operation.to_string())])
             .observe(took.as_secs_f64());
     }

@@ -1,5 +1,5 @@
-//! One Neutron client per OpenStack deployment, built from `[neutron]` and the
-//! `[deployment:<name>]` sections.
+//! One OpenStack client set (Neutron, and Octavia for the Service handlers) per deployment, built from
+//! `[neutron]` and the `[deployment:<name>]` sections.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use kuryr_config::{DEPLOYMENT_SECTION_PREFIX, KuryrConfig, NeutronAuthSection};
 use kuryr_neutron::auth::{CloudsYamlError, clouds_yaml_search_paths, display_paths, load_cloud_in};
+use kuryr_neutron::octavia::OctaviaClient;
 use kuryr_neutron::{AuthOptions, AuthType, CallRecord, ClientOptions, Interface, NeutronClient, Secret};
 
 use crate::error::Error;
@@ -15,31 +16,53 @@ use crate::metrics::Metrics;
 
 pub const DEFAULT_DEPLOYMENT: &str = "default";
 
-/// The Neutron clients of every configured deployment.
+/// The OpenStack clients of every configured deployment.
 #[derive(Clone)]
 pub struct Deployments {
     clients: Arc<BTreeMap<String, NeutronClient>>,
+    /// Octavia per deployment, or why there is none (e.g. `noauth` without an Octavia URL): only the Service
+    /// handlers need it, so a deployment without one fails there, naming the option, not at start-up.
+    octavia: Arc<BTreeMap<String, Result<OctaviaClient, String>>>,
 }
 
 impl Deployments {
     /// Builds a client per deployment; calls are reported to `metrics`.
     pub fn from_config(config: &KuryrConfig, metrics: &Metrics) -> Result<Self, Error> {
         let mut clients = BTreeMap::new();
+        let mut octavia = BTreeMap::new();
         for (name, section) in config.deployments() {
             let opts = client_options(&section_name(name), section)?;
-            let m = metrics.clone();
-            let client = NeutronClient::with_metrics(
-                &opts,
-                Arc::new(move |c: &CallRecord<'_>| {
-                    m.neutron_call(c.operation, c.outcome.as_str(), c.latency)
-                }),
-            )
-            .map_err(|e| Error::Config(format!("deployment {name}: {e}")))?;
+            let client = NeutronClient::with_metrics(&opts, metrics_hook(metrics))
+                .map_err(|e| Error::Config(format!("deployment {name}: {e}")))?;
             clients.insert(name.to_string(), client);
+            octavia.insert(
+                name.to_string(),
+                octavia_client(&section_name(name), section, opts, metrics),
+            );
         }
         Ok(Self {
             clients: Arc::new(clients),
+            octavia: Arc::new(octavia),
         })
+    }
+
+    /// Adds (or replaces) the Octavia client of `deployment` (tests and the sandbox).
+    pub fn with_octavia(mut self, deployment: &str, client: OctaviaClient) -> Self {
+        let mut map = (*self.octavia).clone();
+        map.insert(deployment.to_string(), Ok(client));
+        self.octavia = Arc::new(map);
+        self
+    }
+
+    /// The Octavia client of `deployment`.
+    pub fn octavia(&self, deployment: &str) -> Result<&OctaviaClient, Error> {
+        match self.octavia.get(deployment) {
+            Some(Ok(c)) => Ok(c),
+            Some(Err(why)) => Err(Error::Config(why.clone())),
+            None => Err(Error::Config(format!(
+                "no Octavia client for OpenStack deployment {deployment:?}"
+            ))),
+        }
     }
 
     /// One `noauth` deployment at `url` (a test or sandbox Neutron), reporting into `metrics`.
@@ -53,6 +76,10 @@ impl Deployments {
     pub fn single(client: NeutronClient) -> Self {
         Self {
             clients: Arc::new(BTreeMap::from([(DEFAULT_DEPLOYMENT.to_string(), client)])),
+            octavia: Arc::new(BTreeMap::from([(
+                DEFAULT_DEPLOYMENT.to_string(),
+                Err("no Octavia is configured for this deployment".to_string()),
+            )])),
         }
     }
 
@@ -75,6 +102,29 @@ impl Deployments {
 pub fn metrics_hook(metrics: &Metrics) -> Arc<dyn kuryr_neutron::Metrics> {
     let m = metrics.clone();
     Arc::new(move |c: &CallRecord<'_>| m.neutron_call(c.operation, c.outcome.as_str(), c.latency))
+}
+
+/// Octavia shares the deployment's Keystone session options; only the endpoint differs (the catalog's
+/// `load-balancer`, or `load_balancer_endpoint_override`).
+fn octavia_client(
+    section: &str,
+    s: &NeutronAuthSection,
+    mut opts: ClientOptions,
+    metrics: &Metrics,
+) -> Result<OctaviaClient, String> {
+    opts.endpoint_override = s.load_balancer_endpoint_override.clone();
+    if opts.auth.auth_type == AuthType::NoAuth && opts.endpoint_override.is_none() {
+        return Err(format!(
+            "[{section}] load_balancer_endpoint_override is required for the Service handlers: without \
+             Keystone there is no catalog to find Octavia in"
+        ));
+    }
+    let m = metrics.clone();
+    OctaviaClient::with_metrics(
+        &opts,
+        Arc::new(move |c: &CallRecord<'_>| m.octavia_call(c.operation, c.outcome.as_str(), c.latency)),
+    )
+    .map_err(|e| format!("[{section}] Octavia client: {e}"))
 }
 
 /// The `kuryr.conf` section of deployment `name`, as error messages name it.

@@ -156,6 +156,18 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
                 for h in hs {
                     pipeline.register(h);
                 }
+                if opts
+                    .config
+                    .kubernetes
+                    .enabled_handlers
+                    .iter()
+                    .any(|h| h == "kuryrloadbalancer")
+                {
+                    let every = Duration::from_secs(opts.config.octavia_defaults.reconcile_period.max(1));
+                    tasks.spawn(
+                        crate::services::reconcile::Reconciler::new(ctx.clone()).run(every, token.clone()),
+                    );
+                }
                 if let Some(p) = &pools {
                     // Pools act on Neutron too: only the leader maintains (and recovers) them.
                     tasks.spawn(p.clone().run(token.clone()));

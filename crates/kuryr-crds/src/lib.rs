@@ -19,7 +19,11 @@ pub mod generate;
 pub mod names;
 pub mod vif;
 
-pub use crds::kuryrloadbalancer::{KuryrLoadBalancer, KuryrLoadBalancerSpec, KuryrLoadBalancerStatus};
+pub use crds::kuryrloadbalancer::{
+    KuryrLoadBalancer, KuryrLoadBalancerSpec, KuryrLoadBalancerStatus, LbEndpoint, LbEndpointConditions,
+    LbEndpointPort, LbEndpointSlice, LbListener, LbLoadBalancer, LbMember, LbPool, LbPubIpInfo, LbSpecPort,
+    LbTargetRef,
+};
 pub use crds::kuryrnetwork::{KuryrNetwork, KuryrNetworkSpec, KuryrNetworkStatus};
 pub use crds::kuryrnetworkpolicy::{KuryrNetworkPolicy, KuryrNetworkPolicySpec, KuryrNetworkPolicyStatus};
 pub use crds::kuryrport::{KuryrPort, KuryrPortSpec, KuryrPortStatus, KuryrPortVif};

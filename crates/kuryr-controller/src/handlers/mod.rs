@@ -4,12 +4,18 @@
 //! - `kuryrport` ([`kuryrport::KuryrPortHandler`]): VIFs through the drivers into `status.vifs`
 //! - `namespace` ([`namespace::NamespaceHandler`]): a KuryrNetwork per namespace (namespace subnets)
 //! - `kuryrnetwork` ([`kuryrnetwork::KuryrNetworkHandler`]): network, subnet, router interface
+//! - `service` ([`service::ServiceHandler`]): a KuryrLoadBalancer per served Service
+//! - `endpoints` ([`endpoints::EndpointsHandler`], EndpointSlices): its `spec.endpointSlices`
+//! - `kuryrloadbalancer` ([`kuryrloadbalancer::KuryrLoadBalancerHandler`]): the Octavia load balancer
 //!
 //! A library user adds a handler with [`HandlerRegistry::register`]; the pipeline is unchanged.
 
+pub mod endpoints;
+pub mod kuryrloadbalancer;
 pub mod kuryrnetwork;
 pub mod kuryrport;
 pub mod namespace;
+pub mod service;
 pub mod vif;
 
 use std::collections::BTreeMap;
@@ -22,13 +28,9 @@ use crate::pipeline::RegisteredHandler;
 /// Builds a handler from the shared context (which holds the drivers).
 pub type HandlerFactory = Box<dyn Fn(&Arc<Context>) -> RegisteredHandler + Send + Sync>;
 
-/// Upstream handler names kuryr-rs deliberately does not provide (Octavia load balancers and
-/// network policies): accepted in `enabled_handlers` so upstream configs load, and skipped with a
-/// warning.
+/// Upstream handler names kuryr-rs does not provide: accepted in `enabled_handlers` so upstream
+/// configs load, and skipped with a warning.
 pub const NOT_PROVIDED: &[&str] = &[
-    "endpoints",
-    "service",
-    "kuryrloadbalancer",
     "lb",
     "lbaasspec",
     "policy",
@@ -69,6 +71,15 @@ impl HandlerRegistry {
         });
         r.register("kuryrnetwork", |ctx| {
             RegisteredHandler::new(kuryrnetwork::KuryrNetworkHandler::new(ctx.clone()))
+        });
+        r.register("service", |ctx| {
+            RegisteredHandler::new(service::ServiceHandler::new(ctx.clone()))
+        });
+        r.register("endpoints", |ctx| {
+            RegisteredHandler::new(endpoints::EndpointsHandler::new(ctx.clone()))
+        });
+        r.register("kuryrloadbalancer", |ctx| {
+            RegisteredHandler::new(kuryrloadbalancer::KuryrLoadBalancerHandler::new(ctx.clone()))
         });
         r
     }

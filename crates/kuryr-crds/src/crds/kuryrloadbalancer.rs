@@ -54,6 +54,10 @@ pub struct KuryrLoadBalancerSpec {
     pub timeout_client_data: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_member_data: Option<i32>,
+    /// kuryr-rs: the Service's `sessionAffinity` when it is `ClientIP` (Octavia `SOURCE_IP` persistence).
+    /// Upstream had no such field; its objects simply lack it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_affinity: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -1,0 +1,82 @@
+//! `endpoints` handler: a Service's EndpointSlices -> `spec.endpointSlices` of its KuryrLoadBalancer (ready
+//! endpoints only). Services without a selector are served from the slices their owner writes by hand.
+//! Every slice event recomputes the whole Service from all its slices, so order and splitting do not matter,
+//! and an unchanged result writes nothing.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kuryr_crds::KuryrLoadBalancer;
+use serde_json::json;
+
+use crate::context::Context;
+use crate::error::Error;
+use crate::pipeline::ResourceEventHandler;
+use crate::services::endpoints::{SERVICE_NAME_LABEL, from_slices};
+use crate::services::spec;
+
+pub struct EndpointsHandler {
+    ctx: Arc<Context>,
+}
+
+impl EndpointsHandler {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Self { ctx }
+    }
+
+    async fn sync(&self, slice: &EndpointSlice) -> Result<(), Error> {
+        let ns = slice.namespace().unwrap_or_default();
+        let Some(service) = slice.labels().get(SERVICE_NAME_LABEL).cloned() else {
+            return Ok(());
+        };
+        let svc = Api::<Service>::namespaced(self.ctx.kube.clone(), &ns)
+            .get_opt(&service)
+            .await?;
+        match &svc {
+            None => return Ok(()),
+            Some(svc) if spec::skip_reason(svc).is_some() || svc.metadata.deletion_timestamp.is_some() => {
+                return Ok(());
+            }
+            Some(_) => {}
+        }
+        let slices = Api::<EndpointSlice>::namespaced(self.ctx.kube.clone(), &ns)
+            .list(&ListParams::default().labels(&format!("{SERVICE_NAME_LABEL}={service}")))
+            .await?;
+        let wanted = from_slices(&slices.items);
+        let api: Api<KuryrLoadBalancer> = Api::namespaced(self.ctx.kube.clone(), &ns);
+        let Some(klb) = api.get_opt(&service).await? else {
+            // The service handler creates it; this event is retried until it has.
+            return Err(Error::not_ready(format!(
+                "KuryrLoadBalancer {ns}/{service} not created yet"
+            )));
+        };
+        if klb.spec.endpoint_slices == wanted || klb.metadata.deletion_timestamp.is_some() {
+            return Ok(());
+        }
+        let patch = json!({ "spec": { "endpointSlices": wanted } });
+        api.patch(&service, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ResourceEventHandler for EndpointsHandler {
+    type Object = EndpointSlice;
+
+    fn name(&self) -> &'static str {
+        "endpoints"
+    }
+
+    async fn on_present(&self, slice: &EndpointSlice) -> Result<(), Error> {
+        self.sync(slice).await
+    }
+
+    async fn on_deleted(&self, slice: &EndpointSlice) -> Result<(), Error> {
+        self.sync(slice).await
+    }
+}

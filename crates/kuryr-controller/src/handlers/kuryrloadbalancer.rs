@@ -1,0 +1,249 @@
+//! `kuryrloadbalancer` handler: makes Octavia hold what a KuryrLoadBalancer's spec asks for and records it in
+//! the status (upstream's layout), with the fewest calls (`crate::services::plan`). On deletion the load
+//! balancer goes with everything under it (one cascade delete), then the Service's finalizer.
+//!
+//! Crash safety: before creating, a load balancer with the Service's name and VIP is looked up and adopted,
+//! so a controller killed between Octavia's answer and the status write never makes a second one.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kuryr_config::MemberMode;
+use kuryr_crds::names::finalizers;
+use kuryr_crds::{KuryrLoadBalancer, KuryrLoadBalancerStatus};
+use serde_json::json;
+
+use crate::context::Context;
+use crate::error::{Error, is_not_found};
+use crate::k8s::{add_finalizer, remove_finalizer};
+use crate::pipeline::ResourceEventHandler;
+use crate::services::desired::{self, DesiredLb, Inputs};
+use crate::services::octavia::LbActor;
+use crate::services::plan::{ListenerKey, plan};
+use crate::services::recorded::RecordedLb;
+use crate::services::{lb_name, service_tag};
+
+pub struct KuryrLoadBalancerHandler {
+    ctx: Arc<Context>,
+    /// Listeners Octavia refused, per KuryrLoadBalancer uid: not asked for again until the controller
+    /// restarts (the Warning Event told the user; asking again would only repeat it).
+    refused: Mutex<HashMap<String, BTreeSet<ListenerKey>>>,
+}
+
+impl KuryrLoadBalancerHandler {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Self {
+            ctx,
+            refused: Mutex::default(),
+        }
+    }
+
+    fn tags(&self, klb: &KuryrLoadBalancer) -> Vec<String> {
+        let mut t = self.ctx.resource_tags();
+        t.push(service_tag(&klb.namespace().unwrap_or_default(), &klb.name_any()));
+        t
+    }
+
+    async fn deployment(&self, klb: &KuryrLoadBalancer) -> Result<String, Error> {
+        match klb.spec.project_id.as_deref() {
+            Some(p) if !p.is_empty() => self.ctx.bound_deployment(p).await,
+            _ => Ok(crate::openstack::DEFAULT_DEPLOYMENT.to_string()),
+        }
+    }
+
+    /// The Service this KuryrLoadBalancer stands for, as an Event's subject (Events go to the Service, where
+    /// users look, as upstream did).
+    fn service_ref(klb: &KuryrLoadBalancer) -> ObjectReference {
+        let uid = klb
+            .owner_references()
+            .iter()
+            .find(|r| r.kind == "Service")
+            .map(|r| r.uid.clone());
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Service".into()),
+            name: Some(klb.name_any()),
+            namespace: klb.namespace(),
+            uid,
+            ..Default::default()
+        }
+    }
+
+    async fn event(&self, klb: &KuryrLoadBalancer, warning: bool, reason: &str, note: &str) {
+        let r = Self::service_ref(klb);
+        if let Err(e) = kuryr_crds::events::publish(&self.ctx.events, &r, warning, reason, note, reason).await
+        {
+            tracing::warn!(reason, error = %e, "could not record event");
+        }
+    }
+
+    /// Member subnets: the VIP subnet in L3 mode (routed), the pod's own subnet in L2 mode.
+    async fn desired(&self, klb: &KuryrLoadBalancer, deployment: &str) -> Result<DesiredLb, Error> {
+        let ns = klb.namespace().unwrap_or_default();
+        let name = klb.name_any();
+        let vip_subnet = klb.spec.subnet_id.clone().unwrap_or_default();
+        let mut subnets: Vec<(ipnet::IpNet, String)> = Vec::new();
+        if self.ctx.config.octavia_defaults.member_mode == MemberMode::L2 {
+            let namespaces: BTreeSet<String> = klb
+                .spec
+                .endpoint_slices
+                .iter()
+                .flat_map(|s| &s.endpoints)
+                .filter_map(|e| e.target_ref.as_ref().and_then(|r| r.namespace.clone()))
+                .chain(std::iter::once(ns.clone()))
+                .collect();
+            for pod_ns in namespaces {
+                let info = self
+                    .ctx
+                    .drivers
+                    .subnets
+                    .network_for_namespace(deployment, &pod_ns)
+                    .await?;
+                for s in &info.subnets {
+                    if let Ok(net) = s.cidr.parse::<ipnet::IpNet>() {
+                        subnets.push((net, s.id.clone()));
+                    }
+                }
+            }
+        }
+        let l2 = !subnets.is_empty();
+        let member_subnet = move |ip: &str| -> Option<String> {
+            if !l2 {
+                return Some(vip_subnet.clone());
+            }
+            let ip: std::net::IpAddr = ip.parse().ok()?;
+            subnets
+                .iter()
+                .find(|(n, _)| n.contains(&ip))
+                .map(|(_, id)| id.clone())
+        };
+        let algorithm = self.ctx.config.octavia_defaults.lb_algorithm.as_str().to_string();
+        let mut d = desired::desired(
+            &klb.spec,
+            &Inputs {
+                namespace: &ns,
+                name: &name,
+                lb_algorithm: &algorithm,
+                member_subnet: &member_subnet,
+            },
+        )?;
+        if let Some(refused) = self
+            .refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&klb.uid().unwrap_or_default())
+        {
+            d.listeners.retain(|k, _| !refused.contains(k));
+        }
+        Ok(d)
+    }
+
+    async fn write_status(
+        &self,
+        klb: &KuryrLoadBalancer,
+        status: &KuryrLoadBalancerStatus,
+    ) -> Result<(), Error> {
+        let api: Api<KuryrLoadBalancer> =
+            Api::namespaced(self.ctx.kube.clone(), &klb.namespace().unwrap_or_default());
+        let patch = json!({ "status": status });
+        match api
+            .patch(&klb.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+#[async_trait]
+impl ResourceEventHandler for KuryrLoadBalancerHandler {
+    type Object = KuryrLoadBalancer;
+
+    fn name(&self) -> &'static str {
+        "kuryrloadbalancer"
+    }
+
+    async fn on_present(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
+        let klb = add_finalizer(&self.ctx.kube, klb, finalizers::KURYRLOADBALANCER).await?;
+        let deployment = self.deployment(&klb).await?;
+        let client = self.ctx.deployments.octavia(&deployment)?;
+        let desired = self.desired(&klb, &deployment).await?;
+        let recorded = RecordedLb::from_status(klb.status.as_ref());
+        let steps = plan(recorded.as_ref(), &desired);
+        if steps.is_empty() {
+            return Ok(());
+        }
+        tracing::debug!(klb = %format!("{}/{}", klb.namespace().unwrap_or_default(), klb.name_any()), ?steps, "reconciling load balancer");
+        let actor = LbActor {
+            client,
+            tags: self.tags(&klb),
+        };
+        let had_lb = recorded.is_some();
+        let applied = actor.apply(recorded, &desired, &steps).await?;
+        let mut status = klb.status.clone().unwrap_or_default();
+        applied.recorded.write_status(&mut status);
+        self.write_status(&klb, &status).await?;
+        for r in &applied.refused {
+            self.refused
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(klb.uid().unwrap_or_default())
+                .or_default()
+                .insert(r.key.clone());
+            self.event(
+                &klb,
+                true,
+                "KuryrServicePortUnsupported",
+                &format!(
+                    "Service port {}/{} is not served: Octavia refused its listener: {}",
+                    r.key.1, r.key.0, r.reason
+                ),
+            )
+            .await;
+        }
+        if applied.created || !had_lb {
+            self.event(&klb, false, "KuryrEnsuredLB", "Load balancer provisioned")
+                .await;
+        }
+        Ok(())
+    }
+
+    async fn on_finalize(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
+        let ns = klb.namespace().unwrap_or_default();
+        let name = klb.name_any();
+        let deployment = self.deployment(klb).await?;
+        let client = self.ctx.deployments.octavia(&deployment)?;
+        let actor = LbActor {
+            client,
+            tags: self.tags(klb),
+        };
+        if let Some(rec) = RecordedLb::from_status(klb.status.as_ref()) {
+            actor.delete(&rec.id).await?;
+        }
+        // One made before a crash that never reached the status.
+        let lbs = client
+            .list_load_balancers(&kuryr_neutron::ListFilter::new().name(lb_name(&ns, &name)))
+            .await
+            .map_err(|e| Error::octavia("looking up load balancers to release", e))?;
+        let ours = service_tag(&ns, &name);
+        for lb in lbs.iter().filter(|lb| lb.tags.contains(&ours)) {
+            actor.delete(&lb.id).await?;
+        }
+        remove_finalizer(&self.ctx.kube, klb, finalizers::KURYRLOADBALANCER).await?;
+        self.refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&klb.uid().unwrap_or_default());
+        let services: Api<Service> = Api::namespaced(self.ctx.kube.clone(), &ns);
+        if let Some(svc) = services.get_opt(&name).await? {
+            remove_finalizer(&self.ctx.kube, &svc, finalizers::SERVICE).await?;
+        }
+        Ok(())
+    }
+}

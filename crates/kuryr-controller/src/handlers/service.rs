@@ -1,0 +1,216 @@
+//! `service` handler: a Service kuryr serves (ClusterIP or LoadBalancer, not headless) gets a finalizer and a
+//! KuryrLoadBalancer of the same name whose spec carries the VIP, ports, subnet, project, security groups and
+//! provider; the `kuryrloadbalancer` handler makes it real in Octavia.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kuryr_crds::names::finalizers;
+use kuryr_crds::{KuryrLoadBalancer, KuryrLoadBalancerSpec};
+use serde_json::Value;
+
+use crate::context::Context;
+use crate::error::{Error, is_not_found};
+use crate::k8s::{add_finalizer, publish_event, remove_finalizer};
+use crate::pipeline::ResourceEventHandler;
+use crate::services::spec::{self, Resolved};
+
+pub struct ServiceHandler {
+    ctx: Arc<Context>,
+}
+
+impl ServiceHandler {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Self { ctx }
+    }
+
+    /// `[kubernetes] endpoints_driver_octavia_provider`: `default` is upstream's `amphora`.
+    fn provider(&self) -> Option<String> {
+        match self
+            .ctx
+            .config
+            .kubernetes
+            .endpoints_driver_octavia_provider
+            .as_str()
+        {
+            "" => None,
+            "default" => Some("amphora".to_string()),
+            p => Some(p.to_string()),
+        }
+    }
+
+    async fn resolve(&self, svc: &Service, ip: IpAddr) -> Result<Resolved, Error> {
+        let ns = svc.namespace().unwrap_or_default();
+        let project_id = self.ctx.drivers.project.project_for_namespace(&ns).await?;
+        let deployment = self.ctx.bound_deployment(&project_id).await?;
+        let subnet_id = self
+            .ctx
+            .config
+            .neutron_defaults
+            .service_subnet
+            .clone()
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| {
+                Error::Config("[neutron_defaults] service_subnet is required by the service handler".into())
+            })?;
+        let info = self
+            .ctx
+            .drivers
+            .subnet_cache
+            .network_of_subnet(&deployment, &subnet_id)
+            .await?;
+        let inside = info
+            .subnets
+            .iter()
+            .any(|s| s.cidr.parse::<ipnet::IpNet>().is_ok_and(|net| net.contains(&ip)));
+        if !inside {
+            return Err(Error::invalid(
+                "spec.clusterIP",
+                format!(
+                    "{ip} is not in [neutron_defaults] service_subnet {subnet_id} ({}): the VIP cannot be created",
+                    info.subnets
+                        .iter()
+                        .map(|s| s.cidr.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        let security_groups = self
+            .ctx
+            .drivers
+            .security_groups
+            .security_groups(&deployment, &project_id, &ns)
+            .await?;
+        let od = &self.ctx.config.octavia_defaults;
+        Ok(Resolved {
+            project_id,
+            subnet_id,
+            security_groups,
+            provider: self.provider(),
+            timeout_client_data: od.timeout_client_data,
+            timeout_member_data: od.timeout_member_data,
+        })
+    }
+}
+
+/// The spec as a merge patch that also clears the optional fields the new spec no longer has.
+fn spec_patch(spec: &KuryrLoadBalancerSpec) -> Result<Value, Error> {
+    let mut v = serde_json::to_value(spec).map_err(|e| Error::serialization("KuryrLoadBalancer spec", e))?;
+    if let Some(map) = v.as_object_mut() {
+        for key in [
+            "ip",
+            "lb_ip",
+            "project_id",
+            "subnet_id",
+            "type",
+            "provider",
+            "timeout_client_data",
+            "timeout_member_data",
+            "session_affinity",
+            "security_groups_ids",
+            "ports",
+        ] {
+            map.entry(key).or_insert(Value::Null);
+        }
+        // Owned by the endpoints handler.
+        map.remove("endpointSlices");
+    }
+    Ok(serde_json::json!({ "spec": v }))
+}
+
+#[async_trait]
+impl ResourceEventHandler for ServiceHandler {
+    type Object = Service;
+
+    fn name(&self) -> &'static str {
+        "service"
+    }
+
+    async fn on_present(&self, svc: &Service) -> Result<(), Error> {
+        let ns = svc.namespace().unwrap_or_default();
+        let name = svc.name_any();
+        if let Some(skip) = spec::skip_reason(svc) {
+            tracing::debug!(service = %format!("{ns}/{name}"), ?skip, "service skipped");
+            return Ok(());
+        }
+        let ip = spec::cluster_ip(
+            svc.spec
+                .as_ref()
+                .and_then(|s| s.cluster_ip.as_deref())
+                .unwrap_or_default(),
+        )?;
+        let resolved = self.resolve(svc, ip).await?;
+        let wanted = spec::build(svc, &resolved)?;
+        let svc = add_finalizer(&self.ctx.kube, svc, finalizers::SERVICE).await?;
+        let api: Api<KuryrLoadBalancer> = Api::namespaced(self.ctx.kube.clone(), &ns);
+        match api.get_opt(&name).await? {
+            Some(klb) if klb.metadata.deletion_timestamp.is_some() => Err(Error::not_ready(format!(
+                "KuryrLoadBalancer {ns}/{name} is being deleted"
+            ))),
+            Some(klb) if spec::service_part_differs(&klb.spec, &wanted) => {
+                api.patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&spec_patch(&wanted)?),
+                )
+                .await?;
+                Ok(())
+            }
+            Some(_) => Ok(()),
+            None => {
+                let klb = KuryrLoadBalancer {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        namespace: Some(ns.clone()),
+                        finalizers: Some(vec![finalizers::KURYRLOADBALANCER.to_string()]),
+                        owner_references: Some(vec![OwnerReference {
+                            api_version: "v1".into(),
+                            kind: "Service".into(),
+                            name: name.clone(),
+                            uid: svc.uid().unwrap_or_default(),
+                            ..Default::default()
+                        }]),
+                        ..Default::default()
+                    },
+                    spec: wanted,
+                    status: None,
+                };
+                match api.create(&PostParams::default(), &klb).await {
+                    Ok(_) => {
+                        publish_event(
+                            &self.ctx.events,
+                            &svc,
+                            false,
+                            "KuryrEnsureLB",
+                            "Provisioning a load balancer",
+                        )
+                        .await;
+                        Ok(())
+                    }
+                    // Created meanwhile (by us before a restart, or by upstream): compare on the next event.
+                    Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::not_ready(format!(
+                        "KuryrLoadBalancer {ns}/{name} appeared meanwhile"
+                    ))),
+                    Err(e) => Err(e.into()),
+                }
+            }
+        }
+    }
+
+    async fn on_finalize(&self, svc: &Service) -> Result<(), Error> {
+        let ns = svc.namespace().unwrap_or_default();
+        let api: Api<KuryrLoadBalancer> = Api::namespaced(self.ctx.kube.clone(), &ns);
+        // The KuryrLoadBalancer's own finalizer releases the load balancer and then this Service's.
+        match api.delete(&svc.name_any(), &DeleteParams::background()).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_not_found(&e) => remove_finalizer(&self.ctx.kube, svc, finalizers::SERVICE).await,
+            Err(e) => Err(e.into()),
+        }
+    }
+}

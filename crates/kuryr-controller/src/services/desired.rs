@@ -1,0 +1,274 @@
+//! A KuryrLoadBalancer spec -> the Octavia tree it asks for. Pure.
+
+use std::collections::BTreeMap;
+
+use kuryr_crds::KuryrLoadBalancerSpec;
+
+use crate::error::Error;
+
+/// The Octavia provider that only balances by source IP and port.
+pub const OVN_PROVIDER: &str = "ovn";
+
+/// A load balancer as the spec wants it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DesiredLb {
+    pub name: String,
+    pub vip_address: String,
+    pub vip_subnet_id: String,
+    pub project_id: String,
+    pub provider: Option<String>,
+    pub security_groups: Vec<String>,
+    /// Keyed by (Octavia protocol, port): one listener per Service port.
+    pub listeners: BTreeMap<(String, u16), DesiredListener>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DesiredListener {
+    pub name: String,
+    pub protocol: String,
+    pub port: u16,
+    pub timeout_client_data: Option<u64>,
+    pub timeout_member_data: Option<u64>,
+    pub pool: DesiredPool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DesiredPool {
+    pub name: String,
+    pub protocol: String,
+    pub lb_algorithm: String,
+    /// Octavia session persistence type (`SOURCE_IP`), from `sessionAffinity: ClientIP`.
+    pub persistence: Option<String>,
+    /// Keyed by (address, port), the key Octavia's batch member update matches on.
+    pub members: BTreeMap<(String, u16), DesiredMember>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DesiredMember {
+    /// `<namespace>/<pod>:<port>`, upstream's member name.
+    pub name: String,
+    pub address: String,
+    pub port: u16,
+    pub subnet_id: Option<String>,
+}
+
+/// What the tree depends on besides the spec.
+pub struct Inputs<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    /// `[octavia_defaults] lb_algorithm`.
+    pub lb_algorithm: &'a str,
+    /// The subnet a member is reached on: the VIP subnet in L3 member mode, the pod's subnet in L2.
+    /// `None` leaves the member out (its pod's subnet is not known yet).
+    pub member_subnet: &'a dyn Fn(&str) -> Option<String>,
+}
+
+/// The tree `spec` asks for. A spec without ip, subnet or project is not ready to be acted on.
+pub fn desired(spec: &KuryrLoadBalancerSpec, inp: &Inputs<'_>) -> Result<DesiredLb, Error> {
+    let need = |v: &Option<String>, field: &str| {
+        v.clone()
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| Error::invalid(format!("spec.{field}"), "missing"))
+    };
+    let lb_name = super::lb_name(inp.namespace, inp.name);
+    let provider = spec.provider.clone().filter(|p| !p.is_empty());
+    let ovn = provider.as_deref() == Some(OVN_PROVIDER);
+    let mut listeners = BTreeMap::new();
+    for (i, p) in spec.ports.iter().enumerate() {
+        let port = u16::try_from(p.port).ok().filter(|p| *p > 0).ok_or_else(|| {
+            Error::invalid(
+                format!("spec.ports[{i}].port"),
+                format!("{} is not a port", p.port),
+            )
+        })?;
+        let protocol = p.protocol.to_ascii_uppercase();
+        let name = format!("{lb_name}:{protocol}:{port}");
+        let mut members = BTreeMap::new();
+        for slice in &spec.endpoint_slices {
+            // The slice port serving this Service port has the same name (both unnamed for a one-port Service).
+            let Some(target) = slice
+                .ports
+                .iter()
+                .find(|sp| sp.name.as_deref().unwrap_or("") == p.name.as_deref().unwrap_or(""))
+                .and_then(|sp| sp.port)
+                .and_then(|n| u16::try_from(n).ok())
+            else {
+                continue;
+            };
+            for ep in &slice.endpoints {
+                if ep.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
+                    continue;
+                }
+                let Some(address) = ep.addresses.first() else {
+                    continue;
+                };
+                let Some(subnet) = (inp.member_subnet)(address) else {
+                    continue;
+                };
+                let who = match &ep.target_ref {
+                    Some(r) => format!(
+                        "{}/{}",
+                        r.namespace.as_deref().unwrap_or(inp.namespace),
+                        r.name.as_deref().unwrap_or(inp.name)
+                    ),
+                    None => format!("{}/{}", inp.namespace, inp.name),
+                };
+                members.insert(
+                    (address.clone(), target),
+                    DesiredMember {
+                        name: format!("{who}:{target}"),
+                        address: address.clone(),
+                        port: target,
+                        subnet_id: Some(subnet),
+                    },
+                );
+            }
+        }
+        let timeout = |t: Option<i32>| t.and_then(|v| u64::try_from(v).ok()).filter(|v| *v > 0);
+        listeners.insert(
+            (protocol.clone(), port),
+            DesiredListener {
+                name: name.clone(),
+                protocol: protocol.clone(),
+                port,
+                // The ovn provider has no proxy, hence no data timeouts, and refuses them.
+                timeout_client_data: if ovn {
+                    None
+                } else {
+                    timeout(spec.timeout_client_data)
+                },
+                timeout_member_data: if ovn {
+                    None
+                } else {
+                    timeout(spec.timeout_member_data)
+                },
+                pool: DesiredPool {
+                    name,
+                    protocol,
+                    // The ovn provider implements only SOURCE_IP_PORT and refuses the rest.
+                    lb_algorithm: if ovn {
+                        "SOURCE_IP_PORT".into()
+                    } else {
+                        inp.lb_algorithm.to_string()
+                    },
+                    persistence: (spec.session_affinity.as_deref() == Some("ClientIP"))
+                        .then(|| "SOURCE_IP".to_string()),
+                    members,
+                },
+            },
+        );
+    }
+    Ok(DesiredLb {
+        name: lb_name,
+        vip_address: need(&spec.ip, "ip")?,
+        vip_subnet_id: need(&spec.subnet_id, "subnet_id")?,
+        project_id: need(&spec.project_id, "project_id")?,
+        provider,
+        security_groups: spec.security_groups_ids.clone(),
+        listeners,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kuryr_crds::{LbEndpoint, LbEndpointPort, LbEndpointSlice, LbSpecPort, LbTargetRef};
+
+    fn spec(provider: &str) -> KuryrLoadBalancerSpec {
+        KuryrLoadBalancerSpec {
+            ip: Some("10.0.0.10".into()),
+            subnet_id: Some("svc-subnet".into()),
+            project_id: Some("p".into()),
+            provider: Some(provider.into()),
+            timeout_client_data: Some(30_000),
+            session_affinity: Some("ClientIP".into()),
+            ports: vec![
+                LbSpecPort {
+                    name: Some("http".into()),
+                    port: 80,
+                    protocol: "TCP".into(),
+                    target_port: "8080".into(),
+                },
+                LbSpecPort {
+                    name: Some("dns".into()),
+                    port: 53,
+                    protocol: "UDP".into(),
+                    target_port: "5353".into(),
+                },
+            ],
+            endpoint_slices: vec![LbEndpointSlice {
+                endpoints: ["10.1.0.3", "10.1.0.4"]
+                    .iter()
+                    .map(|ip| LbEndpoint {
+                        addresses: vec![ip.to_string()],
+                        target_ref: Some(LbTargetRef {
+                            name: Some(format!("pod-{ip}")),
+                            namespace: Some("demo".into()),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ports: vec![LbEndpointPort {
+                    name: Some("http".into()),
+                    port: Some(8080),
+                    protocol: Some("TCP".into()),
+                }],
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn inputs<'a>(subnet: &'a dyn Fn(&str) -> Option<String>) -> Inputs<'a> {
+        Inputs {
+            namespace: "demo",
+            name: "web",
+            lb_algorithm: "ROUND_ROBIN",
+            member_subnet: subnet,
+        }
+    }
+
+    #[test]
+    fn one_listener_and_pool_per_port_members_only_where_a_slice_port_matches() {
+        let l3 = |_: &str| Some("svc-subnet".to_string());
+        let d = desired(&spec("amphora"), &inputs(&l3)).expect("desired");
+        assert_eq!(d.name, "demo/web");
+        let http = &d.listeners[&("TCP".to_string(), 80)];
+        assert_eq!(http.name, "demo/web:TCP:80");
+        assert_eq!(http.pool.members.len(), 2);
+        let m = &http.pool.members[&("10.1.0.3".to_string(), 8080)];
+        assert_eq!(m.name, "demo/pod-10.1.0.3:8080");
+        assert_eq!(m.subnet_id.as_deref(), Some("svc-subnet"));
+        assert_eq!(http.timeout_client_data, Some(30_000));
+        assert_eq!(http.pool.persistence.as_deref(), Some("SOURCE_IP"));
+        let dns = &d.listeners[&("UDP".to_string(), 53)];
+        assert!(dns.pool.members.is_empty(), "no slice port named dns");
+    }
+
+    #[test]
+    fn ovn_gets_source_ip_port_and_no_timeouts() {
+        let l3 = |_: &str| Some("svc-subnet".to_string());
+        let d = desired(&spec("ovn"), &inputs(&l3)).expect("desired");
+        let http = &d.listeners[&("TCP".to_string(), 80)];
+        assert_eq!(http.pool.lb_algorithm, "SOURCE_IP_PORT");
+        assert_eq!(http.timeout_client_data, None);
+        assert_eq!(http.pool.persistence.as_deref(), Some("SOURCE_IP"));
+    }
+
+    #[test]
+    fn members_without_a_known_subnet_wait() {
+        let l2 = |ip: &str| (ip == "10.1.0.3").then(|| "pod-subnet".to_string());
+        let d = desired(&spec("amphora"), &inputs(&l2)).expect("desired");
+        let http = &d.listeners[&("TCP".to_string(), 80)];
+        assert_eq!(http.pool.members.len(), 1);
+    }
+
+    #[test]
+    fn a_spec_without_subnet_names_the_field() {
+        let mut s = spec("amphora");
+        s.subnet_id = None;
+        let l3 = |_: &str| None;
+        let e = desired(&s, &inputs(&l3)).expect_err("no subnet");
+        assert!(e.to_string().contains("spec.subnet_id"), "{e}");
+    }
+}

@@ -1,0 +1,34 @@
+//! Services on Octavia load balancers.
+//!
+//! - [`spec`]: a Service (and the resolved project, subnet, security groups) -> KuryrLoadBalancer spec,
+//!   or why the Service is not one kuryr serves (headless, ExternalName, the API server's own).
+//! - [`endpoints`]: a Service's EndpointSlices -> `spec.endpointSlices` (ready endpoints only).
+//! - [`desired`]: a KuryrLoadBalancer spec -> the Octavia tree it asks for (load balancer, one listener and
+//!   pool per port, members).
+//! - [`recorded`]: the tree as the KuryrLoadBalancer `status` records it.
+//! - [`plan`]: recorded vs desired -> the fewest Octavia writes (a new Service is one fully populated
+//!   create; an endpoints change one batch member update per pool; nothing when nothing changed).
+//! - [`octavia`]: carries a plan out against Octavia and reads back what it made.
+//! - [`reconcile`]: the periodic check of every load balancer against Octavia and the orphan sweep.
+//!
+//! Deciding (the first four, pure and unit-tested) is kept apart from acting (the last two), as in the pod
+//! path. The handlers (`service`, `endpoints`, `kuryrloadbalancer`) are in `crate::handlers`.
+
+pub mod desired;
+pub mod endpoints;
+pub mod octavia;
+pub mod plan;
+pub mod reconcile;
+pub mod recorded;
+pub mod spec;
+
+/// Octavia name of a Service's load balancer (upstream's, so upstream-made load balancers are found).
+pub fn lb_name(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+/// Tag naming the Service a load balancer serves, so the orphan sweep can tell whose it is without parsing
+/// names.
+pub fn service_tag(namespace: &str, name: &str) -> String {
+    format!("kuryr-rs.service={namespace}/{name}")
+}

@@ -1,0 +1,419 @@
+//! Carries a [`plan`](super::plan) out against Octavia and reads back what it made.
+//!
+//! Every write is followed by a wait for the load balancer to be ACTIVE again (Octavia refuses changes to a
+//! load balancer that is PENDING_*); the waits give the handler's worker slot to other Services. What was
+//! made is read back with ONE status-tree call and written into the record by name and (address, port).
+
+use std::collections::BTreeMap;
+
+use kuryr_neutron::ListFilter;
+use kuryr_neutron::octavia::{
+    ListenerCreate, LoadBalancer, MemberCreate, OctaviaClient, OctaviaError, OctaviaErrorKind, PoolCreate,
+    Provisioning, ResourceUpdate, StatusTree,
+};
+use serde_json::{Value, json};
+
+use super::desired::{DesiredLb, DesiredListener, DesiredPool};
+use super::plan::{ListenerKey, Step};
+use super::recorded::{RecordedLb, RecordedListener, RecordedMember, RecordedPool};
+use crate::error::Error;
+use crate::pipeline::idle;
+
+/// A listener Octavia (its provider) refused, with Octavia's reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub key: ListenerKey,
+    pub reason: String,
+}
+
+/// What an [`LbActor::apply`] left in Octavia.
+#[derive(Debug)]
+pub struct Applied {
+    pub recorded: RecordedLb,
+    pub refused: Vec<Refused>,
+    /// Whether a load balancer was created (for the Event).
+    pub created: bool,
+}
+
+pub struct LbActor<'a> {
+    pub client: &'a OctaviaClient,
+    /// Ownership tags put on everything created.
+    pub tags: Vec<String>,
+}
+
+/// A provider refusing an option (501) or Octavia refusing the request (400): not worth retrying as is.
+fn is_refusal(e: &OctaviaError) -> bool {
+    matches!(
+        e.kind(),
+        Some(
+            OctaviaErrorKind::Validation
+                | OctaviaErrorKind::UnsupportedProviderOption
+                | OctaviaErrorKind::NotImplemented
+        )
+    )
+}
+
+fn persistence(p: &DesiredPool) -> Option<Value> {
+    p.persistence.as_ref().map(|t| json!({ "type": t }))
+}
+
+impl LbActor<'_> {
+    fn members(&self, p: &DesiredPool) -> Vec<MemberCreate> {
+        p.members
+            .values()
+            .map(|m| MemberCreate {
+                name: Some(m.name.clone()),
+                subnet_id: m.subnet_id.clone(),
+                tags: self.tags.clone(),
+                ..MemberCreate::new(m.address.clone(), m.port)
+            })
+            .collect()
+    }
+
+    fn pool_create(&self, p: &DesiredPool) -> PoolCreate {
+        PoolCreate {
+            name: Some(p.name.clone()),
+            session_persistence: persistence(p),
+            members: self.members(p),
+            tags: self.tags.clone(),
+            ..PoolCreate::new(p.protocol.clone(), p.lb_algorithm.clone())
+        }
+    }
+
+    fn listener_create(&self, l: &DesiredListener, lb_id: Option<&str>) -> ListenerCreate {
+        ListenerCreate {
+            loadbalancer_id: lb_id.map(str::to_string),
+            name: Some(l.name.clone()),
+            timeout_client_data: l.timeout_client_data,
+            timeout_member_data: l.timeout_member_data,
+            default_pool: Some(Box::new(self.pool_create(&l.pool))),
+            tags: self.tags.clone(),
+            ..ListenerCreate::new(l.protocol.clone(), l.port)
+        }
+    }
+
+    async fn wait_active(&self, lb_id: &str) -> Result<LoadBalancer, Error> {
+        let lb = idle(self.client.wait_for_provisioning(lb_id, Provisioning::Active))
+            .await
+            .map_err(|e| Error::octavia(format!("waiting for load balancer {lb_id}"), e))?;
+        lb.ok_or_else(|| Error::not_ready(format!("load balancer {lb_id} is gone")))
+    }
+
+    /// Deletes a load balancer with everything under it and waits until it is gone.
+    pub async fn delete(&self, lb_id: &str) -> Result<(), Error> {
+        match self.client.delete_load_balancer(lb_id, true).await {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(Error::octavia(format!("deleting load balancer {lb_id}"), e)),
+        }
+        idle(self.client.wait_for_provisioning(lb_id, Provisioning::Deleted))
+            .await
+            .map_err(|e| Error::octavia(format!("waiting for load balancer {lb_id} to go"), e))?;
+        Ok(())
+    }
+
+    /// A load balancer for `d` that already exists (made before a crash, or by upstream): same name, VIP and
+    /// subnet. One in ERROR is deleted rather than adopted; one being deleted is waited for.
+    pub async fn find(&self, d: &DesiredLb) -> Result<Option<LoadBalancer>, Error> {
+        let found = self
+            .client
+            .list_load_balancers(&ListFilter::new().name(d.name.clone()))
+            .await
+            .map_err(|e| Error::octavia(format!("looking up load balancer {}", d.name), e))?;
+        for lb in found {
+            if lb.vip_address.as_deref() != Some(d.vip_address.as_str())
+                || lb.vip_subnet_id.as_deref() != Some(d.vip_subnet_id.as_str())
+            {
+                continue;
+            }
+            match lb.provisioning_status.as_str() {
+                "ERROR" => {
+                    tracing::warn!(lb = %lb.id, name = %d.name, "load balancer in ERROR: replacing it");
+                    self.delete(&lb.id).await?;
+                }
+                "PENDING_DELETE" | "DELETED" => self.delete(&lb.id).await?,
+                _ => return Ok(Some(lb)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Carries out `steps` from `recorded` towards `d`.
+    pub async fn apply(
+        &self,
+        recorded: Option<RecordedLb>,
+        d: &DesiredLb,
+        steps: &[Step],
+    ) -> Result<Applied, Error> {
+        let mut refused = Vec::new();
+        let mut created = false;
+        let mut lb_id = recorded.as_ref().map(|r| r.id.clone());
+        let mut wrote = false;
+        for step in steps {
+            match step {
+                Step::Replace { lb_id: old, why } => {
+                    tracing::info!(lb = %old, name = %d.name, %why, "replacing load balancer");
+                    self.delete(old).await?;
+                    lb_id = None;
+                }
+                Step::CreateTree => {
+                    let (id, r, c) = self.create_tree(d).await?;
+                    lb_id = Some(id);
+                    refused.extend(r);
+                    created = c;
+                    wrote = true;
+                }
+                Step::DeleteListener {
+                    listener_id, pool_id, ..
+                } => {
+                    let lb = lb_id.as_deref().unwrap_or_default();
+                    // Pools belong to the load balancer, not the listener: deleting only the listener
+                    // would leave its pool (and members) behind.
+                    if let Some(pool) = pool_id {
+                        ignore_not_found(self.client.delete_pool(pool).await)
+                            .map_err(|e| Error::octavia(format!("deleting pool {pool}"), e))?;
+                        self.wait_active(lb).await?;
+                    }
+                    ignore_not_found(self.client.delete_listener(listener_id).await)
+                        .map_err(|e| Error::octavia(format!("deleting listener {listener_id}"), e))?;
+                    self.wait_active(lb).await?;
+                    wrote = true;
+                }
+                Step::CreateListener { key } => {
+                    let (Some(lb), Some(l)) = (lb_id.as_deref(), d.listeners.get(key)) else {
+                        continue;
+                    };
+                    match self
+                        .client
+                        .create_listener(&self.listener_create(l, Some(lb)))
+                        .await
+                    {
+                        Ok(_) => {}
+                        Err(e) if is_refusal(&e) => refused.push(Refused {
+                            key: key.clone(),
+                            reason: e.to_string(),
+                        }),
+                        Err(e) => return Err(Error::octavia(format!("creating listener {}", l.name), e)),
+                    }
+                    self.wait_active(lb).await?;
+                    wrote = true;
+                }
+                Step::UpdateListenerTimeouts { key, listener_id } => {
+                    let (Some(lb), Some(l)) = (lb_id.as_deref(), d.listeners.get(key)) else {
+                        continue;
+                    };
+                    let mut extra = serde_json::Map::new();
+                    // Octavia's defaults are 50000 ms; null restores them.
+                    extra.insert("timeout_client_data".into(), json!(l.timeout_client_data));
+                    extra.insert("timeout_member_data".into(), json!(l.timeout_member_data));
+                    let req = ResourceUpdate {
+                        extra,
+                        ..Default::default()
+                    };
+                    self.client
+                        .update_listener(listener_id, &req)
+                        .await
+                        .map_err(|e| Error::octavia(format!("updating listener {}", l.name), e))?;
+                    self.wait_active(lb).await?;
+                    wrote = true;
+                }
+                Step::CreatePool { key, listener_id } => {
+                    let (Some(lb), Some(l)) = (lb_id.as_deref(), d.listeners.get(key)) else {
+                        continue;
+                    };
+                    let req = PoolCreate {
+                        listener_id: Some(listener_id.clone()),
+                        ..self.pool_create(&l.pool)
+                    };
+                    self.client
+                        .create_pool(&req)
+                        .await
+                        .map_err(|e| Error::octavia(format!("creating pool {}", l.pool.name), e))?;
+                    self.wait_active(lb).await?;
+                    wrote = true;
+                }
+                Step::SetMembers { key, pool_id } => {
+                    let (Some(lb), Some(l)) = (lb_id.as_deref(), d.listeners.get(key)) else {
+                        continue;
+                    };
+                    self.client
+                        .batch_update_members(pool_id, &self.members(&l.pool), false)
+                        .await
+                        .map_err(|e| {
+                            Error::octavia(format!("updating the members of pool {}", l.pool.name), e)
+                        })?;
+                    self.wait_active(lb).await?;
+                    wrote = true;
+                }
+            }
+        }
+        let Some(id) = lb_id else {
+            return Err(Error::not_ready(format!("no load balancer for {}", d.name)));
+        };
+        let recorded = match (wrote, recorded) {
+            (false, Some(r)) => r,
+            _ => {
+                let lb = self.wait_active(&id).await?;
+                self.read_back(&lb, d).await?
+            }
+        };
+        Ok(Applied {
+            recorded,
+            refused,
+            created,
+        })
+    }
+
+    /// The whole tree in one fully populated create, or adopts the one a crash left behind. When Octavia
+    /// refuses the tree, the load balancer is created alone and each listener after it, so one port the
+    /// provider cannot serve does not take the others down with it.
+    async fn create_tree(&self, d: &DesiredLb) -> Result<(String, Vec<Refused>, bool), Error> {
+        if let Some(lb) = self.find(d).await? {
+            tracing::info!(lb = %lb.id, name = %d.name, "adopting existing load balancer");
+            let lb = self.wait_active(&lb.id).await?;
+            // Bring the adopted tree to the desired one with the normal plan.
+            let rec = self.read_back(&lb, d).await?;
+            let steps = super::plan::plan(Some(&rec), d);
+            let applied = Box::pin(self.apply(Some(rec), d, &steps)).await?;
+            return Ok((lb.id, applied.refused, false));
+        }
+        let mut req = kuryr_neutron::octavia::LoadBalancerCreate {
+            name: Some(d.name.clone()),
+            project_id: Some(d.project_id.clone()),
+            vip_subnet_id: Some(d.vip_subnet_id.clone()),
+            vip_address: Some(d.vip_address.clone()),
+            provider: d.provider.clone(),
+            tags: self.tags.clone(),
+            listeners: d
+                .listeners
+                .values()
+                .map(|l| self.listener_create(l, None))
+                .collect(),
+            ..Default::default()
+        };
+        match self.client.create_load_balancer(&req).await {
+            Ok(lb) => {
+                self.wait_active(&lb.id).await?;
+                Ok((lb.id, Vec::new(), true))
+            }
+            Err(e) if is_refusal(&e) && !req.listeners.is_empty() => {
+                tracing::info!(name = %d.name, error = %e, "tree refused; creating its listeners one by one");
+                req.listeners.clear();
+                let lb = self
+                    .client
+                    .create_load_balancer(&req)
+                    .await
+                    .map_err(|e| Error::octavia(format!("creating load balancer {}", d.name), e))?;
+                self.wait_active(&lb.id).await?;
+                let steps: Vec<Step> = d
+                    .listeners
+                    .keys()
+                    .map(|k| Step::CreateListener { key: k.clone() })
+                    .collect();
+                let rec = RecordedLb {
+                    id: lb.id.clone(),
+                    ..Default::default()
+                };
+                let applied = Box::pin(self.apply(Some(rec), d, &steps)).await?;
+                Ok((lb.id, applied.refused, true))
+            }
+            Err(e) => Err(Error::octavia(format!("creating load balancer {}", d.name), e)),
+        }
+    }
+
+    /// Reads the tree of `lb` back (one status-tree call) into a record: ids from Octavia, the attributes
+    /// Octavia does not show there from `d`.
+    pub async fn read_back(&self, lb: &LoadBalancer, d: &DesiredLb) -> Result<RecordedLb, Error> {
+        let tree = self
+            .client
+            .get_status_tree(&lb.id)
+            .await
+            .map_err(|e| Error::octavia(format!("reading load balancer {}", lb.id), e))?;
+        Ok(record_from_tree(lb, &tree, d))
+    }
+}
+
+fn ignore_not_found(r: Result<(), OctaviaError>) -> Result<(), OctaviaError> {
+    match r {
+        Err(e) if e.is_not_found() => Ok(()),
+        other => other,
+    }
+}
+
+/// `<lb name>:<PROTOCOL>:<port>` -> (PROTOCOL, port), the listener naming both upstream and kuryr-rs use.
+fn key_of_listener_name(name: &str) -> Option<ListenerKey> {
+    let mut it = name.rsplitn(3, ':');
+    let port = it.next()?.parse().ok()?;
+    let protocol = it.next()?.to_ascii_uppercase();
+    it.next()?;
+    Some((protocol, port))
+}
+
+/// The record of what the status tree shows, completed from the desired tree.
+pub fn record_from_tree(lb: &LoadBalancer, tree: &StatusTree, d: &DesiredLb) -> RecordedLb {
+    let mut listeners = BTreeMap::new();
+    for l in &tree.loadbalancer.listeners {
+        let Some(key) = key_of_listener_name(&l.name) else {
+            continue;
+        };
+        let want = d.listeners.get(&key);
+        let pool = l.pools.first().map(|p| RecordedPool {
+            id: p.id.clone(),
+            name: p.name.clone(),
+            protocol: key.0.clone(),
+            members: p
+                .members
+                .iter()
+                .map(|m| {
+                    let mk = (m.address.clone(), m.protocol_port);
+                    let subnet = want
+                        .and_then(|w| w.pool.members.get(&mk))
+                        .and_then(|dm| dm.subnet_id.clone())
+                        .unwrap_or_default();
+                    (
+                        mk,
+                        RecordedMember {
+                            id: m.id.clone(),
+                            name: m.name.clone(),
+                            subnet_id: subnet,
+                        },
+                    )
+                })
+                .collect(),
+        });
+        listeners.insert(
+            key,
+            RecordedListener {
+                id: l.id.clone(),
+                name: l.name.clone(),
+                timeout_client_data: want.and_then(|w| w.timeout_client_data),
+                timeout_member_data: want.and_then(|w| w.timeout_member_data),
+                pool,
+            },
+        );
+    }
+    RecordedLb {
+        id: lb.id.clone(),
+        name: lb.name.clone(),
+        ip: lb.vip_address.clone().unwrap_or_default(),
+        subnet_id: lb.vip_subnet_id.clone().unwrap_or_default(),
+        port_id: lb.vip_port_id.clone().unwrap_or_default(),
+        project_id: lb.project_id.clone(),
+        provider: lb.provider.clone().unwrap_or_default(),
+        security_groups: d.security_groups.clone(),
+        listeners,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listener_names_give_their_key() {
+        assert_eq!(key_of_listener_name("demo/web:TCP:80"), Some(("TCP".into(), 80)));
+        assert_eq!(key_of_listener_name("a:b/c:udp:53"), Some(("UDP".into(), 53)));
+        assert_eq!(key_of_listener_name("demo/web"), None);
+        assert_eq!(key_of_listener_name("demo/web:TCP:http"), None);
+    }
+}

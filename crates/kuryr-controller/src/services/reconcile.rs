@@ -1,0 +1,209 @@
+//! The periodic check of every KuryrLoadBalancer against Octavia (upstream's `reconcile_loadbalancers`,
+//! every 600 s by default) and the orphan sweep.
+//!
+//! - A recorded load balancer that is gone (deleted by hand) or in ERROR: its record is cleared (an ERROR one
+//!   deleted first), and the `kuryrloadbalancer` handler, woken by the status change, builds it again.
+//! - A recorded listener, pool or member missing from Octavia: the record is rebuilt from Octavia, so the
+//!   handler's plan re-creates what is missing.
+//! - A load balancer tagged as this cluster's whose KuryrLoadBalancer is gone, seen in two passes in a row
+//!   (a Service created between the list calls is not mistaken for an orphan): deleted.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kuryr_crds::KuryrLoadBalancer;
+use kuryr_neutron::ListFilter;
+use kuryr_neutron::octavia::StatusTree;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::octavia::LbActor;
+use super::recorded::RecordedLb;
+use crate::context::Context;
+use crate::error::Error;
+
+/// What one pass found and did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Pass {
+    pub checked: usize,
+    /// Records cleared because Octavia lost the load balancer or it went to ERROR.
+    pub rebuilt: usize,
+    /// Records refreshed because parts of the tree were missing.
+    pub repaired: usize,
+    pub orphans_deleted: usize,
+}
+
+pub struct Reconciler {
+    ctx: Arc<Context>,
+    /// Orphan candidates of the previous pass (load balancer ids).
+    suspects: BTreeSet<String>,
+}
+
+/// Whether Octavia's tree still has everything the record says.
+fn tree_has_record(tree: &StatusTree, rec: &RecordedLb) -> bool {
+    rec.listeners.values().all(|l| {
+        let Some(tl) = tree.loadbalancer.listeners.iter().find(|t| t.id == l.id) else {
+            return false;
+        };
+        match &l.pool {
+            None => true,
+            Some(p) => tl.pools.iter().find(|tp| tp.id == p.id).is_some_and(|tp| {
+                p.members
+                    .values()
+                    .all(|m| tp.members.iter().any(|tm| tm.id == m.id))
+            }),
+        }
+    })
+}
+
+impl Reconciler {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Self {
+            ctx,
+            suspects: BTreeSet::new(),
+        }
+    }
+
+    /// Runs a pass every `every` until `stop`.
+    pub async fn run(mut self, every: Duration, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(every);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            match self.pass().await {
+                Ok(p)
+                    if p != Pass {
+                        checked: p.checked,
+                        ..Pass::default()
+                    } =>
+                {
+                    tracing::info!(?p, "load balancer reconcile pass")
+                }
+                Ok(p) => tracing::debug!(?p, "load balancer reconcile pass"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "load balancer reconcile pass failed; next pass retries")
+                }
+            }
+        }
+    }
+
+    async fn clear_record(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
+        let api: Api<KuryrLoadBalancer> =
+            Api::namespaced(self.ctx.kube.clone(), &klb.namespace().unwrap_or_default());
+        let patch =
+            json!({"status": {"loadbalancer": null, "listeners": null, "pools": null, "members": null}});
+        api.patch(&klb.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
+    /// One pass over every deployment's load balancers.
+    pub async fn pass(&mut self) -> Result<Pass, Error> {
+        let mut out = Pass::default();
+        let klbs = Api::<KuryrLoadBalancer>::all(self.ctx.kube.clone())
+            .list(&ListParams::default())
+            .await?;
+        let mut known: BTreeSet<String> = BTreeSet::new();
+        for klb in klbs
+            .items
+            .iter()
+            .filter(|k| k.metadata.deletion_timestamp.is_none())
+        {
+            known.insert(super::lb_name(
+                &klb.namespace().unwrap_or_default(),
+                &klb.name_any(),
+            ));
+            let Some(rec) = RecordedLb::from_status(klb.status.as_ref()) else {
+                continue;
+            };
+            let deployment = match klb.spec.project_id.as_deref() {
+                Some(p) if !p.is_empty() => self.ctx.bound_deployment(p).await?,
+                _ => crate::openstack::DEFAULT_DEPLOYMENT.to_string(),
+            };
+            let client = self.ctx.deployments.octavia(&deployment)?;
+            out.checked += 1;
+            let lb = match client.get_load_balancer(&rec.id).await {
+                Ok(lb) => lb,
+                Err(e) if e.is_not_found() => {
+                    tracing::warn!(lb = %rec.id, name = %rec.name, "load balancer deleted outside kuryr: re-creating it");
+                    self.clear_record(klb).await?;
+                    out.rebuilt += 1;
+                    continue;
+                }
+                Err(e) => return Err(Error::octavia("reconcile: reading a load balancer", e)),
+            };
+            if lb.provisioning_status == "ERROR" {
+                tracing::warn!(lb = %rec.id, name = %rec.name, "load balancer in ERROR: replacing it");
+                let actor = LbActor {
+                    client,
+                    tags: Vec::new(),
+                };
+                actor.delete(&rec.id).await?;
+                self.clear_record(klb).await?;
+                out.rebuilt += 1;
+                continue;
+            }
+            if lb.provisioning_status != "ACTIVE" {
+                continue;
+            }
+            let tree = client
+                .get_status_tree(&rec.id)
+                .await
+                .map_err(|e| Error::octavia("reconcile: reading a load balancer's tree", e))?;
+            if !tree_has_record(&tree, &rec) {
+                tracing::warn!(lb = %rec.id, name = %rec.name, "load balancer changed outside kuryr: repairing it");
+                // An empty record of this load balancer: the handler adopts it by name and re-plans.
+                self.clear_record(klb).await?;
+                out.repaired += 1;
+            }
+        }
+        out.orphans_deleted = self.sweep(&known).await?;
+        Ok(out)
+    }
+
+    async fn sweep(&mut self, known: &BTreeSet<String>) -> Result<usize, Error> {
+        let cluster = kuryr_crds::names::neutron::cluster_tag(&self.ctx.cluster_id);
+        let mut suspects = BTreeSet::new();
+        let mut deleted = 0;
+        for deployment in self
+            .ctx
+            .deployments
+            .names()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+        {
+            let Ok(client) = self.ctx.deployments.octavia(&deployment) else {
+                continue;
+            };
+            let lbs = client
+                .list_load_balancers(&ListFilter::new().tags([cluster.as_str()]))
+                .await
+                .map_err(|e| Error::octavia("orphan sweep: listing load balancers", e))?;
+            for lb in lbs {
+                if known.contains(&lb.name) || !lb.tags.iter().any(|t| t.starts_with("kuryr-rs.service=")) {
+                    continue;
+                }
+                if self.suspects.contains(&lb.id) {
+                    tracing::info!(lb = %lb.id, name = %lb.name, "deleting orphaned load balancer");
+                    LbActor {
+                        client,
+                        tags: Vec::new(),
+                    }
+                    .delete(&lb.id)
+                    .await?;
+                    deleted += 1;
+                } else {
+                    suspects.insert(lb.id.clone());
+                }
+            }
+        }
+        self.suspects = suspects;
+        Ok(deleted)
+    }
+}

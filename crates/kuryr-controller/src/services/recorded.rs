@@ -1,0 +1,228 @@
+//! The Octavia tree as a KuryrLoadBalancer's `status` records it (upstream's status layout), and back.
+//! Diffing against the record, not against Octavia, is what makes "nothing changed" cost no call; the
+//! periodic reconcile checks the record against Octavia.
+
+use std::collections::BTreeMap;
+
+use kuryr_crds::{KuryrLoadBalancerStatus, LbListener, LbLoadBalancer, LbMember, LbPool};
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RecordedLb {
+    pub id: String,
+    pub name: String,
+    pub ip: String,
+    pub subnet_id: String,
+    pub port_id: String,
+    pub project_id: String,
+    pub provider: String,
+    pub security_groups: Vec<String>,
+    pub listeners: BTreeMap<(String, u16), RecordedListener>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RecordedListener {
+    pub id: String,
+    pub name: String,
+    pub timeout_client_data: Option<u64>,
+    pub timeout_member_data: Option<u64>,
+    pub pool: Option<RecordedPool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RecordedPool {
+    pub id: String,
+    pub name: String,
+    pub protocol: String,
+    pub members: BTreeMap<(String, u16), RecordedMember>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RecordedMember {
+    pub id: String,
+    pub name: String,
+    pub subnet_id: String,
+}
+
+impl RecordedLb {
+    /// The record in `status`; `None` when no load balancer is recorded. Entries that do not fit (a pool of
+    /// an unknown listener, a port out of range) are dropped: the plan then re-creates what they stood for.
+    pub fn from_status(status: Option<&KuryrLoadBalancerStatus>) -> Option<Self> {
+        let status = status?;
+        let lb = status.loadbalancer.as_ref().filter(|lb| !lb.id.is_empty())?;
+        let mut listeners: BTreeMap<(String, u16), RecordedListener> = BTreeMap::new();
+        let mut key_of_listener = BTreeMap::new();
+        for l in &status.listeners {
+            let Ok(port) = u16::try_from(l.port) else { continue };
+            let key = (l.protocol.to_ascii_uppercase(), port);
+            key_of_listener.insert(l.id.clone(), key.clone());
+            listeners.insert(
+                key,
+                RecordedListener {
+                    id: l.id.clone(),
+                    name: l.name.clone(),
+                    timeout_client_data: l.timeout_client_data.and_then(|v| u64::try_from(v).ok()),
+                    timeout_member_data: l.timeout_member_data.and_then(|v| u64::try_from(v).ok()),
+                    pool: None,
+                },
+            );
+        }
+        let mut key_of_pool = BTreeMap::new();
+        for p in &status.pools {
+            let Some(key) = key_of_listener.get(&p.listener_id) else {
+                continue;
+            };
+            if let Some(l) = listeners.get_mut(key) {
+                key_of_pool.insert(p.id.clone(), key.clone());
+                l.pool = Some(RecordedPool {
+                    id: p.id.clone(),
+                    name: p.name.clone(),
+                    protocol: p.protocol.clone(),
+                    members: BTreeMap::new(),
+                });
+            }
+        }
+        for m in &status.members {
+            let Ok(port) = u16::try_from(m.port) else { continue };
+            let Some(key) = key_of_pool.get(&m.pool_id) else {
+                continue;
+            };
+            if let Some(pool) = listeners.get_mut(key).and_then(|l| l.pool.as_mut()) {
+                pool.members.insert(
+                    (m.ip.clone(), port),
+                    RecordedMember {
+                        id: m.id.clone(),
+                        name: m.name.clone(),
+                        subnet_id: m.subnet_id.clone(),
+                    },
+                );
+            }
+        }
+        Some(Self {
+            id: lb.id.clone(),
+            name: lb.name.clone(),
+            ip: lb.ip.clone(),
+            subnet_id: lb.subnet_id.clone(),
+            port_id: lb.port_id.clone(),
+            project_id: lb.project_id.clone(),
+            provider: lb.provider.clone(),
+            security_groups: lb.security_groups.clone(),
+            listeners,
+        })
+    }
+
+    /// Writes the record into `status` (the public IP entry is kept as it is).
+    pub fn write_status(&self, status: &mut KuryrLoadBalancerStatus) {
+        status.loadbalancer = Some(LbLoadBalancer {
+            id: self.id.clone(),
+            ip: self.ip.clone(),
+            name: self.name.clone(),
+            port_id: self.port_id.clone(),
+            project_id: self.project_id.clone(),
+            provider: self.provider.clone(),
+            security_groups: self.security_groups.clone(),
+            subnet_id: self.subnet_id.clone(),
+        });
+        status.listeners.clear();
+        status.pools.clear();
+        status.members.clear();
+        for ((protocol, port), l) in &self.listeners {
+            status.listeners.push(LbListener {
+                id: l.id.clone(),
+                loadbalancer_id: self.id.clone(),
+                name: l.name.clone(),
+                port: i32::from(*port),
+                project_id: self.project_id.clone(),
+                protocol: protocol.clone(),
+                timeout_client_data: l.timeout_client_data.and_then(|v| i32::try_from(v).ok()),
+                timeout_member_data: l.timeout_member_data.and_then(|v| i32::try_from(v).ok()),
+            });
+            let Some(pool) = &l.pool else { continue };
+            status.pools.push(LbPool {
+                id: pool.id.clone(),
+                listener_id: l.id.clone(),
+                loadbalancer_id: self.id.clone(),
+                name: pool.name.clone(),
+                project_id: self.project_id.clone(),
+                protocol: pool.protocol.clone(),
+            });
+            for ((ip, port), m) in &pool.members {
+                status.members.push(LbMember {
+                    id: m.id.clone(),
+                    ip: ip.clone(),
+                    name: m.name.clone(),
+                    pool_id: pool.id.clone(),
+                    port: i32::from(*port),
+                    project_id: self.project_id.clone(),
+                    subnet_id: m.subnet_id.clone(),
+                });
+            }
+        }
+    }
+
+    /// Every member of every pool (for counting).
+    pub fn member_count(&self) -> usize {
+        self.listeners
+            .values()
+            .filter_map(|l| l.pool.as_ref())
+            .map(|p| p.members.len())
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_round_trips() {
+        let mut rec = RecordedLb {
+            id: "lb".into(),
+            name: "demo/web".into(),
+            ip: "10.0.0.10".into(),
+            subnet_id: "s".into(),
+            port_id: "vip".into(),
+            project_id: "p".into(),
+            provider: "amphora".into(),
+            security_groups: vec!["sg".into()],
+            listeners: BTreeMap::new(),
+        };
+        let mut members = BTreeMap::new();
+        members.insert(
+            ("10.1.0.3".to_string(), 8080),
+            RecordedMember {
+                id: "m1".into(),
+                name: "demo/a:8080".into(),
+                subnet_id: "s".into(),
+            },
+        );
+        rec.listeners.insert(
+            ("TCP".into(), 80),
+            RecordedListener {
+                id: "l1".into(),
+                name: "demo/web:TCP:80".into(),
+                timeout_client_data: Some(5000),
+                timeout_member_data: None,
+                pool: Some(RecordedPool {
+                    id: "p1".into(),
+                    name: "demo/web:TCP:80".into(),
+                    protocol: "TCP".into(),
+                    members,
+                }),
+            },
+        );
+        let mut status = KuryrLoadBalancerStatus::default();
+        rec.write_status(&mut status);
+        assert_eq!(status.members.len(), 1);
+        assert_eq!(status.pools[0].listener_id, "l1");
+        assert_eq!(RecordedLb::from_status(Some(&status)), Some(rec));
+    }
+
+    #[test]
+    fn no_load_balancer_no_record() {
+        assert_eq!(
+            RecordedLb::from_status(Some(&KuryrLoadBalancerStatus::default())),
+            None
+        );
+        assert_eq!(RecordedLb::from_status(None), None);
+    }
+}
