@@ -1,6 +1,7 @@
 //! Small Kubernetes helpers shared by handlers: object re-reads, finalizers, Events.
 
 use async_trait::async_trait;
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::core::NamespaceResourceScope;
 use kube::{Client, Resource, ResourceExt};
@@ -126,5 +127,42 @@ where
     if let Err(e) = kuryr_crds::events::publish(recorder, &regarding, warning, reason, message, reason).await
     {
         tracing::warn!(reason, error = %e, "could not record event");
+    }
+}
+
+/// A failure the object's owner must see (bad input, exhausted capacity, a request OpenStack refuses)
+/// becomes a Warning Event on `regarding`. One that retrying cannot mend is then done with, logged at WARN:
+/// the controller did its part and an ERROR would page an operator for a user's typo. The others go on to
+/// the Retry handler.
+pub async fn surface_user_error(
+    recorder: &Recorder,
+    regarding: &ObjectReference,
+    result: Result<(), Error>,
+) -> Result<(), Error> {
+    match result {
+        Err(e) if e.is_user_visible() => {
+            let reason = e.label();
+            if let Err(pe) =
+                kuryr_crds::events::publish(recorder, regarding, true, reason, &e.to_string(), reason).await
+            {
+                tracing::warn!(reason, error = %pe, "could not record event");
+            }
+            if e.is_retryable() {
+                Err(e)
+            } else {
+                tracing::warn!(
+                    object = %format!(
+                        "{}/{}",
+                        regarding.namespace.as_deref().unwrap_or_default(),
+                        regarding.name.as_deref().unwrap_or_default()
+                    ),
+                    error = %e,
+                    kind = reason,
+                    "not acted on: told the owner with a Warning Event"
+                );
+                Ok(())
+            }
+        }
+        other => other,
     }
 }

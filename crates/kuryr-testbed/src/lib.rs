@@ -271,6 +271,17 @@ pub fn start_controller(
 ) -> Controller {
     let metrics = Metrics::new();
     let deployments = Deployments::noauth(&neutron.url, &metrics).expect("neutron client");
+    start_controller_with(kube, deployments, metrics, cfg, identity)
+}
+
+/// [`start_controller`] with the OpenStack clients given (e.g. with an Octavia client added).
+pub fn start_controller_with(
+    kube: &Client,
+    deployments: Deployments,
+    metrics: Metrics,
+    cfg: Arc<KuryrConfig>,
+    identity: &str,
+) -> Controller {
     let mut opts = ControllerOptions::new(cfg, kube.clone(), deployments, metrics.clone());
     opts.health_addr = None;
     opts.metrics_addr = None;

@@ -19,7 +19,7 @@ use serde_json::json;
 
 use crate::context::Context;
 use crate::error::{Error, is_not_found};
-use crate::k8s::{add_finalizer, remove_finalizer};
+use crate::k8s::{add_finalizer, remove_finalizer, surface_user_error};
 use crate::pipeline::ResourceEventHandler;
 use crate::services::desired::{self, DesiredLb, Inputs};
 use crate::services::octavia::LbActor;
@@ -170,6 +170,17 @@ impl ResourceEventHandler for KuryrLoadBalancerHandler {
     }
 
     async fn on_present(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
+        let result = self.present(klb).await;
+        surface_user_error(&self.ctx.events, &Self::service_ref(klb), result).await
+    }
+
+    async fn on_finalize(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
+        self.finalize(klb).await
+    }
+}
+
+impl KuryrLoadBalancerHandler {
+    async fn present(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
         let klb = add_finalizer(&self.ctx.kube, klb, finalizers::KURYRLOADBALANCER).await?;
         let deployment = self.deployment(&klb).await?;
         let client = self.ctx.deployments.octavia(&deployment)?;
@@ -214,7 +225,7 @@ impl ResourceEventHandler for KuryrLoadBalancerHandler {
         Ok(())
     }
 
-    async fn on_finalize(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
+    async fn finalize(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
         let ns = klb.namespace().unwrap_or_default();
         let name = klb.name_any();
         let deployment = self.deployment(klb).await?;

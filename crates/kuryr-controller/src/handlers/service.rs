@@ -8,15 +8,15 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Resource, ResourceExt};
 use kuryr_crds::names::finalizers;
 use kuryr_crds::{KuryrLoadBalancer, KuryrLoadBalancerSpec};
 use serde_json::Value;
 
 use crate::context::Context;
 use crate::error::{Error, is_not_found};
-use crate::k8s::{add_finalizer, publish_event, remove_finalizer};
+use crate::k8s::{add_finalizer, publish_event, remove_finalizer, surface_user_error};
 use crate::pipeline::ResourceEventHandler;
 use crate::services::spec::{self, Resolved};
 
@@ -133,6 +133,24 @@ impl ResourceEventHandler for ServiceHandler {
     }
 
     async fn on_present(&self, svc: &Service) -> Result<(), Error> {
+        let result = self.present(svc).await;
+        surface_user_error(&self.ctx.events, &svc.object_ref(&()), result).await
+    }
+
+    async fn on_finalize(&self, svc: &Service) -> Result<(), Error> {
+        let ns = svc.namespace().unwrap_or_default();
+        let api: Api<KuryrLoadBalancer> = Api::namespaced(self.ctx.kube.clone(), &ns);
+        // The KuryrLoadBalancer's own finalizer releases the load balancer and then this Service's.
+        match api.delete(&svc.name_any(), &DeleteParams::background()).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_not_found(&e) => remove_finalizer(&self.ctx.kube, svc, finalizers::SERVICE).await,
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+impl ServiceHandler {
+    async fn present(&self, svc: &Service) -> Result<(), Error> {
         let ns = svc.namespace().unwrap_or_default();
         let name = svc.name_any();
         if let Some(skip) = spec::skip_reason(svc) {
@@ -200,17 +218,6 @@ impl ResourceEventHandler for ServiceHandler {
                     Err(e) => Err(e.into()),
                 }
             }
-        }
-    }
-
-    async fn on_finalize(&self, svc: &Service) -> Result<(), Error> {
-        let ns = svc.namespace().unwrap_or_default();
-        let api: Api<KuryrLoadBalancer> = Api::namespaced(self.ctx.kube.clone(), &ns);
-        // The KuryrLoadBalancer's own finalizer releases the load balancer and then this Service's.
-        match api.delete(&svc.name_any(), &DeleteParams::background()).await {
-            Ok(_) => Ok(()),
-            Err(e) if is_not_found(&e) => remove_finalizer(&self.ctx.kube, svc, finalizers::SERVICE).await,
-            Err(e) => Err(e.into()),
         }
     }
 }

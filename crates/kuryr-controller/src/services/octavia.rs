@@ -80,13 +80,14 @@ impl LbActor<'_> {
         }
     }
 
+    /// A listener; inside a load balancer's fully populated create (no `lb_id`) with its pool and members.
     fn listener_create(&self, l: &DesiredListener, lb_id: Option<&str>) -> ListenerCreate {
         ListenerCreate {
             loadbalancer_id: lb_id.map(str::to_string),
             name: Some(l.name.clone()),
             timeout_client_data: l.timeout_client_data,
             timeout_member_data: l.timeout_member_data,
-            default_pool: Some(Box::new(self.pool_create(&l.pool))),
+            default_pool: lb_id.is_none().then(|| Box::new(self.pool_create(&l.pool))),
             tags: self.tags.clone(),
             ..ListenerCreate::new(l.protocol.clone(), l.port)
         }
@@ -183,19 +184,25 @@ impl LbActor<'_> {
                     let (Some(lb), Some(l)) = (lb_id.as_deref(), d.listeners.get(key)) else {
                         continue;
                     };
-                    match self
+                    // Outside a load balancer's fully populated create, Octavia ignores a listener's
+                    // `default_pool`: listener, pool and members are three calls.
+                    let created = match self
                         .client
                         .create_listener(&self.listener_create(l, Some(lb)))
                         .await
                     {
-                        Ok(_) => {}
-                        Err(e) if is_refusal(&e) => refused.push(Refused {
-                            key: key.clone(),
-                            reason: e.to_string(),
-                        }),
+                        Ok(listener) => listener,
+                        Err(e) if is_refusal(&e) => {
+                            refused.push(Refused {
+                                key: key.clone(),
+                                reason: e.to_string(),
+                            });
+                            continue;
+                        }
                         Err(e) => return Err(Error::octavia(format!("creating listener {}", l.name), e)),
-                    }
+                    };
                     self.wait_active(lb).await?;
+                    self.add_pool(lb, &created.id, &l.pool).await?;
                     wrote = true;
                 }
                 Step::UpdateListenerTimeouts { key, listener_id } => {
@@ -221,15 +228,7 @@ impl LbActor<'_> {
                     let (Some(lb), Some(l)) = (lb_id.as_deref(), d.listeners.get(key)) else {
                         continue;
                     };
-                    let req = PoolCreate {
-                        listener_id: Some(listener_id.clone()),
-                        ..self.pool_create(&l.pool)
-                    };
-                    self.client
-                        .create_pool(&req)
-                        .await
-                        .map_err(|e| Error::octavia(format!("creating pool {}", l.pool.name), e))?;
-                    self.wait_active(lb).await?;
+                    self.add_pool(lb, listener_id, &l.pool).await?;
                     wrote = true;
                 }
                 Step::SetMembers { key, pool_id } => {
@@ -262,6 +261,29 @@ impl LbActor<'_> {
             refused,
             created,
         })
+    }
+
+    /// A listener's pool, then its members in one batch (a pool create takes no members).
+    async fn add_pool(&self, lb: &str, listener_id: &str, p: &DesiredPool) -> Result<(), Error> {
+        let req = PoolCreate {
+            listener_id: Some(listener_id.to_string()),
+            members: Vec::new(),
+            ..self.pool_create(p)
+        };
+        let pool = self
+            .client
+            .create_pool(&req)
+            .await
+            .map_err(|e| Error::octavia(format!("creating pool {}", p.name), e))?;
+        self.wait_active(lb).await?;
+        if !p.members.is_empty() {
+            self.client
+                .batch_update_members(&pool.id, &self.members(p), false)
+                .await
+                .map_err(|e| Error::octavia(format!("adding the members of pool {}", p.name), e))?;
+            self.wait_active(lb).await?;
+        }
+        Ok(())
     }
 
     /// The whole tree in one fully populated create, or adopts the one a crash left behind. When Octavia

@@ -1,8 +1,8 @@
 //! Recorded tree vs desired tree -> the Octavia writes that close the gap. Pure.
 //!
-//! Fewest calls: a new load balancer is ONE fully populated create; a new Service port is one listener
-//! create carrying its pool and members; any change of a pool's members is ONE batch member update;
-//! equal trees plan nothing.
+//! Fewest calls: a new load balancer is ONE fully populated create; a new Service port is a listener, a
+//! pool and one batch of members (Octavia takes a whole tree only when creating a load balancer); any
+//! change of a pool's members is ONE batch member update; equal trees plan nothing.
 
 use super::desired::DesiredLb;
 use super::recorded::RecordedLb;
@@ -25,7 +25,7 @@ pub enum Step {
         listener_id: String,
         pool_id: Option<String>,
     },
-    /// A listener with its default pool and members, in one call.
+    /// A listener with its default pool and members.
     CreateListener {
         key: ListenerKey,
     },

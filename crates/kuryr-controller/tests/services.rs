@@ -1,0 +1,543 @@
+//! Services on Octavia through the real start-up path: the `service`, `endpoints` and `kuryrloadbalancer`
+//! handlers against the Kubernetes API emulator, the Neutron emulator (the service subnet) and each Octavia
+//! target: the emulator, and the real Octavia 19.0.0 (amphora provider on noop drivers) at
+//! KURYR_TEST_OCTAVIA_URL (skipped with the reason when unset; KURYR_TEST_REQUIRE_OCTAVIA=1 makes that an
+//! error).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use kuryr_controller::metrics::Metrics;
+use kuryr_controller::openstack::Deployments;
+use kuryr_crds::{KuryrLoadBalancer, KuryrLoadBalancerStatus};
+use kuryr_neutron::ClientOptions;
+use kuryr_neutron::ListFilter;
+use kuryr_neutron::octavia::{ListenerCreate, LoadBalancerCreate, OctaviaClient, PoolCreate, Provisioning};
+use octavia_emulator::{LatencyProfile, OctaviaEmulator, OctaviaHandle, OctaviaOptions};
+use serde_json::json;
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// One Octavia to run against.
+struct OctaviaTarget {
+    name: &'static str,
+    client: OctaviaClient,
+    emulator: Option<OctaviaHandle>,
+}
+
+async fn octavia_targets(latency: LatencyProfile) -> Result<Vec<OctaviaTarget>> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let emu = OctaviaEmulator::start(OctaviaOptions {
+        latency,
+        ..OctaviaOptions::default()
+    })
+    .await?;
+    let mut out = vec![OctaviaTarget {
+        name: "emulator",
+        client: OctaviaClient::new(&ClientOptions::noauth(emu.url()))?,
+        emulator: Some(emu),
+    }];
+    match octavia_contract::env::real_octavia_url().map_err(anyhow::Error::msg)? {
+        Some(url) => out.push(OctaviaTarget {
+            name: "octavia",
+            client: OctaviaClient::new(&ClientOptions::noauth(&url))?,
+            emulator: None,
+        }),
+        None => eprintln!(
+            "real Octavia target skipped: {}",
+            octavia_contract::env::skip_reason()
+        ),
+    }
+    Ok(out)
+}
+
+/// A test's world: Kubernetes, Neutron (emulator) with a pod and a service subnet, one Octavia.
+struct Bed {
+    kube: Kube,
+    neutron: NeutronTarget,
+    fx: NeutronFixture,
+    /// The project of the load balancers: Octavia takes Keystone-sized ids (at most 36 characters), which the
+    /// Neutron fixture's descriptive project names are not.
+    project: String,
+}
+
+impl Bed {
+    async fn new(ns: &str) -> Result<Self> {
+        let kube = start_kube().await?;
+        let neutron = neutron_targets().await?.remove(0);
+        let fx = neutron_fixture_subnets(&neutron.client, &["10.1.0.0/24", "10.96.0.0/24"]).await?;
+        create_namespace(&kube.client, ns, json!({})).await?;
+        Ok(Self {
+            kube,
+            neutron,
+            fx,
+            project: uuid::Uuid::new_v4().simple().to_string(),
+        })
+    }
+
+    fn config(&self, extra: &str) -> String {
+        format!(
+            "[kubernetes]\nenabled_handlers = service,endpoints,kuryrloadbalancer\npod_vif_driver = neutron-vif\n\
+             vif_pool_driver = noop\ncluster_id = svc-test\n\
+             [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\nservice_subnet = {}\n\
+             resource_tags = k8s\n[octavia_defaults]\nreconcile_period = 1\n{extra}",
+            self.project, self.fx.subnet, self.fx.sg, self.fx.subnets[1].subnet
+        )
+    }
+
+    fn controller(&self, octavia: &OctaviaTarget, extra: &str, identity: &str) -> Controller {
+        let metrics = Metrics::new();
+        let deployments = Deployments::noauth(&self.neutron.url, &metrics)
+            .expect("neutron client")
+            .with_octavia("default", octavia.client.clone());
+        start_controller_with(
+            &self.kube.client,
+            deployments,
+            metrics,
+            config(&self.config(extra)),
+            identity,
+        )
+    }
+
+    fn client(&self) -> &Client {
+        &self.kube.client
+    }
+}
+
+async fn create_service(
+    kube: &Client,
+    ns: &str,
+    name: &str,
+    ip: &str,
+    ports: &[(&str, i32, i32, &str)],
+) -> Result<()> {
+    let ports: Vec<_> = ports
+        .iter()
+        .map(|(n, p, t, proto)| json!({"name": n, "port": p, "targetPort": t, "protocol": proto}))
+        .collect();
+    let svc: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"type": "ClusterIP", "clusterIP": ip, "selector": {"app": name}, "ports": ports}
+    }))?;
+    Api::<Service>::namespaced(kube.clone(), ns)
+        .create(&PostParams::default(), &svc)
+        .await?;
+    Ok(())
+}
+
+/// Writes the Service's one EndpointSlice (as the EndpointSlice controller would) with `ips` ready on `ports`.
+async fn set_endpoints(
+    kube: &Client,
+    ns: &str,
+    svc: &str,
+    ips: &[String],
+    ports: &[(&str, i32)],
+) -> Result<()> {
+    let api = Api::<EndpointSlice>::namespaced(kube.clone(), ns);
+    let name = format!("{svc}-slice");
+    let slice: EndpointSlice = serde_json::from_value(json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": ns, "labels": {"kubernetes.io/service-name": svc}},
+        "addressType": "IPv4",
+        "endpoints": ips.iter().enumerate().map(|(i, ip)| json!({
+            "addresses": [ip], "conditions": {"ready": true},
+            "targetRef": {"kind": "Pod", "name": format!("{svc}-{i}"), "namespace": ns}
+        })).collect::<Vec<_>>(),
+        "ports": ports.iter().map(|(n, p)| json!({"name": n, "port": p, "protocol": "TCP"})).collect::<Vec<_>>(),
+    }))?;
+    match api.get_opt(&name).await? {
+        None => {
+            api.create(&PostParams::default(), &slice).await?;
+        }
+        Some(_) => {
+            api.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(&serde_json::to_value(&slice)?),
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+fn ips(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("10.1.0.{}", 10 + i)).collect()
+}
+
+/// The KuryrLoadBalancer status once it records `listeners` listeners with `members` members in all.
+async fn recorded(
+    kube: &Client,
+    ns: &str,
+    name: &str,
+    listeners: usize,
+    members: usize,
+) -> Result<KuryrLoadBalancerStatus> {
+    let api = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), ns);
+    eventually(
+        &format!("KuryrLoadBalancer {ns}/{name} with {listeners} listeners and {members} members"),
+        WAIT,
+        || async {
+            let Some(klb) = api.get_opt(name).await? else {
+                return Ok(None);
+            };
+            let Some(st) = klb.status else { return Ok(None) };
+            let ok =
+                st.loadbalancer.is_some() && st.listeners.len() == listeners && st.members.len() == members;
+            Ok(ok.then_some(st))
+        },
+    )
+    .await
+}
+
+/// The members Octavia holds in the load balancer's pools, as (address, port).
+async fn octavia_members(client: &OctaviaClient, lb_id: &str) -> Result<BTreeSet<(String, u16)>> {
+    let tree = client.get_status_tree(lb_id).await?;
+    Ok(tree
+        .loadbalancer
+        .listeners
+        .iter()
+        .flat_map(|l| &l.pools)
+        .flat_map(|p| &p.members)
+        .map(|m| (m.address.clone(), m.protocol_port))
+        .collect())
+}
+
+async fn lbs_named(client: &OctaviaClient, name: &str) -> Result<Vec<kuryr_neutron::octavia::LoadBalancer>> {
+    Ok(client
+        .list_load_balancers(&ListFilter::new().name(name.to_string()))
+        .await?
+        .into_iter()
+        .filter(|lb| lb.provisioning_status != "DELETED")
+        .collect())
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", &uuid::Uuid::new_v4().simple().to_string()[..6])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_becomes_one_load_balancer_that_follows_its_endpoints_and_ports() -> Result<()> {
+    init_logs();
+    for oct in octavia_targets(LatencyProfile::Instant).await? {
+        let ns = unique("svc");
+        let bed = Bed::new(&ns).await?;
+        let _ctrl = bed.controller(&oct, "", "svc-lifecycle");
+        let kube = bed.client();
+        create_service(kube, &ns, "web", "10.96.0.10", &[("http", 80, 8080, "TCP")]).await?;
+        set_endpoints(kube, &ns, "web", &ips(3), &[("http", 8080)]).await?;
+
+        let st = recorded(kube, &ns, "web", 1, 3).await.context(oct.name)?;
+        let lb = st.loadbalancer.clone().unwrap();
+        assert_eq!(lb.ip, "10.96.0.10", "{}: VIP is the clusterIP", oct.name);
+        assert_eq!(lb.name, format!("{ns}/web"));
+        let want: BTreeSet<_> = ips(3).into_iter().map(|ip| (ip, 8080)).collect();
+        assert_eq!(octavia_members(&oct.client, &lb.id).await?, want, "{}", oct.name);
+        let live = oct.client.get_load_balancer(&lb.id).await?;
+        assert_eq!(live.provisioning_status, "ACTIVE", "{}", oct.name);
+        assert!(
+            live.tags.contains(&"kuryr-rs.cluster=svc-test".to_string()),
+            "{}: {:?}",
+            oct.name,
+            live.tags
+        );
+        if let Some(emu) = &oct.emulator {
+            // A new Service is ONE fully populated create.
+            let s = emu.stats();
+            assert_eq!(s.count("loadbalancer.create"), 1, "{s:?}");
+            assert_eq!(
+                s.count("listener.create") + s.count("pool.create") + s.count("member.create"),
+                0,
+                "{s:?}"
+            );
+            emu.reset_stats();
+        }
+
+        // Scale to 5, then 1: members follow, one batch update per change.
+        set_endpoints(kube, &ns, "web", &ips(5), &[("http", 8080)]).await?;
+        let st = recorded(kube, &ns, "web", 1, 5).await.context(oct.name)?;
+        assert_eq!(
+            octavia_members(&oct.client, &lb.id).await?.len(),
+            5,
+            "{}",
+            oct.name
+        );
+        assert_eq!(
+            st.loadbalancer.as_ref().map(|l| l.id.as_str()),
+            Some(lb.id.as_str())
+        );
+        set_endpoints(kube, &ns, "web", &ips(1), &[("http", 8080)]).await?;
+        recorded(kube, &ns, "web", 1, 1).await.context(oct.name)?;
+        let want: BTreeSet<_> = ips(1).into_iter().map(|ip| (ip, 8080)).collect();
+        assert_eq!(octavia_members(&oct.client, &lb.id).await?, want, "{}", oct.name);
+        if let Some(emu) = &oct.emulator {
+            let s = emu.stats();
+            assert_eq!(s.count("member.batch_update"), 2, "{s:?}");
+            assert_eq!(s.count("loadbalancer.create"), 0, "{s:?}");
+        }
+
+        // A second port adds a listener with its pool and members.
+        let svcs = Api::<Service>::namespaced(kube.clone(), &ns);
+        let patch = json!({"spec": {"ports": [
+            {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"},
+            {"name": "https", "port": 443, "targetPort": 8443, "protocol": "TCP"}]}});
+        svcs.patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        set_endpoints(kube, &ns, "web", &ips(1), &[("http", 8080), ("https", 8443)]).await?;
+        recorded(kube, &ns, "web", 2, 2).await.context(oct.name)?;
+        let tree = oct.client.get_status_tree(&lb.id).await?;
+        assert_eq!(tree.loadbalancer.listeners.len(), 2, "{}", oct.name);
+
+        // Deleting the Service removes everything from Octavia, then the objects themselves.
+        svcs.delete("web", &DeleteParams::default()).await?;
+        eventually(&format!("{}: Service gone", oct.name), WAIT, || async {
+            Ok(svcs.get_opt("web").await?.is_none().then_some(()))
+        })
+        .await?;
+        let gone = oct.client.get_load_balancer(&lb.id).await;
+        assert!(
+            matches!(&gone, Err(e) if e.is_not_found())
+                || gone.as_ref().is_ok_and(|l| l.provisioning_status == "DELETED"),
+            "{}: load balancer still there: {gone:?}",
+            oct.name
+        );
+        let klbs = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns);
+        assert!(klbs.get_opt("web").await?.is_none());
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_killed_while_the_load_balancer_is_pending_create_leaves_exactly_one() -> Result<()> {
+    init_logs();
+    for oct in octavia_targets(LatencyProfile::AmphoraNoop).await? {
+        let ns = unique("crash");
+        let bed = Bed::new(&ns).await?;
+        let ctrl = bed.controller(&oct, "", "svc-crash-1");
+        let kube = bed.client();
+        create_service(kube, &ns, "web", "10.96.0.11", &[("http", 80, 8080, "TCP")]).await?;
+        set_endpoints(kube, &ns, "web", &ips(3), &[("http", 8080)]).await?;
+        let name = format!("{ns}/web");
+        eventually(&format!("{}: load balancer pending", oct.name), WAIT, || async {
+            Ok(lbs_named(&oct.client, &name)
+                .await?
+                .into_iter()
+                .find(|lb| lb.provisioning_status == "PENDING_CREATE")
+                .map(|_| ()))
+        })
+        .await?;
+        ctrl.kill();
+        let _ctrl = bed.controller(&oct, "", "svc-crash-2");
+        let st = recorded(kube, &ns, "web", 1, 3).await.context(oct.name)?;
+        let lbs = lbs_named(&oct.client, &name).await?;
+        assert_eq!(lbs.len(), 1, "{}: {lbs:?}", oct.name);
+        assert_eq!(
+            st.loadbalancer.map(|l| l.id),
+            Some(lbs[0].id.clone()),
+            "{}",
+            oct.name
+        );
+        Api::<Service>::namespaced(kube.clone(), &ns)
+            .delete("web", &DeleteParams::default())
+            .await?;
+        eventually(&format!("{}: load balancer released", oct.name), WAIT, || async {
+            Ok(lbs_named(&oct.client, &name).await?.is_empty().then_some(()))
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_replaces_an_error_load_balancer_and_recreates_one_deleted_by_hand() -> Result<()> {
+    init_logs();
+    for oct in octavia_targets(LatencyProfile::Instant).await? {
+        let ns = unique("repair");
+        let bed = Bed::new(&ns).await?;
+        let _ctrl = bed.controller(&oct, "", "svc-repair");
+        let kube = bed.client();
+        create_service(kube, &ns, "web", "10.96.0.12", &[("http", 80, 8080, "TCP")]).await?;
+        set_endpoints(kube, &ns, "web", &ips(2), &[("http", 8080)]).await?;
+        let first = recorded(kube, &ns, "web", 1, 2)
+            .await
+            .context(oct.name)?
+            .loadbalancer
+            .unwrap()
+            .id;
+
+        // Deleted by hand: the periodic reconcile notices and the handler builds it again.
+        oct.client.delete_load_balancer(&first, true).await?;
+        let klbs = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns);
+        let second = eventually(
+            &format!("{}: re-created load balancer", oct.name),
+            WAIT,
+            || async {
+                let st = klbs.get_opt("web").await?.and_then(|k| k.status);
+                Ok(st
+                    .and_then(|s| s.loadbalancer.filter(|_| s.members.len() == 2))
+                    .map(|l| l.id)
+                    .filter(|id| *id != first))
+            },
+        )
+        .await?;
+        assert_eq!(
+            octavia_members(&oct.client, &second).await?.len(),
+            2,
+            "{}",
+            oct.name
+        );
+
+        // ERROR (only the emulator can be told to fail): replaced by a new one.
+        if let Some(emu) = &oct.emulator {
+            emu.force_error(&second).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            let third = eventually("replacement of the ERROR load balancer", WAIT, || async {
+                let st = klbs.get_opt("web").await?.and_then(|k| k.status);
+                Ok(st
+                    .and_then(|s| s.loadbalancer.filter(|_| s.members.len() == 2))
+                    .map(|l| l.id)
+                    .filter(|id| *id != second))
+            })
+            .await?;
+            let lbs = lbs_named(&oct.client, &format!("{ns}/web")).await?;
+            assert_eq!(lbs.iter().map(|l| l.id.clone()).collect::<Vec<_>>(), vec![third]);
+        }
+        Api::<Service>::namespaced(kube.clone(), &ns)
+            .delete("web", &DeleteParams::default())
+            .await?;
+        eventually(&format!("{}: released", oct.name), WAIT, || async {
+            Ok(lbs_named(&oct.client, &format!("{ns}/web"))
+                .await?
+                .is_empty()
+                .then_some(()))
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// A KuryrLoadBalancer as upstream kuryr-kubernetes 10.0.0 writes it, for a load balancer it made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_kuryrloadbalancer_and_its_load_balancer_are_adopted() -> Result<()> {
+    init_logs();
+    for oct in octavia_targets(LatencyProfile::Instant).await? {
+        let ns = unique("adopt");
+        let bed = Bed::new(&ns).await?;
+        let kube = bed.client();
+        let svc_subnet = bed.fx.subnets[1].subnet.clone();
+        // Upstream's load balancer: its names, no kuryr-rs tags, one listener and pool, no members yet.
+        let name = format!("{ns}/web");
+        let listener = format!("{name}:TCP:80");
+        let lb = oct
+            .client
+            .create_load_balancer(&LoadBalancerCreate {
+                name: Some(name.clone()),
+                project_id: Some(bed.project.clone()),
+                vip_subnet_id: Some(svc_subnet.clone()),
+                vip_address: Some("10.96.0.13".into()),
+                provider: Some("amphora".into()),
+                tags: vec!["k8s".into()],
+                listeners: vec![ListenerCreate {
+                    name: Some(listener.clone()),
+                    default_pool: Some(Box::new(PoolCreate {
+                        name: Some(listener.clone()),
+                        ..PoolCreate::new("TCP", "ROUND_ROBIN")
+                    })),
+                    ..ListenerCreate::new("TCP", 80)
+                }],
+                ..Default::default()
+            })
+            .await?;
+        oct.client
+            .wait_for_provisioning(&lb.id, Provisioning::Active)
+            .await?;
+        let tree = oct.client.get_status_tree(&lb.id).await?;
+        let l = &tree.loadbalancer.listeners[0];
+        create_service(kube, &ns, "web", "10.96.0.13", &[("http", 80, 8080, "TCP")]).await?;
+        let svc = Api::<Service>::namespaced(kube.clone(), &ns).get("web").await?;
+        let klb: KuryrLoadBalancer = serde_json::from_value(json!({
+            "apiVersion": "openstack.org/v1", "kind": "KuryrLoadBalancer",
+            "metadata": {"name": "web", "namespace": ns,
+                "finalizers": ["kuryr.openstack.org/kuryrloadbalancer-finalizers"],
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": "web", "uid": svc.uid()}]},
+            "spec": {"ip": "10.96.0.13", "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": "8080"}],
+                "project_id": bed.project, "provider": "amphora", "security_groups_ids": [bed.fx.sg],
+                "subnet_id": svc_subnet, "type": "ClusterIP"},
+            "status": {
+                "loadbalancer": {"id": lb.id, "ip": "10.96.0.13", "name": name, "port_id": lb.vip_port_id,
+                    "project_id": bed.project, "provider": "amphora", "security_groups": [bed.fx.sg],
+                    "subnet_id": svc_subnet},
+                "listeners": [{"id": l.id, "loadbalancer_id": lb.id, "name": listener, "port": 80,
+                    "project_id": bed.project, "protocol": "TCP"}],
+                "pools": [{"id": l.pools[0].id, "listener_id": l.id, "loadbalancer_id": lb.id, "name": listener,
+                    "project_id": bed.project, "protocol": "TCP"}]
+            }
+        }))?;
+        let klbs = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns);
+        klbs.create(&PostParams::default(), &klb).await?;
+        set_endpoints(kube, &ns, "web", &ips(3), &[("http", 8080)]).await?;
+
+        let _ctrl = bed.controller(&oct, "", "svc-adopt");
+        let st = recorded(kube, &ns, "web", 1, 3).await.context(oct.name)?;
+        assert_eq!(
+            st.loadbalancer.map(|l| l.id),
+            Some(lb.id.clone()),
+            "{}: adopted, not replaced",
+            oct.name
+        );
+        assert_eq!(lbs_named(&oct.client, &name).await?.len(), 1, "{}", oct.name);
+        assert_eq!(
+            octavia_members(&oct.client, &lb.id).await?.len(),
+            3,
+            "{}",
+            oct.name
+        );
+        Api::<Service>::namespaced(kube.clone(), &ns)
+            .delete("web", &DeleteParams::default())
+            .await?;
+        eventually(&format!("{}: released", oct.name), WAIT, || async {
+            Ok(lbs_named(&oct.client, &name).await?.is_empty().then_some(()))
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_ip_outside_the_service_subnet_is_a_warning_event_naming_the_field() -> Result<()> {
+    init_logs();
+    let oct = octavia_targets(LatencyProfile::Instant).await?.remove(0);
+    let ns = unique("bad");
+    let bed = Bed::new(&ns).await?;
+    let _ctrl = bed.controller(&oct, "", "svc-bad");
+    let kube = bed.client();
+    create_service(kube, &ns, "stray", "10.55.0.10", &[("http", 80, 8080, "TCP")]).await?;
+    create_service(kube, &ns, "good", "10.96.0.14", &[("http", 80, 8080, "TCP")]).await?;
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(kube.clone(), &ns);
+    let note = eventually("Warning Event on the stray Service", WAIT, || async {
+        Ok(events
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.type_.as_deref() == Some("Warning")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("stray")
+            })
+            .and_then(|e| e.note))
+    })
+    .await?;
+    assert!(note.contains("spec.clusterIP"), "{note}");
+    // The other Service is unaffected.
+    recorded(kube, &ns, "good", 1, 0).await?;
+    Ok(())
+}
