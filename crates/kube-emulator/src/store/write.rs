@@ -1,5 +1,6 @@
 //! Create, update (PUT) and patch: admission (validation, defaulting, pruning), generation and no-op detection.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -375,6 +376,9 @@ impl State {
         if def.is_pod() {
             body["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});
         }
+        if def.group.is_empty() && def.plural == "services" {
+            self.allocate_cluster_ip(def, &name, &mut body)?;
+        }
         if def.is_namespace() {
             body["status"] = json!({"phase": "Active"});
         }
@@ -551,5 +555,79 @@ impl State {
             created: false,
             warnings,
         })
+    }
+}
+
+/// Where the emulator's Service cluster IPs come from (`--service-cluster-ip-range` of a real API server):
+/// 10.96.0.0/16, handed out from 10.96.0.10 up, so a Neutron service subnet of the same range holds them.
+const SERVICE_RANGE: (u32, u32) = (0x0a60_000a, 0x0a60_ffff);
+
+impl State {
+    /// Gives a Service its cluster IP the way the API server does: none for ExternalName, "None" kept for
+    /// headless, a requested one checked for conflicts, otherwise the lowest free one of the range.
+    fn allocate_cluster_ip(&self, def: &ResourceDef, name: &str, body: &mut Value) -> ApiResult<()> {
+        let ty = body
+            .pointer("/spec/type")
+            .and_then(Value::as_str)
+            .unwrap_or("ClusterIP");
+        if ty == "ExternalName" {
+            return Ok(());
+        }
+        let requested = body
+            .pointer("/spec/clusterIP")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        if requested == "None" {
+            return Ok(());
+        }
+        let used: HashSet<String> = self
+            .objects
+            .get(&def.storage_key())
+            .map(|objs| {
+                objs.values()
+                    .filter_map(|o| {
+                        o.pointer("/spec/clusterIP")
+                            .and_then(Value::as_str)
+                            .map(str::to_string)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let ip = if requested.is_empty() {
+            let free = (SERVICE_RANGE.0..=SERVICE_RANGE.1)
+                .map(|n| std::net::Ipv4Addr::from(n).to_string())
+                .find(|ip| !used.contains(ip));
+            free.ok_or_else(|| {
+                ApiError::invalid(
+                    &def.group,
+                    &def.kind,
+                    &def.plural,
+                    name,
+                    vec![Cause::invalid(
+                        "spec.clusterIP",
+                        "the service cluster IP range is full",
+                    )],
+                )
+            })?
+        } else if used.contains(&requested) {
+            return Err(ApiError::invalid(
+                &def.group,
+                &def.kind,
+                &def.plural,
+                name,
+                vec![Cause::invalid(
+                    "spec.clusterIPs",
+                    format!("failed to allocate IP {requested}: provided IP is already allocated"),
+                )],
+            ));
+        } else {
+            requested
+        };
+        if let Some(spec) = body.get_mut("spec").and_then(Value::as_object_mut) {
+            spec.insert("clusterIP".into(), json!(ip));
+            spec.insert("clusterIPs".into(), json!([ip]));
+        }
+        Ok(())
     }
 }

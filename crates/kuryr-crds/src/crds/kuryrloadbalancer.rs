@@ -28,6 +28,24 @@ use serde::{Deserialize, Serialize};
         description = "The ID of the PROJECT associated to the loadbalancer",
         json_path = ".spec.project_id"
     ),
+    printcolumn(
+        name = "VIP",
+        type_ = "string",
+        description = "The Service's VIP",
+        json_path = ".spec.ip"
+    ),
+    printcolumn(
+        name = "Provider",
+        type_ = "string",
+        description = "The Octavia provider",
+        json_path = ".spec.provider"
+    ),
+    printcolumn(
+        name = "LB-ID",
+        type_ = "string",
+        description = "The Octavia load balancer",
+        json_path = ".status.loadbalancer.id"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 pub struct KuryrLoadBalancerSpec {

@@ -1,5 +1,5 @@
-//! Test/sandbox stand-ins for the control-plane pieces that are not the API server: a scheduler
-//! and a kubelet. They are clients: they use only the in-process [`Store`] handle (the same
+//! Test/sandbox stand-ins for the control-plane pieces that are not the API server: a scheduler,
+//! a kubelet and the EndpointSlice controller ([`endpointslices`]). They are clients: they use only the in-process [`Store`] handle (the same
 //! operations the HTTP API exposes: list, watch, `pods/binding`, status patch, create Event).
 
 use std::collections::HashSet;
@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
+
+mod endpointslices;
+pub use endpointslices::spawn_endpointslice_controller;
 
 use crate::patch::PatchType;
 use crate::selector::FieldSelector;
@@ -26,7 +29,7 @@ impl Drop for StandIn {
     }
 }
 
-fn str_at<'a>(v: &'a Value, ptr: &str) -> &'a str {
+pub(crate) fn str_at<'a>(v: &'a Value, ptr: &str) -> &'a str {
     v.pointer(ptr).and_then(Value::as_str).unwrap_or_default()
 }
 
@@ -52,7 +55,7 @@ fn selector_matches(pod: &Value, node: &Value) -> bool {
 }
 
 /// Waits for the next change of the watched kind (or a tick), so loops re-scan without polling hard.
-async fn next_change(rx: &mut tokio::sync::broadcast::Receiver<Arc<crate::store::WatchEvent>>) {
+pub(crate) async fn next_change(rx: &mut tokio::sync::broadcast::Receiver<Arc<crate::store::WatchEvent>>) {
     let _ = tokio::time::timeout(Duration::from_secs(1), rx.recv()).await;
 }
 
