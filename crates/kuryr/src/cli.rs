@@ -195,6 +195,13 @@ pub struct SandboxArgs {
     /// Use the `neutron` port pool driver instead of `noop` (pool management socket in --state-dir).
     #[arg(long)]
     pub pool: bool,
+    /// Demo Services (ClusterIP, selecting the demo pods of their namespace) made into Octavia load balancers;
+    /// 0 leaves the Service handlers off.
+    #[arg(long, default_value_t = 3)]
+    pub services: usize,
+    /// Use this Octavia (noauth, e.g. http://127.0.0.1:9876) instead of the embedded emulator.
+    #[arg(long, value_name = "URL")]
+    pub octavia_url: Option<String>,
     /// Print the summary and exit (status 1 unless every pod was wired) instead of running until Ctrl-C.
     #[arg(long)]
     pub exit_after_summary: bool,

@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use kuryr_crds::names::finalizers;
 use kuryr_crds::{KuryrLoadBalancer, KuryrLoadBalancerSpec};
@@ -18,6 +19,7 @@ use crate::context::Context;
 use crate::error::{Error, is_not_found};
 use crate::k8s::{add_finalizer, publish_event, remove_finalizer, surface_user_error};
 use crate::pipeline::ResourceEventHandler;
+use crate::services::endpoints::{SERVICE_NAME_LABEL, from_slices};
 use crate::services::spec::{self, Resolved};
 
 pub struct ServiceHandler {
@@ -182,6 +184,13 @@ impl ServiceHandler {
             }
             Some(_) => Ok(()),
             None => {
+                // The slices that exist already go in with the spec, so that a new Service is one fully
+                // populated create in Octavia rather than a create and a member update.
+                let slices = Api::<EndpointSlice>::namespaced(self.ctx.kube.clone(), &ns)
+                    .list(&ListParams::default().labels(&format!("{SERVICE_NAME_LABEL}={name}")))
+                    .await?;
+                let mut wanted = wanted;
+                wanted.endpoint_slices = from_slices(&slices.items);
                 let klb = KuryrLoadBalancer {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),

@@ -7,6 +7,7 @@
 //! Running with the IP of its KuryrPort once the VIF is active, as the CNI daemon would report it.
 
 mod report;
+mod services;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -19,7 +20,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher;
-use kube_emulator::standins::{SetupFn, spawn_kubelet, spawn_scheduler};
+use kube_emulator::standins::{SetupFn, spawn_endpointslice_controller, spawn_kubelet, spawn_scheduler};
 use kube_emulator::{KubeEmulator, KubeHandle, KubeOptions};
 use kuryr_config::KuryrConfig;
 use kuryr_controller::metrics::Metrics;
@@ -77,11 +78,24 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<()> {
     let (neutron_url, emulator, neutron_label) = start_neutron(&args).await?;
     println!("Neutron: {neutron_label}");
     let neutron = NeutronClient::new(&ClientOptions::noauth(&neutron_url)).context("Neutron client")?;
-    let demo = DemoNetwork::create(&neutron, &args.cidr).await?;
+    let mut demo = DemoNetwork::create(&neutron, &args.cidr).await?;
     println!(
         "  project {}: network {}, subnet {} ({}), security group {}",
         demo.project, demo.network, demo.subnet, args.cidr, demo.security_group
     );
+    let octavia = if args.services > 0 {
+        let (network, subnet) = services::create_service_subnet(&neutron, &demo.project).await?;
+        println!(
+            "  service network {network}, subnet {subnet} ({})",
+            services::SERVICE_CIDR
+        );
+        demo.service = Some((network, subnet));
+        let o = services::start_octavia(args.octavia_url.as_deref()).await?;
+        println!("Octavia: {}", o.label);
+        Some(o)
+    } else {
+        None
+    };
 
     // Controller, scheduler, kubelets.
     let metrics = Metrics::new();
@@ -90,12 +104,16 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<()> {
         &args,
         &state_dir,
         &client,
-        &neutron_url,
+        OpenStackUrls {
+            neutron: &neutron_url,
+            octavia: octavia.as_ref().map(|o| o.url.as_str()),
+        },
         &demo,
         metrics.clone(),
         stop.clone(),
     )?;
     let _scheduler = spawn_scheduler(kube.store());
+    let _endpointslices = spawn_endpointslice_controller(kube.store());
     let _kubelet = spawn_kubelet(
         kube.store(),
         NODES.map(String::from).to_vec(),
@@ -165,6 +183,53 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<()> {
         }
     }
 
+    // Services once the pods run, so that the time to ACTIVE is the load balancers' own.
+    let mut services_ok = true;
+    if args.services > 0 && running == args.pods && !interrupted && !controller.is_finished() {
+        let mut per_ns = std::collections::BTreeMap::new();
+        for (name, _) in &created {
+            if let Some((ns, _)) = name.split_once('/') {
+                *per_ns.entry(ns.to_string()).or_insert(0usize) += 1;
+            }
+        }
+        println!("creating {} Services ...", args.services);
+        let svcs = services::create_services(&client, &namespaces, args.services).await?;
+        let results = services::wait_services(
+            &client,
+            &svcs,
+            &per_ns,
+            Instant::now() + Duration::from_secs(args.timeout),
+        )
+        .await;
+        let times: Vec<Duration> = results.iter().filter_map(|r| r.ready_after).collect();
+        services_ok = times.len() == args.services;
+        for r in &results {
+            println!(
+                "  {:<24} VIP {:<15} {} members  {}",
+                r.name,
+                r.vip,
+                r.members,
+                r.ready_after.map_or_else(
+                    || "not ACTIVE".to_string(),
+                    |d| format!("ACTIVE after {} ms", d.as_millis())
+                )
+            );
+        }
+        println!(
+            "load balancers: {}/{} ACTIVE with every pod of their namespace; time to ACTIVE p50 {} ms, max {} ms",
+            times.len(),
+            args.services,
+            report::percentile(&times, 50.0).map_or(0, |d| d.as_millis()),
+            times.iter().max().map_or(0, |d| d.as_millis()),
+        );
+        let calls = report::octavia_calls(&metrics.encode());
+        let per_op: Vec<String> = calls
+            .iter()
+            .map(|(op, r)| format!("{op} {}", r.values().sum::<u64>()))
+            .collect();
+        println!("Octavia calls: {}", per_op.join(", "));
+    }
+
     let latencies = latencies(&active, &created);
     let wired = latencies.len();
     let summary = Summary {
@@ -192,7 +257,7 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<()> {
 
     if !args.exit_after_summary && !interrupted {
         println!(
-            "Try:\n  export KUBECONFIG={}\n  kubectl get pods -A -o wide\n  kubectl get kp -A",
+            "Try:\n  export KUBECONFIG={}\n  kubectl get pods -A -o wide\n  kubectl get kp -A\n  kubectl get klb -A",
             kubeconfig.display()
         );
         println!("Running until Ctrl-C ...");
@@ -200,6 +265,10 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<()> {
     }
 
     // Shutdown. A real neutron-server outlives the sandbox: release what the demo created.
+    // A real Octavia outlives the sandbox too.
+    if octavia.as_ref().is_some_and(|o| o.emulator.is_none()) {
+        services::release_services(&client, &namespaces).await;
+    }
     if emulator.is_none() {
         release_demo(&client, &namespaces, &active).await;
         demo.delete(&neutron).await;
@@ -211,8 +280,14 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<()> {
     if let Some(emu) = emulator {
         emu.shutdown().await;
     }
+    if let Some(emu) = octavia.and_then(|o| o.emulator) {
+        emu.shutdown().await;
+    }
     if args.exit_after_summary && !all_wired {
         anyhow::bail!("{wired} of {} pods were wired", args.pods);
+    }
+    if args.exit_after_summary && !services_ok {
+        anyhow::bail!("not every demo Service got an ACTIVE load balancer with all its members");
     }
     Ok(())
 }
@@ -260,11 +335,14 @@ struct DemoNetwork {
     network: String,
     subnet: String,
     security_group: String,
+    /// The service network and subnet (with `--services`).
+    service: Option<(String, String)>,
 }
 
 impl DemoNetwork {
     async fn create(neutron: &NeutronClient, cidr: &str) -> anyhow::Result<Self> {
-        let project = format!("kuryr-sandbox-{}", uuid::Uuid::new_v4().simple());
+        // Keystone-shaped (32 hex digits): Octavia refuses project ids longer than 36 characters.
+        let project = uuid::Uuid::new_v4().simple().to_string();
         let network = neutron
             .create_network(&kuryr_neutron::NetworkCreate {
                 name: Some("kuryr-sandbox-pods".into()),
@@ -298,6 +376,7 @@ impl DemoNetwork {
             network: network.id,
             subnet: subnet.id,
             security_group: sg.id,
+            service: None,
         })
     }
 
@@ -313,6 +392,11 @@ impl DemoNetwork {
                 }
             }
             Err(e) => eprintln!("  cannot list the demo ports: {e}"),
+        }
+        if let Some((network, _)) = &self.service
+            && let Err(e) = neutron.delete_network(network).await
+        {
+            eprintln!("  cannot delete the service network: {e}");
         }
         for (what, result) in [
             ("network", neutron.delete_network(&self.network).await),
@@ -340,11 +424,28 @@ impl DemoNetwork {
     }
 }
 
+/// Where the controller finds Neutron and (with `--services`) Octavia.
+#[derive(Clone, Copy)]
+struct OpenStackUrls<'a> {
+    neutron: &'a str,
+    octavia: Option<&'a str>,
+}
+
 fn controller_config(
-    neutron_url: &str,
+    urls: OpenStackUrls<'_>,
     demo: &DemoNetwork,
     pool_socket: Option<&Path>,
 ) -> anyhow::Result<KuryrConfig> {
+    let neutron_url = urls.neutron;
+    let (handlers, octavia) = match (urls.octavia, &demo.service) {
+        (Some(url), Some((_, subnet))) => (
+            "vif,kuryrport,service,endpoints,kuryrloadbalancer",
+            format!(
+                "load_balancer_endpoint_override = {url}\n[neutron_defaults]\nservice_subnet = {subnet}\n"
+            ),
+        ),
+        _ => ("vif,kuryrport", "[neutron_defaults]\n".to_string()),
+    };
     let pool = match pool_socket {
         Some(sock) => format!(
             "vif_pool_driver = neutron\nenable_manager = True\n[pool_manager]\nsock_file = {}\n",
@@ -354,13 +455,13 @@ fn controller_config(
     };
     let ini = format!(
         "[kubernetes]\n\
-         enabled_handlers = vif,kuryrport\n\
+         enabled_handlers = {handlers}\n\
          pod_vif_driver = neutron-vif\n\
          cluster_id = {CLUSTER_ID}\n\
          {pool}\
          [neutron]\n\
          endpoint_override = {neutron_url}\n\
-         [neutron_defaults]\n\
+         {octavia}\
          project = {project}\n\
          pod_subnet = {subnet}\n\
          pod_security_groups = {sg}\n\
@@ -377,7 +478,7 @@ fn start_controller(
     args: &SandboxArgs,
     state_dir: &Path,
     client: &kube::Client,
-    neutron_url: &str,
+    urls: OpenStackUrls<'_>,
     demo: &DemoNetwork,
     metrics: Metrics,
     stop: CancellationToken,
@@ -391,7 +492,7 @@ fn start_controller(
             sock.display()
         );
     }
-    let config = Arc::new(controller_config(neutron_url, demo, pool_socket.as_deref())?);
+    let config = Arc::new(controller_config(urls, demo, pool_socket.as_deref())?);
     let deployments =
         Deployments::from_config(&config, &metrics).context("Neutron client of the controller")?;
     let mut opts = ControllerOptions::new(config, client.clone(), deployments, metrics);

@@ -21,9 +21,18 @@ pub fn percentile(samples: &[Duration], p: f64) -> Option<Duration> {
 /// `kuryr_neutron_calls_total{operation=..,result=..}` from the controller's Prometheus text:
 /// operation -> result -> count.
 pub fn neutron_calls(prometheus_text: &str) -> BTreeMap<String, BTreeMap<String, u64>> {
+    calls(prometheus_text, "kuryr_neutron_calls_total{")
+}
+
+/// `kuryr_octavia_calls_total`, like [`neutron_calls`].
+pub fn octavia_calls(prometheus_text: &str) -> BTreeMap<String, BTreeMap<String, u64>> {
+    calls(prometheus_text, "kuryr_octavia_calls_total{")
+}
+
+fn calls(prometheus_text: &str, prefix: &str) -> BTreeMap<String, BTreeMap<String, u64>> {
     let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
     for line in prometheus_text.lines() {
-        let Some(rest) = line.strip_prefix("kuryr_neutron_calls_total{") else {
+        let Some(rest) = line.strip_prefix(prefix) else {
             continue;
         };
         let Some((labels, value)) = rest.split_once('}') else {
