@@ -68,6 +68,9 @@ struct Bed {
     /// The project of the load balancers: Octavia takes Keystone-sized ids (at most 36 characters), which the
     /// Neutron fixture's descriptive project names are not.
     project: String,
+    /// Also the controller's cluster id: the tests share the real Octavia, and each controller's orphan
+    /// sweep must see only its own load balancers.
+    ns: String,
 }
 
 impl Bed {
@@ -81,16 +84,21 @@ impl Bed {
             neutron,
             fx,
             project: uuid::Uuid::new_v4().simple().to_string(),
+            ns: ns.to_string(),
         })
     }
 
     fn config(&self, extra: &str) -> String {
         format!(
             "[kubernetes]\nenabled_handlers = service,endpoints,kuryrloadbalancer\npod_vif_driver = neutron-vif\n\
-             vif_pool_driver = noop\ncluster_id = svc-test\n\
+             vif_pool_driver = noop\ncluster_id = {ns}\n\
              [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\nservice_subnet = {}\n\
              resource_tags = k8s\n[octavia_defaults]\nreconcile_period = 1\n{extra}",
-            self.project, self.fx.subnet, self.fx.sg, self.fx.subnets[1].subnet
+            self.project,
+            self.fx.subnet,
+            self.fx.sg,
+            self.fx.subnets[1].subnet,
+            ns = self.ns,
         )
     }
 
@@ -246,7 +254,7 @@ async fn a_service_becomes_one_load_balancer_that_follows_its_endpoints_and_port
         let live = oct.client.get_load_balancer(&lb.id).await?;
         assert_eq!(live.provisioning_status, "ACTIVE", "{}", oct.name);
         assert!(
-            live.tags.contains(&"kuryr-rs.cluster=svc-test".to_string()),
+            live.tags.contains(&format!("kuryr-rs.cluster={ns}")),
             "{}: {:?}",
             oct.name,
             live.tags
