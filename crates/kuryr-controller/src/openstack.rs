@@ -119,12 +119,14 @@ fn octavia_client(
              Keystone there is no catalog to find Octavia in"
         ));
     }
+    OctaviaClient::with_metrics(&opts, octavia_metrics_hook(metrics))
+        .map_err(|e| format!("[{section}] Octavia client: {e}"))
+}
+
+/// Reports every Octavia call into the controller's Prometheus metrics.
+pub fn octavia_metrics_hook(metrics: &Metrics) -> Arc<dyn kuryr_neutron::Metrics> {
     let m = metrics.clone();
-    OctaviaClient::with_metrics(
-        &opts,
-        Arc::new(move |c: &CallRecord<'_>| m.octavia_call(c.operation, c.outcome.as_str(), c.latency)),
-    )
-    .map_err(|e| format!("[{section}] Octavia client: {e}"))
+    Arc::new(move |c: &CallRecord<'_>| m.octavia_call(c.operation, c.outcome.as_str(), c.latency))
 }
 
 /// The `kuryr.conf` section of deployment `name`, as error messages name it.
