@@ -28,6 +28,9 @@ pub enum Command {
     Crds(CrdsArgs),
     /// Inspect and manage the controller's port pools (needs `[kubernetes] enable_manager = True`).
     Pools(PoolsArgs),
+    /// Generate every object an install needs (CRDs, Namespace, RBAC, ConfigMap, controller
+    /// Deployment, CNI DaemonSet) from kuryr.conf; or with --check verify a directory of them.
+    Manifests(ManifestsArgs),
     /// Install the kuryr-cni plugin and its conflist on this node (the CNI DaemonSet's init step).
     InstallCni(InstallCniArgs),
     /// Start an emulated cluster (Kubernetes + Neutron), a controller and two nodes, and wire demo pods.
@@ -224,4 +227,29 @@ pub struct InstallCniArgs {
     /// kuryr-rs addition: `kuryr_daemon_timeout` in the conflist, in seconds (left out by default).
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pub kuryr_daemon_timeout: Option<u64>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ManifestsArgs {
+    /// The kuryr.conf the services will run with (put into the ConfigMap as it is).
+    #[arg(long = "config-file", value_name = "FILE")]
+    pub config_file: PathBuf,
+    /// Namespace of the install (must be `[kubernetes] controller_namespace`).
+    #[arg(long, default_value = "kuryr")]
+    pub namespace: String,
+    /// Container image of both workloads (default: the one scripts/build-image.sh builds).
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Node selector of both workloads, KEY=VALUE; repeat it.
+    #[arg(long = "node-selector", value_name = "KEY=VALUE")]
+    pub node_selector: Vec<String>,
+    /// Controller replicas (more than one needs `[kubernetes] controller_ha = True`).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub replicas: u32,
+    /// Write one file per job into DIR instead of printing them.
+    #[arg(long, value_name = "DIR", conflicts_with = "check")]
+    pub output_dir: Option<PathBuf>,
+    /// Only compare DIR with the generated files; exit 1 when they differ.
+    #[arg(long, value_name = "DIR")]
+    pub check: Option<PathBuf>,
 }

@@ -3,15 +3,18 @@
 //! - `kuryr controller` / `kuryr daemon`: the two long-running services, configured by upstream
 //!   `kuryr.conf` files (`--config-file`, `--config-dir`, like oslo.config);
 //! - `kuryr crds`: writes or checks the CRD manifests;
+//! - `kuryr manifests`: every object an install needs, from kuryr.conf;
 //! - `kuryr install-cni`: installs kuryr-cni and its conflist on a node;
 //! - `kuryr pools`: the controller's port pools over its management socket;
 //! - `kuryr sandbox`: a whole cluster on the laptop (Kubernetes and Neutron emulators, a controller,
 //!   two simulated nodes) wiring demo pods, with a latency summary.
 
 mod cli;
+mod cluster_config;
 mod crds;
 mod install_cni;
 mod kubeclient;
+mod manifests;
 mod pools;
 mod sandbox;
 mod services;
@@ -44,6 +47,9 @@ fn main() -> ExitCode {
     if let Command::Crds(args) = &cli.command {
         return crds::run(args);
     }
+    if let Command::Manifests(args) = &cli.command {
+        return manifests::run(args);
+    }
     if let Command::InstallCni(args) = &cli.command {
         return install_cni::run(args);
     }
@@ -60,7 +66,7 @@ fn main() -> ExitCode {
             Command::Daemon(args) => services::daemon(args).await,
             Command::Pools(args) => pools::run(args).await,
             Command::Sandbox(args) => sandbox::run(args).await,
-            Command::Crds(_) | Command::InstallCni(_) => Ok(()),
+            Command::Crds(_) | Command::InstallCni(_) | Command::Manifests(_) => Ok(()),
         }
     });
     match result {
