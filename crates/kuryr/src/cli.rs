@@ -31,6 +31,8 @@ pub enum Command {
     /// Generate every object an install needs (CRDs, Namespace, RBAC, ConfigMap, controller
     /// Deployment, CNI DaemonSet) from kuryr.conf; or with --check verify a directory of them.
     Manifests(ManifestsArgs),
+    /// Upgrade and sanity checks of a cluster (exit 0 success, 1 warning, 2 failure).
+    Status(StatusArgs),
     /// Install the kuryr-cni plugin and its conflist on this node (the CNI DaemonSet's init step).
     InstallCni(InstallCniArgs),
     /// Start an emulated cluster (Kubernetes + Neutron), a controller and two nodes, and wire demo pods.
@@ -252,4 +254,19 @@ pub struct ManifestsArgs {
     /// Only compare DIR with the generated files; exit 1 when they differ.
     #[arg(long, value_name = "DIR")]
     pub check: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct StatusArgs {
+    /// kuryr.conf to check (default: the install's ConfigMap `kuryr-config` in --namespace).
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    /// Namespace of the install, where the ConfigMap is read from.
+    #[arg(long, default_value = "kuryr")]
+    pub namespace: String,
+    /// Do not ask Neutron for the port quota.
+    #[arg(long)]
+    pub skip_neutron: bool,
 }

@@ -4,6 +4,7 @@
 //!   `kuryr.conf` files (`--config-file`, `--config-dir`, like oslo.config);
 //! - `kuryr crds`: writes or checks the CRD manifests;
 //! - `kuryr manifests`: every object an install needs, from kuryr.conf;
+//! - `kuryr status`: upgrade and sanity checks of a cluster;
 //! - `kuryr install-cni`: installs kuryr-cni and its conflist on a node;
 //! - `kuryr pools`: the controller's port pools over its management socket;
 //! - `kuryr sandbox`: a whole cluster on the laptop (Kubernetes and Neutron emulators, a controller,
@@ -18,6 +19,7 @@ mod manifests;
 mod pools;
 mod sandbox;
 mod services;
+mod status;
 
 use std::process::ExitCode;
 
@@ -38,7 +40,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The sandbox prints its own progress on stdout; only warnings from the components go to the log.
     init_logging(match cli.command {
-        Command::Sandbox(_) | Command::Pools(_) => "warn",
+        Command::Sandbox(_) | Command::Pools(_) | Command::Status(_) => "warn",
         _ => "info",
     });
     // kube-rs and reqwest are built without a default crypto provider (ring only, no aws-lc).
@@ -60,13 +62,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Command::Status(args) = cli.command {
+        return runtime.block_on(status::run(args));
+    }
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Controller(args) => services::controller(args).await,
             Command::Daemon(args) => services::daemon(args).await,
             Command::Pools(args) => pools::run(args).await,
             Command::Sandbox(args) => sandbox::run(args).await,
-            Command::Crds(_) | Command::InstallCni(_) | Command::Manifests(_) => Ok(()),
+            Command::Crds(_) | Command::InstallCni(_) | Command::Manifests(_) | Command::Status(_) => Ok(()),
         }
     });
     match result {

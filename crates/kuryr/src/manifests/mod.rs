@@ -7,7 +7,7 @@
 //! - `rbac.rs`: ServiceAccounts, roles (each verb justified) and bindings;
 //! - `workloads.rs`: the controller Deployment and its PodDisruptionBudget, the CNI DaemonSet.
 
-mod base;
+pub mod base;
 pub mod rbac;
 mod workloads;
 
