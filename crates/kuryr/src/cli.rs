@@ -33,6 +33,8 @@ pub enum Command {
     Manifests(ManifestsArgs),
     /// Upgrade and sanity checks of a cluster (exit 0 success, 1 warning, 2 failure).
     Status(StatusArgs),
+    /// The `kubectl kuryr` plugin (also run when this binary is invoked as `kubectl-kuryr`).
+    Kubectl(KubectlArgs),
     /// Install the kuryr-cni plugin and its conflist on this node (the CNI DaemonSet's init step).
     InstallCni(InstallCniArgs),
     /// Start an emulated cluster (Kubernetes + Neutron), a controller and two nodes, and wire demo pods.
@@ -269,4 +271,53 @@ pub struct StatusArgs {
     /// Do not ask Neutron for the port quota.
     #[arg(long)]
     pub skip_neutron: bool,
+}
+
+/// kubectl's `-o` values the plugin supports.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFormat {
+    Json,
+    Yaml,
+    Wide,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct KubectlArgs {
+    /// Namespace (default: the context's for `get vif`, the install's `kuryr` for the others).
+    #[arg(short = 'n', long, global = true)]
+    pub namespace: Option<String>,
+    /// The kubeconfig context to use.
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+    /// Path to the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Output format.
+    #[arg(short = 'o', long, global = true, value_enum)]
+    pub output: Option<OutputFormat>,
+    #[command(subcommand)]
+    pub command: KubectlCommand,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum KubectlCommand {
+    /// Show kuryr objects of a pod.
+    #[command(subcommand)]
+    Get(KubectlGet),
+    /// The controller's port pools (KuryrPortPools).
+    Pools,
+    /// Which OpenStack deployment serves each project (placement history).
+    Bindings,
+    /// The upgrade and sanity checks of `kuryr status`, on the install's ConfigMap.
+    Status {
+        /// Do not ask Neutron for the port quota.
+        #[arg(long)]
+        skip_neutron: bool,
+    },
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum KubectlGet {
+    /// The interfaces (VIFs) of POD, from its KuryrPort.
+    Vif { pod: String },
 }

@@ -172,7 +172,22 @@ async fn cluster_config(client: &Client, namespace: &str) -> anyhow::Result<Opti
     Ok(Some(loaded.config))
 }
 
-pub async fn findings(args: &StatusArgs) -> anyhow::Result<Vec<checks::Finding>> {
+/// The findings for a cluster reached through `client`; `file_config` wins over the ConfigMap.
+pub async fn report(
+    client: &Client,
+    file_config: Option<KuryrConfig>,
+    namespace: &str,
+    ask_neutron: bool,
+) -> anyhow::Result<Vec<checks::Finding>> {
+    let config = match file_config {
+        Some(c) => Some(c),
+        None => cluster_config(client, namespace).await?,
+    };
+    let snapshot = gather(client, config, ask_neutron).await?;
+    Ok(checks::run_all(&snapshot))
+}
+
+async fn findings(args: &StatusArgs) -> anyhow::Result<Vec<checks::Finding>> {
     let file_config = if args.config.config_file.is_empty() && args.config.config_dir.is_empty() {
         None
     } else {
@@ -180,28 +195,27 @@ pub async fn findings(args: &StatusArgs) -> anyhow::Result<Vec<checks::Finding>>
     };
     let connect_with = file_config.clone().unwrap_or_default();
     let client = kubeclient::client(&args.kube, &connect_with).await?;
-    let config = match file_config {
-        Some(c) => Some(c),
-        None => cluster_config(&client, &args.namespace).await?,
-    };
-    let snapshot = gather(&client, config, !args.skip_neutron).await?;
-    Ok(checks::run_all(&snapshot))
+    report(&client, file_config, &args.namespace, !args.skip_neutron).await
 }
 
-/// Prints the findings; a cluster that cannot be read is a failure too (exit 2).
-pub async fn run(args: StatusArgs) -> ExitCode {
-    let findings = match findings(&args).await {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("kuryr status: {e:#}");
-            return ExitCode::from(Level::Failure.exit_code());
-        }
-    };
+/// One line per finding and the overall result; the exit code is the worst level.
+pub fn print(findings: &[checks::Finding]) -> ExitCode {
     let width = findings.iter().map(|f| f.check.len()).max().unwrap_or(0);
-    for f in &findings {
+    for f in findings {
         println!("{:<8} {:<width$}  {}", f.level.to_string(), f.check, f.detail);
     }
     let worst = findings.iter().map(|f| f.level).max().unwrap_or(Level::Success);
     println!("result: {worst}");
     ExitCode::from(worst.exit_code())
+}
+
+/// Prints the findings; a cluster that cannot be read is a failure too (exit 2).
+pub async fn run(args: StatusArgs) -> ExitCode {
+    match findings(&args).await {
+        Ok(f) => print(&f),
+        Err(e) => {
+            eprintln!("kuryr status: {e:#}");
+            ExitCode::from(Level::Failure.exit_code())
+        }
+    }
 }
