@@ -316,6 +316,12 @@ impl KubeHandle {
         self.token.as_deref()
     }
 
+    /// Every (user, verb, group, resource) ServiceAccount requests were allowed to use so far
+    /// (with [`KubeOptions::rbac`]): what a least-privilege role must grant, and no more.
+    pub fn used_permissions(&self) -> Vec<rbac::Used> {
+        self.sa_tokens.used()
+    }
+
     /// A bearer token of ServiceAccount `namespace/name` (like a TokenRequest's). With
     /// [`KubeOptions::rbac`] its requests are authorized by the stored RBAC objects.
     pub fn service_account_token(&self, namespace: &str, name: &str) -> String {

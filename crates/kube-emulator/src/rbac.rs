@@ -34,6 +34,15 @@ pub struct Attributes<'a> {
     pub name: Option<&'a str>,
 }
 
+/// One permission a request was allowed to use.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Used {
+    pub user: String,
+    pub verb: String,
+    pub group: String,
+    pub resource: String,
+}
+
 /// The stored RBAC objects.
 #[derive(Debug, Clone, Default)]
 pub struct Policy {

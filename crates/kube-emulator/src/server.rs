@@ -39,9 +39,12 @@ pub struct App {
     pub rbac: bool,
 }
 
-/// Bearer tokens issued to ServiceAccounts.
+/// Bearer tokens issued to ServiceAccounts, and what their requests were allowed to do.
 #[derive(Clone, Default)]
-pub struct ServiceAccountTokens(Arc<std::sync::RwLock<HashMap<String, rbac::ServiceAccount>>>);
+pub struct ServiceAccountTokens(
+    Arc<std::sync::RwLock<HashMap<String, rbac::ServiceAccount>>>,
+    Arc<std::sync::Mutex<std::collections::BTreeSet<rbac::Used>>>,
+);
 
 impl ServiceAccountTokens {
     pub fn issue(&self, sa: rbac::ServiceAccount) -> String {
@@ -56,6 +59,23 @@ impl ServiceAccountTokens {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(token.clone(), sa);
         token
+    }
+
+    fn record(&self, used: rbac::Used) {
+        self.1
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(used);
+    }
+
+    /// Every (user, verb, group, resource) an authorized request used.
+    pub fn used(&self) -> Vec<rbac::Used> {
+        self.1
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect()
     }
 
     fn lookup(&self, token: &str) -> Option<rbac::ServiceAccount> {
@@ -117,6 +137,12 @@ fn authorize(app: &App, identity: &Identity, method: &Method, t: &Target, q: &Qu
     };
     let policy = app.store.rbac_policy();
     if rbac::allows(&policy, who, &attrs) {
+        app.sa_tokens.record(rbac::Used {
+            user: who.username(),
+            verb: attrs.verb.to_owned(),
+            group: attrs.group.to_owned(),
+            resource: attrs.resource.clone(),
+        });
         Ok(())
     } else {
         Err(rbac::forbidden(who, &attrs))

@@ -3,6 +3,7 @@
 //! the generated roles, and wire a pod. A permission the code needs but the roles lack stops the
 //! wiring here (the emulator answers 403), not on a user's cluster.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,8 +51,8 @@ fn resource_of(doc: &Value) -> anyhow::Result<ApiResource> {
     })
 }
 
-/// `kuryr manifests` for `conf`, applied by the cluster admin.
-async fn install(admin: &Client, conf: &str) -> anyhow::Result<()> {
+/// `kuryr manifests` for `conf`, applied by the cluster admin; returns the documents.
+async fn install(admin: &Client, conf: &str) -> anyhow::Result<Vec<Value>> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("kuryr.conf");
     std::fs::write(&path, conf)?;
@@ -67,6 +68,7 @@ async fn install(admin: &Client, conf: &str) -> anyhow::Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout)?;
+    let mut docs = Vec::new();
     for doc in text.split("\n---\n") {
         let Ok(value) = serde_yaml::from_str::<Value>(doc) else {
             continue;
@@ -81,8 +83,38 @@ async fn install(admin: &Client, conf: &str) -> anyhow::Result<()> {
             None => Api::all_with(admin.clone(), &ar),
         };
         api.create(&PostParams::default(), &obj).await?;
+        docs.push(value);
     }
-    Ok(())
+    Ok(docs)
+}
+
+/// (verb, group, resource) the generated roles bound to `account` grant.
+fn granted(docs: &[Value], account: &str) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for doc in docs {
+        let kind = doc["kind"].as_str().unwrap_or_default();
+        if !matches!(kind, "ClusterRole" | "Role") || doc["metadata"]["name"] != account {
+            continue;
+        }
+        for rule in doc["rules"].as_array().into_iter().flatten() {
+            let strings = |f: &str| -> Vec<String> {
+                rule[f]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            };
+            for group in strings("apiGroups") {
+                for resource in strings("resources") {
+                    for verb in strings("verbs") {
+                        out.insert((verb, group.clone(), resource.clone()));
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 fn active_vif(kp: &DynamicObject) -> bool {
@@ -113,7 +145,7 @@ async fn controller_and_two_daemons_wire_a_pod_with_the_generated_service_accoun
     })
     .await?;
     let admin = client(&handle, ADMIN).await?;
-    install(&admin, &conf).await?;
+    let docs = install(&admin, &conf).await?;
 
     let controller_client = client(
         &handle,
@@ -180,6 +212,133 @@ async fn controller_and_two_daemons_wire_a_pod_with_the_generated_service_accoun
         registries[1].get(&key).is_none(),
         "the other node's daemon only sees its own KuryrPorts"
     );
+
+    // The Lease is renewed (update), not only created.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(admin.clone(), "kuryr");
+    let first_renew = eventually("the controller's Lease", Duration::from_secs(30), || {
+        let leases = leases.clone();
+        async move {
+            Ok(leases
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .find_map(|l| l.spec.and_then(|s| s.renew_time)))
+        }
+    })
+    .await?;
+    eventually("the Lease to be renewed", Duration::from_secs(30), || {
+        let leases = leases.clone();
+        let first = first_renew.clone();
+        async move {
+            let renewed = leases
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .filter_map(|l| l.spec.and_then(|s| s.renew_time))
+                .any(|t| t != first);
+            Ok(renewed.then_some(()))
+        }
+    })
+    .await?;
+
+    // A pod over the port quota gets a Warning Event, repeated as a series while it is retried.
+    neutron
+        .client
+        .update_quota(
+            &fx.project,
+            &kuryr_neutron::QuotaUpdate {
+                port: Some(0),
+                ..Default::default()
+            },
+        )
+        .await?;
+    create_pod(&admin, "default", "over", NODES[1], json!({})).await?;
+    let events: Api<DynamicObject> = Api::namespaced_with(
+        admin.clone(),
+        "default",
+        &ApiResource {
+            group: "events.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "events.k8s.io/v1".into(),
+            kind: "Event".into(),
+            plural: "events".into(),
+        },
+    );
+    eventually(
+        "a repeated Warning Event on the pod over quota",
+        Duration::from_secs(60),
+        || {
+            let events = events.clone();
+            async move {
+                let repeated = events
+                    .list(&Default::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .any(|e| {
+                        e.data.pointer("/regarding/name") == Some(&json!("over"))
+                            && e.data
+                                .pointer("/series/count")
+                                .and_then(Value::as_i64)
+                                .unwrap_or(0)
+                                >= 2
+                    });
+                Ok(repeated.then_some(()))
+            }
+        },
+    )
+    .await?;
+    neutron
+        .client
+        .update_quota(
+            &fx.project,
+            &kuryr_neutron::QuotaUpdate {
+                port: Some(-1),
+                ..Default::default()
+            },
+        )
+        .await?;
+
+    // The daemon's Events (a CNI request that timed out, reported twice) go out with its identity.
+    let daemon_events = kuryr_daemon::kube::KubeEvents::new(
+        client(&handle, &handle.service_account_token("kuryr", "kuryr-cni")).await?,
+        NODES[0],
+    );
+    for _ in 0..2 {
+        kuryr_daemon::PodEvents::publish(&daemon_events, &key, None, "CNITimedOut", "test", true).await;
+    }
+
+    // Deleting the pods releases their ports and removes the KuryrPorts.
+    let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(admin.clone(), "default");
+    for name in ["web", "over"] {
+        pods.delete(name, &Default::default()).await?;
+    }
+    eventually("the KuryrPorts to go", Duration::from_secs(60), || {
+        let kps = kps.clone();
+        async move {
+            let gone = kps.get_opt("web").await?.is_none() && kps.get_opt("over").await?.is_none();
+            Ok(gone.then_some(()))
+        }
+    })
+    .await?;
+
+    // Least privilege: every granted permission was used by the component it is granted to.
+    let used = handle.used_permissions();
+    for account in ["kuryr-controller", "kuryr-cni"] {
+        let user = format!("system:serviceaccount:kuryr:{account}");
+        let used: BTreeSet<(String, String, String)> = used
+            .iter()
+            .filter(|u| u.user == user)
+            .map(|u| (u.verb.clone(), u.group.clone(), u.resource.clone()))
+            .collect();
+        let unused: Vec<_> = granted(&docs, account).difference(&used).cloned().collect();
+        assert!(
+            unused.is_empty(),
+            "{account} is granted but never used: {unused:?}"
+        );
+    }
 
     for d in daemons {
         d.abort();
