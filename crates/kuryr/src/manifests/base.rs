@@ -12,7 +12,7 @@ pub const CONFIG_MAP: &str = "kuryr-config";
 pub const CONFIG_KEY: &str = "kuryr.conf";
 
 pub fn namespace(opts: &Options) -> Doc {
-    let mut metadata = meta(opts, &opts.namespace, None);
+    let mut metadata = meta(&opts.namespace, None);
     // The CNI DaemonSet is privileged: Pod Security Admission must allow it in this namespace.
     metadata
         .labels
@@ -26,7 +26,7 @@ pub fn namespace(opts: &Options) -> Doc {
 
 pub fn config_map(opts: &Options, conf_text: &str) -> Doc {
     Doc::new(&ConfigMap {
-        metadata: meta(opts, CONFIG_MAP, Some(&opts.namespace)),
+        metadata: meta(CONFIG_MAP, Some(&opts.namespace)),
         data: Some(BTreeMap::from([(CONFIG_KEY.to_owned(), conf_text.to_owned())])),
         ..ConfigMap::default()
     })

@@ -81,7 +81,7 @@ fn common_labels(component: Option<&str>) -> BTreeMap<String, String> {
     labels
 }
 
-pub(crate) fn meta(_opts: &Options, name: &str, namespace: Option<&str>) -> ObjectMeta {
+pub(crate) fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
     ObjectMeta {
         name: Some(name.to_owned()),
         namespace: namespace.map(str::to_owned),

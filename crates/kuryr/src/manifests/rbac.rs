@@ -526,12 +526,12 @@ fn role_ref(kind: &str, name: &str) -> RoleRef {
 fn cluster_role(opts: &Options, name: &str, grants: &[Grant]) -> Vec<Doc> {
     let (rules, why) = rules(grants);
     let role = ClusterRole {
-        metadata: meta(opts, name, None),
+        metadata: meta(name, None),
         rules: Some(rules),
         ..ClusterRole::default()
     };
     let binding = ClusterRoleBinding {
-        metadata: meta(opts, name, None),
+        metadata: meta(name, None),
         role_ref: role_ref("ClusterRole", name),
         subjects: Some(vec![subject(opts, name)]),
     };
@@ -543,7 +543,7 @@ pub fn objects(opts: &Options, config: &KuryrConfig) -> Vec<Doc> {
     let mut out = Vec::new();
     for name in [CONTROLLER, CNI] {
         out.push(Doc::new(&ServiceAccount {
-            metadata: meta(opts, name, Some(&opts.namespace)),
+            metadata: meta(name, Some(&opts.namespace)),
             ..ServiceAccount::default()
         }));
     }
@@ -553,13 +553,13 @@ pub fn objects(opts: &Options, config: &KuryrConfig) -> Vec<Doc> {
         let (rules, why) = rules(&namespaced);
         out.push(Doc::with_comments(
             &Role {
-                metadata: meta(opts, CONTROLLER, Some(&opts.namespace)),
+                metadata: meta(CONTROLLER, Some(&opts.namespace)),
                 rules: Some(rules),
             },
             why,
         ));
         out.push(Doc::new(&RoleBinding {
-            metadata: meta(opts, CONTROLLER, Some(&opts.namespace)),
+            metadata: meta(CONTROLLER, Some(&opts.namespace)),
             role_ref: role_ref("Role", CONTROLLER),
             subjects: Some(vec![subject(opts, CONTROLLER)]),
         }));

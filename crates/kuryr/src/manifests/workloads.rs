@@ -214,7 +214,7 @@ pub fn controller(opts: &Options, config: &KuryrConfig, conf_text: &str) -> Vec<
     let deployment = Deployment {
         metadata: ObjectMeta {
             labels: Some(labels(CONTROLLER)),
-            ..meta(opts, CONTROLLER, Some(&opts.namespace))
+            ..meta(CONTROLLER, Some(&opts.namespace))
         },
         spec: Some(DeploymentSpec {
             replicas: Some(i32::try_from(opts.replicas).unwrap_or(i32::MAX)),
@@ -264,7 +264,7 @@ pub fn controller(opts: &Options, config: &KuryrConfig, conf_text: &str) -> Vec<
         ..Deployment::default()
     };
     let pdb = PodDisruptionBudget {
-        metadata: meta(opts, CONTROLLER, Some(&opts.namespace)),
+        metadata: meta(CONTROLLER, Some(&opts.namespace)),
         spec: Some(PodDisruptionBudgetSpec {
             // One replica may go (a drain proceeds); with two the other keeps wiring pods.
             max_unavailable: Some(IntOrString::Int(1)),
@@ -378,7 +378,7 @@ pub fn cni_daemonset(opts: &Options, config: &KuryrConfig, conf_text: &str) -> D
     Doc::new(&DaemonSet {
         metadata: ObjectMeta {
             labels: Some(labels(CNI)),
-            ..meta(opts, CNI, Some(&opts.namespace))
+            ..meta(CNI, Some(&opts.namespace))
         },
         spec: Some(DaemonSetSpec {
             selector: selector(CNI),
