@@ -139,8 +139,10 @@ cargo fmt --all -- --check
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
-step "CRD manifests are up to date (deploy/crds)"
+step "CRD and install manifests are up to date (deploy/crds, deploy/manifests); the image builds and its binaries run"
 cargo run -q -p kuryr -- crds --check deploy/crds
+cargo run -q -p kuryr -- manifests --config-file deploy/kuryr.conf --check deploy/manifests
+scripts/build-image.sh --profile dev --check
 
 step "cargo test --workspace (KURYR_TEST_NEUTRON_URL=$KURYR_TEST_NEUTRON_URL KURYR_TEST_OVS_DB=$KURYR_TEST_OVS_DB KURYR_TEST_OVN_NEUTRON_URL=$KURYR_TEST_OVN_NEUTRON_URL)"
 set +e

@@ -21,6 +21,7 @@ pub mod error;
 pub mod event_shapes;
 pub mod fields;
 pub mod patch;
+pub mod rbac;
 pub mod resources;
 pub mod schema;
 pub mod selector;
@@ -79,6 +80,10 @@ pub struct KubeOptions {
     pub bookmark_interval: Duration,
     /// Nodes to create (Ready) at start if absent.
     pub nodes: Vec<String>,
+    /// Authorize requests made with ServiceAccount tokens ([`KubeHandle::service_account_token`])
+    /// against the stored Roles, ClusterRoles and bindings (403 otherwise). `token` stays a
+    /// superuser.
+    pub rbac: bool,
 }
 
 impl Default for KubeOptions {
@@ -93,6 +98,7 @@ impl Default for KubeOptions {
             watch_channel_capacity: StoreConfig::default().channel_capacity,
             bookmark_interval: Duration::from_secs(10),
             nodes: Vec::new(),
+            rbac: false,
         }
     }
 }
@@ -126,10 +132,13 @@ impl KubeEmulator {
             addr: opts.bind,
             source,
         })?;
+        let sa_tokens = server::ServiceAccountTokens::default();
         let app = Arc::new(server::App {
             store: store.clone(),
             token: opts.token.clone(),
             bookmark_interval: opts.bookmark_interval,
+            sa_tokens: sa_tokens.clone(),
+            rbac: opts.rbac,
         });
         let router = server::router(app);
         let server_handle = axum_server::Handle::new();
@@ -186,6 +195,7 @@ impl KubeEmulator {
             store,
             ca_pem,
             token: opts.token,
+            sa_tokens,
             persist_path: opts.persist_path,
             server_handle,
             task,
@@ -279,6 +289,7 @@ pub struct KubeHandle {
     store: Arc<Store>,
     ca_pem: Option<String>,
     token: Option<String>,
+    sa_tokens: server::ServiceAccountTokens,
     persist_path: Option<PathBuf>,
     server_handle: axum_server::Handle<SocketAddr>,
     task: JoinHandle<std::io::Result<()>>,
@@ -303,6 +314,21 @@ impl KubeHandle {
 
     pub fn token(&self) -> Option<&str> {
         self.token.as_deref()
+    }
+
+    /// Every (user, verb, group, resource) ServiceAccount requests were allowed to use so far
+    /// (with [`KubeOptions::rbac`]): what a least-privilege role must grant, and no more.
+    pub fn used_permissions(&self) -> Vec<rbac::Used> {
+        self.sa_tokens.used()
+    }
+
+    /// A bearer token of ServiceAccount `namespace/name` (like a TokenRequest's). With
+    /// [`KubeOptions::rbac`] its requests are authorized by the stored RBAC objects.
+    pub fn service_account_token(&self, namespace: &str, name: &str) -> String {
+        self.sa_tokens.issue(rbac::ServiceAccount {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        })
     }
 
     /// The in-process client handle (used by the stand-ins and by tests that seed state).

@@ -21,6 +21,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::error::{ApiError, ApiResult};
 use crate::event_shapes;
 use crate::patch::PatchType;
+use crate::rbac;
 use crate::resources::ResourceDef;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::store::{
@@ -33,7 +34,62 @@ pub struct App {
     pub store: Arc<Store>,
     pub token: Option<String>,
     pub bookmark_interval: Duration,
+    pub sa_tokens: ServiceAccountTokens,
+    /// Authorize ServiceAccount requests (see [`crate::rbac`]).
+    pub rbac: bool,
 }
+
+/// Bearer tokens issued to ServiceAccounts, and what their requests were allowed to do.
+#[derive(Clone, Default)]
+pub struct ServiceAccountTokens(
+    Arc<std::sync::RwLock<HashMap<String, rbac::ServiceAccount>>>,
+    Arc<std::sync::Mutex<std::collections::BTreeSet<rbac::Used>>>,
+);
+
+impl ServiceAccountTokens {
+    pub fn issue(&self, sa: rbac::ServiceAccount) -> String {
+        let token = format!(
+            "kube-emulator-sa.{}.{}.{}",
+            sa.namespace,
+            sa.name,
+            uuid::Uuid::new_v4().simple()
+        );
+        self.0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(token.clone(), sa);
+        token
+    }
+
+    fn record(&self, used: rbac::Used) {
+        self.1
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(used);
+    }
+
+    /// Every (user, verb, group, resource) an authorized request used.
+    pub fn used(&self) -> Vec<rbac::Used> {
+        self.1
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    fn lookup(&self, token: &str) -> Option<rbac::ServiceAccount> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(token)
+            .cloned()
+    }
+}
+
+/// Who made a request: `None` for the superuser token (or no token where none is required).
+#[derive(Clone, Default)]
+struct Identity(Option<rbac::ServiceAccount>);
 
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
@@ -43,19 +99,54 @@ pub fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
-async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
-    if let Some(token) = &app.token {
-        let ok = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|h| h.to_str().ok())
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .is_some_and(|t| t.trim() == token);
+async fn auth(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .map(|t| t.trim().to_owned());
+    let service_account = bearer.as_deref().and_then(|t| app.sa_tokens.lookup(t));
+    if service_account.is_none()
+        && let Some(token) = &app.token
+    {
+        let ok = bearer.as_deref() == Some(token.as_str());
         if !ok && !matches!(req.uri().path(), "/healthz" | "/readyz" | "/livez") {
             return error_response(&ApiError::unauthorized());
         }
     }
+    req.extensions_mut().insert(Identity(service_account));
     next.run(req).await
+}
+
+/// With RBAC on, a ServiceAccount's resource request needs a matching rule.
+fn authorize(app: &App, identity: &Identity, method: &Method, t: &Target, q: &Query) -> ApiResult<()> {
+    let (true, Some(who)) = (app.rbac, &identity.0) else {
+        return Ok(());
+    };
+    let resource = match &t.sub {
+        Some(sub) => format!("{}/{sub}", t.def.plural),
+        None => t.def.plural.clone(),
+    };
+    let attrs = rbac::Attributes {
+        verb: rbac::verb(method, t.name.is_some(), t.watch_prefix || flag(q, "watch")),
+        group: &t.def.group,
+        resource,
+        namespace: t.ns.as_deref(),
+        name: t.name.as_deref(),
+    };
+    let policy = app.store.rbac_policy();
+    if rbac::allows(&policy, who, &attrs) {
+        app.sa_tokens.record(rbac::Used {
+            user: who.username(),
+            verb: attrs.verb.to_owned(),
+            group: attrs.group.to_owned(),
+            resource: attrs.resource.clone(),
+        });
+        Ok(())
+    } else {
+        Err(rbac::forbidden(who, &attrs))
+    }
 }
 
 fn json_response(code: u16, body: &Value) -> Response {
@@ -334,6 +425,7 @@ fn resolve(store: &Store, group: &str, version: &str, rest: &[&str]) -> ApiResul
 
 async fn handle(
     State(app): State<Arc<App>>,
+    axum::Extension(identity): axum::Extension<Identity>,
     method: Method,
     uri: axum::http::Uri,
     headers: HeaderMap,
@@ -356,14 +448,14 @@ async fn handle(
         (Method::GET, ["openapi", "v3"]) => Ok(json_response(200, &openapi_root(&app.store))),
         (Method::GET, ["openapi", "v3", "api", "v1"]) => openapi_doc(&app.store, "", "v1"),
         (Method::GET, ["openapi", "v3", "apis", g, v]) => openapi_doc(&app.store, g, v),
-        (_, ["api", "v1", rest @ ..]) => match resolve(&app.store, "", "v1", rest) {
-            Ok(t) => serve(&app, method.clone(), t, &q, &headers, &body),
-            Err(e) => Err(e),
-        },
-        (_, ["apis", g, v, rest @ ..]) => match resolve(&app.store, g, v, rest) {
-            Ok(t) => serve(&app, method.clone(), t, &q, &headers, &body),
-            Err(e) => Err(e),
-        },
+        (_, ["api", "v1", rest @ ..]) => resolve(&app.store, "", "v1", rest).and_then(|t| {
+            authorize(&app, &identity, &method, &t, &q)?;
+            serve(&app, method.clone(), t, &q, &headers, &body)
+        }),
+        (_, ["apis", g, v, rest @ ..]) => resolve(&app.store, g, v, rest).and_then(|t| {
+            authorize(&app, &identity, &method, &t, &q)?;
+            serve(&app, method.clone(), t, &q, &headers, &body)
+        }),
         _ => Err(not_found_path()),
     };
     match result {

@@ -551,3 +551,144 @@ async fn kubectl_get_events_lists_events_k8s_io_events() {
 
     handle.shutdown().await.expect("clean shutdown");
 }
+
+/// The generated install (deploy/manifests: CRDs, Namespace, RBAC, ConfigMap, Deployment, PDB,
+/// DaemonSet) applies with kubectl, and applying it again changes nothing.
+fn install_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/manifests")
+}
+
+/// `kind/namespace/name=resourceVersion` of every object of the install's kinds, as the server
+/// sees them.
+fn install_versions(k: &Kubectl) -> Vec<String> {
+    let out = k.ok(
+        &[
+            "get",
+            "crd,ns,sa,clusterrole,clusterrolebinding,role,rolebinding,cm,deploy,pdb,ds",
+            "-A",
+            "-o",
+            "jsonpath={range .items[*]}{.kind}/{.metadata.namespace}/{.metadata.name}={.metadata.resourceVersion}{\"\\n\"}{end}",
+        ],
+        None,
+    );
+    let mut lines: Vec<String> = out.lines().map(str::to_owned).collect();
+    lines.sort();
+    lines
+}
+
+async fn kubectl_for(handle: &kube_emulator::KubeHandle, dir: &Path) -> Kubectl {
+    std::fs::create_dir_all(dir).expect("kubectl directory");
+    let kubeconfig = dir.join("kubeconfig");
+    handle.write_kubeconfig(&kubeconfig).expect("kubeconfig written");
+    Kubectl {
+        kubeconfig,
+        cache: dir.join("cache"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kubectl_applies_the_generated_install_twice_without_change() {
+    if !kubectl_available() {
+        return;
+    }
+    let install = install_dir();
+    assert!(install.is_dir(), "{} is missing", install.display());
+    let install = install.display().to_string();
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    // Client-side apply: everything created, then everything unchanged.
+    let handle = KubeEmulator::start(KubeOptions {
+        tls: true,
+        token: Some("s3cret".into()),
+        ..KubeOptions::default()
+    })
+    .await
+    .expect("emulator starts");
+    let k = kubectl_for(&handle, &dir.path().join("csa")).await;
+    let first = k.ok(&["apply", "-f", &install], None);
+    for object in [
+        "customresourcedefinition.apiextensions.k8s.io/kuryrports.openstack.org created",
+        "namespace/kuryr created",
+        "serviceaccount/kuryr-controller created",
+        "serviceaccount/kuryr-cni created",
+        "clusterrole.rbac.authorization.k8s.io/kuryr-controller created",
+        "clusterrolebinding.rbac.authorization.k8s.io/kuryr-cni created",
+        "role.rbac.authorization.k8s.io/kuryr-controller created",
+        "rolebinding.rbac.authorization.k8s.io/kuryr-controller created",
+        "configmap/kuryr-config created",
+        "deployment.apps/kuryr-controller created",
+        "poddisruptionbudget.policy/kuryr-controller created",
+        "daemonset.apps/kuryr-cni created",
+    ] {
+        assert!(first.contains(object), "{object}: {first}");
+    }
+    let before = install_versions(&k);
+    assert!(before.len() >= 15, "{before:?}");
+    let second = k.ok(&["apply", "-f", &install], None);
+    // A PDB's selector has patch strategy "replace", so kubectl always sends it and prints
+    // "configured" (as against a real API server); the server must still write nothing.
+    let changed: Vec<&str> = second
+        .lines()
+        .filter(|l| !l.ends_with(" unchanged"))
+        .filter(|l| *l != "poddisruptionbudget.policy/kuryr-controller configured")
+        .collect();
+    assert!(changed.is_empty(), "second apply changed {changed:?}");
+    assert_eq!(install_versions(&k), before, "a no-op apply wrote objects");
+
+    // The kinds are discoverable and kubectl prints them.
+    let served = k.ok(&["api-resources", "-o", "name"], None);
+    for resource in [
+        "deployments.apps",
+        "daemonsets.apps",
+        "replicasets.apps",
+        "clusterroles.rbac.authorization.k8s.io",
+        "rolebindings.rbac.authorization.k8s.io",
+        "poddisruptionbudgets.policy",
+        "serviceaccounts",
+    ] {
+        assert!(
+            served.lines().any(|l| l == resource),
+            "{resource} not served: {served}"
+        );
+    }
+    let listed = k.ok(&["get", "deploy,ds,pdb", "-n", "kuryr"], None);
+    for name in [
+        "deployment.apps/kuryr-controller",
+        "daemonset.apps/kuryr-cni",
+        "poddisruptionbudget.policy/kuryr-controller",
+    ] {
+        assert!(listed.contains(name), "{name}: {listed}");
+    }
+    assert_eq!(
+        k.get_jsonpath(
+            &["ds", "kuryr-cni", "-n", "kuryr"],
+            "{.spec.updateStrategy.rollingUpdate.maxUnavailable}"
+        ),
+        "1"
+    );
+    handle.shutdown().await.expect("clean shutdown");
+
+    // Server-side apply on a fresh cluster: applied, then applied again without a write.
+    let handle = KubeEmulator::start(KubeOptions::default())
+        .await
+        .expect("emulator starts");
+    let k = kubectl_for(&handle, &dir.path().join("ssa")).await;
+    let first = k.ok(&["apply", "--server-side", "-f", &install], None);
+    assert!(
+        first.contains("daemonset.apps/kuryr-cni serverside-applied"),
+        "{first}"
+    );
+    let before = install_versions(&k);
+    k.ok(&["apply", "--server-side", "-f", &install], None);
+    assert_eq!(
+        install_versions(&k),
+        before,
+        "a no-op server-side apply wrote objects"
+    );
+    let owner = k.get_jsonpath(
+        &["deploy", "kuryr-controller", "-n", "kuryr"],
+        "{.metadata.managedFields[0].manager}/{.metadata.managedFields[0].operation}",
+    );
+    assert_eq!(owner, "kubectl/Apply");
+    handle.shutdown().await.expect("clean shutdown");
+}

@@ -28,6 +28,13 @@ pub enum Command {
     Crds(CrdsArgs),
     /// Inspect and manage the controller's port pools (needs `[kubernetes] enable_manager = True`).
     Pools(PoolsArgs),
+    /// Generate every object an install needs (CRDs, Namespace, RBAC, ConfigMap, controller
+    /// Deployment, CNI DaemonSet) from kuryr.conf; or with --check verify a directory of them.
+    Manifests(ManifestsArgs),
+    /// Upgrade and sanity checks of a cluster (exit 0 success, 1 warning, 2 failure).
+    Status(StatusArgs),
+    /// The `kubectl kuryr` plugin (also run when this binary is invoked as `kubectl-kuryr`).
+    Kubectl(KubectlArgs),
     /// Install the kuryr-cni plugin and its conflist on this node (the CNI DaemonSet's init step).
     InstallCni(InstallCniArgs),
     /// Start an emulated cluster (Kubernetes + Neutron), a controller and two nodes, and wire demo pods.
@@ -231,4 +238,93 @@ pub struct InstallCniArgs {
     /// kuryr-rs addition: `kuryr_daemon_timeout` in the conflist, in seconds (left out by default).
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pub kuryr_daemon_timeout: Option<u64>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ManifestsArgs {
+    /// The kuryr.conf the services will run with (put into the ConfigMap as it is).
+    #[arg(long = "config-file", value_name = "FILE")]
+    pub config_file: PathBuf,
+    /// Namespace of the install (must be `[kubernetes] controller_namespace`).
+    #[arg(long, default_value = "kuryr")]
+    pub namespace: String,
+    /// Container image of both workloads (default: the one scripts/build-image.sh builds).
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Node selector of both workloads, KEY=VALUE; repeat it.
+    #[arg(long = "node-selector", value_name = "KEY=VALUE")]
+    pub node_selector: Vec<String>,
+    /// Controller replicas (more than one needs `[kubernetes] controller_ha = True`).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub replicas: u32,
+    /// Write one file per job into DIR instead of printing them.
+    #[arg(long, value_name = "DIR", conflicts_with = "check")]
+    pub output_dir: Option<PathBuf>,
+    /// Only compare DIR with the generated files; exit 1 when they differ.
+    #[arg(long, value_name = "DIR")]
+    pub check: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct StatusArgs {
+    /// kuryr.conf to check (default: the install's ConfigMap `kuryr-config` in --namespace).
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    /// Namespace of the install, where the ConfigMap is read from.
+    #[arg(long, default_value = "kuryr")]
+    pub namespace: String,
+    /// Do not ask Neutron for the port quota.
+    #[arg(long)]
+    pub skip_neutron: bool,
+}
+
+/// kubectl's `-o` values the plugin supports.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFormat {
+    Json,
+    Yaml,
+    Wide,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct KubectlArgs {
+    /// Namespace (default: the context's for `get vif`, the install's `kuryr` for the others).
+    #[arg(short = 'n', long, global = true)]
+    pub namespace: Option<String>,
+    /// The kubeconfig context to use.
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+    /// Path to the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Output format.
+    #[arg(short = 'o', long, global = true, value_enum)]
+    pub output: Option<OutputFormat>,
+    #[command(subcommand)]
+    pub command: KubectlCommand,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum KubectlCommand {
+    /// Show kuryr objects of a pod.
+    #[command(subcommand)]
+    Get(KubectlGet),
+    /// The controller's port pools (KuryrPortPools).
+    Pools,
+    /// Which OpenStack deployment serves each project (placement history).
+    Bindings,
+    /// The upgrade and sanity checks of `kuryr status`, on the install's ConfigMap.
+    Status {
+        /// Do not ask Neutron for the port quota.
+        #[arg(long)]
+        skip_neutron: bool,
+    },
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum KubectlGet {
+    /// The interfaces (VIFs) of POD, from its KuryrPort.
+    Vif { pod: String },
 }

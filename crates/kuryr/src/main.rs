@@ -3,18 +3,25 @@
 //! - `kuryr controller` / `kuryr daemon`: the two long-running services, configured by upstream
 //!   `kuryr.conf` files (`--config-file`, `--config-dir`, like oslo.config);
 //! - `kuryr crds`: writes or checks the CRD manifests;
+//! - `kuryr manifests`: every object an install needs, from kuryr.conf;
+//! - `kuryr status`: upgrade and sanity checks of a cluster;
+//! - `kuryr kubectl` (also as `kubectl-kuryr`): the kubectl plugin;
 //! - `kuryr install-cni`: installs kuryr-cni and its conflist on a node;
 //! - `kuryr pools`: the controller's port pools over its management socket;
 //! - `kuryr sandbox`: a whole cluster on the laptop (Kubernetes and Neutron emulators, a controller,
 //!   two simulated nodes) wiring demo pods, with a latency summary.
 
 mod cli;
+mod cluster_config;
 mod crds;
 mod install_cni;
 mod kubeclient;
+mod kubectl_plugin;
+mod manifests;
 mod pools;
 mod sandbox;
 mod services;
+mod status;
 
 use std::process::ExitCode;
 
@@ -32,10 +39,10 @@ fn init_logging(default_filter: &str) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(kubectl_plugin::plugin_argv(std::env::args_os().collect()));
     // The sandbox prints its own progress on stdout; only warnings from the components go to the log.
     init_logging(match cli.command {
-        Command::Sandbox(_) | Command::Pools(_) => "warn",
+        Command::Sandbox(_) | Command::Pools(_) | Command::Status(_) | Command::Kubectl(_) => "warn",
         _ => "info",
     });
     // kube-rs and reqwest are built without a default crypto provider (ring only, no aws-lc).
@@ -43,6 +50,9 @@ fn main() -> ExitCode {
 
     if let Command::Crds(args) = &cli.command {
         return crds::run(args);
+    }
+    if let Command::Manifests(args) = &cli.command {
+        return manifests::run(args);
     }
     if let Command::InstallCni(args) = &cli.command {
         return install_cni::run(args);
@@ -54,13 +64,22 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    match cli.command {
+        Command::Status(args) => return runtime.block_on(status::run(args)),
+        Command::Kubectl(args) => return runtime.block_on(kubectl_plugin::run(args)),
+        _ => {}
+    }
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Controller(args) => services::controller(args).await,
             Command::Daemon(args) => services::daemon(args).await,
             Command::Pools(args) => pools::run(args).await,
             Command::Sandbox(args) => sandbox::run(args).await,
-            Command::Crds(_) | Command::InstallCni(_) => Ok(()),
+            Command::Crds(_)
+            | Command::InstallCni(_)
+            | Command::Manifests(_)
+            | Command::Status(_)
+            | Command::Kubectl(_) => Ok(()),
         }
     });
     match result {

@@ -179,6 +179,24 @@ impl Store {
         st.get(def, ns, name)
             .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))
     }
+
+    /// The stored RBAC objects, for [`crate::rbac::allows`].
+    pub fn rbac_policy(&self) -> crate::rbac::Policy {
+        let st = self.lock();
+        let all = |plural: &str| -> Vec<Arc<Value>> {
+            let key = crate::error::qualified("rbac.authorization.k8s.io", plural);
+            st.objects
+                .get(&key)
+                .map(|objects| objects.values().cloned().collect())
+                .unwrap_or_default()
+        };
+        crate::rbac::Policy {
+            cluster_roles: all("clusterroles"),
+            cluster_role_bindings: all("clusterrolebindings"),
+            roles: all("roles"),
+            role_bindings: all("rolebindings"),
+        }
+    }
 }
 
 impl State {

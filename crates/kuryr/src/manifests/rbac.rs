@@ -1,0 +1,662 @@
+//! Least-privilege RBAC: every verb on every resource is a [`Grant`] that says which call of the
+//! code needs it, and is only granted when `kuryr.conf` enables the code that makes the call.
+//! The justifications are written next to the rules in the generated YAML.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use kuryr_config::{KuryrConfig, MultiVifDriver, PodVifDriver, VifPoolDriver};
+
+use super::{Doc, Options, meta};
+
+/// The controller's ServiceAccount (and its roles' names).
+pub const CONTROLLER: &str = "kuryr-controller";
+/// The CNI daemon's ServiceAccount (and its role's name).
+pub const CNI: &str = "kuryr-cni";
+
+const CORE: &str = "";
+const KURYR: &str = "openstack.org";
+
+/// One verb on one resource, with the call that needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub group: &'static str,
+    pub resource: &'static str,
+    pub verb: &'static str,
+    pub why: &'static str,
+}
+
+const fn g(group: &'static str, resource: &'static str, verb: &'static str, why: &'static str) -> Grant {
+    Grant {
+        group,
+        resource,
+        verb,
+        why,
+    }
+}
+
+fn handler_enabled(config: &KuryrConfig, name: &str) -> bool {
+    config.kubernetes.enabled_handlers.iter().any(|h| h == name)
+}
+
+fn pools_enabled(config: &KuryrConfig) -> bool {
+    config.kubernetes.vif_pool_driver != VifPoolDriver::Noop
+}
+
+/// What the controller does cluster-wide.
+pub fn controller_cluster_grants(config: &KuryrConfig) -> Vec<Grant> {
+    let mut out = Vec::new();
+    if handler_enabled(config, "vif") {
+        out.extend([
+            g(
+                CORE,
+                "pods",
+                "list",
+                "vif handler: watcher.rs lists Pods before watching",
+            ),
+            g(CORE, "pods", "watch", "vif handler: watcher.rs watches Pods"),
+            g(
+                CORE,
+                "pods",
+                "get",
+                "pipeline Retry re-reads the Pod it retries (k8s.rs ObjectSource)",
+            ),
+            g(
+                CORE,
+                "pods",
+                "patch",
+                "vif handler adds/removes the pod finalizer (k8s.rs add_finalizer)",
+            ),
+            g(
+                KURYR,
+                "kuryrports",
+                "get",
+                "vif handler: is there a KuryrPort for the pod (handlers/vif.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrports",
+                "create",
+                "vif handler creates the pod's KuryrPort (handlers/vif.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrports",
+                "delete",
+                "vif handler deletes the KuryrPort of a deleted pod (handlers/vif.rs)",
+            ),
+        ]);
+    }
+    if handler_enabled(config, "kuryrport") {
+        out.extend([
+            g(
+                KURYR,
+                "kuryrports",
+                "list",
+                "kuryrport handler: watcher.rs lists KuryrPorts",
+            ),
+            g(
+                KURYR,
+                "kuryrports",
+                "watch",
+                "kuryrport handler: watcher.rs watches KuryrPorts",
+            ),
+            g(
+                KURYR,
+                "kuryrports",
+                "get",
+                "pipeline Retry re-reads the KuryrPort it retries (k8s.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrports",
+                "patch",
+                "kuryrport handler writes status.vifs and removes its finalizer",
+            ),
+            g(
+                KURYR,
+                "kuryrports",
+                "delete",
+                "kuryrport handler deletes a KuryrPort whose pod is gone",
+            ),
+            g(
+                CORE,
+                "pods",
+                "get",
+                "kuryrport handler loads the KuryrPort's pod (handlers/kuryrport.rs)",
+            ),
+            g(
+                CORE,
+                "pods",
+                "patch",
+                "kuryrport handler removes the pod finalizer once the ports are released",
+            ),
+        ]);
+        if config
+            .kubernetes
+            .multi_vif_drivers
+            .iter()
+            .any(|d| *d != MultiVifDriver::Noop)
+        {
+            out.push(g(
+                CORE,
+                "pods",
+                "patch",
+                "kuryrport handler writes k8s.v1.cni.cncf.io/network-status (multi_vif_drivers)",
+            ));
+        }
+        if config.kubernetes.pod_project_driver == kuryr_config::ProjectDriver::Annotation
+            || config.pod_binding.enabled
+        {
+            out.push(g(
+                CORE,
+                "namespaces",
+                "get",
+                "project driver 'annotation' / [pod_binding] read the pod's Namespace annotations",
+            ));
+        }
+        if config.kubernetes.pod_subnets_driver == kuryr_config::PodSubnetsDriver::Namespace {
+            out.push(g(
+                KURYR,
+                "kuryrnetworks",
+                "get",
+                "subnets driver 'namespace' reads the namespace's KuryrNetwork (drivers/subnets.rs)",
+            ));
+        }
+        if config
+            .kubernetes
+            .multi_vif_drivers
+            .contains(&MultiVifDriver::NpwgMultipleInterfaces)
+        {
+            out.push(g(
+                "k8s.cni.cncf.io",
+                "network-attachment-definitions",
+                "get",
+                "npwg_multiple_interfaces reads the pod's NetworkAttachmentDefinitions",
+            ));
+        }
+        if matches!(
+            config.kubernetes.pod_vif_driver,
+            PodVifDriver::NestedVlan | PodVifDriver::NestedMacvlan
+        ) {
+            out.push(g(
+                CORE,
+                "nodes",
+                "get",
+                "nested VIF drivers read the node's addresses to find its VM port (drivers/vif/nested.rs)",
+            ));
+        }
+    }
+    if handler_enabled(config, "namespace") {
+        out.extend([
+            g(
+                CORE,
+                "namespaces",
+                "list",
+                "namespace handler: watcher.rs lists Namespaces",
+            ),
+            g(
+                CORE,
+                "namespaces",
+                "watch",
+                "namespace handler: watcher.rs watches Namespaces",
+            ),
+            g(
+                CORE,
+                "namespaces",
+                "get",
+                "pipeline Retry re-reads the Namespace it retries (k8s.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrnetworks",
+                "get",
+                "namespace handler: does the namespace have its KuryrNetwork",
+            ),
+            g(
+                KURYR,
+                "kuryrnetworks",
+                "create",
+                "namespace handler creates the namespace's KuryrNetwork",
+            ),
+            g(
+                KURYR,
+                "kuryrnetworks",
+                "patch",
+                "namespace handler updates the KuryrNetwork spec",
+            ),
+            g(
+                KURYR,
+                "kuryrnetworks",
+                "delete",
+                "namespace handler deletes the KuryrNetwork of a deleted namespace",
+            ),
+        ]);
+    }
+    if handler_enabled(config, "kuryrnetwork") {
+        out.extend([
+            g(
+                KURYR,
+                "kuryrnetworks",
+                "list",
+                "kuryrnetwork handler: watcher.rs lists KuryrNetworks",
+            ),
+            g(
+                KURYR,
+                "kuryrnetworks",
+                "watch",
+                "kuryrnetwork handler: watcher.rs watches KuryrNetworks",
+            ),
+            g(
+                KURYR,
+                "kuryrnetworks",
+                "get",
+                "pipeline Retry re-reads the KuryrNetwork it retries (k8s.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrnetworks",
+                "patch",
+                "kuryrnetwork handler writes status and its finalizer",
+            ),
+        ]);
+    }
+    if pools_enabled(config) {
+        out.extend([
+            g(
+                CORE,
+                "nodes",
+                "get",
+                "pools read a node's pod-vif label (pool/mod.rs)",
+            ),
+            g(
+                CORE,
+                "nodes",
+                "list",
+                "pools pre-populate every node's pool (pool/mod.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrports",
+                "list",
+                "pool recovery lists every KuryrPort to find ports in use (pool/persist.rs)",
+            ),
+        ]);
+    }
+    out.extend([
+        g(
+            "events.k8s.io",
+            "events",
+            "create",
+            "Events on pods and KuryrPorts (kuryr_crds::events, kube-runtime's Recorder)",
+        ),
+        g(
+            "events.k8s.io",
+            "events",
+            "patch",
+            "the Recorder folds a repeated Event into a series",
+        ),
+    ]);
+    out
+}
+
+/// What the controller does in its own namespace.
+pub fn controller_namespace_grants(config: &KuryrConfig) -> Vec<Grant> {
+    let mut out = Vec::new();
+    if config.kubernetes.controller_ha {
+        out.extend([
+            g(
+                "coordination.k8s.io",
+                "leases",
+                "get",
+                "leader election reads the Lease (leader.rs)",
+            ),
+            g(
+                "coordination.k8s.io",
+                "leases",
+                "create",
+                "leader election creates the Lease (leader.rs)",
+            ),
+            g(
+                "coordination.k8s.io",
+                "leases",
+                "update",
+                "leader election renews or takes the Lease (leader.rs)",
+            ),
+        ]);
+    }
+    if config.pod_binding.enabled {
+        out.extend([
+            g(
+                CORE,
+                "configmaps",
+                "get",
+                "placement reads kuryr-project-bindings (placement/store.rs)",
+            ),
+            g(
+                CORE,
+                "configmaps",
+                "create",
+                "placement creates kuryr-project-bindings (placement/store.rs)",
+            ),
+            g(
+                CORE,
+                "configmaps",
+                "update",
+                "placement claims a binding atomically (placement/store.rs)",
+            ),
+        ]);
+    }
+    if pools_enabled(config) {
+        out.extend([
+            g(
+                KURYR,
+                "kuryrportpools",
+                "get",
+                "pool persistence reads a pool before deleting it (pool/persist.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrportpools",
+                "list",
+                "pool recovery lists the pools (pool/persist.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrportpools",
+                "create",
+                "pool persistence records a new pool (pool/persist.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrportpools",
+                "patch",
+                "pool persistence updates a pool's spec (pool/persist.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrportpools",
+                "delete",
+                "pool persistence removes an empty pool (pool/persist.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrportpools/status",
+                "patch",
+                "pool persistence records the pool's ports (pool/persist.rs)",
+            ),
+        ]);
+    }
+    out
+}
+
+/// What the CNI daemon does (cluster-wide: its node's objects are selected, not namespaced).
+pub fn cni_grants() -> Vec<Grant> {
+    vec![
+        g(
+            KURYR,
+            "kuryrports",
+            "list",
+            "kuryr-daemon kube.rs lists its node's KuryrPorts (label selector)",
+        ),
+        g(
+            KURYR,
+            "kuryrports",
+            "watch",
+            "kuryr-daemon kube.rs watches its node's KuryrPorts for VIFs",
+        ),
+        g(
+            CORE,
+            "pods",
+            "list",
+            "kuryr-daemon kube.rs lists its node's pods (spec.nodeName)",
+        ),
+        g(
+            CORE,
+            "pods",
+            "watch",
+            "kuryr-daemon kube.rs watches pod deletions so a waiting ADD ends",
+        ),
+        g(
+            "events.k8s.io",
+            "events",
+            "create",
+            "kuryr-daemon Events on pods (kube-runtime's Recorder)",
+        ),
+        g(
+            "events.k8s.io",
+            "events",
+            "patch",
+            "the Recorder folds a repeated Event into a series",
+        ),
+    ]
+}
+
+/// Canonical order of verbs in a rule (the order `kubectl describe` people are used to).
+const VERB_ORDER: &[&str] = &[
+    "get",
+    "list",
+    "watch",
+    "create",
+    "update",
+    "patch",
+    "delete",
+    "deletecollection",
+];
+
+fn verb_rank(verb: &str) -> usize {
+    VERB_ORDER
+        .iter()
+        .position(|v| *v == verb)
+        .unwrap_or(VERB_ORDER.len())
+}
+
+/// Each verb (in canonical order) with the reasons it is granted.
+type VerbReasons<'a> = BTreeMap<(usize, &'a str), Vec<&'a str>>;
+
+/// `resource.group/subresource`, as `kubectl auth can-i` spells it.
+pub fn qualified(group: &str, resource: &str) -> String {
+    let (base, sub) = match resource.split_once('/') {
+        Some((b, s)) => (b, Some(s)),
+        None => (resource, None),
+    };
+    let mut out = base.to_owned();
+    if !group.is_empty() {
+        out.push('.');
+        out.push_str(group);
+    }
+    if let Some(s) = sub {
+        out.push('/');
+        out.push_str(s);
+    }
+    out
+}
+
+/// One rule per (group, resource) with the union of its verbs, and the justification comment
+/// lines (`resource verb: why`, each verb's reasons joined).
+pub fn rules(grants: &[Grant]) -> (Vec<PolicyRule>, Vec<String>) {
+    let mut by_resource: BTreeMap<(&str, &str), VerbReasons<'_>> = BTreeMap::new();
+    for grant in grants {
+        let whys = by_resource
+            .entry((grant.group, grant.resource))
+            .or_default()
+            .entry((verb_rank(grant.verb), grant.verb))
+            .or_default();
+        if !whys.contains(&grant.why) {
+            whys.push(grant.why);
+        }
+    }
+    let mut rules = Vec::new();
+    let mut comments = Vec::new();
+    for ((group, resource), verbs) in &by_resource {
+        let qualified = qualified(group, resource);
+        for ((_, verb), whys) in verbs {
+            comments.push(format!("{qualified} {verb}: {}", whys.join("; ")));
+        }
+        rules.push(PolicyRule {
+            api_groups: Some(vec![(*group).to_owned()]),
+            resources: Some(vec![(*resource).to_owned()]),
+            verbs: verbs.keys().map(|(_, v)| (*v).to_owned()).collect(),
+            ..PolicyRule::default()
+        });
+    }
+    (rules, comments)
+}
+
+fn subject(opts: &Options, account: &str) -> Subject {
+    Subject {
+        kind: "ServiceAccount".into(),
+        name: account.into(),
+        namespace: Some(opts.namespace.clone()),
+        ..Subject::default()
+    }
+}
+
+fn role_ref(kind: &str, name: &str) -> RoleRef {
+    RoleRef {
+        api_group: "rbac.authorization.k8s.io".into(),
+        kind: kind.into(),
+        name: name.into(),
+    }
+}
+
+fn cluster_role(opts: &Options, name: &str, grants: &[Grant]) -> Vec<Doc> {
+    let (rules, why) = rules(grants);
+    let role = ClusterRole {
+        metadata: meta(name, None),
+        rules: Some(rules),
+        ..ClusterRole::default()
+    };
+    let binding = ClusterRoleBinding {
+        metadata: meta(name, None),
+        role_ref: role_ref("ClusterRole", name),
+        subjects: Some(vec![subject(opts, name)]),
+    };
+    vec![Doc::with_comments(&role, why), Doc::new(&binding)]
+}
+
+/// ServiceAccounts, ClusterRoles, the controller's namespaced Role and the bindings.
+pub fn objects(opts: &Options, config: &KuryrConfig) -> Vec<Doc> {
+    let mut out = Vec::new();
+    for name in [CONTROLLER, CNI] {
+        out.push(Doc::new(&ServiceAccount {
+            metadata: meta(name, Some(&opts.namespace)),
+            ..ServiceAccount::default()
+        }));
+    }
+    out.extend(cluster_role(opts, CONTROLLER, &controller_cluster_grants(config)));
+    let namespaced = controller_namespace_grants(config);
+    if !namespaced.is_empty() {
+        let (rules, why) = rules(&namespaced);
+        out.push(Doc::with_comments(
+            &Role {
+                metadata: meta(CONTROLLER, Some(&opts.namespace)),
+                rules: Some(rules),
+            },
+            why,
+        ));
+        out.push(Doc::new(&RoleBinding {
+            metadata: meta(CONTROLLER, Some(&opts.namespace)),
+            role_ref: role_ref("Role", CONTROLLER),
+            subjects: Some(vec![subject(opts, CONTROLLER)]),
+        }));
+    }
+    out.extend(cluster_role(opts, CNI, &cni_grants()));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(ini: &str) -> KuryrConfig {
+        match KuryrConfig::from_ini_str(ini) {
+            Ok(l) => l.config,
+            Err(e) => panic!("test config: {e}"),
+        }
+    }
+
+    fn has(grants: &[Grant], group: &str, resource: &str, verb: &str) -> bool {
+        grants
+            .iter()
+            .any(|g| g.group == group && g.resource == resource && g.verb == verb)
+    }
+
+    #[test]
+    fn rules_merge_verbs_per_resource_in_canonical_order() {
+        let grants = [
+            g(CORE, "pods", "patch", "a"),
+            g(CORE, "pods", "get", "b"),
+            g(CORE, "pods", "patch", "c"),
+            g(KURYR, "kuryrports", "watch", "d"),
+        ];
+        let (rules, comments) = rules(&grants);
+        assert_eq!(rules.len(), 2);
+        assert_eq!(rules[0].resources.as_deref(), Some(&["pods".to_string()][..]));
+        assert_eq!(rules[0].verbs, vec!["get", "patch"]);
+        assert_eq!(
+            rules[1].api_groups.as_deref(),
+            Some(&["openstack.org".to_string()][..])
+        );
+        assert_eq!(
+            comments,
+            vec![
+                "pods get: b",
+                "pods patch: a; c",
+                "kuryrports.openstack.org watch: d"
+            ]
+        );
+    }
+
+    #[test]
+    fn optional_features_add_their_permissions_only_when_enabled() {
+        let plain = config("[kubernetes]\nenabled_handlers = vif,kuryrport\n");
+        let cluster = controller_cluster_grants(&plain);
+        assert!(has(&cluster, CORE, "pods", "watch"));
+        assert!(!has(&cluster, CORE, "nodes", "get"));
+        assert!(!has(&cluster, CORE, "namespaces", "watch"));
+        assert!(!has(
+            &cluster,
+            "k8s.cni.cncf.io",
+            "network-attachment-definitions",
+            "get"
+        ));
+        assert_eq!(controller_namespace_grants(&plain), vec![]);
+
+        let full = config(
+            "[kubernetes]\nenabled_handlers = vif,kuryrport,namespace,kuryrnetwork\ncontroller_ha = True\n\
+             vif_pool_driver = neutron\nmulti_vif_drivers = npwg_multiple_interfaces\n\
+             pod_subnets_driver = namespace\n[pod_binding]\nenabled = True\n",
+        );
+        let cluster = controller_cluster_grants(&full);
+        for (group, resource, verb) in [
+            (CORE, "nodes", "list"),
+            (CORE, "namespaces", "watch"),
+            (KURYR, "kuryrnetworks", "create"),
+            ("k8s.cni.cncf.io", "network-attachment-definitions", "get"),
+        ] {
+            assert!(has(&cluster, group, resource, verb), "{resource} {verb}");
+        }
+        let ns = controller_namespace_grants(&full);
+        for (group, resource, verb) in [
+            ("coordination.k8s.io", "leases", "update"),
+            (CORE, "configmaps", "update"),
+            (KURYR, "kuryrportpools/status", "patch"),
+        ] {
+            assert!(has(&ns, group, resource, verb), "{resource} {verb}");
+        }
+    }
+
+    #[test]
+    fn the_daemon_only_reads_and_posts_events() {
+        for grant in cni_grants() {
+            assert!(
+                matches!(grant.verb, "list" | "watch") || grant.resource == "events",
+                "{grant:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,278 @@
+use serde_json::Value;
+
+use super::*;
+
+const GOOD: &str = "[kubernetes]\ncontroller_namespace = kuryr\ncontroller_ha = True\n\
+    enabled_handlers = vif,kuryrport\nvif_pool_driver = neutron\n\
+    [neutron]\nauth_type = password\nauth_url = https://keystone:5000/v3\nusername = kuryr\npassword = p\n\
+    [neutron_defaults]\nproject = p1\npod_subnet = s1\npod_security_groups = sg1\n\
+    [health_server]\nport = 8182\n[cni_health_server]\nport = 8190\n\
+    [cni_daemon]\nnetns_proc_dir = /host_proc\n";
+
+fn opts() -> Options {
+    Options {
+        namespace: "kuryr".into(),
+        image: "registry.example/kuryr:1".into(),
+        node_selector: BTreeMap::from([("kuryr/enabled".to_owned(), "true".to_owned())]),
+        replicas: 2,
+    }
+}
+
+fn config(ini: &str) -> KuryrConfig {
+    match KuryrConfig::from_ini_str(ini) {
+        Ok(l) => l.config,
+        Err(e) => panic!("test config: {e}"),
+    }
+}
+
+fn generated(ini: &str) -> BTreeMap<String, String> {
+    match render(&opts(), ini, &config(ini)) {
+        Ok(files) => files,
+        Err(e) => panic!("render: {e:#}"),
+    }
+}
+
+/// Every document of every file, in apply order.
+fn docs(files: &BTreeMap<String, String>) -> Vec<Value> {
+    files
+        .values()
+        .flat_map(|text| text.split("\n---\n").map(str::to_owned).collect::<Vec<_>>())
+        .filter_map(|doc| {
+            let v: Value = serde_yaml::from_str(&doc).expect("generated YAML parses");
+            (!v.is_null()).then_some(v)
+        })
+        .collect()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn every_object_of_an_install_is_generated_in_apply_order() {
+    let files = generated(GOOD);
+    assert_eq!(
+        files.keys().collect::<Vec<_>>(),
+        [
+            "00-crds.yaml",
+            "01-namespace.yaml",
+            "02-rbac.yaml",
+            "03-config.yaml",
+            "04-controller.yaml",
+            "05-cni-daemonset.yaml"
+        ]
+    );
+    let docs = docs(&files);
+    let kinds: Vec<String> = docs
+        .iter()
+        .map(|d| {
+            format!(
+                "{}/{}",
+                d["kind"].as_str().unwrap_or(""),
+                d["metadata"]["name"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    for want in [
+        "CustomResourceDefinition/kuryrports.openstack.org",
+        "CustomResourceDefinition/kuryrportpools.openstack.org",
+        "Namespace/kuryr",
+        "ServiceAccount/kuryr-controller",
+        "ServiceAccount/kuryr-cni",
+        "ClusterRole/kuryr-controller",
+        "ClusterRoleBinding/kuryr-controller",
+        "Role/kuryr-controller",
+        "RoleBinding/kuryr-controller",
+        "ClusterRole/kuryr-cni",
+        "ClusterRoleBinding/kuryr-cni",
+        "ConfigMap/kuryr-config",
+        "Deployment/kuryr-controller",
+        "PodDisruptionBudget/kuryr-controller",
+        "DaemonSet/kuryr-cni",
+    ] {
+        assert!(kinds.iter().any(|k| k == want), "{want} missing from {kinds:?}");
+    }
+    // Namespaced objects are in the install's namespace; the config goes in verbatim.
+    for d in &docs {
+        let kind = d["kind"].as_str().unwrap_or_default();
+        if [
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "ConfigMap",
+            "Deployment",
+            "DaemonSet",
+        ]
+        .contains(&kind)
+        {
+            assert_eq!(d["metadata"]["namespace"], "kuryr", "{kind}");
+        }
+    }
+    assert_eq!(
+        find(&docs, "ConfigMap", "kuryr-config")["data"]["kuryr.conf"],
+        GOOD
+    );
+}
+
+#[test]
+fn the_controller_runs_two_leased_replicas_with_probes_on_the_health_port() {
+    let docs = docs(&generated(GOOD));
+    let d = find(&docs, "Deployment", "kuryr-controller");
+    assert_eq!(d["spec"]["replicas"], 2);
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "kuryr-controller");
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["nodeSelector"]["kuryr/enabled"], "true");
+    let c = &pod["containers"][0];
+    assert_eq!(c["image"], "registry.example/kuryr:1");
+    assert!(strings(&c["command"]).contains(&"--identity".to_owned()));
+    assert_eq!(c["ports"][0]["containerPort"], 8182);
+    assert_eq!(c["ports"][1]["containerPort"], 9654);
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/ready");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/alive");
+    assert_eq!(c["readinessProbe"]["httpGet"]["port"], "health");
+    assert!(c["resources"]["requests"]["memory"].is_string());
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    let pdb = find(&docs, "PodDisruptionBudget", "kuryr-controller");
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    assert_eq!(
+        pdb["spec"]["selector"], d["spec"]["selector"],
+        "the budget covers the Deployment's pods"
+    );
+}
+
+#[test]
+fn the_cni_daemonset_mounts_only_what_the_daemon_needs() {
+    let all = docs(&generated(GOOD));
+    let ds = find(&all, "DaemonSet", "kuryr-cni");
+    assert_eq!(ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"], 1);
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["serviceAccountName"], "kuryr-cni");
+    let init = &pod["initContainers"][0];
+    assert_eq!(strings(&init["command"])[1], "install-cni");
+    let daemon = &pod["containers"][0];
+    assert_eq!(daemon["securityContext"]["privileged"], true);
+    assert_eq!(daemon["readinessProbe"]["httpGet"]["path"], "/ready");
+    assert_eq!(daemon["ports"][0]["containerPort"], 8190);
+    let mounts: Vec<(String, String)> = daemon["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            (
+                m["mountPath"].as_str().unwrap_or_default().to_owned(),
+                m["mountPropagation"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        mounts,
+        vec![
+            ("/etc/kuryr".to_owned(), String::new()),
+            ("/host_proc".to_owned(), String::new()),
+            ("/var/run".to_owned(), "HostToContainer".to_owned()),
+        ]
+    );
+    let host_paths: Vec<String> = pod["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["hostPath"]["path"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        host_paths,
+        ["/proc", "/var/run", "/opt/cni/bin", "/etc/cni/net.d"]
+    );
+    // A changed kuryr.conf changes the pod template, so the pods restart with it.
+    let other = generated(&format!("{GOOD}[vif_pool]\nports_pool_min = 3\n"));
+    let other = docs(&other);
+    assert_ne!(
+        find(&other, "DaemonSet", "kuryr-cni")["spec"]["template"]["metadata"],
+        ds["spec"]["template"]["metadata"]
+    );
+}
+
+/// Each verb of each rule is preceded by a comment saying which call needs it.
+#[test]
+fn every_granted_verb_is_justified_next_to_its_rule() {
+    let files = generated(GOOD);
+    let rbac = &files["02-rbac.yaml"];
+    for doc in rbac.split("\n---\n") {
+        let v: Value = serde_yaml::from_str(doc).expect("YAML");
+        if !matches!(v["kind"].as_str(), Some("ClusterRole" | "Role")) {
+            continue;
+        }
+        let comments: Vec<&str> = doc.lines().filter_map(|l| l.strip_prefix("# ")).collect();
+        for rule in v["rules"].as_array().into_iter().flatten() {
+            let group = strings(&rule["apiGroups"]).concat();
+            for resource in strings(&rule["resources"]) {
+                let qualified = rbac::qualified(&group, &resource);
+                for verb in strings(&rule["verbs"]) {
+                    let prefix = format!("{qualified} {verb}: ");
+                    assert!(
+                        comments
+                            .iter()
+                            .any(|c| c.starts_with(&prefix) && c.len() > prefix.len()),
+                        "{} {qualified} {verb} is not justified",
+                        v["kind"]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_config_that_cannot_work_in_a_cluster_is_refused_naming_section_and_option() {
+    for (change, want) in [
+        (("auth_type = password\n", ""), "[neutron] auth_type"),
+        (("pod_subnet = s1\n", ""), "[neutron_defaults] pod_subnet"),
+        (
+            ("netns_proc_dir = /host_proc\n", ""),
+            "[cni_daemon] netns_proc_dir",
+        ),
+        (("controller_ha = True\n", ""), "[kubernetes] controller_ha"),
+        (
+            ("controller_namespace = kuryr\n", ""),
+            "[kubernetes] controller_namespace",
+        ),
+    ] {
+        let ini = GOOD.replace(change.0, change.1);
+        let err = render(&opts(), &ini, &config(&ini))
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(err.contains(want), "{want}: {err}");
+    }
+}
+
+#[test]
+fn check_dir_reports_missing_stale_and_extra_files() -> anyhow::Result<()> {
+    let files = generated(GOOD);
+    let dir = tempfile::tempdir()?;
+    assert_eq!(check_dir(dir.path(), &files)?.missing.len(), files.len());
+    write_dir(dir.path(), &files)?;
+    assert!(check_dir(dir.path(), &files)?.is_clean());
+    std::fs::write(dir.path().join("03-config.yaml"), "old")?;
+    std::fs::write(dir.path().join("99-old.yaml"), "x")?;
+    std::fs::remove_file(dir.path().join("01-namespace.yaml"))?;
+    let drift = check_dir(dir.path(), &files)?;
+    assert_eq!(drift.changed, ["03-config.yaml"]);
+    assert_eq!(drift.extra, ["99-old.yaml"]);
+    assert_eq!(drift.missing, ["01-namespace.yaml"]);
+    write_dir(dir.path(), &files)?;
+    assert!(
+        check_dir(dir.path(), &files)?.is_clean(),
+        "write_dir removes what is not generated"
+    );
+    Ok(())
+}

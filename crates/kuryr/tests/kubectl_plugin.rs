@@ -1,0 +1,206 @@
+//! The `kubectl kuryr` plugin run by the real kubectl (found on PATH as `kubectl-kuryr`) and as
+//! `kuryr kubectl`, against a Kubernetes emulator seeded with a wired pod, a pool and bindings.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DynamicObject, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client};
+use kube_emulator::{KubeEmulator, KubeHandle, KubeOptions};
+use serde_json::{Value, json};
+
+fn resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: "openstack.org".into(),
+        version: "v1".into(),
+        api_version: "openstack.org/v1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+async fn seeded() -> (KubeHandle, Client) {
+    let handle = KubeEmulator::start(KubeOptions::default())
+        .await
+        .expect("kube emulator starts");
+    let kubeconfig = Kubeconfig::from_yaml(&handle.kubeconfig()).expect("kubeconfig parses");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("kube config");
+    let client = Client::try_from(config).expect("kube client");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in kuryr_crds::generate::crds() {
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .expect("CRD created");
+    }
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "kuryr"}})).expect("ns");
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("namespace created");
+    let post = PostParams::default();
+    let kp_res = resource("KuryrPort", "kuryrports");
+    let mut kp = DynamicObject::new("web", &kp_res).within("default");
+    kp.data = json!({
+        "spec": {"podUid": "u-1", "podNodeName": "n1"},
+        "status": {"vifs": {"eth0": {"default": true, "kuryrRsOrigin": {"pool": {"name": "n1-pool"}}, "vif": {
+            "versioned_object.name": "VIFOpenVSwitch",
+            "versioned_object.data": {"id": "port-web", "address": "fa:16:3e:00:00:07", "active": true,
+                "vif_name": "tapweb", "network": {"versioned_object.data": {"subnets": {"versioned_object.data": {
+                    "objects": [{"versioned_object.data": {"ips": {"versioned_object.data": {"objects": [
+                        {"versioned_object.data": {"address": "10.0.0.7"}}]}}}}]}}}}}}}}}
+    });
+    Api::<DynamicObject>::namespaced_with(client.clone(), "default", &kp_res)
+        .create(&post, &kp)
+        .await
+        .expect("KuryrPort created");
+    let pool_res = resource("KuryrPortPool", "kuryrportpools");
+    let mut pool = DynamicObject::new("n1-pool", &pool_res).within("kuryr");
+    pool.data = json!({"spec": {"key": {"deployment": "default", "host": "n1", "projectId": "p",
+        "networkId": "net", "subnetId": "sub-1", "securityGroupIds": ["sg"]}, "min": 2, "batch": 4, "max": 0}});
+    Api::<DynamicObject>::namespaced_with(client.clone(), "kuryr", &pool_res)
+        .create(&post, &pool)
+        .await
+        .expect("pool created");
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "kuryr-project-bindings", "namespace": "kuryr"},
+        "data": {"p": "[{\"deployment\":\"default\",\"start\":\"2026-11-24T00:00:00Z\"}]"}
+    }))
+    .expect("cm");
+    Api::<ConfigMap>::namespaced(client.clone(), "kuryr")
+        .create(&post, &cm)
+        .await
+        .expect("bindings created");
+    (handle, client)
+}
+
+/// A PATH directory holding `kubectl-kuryr` -> the built `kuryr`.
+fn plugin_dir(dir: &Path) -> PathBuf {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_kuryr"), bin.join("kubectl-kuryr")).expect("symlink");
+    bin
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_runs_the_plugin_and_kuryr_kubectl_takes_kubectl_flags() {
+    let (handle, _client) = seeded().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    handle.write_kubeconfig(&kubeconfig).expect("kubeconfig written");
+    let bin = plugin_dir(dir.path());
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let kc = kubeconfig.display().to_string();
+
+    // Through the real kubectl, which finds `kubectl-kuryr` on PATH.
+    let kubectl = |args: &[&str]| {
+        let mut full = vec!["kuryr", "--kubeconfig", kc.as_str()];
+        full.extend_from_slice(args);
+        std::process::Command::new("kubectl")
+            .args(&full)
+            .env("PATH", &path)
+            .env_remove("KUBECONFIG")
+            .output()
+    };
+    let out = match kubectl(&["get", "vif", "web", "-n", "default", "-o", "wide"]) {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            assert!(
+                std::env::var("KURYR_TEST_REQUIRE_KUBECTL").as_deref() != Ok("1"),
+                "kubectl is not on PATH"
+            );
+            eprintln!("skipping: kubectl is not on PATH");
+            return;
+        }
+        Err(e) => panic!("kubectl: {e}"),
+    };
+    let table = text(&out);
+    assert!(out.status.success(), "{table}");
+    let header = table.lines().next().unwrap_or_default();
+    for col in ["INTERFACE", "PORT", "MAC", "IPS", "ACTIVE", "TYPE", "ORIGIN"] {
+        assert!(header.contains(col), "{table}");
+    }
+    let row = table.lines().nth(1).unwrap_or_default();
+    for cell in [
+        "eth0",
+        "port-web",
+        "fa:16:3e:00:00:07",
+        "10.0.0.7",
+        "true",
+        "VIFOpenVSwitch",
+        "pool",
+    ] {
+        assert!(row.contains(cell), "{cell}: {table}");
+    }
+
+    let out = kubectl(&["get", "vif", "web", "--namespace", "default", "-o", "json"]).expect("kubectl runs");
+    assert!(out.status.success(), "{}", text(&out));
+    let vifs: Value = serde_json::from_slice(&out.stdout).expect("json output");
+    assert_eq!(vifs["eth0"]["vif"]["versioned_object.data"]["id"], "port-web");
+
+    let out = kubectl(&["pools"]).expect("kubectl runs");
+    let pools = text(&out);
+    assert!(out.status.success(), "{pools}");
+    assert!(
+        pools
+            .lines()
+            .any(|l| l.starts_with("n1-pool") && l.contains("sub-1")),
+        "{pools}"
+    );
+
+    let out = kubectl(&["bindings", "-o", "yaml"]).expect("kubectl runs");
+    let yaml = text(&out);
+    assert!(out.status.success(), "{yaml}");
+    assert!(
+        yaml.contains("deployment: default") && yaml.contains("project: p"),
+        "{yaml}"
+    );
+
+    let out = kubectl(&["get", "vif", "nope", "-n", "default"]).expect("kubectl runs");
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("pod default/nope has no KuryrPort"),
+        "{}",
+        text(&out)
+    );
+
+    // `kuryr kubectl` with --context (the emulator's context name) and $KUBECONFIG.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kuryr"))
+        .args([
+            "kubectl",
+            "--context",
+            "kube-emulator",
+            "status",
+            "--skip-neutron",
+            "-n",
+            "kuryr",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .expect("kuryr runs");
+    let status = text(&out);
+    // No ConfigMap with kuryr.conf in this cluster: the config checks warn.
+    assert_eq!(out.status.code(), Some(1), "{status}");
+    assert!(status.contains("Success  CRD versions"), "{status}");
+    assert!(status.contains("no kuryr.conf: not checked"), "{status}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kuryr"))
+        .args(["kubectl", "--context", "no-such-context", "pools"])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .expect("kuryr runs");
+    assert!(!out.status.success(), "{}", text(&out));
+
+    handle.shutdown().await.expect("kube emulator stops");
+}

@@ -1,0 +1,349 @@
+//! The controller and two CNI daemons' Kubernetes clients run with the tokens of the
+//! ServiceAccounts `kuryr manifests` generates, on a Kubernetes emulator that enforces RBAC with
+//! the generated roles, and wire a pod. A permission the code needs but the roles lack stops the
+//! wiring here (the emulator answers 403), not on a user's cluster.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{ApiResource, DynamicObject, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client};
+use kube_emulator::{KubeEmulator, KubeHandle, KubeOptions};
+use kuryr_daemon::registry::{PodKey, Registry};
+use kuryr_testbed::{NODES, create_pod, eventually, neutron_fixture, neutron_targets};
+use serde_json::{Value, json};
+
+const ADMIN: &str = "admin";
+
+async fn client(handle: &KubeHandle, token: &str) -> anyhow::Result<Client> {
+    let kubeconfig = Kubeconfig::from_yaml(&handle.kubeconfig())?;
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    config.auth_info.token = Some(token.to_owned().into());
+    Ok(Client::try_from(config)?)
+}
+
+fn resource_of(doc: &Value) -> anyhow::Result<ApiResource> {
+    let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+    let kind = doc["kind"].as_str().unwrap_or_default();
+    let plural = match kind {
+        "CustomResourceDefinition" => "customresourcedefinitions",
+        "Namespace" => "namespaces",
+        "ServiceAccount" => "serviceaccounts",
+        "ClusterRole" => "clusterroles",
+        "ClusterRoleBinding" => "clusterrolebindings",
+        "Role" => "roles",
+        "RoleBinding" => "rolebindings",
+        "ConfigMap" => "configmaps",
+        "Deployment" => "deployments",
+        "PodDisruptionBudget" => "poddisruptionbudgets",
+        "DaemonSet" => "daemonsets",
+        other => anyhow::bail!("unexpected kind {other} in the generated manifests"),
+    };
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    Ok(ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: api_version.into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    })
+}
+
+/// `kuryr manifests` for `conf`, applied by the cluster admin; returns the documents.
+async fn install(admin: &Client, conf: &str) -> anyhow::Result<Vec<Value>> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("kuryr.conf");
+    std::fs::write(&path, conf)?;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kuryr"))
+        .arg("manifests")
+        .arg("--config-file")
+        .arg(&path)
+        .output()
+        .await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "kuryr manifests: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout)?;
+    let mut docs = Vec::new();
+    for doc in text.split("\n---\n") {
+        let Ok(value) = serde_yaml::from_str::<Value>(doc) else {
+            continue;
+        };
+        if !value.is_object() {
+            continue;
+        }
+        let ar = resource_of(&value)?;
+        let obj: DynamicObject = serde_json::from_value(value.clone())?;
+        let api: Api<DynamicObject> = match value.pointer("/metadata/namespace").and_then(Value::as_str) {
+            Some(ns) => Api::namespaced_with(admin.clone(), ns, &ar),
+            None => Api::all_with(admin.clone(), &ar),
+        };
+        api.create(&PostParams::default(), &obj).await?;
+        docs.push(value);
+    }
+    Ok(docs)
+}
+
+/// (verb, group, resource) the generated roles bound to `account` grant.
+fn granted(docs: &[Value], account: &str) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for doc in docs {
+        let kind = doc["kind"].as_str().unwrap_or_default();
+        if !matches!(kind, "ClusterRole" | "Role") || doc["metadata"]["name"] != account {
+            continue;
+        }
+        for rule in doc["rules"].as_array().into_iter().flatten() {
+            let strings = |f: &str| -> Vec<String> {
+                rule[f]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            };
+            for group in strings("apiGroups") {
+                for resource in strings("resources") {
+                    for verb in strings("verbs") {
+                        out.insert((verb, group.clone(), resource.clone()));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn active_vif(kp: &DynamicObject) -> bool {
+    kp.data
+        .pointer("/status/vifs/eth0/vif/versioned_object.data/active")
+        .and_then(Value::as_bool)
+        == Some(true)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn controller_and_two_daemons_wire_a_pod_with_the_generated_service_accounts() -> anyhow::Result<()> {
+    let targets = neutron_targets().await?;
+    let neutron = &targets[0];
+    let fx = neutron_fixture(&neutron.client, "10.78.0.0/24").await?;
+    let conf = format!(
+        "[kubernetes]\ncontroller_namespace = kuryr\ncontroller_ha = True\nenabled_handlers = vif,kuryrport\n\
+         pod_vif_driver = neutron-vif\nvif_pool_driver = noop\ncluster_id = rbac\n\
+         [neutron]\nauth_type = noauth\nendpoint_override = {}\n\
+         [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\n\
+         [cni_daemon]\nnetns_proc_dir = /host_proc\n",
+        neutron.url, fx.project, fx.subnet, fx.sg
+    );
+    let handle = KubeEmulator::start(KubeOptions {
+        token: Some(ADMIN.into()),
+        rbac: true,
+        nodes: NODES.iter().map(|n| n.to_string()).collect(),
+        ..KubeOptions::default()
+    })
+    .await?;
+    let admin = client(&handle, ADMIN).await?;
+    let docs = install(&admin, &conf).await?;
+
+    let controller_client = client(
+        &handle,
+        &handle.service_account_token("kuryr", "kuryr-controller"),
+    )
+    .await?;
+    let controller = kuryr_testbed::start_controller(
+        &controller_client,
+        neutron,
+        kuryr_testbed::config(&conf),
+        "kuryr-controller-0",
+    );
+    let mut daemons = Vec::new();
+    let mut registries = Vec::new();
+    for node in NODES {
+        let cni_client = client(&handle, &handle.service_account_token("kuryr", "kuryr-cni")).await?;
+        let registry = Arc::new(Registry::new());
+        daemons.push(tokio::spawn(kuryr_daemon::kube::watch_kuryrports(
+            cni_client.clone(),
+            node,
+            registry.clone(),
+        )));
+        daemons.push(tokio::spawn(kuryr_daemon::kube::watch_pods(
+            cni_client,
+            node,
+            registry.clone(),
+        )));
+        registries.push(registry);
+    }
+
+    create_pod(&admin, "default", "web", NODES[0], json!({})).await?;
+    let kps: Api<DynamicObject> = Api::namespaced_with(
+        admin.clone(),
+        "default",
+        &ApiResource {
+            group: "openstack.org".into(),
+            version: "v1".into(),
+            api_version: "openstack.org/v1".into(),
+            kind: "KuryrPort".into(),
+            plural: "kuryrports".into(),
+        },
+    );
+    eventually(
+        "the pod's KuryrPort with an active VIF",
+        Duration::from_secs(60),
+        || {
+            let kps = kps.clone();
+            async move { Ok(kps.get_opt("web").await?.filter(active_vif).map(|_| ())) }
+        },
+    )
+    .await?;
+    let key = PodKey::new("default", "web");
+    eventually(
+        "the pod's node daemon to see its VIF",
+        Duration::from_secs(30),
+        || {
+            let registry = registries[0].clone();
+            let key = key.clone();
+            async move { Ok(registry.get(&key).map(|_| ())) }
+        },
+    )
+    .await?;
+    assert!(
+        registries[1].get(&key).is_none(),
+        "the other node's daemon only sees its own KuryrPorts"
+    );
+
+    // The Lease is renewed (update), not only created.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(admin.clone(), "kuryr");
+    let first_renew = eventually("the controller's Lease", Duration::from_secs(30), || {
+        let leases = leases.clone();
+        async move {
+            Ok(leases
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .find_map(|l| l.spec.and_then(|s| s.renew_time)))
+        }
+    })
+    .await?;
+    eventually("the Lease to be renewed", Duration::from_secs(30), || {
+        let leases = leases.clone();
+        let first = first_renew.clone();
+        async move {
+            let renewed = leases
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .filter_map(|l| l.spec.and_then(|s| s.renew_time))
+                .any(|t| t != first);
+            Ok(renewed.then_some(()))
+        }
+    })
+    .await?;
+
+    // A pod over the port quota gets a Warning Event, repeated as a series while it is retried.
+    neutron
+        .client
+        .update_quota(
+            &fx.project,
+            &kuryr_neutron::QuotaUpdate {
+                port: Some(0),
+                ..Default::default()
+            },
+        )
+        .await?;
+    create_pod(&admin, "default", "over", NODES[1], json!({})).await?;
+    let events: Api<DynamicObject> = Api::namespaced_with(
+        admin.clone(),
+        "default",
+        &ApiResource {
+            group: "events.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "events.k8s.io/v1".into(),
+            kind: "Event".into(),
+            plural: "events".into(),
+        },
+    );
+    eventually(
+        "a repeated Warning Event on the pod over quota",
+        Duration::from_secs(60),
+        || {
+            let events = events.clone();
+            async move {
+                let repeated = events
+                    .list(&Default::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .any(|e| {
+                        e.data.pointer("/regarding/name") == Some(&json!("over"))
+                            && e.data
+                                .pointer("/series/count")
+                                .and_then(Value::as_i64)
+                                .unwrap_or(0)
+                                >= 2
+                    });
+                Ok(repeated.then_some(()))
+            }
+        },
+    )
+    .await?;
+    neutron
+        .client
+        .update_quota(
+            &fx.project,
+            &kuryr_neutron::QuotaUpdate {
+                port: Some(-1),
+                ..Default::default()
+            },
+        )
+        .await?;
+
+    // The daemon's Events (a CNI request that timed out, reported twice) go out with its identity.
+    let daemon_events = kuryr_daemon::kube::KubeEvents::new(
+        client(&handle, &handle.service_account_token("kuryr", "kuryr-cni")).await?,
+        NODES[0],
+    );
+    for _ in 0..2 {
+        kuryr_daemon::PodEvents::publish(&daemon_events, &key, None, "CNITimedOut", "test", true).await;
+    }
+
+    // Deleting the pods releases their ports and removes the KuryrPorts.
+    let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(admin.clone(), "default");
+    for name in ["web", "over"] {
+        pods.delete(name, &Default::default()).await?;
+    }
+    eventually("the KuryrPorts to go", Duration::from_secs(60), || {
+        let kps = kps.clone();
+        async move {
+            let gone = kps.get_opt("web").await?.is_none() && kps.get_opt("over").await?.is_none();
+            Ok(gone.then_some(()))
+        }
+    })
+    .await?;
+
+    // Least privilege: every granted permission was used by the component it is granted to.
+    let used = handle.used_permissions();
+    for account in ["kuryr-controller", "kuryr-cni"] {
+        let user = format!("system:serviceaccount:kuryr:{account}");
+        let used: BTreeSet<(String, String, String)> = used
+            .iter()
+            .filter(|u| u.user == user)
+            .map(|u| (u.verb.clone(), u.group.clone(), u.resource.clone()))
+            .collect();
+        let unused: Vec<_> = granted(&docs, account).difference(&used).cloned().collect();
+        assert!(
+            unused.is_empty(),
+            "{account} is granted but never used: {unused:?}"
+        );
+    }
+
+    for d in daemons {
+        d.abort();
+    }
+    controller.shutdown().await?;
+    handle.shutdown().await?;
+    Ok(())
+}

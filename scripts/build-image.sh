@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Builds the kuryr-rs container image (one image for the controller and the CNI DaemonSet) without
+# pulling any base image: the root filesystem is a minimal Debian 12 made by mmdebstrap from Debian's
+# packages (the essential set, ca-certificates, and openvswitch-switch for the ovs-vsctl the OVS binding
+# runs), plus `kuryr` and `kuryr-cni` in /usr/local/bin; umoci assembles it into an OCI image layout.
+#
+#   scripts/build-image.sh [--profile release|dev] [--out DIR] [--check]
+#
+# Output: DIR/oci (OCI layout, tag kuryr-rs:<version>; `skopeo copy oci:DIR/oci:kuryr-rs:<version> ...`
+# or `podman load` pushes it), DIR/bundle/rootfs (the unpacked root filesystem). The Debian part is
+# cached in DIR/rootfs.tar and rebuilt only when its package list changes. --check runs the binaries
+# from inside the root filesystem (chroot): `kuryr --version`, kuryr-cni's CNI VERSION command,
+# `kuryr install-cni` into temporary directories, `ovs-vsctl --version`; it fails on a library the
+# binaries need that the image lacks, and prints the image's size.
+# Needs root (mmdebstrap, chroot) and the Debian packages mmdebstrap and umoci (installed if missing).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+PROFILE=release
+OUT=.image
+CHECK=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --profile) PROFILE="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    --check) CHECK=1; shift ;;
+    *) echo "usage: $0 [--profile release|dev] [--out DIR] [--check]" >&2; exit 2 ;;
+  esac
+done
+case "$PROFILE" in
+  release) TARGET_SUBDIR=release ;;
+  dev) TARGET_SUBDIR=debug ;;
+  *) echo "--profile must be release or dev" >&2; exit 2 ;;
+esac
+
+SUITE=bookworm
+MIRROR=http://deb.debian.org/debian
+PACKAGES=ca-certificates,openvswitch-switch
+VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
+TAG="kuryr-rs:${VERSION}"
+
+for tool in mmdebstrap umoci; do
+  if ! command -v "$tool" >/dev/null; then
+    echo "== installing $tool from Debian"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$tool" >/dev/null
+  fi
+done
+
+echo "== cargo build --profile $PROFILE -p kuryr -p kuryr-cni"
+cargo build -q --profile "$PROFILE" -p kuryr -p kuryr-cni
+BIN_DIR="${CARGO_TARGET_DIR:-target}/$TARGET_SUBDIR"
+
+mkdir -p "$OUT"
+KEY="$SUITE $MIRROR $PACKAGES essential"
+if [ ! -f "$OUT/rootfs.tar" ] || [ "$(cat "$OUT/rootfs.key" 2>/dev/null)" != "$KEY" ]; then
+  echo "== mmdebstrap $SUITE (essential + $PACKAGES)"
+  rm -f "$OUT/rootfs.tar"
+  mmdebstrap --quiet --format=tar --variant=essential --include="$PACKAGES" \
+    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+    --dpkgopt='path-exclude=/usr/share/info/*' \
+    "$SUITE" "$OUT/rootfs.tar.tmp" "$MIRROR"
+  mv "$OUT/rootfs.tar.tmp" "$OUT/rootfs.tar"
+  echo "$KEY" >"$OUT/rootfs.key"
+fi
+
+echo "== assembling $TAG with umoci"
+rm -rf "$OUT/oci" "$OUT/bundle"
+umoci init --layout "$OUT/oci"
+umoci new --image "$OUT/oci:$TAG"
+umoci unpack --image "$OUT/oci:$TAG" "$OUT/bundle" >/dev/null
+tar -xf "$OUT/rootfs.tar" -C "$OUT/bundle/rootfs"
+install -m 0755 "$BIN_DIR/kuryr" "$BIN_DIR/kuryr-cni" "$OUT/bundle/rootfs/usr/local/bin/"
+umoci repack --image "$OUT/oci:$TAG" "$OUT/bundle"
+umoci config --image "$OUT/oci:$TAG" \
+  --config.entrypoint /usr/local/bin/kuryr \
+  --config.label "org.opencontainers.image.title=kuryr-rs" \
+  --config.label "org.opencontainers.image.version=$VERSION"
+# umoci config writes a new manifest; the bundle's rootfs is unchanged by it.
+echo "image: oci:$OUT/oci:$TAG"
+
+if [ "$CHECK" = 1 ]; then
+  ROOT="$OUT/bundle/rootfs"
+  echo "== running the binaries inside the image (chroot $ROOT)"
+  for bin in kuryr kuryr-cni; do
+    if chroot "$ROOT" /usr/bin/ldd "/usr/local/bin/$bin" | grep 'not found'; then
+      echo "FAIL: /usr/local/bin/$bin needs a library the image lacks" >&2
+      exit 1
+    fi
+  done
+  chroot "$ROOT" /usr/local/bin/kuryr --version
+  chroot "$ROOT" /usr/bin/env CNI_COMMAND=VERSION /usr/local/bin/kuryr-cni </dev/null
+  echo
+  chroot "$ROOT" /bin/sh -c 'd=$(mktemp -d) && mkdir "$d/bin" "$d/net.d" && /usr/local/bin/kuryr install-cni --cni-bin /usr/local/bin/kuryr-cni --bin-dir "$d/bin" --conf-dir "$d/net.d" \
+    && test -x "$d/bin/kuryr-cni" && test -s "$d/net.d/10-kuryr.conflist" && rm -rf "$d"'
+  chroot "$ROOT" /usr/bin/ovs-vsctl --version | head -n1
+  echo "rootfs size: $(du -sh "$ROOT" | cut -f1)"
+  echo "image size (compressed layers): $(du -sh "$OUT/oci/blobs" | cut -f1)"
+fi
