@@ -94,7 +94,14 @@ struct Phase {
 fn ips(svc: usize, generation: usize) -> Vec<String> {
     // Three endpoints per Service; a generation shifts one of them.
     (0..3)
-        .map(|k| format!("10.{}.{}.{}", 1 + svc / 200, svc % 200, 10 + k + generation * (k == 2) as usize))
+        .map(|k| {
+            format!(
+                "10.{}.{}.{}",
+                1 + svc / 200,
+                svc % 200,
+                10 + k + generation * (k == 2) as usize
+            )
+        })
         .collect()
 }
 
@@ -109,9 +116,11 @@ async fn set_slice(kube: &Client, svc: &str, ips: &[String]) -> Result<()> {
         "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
     });
     if api.get_opt(&name).await?.is_some() {
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(&body)).await?;
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&body))
+            .await?;
     } else {
-        api.create(&PostParams::default(), &serde_json::from_value(body)?).await?;
+        api.create(&PostParams::default(), &serde_json::from_value(body)?)
+            .await?;
     }
     Ok(())
 }
@@ -128,13 +137,16 @@ async fn converged(kube: &Client, n: usize, want: impl Fn(usize) -> Vec<String>)
             .filter_map(|k| k.metadata.name.clone().map(|n| (n, k)))
             .collect();
         let done = (0..n).all(|i| {
-            by_name.get(&format!("svc-{i}")).and_then(|k| k.status.as_ref()).is_some_and(|s| {
-                let mut have: Vec<String> = s.members.iter().map(|m| m.ip.clone()).collect();
-                have.sort();
-                let mut w = want(i);
-                w.sort();
-                s.loadbalancer.is_some() && have == w
-            })
+            by_name
+                .get(&format!("svc-{i}"))
+                .and_then(|k| k.status.as_ref())
+                .is_some_and(|s| {
+                    let mut have: Vec<String> = s.members.iter().map(|m| m.ip.clone()).collect();
+                    have.sort();
+                    let mut w = want(i);
+                    w.sort();
+                    s.loadbalancer.is_some() && have == w
+                })
         });
         if done {
             return Ok(());
@@ -154,7 +166,9 @@ async fn run_target(name: &str, octavia_url: &str, n: usize) -> Result<Vec<Phase
         crds.create(&PostParams::default(), &crd).await?;
     }
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}}))?;
-    Api::<Namespace>::all(kube.clone()).create(&PostParams::default(), &ns).await?;
+    Api::<Namespace>::all(kube.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
     let neutron_emu = Emulator::start(EmulatorOptions::default()).await?;
     let neutron = NeutronClient::new(&ClientOptions::noauth(neutron_emu.url()))?;
     let project = uuid::Uuid::new_v4().simple().to_string();
@@ -259,7 +273,8 @@ async fn run_target(name: &str, octavia_url: &str, n: usize) -> Result<Vec<Phase
     // Phase 4: delete them all.
     let before = octavia_calls(&metrics);
     let t = Instant::now();
-    svcs.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
+    svcs.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
     let klbs = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), NS);
     let deadline = Instant::now() + TIMEOUT;
     while !klbs.list(&ListParams::default()).await?.items.is_empty() {

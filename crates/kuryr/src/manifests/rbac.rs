@@ -264,6 +264,115 @@ pub fn controller_cluster_grants(config: &KuryrConfig) -> Vec<Grant> {
             ),
         ]);
     }
+    let service = handler_enabled(config, "service");
+    let endpoints = handler_enabled(config, "endpoints");
+    let klb = handler_enabled(config, "kuryrloadbalancer");
+    if service {
+        out.extend([
+            g(
+                CORE,
+                "services",
+                "list",
+                "service handler: watcher.rs lists Services",
+            ),
+            g(
+                CORE,
+                "services",
+                "watch",
+                "service handler: watcher.rs watches Services",
+            ),
+            g(
+                CORE,
+                "services",
+                "patch",
+                "service handler adds its finalizer (k8s.rs add_finalizer)",
+            ),
+            g(
+                KURYR,
+                "kuryrloadbalancers",
+                "create",
+                "service handler creates the Service's KuryrLoadBalancer (handlers/service.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrloadbalancers",
+                "delete",
+                "service handler deletes the KuryrLoadBalancer of a deleted Service",
+            ),
+            g(
+                "discovery.k8s.io",
+                "endpointslices",
+                "list",
+                "service handler puts existing endpoints into a new KuryrLoadBalancer",
+            ),
+        ]);
+    }
+    if endpoints {
+        out.extend([
+            g(
+                "discovery.k8s.io",
+                "endpointslices",
+                "list",
+                "endpoints handler: watcher.rs lists EndpointSlices; all slices of a Service",
+            ),
+            g(
+                "discovery.k8s.io",
+                "endpointslices",
+                "watch",
+                "endpoints handler: watcher.rs watches EndpointSlices",
+            ),
+            g(
+                "discovery.k8s.io",
+                "endpointslices",
+                "get",
+                "pipeline Retry re-reads the EndpointSlice it retries",
+            ),
+        ]);
+    }
+    if service || endpoints || klb {
+        out.extend([
+            g(
+                CORE,
+                "services",
+                "get",
+                "the Service of a slice or KuryrLoadBalancer; Retry re-reads a Service",
+            ),
+            g(
+                KURYR,
+                "kuryrloadbalancers",
+                "get",
+                "service/endpoints handlers compare the KuryrLoadBalancer spec; Retry re-reads it",
+            ),
+            g(
+                KURYR,
+                "kuryrloadbalancers",
+                "patch",
+                "spec (service, endpoints handlers), status and finalizer (kuryrloadbalancer handler)",
+            ),
+        ]);
+    }
+    if klb {
+        out.extend([
+            g(
+                KURYR,
+                "kuryrloadbalancers",
+                "list",
+                "kuryrloadbalancer handler: watcher.rs lists them; services/reconcile.rs checks each",
+            ),
+            g(
+                KURYR,
+                "kuryrloadbalancers",
+                "watch",
+                "kuryrloadbalancer handler: watcher.rs watches KuryrLoadBalancers",
+            ),
+            g(
+                CORE,
+                "services",
+                "patch",
+                "kuryrloadbalancer handler removes the Service finalizer once the load balancer is gone",
+            ),
+        ]);
+    }
     if pools_enabled(config) {
         out.extend([
             g(
