@@ -549,3 +549,56 @@ async fn a_cluster_ip_outside_the_service_subnet_is_a_warning_event_naming_the_f
     recorded(kube, &ns, "good", 1, 0).await?;
     Ok(())
 }
+
+/// A port the provider cannot serve (its driver answers 501, as a provider without a protocol does) gets a
+/// Warning Event naming it; the Service's other ports are served. Emulator only: the real providers here serve
+/// every Kubernetes protocol (amphora and ovn both take TCP, UDP and SCTP).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_the_provider_refuses_is_a_warning_event_and_the_other_ports_are_served() -> Result<()> {
+    init_logs();
+    let oct = octavia_targets(LatencyProfile::Instant).await?.remove(0);
+    let emu = oct.emulator.as_ref().expect("the first target is the emulator");
+    let refusal = |op: &str| octavia_emulator::FaultRule {
+        operation: op.to_string(),
+        status: Some(501),
+        count: Some(1),
+        delay_ms: 0,
+    };
+    // The fully populated create is refused, then the first listener (TCP/80 comes first) on its own.
+    emu.set_faults(octavia_emulator::FaultConfig {
+        rules: vec![refusal("loadbalancer.create"), refusal("listener.create")],
+    });
+    let ns = unique("refused");
+    let bed = Bed::new(&ns).await?;
+    let _ctrl = bed.controller(&oct, "", "svc-refused");
+    let kube = bed.client();
+    create_service(
+        kube,
+        &ns,
+        "mixed",
+        "10.96.0.15",
+        &[("web", 80, 8080, "TCP"), ("dns", 53, 5353, "UDP")],
+    )
+    .await?;
+    let st = recorded(kube, &ns, "mixed", 1, 0).await?;
+    assert_eq!(st.listeners[0].protocol, "UDP", "{:?}", st.listeners);
+    assert_eq!(st.listeners[0].port, 53);
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(kube.clone(), &ns);
+    let note = eventually("Warning Event about the refused port", WAIT, || async {
+        Ok(events
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("KuryrServicePortUnsupported"))
+            .and_then(|e| e.note))
+    })
+    .await?;
+    assert!(note.contains("80/TCP"), "{note}");
+    // Not asked again: a later change plans nothing for it (the two listener creates are the refused one and
+    // UDP/53's).
+    set_endpoints(kube, &ns, "mixed", &ips(2), &[("dns", 5353)]).await?;
+    recorded(kube, &ns, "mixed", 1, 2).await?;
+    assert_eq!(emu.stats().count("listener.create"), 2, "{:?}", emu.stats());
+    Ok(())
+}
