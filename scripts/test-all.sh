@@ -21,6 +21,8 @@
 # installs it, about 1.5 minutes; then about 15 s; a running one is reused) and exports
 # KURYR_TEST_OCTAVIA_URL for the Octavia contract suite (crates/octavia-contract), whose
 # `contract-octavia[...]` lines are repeated in the summary; stopped again if this script started it.
+# After the OVN lab, a second Octavia with the ovn provider on it (.octavia-ovn-lab/, :9877/:3319,
+# OCTAVIA_OVN_API_PORT/OCTAVIA_OVN_DB_PORT) for the Services dataplane test, KURYR_TEST_OCTAVIA_OVN_URL.
 # Env: KEEP_NEUTRON=1 leaves a server this script started running (KEEP_OVS=1 the same for Open
 # vSwitch, KEEP_OVN=1 for the OVN lab, KEEP_OCTAVIA=1 for Octavia); NEUTRON_LAB overrides the state directory; extra arguments go to `cargo test`
 # (e.g. `-- --test-threads=1`).
@@ -58,10 +60,15 @@ fi
 STARTED_OVS=0
 STARTED_OVN=0
 STARTED_OCTAVIA=0
+STARTED_OCTAVIA_OVN=0
 export OCTAVIA_LAB=${OCTAVIA_LAB:-$REPO/.octavia-lab}
 OCTAVIA_URL="http://127.0.0.1:${OCTAVIA_API_PORT:-9876}"
 octavia_up() { curl -sf -o /dev/null "$OCTAVIA_URL/v2/lbaas/providers"; }
 stop_neutron() {
+  if [ "$STARTED_OCTAVIA_OVN" = 1 ] && [ "${KEEP_OCTAVIA:-0}" != 1 ]; then
+    step "stopping the ovn-provider Octavia this script started"
+    OCTAVIA_LAB="$REPO/.octavia-ovn-lab" "$REPO/scripts/octavia-lab/stop-octavia.sh" || true
+  fi
   if [ "$STARTED_OVN" = 1 ] && [ "${KEEP_OVN:-0}" != 1 ]; then
     step "stopping the OVN lab this script started"
     "$REPO/scripts/ovn-lab/ovn-lab.sh" stop || true
@@ -132,6 +139,20 @@ while IFS='=' read -r key value; do
   esac
 done <<<"$OVN_ENV"
 export KURYR_TEST_REQUIRE_OVN=1
+
+# A second Octavia whose `ovn` provider drives the OVN lab (Services proven by traffic,
+# crates/kuryr-e2e/tests/ovn_services.rs): own state dir and ports, the first one's venv.
+OCTAVIA_OVN_URL="http://127.0.0.1:${OCTAVIA_OVN_API_PORT:-9877}"
+if curl -sf -o /dev/null "$OCTAVIA_OVN_URL/v2/lbaas/providers"; then
+  step "Octavia with the ovn provider already answers at $OCTAVIA_OVN_URL: reusing it"
+else
+  step "starting Octavia with the ovn provider on the OVN lab (scripts/octavia-lab/start-octavia.sh)"
+  STARTED_OCTAVIA_OVN=1
+  OCTAVIA_OVN_LAB="$KURYR_TEST_OVN_LAB" OCTAVIA_LAB="$REPO/.octavia-ovn-lab" OCTAVIA_VENV="$OCTAVIA_LAB/venv" \
+    OCTAVIA_API_PORT="${OCTAVIA_OVN_API_PORT:-9877}" OCTAVIA_DB_PORT="${OCTAVIA_OVN_DB_PORT:-3319}" \
+    OCTAVIA_OVN_NEUTRON_URL="$KURYR_TEST_OVN_NEUTRON_URL" "$REPO/scripts/octavia-lab/start-octavia.sh"
+fi
+export KURYR_TEST_OCTAVIA_OVN_URL="$OCTAVIA_OVN_URL"
 
 step "cargo fmt --all -- --check"
 cargo fmt --all -- --check

@@ -10,6 +10,17 @@
 # through the real API, database and taskflow flows and reach ACTIVE; nothing
 # is booted and the VIP address is invented by the noop network driver.
 # Also enabled: `octavia` (alias of amphora) and `noop_driver`.
+# With OCTAVIA_OVN_LAB=<OVN lab state dir> (scripts/ovn-lab/ovn-lab.sh) the
+# `ovn` provider (ovn-octavia-provider) is enabled too and drives that lab:
+# load balancers become OVN NB load balancers that really forward traffic.
+# It reaches the lab's OVN NB/SB over their unix sockets and the lab's
+# neutron-server (OCTAVIA_OVN_NEUTRON_URL, default :9698, noauth) through
+# keystoneauth's `none` plugin with an endpoint override; its status updates
+# go through octavia-driver-agent (started here, sockets under $LAB/run),
+# which also runs the provider's OVN event agent.  That instance defaults to
+# its own state dir (.octavia-ovn-lab) and ports (9877 API, 3319 MariaDB) so
+# the amphora-only one keeps running next to it; OCTAVIA_VENV lets both share
+# one venv.
 # Works on a fresh Debian 12 (python3 = 3.11) as root; needs only the Debian
 # and PyPI package registries.  Idempotent: a running lab whose config is
 # unchanged is reused; a changed config restarts the server.  On a failure it
@@ -18,12 +29,21 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
-LAB=${OCTAVIA_LAB:-$PWD/.octavia-lab}
+OVN_LAB=${OCTAVIA_OVN_LAB:-}
+if [ -n "$OVN_LAB" ]; then
+  LAB=${OCTAVIA_LAB:-$PWD/.octavia-ovn-lab}
+  API_PORT=${OCTAVIA_API_PORT:-9877}
+  DB_PORT=${OCTAVIA_DB_PORT:-3319}
+else
+  LAB=${OCTAVIA_LAB:-$PWD/.octavia-lab}
+  API_PORT=${OCTAVIA_API_PORT:-9876}
+  DB_PORT=${OCTAVIA_DB_PORT:-3318}
+fi
+VENV=${OCTAVIA_VENV:-$LAB/venv}
+OVN_NEUTRON_URL=${OCTAVIA_OVN_NEUTRON_URL:-http://127.0.0.1:9698}
 OCTAVIA_VERSION=${OCTAVIA_VERSION:-19.0.0}
 CONSTRAINTS=${OCTAVIA_CONSTRAINTS:-$HERE/../neutron-lab/neutron-constraints.txt}
 PYTHON=${PYTHON:-/usr/bin/python3}
-API_PORT=${OCTAVIA_API_PORT:-9876}
-DB_PORT=${OCTAVIA_DB_PORT:-3318}
 RESET_DB=${RESET_DB:-0}                   # 1 = drop+recreate the octavia DB
 DEBUG=${OCTAVIA_DEBUG:-False}
 
@@ -65,12 +85,12 @@ fi
 log "packages ready ($(( $(date +%s)-T0 ))s)"
 
 # ---------------------------------------------------------------- venv
-if [ ! -x "$LAB/venv/bin/octavia-db-manage" ] || ! "$LAB/venv/bin/python" -c 'import octavia, pymysql' 2>/dev/null; then
+if [ ! -x "$VENV/bin/octavia-db-manage" ] || ! "$VENV/bin/python" -c 'import octavia, ovn_octavia_provider, pymysql' 2>/dev/null; then
   log "creating venv + pip install octavia==$OCTAVIA_VERSION ovn-octavia-provider"
-  "$PYTHON" -m venv "$LAB/venv"
-  "$LAB/venv/bin/pip" install -q -U pip >"$LAB/logs/pip.log" 2>&1 || fail pip "$LAB/logs/pip.log" "pip upgrade failed"
+  "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/pip" install -q -U pip >"$LAB/logs/pip.log" 2>&1 || fail pip "$LAB/logs/pip.log" "pip upgrade failed"
   C=""; [ -f "$CONSTRAINTS" ] && C="-c $CONSTRAINTS"
-  "$LAB/venv/bin/pip" install $C "octavia==$OCTAVIA_VERSION" ovn-octavia-provider PyMySQL >>"$LAB/logs/pip.log" 2>&1 \
+  "$VENV/bin/pip" install $C "octavia==$OCTAVIA_VERSION" ovn-octavia-provider PyMySQL >>"$LAB/logs/pip.log" 2>&1 \
     || fail pip "$LAB/logs/pip.log" "pip install octavia failed"
 fi
 log "venv ready ($(( $(date +%s)-T0 ))s)"
@@ -119,6 +139,49 @@ $MYSQL -e "CREATE DATABASE IF NOT EXISTS octavia CHARACTER SET utf8mb4;
 log "mariadb up on 127.0.0.1:$DB_PORT ($(( $(date +%s)-T0 ))s)"
 
 # ---------------------------------------------------------------- config
+PROVIDERS="amphora:The Octavia Amphora driver (noop backends).,octavia:Deprecated alias of the Octavia Amphora driver.,noop_driver:NoOp provider driver."
+OVN_CONF=""
+NETWORK_DRIVER=network_noop_driver
+if [ -n "$OVN_LAB" ]; then
+  for s in nb sb; do
+    [ -S "$OVN_LAB/run/$s.sock" ] || fail ovn-lab "" "no OVN ${s^^} socket at $OVN_LAB/run/$s.sock (start scripts/ovn-lab/ovn-lab.sh first)"
+  done
+  curl -sf -m 10 -o /dev/null "$OVN_NEUTRON_URL/v2.0/networks?limit=1" \
+    || fail ovn-lab "" "the OVN lab's neutron-server does not answer at $OVN_NEUTRON_URL (OCTAVIA_OVN_NEUTRON_URL)"
+  PROVIDERS="$PROVIDERS,ovn:Octavia OVN driver (the OVN lab)."
+  # The API looks up the VIP subnet's network through the network driver
+  # before the provider creates the VIP port: the noop driver invents none.
+  NETWORK_DRIVER=allowed_address_pairs_driver
+  # [neutron]: keystoneauth's `none` plugin (through an auth_section, see
+  # octavia_lab_server.py) plus an endpoint override is what the provider's
+  # openstacksdk Connection accepts for a noauth neutron-server.
+  # [networking]: a noauth API has no user token to look the VIP subnet up
+  # with, so Octavia uses its own client.
+  # [driver_agent]: the provider reports status to these sockets and the
+  # agent writes it to the database; its `ovn` agent follows OVN events.
+  OVN_CONF="
+[ovn]
+ovn_nb_connection = unix:$OVN_LAB/run/nb.sock
+ovn_sb_connection = unix:$OVN_LAB/run/sb.sock
+
+[neutron]
+auth_section = neutron_noauth
+endpoint_override = $OVN_NEUTRON_URL
+
+[neutron_noauth]
+auth_type = none
+endpoint = $OVN_NEUTRON_URL
+
+[networking]
+allow_invisible_resource_usage = True
+
+[driver_agent]
+status_socket_path = $LAB/run/status.sock
+stats_socket_path = $LAB/run/stats.sock
+get_socket_path = $LAB/run/get.sock
+enabled_provider_agents = ovn
+"
+fi
 cat >"$LAB/etc/octavia.conf" <<CONF
 [DEFAULT]
 debug = $DEBUG
@@ -132,7 +195,7 @@ bind_host = 127.0.0.1
 bind_port = $API_PORT
 auth_strategy = noauth
 api_v2_enabled = True
-enabled_provider_drivers = amphora:The Octavia Amphora driver (noop backends).,octavia:Deprecated alias of the Octavia Amphora driver.,noop_driver:NoOp provider driver.
+enabled_provider_drivers = $PROVIDERS
 default_provider_driver = amphora
 allow_tls_terminated_listeners = True
 
@@ -143,7 +206,7 @@ max_retries = 10
 [controller_worker]
 amphora_driver = amphora_noop_driver
 compute_driver = compute_noop_driver
-network_driver = network_noop_driver
+network_driver = $NETWORK_DRIVER
 volume_driver = volume_noop_driver
 image_driver = image_noop_driver
 distributor_driver = distributor_noop_driver
@@ -172,9 +235,10 @@ lock_path = $LAB/state/lock
 [oslo_policy]
 enforce_scope = False
 enforce_new_defaults = False
+$OVN_CONF
 CONF
 OCONF="--config-file $LAB/etc/octavia.conf"
-"$LAB/venv/bin/octavia-db-manage" $OCONF upgrade head >"$LAB/logs/db-manage.log" 2>&1 \
+"$VENV/bin/octavia-db-manage" $OCONF upgrade head >"$LAB/logs/db-manage.log" 2>&1 \
   || fail octavia-db-manage "$LAB/logs/db-manage.log" "database migration failed"
 log "db migrated ($(( $(date +%s)-T0 ))s)"
 
@@ -182,17 +246,39 @@ log "db migrated ($(( $(date +%s)-T0 ))s)"
 SUM=$(cat "$LAB/etc/octavia.conf" "$HERE/octavia_lab_server.py" | sha256sum | cut -d' ' -f1)
 PIDF=$LAB/run/octavia.pid
 api_up() { curl -sf -m 10 -o /dev/null "http://127.0.0.1:$API_PORT/v2/lbaas/providers"; }
-if alive "$PIDF" && [ "$(cat "$LAB/run/octavia.conf-sum" 2>/dev/null)" != "$SUM" ]; then
-  log "config changed: restarting octavia"
-  p=$(cat "$PIDF"); kill -TERM "$p" 2>/dev/null || true
+AGENT_PIDF=$LAB/run/driver-agent.pid
+stop_pidf() {  # stop_pidf PIDFILE
+  local p; p=$(cat "$1"); kill -TERM "$p" 2>/dev/null || true
   for i in $(seq 1 60); do kill -0 "$p" 2>/dev/null || break; sleep 0.25; done
-  kill -KILL "$p" 2>/dev/null || true; rm -f "$PIDF"
+  kill -KILL "$p" 2>/dev/null || true; rm -f "$1"
+}
+if [ "$(cat "$LAB/run/octavia.conf-sum" 2>/dev/null)" != "$SUM" ]; then
+  alive "$PIDF" && { log "config changed: restarting octavia"; stop_pidf "$PIDF"; }
+  alive "$AGENT_PIDF" && stop_pidf "$AGENT_PIDF"
+fi
+if [ -z "$OVN_LAB" ] && alive "$AGENT_PIDF"; then stop_pidf "$AGENT_PIDF"; fi
+
+# The ovn provider reports every status change through the driver agent's
+# sockets; without the agent its load balancers never leave PENDING_*.
+if [ -n "$OVN_LAB" ] && ! alive "$AGENT_PIDF"; then
+  rm -f "$LAB"/run/{status,stats,get}.sock
+  setsid "$VENV/bin/python" "$HERE/octavia_lab_server.py" $OCONF --driver-agent -- --log-file "$LAB/logs/driver-agent.log" \
+    </dev/null >>"$LAB/logs/driver-agent.out" 2>&1 &
+  echo $! >"$AGENT_PIDF"
+  STARTED+=("$AGENT_PIDF")
+  for i in $(seq 1 240); do
+    [ -S "$LAB/run/status.sock" ] && [ -S "$LAB/run/get.sock" ] && break
+    alive "$AGENT_PIDF" || fail octavia-driver-agent "$LAB/logs/driver-agent.log" "the driver agent exited (see also $LAB/logs/driver-agent.out)"
+    sleep 0.25
+  done
+  [ -S "$LAB/run/status.sock" ] || fail octavia-driver-agent "$LAB/logs/driver-agent.log" "no status socket within 60 s"
+  log "octavia-driver-agent up (ovn agent on $OVN_LAB) ($(( $(date +%s)-T0 ))s)"
 fi
 if ! alive "$PIDF"; then
   if curl -s -m 2 -o /dev/null "http://127.0.0.1:$API_PORT/"; then
     fail octavia "" "port $API_PORT is taken by another process (set OCTAVIA_API_PORT)"
   fi
-  setsid "$LAB/venv/bin/python" "$HERE/octavia_lab_server.py" $OCONF --bind "127.0.0.1:$API_PORT" \
+  setsid "$VENV/bin/python" "$HERE/octavia_lab_server.py" $OCONF --bind "127.0.0.1:$API_PORT" \
     </dev/null >>"$LAB/logs/octavia-server.out" 2>&1 &
   echo $! >"$PIDF"
   STARTED+=("$PIDF")

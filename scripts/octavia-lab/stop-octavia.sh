@@ -2,7 +2,8 @@
 # Stop what start-octavia.sh started (by pid files under $OCTAVIA_LAB/run).
 #   PURGE=1 stop-octavia.sh   also deletes the database and certificates (keeps the venv)
 set -u
-LAB=${OCTAVIA_LAB:-$PWD/.octavia-lab}
+# With OCTAVIA_OVN_LAB set (as for start-octavia.sh) the default is the ovn instance's state dir.
+if [ -n "${OCTAVIA_OVN_LAB:-}" ]; then LAB=${OCTAVIA_LAB:-$PWD/.octavia-ovn-lab}; else LAB=${OCTAVIA_LAB:-$PWD/.octavia-lab}; fi
 log() { echo "[stop-octavia $(date +%T)] $*"; }
 stop_pid() {  # stop_pid NAME PIDFILE
   local f=$LAB/run/$2 p
@@ -17,6 +18,7 @@ stop_pid() {  # stop_pid NAME PIDFILE
   rm -f "$f"
 }
 stop_pid octavia octavia.pid
+stop_pid octavia-driver-agent driver-agent.pid
 stop_pid mariadb mysqld.pid
 if [ "${PURGE:-0}" = 1 ]; then
   rm -rf "$LAB/db" "$LAB/state" "$LAB/run" "$LAB/certs"

@@ -185,7 +185,7 @@ pub fn check_all(probes: &[Probe], deadline: Duration) -> Result<Vec<Duration>> 
 }
 
 /// TCP and UDP servers on `port` (all addresses) in a namespace, answering every connection and
-/// datagram with one byte until dropped.
+/// datagram with one byte (or a given reply) until dropped.
 pub struct Server {
     stop: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<()>>,
@@ -193,11 +193,18 @@ pub struct Server {
 
 impl Server {
     pub fn start(netns: &str, port: u16) -> Result<Self> {
+        Self::start_replying(netns, port, "k")
+    }
+
+    /// A server whose answer is `reply` (e.g. the pod's name, to tell backends apart); a TCP
+    /// connection is closed after it.
+    pub fn start_replying(netns: &str, port: u16, reply: &str) -> Result<Self> {
+        let reply: Arc<[u8]> = Arc::from(reply.as_bytes());
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = std::sync::mpsc::channel::<std::result::Result<(), String>>();
         let mut threads = Vec::new();
         {
-            let (netns, stop, tx) = (netns.to_string(), stop.clone(), tx.clone());
+            let (netns, stop, tx, reply) = (netns.to_string(), stop.clone(), tx.clone(), reply.clone());
             threads.push(std::thread::spawn(move || {
                 let l = enter_netns(&netns).and_then(|()| {
                     let l =
@@ -218,7 +225,7 @@ impl Server {
                 while !stop.load(Ordering::Relaxed) {
                     match l.accept() {
                         Ok((mut s, _)) => {
-                            let _ = s.write_all(b"k");
+                            let _ = s.write_all(&reply);
                         }
                         Err(_) => std::thread::sleep(Duration::from_millis(20)),
                     }
@@ -227,6 +234,7 @@ impl Server {
         }
         {
             let (netns, stop) = (netns.to_string(), stop.clone());
+            let reply = reply.clone();
             threads.push(std::thread::spawn(move || {
                 let s = enter_netns(&netns).and_then(|()| {
                     let s =
@@ -248,7 +256,7 @@ impl Server {
                 let mut b = [0u8; 64];
                 while !stop.load(Ordering::Relaxed) {
                     if let Ok((_, from)) = s.recv_from(&mut b) {
-                        let _ = s.send_to(b"k", from);
+                        let _ = s.send_to(&reply, from);
                     }
                 }
             }));
@@ -271,5 +279,35 @@ impl Drop for Server {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+    }
+}
+
+/// `n` TCP connections, one after the other, from the namespace at `from` to `addr:port`, each
+/// read to its end: per connection, what the server said or why there was no answer.
+pub fn tcp_replies(
+    from: &str,
+    addr: IpAddr,
+    port: u16,
+    n: usize,
+    timeout: Duration,
+) -> Result<Vec<std::result::Result<String, String>>> {
+    let from = from.to_string();
+    let h = std::thread::spawn(move || -> std::result::Result<Vec<_>, String> {
+        enter_netns(&from)?;
+        let to = SocketAddr::new(addr, port);
+        Ok((0..n)
+            .map(|_| {
+                let mut s = TcpStream::connect_timeout(&to, timeout).map_err(|e| e.to_string())?;
+                s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+                let mut out = String::new();
+                s.read_to_string(&mut out).map_err(|e| format!("read: {e}"))?;
+                Ok(out)
+            })
+            .collect())
+    });
+    match h.join() {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => bail!("tcp_replies to {addr}:{port}: {e}"),
+        Err(_) => bail!("tcp_replies thread panicked"),
     }
 }
