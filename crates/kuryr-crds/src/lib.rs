@@ -21,7 +21,9 @@ pub mod vif;
 
 pub use crds::kuryrloadbalancer::{KuryrLoadBalancer, KuryrLoadBalancerSpec, KuryrLoadBalancerStatus};
 pub use crds::kuryrnetwork::{KuryrNetwork, KuryrNetworkSpec, KuryrNetworkStatus};
-pub use crds::kuryrnetworkpolicy::{KuryrNetworkPolicy, KuryrNetworkPolicySpec, KuryrNetworkPolicyStatus};
+pub use crds::kuryrnetworkpolicy::{
+    KuryrNetworkPolicy, KuryrNetworkPolicySpec, KuryrNetworkPolicyStatus, SgRule, SgRuleEntry, SgRuleStatus,
+};
 pub use crds::kuryrport::{KuryrPort, KuryrPortSpec, KuryrPortStatus, KuryrPortVif};
 pub use crds::kuryrportpool::{
     KuryrPortPool, KuryrPortPoolSpec, KuryrPortPoolStatus, PoolFixedIp, PoolKey, PoolKeyError, PoolPort,

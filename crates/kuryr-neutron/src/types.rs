@@ -522,6 +522,10 @@ pub struct SecurityGroupCreate {
     pub description: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stateful: Option<bool>,
+    /// neutron-server refuses tags in a security group POST (`Attribute 'tags' not allowed in
+    /// POST`); kept so that the contract suite can show it. Tag with `replace_tags` instead.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]

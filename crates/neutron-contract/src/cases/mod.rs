@@ -89,6 +89,7 @@ cases!(
     networks::network_ip_availability_counts,
     security::security_groups_and_rules,
     security::router_add_and_remove_interface,
+    security::security_group_create_refuses_tags,
     address_groups::address_group_crud_and_membership,
     address_groups::address_group_create_refuses_bare_and_duplicate_addresses,
     address_groups::rule_with_remote_address_group,

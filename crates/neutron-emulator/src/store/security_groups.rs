@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use super::{STD_READONLY, Std, StdUpdate, Store, create_tags, new_id, now, project_of, std_from};
+use super::{STD_READONLY, Std, StdUpdate, Store, new_id, now, project_of, std_from};
 use crate::error::{ApiError, ApiResult, Resource};
 use crate::input::{self, Obj};
 use crate::ipam::{self, Cidr};
@@ -110,12 +110,13 @@ impl Store {
         input::check_attrs(
             obj,
             &["name", "description", "stateful"],
-            &["project_id", "tenant_id", "tags"],
+            &["project_id", "tenant_id"],
             &STD_READONLY,
             false,
         )?;
-        let mut std = std_from(obj, 1)?;
-        std.tags = create_tags(obj)?;
+        // neutron-server 29 refuses `tags` in a security group POST ("Attribute 'tags' not
+        // allowed in POST"): tags are set afterwards.
+        let std = std_from(obj, 1)?;
         let stateful = input::opt_bool(obj, "stateful")?.unwrap_or(true);
         let project = std.project_id.clone();
         self.ensure_default_sg(&project);
