@@ -344,3 +344,96 @@ async fn a_new_pod_gets_its_policy_group_before_its_port_is_active() -> Result<(
     }
     Ok(())
 }
+
+/// Drops `name`'s finalizers and deletes it: what `kubectl delete` plus a hand-edited finalizer
+/// list does while no controller runs.
+async fn force_delete<K>(api: &Api<K>, name: &str) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn groups_of_a_policy_deleted_while_the_controller_was_down_are_swept() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let client = &target.client;
+        let fx = neutron_fixture(client, "10.73.0.0/24").await?;
+        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let cfg = ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label");
+        let first = start_controller(&kube.client, &target, config(&cfg), "np-sweep-1");
+        labelled_namespace(&kube.client, "z").await?;
+        pod(&kube.client, "z", "a", json!({"app": "a"}), Some("10.73.0.5")).await?;
+        apply_policy(
+            &kube.client,
+            "z",
+            "gone",
+            json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "a"}}}]}]}),
+        )
+        .await?;
+        let knps: Api<KuryrNetworkPolicy> = Api::namespaced(kube.client.clone(), "z");
+        let sg = eventually("the group of z/gone", WAIT, || async {
+            Ok(knps
+                .get_opt("gone")
+                .await?
+                .and_then(|k| k.status)
+                .and_then(|s| s.security_group_id))
+        })
+        .await?;
+        let (ag, _) = eventually("its peer group", WAIT, || async {
+            let rules = client
+                .list_security_group_rules(&ListFilter::new().security_group_id(&sg))
+                .await?;
+            Ok(rules
+                .iter()
+                .find_map(|r| r.remote_address_group_id.clone())
+                .map(|a| (a, ())))
+        })
+        .await?;
+        first.kill();
+        force_delete(
+            &Api::<NetworkPolicy>::namespaced(kube.client.clone(), "z"),
+            "gone",
+        )
+        .await?;
+        force_delete(&knps, "gone").await?;
+
+        let second = start_controller(&kube.client, &target, config(&cfg), "np-sweep-2");
+        // Any policy event starts the sweep.
+        apply_policy(&kube.client, "z", "other", json!({"podSelector": {}})).await?;
+        eventually("the orphaned groups deleted", WAIT, || async {
+            let sg_gone = client
+                .list_security_groups(&ListFilter::new().id(&sg))
+                .await?
+                .is_empty();
+            let ag_gone = client
+                .get_address_group(&ag)
+                .await
+                .is_err_and(|e| e.is_not_found());
+            Ok((sg_gone && ag_gone).then_some(()))
+        })
+        .await?;
+        Api::<NetworkPolicy>::namespaced(kube.client.clone(), "z")
+            .delete("other", &DeleteParams::default())
+            .await?;
+        eventually("z/other released", WAIT, || async {
+            Ok(knps.get_opt("other").await?.is_none().then_some(()))
+        })
+        .await?;
+        second.shutdown().await?;
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}

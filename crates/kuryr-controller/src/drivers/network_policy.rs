@@ -627,6 +627,33 @@ impl NetworkPolicyDriver {
         Ok(updates)
     }
 
+    /// `service_security_groups_driver = policy`: the groups of the policies that select a
+    /// Service's backends (`selector` in `namespace`), as upstream gives the load balancer's
+    /// VIP port; the defaults for a Service without selector or without selected backends.
+    pub async fn service_groups(
+        &self,
+        namespace: &str,
+        selector: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Vec<String>, Error> {
+        if selector.is_empty() {
+            return Ok(self.config.neutron_defaults.pod_security_groups.clone());
+        }
+        let pods = Api::<Pod>::namespaced(self.kube.clone(), namespace)
+            .list(&ListParams::default())
+            .await?;
+        let mut out = BTreeSet::new();
+        for pod in pods.iter().filter(|p| {
+            let labels = p.labels();
+            selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+        }) {
+            out.extend(self.pod_groups(pod).await?);
+        }
+        if out.is_empty() {
+            return Ok(self.config.neutron_defaults.pod_security_groups.clone());
+        }
+        Ok(out.into_iter().collect())
+    }
+
     /// Security groups and address groups of this cluster whose policy no longer exists.
     pub async fn sweep_orphans(&self, live_uids: &BTreeSet<String>) -> Result<usize, Error> {
         let client = self.client()?;

@@ -23,11 +23,35 @@ use crate::policies::desired::BASE_VARIANT;
 
 pub struct KuryrNetworkPolicyHandler {
     ctx: Arc<Context>,
+    /// The orphan sweep runs once, on the first event after start.
+    swept: tokio::sync::OnceCell<()>,
 }
 
 impl KuryrNetworkPolicyHandler {
     pub fn new(ctx: Arc<Context>) -> Self {
-        Self { ctx }
+        Self {
+            ctx,
+            swept: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// Deletes the groups of policies deleted while no controller ran (their finalizers were
+    /// removed by hand, or the objects were force-deleted).
+    async fn sweep(&self) -> Result<(), Error> {
+        let live = Api::<NetworkPolicy>::all(self.ctx.kube.clone())
+            .list(&ListParams::default())
+            .await?
+            .iter()
+            .filter_map(|np| np.uid())
+            .collect();
+        let n = self.ctx.drivers.network_policy.sweep_orphans(&live).await?;
+        if n > 0 {
+            tracing::info!(
+                policies = n,
+                "deleted the Neutron groups of policies that are gone"
+            );
+        }
+        Ok(())
     }
 
     /// The owning NetworkPolicy's uid: what the Neutron side is tagged with.
@@ -59,6 +83,7 @@ impl ResourceEventHandler for KuryrNetworkPolicyHandler {
     }
 
     async fn on_present(&self, knp: &KuryrNetworkPolicy) -> Result<(), Error> {
+        self.swept.get_or_try_init(|| self.sweep()).await?;
         let ns = knp.namespace().unwrap_or_default();
         let name = knp.name_any();
         let Some(np) = Api::<NetworkPolicy>::namespaced(self.ctx.kube.clone(), &ns)
