@@ -525,3 +525,37 @@ fn malformed_content_names_the_field() {
     let e = parse_err(json!({"podSelector": {}, "ingress": [{"ports": [{"port": 90, "endPort": 80}]}]}));
     assert_eq!(e.field, "spec.ingress[0].ports[0].endPort");
 }
+
+#[test]
+fn a_200_pod_namespace_costs_a_handful_of_writes_and_the_201st_pod_one() {
+    let mut index = ClusterIndex::default();
+    index.namespaces.insert("big".into(), labels(&[("ns", "big")]));
+    for i in 0..200u32 {
+        pod(
+            &mut index,
+            "big",
+            &format!("p{i}"),
+            &[("app", "api")],
+            &format!("10.1.{}.{}", i / 250, i % 250 + 1),
+        );
+    }
+    // Three ports: upstream writes one rule per pod IP and port (600 rules here).
+    let p = policy(
+        "big",
+        "api",
+        json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "api"}}}],
+               "ports": [{"port": 80}, {"port": 443}, {"port": 8080, "protocol": "UDP"}]}]}),
+    );
+    let opts = Options::default();
+    let mut actual = ActualPolicy::default();
+    let ops = diff(&desired(&p, &index, &opts), &actual);
+    // One group, one address group with the 200 addresses, 3 ports x 2 ethertypes.
+    assert_eq!(ops.len(), 8, "{ops:?}");
+    apply(&mut actual, &ops);
+    pod(&mut index, "big", "p200", &[("app", "api")], "10.1.9.9");
+    let ops = diff(&desired(&p, &index, &opts), &actual);
+    assert!(
+        matches!(ops.as_slice(), [Op::AddAddresses { addresses, .. }] if addresses == &vec![c("10.1.9.9/32")]),
+        "{ops:?}"
+    );
+}
