@@ -249,17 +249,23 @@ impl NetworkPolicyDriver {
     /// Every live policy of the cluster against one reading of the cluster (after a pod or
     /// namespace changed: usually only address-group updates follow). Returns the writes made.
     pub async fn ensure_all(&self) -> Result<usize, Error> {
-        let index = self.index().await?;
         let nps = Api::<NetworkPolicy>::all(self.kube.clone())
             .list(&ListParams::default())
             .await?;
+        let policies: Vec<(String, PolicySpec)> = nps
+            .iter()
+            .filter(|np| np.metadata.deletion_timestamp.is_none())
+            .filter_map(|np| Some((np.uid()?, PolicySpec::parse(np).ok()?)))
+            .collect();
+        // A cluster without policies reads nothing else (every pod event comes here).
+        if policies.is_empty() {
+            return Ok(0);
+        }
+        let index = self.index().await?;
         let mut writes = 0;
         let mut errors = vec![];
-        for np in nps.iter().filter(|np| np.metadata.deletion_timestamp.is_none()) {
-            let (Some(uid), Ok(spec)) = (np.uid(), PolicySpec::parse(np)) else {
-                continue;
-            };
-            match self.ensure_with(&uid, &spec, &index).await {
+        for (uid, spec) in &policies {
+            match self.ensure_with(uid, spec, &index).await {
                 Ok(a) => writes += a.writes,
                 Err(e) => errors.push(e),
             }
