@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod openstack;
 pub mod pipeline;
 pub mod placement;
+pub mod policies;
 pub mod pool;
 pub mod service;
 pub mod services;

@@ -134,7 +134,7 @@ async fn unknown_enabled_handler_stops_start_up_and_upstream_only_handlers_are_s
         assert!(msg.contains("enabled_handlers"), "{msg}");
         assert!(msg.contains("\"kuryrprot\""), "{msg}");
         assert!(
-            msg.contains("valid handlers: kuryrnetwork, kuryrport, namespace, vif"),
+            msg.contains("valid handlers: kuryrnetwork, kuryrnetworkpolicy, kuryrport, namespace, pod_label, policy, vif"),
             "{msg}"
         );
         // Nothing was started: the pod got no KuryrPort.
@@ -143,7 +143,8 @@ async fn unknown_enabled_handler_stops_start_up_and_upstream_only_handlers_are_s
         assert!(kps.list(&ListParams::default()).await?.items.is_empty());
 
         // Upstream's default list (load balancers) plus network policies: the ones kuryr-rs does
-        // not provide are skipped with a warning each, and the controller wires pods.
+        // not provide are skipped with a warning each, the others run, and the controller wires
+        // pods.
         let upstream = "vif,endpoints,service,kuryrloadbalancer,kuryrport,policy,kuryrnetworkpolicy";
         let cfg = config(&bare_metal_config(&fx, upstream));
         let opts = options(&kube.client, &target, cfg, HandlerRegistry::with_builtin());
@@ -153,13 +154,7 @@ async fn unknown_enabled_handler_stops_start_up_and_upstream_only_handlers_are_s
         assert!(!ctrl.is_finished(), "{}: controller exited", target.name);
         assert_eq!(neutron.get_port(&port).await?.device_id, pod.uid().unwrap());
         let text = logs.text();
-        for skipped in [
-            "endpoints",
-            "service",
-            "kuryrloadbalancer",
-            "policy",
-            "kuryrnetworkpolicy",
-        ] {
+        for skipped in ["endpoints", "service", "kuryrloadbalancer"] {
             assert!(
                 text.lines().any(|l| l.contains(" WARN ")
                     && l.contains("not provided by kuryr-rs")
@@ -168,7 +163,7 @@ async fn unknown_enabled_handler_stops_start_up_and_upstream_only_handlers_are_s
                 target.name
             );
         }
-        for provided in ["vif", "kuryrport"] {
+        for provided in ["vif", "kuryrport", "policy", "kuryrnetworkpolicy"] {
             assert!(
                 !text
                     .lines()

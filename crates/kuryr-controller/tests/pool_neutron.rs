@@ -78,6 +78,7 @@ impl Lab {
                 project_id: Some(project.clone()),
                 description: None,
                 stateful: None,
+                tags: vec![],
             })
             .await
             .unwrap();

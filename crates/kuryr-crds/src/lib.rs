@@ -25,7 +25,9 @@ pub use crds::kuryrloadbalancer::{
     LbTargetRef,
 };
 pub use crds::kuryrnetwork::{KuryrNetwork, KuryrNetworkSpec, KuryrNetworkStatus};
-pub use crds::kuryrnetworkpolicy::{KuryrNetworkPolicy, KuryrNetworkPolicySpec, KuryrNetworkPolicyStatus};
+pub use crds::kuryrnetworkpolicy::{
+    KuryrNetworkPolicy, KuryrNetworkPolicySpec, KuryrNetworkPolicyStatus, SgRule, SgRuleEntry, SgRuleStatus,
+};
 pub use crds::kuryrport::{KuryrPort, KuryrPortSpec, KuryrPortStatus, KuryrPortVif};
 pub use crds::kuryrportpool::{
     KuryrPortPool, KuryrPortPoolSpec, KuryrPortPoolStatus, PoolFixedIp, PoolKey, PoolKeyError, PoolPort,

@@ -218,6 +218,12 @@ pub async fn cleanup_project(client: &NeutronClient, project: &str) {
             }
         }
     }
+    // After the groups: a rule naming an address group keeps it in use.
+    if let Ok(ags) = client.list_address_groups(&f()).await {
+        for a in ags {
+            let _ = client.delete_address_group(&a.id).await;
+        }
+    }
 }
 
 /// A `kuryr.conf` from text (panics on a bad test config).

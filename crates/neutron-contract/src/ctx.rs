@@ -223,6 +223,14 @@ impl Ctx {
                 );
             }
         }
+        if let Ok(groups) = c.list_address_groups(&pf).await {
+            for ag in groups {
+                note(
+                    format!("address group {}", ag.id),
+                    c.delete_address_group(&ag.id).await,
+                );
+            }
+        }
         note("quota".into(), c.reset_quota(&self.project).await);
         errors
     }

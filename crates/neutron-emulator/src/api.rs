@@ -65,6 +65,7 @@ pub enum Route {
     Tags(Resource, String),
     Tag(Resource, String, String),
     TrunkAction(String, String),
+    AddressGroupAction(String, String),
     RouterAction(String, String),
     Quotas,
     Quota(String),
@@ -97,6 +98,11 @@ pub fn route(segments: &[String]) -> Option<Route> {
             id,
             action @ ("add_subports" | "remove_subports" | "get_subports"),
         ] => Route::TrunkAction(id.to_string(), action.to_string()),
+        [
+            "address-groups",
+            id,
+            action @ ("add_addresses" | "remove_addresses"),
+        ] => Route::AddressGroupAction(id.to_string(), action.to_string()),
         [
             "routers",
             id,
@@ -169,6 +175,7 @@ pub fn classify(method: &Method, route: &Route, body: Option<&Value>) -> Op {
         }
         Route::Member(res, _) => Op::new(format!("{}.{}", res.op_name(), action(method))),
         Route::Tags(res, _) | Route::Tag(res, _, _) => Op::new(format!("{}.tags", res.op_name())),
+        Route::AddressGroupAction(_, a) => Op::new(format!("address_group.{a}")),
         Route::TrunkAction(_, a) => {
             let n = body
                 .and_then(|b| b.get("sub_ports"))
@@ -267,6 +274,9 @@ pub fn handle(
             }
             _ => Err(ApiError::method_not_allowed()),
         },
+        Route::AddressGroupAction(id, action) if *m == Method::PUT => store
+            .address_group_action(id, require_body(req)?, action == "add_addresses")
+            .map(Reply::ok),
         Route::RouterAction(id, action) if *m == Method::PUT => match action.as_str() {
             "add_router_interface" => store.add_router_interface(id, require_body(req)?).map(Reply::ok),
             _ => store
@@ -411,6 +421,7 @@ fn create(store: &mut Store, res: Resource, body: &Value) -> ApiResult<Reply> {
         Resource::SecurityGroup => store.create_security_group(body)?,
         Resource::SecurityGroupRule => store.create_sg_rule(body)?,
         Resource::Trunk => store.create_trunk(body)?,
+        Resource::AddressGroup => store.create_address_group(body)?,
         Resource::Port => return Err(ApiError::internal()),
     };
     Ok(Reply::created(json!({res.member(): v})))
@@ -613,6 +624,7 @@ fn filterable(res: Resource, key: &str) -> bool {
             "belongs_to_default_sg",
         ],
         Resource::Trunk => &["admin_state_up", "status", "port_id", "sub_ports"],
+        Resource::AddressGroup => &["addresses", "shared"],
     };
     let std = STD_FILTERS.contains(&key) && !(res == Resource::SecurityGroupRule && key == "name");
     std || own.contains(&key)

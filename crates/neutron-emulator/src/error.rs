@@ -166,6 +166,7 @@ pub enum Resource {
     SecurityGroup,
     SecurityGroupRule,
     Trunk,
+    AddressGroup,
 }
 
 impl Resource {
@@ -180,6 +181,7 @@ impl Resource {
             Resource::SecurityGroup => "security-groups",
             Resource::SecurityGroupRule => "security-group-rules",
             Resource::Trunk => "trunks",
+            Resource::AddressGroup => "address-groups",
         }
     }
 
@@ -194,6 +196,7 @@ impl Resource {
             Resource::SecurityGroup => "security_group",
             Resource::SecurityGroupRule => "security_group_rule",
             Resource::Trunk => "trunk",
+            Resource::AddressGroup => "address_group",
         }
     }
 
@@ -202,6 +205,7 @@ impl Resource {
         match self {
             Resource::SecurityGroup => "security_groups",
             Resource::SecurityGroupRule => "security_group_rules",
+            Resource::AddressGroup => "address_groups",
             other => other.collection(),
         }
     }
@@ -216,12 +220,14 @@ impl Resource {
             Resource::SecurityGroup => "SecurityGroup",
             Resource::SecurityGroupRule => "SecurityGroupRule",
             Resource::Trunk => "Trunk",
+            Resource::AddressGroup => "AddressGroup",
         }
     }
 
     fn human_name(self) -> &'static str {
         match self {
             Resource::SubnetPool => "Subnet pool",
+            Resource::AddressGroup => "Address group",
             other => other.type_name(),
         }
     }
@@ -236,6 +242,7 @@ impl Resource {
             Resource::SecurityGroup,
             Resource::SecurityGroupRule,
             Resource::Trunk,
+            Resource::AddressGroup,
         ]
         .into_iter()
         .find(|r| r.collection() == s)

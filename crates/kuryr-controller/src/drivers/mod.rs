@@ -9,6 +9,7 @@
 //! - [`multi_vif`]: the pod's additional interfaces (`[kubernetes] multi_vif_drivers`)
 
 pub mod multi_vif;
+pub mod network_policy;
 pub mod os_vif;
 pub mod pool;
 pub mod project;

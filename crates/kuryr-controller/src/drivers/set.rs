@@ -8,9 +8,12 @@ use kuryr_config::{
 };
 
 use super::multi_vif::{self, MultiVifDriver};
+use super::network_policy::NetworkPolicyDriver;
 use super::pool::{NoopPool, VifPool};
 use super::project::{AnnotationProject, DefaultProject, ProjectDriver};
-use super::security_groups::{DefaultSecurityGroups, NamespaceSecurityGroups, SecurityGroupsDriver};
+use super::security_groups::{
+    DefaultSecurityGroups, NamespaceSecurityGroups, PolicySecurityGroups, SecurityGroupsDriver,
+};
 use super::subnets::{DefaultSubnets, NamespaceSubnets, SubnetCache, SubnetsDriver};
 use super::vif::VifDriver;
 use super::vif::nested::VmPortLookup;
@@ -33,6 +36,9 @@ pub struct Drivers {
     /// The pool manager behind `pool` when a pooling driver is configured (pre-population,
     /// recovery, maintenance); `None` with `noop`.
     pub pools: Option<Arc<PoolManager>>,
+    /// `network_policy`: NetworkPolicy as security groups (the `policy`, `kuryrnetworkpolicy`
+    /// and `pod_label` handlers and the `policy` security group driver share it).
+    pub network_policy: Arc<NetworkPolicyDriver>,
 }
 
 impl Drivers {
@@ -56,6 +62,13 @@ impl Drivers {
                 Arc::new(DefaultSubnets::new(ctx.config.clone(), subnet_cache.clone())?)
             }
         };
+        let network_policy = Arc::new(NetworkPolicyDriver::new(
+            ctx.kube.clone(),
+            ctx.deployments.clone(),
+            ctx.config.clone(),
+            ctx.resource_tags(),
+            ctx.cluster_id.clone(),
+        ));
         let security_groups: Arc<dyn SecurityGroupsDriver> = match k.pod_security_groups_driver {
             SgName::Default => Arc::new(DefaultSecurityGroups::new(ctx.config.clone())),
             SgName::Namespace => Arc::new(NamespaceSecurityGroups::new(
@@ -63,13 +76,10 @@ impl Drivers {
                 ctx.config.clone(),
                 ctx.resource_tags(),
             )),
-            SgName::Policy => {
-                return Err(Error::Config(
-                    "[kubernetes] pod_security_groups_driver = policy: network policies are not provided by kuryr-rs; \
-                     use default or namespace"
-                        .into(),
-                ));
-            }
+            SgName::Policy => Arc::new(PolicySecurityGroups::new(
+                network_policy.clone(),
+                ctx.config.clone(),
+            )),
         };
         let vif = vif_driver(ctx, k.pod_vif_driver)?;
         let pools = pool_manager(ctx, &vif)?;
@@ -87,6 +97,7 @@ impl Drivers {
             pool,
             multi_vif,
             pools,
+            network_policy,
         })
     }
 }

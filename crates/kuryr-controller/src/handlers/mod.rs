@@ -7,14 +7,21 @@
 //! - `service` ([`service::ServiceHandler`]): a KuryrLoadBalancer per served Service
 //! - `endpoints` ([`endpoints::EndpointsHandler`], EndpointSlices): its `spec.endpointSlices`
 //! - `kuryrloadbalancer` ([`kuryrloadbalancer::KuryrLoadBalancerHandler`]): the Octavia load balancer
+//! - `policy` ([`policy::PolicyHandler`]): NetworkPolicy -> KuryrNetworkPolicy
+//! - `kuryrnetworkpolicy` ([`kuryrnetworkpolicy::KuryrNetworkPolicyHandler`]): security groups,
+//!   rules, address groups, status, ports
+//! - `pod_label` ([`pod_label::PodLabelHandler`], with the namespace-label companion): membership
 //!
 //! A library user adds a handler with [`HandlerRegistry::register`]; the pipeline is unchanged.
 
 pub mod endpoints;
 pub mod kuryrloadbalancer;
 pub mod kuryrnetwork;
+pub mod kuryrnetworkpolicy;
 pub mod kuryrport;
 pub mod namespace;
+pub mod pod_label;
+pub mod policy;
 pub mod service;
 pub mod vif;
 
@@ -33,15 +40,15 @@ pub type HandlerFactory = Box<dyn Fn(&Arc<Context>) -> RegisteredHandler + Send 
 pub const NOT_PROVIDED: &[&str] = &[
     "lb",
     "lbaasspec",
-    "policy",
-    "kuryrnetworkpolicy",
-    "pod_label",
     "openshift_machine",
     "kuryrnetwork_population",
 ];
 
 pub struct HandlerRegistry {
     factories: BTreeMap<String, HandlerFactory>,
+    /// Handlers of other kinds built together with a name (upstream's `pod_label` also covers
+    /// namespace label changes).
+    companions: BTreeMap<String, Vec<HandlerFactory>>,
 }
 
 impl Default for HandlerRegistry {
@@ -54,6 +61,7 @@ impl HandlerRegistry {
     pub fn empty() -> Self {
         Self {
             factories: BTreeMap::new(),
+            companions: BTreeMap::new(),
         }
     }
 
@@ -81,7 +89,31 @@ impl HandlerRegistry {
         r.register("kuryrloadbalancer", |ctx| {
             RegisteredHandler::new(kuryrloadbalancer::KuryrLoadBalancerHandler::new(ctx.clone()))
         });
+        r.register("policy", |ctx| {
+            RegisteredHandler::new(policy::PolicyHandler::new(ctx.clone()))
+        });
+        r.register("kuryrnetworkpolicy", |ctx| {
+            RegisteredHandler::new(kuryrnetworkpolicy::KuryrNetworkPolicyHandler::new(ctx.clone()))
+        });
+        r.register("pod_label", |ctx| {
+            RegisteredHandler::new(pod_label::PodLabelHandler::new(ctx.clone()))
+        });
+        r.register_companion("pod_label", |ctx| {
+            RegisteredHandler::new(pod_label::NamespaceLabelHandler::new(ctx.clone()))
+        });
         r
+    }
+
+    /// Builds `factory` too whenever `name` is enabled.
+    pub fn register_companion(
+        &mut self,
+        name: &str,
+        factory: impl Fn(&Arc<Context>) -> RegisteredHandler + Send + Sync + 'static,
+    ) {
+        self.companions
+            .entry(name.to_string())
+            .or_default()
+            .push(Box::new(factory));
     }
 
     pub fn register(
@@ -102,6 +134,7 @@ impl HandlerRegistry {
         for name in enabled {
             if let Some(f) = self.factories.get(name) {
                 out.push(f(ctx));
+                out.extend(self.companions.get(name).into_iter().flatten().map(|c| c(ctx)));
             } else if NOT_PROVIDED.contains(&name.as_str()) {
                 tracing::warn!(handler = %name, "upstream handler not provided by kuryr-rs; skipped");
             } else {

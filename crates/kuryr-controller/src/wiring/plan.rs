@@ -38,20 +38,33 @@ impl Interface {
 /// Project, network and security groups of the pod's default interface, in the deployment that
 /// serves the pod's project.
 pub async fn default_spec(ctx: &Context, namespace: &str) -> Result<PortSpec, Error> {
+    spec_for(ctx, namespace, None).await
+}
+
+/// [`default_spec`] for `pod`: per-pod security group drivers (`policy`) see its labels.
+async fn spec_for(ctx: &Context, namespace: &str, pod: Option<&Pod>) -> Result<PortSpec, Error> {
     let d = &ctx.drivers;
     let project = d.project.project_for_namespace(namespace).await?;
     let deployment = ctx.bind(&project, namespace).await?;
     let network = d.subnets.network_for_namespace(&deployment, namespace).await?;
-    let sgs = d
-        .security_groups
-        .security_groups(&deployment, &project, namespace)
-        .await?;
+    let sgs = match pod {
+        Some(pod) => {
+            d.security_groups
+                .pod_security_groups(&deployment, &project, pod)
+                .await?
+        }
+        None => {
+            d.security_groups
+                .security_groups(&deployment, &project, namespace)
+                .await?
+        }
+    };
     Ok(PortSpec::new(deployment, project, network, sgs))
 }
 
 /// Every interface the pod gets, eth0 first, named and validated.
 pub async fn plan(ctx: &Context, pod: &Pod, podref: &PodRef) -> Result<Vec<Interface>, Error> {
-    let spec = default_spec(ctx, &podref.namespace).await?;
+    let spec = spec_for(ctx, &podref.namespace, Some(pod)).await?;
     let extra = multi_vif::plan_all(
         &ctx.drivers.multi_vif,
         &PodNetworking {

@@ -94,6 +94,10 @@ pub struct KuryrNetworkPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::crds::schema::preserve_unknown_object")]
     pub pod_selector: Option<LabelSelector>,
+    /// kuryr-rs: where the rules are an equivalent of the policy rather than its literal form
+    /// (e.g. an `ipBlock` with `except` as the prefixes left), by field. Upstream ignores it.
+    #[serde(default, rename = "kuryrRsNotes", skip_serializing_if = "Vec::is_empty")]
+    pub kuryr_rs_notes: Vec<String>,
 }
 
 /// A created security group rule (Neutron field names, `id` required).

@@ -246,6 +246,48 @@ impl NeutronClient {
             .await
     }
 
+    // ------------------------------------------------------------ address groups
+
+    pub async fn create_address_group(&self, req: &AddressGroupCreate) -> Result<AddressGroup> {
+        self.create_one("create_address_group", "address-groups", "address_group", req)
+            .await
+    }
+    pub async fn get_address_group(&self, id: &str) -> Result<AddressGroup> {
+        self.get_one("get_address_group", &["address-groups", id], "address_group")
+            .await
+    }
+    pub async fn list_address_groups(&self, filter: &ListFilter) -> Result<Vec<AddressGroup>> {
+        self.list_all_of("list_address_groups", "address-groups", filter)
+            .await
+    }
+    /// Deleting a group a rule still names is `AddressGroupInUse` (409).
+    pub async fn delete_address_group(&self, id: &str) -> Result<()> {
+        self.delete_at("delete_address_group", &["address-groups", id])
+            .await
+    }
+    /// `PUT /v2.0/address-groups/{id}/add_addresses`: all or nothing; an address already in the
+    /// group is `AddressesAlreadyExist` (400) and nothing is added.
+    pub async fn add_addresses<S: AsRef<str>>(&self, id: &str, addresses: &[S]) -> Result<AddressGroup> {
+        self.address_group_action("add_addresses", id, addresses).await
+    }
+    /// `PUT /v2.0/address-groups/{id}/remove_addresses`: all or nothing; an address not in the
+    /// group is `AddressesNotFound` (404) and nothing is removed.
+    pub async fn remove_addresses<S: AsRef<str>>(&self, id: &str, addresses: &[S]) -> Result<AddressGroup> {
+        self.address_group_action("remove_addresses", id, addresses).await
+    }
+    async fn address_group_action<S: AsRef<str>>(
+        &self,
+        action: &'static str,
+        id: &str,
+        addresses: &[S],
+    ) -> Result<AddressGroup> {
+        let addresses: Vec<&str> = addresses.iter().map(AsRef::as_ref).collect();
+        let call = Call::new(action, Method::PUT, &["address-groups", id, action])
+            .json(&json!({ "addresses": addresses }))?
+            .not_idempotent();
+        self.execute(call).await?.unwrap("address_group")
+    }
+
     // ------------------------------------------------------------ tags
 
     pub async fn get_tags(&self, kind: Taggable, id: &str) -> Result<Vec<String>> {

@@ -3,6 +3,7 @@
 //! physnet2:300:399, NIC Switch device_mappings physnet2; see `scripts/neutron-lab/`) does. [`all_cases`] is the
 //! one list of cases, in report order.
 
+mod address_groups;
 mod binding;
 mod listing;
 mod networks;
@@ -88,6 +89,10 @@ cases!(
     networks::network_ip_availability_counts,
     security::security_groups_and_rules,
     security::router_add_and_remove_interface,
+    security::security_group_create_refuses_tags,
+    address_groups::address_group_crud_and_membership,
+    address_groups::address_group_create_refuses_bare_and_duplicate_addresses,
+    address_groups::rule_with_remote_address_group,
     networks::subnetpool_allocation,
     binding::ports_bound_to_agent_host_become_active,
     binding::binding_by_update_becomes_active_and_unbinding_goes_down,

@@ -127,3 +127,22 @@ pub(super) async fn router_add_and_remove_interface(ctx: &Ctx) -> anyhow::Result
     ctx.client.delete_router(&r.id).await?;
     Ok(())
 }
+
+pub(super) async fn security_group_create_refuses_tags(ctx: &Ctx) -> anyhow::Result<()> {
+    let r = ctx
+        .client
+        .create_security_group(&SecurityGroupCreate {
+            name: "tagged-sg".into(),
+            project_id: Some(ctx.project.clone()),
+            tags: vec!["t".into()],
+            ..SecurityGroupCreate::default()
+        })
+        .await;
+    expect_api_error(r, ErrorKind::BadRequest, 400)?;
+    let listed = ctx
+        .client
+        .list_security_groups(&ctx.project_filter().name("tagged-sg"))
+        .await?;
+    ensure!(listed.is_empty(), "nothing created: {listed:?}");
+    Ok(())
+}

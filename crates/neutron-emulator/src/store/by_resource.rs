@@ -16,6 +16,8 @@ impl Store {
             Resource::SecurityGroup => self.security_groups.get_mut(id).map(|r| &mut r.std),
             Resource::Trunk => self.trunks.get_mut(id).map(|r| &mut r.std),
             Resource::SecurityGroupRule => None,
+            // Address groups carry no tags: neutron answers their tag routes with a plain 404.
+            Resource::AddressGroup => return Err(ApiError::http_not_found()),
         };
         std.ok_or_else(|| ApiError::resource_not_found(res, id))
     }
@@ -30,6 +32,7 @@ impl Store {
             Resource::SecurityGroup => self.security_groups.contains_key(id),
             Resource::SecurityGroupRule => self.sg_rules.contains_key(id),
             Resource::Trunk => self.trunks.contains_key(id),
+            Resource::AddressGroup => self.address_groups.contains_key(id),
         }
     }
 
@@ -43,6 +46,7 @@ impl Store {
             Resource::SecurityGroup => self.render_sg(id),
             Resource::SecurityGroupRule => self.render_rule(id, false),
             Resource::Trunk => self.render_trunk(id),
+            Resource::AddressGroup => self.render_address_group(id, false),
         }
     }
 
@@ -57,6 +61,7 @@ impl Store {
             Resource::SecurityGroup => self.security_groups.keys().cloned().collect(),
             Resource::SecurityGroupRule => self.sg_rules.keys().cloned().collect(),
             Resource::Trunk => self.trunks.keys().cloned().collect(),
+            Resource::AddressGroup => self.address_groups.keys().cloned().collect(),
         }
     }
 
@@ -77,6 +82,7 @@ impl Store {
             Resource::SecurityGroup => self.delete_security_group(id),
             Resource::SecurityGroupRule => self.delete_sg_rule(id),
             Resource::Trunk => self.delete_trunk(id),
+            Resource::AddressGroup => self.delete_address_group(id),
         }
     }
 
@@ -102,6 +108,7 @@ impl Store {
             Resource::SecurityGroup => self.update_security_group(id, body),
             Resource::SecurityGroupRule => Err(ApiError::method_not_allowed()),
             Resource::Trunk => self.update_trunk(id, body),
+            Resource::AddressGroup => self.update_address_group(id, body),
         }
     }
 }

@@ -5,6 +5,7 @@
 //! One file per resource (typed records, their create/update/delete and JSON form); `by_resource` dispatches the
 //! generic REST routes. See docs/architecture.md, "The emulators".
 
+mod address_groups;
 mod addresses;
 mod binding;
 mod by_resource;
@@ -20,6 +21,7 @@ mod subnets;
 mod tests;
 mod trunks;
 
+pub use address_groups::AddressGroup;
 pub use addresses::FixedIp;
 pub use binding::Binding;
 pub use networks::Network;
@@ -178,6 +180,7 @@ pub struct Store {
     pub security_groups: BTreeMap<String, SecurityGroup>,
     pub sg_rules: BTreeMap<String, SgRule>,
     pub trunks: BTreeMap<String, Trunk>,
+    pub address_groups: BTreeMap<String, AddressGroup>,
     quotas: HashMap<String, BTreeMap<String, i64>>,
     macs: HashSet<String>,
     default_sg: HashMap<String, String>,

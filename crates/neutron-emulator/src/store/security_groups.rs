@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use super::{STD_READONLY, Std, StdUpdate, Store, create_tags, new_id, now, project_of, std_from};
+use super::{STD_READONLY, Std, StdUpdate, Store, new_id, now, project_of, std_from};
 use crate::error::{ApiError, ApiResult, Resource};
 use crate::input::{self, Obj};
 use crate::ipam::{self, Cidr};
@@ -26,6 +26,7 @@ pub struct SgRule {
     pub port_range_max: Value,
     pub remote_ip_prefix: Value,
     pub remote_group_id: Value,
+    pub remote_address_group_id: Value,
     pub description: Value,
     pub belongs_to_default_sg: Value,
     pub standard_attr_id: u64,
@@ -95,6 +96,7 @@ impl Store {
             port_range_max: Value::Null,
             remote_ip_prefix: Value::Null,
             remote_group_id: remote_group.map(Value::String).unwrap_or(Value::Null),
+            remote_address_group_id: Value::Null,
             description,
             belongs_to_default_sg: Value::Null,
             standard_attr_id: self.next_attr_id(),
@@ -108,12 +110,13 @@ impl Store {
         input::check_attrs(
             obj,
             &["name", "description", "stateful"],
-            &["project_id", "tenant_id", "tags"],
+            &["project_id", "tenant_id"],
             &STD_READONLY,
             false,
         )?;
-        let mut std = std_from(obj, 1)?;
-        std.tags = create_tags(obj)?;
+        // neutron-server 29 refuses `tags` in a security group POST ("Attribute 'tags' not
+        // allowed in POST"): tags are set afterwards.
+        let std = std_from(obj, 1)?;
         let stateful = input::opt_bool(obj, "stateful")?.unwrap_or(true);
         let project = std.project_id.clone();
         self.ensure_default_sg(&project);
@@ -278,6 +281,25 @@ impl Store {
                 json!(g)
             }
         };
+        let remote_address_group_id = match input::opt_str(obj, "remote_address_group_id")? {
+            None => Value::Null,
+            Some(g) => {
+                if !self.address_groups.contains_key(&g) {
+                    return Err(ApiError::not_found(
+                        "AddressGroupNotFound",
+                        format!("Address group {g} could not be found."),
+                    ));
+                }
+                json!(g)
+            }
+        };
+        let remotes = [&remote_ip_prefix, &remote_group_id, &remote_address_group_id];
+        if remotes.iter().filter(|v| !v.is_null()).count() > 1 {
+            return Err(ApiError::bad_request(
+                "Only one of remote_ip_prefix or remote_group_id or remote_address_group_id may be provided.",
+            )
+            .with_kind("SecurityGroupMultipleRemoteEntites"));
+        }
         let description = input::opt_str(obj, "description")?.unwrap_or_default();
         let mut rule = self.new_rule(&project, &sg, &direction, &ethertype, None, json!(description));
         rule.protocol = protocol;
@@ -285,6 +307,7 @@ impl Store {
         rule.port_range_max = pmax.map(|v| json!(v)).unwrap_or(Value::Null);
         rule.remote_ip_prefix = remote_ip_prefix;
         rule.remote_group_id = remote_group_id;
+        rule.remote_address_group_id = remote_address_group_id;
         rule.belongs_to_default_sg = json!(self.security_groups.get(&sg).is_some_and(|s| s.is_default));
         if let Some(dup) = self.sg_rules.values().find(|r| {
             r.security_group_id == rule.security_group_id
@@ -295,6 +318,7 @@ impl Store {
                 && r.port_range_max == rule.port_range_max
                 && r.remote_ip_prefix == rule.remote_ip_prefix
                 && r.remote_group_id == rule.remote_group_id
+                && r.remote_address_group_id == rule.remote_address_group_id
         }) {
             return Err(ApiError::conflict(
                 "SecurityGroupRuleExists",
@@ -330,7 +354,7 @@ impl Store {
             "id": r.id, "project_id": r.project_id, "tenant_id": r.project_id,
             "security_group_id": r.security_group_id, "ethertype": r.ethertype, "direction": r.direction,
             "protocol": r.protocol, "port_range_min": r.port_range_min, "port_range_max": r.port_range_max,
-            "remote_ip_prefix": r.remote_ip_prefix, "remote_address_group_id": null, "normalized_cidr": normalized,
+            "remote_ip_prefix": r.remote_ip_prefix, "remote_address_group_id": r.remote_address_group_id, "normalized_cidr": normalized,
             "remote_group_id": r.remote_group_id, "belongs_to_default_sg": r.belongs_to_default_sg,
             "description": r.description, "created_at": r.created_at, "updated_at": r.created_at,
             "revision_number": r.revision,

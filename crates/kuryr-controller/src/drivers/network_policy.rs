@@ -1,0 +1,770 @@
+//! `network_policy` driver: acts on what [`crate::policies`] decides. It reads the cluster into a
+//! [`ClusterIndex`], reads a policy's security groups and address groups back from Neutron,
+//! applies the diff, and keeps pods' ports on the groups of the policies that select them.
+//!
+//! Ownership in Neutron: every group of a policy has the description `kuryr-rs:<cluster
+//! id>:<policy uid>`. Security groups also carry the cluster's resource tags plus
+//! `kuryr-rs.knp=<policy uid>` and `kuryr-rs.variant=<variant>`; neutron refuses tags in the
+//! create call, so a crash between create and tag leaves a group found by its description only,
+//! which the next reconcile deletes. Address groups cannot carry tags at all; their name is the
+//! model's key.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+use kuryr_config::KuryrConfig;
+use kuryr_crds::KuryrPort;
+use kuryr_neutron::{
+    AddressGroupCreate, ListFilter, NeutronClient, PortUpdate, SecurityGroup, SecurityGroupCreate,
+    SecurityGroupRule, SecurityGroupRuleCreate,
+};
+use tokio::sync::Mutex;
+
+use crate::error::Error;
+use crate::openstack::{DEFAULT_DEPLOYMENT, Deployments};
+use crate::policies::desired::BASE_VARIANT;
+use crate::policies::{
+    ActualGroup, ActualPolicy, AgKey, Cidr, ClusterIndex, DesiredPolicy, Direction, EtherType, Op, Options,
+    PodInfo, PodSecurity, PolicyKey, PolicySpec, Protocol, Remote, Rule, desired, diff, pod_security,
+};
+
+const TAG_POLICY: &str = "kuryr-rs.knp=";
+const TAG_VARIANT: &str = "kuryr-rs.variant=";
+const TAG_OPEN: &str = "kuryr-rs.np-open=";
+
+/// What one reconcile of a policy left in Neutron.
+#[derive(Clone, Debug, Default)]
+pub struct Applied {
+    /// Security group id by variant.
+    pub groups: BTreeMap<String, String>,
+    /// The rules as Neutron holds them now, of every variant.
+    pub rules: Vec<SecurityGroupRule>,
+    pub notes: Vec<String>,
+    /// Neutron writes this reconcile made.
+    pub writes: usize,
+}
+
+pub struct NetworkPolicyDriver {
+    kube: Client,
+    deployments: Deployments,
+    config: Arc<KuryrConfig>,
+    tags: Vec<String>,
+    cluster_id: String,
+    options: Options,
+    open_groups: Mutex<HashMap<(String, &'static str), String>>,
+    /// One reconcile per policy at a time: the `kuryrnetworkpolicy` and `pod_label` handlers
+    /// both reconcile policies, and two at once would both create the same groups.
+    locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+}
+
+impl NetworkPolicyDriver {
+    pub fn new(
+        kube: Client,
+        deployments: Deployments,
+        config: Arc<KuryrConfig>,
+        tags: Vec<String>,
+        cluster_id: String,
+    ) -> Self {
+        Self {
+            kube,
+            deployments,
+            config,
+            tags,
+            cluster_id,
+            options: Options {
+                host_cidrs: vec![],
+                namespace_service_vips: true,
+            },
+            open_groups: Mutex::default(),
+            locks: Mutex::default(),
+        }
+    }
+
+    /// Ingress always allowed from these prefixes (the nodes' subnets: kubelet probes).
+    pub fn with_host_cidrs(mut self, cidrs: Vec<Cidr>) -> Self {
+        self.options.host_cidrs = cidrs;
+        self
+    }
+
+    fn client(&self) -> Result<NeutronClient, Error> {
+        Ok(self.deployments.client(DEFAULT_DEPLOYMENT)?.clone())
+    }
+
+    /// `[kubernetes] network_policy_project_driver = default`: `[neutron_defaults] project`.
+    fn project(&self) -> Result<String, Error> {
+        self.config.neutron_defaults.project.clone().ok_or_else(|| {
+            Error::Config("[neutron_defaults] project is required for network policies".into())
+        })
+    }
+
+    fn cluster_tag(&self) -> String {
+        kuryr_crds::names::neutron::cluster_tag(&self.cluster_id)
+    }
+
+    fn ag_description(&self, uid: &str) -> String {
+        format!("kuryr-rs:{}:{uid}", self.cluster_id)
+    }
+
+    /// The prefix of every address group description of this cluster (for the orphan sweep).
+    pub fn ag_description_prefix(&self) -> String {
+        format!("kuryr-rs:{}:", self.cluster_id)
+    }
+
+    /// Namespaces, pods and Services as the model reads them.
+    pub async fn index(&self) -> Result<ClusterIndex, Error> {
+        let lp = ListParams::default();
+        let mut index = ClusterIndex::default();
+        for ns in Api::<Namespace>::all(self.kube.clone()).list(&lp).await? {
+            index.set_namespace(&ns);
+        }
+        for pod in Api::<Pod>::all(self.kube.clone()).list(&lp).await? {
+            if pod.metadata.deletion_timestamp.is_none() {
+                index.set_pod(&pod);
+            }
+        }
+        for svc in Api::<Service>::all(self.kube.clone()).list(&lp).await? {
+            if svc.metadata.deletion_timestamp.is_none() {
+                index.set_service(&svc);
+            }
+        }
+        Ok(index)
+    }
+
+    /// The valid, live policies of `namespace` with their uids (invalid ones are reported by the
+    /// `policy` handler and enforce nothing).
+    pub async fn policies_in(&self, namespace: &str) -> Result<Vec<(String, PolicySpec)>, Error> {
+        let nps = Api::<NetworkPolicy>::namespaced(self.kube.clone(), namespace)
+            .list(&ListParams::default())
+            .await?;
+        Ok(nps
+            .iter()
+            .filter(|np| np.metadata.deletion_timestamp.is_none())
+            .filter_map(|np| Some((np.uid()?, PolicySpec::parse(np).ok()?)))
+            .collect())
+    }
+
+    async fn lock(&self, uid: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = self
+            .locks
+            .lock()
+            .await
+            .entry(uid.to_string())
+            .or_default()
+            .clone();
+        lock.lock_owned().await
+    }
+
+    /// Reads the policy's groups back from Neutron. A second group of the same variant or a
+    /// second address group of the same key (left by a crash between create and record) is
+    /// returned apart, for deletion.
+    async fn actual_with_extras(
+        &self,
+        client: &NeutronClient,
+        uid: &str,
+    ) -> Result<(ActualPolicy, Vec<String>, Vec<String>), Error> {
+        let (actual, sgs, ags) = self.read(client, uid).await?;
+        let kept_sgs: BTreeSet<&String> = actual.groups.values().map(|g| &g.id).collect();
+        let kept_ags: BTreeSet<&String> = actual.address_groups.values().map(|(id, _)| id).collect();
+        let extra_sgs = sgs
+            .iter()
+            .map(|s| s.id.clone())
+            .filter(|id| !kept_sgs.contains(id))
+            .collect();
+        let extra_ags = ags.into_iter().filter(|id| !kept_ags.contains(id)).collect();
+        Ok((actual, extra_sgs, extra_ags))
+    }
+
+    /// Reads the policy's groups back from Neutron.
+    async fn read(
+        &self,
+        client: &NeutronClient,
+        uid: &str,
+    ) -> Result<(ActualPolicy, Vec<SecurityGroup>, Vec<String>), Error> {
+        let ags = client
+            .list_address_groups(&ListFilter::new().eq("description", self.ag_description(uid)))
+            .await?;
+        let keys: HashMap<String, AgKey> = ags
+            .iter()
+            .map(|a| (a.id.clone(), AgKey(a.name.clone())))
+            .collect();
+        let mut actual = ActualPolicy::default();
+        for ag in &ags {
+            let addrs: BTreeSet<Cidr> = ag.addresses.iter().filter_map(|a| a.parse().ok()).collect();
+            actual
+                .address_groups
+                .entry(AgKey(ag.name.clone()))
+                .or_insert((ag.id.clone(), addrs));
+        }
+        let mut sgs = client
+            .list_security_groups(&ListFilter::new().tags([self.cluster_tag(), format!("{TAG_POLICY}{uid}")]))
+            .await?;
+        for sg in client
+            .list_security_groups(&ListFilter::new().eq("description", self.ag_description(uid)))
+            .await?
+        {
+            if sgs.iter().all(|s| s.id != sg.id) {
+                sgs.push(sg);
+            }
+        }
+        for sg in &sgs {
+            // Untagged: left between create and tag; returned as an extra for deletion.
+            let Some(variant) = sg.tags.iter().find_map(|t| t.strip_prefix(TAG_VARIANT)) else {
+                continue;
+            };
+            let variant = variant.to_string();
+            let rules = sg
+                .security_group_rules
+                .iter()
+                .map(|r| (r.id.clone(), rule_of(r, &keys)))
+                .collect();
+            actual.groups.entry(variant).or_insert(ActualGroup {
+                id: sg.id.clone(),
+                rules,
+            });
+        }
+        let ag_ids = ags.into_iter().map(|a| a.id).collect();
+        Ok((actual, sgs, ag_ids))
+    }
+
+    /// Makes Neutron match `spec` for the policy `uid`; returns what is there afterwards.
+    pub async fn ensure(&self, uid: &str, spec: &PolicySpec) -> Result<Applied, Error> {
+        let index = self.index().await?;
+        self.ensure_with(uid, spec, &index).await
+    }
+
+    async fn ensure_with(
+        &self,
+        uid: &str,
+        spec: &PolicySpec,
+        index: &ClusterIndex,
+    ) -> Result<Applied, Error> {
+        let want = desired(spec, index, &self.options);
+        self.apply(uid, &spec.key, &want).await
+    }
+
+    /// Every live policy of the cluster against one reading of the cluster (after a pod or
+    /// namespace changed: usually only address-group updates follow). Returns the writes made.
+    pub async fn ensure_all(&self) -> Result<usize, Error> {
+        let nps = Api::<NetworkPolicy>::all(self.kube.clone())
+            .list(&ListParams::default())
+            .await?;
+        let policies: Vec<(String, PolicySpec)> = nps
+            .iter()
+            .filter(|np| np.metadata.deletion_timestamp.is_none())
+            .filter_map(|np| Some((np.uid()?, PolicySpec::parse(np).ok()?)))
+            .collect();
+        // A cluster without policies reads nothing else (every pod event comes here).
+        if policies.is_empty() {
+            return Ok(0);
+        }
+        let index = self.index().await?;
+        let mut writes = 0;
+        let mut errors = vec![];
+        for (uid, spec) in &policies {
+            match self.ensure_with(uid, spec, &index).await {
+                Ok(a) => writes += a.writes,
+                Err(e) => errors.push(e),
+            }
+        }
+        match errors.len() {
+            0 => Ok(writes),
+            1 => Err(errors.remove(0)),
+            _ => Err(Error::Multiple(errors)),
+        }
+    }
+
+    /// Takes over a group an earlier controller (upstream kuryr) made for this policy, so it is
+    /// reconciled instead of duplicated.
+    pub async fn adopt(&self, uid: &str, sg_id: &str) -> Result<(), Error> {
+        let client = self.client()?;
+        let sg = match client.get_security_group(sg_id).await {
+            Ok(sg) => sg,
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        if sg.tags.iter().any(|t| t.starts_with(TAG_POLICY)) {
+            return Ok(());
+        }
+        let mut tags = sg.tags.clone();
+        tags.extend(self.tags.iter().cloned());
+        tags.extend([
+            format!("{TAG_POLICY}{uid}"),
+            format!("{TAG_VARIANT}{BASE_VARIANT}"),
+        ]);
+        tags.sort();
+        tags.dedup();
+        client
+            .replace_tags(kuryr_neutron::Taggable::SecurityGroup, sg_id, &tags)
+            .await?;
+        Ok(())
+    }
+
+    async fn apply(&self, uid: &str, key: &PolicyKey, want: &DesiredPolicy) -> Result<Applied, Error> {
+        let client = self.client()?;
+        let project = self.project()?;
+        let _guard = self.lock(uid).await;
+        let (actual, extra_sgs, extra_ags) = self.actual_with_extras(&client, uid).await?;
+        for id in &extra_sgs {
+            self.detach(&client, id).await?;
+            ignore_not_found(client.delete_security_group(id).await)?;
+        }
+        let ops = diff(want, &actual);
+        let mut groups: BTreeMap<String, String> = actual
+            .groups
+            .iter()
+            .map(|(v, g)| (v.clone(), g.id.clone()))
+            .collect();
+        let mut ags: BTreeMap<AgKey, String> = actual
+            .address_groups
+            .iter()
+            .map(|(k, (id, _))| (k.clone(), id.clone()))
+            .collect();
+        let writes = ops.len();
+        for op in ops {
+            match op {
+                Op::CreateGroup { variant } => {
+                    let mut tags = self.tags.clone();
+                    tags.extend([format!("{TAG_POLICY}{uid}"), format!("{TAG_VARIANT}{variant}")]);
+                    let sg = client
+                        .create_security_group(&SecurityGroupCreate {
+                            name: format!("sg-{}-{}", key.namespace, key.name),
+                            project_id: Some(project.clone()),
+                            description: Some(self.ag_description(uid)),
+                            ..Default::default()
+                        })
+                        .await?;
+                    client
+                        .replace_tags(kuryr_neutron::Taggable::SecurityGroup, &sg.id, &tags)
+                        .await?;
+                    // Neutron adds allow-all egress rules to a new group; a policy group starts
+                    // closed and gets exactly the model's rules.
+                    for r in &sg.security_group_rules {
+                        ignore_not_found(client.delete_security_group_rule(&r.id).await)?;
+                    }
+                    groups.insert(variant, sg.id);
+                }
+                Op::CreateAddressGroup {
+                    key: ag_key,
+                    addresses,
+                } => {
+                    let ag = client
+                        .create_address_group(&AddressGroupCreate {
+                            name: ag_key.0.clone(),
+                            project_id: Some(project.clone()),
+                            description: Some(self.ag_description(uid)),
+                            addresses: addresses.iter().map(ToString::to_string).collect(),
+                        })
+                        .await?;
+                    ags.insert(ag_key, ag.id);
+                }
+                Op::DeleteRule { id, .. } => ignore_not_found(client.delete_security_group_rule(&id).await)?,
+                Op::RemoveAddresses { id, addresses, .. } => {
+                    let a: Vec<String> = addresses.iter().map(ToString::to_string).collect();
+                    client.remove_addresses(&id, &a).await?;
+                }
+                Op::AddAddresses { id, addresses, .. } => {
+                    let a: Vec<String> = addresses.iter().map(ToString::to_string).collect();
+                    client.add_addresses(&id, &a).await?;
+                }
+                Op::CreateRule { variant, rule } => {
+                    let sg = groups
+                        .get(&variant)
+                        .ok_or_else(|| Error::not_ready(format!("security group of {key} ({variant})")))?;
+                    let req = rule_request(sg, &project, &rule, &ags)?;
+                    match client.create_security_group_rule(&req).await {
+                        Err(e) if e.status() == Some(409) => {}
+                        r => {
+                            r?;
+                        }
+                    }
+                }
+                Op::DeleteAddressGroup { id, .. } => {
+                    ignore_not_found(client.delete_address_group(&id).await)?
+                }
+                Op::DeleteGroup { variant, id } => {
+                    self.detach(&client, &id).await?;
+                    ignore_not_found(client.delete_security_group(&id).await)?;
+                    groups.remove(&variant);
+                }
+            }
+        }
+        for id in &extra_ags {
+            // Only in use by rules of groups deleted above or replaced by the diff.
+            match client.delete_address_group(id).await {
+                Err(e) if e.status() == Some(409) => {
+                    tracing::warn!(id, "duplicate address group still in use")
+                }
+                r => ignore_not_found(r)?,
+            }
+        }
+        let mut rules = vec![];
+        for id in groups.values() {
+            rules.extend(client.get_security_group(id).await?.security_group_rules);
+        }
+        Ok(Applied {
+            groups,
+            rules,
+            notes: want.notes.clone(),
+            writes,
+        })
+    }
+
+    /// Deletes everything Neutron holds for the policy `uid`, taking its groups off ports first.
+    pub async fn release(&self, uid: &str) -> Result<(), Error> {
+        let client = self.client()?;
+        let _guard = self.lock(uid).await;
+        let (_, sgs, ags) = self.read(&client, uid).await?;
+        let mut errors = vec![];
+        for g in &sgs {
+            let r = async {
+                self.detach(&client, &g.id).await?;
+                ignore_not_found(client.delete_security_group(&g.id).await)
+            };
+            if let Err(e) = r.await {
+                errors.push(e);
+            }
+        }
+        // Rules went with their groups; the address groups are free now.
+        for id in &ags {
+            if let Err(e) = ignore_not_found(client.delete_address_group(id).await) {
+                errors.push(e);
+            }
+        }
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(Error::Multiple(errors)),
+        }
+    }
+
+    /// Takes `sg` off every port that has it; a port left with no group gets the defaults.
+    async fn detach(&self, client: &NeutronClient, sg: &str) -> Result<(), Error> {
+        for port in client
+            .list_ports(&ListFilter::new().eq("security_groups", sg))
+            .await?
+        {
+            let mut left: Vec<String> = port
+                .security_groups
+                .iter()
+                .filter(|s| *s != sg)
+                .cloned()
+                .collect();
+            if left.is_empty() {
+                left = self.config.neutron_defaults.pod_security_groups.clone();
+            }
+            let update = PortUpdate {
+                security_groups: Some(left),
+                ..Default::default()
+            };
+            ignore_not_found(client.update_port(&port.id, &update).await.map(|_| ()))?;
+        }
+        Ok(())
+    }
+
+    /// The security groups a pod's ports must have, from its labels and named ports alone (so
+    /// it is known before the pod has an address or a port).
+    pub async fn pod_groups(&self, pod: &Pod) -> Result<Vec<String>, Error> {
+        let ns = pod.namespace().unwrap_or_default();
+        let policies = self.policies_in(&ns).await?;
+        let specs: Vec<PolicySpec> = policies.iter().map(|(_, s)| s.clone()).collect();
+        let uids: HashMap<PolicyKey, &str> = policies
+            .iter()
+            .map(|(u, s)| (s.key.clone(), u.as_str()))
+            .collect();
+        let client = self.client()?;
+        match pod_security(&ns, &PodInfo::from_pod(pod), &specs) {
+            PodSecurity::Unselected => {
+                let defaults = self.config.neutron_defaults.pod_security_groups.clone();
+                if !defaults.is_empty() {
+                    return Ok(defaults);
+                }
+                Ok(vec![
+                    self.open_group(&client, Direction::Ingress).await?,
+                    self.open_group(&client, Direction::Egress).await?,
+                ])
+            }
+            PodSecurity::Selected {
+                groups,
+                open_ingress,
+                open_egress,
+            } => {
+                let mut out = vec![];
+                for (key, variant) in groups {
+                    let uid = uids.get(&key).copied().unwrap_or_default();
+                    let tags = [
+                        self.cluster_tag(),
+                        format!("{TAG_POLICY}{uid}"),
+                        format!("{TAG_VARIANT}{variant}"),
+                    ];
+                    let sg = client
+                        .list_security_groups(&ListFilter::new().tags(tags))
+                        .await?
+                        .into_iter()
+                        .next()
+                        .ok_or_else(|| Error::not_ready(format!("security group of NetworkPolicy {key}")))?;
+                    out.push(sg.id);
+                }
+                if open_ingress {
+                    out.push(self.open_group(&client, Direction::Ingress).await?);
+                }
+                if open_egress {
+                    out.push(self.open_group(&client, Direction::Egress).await?);
+                }
+                out.sort();
+                out.dedup();
+                Ok(out)
+            }
+        }
+    }
+
+    /// The project's allow-all group of one direction, for pods whose policies leave it open.
+    async fn open_group(&self, client: &NeutronClient, dir: Direction) -> Result<String, Error> {
+        let project = self.project()?;
+        let name = dir.neutron();
+        let key = (project.clone(), name);
+        let mut cache = self.open_groups.lock().await;
+        if let Some(id) = cache.get(&key) {
+            return Ok(id.clone());
+        }
+        let tag = format!("{TAG_OPEN}{name}");
+        let found = client
+            .list_security_groups(
+                &ListFilter::new()
+                    .project_id(&project)
+                    .tags([self.cluster_tag(), tag.clone()]),
+            )
+            .await?
+            .into_iter()
+            .next();
+        let id = match found {
+            Some(sg) => sg.id,
+            None => {
+                let mut tags = self.tags.clone();
+                tags.push(tag);
+                let sg = client
+                    .create_security_group(&SecurityGroupCreate {
+                        name: format!("kuryr-rs-np-open-{name}"),
+                        project_id: Some(project.clone()),
+                        description: Some(format!(
+                            "kuryr-rs: all {name} for pods no policy isolates that way"
+                        )),
+                        ..Default::default()
+                    })
+                    .await?;
+                if dir == Direction::Ingress {
+                    for r in &sg.security_group_rules {
+                        ignore_not_found(client.delete_security_group_rule(&r.id).await)?;
+                    }
+                    for eth in ["IPv4", "IPv6"] {
+                        let r = client
+                            .create_security_group_rule(&SecurityGroupRuleCreate {
+                                security_group_id: sg.id.clone(),
+                                direction: "ingress".into(),
+                                ethertype: Some(eth.into()),
+                                project_id: Some(project.clone()),
+                                ..Default::default()
+                            })
+                            .await;
+                        match r {
+                            Err(e) if e.status() == Some(409) => {}
+                            r => {
+                                r?;
+                            }
+                        }
+                    }
+                }
+                // Tagged once complete: a group found by its tags has its rules. (A new group
+                // already allows all egress, which is what the egress group is.)
+                client
+                    .replace_tags(kuryr_neutron::Taggable::SecurityGroup, &sg.id, &tags)
+                    .await?;
+                sg.id
+            }
+        };
+        cache.insert(key, id.clone());
+        Ok(id)
+    }
+
+    /// Puts the pod's ports on the groups its policies give it: one port update per port whose
+    /// groups differ, none otherwise. Returns the number of updates.
+    pub async fn sync_pod_ports(&self, pod: &Pod) -> Result<usize, Error> {
+        let ns = pod.namespace().unwrap_or_default();
+        let Some(kp) = Api::<KuryrPort>::namespaced(self.kube.clone(), &ns)
+            .get_opt(&pod.name_any())
+            .await?
+        else {
+            return Ok(0);
+        };
+        let ports: Vec<String> = kp
+            .status
+            .iter()
+            .flat_map(|s| s.vifs.values())
+            .filter(|v| v.default)
+            .map(|v| v.vif.id().to_string())
+            .collect();
+        if ports.is_empty() {
+            return Ok(0);
+        }
+        let mut want = self.pod_groups(pod).await?;
+        want.sort();
+        let client = self.client()?;
+        let mut updates = 0;
+        for id in ports {
+            let port = match client.get_port(&id).await {
+                Ok(p) => p,
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let mut have = port.security_groups.clone();
+            have.sort();
+            if have != want {
+                let update = PortUpdate {
+                    security_groups: Some(want.clone()),
+                    ..Default::default()
+                };
+                client.update_port(&id, &update).await?;
+                updates += 1;
+            }
+        }
+        Ok(updates)
+    }
+
+    /// `service_security_groups_driver = policy`: the groups of the policies that select a
+    /// Service's backends (`selector` in `namespace`), as upstream gives the load balancer's
+    /// VIP port; the defaults for a Service without selector or without selected backends.
+    pub async fn service_groups(
+        &self,
+        namespace: &str,
+        selector: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Vec<String>, Error> {
+        if selector.is_empty() {
+            return Ok(self.config.neutron_defaults.pod_security_groups.clone());
+        }
+        let pods = Api::<Pod>::namespaced(self.kube.clone(), namespace)
+            .list(&ListParams::default())
+            .await?;
+        let mut out = BTreeSet::new();
+        for pod in pods.iter().filter(|p| {
+            let labels = p.labels();
+            selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+        }) {
+            out.extend(self.pod_groups(pod).await?);
+        }
+        if out.is_empty() {
+            return Ok(self.config.neutron_defaults.pod_security_groups.clone());
+        }
+        Ok(out.into_iter().collect())
+    }
+
+    /// Security groups and address groups of this cluster whose policy no longer exists.
+    pub async fn sweep_orphans(&self, live_uids: &BTreeSet<String>) -> Result<usize, Error> {
+        let client = self.client()?;
+        let mut orphans: BTreeSet<String> = BTreeSet::new();
+        for sg in client
+            .list_security_groups(&ListFilter::new().tags([self.cluster_tag()]))
+            .await?
+        {
+            if let Some(uid) = sg.tags.iter().find_map(|t| t.strip_prefix(TAG_POLICY))
+                && !live_uids.contains(uid)
+            {
+                orphans.insert(uid.to_string());
+            }
+        }
+        let prefix = self.ag_description_prefix();
+        for ag in client.list_address_groups(&ListFilter::new()).await? {
+            if let Some(uid) = ag.description.strip_prefix(&prefix)
+                && !live_uids.contains(uid)
+            {
+                orphans.insert(uid.to_string());
+            }
+        }
+        for uid in &orphans {
+            self.release(uid).await?;
+        }
+        Ok(orphans.len())
+    }
+}
+
+fn ignore_not_found(r: Result<(), kuryr_neutron::Error>) -> Result<(), Error> {
+    match r {
+        Err(e) if e.is_not_found() => Ok(()),
+        r => r.map_err(Error::from),
+    }
+}
+
+/// A Neutron rule in the model's terms.
+fn rule_of(r: &SecurityGroupRule, keys: &HashMap<String, AgKey>) -> Rule {
+    let remote = match (
+        &r.remote_address_group_id,
+        &r.remote_ip_prefix,
+        &r.remote_group_id,
+    ) {
+        (Some(ag), _, _) => keys
+            .get(ag)
+            .cloned()
+            .map(Remote::Group)
+            .unwrap_or_else(|| Remote::Foreign(ag.clone())),
+        (None, Some(p), _) => p
+            .parse()
+            .map(Remote::Prefix)
+            .unwrap_or_else(|_| Remote::Foreign(p.clone())),
+        (None, None, Some(g)) => Remote::Foreign(g.clone()),
+        (None, None, None) => Remote::Any,
+    };
+    Rule {
+        direction: if r.direction == "egress" {
+            Direction::Egress
+        } else {
+            Direction::Ingress
+        },
+        ethertype: if r.ethertype == "IPv6" {
+            EtherType::V6
+        } else {
+            EtherType::V4
+        },
+        protocol: r
+            .protocol
+            .as_deref()
+            .and_then(|p| Protocol::parse(&p.to_ascii_uppercase())),
+        ports: match (r.port_range_min, r.port_range_max) {
+            (Some(a), Some(b)) => Some((u16::try_from(a).unwrap_or(0), u16::try_from(b).unwrap_or(0))),
+            _ => None,
+        },
+        remote,
+    }
+}
+
+fn rule_request(
+    sg: &str,
+    project: &str,
+    rule: &Rule,
+    ags: &BTreeMap<AgKey, String>,
+) -> Result<SecurityGroupRuleCreate, Error> {
+    let mut req = SecurityGroupRuleCreate {
+        security_group_id: sg.to_string(),
+        direction: rule.direction.neutron().into(),
+        ethertype: Some(rule.ethertype.neutron().into()),
+        protocol: rule.protocol.map(|p| p.neutron().to_string()),
+        port_range_min: rule.ports.map(|p| u32::from(p.0)),
+        port_range_max: rule.ports.map(|p| u32::from(p.1)),
+        project_id: Some(project.to_string()),
+        description: Some("kuryr-rs NetworkPolicy".into()),
+        ..Default::default()
+    };
+    match &rule.remote {
+        Remote::Any => {}
+        Remote::Prefix(c) => req.remote_ip_prefix = Some(c.to_string()),
+        Remote::Group(k) => {
+            let id = ags
+                .get(k)
+                .ok_or_else(|| Error::not_ready(format!("address group {}", k.0)))?;
+            req.remote_address_group_id = Some(id.clone());
+        }
+        Remote::Foreign(_) => return Err(Error::invalid("rule", "a foreign remote is never desired")),
+    }
+    Ok(req)
+}

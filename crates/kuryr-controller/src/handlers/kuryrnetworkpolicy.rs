@@ -1,0 +1,152 @@
+//! `kuryrnetworkpolicy` handler: makes Neutron match the policy (security groups, rules, address
+//! groups through the `network_policy` driver), writes the status (group id, rules, pod selector,
+//! what had to be approximated), and moves the selected pods' ports onto the groups. On delete it
+//! takes the groups off the ports, deletes them and lets the object go.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Resource, ResourceExt};
+use kuryr_crds::names::finalizers;
+use kuryr_crds::{KuryrNetworkPolicy, SgRuleStatus};
+use serde_json::json;
+
+use crate::context::Context;
+use crate::error::{Error, is_not_found};
+use crate::k8s::{add_finalizer, remove_finalizer};
+use crate::pipeline::ResourceEventHandler;
+use crate::policies::PolicySpec;
+use crate::policies::desired::BASE_VARIANT;
+
+pub struct KuryrNetworkPolicyHandler {
+    ctx: Arc<Context>,
+    /// The orphan sweep runs once, on the first event after start.
+    swept: tokio::sync::OnceCell<()>,
+}
+
+impl KuryrNetworkPolicyHandler {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Self {
+            ctx,
+            swept: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// Deletes the groups of policies deleted while no controller ran (their finalizers were
+    /// removed by hand, or the objects were force-deleted).
+    async fn sweep(&self) -> Result<(), Error> {
+        let live = Api::<NetworkPolicy>::all(self.ctx.kube.clone())
+            .list(&ListParams::default())
+            .await?
+            .iter()
+            .filter_map(|np| np.uid())
+            .collect();
+        let n = self.ctx.drivers.network_policy.sweep_orphans(&live).await?;
+        if n > 0 {
+            tracing::info!(
+                policies = n,
+                "deleted the Neutron groups of policies that are gone"
+            );
+        }
+        Ok(())
+    }
+
+    /// The owning NetworkPolicy's uid: what the Neutron side is tagged with.
+    fn policy_uid(knp: &KuryrNetworkPolicy) -> Option<String> {
+        knp.owner_references()
+            .iter()
+            .find(|o| o.kind == "NetworkPolicy")
+            .map(|o| o.uid.clone())
+    }
+
+    /// Every pod of the namespace onto the groups its policies give it now.
+    async fn sync_ports(&self, ns: &str) -> Result<(), Error> {
+        let pods = Api::<Pod>::namespaced(self.ctx.kube.clone(), ns)
+            .list(&ListParams::default())
+            .await?;
+        for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+            self.ctx.drivers.network_policy.sync_pod_ports(pod).await?;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ResourceEventHandler for KuryrNetworkPolicyHandler {
+    type Object = KuryrNetworkPolicy;
+
+    fn name(&self) -> &'static str {
+        "kuryrnetworkpolicy"
+    }
+
+    async fn on_present(&self, knp: &KuryrNetworkPolicy) -> Result<(), Error> {
+        self.swept.get_or_try_init(|| self.sweep()).await?;
+        let ns = knp.namespace().unwrap_or_default();
+        let name = knp.name_any();
+        let Some(np) = Api::<NetworkPolicy>::namespaced(self.ctx.kube.clone(), &ns)
+            .get_opt(&name)
+            .await?
+        else {
+            // Its policy is gone: release through the finalizer path.
+            let api: Api<KuryrNetworkPolicy> = Api::namespaced(self.ctx.kube.clone(), &ns);
+            return match api.delete(&name, &DeleteParams::background()).await {
+                Ok(_) => Ok(()),
+                Err(e) if is_not_found(&e) => Ok(()),
+                Err(e) => Err(e.into()),
+            };
+        };
+        // Reported by the `policy` handler; nothing changes until the policy is fixed.
+        let Ok(spec) = PolicySpec::parse(&np) else {
+            return Ok(());
+        };
+        let uid = np.uid().unwrap_or_default();
+        let knp = add_finalizer(&self.ctx.kube, knp, finalizers::NETWORKPOLICY).await?;
+        let driver = &self.ctx.drivers.network_policy;
+        if let Some(sg) = knp.status.as_ref().and_then(|s| s.security_group_id.clone()) {
+            driver.adopt(&uid, &sg).await?;
+        }
+        let applied = driver.ensure(&uid, &spec).await?;
+        let rules: Vec<SgRuleStatus> = applied
+            .rules
+            .iter()
+            .map(|r| SgRuleStatus {
+                id: r.id.clone(),
+                description: Some(r.description.clone()).filter(|d| !d.is_empty()),
+                direction: Some(r.direction.clone()),
+                ethertype: Some(r.ethertype.clone()),
+                port_range_max: r.port_range_max.and_then(|p| i32::try_from(p).ok()),
+                port_range_min: r.port_range_min.and_then(|p| i32::try_from(p).ok()),
+                protocol: r.protocol.clone(),
+                remote_ip_prefix: r.remote_ip_prefix.clone(),
+                security_group_id: Some(r.security_group_id.clone()),
+            })
+            .collect();
+        // Upstream's CRD has no status subresource: the status is patched with the object.
+        let status = json!({"status": {
+            "securityGroupId": applied.groups.get(BASE_VARIANT),
+            "securityGroupRules": rules,
+            "podSelector": knp.spec.pod_selector,
+            "kuryrRsNotes": applied.notes,
+        }});
+        Api::<KuryrNetworkPolicy>::namespaced(self.ctx.kube.clone(), &ns)
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
+        self.sync_ports(&ns).await
+    }
+
+    async fn on_finalize(&self, knp: &KuryrNetworkPolicy) -> Result<(), Error> {
+        let ns = knp.namespace().unwrap_or_default();
+        if let Some(uid) = Self::policy_uid(knp) {
+            self.ctx.drivers.network_policy.release(&uid).await?;
+        }
+        // The policy no longer counts for its pods.
+        self.sync_ports(&ns).await?;
+        if knp.meta().finalizers.is_some() {
+            remove_finalizer(&self.ctx.kube, knp, finalizers::NETWORKPOLICY).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,103 @@
+//! `pod_label` handler: a pod whose labels or addresses change moves in or out of the policies'
+//! address groups (one `add_addresses`/`remove_addresses` per group it joins or leaves, rules
+//! untouched) and its port onto the groups of the policies that now select it. Also the
+//! namespace-label companion: a namespace relabelled changes which pods namespaceSelectors pick.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::ResourceExt;
+use tokio::sync::Mutex;
+
+use crate::context::Context;
+use crate::error::Error;
+use crate::pipeline::ResourceEventHandler;
+use crate::policies::PodInfo;
+
+/// A pod's labels and addresses.
+type Seen = (BTreeMap<String, String>, Vec<IpAddr>);
+
+pub struct PodLabelHandler {
+    ctx: Arc<Context>,
+    /// What each pod looked like when last acted on (by uid): status-only updates cost nothing.
+    seen: Mutex<HashMap<String, Seen>>,
+}
+
+impl PodLabelHandler {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Self {
+            ctx,
+            seen: Mutex::default(),
+        }
+    }
+}
+
+#[async_trait]
+impl ResourceEventHandler for PodLabelHandler {
+    type Object = Pod;
+
+    fn name(&self) -> &'static str {
+        "pod_label"
+    }
+
+    async fn on_present(&self, pod: &Pod) -> Result<(), Error> {
+        let uid = pod.uid().unwrap_or_default();
+        let info = PodInfo::from_pod(pod);
+        let now = (info.labels, info.ips);
+        if self.seen.lock().await.get(&uid) == Some(&now) {
+            return Ok(());
+        }
+        let driver = &self.ctx.drivers.network_policy;
+        driver.sync_pod_ports(pod).await?;
+        driver.ensure_all().await?;
+        self.seen.lock().await.insert(uid, now);
+        Ok(())
+    }
+
+    async fn on_finalize(&self, pod: &Pod) -> Result<(), Error> {
+        self.on_deleted(pod).await
+    }
+
+    async fn on_deleted(&self, pod: &Pod) -> Result<(), Error> {
+        // Its addresses leave every group.
+        self.seen.lock().await.remove(&pod.uid().unwrap_or_default());
+        self.ctx.drivers.network_policy.ensure_all().await.map(|_| ())
+    }
+}
+
+/// Namespace label changes for network policies (registered with `pod_label`).
+pub struct NamespaceLabelHandler {
+    ctx: Arc<Context>,
+    seen: Mutex<HashMap<String, BTreeMap<String, String>>>,
+}
+
+impl NamespaceLabelHandler {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Self {
+            ctx,
+            seen: Mutex::default(),
+        }
+    }
+}
+
+#[async_trait]
+impl ResourceEventHandler for NamespaceLabelHandler {
+    type Object = Namespace;
+
+    fn name(&self) -> &'static str {
+        "namespace_label"
+    }
+
+    async fn on_present(&self, ns: &Namespace) -> Result<(), Error> {
+        let labels = ns.labels().clone();
+        if self.seen.lock().await.get(&ns.name_any()) == Some(&labels) {
+            return Ok(());
+        }
+        self.ctx.drivers.network_policy.ensure_all().await?;
+        self.seen.lock().await.insert(ns.name_any(), labels);
+        Ok(())
+    }
+}

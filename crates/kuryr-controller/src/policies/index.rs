@@ -1,0 +1,202 @@
+//! What the policy model reads about the cluster: namespaces and their labels, pods with their
+//! labels, addresses and named container ports, and Services. Pure data, filled by the
+//! handlers from watch events and by tests directly.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use kube::ResourceExt;
+
+use super::selector::{Labels, Selector};
+use super::spec::{Namespaces, Peer, Protocol};
+
+/// `namespace/name` of a pod.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl PodKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for PodKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodInfo {
+    pub labels: Labels,
+    /// The pod's addresses (empty until it has some: such a pod is in no address group yet).
+    pub ips: Vec<IpAddr>,
+    /// Named container ports: (name, protocol, number).
+    pub named_ports: Vec<(String, Protocol, u16)>,
+}
+
+impl PodInfo {
+    pub fn from_pod(pod: &Pod) -> Self {
+        let mut ips: Vec<IpAddr> = pod
+            .status
+            .iter()
+            .flat_map(|s| {
+                s.pod_ips
+                    .iter()
+                    .flatten()
+                    .map(|p| p.ip.clone())
+                    .chain(s.pod_ip.clone())
+            })
+            .filter_map(|ip| ip.parse().ok())
+            .collect();
+        ips.sort();
+        ips.dedup();
+        let named_ports = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
+            .flat_map(|c| c.ports.iter().flatten())
+            .filter_map(|p| {
+                let name = p.name.clone()?;
+                let proto = Protocol::parse(p.protocol.as_deref().unwrap_or("TCP"))?;
+                let n = u16::try_from(p.container_port).ok()?;
+                Some((name, proto, n))
+            })
+            .collect();
+        Self {
+            labels: pod.labels().clone(),
+            ips,
+            named_ports,
+        }
+    }
+
+    /// The number of the named port `name` for `proto`, if the pod declares it.
+    pub fn resolve(&self, proto: Protocol, name: &str) -> Option<u16> {
+        self.named_ports
+            .iter()
+            .find(|(n, p, _)| n == name && *p == proto)
+            .map(|(_, _, num)| *num)
+    }
+}
+
+/// A Service as the Service-VIP hook needs it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceInfo {
+    /// Cluster IPs / load balancer VIPs (headless Services have none).
+    pub vips: Vec<IpAddr>,
+    /// `spec.selector`; `None` for Services without one (their backends are not known here).
+    pub selector: Option<Labels>,
+}
+
+impl ServiceInfo {
+    pub fn from_service(svc: &Service) -> Self {
+        let spec = svc.spec.as_ref();
+        let vips = spec
+            .iter()
+            .flat_map(|s| s.cluster_ips.iter().flatten().chain(s.cluster_ip.iter()))
+            .filter_map(|ip| ip.parse().ok())
+            .collect::<std::collections::BTreeSet<IpAddr>>()
+            .into_iter()
+            .collect();
+        Self {
+            vips,
+            selector: spec.and_then(|s| s.selector.clone()).filter(|s| !s.is_empty()),
+        }
+    }
+}
+
+/// The cluster as the model sees it.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterIndex {
+    pub namespaces: BTreeMap<String, Labels>,
+    pub pods: BTreeMap<PodKey, PodInfo>,
+    /// (namespace, name) -> Service.
+    pub services: BTreeMap<(String, String), ServiceInfo>,
+}
+
+impl ClusterIndex {
+    pub fn set_namespace(&mut self, ns: &Namespace) {
+        self.namespaces.insert(ns.name_any(), ns.labels().clone());
+    }
+
+    pub fn set_pod(&mut self, pod: &Pod) {
+        let key = PodKey::new(pod.namespace().unwrap_or_default(), pod.name_any());
+        self.pods.insert(key, PodInfo::from_pod(pod));
+    }
+
+    pub fn set_service(&mut self, svc: &Service) {
+        self.services.insert(
+            (svc.namespace().unwrap_or_default(), svc.name_any()),
+            ServiceInfo::from_service(svc),
+        );
+    }
+
+    fn namespace_matches(&self, scope: &Namespaces, ns: &str) -> bool {
+        match scope {
+            Namespaces::Own(own) => own == ns,
+            // A namespace the index has not seen yet has no labels to match on.
+            Namespaces::Matching(sel) => self.namespaces.get(ns).is_some_and(|l| sel.matches(l)),
+        }
+    }
+
+    /// Pods a policy with `selector` in `namespace` applies to.
+    pub fn selected<'a>(
+        &'a self,
+        namespace: &'a str,
+        selector: &'a Selector,
+    ) -> impl Iterator<Item = (&'a PodKey, &'a PodInfo)> + 'a {
+        self.pods
+            .iter()
+            .filter(move |(k, p)| k.namespace == namespace && selector.matches(&p.labels))
+    }
+
+    /// Pods a pod peer designates (ipBlock peers designate no pod here).
+    pub fn peer_pods<'a>(
+        &'a self,
+        peer: &'a Peer,
+    ) -> Box<dyn Iterator<Item = (&'a PodKey, &'a PodInfo)> + 'a> {
+        match peer {
+            Peer::Pods { namespaces, pods } => Box::new(self.pods.iter().filter(move |(k, p)| {
+                self.namespace_matches(namespaces, &k.namespace) && pods.matches(&p.labels)
+            })),
+            Peer::Block { .. } => Box::new(std::iter::empty()),
+        }
+    }
+
+    /// VIPs of the Services whose selector picks at least one of `pods`.
+    pub fn vips_selecting(&self, pods: &[(&PodKey, &PodInfo)]) -> Vec<IpAddr> {
+        let mut out = vec![];
+        for ((ns, _), svc) in &self.services {
+            let Some(sel) = &svc.selector else { continue };
+            let picks = pods
+                .iter()
+                .any(|(k, p)| &k.namespace == ns && sel.iter().all(|(lk, lv)| p.labels.get(lk) == Some(lv)));
+            if picks {
+                out.extend(svc.vips.iter().copied());
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// VIPs of every Service of `namespace`.
+    pub fn namespace_vips(&self, namespace: &str) -> Vec<IpAddr> {
+        let mut out: Vec<IpAddr> = self
+            .services
+            .iter()
+            .filter(|((ns, _), _)| ns == namespace)
+            .flat_map(|(_, s)| s.vips.iter().copied())
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+}

@@ -1,0 +1,561 @@
+//! The model against hand-written expectations: no servers.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use serde_json::{Value, json};
+
+use super::*;
+
+fn policy(ns: &str, name: &str, spec: Value) -> PolicySpec {
+    let np: NetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"namespace": ns, "name": name}, "spec": spec,
+    }))
+    .expect("policy json");
+    PolicySpec::parse(&np).expect("valid policy")
+}
+
+fn parse_err(spec: Value) -> PolicyError {
+    let np: NetworkPolicy = serde_json::from_value(json!({
+        "metadata": {"namespace": "x", "name": "bad"}, "spec": spec,
+    }))
+    .expect("policy json");
+    PolicySpec::parse(&np).expect_err("invalid policy")
+}
+
+fn labels(kv: &[(&str, &str)]) -> Labels {
+    kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn pod(index: &mut ClusterIndex, ns: &str, name: &str, l: &[(&str, &str)], ip: &str) {
+    index.pods.insert(
+        PodKey::new(ns, name),
+        PodInfo {
+            labels: labels(l),
+            ips: vec![ip.parse().expect("ip")],
+            named_ports: vec![],
+        },
+    );
+}
+
+/// namespaces x, y (labelled ns=<name>), pods a, b, c in each (label pod=<name>).
+fn cluster() -> ClusterIndex {
+    let mut index = ClusterIndex::default();
+    for (n, ns) in ["x", "y"].iter().enumerate() {
+        index.namespaces.insert(ns.to_string(), labels(&[("ns", ns)]));
+        for (m, p) in ["a", "b", "c"].iter().enumerate() {
+            pod(&mut index, ns, p, &[("pod", p)], &format!("10.0.{n}.{}", m + 1));
+        }
+    }
+    index
+}
+
+fn c(s: &str) -> Cidr {
+    s.parse().expect("cidr")
+}
+
+fn cidrs(list: &[&str]) -> BTreeSet<Cidr> {
+    list.iter().map(|s| c(s)).collect()
+}
+
+fn base(d: &DesiredPolicy) -> &BTreeSet<Rule> {
+    &d.groups[desired::BASE_VARIANT]
+}
+
+/// Applies `ops` to `actual` the way the handlers do, with fresh ids.
+fn apply(actual: &mut ActualPolicy, ops: &[Op]) {
+    let mut n = actual.groups.values().map(|g| g.rules.len()).sum::<usize>() + 1000;
+    let mut next = || {
+        n += 1;
+        format!("id-{n}")
+    };
+    for op in ops {
+        match op {
+            Op::CreateGroup { variant } => {
+                actual.groups.insert(
+                    variant.clone(),
+                    ActualGroup {
+                        id: next(),
+                        rules: vec![],
+                    },
+                );
+            }
+            Op::CreateAddressGroup { key, addresses } => {
+                actual
+                    .address_groups
+                    .insert(key.clone(), (next(), addresses.iter().copied().collect()));
+            }
+            Op::DeleteRule { variant, id } => {
+                let g = actual.groups.get_mut(variant).expect("group");
+                g.rules.retain(|(i, _)| i != id);
+            }
+            Op::RemoveAddresses { key, addresses, .. } => {
+                let g = actual.address_groups.get_mut(key).expect("ag");
+                for a in addresses {
+                    g.1.remove(a);
+                }
+            }
+            Op::AddAddresses { key, addresses, .. } => {
+                actual
+                    .address_groups
+                    .get_mut(key)
+                    .expect("ag")
+                    .1
+                    .extend(addresses.iter().copied());
+            }
+            Op::CreateRule { variant, rule } => {
+                let id = next();
+                actual
+                    .groups
+                    .get_mut(variant)
+                    .expect("group")
+                    .rules
+                    .push((id, rule.clone()));
+            }
+            Op::DeleteAddressGroup { key, .. } => {
+                actual.address_groups.remove(key);
+            }
+            Op::DeleteGroup { variant, .. } => {
+                actual.groups.remove(variant);
+            }
+        }
+    }
+}
+
+#[test]
+fn default_deny_ingress_selects_every_pod_and_keeps_egress_open() {
+    let index = cluster();
+    let p = policy(
+        "x",
+        "deny",
+        json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
+    );
+    let d = desired(&p, &index, &Options::default());
+    assert!(base(&d).is_empty(), "no rule: nothing may come in");
+    assert_eq!(d.members.len(), 3, "every pod of x, none of y");
+    assert!(d.members.keys().all(|k| k.namespace == "x"));
+    let info = &index.pods[&PodKey::new("x", "a")];
+    assert_eq!(
+        pod_security("x", info, std::slice::from_ref(&p)),
+        PodSecurity::Selected {
+            groups: vec![(p.key.clone(), desired::BASE_VARIANT.into())],
+            open_ingress: false,
+            open_egress: true,
+        }
+    );
+    assert_eq!(
+        pod_security("y", &index.pods[&PodKey::new("y", "a")], &[p]),
+        PodSecurity::Unselected,
+        "a pod no policy selects allows everything"
+    );
+}
+
+#[test]
+fn implicit_policy_types_and_union_of_policies() {
+    let only_egress_rules = policy(
+        "x",
+        "e",
+        json!({"podSelector": {"matchLabels": {"pod": "a"}}, "egress": [{"to": [{"podSelector": {}}]}]}),
+    );
+    assert!(only_egress_rules.ingress.is_some(), "Ingress is always implied");
+    assert!(
+        only_egress_rules.egress.is_some(),
+        "Egress is implied by egress rules"
+    );
+    let ingress_only = policy("x", "i", json!({"podSelector": {}}));
+    assert!(ingress_only.egress.is_none());
+    let egress_only = policy("x", "o", json!({"podSelector": {}, "policyTypes": ["Egress"]}));
+    let info = &cluster().pods[&PodKey::new("x", "b")];
+    // One policy isolates ingress, the other egress: the pod is isolated both ways, and the
+    // policy groups themselves never open a direction.
+    match pod_security("x", info, &[ingress_only, egress_only]) {
+        PodSecurity::Selected {
+            groups,
+            open_ingress,
+            open_egress,
+        } => {
+            assert_eq!(groups.len(), 2);
+            assert!(!open_ingress && !open_egress);
+        }
+        other => panic!("expected selected, got {other:?}"),
+    }
+}
+
+#[test]
+fn pod_peer_is_an_address_group_and_rules_are_deduplicated() {
+    let index = cluster();
+    let p = policy(
+        "x",
+        "web",
+        json!({
+            "podSelector": {"matchLabels": {"pod": "a"}},
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}], "ports": [{"port": 80}]},
+                // The same rule again, and the same peer with another port.
+                {"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}], "ports": [{"port": 80, "protocol": "TCP"}]},
+                {"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}], "ports": [{"port": 81, "endPort": 90, "protocol": "UDP"}]},
+            ],
+        }),
+    );
+    let d = desired(&p, &index, &Options::default());
+    assert_eq!(d.address_groups.len(), 1, "one group per distinct peer");
+    let (key, addrs) = d.address_groups.iter().next().expect("group");
+    assert_eq!(addrs, &cidrs(&["10.0.0.2/32"]), "x/b only");
+    let rules = base(&d);
+    assert_eq!(
+        rules.len(),
+        4,
+        "tcp 80 and udp 81-90, each IPv4 and IPv6: {rules:?}"
+    );
+    assert!(rules.contains(&Rule {
+        direction: Direction::Ingress,
+        ethertype: EtherType::V4,
+        protocol: Some(Protocol::Udp),
+        ports: Some((81, 90)),
+        remote: Remote::Group(key.clone()),
+    }));
+}
+
+#[test]
+fn relabelling_a_pod_is_one_address_group_update_and_no_rule_change() {
+    let mut index = cluster();
+    let p = policy(
+        "x",
+        "web",
+        json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"role": "client"}}}]}]}),
+    );
+    let opts = Options::default();
+    let mut actual = ActualPolicy::default();
+    let ops = diff(&desired(&p, &index, &opts), &actual);
+    apply(&mut actual, &ops);
+    assert!(
+        diff(&desired(&p, &index, &opts), &actual).is_empty(),
+        "applied state is converged"
+    );
+
+    index
+        .pods
+        .get_mut(&PodKey::new("y", "c"))
+        .expect("pod")
+        .labels
+        .insert("role".into(), "client".into());
+    let ops = diff(&desired(&p, &index, &opts), &actual);
+    assert_eq!(ops.len(), 1, "{ops:?}");
+    assert!(
+        matches!(&ops[0], Op::AddAddresses { addresses, .. } if addresses == &vec![c("10.0.1.3/32")]),
+        "{ops:?}"
+    );
+    apply(&mut actual, &ops);
+
+    index
+        .pods
+        .get_mut(&PodKey::new("y", "c"))
+        .expect("pod")
+        .labels
+        .remove("role");
+    let ops = diff(&desired(&p, &index, &opts), &actual);
+    assert!(
+        matches!(ops.as_slice(), [Op::RemoveAddresses { addresses, .. }] if addresses == &vec![c("10.0.1.3/32")]),
+        "{ops:?}"
+    );
+}
+
+#[test]
+fn namespace_and_pod_selector_in_one_peer_is_an_and() {
+    let mut index = cluster();
+    index
+        .namespaces
+        .get_mut("y")
+        .expect("ns")
+        .insert("team".into(), "blue".into());
+    let p = policy(
+        "x",
+        "both",
+        json!({"podSelector": {}, "ingress": [{"from": [{
+            "namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "In", "values": ["blue"]}]},
+            "podSelector": {"matchExpressions": [{"key": "pod", "operator": "NotIn", "values": ["a"]}]},
+        }]}]}),
+    );
+    let d = desired(&p, &index, &Options::default());
+    let all: BTreeSet<Cidr> = d.address_groups.values().flatten().copied().collect();
+    assert_eq!(all, cidrs(&["10.0.1.2/32", "10.0.1.3/32"]), "y/b and y/c");
+}
+
+#[test]
+fn ip_block_except_is_exact_and_noted() {
+    let p = policy(
+        "x",
+        "cidr",
+        json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/24", "except": ["10.0.0.0/25"]}}], "ports": [{"port": 53, "protocol": "UDP"}]}]}),
+    );
+    let d = desired(&p, &cluster(), &Options::default());
+    let rules: Vec<_> = base(&d).iter().collect();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].remote, Remote::Prefix(c("10.0.0.128/25")));
+    assert_eq!(rules[0].direction, Direction::Egress);
+    assert_eq!(rules[0].ports, Some((53, 53)));
+    assert!(
+        d.notes
+            .iter()
+            .any(|n| n.starts_with("spec.egress[0].to[0].ipBlock")),
+        "{:?}",
+        d.notes
+    );
+    assert!(d.address_groups.is_empty());
+}
+
+#[test]
+fn ingress_named_port_gets_one_group_per_resolution() {
+    let mut index = cluster();
+    for (name, port) in [("a", 80), ("b", 8080)] {
+        index
+            .pods
+            .get_mut(&PodKey::new("x", name))
+            .expect("pod")
+            .named_ports
+            .push(("http".into(), Protocol::Tcp, port));
+    }
+    let p = policy(
+        "x",
+        "named",
+        json!({"podSelector": {}, "ingress": [{"ports": [{"port": "http"}]}]}),
+    );
+    let d = desired(&p, &index, &Options::default());
+    assert_eq!(d.groups.len(), 3, "base (x/c: no such port) + 80 + 8080");
+    let va = &d.members[&PodKey::new("x", "a")];
+    let vb = &d.members[&PodKey::new("x", "b")];
+    assert_ne!(va, vb);
+    assert_eq!(d.members[&PodKey::new("x", "c")], desired::BASE_VARIANT);
+    let ports = |v: &str| -> BTreeSet<Option<(u16, u16)>> { d.groups[v].iter().map(|r| r.ports).collect() };
+    assert_eq!(
+        ports(va),
+        [Some((80, 80))].into(),
+        "x/a is not opened on b's port"
+    );
+    assert_eq!(ports(vb), [Some((8080, 8080))].into());
+    assert!(d.groups[desired::BASE_VARIANT].is_empty());
+}
+
+#[test]
+fn egress_named_port_splits_destinations_by_number() {
+    let mut index = cluster();
+    for (ns, name, port) in [("y", "a", 5353), ("y", "b", 53)] {
+        index
+            .pods
+            .get_mut(&PodKey::new(ns, name))
+            .expect("pod")
+            .named_ports
+            .push(("dns".into(), Protocol::Udp, port));
+    }
+    let p = policy(
+        "x",
+        "dns",
+        json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}], "ports": [{"port": "dns", "protocol": "UDP"}]}]}),
+    );
+    let d = desired(&p, &index, &Options::default());
+    let mut by_port: Vec<(u16, BTreeSet<Cidr>)> = base(&d)
+        .iter()
+        .filter(|r| r.ethertype == EtherType::V4)
+        .map(|r| {
+            let Remote::Group(k) = &r.remote else {
+                panic!("group remote expected: {r:?}")
+            };
+            (r.ports.expect("ports").0, d.address_groups[k].clone())
+        })
+        .collect();
+    by_port.sort();
+    assert_eq!(
+        by_port,
+        vec![(53, cidrs(&["10.0.1.2/32"])), (5353, cidrs(&["10.0.1.1/32"]))]
+    );
+}
+
+#[test]
+fn service_vip_hook() {
+    let mut index = cluster();
+    index.services.insert(
+        ("y".into(), "svc-b".into()),
+        ServiceInfo {
+            vips: vec!["172.30.0.10".parse().expect("ip")],
+            selector: Some(labels(&[("pod", "b")])),
+        },
+    );
+    index.services.insert(
+        ("x".into(), "svc-x".into()),
+        ServiceInfo {
+            vips: vec!["172.30.0.20".parse().expect("ip")],
+            selector: Some(labels(&[("pod", "zzz")])),
+        },
+    );
+    let p = policy(
+        "x",
+        "to-b",
+        json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"], "egress": [{"to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"pod": "b"}}}]}]}),
+    );
+    let opts = Options {
+        host_cidrs: vec![c("192.168.0.0/24")],
+        namespace_service_vips: true,
+    };
+    let d = desired(&p, &index, &opts);
+    let egress_group = base(&d)
+        .iter()
+        .find_map(|r| match (&r.direction, &r.remote) {
+            (Direction::Egress, Remote::Group(k)) => Some(k.clone()),
+            _ => None,
+        })
+        .expect("egress rule");
+    assert_eq!(
+        d.address_groups[&egress_group],
+        cidrs(&["10.0.0.2/32", "10.0.1.2/32", "172.30.0.10/32"]),
+        "the pods and the VIP of the Service in front of them"
+    );
+    assert_eq!(
+        d.address_groups[&AgKey("i-service-vips".into())],
+        cidrs(&["172.30.0.20/32"]),
+        "hairpin: the VIPs of the policy's namespace"
+    );
+    assert!(
+        base(&d)
+            .iter()
+            .any(|r| r.remote == Remote::Prefix(c("192.168.0.0/24"))
+                && r.direction == Direction::Ingress
+                && r.protocol.is_none())
+    );
+}
+
+#[test]
+fn allow_all_subsumes_narrower_rules() {
+    let p = policy(
+        "x",
+        "open",
+        json!({"podSelector": {}, "ingress": [{}, {"from": [{"podSelector": {}}], "ports": [{"port": 80}]}]}),
+    );
+    let d = desired(&p, &cluster(), &Options::default());
+    assert_eq!(base(&d).len(), 2, "allow-all IPv4 and IPv6 only: {:?}", base(&d));
+    assert!(
+        base(&d)
+            .iter()
+            .all(|r| r.remote == Remote::Any && r.protocol.is_none())
+    );
+    assert!(
+        d.address_groups.is_empty(),
+        "no rule points at the peer group any more"
+    );
+}
+
+#[test]
+fn policy_update_removes_before_it_adds_and_drops_duplicates() {
+    let index = cluster();
+    let opts = Options::default();
+    let old = policy(
+        "x",
+        "p",
+        json!({"podSelector": {}, "ingress": [{"ports": [{"port": 80}]}]}),
+    );
+    let new = policy(
+        "x",
+        "p",
+        json!({"podSelector": {}, "ingress": [{"ports": [{"port": 81}]}]}),
+    );
+    let mut actual = ActualPolicy::default();
+    let ops = diff(&desired(&old, &index, &opts), &actual);
+    apply(&mut actual, &ops);
+    // A crash after creating a rule and before recording it leaves a duplicate.
+    let dup = actual.groups[desired::BASE_VARIANT].rules[0].1.clone();
+    actual
+        .groups
+        .get_mut(desired::BASE_VARIANT)
+        .expect("group")
+        .rules
+        .push(("dup".into(), dup));
+    let ops = diff(&desired(&new, &index, &opts), &actual);
+    let kinds: Vec<&str> = ops
+        .iter()
+        .map(|o| match o {
+            Op::DeleteRule { .. } => "delete",
+            Op::CreateRule { .. } => "create",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(kinds, ["delete", "delete", "delete", "create", "create"]);
+    apply(&mut actual, &ops);
+    assert!(diff(&desired(&new, &index, &opts), &actual).is_empty());
+}
+
+#[test]
+fn deleted_policy_state_is_removed_groups_last() {
+    let index = cluster();
+    let p = policy(
+        "x",
+        "p",
+        json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {}}]}]}),
+    );
+    let mut actual = ActualPolicy::default();
+    let ops = diff(&desired(&p, &index, &Options::default()), &actual);
+    apply(&mut actual, &ops);
+    let ops = diff(&DesiredPolicy::default(), &actual);
+    assert!(matches!(ops.last(), Some(Op::DeleteGroup { .. })));
+    let ag = ops
+        .iter()
+        .position(|o| matches!(o, Op::DeleteAddressGroup { .. }))
+        .expect("ag delete");
+    assert!(
+        ops[..ag].iter().all(|o| !matches!(o, Op::DeleteGroup { .. })),
+        "{ops:?}"
+    );
+}
+
+#[test]
+fn malformed_content_names_the_field() {
+    let e = parse_err(
+        json!({"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]}]}),
+    );
+    assert_eq!(e.field, "spec.ingress[0].from[0].ipBlock");
+    let e = parse_err(json!({"podSelector": {}, "egress": [{"ports": [{"port": "http", "endPort": 90}]}]}));
+    assert_eq!(e.field, "spec.egress[0].ports[0].endPort");
+    let e = parse_err(json!({"podSelector": {}, "ingress": [{"ports": [{"port": 80, "protocol": "ICMP"}]}]}));
+    assert_eq!(e.field, "spec.ingress[0].ports[0].protocol");
+    let e = parse_err(
+        json!({"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/16", "except": ["10.1.0.0/24"]}}]}]}),
+    );
+    assert_eq!(e.field, "spec.ingress[0].from[0].ipBlock.except[0]");
+    let e = parse_err(json!({"podSelector": {}, "policyTypes": ["Sideways"]}));
+    assert_eq!(e.field, "spec.policyTypes[0]");
+    let e = parse_err(json!({"podSelector": {}, "ingress": [{"ports": [{"port": 90, "endPort": 80}]}]}));
+    assert_eq!(e.field, "spec.ingress[0].ports[0].endPort");
+}
+
+#[test]
+fn a_200_pod_namespace_costs_a_handful_of_writes_and_the_201st_pod_one() {
+    let mut index = ClusterIndex::default();
+    index.namespaces.insert("big".into(), labels(&[("ns", "big")]));
+    for i in 0..200u32 {
+        pod(
+            &mut index,
+            "big",
+            &format!("p{i}"),
+            &[("app", "api")],
+            &format!("10.1.{}.{}", i / 250, i % 250 + 1),
+        );
+    }
+    // Three ports: upstream writes one rule per pod IP and port (600 rules here).
+    let p = policy(
+        "big",
+        "api",
+        json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "api"}}}],
+               "ports": [{"port": 80}, {"port": 443}, {"port": 8080, "protocol": "UDP"}]}]}),
+    );
+    let opts = Options::default();
+    let mut actual = ActualPolicy::default();
+    let ops = diff(&desired(&p, &index, &opts), &actual);
+    // One group, one address group with the 200 addresses, 3 ports x 2 ethertypes.
+    assert_eq!(ops.len(), 8, "{ops:?}");
+    apply(&mut actual, &ops);
+    pod(&mut index, "big", "p200", &[("app", "api")], "10.1.9.9");
+    let ops = diff(&desired(&p, &index, &opts), &actual);
+    assert!(
+        matches!(ops.as_slice(), [Op::AddAddresses { addresses, .. }] if addresses == &vec![c("10.1.9.9/32")]),
+        "{ops:?}"
+    );
+}

@@ -1,0 +1,439 @@
+//! NetworkPolicy through the real start-up path (`policy`, `kuryrnetworkpolicy`, `pod_label`
+//! handlers, `pod_security_groups_driver = policy`) against the Neutron emulator and, with
+//! KURYR_TEST_NEUTRON_URL set, a real neutron-server: what Neutron holds, not traffic (that is
+//! crates/kuryr-e2e).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::Result;
+use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kuryr_crds::{KuryrNetworkPolicy, KuryrPort};
+use kuryr_neutron::{ListFilter, NeutronClient};
+use serde_json::{Value, json};
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn ini(fx: &NeutronFixture, cluster: &str, handlers: &str) -> String {
+    format!(
+        "[kubernetes]\nenabled_handlers = {handlers}\npod_vif_driver = neutron-vif\nvif_pool_driver = noop\n\
+         pod_security_groups_driver = policy\ncluster_id = {cluster}\n\
+         [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\nresource_tags = k8s,test\n",
+        fx.project, fx.subnet, fx.sg
+    )
+}
+
+async fn labelled_namespace(kube: &kube::Client, name: &str) -> Result<()> {
+    let ns: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"ns": name}}
+    }))?;
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(kube.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    Ok(())
+}
+
+/// A pod with `labels` and, when given, `ip` as its address (no port: only membership is tested).
+async fn pod(kube: &kube::Client, ns: &str, name: &str, labels: Value, ip: Option<&str>) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(kube.clone(), ns);
+    let p: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "spec": {"nodeName": NODES[0], "containers": [{"name": "c", "image": "busybox",
+                 "ports": [{"name": "http", "containerPort": 8080}]}]}
+    }))?;
+    api.create(&PostParams::default(), &p).await?;
+    if let Some(ip) = ip {
+        let status = json!({"status": {"podIP": ip, "podIPs": [{"ip": ip}]}});
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
+    }
+    Ok(())
+}
+
+async fn apply_policy(kube: &kube::Client, ns: &str, name: &str, spec: Value) -> Result<()> {
+    let np: NetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": name, "namespace": ns}, "spec": spec,
+    }))?;
+    Api::<NetworkPolicy>::namespaced(kube.clone(), ns)
+        .create(&PostParams::default(), &np)
+        .await?;
+    Ok(())
+}
+
+/// The addresses of the address group the ingress TCP `port` rule of `sg` names.
+async fn peer_addresses(
+    client: &NeutronClient,
+    sg: &str,
+    port: u32,
+) -> Result<Option<(String, BTreeSet<String>)>> {
+    let rules = client
+        .list_security_group_rules(&ListFilter::new().security_group_id(sg))
+        .await?;
+    let Some(ag) = rules
+        .iter()
+        .find(|r| r.direction == "ingress" && r.port_range_min == Some(port) && r.ethertype == "IPv4")
+        .and_then(|r| r.remote_address_group_id.clone())
+    else {
+        return Ok(None);
+    };
+    let addrs = client
+        .get_address_group(&ag)
+        .await?
+        .addresses
+        .into_iter()
+        .collect();
+    Ok(Some((ag, addrs)))
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn policy_membership_relabel_invalid_content_and_deletion() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let client = &target.client;
+        let fx = neutron_fixture(client, "10.71.0.0/24").await?;
+        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let ctl = start_controller(
+            &kube.client,
+            &target,
+            config(&ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label")),
+            "np-test",
+        );
+        labelled_namespace(&kube.client, "x").await?;
+        pod(&kube.client, "x", "a", json!({"app": "web"}), Some("10.71.0.11")).await?;
+        pod(
+            &kube.client,
+            "x",
+            "b",
+            json!({"app": "client"}),
+            Some("10.71.0.12"),
+        )
+        .await?;
+        pod(
+            &kube.client,
+            "x",
+            "c",
+            json!({"app": "other"}),
+            Some("10.71.0.13"),
+        )
+        .await?;
+        apply_policy(
+            &kube.client,
+            "x",
+            "web",
+            json!({"podSelector": {"matchLabels": {"app": "web"}},
+                   "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}], "ports": [{"port": 80}]}]}),
+        )
+        .await?;
+
+        let knps: Api<KuryrNetworkPolicy> = Api::namespaced(kube.client.clone(), "x");
+        let sg = eventually("KuryrNetworkPolicy status with a group", WAIT, || async {
+            Ok(knps
+                .get_opt("web")
+                .await?
+                .and_then(|k| k.status)
+                .and_then(|s| s.security_group_id))
+        })
+        .await?;
+        let sgs = client.list_security_groups(&ListFilter::new().id(&sg)).await?;
+        assert!(
+            sgs[0].tags.contains(&format!("kuryr-rs.cluster={cluster}")),
+            "{}: ownership tags {:?}",
+            target.name,
+            sgs[0].tags
+        );
+        let (ag, addrs) =
+            eventually("the client peer group", WAIT, || peer_addresses(client, &sg, 80)).await?;
+        assert_eq!(
+            addrs,
+            set(&["10.71.0.12/32"]),
+            "{}: only x/b is a client",
+            target.name
+        );
+        let rules_before: BTreeSet<String> = client
+            .list_security_group_rules(&ListFilter::new().security_group_id(&sg))
+            .await?
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        assert!(
+            rules_before.len() >= 2,
+            "{}: tcp/80 for IPv4 and IPv6 at least",
+            target.name
+        );
+
+        // x/c becomes a client: it joins the group, the rules stay as they are.
+        let pods: Api<Pod> = Api::namespaced(kube.client.clone(), "x");
+        pods.patch(
+            "c",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"app": "client"}}})),
+        )
+        .await?;
+        eventually("x/c in the client group", WAIT, || async {
+            let a = client.get_address_group(&ag).await?.addresses;
+            Ok((a == ["10.71.0.12/32", "10.71.0.13/32"]).then_some(()))
+        })
+        .await?;
+        let rules_after: BTreeSet<String> = client
+            .list_security_group_rules(&ListFilter::new().security_group_id(&sg))
+            .await?
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(
+            rules_before, rules_after,
+            "{}: no rule rewritten on relabel",
+            target.name
+        );
+
+        // Content the translation refuses: a Warning Event naming the field; `web` unaffected.
+        apply_policy(
+            &kube.client,
+            "x",
+            "bad",
+            json!({"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]}]}),
+        )
+        .await?;
+        let events: Api<Event> = Api::namespaced(kube.client.clone(), "x");
+        let note = eventually("a Warning Event on x/bad", WAIT, || async {
+            Ok(events
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.involved_object.name.as_deref() == Some("bad") && e.type_.as_deref() == Some("Warning")
+                })
+                .and_then(|e| e.message))
+        })
+        .await?;
+        assert!(
+            note.contains("spec.ingress[0].from[0].ipBlock"),
+            "{}: {note}",
+            target.name
+        );
+        assert!(
+            knps.get_opt("bad").await?.is_none(),
+            "an invalid policy enforces nothing"
+        );
+
+        // Deleting the policy deletes its groups and lets the objects go.
+        Api::<NetworkPolicy>::namespaced(kube.client.clone(), "x")
+            .delete("web", &DeleteParams::default())
+            .await?;
+        eventually("groups of x/web deleted", WAIT, || async {
+            let sg_gone = client
+                .list_security_groups(&ListFilter::new().id(&sg))
+                .await?
+                .is_empty();
+            let ag_gone = client
+                .get_address_group(&ag)
+                .await
+                .is_err_and(|e| e.is_not_found());
+            let knp_gone = knps.get_opt("web").await?.is_none();
+            Ok((sg_gone && ag_gone && knp_gone).then_some(()))
+        })
+        .await?;
+        ctl.shutdown().await?;
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_pod_gets_its_policy_group_before_its_port_is_active() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let client = &target.client;
+        let fx = neutron_fixture(client, "10.72.0.0/24").await?;
+        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let ctl = start_controller(
+            &kube.client,
+            &target,
+            config(&ini(
+                &fx,
+                &cluster,
+                "vif,kuryrport,policy,kuryrnetworkpolicy,pod_label",
+            )),
+            "np-test-ports",
+        );
+        labelled_namespace(&kube.client, "y").await?;
+        apply_policy(
+            &kube.client,
+            "y",
+            "deny",
+            json!({"podSelector": {"matchLabels": {"app": "db"}}, "policyTypes": ["Ingress"]}),
+        )
+        .await?;
+        let knps: Api<KuryrNetworkPolicy> = Api::namespaced(kube.client.clone(), "y");
+        let sg = eventually("the deny group", WAIT, || async {
+            Ok(knps
+                .get_opt("deny")
+                .await?
+                .and_then(|k| k.status)
+                .and_then(|s| s.security_group_id))
+        })
+        .await?;
+        pod(&kube.client, "y", "db", json!({"app": "db"}), None).await?;
+        pod(&kube.client, "y", "web", json!({"app": "web"}), None).await?;
+        let kps: Api<KuryrPort> = Api::namespaced(kube.client.clone(), "y");
+        let port_of = |name: &'static str| {
+            let kps = kps.clone();
+            async move {
+                Ok(kps.get_opt(name).await?.and_then(|k| k.status).and_then(|s| {
+                    s.vifs
+                        .values()
+                        .find(|v| v.default)
+                        .map(|v| v.vif.id().to_string())
+                }))
+            }
+        };
+        let db_port = eventually("y/db's port", WAIT, || port_of("db")).await?;
+        let web_port = eventually("y/web's port", WAIT, || port_of("web")).await?;
+        let db = client.get_port(&db_port).await?;
+        assert!(
+            db.security_groups.contains(&sg),
+            "{}: {:?}",
+            target.name,
+            db.security_groups
+        );
+        assert!(
+            !db.security_groups.contains(&fx.sg),
+            "{}: a selected pod does not keep the default group",
+            target.name
+        );
+        assert_eq!(
+            client.get_port(&web_port).await?.security_groups,
+            vec![fx.sg.clone()],
+            "{}: an unselected pod keeps the defaults",
+            target.name
+        );
+        Api::<Pod>::namespaced(kube.client.clone(), "y")
+            .delete("db", &DeleteParams::default())
+            .await?;
+        Api::<Pod>::namespaced(kube.client.clone(), "y")
+            .delete("web", &DeleteParams::default())
+            .await?;
+        Api::<NetworkPolicy>::namespaced(kube.client.clone(), "y")
+            .delete("deny", &DeleteParams::default())
+            .await?;
+        eventually("the deny group deleted", WAIT, || async {
+            Ok(client
+                .list_security_groups(&ListFilter::new().id(&sg))
+                .await?
+                .is_empty()
+                .then_some(()))
+        })
+        .await?;
+        ctl.shutdown().await?;
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}
+
+/// Drops `name`'s finalizers and deletes it: what `kubectl delete` plus a hand-edited finalizer
+/// list does while no controller runs.
+async fn force_delete<K>(api: &Api<K>, name: &str) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn groups_of_a_policy_deleted_while_the_controller_was_down_are_swept() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let client = &target.client;
+        let fx = neutron_fixture(client, "10.73.0.0/24").await?;
+        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let cfg = ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label");
+        let first = start_controller(&kube.client, &target, config(&cfg), "np-sweep-1");
+        labelled_namespace(&kube.client, "z").await?;
+        pod(&kube.client, "z", "a", json!({"app": "a"}), Some("10.73.0.5")).await?;
+        apply_policy(
+            &kube.client,
+            "z",
+            "gone",
+            json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "a"}}}]}]}),
+        )
+        .await?;
+        let knps: Api<KuryrNetworkPolicy> = Api::namespaced(kube.client.clone(), "z");
+        let sg = eventually("the group of z/gone", WAIT, || async {
+            Ok(knps
+                .get_opt("gone")
+                .await?
+                .and_then(|k| k.status)
+                .and_then(|s| s.security_group_id))
+        })
+        .await?;
+        let (ag, _) = eventually("its peer group", WAIT, || async {
+            let rules = client
+                .list_security_group_rules(&ListFilter::new().security_group_id(&sg))
+                .await?;
+            Ok(rules
+                .iter()
+                .find_map(|r| r.remote_address_group_id.clone())
+                .map(|a| (a, ())))
+        })
+        .await?;
+        first.kill();
+        force_delete(
+            &Api::<NetworkPolicy>::namespaced(kube.client.clone(), "z"),
+            "gone",
+        )
+        .await?;
+        force_delete(&knps, "gone").await?;
+
+        let second = start_controller(&kube.client, &target, config(&cfg), "np-sweep-2");
+        // Any policy event starts the sweep.
+        apply_policy(&kube.client, "z", "other", json!({"podSelector": {}})).await?;
+        eventually("the orphaned groups deleted", WAIT, || async {
+            let sg_gone = client
+                .list_security_groups(&ListFilter::new().id(&sg))
+                .await?
+                .is_empty();
+            let ag_gone = client
+                .get_address_group(&ag)
+                .await
+                .is_err_and(|e| e.is_not_found());
+            Ok((sg_gone && ag_gone).then_some(()))
+        })
+        .await?;
+        Api::<NetworkPolicy>::namespaced(kube.client.clone(), "z")
+            .delete("other", &DeleteParams::default())
+            .await?;
+        eventually("z/other released", WAIT, || async {
+            Ok(knps.get_opt("other").await?.is_none().then_some(()))
+        })
+        .await?;
+        second.shutdown().await?;
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}
