@@ -70,7 +70,12 @@ proptest! {
 
 #[test]
 fn the_hardening_options_are_known() {
-    for o in ["allow_non_loopback_bind", "max_connections", "max_concurrent_adds", "request_read_timeout"] {
+    for o in [
+        "allow_non_loopback_bind",
+        "max_connections",
+        "max_concurrent_adds",
+        "request_read_timeout",
+    ] {
         assert!(CniDaemonSection::OPTIONS.contains(&o), "{o}");
     }
     let loaded = KuryrConfig::from_ini_str("[cni_daemon]\nmax_connections = lots\n");

@@ -234,7 +234,10 @@ async fn add_errors_name_the_problem() {
         .unwrap();
     assert_eq!(e.code(), 4, "{e}");
     assert!(e.to_string().contains("CNI_NETNS"), "{e}");
-    assert!(started.elapsed() < Duration::from_secs(2), "refused after the VIF wait");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "refused after the VIF wait"
+    );
     let e = d
         .add(&body("p", "c", "/proc/self/ns/net", "eth0", "u"))
         .await
