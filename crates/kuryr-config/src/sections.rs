@@ -297,7 +297,9 @@ config_section! {
         ssl_client_crt_file: Option<String> = None,
         ssl_client_key_file: Option<String> = None,
         ssl_ca_crt_file: Option<String> = Some(s("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")),
-        ssl_verify_server_crt: bool = false,
+        /// Unset (kuryr-rs): verify, with `ssl_ca_crt_file` when it exists, else the system roots;
+        /// `False` turns verification off as upstream's default did.
+        ssl_verify_server_crt: Option<bool> = None,
         token_file: Option<String> = Some(s("/var/run/secrets/kubernetes.io/serviceaccount/token")),
         pod_project_driver: ProjectDriver = ProjectDriver::Default,
         service_project_driver: ProjectDriver = ProjectDriver::Default,
