@@ -149,6 +149,66 @@ mod tests {
         assert!(err.contains("ssl_client_key_file"), "{err}");
     }
 
+    /// Every formatted log line of the current thread's subscriber.
+    #[derive(Clone, Default)]
+    struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            if let Ok(mut v) = self.0.lock() {
+                v.extend_from_slice(b);
+            }
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_kubeconfig_token_never_reaches_a_trace_log() -> anyhow::Result<()> {
+        const TOKEN: &str = "kubeconfig-token-must-never-be-logged-5e21";
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let emu = kube_emulator::KubeEmulator::start(kube_emulator::KubeOptions::default()).await?;
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+                 clusters: [{{name: k, cluster: {{server: \"{}\"}}}}]\n\
+                 users: [{{name: u, user: {{token: {TOKEN}}}}}]\n\
+                 contexts: [{{name: c, context: {{cluster: k, user: u}}}}]\n",
+                emu.url()
+            ),
+        )?;
+        let args = KubeArgs {
+            kubeconfig: Some(path),
+        };
+        let client = client(&args, &KuryrConfig::default()).await?;
+        client.apiserver_version().await?;
+        let _ = emu.shutdown().await;
+        let log =
+            String::from_utf8_lossy(&lines.0.lock().map(|v| v.clone()).unwrap_or_default()).into_owned();
+        // The check means something only if the HTTP stack logged at trace/debug level.
+        assert!(
+            log.lines().any(|l| l.contains("TRACE") || l.contains("DEBUG")),
+            "{log}"
+        );
+        assert!(
+            !log.contains(TOKEN),
+            "the kubeconfig token is in the logs:\n{log}"
+        );
+        Ok(())
+    }
+
     #[test]
     fn bad_api_root_names_the_option() {
         let k = section("[kubernetes]\napi_root = not a url\n");
