@@ -66,6 +66,21 @@ proptest! {
             );
         }
     }
+
+    #[test]
+    fn environment_overrides_never_panic_and_name_the_variable(
+        section in prop_oneof![Just("CNI_DAEMON".to_string()), Just("VIF_POOL".to_string()), "[A-Z_]{0,12}"],
+        option in prop_oneof![Just("WORKER_NUM".to_string()), Just("PORTS_POOL_MAX".to_string()), "[A-Z_]{0,12}"],
+        value in "[^\\x00]{0,40}",
+    ) {
+        let var = format!("KURYR__{section}__{option}");
+        let empty: [&str; 0] = [];
+        if let Err(e) = KuryrConfig::load_with_env(&empty, [(var.clone(), value.clone())]) {
+            let e = e.to_string();
+            let option = option.to_lowercase();
+            prop_assert!(e.contains(&var) || e.contains(&option), "{var}={value:?}: {e}");
+        }
+    }
 }
 
 #[test]
