@@ -648,6 +648,10 @@ async fn busy_slots_are_answered_with_try_again_later() {
     assert_eq!(d.metrics.rejected("connections"), 1);
     probes_answer(&s).await;
     // Only one of the eight holds an ADD slot; the others queue for it.
+    let until = Instant::now() + Duration::from_secs(2);
+    while d.metrics.adds_in_flight.get() == 0 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(d.metrics.adds_in_flight.get(), 1);
     // Every one is told to try again later: the slot holder when its VIFs
     // do not come, a waiter when no slot frees up in time.
