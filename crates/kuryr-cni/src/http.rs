@@ -161,7 +161,7 @@ pub fn request(
 }
 
 /// `Ok(None)` while the response is incomplete.
-fn parse_response(raw: &[u8]) -> Result<Option<Response>, HttpError> {
+pub(crate) fn parse_response(raw: &[u8]) -> Result<Option<Response>, HttpError> {
     let Some(head_end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
         return Ok(None);
     };
@@ -223,7 +223,13 @@ fn decode_chunked(mut body: &[u8]) -> Result<Option<Vec<u8>>, HttpError> {
         if size == 0 {
             return Ok(Some(out));
         }
-        if body.len() < size + 2 {
+        // A size near usize::MAX (a hostile or broken peer) must not overflow.
+        let Some(with_crlf) = size.checked_add(2) else {
+            return Err(HttpError::Protocol(format!(
+                "chunk size {size_str:?} is too large"
+            )));
+        };
+        if body.len() < with_crlf {
             return Ok(None);
         }
         out.extend_from_slice(&body[..size]);

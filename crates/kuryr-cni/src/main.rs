@@ -9,6 +9,8 @@
 
 mod cni;
 mod http;
+#[cfg(test)]
+mod proptests;
 
 use std::io::Read;
 

@@ -297,7 +297,9 @@ config_section! {
         ssl_client_crt_file: Option<String> = None,
         ssl_client_key_file: Option<String> = None,
         ssl_ca_crt_file: Option<String> = Some(s("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")),
-        ssl_verify_server_crt: bool = false,
+        /// Unset (kuryr-rs): verify, with `ssl_ca_crt_file` when it exists, else the system roots;
+        /// `False` turns verification off as upstream's default did.
+        ssl_verify_server_crt: Option<bool> = None,
         token_file: Option<String> = Some(s("/var/run/secrets/kubernetes.io/serviceaccount/token")),
         pod_project_driver: ProjectDriver = ProjectDriver::Default,
         service_project_driver: ProjectDriver = ProjectDriver::Default,
@@ -471,6 +473,16 @@ config_section! {
         docker_mode: bool = false,
         netns_proc_dir: Option<String> = None,
         cni_failures_count: u32 = 3,
+        /// kuryr-rs: let `bind_address` be other than a loopback address (the API has no
+        /// authentication, so anything that reaches it can plug and unplug pods).
+        allow_non_loopback_bind: bool = false,
+        /// kuryr-rs: connections the API serves at once (capped further by the open-file limit).
+        max_connections: u32 = 1024,
+        /// kuryr-rs: ADD requests in flight at once; more wait for a slot within
+        /// `vif_annotation_timeout`.
+        max_concurrent_adds: u32 = 128,
+        /// kuryr-rs: seconds a client has to send the request head, and again its body.
+        request_read_timeout: u64 = 10,
     }
 }
 

@@ -82,7 +82,7 @@ fn devstack_file_gives_typed_values() {
     let k = &c.kubernetes;
     assert_eq!(k.api_root, "https://192.168.122.10:6443");
     assert_eq!(k.token_file.as_deref(), Some("/etc/kuryr/token"));
-    assert!(k.ssl_verify_server_crt);
+    assert_eq!(k.ssl_verify_server_crt, Some(true));
     assert!(k.port_debug);
     assert!(!k.use_events);
     assert_eq!(k.vif_pool_driver, VifPoolDriver::Neutron);

@@ -107,14 +107,8 @@ impl Platform {
             availability_zone: annotations.get(AZ_ANNOTATION).cloned(),
             resource_affinity: annotations
                 .get(AFFINITY_ANNOTATION)
-                .map(|a| {
-                    a.split(',')
-                        .filter_map(|kv| {
-                            kv.split_once('=')
-                                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-                        })
-                        .collect()
-                })
+                .map(|a| crate::placement::parse_affinity(a))
+                .transpose()?
                 .unwrap_or_default(),
         };
         binder.bind(&req).await

@@ -49,8 +49,62 @@ where
     Api::namespaced(client.clone(), &obj.namespace().unwrap_or_default())
 }
 
-/// Adds `finalizer` unless present. JSON patch with a `test` op on the current list so that a
-/// concurrent writer makes us fail (and retry) instead of clobbering its change.
+/// Attempts at a finalizer patch; each one after the first re-reads the object.
+const FINALIZER_ATTEMPTS: usize = 3;
+
+/// The patch's `test` found the copy in hand stale (422 from JSON patch, 409 from a conflict).
+fn stale_copy(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409 || s.code == 422)
+}
+
+/// Applies the JSON patch `build` makes from the object (`None`: nothing to do). The patch tests
+/// the current finalizer list so that a concurrent writer is never clobbered; when that test
+/// fails, the copy in hand was stale - usually a watch event older than our own previous write -
+/// so the object is read again and the patch rebuilt from it, rather than failing the handler.
+/// Returns the object as it is now, `None` when it is gone.
+async fn patch_finalizers<K>(
+    client: &Client,
+    obj: &K,
+    build: impl Fn(&K) -> Option<serde_json::Value>,
+) -> Result<Option<K>, Error>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + std::fmt::Debug,
+{
+    let api = api_for(client, obj);
+    let name = obj.name_any();
+    let mut current = obj.clone();
+    let mut attempt = 1;
+    loop {
+        let Some(patch) = build(&current) else {
+            return Ok(Some(current));
+        };
+        let patch: json_patch::Patch =
+            serde_json::from_value(patch).map_err(|e| Error::serialization("finalizer patch", e))?;
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
+            .await
+        {
+            Ok(o) => return Ok(Some(o)),
+            Err(e) if is_not_found(&e) => return Ok(None),
+            Err(e) if stale_copy(&e) && attempt < FINALIZER_ATTEMPTS => {
+                tracing::debug!(object = %name, error = %e, "finalizer patch on a stale copy; reading the object again");
+                match api.get_opt(&name).await? {
+                    Some(fresh) => current = fresh,
+                    None => return Ok(None),
+                }
+                attempt += 1;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Adds `finalizer` unless present (see [`patch_finalizers`] for concurrent writers and stale
+/// copies). An object that is gone is [`Error::Gone`].
 pub async fn add_finalizer<K>(client: &Client, obj: &K, finalizer: &str) -> Result<K, Error>
 where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
@@ -59,32 +113,28 @@ where
         + Serialize
         + std::fmt::Debug,
 {
-    if obj.finalizers().iter().any(|f| f == finalizer) {
-        return Ok(obj.clone());
-    }
-    let patch = if obj.meta().finalizers.is_none() {
-        json!([
-            {"op": "test", "path": "/metadata/finalizers", "value": null},
-            {"op": "add", "path": "/metadata/finalizers", "value": [finalizer]},
-        ])
-    } else {
-        json!([
-            {"op": "test", "path": "/metadata/finalizers", "value": obj.finalizers()},
-            {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer},
-        ])
+    let build = |o: &K| {
+        if o.finalizers().iter().any(|f| f == finalizer) {
+            return None;
+        }
+        Some(if o.meta().finalizers.is_none() {
+            json!([
+                {"op": "test", "path": "/metadata/finalizers", "value": null},
+                {"op": "add", "path": "/metadata/finalizers", "value": [finalizer]},
+            ])
+        } else {
+            json!([
+                {"op": "test", "path": "/metadata/finalizers", "value": o.finalizers()},
+                {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer},
+            ])
+        })
     };
-    let patch: json_patch::Patch =
-        serde_json::from_value(patch).map_err(|e| Error::serialization("finalizer patch", e))?;
-    Ok(api_for(client, obj)
-        .patch(
-            &obj.name_any(),
-            &PatchParams::default(),
-            &Patch::<()>::Json(patch),
-        )
-        .await?)
+    patch_finalizers(client, obj, build)
+        .await?
+        .ok_or_else(|| Error::Gone(format!("{} {}", K::kind(&()), obj.name_any())))
 }
 
-/// Removes `finalizer` if present; a 404 means the object is already gone, which is success.
+/// Removes `finalizer` if present; an object that is already gone is success.
 pub async fn remove_finalizer<K>(client: &Client, obj: &K, finalizer: &str) -> Result<(), Error>
 where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
@@ -93,28 +143,15 @@ where
         + Serialize
         + std::fmt::Debug,
 {
-    let Some(idx) = obj.finalizers().iter().position(|f| f == finalizer) else {
-        return Ok(());
+    let build = |o: &K| {
+        let idx = o.finalizers().iter().position(|f| f == finalizer)?;
+        let path = format!("/metadata/finalizers/{idx}");
+        Some(json!([
+            {"op": "test", "path": path, "value": finalizer},
+            {"op": "remove", "path": path},
+        ]))
     };
-    let path = format!("/metadata/finalizers/{idx}");
-    let patch = json!([
-        {"op": "test", "path": path, "value": finalizer},
-        {"op": "remove", "path": path},
-    ]);
-    let patch: json_patch::Patch =
-        serde_json::from_value(patch).map_err(|e| Error::serialization("finalizer patch", e))?;
-    match api_for(client, obj)
-        .patch(
-            &obj.name_any(),
-            &PatchParams::default(),
-            &Patch::<()>::Json(patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(e) if is_not_found(&e) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    patch_finalizers(client, obj, build).await.map(|_| ())
 }
 
 /// Records an Event on `obj` (see `kuryr_crds::events`). Failures are logged, never raised: an

@@ -41,6 +41,9 @@ pub fn vif_name_for_port(port_id: &str) -> String {
 pub enum VifError {
     #[error("invalid os-vif object: {0}")]
     Json(#[from] serde_json::Error),
+    /// A value read from the wire that does not fit, with the path to it.
+    #[error("invalid os-vif object: {0}")]
+    Invalid(String),
     #[error("invalid CIDR {value:?} in {field}: {reason}")]
     Cidr {
         field: &'static str,
@@ -125,7 +128,7 @@ fn check_envelope(
 fn parse_envelope<T: VersionedObject + DeserializeOwned>(env: EnvelopeIn<Value>) -> Result<T, String> {
     check_envelope(T::NAME, T::VERSION, &env.name, &env.namespace, &env.version)?;
     let mut obj: T =
-        serde_json::from_value(env.data).map_err(|e| format!("{}: versioned_object.data: {e}", T::NAME))?;
+        from_value_at(env.data).map_err(|e| format!("{}: versioned_object.data: {e}", T::NAME))?;
     *obj.meta_mut() = ObjMeta {
         version: Some(env.version),
         changes: env.changes,
@@ -218,7 +221,43 @@ pub fn to_primitive<T: VersionedObject + Serialize>(obj: &T) -> Result<Value, Vi
 
 /// Parses the full envelope JSON (oslo's `obj_from_primitive`).
 pub fn from_primitive<T: VersionedObject + DeserializeOwned>(value: Value) -> Result<T, VifError> {
-    Ok(serde_json::from_value::<Unwrapped<T>>(value)?.0)
+    from_value_at::<Unwrapped<T>>(value)
+        .map(|u| u.0)
+        .map_err(VifError::Invalid)
+}
+
+/// `serde_json::from_value`, with the path to a value that does not fit in
+/// front of the message (`subnets.objects[0].cidr: invalid type ...`).
+fn from_value_at<T: DeserializeOwned>(value: Value) -> Result<T, String> {
+    let copy = value.clone();
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path != "." {
+            return format!("{path}: {inner}");
+        }
+        match culprit_key::<T>(&copy) {
+            Some(key) => format!("{key}: {inner}"),
+            None => inner.to_string(),
+        }
+    })
+}
+
+/// The key of `value` a flattened field rejected (serde loses the path
+/// through `#[serde(flatten)]`): the one whose removal makes the object
+/// read, or turns the error into that key missing. Only runs on errors.
+fn culprit_key<T: DeserializeOwned>(value: &Value) -> Option<String> {
+    let Value::Object(m) = value else { return None };
+    m.keys()
+        .find(|k| {
+            let mut without = m.clone();
+            without.remove(k.as_str());
+            match serde_json::from_value::<T>(Value::Object(without)) {
+                Ok(_) => true,
+                Err(e) => e.to_string().contains(&format!("missing field `{k}`")),
+            }
+        })
+        .cloned()
 }
 
 /// Element type of an os-vif object list, naming the list class.
@@ -804,7 +843,7 @@ impl Vif {
     }
 
     pub fn from_primitive(value: Value) -> Result<Self, VifError> {
-        Ok(serde_json::from_value(value)?)
+        from_value_at(value).map_err(VifError::Invalid)
     }
 }
 

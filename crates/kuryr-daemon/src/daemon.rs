@@ -12,11 +12,12 @@ use kuryr_crds::{KuryrPort, Vif};
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::api::{CniParams, DaemonError};
+use crate::api::{CniParams, Command, DaemonError};
 use crate::binding::{BindingConfig, BindingDrivers, BindingError, PlugSpec, PlugTarget, TeardownError};
 use crate::metrics::Metrics;
 use crate::netlink::{NetNs, Netlink};
 use crate::registry::{Attachment, Entry, PodKey, Registry, Wait};
+use crate::server::ServerLimits;
 use crate::state::{Record, StateDir};
 use crate::vif;
 
@@ -46,6 +47,8 @@ pub struct DaemonConfig {
     /// (tests, sandbox): only host link aliases survive a restart.
     pub state_dir: Option<PathBuf>,
     pub binding: BindingConfig,
+    /// Connections, in-flight ADDs, read timeouts and sizes of the API.
+    pub limits: ServerLimits,
 }
 
 /// The state directory of `kuryr daemon`: on a tmpfs, since a reboot ends
@@ -64,6 +67,7 @@ impl DaemonConfig {
             netns_proc_dir: None,
             state_dir: None,
             binding: BindingConfig::default(),
+            limits: ServerLimits::default(),
         }
     }
 
@@ -78,6 +82,7 @@ impl DaemonConfig {
     pub fn from_kuryr_config(cfg: &kuryr_config::KuryrConfig, node_name: impl Into<String>) -> Self {
         let mut out = Self::new(node_name);
         out.bind_address = cfg.cni_daemon.bind_address;
+        out.limits = ServerLimits::from_kuryr_config(&cfg.cni_daemon);
         out.vif_annotation_timeout = Duration::from_secs(cfg.cni_daemon.vif_annotation_timeout);
         out.netns_proc_dir = cfg.cni_daemon.netns_proc_dir.as_ref().map(PathBuf::from);
         out.state_dir = Some(PathBuf::from(DEFAULT_STATE_DIR));
@@ -135,6 +140,8 @@ pub struct Daemon {
     state: Option<StateDir>,
     events: Arc<dyn PodEvents>,
     api: Arc<dyn ApiHealth>,
+    /// In-flight ADDs (`limits.max_concurrent_adds`).
+    add_slots: tokio::sync::Semaphore,
     /// Serialises requests for one pod; entries are dropped when idle.
     pod_locks: Mutex<HashMap<PodKey, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -158,6 +165,31 @@ impl Drop for PodLock<'_> {
     }
 }
 
+/// One of `max_concurrent_adds`, counted in `adds_in_flight` while held.
+struct AddSlot<'a> {
+    _permit: tokio::sync::SemaphorePermit<'a>,
+    gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl<'a> AddSlot<'a> {
+    fn new(
+        permit: tokio::sync::SemaphorePermit<'a>,
+        gauge: &prometheus_client::metrics::gauge::Gauge,
+    ) -> Self {
+        gauge.inc();
+        Self {
+            _permit: permit,
+            gauge: gauge.clone(),
+        }
+    }
+}
+
+impl Drop for AddSlot<'_> {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
 fn internal(e: impl std::fmt::Display) -> DaemonError {
     DaemonError::Internal(e.to_string())
 }
@@ -167,6 +199,7 @@ impl Daemon {
         Arc::new(Self {
             drivers: BindingDrivers::new(&config.binding),
             state: config.state_dir.clone().map(StateDir::new),
+            add_slots: tokio::sync::Semaphore::new(config.limits.max_concurrent_adds.max(1)),
             config,
             registry: Arc::new(Registry::new()),
             metrics: Metrics::new(),
@@ -326,12 +359,33 @@ impl Daemon {
         }
     }
 
+    /// The (mapped) netns path names something: checked before any wait, so
+    /// a request that can never succeed is answered at once.
+    fn netns_exists(&self, path: &str) -> Result<(), DaemonError> {
+        let mapped = self.netns_path(path);
+        std::fs::symlink_metadata(&mapped)
+            .map(|_| ())
+            .map_err(|e| DaemonError::BadParams(format!("CNI_NETNS {mapped:?}: {e}")))
+    }
+
     async fn add_inner(&self, body: &[u8]) -> Result<AddResult, DaemonError> {
         let p = CniParams::parse(body)?;
-        p.require(&["CNI_IFNAME", "CNI_NETNS", "CNI_CONTAINERID"])?;
+        p.validate(Command::Add)?;
+        self.netns_exists(&p.req.netns)?;
         // The per-pod lock is held only while plugging, never during the
         // waits, so a DEL (or the kubelet's retry) is not stuck behind them.
         let deadline = Instant::now() + self.config.vif_annotation_timeout;
+        let _slot = match tokio::time::timeout_at(deadline, self.add_slots.acquire()).await {
+            Ok(Ok(permit)) => AddSlot::new(permit, &self.metrics.adds_in_flight),
+            Ok(Err(e)) => return Err(internal(e)),
+            Err(_) => {
+                self.metrics.reject("adds_busy");
+                return Err(DaemonError::Timeout(format!(
+                    "{} ADDs in flight: no slot for pod {} within {:?}",
+                    self.config.limits.max_concurrent_adds, p.key, self.config.vif_annotation_timeout
+                )));
+            }
+        };
 
         // 1. the KuryrPort carries VIFs (the Event goes out as the wait starts)
         let kp = self
@@ -445,6 +499,7 @@ impl Daemon {
 
     async fn del_inner(&self, body: &[u8]) -> Result<(), DaemonError> {
         let p = CniParams::parse(body)?;
+        p.validate(Command::Del)?;
         let _lock = self.lock_pod(&p.key).await;
         let entry = self.registry.get(&p.key);
         let attachment = entry.as_ref().and_then(|e| e.attachment.clone());
@@ -524,7 +579,8 @@ impl Daemon {
 
     async fn check_inner(&self, body: &[u8]) -> Result<(), DaemonError> {
         let p = CniParams::parse(body)?;
-        p.require(&["CNI_IFNAME", "CNI_NETNS", "CNI_CONTAINERID"])?;
+        p.validate(Command::Check)?;
+        self.netns_exists(&p.req.netns)?;
         let entry = self.registry.get(&p.key);
         if let (Some(gone), Some(uid)) = (
             entry.as_ref().and_then(|e| e.gone_uid.clone()),
@@ -562,8 +618,7 @@ impl Daemon {
     /// CNI GC (kuryr-rs extension): tear down every attachment whose
     /// container is not in `config_kuryr["cni.dev/valid-attachments"]`.
     pub async fn gc(&self, body: &[u8]) -> Result<usize, DaemonError> {
-        let req: crate::api::CniRequest =
-            serde_json::from_slice(body).map_err(|e| DaemonError::BadParams(format!("request body: {e}")))?;
+        let req = crate::api::CniRequest::from_json(body)?;
         let valid = match req.config_kuryr.get("cni.dev/valid-attachments") {
             None => Vec::new(),
             Some(Value::Array(a)) => a

@@ -23,10 +23,17 @@ pub struct ErrorLabel {
     pub code: u32,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectLabel {
+    pub reason: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub latency: Family<CommandLabel, Histogram>,
     pub errors: Family<ErrorLabel, Counter>,
+    pub rejected: Family<RejectLabel, Counter>,
+    pub adds_in_flight: Gauge,
     pub registry_entries: Gauge,
 }
 
@@ -44,6 +51,20 @@ impl Metrics {
         });
         let errors = Family::<ErrorLabel, Counter>::default();
         let registry_entries = Gauge::default();
+        let rejected = Family::<RejectLabel, Counter>::default();
+        let adds_in_flight = Gauge::default();
+        registry.register(
+            "adds_in_flight",
+            "ADD requests holding one of the [cni_daemon] max_concurrent_adds slots",
+            adds_in_flight.clone(),
+        );
+        registry.register(
+            "rejected_requests",
+            "Requests and connections the daemon's servers turned away before any CNI command ran, by reason \
+             (connections, evicted, header_timeout, body_timeout, malformed, too_large, not_found, \
+             method_not_allowed, adds_busy)",
+            rejected.clone(),
+        );
         registry.register(
             "request_duration_milliseconds",
             "CNI request latency in the daemon, by command (ADD, DEL, CHECK)",
@@ -63,8 +84,27 @@ impl Metrics {
             registry,
             latency,
             errors,
+            rejected,
+            adds_in_flight,
             registry_entries,
         }
+    }
+
+    pub fn reject(&self, reason: &str) {
+        self.rejected
+            .get_or_create(&RejectLabel {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// How many requests were turned away for `reason` so far.
+    pub fn rejected(&self, reason: &str) -> u64 {
+        self.rejected
+            .get_or_create(&RejectLabel {
+                reason: reason.to_string(),
+            })
+            .get()
     }
 
     pub fn observe(&self, command: &str, millis: f64, error_code: Option<u32>) {

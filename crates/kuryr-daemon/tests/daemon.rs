@@ -225,8 +225,21 @@ async fn add_errors_name_the_problem() {
     let d = daemon();
     let e = d.add(b"{}").await.err().unwrap();
     assert_eq!(e.code(), 4);
+    // A namespace that does not exist is refused before any wait.
+    let started = std::time::Instant::now();
     let e = d
         .add(&body("p", "c", "/nonexistent/netns", "eth0", "u"))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.code(), 4, "{e}");
+    assert!(e.to_string().contains("CNI_NETNS"), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "refused after the VIF wait"
+    );
+    let e = d
+        .add(&body("p", "c", "/proc/self/ns/net", "eth0", "u"))
         .await
         .err()
         .unwrap();

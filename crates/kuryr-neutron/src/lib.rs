@@ -24,6 +24,8 @@ pub mod error;
 pub mod filter;
 pub mod metrics;
 pub mod octavia;
+#[cfg(test)]
+mod proptests;
 mod transport;
 pub mod types;
 

@@ -199,10 +199,18 @@ impl Reply {
     }
 }
 
-/// `Retry-After` in seconds (the HTTP-date form is not used by OpenStack services).
+/// The longest `Retry-After` taken as given: a broken or hostile server's
+/// `u64::MAX` would overflow the callers' deadline arithmetic.
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
+/// `Retry-After` in seconds (the HTTP-date form is not used by OpenStack services),
+/// at most [`MAX_RETRY_AFTER`].
 pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let v = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
-    v.trim().parse::<u64>().ok().map(Duration::from_secs)
+    v.trim()
+        .parse::<u64>()
+        .ok()
+        .map(|s| Duration::from_secs(s).min(MAX_RETRY_AFTER))
 }
 
 fn request_id(headers: &HeaderMap) -> Option<String> {

@@ -18,6 +18,7 @@ use serde_json::json;
 
 const TOKEN: &str = "gAAAAAB-test-token-must-never-be-logged-3f9c";
 const PASSWORD: &str = "pw-must-never-be-logged-81ab";
+const APP_SECRET: &str = "appcred-secret-must-never-be-logged-77d1";
 
 #[derive(Clone, Default)]
 struct Buffer(Arc<Mutex<Vec<u8>>>);
@@ -125,7 +126,7 @@ async fn failed_calls_log_the_request_id_at_warn_and_never_the_token() {
         .expect("global subscriber (with the log bridge for reqwest/rustls)");
 
     let base = start_server();
-    let client = NeutronClient::new(&ClientOptions {
+    let options = ClientOptions {
         auth: AuthOptions {
             auth_type: AuthType::Password,
             auth_url: Some(format!("{base}/identity/v3")),
@@ -140,8 +141,10 @@ async fn failed_calls_log_the_request_id_at_warn_and_never_the_token() {
         retry_base_delay: Duration::from_millis(5),
         retry_max_delay: Duration::from_millis(10),
         ..ClientOptions::default()
-    })
-    .expect("client");
+    };
+    // Options and credentials logged whole (Debug) must redact the secrets.
+    tracing::trace!(?options, "password client options");
+    let client = NeutronClient::new(&options).expect("client");
 
     // A 500 on an idempotent GET: retried once, then failed.
     let e = client.list_networks(&ListFilter::new()).await.expect_err("500");
@@ -154,6 +157,23 @@ async fn failed_calls_log_the_request_id_at_warn_and_never_the_token() {
     assert_eq!(e.request_id(), Some("req-logs-create-409"));
     // A 404 is an answer callers act on ("already gone"), not worth a warning.
     let e = client.get_port("gone").await.expect_err("404");
+    assert!(e.is_not_found());
+
+    // Application credentials: the secret goes to Keystone only.
+    let app_options = ClientOptions {
+        auth: AuthOptions {
+            auth_type: AuthType::ApplicationCredential,
+            auth_url: Some(format!("{base}/identity/v3")),
+            application_credential_id: Some("appcred-id".into()),
+            application_credential_secret: Some(Secret::new(APP_SECRET)),
+            ..AuthOptions::default()
+        },
+        max_attempts: 1,
+        ..ClientOptions::default()
+    };
+    tracing::trace!(?app_options, "application credential client options");
+    let app_client = NeutronClient::new(&app_options).expect("client");
+    let e = app_client.get_port("gone").await.expect_err("404");
     assert!(e.is_not_found());
 
     let logs = buf.text();
@@ -182,4 +202,9 @@ async fn failed_calls_log_the_request_id_at_warn_and_never_the_token() {
     );
     assert!(!logs.contains(TOKEN), "the token is in the logs:\n{logs}");
     assert!(!logs.contains(PASSWORD), "the password is in the logs:\n{logs}");
+    assert!(logs.contains("application credential client options"), "{logs}");
+    assert!(
+        !logs.contains(APP_SECRET),
+        "the application credential secret is in the logs:\n{logs}"
+    );
 }

@@ -32,8 +32,9 @@ async fn kube_config(args: &KubeArgs, k: &KubernetesSection) -> anyhow::Result<k
     from_section(k)
 }
 
-/// `[kubernetes]` the way upstream's client reads it. Upstream verifies the server certificate
-/// only with `ssl_verify_server_crt = True`; kuryr-rs keeps that default for drop-in configs.
+/// `[kubernetes]` the way upstream's client reads it, but verifying the server certificate unless
+/// `ssl_verify_server_crt = False` says otherwise (upstream's default was not to verify): with
+/// `ssl_ca_crt_file` when that file exists, else with the system's roots.
 fn from_section(k: &KubernetesSection) -> anyhow::Result<kube::Config> {
     let url = k
         .api_root
@@ -44,20 +45,24 @@ fn from_section(k: &KubernetesSection) -> anyhow::Result<kube::Config> {
     // Outside a pod the default service-account token does not exist: send no token then.
     cfg.auth_info.token_file = k.token_file.clone().filter(|p| Path::new(p).is_file());
     if https {
-        if k.ssl_verify_server_crt {
-            let ca = k
-                .ssl_ca_crt_file
-                .as_deref()
-                .context("[kubernetes] ssl_verify_server_crt = True needs ssl_ca_crt_file")?;
-            if !Path::new(ca).is_file() {
-                anyhow::bail!("[kubernetes] ssl_ca_crt_file = {ca:?} does not exist");
+        let ca = k.ssl_ca_crt_file.as_deref();
+        match k.ssl_verify_server_crt {
+            Some(false) => {
+                tracing::warn!(
+                    "[kubernetes] ssl_verify_server_crt = False: the API server certificate is not verified"
+                );
+                cfg.accept_invalid_certs = true;
             }
-            cfg.root_cert_file = Some(ca.into());
-        } else {
-            tracing::warn!(
-                "[kubernetes] ssl_verify_server_crt = False: the API server certificate is not verified"
-            );
-            cfg.accept_invalid_certs = true;
+            Some(true) => {
+                let ca = ca.context("[kubernetes] ssl_verify_server_crt = True needs ssl_ca_crt_file")?;
+                if !Path::new(ca).is_file() {
+                    anyhow::bail!("[kubernetes] ssl_ca_crt_file = {ca:?} does not exist");
+                }
+                cfg.root_cert_file = Some(ca.into());
+            }
+            None => {
+                cfg.root_cert_file = ca.filter(|c| Path::new(c).is_file()).map(Into::into);
+            }
         }
         match (&k.ssl_client_crt_file, &k.ssl_client_key_file) {
             (Some(crt), Some(key)) => {
@@ -95,17 +100,35 @@ mod tests {
     }
 
     #[test]
-    fn https_without_verification_accepts_any_certificate_and_reads_the_token_file() -> anyhow::Result<()> {
+    fn https_is_verified_by_default_and_reads_the_token_file() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         let token = dir.path().join("token");
         std::fs::write(&token, "abc")?;
+        let ca = dir.path().join("ca.crt");
+        std::fs::write(&ca, "pem")?;
         let k = section(&format!(
-            "[kubernetes]\napi_root = https://k8s.example:6443\ntoken_file = {}\n",
-            token.display()
+            "[kubernetes]\napi_root = https://k8s.example:6443\ntoken_file = {}\nssl_ca_crt_file = {}\n",
+            token.display(),
+            ca.display()
         ));
         let cfg = from_section(&k)?;
-        assert!(cfg.accept_invalid_certs);
+        assert!(!cfg.accept_invalid_certs);
+        assert_eq!(cfg.root_cert_file.as_deref(), Some(ca.as_path()));
         assert_eq!(cfg.auth_info.token_file.as_deref(), token.to_str());
+        // No CA file: still verified, against the system's roots.
+        let k = section(
+            "[kubernetes]\napi_root = https://k8s.example:6443\nssl_ca_crt_file = /nonexistent/ca.crt\n",
+        );
+        let cfg = from_section(&k)?;
+        assert!(!cfg.accept_invalid_certs);
+        assert_eq!(cfg.root_cert_file, None);
+        Ok(())
+    }
+
+    #[test]
+    fn verification_is_off_only_when_asked() -> anyhow::Result<()> {
+        let k = section("[kubernetes]\napi_root = https://k8s.example:6443\nssl_verify_server_crt = False\n");
+        assert!(from_section(&k)?.accept_invalid_certs);
         Ok(())
     }
 
@@ -124,6 +147,66 @@ mod tests {
             section("[kubernetes]\napi_root = https://k8s.example:6443\nssl_client_crt_file = /tmp/c.crt\n");
         let err = from_section(&k).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("ssl_client_key_file"), "{err}");
+    }
+
+    /// Every formatted log line of the current thread's subscriber.
+    #[derive(Clone, Default)]
+    struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            if let Ok(mut v) = self.0.lock() {
+                v.extend_from_slice(b);
+            }
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_kubeconfig_token_never_reaches_a_trace_log() -> anyhow::Result<()> {
+        const TOKEN: &str = "kubeconfig-token-must-never-be-logged-5e21";
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let emu = kube_emulator::KubeEmulator::start(kube_emulator::KubeOptions::default()).await?;
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+                 clusters: [{{name: k, cluster: {{server: \"{}\"}}}}]\n\
+                 users: [{{name: u, user: {{token: {TOKEN}}}}}]\n\
+                 contexts: [{{name: c, context: {{cluster: k, user: u}}}}]\n",
+                emu.url()
+            ),
+        )?;
+        let args = KubeArgs {
+            kubeconfig: Some(path),
+        };
+        let client = client(&args, &KuryrConfig::default()).await?;
+        client.apiserver_version().await?;
+        let _ = emu.shutdown().await;
+        let log =
+            String::from_utf8_lossy(&lines.0.lock().map(|v| v.clone()).unwrap_or_default()).into_owned();
+        // The check means something only if the HTTP stack logged at trace/debug level.
+        assert!(
+            log.lines().any(|l| l.contains("TRACE") || l.contains("DEBUG")),
+            "{log}"
+        );
+        assert!(
+            !log.contains(TOKEN),
+            "the kubeconfig token is in the logs:\n{log}"
+        );
+        Ok(())
     }
 
     #[test]

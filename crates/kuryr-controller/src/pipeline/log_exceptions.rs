@@ -24,6 +24,11 @@ impl<H: EventHandler> LogExceptions<H> {
 impl<H: EventHandler> EventHandler for LogExceptions<H> {
     async fn handle(&self, event: Event) -> Result<(), Error> {
         if let Err(e) = self.inner.handle(event.clone()).await {
+            // The object went away under the handler: nothing is left to do and nobody to tell.
+            if matches!(e, Error::Gone(_)) {
+                tracing::debug!(handler = %self.name, object = %event.object_ref(), error = %e, "object gone");
+                return Ok(());
+            }
             self.metrics.handler_failure(&self.name, e.label());
             tracing::error!(
                 handler = %self.name,

@@ -78,7 +78,7 @@ impl<H: EventHandler> EventHandler for Retry<H> {
                 return Err(err);
             }
             let wait = err.retry_after().unwrap_or_else(|| self.policy.backoff(attempt));
-            if start.elapsed() + wait > self.policy.deadline {
+            if start.elapsed().saturating_add(wait) > self.policy.deadline {
                 return Err(err);
             }
             tracing::debug!(handler = %self.name, object = %event.object_ref(), attempt, ?wait, error = %err,

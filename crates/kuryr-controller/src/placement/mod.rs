@@ -54,3 +54,31 @@ pub struct BindingRequest {
 pub const AZ_ANNOTATION: &str = "openstack.org/kuryr-availability-zone";
 /// Namespace annotation asking for `key=value[,key=value]` resource affinity.
 pub const AFFINITY_ANNOTATION: &str = "openstack.org/kuryr-resource-affinity";
+
+/// Parses [`AFFINITY_ANNOTATION`]: `key=value` entries separated by commas, blanks around them
+/// ignored. An entry without `=` or with an empty key is refused naming the annotation and the
+/// entry, rather than silently asking for less affinity than the user wrote.
+pub fn parse_affinity(raw: &str) -> Result<BTreeMap<String, String>, crate::error::Error> {
+    let mut out = BTreeMap::new();
+    for (i, entry) in raw.split(',').enumerate() {
+        let entry = entry.trim();
+        if entry.is_empty() {
+            continue;
+        }
+        match entry.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => {
+                out.insert(k.trim().to_string(), v.trim().to_string());
+            }
+            _ => {
+                return Err(crate::error::Error::invalid(
+                    format!("{AFFINITY_ANNOTATION}[{i}]"),
+                    format!(
+                        "{:?} is not key=value",
+                        entry.chars().take(64).collect::<String>()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}

@@ -277,7 +277,7 @@ pub struct Route {
 pub fn validate_ifname(name: &str) -> Result<()> {
     if name.is_empty()
         || name.len() > 15
-        || name.contains('/')
+        || name.contains(['/', ':', '\0'])
         || name.chars().any(char::is_whitespace)
         || name == "."
         || name == ".."

@@ -15,11 +15,18 @@
 //! Errors: `{"code": int, "msg": str, "details": str}` with HTTP 400/code 4
 //! (bad parameters), 410/3 (pod gone or UID mismatch), 504/11 (timed out,
 //! try again later), 500/999 (anything else), 503/50 (STATUS: not ready).
+//! The same body answers what never reaches a command ([`ApiError`]):
+//! malformed HTTP 400/4, unknown path 404/4, wrong method 405/4, head or
+//! body too large 431/413 with code 4, head or body too slow 408/11, every
+//! connection slot busy 503/11.
 
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+mod error;
+pub mod fields;
+
+pub use error::*;
+
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::registry::PodKey;
 
@@ -42,6 +49,51 @@ pub struct CniRequest {
     pub config_kuryr: Value,
 }
 
+impl CniRequest {
+    /// Parse a body, naming the field that is wrong: every `CNI_*` key is a
+    /// string (or absent/null), `config_kuryr` an object (or absent/null);
+    /// unknown keys are ignored, as upstream does.
+    pub fn from_json(body: &[u8]) -> Result<Self, DaemonError> {
+        let v: Value = serde_json::from_slice(body)
+            .map_err(|e| DaemonError::BadParams(format!("request body is not JSON: {e}")))?;
+        let Value::Object(mut o) = v else {
+            return Err(DaemonError::BadParams("request body is not a JSON object".into()));
+        };
+        let mut text = |key: &str| match o.remove(key) {
+            None | Some(Value::Null) => Ok(String::new()),
+            Some(Value::String(s)) => Ok(s),
+            Some(_) => Err(DaemonError::BadParams(format!("{key} must be a string"))),
+        };
+        let req = Self {
+            ifname: text("CNI_IFNAME")?,
+            netns: text("CNI_NETNS")?,
+            path: text("CNI_PATH")?,
+            command: text("CNI_COMMAND")?,
+            container_id: text("CNI_CONTAINERID")?,
+            args: text("CNI_ARGS")?,
+            config_kuryr: match o.remove("config_kuryr") {
+                None | Some(Value::Null) => Value::Null,
+                Some(v @ Value::Object(_)) => v,
+                Some(_) => {
+                    return Err(DaemonError::BadParams(
+                        "config_kuryr must be a JSON object".into(),
+                    ));
+                }
+            },
+        };
+        fields::command(&req.command).map_err(DaemonError::BadParams)?;
+        Ok(req)
+    }
+}
+
+/// What a request asks for; it decides which fields are required.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    Add,
+    Del,
+    Check,
+}
+
 /// A request with its `CNI_ARGS` parsed and checked.
 #[derive(Clone, Debug)]
 pub struct CniParams {
@@ -51,17 +103,18 @@ pub struct CniParams {
 }
 
 impl CniParams {
-    /// Parse the body; `K8S_POD_NAMESPACE` and `K8S_POD_NAME` are required.
+    /// Parse the body; `K8S_POD_NAMESPACE` and `K8S_POD_NAME` are required
+    /// and must be Kubernetes names, `K8S_POD_UID` a UID when set.
     pub fn parse(body: &[u8]) -> Result<Self, DaemonError> {
-        let req: CniRequest = serde_json::from_slice(body)
-            .map_err(|e| DaemonError::BadParams(format!("request body is not a CNI request: {e}")))?;
+        let req = CniRequest::from_json(body)?;
         let mut ns = None;
         let mut name = None;
         let mut uid = None;
         for kv in req.args.split(';').filter(|s| !s.is_empty()) {
             let Some((k, v)) = kv.split_once('=') else {
                 return Err(DaemonError::BadParams(format!(
-                    "CNI_ARGS entry {kv:?} is not K=V"
+                    "CNI_ARGS entry {:?} is not K=V",
+                    kv.chars().take(64).collect::<String>()
                 )));
             };
             match k {
@@ -77,6 +130,12 @@ impl CniParams {
         let name = name
             .filter(|s| !s.is_empty())
             .ok_or_else(|| DaemonError::BadParams("CNI_ARGS: K8S_POD_NAME is missing".into()))?;
+        let bad = |e: String| DaemonError::BadParams(format!("CNI_ARGS: {e}"));
+        fields::namespace(&ns).map_err(bad)?;
+        fields::pod_name(&name).map_err(bad)?;
+        if let Some(uid) = &uid {
+            fields::pod_uid(uid).map_err(bad)?;
+        }
         Ok(Self {
             req,
             key: PodKey::new(ns, name),
@@ -84,80 +143,40 @@ impl CniParams {
         })
     }
 
-    pub fn require(&self, fields: &[&str]) -> Result<(), DaemonError> {
-        for f in fields {
-            let v = match *f {
-                "CNI_IFNAME" => &self.req.ifname,
-                "CNI_NETNS" => &self.req.netns,
-                "CNI_CONTAINERID" => &self.req.container_id,
-                _ => continue,
-            };
-            if v.is_empty() {
-                return Err(DaemonError::BadParams(format!("{f} is missing")));
+    /// Every field `command` needs is set and well formed. DEL takes empty
+    /// fields (the runtime may have lost the namespace or the container),
+    /// but not malformed ones.
+    pub fn validate(&self, command: Command) -> Result<(), DaemonError> {
+        let r = &self.req;
+        if command != Command::Del {
+            for (name, v) in [
+                ("CNI_IFNAME", &r.ifname),
+                ("CNI_NETNS", &r.netns),
+                ("CNI_CONTAINERID", &r.container_id),
+            ] {
+                if v.is_empty() {
+                    return Err(DaemonError::BadParams(format!("{name} is missing")));
+                }
             }
         }
-        crate::netlink::validate_ifname(&self.req.ifname)
-            .map_err(|e| DaemonError::BadParams(format!("CNI_IFNAME: {e}")))
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum DaemonError {
-    #[error("{0}")]
-    BadParams(String),
-    #[error("{0}")]
-    PodGone(String),
-    #[error("{0}")]
-    Timeout(String),
-    #[error("{0}")]
-    NotReady(String),
-    #[error("{0}")]
-    Internal(String),
-}
-
-impl DaemonError {
-    /// CNI error code (upstream numbering).
-    pub fn code(&self) -> u32 {
-        match self {
-            Self::BadParams(_) => 4,
-            Self::PodGone(_) => 3,
-            Self::Timeout(_) => 11,
-            Self::NotReady(_) => 50,
-            Self::Internal(_) => 999,
+        if !r.ifname.is_empty() {
+            crate::netlink::validate_ifname(&r.ifname)
+                .map_err(|e| DaemonError::BadParams(format!("CNI_IFNAME: {e}")))?;
         }
-    }
-
-    pub fn status(&self) -> StatusCode {
-        match self {
-            Self::BadParams(_) => StatusCode::BAD_REQUEST,
-            Self::PodGone(_) => StatusCode::GONE,
-            Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            Self::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        if !r.netns.is_empty() {
+            fields::netns_path(&r.netns).map_err(DaemonError::BadParams)?;
         }
-    }
-
-    fn msg(&self) -> &'static str {
-        match self {
-            Self::BadParams(_) => "Required parameters are missing or invalid",
-            Self::PodGone(_) => "Pod was deleted while processing the request",
-            Self::Timeout(_) => "Try Again Later",
-            Self::NotReady(_) => "The kuryr daemon is not ready",
-            Self::Internal(_) => "Internal error",
+        if !r.container_id.is_empty() {
+            fields::container_id(&r.container_id).map_err(DaemonError::BadParams)?;
         }
-    }
-}
-
-impl IntoResponse for DaemonError {
-    fn into_response(self) -> Response {
-        let body = json!({"code": self.code(), "msg": self.msg(), "details": self.to_string()});
-        (self.status(), axum::Json(body)).into_response()
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn cni_args_are_parsed_and_checked() {
@@ -176,6 +195,10 @@ mod tests {
         assert!(CniParams::parse(b"{").is_err());
         assert!(CniParams::parse(br#"{"CNI_ARGS":"garbage"}"#).is_err());
         let p = CniParams::parse(br#"{"CNI_ARGS":"K8S_POD_NAMESPACE=n;K8S_POD_NAME=p"}"#).ok();
-        assert!(p.is_some_and(|p| p.require(&["CNI_NETNS"]).is_err()));
+        assert!(p.as_ref().is_some_and(|p| {
+            p.validate(Command::Add)
+                .is_err_and(|e| e.to_string().contains("CNI_IFNAME"))
+        }));
+        assert!(p.is_some_and(|p| p.validate(Command::Del).is_ok()));
     }
 }
