@@ -37,12 +37,7 @@ pub type HandlerFactory = Box<dyn Fn(&Arc<Context>) -> RegisteredHandler + Send 
 
 /// Upstream handler names kuryr-rs does not provide: accepted in `enabled_handlers` so upstream
 /// configs load, and skipped with a warning.
-pub const NOT_PROVIDED: &[&str] = &[
-    "lb",
-    "lbaasspec",
-    "openshift_machine",
-    "kuryrnetwork_population",
-];
+pub const NOT_PROVIDED: &[&str] = &["lb", "lbaasspec", "openshift_machine", "kuryrnetwork_population"];
 
 pub struct HandlerRegistry {
     factories: BTreeMap<String, HandlerFactory>,
