@@ -134,7 +134,10 @@ async fn unknown_enabled_handler_stops_start_up_and_upstream_only_handlers_are_s
         assert!(msg.contains("enabled_handlers"), "{msg}");
         assert!(msg.contains("\"kuryrprot\""), "{msg}");
         assert!(
-            msg.contains("valid handlers: kuryrnetwork, kuryrnetworkpolicy, kuryrport, namespace, pod_label, policy, vif"),
+            msg.contains(
+                "valid handlers: endpoints, kuryrloadbalancer, kuryrnetwork, kuryrnetworkpolicy, kuryrport, namespace, \
+                 pod_label, policy, service, vif"
+            ),
             "{msg}"
         );
         // Nothing was started: the pod got no KuryrPort.
@@ -142,10 +145,10 @@ async fn unknown_enabled_handler_stops_start_up_and_upstream_only_handlers_are_s
         let kps = Api::<KuryrPort>::namespaced(kube.client.clone(), "demo");
         assert!(kps.list(&ListParams::default()).await?.items.is_empty());
 
-        // Upstream's default list (load balancers) plus network policies: the ones kuryr-rs does
-        // not provide are skipped with a warning each, the others run, and the controller wires
-        // pods.
-        let upstream = "vif,endpoints,service,kuryrloadbalancer,kuryrport,policy,kuryrnetworkpolicy";
+        // Upstream's default list plus network policies and a pre-Victoria name: the one kuryr-rs
+        // does not provide is skipped with a warning, the others run, and the controller wires pods.
+        let upstream =
+            "vif,endpoints,service,kuryrloadbalancer,kuryrport,policy,kuryrnetworkpolicy,lbaasspec";
         let cfg = config(&bare_metal_config(&fx, upstream));
         let opts = options(&kube.client, &target, cfg, HandlerRegistry::with_builtin());
         let stop = CancellationToken::new();
@@ -154,7 +157,7 @@ async fn unknown_enabled_handler_stops_start_up_and_upstream_only_handlers_are_s
         assert!(!ctrl.is_finished(), "{}: controller exited", target.name);
         assert_eq!(neutron.get_port(&port).await?.device_id, pod.uid().unwrap());
         let text = logs.text();
-        for skipped in ["endpoints", "service", "kuryrloadbalancer"] {
+        for skipped in ["lbaasspec"] {
             assert!(
                 text.lines().any(|l| l.contains(" WARN ")
                     && l.contains("not provided by kuryr-rs")
@@ -163,7 +166,15 @@ async fn unknown_enabled_handler_stops_start_up_and_upstream_only_handlers_are_s
                 target.name
             );
         }
-        for provided in ["vif", "kuryrport", "policy", "kuryrnetworkpolicy"] {
+        for provided in [
+            "vif",
+            "kuryrport",
+            "policy",
+            "kuryrnetworkpolicy",
+            "endpoints",
+            "service",
+            "kuryrloadbalancer",
+        ] {
             assert!(
                 !text
                     .lines()
