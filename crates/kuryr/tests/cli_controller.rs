@@ -259,7 +259,10 @@ async fn controller_refuses_an_unknown_handler() -> Result<()> {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("\"kuryrprot\""), "{stderr}");
     assert!(
-        stderr.contains("valid handlers: kuryrnetwork, kuryrport, namespace, vif"),
+        stderr.contains(
+            "valid handlers: endpoints, kuryrloadbalancer, kuryrnetwork, kuryrnetworkpolicy, kuryrport, namespace, \
+             pod_label, policy, service, vif"
+        ),
         "{stderr}"
     );
     // `lb` is upstream's and only skipped.
