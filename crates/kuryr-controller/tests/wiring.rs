@@ -211,16 +211,27 @@ async fn quota_and_bad_annotation_produce_events_while_others_are_wired() -> Res
             bad.regarding.as_ref().and_then(|r| r.name.as_deref()),
             Some("b-0")
         );
-        // The two pods that fit the quota are wired; the controller is still alive.
-        let tight_kps = Api::<KuryrPort>::namespaced(kube.client.clone(), "tight")
-            .list(&ListParams::default())
-            .await?;
-        let wired = tight_kps
-            .items
-            .iter()
-            .filter(|kp| kp.status.as_ref().is_some_and(|s| !s.vifs.is_empty()))
-            .count();
-        assert_eq!(wired, 2, "{}", target.name);
+        // The two pods that fit the quota are wired (the Event of the third may come first); the
+        // controller is still alive.
+        let kps = Api::<KuryrPort>::namespaced(kube.client.clone(), "tight");
+        eventually(
+            &format!("{}: the two pods within the quota wired", target.name),
+            WAIT,
+            || {
+                let kps = kps.clone();
+                async move {
+                    let wired = kps
+                        .list(&ListParams::default())
+                        .await?
+                        .items
+                        .iter()
+                        .filter(|kp| kp.status.as_ref().is_some_and(|s| !s.vifs.is_empty()))
+                        .count();
+                    Ok((wired == 2).then_some(()))
+                }
+            },
+        )
+        .await?;
         assert!(!ctrl.is_finished());
         ctrl.stop.cancel();
         let _ = neutron.reset_quota(&tight).await;

@@ -357,10 +357,16 @@ async fn run(lab: &Lab, octavia: &OctaviaClient, fx: &Fixture) -> Result<()> {
             .map(|l| (&l.provider, &l.vip_address, &l.provisioning_status))
             .collect::<Vec<_>>()
     );
-    ensure!(
-        nb_has_vip(lab)?,
-        "no OVN northbound Load_Balancer with {VIP}:{SVC_PORT}"
-    );
+    // The provider reports ACTIVE to Octavia while its own queue may still be writing the listener's VIP
+    // into the northbound database.
+    let nb_deadline = Instant::now() + Duration::from_secs(30);
+    while !nb_has_vip(lab)? {
+        ensure!(
+            Instant::now() < nb_deadline,
+            "no OVN northbound Load_Balancer with {VIP}:{SVC_PORT}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let names: Vec<&str> = backends.iter().map(Wired::name).collect();
     for c in &clients {
         let took = vip_reaches(c, &names)?;
