@@ -116,7 +116,9 @@ pub fn spawn_endpointslice_controller(store: Arc<Store>) -> StandIn {
             store.find("", "v1", "pods"),
             store.find("discovery.k8s.io", "v1", "endpointslices"),
         ) else {
-            tracing::error!("endpointslice stand-in: services, pods or endpointslices are not served");
+            tracing::warn!(
+                "endpointslice stand-in: services, pods or endpointslices are not served; not started"
+            );
             return;
         };
         let watch = |def| {
