@@ -148,7 +148,8 @@ if curl -sf -o /dev/null "$OCTAVIA_OVN_URL/v2/lbaas/providers"; then
 else
   step "starting Octavia with the ovn provider on the OVN lab (scripts/octavia-lab/start-octavia.sh)"
   STARTED_OCTAVIA_OVN=1
-  OCTAVIA_OVN_LAB="$KURYR_TEST_OVN_LAB" OCTAVIA_LAB="$REPO/.octavia-ovn-lab" OCTAVIA_VENV="$OCTAVIA_LAB/venv" \
+  # Reuse the first Octavia's venv: bash expands these assignments left to right, so OCTAVIA_VENV goes first.
+  OCTAVIA_VENV="$OCTAVIA_LAB/venv" OCTAVIA_OVN_LAB="$KURYR_TEST_OVN_LAB" OCTAVIA_LAB="$REPO/.octavia-ovn-lab" \
     OCTAVIA_API_PORT="${OCTAVIA_OVN_API_PORT:-9877}" OCTAVIA_DB_PORT="${OCTAVIA_OVN_DB_PORT:-3319}" \
     OCTAVIA_OVN_NEUTRON_URL="$KURYR_TEST_OVN_NEUTRON_URL" "$REPO/scripts/octavia-lab/start-octavia.sh"
 fi
