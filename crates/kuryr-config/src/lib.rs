@@ -468,7 +468,9 @@ fn missing_credentials(config: &KuryrConfig) -> Vec<MissingOption> {
                 ),
             ],
             // Without Keystone there is no catalog to find Neutron in.
-            AuthType::Noauth | AuthType::None => &[("endpoint_override", auth.endpoint_override.is_some())],
+            AuthType::Noauth | AuthType::None => {
+                &[("endpoint_override or endpoint", auth.neutron_endpoint().is_some())]
+            }
         };
         for (option, present) in required {
             if !present {

@@ -581,6 +581,9 @@ config_section! {
         endpoint_type: String = s("public"),
         /// Neutron URL to use instead of the catalog's (e.g. with `auth_type = noauth`).
         endpoint_override: Option<String> = None,
+        /// keystoneauth's `none`/`noauth` plugin option: the URL of every service (what upstream's
+        /// kuryr.conf sets with `auth_type = none`); `endpoint_override` wins when both are set.
+        endpoint: Option<String> = None,
         /// kuryr-rs: Octavia URL to use instead of the catalog's `load-balancer` endpoint (openstacksdk's
         /// name); needed by the Service handlers with `auth_type = noauth`.
         load_balancer_endpoint_override: Option<String> = None,
@@ -637,5 +640,11 @@ impl NeutronAuthSection {
         let t = self.endpoint_type.trim();
         let t = t.strip_suffix("URL").unwrap_or(t);
         t.parse().unwrap_or(Interface::Public)
+    }
+
+    /// The Neutron URL that replaces the catalog's: `endpoint_override`, else the `none` plugin's
+    /// `endpoint`.
+    pub fn neutron_endpoint(&self) -> Option<&str> {
+        self.endpoint_override.as_deref().or(self.endpoint.as_deref())
     }
 }

@@ -564,8 +564,13 @@ fn credentials_required_by_auth_type() {
     let err = load_err("[neutron]\nauth_type = noauth\n");
     assert_eq!(
         err,
-        "[neutron] endpoint_override must be set with auth_type = noauth"
+        "[neutron] endpoint_override or endpoint must be set with auth_type = noauth"
     );
+    // Upstream's noauth form: keystoneauth's `none` plugin with its `endpoint`.
+    let upstream = KuryrConfig::from_ini_str("[neutron]\nauth_type = none\nendpoint = http://n:9696\n")
+        .expect("upstream's noauth [neutron]")
+        .config;
+    assert_eq!(upstream.neutron.neutron_endpoint(), Some("http://n:9696"));
     // clouds.yaml may hold the credentials.
     assert!(KuryrConfig::from_ini_str("[neutron]\nauth_type = password\ncloud = openstack\n").is_ok());
     // No auth_type: nothing is configured yet, nothing is required.

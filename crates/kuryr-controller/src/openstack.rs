@@ -163,8 +163,8 @@ fn client_options_searching(
                 "[{section}] cloud = {cloud:?} cannot be loaded: {e}{searched}"
             ))
         })?;
-        if s.endpoint_override.is_some() {
-            from_yaml.endpoint_override = s.endpoint_override.clone();
+        if let Some(endpoint) = s.neutron_endpoint() {
+            from_yaml.endpoint_override = Some(endpoint.to_string());
         }
         return Ok(from_yaml);
     }
@@ -214,7 +214,7 @@ fn client_options_searching(
         interface,
         cafile: s.cafile.clone().map(Into::into),
         insecure: s.insecure,
-        endpoint_override: s.endpoint_override.clone(),
+        endpoint_override: s.neutron_endpoint().map(str::to_string),
         timeout: s
             .timeout
             .map(Duration::from_secs)
@@ -314,6 +314,19 @@ mod tests {
                 .is_some_and(|e| e.contains("[neutron] cloud = \"kuryr-test-no-such-cloud\"")),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn upstream_none_plugin_endpoint_is_the_neutron_url() {
+        let c = config("[neutron]\nauth_type = none\nendpoint = http://127.0.0.1:9696\n");
+        let o = client_options("neutron", c.deployments()[0].1).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(o.auth.auth_type, AuthType::NoAuth);
+        assert_eq!(o.endpoint_override.as_deref(), Some("http://127.0.0.1:9696"));
+        let both = config(
+            "[neutron]\nauth_type = none\nendpoint = http://a:9696\nendpoint_override = http://b:9696\n",
+        );
+        let o = client_options("neutron", both.deployments()[0].1).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(o.endpoint_override.as_deref(), Some("http://b:9696"));
     }
 
     #[test]
