@@ -10,6 +10,7 @@
 //! The Neutron steps they share live here: [`create_ports`] (all or nothing, with a rollback when
 //! a later step fails) and [`detach_and_delete`].
 
+pub mod active;
 pub mod nested;
 pub mod nested_macvlan;
 pub mod nested_vlan;
@@ -194,18 +195,15 @@ where
     }
 }
 
-/// Shared activation: re-read the port and flip the VIF to active when Neutron says so.
-pub async fn activate_from_neutron(client: &NeutronClient, vif: &mut Vif) -> Result<(), Error> {
+/// Shared activation: wait (within the poller's bound) for Neutron to report the port ACTIVE,
+/// then flip the VIF to active; ResourceNotReady when it is not up by then.
+pub async fn activate_from_neutron(poller: &active::ActivePoller, vif: &mut Vif) -> Result<(), Error> {
     if vif.active() {
         return Ok(());
     }
-    let port = client.get_port(vif.id()).await?;
-    if port.is_active() {
-        vif.base_mut().active = true;
-        Ok(())
-    } else {
-        Err(Error::not_ready(format!("port {} is {}", port.id, port.status)))
-    }
+    poller.wait_active(vif.id()).await?;
+    vif.base_mut().active = true;
+    Ok(())
 }
 
 pub(crate) const COMPUTE_KURYR: &str = device_owner::COMPUTE_KURYR;

@@ -14,6 +14,7 @@ use kuryr_crds::names::device_owner::TRUNK_SUBPORT;
 use kuryr_neutron::{ErrorKind, NeutronClient, Port, SubPort};
 use tokio::sync::Mutex;
 
+use super::active::{ActivePollers, PollSettings};
 use super::nested::VmPortLookup;
 use super::{PortOwner, VifDriver, activate_from_neutron, create_ports, detach_and_delete, port_create};
 use crate::drivers::os_vif::{VifKind, vif_from_port};
@@ -30,6 +31,7 @@ pub struct NestedVlan {
     tags: Vec<String>,
     mtu: u32,
     trunk_locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    pollers: ActivePollers,
 }
 
 /// Picks `n` free VLAN ids, lowest first.
@@ -44,6 +46,7 @@ pub fn free_vlan_ids(in_use: &BTreeSet<u32>, n: usize) -> Option<Vec<u32>> {
 impl NestedVlan {
     pub fn new(deployments: Deployments, lookup: VmPortLookup, tags: Vec<String>, mtu: u32) -> Self {
         Self {
+            pollers: ActivePollers::new(deployments.clone(), PollSettings::default()),
             deployments,
             lookup,
             tags,
@@ -158,7 +161,7 @@ impl VifDriver for NestedVlan {
     }
 
     async fn activate_vif(&self, deployment: &str, vif: &mut Vif) -> Result<(), Error> {
-        activate_from_neutron(self.deployments.client(deployment)?, vif).await
+        activate_from_neutron(&self.pollers.get(deployment)?, vif).await
     }
 }
 

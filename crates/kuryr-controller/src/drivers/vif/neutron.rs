@@ -6,6 +6,7 @@ use kuryr_config::PodVifDriver;
 use kuryr_crds::Vif;
 use kuryr_neutron::Port;
 
+use super::active::{ActivePollers, PollSettings};
 use super::{
     COMPUTE_KURYR, PortOwner, VifDriver, activate_from_neutron, create_ports, delete_ports, port_create,
 };
@@ -19,11 +20,13 @@ pub struct NeutronVif {
     tags: Vec<String>,
     ovs_bridge: String,
     mtu: u32,
+    pollers: ActivePollers,
 }
 
 impl NeutronVif {
     pub fn new(deployments: Deployments, tags: Vec<String>, ovs_bridge: String, mtu: u32) -> Self {
         Self {
+            pollers: ActivePollers::new(deployments.clone(), PollSettings::default()),
             deployments,
             tags,
             ovs_bridge,
@@ -73,6 +76,6 @@ impl VifDriver for NeutronVif {
     }
 
     async fn activate_vif(&self, deployment: &str, vif: &mut Vif) -> Result<(), Error> {
-        activate_from_neutron(self.deployments.client(deployment)?, vif).await
+        activate_from_neutron(&self.pollers.get(deployment)?, vif).await
     }
 }
