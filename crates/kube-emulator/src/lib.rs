@@ -22,6 +22,7 @@ pub mod event_shapes;
 pub mod fields;
 pub mod patch;
 pub mod rbac;
+pub mod requests;
 pub mod resources;
 pub mod schema;
 pub mod selector;
@@ -133,12 +134,14 @@ impl KubeEmulator {
             source,
         })?;
         let sa_tokens = server::ServiceAccountTokens::default();
+        let requests = requests::RequestStats::default();
         let app = Arc::new(server::App {
             store: store.clone(),
             token: opts.token.clone(),
             bookmark_interval: opts.bookmark_interval,
             sa_tokens: sa_tokens.clone(),
             rbac: opts.rbac,
+            requests: requests.clone(),
         });
         let router = server::router(app);
         let server_handle = axum_server::Handle::new();
@@ -196,6 +199,7 @@ impl KubeEmulator {
             ca_pem,
             token: opts.token,
             sa_tokens,
+            requests,
             persist_path: opts.persist_path,
             server_handle,
             task,
@@ -290,6 +294,7 @@ pub struct KubeHandle {
     ca_pem: Option<String>,
     token: Option<String>,
     sa_tokens: server::ServiceAccountTokens,
+    requests: requests::RequestStats,
     persist_path: Option<PathBuf>,
     server_handle: axum_server::Handle<SocketAddr>,
     task: JoinHandle<std::io::Result<()>>,
@@ -332,6 +337,12 @@ impl KubeHandle {
     }
 
     /// The in-process client handle (used by the stand-ins and by tests that seed state).
+    /// API requests received over HTTP, by `<verb> <resource>` (in-process [`Store`] calls are
+    /// not requests and not counted).
+    pub fn requests(&self) -> &requests::RequestStats {
+        &self.requests
+    }
+
     pub fn store(&self) -> Arc<Store> {
         self.store.clone()
     }

@@ -37,6 +37,7 @@ pub struct App {
     pub sa_tokens: ServiceAccountTokens,
     /// Authorize ServiceAccount requests (see [`crate::rbac`]).
     pub rbac: bool,
+    pub requests: crate::requests::RequestStats,
 }
 
 /// Bearer tokens issued to ServiceAccounts, and what their requests were allowed to do.
@@ -100,6 +101,8 @@ pub fn router(app: Arc<App>) -> Router {
 }
 
 async fn auth(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
+    app.requests
+        .record(req.method(), req.uri().path(), req.uri().query());
     let bearer = req
         .headers()
         .get(header::AUTHORIZATION)

@@ -287,6 +287,10 @@ pub struct Stats {
     pub ports_created: u64,
     /// Failures injected by fault rules or outages.
     pub faults_injected: u64,
+    /// Simulated service time of all requests (what the latency profile made them take), in ms:
+    /// with `workers` slots, a load of `busy_ms` cannot be served faster than `busy_ms / workers`.
+    #[serde(default)]
+    pub busy_ms: u64,
 }
 
 impl Stats {

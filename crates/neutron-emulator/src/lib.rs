@@ -367,7 +367,12 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: AxumRequest) -> Respon
     let op = api::classify(&parts.method, &route, body.as_ref());
     let (fault, delay) = {
         let mut c = shared.control.lock();
-        (c.admit(&op), c.delay(&op))
+        let (fault, delay) = (c.admit(&op), c.delay(&op));
+        c.stats.busy_ms = c
+            .stats
+            .busy_ms
+            .saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
+        (fault, delay)
     };
     // Worker slots model uWSGI's processes: a request holds one for its whole (simulated) service time.
     let _permit = match &shared.workers {

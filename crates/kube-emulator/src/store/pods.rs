@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use super::{EventType, Store, now};
+use super::{EventType, State, Store, now};
 use crate::error::{ApiError, ApiResult, Cause};
 
 impl Store {
@@ -43,6 +43,7 @@ impl Store {
         }
         let mut new = (*cur).clone();
         new["spec"]["nodeName"] = json!(node);
+        st.set_host_ip(&mut new);
         let cond = json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": now()});
         match new
             .pointer_mut("/status/conditions")
@@ -56,5 +57,39 @@ impl Store {
         }
         st.commit(&def, ns, name, EventType::Modified, new, Some(cur), self);
         Ok(json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}))
+    }
+}
+
+impl State {
+    /// `status.hostIP`/`hostIPs` of a pod placed on a node: the node's InternalIP, as the kubelet
+    /// reports it once the pod is on its node (upstream kuryr's pool driver keys pools by it). A
+    /// node without an InternalIP leaves them unset.
+    pub(super) fn set_host_ip(&self, pod: &mut Value) {
+        let Some(node) = pod
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+        else {
+            return;
+        };
+        let Some(nodes) = self.registry.find("", "v1", "nodes") else {
+            return;
+        };
+        let Some(node) = self.get(&nodes, "", node) else {
+            return;
+        };
+        let ip = node
+            .pointer("/status/addresses")
+            .and_then(Value::as_array)
+            .and_then(|a| {
+                a.iter()
+                    .find(|x| x.get("type").and_then(Value::as_str) == Some("InternalIP"))
+            })
+            .and_then(|x| x.get("address"))
+            .and_then(Value::as_str);
+        if let Some(ip) = ip {
+            pod["status"]["hostIP"] = json!(ip);
+            pod["status"]["hostIPs"] = json!([{"ip": ip}]);
+        }
     }
 }

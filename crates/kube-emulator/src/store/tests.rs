@@ -436,3 +436,56 @@ fn restore_moves_events_k8s_io_events_into_the_core_storage() {
     assert_eq!(e["involvedObject"]["name"], "p");
     assert_eq!(e["message"], "n");
 }
+
+#[test]
+fn a_pod_on_a_node_gets_the_nodes_internal_ip_as_host_ip() {
+    let store = store();
+    let nodes = store.find("", "v1", "nodes").expect("nodes are built in");
+    let pods = store.find("", "v1", "pods").expect("pods are built in");
+    let node = |name: &str, addresses: Value| {
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+            "status": {"addresses": addresses}})
+    };
+    for n in [
+        node(
+            "n1",
+            json!([{"type": "Hostname", "address": "n1"}, {"type": "InternalIP", "address": "10.0.0.1"}]),
+        ),
+        node("n2", json!([{"type": "InternalIP", "address": "10.0.0.2"}])),
+        node("bare", json!([{"type": "Hostname", "address": "bare"}])),
+    ] {
+        store.create(&nodes, "", n, &WriteOpts::default()).expect("node");
+    }
+    let pod = |name: &str, node: Option<&str>| {
+        let mut spec = json!({"containers": [{"name": "c", "image": "i"}]});
+        if let Some(n) = node {
+            spec["nodeName"] = json!(n);
+        }
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
+    };
+    let create = |body: Value| {
+        store
+            .create(&pods, "default", body, &WriteOpts::default())
+            .expect("pod")
+            .object
+    };
+    // Created on a node.
+    let on_n1 = create(pod("a", Some("n1")));
+    assert_eq!(on_n1["status"]["hostIP"], json!("10.0.0.1"));
+    assert_eq!(on_n1["status"]["hostIPs"], json!([{"ip": "10.0.0.1"}]));
+    // Bound later by a scheduler.
+    let pending = create(pod("b", None));
+    assert!(pending["status"].get("hostIP").is_none());
+    store
+        .bind("default", "b", &json!({"target": {"kind": "Node", "name": "n2"}}))
+        .expect("bind");
+    let bound = store.get(&pods, "default", "b").expect("pod b");
+    assert_eq!(bound["status"]["hostIP"], json!("10.0.0.2"));
+    // A node without an InternalIP (or unknown) gives none.
+    assert!(create(pod("c", Some("bare")))["status"].get("hostIP").is_none());
+    assert!(
+        create(pod("d", Some("nowhere")))["status"]
+            .get("hostIP")
+            .is_none()
+    );
+}

@@ -375,6 +375,7 @@ impl State {
         }
         if def.is_pod() {
             body["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});
+            self.set_host_ip(&mut body);
         }
         if def.group.is_empty() && def.plural == "services" {
             self.allocate_cluster_ip(def, &name, &mut body)?;
