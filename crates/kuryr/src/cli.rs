@@ -39,6 +39,43 @@ pub enum Command {
     InstallCni(InstallCniArgs),
     /// Start an emulated cluster (Kubernetes + Neutron), a controller and two nodes, and wire demo pods.
     Sandbox(SandboxArgs),
+    /// The peer benchmark: kuryr-rs' and upstream kuryr-kubernetes' controllers side by side on
+    /// fresh emulators with the same kuryr.conf; prints one table and writes a latency chart.
+    Bench(BenchArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Smoke size: 30 pods per burst, 3 s of churn, no chart unless --svg is given.
+    #[arg(long)]
+    pub quick: bool,
+    /// Pods per burst (default 300; 30 with --quick).
+    #[arg(long)]
+    pub pods: Option<usize>,
+    /// Python of the upstream kuryr-kubernetes 10.0.0 venv (what scripts/upstream-kuryr-venv.sh
+    /// prints); its `kuryr-k8s-controller` is run. Default: $KURYR_TEST_UPSTREAM_PYTHON, else
+    /// .upstream-kuryr/venv/bin/python.
+    #[arg(long, value_name = "PATH")]
+    pub upstream_python: Option<PathBuf>,
+    /// The kuryr binary whose `controller` is run as kuryr-rs (default: this one), e.g. a build
+    /// of an earlier commit to compare before and after a change.
+    #[arg(long, value_name = "PATH")]
+    pub kuryr_bin: Option<PathBuf>,
+    /// Run only these implementations (repeatable; default both).
+    #[arg(long, value_enum)]
+    pub only: Vec<crate::bench::Impl>,
+    /// Run only these Neutron profiles (repeatable; default both).
+    #[arg(long, value_enum)]
+    pub profile: Vec<crate::bench::Profile>,
+    /// Run only these cases (repeatable; default all four).
+    #[arg(long, value_enum)]
+    pub case: Vec<crate::bench::Case>,
+    /// Seconds each run may take to wire its pods.
+    #[arg(long, default_value_t = 300)]
+    pub timeout: u64,
+    /// Where to write the latency chart (default docs/peer-bench.svg for a full run).
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
 }
 
 /// oslo.config's file options, with upstream's names.

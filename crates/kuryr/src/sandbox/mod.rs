@@ -83,6 +83,11 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<()> {
         "  project {}: network {}, subnet {} ({}), security group {}",
         demo.project, demo.network, demo.subnet, args.cidr, demo.security_group
     );
+    let ports = ports_needed(&args);
+    if let Err(e) = demo.fit_port_quota(&neutron, ports).await {
+        demo.delete(&neutron).await;
+        return Err(e);
+    }
     let octavia = if args.services > 0 {
         let (network, subnet) = services::create_service_subnet(&neutron, &demo.project).await?;
         println!(
@@ -380,8 +385,35 @@ impl DemoNetwork {
         })
     }
 
+    /// Raises the demo project's port quota to `ports` when Neutron's default (500) is lower, so
+    /// that `--pods` decides how many pods run, not the quota; refuses up front when it cannot.
+    async fn fit_port_quota(&self, neutron: &NeutronClient, ports: i64) -> anyhow::Result<()> {
+        let details = neutron
+            .get_quota_details(&self.project)
+            .await
+            .context("reading the demo project's port quota")?;
+        let limit = details.get("port").map_or(-1, |q| q.limit);
+        if limit < 0 || limit >= ports {
+            return Ok(());
+        }
+        let req = kuryr_neutron::QuotaUpdate {
+            port: Some(ports),
+            ..Default::default()
+        };
+        neutron.update_quota(&self.project, &req).await.with_context(|| {
+            format!(
+                "the demo needs up to {ports} ports (--pods, --pool, --services), the demo project's port \
+                 quota is {limit} and raising it failed; use fewer --pods"
+            )
+        })?;
+        println!("  port quota of the demo project raised from {limit} to {ports}");
+        Ok(())
+    }
+
     /// Best effort: anything left in the demo project (ports the controller did not release).
     async fn delete(&self, neutron: &NeutronClient) {
+        // A real server keeps per-project quotas after the project's resources are gone.
+        let _ = neutron.reset_quota(&self.project).await;
         let project = ListFilter::new().project_id(&self.project);
         match neutron.list_ports(&project).await {
             Ok(ports) => {
@@ -423,6 +455,25 @@ impl DemoNetwork {
         }
     }
 }
+
+/// Ports the demo holds at most: one per pod, and with `--pool` the pools' ports ahead of demand
+/// (refills sized by the waiting pods can double a burst, plus a batch per node), and headroom
+/// for the Service VIPs and the project's own ports.
+fn ports_needed(args: &SandboxArgs) -> i64 {
+    let pods = i64::try_from(args.pods).unwrap_or(i64::MAX);
+    let pools = if args.pool {
+        pods.saturating_add(i64::try_from(NODES.len() * POOL_BATCH).unwrap_or(0))
+    } else {
+        0
+    };
+    let services = i64::try_from(args.services).unwrap_or(i64::MAX);
+    pods.saturating_add(pools)
+        .saturating_add(services)
+        .saturating_add(20)
+}
+
+/// `[vif_pool] ports_pool_batch` as the sandbox leaves it (upstream's default).
+const POOL_BATCH: usize = 10;
 
 /// Where the controller finds Neutron and (with `--services`) Octavia.
 #[derive(Clone, Copy)]

@@ -67,6 +67,7 @@ cases!(
     listing::filter_tags_any,
     listing::filter_not_tags,
     listing::filter_network_id_and_fields,
+    listing::filter_several_ids,
     listing::pagination_limit_and_marker,
     tags::tags_add_replace_remove,
     tags::tags_on_network_subnet_and_trunk,

@@ -1,0 +1,254 @@
+//! The workloads: pods created and deleted straight in the emulator's store (so every HTTP
+//! request the emulator counts is a controller's), and the time each pod's KuryrPort first shows
+//! an active default VIF, seen on an in-process watch.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use kube_emulator::resources::ResourceDef;
+use kube_emulator::store::{DeleteOpts, ListOpts, Store, WriteOpts};
+use serde_json::{Value, json};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::time::Instant;
+
+use super::bed::{NAMESPACES, NODES};
+
+/// `namespace/name` -> when its KuryrPort was first seen with an active default VIF.
+#[derive(Clone, Default)]
+pub struct Wired(Arc<Mutex<HashMap<String, Instant>>>);
+
+impl Wired {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn get(&self, key: &str) -> Option<Instant> {
+        self.lock().get(key).copied()
+    }
+
+    fn note(&self, kp: &Value) {
+        if default_vif_active(kp) {
+            let key = format!(
+                "{}/{}",
+                kp.pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default(),
+                kp.pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+            );
+            self.lock().entry(key).or_insert_with(Instant::now);
+        }
+    }
+}
+
+/// Whether a KuryrPort (either implementation's; both write upstream's layout) records an active
+/// default VIF: `status.vifs.<ifname>` with `default: true` (or `eth0`), os-vif `active: true`.
+pub fn default_vif_active(kp: &Value) -> bool {
+    let Some(vifs) = kp.pointer("/status/vifs").and_then(Value::as_object) else {
+        return false;
+    };
+    let default = vifs
+        .values()
+        .find(|v| v.get("default").and_then(Value::as_bool) == Some(true))
+        .or_else(|| vifs.get("eth0"));
+    default
+        .and_then(|v| v.pointer("/vif/versioned_object.data/active"))
+        .and_then(Value::as_bool)
+        == Some(true)
+}
+
+/// Follows KuryrPorts until dropped.
+pub struct Tracker {
+    pub wired: Wired,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Tracker {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub fn track(store: Arc<Store>) -> anyhow::Result<Tracker> {
+    let def = store
+        .find("openstack.org", "v1", "kuryrports")
+        .context("KuryrPorts are not served")?;
+    let wired = Wired::default();
+    let w = wired.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            // (Re)subscribe from the current state: a lagging receiver just lists again.
+            let Ok(mut start) = store.watch(&def, None, None) else {
+                return;
+            };
+            for ev in &start.initial {
+                w.note(&ev.object);
+            }
+            loop {
+                match start.rx.recv().await {
+                    Ok(ev) => w.note(&ev.object),
+                    Err(RecvError::Lagged(_)) => break,
+                    Err(RecvError::Closed) => return,
+                }
+            }
+        }
+    });
+    Ok(Tracker { wired, task })
+}
+
+/// Pods created by a workload: `namespace/name` -> when.
+pub type Created = Vec<(String, Instant)>;
+
+fn pod_body(name: &str, node: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "kuryr-bench"}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}
+    })
+}
+
+/// Creates pod `i` of a workload (namespaces and nodes in turn).
+pub fn create_pod(store: &Store, prefix: &str, i: usize) -> anyhow::Result<(String, Instant)> {
+    let def = store.find("", "v1", "pods").context("pods are not served")?;
+    let ns = NAMESPACES[i % NAMESPACES.len()];
+    let node = NODES[(i / NAMESPACES.len()) % NODES.len()].0;
+    let name = format!("{prefix}-{i}");
+    let at = Instant::now();
+    store
+        .create(&def, ns, pod_body(&name, node), &WriteOpts::default())
+        .map_err(|e| anyhow::anyhow!("creating pod {ns}/{name}: {e}"))?;
+    Ok((format!("{ns}/{name}"), at))
+}
+
+pub fn delete_pod(store: &Store, key: &str) -> anyhow::Result<()> {
+    let def = store.find("", "v1", "pods").context("pods are not served")?;
+    let (ns, name) = key.split_once('/').context("pod key is namespace/name")?;
+    match store.delete(&def, ns, name, &DeleteOpts::default()) {
+        Ok(_) => Ok(()),
+        Err(e) if e.code == 404 => Ok(()),
+        Err(e) => bail!("deleting pod {key}: {e}"),
+    }
+}
+
+/// Creates `n` pods at once.
+pub fn burst(store: &Store, prefix: &str, n: usize) -> anyhow::Result<Created> {
+    (0..n).map(|i| create_pod(store, prefix, i)).collect()
+}
+
+/// Waits until every created pod is wired or `deadline` passes; false on the deadline.
+pub async fn wait_wired(wired: &Wired, created: &Created, deadline: Instant) -> bool {
+    loop {
+        if created.iter().all(|(k, _)| wired.get(k).is_some()) {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Create + delete at a steady rate: pod i is created at i/rate and deleted `lifetime` later
+/// (deletes of pods not wired yet wait until they are, so each pod's wiring is measured).
+pub async fn churn(
+    store: &Store,
+    wired: &Wired,
+    rate: f64,
+    total: usize,
+    lifetime: Duration,
+    deadline: Instant,
+) -> anyhow::Result<Created> {
+    let start = Instant::now();
+    let mut created: Created = Vec::with_capacity(total);
+    let mut deleted = 0usize;
+    loop {
+        let now = Instant::now();
+        let due = ((now - start).as_secs_f64() * rate) as usize + 1;
+        while created.len() < total.min(due) {
+            created.push(create_pod(store, "churn", created.len())?);
+        }
+        while deleted < created.len() {
+            let (key, at) = &created[deleted];
+            if now.duration_since(*at) < lifetime || wired.get(key).is_none() {
+                break;
+            }
+            delete_pod(store, key)?;
+            deleted += 1;
+        }
+        if created.len() == total && deleted == total {
+            return Ok(created);
+        }
+        if now > deadline {
+            return Ok(created);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Deletes every pod and waits until no pod and no KuryrPort is left (ports back in the pools).
+pub async fn drain(store: &Store, deadline: Instant) -> anyhow::Result<()> {
+    let pods = store.find("", "v1", "pods").context("pods are not served")?;
+    let kps = store
+        .find("openstack.org", "v1", "kuryrports")
+        .context("KuryrPorts are not served")?;
+    let list = |def: &ResourceDef| {
+        store
+            .list(def, None, &ListOpts::default())
+            .map(|p| p.items)
+            .map_err(|e| anyhow::anyhow!("listing {}: {e}", def.plural))
+    };
+    for p in list(pods.as_ref())? {
+        let key = format!(
+            "{}/{}",
+            p.pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .unwrap_or_default(),
+            p.pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+        );
+        delete_pod(store, &key)?;
+    }
+    loop {
+        let left = list(pods.as_ref())?.len() + list(kps.as_ref())?.len();
+        if left == 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{left} pods and KuryrPorts still there after the drain deadline");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kp(vifs: Value) -> Value {
+        json!({"metadata": {"name": "p", "namespace": "n"}, "status": {"vifs": vifs}})
+    }
+
+    fn vif(active: bool) -> Value {
+        json!({"versioned_object.name": "VIFOpenVSwitch", "versioned_object.data": {"id": "x", "active": active}})
+    }
+
+    #[test]
+    fn active_default_vif_in_upstreams_layout() {
+        assert!(default_vif_active(&kp(
+            json!({"eth0": {"default": true, "vif": vif(true)}})
+        )));
+        assert!(!default_vif_active(&kp(
+            json!({"eth0": {"default": true, "vif": vif(false)}})
+        )));
+        // The default interface decides, not another active one.
+        assert!(!default_vif_active(&kp(json!({
+            "eth0": {"default": true, "vif": vif(false)}, "eth1": {"default": false, "vif": vif(true)}
+        }))));
+        assert!(default_vif_active(&kp(json!({"eth0": {"vif": vif(true)}}))));
+        assert!(!default_vif_active(&json!({"metadata": {"name": "p"}})));
+    }
+}

@@ -1,0 +1,340 @@
+//! The results: one table (markdown, so it pastes into docs/benchmarks.md), the ratios of the
+//! two implementations, and the latency chart as a hand-written SVG.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use super::{Case, Impl, Profile};
+
+/// One (profile, case, implementation) run.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub profile: Profile,
+    pub case: Case,
+    pub which: Impl,
+    pub pods: usize,
+    pub wired: usize,
+    /// First pod created -> last pod wired.
+    pub secs: f64,
+    /// Sorted wiring latencies (pod created -> KuryrPort with an active default VIF).
+    pub latencies: Vec<Duration>,
+    /// Neutron requests in the measured window by operation (`port.create`, ...).
+    pub neutron_ops: BTreeMap<String, u64>,
+    /// Simulated service time the emulator spent on them (its worker slots' busy time).
+    pub neutron_busy: Duration,
+    pub neutron_workers: Option<usize>,
+    /// Kubernetes API requests in the measured window by `<verb> <resource>`.
+    pub kube_requests: BTreeMap<String, u64>,
+    pub cpu_secs: f64,
+    pub peak_rss_kib: u64,
+}
+
+/// Nearest-rank percentile of sorted values.
+pub fn percentile(sorted: &[Duration], q: f64) -> Option<Duration> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((sorted.len() as f64) * q / 100.0).ceil() as usize;
+    sorted.get(rank.clamp(1, sorted.len()) - 1).copied()
+}
+
+impl Row {
+    pub fn pods_per_sec(&self) -> f64 {
+        if self.secs > 0.0 {
+            self.wired as f64 / self.secs
+        } else {
+            0.0
+        }
+    }
+
+    fn per_pod(&self, n: u64) -> f64 {
+        n as f64 / self.pods.max(1) as f64
+    }
+
+    pub fn neutron_per_pod(&self) -> f64 {
+        self.per_pod(self.neutron_ops.values().sum())
+    }
+
+    pub fn kube_per_pod(&self) -> f64 {
+        self.per_pod(self.kube_requests.values().sum())
+    }
+
+    /// Neutron requests per pod by kind of port call: create (single or bulk), get, list,
+    /// update, delete, other.
+    pub fn neutron_by_kind(&self) -> String {
+        let mut kinds: BTreeMap<&str, u64> = BTreeMap::new();
+        for (op, n) in &self.neutron_ops {
+            let kind = match op.as_str() {
+                "port.create" => "create",
+                "port.create_bulk" => "bulk",
+                "port.get" => "get",
+                "port.list" => "list",
+                "port.update" | "port.tags" => "update",
+                "port.delete" => "delete",
+                _ => "other",
+            };
+            *kinds.entry(kind).or_default() += n;
+        }
+        kinds
+            .iter()
+            .map(|(k, n)| format!("{k} {:.2}", self.per_pod(*n)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The most pods/s the emulated neutron-server's workers could serve for the requests this
+    /// run made (workers / busy seconds per pod); `None` without a worker limit.
+    pub fn server_bound(&self) -> Option<f64> {
+        let workers = self.neutron_workers? as f64;
+        let busy_per_pod = self.neutron_busy.as_secs_f64() / self.pods.max(1) as f64;
+        (busy_per_pod > 0.0).then(|| workers / busy_per_pod)
+    }
+}
+
+fn ms(d: Option<Duration>) -> String {
+    d.map_or_else(|| "-".into(), |d| format!("{}", d.as_millis()))
+}
+
+/// The markdown table of every row.
+pub fn table(rows: &[Row]) -> String {
+    let mut out = String::new();
+    out.push_str(
+        "| Neutron | case | impl | pods wired | pods/s | p50 / p99 / max ms | Neutron req/pod | by kind (per pod) | \
+         server bound pods/s | k8s req/pod | CPU s | peak RSS MiB |\n",
+    );
+    out.push_str("|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|\n");
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {}/{} | {:.1} | {} / {} / {} | {:.2} | {} | {} | {:.1} | {:.2} | {:.1} |",
+            r.profile.label(),
+            r.case.label(),
+            r.which.label(),
+            r.wired,
+            r.pods,
+            r.pods_per_sec(),
+            ms(percentile(&r.latencies, 50.0)),
+            ms(percentile(&r.latencies, 99.0)),
+            ms(r.latencies.last().copied()),
+            r.neutron_per_pod(),
+            r.neutron_by_kind(),
+            r.server_bound().map_or_else(|| "-".into(), |b| format!("{b:.1}")),
+            r.kube_per_pod(),
+            r.cpu_secs,
+            r.peak_rss_kib as f64 / 1024.0,
+        );
+    }
+    out
+}
+
+/// kuryr-rs vs upstream per (profile, case): pods/s, p99, CPU and memory ratios.
+pub fn ratios(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "| Neutron | case | pods/s kuryr-rs / upstream | p99 upstream / kuryr-rs | CPU upstream / kuryr-rs | RSS upstream / kuryr-rs |\n\
+         |---|---|---:|---:|---:|---:|\n",
+    );
+    for r in rows.iter().filter(|r| r.which == Impl::KuryrRs) {
+        let Some(u) = rows
+            .iter()
+            .find(|u| u.which == Impl::Upstream && u.profile == r.profile && u.case == r.case)
+        else {
+            continue;
+        };
+        let ratio = |a: f64, b: f64| {
+            if b > 0.0 && a > 0.0 {
+                format!("{:.1}x", a / b)
+            } else {
+                "-".into()
+            }
+        };
+        let p99 = |x: &Row| percentile(&x.latencies, 99.0).map_or(0.0, |d| d.as_secs_f64());
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} |",
+            r.profile.label(),
+            r.case.label(),
+            ratio(r.pods_per_sec(), u.pods_per_sec()),
+            ratio(p99(u), p99(r)),
+            ratio(u.cpu_secs, r.cpu_secs),
+            ratio(u.peak_rss_kib as f64, r.peak_rss_kib as f64),
+        );
+    }
+    out
+}
+
+const W: f64 = 900.0;
+const LEFT: f64 = 250.0;
+const RIGHT: f64 = 30.0;
+const ROW_H: f64 = 18.0;
+const TOP: f64 = 60.0;
+/// The chart's log axis: 1 ms to 1000 s.
+const AXIS_MIN_MS: f64 = 1.0;
+const AXIS_MAX_MS: f64 = 1_000_000.0;
+
+fn x_of(ms: f64) -> f64 {
+    let span = AXIS_MAX_MS.log10() - AXIS_MIN_MS.log10();
+    let f = (ms.clamp(AXIS_MIN_MS, AXIS_MAX_MS).log10() - AXIS_MIN_MS.log10()) / span;
+    LEFT + f * (W - LEFT - RIGHT)
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// Wiring latency per run on a log axis: a line from min to max, a box from p50 to p99 and a
+/// tick at p50; kuryr-rs blue, upstream orange, grouped by (Neutron profile, case).
+pub fn svg(rows: &[Row], title: &str) -> String {
+    let h = TOP + rows.len() as f64 * ROW_H + 50.0;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(s, r#"<rect width="{W}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="10" y="18" font-size="13" font-weight="bold">{}</text>"#,
+        esc(title)
+    );
+    let _ = writeln!(
+        s,
+        r##"<text x="10" y="36">line: min to max; box: p50 to p99; log scale. <tspan fill="#1f77b4">kuryr-rs</tspan>, <tspan fill="#ff7f0e">upstream 10.0.0</tspan></text>"##
+    );
+    let bottom = TOP + rows.len() as f64 * ROW_H;
+    let mut tick = AXIS_MIN_MS;
+    while tick <= AXIS_MAX_MS {
+        let x = x_of(tick);
+        let label = if tick >= 1000.0 {
+            format!("{}s", tick / 1000.0)
+        } else {
+            format!("{tick}ms")
+        };
+        let _ = writeln!(
+            s,
+            r##"<line x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{bottom}" stroke="#ddd"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{label}</text>"##,
+            bottom + 14.0
+        );
+        tick *= 10.0;
+    }
+    for (i, r) in rows.iter().enumerate() {
+        let y = TOP + i as f64 * ROW_H + ROW_H / 2.0;
+        let color = match r.which {
+            Impl::KuryrRs => "#1f77b4",
+            Impl::Upstream => "#ff7f0e",
+        };
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{} / {} / {}</text>"#,
+            LEFT - 6.0,
+            y + 4.0,
+            esc(r.profile.label()),
+            esc(r.case.label()),
+            esc(r.which.label())
+        );
+        let (Some(min), Some(p50), Some(p99), Some(max)) = (
+            r.latencies.first(),
+            percentile(&r.latencies, 50.0),
+            percentile(&r.latencies, 99.0),
+            r.latencies.last(),
+        ) else {
+            continue;
+        };
+        let f = |d: &Duration| x_of(d.as_secs_f64() * 1000.0);
+        let _ = writeln!(
+            s,
+            r#"<line x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{color}"/>"#,
+            f(min),
+            f(max)
+        );
+        let _ = writeln!(
+            s,
+            r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{color}" fill-opacity="0.6"/>"#,
+            f(&p50),
+            y - 5.0,
+            (f(&p99) - f(&p50)).max(1.0),
+            10.0
+        );
+        let _ = writeln!(
+            s,
+            r#"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="black" stroke-width="2"/>"#,
+            f(&p50),
+            y - 6.0,
+            f(&p50),
+            y + 6.0
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(which: Impl, lat_ms: &[u64], secs: f64) -> Row {
+        let mut latencies: Vec<Duration> = lat_ms.iter().map(|m| Duration::from_millis(*m)).collect();
+        latencies.sort();
+        Row {
+            profile: Profile::RealServer,
+            case: Case::ColdNoop,
+            which,
+            pods: lat_ms.len(),
+            wired: lat_ms.len(),
+            secs,
+            latencies,
+            neutron_ops: BTreeMap::from([("port.create".into(), 4), ("port.list".into(), 2)]),
+            neutron_busy: Duration::from_secs(2),
+            neutron_workers: Some(2),
+            kube_requests: BTreeMap::from([("patch kuryrports".into(), 8)]),
+            cpu_secs: 1.0,
+            peak_rss_kib: 10240,
+        }
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(percentile(&v, 50.0), Some(Duration::from_millis(50)));
+        assert_eq!(percentile(&v, 99.0), Some(Duration::from_millis(99)));
+        assert_eq!(percentile(&v[..1], 99.0), Some(Duration::from_millis(1)));
+        assert_eq!(percentile(&[], 50.0), None);
+    }
+
+    #[test]
+    fn per_pod_figures_and_server_bound() {
+        let r = row(Impl::KuryrRs, &[10, 20, 30, 40], 2.0);
+        assert_eq!(r.pods_per_sec(), 2.0);
+        assert_eq!(r.neutron_per_pod(), 1.5);
+        assert_eq!(r.neutron_by_kind(), "create 1.00, list 0.50");
+        assert_eq!(r.kube_per_pod(), 2.0);
+        // 2 s of service for 4 pods on 2 workers: 4 pods/s at most.
+        assert_eq!(r.server_bound(), Some(4.0));
+    }
+
+    #[test]
+    fn ratios_pair_the_implementations() {
+        let rows = vec![
+            row(Impl::KuryrRs, &[10, 20], 1.0),
+            row(Impl::Upstream, &[100, 200], 4.0),
+        ];
+        let t = ratios(&rows);
+        // pods/s 2 vs 0.5; p99 200 ms vs 20 ms.
+        assert!(t.contains("| 4.0x | 10.0x | 1.0x | 1.0x |"), "{t}");
+    }
+
+    #[test]
+    fn chart_draws_one_box_per_run_on_the_log_axis() {
+        let rows = vec![
+            row(Impl::KuryrRs, &[10, 100], 1.0),
+            row(Impl::Upstream, &[1000, 10_000], 4.0),
+        ];
+        let s = svg(&rows, "t <x>");
+        assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
+        assert_eq!(s.matches("fill-opacity").count(), 2);
+        assert!(s.contains("t &lt;x&gt;"));
+        // 10 ms is one decade of six past the axis start.
+        let expect = LEFT + (W - LEFT - RIGHT) / 6.0;
+        assert!((x_of(10.0) - expect).abs() < 1e-9);
+    }
+}
