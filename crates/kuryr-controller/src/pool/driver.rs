@@ -139,6 +139,8 @@ pub struct PoolDriver {
     /// Ports found in use by no KuryrPort in the last books pass (forgotten when the next pass
     /// finds them so again).
     unrecorded: Mutex<BTreeSet<String>>,
+    /// Pool names whose sizes the metrics show.
+    published: Mutex<BTreeSet<String>>,
 }
 
 /// How often, at most, the port quota of a project is checked while one of its pools backs off
@@ -163,6 +165,7 @@ impl PoolDriver {
             generation: AtomicU64::new(0),
             quota_checked: Mutex::default(),
             unrecorded: Mutex::default(),
+            published: Mutex::default(),
         }))
     }
 
@@ -202,6 +205,8 @@ impl PoolDriver {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clear();
+        // This replica no longer knows any pool: it shows none.
+        self.publish_sizes();
         // Requests waiting for a refill re-check readiness and answer ResourceNotReady.
         self.refilled.send_modify(|g| *g = g.wrapping_add(1));
     }
@@ -414,15 +419,25 @@ impl PoolDriver {
         self.changed.notify_one();
     }
 
-    /// Exports pool sizes as metrics.
+    /// Exports pool sizes as metrics; pools gone since the last call lose their gauges.
     pub fn publish_sizes(&self) {
         let st = self.lock();
+        let m = &self.opts.metrics;
+        let mut names = BTreeSet::new();
         for (_, pool) in st.iter() {
-            let m = &self.opts.metrics;
             m.pool_size(&pool.meta.name, "available", pool.available_len());
             m.pool_size(&pool.meta.name, "recyclable", pool.recyclable_len());
             m.pool_size(&pool.meta.name, "in_use", pool.in_use().len());
+            names.insert(pool.meta.name.clone());
         }
+        let mut published = self
+            .published
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for gone in published.difference(&names) {
+            m.forget_pool(gone);
+        }
+        *published = names;
     }
 
     /// Hands a pooled port to `pod`; with `port_debug` it is renamed after the pod first.
@@ -785,6 +800,7 @@ impl PoolDriver {
                 }
             }
         }
+        self.publish_sizes();
         self.touched();
         first.map_or(Ok(deleted), Err)
     }
