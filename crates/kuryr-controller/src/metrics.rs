@@ -195,6 +195,16 @@ impl Metrics {
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
+    /// Drops the size gauges of a pool that no longer exists (freed, or its network deleted), so
+    /// that `pool_ports` shows only pools that hold ports.
+    pub fn forget_pool(&self, pool: &str) {
+        for state in ["available", "recyclable", "in_use"] {
+            self.0
+                .pool
+                .remove(&vec![("pool", pool.to_string()), ("state", state.to_string())]);
+        }
+    }
+
     pub fn pool_event(&self, event: &'static str, n: u64) {
         self.0
             .pool_events
@@ -208,5 +218,22 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.0.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forgotten_pool_leaves_the_pool_gauges() {
+        let m = Metrics::new();
+        m.pool_size("pool-a", "available", 3);
+        m.pool_size("pool-b", "in_use", 2);
+        assert!(m.encode().contains("pool-a"));
+        m.forget_pool("pool-a");
+        let text = m.encode();
+        assert!(!text.contains("pool-a"), "{text}");
+        assert!(text.contains("pool-b"), "{text}");
     }
 }

@@ -113,6 +113,7 @@ impl Lab {
                 batch: batch as usize,
                 ttl: (ttl > 0).then(|| Duration::from_secs(ttl)),
                 max_concurrent_populate: 4,
+                bulk: kuryr_controller::pool::state::MAX_BULK,
             },
             port_debug: false,
             mtu: 0,

@@ -53,9 +53,22 @@ impl KuryrPortHandler {
     }
 
     async fn write_status(&self, kp: &KuryrPort, vifs: &[RecordedVif]) -> Result<(), Error> {
+        self.patch_status(kp, vifs, None).await
+    }
+
+    /// Main resource, not /status: upstream's CRDs have no status subresource. With
+    /// `resource_version` the write only applies to that version of the object (409 otherwise).
+    async fn patch_status(
+        &self,
+        kp: &KuryrPort,
+        vifs: &[RecordedVif],
+        resource_version: Option<&str>,
+    ) -> Result<(), Error> {
         let api: Api<KuryrPort> = Api::namespaced(self.ctx.kube.clone(), &kp.namespace().unwrap_or_default());
-        // Main resource, not /status: upstream's CRDs have no status subresource.
-        let patch = json!({"status": record::to_status(vifs)?});
+        let mut patch = json!({"status": record::to_status(vifs)?});
+        if let Some(rv) = resource_version {
+            patch["metadata"] = json!({"resourceVersion": rv});
+        }
         api.patch(&kp.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
         Ok(())
@@ -87,10 +100,20 @@ impl KuryrPortHandler {
             let plan = wiring::plan(&self.ctx, pod, &podref).await?;
             vifs = wiring::acquire_all(&source, &podref, &plan).await?;
             self.ctx.metrics.stage("request", started.elapsed());
-            if let Err(e) = self.write_status(kp, &vifs).await {
+            // Recorded only over the copy that showed no VIFs: a stale copy (an event queued
+            // before an earlier attempt recorded its VIFs) must not replace the recorded ports,
+            // which would leave them taken from their pool by no KuryrPort.
+            let version = kp.metadata.resource_version.as_deref();
+            if let Err(e) = self.patch_status(kp, &vifs, version).await {
                 // Could not record the ports: give them back rather than leak them.
                 if let Err(release) = wiring::release_all(&source, &vifs).await {
                     tracing::warn!(kuryrport = %kp.name_any(), error = %release, "giving back unrecorded ports failed");
+                }
+                if matches!(&e, Error::Kube(kube::Error::Api(s)) if s.code == 409) {
+                    return Err(Error::not_ready(format!(
+                        "KuryrPort {} changed while its VIFs were acquired; retrying with its current state",
+                        kp.name_any()
+                    )));
                 }
                 return Err(e);
             }

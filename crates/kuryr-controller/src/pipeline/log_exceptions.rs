@@ -30,6 +30,20 @@ impl<H: EventHandler> EventHandler for LogExceptions<H> {
                 return Ok(());
             }
             self.metrics.handler_failure(&self.name, e.label());
+            if e.is_user_visible() {
+                // Exhausted quota or addresses, bad input: the owner was told with an Event and
+                // must act; an ERROR would page an operator for it.
+                tracing::warn!(
+                    handler = %self.name,
+                    object = %event.object_ref(),
+                    event = event.event_type.as_str(),
+                    error = %e,
+                    kind = e.label(),
+                    request_id = e.request_id().unwrap_or("-"),
+                    "handler gave up on a failure the object's owner must fix"
+                );
+                return Ok(());
+            }
             tracing::error!(
                 handler = %self.name,
                 object = %event.object_ref(),

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::recover::{Recovered, RecoveryInput, RecoveryReport};
 use super::state::{
-    Entry, Key, Limits, PoolMeta, Pools, RecycleAction, RecycleOutcome, Refill, RefillFailure, Take,
+    Backoff, Entry, Key, Limits, PoolMeta, Pools, RecycleAction, RecycleOutcome, Refill, RefillFailure, Take,
 };
 use crate::drivers::pool::{VifOrigin, VifPool, origin_for};
 use crate::drivers::vif::{PortOwner, VifDriver};
@@ -133,7 +133,19 @@ pub struct PoolDriver {
     ready: AtomicBool,
     /// Bumped by [`PoolDriver::reset`]: a refill started before it lands nowhere.
     generation: AtomicU64,
+    /// (deployment, project) -> when its port quota was last checked for a pool backing off
+    /// after OverQuota.
+    quota_checked: Mutex<HashMap<(String, String), Instant>>,
+    /// Ports found in use by no KuryrPort in the last books pass (forgotten when the next pass
+    /// finds them so again).
+    unrecorded: Mutex<BTreeSet<String>>,
+    /// Pool names whose sizes the metrics show.
+    published: Mutex<BTreeSet<String>>,
 }
+
+/// How often, at most, the port quota of a project is checked while one of its pools backs off
+/// after OverQuota: capacity coming back (quota raised, ports freed) ends the backoff at once.
+pub const QUOTA_CHECK: Duration = Duration::from_secs(5);
 
 impl PoolDriver {
     pub fn new(kind: PoolKind, vif: Arc<dyn VifDriver>, opts: PoolOptions) -> Result<Arc<Self>, Error> {
@@ -144,13 +156,16 @@ impl PoolDriver {
             kind,
             vif,
             opts,
-            state: Mutex::new(Pools::new(limits)),
+            state: Mutex::new(Pools::with_backoff(limits, Backoff::default(), rand::random())),
             specs: Mutex::default(),
             hosts: Mutex::default(),
             refilled: watch::Sender::new(0),
             changed: Notify::new(),
             ready: AtomicBool::new(false),
             generation: AtomicU64::new(0),
+            quota_checked: Mutex::default(),
+            unrecorded: Mutex::default(),
+            published: Mutex::default(),
         }))
     }
 
@@ -184,8 +199,14 @@ impl PoolDriver {
     pub fn reset(&self) {
         self.ready.store(false, Ordering::Release);
         self.generation.fetch_add(1, Ordering::AcqRel);
-        *self.lock() = Pools::new(self.opts.limits);
+        *self.lock() = Pools::with_backoff(self.opts.limits, Backoff::default(), rand::random());
         self.specs().clear();
+        self.unrecorded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+        // This replica no longer knows any pool: it shows none.
+        self.publish_sizes();
         // Requests waiting for a refill re-check readiness and answer ResourceNotReady.
         self.refilled.send_modify(|g| *g = g.wrapping_add(1));
     }
@@ -381,6 +402,11 @@ impl PoolDriver {
         self.publish_sizes();
         self.touched();
         tracing::info!(?report, pool_driver = self.kind.name(), "port pools recovered");
+        // Spares beyond max (a lower max since, or ports adopted on a crash) go now, not at the
+        // first maintenance pass.
+        if let Some(me) = self.me.upgrade() {
+            tokio::spawn(async move { me.trim().await });
+        }
         report
     }
 
@@ -393,15 +419,25 @@ impl PoolDriver {
         self.changed.notify_one();
     }
 
-    /// Exports pool sizes as metrics.
+    /// Exports pool sizes as metrics; pools gone since the last call lose their gauges.
     pub fn publish_sizes(&self) {
         let st = self.lock();
+        let m = &self.opts.metrics;
+        let mut names = BTreeSet::new();
         for (_, pool) in st.iter() {
-            let m = &self.opts.metrics;
             m.pool_size(&pool.meta.name, "available", pool.available_len());
             m.pool_size(&pool.meta.name, "recyclable", pool.recyclable_len());
             m.pool_size(&pool.meta.name, "in_use", pool.in_use().len());
+            names.insert(pool.meta.name.clone());
         }
+        let mut published = self
+            .published
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for gone in published.difference(&names) {
+            m.forget_pool(gone);
+        }
+        *published = names;
     }
 
     /// Hands a pooled port to `pod`; with `port_debug` it is renamed after the pod first.
@@ -449,7 +485,9 @@ impl PoolDriver {
     pub async fn maintain(&self) -> usize {
         let mut deleted = self.recycle().await;
         deleted += self.apply_ttl().await;
-        let refills = self.lock().plan_refills_below_min();
+        deleted += self.trim().await;
+        self.check_quotas().await;
+        let refills = self.lock().plan_refills_below_min(Timestamp::now());
         self.start_refills(refills);
         self.refresh_active().await;
         self.publish_sizes();
@@ -514,6 +552,129 @@ impl PoolDriver {
                 RecycleOutcome::Retry
             }
         }
+    }
+
+    /// Deletes the available ports beyond `max` ([`Pools::plan_trim`]); a port whose deletion
+    /// fails goes back to its pool for the next pass.
+    pub async fn trim(&self) -> usize {
+        let excess = self.lock().plan_trim();
+        let mut deleted = 0;
+        for (key, entry) in excess {
+            match self
+                .vif
+                .release_vif(&key.deployment, &key.host, &entry.data)
+                .await
+            {
+                Ok(()) => {
+                    deleted += 1;
+                    self.opts.metrics.pool_event("deleted_max", 1);
+                }
+                Err(e) => {
+                    tracing::warn!(port = %entry.port_id, error = %e, "could not delete port beyond pool max");
+                    self.lock().put_back(&key, [entry]);
+                }
+            }
+        }
+        if deleted > 0 {
+            tracing::info!(
+                deleted,
+                pool_driver = self.kind.name(),
+                "spare ports beyond ports_pool_max deleted"
+            );
+            self.publish_sizes();
+            self.touched();
+        }
+        deleted
+    }
+
+    /// For every project with a pool backing off after OverQuota (at most once per
+    /// [`QUOTA_CHECK`]): when Neutron reports room for ports again, those pools stop backing
+    /// off and refill now. One quota read, never a port create, while the quota stays full.
+    pub async fn check_quotas(&self) {
+        let projects: BTreeSet<(String, String)> = {
+            let st = self.lock();
+            st.iter()
+                .filter(|(_, p)| p.retry_at().is_some())
+                .filter(|(_, p)| p.last_error().is_some_and(|(f, _)| f.kind == "OverQuota"))
+                .map(|(k, _)| (k.deployment.clone(), k.project_id.clone()))
+                .collect()
+        };
+        for (deployment, project) in projects {
+            {
+                let mut checked = self
+                    .quota_checked
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let due = checked
+                    .get(&(deployment.clone(), project.clone()))
+                    .is_none_or(|at| at.elapsed() >= QUOTA_CHECK);
+                if !due {
+                    continue;
+                }
+                checked.insert((deployment.clone(), project.clone()), Instant::now());
+            }
+            let Ok(client) = self.opts.deployments.client(&deployment) else {
+                continue;
+            };
+            let room = match client.get_quota_details(&project).await {
+                Ok(q) => q.get("port").map_or(Some(1), |u| u.available()),
+                Err(e) => {
+                    tracing::debug!(project, error = %e, "could not read the port quota");
+                    continue;
+                }
+            };
+            // `None`: unlimited.
+            if room.is_none_or(|r| r > 0) {
+                let refills = self.lock().reset_backoff(
+                    |k| k.deployment == deployment && k.project_id == project,
+                    Timestamp::now(),
+                );
+                if !refills.is_empty() {
+                    tracing::info!(
+                        project,
+                        pools = refills.len(),
+                        "port quota has room again; refilling"
+                    );
+                }
+                self.start_refills(refills);
+            }
+        }
+    }
+
+    /// Compares the ports this driver holds in use with `recorded`, every port id the
+    /// KuryrPorts list (read before this call). A port taken before `before` that no KuryrPort
+    /// records in two passes in a row is held by no pod: it is forgotten (see
+    /// [`Pools::forget_in_use`]). Returns the forgotten port ids.
+    pub fn reconcile_in_use(
+        &self,
+        recorded: &std::collections::HashSet<String>,
+        before: Timestamp,
+    ) -> Vec<String> {
+        let found = self.lock().unrecorded_in_use(recorded, before);
+        let confirmed: Vec<String> = {
+            let mut last = self
+                .unrecorded
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let confirmed = found.intersection(&last).cloned().collect();
+            *last = found;
+            confirmed
+        };
+        let mut forgotten = Vec::new();
+        for id in confirmed {
+            if let Some(key) = self.lock().forget_in_use(&id) {
+                tracing::warn!(port = %id, pool = %key, "port held in use by no KuryrPort; no longer counted (the orphan sweep deletes it)");
+                forgotten.push(id);
+            }
+        }
+        if !forgotten.is_empty() {
+            self.opts
+                .metrics
+                .pool_event("forgotten_in_use", forgotten.len() as u64);
+            self.publish_sizes();
+            self.touched();
+        }
+        forgotten
     }
 
     async fn apply_ttl(&self) -> usize {
@@ -598,7 +759,7 @@ impl PoolDriver {
         let refill = {
             let mut st = self.lock();
             st.ensure(&key, || self.meta_for(&key));
-            st.plan_refill(&key)
+            st.plan_refill(&key, Timestamp::now())
         };
         let name = refill.as_ref().map(|r| r.name.clone());
         self.start_refills(refill.into_iter().collect());
@@ -639,6 +800,7 @@ impl PoolDriver {
                 }
             }
         }
+        self.publish_sizes();
         self.touched();
         first.map_or(Ok(deleted), Err)
     }
@@ -861,6 +1023,11 @@ impl VifPool for PoolDriver {
         self.remember_spec(&key, spec);
         let deadline = Instant::now() + self.opts.refill_wait;
         let asked = Timestamp::now();
+        let waiter = if pod.uid.is_empty() {
+            format!("{}/{}", pod.namespace, pod.name)
+        } else {
+            pod.uid.clone()
+        };
         let mut missed = false;
         loop {
             let mut refilled = self.refilled.subscribe();
@@ -870,7 +1037,7 @@ impl VifPool for PoolDriver {
             let taken = {
                 let mut st = self.lock();
                 st.ensure(&key, || self.meta_for(&key));
-                st.take(&key, Timestamp::now())
+                st.take(&key, &waiter, Timestamp::now())
             };
             self.start_refills(taken.refills);
             match taken.take {
@@ -898,14 +1065,20 @@ impl VifPool for PoolDriver {
                 }
                 Take::Empty => {
                     missed = true;
-                    let (failed, populating) = {
+                    let (failed, populating, backing_off) = {
                         let st = self.lock();
                         let pool = st.get(&key);
                         (
                             pool.and_then(|p| p.last_error().cloned()),
                             pool.is_some_and(|p| p.is_populating()),
+                            pool.is_some_and(|p| p.retry_at().is_some()),
                         )
                     };
+                    if backing_off && let Some(me) = self.me.upgrade() {
+                        // Waiting pods notice a raised quota within QUOTA_CHECK, not only at
+                        // the next maintenance pass.
+                        tokio::spawn(async move { me.check_quotas().await });
+                    }
                     // A failure since this request, or an earlier one with no refill running to
                     // wait for, is the answer; a refill still running at the deadline reports the
                     // earlier failure, so the pod keeps showing why it waits.
@@ -1026,6 +1199,7 @@ mod tests {
             batch: 1,
             ttl: None,
             max_concurrent_populate: 1,
+            bulk: 10,
         });
         st.ensure(&key("a"), meta);
         assert_eq!(

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
 use kuryr_config::{KuryrConfig, PodVifDriver, VifPoolDriver, VifPoolSection};
 use kuryr_crds::Vif;
@@ -39,6 +40,9 @@ use crate::drivers::{PodRef, PortSpec};
 use crate::error::Error;
 use driver::{PoolDriver, PoolKind, PoolOptions, PoolSummary};
 use persist::Persister;
+
+/// The least time a port may be held in use unrecorded before the books question it.
+pub const IN_USE_GRACE: Duration = Duration::from_secs(30);
 
 /// Node label naming the pod VIF driver of a node's pods (upstream `multi_pool`).
 pub const NODE_POD_VIF_LABEL: &str = "pod_vif";
@@ -368,8 +372,25 @@ impl PoolManager {
         Ok(())
     }
 
-    /// One orphan sweep pass (needs recovery done). Returns the deleted port ids.
+    /// How long a port may be held in use before its KuryrPort must record it: a pass does not
+    /// question ports taken more recently (a handler between taking a port and writing the
+    /// KuryrPort status).
+    pub fn in_use_grace(&self) -> Duration {
+        let period = Duration::from_secs(self.ctx.config.vif_pool.ports_pool_update_frequency.max(1));
+        (period * 2).max(IN_USE_GRACE)
+    }
+
+    /// One pass over the books and the orphans (needs recovery done): ports the pools hold in
+    /// use that no KuryrPort records are forgotten (two passes in a row, taken before
+    /// [`PoolManager::in_use_grace`]); then the orphan sweep. Returns the deleted port ids.
     pub async fn sweep_once(&self, suspects: &mut sweep::Suspects) -> Result<Vec<String>, Error> {
+        let listed_at = Timestamp::now();
+        let recorded: HashSet<String> = self.persister.ports_in_use().await?;
+        let grace = SignedDuration::try_from(self.in_use_grace()).unwrap_or(SignedDuration::MAX);
+        let before = listed_at.checked_sub(grace).unwrap_or(listed_at);
+        for d in &self.pooled {
+            d.reconcile_in_use(&recorded, before);
+        }
         // A refill in flight may have ports Neutron lists but no pool records yet, for as long as
         // Neutron takes to answer (seconds on a loaded server, more than a pass period): such a
         // pass could confirm them as orphans. It is skipped; the suspects of the last pass wait.
@@ -379,7 +400,7 @@ impl PoolManager {
         }
         // Owned sets are read before Neutron is listed: a port created after this read is
         // unowned at most once before the next pass sees it owned.
-        let mut owned: HashSet<String> = self.persister.ports_in_use().await?;
+        let mut owned = recorded;
         for d in &self.pooled {
             owned.extend(d.owned_ports().into_values().flatten());
         }

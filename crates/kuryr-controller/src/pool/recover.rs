@@ -4,7 +4,9 @@
 //! Only ports carrying `kuryr-rs`, this cluster's tag and a pool tag are considered. A port is
 //! placed, in this order, by: the KuryrPort using it (in use), the KuryrPortPool listing it,
 //! the pool its tag names (an object of that name, or - when the object was never written -
-//! the key rebuilt from the port itself, accepted only if it yields the tag's name). Ports that
+//! the key rebuilt from the port itself, accepted only if it yields the tag's name). Ports no
+//! object lists are adopted as recyclable, never available: `ports_pool_max` is enforced on them
+//! by the first recycle pass, and available ports beyond it are trimmed right after recovery. Ports that
 //! fit nowhere are left alone here: the orphan sweep deletes them after two passes, so a
 //! recovery bug can never delete a port that is in use.
 //!
@@ -237,15 +239,17 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
             {
                 ((*key).clone(), *recyclable, *since)
             } else if let Some((_, key)) = by_name.get(tag_name) {
-                // Created by a refill whose membership was not flushed before the restart.
-                ((*key).clone(), false, now)
+                // Not listed: created by a refill, or released by a pod, after the last flush.
+                // A released port still has its pod's name and groups, and the pool may be at
+                // max: recyclable, so the recycle pass cleans it and keeps it only below max.
+                ((*key).clone(), true, now)
             } else if let Some(key) = rebuild_key(driver, &deployment, port, &subports)
                 && driver.meta_for(&key).name == tag_name
             {
                 out.pools
                     .entry(key.clone())
                     .or_insert_with(|| driver.meta_for(&key));
-                (key, false, now)
+                (key, true, now)
             } else {
                 if port_is_my_kind(driver, port) {
                     out.report.unplaced += 1;

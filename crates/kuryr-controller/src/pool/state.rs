@@ -3,10 +3,19 @@
 //! deletions) and report back. Every pool decision is made here so it can be tested
 //! without a server:
 //!
-//! - refill after every allocation when fewer than `min` remain: `max(batch, min - size)` ports in
-//!   one bulk request, capped by `max` (a waiting pod always gets at least one port);
+//! - refill after every allocation when fewer than `min` remain: `max(batch, min - size, pods
+//!   waiting)` ports in one bulk request (surge: a burst is served by one bulk, not by batch after
+//!   batch), spares capped by `max`, the request by [`Limits::bulk`]; every waiting pod is
+//!   counted, so `max` never stops a pod from getting its port;
 //! - at most one populate per key, at most `max_concurrent_populate` across keys (blocked keys
 //!   are started when a slot frees up);
+//! - a failed refill backs the pool off (exponential with jitter, [`Backoff`]): requests meanwhile
+//!   share the failure instead of each starting a refill; success or [`Pools::reset_backoff`]
+//!   (capacity came back) ends it;
+//! - `max` holds on every path: recovery and the periodic [`Pools::plan_trim`] delete spares
+//!   beyond it, not only the recycle pass;
+//! - ports in use that no KuryrPort records (a pod that took a port and never recorded it) are
+//!   found by [`Pools::unrecorded_in_use`] and forgotten, so the orphan sweep can delete them;
 //! - an empty pool borrows from a sibling (same deployment/host/project/network/subnets, other
 //!   security groups) so the caller can re-apply the groups instead of waiting;
 //! - the recycle pass returns released ports to `available` or deletes them at `max`;
@@ -114,7 +123,14 @@ pub struct Limits {
     /// `None` = ports live forever.
     pub ttl: Option<Duration>,
     pub max_concurrent_populate: usize,
+    /// At most this many ports in one bulk create (a surge larger than this is served by
+    /// successive refills).
+    pub bulk: usize,
 }
+
+/// The largest bulk create a refill sends: a real neutron-server takes about 10 s for 50 bound
+/// ports, longer requests risk client timeouts.
+pub const MAX_BULK: usize = 50;
 
 impl Limits {
     pub fn from_config(cfg: &kuryr_config::VifPoolSection) -> Self {
@@ -125,6 +141,7 @@ impl Limits {
             batch: to_usize(cfg.ports_pool_batch.get()),
             ttl: (cfg.ports_pool_ttl > 0).then(|| Duration::from_secs(cfg.ports_pool_ttl)),
             max_concurrent_populate: to_usize(cfg.ports_pool_max_concurrent_populate.get()),
+            bulk: MAX_BULK.max(to_usize(cfg.ports_pool_batch.get())),
         }
     }
 }
@@ -171,10 +188,15 @@ pub struct Pool<T> {
     populating: bool,
     /// A refill was wanted while the global cap was reached.
     refill_blocked: bool,
-    /// A request found the pool empty and waits for the next populate.
-    demand: bool,
+    /// Pods that found the pool empty and wait for a port, with when they last asked: the
+    /// demand a refill is sized by. A pod leaves it when it gets a port or stops asking.
+    waiting: BTreeMap<String, Timestamp>,
     last_refill: Option<Timestamp>,
     last_error: Option<(RefillFailure, Timestamp)>,
+    /// Refills failed in a row (0 after a success or a reset).
+    failures: u32,
+    /// No refill before this (backing off after a failure).
+    retry_at: Option<Timestamp>,
 }
 
 impl<T> Pool<T> {
@@ -187,9 +209,11 @@ impl<T> Pool<T> {
             in_use: BTreeMap::new(),
             populating: false,
             refill_blocked: false,
-            demand: false,
+            waiting: BTreeMap::new(),
             last_refill: None,
             last_error: None,
+            failures: 0,
+            retry_at: None,
         }
     }
 
@@ -225,6 +249,21 @@ impl<T> Pool<T> {
     /// The failure of the last refill, until one succeeds.
     pub fn last_error(&self) -> Option<&(RefillFailure, Timestamp)> {
         self.last_error.as_ref()
+    }
+
+    /// When the pool may refill again after a failure (`None`: not backing off).
+    pub fn retry_at(&self) -> Option<Timestamp> {
+        self.retry_at
+    }
+
+    /// Refills failed in a row.
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+
+    /// Pods waiting for a port of this pool.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
     }
 
     /// Every port the pool accounts for (available, recyclable, in use).
@@ -313,24 +352,77 @@ pub enum RecycleOutcome {
     Retry,
 }
 
+/// How long a pool waits after failed refills: `initial` doubling per failure up to `cap`, each
+/// wait drawn from its upper half (jitter, so that pools failing together do not retry together).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    pub initial: Duration,
+    pub cap: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        // With the quota exhausted a pool tries about once a minute; capacity coming back is
+        // noticed sooner through `Pools::reset_backoff`.
+        Self {
+            initial: Duration::from_secs(2),
+            cap: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Backoff {
+    /// The wait after `failures` failures in a row, for a `jitter` in [0, 1).
+    pub fn wait(&self, failures: u32, jitter: f64) -> Duration {
+        let exp = self
+            .initial
+            .saturating_mul(1u32 << failures.saturating_sub(1).min(16));
+        exp.min(self.cap).mul_f64(0.5 + jitter.clamp(0.0, 1.0) / 2.0)
+    }
+}
+
+/// A pod stops counting as waiting when it has not asked again for this long (deleted, or its
+/// retries ran out): the handler retries at most every 15 s.
+const WAITING_EXPIRY: SignedDuration = SignedDuration::from_secs(60);
+
 /// Every pool of one pool driver.
 #[derive(Debug)]
 pub struct Pools<T> {
     limits: Limits,
+    backoff: Backoff,
     pools: BTreeMap<Key, Pool<T>>,
     populating: usize,
     /// Pools changed since the last [`Pools::take_dirty`] (what the CRD flusher writes).
     dirty: BTreeSet<Key>,
+    /// xorshift state for the backoff jitter (no I/O here: seeded by the caller).
+    rng: u64,
 }
 
 impl<T> Pools<T> {
     pub fn new(limits: Limits) -> Self {
+        Self::with_backoff(limits, Backoff::default(), 0x9e37_79b9_7f4a_7c15)
+    }
+
+    /// `seed` drives the backoff jitter (any value; 0 is replaced).
+    pub fn with_backoff(limits: Limits, backoff: Backoff, seed: u64) -> Self {
         Self {
             limits,
+            backoff,
             pools: BTreeMap::new(),
             populating: 0,
             dirty: BTreeSet::new(),
+            rng: seed.max(1),
         }
+    }
+
+    fn jitter(&mut self) -> f64 {
+        let mut x = self.rng;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng = x;
+        // 53 random bits as a fraction in [0, 1).
+        (x >> 11) as f64 / (1u64 << 53) as f64
     }
 
     pub fn limits(&self) -> &Limits {
@@ -382,10 +474,11 @@ impl<T> Pools<T> {
         ids
     }
 
-    /// The allocation of one port for `key` (pool created by [`Pools::ensure`] first). Takes
-    /// the oldest available port (FIFO: the longest-bound port is the likeliest to be ACTIVE),
-    /// else borrows from a sibling, else reports empty; then plans the refill.
-    pub fn take(&mut self, key: &Key, now: Timestamp) -> Taken<T> {
+    /// The allocation of one port for `key` (pool created by [`Pools::ensure`] first) by
+    /// `waiter` (the pod asking). Takes the oldest available port (FIFO: the longest-bound port
+    /// is the likeliest to be ACTIVE), else borrows from a sibling, else reports empty and
+    /// counts `waiter` as waiting; then plans the refill.
+    pub fn take(&mut self, key: &Key, waiter: &str, now: Timestamp) -> Taken<T> {
         let Some(pool) = self.pools.get_mut(key) else {
             return Taken {
                 take: Take::Empty,
@@ -394,12 +487,15 @@ impl<T> Pools<T> {
         };
         let take = if let Some(entry) = pool.available.pop_front() {
             pool.in_use.insert(entry.port_id.clone(), now);
+            pool.waiting.remove(waiter);
             self.dirty.insert(key.clone());
             Take::Hit(entry)
         } else {
-            pool.demand = true;
+            pool.waiting.insert(waiter.to_string(), now);
             match self.borrow_from_sibling(key) {
                 Some((from, entry)) => {
+                    // The waiter stays counted: this pool still lacks a port of its own
+                    // security groups, so it refills.
                     if let Some(pool) = self.pools.get_mut(key) {
                         pool.in_use.insert(entry.port_id.clone(), now);
                     }
@@ -410,7 +506,7 @@ impl<T> Pools<T> {
                 None => Take::Empty,
             }
         };
-        let refills = self.plan_refill(key).into_iter().collect();
+        let refills = self.plan_refill(key, now).into_iter().collect();
         Taken { take, refills }
     }
 
@@ -430,14 +526,18 @@ impl<T> Pools<T> {
     }
 
     /// Plans a refill of `key` if it needs one and may have one now. Needs one when fewer than
-    /// `min` ports are available, or when a request found it empty.
-    pub fn plan_refill(&mut self, key: &Key) -> Option<Refill> {
+    /// `min` ports are available, or when pods wait for more ports than are available; may not
+    /// while one runs or while the pool backs off after a failure.
+    pub fn plan_refill(&mut self, key: &Key, now: Timestamp) -> Option<Refill> {
         let limits = self.limits;
         let at_cap = self.populating >= limits.max_concurrent_populate;
         let pool = self.pools.get_mut(key)?;
+        pool.waiting
+            .retain(|_, asked| now.duration_since(*asked) < WAITING_EXPIRY);
         let size = pool.available.len();
-        let wanted = size < limits.min || (pool.demand && size == 0);
-        if !wanted || pool.populating {
+        let waiting = pool.waiting.len();
+        let wanted = size < limits.min || waiting > size;
+        if !wanted || pool.populating || pool.retry_at.is_some_and(|at| now < at) {
             return None;
         }
         let mut n = limits.batch.max(limits.min.saturating_sub(size));
@@ -446,10 +546,9 @@ impl<T> Pools<T> {
             // pool size: ports in use by pods never stop a busy node from keeping spares.
             n = n.min(limits.max.saturating_sub(size + pool.recyclable_len()));
         }
-        if n == 0 && pool.demand && size == 0 {
-            // `max` bounds the spare ports, never a pod: a waiting request gets its port.
-            n = 1;
-        }
+        // Surge: every waiting pod gets its port from this one request; `max` bounds the
+        // spares, never a pod.
+        n = n.max(waiting.saturating_sub(size)).min(limits.bulk.max(1));
         if n == 0 {
             return None;
         }
@@ -477,6 +576,8 @@ impl<T> Pools<T> {
         if pool.populating {
             return None;
         }
+        // An operator asking is a reason to try again now.
+        pool.retry_at = None;
         pool.populating = true;
         self.populating += 1;
         Some(Refill {
@@ -495,6 +596,8 @@ impl<T> Pools<T> {
         now: Timestamp,
     ) -> Vec<Refill> {
         let mut again = false;
+        let jitter = self.jitter();
+        let backoff = self.backoff;
         if let Some(pool) = self.pools.get_mut(key) {
             if pool.populating {
                 pool.populating = false;
@@ -505,17 +608,26 @@ impl<T> Pools<T> {
                     pool.available.extend(entries);
                     pool.last_refill = Some(now);
                     pool.last_error = None;
-                    pool.demand = false;
+                    pool.failures = 0;
+                    pool.retry_at = None;
                     again = true;
                 }
-                // No immediate retry (a failing Neutron would be hammered): the next allocation
-                // or maintenance pass plans again.
-                Err(e) => pool.last_error = Some((e, now)),
+                // No immediate retry (a failing Neutron would be hammered): the pool backs off;
+                // allocations meanwhile answer with this failure.
+                Err(e) => {
+                    pool.failures = pool.failures.saturating_add(1);
+                    let wait = backoff.wait(pool.failures, jitter);
+                    pool.retry_at = Some(
+                        now.saturating_add(SignedDuration::try_from(wait).unwrap_or(SignedDuration::MAX))
+                            .unwrap_or(now),
+                    );
+                    pool.last_error = Some((e, now));
+                }
             }
             self.dirty.insert(key.clone());
         }
         let mut refills = Vec::new();
-        if again && let Some(r) = self.plan_refill(key) {
+        if again && let Some(r) = self.plan_refill(key, now) {
             refills.push(r);
         }
         let blocked: Vec<Key> = self
@@ -525,17 +637,34 @@ impl<T> Pools<T> {
             .map(|(k, _)| k.clone())
             .collect();
         for k in blocked {
-            if let Some(r) = self.plan_refill(&k) {
+            if let Some(r) = self.plan_refill(&k, now) {
                 refills.push(r);
             }
         }
         refills
     }
 
-    /// Pools below `min` that are not refilling (the maintenance pass retries failed refills).
-    pub fn plan_refills_below_min(&mut self) -> Vec<Refill> {
+    /// Pools below `min` (or with pods waiting) that are not refilling and not backing off (the
+    /// maintenance pass retries failed refills once their backoff ran out).
+    pub fn plan_refills_below_min(&mut self, now: Timestamp) -> Vec<Refill> {
         let keys: Vec<Key> = self.pools.keys().cloned().collect();
-        keys.iter().filter_map(|k| self.plan_refill(k)).collect()
+        keys.iter().filter_map(|k| self.plan_refill(k, now)).collect()
+    }
+
+    /// Ends the backoff of the pools `which` selects (capacity came back: the quota was raised
+    /// or ports were freed) and plans their refills now.
+    pub fn reset_backoff(&mut self, which: impl Fn(&Key) -> bool, now: Timestamp) -> Vec<Refill> {
+        let keys: Vec<Key> = self
+            .pools
+            .iter_mut()
+            .filter(|(k, p)| p.retry_at.is_some() && which(k))
+            .map(|(k, p)| {
+                p.retry_at = None;
+                p.failures = 0;
+                k.clone()
+            })
+            .collect();
+        keys.iter().filter_map(|k| self.plan_refill(k, now)).collect()
     }
 
     /// A pod gave its port back: it waits in `recyclable` for the next pass. `Err` gives the
@@ -669,6 +798,66 @@ impl<T> Pools<T> {
         expired
     }
 
+    /// Removes and returns the available ports beyond `max` of every pool, newest first (the
+    /// oldest are the likeliest to be ACTIVE): ports adopted by recovery, or left by a lower
+    /// `max`. Recyclable ports need no trim: the recycle pass returns them only below `max`.
+    pub fn plan_trim(&mut self) -> Vec<(Key, Entry<T>)> {
+        let max = self.limits.max;
+        if max == 0 {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (key, pool) in &mut self.pools {
+            if pool.available.len() <= max {
+                continue;
+            }
+            out.extend(
+                pool.available
+                    .split_off(max)
+                    .into_iter()
+                    .map(|e| (key.clone(), e)),
+            );
+            self.dirty.insert(key.clone());
+        }
+        out
+    }
+
+    /// Puts ports back into `key`'s available list (their deletion failed: still accounted for,
+    /// the next trim tries again).
+    pub fn put_back(&mut self, key: &Key, entries: impl IntoIterator<Item = Entry<T>>) {
+        if let Some(pool) = self.pools.get_mut(key) {
+            pool.available.extend(entries);
+            self.dirty.insert(key.clone());
+        }
+    }
+
+    /// Ports held in use since before `before` that no KuryrPort records (`recorded` is every
+    /// port id the KuryrPorts list).
+    pub fn unrecorded_in_use(
+        &self,
+        recorded: &std::collections::HashSet<String>,
+        before: Timestamp,
+    ) -> BTreeSet<String> {
+        self.pools
+            .values()
+            .flat_map(|p| p.in_use.iter())
+            .filter(|(id, since)| **since < before && !recorded.contains(id.as_str()))
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Stops counting `port_id` as in use: no pod holds it. It leaves the pool's books only; the
+    /// port itself, still tagged, is the orphan sweep's to delete (or a late release brings it
+    /// back as recyclable), so a mistake here can never hand one port to two pods.
+    pub fn forget_in_use(&mut self, port_id: &str) -> Option<Key> {
+        let key = self
+            .pools
+            .iter_mut()
+            .find_map(|(k, p)| p.in_use.remove(port_id).map(|_| k.clone()))?;
+        self.dirty.insert(key.clone());
+        Some(key)
+    }
+
     /// Drops the pool of `key` (its KuryrPortPool object was deleted, or its network is being
     /// deleted). Returns its available and recyclable ports, those a recycle pass is processing
     /// included (its update then finds them gone), for the caller to delete. Ports in use stay
@@ -753,6 +942,7 @@ mod tests {
             batch,
             ttl: None,
             max_concurrent_populate: 20,
+            bulk: MAX_BULK,
         }
     }
 
@@ -794,7 +984,7 @@ mod tests {
         let mut pools = Pools::<()>::new(limits(2, 0, 5));
         let k = key(&["sg"]);
         pools.ensure(&k, || meta("p"));
-        let first = pools.take(&k, t(0));
+        let first = pools.take(&k, "pod", t(0));
         assert_eq!(first.take, Take::Empty);
         assert_eq!(
             first.refills,
@@ -805,15 +995,15 @@ mod tests {
             }]
         );
         // A second request while populating must not start another populate for the key.
-        assert!(pools.take(&k, t(0)).refills.is_empty());
+        assert!(pools.take(&k, "pod", t(0)).refills.is_empty());
         assert!(complete(&mut pools, &first.refills[0], t(1)).is_empty());
         for _ in 0..3 {
-            let got = pools.take(&k, t(2));
+            let got = pools.take(&k, "pod", t(2));
             assert!(matches!(got.take, Take::Hit(_)));
             assert!(got.refills.is_empty(), "5 -> 2 left, still >= min");
         }
         // 1 left < min 2: refill max(batch, min - size) = 5.
-        let got = pools.take(&k, t(3));
+        let got = pools.take(&k, "pod", t(3));
         assert!(matches!(got.take, Take::Hit(_)));
         assert_eq!(got.refills.len(), 1);
         assert_eq!(got.refills[0].n, 5);
@@ -832,14 +1022,14 @@ mod tests {
         );
         pools.ensure(&a, || meta("a"));
         pools.ensure(&b, || meta("b"));
-        let r = pools.take(&a, t(0)).refills;
+        let r = pools.take(&a, "pod", t(0)).refills;
         complete(&mut pools, &r[0], t(1));
-        let Take::Hit(used) = pools.take(&a, t(2)).take else {
+        let Take::Hit(used) = pools.take(&a, "pod", t(2)).take else {
             panic!("hit expected")
         };
         pools.release(&a, &used.port_id, (), None, t(3)).unwrap();
         // b populating holds the only slot; removing b must give it back.
-        assert_eq!(pools.take(&b, t(3)).refills.len(), 1);
+        assert_eq!(pools.take(&b, "pod", t(3)).refills.len(), 1);
         assert_eq!(pools.remove(&b).map(|v| v.len()), Some(0));
         assert!(pools.get(&b).is_none());
         assert!(pools.remove(&b).is_none());
@@ -847,7 +1037,11 @@ mod tests {
         let spare = pools.remove(&a).unwrap();
         assert_eq!(spare.len(), 2, "available and recyclable ports come back");
         pools.ensure(&a, || meta("a"));
-        assert_eq!(pools.take(&a, t(4)).refills.len(), 1, "the slot is free again");
+        assert_eq!(
+            pools.take(&a, "pod", t(4)).refills.len(),
+            1,
+            "the slot is free again"
+        );
         pools.ensure(&b, || meta("b"));
         assert!(pools.remove_if_empty(&b));
         assert!(!pools.remove_if_empty(&a), "a is populating");
@@ -858,7 +1052,7 @@ mod tests {
         let mut pools = Pools::<()>::new(limits(10, 0, 3));
         let k = key(&[]);
         pools.ensure(&k, || meta("p"));
-        let r = pools.take(&k, t(0)).refills;
+        let r = pools.take(&k, "pod", t(0)).refills;
         assert_eq!(r[0].n, 10);
     }
 
@@ -868,11 +1062,11 @@ mod tests {
         let mut pools = Pools::<()>::new(limits(2, 2, 1));
         let k = key(&[]);
         pools.ensure(&k, || meta("p"));
-        let r = pools.take(&k, t(0)).refills;
+        let r = pools.take(&k, "pod", t(0)).refills;
         assert_eq!(r[0].n, 2);
         complete(&mut pools, &r[0], t(1));
         // A pod takes one: 1 spare < min 2, refill only up to max 2 spares.
-        let first = pools.take(&k, t(2));
+        let first = pools.take(&k, "pod", t(2));
         assert!(matches!(first.take, Take::Hit(_)));
         assert_eq!(first.refills[0].n, 1);
         complete(&mut pools, &first.refills[0], t(2));
@@ -883,7 +1077,7 @@ mod tests {
             "a busy node keeps its spares"
         );
         // At max spares: a further take refills just the one it used.
-        let second = pools.take(&k, t(3));
+        let second = pools.take(&k, "pod", t(3));
         assert!(matches!(second.take, Take::Hit(_)));
         assert_eq!(second.refills[0].n, 1);
     }
@@ -900,9 +1094,9 @@ mod tests {
         );
         pools.ensure(&a, || meta("a"));
         pools.ensure(&b, || meta("b"));
-        let ra = pools.take(&a, t(0)).refills;
+        let ra = pools.take(&a, "pod", t(0)).refills;
         assert_eq!(ra.len(), 1);
-        assert!(pools.take(&b, t(0)).refills.is_empty(), "cap reached");
+        assert!(pools.take(&b, "pod", t(0)).refills.is_empty(), "cap reached");
         assert_eq!(pools.populating(), 1);
         let next = complete(&mut pools, &ra[0], t(1));
         assert_eq!(
@@ -921,13 +1115,157 @@ mod tests {
         let mut pools = Pools::<()>::new(limits(1, 0, 2));
         let k = key(&[]);
         pools.ensure(&k, || meta("p"));
-        let r = pools.take(&k, t(0)).refills;
+        let r = pools.take(&k, "pod", t(0)).refills;
         assert!(pools.finish_refill(&k, Err("quota".into()), t(1)).is_empty());
         assert_eq!(pools.populating(), 0);
         let pool = pools.get(&k).unwrap();
         assert_eq!(pool.last_error().map(|e| e.0.message.as_str()), Some("quota"));
         assert!(!pool.is_populating());
-        assert_eq!(pools.plan_refills_below_min(), r);
+        assert!(
+            pools.plan_refills_below_min(t(1)).is_empty(),
+            "backing off right after the failure"
+        );
+        // The first wait is at most `initial` (2 s).
+        assert_eq!(pools.plan_refills_below_min(t(3)), r);
+    }
+
+    #[test]
+    fn a_failing_pool_backs_off_and_pods_share_its_refill() {
+        let mut pools = Pools::<()>::new(limits(1, 0, 2));
+        let k = key(&[]);
+        pools.ensure(&k, || meta("p"));
+        let mut refills = 0;
+        let mut failures = 0;
+        let mut last_wait = SignedDuration::ZERO;
+        // 500 pods asking every 100 ms for 10 minutes while every refill fails.
+        let start = t(0);
+        for tick in 0..6000i64 {
+            let now = start
+                .checked_add(SignedDuration::from_millis(tick * 100))
+                .unwrap();
+            let pod = format!("pod-{}", tick % 500);
+            for r in pools.take(&k, &pod, now).refills {
+                refills += 1;
+                assert_eq!(pools.populating(), 1, "one refill at a time");
+                pools.finish_refill(&r.key, Err("OverQuota".into()), now);
+                failures += 1;
+                let p = pools.get(&k).unwrap();
+                assert_eq!(p.failures(), failures);
+                let wait = p.retry_at().unwrap().duration_since(now);
+                if failures > 1 && failures < 6 {
+                    assert!(wait > last_wait, "{wait:?} grows after {last_wait:?}");
+                }
+                assert!(wait <= SignedDuration::from_secs(60), "capped: {wait:?}");
+                last_wait = wait;
+            }
+        }
+        // 2, 4, 8, 16, 32 s (each halved at worst by jitter) then at most 60 s: about 15 in 10
+        // minutes, where every request would otherwise have started one.
+        assert!((8..=25).contains(&refills), "{refills} refills in 10 minutes");
+        // Capacity came back: one refill at once, sized for the pods waiting (all 500 asked
+        // within the last minute), capped by the bulk size.
+        let now = t(600);
+        let r = pools.reset_backoff(|key| key == &k, now);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].n, MAX_BULK);
+        assert!(pools.get(&k).unwrap().retry_at().is_none());
+        pools.finish_refill(&k, Ok(entries("n", r[0].n, now)), now);
+        let p = pools.get(&k).unwrap();
+        assert_eq!(
+            (p.failures(), p.retry_at()),
+            (0, None),
+            "success ends the backoff"
+        );
+        // Pods still waiting beyond the first bulk: the next one starts as it lands.
+        assert_eq!(pools.populating(), 1);
+    }
+
+    #[test]
+    fn a_burst_is_served_by_one_refill_sized_by_the_waiting_pods() {
+        // max 5 spares, batch 2: 30 pods found the pool empty while its first refill ran.
+        let mut pools = Pools::<()>::new(limits(1, 5, 2));
+        let k = key(&[]);
+        pools.ensure(&k, || meta("p"));
+        let first = pools.take(&k, "pod-0", t(0)).refills;
+        assert_eq!(first[0].n, 2, "one pod waiting: the batch");
+        for i in 1..30 {
+            assert!(pools.take(&k, &format!("pod-{i}"), t(0)).refills.is_empty());
+        }
+        assert_eq!(pools.get(&k).unwrap().waiting(), 30);
+        let next = complete(&mut pools, &first[0], t(1));
+        assert_eq!(next.len(), 1);
+        assert_eq!(
+            next[0].n, 28,
+            "the 28 pods the first 2 ports do not serve, beyond max"
+        );
+        for i in 0..2 {
+            let got = pools.take(&k, &format!("pod-{i}"), t(1));
+            assert!(matches!(got.take, Take::Hit(_)));
+        }
+        assert_eq!(pools.get(&k).unwrap().waiting(), 28);
+        // Pods that stopped asking (deleted) stop counting after a minute.
+        complete(&mut pools, &next[0], t(2));
+        for i in 2..10 {
+            assert!(matches!(
+                pools.take(&k, &format!("pod-{i}"), t(2)).take,
+                Take::Hit(_)
+            ));
+        }
+        let p = pools.get(&k).unwrap();
+        assert_eq!((p.available_len(), p.waiting()), (20, 20));
+        assert!(pools.plan_refills_below_min(t(100)).is_empty());
+        assert_eq!(pools.get(&k).unwrap().waiting(), 0);
+    }
+
+    #[test]
+    fn trim_removes_available_ports_beyond_max_newest_first() {
+        let mut pools = Pools::<()>::new(limits(1, 3, 1));
+        let k = key(&[]);
+        pools.ensure(&k, || meta("p"));
+        pools.adopt(&k, entries("p", 5, t(0)), entries("r", 2, t(0)));
+        pools.take_dirty();
+        let trimmed: Vec<String> = pools.plan_trim().into_iter().map(|(_, e)| e.port_id).collect();
+        assert_eq!(trimmed, ["p3", "p4"]);
+        assert!(pools.take_dirty().contains(&k));
+        let p = pools.get(&k).unwrap();
+        assert_eq!((p.available_len(), p.recyclable_len()), (3, 2));
+        assert!(pools.plan_trim().is_empty(), "within max");
+        // The recycle pass deletes the recyclable ones: the pool is at max.
+        let actions: Vec<RecycleAction> = pools.plan_recycle().iter().map(|s| s.action).collect();
+        assert_eq!(actions, [RecycleAction::Delete, RecycleAction::Delete]);
+        // A failed deletion stays accounted for.
+        pools.put_back(&k, entries("p3", 1, t(1)));
+        assert_eq!(pools.plan_trim().len(), 1);
+        let mut unlimited = Pools::<()>::new(limits(1, 0, 1));
+        unlimited.ensure(&k, || meta("p"));
+        unlimited.adopt(&k, entries("p", 50, t(0)), Vec::new());
+        assert!(unlimited.plan_trim().is_empty(), "max 0 is unlimited");
+    }
+
+    #[test]
+    fn ports_in_use_by_no_kuryrport_are_found_and_forgotten() {
+        let mut pools = Pools::<()>::new(limits(0, 0, 1));
+        let k = key(&[]);
+        pools.ensure(&k, || meta("p"));
+        pools.mark_in_use(&k, "recorded", t(0));
+        pools.mark_in_use(&k, "phantom", t(0));
+        pools.mark_in_use(&k, "just-taken", t(10));
+        let recorded = std::collections::HashSet::from(["recorded".to_string()]);
+        assert_eq!(
+            pools.unrecorded_in_use(&recorded, t(5)),
+            BTreeSet::from(["phantom".to_string()]),
+            "a port taken after the cutoff may not be recorded yet"
+        );
+        assert_eq!(pools.forget_in_use("phantom"), Some(k.clone()));
+        assert_eq!(pools.forget_in_use("phantom"), None);
+        assert_eq!(pools.get(&k).unwrap().in_use().len(), 2);
+        assert!(
+            pools.owner_of("phantom").is_none(),
+            "the orphan sweep may take it now"
+        );
+        // A late release of a forgotten port brings it back as recyclable, never twice.
+        pools.release(&k, "phantom", (), None, t(20)).unwrap();
+        assert_eq!(pools.get(&k).unwrap().recyclable_len(), 1);
     }
 
     #[test]
@@ -935,10 +1273,10 @@ mod tests {
         let mut pools = Pools::<()>::new(limits(0, 0, 3));
         let (mine, other) = (key(&["new"]), key(&["old"]));
         pools.ensure(&other, || meta("o"));
-        let r = pools.take(&other, t(0)).refills;
+        let r = pools.take(&other, "pod", t(0)).refills;
         complete(&mut pools, &r[0], t(1));
         pools.ensure(&mine, || meta("m"));
-        let got = pools.take(&mine, t(2));
+        let got = pools.take(&mine, "pod", t(2));
         match got.take {
             Take::Borrowed { from, entry } => {
                 assert_eq!(from, other);
@@ -959,7 +1297,7 @@ mod tests {
             ["new".to_string()],
         );
         pools.ensure(&far, || meta("f"));
-        assert_eq!(pools.take(&far, t(3)).take, Take::Empty);
+        assert_eq!(pools.take(&far, "pod", t(3)).take, Take::Empty);
         // Nor is another subnet of the same network: its ports have the wrong addresses.
         let other_subnet = Key::new(
             "default",
@@ -970,7 +1308,7 @@ mod tests {
             ["new".to_string()],
         );
         pools.ensure(&other_subnet, || meta("s"));
-        assert_eq!(pools.take(&other_subnet, t(3)).take, Take::Empty);
+        assert_eq!(pools.take(&other_subnet, "pod", t(3)).take, Take::Empty);
     }
 
     #[test]

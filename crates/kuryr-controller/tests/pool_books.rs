@@ -1,0 +1,194 @@
+//! The pools' books stay true: what a pool counts in use is what the KuryrPorts record.
+//!
+//! - a stale copy of a wired KuryrPort (an event queued before its VIFs were recorded, as the
+//!   periodic watch reconcile re-sends during a long exhaustion) takes no second port;
+//! - a port taken from a pool by a pod that never recorded it stops being counted in use and
+//!   the orphan sweep deletes it.
+//!
+//! Both run against the emulator and, with KURYR_TEST_NEUTRON_URL set, the real neutron-server.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Result, bail, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, PostParams};
+use kuryr_controller::context::{Context, Platform};
+use kuryr_controller::drivers::{NetworkInfo, PodRef, PortSpec};
+use kuryr_controller::handlers::kuryrport::KuryrPortHandler;
+use kuryr_controller::metrics::Metrics;
+use kuryr_controller::openstack::Deployments;
+use kuryr_controller::pipeline::ResourceEventHandler;
+use kuryr_controller::pool::PoolManager;
+use kuryr_crds::{KuryrPort, KuryrPortSpec};
+use serde_json::json;
+use support::*;
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// The drivers a controller builds from `bed`, with the pools recovered (nothing running yet).
+async fn context(
+    kube: &Kube,
+    target: &NeutronTarget,
+    bed: &PoolBed,
+) -> Result<(Arc<Context>, Arc<PoolManager>)> {
+    let metrics = Metrics::new();
+    let deployments = Deployments::noauth(&target.url, &metrics)?;
+    let platform = Arc::new(Platform::new(
+        kube.client.clone(),
+        config(&bed.ini),
+        deployments,
+        metrics,
+    ));
+    let ctx = Context::build(platform)?;
+    let Some(pools) = ctx.drivers.pools.clone() else {
+        bail!("the test config pools ports");
+    };
+    pools.recover().await?;
+    Ok((ctx, pools))
+}
+
+/// Pod `name` in `ns` on the first node and its KuryrPort as the vif handler creates it.
+async fn pod_and_kuryrport(kube: &kube::Client, ns: &str, name: &str) -> Result<(Pod, KuryrPort)> {
+    let pod = create_pod(kube, ns, name, NODES[0], json!({})).await?;
+    let kp = KuryrPort::new(
+        name,
+        KuryrPortSpec {
+            pod_uid: pod.uid().unwrap_or_default(),
+            pod_node_name: NODES[0].into(),
+            pod_static: false,
+        },
+    );
+    let kp = Api::<KuryrPort>::namespaced(kube.clone(), ns)
+        .create(&PostParams::default(), &kp)
+        .await?;
+    Ok((pod, kp))
+}
+
+fn default_port(kp: &KuryrPort) -> Option<String> {
+    kp.status.as_ref()?.default_vif().map(|(_, v)| v.id().to_string())
+}
+
+/// Runs the kuryrport handler on the current object until it succeeds (the port turns ACTIVE).
+async fn wire(handler: &KuryrPortHandler, kube: &kube::Client, ns: &str, name: &str) -> Result<KuryrPort> {
+    let api = Api::<KuryrPort>::namespaced(kube.clone(), ns);
+    eventually(&format!("{name} wired"), WAIT, || async {
+        let kp = api.get(name).await?;
+        match handler.on_present(&kp).await {
+            Ok(()) => Ok(Some(api.get(name).await?)),
+            Err(e) if e.is_retryable() => Ok(None),
+            Err(e) => Err(anyhow::anyhow!("not retryable: {e}")),
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stale_kuryrport_copy_takes_no_second_port() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let fx = neutron_fixture(&target.client, "10.71.0.0/24").await?;
+        let bed = PoolBed::new(&kube, &fx, "ports_pool_min = 1\nports_pool_batch = 2").await?;
+        let (ctx, pools) = context(&kube, &target, &bed).await?;
+        create_namespace(&kube.client, "books", json!({})).await?;
+        let (_pod, stale) = pod_and_kuryrport(&kube.client, "books", "p1").await?;
+        let handler = KuryrPortHandler::new(ctx.clone());
+        let wired = wire(&handler, &kube.client, "books", "p1").await?;
+        let port = default_port(&wired).expect("wired");
+
+        // The copy from before the VIFs were recorded comes through again.
+        let replay = handler.on_present(&stale).await;
+        ensure!(
+            replay.as_ref().is_err_and(|e| e.is_retryable()),
+            "a stale copy is retried with the current object: {replay:?}"
+        );
+        let now = Api::<KuryrPort>::namespaced(kube.client.clone(), "books")
+            .get("p1")
+            .await?;
+        assert_eq!(default_port(&now), Some(port.clone()), "the recorded port stays");
+        let s = pools.summaries();
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].in_use, 1, "one pod, one port in use: {s:?}");
+        // The retry (the current object) takes nothing either.
+        let again = wire(&handler, &kube.client, "books", "p1").await?;
+        assert_eq!(default_port(&again), Some(port));
+        assert_eq!(pools.summaries()[0].in_use, 1);
+        eprintln!("pool_books[{}]: stale copy refused, 1 port in use", target.name);
+        cleanup_project(&target.client, &fx.project).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_port_in_use_by_no_kuryrport_leaves_the_books_and_neutron() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.72.0.0/24").await?;
+        let bed = PoolBed::new(
+            &kube,
+            &fx,
+            "ports_pool_min = 0\nports_pool_batch = 1\nports_pool_update_frequency = 1",
+        )
+        .await?;
+        let (ctx, pools) = context(&kube, &target, &bed).await?;
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(pools.clone().run(stop.clone()));
+        create_namespace(&kube.client, "books", json!({})).await?;
+        let (_pod, _) = pod_and_kuryrport(&kube.client, "books", "real").await?;
+        let handler = KuryrPortHandler::new(ctx.clone());
+        let recorded = default_port(&wire(&handler, &kube.client, "books", "real").await?).expect("wired");
+
+        // A pod that takes a port and never records it (what a handler did with a stale copy).
+        let info = Arc::new(NetworkInfo {
+            id: fx.network.clone(),
+            name: String::new(),
+            mtu: None,
+            subnets: vec![neutron.get_subnet(&fx.subnet).await?],
+        });
+        let spec = PortSpec::new("default", fx.project.clone(), info, vec![fx.sg.clone()]);
+        let ghost = PodRef {
+            namespace: "books".into(),
+            name: "ghost".into(),
+            uid: "ghost-uid".into(),
+            node: NODES[0].into(),
+        };
+        let (vif, _) = pooled_vif(pools.as_ref(), &ghost, &spec).await?;
+        let phantom = vif.id().to_string();
+        assert_eq!(pools.summaries()[0].in_use, 2);
+
+        // Within the grace, two passes and the sweep's two passes.
+        let limit = pools.in_use_grace() + Duration::from_secs(60);
+        eventually("the phantom port forgotten and deleted", limit, || async {
+            let s = pools.summaries();
+            let in_neutron = kuryr_ports(neutron, &fx.project).await?;
+            Ok((s[0].in_use == 1 && !in_neutron.contains(&phantom)).then_some(()))
+        })
+        .await?;
+        let in_neutron = kuryr_ports(neutron, &fx.project).await?;
+        ensure!(
+            in_neutron.contains(&recorded),
+            "the recorded port stays: {in_neutron:?}"
+        );
+        let shown = kuryr_controller::pool::api::show_pool(&bed.socket, &pools.summaries()[0].name).await?;
+        let in_use: Vec<&str> = shown
+            .ports
+            .iter()
+            .filter(|p| p.state == "inUse")
+            .map(|p| p.port_id.as_str())
+            .collect();
+        assert_eq!(in_use, [recorded.as_str()]);
+        eprintln!("pool_books[{}]: unrecorded port forgotten and swept", target.name);
+        stop.cancel();
+        let _ = task.await;
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}
