@@ -186,6 +186,15 @@ impl KuryrLoadBalancerHandler {
                 new
             }
         };
+        let driver = self.ctx.config.kubernetes.service_public_ip_driver.as_str();
+        if driver != "neutron_floating_ip" {
+            return Err(Error::invalid(
+                "[kubernetes] service_public_ip_driver",
+                format!(
+                    "{driver:?} is not a public IP driver kuryr-rs has (upstream's: neutron_floating_ip)"
+                ),
+            ));
+        }
         let vip_port = status
             .loadbalancer
             .as_ref()
