@@ -602,3 +602,328 @@ async fn a_port_the_provider_refuses_is_a_warning_event_and_the_other_ports_are_
     assert_eq!(emu.stats().count("listener.create"), 2, "{:?}", emu.stats());
     Ok(())
 }
+
+/// Octavia's network driver on the test's Neutron emulator: VIP ports exist there, so floating IPs can be
+/// associated with them (the lab's Octavia runs the noop network driver and makes none).
+#[derive(Debug)]
+struct NeutronVipPorts(neutron_emulator::PortControl);
+
+impl octavia_emulator::VipPorts for NeutronVipPorts {
+    fn create(
+        &self,
+        lb_id: &str,
+        project_id: &str,
+        subnet_id: &str,
+        address: &str,
+    ) -> Result<String, String> {
+        let port = self.0.create(&json!({"port": {
+            "name": format!("octavia-lb-{lb_id}"), "project_id": project_id,
+            "device_owner": "Octavia", "device_id": format!("lb-{lb_id}"),
+            "fixed_ips": [{"subnet_id": subnet_id, "ip_address": address}],
+        }}))?;
+        port["id"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| "port without id".to_string())
+    }
+
+    fn delete(&self, port_id: &str) {
+        let _ = self.0.delete(port_id);
+    }
+}
+
+/// The external side of LoadBalancer Services on the bed's Neutron emulator: an external network and subnet,
+/// and a router joining it to the service subnet (Neutron associates a floating IP only through one).
+struct External {
+    network: String,
+    octavia: OctaviaTarget,
+}
+
+async fn external(bed: &Bed) -> Result<External> {
+    use kuryr_neutron::{NetworkCreate, RouterCreate, RouterInterfaceSpec, SubnetCreate};
+    let n = &bed.neutron.client;
+    let project = Some(bed.fx.project.clone());
+    let net = n
+        .create_network(&NetworkCreate {
+            name: Some("public".into()),
+            project_id: project.clone(),
+            router_external: Some(true),
+            ..Default::default()
+        })
+        .await?;
+    n.create_subnet(&SubnetCreate {
+        network_id: net.id.clone(),
+        ip_version: 4,
+        cidr: Some("172.24.4.0/24".into()),
+        project_id: project.clone(),
+        ..Default::default()
+    })
+    .await?;
+    let router = n
+        .create_router(&RouterCreate {
+            project_id: project,
+            external_gateway_info: Some(json!({"network_id": net.id})),
+            ..Default::default()
+        })
+        .await?;
+    n.add_router_interface(
+        &router.id,
+        &RouterInterfaceSpec::Subnet {
+            subnet_id: bed.fx.subnets[1].subnet.clone(),
+        },
+    )
+    .await?;
+    let ports = bed
+        .neutron
+        .emulator()
+        .context("the bed's Neutron is the emulator")?
+        .port_control();
+    let emu = OctaviaEmulator::start(OctaviaOptions {
+        vip_ports: Some(std::sync::Arc::new(NeutronVipPorts(ports))),
+        ..OctaviaOptions::default()
+    })
+    .await?;
+    Ok(External {
+        network: net.id,
+        octavia: OctaviaTarget {
+            name: "emulator",
+            client: OctaviaClient::new(&ClientOptions::noauth(emu.url()))?,
+            emulator: Some(emu),
+        },
+    })
+}
+
+async fn create_lb_service(kube: &Client, ns: &str, name: &str, ip: &str, lb_ip: Option<&str>) -> Result<()> {
+    let svc: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"type": "LoadBalancer", "clusterIP": ip, "loadBalancerIP": lb_ip, "selector": {"app": name},
+                 "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
+    }))?;
+    Api::<Service>::namespaced(kube.clone(), ns)
+        .create(&PostParams::default(), &svc)
+        .await?;
+    Ok(())
+}
+
+/// The KuryrLoadBalancer status once it records a public IP.
+async fn public_ip(
+    kube: &Client,
+    ns: &str,
+    name: &str,
+) -> Result<(KuryrLoadBalancerStatus, kuryr_crds::LbPubIpInfo)> {
+    let api = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), ns);
+    eventually(&format!("{ns}/{name} with a public IP"), WAIT, || async {
+        let st = api.get_opt(name).await?.and_then(|k| k.status);
+        Ok(st.and_then(|s| s.service_pub_ip_info.clone().map(|i| (s, i))))
+    })
+    .await
+}
+
+async fn ingress(kube: &Client, ns: &str, name: &str) -> Result<Vec<String>> {
+    let svc = Api::<Service>::namespaced(kube.clone(), ns).get(name).await?;
+    Ok(svc
+        .status
+        .and_then(|s| s.load_balancer)
+        .and_then(|lb| lb.ingress)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|i| i.ip)
+        .collect())
+}
+
+/// LoadBalancer Services against the Neutron and Octavia emulators: a floating IP from external_svc_net on the
+/// VIP port (tagged, in the KuryrLoadBalancer status and the Service's ingress), `loadBalancerIP` naming a
+/// user's floating IP (associated, never deleted), one left by a crash adopted rather than duplicated, released
+/// when the Service goes back to ClusterIP, and the orphan sweep deleting one whose Service is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_balancer_service_gets_a_floating_ip_on_its_vip_port() -> Result<()> {
+    use kuryr_controller::services::public_ip::description;
+    use kuryr_neutron::FloatingIpCreate;
+    init_logs();
+    let ns = unique("lbsvc");
+    let bed = Bed::new(&ns).await?;
+    let ext = external(&bed).await?;
+    let n = &bed.neutron.client;
+    let fip_req = |description: Option<String>, address: Option<&str>| FloatingIpCreate {
+        floating_network_id: ext.network.clone(),
+        floating_ip_address: address.map(str::to_string),
+        project_id: Some(bed.fx.project.clone()),
+        description,
+        ..Default::default()
+    };
+    let user = n.create_floatingip(&fip_req(None, Some("172.24.4.50"))).await?;
+    // What a controller killed between the floating IP create and the status write leaves.
+    let left = n
+        .create_floatingip(&fip_req(Some(description(&ns, &ns, "crashed")), None))
+        .await?;
+    // A floating IP of a Service that no longer exists.
+    let orphan = n
+        .create_floatingip(&fip_req(Some(description(&ns, &ns, "ghost")), None))
+        .await?;
+    let kube = bed.client();
+    // The Services exist before the controller starts, so its first orphan sweep already knows them.
+    create_lb_service(kube, &ns, "pool", "10.96.0.20", None).await?;
+    create_lb_service(kube, &ns, "mine", "10.96.0.21", Some("172.24.4.50")).await?;
+    create_lb_service(kube, &ns, "crashed", "10.96.0.22", None).await?;
+    let extra = format!("[neutron_defaults]\nexternal_svc_net = {}\n", ext.network);
+    let _ctrl = bed.controller(&ext.octavia, &extra, "svc-lb");
+
+    let (st, info) = public_ip(kube, &ns, "pool").await?;
+    assert_eq!(info.alloc_method, "pool");
+    let fip = n.get_floatingip(&info.ip_id).await?;
+    let vip_port = st
+        .loadbalancer
+        .as_ref()
+        .map(|l| l.port_id.clone())
+        .unwrap_or_default();
+    assert_eq!(fip.port_id.as_deref(), Some(vip_port.as_str()), "{fip:?}");
+    assert_eq!(fip.floating_ip_address, info.ip_addr);
+    assert!(fip.tags.contains(&format!("kuryr-rs.cluster={ns}")), "{fip:?}");
+    assert!(
+        fip.tags.contains(&format!("kuryr-rs.service={ns}/pool")),
+        "{fip:?}"
+    );
+    let want = vec![info.ip_addr.clone()];
+    eventually("Service status.loadBalancer.ingress", WAIT, || async {
+        Ok((ingress(kube, &ns, "pool").await? == want).then_some(()))
+    })
+    .await?;
+
+    let (st, info) = public_ip(kube, &ns, "mine").await?;
+    assert_eq!(
+        (info.alloc_method.as_str(), info.ip_id.as_str()),
+        ("user", user.id.as_str())
+    );
+    let vip_port = st
+        .loadbalancer
+        .as_ref()
+        .map(|l| l.port_id.clone())
+        .unwrap_or_default();
+    assert_eq!(n.get_floatingip(&user.id).await?.port_id, Some(vip_port));
+
+    let (_, info) = public_ip(kube, &ns, "crashed").await?;
+    assert_eq!(info.ip_id, left.id, "the leftover is adopted");
+    let all = n
+        .list_floatingips(&ListFilter::new().eq("floating_network_id", ext.network.clone()))
+        .await?;
+    assert_eq!(
+        all.len(),
+        4,
+        "user, pool, crashed and (until swept) ghost: {all:?}"
+    );
+
+    // Back to ClusterIP: the pool floating IP is deleted and the ingress cleared.
+    let svcs = Api::<Service>::namespaced(kube.clone(), &ns);
+    let (_, pool_info) = public_ip(kube, &ns, "pool").await?;
+    svcs.patch(
+        "pool",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"type": "ClusterIP"}})),
+    )
+    .await?;
+    eventually("pool floating IP released", WAIT, || async {
+        let klb = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns)
+            .get("pool")
+            .await?;
+        let gone = n
+            .get_floatingip(&pool_info.ip_id)
+            .await
+            .is_err_and(|e| e.is_not_found());
+        let cleared = klb.status.is_some_and(|s| s.service_pub_ip_info.is_none());
+        Ok((gone && cleared && ingress(kube, &ns, "pool").await?.is_empty()).then_some(()))
+    })
+    .await?;
+
+    // Deleting a Service gives the user's floating IP back, associated with nothing.
+    svcs.delete("mine", &DeleteParams::default()).await?;
+    eventually("user floating IP disassociated", WAIT, || async {
+        let f = n.get_floatingip(&user.id).await?;
+        Ok((f.port_id.is_none() && svcs.get_opt("mine").await?.is_none()).then_some(()))
+    })
+    .await?;
+
+    // The ghost's floating IP goes within two reconcile passes (1 s apart here).
+    eventually("orphaned floating IP swept", WAIT, || async {
+        Ok(n.get_floatingip(&orphan.id)
+            .await
+            .is_err_and(|e| e.is_not_found())
+            .then_some(()))
+    })
+    .await?;
+    assert!(
+        n.get_floatingip(&user.id).await.is_ok(),
+        "a user's floating IP is never deleted"
+    );
+    Ok(())
+}
+
+/// Without `[neutron_defaults] external_svc_net` a LoadBalancer Service gets a Warning Event naming the option;
+/// its load balancer and the other Services are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_balancer_service_without_external_svc_net_is_a_warning_event_naming_it() -> Result<()> {
+    init_logs();
+    let oct = octavia_targets(LatencyProfile::Instant).await?.remove(0);
+    let ns = unique("noext");
+    let bed = Bed::new(&ns).await?;
+    let _ctrl = bed.controller(&oct, "", "svc-noext");
+    let kube = bed.client();
+    create_lb_service(kube, &ns, "public", "10.96.0.30", None).await?;
+    create_service(kube, &ns, "inside", "10.96.0.31", &[("http", 80, 8080, "TCP")]).await?;
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(kube.clone(), &ns);
+    let note = eventually("Warning Event on the LoadBalancer Service", WAIT, || async {
+        Ok(events
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.type_.as_deref() == Some("Warning")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("public")
+            })
+            .and_then(|e| e.note))
+    })
+    .await?;
+    assert!(note.contains("external_svc_net"), "{note}");
+    recorded(kube, &ns, "public", 1, 0).await?;
+    recorded(kube, &ns, "inside", 1, 0).await?;
+    Ok(())
+}
+
+/// An overloaded Octavia: the create's answer comes after the client's timeout (the emulator holds the request
+/// 3 s, the controller's client waits 1 s), and the load balancer is only made when the request is carried out,
+/// after the client gave up. The controller looks it up by name and VIP until it appears instead of creating
+/// again: exactly one create, one load balancer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_answer_is_lost_is_looked_up_not_repeated() -> Result<()> {
+    init_logs();
+    let oct = octavia_targets(LatencyProfile::Instant).await?.remove(0);
+    let emu = oct.emulator.as_ref().expect("the first target is the emulator");
+    emu.set_faults(octavia_emulator::FaultConfig {
+        rules: vec![octavia_emulator::FaultRule {
+            operation: "loadbalancer.create".into(),
+            status: None,
+            count: Some(1),
+            delay_ms: 3000,
+        }],
+    });
+    let mut opts = ClientOptions::noauth(emu.url());
+    opts.timeout = Some(Duration::from_secs(1));
+    let impatient = OctaviaTarget {
+        name: "emulator",
+        client: OctaviaClient::new(&opts)?,
+        emulator: None,
+    };
+    let ns = unique("lost");
+    let bed = Bed::new(&ns).await?;
+    let _ctrl = bed.controller(&impatient, "", "svc-lost");
+    let kube = bed.client();
+    create_service(kube, &ns, "slow", "10.96.0.40", &[("http", 80, 8080, "TCP")]).await?;
+    set_endpoints(kube, &ns, "slow", &ips(2), &[("http", 8080)]).await?;
+    let st = recorded(kube, &ns, "slow", 1, 2).await?;
+    let lbs = lbs_named(&oct.client, &format!("{ns}/slow")).await?;
+    assert_eq!(lbs.len(), 1, "{lbs:?}");
+    assert_eq!(st.loadbalancer.map(|l| l.id), Some(lbs[0].id.clone()));
+    assert_eq!(emu.stats().count("loadbalancer.create"), 1, "{:?}", emu.stats());
+    Ok(())
+}

@@ -85,6 +85,9 @@ pub struct NetworkCreate {
     pub provider_physical_network: Option<String>,
     #[serde(rename = "provider:segmentation_id", skip_serializing_if = "Option::is_none")]
     pub provider_segmentation_id: Option<u32>,
+    /// An external network (floating IPs and router gateways); admin only on a real cloud.
+    #[serde(rename = "router:external", skip_serializing_if = "Option::is_none")]
+    pub router_external: Option<bool>,
 }
 
 // ---------------------------------------------------------------- subnets
@@ -585,6 +588,45 @@ pub struct AddressGroupCreate {
     pub addresses: Vec<String>,
 }
 
+// ---------------------------------------------------------------- floating IPs
+
+/// A floating IP (`router` extension): an address of a `router:external` network, translated to a fixed IP
+/// of the associated port. Neutron takes no `tags` in the create: they are set afterwards.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct FloatingIp {
+    pub id: String,
+    pub project_id: String,
+    pub floating_ip_address: String,
+    pub floating_network_id: String,
+    pub router_id: Option<String>,
+    pub port_id: Option<String>,
+    pub fixed_ip_address: Option<String>,
+    #[serde(deserialize_with = "null_as_default")]
+    pub status: String,
+    #[serde(deserialize_with = "null_as_default")]
+    pub description: String,
+    #[serde(deserialize_with = "null_as_default")]
+    pub tags: Vec<String>,
+    pub revision_number: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FloatingIpCreate {
+    pub floating_network_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subnet_id: Option<String>,
+    /// A specific address of the external network (admin only on a real cloud).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub floating_ip_address: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub project_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
 // ---------------------------------------------------------------- quotas, availability, extensions
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -677,6 +719,7 @@ pub enum Taggable {
     Router,
     Trunk,
     SecurityGroup,
+    FloatingIp,
 }
 
 impl Taggable {
@@ -689,6 +732,7 @@ impl Taggable {
             Self::Router => "routers",
             Self::Trunk => "trunks",
             Self::SecurityGroup => "security-groups",
+            Self::FloatingIp => "floatingips",
         }
     }
 }

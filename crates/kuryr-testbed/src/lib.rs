@@ -42,6 +42,11 @@ pub struct NeutronTarget {
 }
 
 impl NeutronTarget {
+    /// The emulator behind this target, when it is one.
+    pub fn emulator(&self) -> Option<&EmulatorHandle> {
+        self._emulator.as_ref()
+    }
+
     /// A Neutron server this test bed did not start (another lab's, e.g. the ML2/OVN one).
     pub fn server(name: &'static str, url: &str) -> Result<Self> {
         let _ = rustls::crypto::ring::default_provider().install_default();

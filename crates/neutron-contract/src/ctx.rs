@@ -176,6 +176,12 @@ impl Ctx {
                 note(format!("trunk {}", t.id), r);
             }
         }
+        // Floating IPs hold a port on the external network: they go before the ports and networks.
+        if let Ok(fips) = c.list_floatingips(&pf).await {
+            for f in fips {
+                note(format!("floating IP {}", f.id), c.delete_floatingip(&f.id).await);
+            }
+        }
         if let Ok(routers) = c.list_routers(&pf).await {
             for r in routers {
                 if let Ok(ports) = c.list_ports(&ListFilter::new().device_id(&r.id)).await {

@@ -422,6 +422,7 @@ fn create(store: &mut Store, res: Resource, body: &Value) -> ApiResult<Reply> {
         Resource::SecurityGroupRule => store.create_sg_rule(body)?,
         Resource::Trunk => store.create_trunk(body)?,
         Resource::AddressGroup => store.create_address_group(body)?,
+        Resource::FloatingIp => store.create_floatingip(body)?,
         Resource::Port => return Err(ApiError::internal()),
     };
     Ok(Reply::created(json!({res.member(): v})))
@@ -625,6 +626,14 @@ fn filterable(res: Resource, key: &str) -> bool {
         ],
         Resource::Trunk => &["admin_state_up", "status", "port_id", "sub_ports"],
         Resource::AddressGroup => &["addresses", "shared"],
+        Resource::FloatingIp => &[
+            "floating_ip_address",
+            "floating_network_id",
+            "router_id",
+            "port_id",
+            "fixed_ip_address",
+            "status",
+        ],
     };
     let std = STD_FILTERS.contains(&key) && !(res == Resource::SecurityGroupRule && key == "name");
     std || own.contains(&key)

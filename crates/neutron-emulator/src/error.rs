@@ -147,6 +147,11 @@ impl ApiError {
             ),
             // Neutron's RouterNotFound message has no final period.
             Resource::Router => Self::not_found("RouterNotFound", format!("Router {id} could not be found")),
+            // So has its FloatingIPNotFound message.
+            Resource::FloatingIp => Self::not_found(
+                "FloatingIPNotFound",
+                format!("Floating IP {id} could not be found"),
+            ),
             _ => Self::not_found(
                 &format!("{}NotFound", res.type_name()),
                 format!("{} {id} could not be found.", res.human_name()),
@@ -167,6 +172,7 @@ pub enum Resource {
     SecurityGroupRule,
     Trunk,
     AddressGroup,
+    FloatingIp,
 }
 
 impl Resource {
@@ -182,6 +188,7 @@ impl Resource {
             Resource::SecurityGroupRule => "security-group-rules",
             Resource::Trunk => "trunks",
             Resource::AddressGroup => "address-groups",
+            Resource::FloatingIp => "floatingips",
         }
     }
 
@@ -197,6 +204,7 @@ impl Resource {
             Resource::SecurityGroupRule => "security_group_rule",
             Resource::Trunk => "trunk",
             Resource::AddressGroup => "address_group",
+            Resource::FloatingIp => "floatingip",
         }
     }
 
@@ -221,6 +229,7 @@ impl Resource {
             Resource::SecurityGroupRule => "SecurityGroupRule",
             Resource::Trunk => "Trunk",
             Resource::AddressGroup => "AddressGroup",
+            Resource::FloatingIp => "FloatingIP",
         }
     }
 
@@ -228,6 +237,7 @@ impl Resource {
         match self {
             Resource::SubnetPool => "Subnet pool",
             Resource::AddressGroup => "Address group",
+            Resource::FloatingIp => "Floating IP",
             other => other.type_name(),
         }
     }
@@ -243,6 +253,7 @@ impl Resource {
             Resource::SecurityGroupRule,
             Resource::Trunk,
             Resource::AddressGroup,
+            Resource::FloatingIp,
         ]
         .into_iter()
         .find(|r| r.collection() == s)

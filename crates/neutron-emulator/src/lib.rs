@@ -171,6 +171,48 @@ impl Emulator {
     }
 }
 
+/// See [`EmulatorHandle::port_control`]: the same rules as `POST /v2.0/ports` and `DELETE /v2.0/ports/{id}`,
+/// without statistics, latency or faults.
+#[derive(Clone)]
+pub struct PortControl(Arc<Shared>);
+
+impl std::fmt::Debug for PortControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PortControl")
+    }
+}
+
+impl PortControl {
+    /// Creates a port from the body of a `POST /v2.0/ports` (`{"port": {...}}`); answers the port's JSON.
+    /// Without `network_id`, the network is the one of the first fixed IP's subnet (what Octavia's network
+    /// driver looks up before it creates a VIP port).
+    pub fn create(&self, body: &serde_json::Value) -> Result<serde_json::Value, String> {
+        let mut store = self.0.store.lock();
+        let mut obj = input::member(body, "port").map_err(|e| e.message)?.clone();
+        if !obj.contains_key("network_id") {
+            let subnet = obj
+                .get("fixed_ips")
+                .and_then(|f| f.get(0))
+                .and_then(|f| f.get("subnet_id"))
+                .and_then(serde_json::Value::as_str)
+                .ok_or("neither network_id nor fixed_ips[0].subnet_id")?;
+            let network = store
+                .subnets
+                .get(subnet)
+                .map(|s| s.network_id.clone())
+                .ok_or_else(|| format!("subnet {subnet} not found"))?;
+            obj.insert("network_id".into(), json!(network));
+        }
+        let ids = store.create_ports(&[&obj]).map_err(|e| e.message)?;
+        let id = ids.first().ok_or("no port created")?;
+        Ok(store.render_port(id))
+    }
+
+    pub fn delete(&self, id: &str) -> Result<(), String> {
+        self.0.store.lock().delete_port(id, None).map_err(|e| e.message)
+    }
+}
+
 /// A running emulator. Dropping it stops the server; `shutdown()` also waits for it.
 pub struct EmulatorHandle {
     addr: SocketAddr,
@@ -211,6 +253,12 @@ impl EmulatorHandle {
 
     pub fn set_active_delay(&self, delay: Duration) {
         *self.shared.active_delay.lock() = delay;
+    }
+
+    /// Port create/delete in process, for another emulator that plays a Neutron client (the Octavia
+    /// emulator's VIP ports) from under its own lock, where an HTTP call cannot be awaited.
+    pub fn port_control(&self) -> PortControl {
+        PortControl(self.shared.clone())
     }
 
     /// Forgets every resource, quota, fault and counter.

@@ -58,7 +58,7 @@ use tokio::task::JoinHandle;
 
 pub use control::{FaultConfig, FaultRule, LatencyProfile, Stats};
 pub use error::ApiError;
-pub use store::{NOAUTH_PROJECT, Store, StoreConfig, WorkerDelays};
+pub use store::{NOAUTH_PROJECT, Store, StoreConfig, VipPorts, WorkerDelays};
 
 use crate::control::Control;
 
@@ -73,6 +73,8 @@ pub struct OctaviaOptions {
     pub vip_prefix: u8,
     /// Enforce quotas although the API is `noauth` (see `StoreConfig::enforce_quota`).
     pub enforce_quota: bool,
+    /// Makes VIP ports in a Neutron (see [`VipPorts`]); `None` leaves `vip_port_id` a bare id.
+    pub vip_ports: Option<std::sync::Arc<dyn VipPorts>>,
 }
 
 impl Default for OctaviaOptions {
@@ -85,6 +87,7 @@ impl Default for OctaviaOptions {
             vip_network: c.vip_network,
             vip_prefix: c.vip_prefix,
             enforce_quota: false,
+            vip_ports: None,
         }
     }
 }
@@ -114,6 +117,7 @@ impl OctaviaEmulator {
             .map_err(|e| anyhow::anyhow!("octavia-emulator: cannot listen on {}: {e}", options.listen))?;
         let addr = listener.local_addr()?;
         let config = StoreConfig {
+            vip_ports: options.vip_ports,
             vip_network: options.vip_network,
             vip_prefix: options.vip_prefix,
             worker: options.latency.worker(),
@@ -245,11 +249,24 @@ fn error(e: &ApiError) -> Response {
     respond(e.status, Some(&e.body()))
 }
 
+/// Like the real API server (uWSGI), a request is carried out to the end even when the client stops waiting
+/// for the answer: a create whose answer is lost to a client timeout still happens.
 async fn dispatch(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, 16 * 1024 * 1024).await else {
         return error(&ApiError::new(400, "Invalid input: unreadable body"));
     };
+    match tokio::spawn(handle(shared, parts, bytes)).await {
+        Ok(r) => r,
+        Err(_) => error(&ApiError::new(500, "Internal server error")),
+    }
+}
+
+async fn handle(
+    shared: Arc<Shared>,
+    parts: axum::http::request::Parts,
+    bytes: axum::body::Bytes,
+) -> Response {
     let path = parts.uri.path().to_string();
     let segs: Vec<String> = path
         .trim_matches('/')

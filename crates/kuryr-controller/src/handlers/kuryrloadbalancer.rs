@@ -24,6 +24,7 @@ use crate::pipeline::ResourceEventHandler;
 use crate::services::desired::{self, DesiredLb, Inputs};
 use crate::services::octavia::LbActor;
 use crate::services::plan::{ListenerKey, plan};
+use crate::services::public_ip::{self, External, PublicIps};
 use crate::services::recorded::RecordedLb;
 use crate::services::{lb_name, service_tag};
 
@@ -142,6 +143,105 @@ impl KuryrLoadBalancerHandler {
         Ok(d)
     }
 
+    fn public_ips<'a>(&'a self, klb: &KuryrLoadBalancer, deployment: &str) -> Result<PublicIps<'a>, Error> {
+        let nd = &self.ctx.config.neutron_defaults;
+        Ok(PublicIps {
+            neutron: self.ctx.deployments.client(deployment)?,
+            external: External {
+                network: nd.external_svc_net.clone(),
+                subnet: nd.external_svc_subnet.clone(),
+            },
+            tags: self.tags(klb),
+            description: public_ip::description(
+                &self.ctx.cluster_id,
+                &klb.namespace().unwrap_or_default(),
+                &klb.name_any(),
+            ),
+        })
+    }
+
+    /// Brings `status.service_pub_ip_info` to what the spec asks for.
+    async fn reconcile_public_ip(
+        &self,
+        klb: &KuryrLoadBalancer,
+        deployment: &str,
+        status: &mut KuryrLoadBalancerStatus,
+    ) -> Result<(), Error> {
+        let step = public_ip::decide(
+            klb.spec.type_.as_deref(),
+            klb.spec.lb_ip.as_deref(),
+            status.service_pub_ip_info.as_ref(),
+        );
+        let want = match step {
+            public_ip::Step::Nothing => return Ok(()),
+            public_ip::Step::Release(old) => {
+                self.public_ips(klb, deployment)?.release(&old).await?;
+                status.service_pub_ip_info = None;
+                return Ok(());
+            }
+            public_ip::Step::Acquire(want) => want,
+            public_ip::Step::Replace { old, new } => {
+                self.public_ips(klb, deployment)?.release(&old).await?;
+                status.service_pub_ip_info = None;
+                new
+            }
+        };
+        let driver = self.ctx.config.kubernetes.service_public_ip_driver.as_str();
+        if driver != "neutron_floating_ip" {
+            return Err(Error::invalid(
+                "[kubernetes] service_public_ip_driver",
+                format!(
+                    "{driver:?} is not a public IP driver kuryr-rs has (upstream's: neutron_floating_ip)"
+                ),
+            ));
+        }
+        let vip_port = status
+            .loadbalancer
+            .as_ref()
+            .map(|lb| lb.port_id.clone())
+            .unwrap_or_default();
+        if vip_port.is_empty() {
+            // No load balancer yet: its VIP port is what the floating IP goes to.
+            return Ok(());
+        }
+        let project = klb.spec.project_id.clone().unwrap_or_default();
+        let info = self
+            .public_ips(klb, deployment)?
+            .acquire(&want, &project, &vip_port)
+            .await?;
+        status.service_pub_ip_info = Some(info);
+        Ok(())
+    }
+
+    /// The Service's `status.loadBalancer.ingress`: the public IP, or nothing.
+    async fn write_service_ingress(&self, klb: &KuryrLoadBalancer, ip: Option<&str>) -> Result<(), Error> {
+        let api: Api<Service> = Api::namespaced(self.ctx.kube.clone(), &klb.namespace().unwrap_or_default());
+        let Some(svc) = api.get_opt(&klb.name_any()).await? else {
+            return Ok(());
+        };
+        let current: Vec<String> = svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref())
+            .map(|i| i.iter().filter_map(|x| x.ip.clone()).collect())
+            .unwrap_or_default();
+        let wanted: Vec<String> = ip.map(str::to_string).into_iter().collect();
+        if current == wanted {
+            return Ok(());
+        }
+        let ingress: Vec<_> = wanted.iter().map(|ip| json!({ "ip": ip })).collect();
+        let patch = json!({ "status": { "loadBalancer": { "ingress": ingress } } });
+        match api
+            .patch_status(&klb.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     async fn write_status(
         &self,
         klb: &KuryrLoadBalancer,
@@ -149,6 +249,13 @@ impl KuryrLoadBalancerHandler {
     ) -> Result<(), Error> {
         let api: Api<KuryrLoadBalancer> =
             Api::namespaced(self.ctx.kube.clone(), &klb.namespace().unwrap_or_default());
+        let mut status =
+            serde_json::to_value(status).map_err(|e| Error::serialization("KuryrLoadBalancer status", e))?;
+        if let Some(map) = status.as_object_mut() {
+            // A merge patch keeps what it does not mention: a released public IP must be cleared.
+            map.entry("service_pub_ip_info")
+                .or_insert(serde_json::Value::Null);
+        }
         let patch = json!({ "status": status });
         match api
             .patch(&klb.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
@@ -188,7 +295,7 @@ impl KuryrLoadBalancerHandler {
         let recorded = RecordedLb::from_status(klb.status.as_ref());
         let steps = plan(recorded.as_ref(), &desired);
         if steps.is_empty() {
-            return Ok(());
+            return self.present_public_ip(&klb, &deployment, None).await;
         }
         tracing::debug!(klb = %format!("{}/{}", klb.namespace().unwrap_or_default(), klb.name_any()), ?steps, "reconciling load balancer");
         let actor = LbActor {
@@ -200,6 +307,7 @@ impl KuryrLoadBalancerHandler {
         let mut status = klb.status.clone().unwrap_or_default();
         applied.recorded.write_status(&mut status);
         self.write_status(&klb, &status).await?;
+        let public = self.present_public_ip(&klb, &deployment, Some(status)).await;
         for r in &applied.refused {
             self.refused
                 .lock()
@@ -222,6 +330,27 @@ impl KuryrLoadBalancerHandler {
             self.event(&klb, false, "KuryrEnsuredLB", "Load balancer provisioned")
                 .await;
         }
+        public
+    }
+
+    /// The public IP part of `present`, on `status` as just written (or as the object has it).
+    async fn present_public_ip(
+        &self,
+        klb: &KuryrLoadBalancer,
+        deployment: &str,
+        status: Option<KuryrLoadBalancerStatus>,
+    ) -> Result<(), Error> {
+        let mut status = status.unwrap_or_else(|| klb.status.clone().unwrap_or_default());
+        let before = status.service_pub_ip_info.clone();
+        let result = self.reconcile_public_ip(klb, deployment, &mut status).await;
+        if status.service_pub_ip_info != before {
+            self.write_status(klb, &status).await?;
+        }
+        result?;
+        let ip = status.service_pub_ip_info.as_ref().map(|i| i.ip_addr.as_str());
+        if ip.is_some() || before.is_some() || klb.spec.type_.as_deref() == Some("LoadBalancer") {
+            self.write_service_ingress(klb, ip).await?;
+        }
         Ok(())
     }
 
@@ -234,6 +363,20 @@ impl KuryrLoadBalancerHandler {
             client,
             tags: self.tags(klb),
         };
+        // The public IP first: a pool one is deleted, a user one given back (disassociated); one a crash
+        // left unrecorded is found by its description.
+        let ips = self.public_ips(klb, &deployment)?;
+        if let Some(info) = klb.status.as_ref().and_then(|s| s.service_pub_ip_info.as_ref()) {
+            ips.release(info).await?;
+        }
+        for fip in ips.find_own().await? {
+            ips.release(&kuryr_crds::LbPubIpInfo {
+                ip_id: fip.id,
+                ip_addr: fip.floating_ip_address,
+                alloc_method: public_ip::ALLOC_POOL.into(),
+            })
+            .await?;
+        }
         if let Some(rec) = RecordedLb::from_status(klb.status.as_ref()) {
             actor.delete(&rec.id).await?;
         }

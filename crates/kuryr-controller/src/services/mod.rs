@@ -9,6 +9,7 @@
 //! - [`plan`]: recorded vs desired -> the fewest Octavia writes (a new Service is one fully populated
 //!   create; an endpoints change one batch member update per pool; nothing when nothing changed).
 //! - [`octavia`]: carries a plan out against Octavia and reads back what it made.
+//! - [`public_ip`]: the floating IP of a `type: LoadBalancer` Service (what to do, pure; and doing it).
 //! - [`reconcile`]: the periodic check of every load balancer against Octavia and the orphan sweep.
 //!
 //! Deciding (the first four, pure and unit-tested) is kept apart from acting (the last two), as in the pod
@@ -18,6 +19,7 @@ pub mod desired;
 pub mod endpoints;
 pub mod octavia;
 pub mod plan;
+pub mod public_ip;
 pub mod reconcile;
 pub mod recorded;
 pub mod spec;

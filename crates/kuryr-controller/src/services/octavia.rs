@@ -53,6 +53,17 @@ fn is_refusal(e: &OctaviaError) -> bool {
     )
 }
 
+/// A create whose answer was lost (timeout or reset after the request was sent), or that a proxy in front of
+/// the API gave up on (502, 504), may still be carried out: an overloaded Octavia API commits it after the
+/// client stopped waiting, so a lookup right away finds nothing and creating again made duplicates (the real
+/// Octavia under 100 concurrent creates: 105 creates). Octavia's own errors (500, 503) roll the create back.
+fn maybe_created(e: &OctaviaError) -> bool {
+    e.outcome_unknown() || matches!(e.status(), Some(502 | 504))
+}
+
+/// How long a create of unknown outcome is looked for by name and VIP before it counts as not made.
+const UNKNOWN_OUTCOME_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
 fn persistence(p: &DesiredPool) -> Option<Value> {
     p.persistence.as_ref().map(|t| json!({ "type": t }))
 }
@@ -318,6 +329,18 @@ impl LbActor<'_> {
                 self.wait_active(&lb.id).await?;
                 Ok((lb.id, Vec::new(), true))
             }
+            Err(e) if maybe_created(&e) => {
+                tracing::info!(name = %d.name, error = %e, "load balancer create of unknown outcome; looking it up");
+                let Some(lb) = self.find_after_unknown_create(d).await? else {
+                    return Err(Error::octavia(format!("creating load balancer {}", d.name), e));
+                };
+                tracing::info!(lb = %lb.id, name = %d.name, "the create took effect; adopting it");
+                let lb = self.wait_active(&lb.id).await?;
+                let rec = self.read_back(&lb, d).await?;
+                let steps = super::plan::plan(Some(&rec), d);
+                let applied = Box::pin(self.apply(Some(rec), d, &steps)).await?;
+                Ok((lb.id, applied.refused, true))
+            }
             Err(e) if is_refusal(&e) && !req.listeners.is_empty() => {
                 tracing::info!(name = %d.name, error = %e, "tree refused; creating its listeners one by one");
                 req.listeners.clear();
@@ -340,6 +363,23 @@ impl LbActor<'_> {
                 Ok((lb.id, applied.refused, true))
             }
             Err(e) => Err(Error::octavia(format!("creating load balancer {}", d.name), e)),
+        }
+    }
+
+    /// Looks for the load balancer a create of unknown outcome may still make, with backoff, for
+    /// [`UNKNOWN_OUTCOME_GRACE`]. The wait gives the worker slot to other Services.
+    async fn find_after_unknown_create(&self, d: &DesiredLb) -> Result<Option<LoadBalancer>, Error> {
+        let deadline = tokio::time::Instant::now() + UNKNOWN_OUTCOME_GRACE;
+        let mut pause = std::time::Duration::from_millis(250);
+        loop {
+            if let Some(lb) = self.find(d).await? {
+                return Ok(Some(lb));
+            }
+            if tokio::time::Instant::now() + pause > deadline {
+                return Ok(None);
+            }
+            idle(tokio::time::sleep(pause)).await;
+            pause = (pause * 2).min(std::time::Duration::from_secs(5));
         }
     }
 

@@ -6,7 +6,9 @@
 //! - A recorded listener, pool or member missing from Octavia: the record is rebuilt from Octavia, so the
 //!   handler's plan re-creates what is missing.
 //! - A load balancer tagged as this cluster's whose KuryrLoadBalancer is gone, seen in two passes in a row
-//!   (a Service created between the list calls is not mistaken for an orphan): deleted.
+//!   (a Service created between the list calls is not mistaken for an orphan): deleted. The same for a
+//!   floating IP on `[neutron_defaults] external_svc_net` whose description names this cluster and a Service
+//!   without a KuryrLoadBalancer (user-allocated floating IPs carry no such description and are never touched).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -21,6 +23,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::octavia::LbActor;
+use super::public_ip;
 use super::recorded::RecordedLb;
 use crate::context::Context;
 use crate::error::Error;
@@ -185,6 +188,7 @@ impl Reconciler {
                 .list_load_balancers(&ListFilter::new().tags([cluster.as_str()]))
                 .await
                 .map_err(|e| Error::octavia("orphan sweep: listing load balancers", e))?;
+            deleted += self.sweep_public_ips(&deployment, known, &mut suspects).await?;
             for lb in lbs {
                 if known.contains(&lb.name) || !lb.tags.iter().any(|t| t.starts_with("kuryr-rs.service=")) {
                     continue;
@@ -204,6 +208,52 @@ impl Reconciler {
             }
         }
         self.suspects = suspects;
+        Ok(deleted)
+    }
+
+    /// Pool floating IPs of Services that are gone (see the module comment).
+    async fn sweep_public_ips(
+        &self,
+        deployment: &str,
+        known: &BTreeSet<String>,
+        suspects: &mut BTreeSet<String>,
+    ) -> Result<usize, Error> {
+        let Some(net) = self
+            .ctx
+            .config
+            .neutron_defaults
+            .external_svc_net
+            .clone()
+            .filter(|n| !n.is_empty())
+        else {
+            return Ok(0);
+        };
+        let neutron = self.ctx.deployments.client(deployment)?;
+        let fips = neutron
+            .list_floatingips(&ListFilter::new().eq("floating_network_id", net))
+            .await
+            .map_err(|e| Error::openstack("orphan sweep: listing floating IPs", e))?;
+        let mut deleted = 0;
+        for fip in fips {
+            let Some(service) = public_ip::service_of_description(&self.ctx.cluster_id, &fip.description)
+            else {
+                continue;
+            };
+            if known.contains(service) {
+                continue;
+            }
+            if self.suspects.contains(&fip.id) {
+                tracing::info!(fip = %fip.id, ip = %fip.floating_ip_address, %service, "deleting orphaned floating IP");
+                match neutron.delete_floatingip(&fip.id).await {
+                    Err(e) if !e.is_not_found() => {
+                        return Err(Error::openstack("orphan sweep: deleting a floating IP", e));
+                    }
+                    _ => deleted += 1,
+                }
+            } else {
+                suspects.insert(fip.id);
+            }
+        }
         Ok(deleted)
     }
 }

@@ -288,6 +288,33 @@ impl NeutronClient {
         self.execute(call).await?.unwrap("address_group")
     }
 
+    // ------------------------------------------------------------ floating IPs
+
+    pub async fn create_floatingip(&self, req: &FloatingIpCreate) -> Result<FloatingIp> {
+        self.create_one("create_floatingip", "floatingips", "floatingip", req)
+            .await
+    }
+    pub async fn get_floatingip(&self, id: &str) -> Result<FloatingIp> {
+        self.get_one("get_floatingip", &["floatingips", id], "floatingip")
+            .await
+    }
+    /// Filters include `floating_ip_address`, `floating_network_id`, `port_id`, `description` and tags.
+    pub async fn list_floatingips(&self, filter: &ListFilter) -> Result<Vec<FloatingIp>> {
+        self.list_all_of("list_floatingips", "floatingips", filter).await
+    }
+    /// Associates the floating IP with `port_id` (`None` disassociates). Neutron answers
+    /// `ExternalGatewayForFloatingIPNotFound` (404) when no router joins the port's subnet to the floating
+    /// network, and `FloatingIPPortAlreadyAssociated` (409) when the fixed IP has another floating IP.
+    pub async fn update_floatingip_port(&self, id: &str, port_id: Option<&str>) -> Result<FloatingIp> {
+        let body = json!({ "floatingip": { "port_id": port_id } });
+        let call = Call::new("update_floatingip", Method::PUT, &["floatingips", id]).json(&body)?;
+        self.execute(call).await?.unwrap("floatingip")
+    }
+    /// A missing floating IP is `FloatingIPNotFound`.
+    pub async fn delete_floatingip(&self, id: &str) -> Result<()> {
+        self.delete_at("delete_floatingip", &["floatingips", id]).await
+    }
+
     // ------------------------------------------------------------ tags
 
     pub async fn get_tags(&self, kind: Taggable, id: &str) -> Result<Vec<String>> {

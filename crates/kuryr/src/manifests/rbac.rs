@@ -371,6 +371,12 @@ pub fn controller_cluster_grants(config: &KuryrConfig) -> Vec<Grant> {
                 "patch",
                 "kuryrloadbalancer handler removes the Service finalizer once the load balancer is gone",
             ),
+            g(
+                CORE,
+                "services/status",
+                "patch",
+                "kuryrloadbalancer handler writes a LoadBalancer Service's status.loadBalancer.ingress",
+            ),
         ]);
     }
     if pools_enabled(config) {

@@ -5,6 +5,7 @@
 
 mod address_groups;
 mod binding;
+mod floating_ips;
 mod listing;
 mod networks;
 mod ports;
@@ -101,4 +102,6 @@ cases!(
     binding::trunk_subports_become_active,
     networks::provider_networks_flat_and_vlan,
     binding::direct_port_on_physnet_host_is_hw_veb_and_goes_active,
+    floating_ips::floating_ip_allocation_tags_and_lookup,
+    floating_ips::floating_ip_association_needs_a_router,
 );

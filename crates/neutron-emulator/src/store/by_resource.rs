@@ -15,6 +15,7 @@ impl Store {
             Resource::Router => self.routers.get_mut(id).map(|r| &mut r.std),
             Resource::SecurityGroup => self.security_groups.get_mut(id).map(|r| &mut r.std),
             Resource::Trunk => self.trunks.get_mut(id).map(|r| &mut r.std),
+            Resource::FloatingIp => self.floatingips.get_mut(id).map(|r| &mut r.std),
             Resource::SecurityGroupRule => None,
             // Address groups carry no tags: neutron answers their tag routes with a plain 404.
             Resource::AddressGroup => return Err(ApiError::http_not_found()),
@@ -33,6 +34,7 @@ impl Store {
             Resource::SecurityGroupRule => self.sg_rules.contains_key(id),
             Resource::Trunk => self.trunks.contains_key(id),
             Resource::AddressGroup => self.address_groups.contains_key(id),
+            Resource::FloatingIp => self.floatingips.contains_key(id),
         }
     }
 
@@ -47,6 +49,7 @@ impl Store {
             Resource::SecurityGroupRule => self.render_rule(id, false),
             Resource::Trunk => self.render_trunk(id),
             Resource::AddressGroup => self.render_address_group(id, false),
+            Resource::FloatingIp => self.render_floatingip(id),
         }
     }
 
@@ -62,6 +65,7 @@ impl Store {
             Resource::SecurityGroupRule => self.sg_rules.keys().cloned().collect(),
             Resource::Trunk => self.trunks.keys().cloned().collect(),
             Resource::AddressGroup => self.address_groups.keys().cloned().collect(),
+            Resource::FloatingIp => self.floatingips.keys().cloned().collect(),
         }
     }
 
@@ -83,6 +87,7 @@ impl Store {
             Resource::SecurityGroupRule => self.delete_sg_rule(id),
             Resource::Trunk => self.delete_trunk(id),
             Resource::AddressGroup => self.delete_address_group(id),
+            Resource::FloatingIp => self.delete_floatingip(id),
         }
     }
 
@@ -109,6 +114,7 @@ impl Store {
             Resource::SecurityGroupRule => Err(ApiError::method_not_allowed()),
             Resource::Trunk => self.update_trunk(id, body),
             Resource::AddressGroup => self.update_address_group(id, body),
+            Resource::FloatingIp => self.update_floatingip(id, body),
         }
     }
 }

@@ -9,6 +9,7 @@ mod address_groups;
 mod addresses;
 mod binding;
 mod by_resource;
+mod floatingips;
 mod networks;
 mod port_attrs;
 mod ports;
@@ -24,6 +25,7 @@ mod trunks;
 pub use address_groups::AddressGroup;
 pub use addresses::FixedIp;
 pub use binding::Binding;
+pub use floatingips::{FLOATINGIP_OWNER, FloatingIp};
 pub use networks::Network;
 pub use port_attrs::{AddressPair, DhcpOpt};
 pub use ports::Port;
@@ -151,7 +153,16 @@ macro_rules! records {
     };
 }
 
-records!(Network, Subnet, SubnetPool, Port, Router, SecurityGroup, Trunk);
+records!(
+    Network,
+    Subnet,
+    SubnetPool,
+    Port,
+    Router,
+    SecurityGroup,
+    Trunk,
+    FloatingIp
+);
 
 /// Something to flip to ACTIVE after the configured delay, if still current.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,6 +192,7 @@ pub struct Store {
     pub sg_rules: BTreeMap<String, SgRule>,
     pub trunks: BTreeMap<String, Trunk>,
     pub address_groups: BTreeMap<String, AddressGroup>,
+    pub floatingips: BTreeMap<String, FloatingIp>,
     quotas: HashMap<String, BTreeMap<String, i64>>,
     macs: HashSet<String>,
     default_sg: HashMap<String, String>,

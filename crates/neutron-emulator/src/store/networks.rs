@@ -273,11 +273,22 @@ impl Store {
         if !self.networks.contains_key(id) {
             return Err(ApiError::resource_not_found(Resource::Network, id));
         }
-        // Neutron deletes network-owned ports (DHCP) itself; any other port blocks the delete.
+        // Neutron deletes the network's floating IPs (and their ports) and network-owned ports (DHCP) itself;
+        // any other port blocks the delete.
+        let fips: Vec<String> = self
+            .floatingips
+            .values()
+            .filter(|f| f.network_id == id)
+            .map(|f| f.std.id.clone())
+            .collect();
+        let fip_ports: Vec<String> = fips
+            .iter()
+            .filter_map(|f| self.floatingips.get(f).map(|f| f.own_port.clone()))
+            .collect();
         let in_use: Vec<&str> = self
             .ports
             .values()
-            .filter(|p| p.network_id == id)
+            .filter(|p| p.network_id == id && !fip_ports.contains(&p.std.id))
             .map(|p| p.std.id.as_str())
             .collect();
         if !in_use.is_empty() {
@@ -288,6 +299,9 @@ impl Store {
                     in_use.join(", ")
                 ),
             ));
+        }
+        for f in &fips {
+            self.delete_floatingip(f)?;
         }
         self.subnets.retain(|_, s| s.network_id != id);
         self.networks.remove(id);

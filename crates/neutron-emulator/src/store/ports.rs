@@ -434,6 +434,7 @@ impl Store {
     }
 
     pub(super) fn remove_port(&mut self, id: &str) {
+        self.disassociate_port(id);
         if let Some(p) = self.ports.remove(id) {
             self.release_port(&p.mac, &p.fixed_ips);
         }

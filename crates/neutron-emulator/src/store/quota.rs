@@ -45,6 +45,7 @@ impl Store {
             "security_group" => owned_by(&self.security_groups, project),
             "security_group_rule" => self.sg_rules.values().filter(|r| r.project_id == project).count(),
             "trunk" => owned_by(&self.trunks, project),
+            "floatingip" => owned_by(&self.floatingips, project),
             _ => 0,
         };
         i64::try_from(n).unwrap_or(i64::MAX)

@@ -205,7 +205,7 @@ impl Store {
         Ok(self.router_interface_info(id, &port_id))
     }
 
-    fn router_port_on_subnet(&self, router: &str, subnet: &str) -> Option<String> {
+    pub(super) fn router_port_on_subnet(&self, router: &str, subnet: &str) -> Option<String> {
         self.ports
             .values()
             .find(|p| {

@@ -217,6 +217,13 @@ impl Store {
         };
         let common = self.common(&project, name, admin, tags);
         let lb_id = common.id.clone();
+        let vip_port_id = match (vip_port_id, &self.config.vip_ports) {
+            (Some(p), _) => p,
+            (None, Some(ports)) => ports
+                .create(&lb_id, &project, &subnet, &vip)
+                .map_err(|why| ApiError::new(409, format!("Unable to create the VIP port: {why}")))?,
+            (None, None) => uuid::Uuid::new_v4().to_string(),
+        };
         let delay = self.config.worker.delay(Work::LbCreate);
         self.loadbalancers.insert(
             lb_id.clone(),
@@ -224,7 +231,7 @@ impl Store {
                 common,
                 description,
                 vip_address: vip,
-                vip_port_id: vip_port_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+                vip_port_id,
                 vip_subnet_id: subnet,
                 vip_network_id: network,
                 vip_qos_policy_id: qos,

@@ -125,9 +125,23 @@ pub fn timestamp() -> String {
     chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S").to_string()
 }
 
+/// Octavia's network driver side: the VIP port in Neutron. Without one (the default, like the lab's noop
+/// network driver) a load balancer's `vip_port_id` names no Neutron port; with one, a test's Neutron holds a
+/// real VIP port that floating IPs can be associated with. Called under the store's lock, so it must not call
+/// back into this emulator.
+pub trait VipPorts: Send + Sync + std::fmt::Debug {
+    /// Creates the port of `address` on `subnet_id` for load balancer `lb_id`; `Err` is the reason to refuse.
+    fn create(&self, lb_id: &str, project_id: &str, subnet_id: &str, address: &str)
+    -> Result<String, String>;
+    /// Deletes the port (a missing one is fine).
+    fn delete(&self, port_id: &str);
+}
+
 /// Start-up settings of the store.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
+    /// Where VIP ports are made, if anywhere (see [`VipPorts`]).
+    pub vip_ports: Option<std::sync::Arc<dyn VipPorts>>,
     /// VIP addresses are allocated from here when the request names none.
     pub vip_network: Ipv4Addr,
     pub vip_prefix: u8,
@@ -141,6 +155,7 @@ pub struct StoreConfig {
 impl Default for StoreConfig {
     fn default() -> Self {
         Self {
+            vip_ports: None,
             vip_network: Ipv4Addr::new(10, 0, 0, 0),
             vip_prefix: 16,
             worker: WorkerDelays::default(),
@@ -349,7 +364,9 @@ impl Store {
             self.remove_pool_tree(&p);
         }
         self.listeners.retain(|_, l| l.lb_id != lb_id);
-        self.loadbalancers.remove(lb_id);
+        if let (Some(lb), Some(ports)) = (self.loadbalancers.remove(lb_id), &self.config.vip_ports) {
+            ports.delete(&lb.vip_port_id);
+        }
     }
 
     pub fn listener_ids_of(&self, lb_id: &str) -> Vec<String> {
