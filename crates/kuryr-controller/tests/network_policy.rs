@@ -437,3 +437,161 @@ async fn groups_of_a_policy_deleted_while_the_controller_was_down_are_swept() ->
     }
     Ok(())
 }
+
+/// The IPv4 ingress rules of the policy's groups with their peers' addresses: (protocol, port
+/// range, addresses); the number of security groups this cluster holds for the policy; and the
+/// number of its address groups that no rule names (leaks).
+#[allow(clippy::type_complexity)]
+async fn policy_state(
+    client: &NeutronClient,
+    cluster: &str,
+    uid: &str,
+) -> Result<(BTreeSet<(String, u32, u32, BTreeSet<String>)>, usize, usize)> {
+    let sgs = client
+        .list_security_groups(&ListFilter::new().tags([format!("kuryr-rs.knp={uid}")]))
+        .await?;
+    let by_description = client
+        .list_security_groups(&ListFilter::new().eq("description", format!("kuryr-rs:{cluster}:{uid}")))
+        .await?;
+    let ags = client
+        .list_address_groups(&ListFilter::new().eq("description", format!("kuryr-rs:{cluster}:{uid}")))
+        .await?;
+    let mut rules = BTreeSet::new();
+    for sg in &sgs {
+        for r in &sg.security_group_rules {
+            if r.direction != "ingress" || r.ethertype != "IPv4" || r.protocol.is_none() {
+                continue;
+            }
+            let addrs: BTreeSet<String> = match &r.remote_address_group_id {
+                Some(id) => ags
+                    .iter()
+                    .find(|a| &a.id == id)
+                    .map(|a| a.addresses.iter().cloned().collect())
+                    .unwrap_or_else(|| [format!("foreign group {id}")].into()),
+                None => r.remote_ip_prefix.iter().cloned().collect(),
+            };
+            // The namespace's Service VIPs group is empty here (no Services).
+            if addrs.is_empty() {
+                continue;
+            }
+            rules.insert((
+                r.protocol.clone().unwrap_or_default(),
+                r.port_range_min.unwrap_or(0),
+                r.port_range_max.unwrap_or(0),
+                addrs,
+            ));
+        }
+    }
+    let groups = sgs.len().max(by_description.len());
+    let named: BTreeSet<&String> = sgs
+        .iter()
+        .chain(&by_description)
+        .flat_map(|sg| &sg.security_group_rules)
+        .filter_map(|r| r.remote_address_group_id.as_ref())
+        .collect();
+    let unnamed = ags.iter().filter(|a| !named.contains(&a.id)).count();
+    Ok((rules, groups, unnamed))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn controller_killed_in_the_middle_of_policy_updates_converges_without_leaks_after_restart()
+-> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let client = &target.client;
+        let fx = neutron_fixture(client, "10.74.0.0/24").await?;
+        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let cfg = ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label");
+        labelled_namespace(&kube.client, "k").await?;
+        pod(&kube.client, "k", "a", json!({"app": "a"}), Some("10.74.0.11")).await?;
+        pod(&kube.client, "k", "b", json!({"app": "b"}), Some("10.74.0.12")).await?;
+        pod(&kube.client, "k", "c", json!({"app": "b"}), Some("10.74.0.13")).await?;
+        // Each spec differs from the one before in peers and ports, so an update creates and
+        // deletes rules and address groups.
+        let specs = [
+            (
+                json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "a"}}}],
+                       "ports": [{"port": 80}, {"port": 81}]}]}),
+                vec![
+                    ("tcp", 80, 80, vec!["10.74.0.11/32"]),
+                    ("tcp", 81, 81, vec!["10.74.0.11/32"]),
+                ],
+            ),
+            (
+                json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "b"}}}],
+                       "ports": [{"protocol": "UDP", "port": 53}]},
+                      {"from": [{"ipBlock": {"cidr": "192.0.2.0/24"}}], "ports": [{"port": 443}]}]}),
+                vec![
+                    ("udp", 53, 53, vec!["10.74.0.12/32", "10.74.0.13/32"]),
+                    ("tcp", 443, 443, vec!["192.0.2.0/24"]),
+                ],
+            ),
+            (
+                json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchExpressions":
+                       [{"key": "app", "operator": "In", "values": ["a", "b"]}]}}],
+                       "ports": [{"port": 8000, "endPort": 8080}]}]}),
+                vec![(
+                    "tcp",
+                    8000,
+                    8080,
+                    vec!["10.74.0.11/32", "10.74.0.12/32", "10.74.0.13/32"],
+                )],
+            ),
+        ];
+        let want = |i: usize| -> BTreeSet<(String, u32, u32, BTreeSet<String>)> {
+            specs[i % specs.len()]
+                .1
+                .iter()
+                .map(|(p, lo, hi, a)| (p.to_string(), *lo, *hi, a.iter().map(|s| s.to_string()).collect()))
+                .collect()
+        };
+        let nps = Api::<NetworkPolicy>::namespaced(kube.client.clone(), "k");
+        let mut ctl = start_controller(&kube.client, &target, config(&cfg), "np-kill-0");
+        apply_policy(&kube.client, "k", "p", specs[0].0.clone()).await?;
+        let uid = nps.get("p").await?.metadata.uid.expect("uid");
+        eventually("the first spec applied", WAIT, || async {
+            let (rules, _, _) = policy_state(client, &cluster, &uid).await?;
+            Ok((rules == want(0)).then_some(()))
+        })
+        .await?;
+        // Kill at several points of an update: before it starts, in the middle, near its end.
+        for (round, delay_ms) in [0u64, 15, 40, 80, 150, 300].into_iter().enumerate() {
+            let next = round + 1;
+            let mut np = nps.get("p").await?;
+            np.spec = serde_json::from_value(specs[next % specs.len()].0.clone())?;
+            nps.replace("p", &PostParams::default(), &np).await?;
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            ctl.kill();
+            ctl = start_controller(&kube.client, &target, config(&cfg), &format!("np-kill-{next}"));
+            eventually(
+                &format!(
+                    "{}: spec {next} applied after a kill {delay_ms} ms into the update",
+                    target.name
+                ),
+                WAIT,
+                || async {
+                    let (rules, groups, unnamed) = policy_state(client, &cluster, &uid).await?;
+                    // One security group, the new rules, and no address group left unused.
+                    Ok((rules == want(next) && groups == 1 && unnamed == 0).then_some(()))
+                },
+            )
+            .await?;
+        }
+        // Deleting the policy leaves nothing of it.
+        nps.delete("p", &DeleteParams::default()).await?;
+        eventually("every group of k/p deleted", WAIT, || async {
+            let (rules, groups, _) = policy_state(client, &cluster, &uid).await?;
+            let ags = client
+                .list_address_groups(
+                    &ListFilter::new().eq("description", format!("kuryr-rs:{cluster}:{uid}")),
+                )
+                .await?;
+            Ok((rules.is_empty() && groups == 0 && ags.is_empty()).then_some(()))
+        })
+        .await?;
+        ctl.shutdown().await?;
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}

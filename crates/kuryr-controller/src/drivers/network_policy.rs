@@ -24,12 +24,14 @@ use kuryr_neutron::{
 };
 use tokio::sync::Mutex;
 
+use crate::drivers::project::ProjectDriver;
 use crate::error::Error;
 use crate::openstack::{DEFAULT_DEPLOYMENT, Deployments};
 use crate::policies::desired::BASE_VARIANT;
 use crate::policies::{
     ActualGroup, ActualPolicy, AgKey, Cidr, ClusterIndex, DesiredPolicy, Direction, EtherType, Op, Options,
-    PodInfo, PodSecurity, PolicyKey, PolicySpec, Protocol, Remote, Rule, desired, diff, pod_security,
+    PodInfo, PodSecurity, PolicyKey, PolicySpec, PolicyTracker, Protocol, Remote, Rule, desired, diff,
+    pod_security,
 };
 
 const TAG_POLICY: &str = "kuryr-rs.knp=";
@@ -55,7 +57,12 @@ pub struct NetworkPolicyDriver {
     tags: Vec<String>,
     cluster_id: String,
     options: Options,
+    /// `[kubernetes] network_policy_project_driver`: the project of a policy's groups.
+    projects: Arc<dyn ProjectDriver>,
     open_groups: Mutex<HashMap<(String, &'static str), String>>,
+    /// The cluster and the live policies as the watches report them (filled by one listing on
+    /// first use), and what each policy's last reconcile applied.
+    tracker: Mutex<Option<PolicyTracker>>,
     /// One reconcile per policy at a time: the `kuryrnetworkpolicy` and `pod_label` handlers
     /// both reconcile policies, and two at once would both create the same groups.
     locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
@@ -68,6 +75,7 @@ impl NetworkPolicyDriver {
         config: Arc<KuryrConfig>,
         tags: Vec<String>,
         cluster_id: String,
+        projects: Arc<dyn ProjectDriver>,
     ) -> Self {
         Self {
             kube,
@@ -75,11 +83,13 @@ impl NetworkPolicyDriver {
             config,
             tags,
             cluster_id,
+            projects,
             options: Options {
                 host_cidrs: vec![],
                 namespace_service_vips: true,
             },
             open_groups: Mutex::default(),
+            tracker: Mutex::default(),
             locks: Mutex::default(),
         }
     }
@@ -94,11 +104,9 @@ impl NetworkPolicyDriver {
         Ok(self.deployments.client(DEFAULT_DEPLOYMENT)?.clone())
     }
 
-    /// `[kubernetes] network_policy_project_driver = default`: `[neutron_defaults] project`.
-    fn project(&self) -> Result<String, Error> {
-        self.config.neutron_defaults.project.clone().ok_or_else(|| {
-            Error::Config("[neutron_defaults] project is required for network policies".into())
-        })
+    /// The project of the groups of policies (and pods) in `namespace`.
+    async fn project(&self, namespace: &str) -> Result<String, Error> {
+        self.projects.project_for_namespace(namespace).await
     }
 
     fn cluster_tag(&self) -> String {
@@ -114,8 +122,8 @@ impl NetworkPolicyDriver {
         format!("kuryr-rs:{}:", self.cluster_id)
     }
 
-    /// Namespaces, pods and Services as the model reads them.
-    pub async fn index(&self) -> Result<ClusterIndex, Error> {
+    /// Namespaces, pods and Services as the model reads them, listed from the API.
+    pub async fn list_index(&self) -> Result<ClusterIndex, Error> {
         let lp = ListParams::default();
         let mut index = ClusterIndex::default();
         for ns in Api::<Namespace>::all(self.kube.clone()).list(&lp).await? {
@@ -126,12 +134,85 @@ impl NetworkPolicyDriver {
                 index.set_pod(&pod);
             }
         }
-        for svc in Api::<Service>::all(self.kube.clone()).list(&lp).await? {
+        self.list_services(&mut index).await?;
+        Ok(index)
+    }
+
+    /// Replaces the index's Services with a fresh listing. No handler of the policy set
+    /// watches Services, so they are re-read when a policy itself is reconciled (which the
+    /// periodic resync does too).
+    async fn list_services(&self, index: &mut ClusterIndex) -> Result<(), Error> {
+        index.services.clear();
+        for svc in Api::<Service>::all(self.kube.clone())
+            .list(&ListParams::default())
+            .await?
+        {
             if svc.metadata.deletion_timestamp.is_none() {
                 index.set_service(&svc);
             }
         }
-        Ok(index)
+        Ok(())
+    }
+
+    /// Runs `f` on the tracker, filling it from one listing of namespaces, pods, Services and
+    /// policies the first time; afterwards watch events keep it current.
+    async fn with_tracker<T>(&self, f: impl FnOnce(&mut PolicyTracker) -> T) -> Result<T, Error> {
+        let mut guard = self.tracker.lock().await;
+        let tracker = match guard.take() {
+            Some(t) => t,
+            None => {
+                let index = self.list_index().await?;
+                let policies = self.list_policies().await?;
+                PolicyTracker::new(index, policies)
+            }
+        };
+        let tracker = guard.insert(tracker);
+        Ok(f(tracker))
+    }
+
+    /// Runs `f` on the tracker when it is filled; before that a change needs no recording (the
+    /// filling lists it).
+    async fn if_tracking(&self, f: impl FnOnce(&mut PolicyTracker)) {
+        if let Some(t) = self.tracker.lock().await.as_mut() {
+            f(t);
+        }
+    }
+
+    /// A pod added, changed or being deleted, as its watch event shows it.
+    pub async fn observe_pod(&self, pod: &Pod) {
+        self.if_tracking(|t| t.cluster.observe_pod(pod)).await;
+    }
+
+    pub async fn forget_pod(&self, pod: &Pod) {
+        self.if_tracking(|t| t.cluster.remove_pod(pod)).await;
+    }
+
+    pub async fn observe_namespace(&self, ns: &Namespace) {
+        self.if_tracking(|t| {
+            if ns.metadata.deletion_timestamp.is_some() {
+                t.cluster.remove_namespace(&ns.name_any());
+            } else {
+                t.cluster.set_namespace(ns);
+            }
+        })
+        .await;
+    }
+
+    pub async fn forget_namespace(&self, ns: &Namespace) {
+        self.if_tracking(|t| t.cluster.remove_namespace(&ns.name_any()))
+            .await;
+    }
+
+    /// Every live, valid policy of the cluster by uid.
+    async fn list_policies(&self) -> Result<BTreeMap<String, PolicySpec>, Error> {
+        let nps = Api::<NetworkPolicy>::all(self.kube.clone())
+            .list(&ListParams::default())
+            .await?;
+        Ok(nps
+            .iter()
+            .filter(|np| np.metadata.deletion_timestamp.is_none())
+            .filter_map(|np| Some((np.uid()?, PolicySpec::parse(np).ok()?)))
+            .collect())
     }
 
     /// The valid, live policies of `namespace` with their uids (invalid ones are reported by the
@@ -230,43 +311,69 @@ impl NetworkPolicyDriver {
         Ok((actual, sgs, ag_ids))
     }
 
-    /// Makes Neutron match `spec` for the policy `uid`; returns what is there afterwards.
+    /// Makes Neutron match `spec` for the policy `uid` (read back and diffed whatever was
+    /// applied before: this is also the periodic repair); returns what is there afterwards.
     pub async fn ensure(&self, uid: &str, spec: &PolicySpec) -> Result<Applied, Error> {
-        let index = self.index().await?;
-        self.ensure_with(uid, spec, &index).await
+        let mut services = ClusterIndex::default();
+        self.list_services(&mut services).await?;
+        self.with_tracker(|t| {
+            t.cluster.services = services.services;
+            t.set_policy(uid, spec.clone());
+        })
+        .await?;
+        self.reconcile(uid, true)
+            .await?
+            .ok_or_else(|| Error::not_ready(format!("NetworkPolicy {} being released", spec.key)))
     }
 
-    async fn ensure_with(
-        &self,
-        uid: &str,
-        spec: &PolicySpec,
-        index: &ClusterIndex,
-    ) -> Result<Applied, Error> {
-        let want = desired(spec, index, &self.options);
-        self.apply(uid, &spec.key, &want).await
-    }
-
-    /// Every live policy of the cluster against one reading of the cluster (after a pod or
-    /// namespace changed: usually only address-group updates follow). Returns the writes made.
-    pub async fn ensure_all(&self) -> Result<usize, Error> {
-        let nps = Api::<NetworkPolicy>::all(self.kube.clone())
-            .list(&ListParams::default())
+    /// One policy against the tracker's current state, under the policy's lock (so the last
+    /// reconcile to run uses the latest state). Unless `force`, a policy whose desired state is
+    /// what its last reconcile applied is left alone (`None`).
+    async fn reconcile(&self, uid: &str, force: bool) -> Result<Option<Applied>, Error> {
+        let _guard = self.lock(uid).await;
+        let decided = self
+            .with_tracker(|t| {
+                let spec = t.policies.get(uid)?.clone();
+                let want = desired(&spec, &t.cluster, &self.options);
+                let unchanged = t.applied(uid) == Some(&want);
+                Some((spec, want, unchanged))
+            })
             .await?;
-        let policies: Vec<(String, PolicySpec)> = nps
-            .iter()
-            .filter(|np| np.metadata.deletion_timestamp.is_none())
-            .filter_map(|np| Some((np.uid()?, PolicySpec::parse(np).ok()?)))
-            .collect();
-        // A cluster without policies reads nothing else (every pod event comes here).
-        if policies.is_empty() {
-            return Ok(0);
+        let Some((spec, want, unchanged)) = decided else {
+            return Ok(None);
+        };
+        if unchanged && !force {
+            return Ok(None);
         }
-        let index = self.index().await?;
+        match self.apply(uid, &spec.key, &want).await {
+            Ok(a) => {
+                self.if_tracking(|t| t.record_applied(uid, want)).await;
+                Ok(Some(a))
+            }
+            Err(e) => {
+                self.if_tracking(|t| t.forget_applied(uid)).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// After a pod or namespace changed: the policies whose desired state moved, each
+    /// reconciled (usually only address-group updates follow); the others cost nothing.
+    /// Returns the writes made.
+    pub async fn ensure_all(&self) -> Result<usize, Error> {
+        let stale: Vec<String> = self
+            .with_tracker(|t| {
+                t.stale(&self.options)
+                    .into_iter()
+                    .map(|(uid, _, _)| uid)
+                    .collect()
+            })
+            .await?;
         let mut writes = 0;
         let mut errors = vec![];
-        for (uid, spec) in &policies {
-            match self.ensure_with(uid, spec, &index).await {
-                Ok(a) => writes += a.writes,
+        for uid in &stale {
+            match self.reconcile(uid, false).await {
+                Ok(a) => writes += a.map_or(0, |a| a.writes),
                 Err(e) => errors.push(e),
             }
         }
@@ -303,10 +410,10 @@ impl NetworkPolicyDriver {
         Ok(())
     }
 
+    /// Makes Neutron hold `want` for the policy `uid`; the caller holds the policy's lock.
     async fn apply(&self, uid: &str, key: &PolicyKey, want: &DesiredPolicy) -> Result<Applied, Error> {
         let client = self.client()?;
-        let project = self.project()?;
-        let _guard = self.lock(uid).await;
+        let project = self.project(&key.namespace).await?;
         let (actual, extra_sgs, extra_ags) = self.actual_with_extras(&client, uid).await?;
         for id in &extra_sgs {
             self.detach(&client, id).await?;
@@ -417,6 +524,8 @@ impl NetworkPolicyDriver {
     pub async fn release(&self, uid: &str) -> Result<(), Error> {
         let client = self.client()?;
         let _guard = self.lock(uid).await;
+        // Under the lock: a reconcile that runs after this finds no policy to apply.
+        self.if_tracking(|t| t.remove_policy(uid)).await;
         let (_, sgs, ags) = self.read(&client, uid).await?;
         let mut errors = vec![];
         for g in &sgs {
@@ -483,8 +592,8 @@ impl NetworkPolicyDriver {
                     return Ok(defaults);
                 }
                 Ok(vec![
-                    self.open_group(&client, Direction::Ingress).await?,
-                    self.open_group(&client, Direction::Egress).await?,
+                    self.open_group(&client, &ns, Direction::Ingress).await?,
+                    self.open_group(&client, &ns, Direction::Egress).await?,
                 ])
             }
             PodSecurity::Selected {
@@ -509,10 +618,10 @@ impl NetworkPolicyDriver {
                     out.push(sg.id);
                 }
                 if open_ingress {
-                    out.push(self.open_group(&client, Direction::Ingress).await?);
+                    out.push(self.open_group(&client, &ns, Direction::Ingress).await?);
                 }
                 if open_egress {
-                    out.push(self.open_group(&client, Direction::Egress).await?);
+                    out.push(self.open_group(&client, &ns, Direction::Egress).await?);
                 }
                 out.sort();
                 out.dedup();
@@ -522,8 +631,13 @@ impl NetworkPolicyDriver {
     }
 
     /// The project's allow-all group of one direction, for pods whose policies leave it open.
-    async fn open_group(&self, client: &NeutronClient, dir: Direction) -> Result<String, Error> {
-        let project = self.project()?;
+    async fn open_group(
+        &self,
+        client: &NeutronClient,
+        namespace: &str,
+        dir: Direction,
+    ) -> Result<String, Error> {
+        let project = self.project(namespace).await?;
         let name = dir.neutron();
         let key = (project.clone(), name);
         let mut cache = self.open_groups.lock().await;

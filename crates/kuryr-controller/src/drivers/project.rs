@@ -76,3 +76,13 @@ impl ProjectDriver for AnnotationProject {
         }
     }
 }
+
+/// A project driver that could not be configured: every use is that configuration error.
+pub struct UnsetProject(pub String);
+
+#[async_trait]
+impl ProjectDriver for UnsetProject {
+    async fn project_for_namespace(&self, _namespace: &str) -> Result<String, Error> {
+        Err(Error::Config(self.0.clone()))
+    }
+}

@@ -10,7 +10,7 @@ use kuryr_config::{
 use super::multi_vif::{self, MultiVifDriver};
 use super::network_policy::NetworkPolicyDriver;
 use super::pool::{NoopPool, VifPool};
-use super::project::{AnnotationProject, DefaultProject, ProjectDriver};
+use super::project::{AnnotationProject, DefaultProject, ProjectDriver, UnsetProject};
 use super::security_groups::{
     DefaultSecurityGroups, NamespaceSecurityGroups, PolicySecurityGroups, SecurityGroupsDriver,
 };
@@ -41,18 +41,22 @@ pub struct Drivers {
     pub network_policy: Arc<NetworkPolicyDriver>,
 }
 
+/// A `[kubernetes] *_project_driver` by its upstream name: `default` is `[neutron_defaults]
+/// project`; `annotation` is the namespace's `openstack.org/kuryr-project`, else that default.
+fn project_driver(ctx: &Platform, name: ProjectDriverName) -> Result<Arc<dyn ProjectDriver>, Error> {
+    let default = ctx.config.neutron_defaults.project.as_deref();
+    Ok(match name {
+        ProjectDriverName::Annotation => Arc::new(AnnotationProject::new(ctx.kube.clone(), default)),
+        ProjectDriverName::Default => Arc::new(DefaultProject::new(default)?),
+    })
+}
+
 impl Drivers {
     /// Builds every driver `[kubernetes]` names, the pool driver included.
     pub fn from_config(ctx: &Arc<Platform>) -> Result<Self, Error> {
         let cfg = &ctx.config;
         let k = &cfg.kubernetes;
-        let nd = &cfg.neutron_defaults;
-        let project: Arc<dyn ProjectDriver> = match k.pod_project_driver {
-            ProjectDriverName::Annotation => {
-                Arc::new(AnnotationProject::new(ctx.kube.clone(), nd.project.as_deref()))
-            }
-            ProjectDriverName::Default => Arc::new(DefaultProject::new(nd.project.as_deref())?),
-        };
+        let project = project_driver(ctx, k.pod_project_driver)?;
         let subnet_cache = SubnetCache::new(ctx.deployments.clone());
         let subnets: Arc<dyn SubnetsDriver> = match k.pod_subnets_driver {
             PodSubnetsDriver::Namespace => {
@@ -68,6 +72,9 @@ impl Drivers {
             ctx.config.clone(),
             ctx.resource_tags(),
             ctx.cluster_id.clone(),
+            // Only a cluster with policies needs their project: refused when one is applied.
+            project_driver(ctx, k.network_policy_project_driver)
+                .unwrap_or_else(|e| Arc::new(UnsetProject(e.to_string()))),
         ));
         let security_groups: Arc<dyn SecurityGroupsDriver> = match k.pod_security_groups_driver {
             SgName::Default => Arc::new(DefaultSecurityGroups::new(ctx.config.clone())),

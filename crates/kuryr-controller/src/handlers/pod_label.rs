@@ -2,6 +2,8 @@
 //! address groups (one `add_addresses`/`remove_addresses` per group it joins or leaves, rules
 //! untouched) and its port onto the groups of the policies that now select it. Also the
 //! namespace-label companion: a namespace relabelled changes which pods namespaceSelectors pick.
+//! Both feed what they see into the driver's tracker first, so policies are decided from the
+//! watched state, not from a listing of the cluster per event.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -44,13 +46,14 @@ impl ResourceEventHandler for PodLabelHandler {
     }
 
     async fn on_present(&self, pod: &Pod) -> Result<(), Error> {
+        let driver = &self.ctx.drivers.network_policy;
+        driver.observe_pod(pod).await;
         let uid = pod.uid().unwrap_or_default();
         let info = PodInfo::from_pod(pod);
         let now = (info.labels, info.ips);
         if self.seen.lock().await.get(&uid) == Some(&now) {
             return Ok(());
         }
-        let driver = &self.ctx.drivers.network_policy;
         driver.sync_pod_ports(pod).await?;
         driver.ensure_all().await?;
         self.seen.lock().await.insert(uid, now);
@@ -64,7 +67,9 @@ impl ResourceEventHandler for PodLabelHandler {
     async fn on_deleted(&self, pod: &Pod) -> Result<(), Error> {
         // Its addresses leave every group.
         self.seen.lock().await.remove(&pod.uid().unwrap_or_default());
-        self.ctx.drivers.network_policy.ensure_all().await.map(|_| ())
+        let driver = &self.ctx.drivers.network_policy;
+        driver.forget_pod(pod).await;
+        driver.ensure_all().await.map(|_| ())
     }
 }
 
@@ -92,12 +97,21 @@ impl ResourceEventHandler for NamespaceLabelHandler {
     }
 
     async fn on_present(&self, ns: &Namespace) -> Result<(), Error> {
+        let driver = &self.ctx.drivers.network_policy;
+        driver.observe_namespace(ns).await;
         let labels = ns.labels().clone();
         if self.seen.lock().await.get(&ns.name_any()) == Some(&labels) {
             return Ok(());
         }
-        self.ctx.drivers.network_policy.ensure_all().await?;
+        driver.ensure_all().await?;
         self.seen.lock().await.insert(ns.name_any(), labels);
         Ok(())
+    }
+
+    async fn on_deleted(&self, ns: &Namespace) -> Result<(), Error> {
+        self.seen.lock().await.remove(&ns.name_any());
+        let driver = &self.ctx.drivers.network_policy;
+        driver.forget_namespace(ns).await;
+        driver.ensure_all().await.map(|_| ())
     }
 }

@@ -131,6 +131,25 @@ impl ClusterIndex {
         self.pods.insert(key, PodInfo::from_pod(pod));
     }
 
+    pub fn remove_namespace(&mut self, name: &str) {
+        self.namespaces.remove(name);
+    }
+
+    /// A pod seen by a watch: added or replaced; one being deleted is removed (it holds no
+    /// address any more).
+    pub fn observe_pod(&mut self, pod: &Pod) {
+        if pod.metadata.deletion_timestamp.is_some() {
+            self.remove_pod(pod);
+        } else {
+            self.set_pod(pod);
+        }
+    }
+
+    pub fn remove_pod(&mut self, pod: &Pod) {
+        self.pods
+            .remove(&PodKey::new(pod.namespace().unwrap_or_default(), pod.name_any()));
+    }
+
     pub fn set_service(&mut self, svc: &Service) {
         self.services.insert(
             (svc.namespace().unwrap_or_default(), svc.name_any()),

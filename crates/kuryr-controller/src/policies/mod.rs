@@ -7,6 +7,7 @@
 //! - [`desired`]: policy + index -> security groups, rules and address groups; which groups a
 //!   pod gets
 //! - [`diff`]: desired vs actual -> the fewest Neutron operations, in a safe order
+//! - [`tracker`]: the index and policies fed by watches; which policies a change affects
 //!
 //! Deciding lives here; acting (Neutron calls, KuryrNetworkPolicy status) is the handlers' job.
 //! Design notes: docs/network-policy.md.
@@ -19,6 +20,7 @@ pub mod selector;
 pub mod spec;
 #[cfg(test)]
 mod tests;
+pub mod tracker;
 
 pub use cidr::Cidr;
 pub use desired::{
@@ -28,6 +30,7 @@ pub use diff::{ActualGroup, ActualPolicy, Op, diff};
 pub use index::{ClusterIndex, PodInfo, PodKey, ServiceInfo};
 pub use selector::{Labels, Selector};
 pub use spec::{PolicyError, PolicyKey, PolicySpec, Protocol};
+pub use tracker::PolicyTracker;
 
 /// FNV-1a: a hash that is the same in every build and process, for names stored in Neutron.
 pub fn stable_hash(s: &str) -> u64 {

@@ -559,3 +559,71 @@ fn a_200_pod_namespace_costs_a_handful_of_writes_and_the_201st_pod_one() {
         "{ops:?}"
     );
 }
+
+#[test]
+fn the_tracker_reconciles_only_the_policies_a_relabel_or_a_namespace_change_moves() {
+    let opts = Options {
+        host_cidrs: vec![],
+        namespace_service_vips: true,
+    };
+    let from_b = policy(
+        "x",
+        "from-b",
+        json!({"podSelector": {"matchLabels": {"pod": "a"}},
+               "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}]}),
+    );
+    let from_y = policy(
+        "x",
+        "from-y",
+        json!({"podSelector": {"matchLabels": {"pod": "c"}},
+               "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "blue"}}}]}]}),
+    );
+    let mut t = PolicyTracker::new(
+        cluster(),
+        [("u1".to_string(), from_b), ("u2".to_string(), from_y)].into(),
+    );
+    let uids = |t: &PolicyTracker| -> Vec<String> { t.stale(&opts).into_iter().map(|(u, _, _)| u).collect() };
+    assert_eq!(uids(&t), ["u1", "u2"], "nothing applied yet");
+    for (uid, _, want) in t.stale(&opts) {
+        t.record_applied(&uid, want);
+    }
+    assert!(uids(&t).is_empty(), "applied and unchanged");
+
+    // y/a relabelled, but no policy selects or admits pod=b of y: nothing to do.
+    t.cluster
+        .pods
+        .get_mut(&PodKey::new("y", "a"))
+        .expect("y/a")
+        .labels
+        .insert("pod".into(), "b".into());
+    assert!(uids(&t).is_empty(), "{:?}", uids(&t));
+    // x/c becomes pod=b: a peer of from-b only (and no longer selected by from-y).
+    t.cluster
+        .pods
+        .get_mut(&PodKey::new("x", "c"))
+        .expect("x/c")
+        .labels
+        .insert("pod".into(), "b".into());
+    assert_eq!(uids(&t), ["u1", "u2"]);
+    for (uid, _, want) in t.stale(&opts) {
+        t.record_applied(&uid, want);
+    }
+    // Namespace y joins team blue: only from-y's peer moves.
+    t.cluster
+        .namespaces
+        .insert("y".into(), labels(&[("ns", "y"), ("team", "blue")]));
+    t.cluster.pods.insert(
+        PodKey::new("x", "c2"),
+        PodInfo {
+            labels: labels(&[("pod", "c")]),
+            ips: vec!["10.0.0.9".parse().expect("ip")],
+            named_ports: vec![],
+        },
+    );
+    assert_eq!(uids(&t), ["u2"]);
+    // A failed reconcile is retried on the next change even if that change moves nothing.
+    t.forget_applied("u1");
+    assert_eq!(uids(&t), ["u1", "u2"]);
+    t.remove_policy("u1");
+    assert_eq!(uids(&t), ["u2"]);
+}

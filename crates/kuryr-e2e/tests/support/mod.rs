@@ -28,6 +28,7 @@ pub use kuryr_testbed::{
 #[allow(unused_imports)]
 pub use kuryr_testbed::{create_pod, create_pod_with};
 
+pub mod netpol_model;
 pub mod ovn_lab;
 pub mod probe;
 

@@ -233,7 +233,21 @@ pub async fn wire_in(
     node: usize,
 ) -> Result<Wired> {
     let pod = create_pod(&kube.client, ns, name, nodes[node].name, json!({})).await?;
-    let sandbox = PodSandbox::new(&pod)?;
+    wire_created(lab, kube, nodes, &pod, node).await
+}
+
+/// [`wire`] for a pod the caller created (with its own labels and container ports) on
+/// `nodes[node]`.
+pub async fn wire_created(
+    lab: &Lab,
+    kube: &Kube,
+    nodes: &[Node; 2],
+    pod: &Pod,
+    node: usize,
+) -> Result<Wired> {
+    let ns = pod.metadata.namespace.as_deref().context("pod namespace")?;
+    let name = pod.metadata.name.as_deref().context("pod name")?;
+    let sandbox = PodSandbox::new(pod)?;
     let t = Instant::now();
     cni_add(&nodes[node], &sandbox).await?;
     let add_latency = t.elapsed();
@@ -438,6 +452,24 @@ pub fn full_mesh(pods: &[&Wired], expect: Expect) -> Vec<Probe> {
 pub struct Session {
     pub lab: Lab,
     _serial: tokio::sync::MutexGuard<'static, ()>,
+    /// The same across processes: test binaries (and worktrees) share one lab.
+    _lab_lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+/// Waits for the lab's lock file (`<lab>/test.lock`), held until the session ends.
+async fn lock_lab(lab: &Lab) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    let path = lab.dir.join("test.lock");
+    tokio::task::spawn_blocking(move || {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("open {}", path.display()))?;
+        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| anyhow::anyhow!("lock {}: {e}", path.display()))
+    })
+    .await?
 }
 
 /// The lab for a test, or `None` (after saying why) when the test must skip.
@@ -452,8 +484,13 @@ pub async fn enter() -> Result<Option<Session>> {
     );
     cni_binary()?;
     let serial = LAB_LOCK.lock().await;
+    let lab_lock = lock_lab(&lab).await?;
     lab.reset_chassis()?;
-    Ok(Some(Session { lab, _serial: serial }))
+    Ok(Some(Session {
+        lab,
+        _serial: serial,
+        _lab_lock: lab_lock,
+    }))
 }
 
 /// Runs `body` against the lab with a fresh project, one test at a time, cleaning the project

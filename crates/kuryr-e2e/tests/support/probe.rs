@@ -184,6 +184,29 @@ pub fn check_all(probes: &[Probe], deadline: Duration) -> Result<Vec<Duration>> 
     Ok(took)
 }
 
+/// One attempt per probe, all in parallel, each waiting at most `timeout`: whether each got
+/// through (an answer, or a refusal: the packet reached the destination). `expect` is ignored;
+/// callers that poll until a whole matrix matches use this instead of [`check_all`].
+pub fn reach_once(probes: &[Probe], timeout: Duration) -> Vec<Result<bool, String>> {
+    let handles: Vec<_> = probes
+        .iter()
+        .cloned()
+        .map(|p| {
+            std::thread::spawn(move || -> Result<bool, String> {
+                enter_netns(&p.from)?;
+                Ok(match attempt(&p, timeout) {
+                    Answer::Yes | Answer::Refused => true,
+                    Answer::No(_) => false,
+                })
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().unwrap_or_else(|_| Err("probe thread panicked".into())))
+        .collect()
+}
+
 /// TCP and UDP servers on `port` (all addresses) in a namespace, answering every connection and
 /// datagram with one byte (or a given reply) until dropped.
 pub struct Server {
