@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -66,15 +66,21 @@ async fn seeded() -> (KubeHandle, Client) {
         .create(&post, &pool)
         .await
         .expect("pool created");
-    let cm: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "kuryr-project-bindings", "namespace": "kuryr"},
-        "data": {"p": "[{\"deployment\":\"default\",\"start\":\"2026-11-24T00:00:00Z\"}]"}
-    }))
-    .expect("cm");
-    Api::<ConfigMap>::namespaced(client.clone(), "kuryr")
-        .create(&post, &cm)
-        .await
-        .expect("bindings created");
+    let kpb_res = resource("KuryrProjectBinding", "kuryrprojectbindings");
+    let mut kpb = DynamicObject::new("p", &kpb_res);
+    kpb.data = json!({"spec": {"projectId": "p"}});
+    let kpbs = Api::<DynamicObject>::all_with(client.clone(), &kpb_res);
+    kpbs.create(&post, &kpb).await.expect("binding created");
+    // The status subresource: written apart from the object, as the controller does.
+    let status = json!({"status": {"deployment": "default",
+        "history": [{"deployment": "default", "boundAt": "2026-11-24T00:00:00Z"}]}});
+    kpbs.patch_status(
+        "p",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&status),
+    )
+    .await
+    .expect("bindings created");
     (handle, client)
 }
 
