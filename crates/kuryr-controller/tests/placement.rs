@@ -436,3 +436,93 @@ async fn namespace_networks_are_finalized_where_they_were_made_and_a_removed_dep
     task.await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hung_deployment_shows_stale_without_delaying_the_others_and_bad_objects_are_refused() -> Result<()>
+{
+    init_logs();
+    let t = two_emulators().await?;
+    let (east_url, west_url) = t.urls.clone();
+    // East never answers the IP availability call the measurement makes.
+    t._emulators
+        .0
+        .set_latency(neutron_emulator::LatencyProfile::Custom(
+            neutron_emulator::LatencyTable {
+                default: Default::default(),
+                ops: [(
+                    "network_ip_availability.get".to_string(),
+                    neutron_emulator::OpLatency::fixed(600_000),
+                )]
+                .into(),
+            },
+        ));
+    let kube = start_kube().await?;
+    let ini = format!(
+        "[kubernetes]\nenabled_handlers = vif,kuryrport\ncontroller_namespace = default\n\
+         [neutron_defaults]\nproject = proj-a\n\
+         [neutron]\nauth_type = noauth\nendpoint_override = {east_url}\npod_subnet = {}\npod_security_groups = {}\n\
+         [deployment:west]\nauth_type = noauth\nendpoint_override = {west_url}\npod_subnet = {}\npod_security_groups = {}\n\
+         [pod_binding]\nenabled = True\nfilters = all,usage_threshold\nusage_refresh_interval = 1\nusage_timeout = 1\n",
+        t.fe.subnet, t.fe.sg, t.fw.subnet, t.fw.sg
+    );
+    let (stop, task) = start(&kube.client, &ini);
+    let kosd: Api<KuryrOpenStackDeployment> = Api::all(kube.client.clone());
+    let status = |name: &'static str| {
+        let kosd = kosd.clone();
+        async move { anyhow::Ok(kosd.get_opt(name).await?.and_then(|o| o.status)) }
+    };
+    let east = eventually("east stale", WAIT, || async {
+        Ok(status("default").await?.filter(|s| s.stale))
+    })
+    .await?;
+    let why = east
+        .usage
+        .as_ref()
+        .and_then(|u| u.get("staleBecause"))
+        .and_then(|v| v.as_str());
+    assert!(why.is_some_and(|w| w.contains("no answer within 1s")), "{east:?}");
+    assert_eq!(east.measured_at, None, "never measured: no age to show");
+    // West is measured every round meanwhile: its time moves on, its figure is fresh.
+    let first = eventually("west measured", WAIT, || async {
+        Ok(status("west")
+            .await?
+            .filter(|s| !s.stale)
+            .and_then(|s| s.measured_at))
+    })
+    .await?;
+    let west = eventually("west measured again", WAIT, || async {
+        Ok(status("west")
+            .await?
+            .filter(|s| s.measured_at.as_ref().is_some_and(|m| *m != first)))
+    })
+    .await?;
+    assert!(!west.stale);
+    assert_eq!(
+        west.usage
+            .as_ref()
+            .and_then(|u| u.pointer("/ipv4/total"))
+            .and_then(|v| v.as_str()),
+        Some("253"),
+        "{west:?}"
+    );
+    // A stale deployment takes no new binding: proj-a goes to west.
+    create_namespace(&kube.client, "team-a", json!({})).await?;
+    create_pod(&kube.client, "team-a", "a1", NODES[0], json!({})).await?;
+    let a1 = eventually("a1 wired", WAIT, || port_of(&kube.client, "team-a", "a1")).await?;
+    assert!(t.west.get_port(&a1).await.is_ok());
+    // The schema refuses a malformed zone.
+    let bad = KuryrOpenStackDeployment::new(
+        "bad",
+        kuryr_crds::KuryrOpenStackDeploymentSpec {
+            availability_zone: Some("a:b".into()),
+            ..Default::default()
+        },
+    );
+    match kosd.create(&Default::default(), &bad).await {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 422, "{s:?}"),
+        other => panic!("{other:?}"),
+    }
+    stop.cancel();
+    task.await?;
+    Ok(())
+}
