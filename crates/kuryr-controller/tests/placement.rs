@@ -28,8 +28,15 @@ use tokio_util::sync::CancellationToken;
 const WAIT: Duration = Duration::from_secs(60);
 
 fn start(kube: &kube::Client, ini: &str) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    start_with(kube, ini, Metrics::new())
+}
+
+fn start_with(
+    kube: &kube::Client,
+    ini: &str,
+    metrics: Metrics,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let cfg = config(ini);
-    let metrics = Metrics::new();
     let deployments = Deployments::from_config(&cfg, &metrics).expect("deployments");
     let mut opts = ControllerOptions::new(cfg, kube.clone(), deployments, metrics);
     opts.health_addr = None;
@@ -522,6 +529,75 @@ async fn a_hung_deployment_shows_stale_without_delaying_the_others_and_bad_objec
         Err(kube::Error::Api(s)) => assert_eq!(s.code, 422, "{s:?}"),
         other => panic!("{other:?}"),
     }
+    stop.cancel();
+    task.await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_project_over_its_port_quota_threshold_is_rebound_with_a_history_row_and_metrics() -> Result<()> {
+    init_logs();
+    let t = two_emulators().await?;
+    let (east_url, west_url) = t.urls.clone();
+    t.east
+        .update_quota(
+            "proj-a",
+            &kuryr_neutron::QuotaUpdate {
+                port: Some(2),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let kube = start_kube().await?;
+    let ini = format!(
+        "[kubernetes]\nenabled_handlers = vif,kuryrport\ncontroller_namespace = default\n\
+         [neutron_defaults]\nproject = proj-a\n\
+         [neutron]\nauth_type = noauth\nendpoint_override = {east_url}\npod_subnet = {}\npod_security_groups = {}\n\
+         [deployment:west]\nauth_type = noauth\nendpoint_override = {west_url}\npod_subnet = {}\npod_security_groups = {}\n\
+         [pod_binding]\nenabled = True\nfilters = all,usage_threshold\nusage_threshold = 0.9\nusage_refresh_interval = 1\n",
+        t.fe.subnet, t.fe.sg, t.fw.subnet, t.fw.sg
+    );
+    let metrics = Metrics::new();
+    let (stop, task) = start_with(&kube.client, &ini, metrics.clone());
+    create_namespace(&kube.client, "team-a", json!({})).await?;
+    for pod in ["a1", "a2"] {
+        create_pod(&kube.client, "team-a", pod, NODES[0], json!({})).await?;
+        let p = eventually("wired", WAIT, || port_of(&kube.client, "team-a", pod)).await?;
+        assert!(t.east.get_port(&p).await.is_ok(), "{pod} in east");
+    }
+    // 2 of 2 ports used: once measured, proj-a is over east's threshold.
+    eventually("east's port figure measured", WAIT, || async {
+        let text = metrics.encode();
+        Ok(text
+            .lines()
+            .any(|l| {
+                l.starts_with("kuryr_deployment_usage_ratio{")
+                    && l.contains("deployment=\"default\"")
+                    && l.contains("resource=\"ports:proj-a\"")
+                    && l.ends_with(" 1.0")
+            })
+            .then_some(()))
+    })
+    .await?;
+    create_pod(&kube.client, "team-a", "a3", NODES[0], json!({})).await?;
+    let a3 = eventually("a3 wired", WAIT, || port_of(&kube.client, "team-a", "a3")).await?;
+    assert!(t.west.get_port(&a3).await.is_ok(), "rebound to west");
+    assert_eq!(
+        history(&kube.client, "proj-a").await?,
+        [("default".to_string(), false), ("west".to_string(), true)]
+    );
+    let b = Api::<KuryrProjectBinding>::all(kube.client.clone())
+        .get(&kuryr_crds::binding_name("proj-a", ""))
+        .await?;
+    let why = &b.status.unwrap_or_default().history[1].why;
+    assert!(why.contains("reached its threshold 0.900"), "{why}");
+    event(
+        &kube.client,
+        "team-a",
+        "ProjectMoved",
+        "moved from deployment default to west",
+    )
+    .await?;
     stop.cancel();
     task.await?;
     Ok(())
