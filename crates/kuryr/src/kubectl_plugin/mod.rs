@@ -3,6 +3,7 @@
 //! `bindings` and `status`, with kubectl's `-n/--namespace`, `--context`, `--kubeconfig` and
 //! `-o json|yaml|wide`.
 
+pub mod placement;
 pub mod views;
 
 use std::ffi::OsString;
@@ -127,7 +128,32 @@ async fn run_command(args: KubectlArgs) -> anyhow::Result<ExitCode> {
                 print_table(&views::pools_table(&pools), output, "pools", &ns);
             }
         }
-        KubectlCommand::Bindings => {
+        KubectlCommand::Bindings { action: Some(action) } => {
+            placement::binding_action(client, action.clone()).await?
+        }
+        KubectlCommand::Deployments { action: Some(action) } => {
+            placement::deployment_action(client, action.clone()).await?
+        }
+        KubectlCommand::Deployments { action: None } => {
+            let objects: Vec<Value> = Api::<kuryr_crds::KuryrOpenStackDeployment>::all(client)
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .map(serde_json::to_value)
+                .collect::<Result<_, _>>()?;
+            if let (true, Some(format)) = (structured, output) {
+                print_objects(&as_list(objects), format)?;
+            } else {
+                print_table(
+                    &placement::deployments_table(&objects),
+                    output,
+                    "OpenStack deployments",
+                    "any",
+                );
+            }
+        }
+        KubectlCommand::Bindings { action: None } => {
             // Cluster-scoped: -n does not apply.
             let bindings: Vec<Value> = Api::<kuryr_crds::KuryrProjectBinding>::all(client)
                 .list(&ListParams::default())

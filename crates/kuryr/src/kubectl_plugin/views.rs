@@ -62,7 +62,7 @@ fn data(v: &Value) -> &Value {
     v.get("versioned_object.data").unwrap_or(v)
 }
 
-fn s(v: Option<&Value>) -> String {
+pub(crate) fn s(v: Option<&Value>) -> String {
     match v {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Bool(b)) => b.to_string(),
