@@ -506,6 +506,14 @@ fn check_rules(ini: &Ini, config: &KuryrConfig, errors: &mut Vec<InvalidValue>) 
             "expected a fraction between 0 and 1".into(),
         );
     }
+    let hysteresis = config.pod_binding.usage_hysteresis;
+    if !(0.0..=threshold.max(0.0)).contains(&hysteresis) {
+        fail(
+            "pod_binding",
+            "usage_hysteresis",
+            "expected a fraction between 0 and usage_threshold".into(),
+        );
+    }
     if let Some(w) = config
         .pod_binding
         .weigher_multipliers

@@ -597,8 +597,12 @@ config_section! {
         availability_zone: Option<String> = None,
         /// kuryr-rs: key:value tags matched by the `resource_affinity` filter.
         resource_affinity: BTreeMap<String, String> = BTreeMap::new(),
-        /// kuryr-rs: `false` takes the deployment out of new bindings (maintenance).
+        /// kuryr-rs: `false` takes the deployment out of new bindings (maintenance); its
+        /// KuryrOpenStackDeployment object, when there is one, decides instead.
         binding_enabled: bool = true,
+        /// kuryr-rs: cluster project id -> this deployment's project id (`a:b,c:d`), for
+        /// deployments with their own Keystone.
+        project_ids: BTreeMap<String, String> = BTreeMap::new(),
         /// kuryr-rs: this deployment's pod subnet (overrides `[neutron_defaults] pod_subnet`, whose
         /// id only exists in one deployment).
         pod_subnet: Option<String> = None,
@@ -622,8 +626,13 @@ config_section! {
         weigher_multipliers: BTreeMap<BindingWeigher, f64> = BTreeMap::new(),
         /// Fraction (0..=1) of a deployment's capacity above which `usage_threshold` drops it.
         usage_threshold: f64 = 0.9,
+        /// New bindings only go to deployments below `usage_threshold - usage_hysteresis`, so a
+        /// deployment a binding just left is not picked again at once.
+        usage_hysteresis: f64 = 0.05,
         /// Seconds between usage measurements of every deployment.
         usage_refresh_interval: u64 = 300,
+        /// Seconds one deployment's measurement may take; a slower one is stale this round.
+        usage_timeout: u64 = 30,
         /// Pick randomly among the best `subset_size` deployments (1 = always the best).
         subset_size: NonZeroU32 = NonZeroU32::MIN,
     }

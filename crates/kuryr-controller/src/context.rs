@@ -15,10 +15,11 @@ use kuryr_crds::events::{Recorder, Reporter};
 
 use crate::drivers::Drivers;
 use crate::error::Error;
+use crate::k8s::publish_event;
 use crate::metrics::Metrics;
 use crate::openstack::{DEFAULT_DEPLOYMENT, Deployments};
-use crate::placement::store::ConfigMapStore;
-use crate::placement::{AFFINITY_ANNOTATION, AZ_ANNOTATION, Binder, BindingRequest, Candidate, Scheduler};
+use crate::placement::kube_store::KubeStore;
+use crate::placement::{Binder, BindingKey, Group, Placed, Scheduler};
 
 /// Clients, configuration and shared services; cheap to share behind an `Arc`.
 pub struct Platform {
@@ -44,27 +45,12 @@ impl Platform {
         let events = Recorder::new(kube.clone(), reporter);
         let cluster_id = config.kubernetes.cluster_id.clone();
         let placement = config.pod_binding.enabled.then(|| {
-            let candidates = config
-                .deployments()
-                .into_iter()
-                .enumerate()
-                .map(|(order, (name, s))| Candidate {
-                    name: name.to_string(),
-                    order,
-                    availability_zone: s.availability_zone.clone(),
-                    resource_affinity: s.resource_affinity.clone(),
-                    enabled: s.binding_enabled,
-                    usage: None,
-                })
-                .collect();
-            let store = Arc::new(ConfigMapStore::new(
-                kube.clone(),
-                &config.kubernetes.controller_namespace,
-            ));
+            // Objects are overlaid once their watch delivers them (placement/watch.rs).
+            let (candidates, _) = crate::placement::candidates::build(&config, &[]);
             Arc::new(Binder::new(
                 Scheduler::new(&config.pod_binding),
                 candidates,
-                store,
+                Arc::new(KubeStore::new(kube.clone())),
             ))
         });
         Self {
@@ -78,40 +64,91 @@ impl Platform {
         }
     }
 
-    /// Where `project`'s existing resources live (its current placement), for releasing them.
+    /// Where the resources of `project` for namespaces without a recorded deployment live: the
+    /// current binding of its general group (Services and load balancers, which carry no record).
     pub async fn bound_deployment(&self, project_id: &str) -> Result<String, Error> {
         match &self.placement {
             Some(b) => Ok(b
-                .current(project_id)
+                .current(&BindingKey {
+                    project: project_id.to_string(),
+                    group: Group::default(),
+                })
                 .await?
                 .unwrap_or_else(|| DEFAULT_DEPLOYMENT.to_string())),
             None => Ok(DEFAULT_DEPLOYMENT.to_string()),
         }
     }
 
-    /// The OpenStack deployment serving `namespace`'s project: with `[pod_binding] enabled` the
-    /// placement scheduler decides and records it; otherwise the default deployment.
+    /// `project`'s id in `deployment` (deployments with their own Keystone map it).
+    pub async fn project_in(&self, deployment: &str, project: &str) -> String {
+        match &self.placement {
+            Some(b) => b.project_id(deployment, project).await,
+            None => project.to_string(),
+        }
+    }
+
+    /// The OpenStack deployment serving `namespace`'s project, and the project's id there: with
+    /// `[pod_binding] enabled` the placement scheduler decides and records it per (project, group
+    /// the namespace asks for); otherwise the default deployment.
     ///
     /// The namespace is only read when the scheduler is on (its annotations carry the requested
-    /// zone and affinity), so the default path costs no API call.
-    pub async fn bind(&self, project_id: &str, namespace: &str) -> Result<String, Error> {
+    /// zone and affinity), so the default path costs no API call. What the namespace's owner must
+    /// know (a malformed annotation, no deployment passing, a rebinding) is an Event on it.
+    pub async fn bind(&self, project_id: &str, namespace: &str) -> Result<Placed, Error> {
         let Some(binder) = &self.placement else {
-            return Ok(DEFAULT_DEPLOYMENT.to_string());
+            return Ok(Placed {
+                deployment: DEFAULT_DEPLOYMENT.to_string(),
+                project_id: project_id.to_string(),
+                rebound: None,
+                stuck: None,
+            });
         };
-        let ns = Api::<Namespace>::all(self.kube.clone())
+        let Some(ns) = Api::<Namespace>::all(self.kube.clone())
             .get_opt(namespace)
-            .await?;
-        let annotations = ns.map(|n| n.annotations().clone()).unwrap_or_default();
-        let req = BindingRequest {
-            project: project_id.to_string(),
-            availability_zone: annotations.get(AZ_ANNOTATION).cloned(),
-            resource_affinity: annotations
-                .get(AFFINITY_ANNOTATION)
-                .map(|a| crate::placement::parse_affinity(a))
-                .transpose()?
-                .unwrap_or_default(),
+            .await?
+        else {
+            return Err(Error::Gone(format!("namespace {namespace}")));
         };
-        binder.bind(&req).await
+        let result = match crate::placement::group_of(ns.annotations()) {
+            Ok(group) => {
+                binder
+                    .bind(&BindingKey {
+                        project: project_id.to_string(),
+                        group,
+                    })
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match &result {
+            Err(e) if e.is_user_visible() => {
+                publish_event(&self.events, &ns, true, e.label(), &e.to_string()).await;
+            }
+            Ok(p) => {
+                if let Some((from, why)) = &p.rebound {
+                    // Distinct reasons: the Recorder folds Events of one reason into a series.
+                    let (reason, msg) = match from {
+                        Some(f) => (
+                            "ProjectMoved",
+                            format!(
+                                "project {project_id} moved from deployment {f} to {}: {why}",
+                                p.deployment
+                            ),
+                        ),
+                        None => (
+                            "ProjectBound",
+                            format!("project {project_id} bound to deployment {}", p.deployment),
+                        ),
+                    };
+                    publish_event(&self.events, &ns, false, reason, &msg).await;
+                }
+                if let Some(why) = &p.stuck {
+                    publish_event(&self.events, &ns, true, "BindingStuck", why).await;
+                }
+            }
+            Err(_) => {}
+        }
+        result
     }
 
     /// Tags put on every Neutron resource the controller creates: `[neutron_defaults]

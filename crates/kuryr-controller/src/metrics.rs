@@ -1,6 +1,7 @@
 //! Prometheus metrics of the controller (exported on `[prometheus_exporter] controller_exporter_port`).
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
@@ -30,6 +31,9 @@ struct Inner {
     octavia_latency: Family<Labels2, Histogram>,
     pool: Family<Labels2, Gauge>,
     pool_events: Family<Labels2, Counter>,
+    deployment_usage: Family<Labels2, Gauge<f64, AtomicU64>>,
+    deployment_usage_time: Family<Labels2, Gauge<f64, AtomicU64>>,
+    deployment_usage_stale: Family<Labels2, Gauge>,
 }
 
 /// Cheap to clone; every clone reports into the same registry.
@@ -59,6 +63,9 @@ impl Metrics {
             Family::<Labels2, Histogram>::new_with_constructor(|| Histogram::new(latency_buckets()));
         let pool = Family::<Labels2, Gauge>::default();
         let pool_events = Family::<Labels2, Counter>::default();
+        let deployment_usage = Family::<Labels2, Gauge<f64, AtomicU64>>::default();
+        let deployment_usage_time = Family::<Labels2, Gauge<f64, AtomicU64>>::default();
+        let deployment_usage_stale = Family::<Labels2, Gauge>::default();
         registry.register(
             "handler_failures",
             "Handler failures by handler and error kind",
@@ -106,6 +113,22 @@ impl Metrics {
             "Pool hits, misses, refills, recycles and deletions",
             pool_events.clone(),
         );
+        registry.register(
+            "deployment_usage_ratio",
+            "Measured usage of each OpenStack deployment by resource (ports of a project, ipv4 of the pod subnets, \
+             fraction = what runs out first)",
+            deployment_usage.clone(),
+        );
+        registry.register(
+            "deployment_usage_measured_timestamp_seconds",
+            "Unix time of each deployment's last good usage measurement",
+            deployment_usage_time.clone(),
+        );
+        registry.register(
+            "deployment_usage_stale",
+            "1 when a deployment's usage figure is stale (its last measurement failed or timed out)",
+            deployment_usage_stale.clone(),
+        );
         Self(Arc::new(Inner {
             registry,
             handler_failures,
@@ -119,6 +142,9 @@ impl Metrics {
             octavia_latency,
             pool,
             pool_events,
+            deployment_usage,
+            deployment_usage_time,
+            deployment_usage_stale,
         }))
     }
 
@@ -210,6 +236,29 @@ impl Metrics {
             .pool_events
             .get_or_create(&vec![("event", event.to_string())])
             .inc_by(n);
+    }
+
+    /// One measured usage ratio of `deployment` (`resource`: `fraction`, `ipv4`, `ports:<project>`).
+    pub fn deployment_usage(&self, deployment: &str, resource: &str, ratio: f64) {
+        self.0
+            .deployment_usage
+            .get_or_create(&vec![
+                ("deployment", deployment.to_string()),
+                ("resource", resource.to_string()),
+            ])
+            .set(ratio);
+    }
+
+    /// When `deployment` was last measured, and whether its figure is stale.
+    pub fn deployment_usage_state(&self, deployment: &str, measured_unix: Option<f64>, stale: bool) {
+        let l = vec![("deployment", deployment.to_string())];
+        if let Some(t) = measured_unix {
+            self.0.deployment_usage_time.get_or_create(&l).set(t);
+        }
+        self.0
+            .deployment_usage_stale
+            .get_or_create(&l)
+            .set(i64::from(stale));
     }
 
     /// Text exposition format for `/metrics`.

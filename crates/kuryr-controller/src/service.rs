@@ -115,15 +115,6 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
         tasks.spawn(serve_metrics(addr, metrics.clone(), stop.clone()));
     }
     tasks.spawn(probe_dependencies(ctx.clone(), readiness.clone(), stop.clone()));
-    if let Some(binder) = &ctx.placement {
-        let every = Duration::from_secs(opts.config.pod_binding.usage_refresh_interval);
-        tasks.spawn(crate::placement::usage::run(
-            binder.clone(),
-            ctx.deployments.clone(),
-            every,
-            stop.clone(),
-        ));
-    }
 
     // Leadership: with controller_ha the Lease decides; without it this replica always leads.
     let (tx, mut rx) = watch::channel(!opts.config.kubernetes.controller_ha);
@@ -144,6 +135,23 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
         match (is_leader, &leading) {
             (true, None) => {
                 let token = stop.child_token();
+                if let Some(binder) = &ctx.placement {
+                    // What a previous term cached may have been changed by another leader.
+                    binder.forget().await;
+                    let pb = &opts.config.pod_binding;
+                    tasks.spawn(crate::placement::watch::run(
+                        ctx.platform().clone(),
+                        binder.clone(),
+                        token.clone(),
+                    ));
+                    tasks.spawn(crate::placement::usage::run(
+                        ctx.platform().clone(),
+                        binder.clone(),
+                        Duration::from_secs(pb.usage_refresh_interval),
+                        Duration::from_secs(pb.usage_timeout.max(1)),
+                        token.clone(),
+                    ));
+                }
                 // Handlers are instantiated once; on a later re-election rebuild them.
                 let hs = match handlers.lock().ok().and_then(|mut h| h.take()) {
                     Some(h) => h,

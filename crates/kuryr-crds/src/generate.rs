@@ -10,8 +10,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 use crate::{
-    KuryrLoadBalancer, KuryrNetwork, KuryrNetworkPolicy, KuryrPort, KuryrPortPool,
-    NetworkAttachmentDefinition,
+    KuryrLoadBalancer, KuryrNetwork, KuryrNetworkPolicy, KuryrOpenStackDeployment, KuryrPort, KuryrPortPool,
+    KuryrProjectBinding, NetworkAttachmentDefinition,
 };
 
 /// Command that regenerates the committed manifests (from the workspace root).
@@ -38,7 +38,12 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
             version.subresources = None;
         }
     }
-    upstream.extend([KuryrPortPool::crd(), NetworkAttachmentDefinition::crd()]);
+    upstream.extend([
+        KuryrPortPool::crd(),
+        NetworkAttachmentDefinition::crd(),
+        KuryrOpenStackDeployment::crd(),
+        KuryrProjectBinding::crd(),
+    ]);
     upstream
 }
 

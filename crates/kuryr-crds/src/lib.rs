@@ -33,4 +33,9 @@ pub use crds::kuryrportpool::{
     KuryrPortPool, KuryrPortPoolSpec, KuryrPortPoolStatus, PoolFixedIp, PoolKey, PoolKeyError, PoolPort,
 };
 pub use crds::nad::{NadError, NadKuryrConfig, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec};
+pub use crds::placement::{
+    BindingHistoryRow, DeploymentCondition, KuryrOpenStackDeployment, KuryrOpenStackDeploymentSpec,
+    KuryrOpenStackDeploymentStatus, KuryrProjectBinding, KuryrProjectBindingSpec, KuryrProjectBindingStatus,
+    Maintenance, binding_name,
+};
 pub use vif::{Vif, vif_name_for_port};

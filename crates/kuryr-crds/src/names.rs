@@ -76,6 +76,10 @@ pub mod annotations {
     /// Service: Octavia listener timeouts.
     pub const LB_TIMEOUT_CLIENT_DATA: &str = "openstack.org/kuryr-timeout-client-data";
     pub const LB_TIMEOUT_MEMBER_DATA: &str = "openstack.org/kuryr-timeout-member-data";
+    /// KuryrNetwork (kuryr-rs): the OpenStack deployment its network, subnet, router interface and
+    /// security group live in, recorded before the first is created; absent (an object written
+    /// by upstream) = the default deployment.
+    pub const DEPLOYMENT: &str = "openstack.org/kuryr-deployment";
     /// Any kuryr-watched object: bumped to force an event (upstream writes a fresh uuid).
     pub const KURYR_TRIGGER: &str = "KuryrTrigger";
 }

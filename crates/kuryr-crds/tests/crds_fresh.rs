@@ -23,7 +23,7 @@ fn check_detects_stale_missing_and_extra_files() -> Result<(), Box<dyn std::erro
     let dir = std::env::temp_dir().join(format!("kuryr-crds-check-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let written = generate::write_dir(&dir)?;
-    assert_eq!(written.len(), 6);
+    assert_eq!(written.len(), 8);
     assert!(generate::check_dir(&dir)?.is_clean());
 
     std::fs::write(dir.join("kuryrports.openstack.org.yaml"), "stale")?;
@@ -55,6 +55,7 @@ fn crds_match_upstream_names_and_status_subresources() {
         })
         .collect();
     let expect = |n: &str, s: &str| (n.to_owned(), vec![s.to_owned()], "Namespaced".to_owned());
+    let cluster = |n: &str, s: &str| (n.to_owned(), vec![s.to_owned()], "Cluster".to_owned());
     assert_eq!(
         names,
         vec![
@@ -64,6 +65,8 @@ fn crds_match_upstream_names_and_status_subresources() {
             expect("kuryrloadbalancers.openstack.org", "klb"),
             expect("kuryrportpools.openstack.org", "kpp"),
             expect("network-attachment-definitions.k8s.cni.cncf.io", "net-attach-def"),
+            cluster("kuryropenstackdeployments.openstack.org", "kosd"),
+            cluster("kuryrprojectbindings.openstack.org", "kpb"),
         ]
     );
     for crd in &crds {
@@ -73,10 +76,13 @@ fn crds_match_upstream_names_and_status_subresources() {
             .as_ref()
             .and_then(|s| s.status.as_ref())
             .is_some();
-        // Only the kuryr-rs pool CRD has a status subresource: upstream's kinds keep upstream's
+        // Only the kuryr-rs kinds have a status subresource: upstream's kinds keep upstream's
         // shape (status written through the main resource), the NAD has no status at all.
-        let is_pool = crd.spec.names.kind == "KuryrPortPool";
-        assert_eq!(has_status, is_pool, "{:?}", crd.metadata.name);
+        let is_new = matches!(
+            crd.spec.names.kind.as_str(),
+            "KuryrPortPool" | "KuryrOpenStackDeployment" | "KuryrProjectBinding"
+        );
+        assert_eq!(has_status, is_new, "{:?}", crd.metadata.name);
     }
 }
 

@@ -350,13 +350,64 @@ pub enum KubectlCommand {
     Get(KubectlGet),
     /// The controller's port pools (KuryrPortPools).
     Pools,
-    /// Which OpenStack deployment serves each project (placement history).
-    Bindings,
+    /// Which OpenStack deployment serves each project (placement history); pin, unpin or move one.
+    Bindings {
+        #[command(subcommand)]
+        action: Option<BindingsAction>,
+    },
+    /// The OpenStack deployments (KuryrOpenStackDeployments) with their usage and its age; maintenance.
+    Deployments {
+        #[command(subcommand)]
+        action: Option<DeploymentsAction>,
+    },
     /// The upgrade and sanity checks of `kuryr status`, on the install's ConfigMap.
     Status {
         /// Do not ask Neutron for the port quota.
         #[arg(long)]
         skip_neutron: bool,
+    },
+}
+
+/// Which binding: a project and the group its namespaces ask for.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BindingSelector {
+    /// The (cluster) project id.
+    pub project: String,
+    /// The availability zone of the group (none = no zone).
+    #[arg(long)]
+    pub zone: Option<String>,
+    /// The resource affinity of the group, `key=value[,key=value]`.
+    #[arg(long)]
+    pub affinity: Option<String>,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum BindingsAction {
+    /// Keep the binding where it is whatever the filters say (until unpinned or its deployment is removed).
+    Pin(BindingSelector),
+    /// Let the scheduler move the binding again.
+    Unpin(BindingSelector),
+    /// Move the binding to deployment TO now (a history row "moved by an operator"); new namespaces go there.
+    Move {
+        #[command(flatten)]
+        binding: BindingSelector,
+        #[arg(long)]
+        to: String,
+    },
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum DeploymentsAction {
+    /// Put a deployment into maintenance (on) or take it out (off).
+    Maintenance {
+        name: String,
+        #[arg(value_parser = ["on", "off"])]
+        state: String,
+        #[arg(long)]
+        reason: Option<String>,
+        /// With maintenance on, move existing bindings elsewhere too.
+        #[arg(long)]
+        move_existing: bool,
     },
 }
 

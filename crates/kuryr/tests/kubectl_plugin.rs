@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -66,15 +66,21 @@ async fn seeded() -> (KubeHandle, Client) {
         .create(&post, &pool)
         .await
         .expect("pool created");
-    let cm: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "kuryr-project-bindings", "namespace": "kuryr"},
-        "data": {"p": "[{\"deployment\":\"default\",\"start\":\"2026-11-24T00:00:00Z\"}]"}
-    }))
-    .expect("cm");
-    Api::<ConfigMap>::namespaced(client.clone(), "kuryr")
-        .create(&post, &cm)
-        .await
-        .expect("bindings created");
+    let kpb_res = resource("KuryrProjectBinding", "kuryrprojectbindings");
+    let mut kpb = DynamicObject::new("p", &kpb_res);
+    kpb.data = json!({"spec": {"projectId": "p"}});
+    let kpbs = Api::<DynamicObject>::all_with(client.clone(), &kpb_res);
+    kpbs.create(&post, &kpb).await.expect("binding created");
+    // The status subresource: written apart from the object, as the controller does.
+    let status = json!({"status": {"deployment": "default",
+        "history": [{"deployment": "default", "boundAt": "2026-11-24T00:00:00Z"}]}});
+    kpbs.patch_status(
+        "p",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&status),
+    )
+    .await
+    .expect("bindings created");
     (handle, client)
 }
 
@@ -203,4 +209,81 @@ async fn kubectl_runs_the_plugin_and_kuryr_kubectl_takes_kubectl_flags() {
     assert!(!out.status.success(), "{}", text(&out));
 
     handle.shutdown().await.expect("kube emulator stops");
+}
+
+/// `kuryr kubectl deployments` (list, maintenance) and `bindings pin|move`, on the objects the
+/// controller follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployments_and_bindings_are_administered_through_the_api() {
+    let (handle, client) = seeded().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    handle.write_kubeconfig(&kubeconfig).expect("kubeconfig written");
+    let kc = kubeconfig.display().to_string();
+    let kuryr = |args: &[&str]| {
+        let mut full = vec!["kubectl", "--kubeconfig", kc.as_str()];
+        full.extend_from_slice(args);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kuryr"))
+            .args(&full)
+            .output()
+            .expect("kuryr runs");
+        (out.status.success(), text(&out))
+    };
+    let kosd_res = resource("KuryrOpenStackDeployment", "kuryropenstackdeployments");
+    let kosds = Api::<DynamicObject>::all_with(client.clone(), &kosd_res);
+    for name in ["default", "west"] {
+        let mut o = DynamicObject::new(name, &kosd_res);
+        o.data = json!({"spec": {"availabilityZone": "az1"}});
+        kosds.create(&PostParams::default(), &o).await.expect("kosd");
+    }
+    let (ok, out) = kuryr(&[
+        "deployments",
+        "maintenance",
+        "default",
+        "on",
+        "--reason",
+        "upgrade",
+        "--move-existing",
+    ]);
+    assert!(ok, "{out}");
+    let spec = kosds.get("default").await.expect("kosd").data["spec"].clone();
+    assert_eq!(spec["maintenance"], json!({"enabled": true, "reason": "upgrade"}));
+    assert_eq!(spec["moveExisting"], json!(true));
+    let (ok, out) = kuryr(&["deployments", "-o", "wide"]);
+    assert!(ok, "{out}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("default"))
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        row.contains("az1") && row.contains("true") && row.contains("upgrade"),
+        "{out}"
+    );
+
+    let (ok, out) = kuryr(&["bindings", "move", "p", "--to", "west"]);
+    assert!(ok, "{out}");
+    let (ok, out) = kuryr(&["bindings", "pin", "p"]);
+    assert!(ok, "{out}");
+    let kpb = Api::<DynamicObject>::all_with(
+        client.clone(),
+        &resource("KuryrProjectBinding", "kuryrprojectbindings"),
+    )
+    .get("p")
+    .await
+    .expect("kpb");
+    assert_eq!(kpb.data["spec"]["pinned"], json!(true));
+    assert_eq!(kpb.data["status"]["deployment"], json!("west"));
+    assert_eq!(
+        kpb.data["status"]["history"][1]["why"],
+        json!("moved by an operator")
+    );
+    assert!(kpb.data["status"]["history"][0]["unboundAt"].is_string());
+    let (ok, out) = kuryr(&["bindings", "move", "p", "--to", "nowhere"]);
+    assert!(!ok && out.contains("--to nowhere"), "{out}");
+    let (ok, out) = kuryr(&["bindings", "pin", "p", "--zone", "a:b"]);
+    assert!(
+        !ok && out.contains("openstack.org/kuryr-availability-zone"),
+        "{out}"
+    );
 }

@@ -20,6 +20,12 @@ pub trait SubnetsDriver: Send + Sync {
         deployment: &str,
         namespace: &str,
     ) -> Result<Arc<NetworkInfo>, Error>;
+
+    /// The deployment `namespace`'s own network lives in, when the driver gives namespaces their
+    /// own network (None: the project's binding decides).
+    async fn deployment_of_namespace(&self, _namespace: &str) -> Result<Option<String>, Error> {
+        Ok(None)
+    }
 }
 
 /// (deployment, subnet id) -> network info.
@@ -188,5 +194,32 @@ impl SubnetsDriver for NamespaceSubnets {
             .filter(|s| !s.is_empty())
             .ok_or_else(|| Error::not_ready(format!("KuryrNetwork {namespace} has no subnet yet")))?;
         self.cache.network_of_subnet(deployment, &subnet).await
+    }
+
+    async fn deployment_of_namespace(&self, namespace: &str) -> Result<Option<String>, Error> {
+        let kn = Api::<KuryrNetwork>::namespaced(self.kube.clone(), namespace)
+            .get_opt(namespace)
+            .await?
+            .ok_or_else(|| Error::not_ready(format!("KuryrNetwork {namespace} not created yet")))?;
+        match recorded_deployment(&kn) {
+            Some(d) => Ok(Some(d)),
+            None => Err(Error::not_ready(format!(
+                "KuryrNetwork {namespace} has no deployment yet"
+            ))),
+        }
+    }
+}
+
+/// The deployment a KuryrNetwork's resources live in: its annotation, or the default deployment
+/// for one that has a network but no annotation (written by upstream or an older kuryr-rs). None
+/// while it has neither (not placed yet).
+pub fn recorded_deployment(kn: &KuryrNetwork) -> Option<String> {
+    use kube::ResourceExt;
+    match kn.annotations().get(kuryr_crds::names::annotations::DEPLOYMENT) {
+        Some(d) if !d.is_empty() => Some(d.clone()),
+        _ if kn.status.as_ref().is_some_and(|s| s.net_id.is_some()) => {
+            Some(crate::openstack::DEFAULT_DEPLOYMENT.to_string())
+        }
+        _ => None,
     }
 }

@@ -7,17 +7,19 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
-use kuryr_crds::names::finalizers;
+use kuryr_crds::names::{annotations, finalizers};
 use kuryr_crds::{KuryrNetwork, KuryrNetworkStatus};
 use kuryr_neutron::{ListFilter, NetworkCreate, RouterInterfaceSpec, SubnetCreate, Taggable};
 use serde_json::json;
 
 use crate::context::Context;
 use crate::drivers::PortSpec;
+use crate::drivers::subnets::recorded_deployment;
 use crate::error::Error;
-use crate::k8s::{add_finalizer, remove_finalizer};
+use crate::k8s::{add_finalizer, publish_event, remove_finalizer};
 use crate::pipeline::ResourceEventHandler;
 
 pub struct KuryrNetworkHandler {
@@ -42,6 +44,49 @@ impl KuryrNetworkHandler {
         Ok(())
     }
 
+    /// Records `deployment` on the KuryrNetwork (a merge patch with the read resourceVersion, so
+    /// two workers never record different deployments).
+    async fn record_deployment(&self, kn: &KuryrNetwork, deployment: &str) -> Result<KuryrNetwork, Error> {
+        let api: Api<KuryrNetwork> =
+            Api::namespaced(self.ctx.kube.clone(), &kn.namespace().unwrap_or_default());
+        let patch = json!({"metadata": {
+            "resourceVersion": kn.resource_version(),
+            "annotations": {annotations::DEPLOYMENT: deployment},
+        }});
+        Ok(api
+            .patch(&kn.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?)
+    }
+
+    /// The KuryrNetwork's deployment is no longer in `kuryr.conf`: nothing can reach its Neutron,
+    /// so the finalizer goes (the namespace is not stuck) after a Warning Event naming what stays
+    /// behind for the operator to clean up.
+    async fn drain_unconfigured(&self, kn: &KuryrNetwork, deployment: &str) -> Result<(), Error> {
+        self.tell_unconfigured(kn, deployment).await;
+        remove_finalizer(&self.ctx.kube, kn, finalizers::KURYRNETWORK).await
+    }
+
+    /// A Warning Event on the namespace (its own namespace may be terminating, where no Event can
+    /// be created) and a WARN line.
+    async fn tell_unconfigured(&self, kn: &KuryrNetwork, deployment: &str) {
+        let st = kn.status.clone().unwrap_or_default();
+        let msg = format!(
+            "OpenStack deployment {deployment:?} is no longer configured: network {}, subnet {} and the \
+             namespace's security group were left in it",
+            st.net_id.as_deref().unwrap_or("-"),
+            st.subnet_id.as_deref().unwrap_or("-"),
+        );
+        tracing::warn!(kuryrnetwork = %kn.name_any(), deployment, "{msg}");
+        match Api::<Namespace>::all(self.ctx.kube.clone())
+            .get_opt(&kn.spec.ns_name)
+            .await
+        {
+            Ok(Some(ns)) => publish_event(&self.ctx.events, &ns, true, "DeploymentRemoved", &msg).await,
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "could not read namespace {}", kn.spec.ns_name),
+        }
+    }
+
     fn tags(&self, ns: &str) -> Vec<String> {
         let mut t = self.ctx.resource_tags();
         t.push(ns_tag(ns));
@@ -60,9 +105,30 @@ impl ResourceEventHandler for KuryrNetworkHandler {
     async fn on_present(&self, kn: &KuryrNetwork) -> Result<(), Error> {
         let kn = add_finalizer(&self.ctx.kube, kn, finalizers::KURYRNETWORK).await?;
         let ns = kn.spec.ns_name.clone();
-        let project = kn.spec.project_id.clone();
-        let deployment = self.ctx.bind(&project, &ns).await?;
-        let client = self.ctx.deployments.client(&deployment)?;
+        // Placed once: the deployment is recorded before anything is created in it, and the
+        // namespace stays there (and is finalized there) whatever its project's binding becomes.
+        let (kn, deployment) = match recorded_deployment(&kn) {
+            Some(d) => (kn, d),
+            None => {
+                let placed = match self.ctx.bind(&kn.spec.project_id, &ns).await {
+                    Ok(p) => p,
+                    // Told on the namespace already (Platform::bind); retrying cannot mend it.
+                    Err(e) if e.is_user_visible() && !e.is_retryable() => {
+                        tracing::warn!(namespace = %ns, error = %e, "namespace not placed: told its owner with a Warning Event");
+                        return Ok(());
+                    }
+                    Err(e) => return Err(e),
+                };
+                let kn = self.record_deployment(&kn, &placed.deployment).await?;
+                (kn, placed.deployment)
+            }
+        };
+        let project = self.ctx.project_in(&deployment, &kn.spec.project_id).await;
+        let Ok(client) = self.ctx.deployments.client(&deployment) else {
+            // Its deployment left kuryr.conf: nothing to build there any more.
+            self.tell_unconfigured(&kn, &deployment).await;
+            return Ok(());
+        };
         let cfg = self.ctx.config.deployment_defaults(&deployment);
         let mut status = kn.status.clone().unwrap_or_default();
         let tag = ns_tag(&ns);
@@ -195,10 +261,14 @@ impl ResourceEventHandler for KuryrNetworkHandler {
     }
 
     async fn on_finalize(&self, kn: &KuryrNetwork) -> Result<(), Error> {
-        let project = kn.spec.project_id.clone();
-        // Release where the network was made: the project's current binding.
-        let deployment = self.ctx.bound_deployment(&project).await?;
-        let client = self.ctx.deployments.client(&deployment)?;
+        // Release where the network was made, whatever the project's binding is now.
+        let Some(deployment) = recorded_deployment(kn) else {
+            // Never placed: nothing was created anywhere.
+            return remove_finalizer(&self.ctx.kube, kn, finalizers::KURYRNETWORK).await;
+        };
+        let Ok(client) = self.ctx.deployments.client(&deployment) else {
+            return self.drain_unconfigured(kn, &deployment).await;
+        };
         let status = kn.status.clone().unwrap_or_default();
         if let (Some(router), Some(subnet_id)) = (&status.router_id, &status.subnet_id) {
             match client

@@ -21,7 +21,7 @@ use serde_json::json;
 use crate::context::Context;
 use crate::drivers::PodRef;
 use crate::error::{Error, is_not_found};
-use crate::k8s::{publish_event, remove_finalizer};
+use crate::k8s::{publish_event, remove_finalizer, surface_user_error};
 use crate::pipeline::ResourceEventHandler;
 use crate::wiring::{self, DriverSource, RecordedVif, record};
 
@@ -171,12 +171,9 @@ impl ResourceEventHandler for KuryrPortHandler {
             return Ok(());
         }
         let result = self.wire(kp, &pod).await;
-        if let Err(e) = &result
-            && e.is_user_visible()
-        {
-            publish_event(&self.ctx.events, &pod, true, e.label(), &e.to_string()).await;
-        }
-        result
+        // A user's mistake is told on the pod and logged at WARN; only what retrying may mend
+        // goes on to the Retry handler.
+        surface_user_error(&self.ctx.events, &pod.object_ref(&()), result).await
     }
 
     async fn on_finalize(&self, kp: &KuryrPort) -> Result<(), Error> {

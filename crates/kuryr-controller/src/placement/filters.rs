@@ -1,12 +1,14 @@
-//! Binding filters: each keeps the candidates that may serve a request.
+//! Binding filters: each keeps the candidates that may serve a new binding and says why it
+//! removed the others, so that "no deployment passes" can list what every filter removed.
 
 use kuryr_config::BindingFilter;
 
-use super::{BindingRequest, Candidate};
+use super::{BindingRequest, Candidate, UsageFigure};
 
 pub trait Filter: Send + Sync {
     fn name(&self) -> &'static str;
-    fn passes(&self, c: &Candidate, req: &BindingRequest) -> bool;
+    /// `Err(why)` removes the candidate.
+    fn check(&self, c: &Candidate, req: &BindingRequest) -> Result<(), String>;
 }
 
 /// `all`: every deployment not under maintenance.
@@ -15,8 +17,12 @@ impl Filter for AllFilter {
     fn name(&self) -> &'static str {
         "all"
     }
-    fn passes(&self, c: &Candidate, _: &BindingRequest) -> bool {
-        c.enabled
+    fn check(&self, c: &Candidate, _: &BindingRequest) -> Result<(), String> {
+        if c.maintenance {
+            Err("in maintenance".into())
+        } else {
+            Ok(())
+        }
     }
 }
 
@@ -26,10 +32,14 @@ impl Filter for AvailabilityZoneFilter {
     fn name(&self) -> &'static str {
         "availability_zone"
     }
-    fn passes(&self, c: &Candidate, req: &BindingRequest) -> bool {
-        req.availability_zone
-            .as_ref()
-            .is_none_or(|az| c.availability_zone.as_ref() == Some(az))
+    fn check(&self, c: &Candidate, req: &BindingRequest) -> Result<(), String> {
+        match &req.group.availability_zone {
+            Some(az) if c.availability_zone.as_ref() != Some(az) => Err(format!(
+                "zone {} is not {az}",
+                c.availability_zone.as_deref().unwrap_or("(none)")
+            )),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -39,25 +49,41 @@ impl Filter for ResourceAffinityFilter {
     fn name(&self) -> &'static str {
         "resource_affinity"
     }
-    fn passes(&self, c: &Candidate, req: &BindingRequest) -> bool {
-        req.resource_affinity
+    fn check(&self, c: &Candidate, req: &BindingRequest) -> Result<(), String> {
+        match req
+            .group
+            .resource_affinity
             .iter()
-            .all(|(k, v)| c.resource_affinity.get(k) == Some(v))
+            .find(|(k, v)| c.resource_affinity.get(*k) != Some(*v))
+        {
+            Some((k, v)) => Err(format!("has no {k}={v}")),
+            None => Ok(()),
+        }
     }
 }
 
-/// `usage_threshold`: drops deployments above the threshold; unmeasured ones pass.
-pub struct UsageThresholdFilter(pub f64);
+/// `usage_threshold`: new bindings only where usage is below the deployment's threshold minus its
+/// hysteresis. Unmeasured passes (a new deployment is usable at once); stale does not.
+pub struct UsageThresholdFilter;
 impl Filter for UsageThresholdFilter {
     fn name(&self) -> &'static str {
         "usage_threshold"
     }
-    fn passes(&self, c: &Candidate, _: &BindingRequest) -> bool {
-        c.usage.is_none_or(|u| u < self.0)
+    fn check(&self, c: &Candidate, req: &BindingRequest) -> Result<(), String> {
+        match &c.usage_for(&req.project) {
+            UsageFigure::Unmeasured => Ok(()),
+            UsageFigure::Fresh(u) if *u < c.threshold - c.hysteresis => Ok(()),
+            UsageFigure::Fresh(u) => Err(format!(
+                "usage {u:.3} is not below threshold {:.3} - hysteresis {:.3}",
+                c.threshold, c.hysteresis
+            )),
+            UsageFigure::Stale { why, .. } => Err(format!("usage figure is stale ({why})")),
+        }
     }
 }
 
-pub fn build(names: &[BindingFilter], usage_threshold: f64) -> Vec<Box<dyn Filter>> {
+/// The configured filters in order; `all` (maintenance) always runs first, listed or not.
+pub fn build(names: &[BindingFilter]) -> Vec<Box<dyn Filter>> {
     let mut out: Vec<Box<dyn Filter>> = names
         .iter()
         .map(|n| -> Box<dyn Filter> {
@@ -65,28 +91,59 @@ pub fn build(names: &[BindingFilter], usage_threshold: f64) -> Vec<Box<dyn Filte
                 BindingFilter::All => Box::new(AllFilter),
                 BindingFilter::AvailabilityZone => Box::new(AvailabilityZoneFilter),
                 BindingFilter::ResourceAffinity => Box::new(ResourceAffinityFilter),
-                BindingFilter::UsageThreshold => Box::new(UsageThresholdFilter(usage_threshold)),
+                BindingFilter::UsageThreshold => Box::new(UsageThresholdFilter),
             }
         })
         .collect();
-    // Maintenance is never optional: a disabled deployment gets no new bindings.
     if !names.contains(&BindingFilter::All) {
         out.insert(0, Box::new(AllFilter));
     }
     out
 }
 
-/// Runs the filters in order; logs how many candidates each removed.
+/// What one filter removed: (deployment, why).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Elimination {
+    pub filter: &'static str,
+    pub removed: Vec<(String, String)>,
+}
+
+impl std::fmt::Display for Elimination {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} removed ", self.filter)?;
+        if self.removed.is_empty() {
+            return f.write_str("none");
+        }
+        let list: Vec<String> = self
+            .removed
+            .iter()
+            .map(|(n, why)| format!("{n} ({why})"))
+            .collect();
+        f.write_str(&list.join(", "))
+    }
+}
+
+/// Runs the filters in order: the candidates left and what each filter removed.
 pub fn apply<'a>(
     filters: &[Box<dyn Filter>],
     cands: Vec<&'a Candidate>,
     req: &BindingRequest,
-) -> Vec<&'a Candidate> {
+) -> (Vec<&'a Candidate>, Vec<Elimination>) {
     let mut left = cands;
+    let mut log = Vec::with_capacity(filters.len());
     for f in filters {
-        let before = left.len();
-        left.retain(|c| f.passes(c, req));
-        tracing::debug!(filter = f.name(), removed = before - left.len(), left = left.len(), project = %req.project, "binding filter");
+        let mut removed = Vec::new();
+        left.retain(|c| match f.check(c, req) {
+            Ok(()) => true,
+            Err(why) => {
+                removed.push((c.name.clone(), why));
+                false
+            }
+        });
+        log.push(Elimination {
+            filter: f.name(),
+            removed,
+        });
     }
-    left
+    (left, log)
 }

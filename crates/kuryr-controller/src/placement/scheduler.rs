@@ -1,54 +1,157 @@
-//! The binding scheduler (pure) and the Binder that applies it with the store and usage figures.
+//! The binding scheduler: [`Scheduler::decide`] is pure (candidates, request, current binding in;
+//! a [`Decision`] out); the [`Binder`] acts on it with the store and the usage figures.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use kuryr_config::PodBindingSection;
+use kuryr_config::{BindingFilter, PodBindingSection};
 use rand::Rng;
 use tokio::sync::{Mutex, RwLock};
 
-use super::filters::{self, Filter};
-use super::store::BindingStore;
+use super::filters::{self, Elimination, Filter};
+use super::store::{BindingState, BindingStore};
 use super::weighers::{self, Weigher};
-use super::{BindingRequest, Candidate};
+use super::{BindingKey, BindingRequest, Candidate, UsageFigure};
 use crate::error::Error;
 
 /// Usage added to a deployment each time this controller binds a project to it, until the next
-/// measurement replaces the figure: later picks in the same period see it as fuller.
+/// measurement replaces the figure: later picks in the same period see it as fuller. Only a fresh
+/// figure grows; an unmeasured or stale one never does.
 const VIRTUAL_CONSUMPTION: f64 = 0.01;
+
+/// The binding a request has now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Current {
+    pub deployment: String,
+    /// Set by an operator: stays whatever the filters say, unless the deployment is removed.
+    pub pinned: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// The current binding stays. `stuck` says why it should have left and what every filter
+    /// removed, when no other deployment could take it.
+    Stay {
+        deployment: String,
+        stuck: Option<(String, Vec<Elimination>)>,
+    },
+    /// Bind (`from` = None) or rebind to `to`; `why` goes into the history.
+    Bind {
+        to: String,
+        from: Option<String>,
+        why: String,
+    },
+    /// No deployment passes: what each filter removed.
+    NoneFits {
+        from: Option<String>,
+        eliminations: Vec<Elimination>,
+    },
+}
 
 pub struct Scheduler {
     filters: Vec<Box<dyn Filter>>,
     weighers: Vec<(Box<dyn Weigher>, f64)>,
     subset_size: usize,
+    usage_filter: bool,
 }
 
 impl Scheduler {
     pub fn new(cfg: &PodBindingSection) -> Self {
         Self {
-            filters: filters::build(&cfg.filters, cfg.usage_threshold),
+            filters: filters::build(&cfg.filters),
             weighers: weighers::build(&cfg.weighers, &cfg.weigher_multipliers),
             subset_size: usize::try_from(cfg.subset_size.get()).unwrap_or(1),
+            usage_filter: cfg.filters.contains(&BindingFilter::UsageThreshold),
         }
     }
 
-    /// Two-phase selection: keep `current` while it still passes every filter; otherwise schedule
-    /// among all candidates. None when nothing passes.
-    pub fn select(&self, cands: &[Candidate], req: &BindingRequest, current: Option<&str>) -> Option<String> {
-        if let Some(cur) = current
-            && let Some(c) = cands.iter().find(|c| c.name == cur)
-            && self.filters.iter().all(|f| f.passes(c, req))
-        {
-            return Some(cur.to_string());
+    /// Why the current binding must leave its deployment, or None if it stays. A binding stays
+    /// until its deployment is removed, is in maintenance with `move_existing`, reaches its usage
+    /// threshold (a fresh figure: a stale one moves nobody), or no longer matches the group (an
+    /// operator changed the deployment's zone or affinity). A pinned binding only leaves a removed
+    /// deployment.
+    pub fn must_leave(&self, cands: &[Candidate], req: &BindingRequest, cur: &Current) -> Option<String> {
+        let Some(c) = cands.iter().find(|c| c.name == cur.deployment) else {
+            return Some(format!("deployment {} is no longer configured", cur.deployment));
+        };
+        if cur.pinned {
+            return None;
         }
-        let passing = filters::apply(&self.filters, cands.iter().collect(), req);
+        if c.maintenance && c.move_existing {
+            return Some(format!(
+                "deployment {} is in maintenance and moves existing bindings",
+                c.name
+            ));
+        }
+        if self.usage_filter
+            && let UsageFigure::Fresh(u) = c.usage_for(&req.project)
+            && u >= c.threshold
+        {
+            return Some(format!(
+                "deployment {} usage {u:.3} reached its threshold {:.3}",
+                c.name, c.threshold
+            ));
+        }
+        for f in &self.filters {
+            if matches!(f.name(), "availability_zone" | "resource_affinity")
+                && let Err(why) = f.check(c, req)
+            {
+                return Some(format!("deployment {} no longer matches: {why}", c.name));
+            }
+        }
+        None
+    }
+
+    /// Pure decision for `req` given its current binding.
+    pub fn decide(&self, cands: &[Candidate], req: &BindingRequest, current: Option<&Current>) -> Decision {
+        let leaving = match current {
+            Some(cur) => match self.must_leave(cands, req, cur) {
+                None => {
+                    return Decision::Stay {
+                        deployment: cur.deployment.clone(),
+                        stuck: None,
+                    };
+                }
+                Some(why) => Some((cur, why)),
+            },
+            None => None,
+        };
+        let others: Vec<&Candidate> = cands
+            .iter()
+            .filter(|c| leaving.as_ref().is_none_or(|(cur, _)| c.name != cur.deployment))
+            .collect();
+        let (passing, eliminations) = filters::apply(&self.filters, others, req);
+        match (self.pick(&passing), leaving) {
+            (Some(to), leaving) => Decision::Bind {
+                to,
+                from: leaving.as_ref().map(|(cur, _)| cur.deployment.clone()),
+                why: leaving.map_or_else(|| "new binding".to_string(), |(_, why)| why),
+            },
+            // Leaving a deployment that still exists, with nowhere to go: staying serves the
+            // tenant better than failing it.
+            (None, Some((cur, why))) if cands.iter().any(|c| c.name == cur.deployment) => Decision::Stay {
+                deployment: cur.deployment.clone(),
+                stuck: Some((why, eliminations)),
+            },
+            (None, leaving) => Decision::NoneFits {
+                from: leaving.map(|(cur, _)| cur.deployment.clone()),
+                eliminations,
+            },
+        }
+    }
+
+    fn pick(&self, passing: &[&Candidate]) -> Option<String> {
         if passing.is_empty() {
             return None;
         }
-        let scores = weighers::scores(&self.weighers, &passing);
-        let mut ranked: Vec<(f64, &Candidate)> = scores.into_iter().zip(passing).collect();
-        // Best first; ties by declaration order so the choice is deterministic with subset 1.
-        ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.order.cmp(&b.1.order)));
+        let scores = weighers::scores(&self.weighers, passing);
+        let mut ranked: Vec<(f64, &&Candidate)> = scores.into_iter().zip(passing).collect();
+        // Best first; ties by order then name so the choice is deterministic with subset 1.
+        ranked.sort_by(|a, b| {
+            b.0.total_cmp(&a.0)
+                .then(a.1.order.cmp(&b.1.order))
+                .then(a.1.name.cmp(&b.1.name))
+        });
         let top = ranked.len().min(self.subset_size.max(1));
         let pick = if top > 1 {
             rand::rng().random_range(0..top)
@@ -59,12 +162,26 @@ impl Scheduler {
     }
 }
 
-/// Binds projects to deployments: reads and claims bindings in the store, schedules when needed.
+/// Where a request was placed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Placed {
+    pub deployment: String,
+    /// The project's id in that deployment's Keystone.
+    pub project_id: String,
+    /// Set when this call (re)bound: (from, why).
+    pub rebound: Option<(Option<String>, String)>,
+    /// Set when the binding should have left its deployment but nothing else passes.
+    pub stuck: Option<String>,
+}
+
+/// Binds (project, group) keys to deployments: reads and claims bindings in the store, decides
+/// with the [`Scheduler`]. The cache only saves store reads: it is emptied whenever the
+/// candidates change and on leadership changes, and every hit is re-decided.
 pub struct Binder {
     scheduler: Scheduler,
     candidates: RwLock<Vec<Candidate>>,
     store: Arc<dyn BindingStore>,
-    cache: Mutex<HashMap<String, String>>,
+    cache: Mutex<HashMap<BindingKey, Current>>,
 }
 
 impl Binder {
@@ -77,205 +194,168 @@ impl Binder {
         }
     }
 
-    /// Replaces measured usage (from the usage task).
-    pub async fn set_usage(&self, usage: &BTreeMap<String, f64>) {
+    pub fn store(&self) -> &Arc<dyn BindingStore> {
+        &self.store
+    }
+
+    /// Replaces the usage figures (from the usage task); deployments not in `usage` keep theirs.
+    pub async fn set_usage(&self, usage: &BTreeMap<String, (UsageFigure, BTreeMap<String, f64>)>) {
         for c in self.candidates.write().await.iter_mut() {
-            if let Some(u) = usage.get(&c.name) {
-                c.usage = Some(*u);
+            if let Some((u, projects)) = usage.get(&c.name) {
+                c.usage = u.clone();
+                c.project_usage = projects.clone();
             }
         }
+        self.forget().await;
+    }
+
+    /// Replaces the candidates (an operator edited a deployment); usage figures are kept.
+    pub async fn set_candidates(&self, mut cands: Vec<Candidate>) {
+        let mut cur = self.candidates.write().await;
+        for c in &mut cands {
+            if let Some(old) = cur.iter().find(|o| o.name == c.name) {
+                c.usage = old.usage.clone();
+                c.project_usage = old.project_usage.clone();
+            }
+        }
+        *cur = cands;
+        drop(cur);
+        self.forget().await;
+    }
+
+    /// Empties the cache (candidates changed, leadership changed).
+    pub async fn forget(&self) {
+        self.cache.lock().await.clear();
     }
 
     pub async fn candidates(&self) -> Vec<Candidate> {
         self.candidates.read().await.clone()
     }
 
-    /// The deployment `project` is bound to now, without (re)scheduling: where its existing
-    /// resources live, for releasing them.
-    pub async fn current(&self, project: &str) -> Result<Option<String>, Error> {
-        if let Some(d) = self.cache.lock().await.get(project) {
-            return Ok(Some(d.clone()));
-        }
-        self.store.current(project).await
+    /// `project`'s id in `deployment`.
+    pub async fn project_id(&self, deployment: &str, project: &str) -> String {
+        self.candidates
+            .read()
+            .await
+            .iter()
+            .find(|c| c.name == deployment)
+            .map_or(project, |c| c.project_id(project))
+            .to_string()
     }
 
-    /// The deployment serving `req.project`, binding (or re-binding) it when needed.
-    pub async fn bind(&self, req: &BindingRequest) -> Result<String, Error> {
-        if let Some(d) = self.cache.lock().await.get(&req.project).cloned() {
+    /// The deployment `key` is bound to now, without (re)scheduling.
+    pub async fn current(&self, key: &BindingKey) -> Result<Option<String>, Error> {
+        if let Some(c) = self.cache.lock().await.get(key) {
+            return Ok(Some(c.deployment.clone()));
+        }
+        Ok(self.store.get(key).await?.and_then(|s| s.current()))
+    }
+
+    /// The deployment serving `req`, binding (or rebinding) it when needed.
+    pub async fn bind(&self, req: &BindingRequest) -> Result<Placed, Error> {
+        let cached = self.cache.lock().await.get(req).cloned();
+        if let Some(cur) = cached {
             let cands = self.candidates.read().await;
-            if self.scheduler.select(&cands, req, Some(&d)).as_deref() == Some(d.as_str()) {
-                return Ok(d);
+            if let Decision::Stay {
+                deployment,
+                stuck: None,
+            } = self.scheduler.decide(&cands, req, Some(&cur))
+            {
+                let project_id = project_in(&cands, &deployment, &req.project);
+                return Ok(Placed {
+                    deployment,
+                    project_id,
+                    rebound: None,
+                    stuck: None,
+                });
             }
         }
         for _ in 0..5 {
-            let current = self.store.current(&req.project).await?;
+            let state = self.store.get(req).await?;
+            let current = state.as_ref().and_then(BindingState::current_binding);
             let cands = self.candidates.read().await.clone();
-            let chosen = self.scheduler.select(&cands, req, current.as_deref()).ok_or_else(|| {
-                Error::invalid(
-                    format!("binding of project {}", req.project),
-                    "no OpenStack deployment passes the binding filters (all in maintenance, over the usage \
-                     threshold, or none matches the requested zone/affinity)",
-                )
-            })?;
-            if current.as_deref() != Some(chosen.as_str()) {
-                // Claim with a precondition: a concurrent controller makes one of us re-read.
-                if !self
-                    .store
-                    .claim(&req.project, current.as_deref(), &chosen)
-                    .await?
-                {
-                    continue;
+            let (deployment, rebound, stuck) = match self.scheduler.decide(&cands, req, current.as_ref()) {
+                Decision::Stay { deployment, stuck } => {
+                    let stuck = stuck.map(|(why, elims)| {
+                        log_eliminations(req, &elims);
+                        format!("{why}, but no other deployment passes: {}", join(&elims))
+                    });
+                    (deployment, None, stuck)
                 }
-                tracing::info!(project = %req.project, from = ?current, to = %chosen, "project bound to deployment");
-                if let Some(c) = self
-                    .candidates
-                    .write()
-                    .await
-                    .iter_mut()
-                    .find(|c| c.name == chosen)
-                {
-                    c.usage = Some(c.usage.unwrap_or(0.0) + VIRTUAL_CONSUMPTION);
+                Decision::NoneFits { from, eliminations } => {
+                    log_eliminations(req, &eliminations);
+                    return Err(Error::exhausted(
+                        "NoDeploymentPasses",
+                        format!(
+                            "no OpenStack deployment passes the binding filters for project {} group {}{}: {}",
+                            req.project,
+                            req.group,
+                            from.map(|f| format!(" (leaving {f})")).unwrap_or_default(),
+                            join(&eliminations)
+                        ),
+                    ));
                 }
-            }
-            self.cache
-                .lock()
-                .await
-                .insert(req.project.clone(), chosen.clone());
-            return Ok(chosen);
+                Decision::Bind { to, from, why } => {
+                    // Claim with a precondition: a concurrent controller makes one of us re-read.
+                    if !self.store.claim(req, from.as_deref(), &to, &why).await? {
+                        continue;
+                    }
+                    tracing::info!(project = %req.project, group = %req.group, from = ?from, to = %to, why = %why,
+                        "binding moved");
+                    if let Some(c) = self.candidates.write().await.iter_mut().find(|c| c.name == to)
+                        && let UsageFigure::Fresh(u) = &mut c.usage
+                    {
+                        *u += VIRTUAL_CONSUMPTION;
+                    }
+                    (to, Some((from, why)), None)
+                }
+            };
+            let pinned = current
+                .as_ref()
+                .is_some_and(|c| c.pinned && c.deployment == deployment);
+            self.cache.lock().await.insert(
+                req.clone(),
+                Current {
+                    deployment: deployment.clone(),
+                    pinned,
+                },
+            );
+            let project_id = project_in(&cands, &deployment, &req.project);
+            return Ok(Placed {
+                deployment,
+                project_id,
+                rebound,
+                stuck,
+            });
         }
-        Err(Error::not_ready(format!(
-            "binding of project {} kept conflicting",
-            req.project
-        )))
+        Err(Error::not_ready(format!("binding of {req} kept conflicting")))
+    }
+}
+
+fn project_in(cands: &[Candidate], deployment: &str, project: &str) -> String {
+    cands
+        .iter()
+        .find(|c| c.name == deployment)
+        .map_or(project, |c| c.project_id(project))
+        .to_string()
+}
+
+fn join(elims: &[Elimination]) -> String {
+    elims
+        .iter()
+        .filter(|e| !e.removed.is_empty())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The per-filter elimination log of a request that found no deployment.
+fn log_eliminations(req: &BindingRequest, elims: &[Elimination]) {
+    for e in elims {
+        tracing::info!(project = %req.project, group = %req.group, filter = e.filter, removed = ?e.removed,
+            "binding filter");
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use std::num::NonZeroU32;
-
-    use kuryr_config::{BindingFilter, BindingWeigher};
-
-    use super::*;
-    use crate::placement::store::MemoryStore;
-
-    fn cand(name: &str, order: usize, usage: Option<f64>) -> Candidate {
-        Candidate {
-            name: name.into(),
-            order,
-            availability_zone: Some(if order < 2 { "az1" } else { "az2" }.into()),
-            resource_affinity: BTreeMap::from([(
-                "resource".into(),
-                if order.is_multiple_of(2) { "general" } else { "cad" }.into(),
-            )]),
-            enabled: true,
-            usage,
-        }
-    }
-
-    fn cfg(filters: &[BindingFilter], weighers: &[BindingWeigher]) -> PodBindingSection {
-        PodBindingSection {
-            enabled: true,
-            filters: filters.to_vec(),
-            weighers: weighers.to_vec(),
-            usage_threshold: 0.8,
-            subset_size: NonZeroU32::MIN,
-            ..PodBindingSection::default()
-        }
-    }
-
-    fn req(project: &str) -> BindingRequest {
-        BindingRequest {
-            project: project.into(),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn creation_order_picks_the_first_declared_and_skips_maintenance() {
-        let s = Scheduler::new(&cfg(&[BindingFilter::All], &[BindingWeigher::CreationOrder]));
-        let mut c = vec![
-            cand("pod1", 0, None),
-            cand("pod2", 1, None),
-            cand("pod3", 2, None),
-        ];
-        assert_eq!(s.select(&c, &req("t"), None).as_deref(), Some("pod1"));
-        c[0].enabled = false;
-        assert_eq!(s.select(&c, &req("t"), None).as_deref(), Some("pod2"));
-        // The current binding is kept even if another would now score better.
-        c[0].enabled = true;
-        assert_eq!(s.select(&c, &req("t"), Some("pod2")).as_deref(), Some("pod2"));
-        // ...unless it stops passing the filters (maintenance).
-        c[1].enabled = false;
-        assert_eq!(s.select(&c, &req("t"), Some("pod2")).as_deref(), Some("pod1"));
-    }
-
-    #[test]
-    fn every_weigher_counts_and_multipliers_may_be_negative() {
-        // Trio2o applied only the first weigher: here idle capacity (x2) must beat creation order.
-        let mut conf = cfg(
-            &[BindingFilter::All],
-            &[BindingWeigher::CreationOrder, BindingWeigher::IdleCapacity],
-        );
-        conf.weigher_multipliers = BTreeMap::from([(BindingWeigher::IdleCapacity, 2.0)]);
-        let s = Scheduler::new(&conf);
-        let c = vec![cand("pod1", 0, Some(0.7)), cand("pod2", 1, Some(0.1))];
-        assert_eq!(s.select(&c, &req("t"), None).as_deref(), Some("pod2"));
-        // A negative multiplier turns "most idle" into "most packed".
-        conf.weigher_multipliers = BTreeMap::from([(BindingWeigher::IdleCapacity, -2.0)]);
-        let s = Scheduler::new(&conf);
-        assert_eq!(s.select(&c, &req("t"), None).as_deref(), Some("pod1"));
-    }
-
-    #[test]
-    fn zone_affinity_and_usage_filters() {
-        let s = Scheduler::new(&cfg(
-            &[
-                BindingFilter::All,
-                BindingFilter::AvailabilityZone,
-                BindingFilter::ResourceAffinity,
-                BindingFilter::UsageThreshold,
-            ],
-            &[BindingWeigher::CreationOrder],
-        ));
-        let c = vec![
-            cand("pod1", 0, Some(0.95)),
-            cand("pod2", 1, None),
-            cand("pod3", 2, None),
-            cand("pod4", 3, None),
-        ];
-        let mut r = req("t");
-        r.availability_zone = Some("az2".into());
-        r.resource_affinity = BTreeMap::from([("resource".into(), "cad".into())]);
-        assert_eq!(s.select(&c, &r, None).as_deref(), Some("pod4"));
-        // pod1 is over the 0.8 threshold, pod2 is the next general-purpose... but cad in az1 is pod2.
-        let mut r = req("t");
-        r.resource_affinity = BTreeMap::from([("resource".into(), "general".into())]);
-        assert_eq!(s.select(&c, &r, None).as_deref(), Some("pod3"));
-        r.availability_zone = Some("az9".into());
-        assert_eq!(s.select(&c, &r, None), None);
-    }
-
-    #[tokio::test]
-    async fn binder_keeps_history_and_rebinds_after_maintenance() {
-        let store = Arc::new(MemoryStore::default());
-        let s = Scheduler::new(&cfg(&[BindingFilter::All], &[BindingWeigher::CreationOrder]));
-        let binder = Binder::new(
-            s,
-            vec![cand("pod1", 0, None), cand("pod2", 1, None)],
-            store.clone(),
-        );
-        assert_eq!(binder.bind(&req("t1")).await.unwrap(), "pod1");
-        assert_eq!(binder.bind(&req("t1")).await.unwrap(), "pod1");
-        binder.candidates.write().await[0].enabled = false;
-        assert_eq!(binder.bind(&req("t1")).await.unwrap(), "pod2");
-        // Re-binding to an earlier deployment is allowed (Tricircle's unique key forbade it).
-        binder.candidates.write().await[0].enabled = true;
-        binder.candidates.write().await[1].enabled = false;
-        assert_eq!(binder.bind(&req("t1")).await.unwrap(), "pod1");
-        let history = store.history("t1").await.unwrap();
-        let names: Vec<&str> = history.iter().map(|b| b.deployment.as_str()).collect();
-        assert_eq!(names, ["pod1", "pod2", "pod1"]);
-        assert!(history[0].end.is_some() && history[1].end.is_some() && history[2].end.is_none());
-    }
-}
+mod tests;

@@ -1,46 +1,391 @@
-//! Usage of each deployment, measured periodically off the request path (docs/architecture.md#several-openstack-deployments:
-//! statistics are collected periodically, never inside a request). For kuryr the capacity that runs out is addresses on
-//! the pod networks, so usage = used / total IPs over the networks the deployment reports.
+//! Usage of each deployment, measured periodically off the request path. What runs out for kuryr
+//! is (a) a project's port quota and (b) IPv4 addresses: free addresses on the pod subnets and the
+//! headroom of the pod subnet pool. IPv6 is left out (a /64 never runs out and would hide an
+//! exhausted IPv4 subnet in a sum).
+//!
+//! Every deployment is measured in parallel, each within `[pod_binding] usage_timeout`, so one
+//! hung cloud never delays the others. The stated rule for figures that cannot be had: a failed
+//! or timed-out measurement makes the figure stale (shown as such, with the last good fraction
+//! and its time); a stale deployment keeps its bindings but gets no new ones, and its figure never
+//! grows by virtual consumption.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kuryr_neutron::ListFilter;
+use kube::api::{Api, Patch, PatchParams};
+use kuryr_crds::KuryrOpenStackDeployment;
+use kuryr_neutron::{ListFilter, NeutronClient};
+use serde::Serialize;
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::Binder;
-use crate::openstack::Deployments;
+use super::{Binder, UsageFigure};
+use crate::context::Platform;
+use crate::error::Error;
 
-/// One measurement of every deployment; deployments that cannot be measured are left out (their
-/// previous figure stays).
-pub async fn measure(deployments: &Deployments) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    for name in deployments.names() {
-        let Ok(client) = deployments.client(name) else {
+/// One deployment's measurement.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Measured {
+    /// Cluster project id -> (ports used, limit); unlimited quotas are left out.
+    pub ports: BTreeMap<String, (i64, i64)>,
+    /// Free and total IPv4 addresses over the pod subnets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ipv4: Option<(u128, u128)>,
+    /// Free and total IPv4 addresses of the pod subnet pool's prefixes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subnet_pool: Option<(u128, u128)>,
+}
+
+fn ratio(used: u128, total: u128) -> Option<f64> {
+    (total > 0).then(|| used as f64 / total as f64)
+}
+
+impl Measured {
+    /// The deployment-wide fraction: the fuller of the pod subnets and the subnet pool (0 when
+    /// neither applies).
+    pub fn fraction(&self) -> f64 {
+        [self.ipv4, self.subnet_pool]
+            .into_iter()
+            .flatten()
+            .filter_map(|(free, total)| ratio(total.saturating_sub(free), total))
+            .fold(0.0, f64::max)
+    }
+
+    /// `project`'s port quota fraction.
+    pub fn project_fraction(&self, project: &str) -> Option<f64> {
+        self.ports
+            .get(project)
+            .and_then(|(used, limit)| (*limit > 0).then(|| (*used).max(0) as f64 / *limit as f64))
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut v = json!({"fraction": format!("{:.3}", self.fraction())});
+        let ports: serde_json::Map<String, serde_json::Value> = self
+            .ports
+            .iter()
+            .map(|(p, (used, limit))| (p.clone(), json!({"used": used, "limit": limit})))
+            .collect();
+        if !ports.is_empty() {
+            v["ports"] = ports.into();
+        }
+        for (k, f) in [("ipv4", self.ipv4), ("subnetPool", self.subnet_pool)] {
+            if let Some((free, total)) = f {
+                v[k] = json!({"free": free.to_string(), "total": total.to_string()});
+            }
+        }
+        v
+    }
+}
+
+/// Addresses in an IPv4 CIDR (None for IPv6 or garbage).
+fn ipv4_size(cidr: &str) -> Option<u128> {
+    let (addr, len) = cidr.split_once('/')?;
+    addr.parse::<std::net::Ipv4Addr>().ok()?;
+    let len: u32 = len.parse().ok()?;
+    (len <= 32).then(|| 1u128 << (32 - len))
+}
+
+/// What to measure in one deployment.
+#[derive(Clone, Debug, Default)]
+pub struct Target {
+    /// (cluster project id, id in this deployment).
+    pub projects: Vec<(String, String)>,
+    pub pod_subnets: Vec<String>,
+    pub pod_subnet_pool: Option<String>,
+}
+
+/// Measures one deployment.
+pub async fn measure_one(client: &NeutronClient, target: &Target) -> Result<Measured, Error> {
+    let mut m = Measured::default();
+    for (cluster_id, id) in &target.projects {
+        let q = client
+            .get_quota_details(id)
+            .await
+            .map_err(|e| Error::openstack(format!("port quota of project {id}"), e))?;
+        if let Some(p) = q.get("port").filter(|p| p.limit >= 0) {
+            m.ports.insert(cluster_id.clone(), (p.used, p.limit));
+        }
+    }
+    let mut networks: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for s in &target.pod_subnets {
+        let subnet = client
+            .get_subnet(s)
+            .await
+            .map_err(|e| Error::openstack(format!("pod subnet {s}"), e))?;
+        if subnet.ip_version == 4 {
+            networks.entry(subnet.network_id).or_default().push(subnet.id);
+        }
+    }
+    for (net, subnets) in &networks {
+        let avail = client
+            .get_network_ip_availability(net)
+            .await
+            .map_err(|e| Error::openstack(format!("IP availability of network {net}"), e))?;
+        let (free, total) = avail
+            .subnet_ip_availability
+            .iter()
+            .filter(|a| a.ip_version == 4 && subnets.contains(&a.subnet_id))
+            .fold((0u128, 0u128), |(f, t), a| {
+                (f + a.total_ips.saturating_sub(a.used_ips), t + a.total_ips)
+            });
+        let (f0, t0) = m.ipv4.unwrap_or((0, 0));
+        m.ipv4 = Some((f0 + free, t0 + total));
+    }
+    if let Some(pool) = &target.pod_subnet_pool {
+        let sp = client
+            .get_subnetpool(pool)
+            .await
+            .map_err(|e| Error::openstack(format!("pod subnet pool {pool}"), e))?;
+        let total: u128 = sp.prefixes.iter().filter_map(|p| ipv4_size(p)).sum();
+        if total > 0 {
+            let used: u128 = client
+                .list_subnets(&ListFilter::new().subnetpool_id(pool))
+                .await
+                .map_err(|e| Error::openstack(format!("subnets of pool {pool}"), e))?
+                .iter()
+                .filter_map(|s| ipv4_size(&s.cidr))
+                .sum();
+            m.subnet_pool = Some((total.saturating_sub(used), total));
+        }
+    }
+    Ok(m)
+}
+
+/// The result of one round for one deployment.
+#[derive(Clone, Debug)]
+pub enum Outcome {
+    Measured(Measured),
+    Failed(String),
+}
+
+/// Measures every `(name, client, target)` in parallel, each within `timeout`.
+pub async fn measure_all(
+    targets: Vec<(String, NeutronClient, Target)>,
+    timeout: Duration,
+) -> BTreeMap<String, Outcome> {
+    let rounds = targets.into_iter().map(|(name, client, target)| async move {
+        let outcome = match tokio::time::timeout(timeout, measure_one(&client, &target)).await {
+            Ok(Ok(m)) => Outcome::Measured(m),
+            Ok(Err(e)) => Outcome::Failed(e.to_string()),
+            Err(_) => Outcome::Failed(format!("no answer within {}s", timeout.as_secs_f64())),
+        };
+        (name, outcome)
+    });
+    futures::future::join_all(rounds).await.into_iter().collect()
+}
+
+/// The last figure of each deployment, kept across rounds.
+#[derive(Clone, Debug, Default)]
+pub struct Figures {
+    pub last_good: BTreeMap<String, (Measured, String)>,
+}
+
+impl Figures {
+    /// Folds one round in: the scheduler's figure for each deployment, with per-project port
+    /// fractions. A failure keeps the last good measurement but marks it stale.
+    pub fn apply(
+        &mut self,
+        round: &BTreeMap<String, Outcome>,
+        at: &str,
+    ) -> BTreeMap<String, (UsageFigure, BTreeMap<String, f64>)> {
+        let mut out = BTreeMap::new();
+        for (name, outcome) in round {
+            let fig = match outcome {
+                Outcome::Measured(m) => {
+                    self.last_good.insert(name.clone(), (m.clone(), at.to_string()));
+                    UsageFigure::Fresh(m.fraction())
+                }
+                Outcome::Failed(why) => UsageFigure::Stale {
+                    last: self.last_good.get(name).map(|(m, _)| m.fraction()),
+                    why: why.clone(),
+                },
+            };
+            let projects = self
+                .last_good
+                .get(name)
+                .map(|(m, _)| {
+                    m.ports
+                        .keys()
+                        .filter_map(|p| m.project_fraction(p).map(|f| (p.clone(), f)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.insert(name.clone(), (fig, projects));
+        }
+        out
+    }
+}
+
+/// What to measure in each deployment: the projects bound there and its pod subnets and pool.
+async fn targets(platform: &Platform, binder: &Binder) -> Vec<(String, NeutronClient, Target)> {
+    let bindings = match binder.store().list().await {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list bindings: port quotas not measured this round");
+            vec![]
+        }
+    };
+    let mut out = Vec::new();
+    for name in platform.deployments.names() {
+        let Ok(client) = platform.deployments.client(name) else {
             continue;
         };
-        match client.list_network_ip_availabilities(&ListFilter::new()).await {
-            Ok(avail) => {
-                let (used, total) = avail
-                    .iter()
-                    .fold((0u128, 0u128), |(u, t), a| (u + a.used_ips, t + a.total_ips));
-                if total > 0 {
-                    out.insert(name.to_string(), used as f64 / total as f64);
-                }
-            }
-            Err(e) => tracing::warn!(deployment = name, error = %e, "usage measurement failed"),
+        let defaults = platform.config.deployment_defaults(name);
+        let mut pod_subnets: Vec<String> = defaults.pod_subnet.into_iter().collect();
+        if name == crate::openstack::DEFAULT_DEPLOYMENT {
+            pod_subnets.extend(platform.config.neutron_defaults.pod_subnets.iter().cloned());
         }
+        pod_subnets.sort();
+        pod_subnets.dedup();
+        let mut projects = Vec::new();
+        for b in bindings.iter().filter(|b| b.current().as_deref() == Some(name)) {
+            let id = binder.project_id(name, &b.key.project).await;
+            let pair = (b.key.project.clone(), id);
+            if !projects.contains(&pair) {
+                projects.push(pair);
+            }
+        }
+        out.push((
+            name.to_string(),
+            client.clone(),
+            Target {
+                projects,
+                pod_subnets,
+                pod_subnet_pool: defaults.pod_subnet_pool,
+            },
+        ));
     }
     out
 }
 
-pub async fn run(binder: Arc<Binder>, deployments: Deployments, every: Duration, stop: CancellationToken) {
+/// Publishes one deployment's figure on its KuryrOpenStackDeployment (when there is one).
+async fn publish(api: &Api<KuryrOpenStackDeployment>, name: &str, figures: &Figures, stale: Option<&str>) {
+    let last = figures.last_good.get(name);
+    let mut usage = last.map(|(m, _)| m.to_json()).unwrap_or(serde_json::Value::Null);
+    if let Some(why) = stale
+        && usage.is_object()
+    {
+        usage["staleBecause"] = why.into();
+    } else if let Some(why) = stale {
+        usage = json!({"staleBecause": why});
+    }
+    let patch = json!({"status": {
+        "usage": usage,
+        "measuredAt": last.map(|(_, at)| at.clone()),
+        "stale": stale.is_some(),
+    }});
+    match api
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => tracing::warn!(deployment = name, error = %e, "cannot publish usage"),
+    }
+}
+
+/// Measures every deployment every `every` until `stop`.
+pub async fn run(
+    platform: Arc<Platform>,
+    binder: Arc<Binder>,
+    every: Duration,
+    timeout: Duration,
+    stop: CancellationToken,
+) {
+    let api: Api<KuryrOpenStackDeployment> = Api::all(platform.kube.clone());
+    let mut figures = Figures::default();
     let mut tick = tokio::time::interval(every.max(Duration::from_secs(1)));
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tick.tick() => binder.set_usage(&measure(&deployments).await).await,
+            _ = tick.tick() => {}
         }
+        let round = measure_all(targets(&platform, &binder).await, timeout).await;
+        let at = super::store::now();
+        let scheduler_figures = figures.apply(&round, &at);
+        binder.set_usage(&scheduler_figures).await;
+        for (name, outcome) in &round {
+            let stale = match outcome {
+                Outcome::Measured(m) => {
+                    platform.metrics.deployment_usage(name, "fraction", m.fraction());
+                    for p in m.ports.keys() {
+                        if let Some(f) = m.project_fraction(p) {
+                            platform.metrics.deployment_usage(name, &format!("ports:{p}"), f);
+                        }
+                    }
+                    None
+                }
+                Outcome::Failed(why) => {
+                    tracing::warn!(deployment = %name, error = %why, "usage measurement failed: figure is stale");
+                    Some(why.as_str())
+                }
+            };
+            let measured = figures
+                .last_good
+                .get(name)
+                .and_then(|(_, at)| at.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                .map(|t| t.as_millisecond() as f64 / 1000.0);
+            platform
+                .metrics
+                .deployment_usage_state(name, measured, stale.is_some());
+            publish(&api, name, &figures, stale).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fraction_is_what_runs_out_first_and_ipv6_never_counts() {
+        let m = Measured {
+            ports: BTreeMap::from([("p".into(), (45, 50)), ("q".into(), (1, -1))]),
+            ipv4: Some((10, 250)),
+            subnet_pool: Some((1 << 15, 1 << 16)),
+        };
+        assert!((m.fraction() - 0.96).abs() < 1e-9, "{}", m.fraction());
+        assert_eq!(m.project_fraction("p"), Some(0.9));
+        assert_eq!(m.project_fraction("q"), None, "unlimited");
+        assert_eq!(ipv4_size("10.0.0.0/24"), Some(256));
+        assert_eq!(ipv4_size("fd00::/64"), None);
+        assert_eq!(Measured::default().fraction(), 0.0);
+    }
+
+    #[test]
+    fn a_failed_round_is_stale_with_the_last_good_figure_and_never_grows() {
+        let mut f = Figures::default();
+        let good = Measured {
+            ipv4: Some((50, 100)),
+            ..Default::default()
+        };
+        let r1 = BTreeMap::from([
+            ("a".to_string(), Outcome::Measured(good.clone())),
+            ("b".to_string(), Outcome::Failed("timeout".into())),
+        ]);
+        let out = f.apply(&r1, "t1");
+        assert_eq!(out["a"].0, UsageFigure::Fresh(0.5));
+        assert_eq!(
+            out["b"].0,
+            UsageFigure::Stale {
+                last: None,
+                why: "timeout".into()
+            }
+        );
+        let r2 = BTreeMap::from([("a".to_string(), Outcome::Failed("500".into()))]);
+        let out = f.apply(&r2, "t2");
+        assert_eq!(
+            out["a"].0,
+            UsageFigure::Stale {
+                last: Some(0.5),
+                why: "500".into()
+            }
+        );
+        assert_eq!(
+            f.last_good["a"].1, "t1",
+            "the age stays the last good measurement's"
+        );
     }
 }

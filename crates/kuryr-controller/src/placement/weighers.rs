@@ -13,7 +13,7 @@ pub trait Weigher: Send + Sync {
     fn raw(&self, c: &Candidate) -> f64;
 }
 
-/// `creation_order`: earlier declared deployments first (the first-phase weight of the placement design).
+/// `creation_order`: lower `order` first (declaration order, or the operator's weight).
 pub struct CreationOrder;
 impl Weigher for CreationOrder {
     fn name(&self) -> &'static str {
@@ -31,7 +31,7 @@ impl Weigher for IdleCapacity {
         "idle_capacity"
     }
     fn raw(&self, c: &Candidate) -> f64 {
-        1.0 - c.usage.unwrap_or(0.0)
+        1.0 - c.usage.fraction().unwrap_or(0.0)
     }
 }
 

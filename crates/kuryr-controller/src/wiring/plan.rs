@@ -45,7 +45,18 @@ pub async fn default_spec(ctx: &Context, namespace: &str) -> Result<PortSpec, Er
 async fn spec_for(ctx: &Context, namespace: &str, pod: Option<&Pod>) -> Result<PortSpec, Error> {
     let d = &ctx.drivers;
     let project = d.project.project_for_namespace(namespace).await?;
-    let deployment = ctx.bind(&project, namespace).await?;
+    // A namespace whose network was made in some deployment keeps its pods there, whatever the
+    // project's binding is now; otherwise the binding decides.
+    let (deployment, project) = match d.subnets.deployment_of_namespace(namespace).await? {
+        Some(dep) => {
+            let id = ctx.project_in(&dep, &project).await;
+            (dep, id)
+        }
+        None => {
+            let placed = ctx.bind(&project, namespace).await?;
+            (placed.deployment, placed.project_id)
+        }
+    };
     let network = d.subnets.network_for_namespace(&deployment, namespace).await?;
     let sgs = match pod {
         Some(pod) => {

@@ -245,6 +245,13 @@ impl VifSource for DriverSource<'_> {
 
     async fn release(&self, r: &RecordedVif) -> Result<(), Error> {
         let origin = self.origin(r).await?;
+        if self.ctx.deployments.client(&origin.deployment).is_err() {
+            // Its deployment left kuryr.conf: nothing can reach the port, and keeping the pod's
+            // finalizer would only leave it stuck.
+            tracing::warn!(port = %r.vif.id(), deployment = %origin.deployment,
+                "OpenStack deployment no longer configured: port left in it");
+            return Ok(());
+        }
         match r.release_mode() {
             ReleaseMode::Pool => self.ctx.drivers.pool.release_vif(&r.vif, &origin).await,
             ReleaseMode::Delete => {

@@ -6,4 +6,5 @@ pub mod kuryrnetworkpolicy;
 pub mod kuryrport;
 pub mod kuryrportpool;
 pub mod nad;
+pub mod placement;
 pub(crate) mod schema;

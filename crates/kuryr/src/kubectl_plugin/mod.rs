@@ -3,13 +3,13 @@
 //! `bindings` and `status`, with kubectl's `-n/--namespace`, `--context`, `--kubeconfig` and
 //! `-o json|yaml|wide`.
 
+pub mod placement;
 pub mod views;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
@@ -20,9 +20,8 @@ use crate::cli::{KubectlArgs, KubectlCommand, KubectlGet, OutputFormat};
 /// The executable name kubectl looks for.
 pub const PLUGIN_NAME: &str = "kubectl-kuryr";
 
-/// The install's namespace when `-n` is not given (pools, bindings and the ConfigMap live there).
+/// The install's namespace when `-n` is not given (pools and the ConfigMap live there).
 const INSTALL_NAMESPACE: &str = "kuryr";
-const BINDINGS_CONFIG_MAP: &str = "kuryr-project-bindings";
 
 /// `argv` rewritten to `kuryr kubectl ...` when the binary runs as the plugin.
 pub fn plugin_argv(argv: Vec<OsString>) -> Vec<OsString> {
@@ -129,30 +128,53 @@ async fn run_command(args: KubectlArgs) -> anyhow::Result<ExitCode> {
                 print_table(&views::pools_table(&pools), output, "pools", &ns);
             }
         }
-        KubectlCommand::Bindings => {
-            let ns = args
-                .namespace
-                .clone()
-                .unwrap_or_else(|| INSTALL_NAMESPACE.to_owned());
-            let cm = Api::<ConfigMap>::namespaced(client, &ns)
-                .get_opt(BINDINGS_CONFIG_MAP)
-                .await?;
-            let data: serde_json::Map<String, Value> = cm
-                .and_then(|cm| cm.data)
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(k, v)| (k, Value::String(v)))
-                .collect();
-            let table = views::bindings_table(&data);
+        KubectlCommand::Bindings { action: Some(action) } => {
+            placement::binding_action(client, action.clone()).await?
+        }
+        KubectlCommand::Deployments { action: Some(action) } => {
+            placement::deployment_action(client, action.clone()).await?
+        }
+        KubectlCommand::Deployments { action: None } => {
+            let objects: Vec<Value> = Api::<kuryr_crds::KuryrOpenStackDeployment>::all(client)
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .map(serde_json::to_value)
+                .collect::<Result<_, _>>()?;
+            if let (true, Some(format)) = (structured, output) {
+                print_objects(&as_list(objects), format)?;
+            } else {
+                print_table(
+                    &placement::deployments_table(&objects),
+                    output,
+                    "OpenStack deployments",
+                    "any",
+                );
+            }
+        }
+        KubectlCommand::Bindings { action: None } => {
+            // Cluster-scoped: -n does not apply.
+            let bindings: Vec<Value> = Api::<kuryr_crds::KuryrProjectBinding>::all(client)
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .map(serde_json::to_value)
+                .collect::<Result<_, _>>()?;
+            let table = views::bindings_table(&bindings);
             if let (true, Some(format)) = (structured, output) {
                 let rows: Vec<Value> = table
                     .rows
                     .iter()
-                    .map(|(r, _)| serde_json::json!({"project": r[0], "deployment": r[1], "start": r[2], "end": r[3]}))
+                    .map(|(r, w)| {
+                        serde_json::json!({"project": r[0], "group": r[1], "deployment": r[2], "start": r[3],
+                            "end": r[4], "pinned": w[0], "why": w[1]})
+                    })
                     .collect();
                 print_objects(&Value::Array(rows), format)?;
             } else {
-                print_table(&table, output, "project bindings", &ns);
+                print_table(&table, output, "project bindings", "any");
             }
         }
         KubectlCommand::Status { skip_neutron } => {

@@ -62,7 +62,7 @@ fn data(v: &Value) -> &Value {
     v.get("versioned_object.data").unwrap_or(v)
 }
 
-fn s(v: Option<&Value>) -> String {
+pub(crate) fn s(v: Option<&Value>) -> String {
     match v {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Bool(b)) => b.to_string(),
@@ -170,30 +170,54 @@ pub fn pools_table(pools: &[Value]) -> Table {
     table
 }
 
-/// `kubectl kuryr bindings`: the placement history, one row per (project, period).
-pub fn bindings_table(config_map_data: &serde_json::Map<String, Value>) -> Table {
+/// `kubectl kuryr bindings`: the placement history, one row per (project, group, period), from the
+/// `KuryrProjectBinding` objects (each a JSON object).
+pub fn bindings_table(bindings: &[Value]) -> Table {
     let mut table = Table {
-        header: vec!["PROJECT", "DEPLOYMENT", "SINCE", "UNTIL"],
-        wide_header: vec![],
+        header: vec!["PROJECT", "GROUP", "DEPLOYMENT", "SINCE", "UNTIL"],
+        wide_header: vec!["PINNED", "WHY"],
         rows: Vec::new(),
     };
-    for (project, raw) in config_map_data {
-        let history: Vec<Value> = raw
-            .as_str()
-            .and_then(|text| serde_json::from_str(text).ok())
+    for b in bindings {
+        let mut group: Vec<String> = Vec::new();
+        if let Some(z) = b.pointer("/spec/availabilityZone").and_then(Value::as_str) {
+            group.push(format!("az={z}"));
+        }
+        if let Some(aff) = b.pointer("/spec/resourceAffinity").and_then(Value::as_object) {
+            group.extend(
+                aff.iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default())),
+            );
+        }
+        let group = if group.is_empty() {
+            "general".to_owned()
+        } else {
+            group.join(",")
+        };
+        let history = b
+            .pointer("/status/history")
+            .and_then(Value::as_array)
+            .cloned()
             .unwrap_or_default();
         for record in history {
             table.rows.push((
                 vec![
-                    project.clone(),
+                    s(b.pointer("/spec/projectId")),
+                    group.clone(),
                     s(record.get("deployment")),
-                    s(record.get("start")),
+                    s(record.get("boundAt")),
                     record
-                        .get("end")
+                        .get("unboundAt")
                         .map(|e| s(Some(e)))
                         .unwrap_or_else(|| "-".to_owned()),
                 ],
-                vec![],
+                vec![
+                    b.pointer("/spec/pinned")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false)
+                        .to_string(),
+                    s(record.get("why")),
+                ],
             ));
         }
     }
@@ -263,10 +287,14 @@ mod tests {
         assert_eq!(t.rows[0].0, ["n1-abc", "n1", "s", "3", "0", "1", "0"]);
         assert_eq!(t.rows[0].1, ["default", "p", "a,b", "<none>"]);
 
-        let data = json!({"p1": "[{\"deployment\":\"default\",\"start\":\"t0\",\"end\":\"t1\"},{\"deployment\":\"east\",\"start\":\"t1\"}]"});
-        let t = bindings_table(data.as_object().unwrap_or(&serde_json::Map::new()));
+        let b = json!({"spec": {"projectId": "p1", "resourceAffinity": {"resource": "cad"}},
+            "status": {"deployment": "east", "history": [
+                {"deployment": "default", "boundAt": "t0", "unboundAt": "t1", "why": "new binding"},
+                {"deployment": "east", "boundAt": "t1", "why": "maintenance"}]}});
+        let t = bindings_table(&[b]);
         assert_eq!(t.rows.len(), 2);
-        assert_eq!(t.rows[0].0, ["p1", "default", "t0", "t1"]);
-        assert_eq!(t.rows[1].0, ["p1", "east", "t1", "-"]);
+        assert_eq!(t.rows[0].0, ["p1", "resource=cad", "default", "t0", "t1"]);
+        assert_eq!(t.rows[1].0, ["p1", "resource=cad", "east", "t1", "-"]);
+        assert_eq!(t.rows[1].1, ["false", "maintenance"]);
     }
 }

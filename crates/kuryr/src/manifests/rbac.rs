@@ -401,6 +401,58 @@ pub fn controller_cluster_grants(config: &KuryrConfig) -> Vec<Grant> {
             ),
         ]);
     }
+    if config.pod_binding.enabled {
+        out.extend([
+            g(
+                KURYR,
+                "kuryrprojectbindings",
+                "get",
+                "placement reads the binding of a (project, group) (placement/kube_store.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrprojectbindings",
+                "list",
+                "the usage task measures the port quota of every bound project (placement/usage.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrprojectbindings",
+                "create",
+                "placement records a new (project, group) binding (placement/kube_store.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrprojectbindings/status",
+                "update",
+                "placement claims a binding with a resourceVersion precondition (placement/kube_store.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryropenstackdeployments",
+                "list",
+                "placement/watch.rs lists the operator's deployment objects",
+            ),
+            g(
+                KURYR,
+                "kuryropenstackdeployments",
+                "watch",
+                "placement/watch.rs follows maintenance and threshold edits without a restart",
+            ),
+            g(
+                KURYR,
+                "kuryropenstackdeployments",
+                "create",
+                "placement/watch.rs creates the object of a kuryr.conf deployment that has none",
+            ),
+            g(
+                KURYR,
+                "kuryropenstackdeployments/status",
+                "patch",
+                "usage figures and the Configured condition (placement/usage.rs, placement/watch.rs)",
+            ),
+        ]);
+    }
     out.extend([
         g(
             "events.k8s.io",
@@ -440,28 +492,6 @@ pub fn controller_namespace_grants(config: &KuryrConfig) -> Vec<Grant> {
                 "leases",
                 "update",
                 "leader election renews or takes the Lease (leader.rs)",
-            ),
-        ]);
-    }
-    if config.pod_binding.enabled {
-        out.extend([
-            g(
-                CORE,
-                "configmaps",
-                "get",
-                "placement reads kuryr-project-bindings (placement/store.rs)",
-            ),
-            g(
-                CORE,
-                "configmaps",
-                "create",
-                "placement creates kuryr-project-bindings (placement/store.rs)",
-            ),
-            g(
-                CORE,
-                "configmaps",
-                "update",
-                "placement claims a binding atomically (placement/store.rs)",
             ),
         ]);
     }

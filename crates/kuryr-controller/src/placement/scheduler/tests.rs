@@ -1,0 +1,365 @@
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
+
+use kuryr_config::{BindingFilter, BindingWeigher};
+
+use super::*;
+use crate::placement::Group;
+use crate::placement::store::MemoryStore;
+
+/// The seed's layout: pod1-3 general purpose in az1, pod4-6 "CAD modeling" in az2.
+fn seed() -> Vec<Candidate> {
+    (1..=6)
+        .map(|i| Candidate {
+            name: format!("pod{i}"),
+            order: i,
+            availability_zone: Some(if i <= 3 { "az1" } else { "az2" }.into()),
+            resource_affinity: BTreeMap::from([(
+                "resource".into(),
+                if i <= 3 { "general" } else { "cad" }.into(),
+            )]),
+            maintenance: false,
+            move_existing: false,
+            threshold: 0.9,
+            hysteresis: 0.05,
+            usage: UsageFigure::Unmeasured,
+            project_usage: BTreeMap::new(),
+            project_ids: BTreeMap::new(),
+        })
+        .collect()
+}
+
+fn all_filters() -> Vec<BindingFilter> {
+    vec![
+        BindingFilter::All,
+        BindingFilter::AvailabilityZone,
+        BindingFilter::ResourceAffinity,
+        BindingFilter::UsageThreshold,
+    ]
+}
+
+fn sched(filters: &[BindingFilter], weighers: &[BindingWeigher]) -> Scheduler {
+    Scheduler::new(&PodBindingSection {
+        enabled: true,
+        filters: filters.to_vec(),
+        weighers: weighers.to_vec(),
+        subset_size: NonZeroU32::MIN,
+        ..PodBindingSection::default()
+    })
+}
+
+fn req(project: &str, affinity: &str) -> BindingRequest {
+    BindingKey {
+        project: project.into(),
+        group: Group {
+            availability_zone: None,
+            resource_affinity: BTreeMap::from([("resource".into(), affinity.into())]),
+        },
+    }
+}
+
+fn cur(d: &str) -> Current {
+    Current {
+        deployment: d.into(),
+        pinned: false,
+    }
+}
+
+fn to(d: &Decision) -> Option<&str> {
+    match d {
+        Decision::Bind { to, .. } => Some(to),
+        Decision::Stay { deployment, .. } => Some(deployment),
+        Decision::NoneFits { .. } => None,
+    }
+}
+
+#[test]
+fn one_tenant_binds_in_both_groups_at_once() {
+    let s = sched(&all_filters(), &[BindingWeigher::CreationOrder]);
+    let c = seed();
+    assert_eq!(to(&s.decide(&c, &req("t1", "general"), None)), Some("pod1"));
+    assert_eq!(to(&s.decide(&c, &req("t1", "cad"), None)), Some("pod4"));
+}
+
+#[test]
+fn a_binding_stays_until_its_deployment_is_full_in_maintenance_with_move_or_removed() {
+    let s = sched(&all_filters(), &[BindingWeigher::CreationOrder]);
+    let mut c = seed();
+    let r = req("t1", "general");
+    // A better-scoring deployment appearing never moves a binding.
+    assert_eq!(
+        s.decide(&c, &r, Some(&cur("pod2"))),
+        Decision::Stay {
+            deployment: "pod2".into(),
+            stuck: None
+        }
+    );
+    // Maintenance without move_existing: stays, but gets no new binding.
+    c[1].maintenance = true;
+    assert_eq!(to(&s.decide(&c, &r, Some(&cur("pod2")))), Some("pod2"));
+    assert_eq!(
+        to(&s.decide(&c, &req("t2", "general"), Some(&cur("pod1")))),
+        Some("pod1")
+    );
+    let mut fresh = c.clone();
+    fresh[0].maintenance = true;
+    assert_eq!(to(&s.decide(&fresh, &req("t3", "general"), None)), Some("pod3"));
+    // With move_existing it moves, and the history row says why.
+    c[1].move_existing = true;
+    match s.decide(&c, &r, Some(&cur("pod2"))) {
+        Decision::Bind { to, from, why } => {
+            assert_eq!((to.as_str(), from.as_deref()), ("pod1", Some("pod2")));
+            assert!(why.contains("maintenance"), "{why}");
+        }
+        d => panic!("{d:?}"),
+    }
+    // Pinned by an operator: stays even then.
+    let pinned = Current {
+        deployment: "pod2".into(),
+        pinned: true,
+    };
+    assert_eq!(to(&s.decide(&c, &r, Some(&pinned))), Some("pod2"));
+    // A deployment removed from the configuration: even a pinned binding leaves.
+    c.remove(1);
+    match s.decide(&c, &r, Some(&pinned)) {
+        Decision::Bind { to, why, .. } => {
+            assert_eq!(to, "pod1");
+            assert!(why.contains("no longer configured"), "{why}");
+        }
+        d => panic!("{d:?}"),
+    }
+}
+
+#[test]
+fn usage_threshold_with_hysteresis_never_flaps() {
+    let s = sched(&all_filters(), &[BindingWeigher::CreationOrder]);
+    let mut c = seed();
+    let r = req("t1", "general");
+    c[0].usage = UsageFigure::Fresh(0.89);
+    assert_eq!(
+        to(&s.decide(&c, &r, Some(&cur("pod1")))),
+        Some("pod1"),
+        "below its threshold"
+    );
+    c[0].usage = UsageFigure::Fresh(0.9);
+    match s.decide(&c, &r, Some(&cur("pod1"))) {
+        Decision::Bind { to, why, .. } => {
+            assert_eq!(to, "pod2");
+            assert!(why.contains("threshold"), "{why}");
+        }
+        d => panic!("{d:?}"),
+    }
+    // Back just under the threshold: not yet eligible for new bindings (needs < 0.85)...
+    c[0].usage = UsageFigure::Fresh(0.87);
+    assert_eq!(to(&s.decide(&c, &r, Some(&cur("pod2")))), Some("pod2"));
+    assert_eq!(to(&s.decide(&c, &req("t2", "general"), None)), Some("pod2"));
+    // ...and once it is, bound projects still stay where they are.
+    c[0].usage = UsageFigure::Fresh(0.5);
+    assert_eq!(to(&s.decide(&c, &req("t2", "general"), None)), Some("pod1"));
+    assert_eq!(to(&s.decide(&c, &r, Some(&cur("pod2")))), Some("pod2"));
+    // A project's own port quota counts as well as the deployment figure.
+    c[0].project_usage.insert("t3".into(), 0.95);
+    assert_eq!(to(&s.decide(&c, &req("t3", "general"), None)), Some("pod2"));
+    assert_eq!(to(&s.decide(&c, &req("t4", "general"), None)), Some("pod1"));
+}
+
+#[test]
+fn stale_figures_keep_bindings_but_take_no_new_ones_and_unmeasured_pass() {
+    let s = sched(&all_filters(), &[BindingWeigher::CreationOrder]);
+    let mut c = seed();
+    c[0].usage = UsageFigure::Stale {
+        last: Some(0.95),
+        why: "timeout".into(),
+    };
+    let r = req("t1", "general");
+    assert_eq!(to(&s.decide(&c, &r, Some(&cur("pod1")))), Some("pod1"));
+    assert_eq!(to(&s.decide(&c, &r, None)), Some("pod2"));
+}
+
+#[test]
+fn none_fits_lists_what_each_filter_removed() {
+    let s = sched(&all_filters(), &[BindingWeigher::CreationOrder]);
+    let mut c = seed();
+    c[0].maintenance = true;
+    c[1].usage = UsageFigure::Fresh(0.99);
+    c[2].usage = UsageFigure::Stale {
+        last: None,
+        why: "HTTP 500".into(),
+    };
+    match s.decide(&c, &req("t1", "general"), None) {
+        Decision::NoneFits { from, eliminations } => {
+            assert_eq!(from, None);
+            let by: BTreeMap<&str, Vec<&str>> = eliminations
+                .iter()
+                .map(|e| (e.filter, e.removed.iter().map(|(n, _)| n.as_str()).collect()))
+                .collect();
+            assert_eq!(by["all"], ["pod1"]);
+            assert_eq!(by["availability_zone"], Vec::<&str>::new());
+            assert_eq!(by["resource_affinity"], ["pod4", "pod5", "pod6"]);
+            assert_eq!(by["usage_threshold"], ["pod2", "pod3"]);
+            let text: Vec<String> = eliminations.iter().map(ToString::to_string).collect();
+            assert!(
+                text[3].contains("pod3 (usage figure is stale (HTTP 500))"),
+                "{text:?}"
+            );
+        }
+        d => panic!("{d:?}"),
+    }
+    // A binding that should leave but has nowhere to go stays, saying why.
+    c[1].usage = UsageFigure::Fresh(0.95);
+    match s.decide(&c, &req("t1", "general"), Some(&cur("pod2"))) {
+        Decision::Stay {
+            deployment,
+            stuck: Some((why, _)),
+        } => {
+            assert_eq!(deployment, "pod2");
+            assert!(why.contains("threshold"), "{why}");
+        }
+        d => panic!("{d:?}"),
+    }
+}
+
+#[test]
+fn every_weigher_counts_and_multipliers_may_be_negative() {
+    let mut conf = PodBindingSection {
+        enabled: true,
+        filters: vec![BindingFilter::All],
+        weighers: vec![BindingWeigher::CreationOrder, BindingWeigher::IdleCapacity],
+        weigher_multipliers: BTreeMap::from([(BindingWeigher::IdleCapacity, 2.0)]),
+        ..PodBindingSection::default()
+    };
+    let mut c = seed();
+    c.truncate(2);
+    c[0].usage = UsageFigure::Fresh(0.7);
+    c[1].usage = UsageFigure::Fresh(0.1);
+    let r = BindingKey::default();
+    assert_eq!(to(&Scheduler::new(&conf).decide(&c, &r, None)), Some("pod2"));
+    conf.weigher_multipliers = BTreeMap::from([(BindingWeigher::IdleCapacity, -2.0)]);
+    assert_eq!(to(&Scheduler::new(&conf).decide(&c, &r, None)), Some("pod1"));
+}
+
+fn binder(c: Vec<Candidate>) -> (Binder, Arc<MemoryStore>) {
+    let store = Arc::new(MemoryStore::default());
+    (
+        Binder::new(
+            sched(&all_filters(), &[BindingWeigher::CreationOrder]),
+            c,
+            store.clone(),
+        ),
+        store,
+    )
+}
+
+#[tokio::test]
+async fn two_namespaces_of_one_project_in_different_zones_never_flap() {
+    let (b, store) = binder(seed());
+    let zone = |z: &str| BindingKey {
+        project: "t1".into(),
+        group: Group {
+            availability_zone: Some(z.into()),
+            resource_affinity: BTreeMap::new(),
+        },
+    };
+    let (a1, a2) = (zone("az1"), zone("az2"));
+    assert_eq!(
+        b.bind(&a1).await.map(|p| p.deployment).ok().as_deref(),
+        Some("pod1")
+    );
+    assert_eq!(
+        b.bind(&a2).await.map(|p| p.deployment).ok().as_deref(),
+        Some("pod4")
+    );
+    let before = store.list().await.ok();
+    for _ in 0..10 {
+        // The cache is emptied as a usage round would: every resync re-reads the store.
+        b.forget().await;
+        for k in [&a1, &a2] {
+            let p = b.bind(k).await.unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(p.rebound, None);
+        }
+    }
+    assert_eq!(store.list().await.ok(), before, "history unchanged");
+    assert_eq!(before.map(|l| l.len()), Some(2));
+}
+
+#[tokio::test]
+async fn rebinding_keeps_history_maps_project_ids_and_grows_only_fresh_figures() {
+    let mut c = seed();
+    c[1].project_ids.insert("t1".into(), "t1-in-pod2".into());
+    c[1].usage = UsageFigure::Fresh(0.2);
+    let (b, store) = binder(c);
+    let r = req("t1", "general");
+    let p = b.bind(&r).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((p.deployment.as_str(), p.project_id.as_str()), ("pod1", "t1"));
+    assert_eq!(p.rebound, Some((None, "new binding".to_string())));
+    let mut c = b.candidates().await;
+    c[0].maintenance = true;
+    c[0].move_existing = true;
+    b.set_candidates(c).await;
+    let p = b.bind(&r).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (p.deployment.as_str(), p.project_id.as_str()),
+        ("pod2", "t1-in-pod2")
+    );
+    let c = b.candidates().await;
+    assert_eq!(c[1].usage, UsageFigure::Fresh(0.2 + VIRTUAL_CONSUMPTION));
+    assert_eq!(
+        c[0].usage,
+        UsageFigure::Unmeasured,
+        "an unmeasured figure never grows"
+    );
+    let st = store
+        .get(&r)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("no binding"));
+    let rows: Vec<(&str, bool)> = st
+        .history
+        .iter()
+        .map(|h| (h.deployment.as_str(), h.end.is_some()))
+        .collect();
+    assert_eq!(rows, [("pod1", true), ("pod2", false)]);
+    assert!(st.history[1].why.contains("maintenance"), "{:?}", st.history);
+    // An operator pin keeps it even when pod2 goes into maintenance too.
+    store.set_pinned(&r, true).await.unwrap_or_else(|e| panic!("{e}"));
+    let mut c = b.candidates().await;
+    c[1].maintenance = true;
+    c[1].move_existing = true;
+    b.set_candidates(c).await;
+    assert_eq!(
+        b.bind(&r).await.map(|p| p.deployment).ok().as_deref(),
+        Some("pod2")
+    );
+}
+
+#[tokio::test]
+async fn no_deployment_passes_is_a_retried_user_visible_error_naming_the_filters() {
+    let mut c = seed();
+    for x in &mut c {
+        x.maintenance = true;
+    }
+    let (b, _) = binder(c);
+    let e = b.bind(&req("t1", "cad")).await.expect_err("none passes");
+    assert!(e.is_retryable() && e.is_user_visible(), "{e:?}");
+    assert_eq!(e.label(), "NoDeploymentPasses");
+    assert!(e.to_string().contains("all removed pod1 (in maintenance)"), "{e}");
+}
+
+#[test]
+fn history_is_bounded() {
+    let mut st = crate::placement::store::BindingState {
+        key: BindingKey::default(),
+        pinned: false,
+        history: vec![],
+    };
+    for i in 0..(crate::placement::store::MAX_HISTORY + 5) {
+        st.rebind(&format!("d{i}"), "x", "t");
+    }
+    assert_eq!(st.history.len(), crate::placement::store::MAX_HISTORY);
+    assert_eq!(
+        st.current().as_deref(),
+        Some(format!("d{}", crate::placement::store::MAX_HISTORY + 4).as_str())
+    );
+    assert_eq!(st.history.iter().filter(|h| h.end.is_none()).count(), 1);
+}
