@@ -133,12 +133,14 @@ impl KubeEmulator {
             source,
         })?;
         let sa_tokens = server::ServiceAccountTokens::default();
+        let unavailable = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let app = Arc::new(server::App {
             store: store.clone(),
             token: opts.token.clone(),
             bookmark_interval: opts.bookmark_interval,
             sa_tokens: sa_tokens.clone(),
             rbac: opts.rbac,
+            unavailable: unavailable.clone(),
         });
         let router = server::router(app);
         let server_handle = axum_server::Handle::new();
@@ -196,6 +198,7 @@ impl KubeEmulator {
             ca_pem,
             token: opts.token,
             sa_tokens,
+            unavailable,
             persist_path: opts.persist_path,
             server_handle,
             task,
@@ -290,6 +293,7 @@ pub struct KubeHandle {
     ca_pem: Option<String>,
     token: Option<String>,
     sa_tokens: server::ServiceAccountTokens,
+    unavailable: Arc<std::sync::atomic::AtomicBool>,
     persist_path: Option<PathBuf>,
     server_handle: axum_server::Handle<SocketAddr>,
     task: JoinHandle<std::io::Result<()>>,
@@ -345,6 +349,16 @@ impl KubeHandle {
     /// Forcibly ends every open watch connection.
     pub fn drop_watches(&self) {
         self.store.drop_watches();
+    }
+
+    /// An API server outage: while `true` every request over HTTP answers 503 and the open
+    /// watches are ended. The in-process stand-ins (scheduler, kubelet) keep using the store.
+    pub fn set_unavailable(&self, unavailable: bool) {
+        self.unavailable
+            .store(unavailable, std::sync::atomic::Ordering::Relaxed);
+        if unavailable {
+            self.store.drop_watches();
+        }
     }
 
     /// The kubeconfig YAML pointing at this emulator (context `kube-emulator`, namespace `default`).

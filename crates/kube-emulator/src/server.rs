@@ -37,6 +37,9 @@ pub struct App {
     pub sa_tokens: ServiceAccountTokens,
     /// Authorize ServiceAccount requests (see [`crate::rbac`]).
     pub rbac: bool,
+    /// While set, every API request answers 503 (an API server outage; see
+    /// [`crate::KubeHandle::set_unavailable`]).
+    pub unavailable: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Bearer tokens issued to ServiceAccounts, and what their requests were allowed to do.
@@ -100,6 +103,13 @@ pub fn router(app: Arc<App>) -> Router {
 }
 
 async fn auth(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
+    if app.unavailable.load(std::sync::atomic::Ordering::Relaxed) {
+        return error_response(&ApiError::new(
+            503,
+            "ServiceUnavailable",
+            "the API server is unavailable (emulated outage)",
+        ));
+    }
     let bearer = req
         .headers()
         .get(header::AUTHORIZATION)

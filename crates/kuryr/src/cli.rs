@@ -39,6 +39,39 @@ pub enum Command {
     InstallCni(InstallCniArgs),
     /// Start an emulated cluster (Kubernetes + Neutron), a controller and two nodes, and wire demo pods.
     Sandbox(SandboxArgs),
+    /// Soak: two controllers as child processes under pod churn and injected faults, with an
+    /// invariant checker over Kubernetes, Neutron and Octavia (exit 1 on any violation).
+    Chaos(ChaosArgs),
+}
+
+/// The soak's named profiles (docs/chaos.md).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChaosProfileArg {
+    /// A few minutes on the emulators, every fault kind (CI).
+    Ci,
+    /// Shorter, for a real neutron-server (--neutron-url): no Neutron fault injection.
+    Server,
+    /// At least 30 minutes, 10,000 pod operations, 5% Neutron 5xx, a 30 s outage, 20 SIGKILLs.
+    Long,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ChaosArgs {
+    #[arg(long, value_enum, default_value_t = ChaosProfileArg::Ci)]
+    pub profile: ChaosProfileArg,
+    /// Seed of the fault schedule and the workload.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Churn for this many seconds instead of the profile's time (faults are scaled with it).
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(20..))]
+    pub duration: Option<u64>,
+    /// Use this neutron-server (noauth) instead of the embedded emulator; Neutron faults are
+    /// then not injected.
+    #[arg(long, value_name = "URL")]
+    pub neutron_url: Option<String>,
+    /// Directory for the kubeconfig, the controllers' configuration and their logs.
+    #[arg(long, default_value = ".chaos", value_name = "DIR")]
+    pub state_dir: PathBuf,
 }
 
 /// oslo.config's file options, with upstream's names.

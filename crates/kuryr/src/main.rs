@@ -9,8 +9,11 @@
 //! - `kuryr install-cni`: installs kuryr-cni and its conflist on a node;
 //! - `kuryr pools`: the controller's port pools over its management socket;
 //! - `kuryr sandbox`: a whole cluster on the laptop (Kubernetes and Neutron emulators, a controller,
-//!   two simulated nodes) wiring demo pods, with a latency summary.
+//!   two simulated nodes) wiring demo pods, with a latency summary;
+//! - `kuryr chaos`: a soak of two controller processes under churn and faults, with an
+//!   invariant checker.
 
+mod chaos;
 mod cli;
 mod cluster_config;
 mod crds;
@@ -42,7 +45,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse_from(kubectl_plugin::plugin_argv(std::env::args_os().collect()));
     // The sandbox prints its own progress on stdout; only warnings from the components go to the log.
     init_logging(match cli.command {
-        Command::Sandbox(_) | Command::Pools(_) | Command::Status(_) | Command::Kubectl(_) => "warn",
+        Command::Sandbox(_)
+        | Command::Chaos(_)
+        | Command::Pools(_)
+        | Command::Status(_)
+        | Command::Kubectl(_) => "warn",
         _ => "info",
     });
     // kube-rs and reqwest are built without a default crypto provider (ring only, no aws-lc).
@@ -75,6 +82,7 @@ fn main() -> ExitCode {
             Command::Daemon(args) => services::daemon(args).await,
             Command::Pools(args) => pools::run(args).await,
             Command::Sandbox(args) => sandbox::run(args).await,
+            Command::Chaos(args) => chaos::run(args).await,
             Command::Crds(_)
             | Command::InstallCni(_)
             | Command::Manifests(_)
