@@ -56,6 +56,8 @@ const HANDOVER: Duration = Duration::from_secs(25);
 /// After a long fault the controllers need a little while (retry back-off) to notice.
 const AFTER_FAULT: Duration = Duration::from_secs(20);
 const SNAPSHOT_EVERY: Duration = Duration::from_secs(2);
+/// The longest one workload operation may take before the loop moves on.
+const OP_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     let mut profile = match args.profile {
@@ -323,8 +325,9 @@ impl Soak {
             }
             self.tend().await?;
             if Instant::now() >= next_op {
-                churn.step().await;
-                next_op += tick;
+                // Bounded: during an API outage the client retries, and the faults must still end.
+                let _ = tokio::time::timeout(OP_TIMEOUT, churn.step()).await;
+                next_op = (next_op + tick).max(Instant::now() - tick * 4);
             }
             if last_progress.elapsed() >= Duration::from_secs(15) {
                 last_progress = Instant::now();
@@ -382,7 +385,6 @@ impl Soak {
                 .iter()
                 .map(|c| u64::from(c.starts.saturating_sub(1)))
                 .sum(),
-            daemon_restarts: 0,
             leader_changes_seen: leader_changes,
             violations,
             worst_recovery: checker.worst_recovery(),
@@ -424,7 +426,11 @@ impl Soak {
     }
 
     async fn leader_index(&self) -> Option<usize> {
-        let leader = self.reader.leader().await?;
+        // Bounded: during an API outage the client retries for long.
+        let leader = tokio::time::timeout(OP_TIMEOUT, self.reader.leader())
+            .await
+            .ok()
+            .flatten()?;
         self.controllers.iter().position(|c| c.name == leader)
     }
 
@@ -466,12 +472,12 @@ impl Soak {
                     KillMoment::Random => Some(self.rng.random_range(0..self.controllers.len())),
                     KillMoment::MidRefill => {
                         let n = (self.profile.pool.max + self.profile.pool.batch) as usize;
-                        churn.burst(n).await;
+                        let _ = tokio::time::timeout(OP_TIMEOUT * 4, churn.burst(n)).await;
                         tokio::time::sleep(Duration::from_millis(self.rng.random_range(100..600))).await;
                         self.leader_index().await
                     }
                     KillMoment::MidFinalize => {
-                        churn.mass_delete(20).await;
+                        let _ = tokio::time::timeout(OP_TIMEOUT * 4, churn.mass_delete(20)).await;
                         tokio::time::sleep(Duration::from_millis(300)).await;
                         self.leader_index().await
                     }
@@ -497,7 +503,6 @@ impl Soak {
                 self.restarts.push((Instant::now() + Duration::from_secs(2), i));
                 self.disruptions.add(now, self.started.elapsed() + HANDOVER);
             }
-            Fault::DaemonRestart => {}
         }
     }
 
@@ -526,7 +531,9 @@ impl Soak {
             .collect();
         self.restarts.retain(|(at, _)| *at > now);
         for i in due {
-            self.controllers[i].start()?;
+            if !self.restarts.iter().any(|(_, j)| *j == i) {
+                self.controllers[i].start()?;
+            }
         }
         let at = self.started.elapsed();
         for c in &mut self.controllers {

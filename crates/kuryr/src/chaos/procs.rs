@@ -1,5 +1,5 @@
-//! The soak's child processes: this same `kuryr` binary run as `kuryr controller` (or
-//! `kuryr daemon`), each with its own log file, killed and started again on demand.
+//! The soak's child processes: this same `kuryr` binary run as `kuryr controller`, each with
+//! its own log file, killed and started again on demand.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -36,7 +36,15 @@ impl Proc {
         })
     }
 
+    /// Starts it unless it runs (a second kill of a stopped replica must not start two).
     pub fn start(&mut self) -> anyhow::Result<()> {
+        if self
+            .child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        {
+            return Ok(());
+        }
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -45,7 +45,6 @@ pub struct Profile {
     pub kills: usize,
     /// Graceful stops of the leader (SIGTERM): the standby takes over.
     pub leader_changes: usize,
-    pub daemon_restarts: usize,
     pub pool: PoolSettings,
     /// A pod must run within this long after it was created or the faults stopped.
     pub stuck_bound: Duration,
@@ -74,7 +73,6 @@ impl Profile {
             gones: 2,
             kills: 6,
             leader_changes: 2,
-            daemon_restarts: 2,
             pool: PoolSettings {
                 min: 2,
                 max: 10,
@@ -105,7 +103,6 @@ impl Profile {
             gones: 1,
             kills: 4,
             leader_changes: 1,
-            daemon_restarts: 1,
             ..Self::ci()
         }
     }
@@ -128,7 +125,6 @@ impl Profile {
             gones: 6,
             kills: 20,
             leader_changes: 6,
-            daemon_restarts: 6,
             settle: Duration::from_secs(180),
             ..Self::ci()
         }
@@ -165,7 +161,6 @@ pub enum Fault {
     Gone,
     Kill(KillMoment),
     LeaderChange,
-    DaemonRestart,
 }
 
 impl Fault {
@@ -193,7 +188,6 @@ impl Fault {
             Fault::Kill(KillMoment::MidRefill) => "controller SIGKILL (mid-refill)",
             Fault::Kill(KillMoment::MidFinalize) => "controller SIGKILL (mid-finalize)",
             Fault::LeaderChange => "leadership change",
-            Fault::DaemonRestart => "daemon restart",
         }
     }
 }
@@ -243,7 +237,6 @@ pub fn schedule(profile: &Profile, seed: u64) -> Vec<Planned> {
         })
     }));
     short.extend((0..profile.leader_changes).map(|_| Fault::LeaderChange));
-    short.extend((0..profile.daemon_restarts).map(|_| Fault::DaemonRestart));
     for fault in short {
         let at = start + (window.saturating_sub(start)).mul_f64(rng.random::<f64>());
         plan.push(Planned { at, fault });
@@ -311,7 +304,7 @@ mod tests {
     fn the_ci_profile_has_every_kind_of_fault_and_kills_of_every_moment() {
         let plan = schedule(&Profile::ci(), 1);
         let kinds: std::collections::BTreeSet<&str> = plan.iter().map(|p| p.fault.kind()).collect();
-        assert_eq!(kinds.len(), 11, "{kinds:?}");
+        assert_eq!(kinds.len(), 10, "{kinds:?}");
     }
 
     #[test]

@@ -20,7 +20,6 @@ pub struct Report {
     /// Neutron requests answered with an injected failure (emulator).
     pub neutron_faults_injected: Option<u64>,
     pub controller_restarts: u64,
-    pub daemon_restarts: u64,
     pub leader_changes_seen: u64,
     pub violations: Vec<Violation>,
     pub worst_recovery: Duration,
@@ -30,7 +29,7 @@ pub struct Report {
     pub neutron_calls_per_min: Option<f64>,
     pub snapshots: u64,
     pub snapshots_skipped: u64,
-    /// ERROR lines in the controllers' and daemons' logs.
+    /// ERROR lines in the controllers' logs.
     pub error_lines: usize,
     /// Whether the soak itself could run to the end (a setup failure is reported apart).
     pub note: Option<String>,
@@ -86,7 +85,6 @@ impl Report {
         }
         row("controller restarts", self.controller_restarts.to_string());
         row("leadership changes seen", self.leader_changes_seen.to_string());
-        row("daemon restarts", self.daemon_restarts.to_string());
         row("leaks (ports, load balancers, groups)", self.leaks().to_string());
         row("stuck pods", self.count(&[Kind::StuckPod]).to_string());
         row(
