@@ -69,6 +69,9 @@ pub struct ChaosArgs {
     /// then not injected.
     #[arg(long, value_name = "URL")]
     pub neutron_url: Option<String>,
+    /// The same churn with no fault injected (a reference run).
+    #[arg(long)]
+    pub no_faults: bool,
     /// Directory for the kubeconfig, the controllers' configuration and their logs.
     #[arg(long, default_value = ".chaos", value_name = "DIR")]
     pub state_dir: PathBuf,

@@ -71,6 +71,9 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     if args.neutron_url.is_some() {
         profile = profile.without_neutron_faults();
     }
+    if args.no_faults {
+        profile = profile.without_faults();
+    }
     let report = Soak::start(&args, profile).await?.run().await?;
     print!("{}", report.render());
     anyhow::ensure!(report.passed(), "the soak found violations (see the table above)");
@@ -659,7 +662,26 @@ impl Soak {
     async fn cleanup(self) {
         if self.emulator.is_none() {
             // A real neutron-server outlives the soak: what the checker found is reported, then
-            // the project is emptied.
+            // the project is emptied (ports first, then the policies' groups, then the demo).
+            let project = ListFilter::new().project_id(&self.demo.project);
+            if let Ok(ports) = self.neutron.list_ports(&project).await {
+                for p in ports {
+                    let _ = self.neutron.delete_port(&p.id).await;
+                }
+            }
+            if let Ok(sgs) = self.neutron.list_security_groups(&project).await {
+                for sg in sgs
+                    .iter()
+                    .filter(|sg| sg.id != self.demo.security_group && sg.name != "default")
+                {
+                    let _ = self.neutron.delete_security_group(&sg.id).await;
+                }
+            }
+            if let Ok(groups) = self.neutron.list_address_groups(&project).await {
+                for g in groups {
+                    let _ = self.neutron.delete_address_group(&g.id).await;
+                }
+            }
             self.demo.delete(&self.neutron).await;
         }
         let _ = self.kube.shutdown().await;

@@ -130,6 +130,18 @@ impl Profile {
         }
     }
 
+    /// The same churn without any fault: what the workload alone does to the books.
+    pub fn without_faults(self) -> Self {
+        Self {
+            kube_outage: None,
+            watch_drops: 0,
+            gones: 0,
+            kills: 0,
+            leader_changes: 0,
+            ..self.without_neutron_faults()
+        }
+    }
+
     /// Without Neutron faults (a real server cannot be told to fail).
     pub fn without_neutron_faults(mut self) -> Self {
         self.neutron_5xx = 0.0;
@@ -324,5 +336,6 @@ mod tests {
             0
         );
         assert_eq!(Profile::ci().without_neutron_faults().neutron_5xx, 0.0);
+        assert_eq!(schedule(&Profile::ci().without_faults(), 5), vec![]);
     }
 }
