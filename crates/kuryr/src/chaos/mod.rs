@@ -16,7 +16,7 @@ pub mod report;
 pub mod snapshot;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -103,7 +103,6 @@ impl Disruptions {
 struct Soak {
     profile: Profile,
     seed: u64,
-    dir: PathBuf,
     kube: KubeHandle,
     client: kube::Client,
     emulator: Option<EmulatorHandle>,
@@ -244,7 +243,6 @@ impl Soak {
             seed: args.seed,
             rng: StdRng::seed_from_u64(args.seed.wrapping_add(1)),
             profile,
-            dir,
             kube,
             client,
             emulator,
@@ -691,7 +689,6 @@ impl Soak {
         if let Some(o) = self.octavia.and_then(|o| o.emulator) {
             o.shutdown().await;
         }
-        let _ = &self.dir;
     }
 }
 
@@ -806,4 +803,61 @@ fn controller_ini(
     // Refuse a configuration the controller would refuse, before any process starts.
     kuryr_config::KuryrConfig::from_ini_str(&ini).context("the soak's controller configuration")?;
     Ok(ini)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_controllers_run_as_one_ha_pair_on_the_neutron_pool_with_the_profiles_sizes() -> anyhow::Result<()>
+    {
+        let demo = DemoNetwork {
+            project: "p".into(),
+            network: "n".into(),
+            subnet: "s".into(),
+            security_group: "sg".into(),
+            service: Some(("sn".into(), "ss".into())),
+        };
+        let profile = Profile::ci();
+        let ini = controller_ini(
+            &profile,
+            "chaos-1",
+            "http://127.0.0.1:1",
+            Some("http://127.0.0.1:2"),
+            &demo,
+            Path::new("/tmp/pools-0.sock"),
+            0,
+        )?;
+        let c = kuryr_config::KuryrConfig::from_ini_str(&ini)?.config;
+        assert!(c.kubernetes.controller_ha);
+        assert_eq!(c.kubernetes.controller_namespace, CONTROLLER_NAMESPACE);
+        assert_eq!(c.kubernetes.cluster_id, "chaos-1");
+        assert_eq!(c.vif_pool.ports_pool_max, profile.pool.max);
+        assert_eq!(c.vif_pool.ports_pool_update_frequency, profile.pool.update_secs);
+        for h in ["vif", "kuryrport", "kuryrloadbalancer", "kuryrnetworkpolicy"] {
+            assert!(c.kubernetes.enabled_handlers.iter().any(|x| x == h), "{h}: {ini}");
+        }
+        // The two replicas never share a health or metrics port.
+        let other = controller_ini(
+            &profile,
+            "chaos-1",
+            "http://x",
+            None,
+            &demo,
+            Path::new("/tmp/b"),
+            1,
+        )?;
+        let o = kuryr_config::KuryrConfig::from_ini_str(&other)?.config;
+        assert_ne!(c.health_server.port, o.health_server.port);
+        assert_ne!(
+            c.prometheus_exporter.controller_exporter_port,
+            o.prometheus_exporter.controller_exporter_port
+        );
+        assert_ne!(
+            c.health_server.port,
+            o.prometheus_exporter.controller_exporter_port
+        );
+        Ok(())
+    }
 }
