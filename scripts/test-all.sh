@@ -16,6 +16,8 @@
 #   4. cargo test --workspace (the Neutron contract suite runs against the emulator and the
 #      real server; its per-target summary lines are repeated at the end, and the run fails
 #      unless both passed the same number of cases with 0 failed: scripts/check-contract-summary.sh)
+#   4b. the chaos soak's CI profile on the emulators and its server profile on neutron-server
+#      (kuryr chaos, docs/chaos.md), each with its time
 #   5. stops neutron-server, Open vSwitch, the OVN lab and Octavia again, but only those this script started
 # Also starts a real Octavia 19.0.0 (scripts/octavia-lab/, state in .octavia-lab/; first run
 # installs it, about 1.5 minutes; then about 15 s; a running one is reused) and exports
@@ -172,6 +174,17 @@ cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$LOG_DIR/cargo-test.log"
 rc=${PIPESTATUS[0]}
 set -e
 
+# The chaos soak's short profiles (docs/chaos.md): the emulators, then the real neutron-server.
+chaos_ok=1
+for target in "ci" "server --neutron-url $KURYR_TEST_NEUTRON_URL"; do
+  step "kuryr chaos --profile $target"
+  chaos_t0=$(date +%s)
+  # shellcheck disable=SC2086
+  cargo run -q -p kuryr -- chaos --profile $target --state-dir "$LOG_DIR/chaos" 2>&1 | tee -a "$LOG_DIR/chaos.log" \
+    || chaos_ok=0
+  echo "chaos[${target%% *}]: $(( $(date +%s) - chaos_t0 ))s"
+done
+
 step "summary"
 grep -E '^contract\[[^]]+\]: ' "$LOG_DIR/cargo-test.log" || echo "(no contract suite summary found in the test output)"
 grep -E '^contract-octavia\[[^]]+\]: ' "$LOG_DIR/cargo-test.log" || echo "(no Octavia contract suite summary found in the test output)"
@@ -183,6 +196,10 @@ contract_ok=1
 if [ "$rc" -ne 0 ]; then
   echo "cargo test FAILED (exit $rc); full log: $LOG_DIR/cargo-test.log"
   exit "$rc"
+fi
+if [ "$chaos_ok" != 1 ]; then
+  echo "chaos soak FAILED; full log: $LOG_DIR/chaos.log"
+  exit 1
 fi
 if [ "$contract_ok" != 1 ]; then
   echo "contract suite check FAILED; full log: $LOG_DIR/cargo-test.log"

@@ -135,6 +135,7 @@ impl KubeEmulator {
         })?;
         let sa_tokens = server::ServiceAccountTokens::default();
         let requests = requests::RequestStats::default();
+        let unavailable = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let app = Arc::new(server::App {
             store: store.clone(),
             token: opts.token.clone(),
@@ -142,6 +143,7 @@ impl KubeEmulator {
             sa_tokens: sa_tokens.clone(),
             rbac: opts.rbac,
             requests: requests.clone(),
+            unavailable: unavailable.clone(),
         });
         let router = server::router(app);
         let server_handle = axum_server::Handle::new();
@@ -200,6 +202,7 @@ impl KubeEmulator {
             token: opts.token,
             sa_tokens,
             requests,
+            unavailable,
             persist_path: opts.persist_path,
             server_handle,
             task,
@@ -295,6 +298,7 @@ pub struct KubeHandle {
     token: Option<String>,
     sa_tokens: server::ServiceAccountTokens,
     requests: requests::RequestStats,
+    unavailable: Arc<std::sync::atomic::AtomicBool>,
     persist_path: Option<PathBuf>,
     server_handle: axum_server::Handle<SocketAddr>,
     task: JoinHandle<std::io::Result<()>>,
@@ -356,6 +360,16 @@ impl KubeHandle {
     /// Forcibly ends every open watch connection.
     pub fn drop_watches(&self) {
         self.store.drop_watches();
+    }
+
+    /// An API server outage: while `true` every request over HTTP answers 503 and the open
+    /// watches are ended. The in-process stand-ins (scheduler, kubelet) keep using the store.
+    pub fn set_unavailable(&self, unavailable: bool) {
+        self.unavailable
+            .store(unavailable, std::sync::atomic::Ordering::Relaxed);
+        if unavailable {
+            self.store.drop_watches();
+        }
     }
 
     /// The kubeconfig YAML pointing at this emulator (context `kube-emulator`, namespace `default`).

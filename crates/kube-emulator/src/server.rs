@@ -38,6 +38,9 @@ pub struct App {
     /// Authorize ServiceAccount requests (see [`crate::rbac`]).
     pub rbac: bool,
     pub requests: crate::requests::RequestStats,
+    /// While set, every API request answers 503 (an API server outage; see
+    /// [`crate::KubeHandle::set_unavailable`]).
+    pub unavailable: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Bearer tokens issued to ServiceAccounts, and what their requests were allowed to do.
@@ -103,6 +106,13 @@ pub fn router(app: Arc<App>) -> Router {
 async fn auth(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
     app.requests
         .record(req.method(), req.uri().path(), req.uri().query());
+    if app.unavailable.load(std::sync::atomic::Ordering::Relaxed) {
+        return error_response(&ApiError::new(
+            503,
+            "ServiceUnavailable",
+            "the API server is unavailable (emulated outage)",
+        ));
+    }
     let bearer = req
         .headers()
         .get(header::AUTHORIZATION)

@@ -613,3 +613,47 @@ async fn dry_run_writes_and_no_op_writes_change_nothing() {
     drop(stream);
     handle.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_answers_503_ends_open_watches_and_ends_itself() {
+    let handle = KubeEmulator::start(KubeOptions::default()).await.expect("start");
+    let http = Http::new(&handle);
+    let cms = "/api/v1/namespaces/default/configmaps";
+    let resp = http
+        .client
+        .get(format!("{}{cms}?watch=true", http.base))
+        .send()
+        .await
+        .expect("watch");
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut stream = Box::pin(resp.bytes_stream());
+
+    handle.set_unavailable(true);
+    let (code, status) = http.get(cms).await;
+    assert_eq!(code, 503, "{status}");
+    assert_eq!(status["reason"], "ServiceUnavailable", "{status}");
+    // The open watch ends (no more chunks) instead of hanging on.
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(Ok(_)) = stream.next().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the watch survived the outage");
+    let (code, _) = http
+        .send(
+            http.client
+                .post(format!("{}{cms}", http.base))
+                .json(&json!({"metadata": {"name": "during"}})),
+        )
+        .await;
+    assert_eq!(code, 503);
+
+    handle.set_unavailable(false);
+    let (code, list) = http.get(cms).await;
+    assert_eq!(code, 200, "{list}");
+    assert_eq!(
+        list["items"],
+        json!([]),
+        "the write during the outage was refused"
+    );
+    handle.shutdown().await.expect("shutdown");
+}

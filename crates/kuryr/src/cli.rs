@@ -42,6 +42,9 @@ pub enum Command {
     /// The peer benchmark: kuryr-rs' and upstream kuryr-kubernetes' controllers side by side on
     /// fresh emulators with the same kuryr.conf; prints one table and writes a latency chart.
     Bench(BenchArgs),
+    /// Soak: two controllers as child processes under pod churn and injected faults, with an
+    /// invariant checker over Kubernetes, Neutron and Octavia (exit 1 on any violation).
+    Chaos(ChaosArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -76,6 +79,40 @@ pub struct BenchArgs {
     /// Where to write the latency chart (default docs/peer-bench.svg for a full run).
     #[arg(long, value_name = "FILE")]
     pub svg: Option<PathBuf>,
+}
+
+
+/// The soak's named profiles (docs/chaos.md).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChaosProfileArg {
+    /// A few minutes on the emulators, every fault kind (CI).
+    Ci,
+    /// Shorter, for a real neutron-server (--neutron-url): no Neutron fault injection.
+    Server,
+    /// At least 30 minutes, 10,000 pod operations, 5% Neutron 5xx, a 30 s outage, 20 SIGKILLs.
+    Long,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ChaosArgs {
+    #[arg(long, value_enum, default_value_t = ChaosProfileArg::Ci)]
+    pub profile: ChaosProfileArg,
+    /// Seed of the fault schedule and the workload.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Churn for this many seconds instead of the profile's time (faults are scaled with it).
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(20..))]
+    pub duration: Option<u64>,
+    /// Use this neutron-server (noauth) instead of the embedded emulator; Neutron faults are
+    /// then not injected.
+    #[arg(long, value_name = "URL")]
+    pub neutron_url: Option<String>,
+    /// The same churn with no fault injected (a reference run).
+    #[arg(long)]
+    pub no_faults: bool,
+    /// Directory for the kubeconfig, the controllers' configuration and their logs.
+    #[arg(long, default_value = ".chaos", value_name = "DIR")]
+    pub state_dir: PathBuf,
 }
 
 /// oslo.config's file options, with upstream's names.

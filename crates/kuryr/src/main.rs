@@ -10,9 +10,12 @@
 //! - `kuryr pools`: the controller's port pools over its management socket;
 //! - `kuryr sandbox`: a whole cluster on the laptop (Kubernetes and Neutron emulators, a controller,
 //!   two simulated nodes) wiring demo pods, with a latency summary;
-//! - `kuryr bench`: the peer benchmark against upstream kuryr-kubernetes' controller.
+//! - `kuryr bench`: the peer benchmark against upstream kuryr-kubernetes' controller;
+//! - `kuryr chaos`: a soak of two controller processes under churn and faults, with an
+//!   invariant checker.
 
 mod bench;
+mod chaos;
 mod cli;
 mod cluster_config;
 mod crds;
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
     init_logging(match cli.command {
         Command::Sandbox(_)
         | Command::Bench(_)
+        | Command::Chaos(_)
         | Command::Pools(_)
         | Command::Status(_)
         | Command::Kubectl(_) => "warn",
@@ -82,6 +86,7 @@ fn main() -> ExitCode {
             Command::Pools(args) => pools::run(args).await,
             Command::Sandbox(args) => sandbox::run(args).await,
             Command::Bench(args) => bench::run(args).await,
+            Command::Chaos(args) => chaos::run(args).await,
             Command::Crds(_)
             | Command::InstallCni(_)
             | Command::Manifests(_)

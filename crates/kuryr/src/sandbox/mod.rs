@@ -7,7 +7,7 @@
 //! Running with the IP of its KuryrPort once the VIF is active, as the CNI daemon would report it.
 
 mod report;
-mod services;
+pub(crate) mod services;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -323,7 +323,7 @@ async fn start_neutron(args: &SandboxArgs) -> anyhow::Result<(String, Option<Emu
     Ok((emu.url(), Some(emu), label))
 }
 
-async fn apply_crds(client: &kube::Client) -> anyhow::Result<()> {
+pub(crate) async fn apply_crds(client: &kube::Client) -> anyhow::Result<()> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in kuryr_crds::generate::crds() {
         let name = crd.metadata.name.clone().unwrap_or_default();
@@ -335,17 +335,17 @@ async fn apply_crds(client: &kube::Client) -> anyhow::Result<()> {
 }
 
 /// The Neutron side of the demo: its own project, network, subnet and security group.
-struct DemoNetwork {
-    project: String,
-    network: String,
-    subnet: String,
-    security_group: String,
+pub(crate) struct DemoNetwork {
+    pub(crate) project: String,
+    pub(crate) network: String,
+    pub(crate) subnet: String,
+    pub(crate) security_group: String,
     /// The service network and subnet (with `--services`).
-    service: Option<(String, String)>,
+    pub(crate) service: Option<(String, String)>,
 }
 
 impl DemoNetwork {
-    async fn create(neutron: &NeutronClient, cidr: &str) -> anyhow::Result<Self> {
+    pub(crate) async fn create(neutron: &NeutronClient, cidr: &str) -> anyhow::Result<Self> {
         // Keystone-shaped (32 hex digits): Octavia refuses project ids longer than 36 characters.
         let project = uuid::Uuid::new_v4().simple().to_string();
         let network = neutron
@@ -411,7 +411,7 @@ impl DemoNetwork {
     }
 
     /// Best effort: anything left in the demo project (ports the controller did not release).
-    async fn delete(&self, neutron: &NeutronClient) {
+    pub(crate) async fn delete(&self, neutron: &NeutronClient) {
         // A real server keeps per-project quotas after the project's resources are gone.
         let _ = neutron.reset_quota(&self.project).await;
         let project = ListFilter::new().project_id(&self.project);
@@ -558,7 +558,7 @@ fn start_controller(
 
 /// The kubelet's CNI ADD, as the CNI daemon answers it: wait for the pod's KuryrPort (same pod
 /// UID) to carry an active default VIF and report its first IP.
-fn kubelet_setup(client: kube::Client) -> SetupFn {
+pub(crate) fn kubelet_setup(client: kube::Client) -> SetupFn {
     Arc::new(move |pod: Value| {
         let client = client.clone();
         Box::pin(async move {
