@@ -81,7 +81,6 @@ pub struct BenchArgs {
     pub svg: Option<PathBuf>,
 }
 
-
 /// The soak's named profiles (docs/chaos.md).
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChaosProfileArg {
