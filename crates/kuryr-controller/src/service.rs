@@ -24,6 +24,10 @@ use crate::openstack::Deployments;
 use crate::pipeline::{ControllerPipeline, RetryPolicy};
 use crate::pool::PoolManager;
 
+/// How often the groups of gone NetworkPolicies are looked for (the first pass at the start of
+/// each leadership term).
+const POLICY_SWEEP_PERIOD: Duration = Duration::from_secs(60);
+
 /// How to run a controller.
 pub struct ControllerOptions {
     pub config: Arc<KuryrConfig>,
@@ -174,6 +178,20 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
                     let every = Duration::from_secs(opts.config.octavia_defaults.reconcile_period.max(1));
                     tasks.spawn(
                         crate::services::reconcile::Reconciler::new(ctx.clone()).run(every, token.clone()),
+                    );
+                }
+                if opts
+                    .config
+                    .kubernetes
+                    .enabled_handlers
+                    .iter()
+                    .any(|h| h == "kuryrnetworkpolicy")
+                {
+                    tasks.spawn(
+                        ctx.drivers
+                            .network_policy
+                            .clone()
+                            .run_sweeps(POLICY_SWEEP_PERIOD, token.clone()),
                     );
                 }
                 if let Some(p) = &pools {

@@ -411,7 +411,7 @@ async fn groups_of_a_policy_deleted_while_the_controller_was_down_are_swept() ->
         force_delete(&knps, "gone").await?;
 
         let second = start_controller(&kube.client, &target, config(&cfg), "np-sweep-2");
-        // Any policy event starts the sweep.
+        // The sweep runs when the new controller starts leading.
         apply_policy(&kube.client, "z", "other", json!({"podSelector": {}})).await?;
         eventually("the orphaned groups deleted", WAIT, || async {
             let sg_gone = client

@@ -16,6 +16,9 @@ pub enum ErrorKind {
     SubnetNotFound,
     TrunkNotFound,
     FloatingIpNotFound,
+    SecurityGroupNotFound,
+    /// A security group still on a port cannot be deleted.
+    SecurityGroupInUse,
     /// No router joins the port's subnet to the floating IP's network.
     ExternalGatewayForFloatingIpNotFound,
     FloatingIpPortAlreadyAssociated,
@@ -50,6 +53,8 @@ impl ErrorKind {
             "SubnetNotFound" => Self::SubnetNotFound,
             "TrunkNotFound" => Self::TrunkNotFound,
             "FloatingIPNotFound" => Self::FloatingIpNotFound,
+            "SecurityGroupNotFound" => Self::SecurityGroupNotFound,
+            "SecurityGroupInUse" => Self::SecurityGroupInUse,
             "ExternalGatewayForFloatingIPNotFound" => Self::ExternalGatewayForFloatingIpNotFound,
             "FloatingIPPortAlreadyAssociated" => Self::FloatingIpPortAlreadyAssociated,
             "DuplicateSubPort" => Self::DuplicateSubPort,
@@ -94,6 +99,8 @@ impl ErrorKind {
             Self::SubnetNotFound => "SubnetNotFound",
             Self::TrunkNotFound => "TrunkNotFound",
             Self::FloatingIpNotFound => "FloatingIPNotFound",
+            Self::SecurityGroupNotFound => "SecurityGroupNotFound",
+            Self::SecurityGroupInUse => "SecurityGroupInUse",
             Self::ExternalGatewayForFloatingIpNotFound => "ExternalGatewayForFloatingIPNotFound",
             Self::FloatingIpPortAlreadyAssociated => "FloatingIPPortAlreadyAssociated",
             Self::DuplicateSubPort => "DuplicateSubPort",

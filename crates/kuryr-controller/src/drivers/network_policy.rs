@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -23,6 +24,7 @@ use kuryr_neutron::{
     SecurityGroupRule, SecurityGroupRuleCreate,
 };
 use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use crate::drivers::project::ProjectDriver;
 use crate::error::Error;
@@ -416,8 +418,7 @@ impl NetworkPolicyDriver {
         let project = self.project(&key.namespace).await?;
         let (actual, extra_sgs, extra_ags) = self.actual_with_extras(&client, uid).await?;
         for id in &extra_sgs {
-            self.detach(&client, id).await?;
-            ignore_not_found(client.delete_security_group(id).await)?;
+            self.delete_group(&client, id).await?;
         }
         let ops = diff(want, &actual);
         let mut groups: BTreeMap<String, String> = actual
@@ -493,8 +494,7 @@ impl NetworkPolicyDriver {
                     ignore_not_found(client.delete_address_group(&id).await)?
                 }
                 Op::DeleteGroup { variant, id } => {
-                    self.detach(&client, &id).await?;
-                    ignore_not_found(client.delete_security_group(&id).await)?;
+                    self.delete_group(&client, &id).await?;
                     groups.remove(&variant);
                 }
             }
@@ -529,11 +529,7 @@ impl NetworkPolicyDriver {
         let (_, sgs, ags) = self.read(&client, uid).await?;
         let mut errors = vec![];
         for g in &sgs {
-            let r = async {
-                self.detach(&client, &g.id).await?;
-                ignore_not_found(client.delete_security_group(&g.id).await)
-            };
-            if let Err(e) = r.await {
+            if let Err(e) = self.delete_group(&client, &g.id).await {
                 errors.push(e);
             }
         }
@@ -547,6 +543,19 @@ impl NetworkPolicyDriver {
             0 => Ok(()),
             1 => Err(errors.remove(0)),
             _ => Err(Error::Multiple(errors)),
+        }
+    }
+
+    /// Takes `sg` off its ports and deletes it. A port given the group again in between (a pool
+    /// recycling a port onto it, a pod's port sync) makes Neutron answer 409 SecurityGroupInUse:
+    /// that is a race to retry, detaching again, not a failure.
+    async fn delete_group(&self, client: &NeutronClient, sg: &str) -> Result<(), Error> {
+        self.detach(client, sg).await?;
+        match client.delete_security_group(sg).await {
+            Err(e) if e.is_kind(&kuryr_neutron::ErrorKind::SecurityGroupInUse) => Err(Error::not_ready(
+                format!("security group {sg} was put back on a port while being deleted"),
+            )),
+            r => ignore_not_found(r),
         }
     }
 
@@ -774,32 +783,70 @@ impl NetworkPolicyDriver {
         Ok(out.into_iter().collect())
     }
 
-    /// Security groups and address groups of this cluster whose policy no longer exists.
-    pub async fn sweep_orphans(&self, live_uids: &BTreeSet<String>) -> Result<usize, Error> {
+    /// The uids of every NetworkPolicy (those being deleted too: their groups are the
+    /// `kuryrnetworkpolicy` handler's to release).
+    async fn live_policy_uids(&self) -> Result<BTreeSet<String>, Error> {
+        Ok(Api::<NetworkPolicy>::all(self.kube.clone())
+            .list(&ListParams::default())
+            .await?
+            .iter()
+            .filter_map(|np| np.uid())
+            .collect())
+    }
+
+    /// Releases the security groups and address groups of this cluster whose policy no longer
+    /// exists: left by a policy force-deleted while no controller ran, or by a reconcile that
+    /// raced the release (e.g. a deposed leader finishing its work). A group is only released
+    /// when its policy is absent from a listing taken after the group was seen, so a policy
+    /// created during the sweep is never mistaken for a gone one. Returns the policies released.
+    pub async fn sweep_orphans(&self) -> Result<usize, Error> {
+        let before = self.live_policy_uids().await?;
         let client = self.client()?;
-        let mut orphans: BTreeSet<String> = BTreeSet::new();
+        let mut candidates: BTreeSet<String> = BTreeSet::new();
         for sg in client
             .list_security_groups(&ListFilter::new().tags([self.cluster_tag()]))
             .await?
         {
             if let Some(uid) = sg.tags.iter().find_map(|t| t.strip_prefix(TAG_POLICY))
-                && !live_uids.contains(uid)
+                && !before.contains(uid)
             {
-                orphans.insert(uid.to_string());
+                candidates.insert(uid.to_string());
             }
         }
         let prefix = self.ag_description_prefix();
         for ag in client.list_address_groups(&ListFilter::new()).await? {
             if let Some(uid) = ag.description.strip_prefix(&prefix)
-                && !live_uids.contains(uid)
+                && !before.contains(uid)
             {
-                orphans.insert(uid.to_string());
+                candidates.insert(uid.to_string());
             }
         }
+        if candidates.is_empty() {
+            return Ok(0);
+        }
+        let after = self.live_policy_uids().await?;
+        let orphans: Vec<&String> = candidates.iter().filter(|u| !after.contains(*u)).collect();
         for uid in &orphans {
             self.release(uid).await?;
         }
         Ok(orphans.len())
+    }
+
+    /// The orphan sweep every `every` while leading (the first right away).
+    pub async fn run_sweeps(self: Arc<Self>, every: Duration, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            match self.sweep_orphans().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(policies = n, "deleted the Neutron groups of policies that are gone"),
+                // A group still on a port, Neutron unreachable: the next pass tries again.
+                Err(e) => tracing::warn!(error = %e, "policy group sweep failed; next pass retries"),
+            }
+        }
     }
 }
 

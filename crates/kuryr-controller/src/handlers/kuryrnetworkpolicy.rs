@@ -1,7 +1,9 @@
 //! `kuryrnetworkpolicy` handler: makes Neutron match the policy (security groups, rules, address
 //! groups through the `network_policy` driver), writes the status (group id, rules, pod selector,
 //! what had to be approximated), and moves the selected pods' ports onto the groups. On delete it
-//! takes the groups off the ports, deletes them and lets the object go.
+//! takes the groups off the ports, deletes them and lets the object go. Groups whose policy is gone
+//! anyway (force-deleted objects, a deposed leader's late write) are the driver's periodic sweep's
+//! (`NetworkPolicyDriver::run_sweeps`, started with the pipeline).
 
 use std::sync::Arc;
 
@@ -23,35 +25,11 @@ use crate::policies::desired::BASE_VARIANT;
 
 pub struct KuryrNetworkPolicyHandler {
     ctx: Arc<Context>,
-    /// The orphan sweep runs once, on the first event after start.
-    swept: tokio::sync::OnceCell<()>,
 }
 
 impl KuryrNetworkPolicyHandler {
     pub fn new(ctx: Arc<Context>) -> Self {
-        Self {
-            ctx,
-            swept: tokio::sync::OnceCell::new(),
-        }
-    }
-
-    /// Deletes the groups of policies deleted while no controller ran (their finalizers were
-    /// removed by hand, or the objects were force-deleted).
-    async fn sweep(&self) -> Result<(), Error> {
-        let live = Api::<NetworkPolicy>::all(self.ctx.kube.clone())
-            .list(&ListParams::default())
-            .await?
-            .iter()
-            .filter_map(|np| np.uid())
-            .collect();
-        let n = self.ctx.drivers.network_policy.sweep_orphans(&live).await?;
-        if n > 0 {
-            tracing::info!(
-                policies = n,
-                "deleted the Neutron groups of policies that are gone"
-            );
-        }
-        Ok(())
+        Self { ctx }
     }
 
     /// The owning NetworkPolicy's uid: what the Neutron side is tagged with.
@@ -83,14 +61,15 @@ impl ResourceEventHandler for KuryrNetworkPolicyHandler {
     }
 
     async fn on_present(&self, knp: &KuryrNetworkPolicy) -> Result<(), Error> {
-        self.swept.get_or_try_init(|| self.sweep()).await?;
         let ns = knp.namespace().unwrap_or_default();
         let name = knp.name_any();
         let Some(np) = Api::<NetworkPolicy>::namespaced(self.ctx.kube.clone(), &ns)
             .get_opt(&name)
             .await?
+            .filter(|np| np.metadata.deletion_timestamp.is_none())
         else {
-            // Its policy is gone: release through the finalizer path.
+            // Its policy is gone or going: release through the finalizer path (never apply
+            // again what is being released).
             let api: Api<KuryrNetworkPolicy> = Api::namespaced(self.ctx.kube.clone(), &ns);
             return match api.delete(&name, &DeleteParams::background()).await {
                 Ok(_) => Ok(()),
