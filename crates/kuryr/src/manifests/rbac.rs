@@ -781,6 +781,8 @@ mod tests {
             (CORE, "nodes", "list"),
             (CORE, "namespaces", "watch"),
             (KURYR, "kuryrnetworks", "create"),
+            (KURYR, "kuryrprojectbindings", "create"),
+            (KURYR, "kuryropenstackdeployments", "watch"),
             ("k8s.cni.cncf.io", "network-attachment-definitions", "get"),
         ] {
             assert!(has(&cluster, group, resource, verb), "{resource} {verb}");
@@ -788,7 +790,6 @@ mod tests {
         let ns = controller_namespace_grants(&full);
         for (group, resource, verb) in [
             ("coordination.k8s.io", "leases", "update"),
-            (CORE, "configmaps", "update"),
             (KURYR, "kuryrportpools/status", "patch"),
         ] {
             assert!(has(&ns, group, resource, verb), "{resource} {verb}");
