@@ -8,6 +8,8 @@
 #   scripts/ovn-lab/ovn-lab.sh env      the variables the tests read (KEY=VALUE lines)
 #   scripts/ovn-lab/ovn-lab.sh smoke    two ports on the two chassis, plugged by hand, ping
 #                                       over geneve (smoke.py); prints the time to first ping
+#   scripts/ovn-lab/ovn-lab.sh supervise  (started by `start`, in the background) restarts a
+#                                       chassis' ovs-vswitchd that crashed; see supervise()
 #
 # What runs (all state under $OVN_LAB, default <repo>/.ovn-lab; nothing system-wide):
 #   OVN central     ovsdb-server NB + SB (unix sockets only), ovn-northd           root netns
@@ -432,6 +434,8 @@ start_neutron() {
 # ---------------------------------------------------------------- stop / status
 stop_all() {
   local node d
+  # The supervisor first, or it would restart the vswitchds being stopped.
+  stop_pid "$RUN/supervise.pid" ovn-lab.sh
   # Neutron first (it holds OVSDB connections), then everything else at once: each daemon
   # takes a moment to exit and none depends on another one's shutdown.
   # Only these jobs are waited for: a bare `wait` would also wait for the daemons this shell
@@ -482,6 +486,7 @@ status() {
   check "$RUN/mysqld.pid" mariadbd "MariaDB 127.0.0.1:$DB_PORT"
   check "$RUN/neutron-api.pid" uwsgi "neutron-server $API_URL"
   check "$RUN/maintenance.pid" neutron-ovn-mai "neutron-ovn-maintenance-worker"
+  check "$RUN/supervise.pid" ovn-lab.sh "supervisor of the chassis' ovs-vswitchd"
   for node in $NODES; do
     d=$(node_dir "$node")
     check "$d/ovsdb-server.pid" ovsdb-server "$node: ovsdb-server"
@@ -530,9 +535,41 @@ start() {
   log "chassis up: $NODES (geneve over $UNDERLAY.0/24)"
   start_mariadb
   start_neutron
+  start_supervisor
   trap - ERR
   log "ready in $(since) (packages done at $t_pkg, venv at $t_venv; venv $VENV); lab processes use $(lab_rss_mib) MiB RSS; state in $LAB"
   print_env
+}
+
+# Open vSwitch 3.1 (Debian 12) userspace conntrack can abort on an assertion
+# (lib/conntrack.c:1063 conn_update_state: conn_type == CT_CONN_TYPE_DEFAULT) when a connection's
+# state changes under churning ACLs, as the NetworkPolicy truth table makes them. A real chassis
+# would have systemd restart the daemon; here this loop does: it restarts a dead vswitchd
+# through start_node (idempotent: the br-phy underlay address and the bridges come back, the
+# pods' veths stay in the database) and logs each restart in $LOGS/supervise.log, so a test
+# that failed around one can say so. Runs until `stop`.
+supervise() {
+  local n node d
+  echo $$ >"$RUN/supervise.pid"
+  while true; do
+    sleep 1
+    n=0
+    for node in $NODES; do
+      n=$((n + 1))
+      d=$(node_dir "$node")
+      running_pid "$d/ovsdb-server.pid" ovsdb-server >/dev/null || continue
+      if ! running_pid "$d/ovs-vswitchd.pid" ovs-vswitchd >/dev/null; then
+        log "ovs-vswitchd of $node is gone ($(grep -h 'EMER\|assertion' "$d/ovs-vswitchd.log" | tail -n 1)); restarting it" \
+          2>>"$LOGS/supervise.log"
+        (start_node "$node" "$n") >>"$LOGS/supervise.log" 2>&1 || true
+      fi
+    done
+  done
+}
+
+start_supervisor() {
+  running_pid "$RUN/supervise.pid" ovn-lab.sh >/dev/null && return 0
+  setsid nohup "$HERE/ovn-lab.sh" supervise </dev/null >>"$LOGS/supervise.log" 2>&1 &
 }
 
 smoke() {
@@ -544,11 +581,12 @@ smoke() {
 case "${1:-}" in
   start) start ;;
   smoke) smoke ;;
+  supervise) supervise ;;
   stop) stop_all ;;
   status) status ;;
   env) print_env ;;
   *)
-    echo "usage: $0 start|stop|status|env|smoke" >&2
+    echo "usage: $0 start|stop|status|env|smoke|supervise" >&2
     exit 2
     ;;
 esac

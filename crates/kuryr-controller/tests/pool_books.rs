@@ -3,7 +3,9 @@
 //! - a stale copy of a wired KuryrPort (an event queued before its VIFs were recorded, as the
 //!   periodic watch reconcile re-sends during a long exhaustion) takes no second port;
 //! - a port taken from a pool by a pod that never recorded it stops being counted in use and
-//!   the orphan sweep deletes it.
+//!   the orphan sweep deletes it;
+//! - a port borrowed from a sibling pool (same network, other security groups) becomes the
+//!   borrower's: its groups and its pool tag, which recovery and the books go by.
 //!
 //! Both run against the emulator and, with KURYR_TEST_NEUTRON_URL set, the real neutron-server.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -188,6 +190,80 @@ async fn a_port_in_use_by_no_kuryrport_leaves_the_books_and_neutron() -> Result<
         eprintln!("pool_books[{}]: unrecorded port forgotten and swept", target.name);
         stop.cancel();
         let _ = task.await;
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_port_borrowed_from_a_sibling_pool_carries_the_borrowers_tag() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.74.0.0/24").await?;
+        let bed = PoolBed::new(&kube, &fx, "ports_pool_min = 2\nports_pool_batch = 2").await?;
+        let (_ctx, pools) = context(&kube, &target, &bed).await?;
+        let other_sg = neutron
+            .create_security_group(&kuryr_neutron::SecurityGroupCreate {
+                name: "pool-books-other".into(),
+                project_id: Some(fx.project.clone()),
+                ..Default::default()
+            })
+            .await?
+            .id;
+        let info = Arc::new(NetworkInfo {
+            id: fx.network.clone(),
+            name: String::new(),
+            mtu: None,
+            subnets: vec![neutron.get_subnet(&fx.subnet).await?],
+        });
+        let pod = |name: &str| PodRef {
+            namespace: "books".into(),
+            name: name.into(),
+            uid: format!("{name}-uid"),
+            node: NODES[0].into(),
+        };
+        let first = PortSpec::new("default", fx.project.clone(), info.clone(), vec![fx.sg.clone()]);
+        let (a, _) = pooled_vif(pools.as_ref(), &pod("a"), &first).await?;
+        let donor = pools.summaries()[0].name.clone();
+        let pooled = pools.summaries()[0].available;
+        ensure!(pooled >= 1, "the first pool keeps a spare port: {:?}", pools.summaries());
+
+        // The second pool is empty: its first pod borrows the first pool's spare port.
+        let second = PortSpec::new("default", fx.project.clone(), info, vec![other_sg.clone()]);
+        let (b, _) = pooled_vif(pools.as_ref(), &pod("b"), &second).await?;
+        let borrower = pools
+            .summaries()
+            .into_iter()
+            .find(|s| s.security_groups == [other_sg.clone()])
+            .expect("the second pool");
+        assert_ne!(borrower.name, donor);
+        assert_eq!(borrower.in_use, 1);
+        let port = neutron.get_port(b.id()).await?;
+        assert_eq!(port.security_groups, [other_sg.clone()]);
+        let pool_tags: Vec<&String> = port
+            .tags
+            .iter()
+            .filter(|t| t.starts_with(kuryr_crds::names::neutron::TAG_POOL_PREFIX))
+            .collect();
+        assert_eq!(
+            pool_tags,
+            [&kuryr_crds::names::neutron::pool_tag(&borrower.name)],
+            "one pool tag, the borrower's"
+        );
+        ensure!(
+            port.tags.iter().any(|t| t == kuryr_crds::names::neutron::TAG_MANAGED),
+            "the other tags stay: {:?}",
+            port.tags
+        );
+        let first_port = neutron.get_port(a.id()).await?;
+        assert!(
+            first_port
+                .tags
+                .contains(&kuryr_crds::names::neutron::pool_tag(&donor))
+        );
+        eprintln!("pool_books[{}]: borrowed port retagged to {}", target.name, borrower.name);
         cleanup_project(neutron, &fx.project).await;
     }
     Ok(())

@@ -528,6 +528,31 @@ impl PoolDriver {
         deleted
     }
 
+    /// A port borrowed from a sibling pool becomes `key`'s: its security groups, and its pool tag
+    /// so that recovery and the books agree on where it belongs (it goes back to `key` on
+    /// release). One tag replace; a crash before it leaves the port counted by its KuryrPort's
+    /// origin, which recovery prefers to the tag.
+    async fn move_port(&self, key: &Key, port_id: &str) -> Result<(), Error> {
+        let client = self.opts.deployments.client(&key.deployment)?;
+        let update = PortUpdate {
+            security_groups: Some(key.security_groups.clone()),
+            ..PortUpdate::default()
+        };
+        let port = client.update_port(port_id, &update).await?;
+        let pool_tag = tags::pool_tag(&self.meta_for(key).name);
+        let mut new_tags: Vec<String> = port
+            .tags
+            .iter()
+            .filter(|t| !t.starts_with(tags::TAG_POOL_PREFIX))
+            .cloned()
+            .collect();
+        new_tags.push(pool_tag);
+        client
+            .replace_tags(kuryr_neutron::Taggable::Port, port_id, &new_tags)
+            .await?;
+        Ok(())
+    }
+
     /// Re-applies the pool's security groups and resets name (and device id on bare metal) in
     /// one update.
     async fn clean_port(&self, key: &Key, port_id: &str) -> RecycleOutcome {
@@ -1052,14 +1077,9 @@ impl VifPool for PoolDriver {
                     self.opts.metrics.pool_event("borrowed", 1);
                     self.touched();
                     tracing::debug!(port = %entry.port_id, from = %from, to = %key, "re-applying security groups of a sibling pool's port");
-                    let client = self.opts.deployments.client(&key.deployment)?;
-                    let update = PortUpdate {
-                        security_groups: Some(key.security_groups.clone()),
-                        ..PortUpdate::default()
-                    };
-                    if let Err(e) = client.update_port(&entry.port_id, &update).await {
+                    if let Err(e) = self.move_port(&key, &entry.port_id).await {
                         self.give_back(&key, entry.data);
-                        return Err(e.into());
+                        return Err(e);
                     }
                     return self.hand_out(pod, spec, &key, &host, entry.data).await;
                 }
