@@ -228,7 +228,11 @@ async fn a_port_borrowed_from_a_sibling_pool_carries_the_borrowers_tag() -> Resu
         let (a, _) = pooled_vif(pools.as_ref(), &pod("a"), &first).await?;
         let donor = pools.summaries()[0].name.clone();
         let pooled = pools.summaries()[0].available;
-        ensure!(pooled >= 1, "the first pool keeps a spare port: {:?}", pools.summaries());
+        ensure!(
+            pooled >= 1,
+            "the first pool keeps a spare port: {:?}",
+            pools.summaries()
+        );
 
         // The second pool is empty: its first pod borrows the first pool's spare port.
         let second = PortSpec::new("default", fx.project.clone(), info, vec![other_sg.clone()]);
@@ -253,7 +257,9 @@ async fn a_port_borrowed_from_a_sibling_pool_carries_the_borrowers_tag() -> Resu
             "one pool tag, the borrower's"
         );
         ensure!(
-            port.tags.iter().any(|t| t == kuryr_crds::names::neutron::TAG_MANAGED),
+            port.tags
+                .iter()
+                .any(|t| t == kuryr_crds::names::neutron::TAG_MANAGED),
             "the other tags stay: {:?}",
             port.tags
         );
@@ -263,7 +269,10 @@ async fn a_port_borrowed_from_a_sibling_pool_carries_the_borrowers_tag() -> Resu
                 .tags
                 .contains(&kuryr_crds::names::neutron::pool_tag(&donor))
         );
-        eprintln!("pool_books[{}]: borrowed port retagged to {}", target.name, borrower.name);
+        eprintln!(
+            "pool_books[{}]: borrowed port retagged to {}",
+            target.name, borrower.name
+        );
         cleanup_project(neutron, &fx.project).await;
     }
     Ok(())

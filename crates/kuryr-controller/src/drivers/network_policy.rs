@@ -842,7 +842,10 @@ impl NetworkPolicyDriver {
             }
             match self.sweep_orphans().await {
                 Ok(0) => {}
-                Ok(n) => tracing::info!(policies = n, "deleted the Neutron groups of policies that are gone"),
+                Ok(n) => tracing::info!(
+                    policies = n,
+                    "deleted the Neutron groups of policies that are gone"
+                ),
                 // A group still on a port, Neutron unreachable: the next pass tries again.
                 Err(e) => tracing::warn!(error = %e, "policy group sweep failed; next pass retries"),
             }

@@ -1078,7 +1078,8 @@ impl VifPool for PoolDriver {
                     self.touched();
                     tracing::debug!(port = %entry.port_id, from = %from, to = %key, "re-applying security groups of a sibling pool's port");
                     if let Err(e) = self.move_port(&key, &entry.port_id).await {
-                        self.give_back(&key, entry.data);
+                        // Its tag may still name the donor: back there, to be cleaned.
+                        self.give_back(&from, entry.data);
                         return Err(e);
                     }
                     return self.hand_out(pod, spec, &key, &host, entry.data).await;

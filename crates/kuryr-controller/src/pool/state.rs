@@ -677,10 +677,17 @@ impl<T> Pools<T> {
         released_by: Option<String>,
         now: Timestamp,
     ) -> Result<(), T> {
+        if !self.pools.contains_key(key) {
+            return Err(data);
+        }
+        // A port is in use once, wherever it was counted (a borrowed port whose move failed
+        // goes back to its donor, not to the pool that took it).
+        for p in self.pools.values_mut() {
+            p.in_use.remove(port_id);
+        }
         let Some(pool) = self.pools.get_mut(key) else {
             return Err(data);
         };
-        pool.in_use.remove(port_id);
         if pool.recyclable().any(|e| e.port_id == port_id)
             || pool.available.iter().any(|e| e.port_id == port_id)
         {
@@ -1309,6 +1316,29 @@ mod tests {
         );
         pools.ensure(&other_subnet, || meta("s"));
         assert_eq!(pools.take(&other_subnet, "pod", t(3)).take, Take::Empty);
+    }
+
+    #[test]
+    fn a_borrowed_port_given_back_to_its_donor_leaves_the_borrowers_books() {
+        let mut pools = Pools::<()>::new(limits(0, 0, 3));
+        let (mine, other) = (key(&["new"]), key(&["old"]));
+        pools.ensure(&other, || meta("o"));
+        let r = pools.take(&other, "pod", t(0)).refills;
+        complete(&mut pools, &r[0], t(1));
+        pools.ensure(&mine, || meta("m"));
+        let Take::Borrowed { from, entry } = pools.take(&mine, "pod", t(2)).take else {
+            panic!("expected a borrowed port");
+        };
+        // Moving it failed: it goes back to the donor, counted in use nowhere.
+        pools.release(&from, &entry.port_id, (), None, t(3)).unwrap();
+        assert!(pools.get(&mine).unwrap().in_use().is_empty());
+        assert!(
+            pools
+                .get(&other)
+                .unwrap()
+                .recyclable()
+                .any(|e| e.port_id == entry.port_id)
+        );
     }
 
     #[test]
