@@ -240,12 +240,12 @@ async fn a_port_borrowed_from_a_sibling_pool_carries_the_borrowers_tag() -> Resu
         let borrower = pools
             .summaries()
             .into_iter()
-            .find(|s| s.security_groups == [other_sg.clone()])
+            .find(|s| s.security_groups == std::slice::from_ref(&other_sg))
             .expect("the second pool");
         assert_ne!(borrower.name, donor);
         assert_eq!(borrower.in_use, 1);
         let port = neutron.get_port(b.id()).await?;
-        assert_eq!(port.security_groups, [other_sg.clone()]);
+        assert_eq!(port.security_groups, std::slice::from_ref(&other_sg));
         let pool_tags: Vec<&String> = port
             .tags
             .iter()
