@@ -5,7 +5,9 @@
 //! - a port taken from a pool by a pod that never recorded it stops being counted in use and
 //!   the orphan sweep deletes it;
 //! - a port borrowed from a sibling pool (same network, other security groups) becomes the
-//!   borrower's: its groups and its pool tag, which recovery and the books go by.
+//!   borrower's: its groups and its pool tag, which recovery and the books go by;
+//! - a pool one of whose security groups was deleted (its NetworkPolicy is gone) is dropped at
+//!   its first failed refill, not refilled again and again.
 //!
 //! Both run against the emulator and, with KURYR_TEST_NEUTRON_URL set, the real neutron-server.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -20,6 +22,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kuryr_controller::context::{Context, Platform};
+use kuryr_controller::drivers::pool::VifPool;
 use kuryr_controller::drivers::{NetworkInfo, PodRef, PortSpec};
 use kuryr_controller::handlers::kuryrport::KuryrPortHandler;
 use kuryr_controller::metrics::Metrics;
@@ -272,6 +275,76 @@ async fn a_port_borrowed_from_a_sibling_pool_carries_the_borrowers_tag() -> Resu
         eprintln!(
             "pool_books[{}]: borrowed port retagged to {}",
             target.name, borrower.name
+        );
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pool_whose_security_group_is_gone_is_dropped_not_refilled() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.75.0.0/24").await?;
+        let bed = PoolBed::new(&kube, &fx, "ports_pool_min = 0\nports_pool_batch = 1").await?;
+        let (_ctx, pools) = context(&kube, &target, &bed).await?;
+        let policy_sg = neutron
+            .create_security_group(&kuryr_neutron::SecurityGroupCreate {
+                name: "pool-books-policy".into(),
+                project_id: Some(fx.project.clone()),
+                ..Default::default()
+            })
+            .await?
+            .id;
+        let info = Arc::new(NetworkInfo {
+            id: fx.network.clone(),
+            name: String::new(),
+            mtu: None,
+            subnets: vec![neutron.get_subnet(&fx.subnet).await?],
+        });
+        let pod = |name: &str| PodRef {
+            namespace: "books".into(),
+            name: name.into(),
+            uid: format!("{name}-uid"),
+            node: NODES[0].into(),
+        };
+        let spec = PortSpec::new("default", fx.project.clone(), info, vec![policy_sg.clone()]);
+        let (a, _) = pooled_vif(pools.as_ref(), &pod("a"), &spec).await?;
+        // The policy goes: its group off the ports, then deleted (what its release does).
+        neutron
+            .update_port(
+                a.id(),
+                &kuryr_neutron::PortUpdate {
+                    security_groups: Some(vec![fx.sg.clone()]),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        neutron.delete_security_group(&policy_sg).await?;
+        let before = kuryr_ports(neutron, &fx.project).await?;
+
+        // A pod whose groups were computed before the deletion asks that pool once more.
+        let late = pools.request_vif(&pod("late"), &spec).await;
+        let err = late.err().expect("no port for a deleted group");
+        ensure!(err.is_retryable(), "retried with fresh groups: {err}");
+        eventually("the pool dropped", WAIT, || async {
+            Ok(pools
+                .summaries()
+                .iter()
+                .all(|s| !s.security_groups.contains(&policy_sg))
+                .then_some(()))
+        })
+        .await?;
+        assert_eq!(
+            kuryr_ports(neutron, &fx.project).await?,
+            before,
+            "no port created for the deleted group"
+        );
+        eprintln!(
+            "pool_books[{}]: pool of a deleted group dropped: {err}",
+            target.name
         );
         cleanup_project(neutron, &fx.project).await;
     }

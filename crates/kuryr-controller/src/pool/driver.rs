@@ -305,15 +305,21 @@ impl PoolDriver {
         let started = Instant::now();
         let generation = self.generation.load(Ordering::Acquire);
         let spec = self.specs().get(&r.key).cloned();
+        let mut group_gone = false;
         let result = match spec {
             Some(spec) => self
                 .vif
                 .request_vifs(&spec, &r.key.host, &PortOwner::Pool { pool: r.name.clone() }, r.n)
                 .await
-                .map_err(|e| RefillFailure {
-                    message: e.to_string(),
-                    kind: e.label(),
-                    user_visible: e.is_user_visible(),
+                .map_err(|e| {
+                    group_gone = e
+                        .neutron()
+                        .is_some_and(|n| n.is_kind(&kuryr_neutron::ErrorKind::SecurityGroupNotFound));
+                    RefillFailure {
+                        message: e.to_string(),
+                        kind: e.label(),
+                        user_visible: e.is_user_visible(),
+                    }
                 }),
             None => Err(RefillFailure::from(
                 format!("no port spec known for pool {}", r.key).as_str(),
@@ -360,6 +366,16 @@ impl PoolDriver {
                 .await
             {
                 tracing::warn!(port = %e.port_id, error = %err, "could not delete a port refilled into a dropped pool");
+            }
+        }
+        if group_gone {
+            // One of the pool's security groups was deleted (its NetworkPolicy is gone, and
+            // with it every pod's reason to ask for this key): the pool can never be refilled
+            // and its spare ports lost that group. Dropped rather than retried; a pod still
+            // asking re-creates it and gets this answer, until its groups are computed afresh.
+            tracing::info!(pool = %r.key, "a security group of the pool is gone; pool dropped");
+            if let Err(e) = self.drop_pool(&r.key).await {
+                tracing::warn!(pool = %r.key, error = %e, "could not delete the spare ports of a dropped pool");
             }
         }
         self.refilled.send_modify(|g| *g = g.wrapping_add(1));
@@ -1114,6 +1130,12 @@ impl VifPool for PoolDriver {
                         _ => {}
                     }
                     let _ = tokio::time::timeout(left, refilled.changed()).await;
+                    if self.lock().get(&key).is_none() {
+                        // Dropped meanwhile (a security group of its key is gone, or freed):
+                        // asking again would re-create it; the caller retries with the pod's
+                        // groups computed afresh.
+                        return Err(Error::not_ready(format!("pool {key} was dropped while waiting")));
+                    }
                 }
             }
         }
