@@ -717,6 +717,13 @@ impl Table<'_> {
                     "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
                     "metadata": {"name": name, "namespace": ns}, "spec": spec}))?;
                 match api.get_opt(name).await? {
+                    // A policy being deleted (its finalizer holds it until the controller has
+                    // released its groups) cannot be brought back: replacing it would only change
+                    // a terminating object. Wait until it is gone, then create anew.
+                    Some(old) if old.metadata.deletion_timestamp.is_some() => {
+                        deleted(&api, name).await?;
+                        api.create(&PostParams::default(), &np).await?;
+                    }
                     None => {
                         api.create(&PostParams::default(), &np).await?;
                     }
@@ -1050,4 +1057,16 @@ async fn network_policy_truth_table_on_the_ovn_dataplane_matches_the_kubernetes_
         drop(ctrl);
         Ok(())
     })
+}
+
+/// Waits until the policy `name` is gone (its finalizer removed by the controller).
+async fn deleted(api: &Api<NetworkPolicy>, name: &str) -> Result<()> {
+    let until = Instant::now() + Duration::from_secs(90);
+    while api.get_opt(name).await?.is_some() {
+        if Instant::now() > until {
+            bail!("NetworkPolicy {name} still being deleted after 90 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
 }
