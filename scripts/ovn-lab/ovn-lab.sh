@@ -562,6 +562,11 @@ supervise() {
         log "ovs-vswitchd of $node is gone ($(grep -h 'EMER\|assertion' "$d/ovs-vswitchd.log" | tail -n 1)); restarting it" \
           2>>"$LOGS/supervise.log"
         (start_node "$node" "$n") >>"$LOGS/supervise.log" 2>&1 || true
+        # ovn-controller reconnects on its own, but its incremental processing may keep state
+        # from before the crash: a full recompute reinstalls every flow.
+        sleep 1
+        OVN_RUNDIR=$d ovn-appctl -t "$d/ovn-controller.$(cat "$d/ovn-controller.pid").ctl" recompute \
+          >>"$LOGS/supervise.log" 2>&1 || true
       fi
     done
   done

@@ -75,6 +75,38 @@ async fn pod_and_kuryrport(kube: &kube::Client, ns: &str, name: &str) -> Result<
     Ok((pod, kp))
 }
 
+/// The fixture's network as the VIF drivers see it.
+async fn network_info(neutron: &kuryr_neutron::NeutronClient, fx: &NeutronFixture) -> Result<Arc<NetworkInfo>> {
+    Ok(Arc::new(NetworkInfo {
+        id: fx.network.clone(),
+        name: String::new(),
+        mtu: None,
+        subnets: vec![neutron.get_subnet(&fx.subnet).await?],
+    }))
+}
+
+/// A security group of the fixture's project besides its default one (what a policy adds).
+async fn extra_group(neutron: &kuryr_neutron::NeutronClient, fx: &NeutronFixture, name: &str) -> Result<String> {
+    Ok(neutron
+        .create_security_group(&kuryr_neutron::SecurityGroupCreate {
+            name: name.into(),
+            project_id: Some(fx.project.clone()),
+            ..Default::default()
+        })
+        .await?
+        .id)
+}
+
+/// A pod on the first node, asking a pool directly.
+fn pod_ref(name: &str) -> PodRef {
+    PodRef {
+        namespace: "books".into(),
+        name: name.into(),
+        uid: format!("{name}-uid"),
+        node: NODES[0].into(),
+    }
+}
+
 fn default_port(kp: &KuryrPort) -> Option<String> {
     kp.status.as_ref()?.default_vif().map(|(_, v)| v.id().to_string())
 }
@@ -152,12 +184,7 @@ async fn a_port_in_use_by_no_kuryrport_leaves_the_books_and_neutron() -> Result<
         let recorded = default_port(&wire(&handler, &kube.client, "books", "real").await?).expect("wired");
 
         // A pod that takes a port and never records it (what a handler did with a stale copy).
-        let info = Arc::new(NetworkInfo {
-            id: fx.network.clone(),
-            name: String::new(),
-            mtu: None,
-            subnets: vec![neutron.get_subnet(&fx.subnet).await?],
-        });
+        let info = network_info(neutron, &fx).await?;
         let spec = PortSpec::new("default", fx.project.clone(), info, vec![fx.sg.clone()]);
         let ghost = PodRef {
             namespace: "books".into(),
@@ -207,28 +234,10 @@ async fn a_port_borrowed_from_a_sibling_pool_carries_the_borrowers_tag() -> Resu
         let fx = neutron_fixture(neutron, "10.74.0.0/24").await?;
         let bed = PoolBed::new(&kube, &fx, "ports_pool_min = 2\nports_pool_batch = 2").await?;
         let (_ctx, pools) = context(&kube, &target, &bed).await?;
-        let other_sg = neutron
-            .create_security_group(&kuryr_neutron::SecurityGroupCreate {
-                name: "pool-books-other".into(),
-                project_id: Some(fx.project.clone()),
-                ..Default::default()
-            })
-            .await?
-            .id;
-        let info = Arc::new(NetworkInfo {
-            id: fx.network.clone(),
-            name: String::new(),
-            mtu: None,
-            subnets: vec![neutron.get_subnet(&fx.subnet).await?],
-        });
-        let pod = |name: &str| PodRef {
-            namespace: "books".into(),
-            name: name.into(),
-            uid: format!("{name}-uid"),
-            node: NODES[0].into(),
-        };
+        let other_sg = extra_group(neutron, &fx, "pool-books-other").await?;
+        let info = network_info(neutron, &fx).await?;
         let first = PortSpec::new("default", fx.project.clone(), info.clone(), vec![fx.sg.clone()]);
-        let (a, _) = pooled_vif(pools.as_ref(), &pod("a"), &first).await?;
+        let (a, _) = pooled_vif(pools.as_ref(), &pod_ref("a"), &first).await?;
         let donor = pools.summaries()[0].name.clone();
         let pooled = pools.summaries()[0].available;
         ensure!(
@@ -239,7 +248,7 @@ async fn a_port_borrowed_from_a_sibling_pool_carries_the_borrowers_tag() -> Resu
 
         // The second pool is empty: its first pod borrows the first pool's spare port.
         let second = PortSpec::new("default", fx.project.clone(), info, vec![other_sg.clone()]);
-        let (b, _) = pooled_vif(pools.as_ref(), &pod("b"), &second).await?;
+        let (b, _) = pooled_vif(pools.as_ref(), &pod_ref("b"), &second).await?;
         let borrower = pools
             .summaries()
             .into_iter()
@@ -290,28 +299,10 @@ async fn a_pool_whose_security_group_is_gone_is_dropped_not_refilled() -> Result
         let fx = neutron_fixture(neutron, "10.75.0.0/24").await?;
         let bed = PoolBed::new(&kube, &fx, "ports_pool_min = 0\nports_pool_batch = 1").await?;
         let (_ctx, pools) = context(&kube, &target, &bed).await?;
-        let policy_sg = neutron
-            .create_security_group(&kuryr_neutron::SecurityGroupCreate {
-                name: "pool-books-policy".into(),
-                project_id: Some(fx.project.clone()),
-                ..Default::default()
-            })
-            .await?
-            .id;
-        let info = Arc::new(NetworkInfo {
-            id: fx.network.clone(),
-            name: String::new(),
-            mtu: None,
-            subnets: vec![neutron.get_subnet(&fx.subnet).await?],
-        });
-        let pod = |name: &str| PodRef {
-            namespace: "books".into(),
-            name: name.into(),
-            uid: format!("{name}-uid"),
-            node: NODES[0].into(),
-        };
+        let policy_sg = extra_group(neutron, &fx, "pool-books-policy").await?;
+        let info = network_info(neutron, &fx).await?;
         let spec = PortSpec::new("default", fx.project.clone(), info, vec![policy_sg.clone()]);
-        let (a, _) = pooled_vif(pools.as_ref(), &pod("a"), &spec).await?;
+        let (a, _) = pooled_vif(pools.as_ref(), &pod_ref("a"), &spec).await?;
         // The policy goes: its group off the ports, then deleted (what its release does).
         neutron
             .update_port(
@@ -326,7 +317,7 @@ async fn a_pool_whose_security_group_is_gone_is_dropped_not_refilled() -> Result
         let before = kuryr_ports(neutron, &fx.project).await?;
 
         // A pod whose groups were computed before the deletion asks that pool once more.
-        let late = pools.request_vif(&pod("late"), &spec).await;
+        let late = pools.request_vif(&pod_ref("late"), &spec).await;
         let err = late.err().expect("no port for a deleted group");
         ensure!(err.is_retryable(), "retried with fresh groups: {err}");
         eventually("the pool dropped", WAIT, || async {
