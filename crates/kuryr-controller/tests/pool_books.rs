@@ -76,7 +76,10 @@ async fn pod_and_kuryrport(kube: &kube::Client, ns: &str, name: &str) -> Result<
 }
 
 /// The fixture's network as the VIF drivers see it.
-async fn network_info(neutron: &kuryr_neutron::NeutronClient, fx: &NeutronFixture) -> Result<Arc<NetworkInfo>> {
+async fn network_info(
+    neutron: &kuryr_neutron::NeutronClient,
+    fx: &NeutronFixture,
+) -> Result<Arc<NetworkInfo>> {
     Ok(Arc::new(NetworkInfo {
         id: fx.network.clone(),
         name: String::new(),
@@ -86,7 +89,11 @@ async fn network_info(neutron: &kuryr_neutron::NeutronClient, fx: &NeutronFixtur
 }
 
 /// A security group of the fixture's project besides its default one (what a policy adds).
-async fn extra_group(neutron: &kuryr_neutron::NeutronClient, fx: &NeutronFixture, name: &str) -> Result<String> {
+async fn extra_group(
+    neutron: &kuryr_neutron::NeutronClient,
+    fx: &NeutronFixture,
+    name: &str,
+) -> Result<String> {
     Ok(neutron
         .create_security_group(&kuryr_neutron::SecurityGroupCreate {
             name: name.into(),
@@ -318,7 +325,9 @@ async fn a_pool_whose_security_group_is_gone_is_dropped_not_refilled() -> Result
 
         // A pod whose groups were computed before the deletion asks that pool once more.
         let late = pools.request_vif(&pod_ref("late"), &spec).await;
-        let err = late.err().expect("no port for a deleted group");
+        let Err(err) = late else {
+            bail!("a pool of a deleted group handed out a port");
+        };
         ensure!(err.is_retryable(), "retried with fresh groups: {err}");
         eventually("the pool dropped", WAIT, || async {
             Ok(pools
