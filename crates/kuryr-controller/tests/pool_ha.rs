@@ -12,67 +12,18 @@ use std::time::Duration;
 
 use anyhow::Result;
 use kube::Api;
-use kube::api::{ListParams, PostParams};
+use kube::api::ListParams;
 use kuryr_config::{KuryrConfig, VifPoolDriver};
 use kuryr_controller::context::Platform;
-use kuryr_controller::drivers::pool::{ORIGIN_FIELD, VifOrigin};
 use kuryr_controller::drivers::vif::neutron::NeutronVif;
-use kuryr_controller::drivers::{NetworkInfo, PodRef, PortSpec};
+use kuryr_controller::drivers::{NetworkInfo, PortSpec};
 use kuryr_controller::metrics::Metrics;
 use kuryr_controller::openstack::Deployments;
 use kuryr_controller::pool::{self, PoolManager};
-use kuryr_crds::{KuryrPort, KuryrPortPool, Vif};
-use serde_json::json;
+use kuryr_crds::KuryrPortPool;
 use support::*;
-use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(120);
-
-/// Records the pod's port in its KuryrPort as the kuryrport handler does (recovery reads it).
-async fn record_kuryrport(kube: &kube::Client, pod: &PodRef, vif: &Vif, origin: &VifOrigin) -> Result<()> {
-    let mut kp: KuryrPort = serde_json::from_value(json!({
-        "apiVersion": "openstack.org/v1", "kind": "KuryrPort",
-        "metadata": {"name": pod.name, "namespace": pod.namespace},
-        "spec": {"podUid": pod.uid, "podNodeName": pod.node},
-    }))?;
-    let mut entry = kuryr_crds::KuryrPortVif::new(true, vif.clone());
-    entry
-        .extra
-        .insert(ORIGIN_FIELD.into(), serde_json::to_value(origin)?);
-    kp.status = Some(kuryr_crds::KuryrPortStatus {
-        vifs: [("eth0".to_string(), entry)].into_iter().collect(),
-    });
-    Api::<KuryrPort>::namespaced(kube.clone(), &pod.namespace)
-        .create(&PostParams::default(), &kp)
-        .await?;
-    Ok(())
-}
-
-fn pod(name: &str) -> PodRef {
-    PodRef {
-        namespace: "default".into(),
-        name: name.into(),
-        uid: format!("uid-{name}"),
-        node: NODES[0].into(),
-    }
-}
-
-/// One leadership term of `m`: started, and ready once its recovery is done.
-async fn start_term(m: &Arc<PoolManager>) -> Result<(CancellationToken, tokio::task::JoinHandle<()>)> {
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(m.clone().run(stop.clone()));
-    eventually("pools recovered", WAIT, || async {
-        Ok(m.is_ready().then_some(()))
-    })
-    .await?;
-    Ok((stop, task))
-}
-
-async fn end_term(term: (CancellationToken, tokio::task::JoinHandle<()>)) -> Result<()> {
-    term.0.cancel();
-    tokio::time::timeout(WAIT, term.1).await??;
-    Ok(())
-}
 
 /// Waits until no refill runs and the pool holds at least `min` spare ports (its state then no
 /// longer changes by itself).
@@ -127,11 +78,11 @@ async fn regained_leadership_recovers_instead_of_serving_stale_pools() -> Result
 
         // Term 1 of replica A: a cold pool, one pod served.
         let a = replica()?;
-        let term = start_term(&a).await?;
-        let (va, oa) = pooled_vif(a.as_ref(), &pod("a"), &spec).await?;
-        record_kuryrport(&kube.client, &pod("a"), &va, &oa).await?;
+        let term = start_pool_term(&a).await?;
+        let (va, oa) = pooled_vif(a.as_ref(), &pool_pod("a"), &spec).await?;
+        record_kuryrport(&kube.client, &pool_pod("a"), &va, &oa).await?;
         settled(&a, 2).await?;
-        end_term(term).await?;
+        end_pool_term(term).await?;
         assert!(
             !a.is_ready(),
             "{}: a replica that lost leadership does not serve",
@@ -140,16 +91,16 @@ async fn regained_leadership_recovers_instead_of_serving_stale_pools() -> Result
 
         // Replica B leads meanwhile and hands one of A's spare ports to another pod.
         let b = replica()?;
-        let term = start_term(&b).await?;
+        let term = start_pool_term(&b).await?;
         assert_eq!(b.summaries()[0].in_use, 1, "{}", target.name);
-        let (vb, ob) = pooled_vif(b.as_ref(), &pod("b"), &spec).await?;
-        record_kuryrport(&kube.client, &pod("b"), &vb, &ob).await?;
+        let (vb, ob) = pooled_vif(b.as_ref(), &pool_pod("b"), &spec).await?;
+        record_kuryrport(&kube.client, &pool_pod("b"), &vb, &ob).await?;
         assert_ne!(vb.id(), va.id());
         settled(&b, 2).await?;
-        end_term(term).await?;
+        end_pool_term(term).await?;
 
         // A leads again: its pools come from recovery, with B's pod port in use.
-        let term = start_term(&a).await?;
+        let term = start_pool_term(&a).await?;
         let s = a.summaries();
         assert_eq!(s.len(), 1, "{}: {s:?}", target.name);
         assert_eq!(
@@ -160,12 +111,12 @@ async fn regained_leadership_recovers_instead_of_serving_stale_pools() -> Result
         let spare = s[0].available;
         assert!(spare >= 2, "{}: {s:?}", target.name);
         for i in 0..spare {
-            let p = pod(&format!("c{i}"));
+            let p = pool_pod(&format!("c{i}"));
             let (v, _) = pooled_vif(a.as_ref(), &p, &spec).await?;
             assert_ne!(v.id(), vb.id(), "{}: B's pod port handed out again", target.name);
             assert_ne!(v.id(), va.id(), "{}: A's pod port handed out again", target.name);
         }
-        end_term(term).await?;
+        end_pool_term(term).await?;
         let objs = Api::<KuryrPortPool>::namespaced(kube.client.clone(), CONTROLLER_NS)
             .list(&ListParams::default())
             .await?;

@@ -12,66 +12,19 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::DeleteParams;
 use kuryr_config::{KuryrConfig, VifPoolDriver};
 use kuryr_controller::context::Platform;
-use kuryr_controller::drivers::pool::{ORIGIN_FIELD, VifOrigin};
 use kuryr_controller::drivers::vif::neutron::NeutronVif;
-use kuryr_controller::drivers::{NetworkInfo, PodRef, PortSpec};
+use kuryr_controller::drivers::{NetworkInfo, PortSpec};
 use kuryr_controller::metrics::Metrics;
 use kuryr_controller::openstack::Deployments;
 use kuryr_controller::pool::{self, PoolManager};
-use kuryr_crds::{KuryrPort, Vif};
-use serde_json::json;
+use kuryr_crds::KuryrPort;
 use support::*;
-use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(120);
 const PODS: usize = 8;
-
-async fn record_kuryrport(kube: &kube::Client, pod: &PodRef, vif: &Vif, origin: &VifOrigin) -> Result<()> {
-    let mut kp: KuryrPort = serde_json::from_value(json!({
-        "apiVersion": "openstack.org/v1", "kind": "KuryrPort",
-        "metadata": {"name": pod.name, "namespace": pod.namespace},
-        "spec": {"podUid": pod.uid, "podNodeName": pod.node},
-    }))?;
-    let mut entry = kuryr_crds::KuryrPortVif::new(true, vif.clone());
-    entry
-        .extra
-        .insert(ORIGIN_FIELD.into(), serde_json::to_value(origin)?);
-    kp.status = Some(kuryr_crds::KuryrPortStatus {
-        vifs: [("eth0".to_string(), entry)].into_iter().collect(),
-    });
-    Api::<KuryrPort>::namespaced(kube.clone(), &pod.namespace)
-        .create(&PostParams::default(), &kp)
-        .await?;
-    Ok(())
-}
-
-fn pod(name: &str) -> PodRef {
-    PodRef {
-        namespace: "default".into(),
-        name: name.into(),
-        uid: format!("uid-{name}"),
-        node: NODES[0].into(),
-    }
-}
-
-async fn start_term(m: &Arc<PoolManager>) -> Result<(CancellationToken, tokio::task::JoinHandle<()>)> {
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(m.clone().run(stop.clone()));
-    eventually("pools recovered", WAIT, || async {
-        Ok(m.is_ready().then_some(()))
-    })
-    .await?;
-    Ok((stop, task))
-}
-
-async fn end_term(term: (CancellationToken, tokio::task::JoinHandle<()>)) -> Result<()> {
-    term.0.cancel();
-    tokio::time::timeout(WAIT, term.1).await??;
-    Ok(())
-}
 
 /// Once the pool holds at most `max` spares, none recyclable and no refill running, and Neutron
 /// holds exactly its ports: how long that took.
@@ -141,15 +94,15 @@ async fn recovery_keeps_pools_within_max() -> Result<()> {
 
         // Term 1: 8 pods wired from a pool with max 3.
         let a = replica(3)?;
-        let term = start_term(&a).await?;
+        let term = start_pool_term(&a).await?;
         for i in 0..PODS {
-            let p = pod(&format!("p{i}"));
+            let p = pool_pod(&format!("p{i}"));
             let (v, o) = pooled_vif(a.as_ref(), &p, &spec).await?;
             record_kuryrport(&kube.client, &p, &v, &o).await?;
         }
         within_max(&a, neutron, &fx.project, 3, WAIT).await?;
         assert_eq!(a.summaries()[0].in_use, PODS);
-        end_term(term).await?;
+        end_pool_term(term).await?;
         // The pods were deleted and their ports released, and the controller died before the
         // pool object listed them: their KuryrPorts are gone, the ports are tagged and listed
         // nowhere.
@@ -159,7 +112,7 @@ async fn recovery_keeps_pools_within_max() -> Result<()> {
         }
 
         // Term 2: the released ports are recovered, and the pool is back within max at once.
-        let term = start_term(&a).await?;
+        let term = start_pool_term(&a).await?;
         let took = within_max(&a, neutron, &fx.project, 3, WAIT).await?;
         let s = a.summaries();
         assert_eq!(s[0].in_use, 0, "{s:?}");
@@ -168,18 +121,18 @@ async fn recovery_keeps_pools_within_max() -> Result<()> {
             "{}: back within max after {took:?} (update period 1 s)",
             target.name
         );
-        end_term(term).await?;
+        end_pool_term(term).await?;
 
         // A lower max: the spares beyond it go right after recovery.
         let b = replica(1)?;
-        let term = start_term(&b).await?;
+        let term = start_pool_term(&b).await?;
         let took_lower = within_max(&b, neutron, &fx.project, 1, WAIT).await?;
         ensure!(
             took_lower < Duration::from_secs(30),
             "{}: within the lower max after {took_lower:?}",
             target.name
         );
-        end_term(term).await?;
+        end_pool_term(term).await?;
         eprintln!(
             "pool_max[{}]: {PODS} released ports recovered; within max 3 after {took:?}, within max 1 after {took_lower:?}",
             target.name

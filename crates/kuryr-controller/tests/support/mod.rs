@@ -318,3 +318,54 @@ pub async fn delete_namespace_and_wait(
     })
     .await
 }
+
+/// Records the pod's port in its KuryrPort as the kuryrport handler does (recovery reads it).
+pub async fn record_kuryrport(kube: &Client, pod: &PodRef, vif: &Vif, origin: &VifOrigin) -> Result<()> {
+    let mut kp: KuryrPort = serde_json::from_value(json!({
+        "apiVersion": "openstack.org/v1", "kind": "KuryrPort",
+        "metadata": {"name": pod.name, "namespace": pod.namespace},
+        "spec": {"podUid": pod.uid, "podNodeName": pod.node},
+    }))?;
+    let mut entry = kuryr_crds::KuryrPortVif::new(true, vif.clone());
+    entry.extra.insert(
+        kuryr_controller::drivers::pool::ORIGIN_FIELD.into(),
+        serde_json::to_value(origin)?,
+    );
+    kp.status = Some(kuryr_crds::KuryrPortStatus {
+        vifs: [("eth0".to_string(), entry)].into_iter().collect(),
+    });
+    Api::<KuryrPort>::namespaced(kube.clone(), &pod.namespace)
+        .create(&kube::api::PostParams::default(), &kp)
+        .await?;
+    Ok(())
+}
+
+/// A pod of the default namespace on the first node, asking a pool directly.
+pub fn pool_pod(name: &str) -> PodRef {
+    PodRef {
+        namespace: "default".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        node: NODES[0].into(),
+    }
+}
+
+/// One leadership term of a pool manager: started, and ready once its recovery is done.
+pub type PoolTerm = (CancellationToken, tokio::task::JoinHandle<()>);
+
+pub async fn start_pool_term(m: &Arc<kuryr_controller::pool::PoolManager>) -> Result<PoolTerm> {
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(m.clone().run(stop.clone()));
+    eventually("pools recovered", Duration::from_secs(120), || async {
+        Ok(m.is_ready().then_some(()))
+    })
+    .await?;
+    Ok((stop, task))
+}
+
+/// Ends the term: its pools are dropped, as when leadership is lost.
+pub async fn end_pool_term(term: PoolTerm) -> Result<()> {
+    term.0.cancel();
+    tokio::time::timeout(Duration::from_secs(120), term.1).await??;
+    Ok(())
+}
