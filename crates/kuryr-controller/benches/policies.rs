@@ -36,25 +36,8 @@ const NS: &str = "bench";
 const PORTS: [u16; 3] = [80, 443, 8080];
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Neutron calls by operation, from the controller's metrics.
 fn neutron_calls(metrics: &Metrics) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for line in metrics.encode().lines() {
-        let Some(rest) = line.strip_prefix("kuryr_neutron_calls_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.split_once('}') else {
-            continue;
-        };
-        let op = labels
-            .split(',')
-            .find_map(|kv| kv.trim().strip_prefix("operation="))
-            .map(|v| v.trim_matches('"').to_string());
-        if let (Some(op), Ok(v)) = (op, value.trim().parse::<f64>()) {
-            *out.entry(op).or_default() += v.round() as u64;
-        }
-    }
-    out
+    kuryr_controller::metrics::per_operation(&metrics.neutron_calls())
 }
 
 fn is_read(op: &str) -> bool {

@@ -37,25 +37,8 @@ const NS: &str = "bench";
 const TIMEOUT: Duration = Duration::from_secs(900);
 const BURST: usize = 100;
 
-/// Octavia calls by operation, from the controller's metrics.
 fn octavia_calls(metrics: &Metrics) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for line in metrics.encode().lines() {
-        let Some(rest) = line.strip_prefix("kuryr_octavia_calls_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.split_once('}') else {
-            continue;
-        };
-        let op = labels
-            .split(',')
-            .find_map(|kv| kv.trim().strip_prefix("operation="))
-            .map(|v| v.trim_matches('"').to_string());
-        if let (Some(op), Ok(v)) = (op, value.trim().parse::<f64>()) {
-            *out.entry(op).or_default() += v.round() as u64;
-        }
-    }
-    out
+    kuryr_controller::metrics::per_operation(&metrics.octavia_calls())
 }
 
 fn diff(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {

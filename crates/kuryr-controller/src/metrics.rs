@@ -1,5 +1,6 @@
 //! Prometheus metrics of the controller (exported on `[prometheus_exporter] controller_exporter_port`).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -262,12 +263,67 @@ impl Metrics {
     }
 
     /// Text exposition format for `/metrics`.
+    /// Neutron calls so far: operation -> result -> count (benchmarks and the sandbox's report).
+    pub fn neutron_calls(&self) -> CallCounts {
+        calls(&self.encode(), "kuryr_neutron_calls_total{")
+    }
+
+    /// Octavia calls so far, like [`Metrics::neutron_calls`].
+    pub fn octavia_calls(&self) -> CallCounts {
+        calls(&self.encode(), "kuryr_octavia_calls_total{")
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.0.registry);
         out
     }
+}
+
+/// API calls by operation, then by result.
+pub type CallCounts = BTreeMap<String, BTreeMap<String, u64>>;
+
+/// Calls per operation, all results together.
+pub fn per_operation(calls: &CallCounts) -> BTreeMap<String, u64> {
+    calls
+        .iter()
+        .map(|(op, by_result)| (op.clone(), by_result.values().sum()))
+        .collect()
+}
+
+/// The `{operation=..,result=..}` counters of one family from Prometheus text (whatever the
+/// label order).
+pub fn calls(prometheus_text: &str, prefix: &str) -> CallCounts {
+    let mut out = CallCounts::new();
+    for line in prometheus_text.lines() {
+        let Some(rest) = line.strip_prefix(prefix) else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once('}') else {
+            continue;
+        };
+        let Ok(value) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let mut operation = None;
+        let mut result = None;
+        for pair in labels.split(',') {
+            if let Some((k, v)) = pair.split_once('=') {
+                let v = v.trim_matches('"').to_string();
+                match k.trim() {
+                    "operation" => operation = Some(v),
+                    "result" => result = Some(v),
+                    _ => {}
+                }
+            }
+        }
+        if let (Some(op), Some(res)) = (operation, result) {
+            // Counters are integers exposed as floats.
+            *out.entry(op).or_default().entry(res).or_default() += value.round() as u64;
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -21,44 +21,12 @@ pub fn percentile(samples: &[Duration], p: f64) -> Option<Duration> {
 /// `kuryr_neutron_calls_total{operation=..,result=..}` from the controller's Prometheus text:
 /// operation -> result -> count.
 pub fn neutron_calls(prometheus_text: &str) -> BTreeMap<String, BTreeMap<String, u64>> {
-    calls(prometheus_text, "kuryr_neutron_calls_total{")
+    kuryr_controller::metrics::calls(prometheus_text, "kuryr_neutron_calls_total{")
 }
 
 /// `kuryr_octavia_calls_total`, like [`neutron_calls`].
 pub fn octavia_calls(prometheus_text: &str) -> BTreeMap<String, BTreeMap<String, u64>> {
-    calls(prometheus_text, "kuryr_octavia_calls_total{")
-}
-
-fn calls(prometheus_text: &str, prefix: &str) -> BTreeMap<String, BTreeMap<String, u64>> {
-    let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
-    for line in prometheus_text.lines() {
-        let Some(rest) = line.strip_prefix(prefix) else {
-            continue;
-        };
-        let Some((labels, value)) = rest.split_once('}') else {
-            continue;
-        };
-        let Ok(value) = value.trim().parse::<f64>() else {
-            continue;
-        };
-        let mut operation = None;
-        let mut result = None;
-        for pair in labels.split(',') {
-            if let Some((k, v)) = pair.split_once('=') {
-                let v = v.trim_matches('"').to_string();
-                match k.trim() {
-                    "operation" => operation = Some(v),
-                    "result" => result = Some(v),
-                    _ => {}
-                }
-            }
-        }
-        if let (Some(op), Some(res)) = (operation, result) {
-            // Counters are integers exposed as floats.
-            *out.entry(op).or_default().entry(res).or_default() += value.round() as u64;
-        }
-    }
-    out
+    kuryr_controller::metrics::calls(prometheus_text, "kuryr_octavia_calls_total{")
 }
 
 /// The end-of-demo numbers.
