@@ -120,6 +120,72 @@ async fn scheduler_and_kubelet_run_pods() {
     handle.shutdown().await.expect("shutdown");
 }
 
+/// A pod whose setup never ends (its port never comes, or it is deleted first) must not hold up
+/// the pods created after it, and deleting it cancels its setup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_slow_pod_does_not_hold_up_the_others() {
+    let opts = KubeOptions {
+        nodes: vec!["n1".into()],
+        ..KubeOptions::default()
+    };
+    let handle = KubeEmulator::start(opts).await.expect("start");
+    let store = handle.store();
+    let cancelled = Arc::new(AtomicUsize::new(0));
+    let c = cancelled.clone();
+    let _scheduler = spawn_scheduler(store.clone());
+    let _kubelet = spawn_kubelet(
+        store.clone(),
+        Vec::new(),
+        Arc::new(move |pod: Value| {
+            let c = c.clone();
+            Box::pin(async move {
+                if pod.pointer("/metadata/name").and_then(Value::as_str) == Some("slow") {
+                    // Counts a cancellation: dropped before the (endless) wait ends.
+                    struct OnDrop(Arc<AtomicUsize>);
+                    impl Drop for OnDrop {
+                        fn drop(&mut self) {
+                            self.0.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    let _guard = OnDrop(c);
+                    std::future::pending::<()>().await;
+                }
+                Ok(Some("10.0.0.9".to_string()))
+            })
+        }),
+        None,
+    );
+    let pods = store.find("", "v1", "pods").expect("pods served");
+    store
+        .create(&pods, "default", pod("slow", None), &WriteOpts::default())
+        .expect("create slow");
+    // Let the kubelet pick the slow pod first.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    for name in ["q1", "q2"] {
+        store
+            .create(&pods, "default", pod(name, None), &WriteOpts::default())
+            .expect("create pod");
+    }
+    let get = |name: &str| store.get(&pods, "default", name).expect("pod exists");
+    for name in ["q1", "q2"] {
+        eventually(&format!("{name} running behind a slow pod"), || {
+            get(name).pointer("/status/phase") == Some(&json!("Running"))
+        })
+        .await;
+    }
+    assert_eq!(get("slow").pointer("/status/phase"), Some(&json!("Pending")));
+    assert_eq!(cancelled.load(Ordering::SeqCst), 0);
+    store
+        .delete(&pods, "default", "slow", &DeleteOpts::default())
+        .expect("delete slow");
+    let c = cancelled.clone();
+    eventually("the deleted pod's setup cancelled", || {
+        c.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    handle.shutdown().await.expect("shutdown");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_persistence_auth_and_http_errors() {
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -2,7 +2,7 @@
 //! a kubelet and the EndpointSlice controller ([`endpointslices`]). They are clients: they use only the in-process [`Store`] handle (the same
 //! operations the HTTP API exposes: list, watch, `pods/binding`, status patch, create Event).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -142,6 +142,10 @@ pub type TeardownFn = Arc<dyn Fn(Value) -> Pin<Box<dyn Future<Output = ()> + Sen
 
 /// Runs pods bound to `nodes` (all nodes when empty): calls `setup`, then marks the pod Running
 /// with the returned IP through the status subresource; calls `teardown` when a pod is deleted.
+///
+/// Like a real kubelet, every pod is started on its own: one pod whose setup waits (its port is
+/// slow, or it is deleted meanwhile) never holds up the others. A pod deleted while its setup
+/// runs has that setup cancelled; a failed setup is reported as an Event and retried.
 pub fn spawn_kubelet(
     store: Arc<Store>,
     nodes: Vec<String>,
@@ -162,46 +166,31 @@ pub fn spawn_kubelet(
             let node = str_at(pod, "/spec/nodeName");
             !node.is_empty() && (nodes.is_empty() || nodes.iter().any(|n| n == node))
         };
-        let mut started: HashSet<String> = HashSet::new();
+        // uid -> its setup (in flight, or done and Running); a failed one leaves to be retried.
+        let mut started: HashMap<String, JoinHandle<()>> = HashMap::new();
+        let (failed_tx, mut failed_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         loop {
+            while let Ok(uid) = failed_rx.try_recv() {
+                started.remove(&uid);
+            }
             let page = store.list(&pods, None, &ListOpts::default());
             for pod in page.map(|p| p.items).unwrap_or_default() {
                 let uid = str_at(&pod, "/metadata/uid").to_string();
                 if !mine(&pod)
                     || str_at(&pod, "/status/phase") != "Pending"
                     || pod.pointer("/metadata/deletionTimestamp").is_some()
-                    || started.contains(&uid)
+                    || started.contains_key(&uid)
                 {
                     continue;
                 }
-                let (ns, name) = (
-                    str_at(&pod, "/metadata/namespace").to_string(),
-                    str_at(&pod, "/metadata/name").to_string(),
+                let run = start_pod(
+                    store.clone(),
+                    pods.clone(),
+                    (*pod).clone(),
+                    setup.clone(),
+                    failed_tx.clone(),
                 );
-                match setup((*pod).clone()).await {
-                    Ok(ip) => {
-                        started.insert(uid);
-                        let containers: Vec<Value> = pod.pointer("/spec/containers").and_then(Value::as_array).map(|cs| cs.iter().map(|c| json!({"name": c.get("name"), "image": c.get("image"), "ready": true, "restartCount": 0, "started": true, "state": {"running": {"startedAt": now()}}})).collect()).unwrap_or_default();
-                        let mut status = json!({"phase": "Running", "startTime": now(), "containerStatuses": containers,
-                            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Initialized", "status": "True"}, {"type": "ContainersReady", "status": "True"}, {"type": "Ready", "status": "True"}]});
-                        if let Some(ip) = ip {
-                            status["podIP"] = json!(ip);
-                            status["podIPs"] = json!([{"ip": ip}]);
-                        }
-                        if let Err(e) = store.patch(
-                            &pods,
-                            &ns,
-                            &name,
-                            PatchType::Merge,
-                            json!({"status": status}),
-                            true,
-                            &WriteOpts::default(),
-                        ) {
-                            tracing::debug!("kubelet stand-in: status update of {ns}/{name} failed: {e}");
-                        }
-                    }
-                    Err(message) => report(&store, &pod, &message),
-                }
+                started.insert(uid, tokio::spawn(run));
             }
             // Wait for a change; deletions among the changes get a teardown.
             let mut changes = Vec::new();
@@ -213,7 +202,9 @@ pub fn spawn_kubelet(
             }
             for ev in changes {
                 if ev.type_ == EventType::Deleted && mine(&ev.object) {
-                    started.remove(str_at(&ev.object, "/metadata/uid"));
+                    if let Some(setup) = started.remove(str_at(&ev.object, "/metadata/uid")) {
+                        setup.abort();
+                    }
                     if let Some(t) = &teardown {
                         t((*ev.object).clone()).await;
                     }
@@ -222,6 +213,47 @@ pub fn spawn_kubelet(
         }
     });
     StandIn { task }
+}
+
+/// One pod's start: `setup`, then the Running status (or a Warning Event and its uid on
+/// `failed`, so that the kubelet tries again).
+async fn start_pod(
+    store: Arc<Store>,
+    pods: Arc<crate::resources::ResourceDef>,
+    pod: Value,
+    setup: SetupFn,
+    failed: tokio::sync::mpsc::UnboundedSender<String>,
+) {
+    let (ns, name) = (
+        str_at(&pod, "/metadata/namespace").to_string(),
+        str_at(&pod, "/metadata/name").to_string(),
+    );
+    match setup(pod.clone()).await {
+        Ok(ip) => {
+            let containers: Vec<Value> = pod.pointer("/spec/containers").and_then(Value::as_array).map(|cs| cs.iter().map(|c| json!({"name": c.get("name"), "image": c.get("image"), "ready": true, "restartCount": 0, "started": true, "state": {"running": {"startedAt": now()}}})).collect()).unwrap_or_default();
+            let mut status = json!({"phase": "Running", "startTime": now(), "containerStatuses": containers,
+                "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Initialized", "status": "True"}, {"type": "ContainersReady", "status": "True"}, {"type": "Ready", "status": "True"}]});
+            if let Some(ip) = ip {
+                status["podIP"] = json!(ip);
+                status["podIPs"] = json!([{"ip": ip}]);
+            }
+            if let Err(e) = store.patch(
+                &pods,
+                &ns,
+                &name,
+                PatchType::Merge,
+                json!({"status": status}),
+                true,
+                &WriteOpts::default(),
+            ) {
+                tracing::debug!("kubelet stand-in: status update of {ns}/{name} failed: {e}");
+            }
+        }
+        Err(message) => {
+            report(&store, &pod, &message);
+            let _ = failed.send(str_at(&pod, "/metadata/uid").to_string());
+        }
+    }
 }
 
 fn now() -> String {
