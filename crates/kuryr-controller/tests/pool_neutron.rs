@@ -23,6 +23,7 @@ use kuryr_neutron::{
 };
 
 use support::{eventually, pooled_vif};
+use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "k8s-node-1";
 
@@ -97,6 +98,18 @@ impl Lab {
     }
 
     fn driver(&self, min: u32, max: u32, batch: u32, ttl: u64) -> Arc<PoolDriver> {
+        self.driver_updating(min, max, batch, ttl, Duration::from_secs(1))
+    }
+
+    /// A driver whose periodic maintenance runs every `update_frequency`.
+    fn driver_updating(
+        &self,
+        min: u32,
+        max: u32,
+        batch: u32,
+        ttl: u64,
+        update_frequency: Duration,
+    ) -> Arc<PoolDriver> {
         let deployments = Deployments::single(self.client.clone());
         let cluster_tag = tags::cluster_tag(&self.cluster);
         let vif = Arc::new(NeutronVif::new(
@@ -120,7 +133,7 @@ impl Lab {
             cluster_tag,
             metrics: Metrics::new(),
             refill_wait: Duration::from_secs(60),
-            update_frequency: Duration::from_secs(1),
+            update_frequency,
         };
         PoolDriver::new(PoolKind::Neutron, vif, opts).unwrap()
     }
@@ -248,6 +261,49 @@ async fn released_ports_recycle_up_to_max() {
             }
             let pool = d.snapshot(&lab.key()).unwrap();
             assert_eq!((pool.available, pool.recyclable, pool.in_use), (2, 0, 0));
+        })
+        .await;
+}
+
+/// Releases that take a pool beyond max wake maintenance: the surplus goes at once, not at the
+/// next periodic pass (an hour away here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_beyond_max_is_recycled_at_once() {
+    let Some(url) = neutron_url("a_release_beyond_max_is_recycled_at_once") else {
+        return;
+    };
+    Lab::new(&url, "pool-wake")
+        .await
+        .run(|lab| async move {
+            let d = lab.driver_updating(1, 1, 2, 0, Duration::from_secs(3600));
+            d.mark_ready();
+            let stop = CancellationToken::new();
+            let maintenance = tokio::spawn({
+                let (d, stop) = (d.clone(), stop.clone());
+                async move { d.run_maintenance(stop).await }
+            });
+            let mut used = Vec::new();
+            for pod in ["a", "b", "c"] {
+                used.push(request(&d, &lab, pod).await);
+            }
+            eventually("no refill running", Duration::from_secs(60), || async {
+                Ok((!d.snapshot(&lab.key()).unwrap().populating).then_some(()))
+            })
+            .await
+            .unwrap();
+            // Releasing b and c goes beyond max 1 (with the spare): wakes a recycle pass.
+            for (vif, origin) in &used {
+                d.release_vif(vif, origin).await.unwrap();
+            }
+            eventually("the pool back within max 1", Duration::from_secs(60), || async {
+                let pool = d.snapshot(&lab.key()).unwrap();
+                let ports = lab.ports().await.len();
+                Ok(((pool.available, pool.recyclable, pool.in_use, ports) == (1, 0, 0, 1)).then_some(()))
+            })
+            .await
+            .unwrap();
+            stop.cancel();
+            maintenance.await.unwrap();
         })
         .await;
 }

@@ -130,6 +130,9 @@ pub struct PoolDriver {
     refilled: watch::Sender<u64>,
     /// Wakes the KuryrPortPool flusher.
     changed: Notify,
+    /// Wakes maintenance for a recycle pass now: a release took a pool beyond `max`, which it
+    /// may exceed for one update period at most, not until the next periodic pass ends.
+    over_max: Notify,
     ready: AtomicBool,
     /// Bumped by [`PoolDriver::reset`]: a refill started before it lands nowhere.
     generation: AtomicU64,
@@ -161,6 +164,7 @@ impl PoolDriver {
             hosts: Mutex::default(),
             refilled: watch::Sender::new(0),
             changed: Notify::new(),
+            over_max: Notify::new(),
             ready: AtomicBool::new(false),
             generation: AtomicU64::new(0),
             quota_checked: Mutex::default(),
@@ -770,18 +774,29 @@ impl PoolDriver {
         }
     }
 
-    /// Runs [`PoolDriver::maintain`] every `ports_pool_update_frequency` until `stop`.
+    /// Runs [`PoolDriver::maintain`] every `ports_pool_update_frequency` until `stop`, and a
+    /// recycle pass as soon as a release takes a pool beyond `max` (releases meanwhile share
+    /// it).
     pub async fn run_maintenance(&self, stop: CancellationToken) {
         let mut tick = tokio::time::interval(self.opts.update_frequency);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
         loop {
-            tokio::select! {
+            let full = tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tick.tick() => {}
+                _ = tick.tick() => true,
+                _ = self.over_max.notified() => false,
+            };
+            if !self.is_ready() {
+                continue;
             }
-            if self.is_ready() {
+            if full {
                 self.maintain().await;
+            } else {
+                self.recycle().await;
+                self.trim().await;
+                self.publish_sizes();
+                self.touched();
             }
         }
     }
@@ -1152,10 +1167,14 @@ impl VifPool for PoolDriver {
             let mut st = self.lock();
             let key = release_key(&st, origin, vif.id());
             st.release(&key, vif.id(), data, None, Timestamp::now())
+                .map(|()| st.over_max(&key))
         };
         match released {
-            Ok(()) => {
+            Ok(over_max) => {
                 self.opts.metrics.pool_event("released", 1);
+                if over_max {
+                    self.over_max.notify_one();
+                }
                 self.touched();
                 Ok(())
             }

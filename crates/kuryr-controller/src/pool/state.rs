@@ -704,6 +704,17 @@ impl<T> Pools<T> {
         Ok(())
     }
 
+    /// Whether `key`'s spare ports (available and released) exceed `max`: the pool holds more
+    /// than it may keep until a recycle pass deletes the surplus.
+    pub fn over_max(&self, key: &Key) -> bool {
+        let max = self.limits.max;
+        max > 0
+            && self
+                .pools
+                .get(key)
+                .is_some_and(|p| p.available.len() + p.recyclable.len() > max)
+    }
+
     /// Records a port as in use by a pod of `key` (recovery from KuryrPorts).
     pub fn mark_in_use(&mut self, key: &Key, port_id: &str, since: Timestamp) {
         if let Some(pool) = self.pools.get_mut(key) {
