@@ -7,7 +7,9 @@
 //! - a port borrowed from a sibling pool (same network, other security groups) becomes the
 //!   borrower's: its groups and its pool tag, which recovery and the books go by;
 //! - a pool one of whose security groups was deleted (its NetworkPolicy is gone) is dropped at
-//!   its first failed refill, not refilled again and again.
+//!   its first failed refill, not refilled again and again;
+//! - the pools of a group being deleted are dropped with their spare ports (a pool above min
+//!   never refills, so it would keep them for good).
 //!
 //! Both run against the emulator and, with KURYR_TEST_NEUTRON_URL set, the real neutron-server.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -345,6 +347,71 @@ async fn a_pool_whose_security_group_is_gone_is_dropped_not_refilled() -> Result
         eprintln!(
             "pool_books[{}]: pool of a deleted group dropped: {err}",
             target.name
+        );
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}
+
+/// A deleted policy group's pools go with it: their spare ports are deleted at once (no pod asks
+/// for that set of groups again, and a pool above min never refills, so nothing else would
+/// free them), and the other pools keep theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_pools_of_a_deleted_group_are_dropped_with_their_spares() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.76.0.0/24").await?;
+        let bed = PoolBed::new(&kube, &fx, "ports_pool_min = 1\nports_pool_batch = 3").await?;
+        let (_ctx, pools) = context(&kube, &target, &bed).await?;
+        let policy_sg = extra_group(neutron, &fx, "pool-books-dropped").await?;
+        let info = network_info(neutron, &fx).await?;
+        let with_policy = PortSpec::new(
+            "default",
+            fx.project.clone(),
+            info.clone(),
+            vec![policy_sg.clone()],
+        );
+        let plain = PortSpec::new("default", fx.project.clone(), info, vec![fx.sg.clone()]);
+        let (a, _) = pooled_vif(pools.as_ref(), &pod_ref("a"), &with_policy).await?;
+        pooled_vif(pools.as_ref(), &pod_ref("b"), &plain).await?;
+        let spares = |sg: &str| {
+            pools
+                .summaries()
+                .iter()
+                .filter(|s| s.security_groups.iter().any(|g| g == sg))
+                .map(|s| (!s.populating).then_some(s.available))
+                .sum::<Option<usize>>()
+        };
+        let (dropped, kept) = eventually("both pools hold spares, no refill running", WAIT, || async {
+            Ok(match (spares(&policy_sg), spares(&fx.sg)) {
+                (Some(d), Some(k)) if d > 0 && k > 0 => Some((d, k)),
+                _ => None,
+            })
+        })
+        .await?;
+        let before = kuryr_ports(neutron, &fx.project).await?;
+        assert_eq!(before.len(), 2 + dropped + kept);
+
+        pools.drop_security_group(&policy_sg).await?;
+        ensure!(
+            pools
+                .summaries()
+                .iter()
+                .all(|s| !s.security_groups.contains(&policy_sg)),
+            "the pool of the deleted group is gone"
+        );
+        let left = kuryr_ports(neutron, &fx.project).await?;
+        assert_eq!(spares(&fx.sg), Some(kept), "the other pool keeps its spares");
+        assert_eq!(
+            left.len(),
+            2 + kept,
+            "the {dropped} spares of the dropped pool are deleted: {left:?}"
+        );
+        assert!(
+            left.contains(a.id()),
+            "a port in use stays until its pod releases it"
         );
         cleanup_project(neutron, &fx.project).await;
     }

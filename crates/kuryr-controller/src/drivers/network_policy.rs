@@ -35,6 +35,7 @@ use crate::policies::{
     PodInfo, PodSecurity, PolicyKey, PolicySpec, PolicyTracker, Protocol, Remote, Rule, desired, diff,
     pod_security,
 };
+use crate::pool::PoolManager;
 
 const TAG_POLICY: &str = "kuryr-rs.knp=";
 const TAG_VARIANT: &str = "kuryr-rs.variant=";
@@ -68,6 +69,8 @@ pub struct NetworkPolicyDriver {
     /// One reconcile per policy at a time: the `kuryrnetworkpolicy` and `pod_label` handlers
     /// both reconcile policies, and two at once would both create the same groups.
     locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// The port pools, keyed by sets of groups: a deleted group's pools go with it.
+    pools: Option<Arc<PoolManager>>,
 }
 
 impl NetworkPolicyDriver {
@@ -93,7 +96,14 @@ impl NetworkPolicyDriver {
             open_groups: Mutex::default(),
             tracker: Mutex::default(),
             locks: Mutex::default(),
+            pools: None,
         }
+    }
+
+    /// The port pools whose keys hold this driver's groups (see [`NetworkPolicyDriver::release`]).
+    pub fn with_pools(mut self, pools: Option<Arc<PoolManager>>) -> Self {
+        self.pools = pools;
+        self
     }
 
     /// Ingress always allowed from these prefixes (the nodes' subnets: kubelet probes).
@@ -550,6 +560,9 @@ impl NetworkPolicyDriver {
     /// recycling a port onto it, a pod's port sync) makes Neutron answer 409 SecurityGroupInUse:
     /// that is a race to retry, detaching again, not a failure.
     async fn delete_group(&self, client: &NeutronClient, sg: &str) -> Result<(), Error> {
+        if let Some(pools) = &self.pools {
+            pools.drop_security_group(sg).await?;
+        }
         self.detach(client, sg).await?;
         match client.delete_security_group(sg).await {
             Err(e) if e.is_kind(&kuryr_neutron::ErrorKind::SecurityGroupInUse) => Err(Error::not_ready(

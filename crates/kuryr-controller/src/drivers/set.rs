@@ -66,16 +66,21 @@ impl Drivers {
                 Arc::new(DefaultSubnets::new(ctx.config.clone(), subnet_cache.clone())?)
             }
         };
-        let network_policy = Arc::new(NetworkPolicyDriver::new(
-            ctx.kube.clone(),
-            ctx.deployments.clone(),
-            ctx.config.clone(),
-            ctx.resource_tags(),
-            ctx.cluster_id.clone(),
-            // Only a cluster with policies needs their project: refused when one is applied.
-            project_driver(ctx, k.network_policy_project_driver)
-                .unwrap_or_else(|e| Arc::new(UnsetProject(e.to_string()))),
-        ));
+        let vif = vif_driver(ctx, k.pod_vif_driver)?;
+        let pools = pool_manager(ctx, &vif)?;
+        let network_policy = Arc::new(
+            NetworkPolicyDriver::new(
+                ctx.kube.clone(),
+                ctx.deployments.clone(),
+                ctx.config.clone(),
+                ctx.resource_tags(),
+                ctx.cluster_id.clone(),
+                // Only a cluster with policies needs their project: refused when one is applied.
+                project_driver(ctx, k.network_policy_project_driver)
+                    .unwrap_or_else(|e| Arc::new(UnsetProject(e.to_string()))),
+            )
+            .with_pools(pools.clone()),
+        );
         let security_groups: Arc<dyn SecurityGroupsDriver> = match k.pod_security_groups_driver {
             SgName::Default => Arc::new(DefaultSecurityGroups::new(ctx.config.clone())),
             SgName::Namespace => Arc::new(NamespaceSecurityGroups::new(
@@ -88,8 +93,6 @@ impl Drivers {
                 ctx.config.clone(),
             )),
         };
-        let vif = vif_driver(ctx, k.pod_vif_driver)?;
-        let pools = pool_manager(ctx, &vif)?;
         let pool: Arc<dyn VifPool> = match &pools {
             Some(p) => p.clone(),
             None => Arc::new(NoopPool::new(vif.clone())),

@@ -882,13 +882,13 @@ impl PoolDriver {
         first.map_or(Ok(()), Err)
     }
 
-    /// Drops every pool on `network_id` (its namespace network is being deleted: Neutron
-    /// refuses while a port is left on it). Returns the names of the dropped pools.
-    pub async fn drop_network(&self, deployment: &str, network_id: &str) -> Result<Vec<String>, Error> {
+    /// Drops every pool whose key `which` selects (see [`PoolDriver::drop_pool`]). Returns the
+    /// names of the dropped pools.
+    pub async fn drop_where(&self, which: impl Fn(&Key) -> bool) -> Result<Vec<String>, Error> {
         let pools: Vec<(Key, String)> = self
             .lock()
             .iter()
-            .filter(|(k, _)| k.deployment == deployment && k.network_id == network_id)
+            .filter(|(k, _)| which(k))
             .map(|(k, p)| (k.clone(), p.meta.name.clone()))
             .collect();
         let mut first = None;

@@ -335,6 +335,29 @@ impl PoolManager {
     /// and recyclable ports in Neutron and their KuryrPortPool objects, so that Neutron lets the
     /// network go. ResourceNotReady while recovery runs (the pools' content is unknown yet).
     pub async fn drop_network(&self, deployment: &str, network_id: &str) -> Result<(), Error> {
+        self.drop_pools("network", network_id, |k| {
+            k.deployment == deployment && k.network_id == network_id
+        })
+        .await
+    }
+
+    /// A security group is being deleted (its NetworkPolicy is gone): no pod will ask for a set
+    /// of groups holding it again, so the pools keyed by it would keep their spare ports for
+    /// good. They are dropped first, which also keeps a recycle from putting the group back on
+    /// a port while it is being deleted.
+    pub async fn drop_security_group(&self, security_group: &str) -> Result<(), Error> {
+        self.drop_pools("security group", security_group, |k| {
+            k.security_groups.iter().any(|g| g == security_group)
+        })
+        .await
+    }
+
+    async fn drop_pools(
+        &self,
+        why: &str,
+        id: &str,
+        which: impl Fn(&state::Key) -> bool,
+    ) -> Result<(), Error> {
         if self.pooled.is_empty() {
             return Ok(());
         }
@@ -343,10 +366,10 @@ impl PoolManager {
         }
         let mut first = None;
         for d in &self.pooled {
-            match d.drop_network(deployment, network_id).await {
+            match d.drop_where(&which).await {
                 Ok(names) => {
                     for name in names {
-                        tracing::info!(pool = %name, network = network_id, "pool of a deleted network dropped");
+                        tracing::info!(pool = %name, because = why, id, "pool dropped: what it is keyed by is deleted");
                         if let Err(e) = self.persister.delete(&name).await {
                             // The reconcile pass deletes objects naming no pool.
                             tracing::warn!(pool = %name, error = %e, "could not delete KuryrPortPool");
