@@ -34,9 +34,21 @@ use clap::Parser;
 
 use crate::cli::{Cli, Command};
 
+/// kube-rs logs every failed request at ERROR (`failed with status 503`) before it hands the
+/// error to its caller, which retries it or reports it with its context: during an API outage
+/// that is an ERROR line per request for a condition the controller handles. Left to the
+/// callers unless `RUST_LOG` names kube_client itself.
+const KUBE_REQUEST_FAILURES: &str = "kube_client::client::builder=off";
+
 fn init_logging(default_filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let from_env = std::env::var("RUST_LOG").ok();
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    if !from_env.is_some_and(|v| v.contains("kube_client"))
+        && let Ok(directive) = KUBE_REQUEST_FAILURES.parse()
+    {
+        filter = filter.add_directive(directive);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

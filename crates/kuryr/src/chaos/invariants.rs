@@ -126,6 +126,9 @@ pub enum Kind {
     StuckPod,
     /// A KuryrPort of a pod that is gone.
     OrphanKuryrPort,
+    /// A node out of step with its pods: a Running pod without its address in its namespace,
+    /// or an interface or namespace left after its pod.
+    NodeState,
 }
 
 impl fmt::Display for Kind {
@@ -140,6 +143,7 @@ impl fmt::Display for Kind {
             Kind::SharedIp => "shared IP",
             Kind::StuckPod => "stuck pod",
             Kind::OrphanKuryrPort => "orphan KuryrPort",
+            Kind::NodeState => "node state",
         })
     }
 }

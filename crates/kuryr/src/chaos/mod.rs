@@ -6,10 +6,13 @@
 //! - [`profile`]: the profiles and their fault schedule (pure);
 //! - [`invariants`]: the checker (pure, over [`invariants::Snapshot`]s);
 //! - [`snapshot`]: reads a snapshot from the APIs;
-//! - [`churn`]: the workload; [`procs`]: the child processes; [`report`]: the table.
+//! - [`churn`]: the workload; [`procs`]: the child processes; [`report`]: the table;
+//! - [`nodes`]: the nodes (a network namespace and a CNI daemon process each) and the
+//!   kubelet's CNI calls.
 
 pub mod churn;
 pub mod invariants;
+pub mod nodes;
 pub mod procs;
 pub mod profile;
 pub mod report;
@@ -21,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, PostParams};
 use kube_emulator::standins::{spawn_endpointslice_controller, spawn_kubelet, spawn_scheduler};
 use kube_emulator::{KubeEmulator, KubeHandle, KubeOptions};
@@ -111,6 +114,9 @@ struct Soak {
     neutron_label: String,
     demo: DemoNetwork,
     controllers: Vec<Proc>,
+    /// The node daemons, or why none run (the kubelet stand-in then marks pods Running once
+    /// their KuryrPort's VIF is active).
+    nodes: Result<nodes::Nodes, String>,
     reader: Arc<snapshot::Reader>,
     started: Instant,
     disruptions: Disruptions,
@@ -118,6 +124,8 @@ struct Soak {
     faults: BTreeMap<&'static str, u64>,
     /// Restarts of killed or stopped controllers still to do: (when, index).
     restarts: Vec<(Instant, usize)>,
+    /// Restarts of killed daemons still to do: (when, node index).
+    daemon_restarts: Vec<(Instant, usize)>,
     /// Ends of long faults still to do.
     ends: Vec<(Instant, Fault)>,
     /// Stats at the start of the quota exhaustion, and the reader's snapshots so far.
@@ -174,6 +182,17 @@ impl Soak {
                 .await?;
                 let label = format!("the Neutron emulator at {}", emu.url());
                 (emu.url(), Some(emu), label)
+            }
+        };
+        let nodes = match nodes::probe() {
+            Ok(()) => Ok(nodes::Nodes::start(&NODES, kube.addr(), &dir)
+                .await
+                .context("starting the nodes")?),
+            Err(why) => {
+                println!(
+                    "chaos: no node daemons ({why}); the kubelet stand-in marks pods Running once their VIF is active"
+                );
+                Err(why)
             }
         };
         let neutron = NeutronClient::new(&ClientOptions::noauth(&neutron_url)).context("Neutron client")?;
@@ -251,12 +270,14 @@ impl Soak {
             neutron_label,
             demo,
             controllers,
+            nodes,
             reader,
             started: Instant::now(),
             disruptions: Disruptions::default(),
             background,
             faults: BTreeMap::new(),
             restarts: Vec::new(),
+            daemon_restarts: Vec::new(),
             ends: Vec::new(),
             exhaustion: None,
             exhausted_rates: None,
@@ -271,12 +292,11 @@ impl Soak {
         let store = self.kube.store();
         let _scheduler = spawn_scheduler(store.clone());
         let _slices = spawn_endpointslice_controller(store.clone());
-        let _kubelet = spawn_kubelet(
-            store,
-            NODES.map(String::from).to_vec(),
-            kubelet_setup(self.client.clone()),
-            None,
-        );
+        let (setup, teardown) = match &self.nodes {
+            Ok(n) => (n.setup(), Some(n.teardown())),
+            Err(_) => (kubelet_setup(self.client.clone()), None),
+        };
+        let _kubelet = spawn_kubelet(store, NODES.map(String::from).to_vec(), setup, teardown);
         self.started = Instant::now();
 
         // The checker runs on its own, every few seconds, until told to stop.
@@ -343,7 +363,7 @@ impl Soak {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // Whatever is still pending ends now.
-        while !self.ends.is_empty() || !self.restarts.is_empty() {
+        while !self.ends.is_empty() || !self.restarts.is_empty() || !self.daemon_restarts.is_empty() {
             self.tend().await?;
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -358,16 +378,32 @@ impl Soak {
         // The end: settle, then the strict check; then delete everything, settle, check again.
         let settled = self.settle(&checker).await;
         violations.extend(self.final_check(&checker, settled).await);
+        violations.extend(self.node_check(false).await);
         println!("  deleting every soak namespace ...");
         churn.delete_everything().await;
         let settled = self.settle(&checker).await;
         violations.extend(self.final_check(&checker, settled).await);
+        violations.extend(self.node_check(true).await);
 
         let leader_changes = self.lease_transitions().await;
         for c in &mut self.controllers {
             let _ = c.stop(Signal::SIGTERM, Duration::from_secs(15)).await;
         }
-        let error_lines: usize = self.controllers.iter().map(|c| c.error_lines().len()).sum();
+        let daemons: Vec<&Proc> = self
+            .nodes
+            .iter()
+            .flat_map(|n| n.nodes.iter().map(|n| &n.daemon))
+            .collect();
+        let error_lines: usize = self
+            .controllers
+            .iter()
+            .chain(daemons.iter().copied())
+            .map(|c| c.error_lines().len())
+            .sum();
+        let daemon_restarts = daemons
+            .iter()
+            .map(|d| u64::from(d.starts.saturating_sub(1)))
+            .sum();
         let checker = checker.lock().await;
         let stats = self.emulator.as_ref().map(|e| e.stats());
         let minutes = self.started.elapsed().as_secs_f64() / 60.0;
@@ -386,6 +422,8 @@ impl Soak {
                 .iter()
                 .map(|c| u64::from(c.starts.saturating_sub(1)))
                 .sum(),
+            daemon_restarts,
+            no_daemons: self.nodes.as_ref().err().cloned(),
             leader_changes_seen: leader_changes,
             violations,
             worst_recovery: checker.worst_recovery(),
@@ -437,6 +475,9 @@ impl Soak {
 
     async fn inject(&mut self, fault: Fault, churn: &mut Churn) {
         let now = self.started.elapsed();
+        if fault == Fault::DaemonKill && self.nodes.is_err() {
+            return;
+        }
         println!("  [{:>5.0}s] fault: {}", now.as_secs_f64(), fault.kind());
         self.count(&fault);
         let until = now + fault.length() + AFTER_FAULT;
@@ -493,6 +534,18 @@ impl Soak {
                 self.restarts.push((Instant::now() + Duration::from_secs(1), i));
                 self.disruptions.add(now, self.started.elapsed() + HANDOVER);
             }
+            Fault::DaemonKill => {
+                if let Ok(nodes) = &mut self.nodes {
+                    let i = self.rng.random_range(0..nodes.nodes.len());
+                    if let Err(e) = nodes.kill(i).await {
+                        eprintln!("  cannot kill the daemon of {}: {e:#}", nodes.nodes[i].name);
+                    }
+                    self.daemon_restarts
+                        .push((Instant::now() + Duration::from_secs(1), i));
+                    // Its pods wait for the restart and the daemon's start-up.
+                    self.disruptions.add(now, self.started.elapsed() + AFTER_FAULT);
+                }
+            }
             Fault::LeaderChange => {
                 let i = self.leader_index().await.unwrap_or(0);
                 if let Err(e) = self.controllers[i]
@@ -536,7 +589,29 @@ impl Soak {
                 self.controllers[i].start()?;
             }
         }
+        let due: Vec<usize> = self
+            .daemon_restarts
+            .iter()
+            .filter(|(at, _)| *at <= now)
+            .map(|(_, i)| *i)
+            .collect();
+        self.daemon_restarts.retain(|(at, _)| *at > now);
         let at = self.started.elapsed();
+        if let Ok(nodes) = &mut self.nodes {
+            for i in due {
+                nodes.nodes[i].daemon.start()?;
+            }
+            for n in &mut nodes.nodes {
+                if let Some(status) = n.daemon.exited() {
+                    self.crashes.push(format!(
+                        "{} exited with {status} at {:.0}s",
+                        n.daemon.name,
+                        at.as_secs_f64()
+                    ));
+                    n.daemon.start()?;
+                }
+            }
+        }
         for c in &mut self.controllers {
             if let Some(status) = c.exited() {
                 self.crashes.push(format!(
@@ -642,6 +717,91 @@ impl Soak {
         }
     }
 
+    /// The nodes as the kubelet and the daemons left them: every Running pod's namespace holds
+    /// its IP; with `emptied` (every pod deleted), no pod interface and no pod namespace is
+    /// left once the DELs are done (retried while a daemon was down: up to a minute).
+    async fn node_check(&self, emptied: bool) -> Vec<Violation> {
+        let Ok(nodes) = &self.nodes else {
+            return Vec::new();
+        };
+        let at = self.started.elapsed();
+        let violation = |subject: String, detail: String| Violation {
+            kind: invariants::Kind::NodeState,
+            subject,
+            detail,
+            at,
+        };
+        let mut out = Vec::new();
+        let mut checked = 0;
+        if !emptied {
+            let pods = match Api::<Pod>::all(self.client.clone())
+                .list(&Default::default())
+                .await
+            {
+                Ok(p) => p.items,
+                Err(e) => return vec![violation("pods".into(), format!("cannot be listed: {e}"))],
+            };
+            for pod in pods {
+                let status = pod.status.as_ref();
+                let (Some(ip), Some("Running")) = (
+                    status.and_then(|s| s.pod_ip.as_deref()),
+                    status.and_then(|s| s.phase.as_deref()),
+                ) else {
+                    continue;
+                };
+                if pod.metadata.deletion_timestamp.is_some() {
+                    continue;
+                }
+                let key = format!(
+                    "{}/{}",
+                    pod.metadata.namespace.as_deref().unwrap_or_default(),
+                    pod.metadata.name.as_deref().unwrap_or_default()
+                );
+                checked += 1;
+                match nodes.pod_addresses(pod.metadata.uid.as_deref().unwrap_or_default()) {
+                    Some(addrs) if addrs.iter().any(|a| a == ip) => {}
+                    Some(addrs) => out.push(violation(
+                        key,
+                        format!("Running with {ip}, its namespace has {addrs:?}"),
+                    )),
+                    None => out.push(violation(
+                        key,
+                        format!("Running with {ip}, its namespace is gone"),
+                    )),
+                }
+            }
+        } else {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let links = nodes.host_links();
+                let namespaces = nodes.pod_namespaces();
+                let clean = links.values().all(Vec::is_empty) && namespaces.is_empty();
+                if clean || Instant::now() >= deadline {
+                    for (node, l) in links.into_iter().filter(|(_, l)| !l.is_empty()) {
+                        out.push(violation(node, format!("{} pod interfaces left: {l:?}", l.len())));
+                    }
+                    if !namespaces.is_empty() {
+                        out.push(violation(
+                            "pod namespaces".into(),
+                            format!("{} left: {namespaces:?}", namespaces.len()),
+                        ));
+                    }
+                    break;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+        if emptied {
+            println!("  node check (emptied): {} violations", out.len());
+        } else {
+            println!("  node check ({checked} Running pods): {} violations", out.len());
+        }
+        for v in &out {
+            println!("    {v}");
+        }
+        out
+    }
+
     async fn lease_transitions(&self) -> u64 {
         Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
             self.client.clone(),
@@ -681,6 +841,9 @@ impl Soak {
                 }
             }
             self.demo.delete(&self.neutron).await;
+        }
+        if let Ok(nodes) = self.nodes {
+            nodes.shutdown().await;
         }
         let _ = self.kube.shutdown().await;
         if let Some(e) = &self.emulator {

@@ -45,6 +45,8 @@ pub struct Profile {
     pub kills: usize,
     /// Graceful stops of the leader (SIGTERM): the standby takes over.
     pub leader_changes: usize,
+    /// CNI daemon SIGKILLs (a random node's), restarted a second later.
+    pub daemon_kills: usize,
     pub pool: PoolSettings,
     /// A pod must run within this long after it was created or the faults stopped.
     pub stuck_bound: Duration,
@@ -73,6 +75,7 @@ impl Profile {
             gones: 2,
             kills: 6,
             leader_changes: 2,
+            daemon_kills: 2,
             pool: PoolSettings {
                 min: 2,
                 max: 10,
@@ -103,6 +106,7 @@ impl Profile {
             gones: 1,
             kills: 4,
             leader_changes: 1,
+            daemon_kills: 1,
             ..Self::ci()
         }
     }
@@ -125,6 +129,7 @@ impl Profile {
             gones: 6,
             kills: 20,
             leader_changes: 6,
+            daemon_kills: 6,
             settle: Duration::from_secs(180),
             ..Self::ci()
         }
@@ -138,6 +143,7 @@ impl Profile {
             gones: 0,
             kills: 0,
             leader_changes: 0,
+            daemon_kills: 0,
             ..self.without_neutron_faults()
         }
     }
@@ -173,6 +179,7 @@ pub enum Fault {
     Gone,
     Kill(KillMoment),
     LeaderChange,
+    DaemonKill,
 }
 
 impl Fault {
@@ -200,6 +207,7 @@ impl Fault {
             Fault::Kill(KillMoment::MidRefill) => "controller SIGKILL (mid-refill)",
             Fault::Kill(KillMoment::MidFinalize) => "controller SIGKILL (mid-finalize)",
             Fault::LeaderChange => "leadership change",
+            Fault::DaemonKill => "CNI daemon SIGKILL",
         }
     }
 }
@@ -249,6 +257,8 @@ pub fn schedule(profile: &Profile, seed: u64) -> Vec<Planned> {
         })
     }));
     short.extend((0..profile.leader_changes).map(|_| Fault::LeaderChange));
+    // Last: the faults above keep their moments for a seed.
+    short.extend((0..profile.daemon_kills).map(|_| Fault::DaemonKill));
     for fault in short {
         let at = start + (window.saturating_sub(start)).mul_f64(rng.random::<f64>());
         plan.push(Planned { at, fault });
@@ -316,7 +326,7 @@ mod tests {
     fn the_ci_profile_has_every_kind_of_fault_and_kills_of_every_moment() {
         let plan = schedule(&Profile::ci(), 1);
         let kinds: std::collections::BTreeSet<&str> = plan.iter().map(|p| p.fault.kind()).collect();
-        assert_eq!(kinds.len(), 10, "{kinds:?}");
+        assert_eq!(kinds.len(), 11, "{kinds:?}");
     }
 
     #[test]

@@ -20,6 +20,9 @@ pub struct Report {
     /// Neutron requests answered with an injected failure (emulator).
     pub neutron_faults_injected: Option<u64>,
     pub controller_restarts: u64,
+    /// CNI daemon restarts; with `no_daemons` (why) the kubelet stand-in ran pods instead.
+    pub daemon_restarts: u64,
+    pub no_daemons: Option<String>,
     pub leader_changes_seen: u64,
     pub violations: Vec<Violation>,
     pub worst_recovery: Duration,
@@ -84,6 +87,13 @@ impl Report {
             row("  neutron requests failed by injection", n.to_string());
         }
         row("controller restarts", self.controller_restarts.to_string());
+        row(
+            "CNI daemon restarts",
+            match &self.no_daemons {
+                None => self.daemon_restarts.to_string(),
+                Some(why) => format!("no daemons: {why}"),
+            },
+        );
         row("leadership changes seen", self.leader_changes_seen.to_string());
         row("leaks (ports, load balancers, groups)", self.leaks().to_string());
         row("stuck pods", self.count(&[Kind::StuckPod]).to_string());
@@ -94,6 +104,10 @@ impl Report {
         row(
             "shared ports or IPs",
             self.count(&[Kind::SharedPort, Kind::SharedIp]).to_string(),
+        );
+        row(
+            "node state (pod interfaces, leftovers)",
+            self.count(&[Kind::NodeState]).to_string(),
         );
         row(
             "worst recovery time",
