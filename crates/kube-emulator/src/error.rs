@@ -3,6 +3,9 @@
 
 use serde_json::{Value, json};
 
+/// The cause of a create refused because its namespace is being deleted.
+pub const NAMESPACE_TERMINATING: &str = "NamespaceTerminating";
+
 /// One `details.causes` entry of an `Invalid` status: which field, why.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cause {
@@ -53,7 +56,7 @@ impl Cause {
     }
 
     fn render(&self) -> String {
-        if self.reason == "FieldManagerConflict" {
+        if self.reason == "FieldManagerConflict" || self.reason == NAMESPACE_TERMINATING {
             // Apply conflicts carry the field separately and only the manager in the message.
             return self.message.clone();
         }
@@ -184,6 +187,22 @@ impl ApiError {
 
     pub fn forbidden(message: impl Into<String>) -> Self {
         Self::new(403, "Forbidden", message)
+    }
+
+    /// A create in a namespace being deleted, as the NamespaceLifecycle admission plugin
+    /// refuses it: 403 with the cause `NamespaceTerminating`, which clients branch on.
+    pub fn namespace_terminating(group: &str, plural: &str, name: &str, ns: &str) -> Self {
+        let mut err = Self::forbidden(format!(
+            "{} \"{name}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
+            qualified(group, plural)
+        ))
+        .with_details(group, plural, name);
+        err.details.causes = vec![Cause {
+            field: "metadata.namespace".into(),
+            reason: NAMESPACE_TERMINATING,
+            message: format!("namespace {ns} is being terminated"),
+        }];
+        err
     }
 
     pub fn unsupported_media_type(content_type: &str) -> Self {

@@ -103,6 +103,14 @@ where
     }
 }
 
+/// Whether a create was refused because its namespace is being deleted (403, cause
+/// `NamespaceTerminating`): the object that asked for it goes with the namespace, so there is
+/// nothing left to do - a race with the namespace's deletion, not a failure.
+pub fn is_namespace_terminating(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 403
+        && s.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating")))
+}
+
 /// Adds `finalizer` unless present (see [`patch_finalizers`] for concurrent writers and stale
 /// copies). An object that is gone is [`Error::Gone`].
 pub async fn add_finalizer<K>(client: &Client, obj: &K, finalizer: &str) -> Result<K, Error>

@@ -450,3 +450,41 @@ async fn a_recreated_pod_never_gets_the_old_pods_port() -> Result<()> {
     }
     Ok(())
 }
+
+/// A pod event handled while its namespace is being deleted: the apiserver refuses the
+/// KuryrPort (403, cause NamespaceTerminating) and the pod goes with its namespace, so the
+/// handler is done - a race with the deletion, not a failure to retry or log at ERROR.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_in_a_terminating_namespace_needs_no_kuryrport() -> Result<()> {
+    use kuryr_controller::context::Platform;
+    use kuryr_controller::handlers::vif::VifHandler;
+    let kube = start_kube().await?;
+    create_namespace(&kube.client, "going", json!({})).await?;
+    let pod = create_pod(&kube.client, "going", "p", NODES[0], json!({})).await?;
+    // The pod's finalizer from an earlier event keeps the namespace terminating; the handler
+    // then works on its copy from before the deletion.
+    let pods: Api<Pod> = Api::namespaced(kube.client.clone(), "going");
+    let held = json!({"metadata": {"finalizers": [kuryr_crds::names::finalizers::POD]}});
+    let pod = pods
+        .patch("p", &PatchParams::default(), &Patch::Merge(&held))
+        .await?;
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(kube.client.clone())
+        .delete("going", &DeleteParams::default())
+        .await?;
+    let metrics = Metrics::new();
+    let platform = Arc::new(Platform::new(
+        kube.client.clone(),
+        // Never reached: the handler stops at the refused create.
+        config("[neutron_defaults]\nproject = p1\npod_subnet = s1\npod_security_groups = sg1\n"),
+        Deployments::noauth("http://127.0.0.1:9", &metrics)?,
+        metrics,
+    ));
+    let handler = VifHandler::new(Context::build(platform)?);
+    handler.on_present(&pod).await?;
+    let kps: Api<KuryrPort> = Api::namespaced(kube.client.clone(), "going");
+    assert!(
+        kps.get_opt("p").await?.is_none(),
+        "no KuryrPort in a terminating namespace"
+    );
+    Ok(())
+}

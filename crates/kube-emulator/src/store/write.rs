@@ -355,10 +355,12 @@ impl State {
             match self.namespace_terminating(ns) {
                 None => return Err(ApiError::not_found("", "namespaces", ns)),
                 Some(true) => {
-                    return Err(ApiError::forbidden(format!(
-                        "{} \"{name}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
-                        crate::error::qualified(&def.group, &def.plural)
-                    )));
+                    return Err(ApiError::namespace_terminating(
+                        &def.group,
+                        &def.plural,
+                        &name,
+                        ns,
+                    ));
                 }
                 Some(false) => {}
             }

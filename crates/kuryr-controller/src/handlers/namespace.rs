@@ -67,6 +67,7 @@ impl ResourceEventHandler for NamespaceHandler {
                 match api.create(&PostParams::default(), &kn).await {
                     Ok(_) => Ok(()),
                     Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                    Err(e) if crate::k8s::is_namespace_terminating(&e) => Ok(()),
                     Err(e) => Err(e.into()),
                 }
             }

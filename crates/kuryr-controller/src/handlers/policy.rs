@@ -133,6 +133,7 @@ impl ResourceEventHandler for PolicyHandler {
                     Err(kube::Error::Api(s)) if s.code == 409 => {
                         Err(Error::not_ready("KuryrNetworkPolicy being replaced"))
                     }
+                    Err(e) if crate::k8s::is_namespace_terminating(&e) => Ok(()),
                     Err(e) => Err(e.into()),
                 }
             }

@@ -224,6 +224,7 @@ impl ServiceHandler {
                     Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::not_ready(format!(
                         "KuryrLoadBalancer {ns}/{name} appeared meanwhile"
                     ))),
+                    Err(e) if crate::k8s::is_namespace_terminating(&e) => Ok(()),
                     Err(e) => Err(e.into()),
                 }
             }

@@ -139,6 +139,7 @@ impl ResourceEventHandler for VifHandler {
                     Ok(_) => Ok(()),
                     // Created concurrently (e.g. a replayed event): the next event re-checks the uid.
                     Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                    Err(e) if crate::k8s::is_namespace_terminating(&e) => Ok(()),
                     Err(e) => Err(e.into()),
                 }
             }
