@@ -460,7 +460,7 @@ async fn a_pod_in_a_terminating_namespace_needs_no_kuryrport() -> Result<()> {
     use kuryr_controller::handlers::vif::VifHandler;
     let kube = start_kube().await?;
     create_namespace(&kube.client, "going", json!({})).await?;
-    let pod = create_pod(&kube.client, "going", "p", NODES[0], json!({})).await?;
+    create_pod(&kube.client, "going", "p", NODES[0], json!({})).await?;
     // The pod's finalizer from an earlier event keeps the namespace terminating; the handler
     // then works on its copy from before the deletion.
     let pods: Api<Pod> = Api::namespaced(kube.client.clone(), "going");
