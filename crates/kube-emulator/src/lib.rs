@@ -20,6 +20,7 @@
 pub mod error;
 pub mod event_shapes;
 pub mod fields;
+pub mod netns;
 pub mod patch;
 pub mod rbac;
 pub mod requests;

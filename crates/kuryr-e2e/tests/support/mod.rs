@@ -246,33 +246,6 @@ pub fn reachable(from: &str, to: &str, addr: IpAddr) -> std::result::Result<(), 
 
 // ---------------------------------------------------------------- nodes
 
-/// Forwards TCP connections accepted on 127.0.0.1 inside `netns` to `target`
-/// in the test's own namespace: the node's daemon reaches the API emulator
-/// as a real daemon reaches its API server, without addresses in the root
-/// namespace. The listener socket is created in the node namespace; the
-/// forwarding runs on the test runtime, whose threads stay in the root one.
-async fn api_proxy(netns: String, target: SocketAddr) -> Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = std::thread::spawn(move || -> Result<std::net::TcpListener> {
-        enter_netns(&netns).map_err(anyhow::Error::msg)?;
-        Ok(std::net::TcpListener::bind("127.0.0.1:0")?)
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("proxy thread panicked"))??;
-    listener.set_nonblocking(true)?;
-    let listener = tokio::net::TcpListener::from_std(listener)?;
-    let addr = listener.local_addr()?;
-    let task = tokio::spawn(async move {
-        while let Ok((mut inbound, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                if let Ok(mut out) = tokio::net::TcpStream::connect(target).await {
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
-                }
-            });
-        }
-    });
-    Ok((addr, task))
-}
-
 /// A daemon (`kuryr_daemon::kube::run`, as the CLI runs it) on a runtime
 /// whose threads live in the node's namespace.
 struct DaemonThread {
@@ -332,7 +305,7 @@ impl Node {
     }
 
     async fn with_ns(name: &'static str, kube: &Kube, ns: Ns, ovs_db: Option<String>) -> Result<Self> {
-        let (api, proxy) = api_proxy(ns.path(), kube.handle.addr()).await?;
+        let (api, proxy) = kube_emulator::netns::relay_from_netns(&ns.path(), kube.handle.addr()).await?;
         let dir = tempfile::tempdir()?;
         let baseline = ns.links()?;
         let mut node = Node {

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use kube_emulator::netns::relay_from_netns;
 use kube_emulator::standins::{SetupFn, TeardownFn};
 use kuryr_crds::Vif;
 use nix::sys::signal::Signal;
@@ -80,7 +81,9 @@ impl Nodes {
             ip(&["-n", &netns, "link", "set", "lo", "up"])?;
             ip(&["-n", &netns, "link", "add", BRIDGE, "type", "bridge"])?;
             ip(&["-n", &netns, "link", "set", BRIDGE, "up"])?;
-            let (proxy_addr, proxy) = api_proxy(&netns, api).await?;
+            let (proxy_addr, proxy) = relay_from_netns(&format!("/var/run/netns/{netns}"), api)
+                .await
+                .with_context(|| format!("an API relay into {netns}"))?;
             let kubeconfig = dir.join(format!("kubeconfig-{name}"));
             std::fs::write(&kubeconfig, kubeconfig_yaml(proxy_addr))
                 .with_context(|| format!("writing {}", kubeconfig.display()))?;
@@ -361,35 +364,6 @@ fn link_names(out: &str) -> Vec<String> {
 
 fn str_at<'a>(v: &'a Value, ptr: &str) -> &'a str {
     v.pointer(ptr).and_then(Value::as_str).unwrap_or_default()
-}
-
-/// A listener inside `netns` whose connections are relayed to `target` (outside it).
-async fn api_proxy(
-    netns: &str,
-    target: SocketAddr,
-) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let path = format!("/var/run/netns/{netns}");
-    let listener = std::thread::spawn(move || -> anyhow::Result<std::net::TcpListener> {
-        let f = std::fs::File::open(&path).with_context(|| path.clone())?;
-        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
-            .with_context(|| format!("setns {path}"))?;
-        Ok(std::net::TcpListener::bind("127.0.0.1:0")?)
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("the proxy's thread panicked"))??;
-    listener.set_nonblocking(true)?;
-    let listener = tokio::net::TcpListener::from_std(listener)?;
-    let addr = listener.local_addr()?;
-    let task = tokio::spawn(async move {
-        while let Ok((mut inbound, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                if let Ok(mut out) = tokio::net::TcpStream::connect(target).await {
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
-                }
-            });
-        }
-    });
-    Ok((addr, task))
 }
 
 #[cfg(test)]
