@@ -2,7 +2,9 @@
 # The README's test command: every check CI runs, including the tests against a real
 # neutron-server.
 #   1. installs (first run) and starts neutron-server 29.0.0 via scripts/neutron-lab/ (state in
-#      .neutron-lab/; an already running lab server is reused) and exports KURYR_TEST_NEUTRON_URL
+#      .neutron-lab/; an already running lab server is reused) and exports KURYR_TEST_NEUTRON_URL;
+#      then a second one (INSTANCE=2: .neutron-lab-2/, :9699) for the placement tests,
+#      KURYR_TEST_NEUTRON_URL_2
 #   2. creates the upstream kuryr-kubernetes venv (scripts/upstream-kuryr-venv.sh) for the
 #      compatibility tests, and starts a private userspace Open vSwitch
 #      (scripts/ovs-userspace.sh, state in .ovs/; a running one is reused) for the OVS binding
@@ -59,6 +61,7 @@ else
   step "starting neutron-server (first run installs it; takes a few minutes)"
   STARTED_NEUTRON=1
 fi
+STARTED_NEUTRON_2=0
 STARTED_OVS=0
 STARTED_OVN=0
 STARTED_OCTAVIA=0
@@ -79,6 +82,10 @@ stop_neutron() {
     step "stopping the Octavia this script started"
     "$REPO/scripts/octavia-lab/stop-octavia.sh" || true
   fi
+  if [ "$STARTED_NEUTRON_2" = 1 ] && [ "${KEEP_NEUTRON:-0}" != 1 ]; then
+    step "stopping the second neutron-server this script started"
+    INSTANCE=2 "$REPO/scripts/neutron-lab/stop-neutron.sh" || true
+  fi
   if [ "$STARTED_NEUTRON" = 1 ] && [ "${KEEP_NEUTRON:-0}" != 1 ]; then
     step "stopping the neutron-server this script started"
     "$REPO/scripts/neutron-lab/stop-neutron.sh" || true
@@ -95,6 +102,20 @@ neutron_up || { echo "neutron-server is not answering at $NEUTRON_URL" >&2; exit
 export KURYR_TEST_NEUTRON_URL="$NEUTRON_URL"
 # Real-server tests (contract suite, kuryr-testbed targets) then fail instead of skipping without the URL.
 export KURYR_TEST_REQUIRE_NEUTRON=1
+
+# A second neutron-server (.neutron-lab-2/, :9699, its own database, queue and fake agents, the
+# first one's venv): the placement tests bind projects over two real OpenStack deployments.
+NEUTRON_URL_2="http://127.0.0.1:${API_PORT_2:-9699}"
+neutron2_t0=$(date +%s)
+if curl -sf -o /dev/null "$NEUTRON_URL_2/v2.0/networks?limit=1"; then
+  step "second neutron-server already answers at $NEUTRON_URL_2: reusing it"
+else
+  step "starting a second neutron-server (INSTANCE=2 scripts/neutron-lab/start-neutron.sh)"
+  STARTED_NEUTRON_2=1
+fi
+INSTANCE=2 "$REPO/scripts/neutron-lab/start-neutron.sh"
+echo "second neutron-server ready in $(( $(date +%s) - neutron2_t0 ))s"
+export KURYR_TEST_NEUTRON_URL_2="$NEUTRON_URL_2"
 
 octavia_t0=$(date +%s)
 if octavia_up; then

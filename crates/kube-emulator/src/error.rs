@@ -249,7 +249,9 @@ impl ApiError {
                 .details
                 .causes
                 .iter()
-                .map(|c| json!({"reason": c.reason, "message": c.render(), "field": c.field}))
+                // The real server's cause message is the error's body without its field
+                // (kubectl prints `* field: message`).
+                .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
                 .collect();
             details.insert("causes".into(), Value::Array(causes));
         }

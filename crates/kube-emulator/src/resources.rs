@@ -527,6 +527,13 @@ pub fn defs_from_crd(crd: &Value) -> ApiResult<Vec<ResourceDef>> {
         ));
     }
     for (i, v) in versions.iter().enumerate() {
+        if let Some(why) = v.pointer("/schema/openAPIV3Schema").and_then(|s| {
+            crate::schema::non_boolean_exclusive_bound(s, "spec.versions.schema.openAPIV3Schema")
+        }) {
+            return Err(ApiError::bad_request(format!(
+                "CustomResourceDefinition in version \"v1\" cannot be handled as a CustomResourceDefinition: {why}"
+            )));
+        }
         if v.get("name")
             .and_then(Value::as_str)
             .unwrap_or_default()

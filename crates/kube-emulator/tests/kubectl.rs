@@ -692,3 +692,86 @@ async fn kubectl_applies_the_generated_install_twice_without_change() {
     assert_eq!(owner, "kubectl/Apply");
     handle.shutdown().await.expect("clean shutdown");
 }
+
+/// The placement CRDs' bounds (deploy/crds) refuse kubectl-style bad objects as kube-apiserver
+/// does: 422 with every offending field named, in its message shape; good objects pass, and a
+/// whole-number float in an integer field is stored as an integer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_refuses_placement_objects_outside_their_schema() {
+    if !kubectl_available() {
+        return;
+    }
+    let handle = KubeEmulator::start(KubeOptions::default())
+        .await
+        .expect("emulator starts");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = kubectl_for(&handle, dir.path()).await;
+    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds");
+    for f in [
+        "kuryropenstackdeployments.openstack.org.yaml",
+        "kuryrprojectbindings.openstack.org.yaml",
+    ] {
+        k.ok(&["apply", "-f", &crds.join(f).display().to_string()], None);
+    }
+    let kosd = |name: &str, spec: &str| {
+        format!(
+            "apiVersion: openstack.org/v1\nkind: KuryrOpenStackDeployment\nmetadata:\n  name: {name}\nspec:\n{spec}"
+        )
+    };
+    let err = k.fails(
+        &["create", "-v=6", "-f", "-"],
+        Some(&kosd(
+            "bad",
+            "  usageThreshold: 0\n  headroom: 1\n  weight: 1.5\n  availabilityZone: 'a:b'\n  \
+             maintenance:\n    enabled: true\n    until: tomorrow\n  resourceAffinity:\n    resource: 'cad,gpu'\n",
+        )),
+    );
+    assert!(
+        err.lines()
+            .any(|l| l.contains("POST") && l.contains(" 422 Unprocessable Entity")),
+        "{err}"
+    );
+    // kubectl prints the causes as `* <field>: <message>`.
+    for want in [
+        "The KuryrOpenStackDeployment \"bad\" is invalid",
+        "* spec.usageThreshold: Invalid value: 0: spec.usageThreshold in body should be greater than 0",
+        "* spec.headroom: Invalid value: 1: spec.headroom in body should be less than 1",
+        "* spec.weight: Invalid value: \"number\": spec.weight in body must be of type integer: \"number\"",
+        "* spec.availabilityZone: Invalid value: \"a:b\": spec.availabilityZone in body should match",
+        "* spec.maintenance.until: Invalid value: \"tomorrow\"",
+        "* spec.resourceAffinity.resource: Invalid value: \"cad,gpu\"",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+    let err = k.fails(
+        &["create", "-f", "-"],
+        Some(&kosd("far", "  usageThreshold: 1.5\n  weight: 2000000\n")),
+    );
+    assert!(
+        err.contains("spec.usageThreshold: Invalid value: 1.5: spec.usageThreshold in body should be less than or equal to 1")
+            && err.contains("spec.weight: Invalid value: 2000000: spec.weight in body should be less than or equal to 1e+06"),
+        "{err}"
+    );
+    let err = k.fails(
+        &["create", "-f", "-"],
+        Some(
+            "apiVersion: openstack.org/v1\nkind: KuryrProjectBinding\nmetadata:\n  name: p\nspec:\n  projectId: ''\n  availabilityZone: ' az1'\n",
+        ),
+    );
+    assert!(
+        err.contains(
+            "spec.projectId: Invalid value: \"\": spec.projectId in body should be at least 1 chars long"
+        ) && err.contains("spec.availabilityZone: Invalid value: \" az1\""),
+        "{err}"
+    );
+    // In bounds: accepted; 3.0 in the integer weight is stored as 3.
+    k.ok(
+        &["create", "-f", "-"],
+        Some(&kosd(
+            "good",
+            "  usageThreshold: 1\n  headroom: 0\n  weight: 3.0\n  availabilityZone: az1\n  resourceAffinity:\n    resource: cad\n",
+        )),
+    );
+    assert_eq!(k.get_jsonpath(&["kosd", "good"], "{.spec.weight}"), "3");
+    handle.shutdown().await.expect("clean shutdown");
+}

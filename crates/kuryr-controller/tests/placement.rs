@@ -1,15 +1,18 @@
-//! Deployment placement end to end on two OpenStack deployments (two Neutron emulators; the same
-//! tests run against real neutron-servers in `placement_real.rs`): projects bound per (project,
-//! zone/affinity group), maintenance set on a `KuryrOpenStackDeployment` without a restart, binding
-//! history in `KuryrProjectBinding`, namespace networks finalized in the deployment they were made
-//! in, and a deployment removed from the configuration drained instead of stuck.
+//! Deployment placement end to end. The first tests run on two Neutron emulators: projects bound
+//! per (project, zone/affinity group), maintenance set on a `KuryrOpenStackDeployment` without a
+//! restart, binding history in `KuryrProjectBinding`, namespace networks finalized in the
+//! deployment they were made in, a deployment removed from the configuration drained instead of
+//! stuck. The `four_deployments_*` tests run on four deployments in two affinity groups, two of
+//! them real neutron-servers when `KURYR_TEST_NEUTRON_URL` and `KURYR_TEST_NEUTRON_URL_2` are set
+//! (docs/placement.md lists what each proves).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
@@ -98,10 +101,32 @@ async fn event(kube: &kube::Client, name: &str, reason: &str, text: &str) -> Res
 async fn set_maintenance(kube: &kube::Client, deployment: &str, on: bool, move_existing: bool) -> Result<()> {
     let patch =
         json!({"spec": {"maintenance": {"enabled": on, "reason": "upgrade"}, "moveExisting": move_existing}});
-    Api::<KuryrOpenStackDeployment>::all(kube.clone())
+    let api = Api::<KuryrOpenStackDeployment>::all(kube.clone());
+    let edited = api
         .patch(deployment, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
-    Ok(())
+    followed(kube, deployment, edited.metadata.generation).await
+}
+
+/// Waits until the controller follows `generation` of `deployment`'s spec, as an operator would
+/// with `kubectl wait --for=jsonpath='{.status.observedGeneration}'=N kosd/NAME`.
+async fn followed(kube: &kube::Client, deployment: &str, generation: Option<i64>) -> Result<()> {
+    let api = Api::<KuryrOpenStackDeployment>::all(kube.clone());
+    let generation = generation.context("the API server sets metadata.generation")?;
+    eventually(
+        &format!("{deployment} generation {generation} followed"),
+        WAIT,
+        || async {
+            Ok(api
+                .get(deployment)
+                .await?
+                .status
+                .and_then(|s| s.observed_generation)
+                .filter(|g| *g >= generation)
+                .map(|_| ()))
+        },
+    )
+    .await
 }
 
 struct Two {
@@ -598,6 +623,759 @@ async fn a_project_over_its_port_quota_threshold_is_rebound_with_a_history_row_a
         "moved from deployment default to west",
     )
     .await?;
+    stop.cancel();
+    task.await?;
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------------
+// Four deployments in two affinity groups: `default` and `general-2` serve general resources,
+// `cad-1` and `cad-2` carry `resource=cad` ("CAD modeling"); zones az1 (default, cad-1) and az2
+// (general-2, cad-2); declaration order is the creation order, general first. `default` and
+// `cad-1` are real neutron-servers when KURYR_TEST_NEUTRON_URL and KURYR_TEST_NEUTRON_URL_2 are
+// set (scripts/test-all.sh starts both), emulators otherwise.
+// ------------------------------------------------------------------------------------------------
+
+const SECOND_NEUTRON_URL_VAR: &str = "KURYR_TEST_NEUTRON_URL_2";
+
+/// One of the four deployments and what the controller needs there.
+struct Site {
+    name: &'static str,
+    client: NeutronClient,
+    url: String,
+    real: bool,
+    zone: &'static str,
+    cad: bool,
+    fx: NeutronFixture,
+    pool: String,
+    router: String,
+    emulator: Option<EmulatorHandle>,
+}
+
+/// What a project has in one deployment (and the router interfaces there), to prove nothing leaks.
+#[derive(Debug, PartialEq, Eq)]
+struct Counts {
+    ports: usize,
+    networks: usize,
+    subnets: usize,
+    security_groups: usize,
+    router_interfaces: usize,
+}
+
+impl Site {
+    async fn counts(&self, project: &str) -> Result<Counts> {
+        let f = || ListFilter::new().project_id(project);
+        Ok(Counts {
+            ports: self.client.list_ports(&f()).await?.len(),
+            networks: self.client.list_networks(&f()).await?.len(),
+            subnets: self.client.list_subnets(&f()).await?.len(),
+            // Neutron gives every project it sees a "default" group of its own.
+            security_groups: self
+                .client
+                .list_security_groups(&f())
+                .await?
+                .iter()
+                .filter(|g| g.name != "default")
+                .count(),
+            router_interfaces: self
+                .client
+                .list_ports(&ListFilter::new().device_id(&self.router))
+                .await?
+                .len(),
+        })
+    }
+
+    /// Whether `network` exists here.
+    async fn has_network(&self, network: &str) -> Result<bool> {
+        match self.client.get_network(network).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn section(&self) -> String {
+        let header = if self.name == "default" {
+            "[neutron]".to_string()
+        } else {
+            format!("[deployment:{}]", self.name)
+        };
+        format!(
+            "{header}\nauth_type = noauth\nendpoint_override = {}\navailability_zone = {}\n{}\
+             pod_subnet = {}\npod_security_groups = {}\npod_router = {}\npod_subnet_pool = {}\n",
+            self.url,
+            self.zone,
+            if self.cad {
+                "resource_affinity = resource:cad\n"
+            } else {
+                ""
+            },
+            self.fx.subnet,
+            self.fx.sg,
+            self.router,
+            self.pool
+        )
+    }
+}
+
+struct Four {
+    sites: Vec<Site>,
+    /// `[neutron_defaults] project`: the built-in namespaces' networks live there.
+    system: String,
+    /// Every project the test used, cleaned up on the real servers at the end.
+    projects: std::sync::Mutex<Vec<String>>,
+    /// The cluster's own id: the real servers are shared, and a controller adopts (and deletes)
+    /// resources tagged with its cluster id and a namespace name like `kube-system`.
+    cluster_id: String,
+}
+
+/// Real neutron-server URLs for `default` and `cad-1`, or None (four emulators, said on stderr).
+fn real_urls() -> Result<Option<(String, String)>> {
+    let var = |n: &str| std::env::var(n).ok().filter(|u| !u.trim().is_empty());
+    match (var("KURYR_TEST_NEUTRON_URL"), var(SECOND_NEUTRON_URL_VAR)) {
+        (Some(a), Some(b)) => Ok(Some((a, b))),
+        (a, b) => {
+            let missing: Vec<&str> = [
+                ("KURYR_TEST_NEUTRON_URL", a.is_none()),
+                (SECOND_NEUTRON_URL_VAR, b.is_none()),
+            ]
+            .into_iter()
+            .filter_map(|(n, m)| m.then_some(n))
+            .collect();
+            anyhow::ensure!(
+                std::env::var("KURYR_TEST_REQUIRE_NEUTRON").as_deref() != Ok("1"),
+                "KURYR_TEST_REQUIRE_NEUTRON=1 but {} unset: the placement tests need two real neutron-servers \
+                 (scripts/neutron-lab/start-neutron.sh, then INSTANCE=2 for the second)",
+                missing.join(" and ")
+            );
+            eprintln!(
+                "placement: {} unset, so all four deployments are emulators (scripts/test-all.sh starts two \
+                 real neutron-servers and sets both)",
+                missing.join(" and ")
+            );
+            Ok(None)
+        }
+    }
+}
+
+impl Four {
+    async fn start() -> Result<Self> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let real = real_urls()?;
+        let layout: [(&str, &str, bool, Option<String>); 4] = [
+            ("default", "az1", false, real.as_ref().map(|r| r.0.clone())),
+            ("general-2", "az2", false, None),
+            ("cad-1", "az1", true, real.as_ref().map(|r| r.1.clone())),
+            ("cad-2", "az2", true, None),
+        ];
+        let mut sites = Vec::new();
+        for (i, (name, zone, cad, url)) in layout.into_iter().enumerate() {
+            let (url, emulator) = match url {
+                Some(u) => (u, None),
+                None => {
+                    let e = Emulator::start(EmulatorOptions {
+                        active_delay: Duration::from_millis(50),
+                        agent_hosts: neutron_emulator::AgentHosts::Only(
+                            NODES.iter().map(|s| s.to_string()).collect(),
+                        ),
+                        ..EmulatorOptions::default()
+                    })
+                    .await?;
+                    (e.url().to_string(), Some(e))
+                }
+            };
+            let client = NeutronClient::new(&ClientOptions::noauth(&url))?;
+            let fx = neutron_fixture(&client, &format!("10.7{i}.0.0/24")).await?;
+            let (pool, router) =
+                namespace_subnet_infra(&client, &fx.project, &format!("10.8{i}.0.0/16")).await?;
+            sites.push(Site {
+                name,
+                client,
+                url,
+                real: emulator.is_none(),
+                zone,
+                cad,
+                fx,
+                pool: pool.id,
+                router: router.id,
+                emulator,
+            });
+        }
+        let system = format!("sys-{}", uuid::Uuid::new_v4().simple());
+        Ok(Self {
+            sites,
+            projects: std::sync::Mutex::new(vec![system.clone()]),
+            system,
+            cluster_id: format!("placement-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+        })
+    }
+
+    /// Runs `body` on four fresh deployments, then deletes what it made on the real servers,
+    /// whether it passed, failed or panicked.
+    async fn run<F, Fut>(body: F) -> Result<()>
+    where
+        F: FnOnce(Arc<Four>) -> Fut,
+        Fut: std::future::Future<Output = Result<()>> + Send + 'static,
+    {
+        let four = Arc::new(Four::start().await?);
+        let outcome = tokio::spawn(body(four.clone())).await;
+        if !matches!(outcome, Ok(Ok(()))) {
+            // The body's controller was told to stop when the body ended: let it.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        four.cleanup().await;
+        match outcome {
+            Ok(r) => r,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn site(&self, name: &str) -> &Site {
+        self.sites
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no site {name}"))
+    }
+
+    /// A project id of this test only (real servers are shared).
+    fn project(&self, what: &str) -> String {
+        let p = format!("{what}-{}", uuid::Uuid::new_v4().simple());
+        self.projects.lock().unwrap().push(p.clone());
+        p
+    }
+
+    /// kuryr.conf of the four; `per_namespace` = the `namespace` subnet and security group
+    /// drivers (a network, subnet, router interface and group per namespace).
+    fn ini(&self, handlers: &str, per_namespace: bool, pod_binding: &str) -> String {
+        let mut ini = format!(
+            "[kubernetes]\nenabled_handlers = {handlers}\npod_project_driver = annotation\ncontroller_namespace = default\n\
+             cluster_id = {}\n{}\
+             [neutron_defaults]\nproject = {}\n\
+             [pod_binding]\nenabled = True\nfilters = all,availability_zone,resource_affinity,usage_threshold\n\
+             weighers = creation_order\n{pod_binding}",
+            self.cluster_id,
+            if per_namespace {
+                "pod_subnets_driver = namespace\npod_security_groups_driver = namespace\n"
+            } else {
+                ""
+            },
+            self.system
+        );
+        for s in &self.sites {
+            ini.push_str(&s.section());
+        }
+        ini
+    }
+
+    /// Deletes what the test made on the real servers (the emulators go with the test). The
+    /// controller must be stopped first.
+    async fn cleanup(&self) {
+        let projects = self.projects.lock().unwrap().clone();
+        for s in self.sites.iter().filter(|s| s.real) {
+            let c = &s.client;
+            if let Ok(ifaces) = c.list_ports(&ListFilter::new().device_id(&s.router)).await {
+                for p in ifaces {
+                    for ip in p.fixed_ips {
+                        let _ = c
+                            .remove_router_interface(
+                                &s.router,
+                                &kuryr_neutron::RouterInterfaceSpec::Subnet {
+                                    subnet_id: ip.subnet_id,
+                                },
+                            )
+                            .await;
+                    }
+                }
+            }
+            let _ = c.delete_router(&s.router).await;
+            for p in projects.iter().chain([&s.fx.project]) {
+                cleanup_project(c, p).await;
+                let _ = c.reset_quota(p).await;
+                if let Ok(groups) = c.list_security_groups(&ListFilter::new().project_id(p)).await {
+                    for g in groups {
+                        let _ = c.delete_security_group(&g.id).await;
+                    }
+                }
+            }
+            let _ = c.delete_subnetpool(&s.pool).await;
+        }
+    }
+}
+
+/// The KuryrNetwork of `ns` once its network, subnet and router interface exist: (deployment it
+/// records, network id).
+async fn namespace_network(kube: &kube::Client, ns: &str) -> Result<(String, String)> {
+    let api = Api::<KuryrNetwork>::namespaced(kube.clone(), ns);
+    eventually(&format!("{ns}'s network"), WAIT, || async {
+        Ok(api.get_opt(ns).await?.and_then(|kn| {
+            let status = kn.status.as_ref()?;
+            status.router_id.as_ref()?;
+            let net = status.net_id.clone()?;
+            Some((kn.annotations().get(DEPLOYMENT)?.clone(), net))
+        }))
+    })
+    .await
+}
+
+/// The current deployment of `project`'s binding for `group` (a `Group::id`) and its history rows.
+async fn binding(kube: &kube::Client, project: &str, group: &str) -> Result<(Option<String>, usize)> {
+    let b = Api::<KuryrProjectBinding>::all(kube.clone())
+        .get(&kuryr_crds::binding_name(project, group))
+        .await?;
+    let s = b.status.unwrap_or_default();
+    Ok((s.deployment, s.history.len()))
+}
+
+async fn delete_namespace(kube: &kube::Client, ns: &str) -> Result<()> {
+    Api::<Namespace>::all(kube.clone())
+        .delete(ns, &DeleteParams::default())
+        .await?;
+    Ok(())
+}
+
+/// The seed's example and maintenance on a real server: a project binds to the first general
+/// deployment for general resources and to the first CAD one for "CAD modeling", at the same time,
+/// and its namespaces' networks land there. Maintenance set by patching the deployment object:
+/// new bindings go elsewhere; with moveExisting off the bound project stays, on it moves; the old
+/// namespaces' networks, subnets, router interfaces, groups and ports leave the old deployment
+/// once their pods are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_deployments_seed_example_and_maintenance_moves_without_leaking() -> Result<()> {
+    init_logs();
+    Four::run(seed_example_and_maintenance).await
+}
+
+async fn seed_example_and_maintenance(four: Arc<Four>) -> Result<()> {
+    let four = &*four;
+    let kube = start_kube().await?;
+    let tenant = four.project("tenant");
+    let other = four.project("other");
+    let (default, cad1) = (four.site("default"), four.site("cad-1"));
+    let before = default.counts(&tenant).await?;
+    let (stop, task) = start(
+        &kube.client,
+        &four.ini("vif,kuryrport,namespace,kuryrnetwork", true, ""),
+    );
+    // Stops the controller however the body ends (a panic included), before the cleanup.
+    let _stop_on_exit = stop.clone().drop_guard();
+    let ns = |p: &str| json!({"openstack.org/kuryr-project": p});
+    let cad = |p: &str| json!({"openstack.org/kuryr-project": p, "openstack.org/kuryr-resource-affinity": "resource=cad"});
+    // The built-in namespaces' networks are made first: the router's interfaces counted at the
+    // start are theirs.
+    for builtin in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        assert_eq!(namespace_network(&kube.client, builtin).await?.0, "default");
+    }
+    let before = Counts {
+        router_interfaces: default.counts(&tenant).await?.router_interfaces,
+        ..before
+    };
+
+    // The seed's example.
+    create_namespace(&kube.client, "gen-a", ns(&tenant)).await?;
+    create_namespace(&kube.client, "cad-a", cad(&tenant)).await?;
+    create_pod(&kube.client, "gen-a", "g1", NODES[0], json!({})).await?;
+    create_pod(&kube.client, "cad-a", "c1", NODES[1], json!({})).await?;
+    let g1 = eventually("g1 wired", WAIT, || port_of(&kube.client, "gen-a", "g1")).await?;
+    let c1 = eventually("c1 wired", WAIT, || port_of(&kube.client, "cad-a", "c1")).await?;
+    let (at, gen_net) = namespace_network(&kube.client, "gen-a").await?;
+    assert_eq!(at, "default", "general resources: the first general deployment");
+    assert!(default.has_network(&gen_net).await?);
+    let (at, cad_net) = namespace_network(&kube.client, "cad-a").await?;
+    assert_eq!(at, "cad-1", "CAD modeling: the first CAD deployment");
+    assert!(cad1.has_network(&cad_net).await?);
+    assert!(!default.has_network(&cad_net).await?);
+    assert_eq!(default.client.get_port(&g1).await?.network_id, gen_net);
+    assert_eq!(cad1.client.get_port(&c1).await?.network_id, cad_net);
+    assert_eq!(
+        binding(&kube.client, &tenant, "").await?,
+        (Some("default".to_string()), 1)
+    );
+    assert_eq!(
+        binding(&kube.client, &tenant, "resource=cad").await?,
+        (Some("cad-1".to_string()), 1),
+        "both bindings at once"
+    );
+
+    // Maintenance on `default` (a patch of its object, as `kubectl patch` or `kuryr kubectl
+    // deployments maintenance` sends), moveExisting off: new bindings go elsewhere, the tenant stays.
+    set_maintenance(&kube.client, "default", true, false).await?;
+    create_namespace(&kube.client, "other-a", ns(&other)).await?;
+    create_namespace(&kube.client, "gen-b", ns(&tenant)).await?;
+    assert_eq!(
+        namespace_network(&kube.client, "other-a").await?.0,
+        "general-2",
+        "a new binding avoids the deployment in maintenance"
+    );
+    assert_eq!(
+        namespace_network(&kube.client, "gen-b").await?.0,
+        "default",
+        "the bound tenant stays with moveExisting off"
+    );
+    // moveExisting on: the tenant moves, with a history row and an Event; its CAD binding stays.
+    set_maintenance(&kube.client, "default", true, true).await?;
+    create_namespace(&kube.client, "gen-c", ns(&tenant)).await?;
+    let (at, moved_net) = namespace_network(&kube.client, "gen-c").await?;
+    assert_eq!(at, "general-2");
+    assert!(four.site("general-2").has_network(&moved_net).await?);
+    assert_eq!(
+        history(&kube.client, &tenant).await?,
+        [("default".to_string(), false), ("general-2".to_string(), true)]
+    );
+    event(
+        &kube.client,
+        "gen-c",
+        "ProjectMoved",
+        &format!("project {tenant} moved from deployment default to general-2"),
+    )
+    .await?;
+    assert_eq!(
+        binding(&kube.client, &tenant, "resource=cad").await?,
+        (Some("cad-1".to_string()), 1)
+    );
+
+    // The old namespaces go once their pods are gone: `default` is back where it started.
+    Api::<Pod>::namespaced(kube.client.clone(), "gen-a")
+        .delete("g1", &DeleteParams::default())
+        .await?;
+    delete_namespace(&kube.client, "gen-a").await?;
+    delete_namespace(&kube.client, "gen-b").await?;
+    let settled = eventually("default back to its start", WAIT, || async {
+        Ok((default.counts(&tenant).await? == before).then_some(()))
+    })
+    .await;
+    if settled.is_err() {
+        panic!("before {before:?}, now {:?}", default.counts(&tenant).await?);
+    }
+    assert!(!default.has_network(&gen_net).await?);
+    stop.cancel();
+    task.await?;
+    Ok(())
+}
+
+/// The history rows of `project`'s binding for `group`: (deployment, why).
+async fn history_of(kube: &kube::Client, project: &str, group: &str) -> Result<Vec<(String, String)>> {
+    let b = Api::<KuryrProjectBinding>::all(kube.clone())
+        .get(&kuryr_crds::binding_name(project, group))
+        .await?;
+    Ok(b.status
+        .unwrap_or_default()
+        .history
+        .into_iter()
+        .map(|h| (h.deployment, h.why))
+        .collect())
+}
+
+/// Merge-patches `spec` into deployment object `name` once the controller has created it.
+async fn patch_deployment(kube: &kube::Client, name: &str, spec: serde_json::Value) -> Result<()> {
+    let api = Api::<KuryrOpenStackDeployment>::all(kube.clone());
+    eventually(&format!("deployment object {name}"), WAIT, || async {
+        Ok(api.get_opt(name).await?.map(|_| ()))
+    })
+    .await?;
+    let edited = api
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": spec })),
+        )
+        .await?;
+    followed(kube, name, edited.metadata.generation).await
+}
+
+/// The value of the metric line starting with `name{` that carries every label of `labels`.
+fn gauge(metrics: &Metrics, name: &str, labels: &[&str]) -> Option<f64> {
+    metrics.encode().lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?.strip_prefix('{')?;
+        let (set, value) = rest.split_once("} ")?;
+        labels
+            .iter()
+            .all(|want| set.split(',').any(|have| have == *want))
+            .then(|| value.trim().parse().ok())
+            .flatten()
+    })
+}
+
+/// Usage crossing a deployment's own threshold: the tenant's port quota on `cad-1` (a real
+/// server when configured) is filled, and once measured the tenant's new CAD namespaces go to the
+/// next CAD deployment, with a history row and an Event; the figure and its age are on the
+/// deployment object and in the Prometheus gauges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_deployments_a_full_port_quota_rebinds_new_namespaces_within_the_group() -> Result<()> {
+    init_logs();
+    Four::run(full_port_quota_rebinds).await
+}
+
+async fn full_port_quota_rebinds(four: Arc<Four>) -> Result<()> {
+    let four = &*four;
+    let kube = start_kube().await?;
+    let tenant = four.project("cad");
+    let cad1 = four.site("cad-1");
+    let metrics = Metrics::new();
+    let (stop, task) = start_with(
+        &kube.client,
+        &four.ini(
+            "vif,kuryrport,namespace,kuryrnetwork",
+            true,
+            "usage_refresh_interval = 1\n",
+        ),
+        metrics.clone(),
+    );
+    // Stops the controller however the body ends (a panic included), before the cleanup.
+    let _stop_on_exit = stop.clone().drop_guard();
+    // cad-1's own threshold, below [pod_binding] usage_threshold (0.9).
+    patch_deployment(&kube.client, "cad-1", json!({"usageThreshold": 0.5})).await?;
+    let cad = json!({"openstack.org/kuryr-project": tenant, "openstack.org/kuryr-resource-affinity": "resource=cad"});
+    create_namespace(&kube.client, "cad-a", cad.clone()).await?;
+    assert_eq!(namespace_network(&kube.client, "cad-a").await?.0, "cad-1");
+
+    // Fill the tenant's port quota there: room for exactly two more ports, then two pods.
+    let used = cad1
+        .client
+        .get_quota_details(&tenant)
+        .await?
+        .get("port")
+        .map_or(0, |p| p.used);
+    cad1.client
+        .update_quota(
+            &tenant,
+            &kuryr_neutron::QuotaUpdate {
+                port: Some(used + 2),
+                ..Default::default()
+            },
+        )
+        .await?;
+    for pod in ["p1", "p2"] {
+        create_pod(&kube.client, "cad-a", pod, NODES[0], json!({})).await?;
+        let port = eventually("wired", WAIT, || port_of(&kube.client, "cad-a", pod)).await?;
+        assert!(cad1.client.get_port(&port).await.is_ok(), "{pod} in cad-1");
+    }
+    let ports = format!("resource=\"ports:{tenant}\"");
+    eventually("cad-1's full quota measured", WAIT, || async {
+        Ok((gauge(
+            &metrics,
+            "kuryr_deployment_usage_ratio",
+            &["deployment=\"cad-1\"", ports.as_str()],
+        ) == Some(1.0))
+        .then_some(()))
+    })
+    .await?;
+    // The figure and its age, as `kubectl get kosd cad-1 -o yaml` shows them.
+    let status = Api::<KuryrOpenStackDeployment>::all(kube.client.clone())
+        .get("cad-1")
+        .await?
+        .status
+        .unwrap_or_default();
+    let limit = used + 2;
+    assert_eq!(
+        status
+            .usage
+            .as_ref()
+            .and_then(|u| u.pointer(&format!("/ports/{tenant}")))
+            .cloned(),
+        Some(json!({"used": limit, "limit": limit})),
+        "{status:?}"
+    );
+    let measured: k8s_openapi::jiff::Timestamp =
+        status.measured_at.as_deref().context("measuredAt")?.parse()?;
+    assert!(!status.stale);
+    let age = k8s_openapi::jiff::Timestamp::now().duration_since(measured);
+    assert!(age.as_secs() < 60, "measured {age:?} ago");
+    let gauge_time = gauge(
+        &metrics,
+        "kuryr_deployment_usage_measured_timestamp_seconds",
+        &["deployment=\"cad-1\""],
+    )
+    .context("measured timestamp gauge")?;
+    assert!(
+        (gauge_time - measured.as_millisecond() as f64 / 1000.0).abs() < 30.0,
+        "{gauge_time}"
+    );
+
+    // A new CAD namespace of the tenant goes to the next CAD deployment.
+    create_namespace(&kube.client, "cad-b", cad).await?;
+    let (at, net) = namespace_network(&kube.client, "cad-b").await?;
+    assert_eq!(at, "cad-2");
+    assert!(four.site("cad-2").has_network(&net).await?);
+    let rows = history_of(&kube.client, &tenant, "resource=cad").await?;
+    assert_eq!(
+        rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>(),
+        ["cad-1", "cad-2"]
+    );
+    assert!(
+        rows[1].1.contains("usage 1.000 reached its threshold 0.500"),
+        "{}",
+        rows[1].1
+    );
+    event(
+        &kube.client,
+        "cad-b",
+        "ProjectMoved",
+        &format!("project {tenant} moved from deployment cad-1 to cad-2"),
+    )
+    .await?;
+    // cad-a's pods keep their ports in cad-1.
+    assert_eq!(namespace_network(&kube.client, "cad-a").await?.0, "cad-1");
+    stop.cancel();
+    task.await?;
+    Ok(())
+}
+
+/// Two namespaces of one project asking for different zones each keep their binding: ten rounds of
+/// decisions (a pod in each namespace per round, the cache emptied by every measurement) change
+/// no history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_deployments_two_zones_of_one_project_never_flap() -> Result<()> {
+    init_logs();
+    Four::run(two_zones_never_flap).await
+}
+
+async fn two_zones_never_flap(four: Arc<Four>) -> Result<()> {
+    let four = &*four;
+    let kube = start_kube().await?;
+    let tenant = four.project("zones");
+    let (stop, task) = start(
+        &kube.client,
+        &four.ini("vif,kuryrport", false, "usage_refresh_interval = 1\n"),
+    );
+    // Stops the controller however the body ends (a panic included), before the cleanup.
+    let _stop_on_exit = stop.clone().drop_guard();
+    create_namespace(
+        &kube.client,
+        "zone-1",
+        json!({"openstack.org/kuryr-project": tenant, "openstack.org/kuryr-availability-zone": "az1"}),
+    )
+    .await?;
+    create_namespace(
+        &kube.client,
+        "zone-2",
+        json!({"openstack.org/kuryr-project": tenant, "openstack.org/kuryr-availability-zone": "az2"}),
+    )
+    .await?;
+    let expected = |d: &str| vec![(d.to_string(), "new binding".to_string())];
+    for round in 0..10 {
+        let pod = format!("r{round}");
+        create_pod(&kube.client, "zone-1", &pod, NODES[0], json!({})).await?;
+        create_pod(&kube.client, "zone-2", &pod, NODES[1], json!({})).await?;
+        let p1 = eventually("zone-1 pod wired", WAIT, || port_of(&kube.client, "zone-1", &pod)).await?;
+        let p2 = eventually("zone-2 pod wired", WAIT, || port_of(&kube.client, "zone-2", &pod)).await?;
+        assert!(
+            four.site("default").client.get_port(&p1).await.is_ok(),
+            "round {round}: az1 is default"
+        );
+        assert!(
+            four.site("general-2").client.get_port(&p2).await.is_ok(),
+            "round {round}: az2 is general-2"
+        );
+        assert_eq!(
+            history_of(&kube.client, &tenant, "az=az1").await?,
+            expected("default"),
+            "round {round}"
+        );
+        assert_eq!(
+            history_of(&kube.client, &tenant, "az=az2").await?,
+            expected("general-2"),
+            "round {round}"
+        );
+    }
+    stop.cancel();
+    task.await?;
+    Ok(())
+}
+
+/// A deployment that hangs (an emulator answering nothing) is stale after one timeout, while the
+/// other three keep being measured every round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_deployments_a_hanging_one_is_stale_and_delays_no_other() -> Result<()> {
+    init_logs();
+    Four::run(hanging_deployment_is_stale).await
+}
+
+async fn hanging_deployment_is_stale(four: Arc<Four>) -> Result<()> {
+    let four = &*four;
+    let hung = four
+        .site("general-2")
+        .emulator
+        .as_ref()
+        .context("general-2 is an emulator")?;
+    hung.set_latency(neutron_emulator::LatencyProfile::Custom(
+        neutron_emulator::LatencyTable {
+            default: neutron_emulator::OpLatency::fixed(600_000),
+            ops: Default::default(),
+        },
+    ));
+    let kube = start_kube().await?;
+    let metrics = Metrics::new();
+    let (stop, task) = start_with(
+        &kube.client,
+        &four.ini(
+            "vif,kuryrport",
+            false,
+            "usage_refresh_interval = 1\nusage_timeout = 1\n",
+        ),
+        metrics.clone(),
+    );
+    // Stops the controller however the body ends (a panic included), before the cleanup.
+    let _stop_on_exit = stop.clone().drop_guard();
+    let kosd: Api<KuryrOpenStackDeployment> = Api::all(kube.client.clone());
+    let stale = eventually("general-2 stale", WAIT, || async {
+        Ok(kosd
+            .get_opt("general-2")
+            .await?
+            .and_then(|o| o.status)
+            .filter(|s| s.stale))
+    })
+    .await?;
+    let why = stale
+        .usage
+        .as_ref()
+        .and_then(|u| u.get("staleBecause"))
+        .and_then(|v| v.as_str());
+    assert!(
+        why.is_some_and(|w| w.contains("no answer within 1s")),
+        "{stale:?}"
+    );
+    assert_eq!(
+        gauge(
+            &metrics,
+            "kuryr_deployment_usage_stale",
+            &["deployment=\"general-2\""]
+        ),
+        Some(1.0)
+    );
+    // Meanwhile each other deployment is measured round after round: three successive figures,
+    // each fresh, each at most a few rounds after the one before (the hang is 600 s).
+    for name in ["default", "cad-1", "cad-2"] {
+        let mut seen: Vec<k8s_openapi::jiff::Timestamp> = Vec::new();
+        while seen.len() < 3 {
+            let s = eventually(&format!("{name} measured again"), WAIT, || async {
+                Ok(kosd
+                    .get_opt(name)
+                    .await?
+                    .and_then(|o| o.status)
+                    .filter(|s| !s.stale)
+                    .and_then(|s| s.measured_at)
+                    .and_then(|m| m.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                    .filter(|t| seen.last().is_none_or(|l| t > l)))
+            })
+            .await?;
+            seen.push(s);
+        }
+        let gap = seen[2].duration_since(seen[1]);
+        assert!(gap.as_secs() <= 5, "{name}: {gap:?} between two measurements");
+        assert_eq!(
+            gauge(
+                &metrics,
+                "kuryr_deployment_usage_stale",
+                &[format!("deployment=\"{name}\"").as_str()]
+            ),
+            Some(0.0)
+        );
+    }
+    assert!(
+        kosd.get("general-2").await?.status.is_some_and(|s| s.stale),
+        "still stale"
+    );
     stop.cancel();
     task.await?;
     Ok(())

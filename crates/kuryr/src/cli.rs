@@ -285,6 +285,11 @@ pub struct SandboxArgs {
     /// Print the summary and exit (status 1 unless every pod was wired) instead of running until Ctrl-C.
     #[arg(long)]
     pub exit_after_summary: bool,
+    /// OpenStack deployments, each an embedded Neutron emulator with its own availability zone
+    /// and KuryrOpenStackDeployment object; the demo namespaces ask for the zones in turn, and the
+    /// summary shows where namespaces and ports landed (2 or more turns placement on).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub deployments: u16,
 }
 
 #[derive(Args, Debug, Clone)]

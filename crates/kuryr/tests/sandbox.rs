@@ -170,3 +170,61 @@ fn sandbox_with_pools_wires_pods_from_bulk_created_ports() {
         "pods were wired outside the pool\n{out}"
     );
 }
+
+/// `--deployments 2`: two Neutron emulators, each a KuryrOpenStackDeployment with its own zone;
+/// the two demo namespaces ask for the two zones, and the summary shows each deployment with the
+/// namespace bound there and the ports of its pods.
+#[test]
+fn sandbox_with_two_deployments_places_a_namespace_in_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let (ok, out, err) = run_kuryr(
+        &[
+            "sandbox",
+            "--exit-after-summary",
+            "--deployments",
+            "2",
+            "--pods",
+            "6",
+            "--namespaces",
+            "2",
+            "--latency",
+            "none",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        Duration::from_secs(180),
+    );
+    assert!(ok, "kuryr sandbox failed\nstdout:\n{out}\nstderr:\n{err}");
+    assert_eq!(row(&out, "pods wired"), Some("6/6"), "{out}");
+    // Pods go round-robin over demo-1 (zone az1) and demo-2 (zone az2): 3 ports each.
+    let deployment = |name: &str| {
+        out.lines()
+            .find_map(|l| l.trim_start().strip_prefix(&format!("{name} ")))
+            .map(|rest| rest.split_whitespace().collect::<Vec<_>>())
+    };
+    assert_eq!(
+        deployment("default"),
+        Some(vec!["zone", "az1", "namespaces", "1", "ports", "3"]),
+        "{out}"
+    );
+    assert_eq!(
+        deployment("deployment-2"),
+        Some(vec!["zone", "az2", "namespaces", "1", "ports", "3"]),
+        "{out}"
+    );
+    // With a real neutron-server the second deployment could not be started.
+    let (ok, _, err) = run_kuryr(
+        &[
+            "sandbox",
+            "--deployments",
+            "2",
+            "--neutron-url",
+            "http://127.0.0.1:1",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(!ok && err.contains("--neutron-url"), "{err}");
+}

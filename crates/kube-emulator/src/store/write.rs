@@ -250,6 +250,7 @@ impl State {
         }
         if let Some(schema) = &def.schema {
             let unknown = schema::prune(obj, schema, "", true);
+            schema::coerce_integers(obj, schema);
             if !unknown.is_empty() {
                 match opts.field_validation {
                     FieldValidation::Strict => {

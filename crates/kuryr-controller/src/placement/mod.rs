@@ -179,7 +179,8 @@ pub fn parse_affinity(raw: &str) -> Result<BTreeMap<String, String>, crate::erro
             continue;
         }
         match entry.split_once('=') {
-            Some((k, v)) if !k.trim().is_empty() => {
+            // The value is what a binding object records: the schema's rule (non-empty, no `=`).
+            Some((k, v)) if !k.trim().is_empty() && !v.trim().is_empty() && !v.contains('=') => {
                 let k = k.trim().to_string();
                 let v = v.trim().to_string();
                 if let Some(prev) = out.get(&k)
@@ -196,7 +197,7 @@ pub fn parse_affinity(raw: &str) -> Result<BTreeMap<String, String>, crate::erro
                 return Err(crate::error::Error::invalid(
                     format!("{AFFINITY_ANNOTATION}[{i}]"),
                     format!(
-                        "{:?} is not key=value",
+                        "{:?} is not key=value (a non-empty value without '=')",
                         entry.chars().take(64).collect::<String>()
                     ),
                 ));
@@ -249,7 +250,7 @@ mod tests {
             assert!(e.contains(AZ_ANNOTATION), "{e}");
         }
         assert_eq!(parse_zone("nova").ok().as_deref(), Some("nova"));
-        for bad in [",", "resource", "=x", "a=1,a=2"] {
+        for bad in [",", "resource", "=x", "a=1,a=2", "a=", "a=b=c"] {
             let e = parse_affinity(bad).expect_err(bad).to_string();
             assert!(e.contains(AFFINITY_ANNOTATION), "{bad}: {e}");
         }

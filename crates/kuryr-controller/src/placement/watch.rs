@@ -54,7 +54,9 @@ fn condition(obj: &KuryrOpenStackDeployment, problems: &[Unconfigured]) -> (Stri
     }
 }
 
-async fn set_condition(
+/// Records on `obj` what the scheduler now follows: its `Configured` condition and the
+/// generation of its spec (`status.observedGeneration`), in one patch, only when either changed.
+async fn set_followed(
     api: &Api<KuryrOpenStackDeployment>,
     obj: &KuryrOpenStackDeployment,
     problems: &[Unconfigured],
@@ -64,25 +66,35 @@ async fn set_condition(
         .status
         .as_ref()
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Configured"));
-    if current.is_some_and(|c| c.status == status && c.reason == reason && c.message == message) {
+    let same_condition =
+        current.is_some_and(|c| c.status == status && c.reason == reason && c.message == message);
+    let observed = obj.status.as_ref().and_then(|s| s.observed_generation);
+    let generation = obj.metadata.generation;
+    if same_condition && (generation.is_none() || observed == generation) {
         return;
     }
-    if status == "False" {
-        tracing::warn!(deployment = %obj.name_any(), "{message}");
+    let mut patch = json!({"status": {}});
+    if let Some(g) = generation {
+        patch["status"]["observedGeneration"] = g.into();
     }
-    let cond = DeploymentCondition {
-        type_: "Configured".into(),
-        status,
-        reason,
-        message,
-        last_transition_time: super::store::now(),
-    };
-    let patch = json!({"status": {"conditions": [cond]}});
+    if !same_condition {
+        if status == "False" {
+            tracing::warn!(deployment = %obj.name_any(), "{message}");
+        }
+        let cond = DeploymentCondition {
+            type_: "Configured".into(),
+            status,
+            reason,
+            message,
+            last_transition_time: super::store::now(),
+        };
+        patch["status"]["conditions"] = json!([cond]);
+    }
     if let Err(e) = api
         .patch_status(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        tracing::warn!(deployment = %obj.name_any(), error = %e, "cannot set condition");
+        tracing::warn!(deployment = %obj.name_any(), error = %e, "cannot record the followed spec");
     }
 }
 
@@ -144,7 +156,7 @@ pub async fn run(platform: Arc<Platform>, binder: Arc<Binder>, stop: Cancellatio
         let (cands, problems) = candidates::build(&platform.config, &all);
         binder.set_candidates(cands).await;
         for o in &changed {
-            set_condition(&api, o, &problems).await;
+            set_followed(&api, o, &problems).await;
         }
     }
 }

@@ -66,17 +66,19 @@ pub struct KuryrOpenStackDeploymentSpec {
     pub availability_zone: Option<String>,
     /// key=value tags matched by the `resource_affinity` filter.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::crds::schema::affinity_map")]
     pub resource_affinity: BTreeMap<String, String>,
     /// Rank for the `creation_order` weigher (lower first); absent = declaration order in kuryr.conf.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = -1_000_000, max = 1_000_000))]
     pub weight: Option<i64>,
-    /// Fraction (0..1) at which existing bindings leave; absent = `[pod_binding] usage_threshold`.
+    /// Fraction (0 < t <= 1) at which existing bindings leave; absent = `[pod_binding] usage_threshold`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0.0, max = 1.0))]
+    #[schemars(schema_with = "crate::crds::schema::usage_threshold")]
     pub usage_threshold: Option<f64>,
-    /// New bindings need usage below threshold - headroom; absent = `[pod_binding] usage_hysteresis`.
+    /// New bindings need usage below threshold - headroom (0 <= h < 1); absent = `[pod_binding] usage_hysteresis`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0.0, max = 1.0))]
+    #[schemars(schema_with = "crate::crds::schema::headroom")]
     pub headroom: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maintenance: Option<Maintenance>,
@@ -85,6 +87,7 @@ pub struct KuryrOpenStackDeploymentSpec {
     pub move_existing: bool,
     /// Cluster project id -> this deployment's project id (separate Keystones have separate ids).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::crds::schema::project_id_map")]
     pub project_ids: BTreeMap<String, String>,
 }
 
@@ -93,6 +96,7 @@ pub struct KuryrOpenStackDeploymentSpec {
 pub struct Maintenance {
     pub enabled: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
     pub reason: Option<String>,
     /// Informational end of the window (RFC 3339); maintenance ends when `enabled` is set false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -116,6 +120,10 @@ pub struct KuryrOpenStackDeploymentStatus {
     pub stale: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<DeploymentCondition>,
+    /// The `metadata.generation` of the spec the controller decides with: an edit has taken
+    /// effect once this equals the object's generation (`kubectl wait --for=jsonpath=...`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -125,6 +133,7 @@ pub struct DeploymentCondition {
     #[serde(rename = "type")]
     pub type_: String,
     /// "True" / "False".
+    #[schemars(schema_with = "crate::crds::schema::condition_status")]
     pub status: String,
     pub reason: String,
     pub message: String,
@@ -156,8 +165,13 @@ pub struct KuryrProjectBindingSpec {
     #[schemars(length(min = 1, max = 255))]
     pub project_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 255),
+        regex(pattern = r"^[^\s:,][^:,]*[^\s:,]$|^[^\s:,]$")
+    )]
     pub availability_zone: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::crds::schema::affinity_map")]
     pub resource_affinity: BTreeMap<String, String>,
     /// Set by an operator: the binding stays where it is whatever the filters say.
     #[serde(default)]

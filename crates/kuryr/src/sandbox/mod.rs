@@ -6,6 +6,7 @@
 //! the scheduler stand-in and a kubelet stand-in for k8s-node-1 and k8s-node-2 that marks a pod
 //! Running with the IP of its KuryrPort once the VIF is active, as the CNI daemon would report it.
 
+mod deployments;
 mod report;
 pub(crate) mod services;
 
@@ -47,6 +48,7 @@ type ActiveSince = Arc<Mutex<HashMap<String, Instant>>>;
 
 pub async fn run(args: SandboxArgs) -> anyhow::Result<()> {
     let started = Instant::now();
+    deployments::check_args(&args)?;
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
     let state_dir = args
@@ -88,6 +90,7 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<()> {
         demo.delete(&neutron).await;
         return Err(e);
     }
+    let extras = deployments::start(&args, ports).await?;
     let octavia = if args.services > 0 {
         let (network, subnet) = services::create_service_subnet(&neutron, &demo.project).await?;
         println!(
@@ -112,6 +115,7 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<()> {
         OpenStackUrls {
             neutron: &neutron_url,
             octavia: octavia.as_ref().map(|o| o.url.as_str()),
+            others: &extras,
         },
         &demo,
         metrics.clone(),
@@ -130,8 +134,9 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<()> {
 
     // Demo workload.
     let namespaces: Vec<String> = (1..=args.namespaces).map(|i| format!("demo-{i}")).collect();
-    for ns in &namespaces {
-        create_namespace(&client, ns).await?;
+    for (i, ns) in namespaces.iter().enumerate() {
+        let zone = (!extras.is_empty()).then(|| deployments::namespace_zone(i, extras.len() + 1));
+        create_namespace(&client, ns, zone.as_deref()).await?;
     }
     println!("creating {} pods in {} ...", args.pods, namespaces.join(", "));
     let mut created: Vec<(String, Instant)> = Vec::with_capacity(args.pods);
@@ -257,6 +262,12 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<()> {
         emulator_requests: emulator.as_ref().map(|e| e.stats().total_requests),
     };
     print!("{}", summary.render());
+    if !extras.is_empty() {
+        print!(
+            "{}",
+            deployments::report(&client, &namespaces, (&neutron, &demo.project), &extras).await
+        );
+    }
     println!("sandbox up in {:.1}s", started.elapsed().as_secs_f64());
     let all_wired = wired == args.pods && running == args.pods;
 
@@ -284,6 +295,9 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<()> {
     shutdown_kube(kube).await;
     if let Some(emu) = emulator {
         emu.shutdown().await;
+    }
+    for e in extras {
+        e.emulator.shutdown().await;
     }
     if let Some(emu) = octavia.and_then(|o| o.emulator) {
         emu.shutdown().await;
@@ -387,7 +401,7 @@ impl DemoNetwork {
 
     /// Raises the demo project's port quota to `ports` when Neutron's default (500) is lower, so
     /// that `--pods` decides how many pods run, not the quota; refuses up front when it cannot.
-    async fn fit_port_quota(&self, neutron: &NeutronClient, ports: i64) -> anyhow::Result<()> {
+    pub(crate) async fn fit_port_quota(&self, neutron: &NeutronClient, ports: i64) -> anyhow::Result<()> {
         let details = neutron
             .get_quota_details(&self.project)
             .await
@@ -475,11 +489,13 @@ fn ports_needed(args: &SandboxArgs) -> i64 {
 /// `[vif_pool] ports_pool_batch` as the sandbox leaves it (upstream's default).
 const POOL_BATCH: usize = 10;
 
-/// Where the controller finds Neutron and (with `--services`) Octavia.
+/// Where the controller finds Neutron and (with `--services`) Octavia, and the other
+/// deployments (`--deployments`).
 #[derive(Clone, Copy)]
 struct OpenStackUrls<'a> {
     neutron: &'a str,
     octavia: Option<&'a str>,
+    others: &'a [deployments::Extra],
 }
 
 fn controller_config(
@@ -487,6 +503,11 @@ fn controller_config(
     demo: &DemoNetwork,
     pool_socket: Option<&Path>,
 ) -> anyhow::Result<KuryrConfig> {
+    let (neutron_zone, placement) = if urls.others.is_empty() {
+        (String::new(), String::new())
+    } else {
+        deployments::config_lines(urls.others, &demo.project)
+    };
     let neutron_url = urls.neutron;
     let (handlers, octavia) = match (urls.octavia, &demo.service) {
         (Some(url), Some((_, subnet))) => (
@@ -512,11 +533,13 @@ fn controller_config(
          {pool}\
          [neutron]\n\
          endpoint_override = {neutron_url}\n\
+         {neutron_zone}\
          {octavia}\
          project = {project}\n\
          pod_subnet = {subnet}\n\
          pod_security_groups = {sg}\n\
-         resource_tags = kuryr-sandbox\n",
+         resource_tags = kuryr-sandbox\n\
+         {placement}",
         project = demo.project,
         subnet = demo.subnet,
         sg = demo.security_group,
@@ -670,10 +693,15 @@ async fn count_running(client: &kube::Client, namespaces: &[String]) -> usize {
     n
 }
 
-async fn create_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+/// A demo namespace; `zone` is the availability zone it asks for (`--deployments`).
+async fn create_namespace(client: &kube::Client, name: &str, zone: Option<&str>) -> anyhow::Result<()> {
+    let mut annotations = serde_json::Map::new();
+    if let Some(z) = zone {
+        annotations.insert(kuryr_controller::placement::AZ_ANNOTATION.into(), z.into());
+    }
     let ns: Namespace = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Namespace",
-        "metadata": {"name": name, "labels": {"kuryr-sandbox": "demo"}}
+        "metadata": {"name": name, "labels": {"kuryr-sandbox": "demo"}, "annotations": annotations}
     }))?;
     Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &ns)
