@@ -1072,3 +1072,42 @@ async fn with_the_ovn_provider_external_traffic_policy_local_holds() -> Result<(
     assert_eq!(reasons, ["KuryrInternalTrafficPolicyUnsupported"]);
     Ok(())
 }
+
+/// `[kubernetes] service_security_groups_driver` chooses the groups a Service's load balancer records, as
+/// upstream: `default` the pod defaults, `namespace` those plus the namespace's own group (found or made in
+/// Neutron, tagged with the namespace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_security_groups_driver_chooses_the_load_balancers_groups() -> Result<()> {
+    init_logs();
+    let oct = octavia_targets(LatencyProfile::Instant).await?.remove(0);
+    for driver in ["default", "namespace"] {
+        let ns = unique("sgs");
+        let bed = Bed::new(&ns).await?;
+        let _ctrl = bed.controller(
+            &oct,
+            &format!("[kubernetes]\nservice_security_groups_driver = {driver}\n"),
+            &format!("svc-sgs-{driver}"),
+        );
+        let kube = bed.client();
+        create_service(kube, &ns, "web", "10.96.0.50", &[("http", 80, 8080, "TCP")]).await?;
+        recorded(kube, &ns, "web", 1, 0).await.context(driver)?;
+        let klb = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns)
+            .get("web")
+            .await?;
+        let groups = klb.spec.security_groups_ids;
+        match driver {
+            "default" => assert_eq!(groups, std::slice::from_ref(&bed.fx.sg)),
+            _ => {
+                assert_eq!(groups.len(), 2, "{groups:?}");
+                assert_eq!(groups[0], bed.fx.sg);
+                let sg = bed.neutron.client.get_security_group(&groups[1]).await?;
+                assert!(
+                    sg.tags.contains(&format!("kuryr-rs.namespace={ns}")),
+                    "{:?}",
+                    sg.tags
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -2,7 +2,7 @@
 //! KuryrLoadBalancer of the same name whose spec carries the VIP, ports, subnet, project, security groups and
 //! provider; the `kuryrloadbalancer` handler makes it real in Octavia.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
@@ -17,6 +17,7 @@ use kuryr_crds::{KuryrLoadBalancer, KuryrLoadBalancerSpec};
 use serde_json::Value;
 
 use crate::context::Context;
+use crate::drivers::security_groups::{NamespaceSecurityGroups, SecurityGroupsDriver};
 use crate::error::{Error, is_not_found};
 use crate::k8s::{add_finalizer, publish_event, remove_finalizer, surface_user_error};
 use crate::pipeline::ResourceEventHandler;
@@ -46,13 +47,58 @@ pub struct ServiceHandler {
     /// What each Service (by uid) was last warned about, so that a Warning Event is published when the
     /// Service starts asking for something Octavia cannot do, not on every event.
     warned: Mutex<HashMap<String, Vec<spec::Unhonoured>>>,
+    /// `service_security_groups_driver = namespace` (finds, or makes, each namespace's group).
+    namespace_groups: NamespaceSecurityGroups,
 }
 
 impl ServiceHandler {
     pub fn new(ctx: Arc<Context>) -> Self {
         Self {
+            namespace_groups: NamespaceSecurityGroups::new(
+                ctx.deployments.clone(),
+                ctx.config.clone(),
+                ctx.resource_tags(),
+            ),
             ctx,
             warned: Mutex::default(),
+        }
+    }
+
+    /// `[kubernetes] service_security_groups_driver` (upstream's, default `default`): the groups a Service's
+    /// load balancer records. `default`: `[neutron_defaults] pod_security_groups`; `namespace`: those plus
+    /// the namespace's isolation group; `policy`: the groups of the network policies selecting the Service's
+    /// backends (the defaults without a selector or without selected pods).
+    async fn service_groups(
+        &self,
+        svc: &Service,
+        deployment: &str,
+        project_id: &str,
+        ns: &str,
+    ) -> Result<Vec<String>, Error> {
+        use kuryr_config::SecurityGroupsDriver as Driver;
+        match self.ctx.config.kubernetes.service_security_groups_driver {
+            Driver::Default => Ok(self
+                .ctx
+                .config
+                .deployment_defaults(deployment)
+                .pod_security_groups),
+            Driver::Namespace => {
+                self.namespace_groups
+                    .security_groups(deployment, project_id, ns)
+                    .await
+            }
+            Driver::Policy => {
+                let selector: BTreeMap<String, String> = svc
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.selector.clone())
+                    .unwrap_or_default();
+                self.ctx
+                    .drivers
+                    .network_policy
+                    .service_groups(ns, &selector)
+                    .await
+            }
         }
     }
 
@@ -130,12 +176,7 @@ impl ServiceHandler {
                 ),
             ));
         }
-        let security_groups = self
-            .ctx
-            .drivers
-            .security_groups
-            .security_groups(&deployment, &project_id, &ns)
-            .await?;
+        let security_groups = self.service_groups(svc, &deployment, &project_id, &ns).await?;
         let od = &self.ctx.config.octavia_defaults;
         Ok(Resolved {
             project_id,
