@@ -20,6 +20,7 @@ use crate::metrics::Metrics;
 use crate::openstack::{DEFAULT_DEPLOYMENT, Deployments};
 use crate::placement::kube_store::KubeStore;
 use crate::placement::{Binder, BindingKey, Group, Placed, Scheduler};
+use crate::services::provisioning::{self, LbWaits, LbWaitsByDeployment};
 
 /// Clients, configuration and shared services; cheap to share behind an `Arc`.
 pub struct Platform {
@@ -34,6 +35,8 @@ pub struct Platform {
     pub cluster_id: String,
     /// Which deployment serves a project, when `[pod_binding] enabled`.
     pub placement: Option<Arc<Binder>>,
+    /// The shared waits for load balancers to leave PENDING_*, one poller per deployment.
+    lb_waits: Arc<LbWaitsByDeployment>,
 }
 
 impl Platform {
@@ -53,6 +56,9 @@ impl Platform {
                 Arc::new(KubeStore::new(kube.clone())),
             ))
         });
+        let lb_waits = Arc::new(LbWaitsByDeployment::new(provisioning::settings(
+            config.neutron_defaults.lbaas_activation_timeout,
+        )));
         Self {
             kube,
             config,
@@ -61,7 +67,15 @@ impl Platform {
             events,
             cluster_id,
             placement,
+            lb_waits,
         }
+    }
+
+    /// The shared load balancer waits of `deployment` (the one Octavia poller for all its Services).
+    pub fn lb_waits(&self, deployment: &str) -> Result<LbWaits, Error> {
+        Ok(self
+            .lb_waits
+            .get(deployment, self.deployments.octavia(deployment)?))
     }
 
     /// Where the resources of `project` for namespaces without a recorded deployment live: the

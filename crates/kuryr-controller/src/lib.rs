@@ -9,6 +9,7 @@
 //! - `drivers`: project, subnets, security groups, VIF (neutron-vif, nested-vlan, nested-macvlan),
 //!   pool, multi-VIF
 
+pub mod batch_poller;
 pub mod context;
 pub mod drivers;
 pub mod error;

@@ -91,6 +91,15 @@ impl Readiness {
 
 /// Runs the controller until `stop` is cancelled.
 pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(), Error> {
+    if opts
+        .config
+        .kubernetes
+        .enabled_handlers
+        .iter()
+        .any(|h| h == "service")
+    {
+        crate::handlers::service::check_config(&opts.config)?;
+    }
     let metrics = opts.metrics.clone();
     let ctx = Context::build(Arc::new(Platform::new(
         opts.kube.clone(),

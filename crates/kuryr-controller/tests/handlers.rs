@@ -149,7 +149,31 @@ async fn unknown_enabled_handler_stops_start_up_and_upstream_only_handlers_are_s
         // does not provide is skipped with a warning, the others run, and the controller wires pods.
         let upstream =
             "vif,endpoints,service,kuryrloadbalancer,kuryrport,policy,kuryrnetworkpolicy,lbaasspec";
+
+        // The service handler without [neutron_defaults] service_subnet: run() refuses to start
+        // and names the option (rather than failing every Service later).
         let cfg = config(&bare_metal_config(&fx, upstream));
+        let opts = options(&kube.client, &target, cfg, HandlerRegistry::with_builtin());
+        let res = tokio::time::timeout(Duration::from_secs(30), run(opts, CancellationToken::new())).await;
+        let err = match res {
+            Ok(Err(e)) => e,
+            Ok(Ok(())) => bail!(
+                "{}: run() started the service handler without a service subnet",
+                target.name
+            ),
+            Err(_) => bail!("{}: run() kept running without a service subnet", target.name),
+        };
+        assert!(matches!(err, Error::Config(_)), "{}: {err}", target.name);
+        assert!(
+            err.to_string().contains("[neutron_defaults] service_subnet"),
+            "{err}"
+        );
+
+        let cfg = config(&format!(
+            "{}service_subnet = {}\n",
+            bare_metal_config(&fx, upstream),
+            fx.subnet
+        ));
         let opts = options(&kube.client, &target, cfg, HandlerRegistry::with_builtin());
         let stop = CancellationToken::new();
         let ctrl = tokio::spawn(run(opts, stop.clone()));

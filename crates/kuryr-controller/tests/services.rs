@@ -927,3 +927,187 @@ async fn a_create_whose_answer_is_lost_is_looked_up_not_repeated() -> Result<()>
     assert_eq!(emu.stats().count("loadbalancer.create"), 1, "{:?}", emu.stats());
     Ok(())
 }
+
+/// The Warning Events on Service `name`, as (reason, note).
+async fn warnings(kube: &Client, ns: &str, name: &str) -> Result<Vec<(String, String)>> {
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(kube.clone(), ns);
+    Ok(events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.type_.as_deref() == Some("Warning")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+        })
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect())
+}
+
+/// Traffic policies an Octavia load balancer cannot honour are never silently ignored: a Warning Event on the
+/// Service names the field, once (not on every event), and the Service is served from every ready endpoint.
+/// `internalTrafficPolicy: Local` on any provider; `externalTrafficPolicy: Local` on a LoadBalancer Service
+/// with the amphora provider (the ovn provider keeps the client's address, so it holds there: no Event).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traffic_policies_octavia_cannot_honour_are_warning_events_naming_the_field() -> Result<()> {
+    init_logs();
+    let oct = octavia_targets(LatencyProfile::Instant).await?.remove(0);
+    let ns = unique("tp");
+    let bed = Bed::new(&ns).await?;
+    let _ctrl = bed.controller(&oct, "", "svc-tp");
+    let kube = bed.client();
+    let svcs = Api::<Service>::namespaced(kube.clone(), &ns);
+    for (name, ip, ty, itp, etp) in [
+        ("local-in", "10.96.0.40", "ClusterIP", "Local", None),
+        (
+            "local-out",
+            "10.96.0.41",
+            "LoadBalancer",
+            "Cluster",
+            Some("Local"),
+        ),
+        ("plain", "10.96.0.42", "LoadBalancer", "Cluster", Some("Cluster")),
+    ] {
+        set_endpoints(kube, &ns, name, &ips(3), &[("http", 8080)]).await?;
+        let svc: Service = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": &ns},
+            "spec": {"type": ty, "clusterIP": ip, "selector": {"app": name},
+                     "internalTrafficPolicy": itp, "externalTrafficPolicy": etp,
+                     "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
+        }))?;
+        svcs.create(&PostParams::default(), &svc).await?;
+    }
+    for name in ["local-in", "local-out", "plain"] {
+        // Served as with Cluster: every ready endpoint is a member.
+        recorded(kube, &ns, name, 1, 3).await.context(name)?;
+    }
+    let policy = |w: &[(String, String)]| -> Vec<(String, String)> {
+        w.iter()
+            .filter(|(r, _)| r.contains("TrafficPolicy"))
+            .cloned()
+            .collect()
+    };
+    let inside = eventually("internalTrafficPolicy Warning", WAIT, || async {
+        let w = policy(&warnings(kube, &ns, "local-in").await?);
+        Ok((!w.is_empty()).then_some(w))
+    })
+    .await?;
+    assert_eq!(inside.len(), 1, "{inside:?}");
+    assert_eq!(inside[0].0, "KuryrInternalTrafficPolicyUnsupported");
+    assert!(
+        inside[0].1.starts_with("spec.internalTrafficPolicy: Local"),
+        "{inside:?}"
+    );
+    let outside = eventually("externalTrafficPolicy Warning", WAIT, || async {
+        let w = policy(&warnings(kube, &ns, "local-out").await?);
+        Ok((!w.is_empty()).then_some(w))
+    })
+    .await?;
+    assert_eq!(outside.len(), 1, "{outside:?}");
+    assert_eq!(outside[0].0, "KuryrExternalTrafficPolicyUnsupported");
+    assert!(
+        outside[0].1.contains("spec.externalTrafficPolicy: Local"),
+        "{outside:?}"
+    );
+    assert!(outside[0].1.contains("amphora"), "{outside:?}");
+
+    // A later event on the Service (a label) does not repeat the Event: still one, with count 1.
+    svcs.patch(
+        "local-in",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(kube.clone(), &ns);
+    let series: Vec<_> = events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("KuryrInternalTrafficPolicyUnsupported"))
+        .collect();
+    assert_eq!(series.len(), 1, "{series:?}");
+    assert!(series[0].series.is_none(), "published once: {series:?}");
+    assert!(policy(&warnings(kube, &ns, "plain").await?).is_empty());
+    Ok(())
+}
+
+/// The ovn provider keeps the client's address: `externalTrafficPolicy: Local` holds, no Event; an
+/// `internalTrafficPolicy: Local` still gets its Warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_ovn_provider_external_traffic_policy_local_holds() -> Result<()> {
+    init_logs();
+    let oct = octavia_targets(LatencyProfile::Instant).await?.remove(0);
+    let ns = unique("tpovn");
+    let bed = Bed::new(&ns).await?;
+    let _ctrl = bed.controller(
+        &oct,
+        "[kubernetes]\nendpoints_driver_octavia_provider = ovn\n",
+        "svc-tp-ovn",
+    );
+    let kube = bed.client();
+    let svc: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "both", "namespace": &ns},
+        "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.43", "selector": {"app": "both"},
+                 "internalTrafficPolicy": "Local", "externalTrafficPolicy": "Local",
+                 "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
+    }))?;
+    Api::<Service>::namespaced(kube.clone(), &ns)
+        .create(&PostParams::default(), &svc)
+        .await?;
+    recorded(kube, &ns, "both", 1, 0).await?;
+    let reasons = eventually("internalTrafficPolicy Warning", WAIT, || async {
+        let w: Vec<String> = warnings(kube, &ns, "both")
+            .await?
+            .into_iter()
+            .map(|(r, _)| r)
+            .filter(|r| r.contains("TrafficPolicy"))
+            .collect();
+        Ok((!w.is_empty()).then_some(w))
+    })
+    .await?;
+    assert_eq!(reasons, ["KuryrInternalTrafficPolicyUnsupported"]);
+    Ok(())
+}
+
+/// `[kubernetes] service_security_groups_driver` chooses the groups a Service's load balancer records, as
+/// upstream: `default` the pod defaults, `namespace` those plus the namespace's own group (found or made in
+/// Neutron, tagged with the namespace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_security_groups_driver_chooses_the_load_balancers_groups() -> Result<()> {
+    init_logs();
+    let oct = octavia_targets(LatencyProfile::Instant).await?.remove(0);
+    for driver in ["default", "namespace"] {
+        let ns = unique("sgs");
+        let bed = Bed::new(&ns).await?;
+        let _ctrl = bed.controller(
+            &oct,
+            &format!("[kubernetes]\nservice_security_groups_driver = {driver}\n"),
+            &format!("svc-sgs-{driver}"),
+        );
+        let kube = bed.client();
+        create_service(kube, &ns, "web", "10.96.0.50", &[("http", 80, 8080, "TCP")]).await?;
+        recorded(kube, &ns, "web", 1, 0).await.context(driver)?;
+        let klb = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns)
+            .get("web")
+            .await?;
+        let groups = klb.spec.security_groups_ids;
+        match driver {
+            "default" => assert_eq!(groups, std::slice::from_ref(&bed.fx.sg)),
+            _ => {
+                assert_eq!(groups.len(), 2, "{groups:?}");
+                assert_eq!(groups[0], bed.fx.sg);
+                let sg = bed.neutron.client.get_security_group(&groups[1]).await?;
+                assert!(
+                    sg.tags.contains(&format!("kuryr-rs.namespace={ns}")),
+                    "{:?}",
+                    sg.tags
+                );
+            }
+        }
+    }
+    Ok(())
+}

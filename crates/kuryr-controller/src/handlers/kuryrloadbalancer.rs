@@ -300,6 +300,7 @@ impl KuryrLoadBalancerHandler {
         tracing::debug!(klb = %format!("{}/{}", klb.namespace().unwrap_or_default(), klb.name_any()), ?steps, "reconciling load balancer");
         let actor = LbActor {
             client,
+            waits: self.ctx.lb_waits(&deployment)?,
             tags: self.tags(&klb),
         };
         let had_lb = recorded.is_some();
@@ -361,6 +362,7 @@ impl KuryrLoadBalancerHandler {
         let client = self.ctx.deployments.octavia(&deployment)?;
         let actor = LbActor {
             client,
+            waits: self.ctx.lb_waits(&deployment)?,
             tags: self.tags(klb),
         };
         // The public IP first: a pool one is deleted, a user one given back (disassociated); one a crash

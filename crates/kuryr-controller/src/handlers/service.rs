@@ -2,8 +2,9 @@
 //! KuryrLoadBalancer of the same name whose spec carries the VIP, ports, subnet, project, security groups and
 //! provider; the `kuryrloadbalancer` handler makes it real in Octavia.
 
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Service;
@@ -16,19 +17,110 @@ use kuryr_crds::{KuryrLoadBalancer, KuryrLoadBalancerSpec};
 use serde_json::Value;
 
 use crate::context::Context;
+use crate::drivers::security_groups::{NamespaceSecurityGroups, SecurityGroupsDriver};
 use crate::error::{Error, is_not_found};
 use crate::k8s::{add_finalizer, publish_event, remove_finalizer, surface_user_error};
 use crate::pipeline::ResourceEventHandler;
 use crate::services::endpoints::{SERVICE_NAME_LABEL, from_slices};
 use crate::services::spec::{self, Resolved};
 
+/// What the `service` handler cannot run without: checked before the controller starts, so a
+/// missing option stops start-up naming it instead of failing every Service at ERROR.
+pub fn check_config(config: &kuryr_config::KuryrConfig) -> Result<(), Error> {
+    if config
+        .neutron_defaults
+        .service_subnet
+        .as_deref()
+        .is_none_or(str::is_empty)
+    {
+        return Err(Error::Config(
+            "[neutron_defaults] service_subnet is required by the service handler ([kubernetes] \
+             enabled_handlers names it): every Service's VIP is an address on that subnet"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 pub struct ServiceHandler {
     ctx: Arc<Context>,
+    /// What each Service (by uid) was last warned about, so that a Warning Event is published when the
+    /// Service starts asking for something Octavia cannot do, not on every event.
+    warned: Mutex<HashMap<String, Vec<spec::Unhonoured>>>,
+    /// `service_security_groups_driver = namespace` (finds, or makes, each namespace's group).
+    namespace_groups: NamespaceSecurityGroups,
 }
 
 impl ServiceHandler {
     pub fn new(ctx: Arc<Context>) -> Self {
-        Self { ctx }
+        Self {
+            namespace_groups: NamespaceSecurityGroups::new(
+                ctx.deployments.clone(),
+                ctx.config.clone(),
+                ctx.resource_tags(),
+            ),
+            ctx,
+            warned: Mutex::default(),
+        }
+    }
+
+    /// `[kubernetes] service_security_groups_driver` (upstream's, default `default`): the groups a Service's
+    /// load balancer records. `default`: `[neutron_defaults] pod_security_groups`; `namespace`: those plus
+    /// the namespace's isolation group; `policy`: the groups of the network policies selecting the Service's
+    /// backends (the defaults without a selector or without selected pods).
+    async fn service_groups(
+        &self,
+        svc: &Service,
+        deployment: &str,
+        project_id: &str,
+        ns: &str,
+    ) -> Result<Vec<String>, Error> {
+        use kuryr_config::SecurityGroupsDriver as Driver;
+        match self.ctx.config.kubernetes.service_security_groups_driver {
+            Driver::Default => Ok(self
+                .ctx
+                .config
+                .deployment_defaults(deployment)
+                .pod_security_groups),
+            Driver::Namespace => {
+                self.namespace_groups
+                    .security_groups(deployment, project_id, ns)
+                    .await
+            }
+            Driver::Policy => {
+                let selector: BTreeMap<String, String> = svc
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.selector.clone())
+                    .unwrap_or_default();
+                self.ctx
+                    .drivers
+                    .network_policy
+                    .service_groups(ns, &selector)
+                    .await
+            }
+        }
+    }
+
+    /// A Warning Event for each traffic policy of `svc` its load balancer cannot honour (once per change).
+    async fn warn_unhonoured(&self, svc: &Service) {
+        let now = spec::unhonoured(svc, self.provider().as_deref());
+        let uid = svc.uid().unwrap_or_default();
+        let fresh: Vec<spec::Unhonoured> = {
+            let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
+            let before = warned.get(&uid).cloned().unwrap_or_default();
+            let fresh = now.iter().filter(|u| !before.contains(u)).cloned().collect();
+            if now.is_empty() {
+                warned.remove(&uid);
+            } else {
+                warned.insert(uid, now);
+            }
+            fresh
+        };
+        for u in fresh {
+            tracing::warn!(service = %format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any()), reason = u.reason, "{}", u.message);
+            publish_event(&self.ctx.events, svc, true, u.reason, &u.message).await;
+        }
     }
 
     /// `[kubernetes] endpoints_driver_octavia_provider`: `default` is upstream's `amphora`.
@@ -57,6 +149,7 @@ impl ServiceHandler {
             .service_subnet
             .clone()
             .filter(|s| !s.is_empty())
+            // Checked at start-up (check_config); a library user may build the handler without it.
             .ok_or_else(|| {
                 Error::Config("[neutron_defaults] service_subnet is required by the service handler".into())
             })?;
@@ -83,12 +176,7 @@ impl ServiceHandler {
                 ),
             ));
         }
-        let security_groups = self
-            .ctx
-            .drivers
-            .security_groups
-            .security_groups(&deployment, &project_id, &ns)
-            .await?;
+        let security_groups = self.service_groups(svc, &deployment, &project_id, &ns).await?;
         let od = &self.ctx.config.octavia_defaults;
         Ok(Resolved {
             project_id,
@@ -140,6 +228,10 @@ impl ResourceEventHandler for ServiceHandler {
     }
 
     async fn on_finalize(&self, svc: &Service) -> Result<(), Error> {
+        self.warned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&svc.uid().unwrap_or_default());
         let ns = svc.namespace().unwrap_or_default();
         let api: Api<KuryrLoadBalancer> = Api::namespaced(self.ctx.kube.clone(), &ns);
         // The KuryrLoadBalancer's own finalizer releases the load balancer and then this Service's.
@@ -167,6 +259,7 @@ impl ServiceHandler {
         )?;
         let resolved = self.resolve(svc, ip).await?;
         let wanted = spec::build(svc, &resolved)?;
+        self.warn_unhonoured(svc).await;
         let svc = add_finalizer(&self.ctx.kube, svc, finalizers::SERVICE).await?;
         let api: Api<KuryrLoadBalancer> = Api::namespaced(self.ctx.kube.clone(), &ns);
         match api.get_opt(&name).await? {

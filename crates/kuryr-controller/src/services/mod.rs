@@ -9,6 +9,7 @@
 //! - [`plan`]: recorded vs desired -> the fewest Octavia writes (a new Service is one fully populated
 //!   create; an endpoints change one batch member update per pool; nothing when nothing changed).
 //! - [`octavia`]: carries a plan out against Octavia and reads back what it made.
+//! - [`provisioning`]: the shared, batched waits for load balancers to leave PENDING_*.
 //! - [`public_ip`]: the floating IP of a `type: LoadBalancer` Service (what to do, pure; and doing it).
 //! - [`reconcile`]: the periodic check of every load balancer against Octavia and the orphan sweep.
 //!
@@ -19,6 +20,7 @@ pub mod desired;
 pub mod endpoints;
 pub mod octavia;
 pub mod plan;
+pub mod provisioning;
 pub mod public_ip;
 pub mod reconcile;
 pub mod recorded;
@@ -32,5 +34,8 @@ pub fn lb_name(namespace: &str, name: &str) -> String {
 /// Tag naming the Service a load balancer serves, so the orphan sweep can tell whose it is without parsing
 /// names.
 pub fn service_tag(namespace: &str, name: &str) -> String {
-    format!("kuryr-rs.service={namespace}/{name}")
+    format!("{SERVICE_TAG_PREFIX}{namespace}/{name}")
 }
+
+/// What every [`service_tag`] starts with.
+pub const SERVICE_TAG_PREFIX: &str = "kuryr-rs.service=";

@@ -1,7 +1,8 @@
 //! Carries a [`plan`](super::plan) out against Octavia and reads back what it made.
 //!
 //! Every write is followed by a wait for the load balancer to be ACTIVE again (Octavia refuses changes to a
-//! load balancer that is PENDING_*); the waits give the handler's worker slot to other Services. What was
+//! load balancer that is PENDING_*); the waits are the deployment's shared ones (`provisioning.rs`: one
+//! list call per poll for all pending load balancers) and give the handler's worker slot to other Services. What was
 //! made is read back with ONE status-tree call and written into the record by name and (address, port).
 
 use std::collections::BTreeMap;
@@ -9,12 +10,13 @@ use std::collections::BTreeMap;
 use kuryr_neutron::ListFilter;
 use kuryr_neutron::octavia::{
     ListenerCreate, LoadBalancer, MemberCreate, OctaviaClient, OctaviaError, OctaviaErrorKind, PoolCreate,
-    Provisioning, ResourceUpdate, StatusTree,
+    ResourceUpdate, StatusTree,
 };
 use serde_json::{Value, json};
 
 use super::desired::{DesiredLb, DesiredListener, DesiredPool};
 use super::plan::{ListenerKey, Step};
+use super::provisioning::LbWaits;
 use super::recorded::{RecordedLb, RecordedListener, RecordedMember, RecordedPool};
 use crate::error::Error;
 use crate::pipeline::idle;
@@ -37,6 +39,8 @@ pub struct Applied {
 
 pub struct LbActor<'a> {
     pub client: &'a OctaviaClient,
+    /// The deployment's shared provisioning waits.
+    pub waits: LbWaits,
     /// Ownership tags put on everything created.
     pub tags: Vec<String>,
 }
@@ -104,8 +108,18 @@ impl LbActor<'_> {
         }
     }
 
+    /// The Service tag among the ownership tags: what the shared waits find the load balancer by.
+    fn service_tag(&self) -> Option<&str> {
+        self.tags
+            .iter()
+            .map(String::as_str)
+            .find(|t| t.starts_with(super::SERVICE_TAG_PREFIX))
+    }
+
     async fn wait_active(&self, lb_id: &str) -> Result<LoadBalancer, Error> {
-        let lb = idle(self.client.wait_for_provisioning(lb_id, Provisioning::Active))
+        let lb = self
+            .waits
+            .active(lb_id, self.service_tag())
             .await
             .map_err(|e| Error::octavia(format!("waiting for load balancer {lb_id}"), e))?;
         lb.ok_or_else(|| Error::not_ready(format!("load balancer {lb_id} is gone")))
@@ -118,7 +132,8 @@ impl LbActor<'_> {
             Err(e) if e.is_not_found() => return Ok(()),
             Err(e) => return Err(Error::octavia(format!("deleting load balancer {lb_id}"), e)),
         }
-        idle(self.client.wait_for_provisioning(lb_id, Provisioning::Deleted))
+        self.waits
+            .deleted(lb_id, self.service_tag())
             .await
             .map_err(|e| Error::octavia(format!("waiting for load balancer {lb_id} to go"), e))?;
         Ok(())

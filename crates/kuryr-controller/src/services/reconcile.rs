@@ -145,7 +145,11 @@ impl Reconciler {
                 tracing::warn!(lb = %rec.id, name = %rec.name, "load balancer in ERROR: replacing it");
                 let actor = LbActor {
                     client,
-                    tags: Vec::new(),
+                    waits: self.ctx.lb_waits(&deployment)?,
+                    tags: vec![super::service_tag(
+                        &klb.namespace().unwrap_or_default(),
+                        &klb.name_any(),
+                    )],
                 };
                 actor.delete(&rec.id).await?;
                 self.clear_record(klb).await?;
@@ -190,14 +194,17 @@ impl Reconciler {
                 .map_err(|e| Error::octavia("orphan sweep: listing load balancers", e))?;
             deleted += self.sweep_public_ips(&deployment, known, &mut suspects).await?;
             for lb in lbs {
-                if known.contains(&lb.name) || !lb.tags.iter().any(|t| t.starts_with("kuryr-rs.service=")) {
+                if known.contains(&lb.name)
+                    || !lb.tags.iter().any(|t| t.starts_with(super::SERVICE_TAG_PREFIX))
+                {
                     continue;
                 }
                 if self.suspects.contains(&lb.id) {
                     tracing::info!(lb = %lb.id, name = %lb.name, "deleting orphaned load balancer");
                     LbActor {
                         client,
-                        tags: Vec::new(),
+                        waits: self.ctx.lb_waits(&deployment)?,
+                        tags: lb.tags.clone(),
                     }
                     .delete(&lb.id)
                     .await?;

@@ -138,6 +138,56 @@ pub fn build(svc: &Service, r: &Resolved) -> Result<KuryrLoadBalancerSpec, Error
     })
 }
 
+/// A Service field an Octavia load balancer cannot honour; shown in a Warning Event on the Service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unhonoured {
+    /// The Event reason (one per field: the Event recorder folds Events of one reason into a series).
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// What of `svc`'s traffic policies a load balancer of `provider` cannot do, and what it does instead.
+///
+/// - `internalTrafficPolicy: Local` asks for the endpoints on the client's own node only. The VIP is one
+///   Octavia object shared by every client, and a pool's members cannot depend on who connects, so
+///   every ready endpoint is served (as with `Cluster`).
+/// - `externalTrafficPolicy: Local` (LoadBalancer Services) asks that backends see the client's address and
+///   that traffic takes no second hop. A floating IP reaches the VIP directly (there is no node hop to
+///   avoid); the `ovn` provider only DNATs, so backends see the client's address: honoured. The
+///   `amphora` provider proxies every connection, so backends see the amphora's address: not honoured.
+pub fn unhonoured(svc: &Service, provider: Option<&str>) -> Vec<Unhonoured> {
+    let Some(spec) = svc.spec.as_ref() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if spec.internal_traffic_policy.as_deref() == Some("Local") {
+        out.push(Unhonoured {
+            reason: "KuryrInternalTrafficPolicyUnsupported",
+            message:
+                "spec.internalTrafficPolicy: Local cannot be honoured by an Octavia load balancer (its VIP \
+                      does not know which node a client runs on): traffic goes to every ready endpoint, as \
+                      with Cluster"
+                    .into(),
+        });
+    }
+    let load_balancer = spec.type_.as_deref() == Some("LoadBalancer");
+    if load_balancer
+        && spec.external_traffic_policy.as_deref() == Some("Local")
+        && provider != Some(super::desired::OVN_PROVIDER)
+    {
+        out.push(Unhonoured {
+            reason: "KuryrExternalTrafficPolicyUnsupported",
+            message: format!(
+                "spec.externalTrafficPolicy: Local cannot be honoured by the Octavia provider {:?}: it \
+                 proxies connections, so backends see the load balancer's address, not the client's \
+                 (the ovn provider keeps it); traffic goes to every ready endpoint, as with Cluster",
+                provider.unwrap_or("default")
+            ),
+        });
+    }
+    out
+}
+
 /// A cluster IP, written canonically (upstream strips leading zeros the same way).
 pub fn cluster_ip(s: &str) -> Result<IpAddr, Error> {
     s.parse::<IpAddr>()
@@ -251,6 +301,43 @@ mod tests {
         );
         let e = build(&s, &resolved()).expect_err("bad timeout");
         assert!(e.to_string().contains(annotations::LB_TIMEOUT_CLIENT_DATA), "{e}");
+    }
+
+    #[test]
+    fn traffic_policies_octavia_cannot_honour_are_named() {
+        let mut s = svc(
+            "LoadBalancer",
+            "10.0.0.7",
+            vec![port("a", 80, IntOrString::Int(80))],
+        );
+        assert!(
+            unhonoured(&s, Some("amphora")).is_empty(),
+            "Cluster is what a load balancer does"
+        );
+        if let Some(spec) = s.spec.as_mut() {
+            spec.internal_traffic_policy = Some("Local".into());
+            spec.external_traffic_policy = Some("Local".into());
+        }
+        let amphora = unhonoured(&s, Some("amphora"));
+        let fields: Vec<_> = amphora
+            .iter()
+            .map(|u| u.message.split(':').next().unwrap_or(""))
+            .collect();
+        assert_eq!(
+            fields,
+            ["spec.internalTrafficPolicy", "spec.externalTrafficPolicy"],
+            "{amphora:?}"
+        );
+        // The ovn provider keeps the client's address: externalTrafficPolicy Local holds.
+        let ovn = unhonoured(&s, Some("ovn"));
+        assert_eq!(ovn.len(), 1, "{ovn:?}");
+        assert_eq!(ovn[0].reason, "KuryrInternalTrafficPolicyUnsupported");
+        // externalTrafficPolicy means nothing to a ClusterIP Service.
+        if let Some(spec) = s.spec.as_mut() {
+            spec.type_ = Some("ClusterIP".into());
+            spec.internal_traffic_policy = None;
+        }
+        assert!(unhonoured(&s, Some("amphora")).is_empty());
     }
 
     #[test]

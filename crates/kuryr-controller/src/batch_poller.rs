@@ -1,0 +1,347 @@
+//! Waiting for many OpenStack objects to settle, with one list call per poll for all of them.
+//!
+//! Each waiter registers a key with a [`BatchPoller`]; one background task asks the [`StatusSource`]
+//! about every pending key at once (chunked so that URLs stay short) and wakes the waiters whose key
+//! settled. A burst of N objects costs one list call per poll instead of N reads per retry round, and
+//! a waiter learns its object settled within one poll interval instead of after a growing backoff.
+//! Used for ports turning ACTIVE (`drivers::vif::active`) and load balancers leaving PENDING_*
+//! (`services::provisioning`).
+//!
+//! The interval adapts ([`next_interval`]): short while keys keep settling or new ones arrive,
+//! doubling while nothing changes, and never shorter than the last poll took, so a slow server is not
+//! asked more often than it answers.
+
+use std::collections::HashMap;
+use std::fmt::Display;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+
+/// How often and in what batches the pending keys are checked.
+#[derive(Clone, Copy, Debug)]
+pub struct PollSettings {
+    /// Interval while keys are settling (and right after a new key is registered).
+    pub min: Duration,
+    /// Interval after a long time without change.
+    pub max: Duration,
+    /// Keys per list call (the source's request line must stay short).
+    pub chunk: usize,
+    /// How long one wait lasts before the waiter gives up.
+    pub wait: Duration,
+}
+
+impl Default for PollSettings {
+    fn default() -> Self {
+        Self {
+            min: Duration::from_millis(100),
+            max: Duration::from_secs(2),
+            chunk: 80,
+            wait: Duration::from_secs(20),
+        }
+    }
+}
+
+/// The interval before the next poll: `min` when the last poll made progress (a key settled, or new
+/// keys are waiting), otherwise double the current one up to `max`; never shorter than the last poll
+/// took.
+pub fn next_interval(current: Duration, progressed: bool, last_poll: Duration, s: &PollSettings) -> Duration {
+    let base = if progressed {
+        s.min
+    } else {
+        current.saturating_mul(2).clamp(s.min, s.max)
+    };
+    base.max(last_poll.min(s.max))
+}
+
+/// What one poll asks of the server.
+#[async_trait]
+pub trait StatusSource: Send + Sync + 'static {
+    /// What a waiter waits for (an object id, possibly with the state it waits for).
+    type Key: Clone + Eq + Hash + Send + Sync + 'static;
+    /// What a settled key tells its waiters.
+    type Outcome: Clone + Send + 'static;
+    type Error: Display + Send;
+
+    /// One batched look at `keys`: the ones that settled, with their outcome. Keys not returned keep
+    /// waiting.
+    async fn poll(&self, keys: &[Self::Key]) -> Result<Vec<(Self::Key, Self::Outcome)>, Self::Error>;
+}
+
+/// Why a wait ended without an outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitEnd {
+    /// Not settled within [`PollSettings::wait`].
+    TimedOut(Duration),
+}
+
+struct Pending<K, O> {
+    waiters: HashMap<K, Vec<oneshot::Sender<O>>>,
+    /// Keys registered since the last poll (the interval resets for them).
+    fresh: bool,
+    running: bool,
+}
+
+struct Inner<S: StatusSource> {
+    source: S,
+    settings: PollSettings,
+    pending: Mutex<Pending<S::Key, S::Outcome>>,
+    wake: Notify,
+}
+
+/// The shared waits on one source (one deployment's Neutron or Octavia).
+pub struct BatchPoller<S: StatusSource> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S: StatusSource> Clone for BatchPoller<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<S: StatusSource> BatchPoller<S> {
+    pub fn new(source: S, settings: PollSettings) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                source,
+                settings,
+                pending: Mutex::new(Pending {
+                    waiters: HashMap::new(),
+                    fresh: false,
+                    running: false,
+                }),
+                wake: Notify::new(),
+            }),
+        }
+    }
+
+    pub fn settings(&self) -> PollSettings {
+        self.inner.settings
+    }
+
+    pub fn source(&self) -> &S {
+        &self.inner.source
+    }
+
+    /// Keys currently waited for.
+    pub fn pending(&self) -> usize {
+        self.inner.lock().waiters.len()
+    }
+
+    /// Waits until `key` settles; gives up after the settings' `wait`. The worker slot of the handler
+    /// waiting goes to other objects meanwhile.
+    pub async fn wait(&self, key: S::Key) -> Result<S::Outcome, WaitEnd> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut p = self.inner.lock();
+            p.waiters.entry(key.clone()).or_default().push(tx);
+            p.fresh = true;
+            if !p.running {
+                p.running = true;
+                let inner = self.inner.clone();
+                tokio::spawn(async move { inner.run().await });
+            }
+        }
+        // Wakes a poller in a long idle interval; during a burst the permit is simply kept.
+        self.inner.wake.notify_one();
+        let wait = self.inner.settings.wait;
+        match crate::pipeline::idle(tokio::time::timeout(wait, rx)).await {
+            Ok(Ok(outcome)) => Ok(outcome),
+            // The poller stopped (shutdown) or the wait timed out.
+            Ok(Err(_)) | Err(_) => {
+                self.inner.forget_closed(&key);
+                Err(WaitEnd::TimedOut(wait))
+            }
+        }
+    }
+}
+
+impl<S: StatusSource> Inner<S> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending<S::Key, S::Outcome>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Drops waiters that gave up, so their keys are no longer asked about.
+    fn forget_closed(&self, key: &S::Key) {
+        let mut p = self.lock();
+        if let Some(w) = p.waiters.get_mut(key) {
+            w.retain(|tx| !tx.is_closed());
+            if w.is_empty() {
+                p.waiters.remove(key);
+            }
+        }
+    }
+
+    async fn run(self: Arc<Self>) {
+        let s = self.settings;
+        let mut interval = s.min;
+        loop {
+            // A new object does not settle the instant it is made: it gets at least `min`. A key
+            // registered during a long (idle) interval cuts it short to `min` from then.
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = self.wake.notified() => tokio::time::sleep(s.min).await,
+            }
+            let keys: Vec<S::Key> = {
+                let mut p = self.lock();
+                p.waiters.retain(|_, w| {
+                    w.retain(|tx| !tx.is_closed());
+                    !w.is_empty()
+                });
+                if p.waiters.is_empty() {
+                    // Nothing to wait for: the next registration starts a new task.
+                    p.running = false;
+                    return;
+                }
+                p.fresh = false;
+                p.waiters.keys().cloned().collect()
+            };
+            let started = Instant::now();
+            let mut progressed = false;
+            for chunk in keys.chunks(s.chunk.max(1)) {
+                match self.source.poll(chunk).await {
+                    Ok(done) => {
+                        progressed |= !done.is_empty();
+                        let mut p = self.lock();
+                        for (key, outcome) in done {
+                            for tx in p.waiters.remove(&key).unwrap_or_default() {
+                                let _ = tx.send(outcome.clone());
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, keys = chunk.len(), "status poll failed; retrying");
+                    }
+                }
+            }
+            let fresh = self.lock().fresh;
+            interval = next_interval(interval, progressed || fresh, started.elapsed(), &s);
+        }
+    }
+}
+
+/// One poller per deployment, made on first use.
+pub struct BatchPollers<S: StatusSource> {
+    settings: PollSettings,
+    by_deployment: Mutex<HashMap<String, BatchPoller<S>>>,
+}
+
+impl<S: StatusSource> BatchPollers<S> {
+    pub fn new(settings: PollSettings) -> Self {
+        Self {
+            settings,
+            by_deployment: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The poller of `deployment`; `source` makes its source the first time.
+    pub fn get<E>(
+        &self,
+        deployment: &str,
+        source: impl FnOnce() -> Result<S, E>,
+    ) -> Result<BatchPoller<S>, E> {
+        let mut map = self.by_deployment.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = map.get(deployment) {
+            return Ok(p.clone());
+        }
+        let poller = BatchPoller::new(source()?, self.settings);
+        map.insert(deployment.to_string(), poller.clone());
+        Ok(poller)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s() -> PollSettings {
+        PollSettings {
+            min: Duration::from_millis(100),
+            max: Duration::from_secs(2),
+            chunk: 80,
+            wait: Duration::from_secs(20),
+        }
+    }
+
+    #[test]
+    fn interval_is_short_while_keys_settle() {
+        let i = next_interval(Duration::from_secs(1), true, Duration::from_millis(10), &s());
+        assert_eq!(i, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn interval_doubles_up_to_max_while_nothing_changes() {
+        let mut i = s().min;
+        let mut seen = vec![];
+        for _ in 0..8 {
+            i = next_interval(i, false, Duration::from_millis(5), &s());
+            seen.push(i.as_millis());
+        }
+        assert_eq!(seen, vec![200, 400, 800, 1600, 2000, 2000, 2000, 2000]);
+    }
+
+    #[test]
+    fn interval_is_never_shorter_than_the_last_poll() {
+        let i = next_interval(Duration::from_millis(100), true, Duration::from_millis(700), &s());
+        assert_eq!(i, Duration::from_millis(700));
+        // ... but a hung call does not push it past max.
+        let i = next_interval(Duration::from_millis(100), true, Duration::from_secs(30), &s());
+        assert_eq!(i, Duration::from_secs(2));
+    }
+
+    /// Settles key k on poll number k; counts polls and the keys each saw.
+    struct Countdown {
+        polls: Mutex<Vec<usize>>,
+    }
+
+    #[async_trait]
+    impl StatusSource for Countdown {
+        type Key = u32;
+        type Outcome = u32;
+        type Error = String;
+        async fn poll(&self, keys: &[u32]) -> Result<Vec<(u32, u32)>, String> {
+            let mut polls = self.polls.lock().unwrap_or_else(|e| e.into_inner());
+            polls.push(keys.len());
+            let n = u32::try_from(polls.len()).unwrap_or(u32::MAX);
+            Ok(keys.iter().filter(|k| **k <= n).map(|k| (*k, k * 10)).collect())
+        }
+    }
+
+    #[tokio::test]
+    async fn waiters_share_polls_and_each_is_woken_when_its_key_settles() {
+        let poller = BatchPoller::new(
+            Countdown {
+                polls: Mutex::new(Vec::new()),
+            },
+            PollSettings {
+                min: Duration::from_millis(5),
+                max: Duration::from_millis(20),
+                ..s()
+            },
+        );
+        let waits: Vec<_> = (1..=3u32)
+            .map(|k| {
+                let p = poller.clone();
+                tokio::spawn(async move { p.wait(k).await })
+            })
+            .collect();
+        for (k, w) in (1..=3u32).zip(waits) {
+            assert_eq!(w.await.ok(), Some(Ok(k * 10)));
+        }
+        let polls = poller
+            .source()
+            .polls
+            .lock()
+            .map(|p| p.clone())
+            .unwrap_or_default();
+        // One call per poll for every pending key; settled keys drop out.
+        assert_eq!(polls, vec![3, 2, 1]);
+        assert_eq!(poller.pending(), 0);
+    }
+}
