@@ -23,8 +23,9 @@
 #   5. stops neutron-server, Open vSwitch, the OVN lab and Octavia again, but only those this script started
 # To fit CI's budget on two cores, steps 1-2b (the labs) run in the background while step 3 and the
 # test build run (their output is printed when they are ready, each with its time), and step 4
-# runs in two streams at once: the end-to-end crate (the OVN lab's dataplane tests) then the chaos
-# CI profile, next to every other crate then the chaos server profile. Each stream's time is printed.
+# runs in three streams at once: the end-to-end crate (the OVN lab's dataplane tests) then the chaos
+# CI profile; the controller's pool tests then the chaos server profile; everything else. Each
+# stream's time is printed.
 # Also starts a real Octavia 19.0.0 (scripts/octavia-lab/, state in .octavia-lab/; first run
 # installs it, about 1.5 minutes; then about 15 s; a running one is reused) and exports
 # KURYR_TEST_OCTAVIA_URL for the Octavia contract suite (crates/octavia-contract), whose
@@ -258,42 +259,68 @@ chaos() {
   return "$rc"
 }
 
-# Two streams at once (step 4 and 4b): the end-to-end crate, whose OVN dataplane tests mostly
-# wait for the lab, then the chaos CI profile; and every other crate then the chaos server profile.
-step "cargo test, two streams (KURYR_TEST_NEUTRON_URL=$KURYR_TEST_NEUTRON_URL KURYR_TEST_OVS_DB=$KURYR_TEST_OVS_DB KURYR_TEST_OVN_NEUTRON_URL=$KURYR_TEST_OVN_NEUTRON_URL)"
+# Three streams at once (steps 4 and 4b), each a third of the tests' wall time, which is mostly
+# waiting (for the labs, timers, the emulators): the end-to-end crate (the OVN lab's dataplane
+# tests) then the chaos CI profile; the controller's pool tests then the chaos server profile; the
+# controller's other tests and every other crate.
+step "cargo test, three streams (KURYR_TEST_NEUTRON_URL=$KURYR_TEST_NEUTRON_URL KURYR_TEST_OVS_DB=$KURYR_TEST_OVS_DB KURYR_TEST_OVN_NEUTRON_URL=$KURYR_TEST_OVN_NEUTRON_URL)"
+# `--test NAME` for each of the controller's integration tests that is (`pool`) or is not (`other`) a
+# pool test: every file under tests/ lands in exactly one stream.
+controller_tests() {
+  local f n kind
+  for f in "$REPO"/crates/kuryr-controller/tests/*.rs; do
+    n=$(basename "$f" .rs)
+    kind=other
+    case "$n" in pool_*) kind=pool ;; esac
+    if [ "$kind" = "$1" ]; then printf -- '--test\n%s\n' "$n"; fi
+  done
+}
+mapfile -t POOL_TESTS < <(controller_tests pool)
+mapfile -t OTHER_TESTS < <(controller_tests other)
 stream() {
   local name=$1 t0 rc=0 chaos_rc=0
   shift
   t0=$(date +%s)
-  case "$name" in
-    e2e) cargo test -p kuryr-e2e --no-fail-fast "$@" >"$LOG_DIR/test-$name.log" 2>&1 || rc=$? ;;
-    rest) cargo test --workspace --exclude kuryr-e2e --no-fail-fast "$@" >"$LOG_DIR/test-$name.log" 2>&1 || rc=$? ;;
-  esac
+  {
+    case "$name" in
+      e2e) cargo test -p kuryr-e2e --no-fail-fast "$@" || rc=$? ;;
+      pools) cargo test -p kuryr-controller "${POOL_TESTS[@]}" --no-fail-fast "$@" || rc=$? ;;
+      rest)
+        cargo test -p kuryr-controller --lib "${OTHER_TESTS[@]}" --no-fail-fast "$@" || rc=$?
+        cargo test --workspace --exclude kuryr-e2e --exclude kuryr-controller --no-fail-fast "$@" || rc=$?
+        ;;
+    esac
+  } >"$LOG_DIR/test-$name.log" 2>&1
   echo "cargo test [$name]: $(since "$t0") (exit $rc)" >>"$LOG_DIR/test-$name.log"
   case "$name" in
     e2e) chaos ci >"$LOG_DIR/chaos-$name.log" 2>&1 || chaos_rc=$? ;;
-    rest) chaos server --neutron-url "$KURYR_TEST_NEUTRON_URL" >"$LOG_DIR/chaos-$name.log" 2>&1 || chaos_rc=$? ;;
+    pools) chaos server --neutron-url "$KURYR_TEST_NEUTRON_URL" >"$LOG_DIR/chaos-$name.log" 2>&1 || chaos_rc=$? ;;
+    rest) : >"$LOG_DIR/chaos-$name.log" ;;
   esac
   echo "rc=$rc chaos_rc=$chaos_rc" >"$LOG_DIR/stream-$name.rc"
 }
 t0=$(date +%s)
-stream e2e "$@" &
-e2e_pid=$!
-stream rest "$@" &
-rest_pid=$!
-wait "$e2e_pid" "$rest_pid" || true
-echo "both streams: $(since "$t0")"
+rm -f "$LOG_DIR"/stream-*.rc
+pids=()
+for name in e2e pools rest; do
+  stream "$name" "$@" &
+  pids+=($!)
+done
+wait "${pids[@]}" || true
+echo "all streams: $(since "$t0")"
 rc=0
 chaos_ok=1
 : >"$LOG_DIR/cargo-test.log"
 : >"$LOG_DIR/chaos.log"
-for name in rest e2e; do
+for name in rest pools e2e; do
   step "stream $name: cargo test"
   cat "$LOG_DIR/test-$name.log"
   cat "$LOG_DIR/test-$name.log" >>"$LOG_DIR/cargo-test.log"
-  step "stream $name: chaos"
-  cat "$LOG_DIR/chaos-$name.log"
-  cat "$LOG_DIR/chaos-$name.log" >>"$LOG_DIR/chaos.log"
+  if [ -s "$LOG_DIR/chaos-$name.log" ]; then
+    step "stream $name: chaos"
+    cat "$LOG_DIR/chaos-$name.log"
+    cat "$LOG_DIR/chaos-$name.log" >>"$LOG_DIR/chaos.log"
+  fi
   s_rc=1
   s_chaos=1
   if [ -r "$LOG_DIR/stream-$name.rc" ]; then
