@@ -559,3 +559,78 @@ async fn nothing_falls_back_to_a_deployment_in_maintenance_or_to_another_clouds_
     assert!(b.lbs(&format!("{ns}/api")).await?.is_empty());
     Ok(())
 }
+
+/// A deployment removed from `kuryr.conf` while a load balancer lives in it: after the restart the Service
+/// is not stuck. Deleting it releases its finalizers, with a Warning Event `DeploymentRemoved` naming the
+/// load balancer left there, and nothing is looked for or made in the remaining deployment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_load_balancer_of_a_deployment_removed_from_the_configuration_is_drained() -> Result<()> {
+    init_logs();
+    let (a, b) = (Cloud::start().await?, Cloud::start().await?);
+    let kube = start_kube().await?;
+    let client = &kube.client;
+    let cluster = unique("svcdrain");
+    let ctrl = start(client, &two_clouds_ini(&cluster, &a, &b));
+    eventually("deployment objects", WAIT, || async {
+        let n = Api::<KuryrOpenStackDeployment>::all(client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items
+            .len();
+        Ok((n == 2).then_some(()))
+    })
+    .await?;
+    // New bindings go to west.
+    set_maintenance(client, "default", true, false).await?;
+    let project = uuid::Uuid::new_v4().simple().to_string();
+    let ns = unique("gone");
+    project_namespace(client, &ns, &project).await?;
+    create_service(client, &ns, "web", "ClusterIP", "10.96.0.30").await?;
+    set_endpoints(client, &ns, "web", 1).await?;
+    let web = built(client, &ns, "web", 1).await?;
+    assert_eq!(
+        web.annotations().get(DEPLOYMENT).map(String::as_str),
+        Some("west")
+    );
+    let left = lb_id(&web);
+    ctrl.shutdown().await?;
+
+    // west leaves the configuration.
+    let ini = format!(
+        "[kubernetes]\nenabled_handlers = service,endpoints,kuryrloadbalancer\npod_project_driver = annotation\n\
+         controller_namespace = default\ncluster_id = {cluster}\n\
+         [neutron]\n{}[neutron_defaults]\nservice_subnet = {}\n\
+         [octavia_defaults]\nreconcile_period = 1\n\
+         [pod_binding]\nenabled = True\nfilters = all\nweighers = creation_order\n",
+        a.section(),
+        a.service_subnet,
+    );
+    let _ctrl = start(client, &ini);
+    Api::<Service>::namespaced(client.clone(), &ns)
+        .delete("web", &DeleteParams::default())
+        .await?;
+    eventually("web's finalizers released", WAIT, || async {
+        let svc = Api::<Service>::namespaced(client.clone(), &ns)
+            .get_opt("web")
+            .await?;
+        let klb = Api::<KuryrLoadBalancer>::namespaced(client.clone(), &ns)
+            .get_opt("web")
+            .await?;
+        Ok((svc.is_none() && klb.is_none()).then_some(()))
+    })
+    .await?;
+    warning(
+        client,
+        &ns,
+        "web",
+        "DeploymentRemoved",
+        &format!("\"west\" is no longer configured: load balancer {left} was left in it"),
+    )
+    .await?;
+    assert_eq!(b.lbs(&format!("{ns}/web")).await?.len(), 1, "left, not reachable");
+    assert!(
+        a.lbs(&format!("{ns}/web")).await?.is_empty(),
+        "nothing made in default"
+    );
+    Ok(())
+}

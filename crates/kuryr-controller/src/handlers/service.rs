@@ -304,6 +304,10 @@ impl ServiceHandler {
             Some(klb) => recorded_deployment(klb),
             None => self.place(&ns, &project).await?,
         };
+        if existing.is_some() && self.ctx.deployments.client(&deployment).is_err() {
+            // Its deployment left kuryr.conf: the kuryrloadbalancer handler drains it and says so.
+            return Ok(());
+        }
         let resolved = self.resolve(svc, ip, &deployment, &project).await?;
         let wanted = spec::build(svc, &resolved)?;
         self.warn_unhonoured(svc, resolved.provider.as_deref()).await;
