@@ -634,3 +634,78 @@ async fn a_load_balancer_of_a_deployment_removed_from_the_configuration_is_drain
     );
     Ok(())
 }
+
+/// With the `namespace` subnets driver a Service goes where its namespace's network is: after the project
+/// is moved to `west`, a Service of a new namespace waits for that namespace's network to be placed and goes
+/// to `west` with it, while a new Service of the old namespace goes to `default`, where that namespace's
+/// pods (its members) still are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_namespace_networks_a_service_goes_where_its_namespace_network_is() -> Result<()> {
+    init_logs();
+    let (a, b) = (Cloud::start().await?, Cloud::start().await?);
+    let (pa, ra) = namespace_subnet_infra(&a.neutron, &a.fx.project, "10.98.0.0/16").await?;
+    let (pb, rb) = namespace_subnet_infra(&b.neutron, &b.fx.project, "10.98.0.0/16").await?;
+    let kube = start_kube().await?;
+    let client = &kube.client;
+    let cluster = unique("svcns");
+    let ini = format!(
+        "[kubernetes]\nenabled_handlers = namespace,kuryrnetwork,service,endpoints,kuryrloadbalancer\n\
+         pod_subnets_driver = namespace\npod_project_driver = annotation\ncontroller_namespace = default\n\
+         cluster_id = {cluster}\n\
+         [neutron]\n{}pod_router = {}\npod_subnet_pool = {}\n\
+         [neutron_defaults]\nservice_subnet = {}\n\
+         [deployment:west]\n{}pod_router = {}\npod_subnet_pool = {}\nservice_subnet = {}\n\
+         [octavia_defaults]\nreconcile_period = 1\n\
+         [pod_binding]\nenabled = True\nfilters = all\nweighers = creation_order\n",
+        a.section(),
+        ra.id,
+        pa.id,
+        a.service_subnet,
+        b.section(),
+        rb.id,
+        pb.id,
+        b.service_subnet,
+    );
+    let _ctrl = start(client, &ini);
+    let project = uuid::Uuid::new_v4().simple().to_string();
+    let old = unique("old");
+    project_namespace(client, &old, &project).await?;
+    create_service(client, &old, "web", "ClusterIP", "10.96.0.40").await?;
+    set_endpoints(client, &old, "web", 1).await?;
+    let web = built(client, &old, "web", 1).await?;
+    assert_eq!(
+        web.annotations().get(DEPLOYMENT).map(String::as_str),
+        Some("default")
+    );
+
+    set_maintenance(client, "default", true, true).await?;
+    let new = unique("new");
+    project_namespace(client, &new, &project).await?;
+    create_service(client, &new, "api", "ClusterIP", "10.96.0.41").await?;
+    set_endpoints(client, &new, "api", 1).await?;
+    create_service(client, &old, "web2", "ClusterIP", "10.96.0.42").await?;
+    set_endpoints(client, &old, "web2", 1).await?;
+    let api_klb = built(client, &new, "api", 1).await?;
+    let web2 = built(client, &old, "web2", 1).await?;
+    let kn_new = Api::<kuryr_crds::KuryrNetwork>::namespaced(client.clone(), &new)
+        .get(&new)
+        .await?;
+    assert_eq!(
+        kn_new.annotations().get(DEPLOYMENT).map(String::as_str),
+        Some("west")
+    );
+    assert_eq!(
+        api_klb.annotations().get(DEPLOYMENT).map(String::as_str),
+        Some("west"),
+        "with the new namespace's network"
+    );
+    assert_eq!(b.lbs(&format!("{new}/api")).await?.len(), 1);
+    assert_eq!(
+        web2.annotations().get(DEPLOYMENT).map(String::as_str),
+        Some("default"),
+        "with the old namespace's network, not the project's new binding"
+    );
+    assert_eq!(a.lbs(&format!("{old}/web2")).await?.len(), 1);
+    assert!(b.lbs(&format!("{old}/web2")).await?.is_empty());
+    Ok(())
+}
