@@ -375,3 +375,28 @@ impl ServiceHandler {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> kuryr_config::KuryrConfig {
+        let ini = format!(
+            "[neutron]\nauth_type = noauth\nendpoint_override = http://a\n\
+             [deployment:west]\nauth_type = noauth\nendpoint_override = http://b\n{extra}"
+        );
+        match kuryr_config::KuryrConfig::from_ini_str(&ini) {
+            Ok(l) => l.config,
+            Err(e) => panic!("test config: {e}"),
+        }
+    }
+
+    #[test]
+    fn start_up_needs_a_service_subnet_in_some_deployment_only() {
+        let none = check_config(&config("")).expect_err("no deployment has one");
+        assert!(none.to_string().contains("service_subnet"), "{none}");
+        // One of west's own is enough: Services placed in default get an Event naming the option.
+        assert!(check_config(&config("service_subnet = west-svc\n")).is_ok());
+        assert!(check_config(&config("[neutron_defaults]\nservice_subnet = default-svc\n")).is_ok());
+    }
+}
