@@ -246,6 +246,54 @@ impl KuryrConfig {
                 .or_else(|| ns.pod_subnet_pool.clone()),
         }
     }
+
+    /// The Service options of deployment `name`. Neutron ids (`service_subnet`, `external_svc_net`,
+    /// `external_svc_subnet`) come from the deployment's own section; the global `[neutron_defaults]`
+    /// values are the `default` deployment's only, since an id of one cloud names nothing (or something
+    /// else) in another. The Octavia provider is a name, not an id: the global
+    /// `[kubernetes] endpoints_driver_octavia_provider` is every deployment's unless its section sets
+    /// `octavia_provider`. Empty values count as unset.
+    pub fn service_options(&self, name: &str) -> ServiceOptions {
+        let d = self.deployment(name);
+        let nd = &self.neutron_defaults;
+        let global = |v: &Option<String>| {
+            if name == DEFAULT_DEPLOYMENT {
+                v.clone()
+            } else {
+                None
+            }
+        };
+        let set = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
+        ServiceOptions {
+            service_subnet: set(d.and_then(|d| d.service_subnet.clone()))
+                .or_else(|| set(global(&nd.service_subnet))),
+            external_svc_net: set(d.and_then(|d| d.external_svc_net.clone()))
+                .or_else(|| set(global(&nd.external_svc_net))),
+            external_svc_subnet: set(d.and_then(|d| d.external_svc_subnet.clone()))
+                .or_else(|| set(global(&nd.external_svc_subnet))),
+            octavia_provider: set(d.and_then(|d| d.octavia_provider.clone()))
+                .unwrap_or_else(|| self.kubernetes.endpoints_driver_octavia_provider.clone()),
+            section: if name == DEFAULT_DEPLOYMENT {
+                "neutron_defaults".to_string()
+            } else {
+                format!("{DEPLOYMENT_SECTION_PREFIX}{name}")
+            },
+        }
+    }
+}
+
+/// What a deployment's Services are built with, resolved by [`KuryrConfig::service_options`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceOptions {
+    /// The VIP subnet, and the option it came from (for errors naming it).
+    pub service_subnet: Option<String>,
+    pub external_svc_net: Option<String>,
+    pub external_svc_subnet: Option<String>,
+    /// The Octavia provider as configured (`default` = Octavia's default, upstream's `amphora`).
+    pub octavia_provider: String,
+    /// Where this deployment's Neutron ids are configured: `[neutron_defaults]` for `default`,
+    /// `[deployment:<name>]` otherwise (error messages name it).
+    pub section: String,
 }
 
 /// Per-deployment Neutron ids, resolved by [`KuryrConfig::deployment_defaults`].

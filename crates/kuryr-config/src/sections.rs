@@ -612,6 +612,18 @@ config_section! {
         pod_router: Option<String> = None,
         /// kuryr-rs: this deployment's `[namespace_subnet] pod_subnet_pool`.
         pod_subnet_pool: Option<String> = None,
+        /// kuryr-rs: the subnet of this deployment's Service VIPs (`[neutron_defaults] service_subnet` is
+        /// the `default` deployment's only: a subnet id means nothing in another cloud).
+        service_subnet: Option<String> = None,
+        /// kuryr-rs: this deployment's network of Service floating IPs (`[neutron_defaults]
+        /// external_svc_net` is the `default` deployment's only).
+        external_svc_net: Option<String> = None,
+        /// kuryr-rs: this deployment's subnet of Service floating IPs (`[neutron_defaults]
+        /// external_svc_subnet` is the `default` deployment's only).
+        external_svc_subnet: Option<String> = None,
+        /// kuryr-rs: this deployment's Octavia provider (overrides `[kubernetes]
+        /// endpoints_driver_octavia_provider`, a name every cloud may have).
+        octavia_provider: Option<String> = None,
     }
 }
 

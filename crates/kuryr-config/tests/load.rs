@@ -650,3 +650,35 @@ fn deployment_sections_override_pod_ids() {
     );
     assert_eq!(e.pod_router.as_deref(), Some("r-east"));
 }
+
+#[test]
+fn service_ids_of_neutron_defaults_belong_to_the_default_deployment_only() {
+    let ini = "[kubernetes]\nendpoints_driver_octavia_provider = ovn\n\
+               [neutron]\nauth_type = noauth\nendpoint_override = http://a\n\
+               [neutron_defaults]\nservice_subnet = global-svc\nexternal_svc_net = global-ext\n\
+               external_svc_subnet = global-ext-subnet\n\
+               [deployment:east]\nauth_type = noauth\nendpoint_override = http://b\nservice_subnet = east-svc\n\
+               external_svc_net = east-ext\noctavia_provider = amphora\n\
+               [deployment:west]\nauth_type = noauth\nendpoint_override = http://c\nservice_subnet =\n";
+    let cfg = KuryrConfig::from_ini_str(ini).expect("loads").config;
+    let d = cfg.service_options("default");
+    assert_eq!(d.service_subnet.as_deref(), Some("global-svc"));
+    assert_eq!(d.external_svc_net.as_deref(), Some("global-ext"));
+    assert_eq!(d.external_svc_subnet.as_deref(), Some("global-ext-subnet"));
+    assert_eq!(d.octavia_provider, "ovn");
+    let e = cfg.service_options("east");
+    assert_eq!(e.service_subnet.as_deref(), Some("east-svc"));
+    assert_eq!(e.external_svc_net.as_deref(), Some("east-ext"));
+    assert_eq!(
+        e.external_svc_subnet, None,
+        "an id of [neutron_defaults] is not another cloud's"
+    );
+    assert_eq!(e.octavia_provider, "amphora");
+    assert_eq!(e.section, "deployment:east");
+    let w = cfg.service_options("west");
+    assert_eq!(
+        w.service_subnet, None,
+        "an empty value is unset, not the global id"
+    );
+    assert_eq!(w.octavia_provider, "ovn", "a provider name is every cloud's");
+}

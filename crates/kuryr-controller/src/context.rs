@@ -19,7 +19,7 @@ use crate::k8s::publish_event;
 use crate::metrics::Metrics;
 use crate::openstack::{DEFAULT_DEPLOYMENT, Deployments};
 use crate::placement::kube_store::KubeStore;
-use crate::placement::{Binder, BindingKey, Group, Placed, Scheduler};
+use crate::placement::{Binder, BindingKey, Placed, Scheduler};
 use crate::services::provisioning::{self, LbWaits, LbWaitsByDeployment};
 
 /// Clients, configuration and shared services; cheap to share behind an `Arc`.
@@ -76,21 +76,6 @@ impl Platform {
         Ok(self
             .lb_waits
             .get(deployment, self.deployments.octavia(deployment)?))
-    }
-
-    /// Where the resources of `project` for namespaces without a recorded deployment live: the
-    /// current binding of its general group (Services and load balancers, which carry no record).
-    pub async fn bound_deployment(&self, project_id: &str) -> Result<String, Error> {
-        match &self.placement {
-            Some(b) => Ok(b
-                .current(&BindingKey {
-                    project: project_id.to_string(),
-                    group: Group::default(),
-                })
-                .await?
-                .unwrap_or_else(|| DEFAULT_DEPLOYMENT.to_string())),
-            None => Ok(DEFAULT_DEPLOYMENT.to_string()),
-        }
     }
 
     /// `project`'s id in `deployment` (deployments with their own Keystone map it).

@@ -171,9 +171,10 @@ fn sandbox_with_pools_wires_pods_from_bulk_created_ports() {
     );
 }
 
-/// `--deployments 2`: two Neutron emulators, each a KuryrOpenStackDeployment with its own zone;
-/// the two demo namespaces ask for the two zones, and the summary shows each deployment with the
-/// namespace bound there and the ports of its pods.
+/// `--deployments 2`: two Neutron emulators, each a KuryrOpenStackDeployment with its own zone
+/// and its own Octavia; the two demo namespaces ask for the two zones, and the summary shows each
+/// deployment with the namespace bound there, the ports of its pods and the load balancer of the
+/// Service in that namespace.
 #[test]
 fn sandbox_with_two_deployments_places_a_namespace_in_each() {
     let dir = tempfile::tempdir().unwrap();
@@ -188,6 +189,8 @@ fn sandbox_with_two_deployments_places_a_namespace_in_each() {
             "6",
             "--namespaces",
             "2",
+            "--services",
+            "2",
             "--latency",
             "none",
             "--state-dir",
@@ -197,6 +200,7 @@ fn sandbox_with_two_deployments_places_a_namespace_in_each() {
     );
     assert!(ok, "kuryr sandbox failed\nstdout:\n{out}\nstderr:\n{err}");
     assert_eq!(row(&out, "pods wired"), Some("6/6"), "{out}");
+    assert!(out.contains("load balancers: 2/2 ACTIVE"), "{out}");
     // Pods go round-robin over demo-1 (zone az1) and demo-2 (zone az2): 3 ports each.
     let deployment = |name: &str| {
         out.lines()
@@ -205,12 +209,30 @@ fn sandbox_with_two_deployments_places_a_namespace_in_each() {
     };
     assert_eq!(
         deployment("default"),
-        Some(vec!["zone", "az1", "namespaces", "1", "ports", "3"]),
+        Some(vec![
+            "zone",
+            "az1",
+            "namespaces",
+            "1",
+            "ports",
+            "3",
+            "load_balancers",
+            "1"
+        ]),
         "{out}"
     );
     assert_eq!(
         deployment("deployment-2"),
-        Some(vec!["zone", "az2", "namespaces", "1", "ports", "3"]),
+        Some(vec![
+            "zone",
+            "az2",
+            "namespaces",
+            "1",
+            "ports",
+            "3",
+            "load_balancers",
+            "1"
+        ]),
         "{out}"
     );
     // With a real neutron-server the second deployment could not be started.

@@ -23,6 +23,7 @@ use crate::k8s::{add_finalizer, remove_finalizer, surface_user_error};
 use crate::pipeline::ResourceEventHandler;
 use crate::services::desired::{self, DesiredLb, Inputs};
 use crate::services::octavia::LbActor;
+use crate::services::placement::recorded_deployment;
 use crate::services::plan::{ListenerKey, plan};
 use crate::services::public_ip::{self, External, PublicIps};
 use crate::services::recorded::RecordedLb;
@@ -49,11 +50,24 @@ impl KuryrLoadBalancerHandler {
         t
     }
 
-    async fn deployment(&self, klb: &KuryrLoadBalancer) -> Result<String, Error> {
-        match klb.spec.project_id.as_deref() {
-            Some(p) if !p.is_empty() => self.ctx.bound_deployment(p).await,
-            _ => Ok(crate::openstack::DEFAULT_DEPLOYMENT.to_string()),
+    /// Whether `klb`'s deployment is still configured; when it is not, says so on the Service (what
+    /// was left there) and the caller lets go of the object: nothing can reach that cloud any more.
+    async fn configured(&self, klb: &KuryrLoadBalancer, deployment: &str) -> bool {
+        if self.ctx.deployments.client(deployment).is_ok() {
+            return true;
         }
+        let lb = klb
+            .status
+            .as_ref()
+            .and_then(|s| s.loadbalancer.as_ref())
+            .map(|lb| lb.id.as_str())
+            .unwrap_or("-");
+        let msg = format!(
+            "OpenStack deployment {deployment:?} is no longer configured: load balancer {lb} was left in it"
+        );
+        tracing::warn!(klb = %format!("{}/{}", klb.namespace().unwrap_or_default(), klb.name_any()), deployment, "{msg}");
+        self.event(klb, true, "DeploymentRemoved", &msg).await;
+        false
     }
 
     /// The Service this KuryrLoadBalancer stands for, as an Event's subject (Events go to the Service, where
@@ -144,12 +158,12 @@ impl KuryrLoadBalancerHandler {
     }
 
     fn public_ips<'a>(&'a self, klb: &KuryrLoadBalancer, deployment: &str) -> Result<PublicIps<'a>, Error> {
-        let nd = &self.ctx.config.neutron_defaults;
+        let options = self.ctx.config.service_options(deployment);
         Ok(PublicIps {
             neutron: self.ctx.deployments.client(deployment)?,
             external: External {
-                network: nd.external_svc_net.clone(),
-                subnet: nd.external_svc_subnet.clone(),
+                network: options.external_svc_net,
+                subnet: options.external_svc_subnet,
             },
             tags: self.tags(klb),
             description: public_ip::description(
@@ -289,7 +303,10 @@ impl ResourceEventHandler for KuryrLoadBalancerHandler {
 impl KuryrLoadBalancerHandler {
     async fn present(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
         let klb = add_finalizer(&self.ctx.kube, klb, finalizers::KURYRLOADBALANCER).await?;
-        let deployment = self.deployment(&klb).await?;
+        let deployment = recorded_deployment(&klb);
+        if !self.configured(&klb, &deployment).await {
+            return Ok(());
+        }
         let client = self.ctx.deployments.octavia(&deployment)?;
         let desired = self.desired(&klb, &deployment).await?;
         let recorded = RecordedLb::from_status(klb.status.as_ref());
@@ -358,7 +375,10 @@ impl KuryrLoadBalancerHandler {
     async fn finalize(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
         let ns = klb.namespace().unwrap_or_default();
         let name = klb.name_any();
-        let deployment = self.deployment(klb).await?;
+        let deployment = recorded_deployment(klb);
+        if !self.configured(klb, &deployment).await {
+            return self.release_finalizers(klb).await;
+        }
         let client = self.ctx.deployments.octavia(&deployment)?;
         let actor = LbActor {
             client,
@@ -391,13 +411,19 @@ impl KuryrLoadBalancerHandler {
         for lb in lbs.iter().filter(|lb| lb.tags.contains(&ours)) {
             actor.delete(&lb.id).await?;
         }
+        self.release_finalizers(klb).await
+    }
+
+    /// The KuryrLoadBalancer's finalizer, then its Service's.
+    async fn release_finalizers(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
         remove_finalizer(&self.ctx.kube, klb, finalizers::KURYRLOADBALANCER).await?;
         self.refused
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&klb.uid().unwrap_or_default());
-        let services: Api<Service> = Api::namespaced(self.ctx.kube.clone(), &ns);
-        if let Some(svc) = services.get_opt(&name).await? {
+        let services: Api<Service> =
+            Api::namespaced(self.ctx.kube.clone(), &klb.namespace().unwrap_or_default());
+        if let Some(svc) = services.get_opt(&klb.name_any()).await? {
             remove_finalizer(&self.ctx.kube, &svc, finalizers::SERVICE).await?;
         }
         Ok(())

@@ -22,22 +22,33 @@ use crate::error::{Error, is_not_found};
 use crate::k8s::{add_finalizer, publish_event, remove_finalizer, surface_user_error};
 use crate::pipeline::ResourceEventHandler;
 use crate::services::endpoints::{SERVICE_NAME_LABEL, from_slices};
+use crate::services::placement::{self, recorded_deployment};
 use crate::services::spec::{self, Resolved};
 
 /// What the `service` handler cannot run without: checked before the controller starts, so a
-/// missing option stops start-up naming it instead of failing every Service at ERROR.
+/// missing option stops start-up naming it instead of failing every Service at ERROR. A deployment
+/// without a `service_subnet` of its own is only an error for the Services placed there (a Warning
+/// Event naming the option): it may serve pods only.
 pub fn check_config(config: &kuryr_config::KuryrConfig) -> Result<(), Error> {
-    if config
-        .neutron_defaults
-        .service_subnet
-        .as_deref()
-        .is_none_or(str::is_empty)
-    {
+    let (with, without): (Vec<_>, Vec<_>) = config
+        .deployments()
+        .into_iter()
+        .map(|(name, _)| (name, config.service_options(name)))
+        .partition(|(_, o)| o.service_subnet.is_some());
+    if with.is_empty() {
         return Err(Error::Config(
-            "[neutron_defaults] service_subnet is required by the service handler ([kubernetes] \
-             enabled_handlers names it): every Service's VIP is an address on that subnet"
+            "[neutron_defaults] service_subnet (or service_subnet in a [deployment:<name>] section) is \
+             required by the service handler ([kubernetes] enabled_handlers names it): every Service's VIP \
+             is an address on that subnet"
                 .into(),
         ));
+    }
+    for (name, o) in without {
+        tracing::warn!(
+            deployment = name,
+            "[{}] service_subnet is not set: Services placed in deployment {name:?} will not be served",
+            o.section
+        );
     }
     Ok(())
 }
@@ -103,8 +114,8 @@ impl ServiceHandler {
     }
 
     /// A Warning Event for each traffic policy of `svc` its load balancer cannot honour (once per change).
-    async fn warn_unhonoured(&self, svc: &Service) {
-        let now = spec::unhonoured(svc, self.provider().as_deref());
+    async fn warn_unhonoured(&self, svc: &Service, provider: Option<&str>) {
+        let now = spec::unhonoured(svc, provider);
         let uid = svc.uid().unwrap_or_default();
         let fresh: Vec<spec::Unhonoured> = {
             let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
@@ -123,13 +134,14 @@ impl ServiceHandler {
         }
     }
 
-    /// `[kubernetes] endpoints_driver_octavia_provider`: `default` is upstream's `amphora`.
-    fn provider(&self) -> Option<String> {
+    /// The Octavia provider of `deployment` (its `octavia_provider`, else `[kubernetes]
+    /// endpoints_driver_octavia_provider`): `default` is upstream's `amphora`.
+    fn provider(&self, deployment: &str) -> Option<String> {
         match self
             .ctx
             .config
-            .kubernetes
-            .endpoints_driver_octavia_provider
+            .service_options(deployment)
+            .octavia_provider
             .as_str()
         {
             "" => None,
@@ -138,26 +150,51 @@ impl ServiceHandler {
         }
     }
 
-    async fn resolve(&self, svc: &Service, ip: IpAddr) -> Result<Resolved, Error> {
+    /// Where a new Service's load balancer goes: with its namespace's pods, since its members must be
+    /// reachable from it. That is the namespace's own network when the subnets driver gives it one,
+    /// else the project's binding for the namespace's group. There is no fallback: a project no
+    /// deployment can take (every one in maintenance, say) gets the scheduler's error, a Warning Event
+    /// on the Service, and the handler retries.
+    async fn place(&self, ns: &str, project: &str) -> Result<String, Error> {
+        match self.ctx.drivers.subnets.deployment_of_namespace(ns).await {
+            Ok(Some(deployment)) => Ok(deployment),
+            Ok(None) => Ok(self.ctx.bind(project, ns).await?.deployment),
+            Err(not_placed) if not_placed.is_retryable() => {
+                // The namespace's network is not placed yet (it follows the same binding): binding
+                // here tells whether it can be, so that "no deployment passes" reaches the Service too.
+                self.ctx.bind(project, ns).await?;
+                Err(not_placed)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The KuryrLoadBalancer spec's OpenStack part in `deployment`: the project's id there, the VIP
+    /// subnet of that deployment and the groups.
+    async fn resolve(
+        &self,
+        svc: &Service,
+        ip: IpAddr,
+        deployment: &str,
+        project: &str,
+    ) -> Result<Resolved, Error> {
         let ns = svc.namespace().unwrap_or_default();
-        let project_id = self.ctx.drivers.project.project_for_namespace(&ns).await?;
-        let deployment = self.ctx.bound_deployment(&project_id).await?;
-        let subnet_id = self
-            .ctx
-            .config
-            .neutron_defaults
-            .service_subnet
-            .clone()
-            .filter(|s| !s.is_empty())
-            // Checked at start-up (check_config); a library user may build the handler without it.
-            .ok_or_else(|| {
-                Error::Config("[neutron_defaults] service_subnet is required by the service handler".into())
-            })?;
+        let project_id = self.ctx.project_in(deployment, project).await;
+        let options = self.ctx.config.service_options(deployment);
+        let subnet_id = options.service_subnet.clone().ok_or_else(|| {
+            Error::invalid(
+                format!("[{}] service_subnet", options.section),
+                format!(
+                    "not set, and the Service is placed in OpenStack deployment {deployment:?}: its VIP \
+                     needs a subnet of that deployment (an id of another cloud's is never used)"
+                ),
+            )
+        })?;
         let info = self
             .ctx
             .drivers
             .subnet_cache
-            .network_of_subnet(&deployment, &subnet_id)
+            .network_of_subnet(deployment, &subnet_id)
             .await?;
         let inside = info
             .subnets
@@ -167,7 +204,9 @@ impl ServiceHandler {
             return Err(Error::invalid(
                 "spec.clusterIP",
                 format!(
-                    "{ip} is not in [neutron_defaults] service_subnet {subnet_id} ({}): the VIP cannot be created",
+                    "{ip} is not in [{}] service_subnet {subnet_id} ({}) of deployment {deployment:?}: the VIP \
+                     cannot be created",
+                    options.section,
                     info.subnets
                         .iter()
                         .map(|s| s.cidr.as_str())
@@ -176,13 +215,13 @@ impl ServiceHandler {
                 ),
             ));
         }
-        let security_groups = self.service_groups(svc, &deployment, &project_id, &ns).await?;
+        let security_groups = self.service_groups(svc, deployment, &project_id, &ns).await?;
         let od = &self.ctx.config.octavia_defaults;
         Ok(Resolved {
             project_id,
             subnet_id,
             security_groups,
-            provider: self.provider(),
+            provider: self.provider(deployment),
             timeout_client_data: od.timeout_client_data,
             timeout_member_data: od.timeout_member_data,
         })
@@ -257,12 +296,23 @@ impl ServiceHandler {
                 .and_then(|s| s.cluster_ip.as_deref())
                 .unwrap_or_default(),
         )?;
-        let resolved = self.resolve(svc, ip).await?;
-        let wanted = spec::build(svc, &resolved)?;
-        self.warn_unhonoured(svc).await;
-        let svc = add_finalizer(&self.ctx.kube, svc, finalizers::SERVICE).await?;
         let api: Api<KuryrLoadBalancer> = Api::namespaced(self.ctx.kube.clone(), &ns);
-        match api.get_opt(&name).await? {
+        let existing = api.get_opt(&name).await?;
+        let project = self.ctx.drivers.project.project_for_namespace(&ns).await?;
+        // Placed once: an existing load balancer stays in its deployment, whatever the binding is now.
+        let deployment = match &existing {
+            Some(klb) => recorded_deployment(klb),
+            None => self.place(&ns, &project).await?,
+        };
+        if existing.is_some() && self.ctx.deployments.client(&deployment).is_err() {
+            // Its deployment left kuryr.conf: the kuryrloadbalancer handler drains it and says so.
+            return Ok(());
+        }
+        let resolved = self.resolve(svc, ip, &deployment, &project).await?;
+        let wanted = spec::build(svc, &resolved)?;
+        self.warn_unhonoured(svc, resolved.provider.as_deref()).await;
+        let svc = add_finalizer(&self.ctx.kube, svc, finalizers::SERVICE).await?;
+        match existing {
             Some(klb) if klb.metadata.deletion_timestamp.is_some() => Err(Error::not_ready(format!(
                 "KuryrLoadBalancer {ns}/{name} is being deleted"
             ))),
@@ -288,6 +338,7 @@ impl ServiceHandler {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),
                         namespace: Some(ns.clone()),
+                        annotations: Some(placement::annotations(&deployment)),
                         finalizers: Some(vec![finalizers::KURYRLOADBALANCER.to_string()]),
                         owner_references: Some(vec![OwnerReference {
                             api_version: "v1".into(),
@@ -322,5 +373,30 @@ impl ServiceHandler {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> kuryr_config::KuryrConfig {
+        let ini = format!(
+            "[neutron]\nauth_type = noauth\nendpoint_override = http://a\n\
+             [deployment:west]\nauth_type = noauth\nendpoint_override = http://b\n{extra}"
+        );
+        match kuryr_config::KuryrConfig::from_ini_str(&ini) {
+            Ok(l) => l.config,
+            Err(e) => panic!("test config: {e}"),
+        }
+    }
+
+    #[test]
+    fn start_up_needs_a_service_subnet_in_some_deployment_only() {
+        let none = check_config(&config("")).expect_err("no deployment has one");
+        assert!(none.to_string().contains("service_subnet"), "{none}");
+        // One of west's own is enough: Services placed in default get an Event naming the option.
+        assert!(check_config(&config("service_subnet = west-svc\n")).is_ok());
+        assert!(check_config(&config("[neutron_defaults]\nservice_subnet = default-svc\n")).is_ok());
     }
 }

@@ -12,6 +12,7 @@
 //! - [`provisioning`]: the shared, batched waits for load balancers to leave PENDING_*.
 //! - [`public_ip`]: the floating IP of a `type: LoadBalancer` Service (what to do, pure; and doing it).
 //! - [`reconcile`]: the periodic check of every load balancer against Octavia and the orphan sweep.
+//! - [`placement`]: the deployment a load balancer lives in, recorded on its KuryrLoadBalancer.
 //!
 //! Deciding (the first four, pure and unit-tested) is kept apart from acting (the last two), as in the pod
 //! path. The handlers (`service`, `endpoints`, `kuryrloadbalancer`) are in `crate::handlers`.
@@ -19,6 +20,7 @@
 pub mod desired;
 pub mod endpoints;
 pub mod octavia;
+pub mod placement;
 pub mod plan;
 pub mod provisioning;
 pub mod public_ip;

@@ -5,10 +5,11 @@
 //!   deleted first), and the `kuryrloadbalancer` handler, woken by the status change, builds it again.
 //! - A recorded listener, pool or member missing from Octavia: the record is rebuilt from Octavia, so the
 //!   handler's plan re-creates what is missing.
-//! - A load balancer tagged as this cluster's whose KuryrLoadBalancer is gone, seen in two passes in a row
-//!   (a Service created between the list calls is not mistaken for an orphan): deleted. The same for a
-//!   floating IP on `[neutron_defaults] external_svc_net` whose description names this cluster and a Service
-//!   without a KuryrLoadBalancer (user-allocated floating IPs carry no such description and are never touched).
+//! - Per deployment, a load balancer tagged as this cluster's whose KuryrLoadBalancer is gone or records
+//!   another deployment, seen in two passes in a row (a Service created between the list calls is not
+//!   mistaken for an orphan): deleted. The same for a floating IP on the deployment's `external_svc_net`
+//!   whose description names this cluster and a Service without a KuryrLoadBalancer there (user-allocated
+//!   floating IPs carry no such description and are never touched).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -23,10 +24,14 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::octavia::LbActor;
+use super::placement::recorded_deployment;
 use super::public_ip;
 use super::recorded::RecordedLb;
 use crate::context::Context;
 use crate::error::Error;
+
+/// (deployment, load balancer name) of every live KuryrLoadBalancer.
+type Known = BTreeSet<(String, String)>;
 
 /// What one pass found and did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -112,24 +117,26 @@ impl Reconciler {
         let klbs = Api::<KuryrLoadBalancer>::all(self.ctx.kube.clone())
             .list(&ListParams::default())
             .await?;
-        let mut known: BTreeSet<String> = BTreeSet::new();
+        let mut known = Known::new();
         for klb in klbs
             .items
             .iter()
             .filter(|k| k.metadata.deletion_timestamp.is_none())
         {
-            known.insert(super::lb_name(
-                &klb.namespace().unwrap_or_default(),
-                &klb.name_any(),
+            // Each load balancer is checked in the deployment its KuryrLoadBalancer records, and is
+            // known there only: one of the same name in another deployment is an orphan.
+            let deployment = recorded_deployment(klb);
+            known.insert((
+                deployment.clone(),
+                super::lb_name(&klb.namespace().unwrap_or_default(), &klb.name_any()),
             ));
             let Some(rec) = RecordedLb::from_status(klb.status.as_ref()) else {
                 continue;
             };
-            let deployment = match klb.spec.project_id.as_deref() {
-                Some(p) if !p.is_empty() => self.ctx.bound_deployment(p).await?,
-                _ => crate::openstack::DEFAULT_DEPLOYMENT.to_string(),
+            let Ok(client) = self.ctx.deployments.octavia(&deployment) else {
+                // A deployment no longer configured (drained by the handler) or without Octavia.
+                continue;
             };
-            let client = self.ctx.deployments.octavia(&deployment)?;
             out.checked += 1;
             let lb = match client.get_load_balancer(&rec.id).await {
                 Ok(lb) => lb,
@@ -174,7 +181,7 @@ impl Reconciler {
         Ok(out)
     }
 
-    async fn sweep(&mut self, known: &BTreeSet<String>) -> Result<usize, Error> {
+    async fn sweep(&mut self, known: &Known) -> Result<usize, Error> {
         let cluster = kuryr_crds::names::neutron::cluster_tag(&self.ctx.cluster_id);
         let mut suspects = BTreeSet::new();
         let mut deleted = 0;
@@ -194,7 +201,7 @@ impl Reconciler {
                 .map_err(|e| Error::octavia("orphan sweep: listing load balancers", e))?;
             deleted += self.sweep_public_ips(&deployment, known, &mut suspects).await?;
             for lb in lbs {
-                if known.contains(&lb.name)
+                if known.contains(&(deployment.clone(), lb.name.clone()))
                     || !lb.tags.iter().any(|t| t.starts_with(super::SERVICE_TAG_PREFIX))
                 {
                     continue;
@@ -222,17 +229,10 @@ impl Reconciler {
     async fn sweep_public_ips(
         &self,
         deployment: &str,
-        known: &BTreeSet<String>,
+        known: &Known,
         suspects: &mut BTreeSet<String>,
     ) -> Result<usize, Error> {
-        let Some(net) = self
-            .ctx
-            .config
-            .neutron_defaults
-            .external_svc_net
-            .clone()
-            .filter(|n| !n.is_empty())
-        else {
+        let Some(net) = self.ctx.config.service_options(deployment).external_svc_net else {
             return Ok(0);
         };
         let neutron = self.ctx.deployments.client(deployment)?;
@@ -246,7 +246,7 @@ impl Reconciler {
             else {
                 continue;
             };
-            if known.contains(service) {
+            if known.contains(&(deployment.to_string(), service.to_string())) {
                 continue;
             }
             if self.suspects.contains(&fip.id) {

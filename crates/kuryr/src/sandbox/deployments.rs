@@ -2,16 +2,19 @@
 //! with its own availability zone (`az1` is `default`, the `[neutron]` one), demo network and
 //! project (mapped from the cluster's project with `project_ids`, as separate Keystones need).
 //! Placement is on; demo namespace `i` asks for zone `az<(i mod N) + 1>`, so every deployment
-//! gets namespaces, and the summary shows where namespaces and ports landed.
+//! gets namespaces, and the summary shows where namespaces, ports and load balancers landed. With
+//! `--services` each deployment has its own service subnet and Octavia emulator.
 
 use std::collections::BTreeMap;
 
 use anyhow::Context as _;
+use kube::ResourceExt as _;
 use kube::api::{Api, ListParams};
-use kuryr_crds::KuryrProjectBinding;
+use kuryr_crds::{KuryrLoadBalancer, KuryrProjectBinding};
 use kuryr_neutron::{ClientOptions, ListFilter, NeutronClient};
 use neutron_emulator::{AgentHosts, Emulator, EmulatorHandle, EmulatorOptions, LatencyProfile};
 
+use super::services::SandboxOctavia;
 use super::{DemoNetwork, NODES};
 use crate::cli::{LatencyArg, SandboxArgs};
 
@@ -23,6 +26,9 @@ pub(crate) struct Extra {
     pub(crate) client: NeutronClient,
     pub(crate) demo: DemoNetwork,
     pub(crate) emulator: EmulatorHandle,
+    /// With `--services`: this deployment's own service subnet and Octavia emulator (an id or an
+    /// endpoint of one cloud means nothing in another).
+    pub(crate) services: Option<(String, SandboxOctavia)>,
 }
 
 /// Zone of deployment `i` (0 = `default`).
@@ -68,6 +74,13 @@ pub(crate) async fn start(args: &SandboxArgs, ports: i64) -> anyhow::Result<Vec<
         let client = NeutronClient::new(&ClientOptions::noauth(&url)).context("Neutron client")?;
         let demo = DemoNetwork::create(&client, &args.cidr).await?;
         demo.fit_port_quota(&client, ports).await?;
+        let services = if args.services > 0 {
+            let (_, subnet) = super::services::create_service_subnet(&client, &demo.project).await?;
+            let octavia = super::services::start_octavia(None).await?;
+            Some((subnet, octavia))
+        } else {
+            None
+        };
         let extra = Extra {
             name: format!("deployment-{}", i + 1),
             zone: zone(i),
@@ -75,11 +88,19 @@ pub(crate) async fn start(args: &SandboxArgs, ports: i64) -> anyhow::Result<Vec<
             client,
             demo,
             emulator,
+            services,
         };
         println!(
             "Neutron of deployment {} (zone {}): embedded emulator at {}; project {} (cluster project mapped to it)",
             extra.name, extra.zone, extra.url, extra.demo.project
         );
+        if let Some((subnet, octavia)) = &extra.services {
+            println!(
+                "  service subnet {subnet} ({}); Octavia: {}",
+                super::services::SERVICE_CIDR,
+                octavia.label
+            );
+        }
         out.push(extra);
     }
     Ok(out)
@@ -97,6 +118,12 @@ pub(crate) fn config_lines(extras: &[Extra], cluster_project: &str) -> (String, 
              project_ids = {cluster_project}:{}\npod_subnet = {}\npod_security_groups = {}\n",
             e.name, e.url, e.zone, e.demo.project, e.demo.subnet, e.demo.security_group
         ));
+        if let Some((subnet, octavia)) = &e.services {
+            sections.push_str(&format!(
+                "load_balancer_endpoint_override = {}\nservice_subnet = {subnet}\n",
+                octavia.url
+            ));
+        }
     }
     (format!("availability_zone = {}\n", zone(0)), sections)
 }
@@ -121,6 +148,22 @@ pub(crate) async fn report(
                 .collect()
         })
         .unwrap_or_default();
+    // deployment -> load balancers, from the deployment each KuryrLoadBalancer records.
+    let mut lbs: BTreeMap<String, usize> = BTreeMap::new();
+    if let Ok(l) = Api::<KuryrLoadBalancer>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        for klb in &l.items {
+            *lbs.entry(
+                klb.annotations()
+                    .get(kuryr_crds::names::annotations::DEPLOYMENT)
+                    .cloned()
+                    .unwrap_or_else(|| "default".to_string()),
+            )
+            .or_default() += 1;
+        }
+    }
     let mut rows = vec![("default".to_string(), zone(0), default.0, default.1)];
     rows.extend(
         extras
@@ -142,8 +185,9 @@ pub(crate) async fn report(
                 .to_string(),
             Err(e) => format!("? ({e})"),
         };
+        let lb = lbs.get(&name).copied().unwrap_or(0);
         out.push_str(&format!(
-            "  {name:<14} zone {zone:<5} namespaces {ns:<3} ports {ports}\n"
+            "  {name:<14} zone {zone:<5} namespaces {ns:<3} ports {ports:<4} load_balancers {lb}\n"
         ));
     }
     out

@@ -298,6 +298,9 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<()> {
     }
     for e in extras {
         e.emulator.shutdown().await;
+        if let Some(emu) = e.services.and_then(|(_, o)| o.emulator) {
+            emu.shutdown().await;
+        }
     }
     if let Some(emu) = octavia.and_then(|o| o.emulator) {
         emu.shutdown().await;
