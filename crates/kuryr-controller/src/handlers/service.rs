@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use kuryr_crds::names::finalizers;
-use kuryr_crds::{KuryrLoadBalancer, KuryrLoadBalancerSpec};
+use kuryr_crds::{KuryrLoadBalancer, KuryrLoadBalancerSpec, LbEndpointSlice, LbListenerAcl};
 use serde_json::Value;
 
 use crate::context::Context;
@@ -138,7 +138,8 @@ impl ServiceHandler {
         }
     }
 
-    async fn resolve(&self, svc: &Service, ip: IpAddr) -> Result<Resolved, Error> {
+    /// Resolves what the spec needs; also returns the deployment serving the Service.
+    async fn resolve(&self, svc: &Service, ip: IpAddr) -> Result<(Resolved, String), Error> {
         let ns = svc.namespace().unwrap_or_default();
         let project_id = self.ctx.drivers.project.project_for_namespace(&ns).await?;
         let deployment = self.ctx.bound_deployment(&project_id).await?;
@@ -178,14 +179,106 @@ impl ServiceHandler {
         }
         let security_groups = self.service_groups(svc, &deployment, &project_id, &ns).await?;
         let od = &self.ctx.config.octavia_defaults;
-        Ok(Resolved {
-            project_id,
-            subnet_id,
-            security_groups,
-            provider: self.provider(),
-            timeout_client_data: od.timeout_client_data,
-            timeout_member_data: od.timeout_member_data,
-        })
+        Ok((
+            Resolved {
+                project_id,
+                subnet_id,
+                security_groups,
+                provider: self.provider(),
+                timeout_client_data: od.timeout_client_data,
+                timeout_member_data: od.timeout_member_data,
+            },
+            deployment,
+        ))
+    }
+
+    /// `[octavia_defaults] enforce_sg_rules` (upstream's, default true): the listeners admit only the
+    /// sources the ingress rules of the load balancer's groups allow (`services/acls.rs`). Off, or with
+    /// the `ovn` provider (which refuses listener ACLs and keeps the client's address, so the backends'
+    /// own groups enforce the policies), every listener admits everyone.
+    async fn listener_acls(
+        &self,
+        wanted: &KuryrLoadBalancerSpec,
+        deployment: &str,
+        ip: IpAddr,
+        slices: &[LbEndpointSlice],
+    ) -> Result<Vec<LbListenerAcl>, Error> {
+        if !self.ctx.config.octavia_defaults.enforce_sg_rules
+            || wanted.provider.as_deref() == Some(crate::services::desired::OVN_PROVIDER)
+        {
+            return Ok(Vec::new());
+        }
+        crate::services::security::listener_acls(
+            self.ctx.deployments.client(deployment)?,
+            &wanted.security_groups_ids,
+            &self
+                .ctx
+                .config
+                .deployment_defaults(deployment)
+                .pod_security_groups,
+            &wanted.ports,
+            slices,
+            ip,
+        )
+        .await
+    }
+
+    /// The spec `svc` asks for now (endpoint slices excepted), `None` for a Service kuryr does not serve.
+    async fn wanted(&self, svc: &Service) -> Result<Option<(KuryrLoadBalancerSpec, String, IpAddr)>, Error> {
+        if let Some(skip) = spec::skip_reason(svc) {
+            tracing::debug!(service = %format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any()), ?skip, "service skipped");
+            return Ok(None);
+        }
+        let ip = spec::cluster_ip(
+            svc.spec
+                .as_ref()
+                .and_then(|s| s.cluster_ip.as_deref())
+                .unwrap_or_default(),
+        )?;
+        let (resolved, deployment) = self.resolve(svc, ip).await?;
+        Ok(Some((spec::build(svc, &resolved)?, deployment, ip)))
+    }
+
+    /// Brings an existing KuryrLoadBalancer's spec to what `svc` asks for now (its groups and listener
+    /// ACLs follow the network policies): what a policy change calls for each Service it affects. A Service
+    /// without a KuryrLoadBalancer yet is left to its own handler. Returns whether the spec was patched.
+    pub async fn refresh(&self, svc: &Service) -> Result<bool, Error> {
+        if svc.metadata.deletion_timestamp.is_some() {
+            return Ok(false);
+        }
+        let Some((mut wanted, deployment, ip)) = self.wanted(svc).await? else {
+            return Ok(false);
+        };
+        let ns = svc.namespace().unwrap_or_default();
+        let api: Api<KuryrLoadBalancer> = Api::namespaced(self.ctx.kube.clone(), &ns);
+        let Some(klb) = api.get_opt(&svc.name_any()).await? else {
+            return Ok(false);
+        };
+        if klb.metadata.deletion_timestamp.is_some() {
+            return Ok(false);
+        }
+        wanted.listener_acls = self
+            .listener_acls(&wanted, &deployment, ip, &klb.spec.endpoint_slices)
+            .await?;
+        self.patch_if_differs(&api, &klb, &wanted).await
+    }
+
+    async fn patch_if_differs(
+        &self,
+        api: &Api<KuryrLoadBalancer>,
+        klb: &KuryrLoadBalancer,
+        wanted: &KuryrLoadBalancerSpec,
+    ) -> Result<bool, Error> {
+        if !spec::service_part_differs(&klb.spec, wanted) {
+            return Ok(false);
+        }
+        api.patch(
+            &klb.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&spec_patch(wanted)?),
+        )
+        .await?;
+        Ok(true)
     }
 }
 
@@ -205,6 +298,7 @@ fn spec_patch(spec: &KuryrLoadBalancerSpec) -> Result<Value, Error> {
             "session_affinity",
             "security_groups_ids",
             "ports",
+            "listener_acls",
         ] {
             map.entry(key).or_insert(Value::Null);
         }
@@ -247,18 +341,9 @@ impl ServiceHandler {
     async fn present(&self, svc: &Service) -> Result<(), Error> {
         let ns = svc.namespace().unwrap_or_default();
         let name = svc.name_any();
-        if let Some(skip) = spec::skip_reason(svc) {
-            tracing::debug!(service = %format!("{ns}/{name}"), ?skip, "service skipped");
+        let Some((wanted, deployment, ip)) = self.wanted(svc).await? else {
             return Ok(());
-        }
-        let ip = spec::cluster_ip(
-            svc.spec
-                .as_ref()
-                .and_then(|s| s.cluster_ip.as_deref())
-                .unwrap_or_default(),
-        )?;
-        let resolved = self.resolve(svc, ip).await?;
-        let wanted = spec::build(svc, &resolved)?;
+        };
         self.warn_unhonoured(svc).await;
         let svc = add_finalizer(&self.ctx.kube, svc, finalizers::SERVICE).await?;
         let api: Api<KuryrLoadBalancer> = Api::namespaced(self.ctx.kube.clone(), &ns);
@@ -266,16 +351,13 @@ impl ServiceHandler {
             Some(klb) if klb.metadata.deletion_timestamp.is_some() => Err(Error::not_ready(format!(
                 "KuryrLoadBalancer {ns}/{name} is being deleted"
             ))),
-            Some(klb) if spec::service_part_differs(&klb.spec, &wanted) => {
-                api.patch(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(&spec_patch(&wanted)?),
-                )
-                .await?;
-                Ok(())
+            Some(klb) => {
+                let mut wanted = wanted;
+                wanted.listener_acls = self
+                    .listener_acls(&wanted, &deployment, ip, &klb.spec.endpoint_slices)
+                    .await?;
+                self.patch_if_differs(&api, &klb, &wanted).await.map(|_| ())
             }
-            Some(_) => Ok(()),
             None => {
                 // The slices that exist already go in with the spec, so that a new Service is one fully
                 // populated create in Octavia rather than a create and a member update.
@@ -284,6 +366,9 @@ impl ServiceHandler {
                     .await?;
                 let mut wanted = wanted;
                 wanted.endpoint_slices = from_slices(&slices.items);
+                wanted.listener_acls = self
+                    .listener_acls(&wanted, &deployment, ip, &wanted.endpoint_slices)
+                    .await?;
                 let klb = KuryrLoadBalancer {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),
