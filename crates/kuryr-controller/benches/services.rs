@@ -37,8 +37,22 @@ const NS: &str = "bench";
 const TIMEOUT: Duration = Duration::from_secs(900);
 const BURST: usize = 100;
 
+/// Calls by operation; those Octavia refused (`api_error`, e.g. a 409 while the load balancer is
+/// `PENDING_*`) or that got no answer (`transport_error`) under `<operation>!<result>`, so that writes
+/// count what Octavia carried out.
 fn octavia_calls(metrics: &Metrics) -> BTreeMap<String, u64> {
-    kuryr_controller::metrics::per_operation(&metrics.octavia_calls())
+    let mut out = BTreeMap::new();
+    for (op, by_result) in metrics.octavia_calls() {
+        for (result, n) in by_result {
+            let key = if result == "success" {
+                op.clone()
+            } else {
+                format!("{op}!{result}")
+            };
+            *out.entry(key).or_default() += n;
+        }
+    }
+    out
 }
 
 fn diff(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
@@ -52,7 +66,7 @@ fn diff(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeM
 fn writes(calls: &BTreeMap<String, u64>) -> u64 {
     calls
         .iter()
-        .filter(|(op, _)| !op.starts_with("get_") && !op.starts_with("list_"))
+        .filter(|(op, _)| !op.starts_with("get_") && !op.starts_with("list_") && !op.contains('!'))
         .map(|(_, v)| v)
         .sum()
 }
