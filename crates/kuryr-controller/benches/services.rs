@@ -297,6 +297,13 @@ async fn run_target(name: &str, octavia_url: &str, n: usize) -> Result<Vec<Phase
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // RUST_LOG (e.g. `kuryr_neutron=debug,kuryr_controller=debug`) shows each Octavia call and handler retry.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let n: usize = match std::env::var("SVC_BENCH_SERVICES") {
         Ok(v) => v.parse().context("SVC_BENCH_SERVICES must be a number")?,
         Err(_) => 100,

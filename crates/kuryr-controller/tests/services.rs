@@ -1269,7 +1269,8 @@ async fn labelled_pod(
 /// `enforce_sg_rules` (default on) with `service_security_groups_driver = policy`: a NetworkPolicy admitting
 /// only namespace X on the backends' port makes the Service's load balancer take the policy's group and its
 /// listener admit only X's pods; another namespace's pod is not admitted; a second Service whose backends the
-/// policy does not select keeps an open listener. Deleting the policy opens the listener again.
+/// policy does not select keeps an open listener; a pod added to X later is admitted too. Deleting the policy
+/// opens the listener again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_network_policy_change_moves_the_listener_acls_of_the_services_it_affects() -> Result<()> {
     init_logs();
@@ -1292,7 +1293,8 @@ async fn a_network_policy_change_moves_the_listener_acls_of_the_services_it_affe
     let _ctrl = bed.controller(
         &oct,
         "[kubernetes]\nenabled_handlers = service,endpoints,kuryrloadbalancer,policy,kuryrnetworkpolicy,pod_label\n\
-         pod_security_groups_driver = policy\nservice_security_groups_driver = policy\n",
+         pod_security_groups_driver = policy\nservice_security_groups_driver = policy\n\
+         watch_reconcile_period = 3600\n",
         "svc-acl-np",
     );
     create_service(kube, &ns, "web", "10.96.0.80", &[("http", 80, 8080, "TCP")]).await?;
@@ -1361,6 +1363,17 @@ async fn a_network_policy_change_moves_the_listener_acls_of_the_services_it_affe
         other_klb.spec.security_groups_ids,
         std::slice::from_ref(&bed.fx.sg)
     );
+
+    // A new pod in X joins the policy's peer address group: the listener admits it too (through the
+    // pod_label handler: the full resync, which would also get there, is an hour away).
+    labelled_pod(kube, &x, "client-x2", json!({"role": "client"}), "10.1.0.51").await?;
+    eventually("the web listener admits the new pod of X", WAIT, || async {
+        let l = listener_on(&oct.client, &web_lb, 80).await?;
+        let cidrs = l.allowed_cidrs.clone().unwrap_or_default();
+        let has = |ip: &str| cidrs.iter().any(|c| c.starts_with(ip));
+        Ok((has("10.1.0.51") && has("10.1.0.50")).then_some(()))
+    })
+    .await?;
 
     nps.delete("only-x", &DeleteParams::default()).await?;
     eventually("the web listener open again", WAIT, || async {

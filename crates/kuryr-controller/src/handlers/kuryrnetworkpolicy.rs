@@ -8,9 +8,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use kuryr_crds::names::finalizers;
@@ -19,7 +18,7 @@ use serde_json::json;
 
 use crate::context::Context;
 use crate::error::{Error, is_not_found};
-use crate::handlers::service::ServiceHandler;
+use crate::handlers::service::PolicyFollowers;
 use crate::k8s::{add_finalizer, remove_finalizer};
 use crate::pipeline::ResourceEventHandler;
 use crate::policies::PolicySpec;
@@ -28,75 +27,15 @@ use crate::policies::selector::Selector;
 
 pub struct KuryrNetworkPolicyHandler {
     ctx: Arc<Context>,
-    /// Brings the KuryrLoadBalancers of the Services a policy change affects up to date (their groups and
-    /// listener ACLs); `None` when no Service's load balancer depends on policies.
-    services: Option<ServiceHandler>,
+    /// The Services whose load balancers follow the policies.
+    followers: PolicyFollowers,
 }
 
 impl KuryrNetworkPolicyHandler {
     pub fn new(ctx: Arc<Context>) -> Self {
-        let c = &ctx.config;
-        let depends = c.kubernetes.enabled_handlers.iter().any(|h| h == "service")
-            && (c.octavia_defaults.enforce_sg_rules
-                || c.kubernetes.service_security_groups_driver == kuryr_config::SecurityGroupsDriver::Policy);
         Self {
-            services: depends.then(|| ServiceHandler::new(ctx.clone())),
+            followers: PolicyFollowers::new(ctx.clone()),
             ctx,
-        }
-    }
-
-    /// The Services of `ns` with a backend that one of `selectors` picks: their load balancer's groups
-    /// and ACLs may have moved with the policy, so each is refreshed (a spec patch only when it changed;
-    /// the `kuryrloadbalancer` handler then makes one listener update per listener that changed).
-    /// Upstream's `_is_service_affected` + `update_lbaas_sg`.
-    async fn refresh_services(&self, ns: &str, selectors: &[&LabelSelector]) -> Result<(), Error> {
-        let Some(services) = &self.services else {
-            return Ok(());
-        };
-        let selectors: Vec<Selector> = selectors
-            .iter()
-            .filter_map(|s| Selector::parse(s, "spec.podSelector").ok())
-            .collect();
-        let pods = Api::<Pod>::namespaced(self.ctx.kube.clone(), ns)
-            .list(&ListParams::default())
-            .await?;
-        let picked: Vec<&Pod> = pods
-            .iter()
-            .filter(|p| selectors.iter().any(|s| s.matches(p.labels())))
-            .collect();
-        if picked.is_empty() {
-            return Ok(());
-        }
-        let svcs = Api::<Service>::namespaced(self.ctx.kube.clone(), ns)
-            .list(&ListParams::default())
-            .await?;
-        let mut errors = vec![];
-        for svc in &svcs.items {
-            let Some(sel) = svc
-                .spec
-                .as_ref()
-                .and_then(|s| s.selector.as_ref())
-                .filter(|s| !s.is_empty())
-            else {
-                // Upstream: policies are not applied to Services without selectors.
-                continue;
-            };
-            let backs = |p: &&Pod| sel.iter().all(|(k, v)| p.labels().get(k) == Some(v));
-            if !picked.iter().any(backs) {
-                continue;
-            }
-            match services.refresh(svc).await {
-                Ok(true) => {
-                    tracing::debug!(service = %format!("{ns}/{}", svc.name_any()), "load balancer groups or ACLs follow a policy change")
-                }
-                Ok(false) => {}
-                Err(e) => errors.push(e),
-            }
-        }
-        match errors.len() {
-            0 => Ok(()),
-            1 => Err(errors.remove(0)),
-            _ => Err(Error::Multiple(errors)),
         }
     }
 
@@ -183,9 +122,11 @@ impl ResourceEventHandler for KuryrNetworkPolicyHandler {
             .await?;
         self.sync_ports(&ns).await?;
         let previous = knp.status.as_ref().and_then(|s| s.pod_selector.as_ref());
-        let selectors: Vec<&LabelSelector> =
-            std::iter::once(&knp.spec.pod_selector).chain(previous).collect();
-        self.refresh_services(&ns, &selectors).await
+        let selectors: Vec<Selector> = std::iter::once(&knp.spec.pod_selector)
+            .chain(previous)
+            .filter_map(|s| Selector::parse(s, "spec.podSelector").ok())
+            .collect();
+        self.followers.refresh(&ns, &selectors).await
     }
 
     async fn on_finalize(&self, knp: &KuryrNetworkPolicy) -> Result<(), Error> {
@@ -195,7 +136,10 @@ impl ResourceEventHandler for KuryrNetworkPolicyHandler {
         }
         // The policy no longer counts for its pods.
         self.sync_ports(&ns).await?;
-        self.refresh_services(&ns, &[&knp.spec.pod_selector]).await?;
+        let selectors: Vec<Selector> = Selector::parse(&knp.spec.pod_selector, "spec.podSelector")
+            .into_iter()
+            .collect();
+        self.followers.refresh(&ns, &selectors).await?;
         if knp.meta().finalizers.is_some() {
             remove_finalizer(&self.ctx.kube, knp, finalizers::NETWORKPOLICY).await?;
         }

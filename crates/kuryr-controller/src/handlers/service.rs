@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -21,6 +21,7 @@ use crate::drivers::security_groups::{NamespaceSecurityGroups, SecurityGroupsDri
 use crate::error::{Error, is_not_found};
 use crate::k8s::{add_finalizer, publish_event, remove_finalizer, surface_user_error};
 use crate::pipeline::ResourceEventHandler;
+use crate::policies::selector::Selector;
 use crate::services::endpoints::{SERVICE_NAME_LABEL, from_slices};
 use crate::services::spec::{self, Resolved};
 
@@ -406,6 +407,96 @@ impl ServiceHandler {
                     Err(e) => Err(e.into()),
                 }
             }
+        }
+    }
+}
+
+/// The Services whose load balancers follow the network policies: with `[kubernetes]
+/// service_security_groups_driver = policy` a load balancer takes the groups of the policies selecting its
+/// backends, and with `enforce_sg_rules` its listeners admit what those groups' ingress rules admit. A
+/// policy created, changed or deleted, or a pod moving in or out of one, refreshes the Services whose
+/// backends it picks (upstream's `_is_service_affected` + `update_lbaas_sg` in its `kuryrnetworkpolicy`
+/// and `pod_label` handlers). Each refresh patches the KuryrLoadBalancer spec only when it changed, so the
+/// `kuryrloadbalancer` handler (which coalesces events per object) updates only the listeners that moved.
+pub struct PolicyFollowers {
+    ctx: Arc<Context>,
+    /// `None` when no load balancer depends on policies (no `service` handler, or another groups driver:
+    /// their groups, hence ACLs, never change with policies).
+    services: Option<ServiceHandler>,
+}
+
+impl PolicyFollowers {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        let k = &ctx.config.kubernetes;
+        let depends = k.enabled_handlers.iter().any(|h| h == "service")
+            && k.service_security_groups_driver == kuryr_config::SecurityGroupsDriver::Policy;
+        Self {
+            services: depends.then(|| ServiceHandler::new(ctx.clone())),
+            ctx,
+        }
+    }
+
+    /// Refreshes the Services of `ns` with a backend (a pod their selector picks) that one of
+    /// `selectors` picks too.
+    pub async fn refresh(&self, ns: &str, selectors: &[Selector]) -> Result<(), Error> {
+        if self.services.is_none() || selectors.is_empty() {
+            return Ok(());
+        }
+        let pods = Api::<Pod>::namespaced(self.ctx.kube.clone(), ns)
+            .list(&ListParams::default())
+            .await?;
+        let picked: Vec<&BTreeMap<String, String>> = pods
+            .iter()
+            .map(|p| p.labels())
+            .filter(|l| selectors.iter().any(|s| s.matches(l)))
+            .collect();
+        self.refresh_backed_by(ns, &picked).await
+    }
+
+    /// Refreshes the Services of `ns` whose selector picks a pod labelled one of `labels`.
+    pub async fn refresh_backed_by(
+        &self,
+        ns: &str,
+        labels: &[&BTreeMap<String, String>],
+    ) -> Result<(), Error> {
+        let Some(handler) = &self.services else {
+            return Ok(());
+        };
+        if labels.is_empty() {
+            return Ok(());
+        }
+        let svcs = Api::<Service>::namespaced(self.ctx.kube.clone(), ns)
+            .list(&ListParams::default())
+            .await?;
+        let mut errors = vec![];
+        for svc in &svcs.items {
+            // Upstream: policies are not applied to Services without selectors.
+            let Some(sel) = svc
+                .spec
+                .as_ref()
+                .and_then(|s| s.selector.as_ref())
+                .filter(|s| !s.is_empty())
+            else {
+                continue;
+            };
+            if !labels
+                .iter()
+                .any(|l| sel.iter().all(|(k, v)| l.get(k) == Some(v)))
+            {
+                continue;
+            }
+            match handler.refresh(svc).await {
+                Ok(true) => {
+                    tracing::debug!(service = %format!("{ns}/{}", svc.name_any()), "load balancer groups or ACLs follow a policy change")
+                }
+                Ok(false) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(Error::Multiple(errors)),
         }
     }
 }
