@@ -1,7 +1,9 @@
 //! `kuryrnetworkpolicy` handler: makes Neutron match the policy (security groups, rules, address
 //! groups through the `network_policy` driver), writes the status (group id, rules, pod selector,
 //! what had to be approximated), and moves the selected pods' ports onto the groups. On delete it
-//! takes the groups off the ports, deletes them and lets the object go. Groups whose policy is gone
+//! takes the groups off the ports, deletes them and lets the object go. Either way the Services whose
+//! backends the policy selects follow it (their load balancer's groups and listener ACLs:
+//! [`PolicyFollowers`]). Groups whose policy is gone
 //! anyway (force-deleted objects, a deposed leader's late write) are the driver's periodic sweep's
 //! (`NetworkPolicyDriver::run_sweeps`, started with the pipeline).
 

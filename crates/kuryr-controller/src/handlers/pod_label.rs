@@ -3,7 +3,8 @@
 //! untouched) and its port onto the groups of the policies that now select it. Also the
 //! namespace-label companion: a namespace relabelled changes which pods namespaceSelectors pick.
 //! Both feed what they see into the driver's tracker first, so policies are decided from the
-//! watched state, not from a listing of the cluster per event.
+//! watched state, not from a listing of the cluster per event. The Services selected by the policies
+//! whose Neutron state moved, and those a relabelled pod backs, follow ([`PolicyFollowers`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
