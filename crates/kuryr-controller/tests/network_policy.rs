@@ -154,14 +154,15 @@ async fn policy_membership_relabel_invalid_content_and_deletion() -> Result<()> 
             target.name,
             sgs[0].tags
         );
-        let (ag, addrs) =
-            eventually("the client peer group", WAIT, || peer_addresses(client, &sg, 80)).await?;
-        assert_eq!(
-            addrs,
-            set(&["10.71.0.12/32"]),
-            "{}: only x/b is a client",
-            target.name
-        );
+        // The rule may exist before its address group is filled: wait for the group's content.
+        let clients = set(&["10.71.0.12/32"]);
+        let (ag, addrs) = eventually("the client peer group holding x/b", WAIT, || async {
+            Ok(peer_addresses(client, &sg, 80)
+                .await?
+                .filter(|(_, addrs)| !addrs.is_empty()))
+        })
+        .await?;
+        assert_eq!(addrs, clients, "{}: only x/b is a client", target.name);
         let rules_before: BTreeSet<String> = client
             .list_security_group_rules(&ListFilter::new().security_group_id(&sg))
             .await?
