@@ -34,7 +34,16 @@ case "$PROFILE" in
 esac
 
 SUITE=bookworm
-MIRROR=http://deb.debian.org/debian
+# The mirror this machine's apt uses for $SUITE (a registry proxy in CI), else Debian's; IMAGE_MIRROR overrides.
+host_mirror() {
+  {
+    awk '/^URIs:/ {u=$2} /^Suites:/ {for (i = 2; i <= NF; i++) if ($i == "'"$SUITE"'") print u}' \
+      /etc/apt/sources.list.d/*.sources 2>/dev/null
+    awk '$1 == "deb" && $3 == "'"$SUITE"'" {print $2}' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null
+  } | grep -v -- '-security' | head -n1 || true
+}
+MIRROR=${IMAGE_MIRROR:-$(host_mirror)}
+MIRROR=${MIRROR:-http://deb.debian.org/debian}
 PACKAGES=ca-certificates,openvswitch-switch
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 TAG="kuryr-rs:${VERSION}"
@@ -53,13 +62,27 @@ BIN_DIR="${CARGO_TARGET_DIR:-target}/$TARGET_SUBDIR"
 mkdir -p "$OUT"
 KEY="$SUITE $MIRROR $PACKAGES essential"
 if [ ! -f "$OUT/rootfs.tar" ] || [ "$(cat "$OUT/rootfs.key" 2>/dev/null)" != "$KEY" ]; then
-  echo "== mmdebstrap $SUITE (essential + $PACKAGES)"
+  echo "== mmdebstrap $SUITE from $MIRROR (essential + $PACKAGES)"
   rm -f "$OUT/rootfs.tar"
-  mmdebstrap --quiet --format=tar --variant=essential --include="$PACKAGES" \
-    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
-    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
-    --dpkgopt='path-exclude=/usr/share/info/*' \
-    "$SUITE" "$OUT/rootfs.tar.tmp" "$MIRROR"
+  # mmdebstrap's apt does not read the host's apt.conf.d: pass on what a registry proxy may need (its
+  # Release files can carry a Valid-Until or Date the host's apt is told to ignore) and retry fetches.
+  # A failed attempt prints apt's own output (quiet otherwise) and is tried again: mirrors hiccup.
+  log="$OUT/mmdebstrap.log"
+  for attempt in 1 2 3; do
+    if mmdebstrap --verbose --format=tar --variant=essential --include="$PACKAGES" \
+      --aptopt='Acquire::Check-Valid-Until "false"' --aptopt='Acquire::Check-Date "false"' \
+      --aptopt='Acquire::Retries "5"' \
+      --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
+      --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+      --dpkgopt='path-exclude=/usr/share/info/*' \
+      "$SUITE" "$OUT/rootfs.tar.tmp" "$MIRROR" >"$log" 2>&1; then
+      break
+    fi
+    echo "mmdebstrap attempt $attempt failed; the end of its output:" >&2
+    grep -v '^I: \|^Get:\|^Hit:\|^Ign:' "$log" | tail -n 25 >&2
+    if [ "$attempt" = 3 ]; then exit 1; fi
+    sleep $((attempt * 10))
+  done
   mv "$OUT/rootfs.tar.tmp" "$OUT/rootfs.tar"
   echo "$KEY" >"$OUT/rootfs.key"
 fi
