@@ -26,18 +26,18 @@ pub fn annotations(deployment: &str) -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::ObjectMeta;
-    use kuryr_crds::KuryrNetworkPolicy;
 
-    fn knp(annotations: Option<BTreeMap<String, String>>) -> KuryrNetworkPolicy {
-        KuryrNetworkPolicy {
+    /// Any object: the record is read the same way on every kind.
+    fn knp(annotations: Option<BTreeMap<String, String>>) -> ConfigMap {
+        ConfigMap {
             metadata: ObjectMeta {
                 name: Some("deny".into()),
                 annotations,
                 ..Default::default()
             },
-            spec: Default::default(),
-            status: None,
+            ..Default::default()
         }
     }
 
