@@ -21,6 +21,11 @@
 #   4b. the chaos soak's CI profile on the emulators and its server profile on neutron-server
 #      (kuryr chaos, docs/chaos.md), each with its time
 #   5. stops neutron-server, Open vSwitch, the OVN lab and Octavia again, but only those this script started
+# To fit CI's budget on two cores, steps 1-2b (the labs) run in the background while step 3 and the
+# test build run (their output is printed when they are ready, each with its time), and step 4
+# runs in three streams at once: the end-to-end crate (the OVN lab's dataplane tests) then the chaos
+# CI profile; the controller's pool tests then the chaos server profile; everything else. Each
+# stream's time is printed.
 # Also starts a real Octavia 19.0.0 (scripts/octavia-lab/, state in .octavia-lab/; first run
 # installs it, about 1.5 minutes; then about 15 s; a running one is reused) and exports
 # KURYR_TEST_OCTAVIA_URL for the Octavia contract suite (crates/octavia-contract), whose
@@ -39,8 +44,10 @@ API_PORT=${API_PORT:-9696}
 NEUTRON_URL="http://127.0.0.1:$API_PORT"
 LOG_DIR="$REPO/target/test-all"
 mkdir -p "$LOG_DIR"
+T_START=$(date +%s)
 
 step() { echo; echo "==> $*"; }
+since() { echo "$(( $(date +%s) - $1 ))s"; }
 
 # A fresh machine has no Rust toolchain: install rustup (the pinned toolchain in
 # rust-toolchain.toml is then fetched by cargo itself).
@@ -52,161 +59,280 @@ if ! command -v cargo >/dev/null 2>&1; then
   export PATH="$HOME/.cargo/bin:$PATH"
 fi
 
-neutron_up() { curl -sf -o /dev/null "$NEUTRON_URL/v2.0/networks?limit=1"; }
-
-STARTED_NEUTRON=0
-if neutron_up; then
-  step "neutron-server already answers at $NEUTRON_URL: reusing it"
-else
-  step "starting neutron-server (first run installs it; takes a few minutes)"
-  STARTED_NEUTRON=1
-fi
-STARTED_NEUTRON_2=0
-STARTED_OVS=0
-STARTED_OVN=0
-STARTED_OCTAVIA=0
-STARTED_OCTAVIA_OVN=0
 export OCTAVIA_LAB=${OCTAVIA_LAB:-$REPO/.octavia-lab}
 OCTAVIA_URL="http://127.0.0.1:${OCTAVIA_API_PORT:-9876}"
+NEUTRON_URL_2="http://127.0.0.1:${API_PORT_2:-9699}"
+OCTAVIA_OVN_URL="http://127.0.0.1:${OCTAVIA_OVN_API_PORT:-9877}"
+# What the labs job found or started, and the variables the tests read: `KEY=value` lines, read
+# back by this shell (the job runs in a subshell) and by the stop on exit.
+LAB_ENV="$LOG_DIR/labs.env"
+LAB_LOG="$LOG_DIR/labs.log"
+: >"$LAB_ENV"
+
+neutron_up() { curl -sf -o /dev/null "$NEUTRON_URL/v2.0/networks?limit=1"; }
 octavia_up() { curl -sf -o /dev/null "$OCTAVIA_URL/v2/lbaas/providers"; }
-stop_neutron() {
-  if [ "$STARTED_OCTAVIA_OVN" = 1 ] && [ "${KEEP_OCTAVIA:-0}" != 1 ]; then
+lab_var() { echo "$1=$2" >>"$LAB_ENV"; }
+
+# Steps 1-2b, in the background: every lab installed (first run) and started, each with its time.
+start_labs() {
+  set -euo pipefail
+  local t0
+  t0=$(date +%s)
+  if neutron_up; then
+    step "neutron-server already answers at $NEUTRON_URL: reusing it"
+  else
+    step "starting neutron-server (first run installs it; takes a few minutes)"
+    lab_var STARTED_NEUTRON 1
+  fi
+  # Idempotent: with a running lab it only re-checks packages, venv, DB schema and processes.
+  "$REPO/scripts/neutron-lab/start-neutron.sh"
+  neutron_up || { echo "neutron-server is not answering at $NEUTRON_URL" >&2; exit 1; }
+  echo "neutron-server ready in $(since "$t0")"
+  lab_var KURYR_TEST_NEUTRON_URL "$NEUTRON_URL"
+
+  # A second neutron-server (.neutron-lab-2/, :9699, its own database, queue and fake agents, the
+  # first one's venv): the placement tests bind projects over two real OpenStack deployments.
+  t0=$(date +%s)
+  if curl -sf -o /dev/null "$NEUTRON_URL_2/v2.0/networks?limit=1"; then
+    step "second neutron-server already answers at $NEUTRON_URL_2: reusing it"
+  else
+    step "starting a second neutron-server (INSTANCE=2 scripts/neutron-lab/start-neutron.sh)"
+    lab_var STARTED_NEUTRON_2 1
+  fi
+  INSTANCE=2 "$REPO/scripts/neutron-lab/start-neutron.sh"
+  echo "second neutron-server ready in $(since "$t0")"
+  lab_var KURYR_TEST_NEUTRON_URL_2 "$NEUTRON_URL_2"
+
+  t0=$(date +%s)
+  if octavia_up; then
+    # Possibly another checkout's lab: use it as it is.
+    step "Octavia already answers at $OCTAVIA_URL: reusing it"
+  else
+    step "starting Octavia (scripts/octavia-lab/; first run installs it)"
+    lab_var STARTED_OCTAVIA 1
+    "$REPO/scripts/octavia-lab/start-octavia.sh"
+  fi
+  octavia_up || { echo "Octavia is not answering at $OCTAVIA_URL" >&2; exit 1; }
+  echo "Octavia lab ready in $(since "$t0")"
+  lab_var KURYR_TEST_OCTAVIA_URL "$OCTAVIA_URL"
+
+  t0=$(date +%s)
+  step "upstream kuryr-kubernetes 10.0.0 venv (its Python client is run against the Kubernetes emulator)"
+  lab_var KURYR_TEST_UPSTREAM_PYTHON "$("$REPO/scripts/upstream-kuryr-venv.sh")"
+  echo "upstream kuryr venv ready in $(since "$t0")"
+
+  t0=$(date +%s)
+  if "$REPO/scripts/ovs-userspace.sh" status >/dev/null 2>&1; then
+    step "userspace Open vSwitch already running: reusing it"
+  else
+    step "starting a userspace Open vSwitch (scripts/ovs-userspace.sh; no kernel module needed)"
+    lab_var STARTED_OVS 1
+  fi
+  # Idempotent: also (re)creates br-int with the netdev datapath.
+  lab_var KURYR_TEST_OVS_DB "unix:$("$REPO/scripts/ovs-userspace.sh" start)"
+  echo "Open vSwitch ready in $(since "$t0")"
+
+  if "$REPO/scripts/ovn-lab/ovn-lab.sh" status >/dev/null 2>&1; then
+    step "ML2/OVN lab already running: reusing it"
+  else
+    step "starting the ML2/OVN lab (scripts/ovn-lab/ovn-lab.sh; first run installs OVN)"
+    lab_var STARTED_OVN 1
+  fi
+  # Idempotent; prints its start-up time and memory, then the variables the OVN tests read.
+  t0=$(date +%s)
+  local ovn_env key value ovn_url="" ovn_lab=""
+  ovn_env=$("$REPO/scripts/ovn-lab/ovn-lab.sh" start)
+  echo "ML2/OVN lab ready after $(since "$t0")"
+  while IFS='=' read -r key value; do
+    case "$key" in
+      KURYR_TEST_OVN_NEUTRON_URL) ovn_url=$value; lab_var "$key" "$value" ;;
+      KURYR_TEST_OVN_LAB) ovn_lab=$value; lab_var "$key" "$value" ;;
+    esac
+  done <<<"$ovn_env"
+
+  # A second Octavia whose `ovn` provider drives the OVN lab (Services proven by traffic,
+  # crates/kuryr-e2e/tests/ovn_services.rs): own state dir and ports, the first one's venv.
+  t0=$(date +%s)
+  if curl -sf -o /dev/null "$OCTAVIA_OVN_URL/v2/lbaas/providers"; then
+    step "Octavia with the ovn provider already answers at $OCTAVIA_OVN_URL: reusing it"
+  else
+    step "starting Octavia with the ovn provider on the OVN lab (scripts/octavia-lab/start-octavia.sh)"
+    lab_var STARTED_OCTAVIA_OVN 1
+    # Reuse the first Octavia's venv: bash expands these assignments left to right, so OCTAVIA_VENV goes first.
+    OCTAVIA_VENV="$OCTAVIA_LAB/venv" OCTAVIA_OVN_LAB="$ovn_lab" OCTAVIA_LAB="$REPO/.octavia-ovn-lab" \
+      OCTAVIA_API_PORT="${OCTAVIA_OVN_API_PORT:-9877}" OCTAVIA_DB_PORT="${OCTAVIA_OVN_DB_PORT:-3319}" \
+      OCTAVIA_OVN_NEUTRON_URL="$ovn_url" "$REPO/scripts/octavia-lab/start-octavia.sh"
+  fi
+  echo "Octavia (ovn provider) ready in $(since "$t0")"
+  lab_var KURYR_TEST_OCTAVIA_OVN_URL "$OCTAVIA_OVN_URL"
+  lab_var LABS_READY 1
+}
+
+read_lab_env() {
+  local key value
+  while IFS='=' read -r key value; do
+    [ -n "$key" ] && export "$key=$value"
+  done <"$LAB_ENV"
+}
+
+LABS_PID=""
+stop_labs() {
+  if [ -n "$LABS_PID" ] && kill -0 "$LABS_PID" 2>/dev/null; then
+    # Let a lab that is starting finish, so it can be stopped cleanly.
+    wait "$LABS_PID" 2>/dev/null || true
+  fi
+  read_lab_env
+  if [ "${STARTED_OCTAVIA_OVN:-0}" = 1 ] && [ "${KEEP_OCTAVIA:-0}" != 1 ]; then
     step "stopping the ovn-provider Octavia this script started"
     OCTAVIA_LAB="$REPO/.octavia-ovn-lab" "$REPO/scripts/octavia-lab/stop-octavia.sh" || true
   fi
-  if [ "$STARTED_OVN" = 1 ] && [ "${KEEP_OVN:-0}" != 1 ]; then
+  if [ "${STARTED_OVN:-0}" = 1 ] && [ "${KEEP_OVN:-0}" != 1 ]; then
     step "stopping the OVN lab this script started"
     "$REPO/scripts/ovn-lab/ovn-lab.sh" stop || true
   fi
-  if [ "$STARTED_OCTAVIA" = 1 ] && [ "${KEEP_OCTAVIA:-0}" != 1 ]; then
+  if [ "${STARTED_OCTAVIA:-0}" = 1 ] && [ "${KEEP_OCTAVIA:-0}" != 1 ]; then
     step "stopping the Octavia this script started"
     "$REPO/scripts/octavia-lab/stop-octavia.sh" || true
   fi
-  if [ "$STARTED_NEUTRON_2" = 1 ] && [ "${KEEP_NEUTRON:-0}" != 1 ]; then
+  if [ "${STARTED_NEUTRON_2:-0}" = 1 ] && [ "${KEEP_NEUTRON:-0}" != 1 ]; then
     step "stopping the second neutron-server this script started"
     INSTANCE=2 "$REPO/scripts/neutron-lab/stop-neutron.sh" || true
   fi
-  if [ "$STARTED_NEUTRON" = 1 ] && [ "${KEEP_NEUTRON:-0}" != 1 ]; then
+  if [ "${STARTED_NEUTRON:-0}" = 1 ] && [ "${KEEP_NEUTRON:-0}" != 1 ]; then
     step "stopping the neutron-server this script started"
     "$REPO/scripts/neutron-lab/stop-neutron.sh" || true
   fi
-  if [ "$STARTED_OVS" = 1 ] && [ "${KEEP_OVS:-0}" != 1 ]; then
+  if [ "${STARTED_OVS:-0}" = 1 ] && [ "${KEEP_OVS:-0}" != 1 ]; then
     step "stopping the Open vSwitch this script started"
     "$REPO/scripts/ovs-userspace.sh" stop || true
   fi
 }
-trap stop_neutron EXIT
-# Idempotent: with a running lab it only re-checks packages, venv, DB schema and processes.
-"$REPO/scripts/neutron-lab/start-neutron.sh"
-neutron_up || { echo "neutron-server is not answering at $NEUTRON_URL" >&2; exit 1; }
-export KURYR_TEST_NEUTRON_URL="$NEUTRON_URL"
-# Real-server tests (contract suite, kuryr-testbed targets) then fail instead of skipping without the URL.
-export KURYR_TEST_REQUIRE_NEUTRON=1
+trap stop_labs EXIT
 
-# A second neutron-server (.neutron-lab-2/, :9699, its own database, queue and fake agents, the
-# first one's venv): the placement tests bind projects over two real OpenStack deployments.
-NEUTRON_URL_2="http://127.0.0.1:${API_PORT_2:-9699}"
-neutron2_t0=$(date +%s)
-if curl -sf -o /dev/null "$NEUTRON_URL_2/v2.0/networks?limit=1"; then
-  step "second neutron-server already answers at $NEUTRON_URL_2: reusing it"
-else
-  step "starting a second neutron-server (INSTANCE=2 scripts/neutron-lab/start-neutron.sh)"
-  STARTED_NEUTRON_2=1
-fi
-INSTANCE=2 "$REPO/scripts/neutron-lab/start-neutron.sh"
-echo "second neutron-server ready in $(( $(date +%s) - neutron2_t0 ))s"
-export KURYR_TEST_NEUTRON_URL_2="$NEUTRON_URL_2"
+step "starting the labs in the background (log: $LAB_LOG; printed when ready)"
+start_labs >"$LAB_LOG" 2>&1 &
+LABS_PID=$!
 
-octavia_t0=$(date +%s)
-if octavia_up; then
-  # Possibly another checkout's lab: use it as it is.
-  step "Octavia already answers at $OCTAVIA_URL: reusing it"
-else
-  step "starting Octavia (scripts/octavia-lab/; first run installs it)"
-  STARTED_OCTAVIA=1
-  "$REPO/scripts/octavia-lab/start-octavia.sh"
-fi
-octavia_up || { echo "Octavia is not answering at $OCTAVIA_URL" >&2; exit 1; }
-echo "Octavia lab ready in $(( $(date +%s) - octavia_t0 ))s"
-export KURYR_TEST_OCTAVIA_URL="$OCTAVIA_URL"
-export KURYR_TEST_REQUIRE_OCTAVIA=1
-
-step "upstream kuryr-kubernetes 10.0.0 venv (its Python client is run against the Kubernetes emulator)"
-KURYR_TEST_UPSTREAM_PYTHON=$("$REPO/scripts/upstream-kuryr-venv.sh")
-export KURYR_TEST_UPSTREAM_PYTHON
-
-if "$REPO/scripts/ovs-userspace.sh" status >/dev/null 2>&1; then
-  step "userspace Open vSwitch already running: reusing it"
-else
-  step "starting a userspace Open vSwitch (scripts/ovs-userspace.sh; no kernel module needed)"
-  STARTED_OVS=1
-fi
-# Idempotent: also (re)creates br-int with the netdev datapath.
-OVS_DB_SOCK=$("$REPO/scripts/ovs-userspace.sh" start)
-export KURYR_TEST_OVS_DB="unix:$OVS_DB_SOCK"
-export KURYR_TEST_REQUIRE_KUBECTL=1
-
-if "$REPO/scripts/ovn-lab/ovn-lab.sh" status >/dev/null 2>&1; then
-  step "ML2/OVN lab already running: reusing it"
-else
-  step "starting the ML2/OVN lab (scripts/ovn-lab/ovn-lab.sh; first run installs OVN)"
-  STARTED_OVN=1
-fi
-# Idempotent; prints its start-up time and memory, then the variables the OVN tests read.
-ovn_start=$(date +%s)
-OVN_ENV=$("$REPO/scripts/ovn-lab/ovn-lab.sh" start)
-echo "ML2/OVN lab ready after $(( $(date +%s) - ovn_start ))s"
-while IFS='=' read -r key value; do
-  case "$key" in
-    KURYR_TEST_OVN_NEUTRON_URL | KURYR_TEST_OVN_LAB) export "$key=$value" ;;
-  esac
-done <<<"$OVN_ENV"
-export KURYR_TEST_REQUIRE_OVN=1
-
-# A second Octavia whose `ovn` provider drives the OVN lab (Services proven by traffic,
-# crates/kuryr-e2e/tests/ovn_services.rs): own state dir and ports, the first one's venv.
-OCTAVIA_OVN_URL="http://127.0.0.1:${OCTAVIA_OVN_API_PORT:-9877}"
-if curl -sf -o /dev/null "$OCTAVIA_OVN_URL/v2/lbaas/providers"; then
-  step "Octavia with the ovn provider already answers at $OCTAVIA_OVN_URL: reusing it"
-else
-  step "starting Octavia with the ovn provider on the OVN lab (scripts/octavia-lab/start-octavia.sh)"
-  STARTED_OCTAVIA_OVN=1
-  # Reuse the first Octavia's venv: bash expands these assignments left to right, so OCTAVIA_VENV goes first.
-  OCTAVIA_VENV="$OCTAVIA_LAB/venv" OCTAVIA_OVN_LAB="$KURYR_TEST_OVN_LAB" OCTAVIA_LAB="$REPO/.octavia-ovn-lab" \
-    OCTAVIA_API_PORT="${OCTAVIA_OVN_API_PORT:-9877}" OCTAVIA_DB_PORT="${OCTAVIA_OVN_DB_PORT:-3319}" \
-    OCTAVIA_OVN_NEUTRON_URL="$KURYR_TEST_OVN_NEUTRON_URL" "$REPO/scripts/octavia-lab/start-octavia.sh"
-fi
-export KURYR_TEST_OCTAVIA_OVN_URL="$OCTAVIA_OVN_URL"
-
+t0=$(date +%s)
 step "cargo fmt --all -- --check"
 cargo fmt --all -- --check
 
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+echo "clippy: $(since "$t0")"
 
 step "CRD and install manifests are up to date (deploy/crds, deploy/manifests); the image builds and its binaries run"
+t0=$(date +%s)
 cargo run -q -p kuryr -- crds --check deploy/crds
 cargo run -q -p kuryr -- manifests --config-file deploy/kuryr.conf --check deploy/manifests
 scripts/build-image.sh --profile dev --check
+echo "manifests and image: $(since "$t0")"
 
-step "cargo test --workspace (KURYR_TEST_NEUTRON_URL=$KURYR_TEST_NEUTRON_URL KURYR_TEST_OVS_DB=$KURYR_TEST_OVS_DB KURYR_TEST_OVN_NEUTRON_URL=$KURYR_TEST_OVN_NEUTRON_URL)"
-set +e
-cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$LOG_DIR/cargo-test.log"
-rc=${PIPESTATUS[0]}
-set -e
+step "building the tests (cargo test --workspace --no-run)"
+t0=$(date +%s)
+cargo test --workspace --no-run "$@" 2>&1 | tail -n 3
+echo "test build: $(since "$t0")"
 
-# The chaos soak's short profiles (docs/chaos.md): the emulators, then the real neutron-server.
+step "waiting for the labs"
+t0=$(date +%s)
+labs_rc=0
+wait "$LABS_PID" || labs_rc=$?
+LABS_PID=""
+cat "$LAB_LOG"
+if [ "$labs_rc" -ne 0 ]; then
+  echo "starting the labs FAILED (exit $labs_rc); log above ($LAB_LOG)"
+  exit "$labs_rc"
+fi
+echo "labs: waited $(since "$t0") for them after the build"
+read_lab_env
+# Real-server tests (contract suites, kuryr-testbed targets, OVN dataplane) fail instead of skipping.
+export KURYR_TEST_REQUIRE_NEUTRON=1 KURYR_TEST_REQUIRE_OCTAVIA=1 KURYR_TEST_REQUIRE_KUBECTL=1 KURYR_TEST_REQUIRE_OVN=1
+
+# The chaos soak's short profiles (docs/chaos.md): the emulators, or the real neutron-server.
+chaos() {
+  local name=$1 t0 rc=0
+  shift
+  step "kuryr chaos --profile $name $*"
+  t0=$(date +%s)
+  cargo run -q -p kuryr -- chaos --profile "$name" "$@" --state-dir "$LOG_DIR/chaos-$name" 2>&1 || rc=$?
+  echo "chaos[$name]: $(since "$t0") (exit $rc)"
+  return "$rc"
+}
+
+# Three streams at once (steps 4 and 4b), each a third of the tests' wall time, which is mostly
+# waiting (for the labs, timers, the emulators): the end-to-end crate (the OVN lab's dataplane
+# tests) then the chaos CI profile; the controller's pool tests then the chaos server profile; the
+# controller's other tests and every other crate.
+step "cargo test, three streams (KURYR_TEST_NEUTRON_URL=$KURYR_TEST_NEUTRON_URL KURYR_TEST_OVS_DB=$KURYR_TEST_OVS_DB KURYR_TEST_OVN_NEUTRON_URL=$KURYR_TEST_OVN_NEUTRON_URL)"
+# `--test NAME` for each of the controller's integration tests that is (`pool`) or is not (`other`) a
+# pool test: every file under tests/ lands in exactly one stream.
+controller_tests() {
+  local f n kind
+  for f in "$REPO"/crates/kuryr-controller/tests/*.rs; do
+    n=$(basename "$f" .rs)
+    kind=other
+    case "$n" in pool_*) kind=pool ;; esac
+    if [ "$kind" = "$1" ]; then printf -- '--test\n%s\n' "$n"; fi
+  done
+}
+mapfile -t POOL_TESTS < <(controller_tests pool)
+mapfile -t OTHER_TESTS < <(controller_tests other)
+stream() {
+  local name=$1 t0 rc=0 chaos_rc=0
+  shift
+  t0=$(date +%s)
+  {
+    case "$name" in
+      e2e) cargo test -p kuryr-e2e --no-fail-fast "$@" || rc=$? ;;
+      pools) cargo test -p kuryr-controller "${POOL_TESTS[@]}" --no-fail-fast "$@" || rc=$? ;;
+      rest)
+        cargo test -p kuryr-controller --lib "${OTHER_TESTS[@]}" --no-fail-fast "$@" || rc=$?
+        cargo test --workspace --exclude kuryr-e2e --exclude kuryr-controller --no-fail-fast "$@" || rc=$?
+        ;;
+    esac
+  } >"$LOG_DIR/test-$name.log" 2>&1
+  echo "cargo test [$name]: $(since "$t0") (exit $rc)" >>"$LOG_DIR/test-$name.log"
+  case "$name" in
+    e2e) chaos ci >"$LOG_DIR/chaos-$name.log" 2>&1 || chaos_rc=$? ;;
+    pools) chaos server --neutron-url "$KURYR_TEST_NEUTRON_URL" >"$LOG_DIR/chaos-$name.log" 2>&1 || chaos_rc=$? ;;
+    rest) : >"$LOG_DIR/chaos-$name.log" ;;
+  esac
+  echo "rc=$rc chaos_rc=$chaos_rc" >"$LOG_DIR/stream-$name.rc"
+}
+t0=$(date +%s)
+rm -f "$LOG_DIR"/stream-*.rc
+pids=()
+for name in e2e pools rest; do
+  stream "$name" "$@" &
+  pids+=($!)
+done
+wait "${pids[@]}" || true
+echo "all streams: $(since "$t0")"
+rc=0
 chaos_ok=1
-for target in "ci" "server --neutron-url $KURYR_TEST_NEUTRON_URL"; do
-  step "kuryr chaos --profile $target"
-  chaos_t0=$(date +%s)
-  # shellcheck disable=SC2086
-  cargo run -q -p kuryr -- chaos --profile $target --state-dir "$LOG_DIR/chaos" 2>&1 | tee -a "$LOG_DIR/chaos.log" \
-    || chaos_ok=0
-  echo "chaos[${target%% *}]: $(( $(date +%s) - chaos_t0 ))s"
+: >"$LOG_DIR/cargo-test.log"
+: >"$LOG_DIR/chaos.log"
+for name in rest pools e2e; do
+  step "stream $name: cargo test"
+  cat "$LOG_DIR/test-$name.log"
+  cat "$LOG_DIR/test-$name.log" >>"$LOG_DIR/cargo-test.log"
+  if [ -s "$LOG_DIR/chaos-$name.log" ]; then
+    step "stream $name: chaos"
+    cat "$LOG_DIR/chaos-$name.log"
+    cat "$LOG_DIR/chaos-$name.log" >>"$LOG_DIR/chaos.log"
+  fi
+  s_rc=1
+  s_chaos=1
+  if [ -r "$LOG_DIR/stream-$name.rc" ]; then
+    s_rc=$(sed -n 's/^rc=\([0-9]*\).*/\1/p' "$LOG_DIR/stream-$name.rc")
+    s_chaos=$(sed -n 's/.*chaos_rc=\([0-9]*\)/\1/p' "$LOG_DIR/stream-$name.rc")
+  fi
+  [ "$s_rc" = 0 ] || rc=$s_rc
+  [ "$s_chaos" = 0 ] || chaos_ok=0
 done
 
 step "summary"
+grep -E '^(cargo test \[|chaos\[)' "$LOG_DIR/cargo-test.log" "$LOG_DIR/chaos.log" | sed 's/^[^:]*://' || true
 grep -E '^contract\[[^]]+\]: ' "$LOG_DIR/cargo-test.log" || echo "(no contract suite summary found in the test output)"
 grep -E '^contract-octavia\[[^]]+\]: ' "$LOG_DIR/cargo-test.log" || echo "(no Octavia contract suite summary found in the test output)"
 grep -E '^test result: ' "$LOG_DIR/cargo-test.log" | awk '{p+=$4; f+=$6; i+=$8} END {printf "libtest totals: %d passed, %d failed, %d ignored\n", p, f, i}'
@@ -214,6 +340,7 @@ grep -E '^test result: ' "$LOG_DIR/cargo-test.log" | awk '{p+=$4; f+=$6; i+=$8} 
 contract_ok=1
 "$REPO/scripts/check-contract-summary.sh" "$LOG_DIR/cargo-test.log" || contract_ok=0
 "$REPO/scripts/check-contract-summary.sh" "$LOG_DIR/cargo-test.log" contract-octavia emulator octavia || contract_ok=0
+echo "total: $(since "$T_START")"
 if [ "$rc" -ne 0 ]; then
   echo "cargo test FAILED (exit $rc); full log: $LOG_DIR/cargo-test.log"
   exit "$rc"

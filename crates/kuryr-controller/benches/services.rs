@@ -37,8 +37,22 @@ const NS: &str = "bench";
 const TIMEOUT: Duration = Duration::from_secs(900);
 const BURST: usize = 100;
 
+/// Calls by operation; those Octavia refused (`api_error`, e.g. a 409 while the load balancer is
+/// `PENDING_*`) or that got no answer (`transport_error`) under `<operation>!<result>`, so that writes
+/// count what Octavia carried out.
 fn octavia_calls(metrics: &Metrics) -> BTreeMap<String, u64> {
-    kuryr_controller::metrics::per_operation(&metrics.octavia_calls())
+    let mut out = BTreeMap::new();
+    for (op, by_result) in metrics.octavia_calls() {
+        for (result, n) in by_result {
+            let key = if result == "success" {
+                op.clone()
+            } else {
+                format!("{op}!{result}")
+            };
+            *out.entry(key).or_default() += n;
+        }
+    }
+    out
 }
 
 fn diff(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
@@ -52,7 +66,7 @@ fn diff(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeM
 fn writes(calls: &BTreeMap<String, u64>) -> u64 {
     calls
         .iter()
-        .filter(|(op, _)| !op.starts_with("get_") && !op.starts_with("list_"))
+        .filter(|(op, _)| !op.starts_with("get_") && !op.starts_with("list_") && !op.contains('!'))
         .map(|(_, v)| v)
         .sum()
 }
@@ -283,6 +297,13 @@ async fn run_target(name: &str, octavia_url: &str, n: usize) -> Result<Vec<Phase
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // RUST_LOG (e.g. `kuryr_neutron=debug,kuryr_controller=debug`) shows each Octavia call and handler retry.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let n: usize = match std::env::var("SVC_BENCH_SERVICES") {
         Ok(v) => v.parse().context("SVC_BENCH_SERVICES must be a number")?,
         Err(_) => 100,

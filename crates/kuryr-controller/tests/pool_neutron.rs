@@ -8,7 +8,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kuryr_controller::drivers::pool::{VifOrigin, VifPool};
+use kuryr_controller::drivers::pool::{VifOrigin, VifPool, holder};
 use kuryr_controller::drivers::vif::neutron::NeutronVif;
 use kuryr_controller::drivers::{NetworkInfo, PodRef, PortSpec};
 use kuryr_controller::metrics::Metrics;
@@ -198,6 +198,14 @@ async fn request(d: &PoolDriver, lab: &Lab, pod: &str) -> (Vif, VifOrigin) {
     pooled_vif(d, &lab.pod(pod), &lab.spec).await.unwrap()
 }
 
+/// `pod` gives its port back, as its KuryrPort's finalizer does.
+async fn release(d: &PoolDriver, lab: &Lab, pod: &str, vif: &Vif, origin: &VifOrigin) {
+    let p = lab.pod(pod);
+    d.release_vif(vif, origin, &holder(&p.namespace, &p.name, &p.uid))
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_request_creates_one_batch_second_none() {
     let Some(url) = neutron_url("first_request_creates_one_batch_second_none") else {
@@ -240,15 +248,15 @@ async fn released_ports_recycle_up_to_max() {
             d.mark_ready();
             let mut used = Vec::new();
             for pod in ["a", "b", "c"] {
-                used.push(request(&d, &lab, pod).await);
+                used.push((pod, request(&d, &lab, pod).await));
             }
             // Batches of 2: a and b drain the first, c takes one of the second. `max` bounds the
             // spare ports (one here), never the ports pods use.
             assert_eq!(lab.ports().await.len(), 4, "three in use plus one spare");
             let pool = d.snapshot(&lab.key()).unwrap();
             assert_eq!((pool.available, pool.in_use), (1, 3));
-            for (vif, origin) in &used {
-                d.release_vif(vif, origin).await.unwrap();
+            for (pod, (vif, origin)) in &used {
+                release(&d, &lab, pod, vif, origin).await;
             }
             assert_eq!(lab.ports().await.len(), 4, "release deletes nothing by itself");
             let deleted = d.maintain().await;
@@ -284,7 +292,7 @@ async fn a_release_beyond_max_is_recycled_at_once() {
             });
             let mut used = Vec::new();
             for pod in ["a", "b", "c"] {
-                used.push(request(&d, &lab, pod).await);
+                used.push((pod, request(&d, &lab, pod).await));
             }
             eventually("no refill running", Duration::from_secs(60), || async {
                 Ok((!d.snapshot(&lab.key()).unwrap().populating).then_some(()))
@@ -292,8 +300,8 @@ async fn a_release_beyond_max_is_recycled_at_once() {
             .await
             .unwrap();
             // Releasing b and c goes beyond max 1 (with the spare): wakes a recycle pass.
-            for (vif, origin) in &used {
-                d.release_vif(vif, origin).await.unwrap();
+            for (pod, (vif, origin)) in &used {
+                release(&d, &lab, pod, vif, origin).await;
             }
             eventually("the pool back within max 1", Duration::from_secs(60), || async {
                 let pool = d.snapshot(&lab.key()).unwrap();
@@ -354,7 +362,7 @@ async fn recovery_from_neutron_tags_readopts_pool_ports() {
             d.mark_ready();
             let (vif, origin) = request(&d, &lab, "a").await;
             let (freed, freed_origin) = request(&d, &lab, "b").await;
-            d.release_vif(&freed, &freed_origin).await.unwrap();
+            release(&d, &lab, "b", &freed, &freed_origin).await;
             drop(d);
             // Someone else's port on the same network, without our tags: never touched.
             let foreign = lab
@@ -371,12 +379,20 @@ async fn recovery_from_neutron_tags_readopts_pool_ports() {
             let err = d.request_vif(&lab.pod("early"), &lab.spec).await.unwrap_err();
             assert!(err.to_string().contains("recovered"), "{err}");
             // No KuryrPortPool objects (never flushed): rebuilt from the Neutron tags alone.
-            let input = RecoveryInput {
-                pools: Vec::new(),
-                in_use: vec![InUsePort {
+            // a's port is also listed by the KuryrPort of a pod being deleted whose finalizer
+            // released it before the crash (it was then handed on to a): the live one holds it.
+            let claim = |pod: &str, terminating| {
+                let p = lab.pod(pod);
+                InUsePort {
                     port_id: vif.id().to_string(),
                     origin: Some(origin.clone()),
-                }],
+                    holder: Some(holder(&p.namespace, &p.name, &p.uid)),
+                    terminating,
+                }
+            };
+            let input = RecoveryInput {
+                pools: Vec::new(),
+                in_use: vec![claim("gone", true), claim("a", false)],
             };
             let report = d.recover(&input).await.unwrap();
             assert!(d.is_ready());
@@ -396,6 +412,12 @@ async fn recovery_from_neutron_tags_readopts_pool_ports() {
             assert_ne!(again.id(), vif.id(), "a port in use is never handed out twice");
             assert_ne!(again.id(), foreign.id);
             assert_eq!(lab.ports().await.len(), before, "served from the recovered pool");
+            // The deleted pod's retried finalizer does not take a's port away.
+            release(&d, &lab, "gone", &vif, &origin).await;
+            let pool = d.snapshot(&lab.key()).unwrap();
+            assert_eq!((pool.recyclable, pool.in_use), (0, 2), "a and c hold theirs");
+            release(&d, &lab, "a", &vif, &origin).await;
+            assert_eq!(d.snapshot(&lab.key()).unwrap().recyclable, 1);
         })
         .await;
 }

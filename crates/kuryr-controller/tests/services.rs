@@ -1111,3 +1111,280 @@ async fn service_security_groups_driver_chooses_the_load_balancers_groups() -> R
     }
     Ok(())
 }
+
+/// The Octavia listener of `lb_id` on `port`.
+async fn listener_on(
+    client: &OctaviaClient,
+    lb_id: &str,
+    port: u16,
+) -> Result<kuryr_neutron::octavia::Listener> {
+    let tree = client.get_status_tree(lb_id).await?;
+    let name = tree
+        .loadbalancer
+        .listeners
+        .iter()
+        .find(|l| l.name.ends_with(&format!(":{port}")))
+        .map(|l| l.id.clone())
+        .context("no listener on the port")?;
+    Ok(client.get_listener(&name).await?)
+}
+
+/// A KuryrLoadBalancer's `spec.listener_acls` (what the `service` handler writes with `enforce_sg_rules`)
+/// becomes its listeners' Octavia `allowed_cidrs`: on the fully populated create, on a change (one listener
+/// update, the other listener untouched), closed (nobody admitted: the listener is disabled) and open again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listener_acls_in_the_spec_become_allowed_cidrs_in_octavia() -> Result<()> {
+    init_logs();
+    for oct in octavia_targets(LatencyProfile::Instant).await? {
+        let ns = unique("acl");
+        let bed = Bed::new(&ns).await?;
+        let kube = bed.client();
+        let svc_subnet = bed.fx.subnets[1].subnet.clone();
+        create_service(
+            kube,
+            &ns,
+            "web",
+            "10.96.0.70",
+            &[("http", 80, 8080, "TCP"), ("alt", 81, 8081, "TCP")],
+        )
+        .await?;
+        let svc = Api::<Service>::namespaced(kube.clone(), &ns).get("web").await?;
+        // Only the kuryrloadbalancer handler runs: the spec is the test's.
+        let klb: KuryrLoadBalancer = serde_json::from_value(json!({
+            "apiVersion": "openstack.org/v1", "kind": "KuryrLoadBalancer",
+            "metadata": {"name": "web", "namespace": ns,
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": "web", "uid": svc.uid()}]},
+            "spec": {"ip": "10.96.0.70",
+                "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": "8080"},
+                          {"name": "alt", "port": 81, "protocol": "TCP", "targetPort": "8081"}],
+                "project_id": bed.project, "provider": "amphora", "security_groups_ids": ["np-group"],
+                "subnet_id": svc_subnet, "type": "ClusterIP",
+                "listener_acls": [{"protocol": "TCP", "port": 80, "allowed_cidrs": ["10.1.0.50/32", "10.2.0.0/16"]}]}
+        }))?;
+        let klbs = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns);
+        klbs.create(&PostParams::default(), &klb).await?;
+        let _ctrl = bed.controller(
+            &oct,
+            "[kubernetes]\nenabled_handlers = kuryrloadbalancer\n",
+            "svc-acl",
+        );
+        let st = recorded(kube, &ns, "web", 2, 0).await.context(oct.name)?;
+        let lb_id = st.loadbalancer.map(|l| l.id).unwrap_or_default();
+        let cidrs = |l: &kuryr_neutron::octavia::Listener| {
+            let mut c = l.allowed_cidrs.clone().unwrap_or_default();
+            c.sort();
+            c
+        };
+        let l80 = listener_on(&oct.client, &lb_id, 80).await?;
+        assert_eq!(cidrs(&l80), ["10.1.0.50/32", "10.2.0.0/16"], "{}", oct.name);
+        assert!(l80.admin_state_up, "{}", oct.name);
+        let l81 = listener_on(&oct.client, &lb_id, 81).await?;
+        assert!(cidrs(&l81).is_empty(), "{}: port 81 admits everyone", oct.name);
+
+        let set_acls = |acls: serde_json::Value| {
+            let klbs = klbs.clone();
+            async move {
+                klbs.patch(
+                    "web",
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"spec": {"listener_acls": acls}})),
+                )
+                .await
+            }
+        };
+        let wait_listener = |what: &'static str, check: fn(&kuryr_neutron::octavia::Listener) -> bool| {
+            let (client, lb_id) = (oct.client.clone(), lb_id.clone());
+            async move {
+                eventually(what, WAIT, || async {
+                    let l = listener_on(&client, &lb_id, 80).await?;
+                    Ok(check(&l).then_some(l))
+                })
+                .await
+            }
+        };
+        set_acls(json!([{"protocol": "TCP", "port": 80, "allowed_cidrs": ["10.1.0.51/32"]}])).await?;
+        wait_listener("port 80 admits 10.1.0.51/32 only", |l| {
+            l.allowed_cidrs.as_deref() == Some(&["10.1.0.51/32".to_string()][..]) && l.admin_state_up
+        })
+        .await
+        .context(oct.name)?;
+        set_acls(json!([{"protocol": "TCP", "port": 80, "allowed_cidrs": []}])).await?;
+        wait_listener("port 80 admits nobody: disabled", |l| {
+            l.allowed_cidrs.as_deref().unwrap_or_default().is_empty() && !l.admin_state_up
+        })
+        .await
+        .context(oct.name)?;
+        set_acls(json!(null)).await?;
+        wait_listener("port 80 admits everyone again", |l| {
+            l.allowed_cidrs.as_deref().unwrap_or_default().is_empty() && l.admin_state_up
+        })
+        .await
+        .context(oct.name)?;
+        // The record follows Octavia (written after the update).
+        eventually(&format!("{}: the record says open", oct.name), WAIT, || async {
+            let st = klbs.get("web").await?.status.unwrap_or_default();
+            let rec80 = st
+                .listeners
+                .iter()
+                .find(|l| l.port == 80)
+                .map(|l| l.allowed_cidrs.clone());
+            Ok((rec80 == Some(None)).then_some(()))
+        })
+        .await?;
+        let l81 = listener_on(&oct.client, &lb_id, 81).await?;
+        assert!(cidrs(&l81).is_empty() && l81.admin_state_up, "{}", oct.name);
+        klbs.delete("web", &DeleteParams::default()).await?;
+        eventually(&format!("{}: released", oct.name), WAIT, || async {
+            Ok(lbs_named(&oct.client, &format!("{ns}/web"))
+                .await?
+                .is_empty()
+                .then_some(()))
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// A pod with `labels` and `ip` (no port: the policy handlers only need its labels and address).
+async fn labelled_pod(
+    kube: &Client,
+    ns: &str,
+    name: &str,
+    labels: serde_json::Value,
+    ip: &str,
+) -> Result<()> {
+    let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(kube.clone(), ns);
+    let p = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "spec": {"nodeName": NODES[0], "containers": [{"name": "c", "image": "busybox"}]}
+    }))?;
+    api.create(&PostParams::default(), &p).await?;
+    let status = json!({"status": {"podIP": ip, "podIPs": [{"ip": ip}]}});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    Ok(())
+}
+
+/// `enforce_sg_rules` (default on) with `service_security_groups_driver = policy`: a NetworkPolicy admitting
+/// only namespace X on the backends' port makes the Service's load balancer take the policy's group and its
+/// listener admit only X's pods; another namespace's pod is not admitted; a second Service whose backends the
+/// policy does not select keeps an open listener; a pod added to X later is admitted too. Deleting the policy
+/// opens the listener again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_network_policy_change_moves_the_listener_acls_of_the_services_it_affects() -> Result<()> {
+    init_logs();
+    let oct = octavia_targets(LatencyProfile::Instant).await?.remove(0);
+    let ns = unique("aclnp");
+    let bed = Bed::new(&ns).await?;
+    let kube = bed.client();
+    let x = format!("{ns}-x");
+    let y = format!("{ns}-y");
+    for n in [&x, &y] {
+        let namespace = serde_json::from_value(json!({"metadata": {"name": n, "labels": {"team": n}}}))?;
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(kube.clone())
+            .create(&PostParams::default(), &namespace)
+            .await?;
+    }
+    labelled_pod(kube, &ns, "web-0", json!({"app": "web"}), "10.1.0.10").await?;
+    labelled_pod(kube, &ns, "other-0", json!({"app": "other"}), "10.1.0.11").await?;
+    labelled_pod(kube, &x, "client-x", json!({"role": "client"}), "10.1.0.50").await?;
+    labelled_pod(kube, &y, "client-y", json!({"role": "client"}), "10.1.0.60").await?;
+    let _ctrl = bed.controller(
+        &oct,
+        "[kubernetes]\nenabled_handlers = service,endpoints,kuryrloadbalancer,policy,kuryrnetworkpolicy,pod_label\n\
+         pod_security_groups_driver = policy\nservice_security_groups_driver = policy\n\
+         watch_reconcile_period = 3600\n",
+        "svc-acl-np",
+    );
+    create_service(kube, &ns, "web", "10.96.0.80", &[("http", 80, 8080, "TCP")]).await?;
+    create_service(kube, &ns, "other", "10.96.0.81", &[("http", 80, 8080, "TCP")]).await?;
+    for svc in ["web", "other"] {
+        set_endpoints(
+            kube,
+            &ns,
+            svc,
+            &[if svc == "web" { "10.1.0.10" } else { "10.1.0.11" }.to_string()],
+            &[("http", 8080)],
+        )
+        .await?;
+    }
+    let web = recorded(kube, &ns, "web", 1, 1).await?;
+    let other = recorded(kube, &ns, "other", 1, 1).await?;
+    let web_lb = web.loadbalancer.map(|l| l.id).unwrap_or_default();
+    let other_lb = other.loadbalancer.map(|l| l.id).unwrap_or_default();
+    let open = |l: &kuryr_neutron::octavia::Listener| {
+        l.allowed_cidrs.as_deref().unwrap_or_default().is_empty() && l.admin_state_up
+    };
+    assert!(
+        open(&listener_on(&oct.client, &web_lb, 80).await?),
+        "no policy: open"
+    );
+
+    let np: k8s_openapi::api::networking::v1::NetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "only-x", "namespace": ns},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": x}}}],
+                              "ports": [{"protocol": "TCP", "port": 8080}]}]}
+    }))?;
+    let nps = Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(kube.clone(), &ns);
+    nps.create(&PostParams::default(), &np).await?;
+    let l = eventually("the web listener admits only namespace X", WAIT, || async {
+        let l = listener_on(&oct.client, &web_lb, 80).await?;
+        let cidrs = l.allowed_cidrs.clone().unwrap_or_default();
+        Ok(cidrs.iter().any(|c| c.starts_with("10.1.0.50")).then_some(l))
+    })
+    .await?;
+    let cidrs = l.allowed_cidrs.clone().unwrap_or_default();
+    assert!(l.admin_state_up);
+    assert!(
+        !cidrs
+            .iter()
+            .any(|c| c.starts_with("10.1.0.60") || c.starts_with("10.1.0.11")),
+        "only X's pods: {cidrs:?}"
+    );
+    let klb = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns)
+        .get("web")
+        .await?;
+    assert!(
+        !klb.spec.security_groups_ids.contains(&bed.fx.sg),
+        "the policy's group, not the default: {:?}",
+        klb.spec.security_groups_ids
+    );
+    assert!(
+        open(&listener_on(&oct.client, &other_lb, 80).await?),
+        "the policy does not select the other Service's backends"
+    );
+    let other_klb = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns)
+        .get("other")
+        .await?;
+    assert_eq!(
+        other_klb.spec.security_groups_ids,
+        std::slice::from_ref(&bed.fx.sg)
+    );
+
+    // A new pod in X joins the policy's peer address group: the listener admits it too (through the
+    // pod_label handler: the full resync, which would also get there, is an hour away).
+    labelled_pod(kube, &x, "client-x2", json!({"role": "client"}), "10.1.0.51").await?;
+    eventually("the web listener admits the new pod of X", WAIT, || async {
+        let l = listener_on(&oct.client, &web_lb, 80).await?;
+        let cidrs = l.allowed_cidrs.clone().unwrap_or_default();
+        let has = |ip: &str| cidrs.iter().any(|c| c.starts_with(ip));
+        Ok((has("10.1.0.51") && has("10.1.0.50")).then_some(()))
+    })
+    .await?;
+
+    nps.delete("only-x", &DeleteParams::default()).await?;
+    eventually("the web listener open again", WAIT, || async {
+        let l = listener_on(&oct.client, &web_lb, 80).await?;
+        Ok(open(&l).then_some(()))
+    })
+    .await?;
+    let klb = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns)
+        .get("web")
+        .await?;
+    assert_eq!(klb.spec.security_groups_ids, std::slice::from_ref(&bed.fx.sg));
+    assert!(klb.spec.listener_acls.is_empty());
+    Ok(())
+}

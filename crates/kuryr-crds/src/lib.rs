@@ -21,8 +21,8 @@ pub mod vif;
 
 pub use crds::kuryrloadbalancer::{
     KuryrLoadBalancer, KuryrLoadBalancerSpec, KuryrLoadBalancerStatus, LbEndpoint, LbEndpointConditions,
-    LbEndpointPort, LbEndpointSlice, LbListener, LbLoadBalancer, LbMember, LbPool, LbPubIpInfo, LbSpecPort,
-    LbTargetRef,
+    LbEndpointPort, LbEndpointSlice, LbListener, LbListenerAcl, LbLoadBalancer, LbMember, LbPool,
+    LbPubIpInfo, LbSpecPort, LbTargetRef,
 };
 pub use crds::kuryrnetwork::{KuryrNetwork, KuryrNetworkSpec, KuryrNetworkStatus};
 pub use crds::kuryrnetworkpolicy::{

@@ -433,24 +433,35 @@ impl NetworkPolicyDriver {
     /// reconciled (usually only address-group updates follow); the others cost nothing.
     /// Returns the writes made.
     pub async fn ensure_all(&self) -> Result<usize, Error> {
-        let stale: Vec<String> = self
+        Ok(self.ensure_stale().await?.0)
+    }
+
+    /// [`Self::ensure_all`], also returning the policies whose Neutron state it changed (the
+    /// Services they select may admit other sources now).
+    pub async fn ensure_stale(&self) -> Result<(usize, Vec<PolicySpec>), Error> {
+        let stale: Vec<(String, PolicySpec)> = self
             .with_tracker(|t| {
                 t.stale(&self.options)
                     .into_iter()
-                    .map(|(uid, _, _)| uid)
+                    .map(|(uid, spec, _)| (uid, spec))
                     .collect()
             })
             .await?;
         let mut writes = 0;
+        let mut moved = vec![];
         let mut errors = vec![];
-        for uid in &stale {
-            match self.reconcile(uid, false).await {
-                Ok(a) => writes += a.map_or(0, |a| a.writes),
+        for (uid, spec) in stale {
+            match self.reconcile(&uid, false).await {
+                Ok(Some(a)) if a.writes > 0 => {
+                    writes += a.writes;
+                    moved.push(spec);
+                }
+                Ok(_) => {}
                 Err(e) => errors.push(e),
             }
         }
         match errors.len() {
-            0 => Ok(writes),
+            0 => Ok((writes, moved)),
             1 => Err(errors.remove(0)),
             _ => Err(Error::Multiple(errors)),
         }

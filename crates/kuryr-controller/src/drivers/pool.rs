@@ -55,8 +55,9 @@ pub trait VifPool: Send + Sync {
     /// means "being refilled, retry shortly".
     async fn request_vif(&self, pod: &PodRef, spec: &PortSpec) -> Result<(Vif, VifOrigin), Error>;
 
-    /// Gives the VIF back (pools recycle it; noop deletes its port).
-    async fn release_vif(&self, vif: &Vif, origin: &VifOrigin) -> Result<(), Error>;
+    /// Gives the VIF back (pools recycle it; noop deletes its port). `holder` is the releasing
+    /// pod ([`holder`]): pools ignore a release by a pod the port has since been handed on from.
+    async fn release_vif(&self, vif: &Vif, origin: &VifOrigin, holder: &str) -> Result<(), Error>;
 
     async fn activate_vif(&self, origin: &VifOrigin, vif: &mut Vif) -> Result<(), Error>;
 
@@ -72,6 +73,16 @@ pub struct NoopPool {
 impl NoopPool {
     pub fn new(driver: Arc<dyn VifDriver>) -> Self {
         Self { driver }
+    }
+}
+
+/// The identity pools record for the pod holding a port: its uid, or namespace/name for a pod
+/// known without one.
+pub fn holder(namespace: &str, name: &str, uid: &str) -> String {
+    if uid.is_empty() {
+        format!("{namespace}/{name}")
+    } else {
+        uid.to_string()
     }
 }
 
@@ -109,7 +120,7 @@ impl VifPool for NoopPool {
         Ok((vif, origin_for(self.driver.as_ref(), spec, &host)))
     }
 
-    async fn release_vif(&self, vif: &Vif, origin: &VifOrigin) -> Result<(), Error> {
+    async fn release_vif(&self, vif: &Vif, origin: &VifOrigin, _holder: &str) -> Result<(), Error> {
         self.driver
             .release_vif(&origin.deployment, &origin.host, vif)
             .await

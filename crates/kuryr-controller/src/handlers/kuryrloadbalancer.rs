@@ -302,15 +302,35 @@ impl ResourceEventHandler for KuryrLoadBalancerHandler {
 
 impl KuryrLoadBalancerHandler {
     async fn present(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
-        let klb = add_finalizer(&self.ctx.kube, klb, finalizers::KURYRLOADBALANCER).await?;
+        let mut klb = add_finalizer(&self.ctx.kube, klb, finalizers::KURYRLOADBALANCER).await?;
         let deployment = recorded_deployment(&klb);
         if !self.configured(&klb, &deployment).await {
             return Ok(());
         }
         let client = self.ctx.deployments.octavia(&deployment)?;
-        let desired = self.desired(&klb, &deployment).await?;
-        let recorded = RecordedLb::from_status(klb.status.as_ref());
-        let steps = plan(recorded.as_ref(), &desired);
+        let mut desired = self.desired(&klb, &deployment).await?;
+        let mut recorded = RecordedLb::from_status(klb.status.as_ref());
+        let mut steps = plan(recorded.as_ref(), &desired);
+        if !steps.is_empty() {
+            // The event may carry a stale record: a periodic resync lists every object and queues it
+            // behind the run in flight, which then writes a newer status; acting on the listed copy
+            // repeated that run's Octavia writes (the real Octavia: 106 batch member updates for 100
+            // endpoint changes). Before writing to Octavia, plan against the object as it is now.
+            let api: Api<KuryrLoadBalancer> =
+                Api::namespaced(self.ctx.kube.clone(), &klb.namespace().unwrap_or_default());
+            let Some(now) = api.get_opt(&klb.name_any()).await? else {
+                return Ok(());
+            };
+            if now.resource_version() != klb.resource_version() {
+                if now.metadata.deletion_timestamp.is_some() {
+                    return Ok(());
+                }
+                klb = now;
+                desired = self.desired(&klb, &deployment).await?;
+                recorded = RecordedLb::from_status(klb.status.as_ref());
+                steps = plan(recorded.as_ref(), &desired);
+            }
+        }
         if steps.is_empty() {
             return self.present_public_ip(&klb, &deployment, None).await;
         }

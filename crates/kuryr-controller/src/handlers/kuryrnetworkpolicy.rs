@@ -1,7 +1,9 @@
 //! `kuryrnetworkpolicy` handler: makes Neutron match the policy (security groups, rules, address
 //! groups through the `network_policy` driver), writes the status (group id, rules, pod selector,
 //! what had to be approximated), and moves the selected pods' ports onto the groups. On delete it
-//! takes the groups off the ports, deletes them and lets the object go. Groups whose policy is gone
+//! takes the groups off the ports, deletes them and lets the object go. Either way the Services whose
+//! backends the policy selects follow it (their load balancer's groups and listener ACLs:
+//! [`PolicyFollowers`]). Groups whose policy is gone
 //! anyway (force-deleted objects, a deposed leader's late write) are the driver's periodic sweep's
 //! (`NetworkPolicyDriver::run_sweeps`, started with the pipeline). Everything happens in the
 //! deployment the object records (`openstack.org/kuryr-deployment`, none = the default one); one
@@ -22,19 +24,26 @@ use serde_json::json;
 use crate::context::Context;
 use crate::drivers::network_policy::policy_uid;
 use crate::error::{Error, is_not_found};
+use crate::handlers::service::PolicyFollowers;
 use crate::k8s::{add_finalizer, publish_event, remove_finalizer};
 use crate::pipeline::ResourceEventHandler;
 use crate::placement::record::recorded_deployment;
 use crate::policies::PolicySpec;
 use crate::policies::desired::BASE_VARIANT;
+use crate::policies::selector::Selector;
 
 pub struct KuryrNetworkPolicyHandler {
     ctx: Arc<Context>,
+    /// The Services whose load balancers follow the policies.
+    followers: PolicyFollowers,
 }
 
 impl KuryrNetworkPolicyHandler {
     pub fn new(ctx: Arc<Context>) -> Self {
-        Self { ctx }
+        Self {
+            followers: PolicyFollowers::new(ctx.clone()),
+            ctx,
+        }
     }
 
     /// Every pod of the namespace onto the groups its policies give it now.
@@ -124,7 +133,13 @@ impl ResourceEventHandler for KuryrNetworkPolicyHandler {
         Api::<KuryrNetworkPolicy>::namespaced(self.ctx.kube.clone(), &ns)
             .patch(&name, &PatchParams::default(), &Patch::Merge(&status))
             .await?;
-        self.sync_ports(&ns).await
+        self.sync_ports(&ns).await?;
+        let previous = knp.status.as_ref().and_then(|s| s.pod_selector.as_ref());
+        let selectors: Vec<Selector> = std::iter::once(&knp.spec.pod_selector)
+            .chain(previous)
+            .filter_map(|s| Selector::parse(s, "spec.podSelector").ok())
+            .collect();
+        self.followers.refresh(&ns, &selectors).await
     }
 
     async fn on_finalize(&self, knp: &KuryrNetworkPolicy) -> Result<(), Error> {
@@ -147,6 +162,10 @@ impl ResourceEventHandler for KuryrNetworkPolicyHandler {
         }
         // The policy no longer counts for its pods.
         self.sync_ports(&ns).await?;
+        let selectors: Vec<Selector> = Selector::parse(&knp.spec.pod_selector, "spec.podSelector")
+            .into_iter()
+            .collect();
+        self.followers.refresh(&ns, &selectors).await?;
         if knp.meta().finalizers.is_some() {
             remove_finalizer(&self.ctx.kube, knp, finalizers::NETWORKPOLICY).await?;
         }

@@ -3,7 +3,8 @@
 //! untouched) and its port onto the groups of the policies that now select it. Also the
 //! namespace-label companion: a namespace relabelled changes which pods namespaceSelectors pick.
 //! Both feed what they see into the driver's tracker first, so policies are decided from the
-//! watched state, not from a listing of the cluster per event.
+//! watched state, not from a listing of the cluster per event. The Services selected by the policies
+//! whose Neutron state moved, and those a relabelled pod backs, follow ([`PolicyFollowers`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -16,14 +17,16 @@ use tokio::sync::Mutex;
 
 use crate::context::Context;
 use crate::error::Error;
+use crate::handlers::service::PolicyFollowers;
 use crate::pipeline::ResourceEventHandler;
-use crate::policies::PodInfo;
+use crate::policies::{PodInfo, PolicySpec};
 
 /// A pod's labels and addresses.
 type Seen = (BTreeMap<String, String>, Vec<IpAddr>);
 
 pub struct PodLabelHandler {
     ctx: Arc<Context>,
+    followers: PolicyFollowers,
     /// What each pod looked like when last acted on (by uid): status-only updates cost nothing.
     seen: Mutex<HashMap<String, Seen>>,
 }
@@ -31,10 +34,21 @@ pub struct PodLabelHandler {
 impl PodLabelHandler {
     pub fn new(ctx: Arc<Context>) -> Self {
         Self {
+            followers: PolicyFollowers::new(ctx.clone()),
             ctx,
             seen: Mutex::default(),
         }
     }
+}
+
+/// The Services selecting the pods of the policies whose Neutron state changed follow them.
+async fn follow(followers: &PolicyFollowers, moved: Vec<PolicySpec>) -> Result<(), Error> {
+    for spec in moved {
+        followers
+            .refresh(&spec.key.namespace, std::slice::from_ref(&spec.pod_selector))
+            .await?;
+    }
+    Ok(())
 }
 
 #[async_trait]
@@ -51,11 +65,21 @@ impl ResourceEventHandler for PodLabelHandler {
         let uid = pod.uid().unwrap_or_default();
         let info = PodInfo::from_pod(pod);
         let now = (info.labels, info.ips);
-        if self.seen.lock().await.get(&uid) == Some(&now) {
+        let before = self.seen.lock().await.get(&uid).cloned();
+        if before.as_ref() == Some(&now) {
             return Ok(());
         }
         driver.sync_pod_ports(pod).await?;
-        driver.ensure_all().await?;
+        let (_, moved) = driver.ensure_stale().await?;
+        follow(&self.followers, moved).await?;
+        // The pod's own groups may have changed, and with them those of the Services it backs.
+        if before.as_ref().map(|b| &b.0) != Some(&now.0) {
+            let ns = pod.namespace().unwrap_or_default();
+            let labels: Vec<&BTreeMap<String, String>> = std::iter::once(&now.0)
+                .chain(before.as_ref().map(|b| &b.0))
+                .collect();
+            self.followers.refresh_backed_by(&ns, &labels).await?;
+        }
         self.seen.lock().await.insert(uid, now);
         Ok(())
     }
@@ -69,19 +93,22 @@ impl ResourceEventHandler for PodLabelHandler {
         self.seen.lock().await.remove(&pod.uid().unwrap_or_default());
         let driver = &self.ctx.drivers.network_policy;
         driver.forget_pod(pod).await;
-        driver.ensure_all().await.map(|_| ())
+        let (_, moved) = driver.ensure_stale().await?;
+        follow(&self.followers, moved).await
     }
 }
 
 /// Namespace label changes for network policies (registered with `pod_label`).
 pub struct NamespaceLabelHandler {
     ctx: Arc<Context>,
+    followers: PolicyFollowers,
     seen: Mutex<HashMap<String, BTreeMap<String, String>>>,
 }
 
 impl NamespaceLabelHandler {
     pub fn new(ctx: Arc<Context>) -> Self {
         Self {
+            followers: PolicyFollowers::new(ctx.clone()),
             ctx,
             seen: Mutex::default(),
         }
@@ -103,7 +130,8 @@ impl ResourceEventHandler for NamespaceLabelHandler {
         if self.seen.lock().await.get(&ns.name_any()) == Some(&labels) {
             return Ok(());
         }
-        driver.ensure_all().await?;
+        let (_, moved) = driver.ensure_stale().await?;
+        follow(&self.followers, moved).await?;
         self.seen.lock().await.insert(ns.name_any(), labels);
         Ok(())
     }
@@ -112,6 +140,7 @@ impl ResourceEventHandler for NamespaceLabelHandler {
         self.seen.lock().await.remove(&ns.name_any());
         let driver = &self.ctx.drivers.network_policy;
         driver.forget_namespace(ns).await;
-        driver.ensure_all().await.map(|_| ())
+        let (_, moved) = driver.ensure_stale().await?;
+        follow(&self.followers, moved).await
     }
 }

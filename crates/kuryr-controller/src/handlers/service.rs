@@ -7,13 +7,13 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use kuryr_crds::names::finalizers;
-use kuryr_crds::{KuryrLoadBalancer, KuryrLoadBalancerSpec};
+use kuryr_crds::{KuryrLoadBalancer, KuryrLoadBalancerSpec, LbEndpointSlice, LbListenerAcl};
 use serde_json::Value;
 
 use crate::context::Context;
@@ -21,6 +21,7 @@ use crate::drivers::security_groups::{NamespaceSecurityGroups, SecurityGroupsDri
 use crate::error::{Error, is_not_found};
 use crate::k8s::{add_finalizer, publish_event, remove_finalizer, surface_user_error};
 use crate::pipeline::ResourceEventHandler;
+use crate::policies::selector::Selector;
 use crate::services::endpoints::{SERVICE_NAME_LABEL, from_slices};
 use crate::services::placement::{self, recorded_deployment};
 use crate::services::spec::{self, Resolved};
@@ -226,6 +227,130 @@ impl ServiceHandler {
             timeout_member_data: od.timeout_member_data,
         })
     }
+
+    /// `[octavia_defaults] enforce_sg_rules` (upstream's, default true): the listeners admit only the
+    /// sources the ingress rules of the load balancer's groups allow (`services/acls.rs`). Off, or with
+    /// the `ovn` provider (which refuses listener ACLs and keeps the client's address, so the backends'
+    /// own groups enforce the policies), every listener admits everyone.
+    async fn listener_acls(
+        &self,
+        wanted: &KuryrLoadBalancerSpec,
+        deployment: &str,
+        ip: IpAddr,
+        slices: &[LbEndpointSlice],
+    ) -> Result<Vec<LbListenerAcl>, Error> {
+        if !self.ctx.config.octavia_defaults.enforce_sg_rules
+            || wanted.provider.as_deref() == Some(crate::services::desired::OVN_PROVIDER)
+        {
+            return Ok(Vec::new());
+        }
+        crate::services::security::listener_acls(
+            self.ctx.deployments.client(deployment)?,
+            &wanted.security_groups_ids,
+            &self
+                .ctx
+                .config
+                .deployment_defaults(deployment)
+                .pod_security_groups,
+            &wanted.ports,
+            slices,
+            ip,
+        )
+        .await
+    }
+
+    /// The spec `svc` asks for now (endpoint slices and listener ACLs excepted), `None` for a Service
+    /// kuryr does not serve or whose deployment left kuryr.conf (the kuryrloadbalancer handler drains
+    /// it). An existing load balancer (`existing`) stays in the deployment it records, whatever the
+    /// binding is now; a new one is placed.
+    async fn wanted(
+        &self,
+        svc: &Service,
+        existing: Option<&KuryrLoadBalancer>,
+    ) -> Result<Option<Wanted>, Error> {
+        let ns = svc.namespace().unwrap_or_default();
+        if let Some(skip) = spec::skip_reason(svc) {
+            tracing::debug!(service = %format!("{ns}/{}", svc.name_any()), ?skip, "service skipped");
+            return Ok(None);
+        }
+        let ip = spec::cluster_ip(
+            svc.spec
+                .as_ref()
+                .and_then(|s| s.cluster_ip.as_deref())
+                .unwrap_or_default(),
+        )?;
+        let project = self.ctx.drivers.project.project_for_namespace(&ns).await?;
+        let deployment = match existing {
+            Some(klb) => recorded_deployment(klb),
+            None => self.place(&ns, &project).await?,
+        };
+        if existing.is_some() && self.ctx.deployments.client(&deployment).is_err() {
+            return Ok(None);
+        }
+        let resolved = self.resolve(svc, ip, &deployment, &project).await?;
+        Ok(Some(Wanted {
+            spec: spec::build(svc, &resolved)?,
+            provider: resolved.provider,
+            deployment,
+            ip,
+        }))
+    }
+
+    /// Brings an existing KuryrLoadBalancer's spec to what `svc` asks for now (its groups and listener
+    /// ACLs follow the network policies): what a policy change calls for each Service it affects. A Service
+    /// without a KuryrLoadBalancer yet is left to its own handler. Returns whether the spec was patched.
+    pub async fn refresh(&self, svc: &Service) -> Result<bool, Error> {
+        if svc.metadata.deletion_timestamp.is_some() {
+            return Ok(false);
+        }
+        let ns = svc.namespace().unwrap_or_default();
+        let api: Api<KuryrLoadBalancer> = Api::namespaced(self.ctx.kube.clone(), &ns);
+        let Some(klb) = api.get_opt(&svc.name_any()).await? else {
+            return Ok(false);
+        };
+        if klb.metadata.deletion_timestamp.is_some() {
+            return Ok(false);
+        }
+        let Some(Wanted {
+            spec: mut wanted,
+            deployment,
+            ip,
+            ..
+        }) = self.wanted(svc, Some(&klb)).await?
+        else {
+            return Ok(false);
+        };
+        wanted.listener_acls = self
+            .listener_acls(&wanted, &deployment, ip, &klb.spec.endpoint_slices)
+            .await?;
+        self.patch_if_differs(&api, &klb, &wanted).await
+    }
+
+    async fn patch_if_differs(
+        &self,
+        api: &Api<KuryrLoadBalancer>,
+        klb: &KuryrLoadBalancer,
+        wanted: &KuryrLoadBalancerSpec,
+    ) -> Result<bool, Error> {
+        if !spec::service_part_differs(&klb.spec, wanted) {
+            return Ok(false);
+        }
+        api.patch(
+            &klb.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&spec_patch(wanted)?),
+        )
+        .await?;
+        Ok(true)
+    }
+}
+
+/// What a Service asks for now, where it is served, and by which Octavia provider.
+struct Wanted {
+    spec: KuryrLoadBalancerSpec,
+    deployment: String,
+    ip: IpAddr,
+    provider: Option<String>,
 }
 
 /// The spec as a merge patch that also clears the optional fields the new spec no longer has.
@@ -244,6 +369,7 @@ fn spec_patch(spec: &KuryrLoadBalancerSpec) -> Result<Value, Error> {
             "session_affinity",
             "security_groups_ids",
             "ports",
+            "listener_acls",
         ] {
             map.entry(key).or_insert(Value::Null);
         }
@@ -286,46 +412,30 @@ impl ServiceHandler {
     async fn present(&self, svc: &Service) -> Result<(), Error> {
         let ns = svc.namespace().unwrap_or_default();
         let name = svc.name_any();
-        if let Some(skip) = spec::skip_reason(svc) {
-            tracing::debug!(service = %format!("{ns}/{name}"), ?skip, "service skipped");
-            return Ok(());
-        }
-        let ip = spec::cluster_ip(
-            svc.spec
-                .as_ref()
-                .and_then(|s| s.cluster_ip.as_deref())
-                .unwrap_or_default(),
-        )?;
         let api: Api<KuryrLoadBalancer> = Api::namespaced(self.ctx.kube.clone(), &ns);
         let existing = api.get_opt(&name).await?;
-        let project = self.ctx.drivers.project.project_for_namespace(&ns).await?;
-        // Placed once: an existing load balancer stays in its deployment, whatever the binding is now.
-        let deployment = match &existing {
-            Some(klb) => recorded_deployment(klb),
-            None => self.place(&ns, &project).await?,
-        };
-        if existing.is_some() && self.ctx.deployments.client(&deployment).is_err() {
-            // Its deployment left kuryr.conf: the kuryrloadbalancer handler drains it and says so.
+        let Some(Wanted {
+            spec: wanted,
+            deployment,
+            ip,
+            provider,
+        }) = self.wanted(svc, existing.as_ref()).await?
+        else {
             return Ok(());
-        }
-        let resolved = self.resolve(svc, ip, &deployment, &project).await?;
-        let wanted = spec::build(svc, &resolved)?;
-        self.warn_unhonoured(svc, resolved.provider.as_deref()).await;
+        };
+        self.warn_unhonoured(svc, provider.as_deref()).await;
         let svc = add_finalizer(&self.ctx.kube, svc, finalizers::SERVICE).await?;
         match existing {
             Some(klb) if klb.metadata.deletion_timestamp.is_some() => Err(Error::not_ready(format!(
                 "KuryrLoadBalancer {ns}/{name} is being deleted"
             ))),
-            Some(klb) if spec::service_part_differs(&klb.spec, &wanted) => {
-                api.patch(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(&spec_patch(&wanted)?),
-                )
-                .await?;
-                Ok(())
+            Some(klb) => {
+                let mut wanted = wanted;
+                wanted.listener_acls = self
+                    .listener_acls(&wanted, &deployment, ip, &klb.spec.endpoint_slices)
+                    .await?;
+                self.patch_if_differs(&api, &klb, &wanted).await.map(|_| ())
             }
-            Some(_) => Ok(()),
             None => {
                 // The slices that exist already go in with the spec, so that a new Service is one fully
                 // populated create in Octavia rather than a create and a member update.
@@ -334,6 +444,9 @@ impl ServiceHandler {
                     .await?;
                 let mut wanted = wanted;
                 wanted.endpoint_slices = from_slices(&slices.items);
+                wanted.listener_acls = self
+                    .listener_acls(&wanted, &deployment, ip, &wanted.endpoint_slices)
+                    .await?;
                 let klb = KuryrLoadBalancer {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),
@@ -372,6 +485,96 @@ impl ServiceHandler {
                     Err(e) => Err(e.into()),
                 }
             }
+        }
+    }
+}
+
+/// The Services whose load balancers follow the network policies: with `[kubernetes]
+/// service_security_groups_driver = policy` a load balancer takes the groups of the policies selecting its
+/// backends, and with `enforce_sg_rules` its listeners admit what those groups' ingress rules admit. A
+/// policy created, changed or deleted, or a pod moving in or out of one, refreshes the Services whose
+/// backends it picks (upstream's `_is_service_affected` + `update_lbaas_sg` in its `kuryrnetworkpolicy`
+/// and `pod_label` handlers). Each refresh patches the KuryrLoadBalancer spec only when it changed, so the
+/// `kuryrloadbalancer` handler (which coalesces events per object) updates only the listeners that moved.
+pub struct PolicyFollowers {
+    ctx: Arc<Context>,
+    /// `None` when no load balancer depends on policies (no `service` handler, or another groups driver:
+    /// their groups, hence ACLs, never change with policies).
+    services: Option<ServiceHandler>,
+}
+
+impl PolicyFollowers {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        let k = &ctx.config.kubernetes;
+        let depends = k.enabled_handlers.iter().any(|h| h == "service")
+            && k.service_security_groups_driver == kuryr_config::SecurityGroupsDriver::Policy;
+        Self {
+            services: depends.then(|| ServiceHandler::new(ctx.clone())),
+            ctx,
+        }
+    }
+
+    /// Refreshes the Services of `ns` with a backend (a pod their selector picks) that one of
+    /// `selectors` picks too.
+    pub async fn refresh(&self, ns: &str, selectors: &[Selector]) -> Result<(), Error> {
+        if self.services.is_none() || selectors.is_empty() {
+            return Ok(());
+        }
+        let pods = Api::<Pod>::namespaced(self.ctx.kube.clone(), ns)
+            .list(&ListParams::default())
+            .await?;
+        let picked: Vec<&BTreeMap<String, String>> = pods
+            .iter()
+            .map(|p| p.labels())
+            .filter(|l| selectors.iter().any(|s| s.matches(l)))
+            .collect();
+        self.refresh_backed_by(ns, &picked).await
+    }
+
+    /// Refreshes the Services of `ns` whose selector picks a pod labelled one of `labels`.
+    pub async fn refresh_backed_by(
+        &self,
+        ns: &str,
+        labels: &[&BTreeMap<String, String>],
+    ) -> Result<(), Error> {
+        let Some(handler) = &self.services else {
+            return Ok(());
+        };
+        if labels.is_empty() {
+            return Ok(());
+        }
+        let svcs = Api::<Service>::namespaced(self.ctx.kube.clone(), ns)
+            .list(&ListParams::default())
+            .await?;
+        let mut errors = vec![];
+        for svc in &svcs.items {
+            // Upstream: policies are not applied to Services without selectors.
+            let Some(sel) = svc
+                .spec
+                .as_ref()
+                .and_then(|s| s.selector.as_ref())
+                .filter(|s| !s.is_empty())
+            else {
+                continue;
+            };
+            if !labels
+                .iter()
+                .any(|l| sel.iter().all(|(k, v)| l.get(k) == Some(v)))
+            {
+                continue;
+            }
+            match handler.refresh(svc).await {
+                Ok(true) => {
+                    tracing::debug!(service = %format!("{ns}/{}", svc.name_any()), "load balancer groups or ACLs follow a policy change")
+                }
+                Ok(false) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(Error::Multiple(errors)),
         }
     }
 }

@@ -26,9 +26,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::recover::{Recovered, RecoveryInput, RecoveryReport};
 use super::state::{
-    Backoff, Entry, Key, Limits, PoolMeta, Pools, RecycleAction, RecycleOutcome, Refill, RefillFailure, Take,
+    Backoff, Entry, Key, Limits, PoolMeta, Pools, RecycleAction, RecycleOutcome, Refill, RefillFailure,
+    Released, Take,
 };
-use crate::drivers::pool::{VifOrigin, VifPool, origin_for};
+use crate::drivers::pool::{VifOrigin, VifPool, holder, origin_for};
 use crate::drivers::vif::{PortOwner, VifDriver};
 use crate::drivers::{PodRef, PortSpec};
 use crate::error::Error;
@@ -406,8 +407,8 @@ impl PoolDriver {
             for (key, meta) in r.pools {
                 st.ensure(&key, || meta);
             }
-            for (key, port) in &r.in_use {
-                st.mark_in_use(key, port, now);
+            for (key, port, holder) in &r.in_use {
+                st.mark_in_use(key, port, now, holder.as_deref());
             }
             for (key, (available, recyclable)) in r.adopted {
                 st.adopt(&key, available, recyclable);
@@ -478,7 +479,7 @@ impl PoolDriver {
                 ..PortUpdate::default()
             };
             if let Err(e) = client.update_port(vif.id(), &update).await {
-                self.give_back(key, vif);
+                self.give_back(key, vif, &holder(&pod.namespace, &pod.name, &pod.uid));
                 return Err(e.into());
             }
         }
@@ -487,12 +488,12 @@ impl PoolDriver {
 
     /// Puts a port that could not be handed out into the recyclable list (the next pass fixes
     /// its security groups and name).
-    fn give_back(&self, key: &Key, mut vif: Vif) {
+    fn give_back(&self, key: &Key, mut vif: Vif, holder: &str) {
         let id = vif.id().to_string();
         vif.base_mut().active = false;
         if self
             .lock()
-            .release(key, &id, vif, None, Timestamp::now())
+            .release(key, &id, vif, holder, Timestamp::now())
             .is_err()
         {
             tracing::warn!(port = %id, pool = %key, "pool vanished while handing out a port");
@@ -979,7 +980,7 @@ impl PoolDriver {
                 .for_each(|e| push(&e.port_id, "recyclable", e.since));
             pool.in_use()
                 .iter()
-                .for_each(|(id, since)| push(id, "inUse", *since));
+                .for_each(|(id, held)| push(id, "inUse", held.since));
         }
         PoolSummary {
             name: pool.meta.name.clone(),
@@ -1079,11 +1080,7 @@ impl VifPool for PoolDriver {
         self.remember_spec(&key, spec);
         let deadline = Instant::now() + self.opts.refill_wait;
         let asked = Timestamp::now();
-        let waiter = if pod.uid.is_empty() {
-            format!("{}/{}", pod.namespace, pod.name)
-        } else {
-            pod.uid.clone()
-        };
+        let waiter = holder(&pod.namespace, &pod.name, &pod.uid);
         let mut missed = false;
         loop {
             let mut refilled = self.refilled.subscribe();
@@ -1110,7 +1107,7 @@ impl VifPool for PoolDriver {
                     tracing::debug!(port = %entry.port_id, from = %from, to = %key, "re-applying security groups of a sibling pool's port");
                     if let Err(e) = self.move_port(&key, &entry.port_id).await {
                         // Its tag may still name the donor: back there, to be cleaned.
-                        self.give_back(&from, entry.data);
+                        self.give_back(&from, entry.data, &waiter);
                         return Err(e);
                     }
                     return self.hand_out(pod, spec, &key, &host, entry.data).await;
@@ -1156,7 +1153,7 @@ impl VifPool for PoolDriver {
         }
     }
 
-    async fn release_vif(&self, vif: &Vif, origin: &VifOrigin) -> Result<(), Error> {
+    async fn release_vif(&self, vif: &Vif, origin: &VifOrigin, holder: &str) -> Result<(), Error> {
         if origin.preserve {
             return Ok(());
         }
@@ -1166,16 +1163,24 @@ impl VifPool for PoolDriver {
         let released = {
             let mut st = self.lock();
             let key = release_key(&st, origin, vif.id());
-            st.release(&key, vif.id(), data, None, Timestamp::now())
-                .map(|()| st.over_max(&key))
+            st.release(&key, vif.id(), data, holder, Timestamp::now())
+                .map(|r| (r, st.over_max(&key)))
         };
         match released {
-            Ok(over_max) => {
+            Ok((Released::Back, over_max)) => {
                 self.opts.metrics.pool_event("released", 1);
                 if over_max {
                     self.over_max.notify_one();
                 }
                 self.touched();
+                Ok(())
+            }
+            Ok((Released::Already, _)) => Ok(()),
+            Ok((Released::Stale { holder: now_held_by }, _)) => {
+                // A retried finalizer of a pod whose port was recycled and handed on meanwhile.
+                tracing::info!(port = %vif.id(), released_by = holder, held_by = %now_held_by,
+                    "release of a port another pod holds now ignored");
+                self.opts.metrics.pool_event("stale_release", 1);
                 Ok(())
             }
             // No pool for it (config changed, or the pool was freed): nothing will reuse it.
@@ -1273,7 +1278,7 @@ mod tests {
         assert_eq!(release_key(&st, &origin(&[]), "x"), key("a"));
         // Two candidate pools: the one holding the port in use.
         st.ensure(&key("b"), meta);
-        st.mark_in_use(&key("b"), "x", Timestamp::UNIX_EPOCH);
+        st.mark_in_use(&key("b"), "x", Timestamp::UNIX_EPOCH, None);
         assert_eq!(release_key(&st, &origin(&[]), "x"), key("b"));
         // Neither holds it: no pool (the port is deleted rather than pooled on a guess).
         assert!(release_key(&st, &origin(&[]), "y").subnets.is_empty());

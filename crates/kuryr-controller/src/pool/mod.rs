@@ -540,11 +540,11 @@ impl VifPool for PoolManager {
         self.route_for_pod(pod).await?.request_vif(pod, spec).await
     }
 
-    async fn release_vif(&self, vif: &Vif, origin: &VifOrigin) -> Result<(), Error> {
+    async fn release_vif(&self, vif: &Vif, origin: &VifOrigin, holder: &str) -> Result<(), Error> {
         if !self.is_ready() {
             return Err(Error::not_ready("port pools are being recovered"));
         }
-        self.route_of(origin)?.release_vif(vif, origin).await
+        self.route_of(origin)?.release_vif(vif, origin, holder).await
     }
 
     async fn activate_vif(&self, origin: &VifOrigin, vif: &mut Vif) -> Result<(), Error> {

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kuryr_crds::{KuryrPort, KuryrPortPool, KuryrPortPoolStatus, PoolFixedIp, PoolPort, Vif};
 use serde_json::Value;
@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::driver::PoolDriver;
 use super::recover::{InUsePort, RecoveryInput};
 use super::state::{Entry, Key};
-use crate::drivers::pool::{ORIGIN_FIELD, VifOrigin};
+use crate::drivers::pool::{ORIGIN_FIELD, VifOrigin, holder};
 use crate::error::{Error, is_not_found};
 use crate::k8s::remove_finalizer;
 use kuryr_crds::names::finalizers;
@@ -52,10 +52,19 @@ fn pool_port(e: &Entry<Vif>, subnet_id: &str) -> PoolPort {
 
 /// The port ids (and kuryr-rs origins) a KuryrPort's `status.vifs` records. Read from raw JSON
 /// so that one object kuryr-rs cannot fully parse still protects its ports.
-pub fn kuryrport_ports(obj: &Value) -> Vec<InUsePort> {
+pub fn kuryrport_ports(meta: &ObjectMeta, obj: &Value) -> Vec<InUsePort> {
     let Some(vifs) = obj.pointer("/status/vifs").and_then(Value::as_object) else {
         return Vec::new();
     };
+    let pod_uid = obj
+        .pointer("/spec/podUid")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let holder = match (&meta.namespace, &meta.name) {
+        (Some(ns), Some(name)) => Some(holder(ns, name, pod_uid)),
+        _ => (!pod_uid.is_empty()).then(|| pod_uid.to_string()),
+    };
+    let terminating = meta.deletion_timestamp.is_some();
     vifs.values()
         .filter_map(|entry| {
             let id = entry
@@ -67,6 +76,8 @@ pub fn kuryrport_ports(obj: &Value) -> Vec<InUsePort> {
             Some(InUsePort {
                 port_id: id.to_string(),
                 origin,
+                holder: holder.clone(),
+                terminating,
             })
         })
         .collect()
@@ -264,7 +275,7 @@ impl Persister {
         let kps: Api<DynamicObject> = Api::all_with(self.kube.clone(), &ar);
         let mut in_use = Vec::new();
         for kp in kps.list(&ListParams::default()).await?.items {
-            in_use.extend(kuryrport_ports(&kp.data));
+            in_use.extend(kuryrport_ports(&kp.metadata, &kp.data));
         }
         Ok(RecoveryInput { pools, in_use })
     }
@@ -278,7 +289,7 @@ impl Persister {
             .await?
             .items
             .iter()
-            .flat_map(|kp| kuryrport_ports(&kp.data))
+            .flat_map(|kp| kuryrport_ports(&kp.metadata, &kp.data))
             .map(|u| u.port_id)
             .collect())
     }
@@ -304,14 +315,34 @@ mod tests {
                 "eth2": {"vif": "garbage"}
             }}
         });
-        let mut ports = kuryrport_ports(&obj);
+        let meta = ObjectMeta {
+            namespace: Some("ns".into()),
+            name: Some("pod".into()),
+            ..ObjectMeta::default()
+        };
+        let mut ports = kuryrport_ports(&meta, &obj);
         ports.sort_by(|a, b| a.port_id.cmp(&b.port_id));
         assert_eq!(ports.len(), 2);
+        // No podUid: the pod is known by its name, as the pools know it when it asked.
+        assert_eq!(ports[0].holder.as_deref(), Some("ns/pod"));
+        assert!(!ports[0].terminating);
         assert_eq!(ports[0].port_id, "p1");
         assert_eq!(ports[0].origin.as_ref().map(|o| o.host.as_str()), Some("n1"));
         // An origin kuryr-rs cannot read still protects the port.
         assert_eq!(ports[1].port_id, "p2");
         assert!(ports[1].origin.is_none());
-        assert!(kuryrport_ports(&serde_json::json!({"spec": {}})).is_empty());
+        assert!(kuryrport_ports(&meta, &serde_json::json!({"spec": {}})).is_empty());
+        let deleting = ObjectMeta {
+            deletion_timestamp: Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
+            ..meta
+        };
+        let mut with_uid = obj.clone();
+        with_uid["spec"] = serde_json::json!({"podUid": "uid-1"});
+        let ports = kuryrport_ports(&deleting, &with_uid);
+        assert!(
+            ports
+                .iter()
+                .all(|p| p.terminating && p.holder.as_deref() == Some("uid-1"))
+        );
     }
 }

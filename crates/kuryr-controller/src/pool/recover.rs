@@ -36,6 +36,10 @@ use crate::error::Error;
 pub struct InUsePort {
     pub port_id: String,
     pub origin: Option<VifOrigin>,
+    /// The pod holding it (`crate::drivers::pool::holder` of the KuryrPort's pod).
+    pub holder: Option<String>,
+    /// The KuryrPort is being deleted: its ports may already be released and handed on.
+    pub terminating: bool,
 }
 
 /// What the Kubernetes API says (see `super::persist::load_recovery_input`).
@@ -104,8 +108,8 @@ pub type Lists = (Vec<Entry<kuryr_crds::Vif>>, Vec<Entry<kuryr_crds::Vif>>);
 pub struct Recovered {
     /// Every pool that exists again, with its metadata.
     pub pools: BTreeMap<Key, PoolMeta>,
-    /// Ports in use by pods: (pool, port id).
-    pub in_use: Vec<(Key, String)>,
+    /// Ports in use by pods: (pool, port id, holding pod).
+    pub in_use: Vec<(Key, String, Option<String>)>,
     /// Available and recyclable ports per pool.
     pub adopted: BTreeMap<Key, Lists>,
     /// What a refill of each pool creates: the network as Neutron has it now.
@@ -168,11 +172,17 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
             }
         }
     }
-    let in_use: HashMap<&str, Option<&VifOrigin>> = input
-        .in_use
-        .iter()
-        .map(|u| (u.port_id.as_str(), u.origin.as_ref()))
-        .collect();
+    // A port two KuryrPorts list (one terminating, whose finalizer released it before a crash,
+    // and the pod it was handed on to) belongs to the live one.
+    let mut in_use: HashMap<&str, &InUsePort> = HashMap::new();
+    for u in &input.in_use {
+        match in_use.get(u.port_id.as_str()) {
+            Some(other) if !other.terminating || u.terminating => {}
+            _ => {
+                in_use.insert(u.port_id.as_str(), u);
+            }
+        }
+    }
 
     let mut out = Recovered::default();
     let mut seen: HashSet<String> = HashSet::new();
@@ -212,8 +222,8 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
             seen.insert(port.id.clone());
             let subnets = port_subnets(port);
             // In use by a pod: its origin names the pool it goes back to.
-            if let Some(origin) = in_use.get(port.id.as_str()) {
-                let key = match origin {
+            if let Some(user) = in_use.get(port.id.as_str()) {
+                let key = match user.origin.as_ref() {
                     Some(o) if o.driver == driver.vif().name() => Some(origin_key(o, &subnets)),
                     // Another pool driver's pod (multi_pool).
                     Some(_) => None,
@@ -228,7 +238,7 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
                     out.pools
                         .entry(key.clone())
                         .or_insert_with(|| driver.meta_for(&key));
-                    out.in_use.push((key, port.id.clone()));
+                    out.in_use.push((key, port.id.clone(), user.holder.clone()));
                     out.report.in_use += 1;
                 }
                 continue;

@@ -14,6 +14,9 @@
 //!   (capacity came back) ends it;
 //! - `max` holds on every path: recovery and the periodic [`Pools::plan_trim`] delete spares
 //!   beyond it, not only the recycle pass;
+//! - a port in use remembers the pod holding it: a release by any other pod (a finalizer retried
+//!   after the port was recycled and handed on) is stale and ignored, so a port never goes to two
+//!   pods;
 //! - ports in use that no KuryrPort records (a pod that took a port and never recorded it) are
 //!   found by [`Pools::unrecorded_in_use`] and forgotten, so the orphan sweep can delete them;
 //! - an empty pool borrows from a sibling (same deployment/host/project/network/subnets, other
@@ -154,6 +157,25 @@ pub struct PoolMeta {
     pub nested: bool,
 }
 
+/// A port a pod holds: since when, and which pod (its uid; `None` when unknown, e.g. recovered
+/// from a KuryrPort without one).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub since: Timestamp,
+    pub holder: Option<String>,
+}
+
+/// What a release did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// Back in the pool, recyclable.
+    Back,
+    /// Already spare (a repeated release): nothing changed.
+    Already,
+    /// Held by another pod now (the releaser's port was recycled and handed on since): ignored.
+    Stale { holder: String },
+}
+
 /// A port held by a pool. `data` is whatever the caller needs to hand it out (the VIF).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Entry<T> {
@@ -183,8 +205,8 @@ pub struct Pool<T> {
     recyclable: Vec<Entry<T>>,
     /// Taken by a recycle pass, being updated or deleted; still owned (persisted as recyclable).
     recycling: Vec<Entry<T>>,
-    /// Port id -> since when.
-    in_use: BTreeMap<String, Timestamp>,
+    /// Port id -> when, and by which pod.
+    in_use: BTreeMap<String, Held>,
     populating: bool,
     /// A refill was wanted while the global cap was reached.
     refill_blocked: bool,
@@ -226,7 +248,7 @@ impl<T> Pool<T> {
         self.recyclable.iter().chain(&self.recycling)
     }
 
-    pub fn in_use(&self) -> &BTreeMap<String, Timestamp> {
+    pub fn in_use(&self) -> &BTreeMap<String, Held> {
         &self.in_use
     }
 
@@ -485,8 +507,12 @@ impl<T> Pools<T> {
                 refills: Vec::new(),
             };
         };
+        let held = Held {
+            since: now,
+            holder: Some(waiter.to_string()),
+        };
         let take = if let Some(entry) = pool.available.pop_front() {
-            pool.in_use.insert(entry.port_id.clone(), now);
+            pool.in_use.insert(entry.port_id.clone(), held);
             pool.waiting.remove(waiter);
             self.dirty.insert(key.clone());
             Take::Hit(entry)
@@ -497,7 +523,7 @@ impl<T> Pools<T> {
                     // The waiter stays counted: this pool still lacks a port of its own
                     // security groups, so it refills.
                     if let Some(pool) = self.pools.get_mut(key) {
-                        pool.in_use.insert(entry.port_id.clone(), now);
+                        pool.in_use.insert(entry.port_id.clone(), held);
                     }
                     self.dirty.insert(key.clone());
                     self.dirty.insert(from.clone());
@@ -667,41 +693,57 @@ impl<T> Pools<T> {
         keys.iter().filter_map(|k| self.plan_refill(k, now)).collect()
     }
 
-    /// A pod gave its port back: it waits in `recyclable` for the next pass. `Err` gives the
-    /// data back when no pool of `key` exists (the caller deletes the port).
+    /// Pod `holder` (its uid) gave its port back: it waits in `recyclable` for the next pass.
+    /// A port held by another pod now is not taken from it ([`Released::Stale`]); a port already
+    /// spare stays where it is. `Err` gives the data back when no pool of `key` exists (the
+    /// caller deletes the port).
     pub fn release(
         &mut self,
         key: &Key,
         port_id: &str,
         data: T,
-        released_by: Option<String>,
+        holder: &str,
         now: Timestamp,
-    ) -> Result<(), T> {
+    ) -> Result<Released, T> {
+        let current = self.pools.values().find_map(|p| p.in_use.get(port_id));
+        if let Some(Held {
+            holder: Some(current),
+            ..
+        }) = current
+            && !holder.is_empty()
+            && current != holder
+        {
+            return Ok(Released::Stale {
+                holder: current.clone(),
+            });
+        }
+        if self.pools.values().any(|p| {
+            p.recyclable().any(|e| e.port_id == port_id) || p.available.iter().any(|e| e.port_id == port_id)
+        }) {
+            // A repeated release (handler retry): the port is already back.
+            return Ok(Released::Already);
+        }
         if !self.pools.contains_key(key) {
             return Err(data);
         }
         // A port is in use once, wherever it was counted (a borrowed port whose move failed
         // goes back to its donor, not to the pool that took it).
-        for p in self.pools.values_mut() {
-            p.in_use.remove(port_id);
+        for (k, p) in &mut self.pools {
+            if p.in_use.remove(port_id).is_some() {
+                self.dirty.insert(k.clone());
+            }
         }
         let Some(pool) = self.pools.get_mut(key) else {
             return Err(data);
         };
-        if pool.recyclable().any(|e| e.port_id == port_id)
-            || pool.available.iter().any(|e| e.port_id == port_id)
-        {
-            // A repeated release (handler retry): the port is already back.
-            return Ok(());
-        }
         pool.recyclable.push(Entry {
             port_id: port_id.to_string(),
             data,
             since: now,
-            released_by,
+            released_by: (!holder.is_empty()).then(|| holder.to_string()),
         });
         self.dirty.insert(key.clone());
-        Ok(())
+        Ok(Released::Back)
     }
 
     /// Whether `key`'s spare ports (available and released) exceed `max`: the pool holds more
@@ -715,10 +757,14 @@ impl<T> Pools<T> {
                 .is_some_and(|p| p.available.len() + p.recyclable.len() > max)
     }
 
-    /// Records a port as in use by a pod of `key` (recovery from KuryrPorts).
-    pub fn mark_in_use(&mut self, key: &Key, port_id: &str, since: Timestamp) {
+    /// Records a port as in use by pod `holder` of `key` (recovery from KuryrPorts).
+    pub fn mark_in_use(&mut self, key: &Key, port_id: &str, since: Timestamp, holder: Option<&str>) {
         if let Some(pool) = self.pools.get_mut(key) {
-            pool.in_use.insert(port_id.to_string(), since);
+            let held = Held {
+                since,
+                holder: holder.filter(|h| !h.is_empty()).map(str::to_string),
+            };
+            pool.in_use.insert(port_id.to_string(), held);
         }
     }
 
@@ -859,7 +905,7 @@ impl<T> Pools<T> {
         self.pools
             .values()
             .flat_map(|p| p.in_use.iter())
-            .filter(|(id, since)| **since < before && !recorded.contains(id.as_str()))
+            .filter(|(id, held)| held.since < before && !recorded.contains(id.as_str()))
             .map(|(id, _)| id.clone())
             .collect()
     }
@@ -1045,7 +1091,7 @@ mod tests {
         let Take::Hit(used) = pools.take(&a, "pod", t(2)).take else {
             panic!("hit expected")
         };
-        pools.release(&a, &used.port_id, (), None, t(3)).unwrap();
+        pools.release(&a, &used.port_id, (), "pod", t(3)).unwrap();
         // b populating holds the only slot; removing b must give it back.
         assert_eq!(pools.take(&b, "pod", t(3)).refills.len(), 1);
         assert_eq!(pools.remove(&b).map(|v| v.len()), Some(0));
@@ -1265,9 +1311,9 @@ mod tests {
         let mut pools = Pools::<()>::new(limits(0, 0, 1));
         let k = key(&[]);
         pools.ensure(&k, || meta("p"));
-        pools.mark_in_use(&k, "recorded", t(0));
-        pools.mark_in_use(&k, "phantom", t(0));
-        pools.mark_in_use(&k, "just-taken", t(10));
+        pools.mark_in_use(&k, "recorded", t(0), None);
+        pools.mark_in_use(&k, "phantom", t(0), None);
+        pools.mark_in_use(&k, "just-taken", t(10), None);
         let recorded = std::collections::HashSet::from(["recorded".to_string()]);
         assert_eq!(
             pools.unrecorded_in_use(&recorded, t(5)),
@@ -1282,7 +1328,7 @@ mod tests {
             "the orphan sweep may take it now"
         );
         // A late release of a forgotten port brings it back as recyclable, never twice.
-        pools.release(&k, "phantom", (), None, t(20)).unwrap();
+        pools.release(&k, "phantom", (), "", t(20)).unwrap();
         assert_eq!(pools.get(&k).unwrap().recyclable_len(), 1);
     }
 
@@ -1341,7 +1387,7 @@ mod tests {
             panic!("expected a borrowed port");
         };
         // Moving it failed: it goes back to the donor, counted in use nowhere.
-        pools.release(&from, &entry.port_id, (), None, t(3)).unwrap();
+        pools.release(&from, &entry.port_id, (), "pod", t(3)).unwrap();
         assert!(pools.get(&mine).unwrap().in_use().is_empty());
         assert!(
             pools
@@ -1382,11 +1428,11 @@ mod tests {
         let k = key(&[]);
         pools.ensure(&k, || meta("p"));
         for i in 0..3 {
-            pools.mark_in_use(&k, &format!("port-{i}"), t(i));
+            pools.mark_in_use(&k, &format!("port-{i}"), t(i), Some("ns/pod"));
         }
         for i in 0..3 {
             pools
-                .release(&k, &format!("port-{i}"), (), Some("ns/pod".into()), t(10))
+                .release(&k, &format!("port-{i}"), (), "ns/pod", t(10))
                 .unwrap();
         }
         assert_eq!(pools.get(&k).unwrap().recyclable_len(), 3);
@@ -1417,13 +1463,53 @@ mod tests {
     }
 
     #[test]
+    fn a_release_by_a_pod_the_port_was_handed_on_from_is_ignored() {
+        // min 0, max 5, batch 1: no refill, so the one port goes round.
+        let mut pools = Pools::<()>::new(limits(0, 5, 1));
+        let k = key(&[]);
+        pools.ensure(&k, || meta("p"));
+        pools.mark_in_use(&k, "x", t(0), Some("pod-a"));
+        // pod-a's finalizer releases the port, then fails later on and will run again.
+        assert_eq!(pools.release(&k, "x", (), "pod-a", t(1)), Ok(Released::Back));
+        for s in pools.plan_recycle() {
+            pools.finish_recycle(&k, &s.port_id, RecycleOutcome::Returned, t(2));
+        }
+        let Take::Hit(e) = pools.take(&k, "pod-b", t(3)).take else {
+            panic!("the recycled port is available");
+        };
+        assert_eq!(e.port_id, "x");
+        // The retried finalizer must not take the port from pod-b.
+        assert_eq!(
+            pools.release(&k, "x", (), "pod-a", t(4)),
+            Ok(Released::Stale {
+                holder: "pod-b".into()
+            })
+        );
+        let p = pools.get(&k).unwrap();
+        assert_eq!((p.available_len(), p.recyclable_len()), (0, 0));
+        assert_eq!(p.in_use()["x"].holder.as_deref(), Some("pod-b"));
+        assert!(matches!(pools.take(&k, "pod-c", t(5)).take, Take::Empty));
+        // Not even when its pool is gone meanwhile (that path would delete the port).
+        assert_eq!(
+            pools.release(&key(&["other"]), "x", (), "pod-a", t(6)),
+            Ok(Released::Stale {
+                holder: "pod-b".into()
+            })
+        );
+        // pod-b's own release is accepted; a holder nobody recorded (unknown pod) is too.
+        assert_eq!(pools.release(&k, "x", (), "pod-b", t(7)), Ok(Released::Back));
+        pools.mark_in_use(&k, "y", t(8), None);
+        assert_eq!(pools.release(&k, "y", (), "pod-z", t(9)), Ok(Released::Back));
+    }
+
+    #[test]
     fn failed_recycle_stays_recyclable_and_release_is_idempotent() {
         let mut pools = Pools::<()>::new(limits(0, 0, 1));
         let k = key(&[]);
         pools.ensure(&k, || meta("p"));
-        pools.mark_in_use(&k, "x", t(0));
-        pools.release(&k, "x", (), None, t(1)).unwrap();
-        pools.release(&k, "x", (), None, t(1)).unwrap();
+        pools.mark_in_use(&k, "x", t(0), Some("pod-a"));
+        assert_eq!(pools.release(&k, "x", (), "pod-a", t(1)), Ok(Released::Back));
+        assert_eq!(pools.release(&k, "x", (), "pod-a", t(1)), Ok(Released::Already));
         assert_eq!(pools.get(&k).unwrap().recyclable_len(), 1);
         let steps = pools.plan_recycle();
         assert_eq!(steps.len(), 1);
@@ -1431,7 +1517,7 @@ mod tests {
         assert_eq!(pools.get(&k).unwrap().recyclable_len(), 1);
         assert_eq!(pools.plan_recycle().len(), 1);
         // Releasing into an unknown pool hands the port back for deletion.
-        assert_eq!(pools.release(&key(&["zz"]), "y", (), None, t(3)), Err(()));
+        assert_eq!(pools.release(&key(&["zz"]), "y", (), "pod-b", t(3)), Err(()));
     }
 
     #[test]

@@ -29,6 +29,8 @@ pub struct DesiredListener {
     pub port: u16,
     pub timeout_client_data: Option<u64>,
     pub timeout_member_data: Option<u64>,
+    /// Octavia `allowed_cidrs`: `None` admits everyone, an empty list nobody (see `acls.rs`).
+    pub allowed_cidrs: Option<Vec<String>>,
     pub pool: DesiredPool,
 }
 
@@ -142,6 +144,16 @@ pub fn desired(spec: &KuryrLoadBalancerSpec, inp: &Inputs<'_>) -> Result<Desired
                 } else {
                     timeout(spec.timeout_member_data)
                 },
+                // The ovn provider refuses `allowed_cidrs`; it only DNATs, so the backends' own groups
+                // see the client's address and enforce the policies themselves.
+                allowed_cidrs: if ovn {
+                    None
+                } else {
+                    spec.listener_acls
+                        .iter()
+                        .find(|a| a.port == p.port && a.protocol.eq_ignore_ascii_case(&protocol))
+                        .map(|a| a.allowed_cidrs.clone())
+                },
                 pool: DesiredPool {
                     name,
                     protocol,
@@ -182,6 +194,11 @@ mod tests {
             provider: Some(provider.into()),
             timeout_client_data: Some(30_000),
             session_affinity: Some("ClientIP".into()),
+            listener_acls: vec![kuryr_crds::LbListenerAcl {
+                protocol: "TCP".into(),
+                port: 80,
+                allowed_cidrs: vec!["10.2.0.0/16".into()],
+            }],
             ports: vec![
                 LbSpecPort {
                     name: Some("http".into()),
@@ -241,6 +258,7 @@ mod tests {
         assert_eq!(m.subnet_id.as_deref(), Some("svc-subnet"));
         assert_eq!(http.timeout_client_data, Some(30_000));
         assert_eq!(http.pool.persistence.as_deref(), Some("SOURCE_IP"));
+        assert_eq!(http.allowed_cidrs, Some(vec!["10.2.0.0/16".to_string()]));
         let dns = &d.listeners[&("UDP".to_string(), 53)];
         assert!(dns.pool.members.is_empty(), "no slice port named dns");
     }
@@ -252,6 +270,7 @@ mod tests {
         let http = &d.listeners[&("TCP".to_string(), 80)];
         assert_eq!(http.pool.lb_algorithm, "SOURCE_IP_PORT");
         assert_eq!(http.timeout_client_data, None);
+        assert_eq!(http.allowed_cidrs, None, "the ovn provider refuses ACLs");
         assert_eq!(http.pool.persistence.as_deref(), Some("SOURCE_IP"));
     }
 

@@ -17,6 +17,7 @@
 //! Deciding (the first four, pure and unit-tested) is kept apart from acting (the last two), as in the pod
 //! path. The handlers (`service`, `endpoints`, `kuryrloadbalancer`) are in `crate::handlers`.
 
+pub mod acls;
 pub mod desired;
 pub mod endpoints;
 pub mod octavia;
@@ -26,6 +27,7 @@ pub mod provisioning;
 pub mod public_ip;
 pub mod reconcile;
 pub mod recorded;
+pub mod security;
 pub mod spec;
 
 /// Octavia name of a Service's load balancer (upstream's, so upstream-made load balancers are found).

@@ -102,6 +102,9 @@ impl LbActor<'_> {
             name: Some(l.name.clone()),
             timeout_client_data: l.timeout_client_data,
             timeout_member_data: l.timeout_member_data,
+            allowed_cidrs: l.allowed_cidrs.clone().filter(|c| !c.is_empty()),
+            // Admitting nobody: Octavia takes no empty list, so the listener is disabled (upstream).
+            admin_state_up: (l.allowed_cidrs.as_ref().is_some_and(Vec::is_empty)).then_some(false),
             default_pool: lb_id.is_none().then(|| Box::new(self.pool_create(&l.pool))),
             tags: self.tags.clone(),
             ..ListenerCreate::new(l.protocol.clone(), l.port)
@@ -231,7 +234,7 @@ impl LbActor<'_> {
                     self.add_pool(lb, &created.id, &l.pool).await?;
                     wrote = true;
                 }
-                Step::UpdateListenerTimeouts { key, listener_id } => {
+                Step::UpdateListener { key, listener_id } => {
                     let (Some(lb), Some(l)) = (lb_id.as_deref(), d.listeners.get(key)) else {
                         continue;
                     };
@@ -239,7 +242,13 @@ impl LbActor<'_> {
                     // Octavia's defaults are 50000 ms; null restores them.
                     extra.insert("timeout_client_data".into(), json!(l.timeout_client_data));
                     extra.insert("timeout_member_data".into(), json!(l.timeout_member_data));
+                    // null admits everyone again; an empty list is refused, so nobody = disabled.
+                    extra.insert(
+                        "allowed_cidrs".into(),
+                        json!(l.allowed_cidrs.clone().filter(|c| !c.is_empty())),
+                    );
                     let req = ResourceUpdate {
+                        admin_state_up: Some(!l.allowed_cidrs.as_ref().is_some_and(Vec::is_empty)),
                         extra,
                         ..Default::default()
                     };
@@ -465,6 +474,7 @@ pub fn record_from_tree(lb: &LoadBalancer, tree: &StatusTree, d: &DesiredLb) -> 
                 name: l.name.clone(),
                 timeout_client_data: want.and_then(|w| w.timeout_client_data),
                 timeout_member_data: want.and_then(|w| w.timeout_member_data),
+                allowed_cidrs: want.and_then(|w| w.allowed_cidrs.clone()),
                 pool,
             },
         );

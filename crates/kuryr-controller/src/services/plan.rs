@@ -16,33 +16,20 @@ pub enum Step {
     CreateTree,
     /// The recorded load balancer cannot become the desired one (other VIP, subnet or provider): delete it
     /// with everything under it, then [`Step::CreateTree`].
-    Replace {
-        lb_id: String,
-        why: String,
-    },
+    Replace { lb_id: String, why: String },
     DeleteListener {
         key: ListenerKey,
         listener_id: String,
         pool_id: Option<String>,
     },
     /// A listener with its default pool and members.
-    CreateListener {
-        key: ListenerKey,
-    },
-    UpdateListenerTimeouts {
-        key: ListenerKey,
-        listener_id: String,
-    },
+    CreateListener { key: ListenerKey },
+    /// The listener's timeouts or admitted sources (one update for both).
+    UpdateListener { key: ListenerKey, listener_id: String },
     /// A recorded listener that lost its pool.
-    CreatePool {
-        key: ListenerKey,
-        listener_id: String,
-    },
+    CreatePool { key: ListenerKey, listener_id: String },
     /// The pool's members become exactly the desired ones (batch member update).
-    SetMembers {
-        key: ListenerKey,
-        pool_id: String,
-    },
+    SetMembers { key: ListenerKey, pool_id: String },
 }
 
 /// Octavia calls its reference provider both `amphora` and `octavia`.
@@ -107,8 +94,9 @@ pub fn plan(recorded: Option<&RecordedLb>, desired: &DesiredLb) -> Vec<Step> {
         };
         if have.timeout_client_data != want.timeout_client_data
             || have.timeout_member_data != want.timeout_member_data
+            || have.allowed_cidrs != want.allowed_cidrs
         {
-            steps.push(Step::UpdateListenerTimeouts {
+            steps.push(Step::UpdateListener {
                 key: key.clone(),
                 listener_id: have.id.clone(),
             });
@@ -171,6 +159,7 @@ mod tests {
                     port: *port,
                     timeout_client_data: None,
                     timeout_member_data: None,
+                    allowed_cidrs: None,
                     pool: DesiredPool {
                         name,
                         protocol: proto.to_string(),
@@ -214,6 +203,7 @@ mod tests {
                             name: l.name.clone(),
                             timeout_client_data: l.timeout_client_data,
                             timeout_member_data: l.timeout_member_data,
+                            allowed_cidrs: l.allowed_cidrs.clone(),
                             pool: Some(RecordedPool {
                                 id: format!("p-{}", l.name),
                                 name: l.pool.name.clone(),
@@ -303,6 +293,28 @@ mod tests {
             l.timeout_client_data = Some(9000);
         }
         let steps = plan(Some(&recorded_from(&before)), &after);
-        assert!(matches!(&steps[..], [Step::UpdateListenerTimeouts { .. }]));
+        assert!(matches!(&steps[..], [Step::UpdateListener { .. }]));
+    }
+
+    #[test]
+    fn admitted_sources_changed_update_the_listener_only_and_equal_ones_nothing() {
+        let before = desired(&[("TCP", 80), ("TCP", 81)], &["a"]);
+        let mut after = before.clone();
+        if let Some(l) = after.listeners.get_mut(&("TCP".to_string(), 80)) {
+            l.allowed_cidrs = Some(vec!["10.1.0.0/16".into()]);
+        }
+        let steps = plan(Some(&recorded_from(&before)), &after);
+        assert!(
+            matches!(&steps[..], [Step::UpdateListener { key, .. }] if key == &("TCP".to_string(), 80)),
+            "{steps:?}"
+        );
+        assert!(plan(Some(&recorded_from(&after)), &after).is_empty());
+        // Closing a listener (nobody admitted) is a change too, and opening it again.
+        let mut closed = after.clone();
+        if let Some(l) = closed.listeners.get_mut(&("TCP".to_string(), 80)) {
+            l.allowed_cidrs = Some(vec![]);
+        }
+        assert_eq!(plan(Some(&recorded_from(&after)), &closed).len(), 1);
+        assert_eq!(plan(Some(&recorded_from(&closed)), &before).len(), 1);
     }
 }

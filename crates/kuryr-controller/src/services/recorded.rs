@@ -25,6 +25,7 @@ pub struct RecordedListener {
     pub name: String,
     pub timeout_client_data: Option<u64>,
     pub timeout_member_data: Option<u64>,
+    pub allowed_cidrs: Option<Vec<String>>,
     pub pool: Option<RecordedPool>,
 }
 
@@ -62,6 +63,7 @@ impl RecordedLb {
                     name: l.name.clone(),
                     timeout_client_data: l.timeout_client_data.and_then(|v| u64::try_from(v).ok()),
                     timeout_member_data: l.timeout_member_data.and_then(|v| u64::try_from(v).ok()),
+                    allowed_cidrs: l.allowed_cidrs.clone(),
                     pool: None,
                 },
             );
@@ -135,6 +137,7 @@ impl RecordedLb {
                 protocol: protocol.clone(),
                 timeout_client_data: l.timeout_client_data.and_then(|v| i32::try_from(v).ok()),
                 timeout_member_data: l.timeout_member_data.and_then(|v| i32::try_from(v).ok()),
+                allowed_cidrs: l.allowed_cidrs.clone(),
             });
             let Some(pool) = &l.pool else { continue };
             status.pools.push(LbPool {
@@ -202,6 +205,7 @@ mod tests {
                 name: "demo/web:TCP:80".into(),
                 timeout_client_data: Some(5000),
                 timeout_member_data: None,
+                allowed_cidrs: Some(vec!["10.2.0.0/16".into()]),
                 pool: Some(RecordedPool {
                     id: "p1".into(),
                     name: "demo/web:TCP:80".into(),

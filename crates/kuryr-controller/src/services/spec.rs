@@ -135,6 +135,8 @@ pub fn build(svc: &Service, r: &Resolved) -> Result<KuryrLoadBalancerSpec, Error
             Some("ClientIP") => Some("ClientIP".into()),
             _ => None,
         },
+        // The `service` handler adds them (they need Neutron reads).
+        listener_acls: Vec::new(),
     })
 }
 

@@ -253,7 +253,12 @@ impl VifSource for DriverSource<'_> {
             return Ok(());
         }
         match r.release_mode() {
-            ReleaseMode::Pool => self.ctx.drivers.pool.release_vif(&r.vif, &origin).await,
+            ReleaseMode::Pool => {
+                let ns = kube::ResourceExt::namespace(self.kp).unwrap_or_default();
+                let name = kube::ResourceExt::name_any(self.kp);
+                let holder = crate::drivers::pool::holder(&ns, &name, &self.kp.spec.pod_uid);
+                self.ctx.drivers.pool.release_vif(&r.vif, &origin, &holder).await
+            }
             ReleaseMode::Delete => {
                 delete_ports(
                     self.ctx.deployments.client(&origin.deployment)?,

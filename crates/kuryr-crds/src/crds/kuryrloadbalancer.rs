@@ -76,6 +76,20 @@ pub struct KuryrLoadBalancerSpec {
     /// Upstream had no such field; its objects simply lack it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_affinity: Option<String>,
+    /// kuryr-rs: with `[octavia_defaults] enforce_sg_rules`, the listeners that admit only some sources
+    /// (from the ingress rules of the load balancer's security groups); a listener not listed admits
+    /// everyone. Upstream computed these on the fly and had no such field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listener_acls: Vec<LbListenerAcl>,
+}
+
+/// The sources one listener admits (Octavia `allowed_cidrs`); none at all closes the listener.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct LbListenerAcl {
+    pub protocol: String,
+    pub port: i32,
+    #[serde(default)]
+    pub allowed_cidrs: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -169,6 +183,10 @@ pub struct LbListener {
     pub timeout_client_data: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_member_data: Option<i32>,
+    /// kuryr-rs: the listener's Octavia `allowed_cidrs` when it admits only some sources (none: it is
+    /// disabled); absent when it admits everyone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_cidrs: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -396,6 +396,8 @@ pub struct ListenerCreate {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub default_pool: Option<Box<PoolCreate>>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_state_up: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub allowed_cidrs: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_client_data: Option<u64>,

@@ -396,6 +396,13 @@ fn ports_and_pools(snap: &Snapshot, f: &mut Findings) {
         .iter()
         .flat_map(|kp| kp.vifs.iter().map(|(id, _)| id.as_str()))
         .collect();
+    // A KuryrPort being deleted may list a port its finalizer already gave back to its pool.
+    let in_live_kuryrports: BTreeSet<&str> = snap
+        .kuryr_ports
+        .iter()
+        .filter(|kp| !kp.deleting)
+        .flat_map(|kp| kp.vifs.iter().map(|(id, _)| id.as_str()))
+        .collect();
     let mut pooled: BTreeMap<&str, &str> = BTreeMap::new();
     for pool in &snap.pools {
         for id in pool.available.iter().chain(&pool.recyclable) {
@@ -422,7 +429,7 @@ fn ports_and_pools(snap: &Snapshot, f: &mut Findings) {
                 format!("tagged port owned by no KuryrPort and no pool{tag}"),
             );
         }
-        if in_kuryrports.contains(id)
+        if in_live_kuryrports.contains(id)
             && let Some(pool) = pooled.get(id)
         {
             f.lasting.insert(
@@ -496,31 +503,43 @@ fn ports_and_pools(snap: &Snapshot, f: &mut Findings) {
     }
 }
 
-/// No two live pods on one port or one IP.
+/// No two live pods on one port or one IP. A KuryrPort being deleted still lists ports its
+/// finalizer has already given back (and the pool may have handed on): it holds nothing, but is
+/// named in the finding when live ones collide.
 fn shared(snap: &Snapshot, f: &mut Findings) {
-    let mut by_port: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    let mut by_ip: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    let mut by_port: BTreeMap<&str, Vec<&KuryrPortView>> = BTreeMap::new();
+    let mut by_ip: BTreeMap<&str, Vec<&KuryrPortView>> = BTreeMap::new();
     for kp in &snap.kuryr_ports {
         for (port, ips) in &kp.vifs {
-            by_port.entry(port).or_default().push(&kp.key);
+            by_port.entry(port).or_default().push(kp);
             for ip in ips {
-                by_ip.entry(ip).or_default().push(&kp.key);
+                by_ip.entry(ip).or_default().push(kp);
             }
         }
     }
-    for (port, holders) in by_port.into_iter().filter(|(_, h)| h.len() > 1) {
-        f.immediate.push((
-            Kind::SharedPort,
-            port.to_string(),
-            format!("in the KuryrPorts of {}", holders.join(", ")),
-        ));
+    let collisions = |m: BTreeMap<&str, Vec<&KuryrPortView>>| {
+        m.into_iter()
+            .filter(|(_, h)| h.iter().filter(|kp| !kp.deleting).count() > 1)
+            .map(|(what, holders)| {
+                let names: Vec<String> = holders
+                    .iter()
+                    .map(|kp| {
+                        let state = if kp.deleting { " (being deleted)" } else { "" };
+                        format!("{}{state}", kp.key)
+                    })
+                    .collect();
+                (
+                    what.to_string(),
+                    format!("in the KuryrPorts of {}", names.join(", ")),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    for (port, detail) in collisions(by_port) {
+        f.immediate.push((Kind::SharedPort, port, detail));
     }
-    for (ip, holders) in by_ip.into_iter().filter(|(_, h)| h.len() > 1) {
-        f.immediate.push((
-            Kind::SharedIp,
-            ip.to_string(),
-            format!("in the KuryrPorts of {}", holders.join(", ")),
-        ));
+    for (ip, detail) in collisions(by_ip) {
+        f.immediate.push((Kind::SharedIp, ip, detail));
     }
     // Neutron never gives one address twice; two ports with one IP means a stale record.
     let mut neutron_ips: BTreeMap<&str, Vec<&str>> = BTreeMap::new();

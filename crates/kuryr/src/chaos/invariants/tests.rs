@@ -239,6 +239,37 @@ fn two_pods_on_one_port_or_ip_are_reported_at_once() {
 }
 
 #[test]
+fn a_kuryrport_being_deleted_holds_nothing() {
+    // Its finalizer gave p1 back and the pool handed it to c: no collision while it lingers.
+    let mut c = Checker::new(bounds());
+    let mut snap = healthy(s(0));
+    snap.kuryr_ports[0].deleting = true;
+    snap.pods.push(pod("ns/c", "u-c", true));
+    snap.kuryr_ports.push(kp("ns/c", "u-c", "p1", "10.0.0.1"));
+    assert_eq!(kinds(&c.observe(&snap)), vec![]);
+    // Nor while the port waits in its pool.
+    let mut snap = healthy(s(0));
+    snap.kuryr_ports[0].deleting = true;
+    snap.pools[0] = pool("pool-1", 5, &["p3"], Some(&["p2"]));
+    snap.pools[0].recyclable.push("p1".into());
+    assert_eq!(kinds(&Checker::new(bounds()).final_check(&snap)), vec![]);
+    // Two live holders are reported, naming the one being deleted too.
+    let mut snap = healthy(s(0));
+    snap.kuryr_ports[0].deleting = true;
+    for (key, uid) in [("ns/c", "u-c"), ("ns/d", "u-d")] {
+        snap.pods.push(pod(key, uid, true));
+        snap.kuryr_ports.push(kp(key, uid, "p1", "10.0.0.1"));
+    }
+    let v = Checker::new(bounds()).observe(&snap);
+    assert_eq!(kinds(&v)[0], (Kind::SharedPort, "p1".to_string()));
+    assert!(
+        v[0].detail.contains("ns/a (being deleted), ns/c, ns/d"),
+        "{}",
+        v[0].detail
+    );
+}
+
+#[test]
 fn two_neutron_ports_with_one_ip_are_reported() {
     let mut c = Checker::new(bounds());
     let mut snap = healthy(s(0));
