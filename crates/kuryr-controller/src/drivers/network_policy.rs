@@ -8,6 +8,11 @@
 //! create call, so a crash between create and tag leaves a group found by its description only,
 //! which the next reconcile deletes. Address groups cannot carry tags at all; their name is the
 //! model's key.
+//!
+//! Deployments: a policy's groups live in the one OpenStack deployment its KuryrNetworkPolicy
+//! records (`openstack.org/kuryr-deployment`, set when the `policy` handler creates it, where the
+//! namespace's pods are). Every apply, release and sweep goes there; a pod's port gets the groups
+//! of its own port's deployment, since a group id of one cloud names nothing in another.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -18,7 +23,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use kuryr_config::KuryrConfig;
-use kuryr_crds::KuryrPort;
+use kuryr_crds::{KuryrNetworkPolicy, KuryrPort};
 use kuryr_neutron::{
     AddressGroupCreate, ListFilter, NeutronClient, PortUpdate, SecurityGroup, SecurityGroupCreate,
     SecurityGroupRule, SecurityGroupRuleCreate,
@@ -29,6 +34,8 @@ use tokio_util::sync::CancellationToken;
 use crate::drivers::project::ProjectDriver;
 use crate::error::Error;
 use crate::openstack::{DEFAULT_DEPLOYMENT, Deployments};
+use crate::placement::Binder;
+use crate::placement::record::recorded_deployment;
 use crate::policies::desired::BASE_VARIANT;
 use crate::policies::{
     ActualGroup, ActualPolicy, AgKey, Cidr, ClusterIndex, DesiredPolicy, Direction, EtherType, Op, Options,
@@ -36,6 +43,7 @@ use crate::policies::{
     pod_security,
 };
 use crate::pool::PoolManager;
+use crate::wiring::record::recorded_vifs;
 
 const TAG_POLICY: &str = "kuryr-rs.knp=";
 const TAG_VARIANT: &str = "kuryr-rs.variant=";
@@ -62,7 +70,13 @@ pub struct NetworkPolicyDriver {
     options: Options,
     /// `[kubernetes] network_policy_project_driver`: the project of a policy's groups.
     projects: Arc<dyn ProjectDriver>,
-    open_groups: Mutex<HashMap<(String, &'static str), String>>,
+    /// Maps a project to its id in each deployment (deployments with their own Keystone).
+    placement: Option<Arc<Binder>>,
+    /// The allow-all groups by (deployment, project id there, direction).
+    open_groups: Mutex<HashMap<(String, String, &'static str), String>>,
+    /// The deployment each policy's groups live in (by policy uid), as its KuryrNetworkPolicy
+    /// records it: learned when the policy is ensured, and from one listing with the tracker.
+    placed: Mutex<HashMap<String, String>>,
     /// The cluster and the live policies as the watches report them (filled by one listing on
     /// first use), and what each policy's last reconcile applied.
     tracker: Mutex<Option<PolicyTracker>>,
@@ -93,7 +107,9 @@ impl NetworkPolicyDriver {
                 host_cidrs: vec![],
                 namespace_service_vips: true,
             },
+            placement: None,
             open_groups: Mutex::default(),
+            placed: Mutex::default(),
             tracker: Mutex::default(),
             locks: Mutex::default(),
             pools: None,
@@ -112,13 +128,43 @@ impl NetworkPolicyDriver {
         self
     }
 
-    fn client(&self) -> Result<NeutronClient, Error> {
-        Ok(self.deployments.client(DEFAULT_DEPLOYMENT)?.clone())
+    /// The placement's project mapping (a project's id in each deployment).
+    pub fn with_placement(mut self, placement: Option<Arc<Binder>>) -> Self {
+        self.placement = placement;
+        self
     }
 
-    /// The project of the groups of policies (and pods) in `namespace`.
-    async fn project(&self, namespace: &str) -> Result<String, Error> {
-        self.projects.project_for_namespace(namespace).await
+    fn client(&self, deployment: &str) -> Result<NeutronClient, Error> {
+        Ok(self.deployments.client(deployment)?.clone())
+    }
+
+    /// Whether `deployment` is configured (a removed one's resources can only be drained).
+    pub fn knows_deployment(&self, deployment: &str) -> bool {
+        self.deployments.names().any(|d| d == deployment)
+    }
+
+    /// The project of the groups of policies (and pods) in `namespace`, as `deployment` names it.
+    async fn project(&self, namespace: &str, deployment: &str) -> Result<String, Error> {
+        let project = self.projects.project_for_namespace(namespace).await?;
+        Ok(match &self.placement {
+            Some(b) => b.project_id(deployment, &project).await,
+            None => project,
+        })
+    }
+
+    /// The deployment of every policy that has a KuryrNetworkPolicy, by policy uid.
+    async fn list_placed(&self) -> Result<HashMap<String, String>, Error> {
+        Ok(Api::<KuryrNetworkPolicy>::all(self.kube.clone())
+            .list(&ListParams::default())
+            .await?
+            .iter()
+            .filter_map(|knp| Some((policy_uid(knp)?, recorded_deployment(knp))))
+            .collect())
+    }
+
+    /// The deployment the policy `uid`'s groups live in, once its KuryrNetworkPolicy is known.
+    async fn placed(&self, uid: &str) -> Option<String> {
+        self.placed.lock().await.get(uid).cloned()
     }
 
     fn cluster_tag(&self) -> String {
@@ -175,6 +221,11 @@ impl NetworkPolicyDriver {
             None => {
                 let index = self.list_index().await?;
                 let policies = self.list_policies().await?;
+                let placed = self.list_placed().await?;
+                let mut known = self.placed.lock().await;
+                for (uid, deployment) in placed {
+                    known.entry(uid).or_insert(deployment);
+                }
                 PolicyTracker::new(index, policies)
             }
         };
@@ -323,9 +374,14 @@ impl NetworkPolicyDriver {
         Ok((actual, sgs, ag_ids))
     }
 
-    /// Makes Neutron match `spec` for the policy `uid` (read back and diffed whatever was
-    /// applied before: this is also the periodic repair); returns what is there afterwards.
-    pub async fn ensure(&self, uid: &str, spec: &PolicySpec) -> Result<Applied, Error> {
+    /// Makes Neutron match `spec` for the policy `uid` in `deployment`, the one its
+    /// KuryrNetworkPolicy records (read back and diffed whatever was applied before: this is also
+    /// the periodic repair); returns what is there afterwards.
+    pub async fn ensure(&self, uid: &str, deployment: &str, spec: &PolicySpec) -> Result<Applied, Error> {
+        self.placed
+            .lock()
+            .await
+            .insert(uid.to_string(), deployment.to_string());
         let mut services = ClusterIndex::default();
         self.list_services(&mut services).await?;
         self.with_tracker(|t| {
@@ -357,7 +413,11 @@ impl NetworkPolicyDriver {
         if unchanged && !force {
             return Ok(None);
         }
-        match self.apply(uid, &spec.key, &want).await {
+        // Not placed yet: its KuryrNetworkPolicy's first ensure applies it.
+        let Some(deployment) = self.placed(uid).await else {
+            return Ok(None);
+        };
+        match self.apply(uid, &deployment, &spec.key, &want).await {
             Ok(a) => {
                 self.if_tracking(|t| t.record_applied(uid, want)).await;
                 Ok(Some(a))
@@ -409,8 +469,8 @@ impl NetworkPolicyDriver {
 
     /// Takes over a group an earlier controller (upstream kuryr) made for this policy, so it is
     /// reconciled instead of duplicated.
-    pub async fn adopt(&self, uid: &str, sg_id: &str) -> Result<(), Error> {
-        let client = self.client()?;
+    pub async fn adopt(&self, uid: &str, deployment: &str, sg_id: &str) -> Result<(), Error> {
+        let client = self.client(deployment)?;
         let sg = match client.get_security_group(sg_id).await {
             Ok(sg) => sg,
             Err(e) if e.is_not_found() => return Ok(()),
@@ -434,12 +494,18 @@ impl NetworkPolicyDriver {
     }
 
     /// Makes Neutron hold `want` for the policy `uid`; the caller holds the policy's lock.
-    async fn apply(&self, uid: &str, key: &PolicyKey, want: &DesiredPolicy) -> Result<Applied, Error> {
-        let client = self.client()?;
-        let project = self.project(&key.namespace).await?;
+    async fn apply(
+        &self,
+        uid: &str,
+        deployment: &str,
+        key: &PolicyKey,
+        want: &DesiredPolicy,
+    ) -> Result<Applied, Error> {
+        let client = self.client(deployment)?;
+        let project = self.project(&key.namespace, deployment).await?;
         let (actual, extra_sgs, extra_ags) = self.actual_with_extras(&client, uid).await?;
         for id in &extra_sgs {
-            self.delete_group(&client, id).await?;
+            self.delete_group(&client, deployment, id).await?;
         }
         let ops = diff(want, &actual);
         let mut groups: BTreeMap<String, String> = actual
@@ -515,7 +581,7 @@ impl NetworkPolicyDriver {
                     ignore_not_found(client.delete_address_group(&id).await)?
                 }
                 Op::DeleteGroup { variant, id } => {
-                    self.delete_group(&client, &id).await?;
+                    self.delete_group(&client, deployment, &id).await?;
                     groups.remove(&variant);
                 }
             }
@@ -541,16 +607,30 @@ impl NetworkPolicyDriver {
         })
     }
 
-    /// Deletes everything Neutron holds for the policy `uid`, taking its groups off ports first.
-    pub async fn release(&self, uid: &str) -> Result<(), Error> {
-        let client = self.client()?;
+    /// Deletes everything `deployment`'s Neutron holds for the policy `uid`, taking its groups
+    /// off ports first.
+    pub async fn release(&self, uid: &str, deployment: &str) -> Result<(), Error> {
+        let client = self.client(deployment)?;
         let _guard = self.lock(uid).await;
-        // Under the lock: a reconcile that runs after this finds no policy to apply.
-        self.if_tracking(|t| t.remove_policy(uid)).await;
+        // A stray copy elsewhere (the sweep) leaves the policy alone where it lives.
+        let home = {
+            let mut placed = self.placed.lock().await;
+            match placed.get(uid) {
+                Some(d) if d != deployment => false,
+                _ => {
+                    placed.remove(uid);
+                    true
+                }
+            }
+        };
+        if home {
+            // Under the lock: a reconcile that runs after this finds no policy to apply.
+            self.if_tracking(|t| t.remove_policy(uid)).await;
+        }
         let (_, sgs, ags) = self.read(&client, uid).await?;
         let mut errors = vec![];
         for g in &sgs {
-            if let Err(e) = self.delete_group(&client, &g.id).await {
+            if let Err(e) = self.delete_group(&client, deployment, &g.id).await {
                 errors.push(e);
             }
         }
@@ -570,11 +650,11 @@ impl NetworkPolicyDriver {
     /// Takes `sg` off its ports and deletes it. A port given the group again in between (a pool
     /// recycling a port onto it, a pod's port sync) makes Neutron answer 409 SecurityGroupInUse:
     /// that is a race to retry, detaching again, not a failure.
-    async fn delete_group(&self, client: &NeutronClient, sg: &str) -> Result<(), Error> {
+    async fn delete_group(&self, client: &NeutronClient, deployment: &str, sg: &str) -> Result<(), Error> {
         if let Some(pools) = &self.pools {
             pools.drop_security_group(sg).await?;
         }
-        self.detach(client, sg).await?;
+        self.detach(client, deployment, sg).await?;
         match client.delete_security_group(sg).await {
             Err(e) if e.is_kind(&kuryr_neutron::ErrorKind::SecurityGroupInUse) => Err(Error::not_ready(
                 format!("security group {sg} was put back on a port while being deleted"),
@@ -584,7 +664,7 @@ impl NetworkPolicyDriver {
     }
 
     /// Takes `sg` off every port that has it; a port left with no group gets the defaults.
-    async fn detach(&self, client: &NeutronClient, sg: &str) -> Result<(), Error> {
+    async fn detach(&self, client: &NeutronClient, deployment: &str, sg: &str) -> Result<(), Error> {
         for port in client
             .list_ports(&ListFilter::new().eq("security_groups", sg))
             .await?
@@ -596,7 +676,7 @@ impl NetworkPolicyDriver {
                 .cloned()
                 .collect();
             if left.is_empty() {
-                left = self.config.neutron_defaults.pod_security_groups.clone();
+                left = self.config.deployment_defaults(deployment).pod_security_groups;
             }
             let update = PortUpdate {
                 security_groups: Some(left),
@@ -607,9 +687,11 @@ impl NetworkPolicyDriver {
         Ok(())
     }
 
-    /// The security groups a pod's ports must have, from its labels and named ports alone (so
-    /// it is known before the pod has an address or a port).
-    pub async fn pod_groups(&self, pod: &Pod) -> Result<Vec<String>, Error> {
+    /// The security groups a pod's ports in `deployment` must have, from its labels and named
+    /// ports alone (so it is known before the pod has an address or a port). A selecting policy
+    /// whose groups live in another deployment is an error naming both: its group ids mean
+    /// nothing here, and leaving it out would let in what the policy denies.
+    pub async fn pod_groups(&self, deployment: &str, pod: &Pod) -> Result<Vec<String>, Error> {
         let ns = pod.namespace().unwrap_or_default();
         let policies = self.policies_in(&ns).await?;
         let specs: Vec<PolicySpec> = policies.iter().map(|(_, s)| s.clone()).collect();
@@ -617,16 +699,18 @@ impl NetworkPolicyDriver {
             .iter()
             .map(|(u, s)| (s.key.clone(), u.as_str()))
             .collect();
-        let client = self.client()?;
+        let client = self.client(deployment)?;
         match pod_security(&ns, &PodInfo::from_pod(pod), &specs) {
             PodSecurity::Unselected => {
-                let defaults = self.config.neutron_defaults.pod_security_groups.clone();
+                let defaults = self.config.deployment_defaults(deployment).pod_security_groups;
                 if !defaults.is_empty() {
                     return Ok(defaults);
                 }
                 Ok(vec![
-                    self.open_group(&client, &ns, Direction::Ingress).await?,
-                    self.open_group(&client, &ns, Direction::Egress).await?,
+                    self.open_group(&client, deployment, &ns, Direction::Ingress)
+                        .await?,
+                    self.open_group(&client, deployment, &ns, Direction::Egress)
+                        .await?,
                 ])
             }
             PodSecurity::Selected {
@@ -634,9 +718,30 @@ impl NetworkPolicyDriver {
                 open_ingress,
                 open_egress,
             } => {
+                let placed: HashMap<String, String> =
+                    Api::<KuryrNetworkPolicy>::namespaced(self.kube.clone(), &ns)
+                        .list(&ListParams::default())
+                        .await?
+                        .iter()
+                        .filter_map(|knp| Some((policy_uid(knp)?, recorded_deployment(knp))))
+                        .collect();
                 let mut out = vec![];
                 for (key, variant) in groups {
                     let uid = uids.get(&key).copied().unwrap_or_default();
+                    let there = placed.get(uid).ok_or_else(|| {
+                        Error::not_ready(format!("KuryrNetworkPolicy of NetworkPolicy {key}"))
+                    })?;
+                    if there != deployment {
+                        return Err(Error::invalid(
+                            format!("NetworkPolicy {key}"),
+                            format!(
+                                "selects this pod, whose port is in OpenStack deployment {deployment:?}, but its \
+                                 security groups live in deployment {there:?} (recorded on its KuryrNetworkPolicy): \
+                                 a group of one cloud cannot be put on a port of another, and the pod is not wired \
+                                 without it"
+                            ),
+                        ));
+                    }
                     let tags = [
                         self.cluster_tag(),
                         format!("{TAG_POLICY}{uid}"),
@@ -651,10 +756,16 @@ impl NetworkPolicyDriver {
                     out.push(sg.id);
                 }
                 if open_ingress {
-                    out.push(self.open_group(&client, &ns, Direction::Ingress).await?);
+                    out.push(
+                        self.open_group(&client, deployment, &ns, Direction::Ingress)
+                            .await?,
+                    );
                 }
                 if open_egress {
-                    out.push(self.open_group(&client, &ns, Direction::Egress).await?);
+                    out.push(
+                        self.open_group(&client, deployment, &ns, Direction::Egress)
+                            .await?,
+                    );
                 }
                 out.sort();
                 out.dedup();
@@ -667,12 +778,13 @@ impl NetworkPolicyDriver {
     async fn open_group(
         &self,
         client: &NeutronClient,
+        deployment: &str,
         namespace: &str,
         dir: Direction,
     ) -> Result<String, Error> {
-        let project = self.project(namespace).await?;
+        let project = self.project(namespace, deployment).await?;
         let name = dir.neutron();
-        let key = (project.clone(), name);
+        let key = (deployment.to_string(), project.clone(), name);
         let mut cache = self.open_groups.lock().await;
         if let Some(id) = cache.get(&key) {
             return Ok(id.clone());
@@ -746,21 +858,28 @@ impl NetworkPolicyDriver {
         else {
             return Ok(0);
         };
-        let ports: Vec<String> = kp
-            .status
-            .iter()
-            .flat_map(|s| s.vifs.values())
-            .filter(|v| v.default)
-            .map(|v| v.vif.id().to_string())
-            .collect();
-        if ports.is_empty() {
-            return Ok(0);
+        // Each port in the deployment it was made in (upstream KuryrPorts record none: default).
+        let mut ports: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for v in recorded_vifs(&kp).into_iter().filter(|v| v.default) {
+            let deployment = v
+                .origin
+                .map_or_else(|| DEFAULT_DEPLOYMENT.to_string(), |o| o.deployment);
+            ports.entry(deployment).or_default().push(v.vif.id().to_string());
         }
-        let mut want = self.pod_groups(pod).await?;
-        want.sort();
-        let client = self.client()?;
         let mut updates = 0;
-        for id in ports {
+        for (deployment, ids) in ports {
+            updates += self.sync_ports_in(pod, &deployment, ids).await?;
+        }
+        Ok(updates)
+    }
+
+    /// [`Self::sync_pod_ports`] for the pod's ports `ids` of `deployment`.
+    async fn sync_ports_in(&self, pod: &Pod, deployment: &str, ids: Vec<String>) -> Result<usize, Error> {
+        let mut want = self.pod_groups(deployment, pod).await?;
+        want.sort();
+        let client = self.client(deployment)?;
+        let mut updates = 0;
+        for id in ids {
             let port = match client.get_port(&id).await {
                 Ok(p) => p,
                 Err(e) if e.is_not_found() => continue,
@@ -785,11 +904,13 @@ impl NetworkPolicyDriver {
     /// VIP port; the defaults for a Service without selector or without selected backends.
     pub async fn service_groups(
         &self,
+        deployment: &str,
         namespace: &str,
         selector: &std::collections::BTreeMap<String, String>,
     ) -> Result<Vec<String>, Error> {
+        let defaults = self.config.deployment_defaults(deployment).pod_security_groups;
         if selector.is_empty() {
-            return Ok(self.config.neutron_defaults.pod_security_groups.clone());
+            return Ok(defaults);
         }
         let pods = Api::<Pod>::namespaced(self.kube.clone(), namespace)
             .list(&ListParams::default())
@@ -799,61 +920,104 @@ impl NetworkPolicyDriver {
             let labels = p.labels();
             selector.iter().all(|(k, v)| labels.get(k) == Some(v))
         }) {
-            out.extend(self.pod_groups(pod).await?);
+            out.extend(self.pod_groups(deployment, pod).await?);
         }
         if out.is_empty() {
-            return Ok(self.config.neutron_defaults.pod_security_groups.clone());
+            return Ok(defaults);
         }
         Ok(out.into_iter().collect())
     }
 
-    /// The uids of every NetworkPolicy (those being deleted too: their groups are the
-    /// `kuryrnetworkpolicy` handler's to release).
-    async fn live_policy_uids(&self) -> Result<BTreeSet<String>, Error> {
-        Ok(Api::<NetworkPolicy>::all(self.kube.clone())
+    /// Where each policy's groups are known: (policy uid, deployment) of every
+    /// KuryrNetworkPolicy, those being deleted too (their groups are the `kuryrnetworkpolicy`
+    /// handler's to release), and of what this controller ensured.
+    async fn known_groups(&self) -> Result<Known, Error> {
+        let placed = self.list_placed().await?;
+        let mut known = Known {
+            unplaced: BTreeSet::new(),
+            placed: placed.iter().map(|(u, d)| (u.clone(), d.clone())).collect(),
+        };
+        known.placed.extend(
+            self.placed
+                .lock()
+                .await
+                .iter()
+                .map(|(u, d)| (u.clone(), d.clone())),
+        );
+        // A live policy no KuryrNetworkPolicy places (one without an owner reference) keeps its
+        // groups everywhere: nobody knows where they belong.
+        for np in Api::<NetworkPolicy>::all(self.kube.clone())
             .list(&ListParams::default())
             .await?
-            .iter()
-            .filter_map(|np| np.uid())
-            .collect())
+        {
+            if let Some(uid) = np.uid()
+                && !placed.contains_key(&uid)
+            {
+                known.unplaced.insert(uid);
+            }
+        }
+        Ok(known)
     }
 
-    /// Releases the security groups and address groups of this cluster whose policy no longer
-    /// exists: left by a policy force-deleted while no controller ran, or by a reconcile that
-    /// raced the release (e.g. a deposed leader finishing its work). A group is only released
-    /// when its policy is absent from a listing taken after the group was seen, so a policy
-    /// created during the sweep is never mistaken for a gone one. Returns the policies released.
+    /// Releases the security groups and address groups of this cluster that no policy places
+    /// where they are: left by a policy force-deleted while no controller ran, or by a reconcile
+    /// that raced the release (e.g. a deposed leader finishing its work). Each deployment is swept
+    /// apart: a group is known only in the deployment its KuryrNetworkPolicy records. A group is
+    /// only released when it is unknown in a listing taken after it was seen, so a policy created
+    /// during the sweep is never mistaken for a gone one. Returns the groups' policies released.
     pub async fn sweep_orphans(&self) -> Result<usize, Error> {
-        let before = self.live_policy_uids().await?;
-        let client = self.client()?;
-        let mut candidates: BTreeSet<String> = BTreeSet::new();
+        let before = self.known_groups().await?;
+        let mut candidates: BTreeSet<(String, String)> = BTreeSet::new();
+        let prefix = self.ag_description_prefix();
+        let deployments: Vec<String> = self.deployments.names().map(str::to_string).collect();
+        let mut errors = vec![];
+        for deployment in &deployments {
+            let found = self.policies_with_groups(deployment, &prefix).await;
+            match found {
+                Ok(uids) => candidates.extend(
+                    uids.into_iter()
+                        .map(|u| (u, deployment.clone()))
+                        .filter(|(u, d)| !before.contains(u, d)),
+                ),
+                // One unreachable cloud does not keep the others from being swept.
+                Err(e) => errors.push(e),
+            }
+        }
+        let mut released = 0;
+        if !candidates.is_empty() {
+            let after = self.known_groups().await?;
+            for (uid, deployment) in candidates.iter().filter(|(u, d)| !after.contains(u, d)) {
+                match self.release(uid, deployment).await {
+                    Ok(()) => released += 1,
+                    Err(e) => errors.push(e),
+                }
+            }
+        }
+        match errors.len() {
+            0 => Ok(released),
+            1 => Err(errors.remove(0)),
+            _ => Err(Error::Multiple(errors)),
+        }
+    }
+
+    /// The uids of the policies this cluster has groups of in `deployment`.
+    async fn policies_with_groups(&self, deployment: &str, prefix: &str) -> Result<BTreeSet<String>, Error> {
+        let client = self.client(deployment)?;
+        let mut uids = BTreeSet::new();
         for sg in client
             .list_security_groups(&ListFilter::new().tags([self.cluster_tag()]))
             .await?
         {
-            if let Some(uid) = sg.tags.iter().find_map(|t| t.strip_prefix(TAG_POLICY))
-                && !before.contains(uid)
-            {
-                candidates.insert(uid.to_string());
+            if let Some(uid) = sg.tags.iter().find_map(|t| t.strip_prefix(TAG_POLICY)) {
+                uids.insert(uid.to_string());
             }
         }
-        let prefix = self.ag_description_prefix();
         for ag in client.list_address_groups(&ListFilter::new()).await? {
-            if let Some(uid) = ag.description.strip_prefix(&prefix)
-                && !before.contains(uid)
-            {
-                candidates.insert(uid.to_string());
+            if let Some(uid) = ag.description.strip_prefix(prefix) {
+                uids.insert(uid.to_string());
             }
         }
-        if candidates.is_empty() {
-            return Ok(0);
-        }
-        let after = self.live_policy_uids().await?;
-        let orphans: Vec<&String> = candidates.iter().filter(|u| !after.contains(*u)).collect();
-        for uid in &orphans {
-            self.release(uid).await?;
-        }
-        Ok(orphans.len())
+        Ok(uids)
     }
 
     /// The orphan sweep every `every` while leading (the first right away).
@@ -875,6 +1039,28 @@ impl NetworkPolicyDriver {
             }
         }
     }
+}
+
+/// Where policies' groups belong, for the orphan sweep.
+struct Known {
+    /// (policy uid, deployment) pairs recorded by KuryrNetworkPolicies.
+    placed: BTreeSet<(String, String)>,
+    /// Live policies without a KuryrNetworkPolicy placing them: known in every deployment.
+    unplaced: BTreeSet<String>,
+}
+
+impl Known {
+    fn contains(&self, uid: &str, deployment: &str) -> bool {
+        self.unplaced.contains(uid) || self.placed.contains(&(uid.to_string(), deployment.to_string()))
+    }
+}
+
+/// The owning NetworkPolicy's uid: what a KuryrNetworkPolicy's Neutron groups are tagged with.
+pub fn policy_uid(knp: &KuryrNetworkPolicy) -> Option<String> {
+    knp.owner_references()
+        .iter()
+        .find(|o| o.kind == "NetworkPolicy")
+        .map(|o| o.uid.clone())
 }
 
 fn ignore_not_found(r: Result<(), kuryr_neutron::Error>) -> Result<(), Error> {

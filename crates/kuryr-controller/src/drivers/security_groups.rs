@@ -220,10 +220,10 @@ impl SecurityGroupsDriver for PolicySecurityGroups {
 
     async fn pod_security_groups(
         &self,
-        _deployment: &str,
+        deployment: &str,
         _project_id: &str,
         pod: &k8s_openapi::api::core::v1::Pod,
     ) -> Result<Vec<String>, Error> {
-        self.policies.pod_groups(pod).await
+        self.policies.pod_groups(deployment, pod).await
     }
 }

@@ -79,7 +79,8 @@ impl Drivers {
                 project_driver(ctx, k.network_policy_project_driver)
                     .unwrap_or_else(|e| Arc::new(UnsetProject(e.to_string()))),
             )
-            .with_pools(pools.clone()),
+            .with_pools(pools.clone())
+            .with_placement(ctx.placement.clone()),
         );
         let security_groups: Arc<dyn SecurityGroupsDriver> = match k.pod_security_groups_driver {
             SgName::Default => Arc::new(DefaultSecurityGroups::new(ctx.config.clone())),

@@ -5,7 +5,10 @@
 //! backends the policy selects follow it (their load balancer's groups and listener ACLs:
 //! [`PolicyFollowers`]). Groups whose policy is gone
 //! anyway (force-deleted objects, a deposed leader's late write) are the driver's periodic sweep's
-//! (`NetworkPolicyDriver::run_sweeps`, started with the pipeline).
+//! (`NetworkPolicyDriver::run_sweeps`, started with the pipeline). Everything happens in the
+//! deployment the object records (`openstack.org/kuryr-deployment`, none = the default one); one
+//! whose deployment left `kuryr.conf` is drained: its finalizer goes with a Warning Event naming
+//! the groups left there.
 
 use std::sync::Arc;
 
@@ -19,10 +22,12 @@ use kuryr_crds::{KuryrNetworkPolicy, SgRuleStatus};
 use serde_json::json;
 
 use crate::context::Context;
+use crate::drivers::network_policy::policy_uid;
 use crate::error::{Error, is_not_found};
 use crate::handlers::service::PolicyFollowers;
-use crate::k8s::{add_finalizer, remove_finalizer};
+use crate::k8s::{add_finalizer, publish_event, remove_finalizer};
 use crate::pipeline::ResourceEventHandler;
+use crate::placement::record::recorded_deployment;
 use crate::policies::PolicySpec;
 use crate::policies::desired::BASE_VARIANT;
 use crate::policies::selector::Selector;
@@ -39,14 +44,6 @@ impl KuryrNetworkPolicyHandler {
             followers: PolicyFollowers::new(ctx.clone()),
             ctx,
         }
-    }
-
-    /// The owning NetworkPolicy's uid: what the Neutron side is tagged with.
-    fn policy_uid(knp: &KuryrNetworkPolicy) -> Option<String> {
-        knp.owner_references()
-            .iter()
-            .find(|o| o.kind == "NetworkPolicy")
-            .map(|o| o.uid.clone())
     }
 
     /// Every pod of the namespace onto the groups its policies give it now.
@@ -93,10 +90,24 @@ impl ResourceEventHandler for KuryrNetworkPolicyHandler {
         let uid = np.uid().unwrap_or_default();
         let knp = add_finalizer(&self.ctx.kube, knp, finalizers::NETWORKPOLICY).await?;
         let driver = &self.ctx.drivers.network_policy;
-        if let Some(sg) = knp.status.as_ref().and_then(|s| s.security_group_id.clone()) {
-            driver.adopt(&uid, &sg).await?;
+        let deployment = recorded_deployment(&knp);
+        if !driver.knows_deployment(&deployment) {
+            let e = Error::invalid(
+                format!(
+                    "metadata.annotations[{}]",
+                    kuryr_crds::names::annotations::DEPLOYMENT
+                ),
+                format!(
+                    "OpenStack deployment {deployment:?} is not in kuryr.conf; the policy is not applied"
+                ),
+            );
+            publish_event(&self.ctx.events, &knp, true, e.label(), &e.to_string()).await;
+            return Err(e);
         }
-        let applied = driver.ensure(&uid, &spec).await?;
+        if let Some(sg) = knp.status.as_ref().and_then(|s| s.security_group_id.clone()) {
+            driver.adopt(&uid, &deployment, &sg).await?;
+        }
+        let applied = driver.ensure(&uid, &deployment, &spec).await?;
         let rules: Vec<SgRuleStatus> = applied
             .rules
             .iter()
@@ -133,8 +144,21 @@ impl ResourceEventHandler for KuryrNetworkPolicyHandler {
 
     async fn on_finalize(&self, knp: &KuryrNetworkPolicy) -> Result<(), Error> {
         let ns = knp.namespace().unwrap_or_default();
-        if let Some(uid) = Self::policy_uid(knp) {
-            self.ctx.drivers.network_policy.release(&uid).await?;
+        let driver = &self.ctx.drivers.network_policy;
+        let deployment = recorded_deployment(knp);
+        if let Some(uid) = policy_uid(knp) {
+            if driver.knows_deployment(&deployment) {
+                driver.release(&uid, &deployment).await?;
+            } else {
+                // Nothing can reach that Neutron any more: drained, not stuck.
+                let msg = format!(
+                    "OpenStack deployment {deployment:?} is no longer configured: the security groups and \
+                     address groups of this policy (description kuryr-rs:{}:{uid}) are left there",
+                    self.ctx.cluster_id
+                );
+                tracing::warn!(policy = %knp.name_any(), namespace = %ns, "{msg}");
+                publish_event(&self.ctx.events, knp, true, "DeploymentRemoved", &msg).await;
+            }
         }
         // The policy no longer counts for its pods.
         self.sync_ports(&ns).await?;

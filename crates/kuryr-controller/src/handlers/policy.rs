@@ -2,6 +2,10 @@
 //! the policy). The spec holds the pod selector, the policy types and the rules in upstream's
 //! shape; the `kuryrnetworkpolicy` handler makes Neutron match. Content the translation cannot
 //! act on gets a Warning Event on the NetworkPolicy naming the field, and changes nothing.
+//!
+//! The KuryrNetworkPolicy is created with the OpenStack deployment its groups will live in (the
+//! annotation `openstack.org/kuryr-deployment`): where the namespace's pods are, so its groups can
+//! be put on their ports. It stays there after a rebind of the project.
 
 use std::sync::Arc;
 
@@ -28,6 +32,20 @@ pub struct PolicyHandler {
 impl PolicyHandler {
     pub fn new(ctx: Arc<Context>) -> Self {
         Self { ctx }
+    }
+
+    /// The deployment of `ns`'s pods: its own network's when the subnets driver gives
+    /// namespaces one, otherwise the project's binding for the namespace's group (the scheduler,
+    /// whose filters drop deployments in maintenance: never a fallback).
+    async fn place(&self, ns: &str) -> Result<String, Error> {
+        match self.ctx.drivers.subnets.deployment_of_namespace(ns).await {
+            Ok(Some(deployment)) => Ok(deployment),
+            Ok(None) => {
+                let project = self.ctx.drivers.project.project_for_namespace(ns).await?;
+                Ok(self.ctx.bind(&project, ns).await?.deployment)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -117,8 +135,10 @@ impl ResourceEventHandler for PolicyHandler {
                     block_owner_deletion: Some(true),
                     controller: Some(true),
                 };
+                let deployment = self.place(&ns).await?;
                 let knp = KuryrNetworkPolicy {
                     metadata: ObjectMeta {
+                        annotations: Some(crate::placement::record::annotations(&deployment)),
                         name: Some(np.name_any()),
                         namespace: Some(ns.clone()),
                         finalizers: Some(vec![finalizers::NETWORKPOLICY.to_string()]),

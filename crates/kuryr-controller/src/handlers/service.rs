@@ -108,7 +108,7 @@ impl ServiceHandler {
                 self.ctx
                     .drivers
                     .network_policy
-                    .service_groups(ns, &selector)
+                    .service_groups(deployment, ns, &selector)
                     .await
             }
         }
