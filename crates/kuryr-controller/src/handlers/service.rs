@@ -21,9 +21,9 @@ use crate::drivers::security_groups::{NamespaceSecurityGroups, SecurityGroupsDri
 use crate::error::{Error, is_not_found};
 use crate::k8s::{add_finalizer, publish_event, remove_finalizer, surface_user_error};
 use crate::pipeline::ResourceEventHandler;
+use crate::placement::record::{self, recorded_deployment};
 use crate::policies::selector::Selector;
 use crate::services::endpoints::{SERVICE_NAME_LABEL, from_slices};
-use crate::services::placement::{self, recorded_deployment};
 use crate::services::spec::{self, Resolved};
 
 /// What the `service` handler cannot run without: checked before the controller starts, so a
@@ -451,7 +451,7 @@ impl ServiceHandler {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),
                         namespace: Some(ns.clone()),
-                        annotations: Some(placement::annotations(&deployment)),
+                        annotations: Some(record::annotations(&deployment)),
                         finalizers: Some(vec![finalizers::KURYRLOADBALANCER.to_string()]),
                         owner_references: Some(vec![OwnerReference {
                             api_version: "v1".into(),

@@ -12,7 +12,7 @@
 //! - [`provisioning`]: the shared, batched waits for load balancers to leave PENDING_*.
 //! - [`public_ip`]: the floating IP of a `type: LoadBalancer` Service (what to do, pure; and doing it).
 //! - [`reconcile`]: the periodic check of every load balancer against Octavia and the orphan sweep.
-//! - [`placement`]: the deployment a load balancer lives in, recorded on its KuryrLoadBalancer.
+//! - the deployment a load balancer lives in is recorded on its KuryrLoadBalancer (`crate::placement::record`).
 //!
 //! Deciding (the first four, pure and unit-tested) is kept apart from acting (the last two), as in the pod
 //! path. The handlers (`service`, `endpoints`, `kuryrloadbalancer`) are in `crate::handlers`.
@@ -21,7 +21,6 @@ pub mod acls;
 pub mod desired;
 pub mod endpoints;
 pub mod octavia;
-pub mod placement;
 pub mod plan;
 pub mod provisioning;
 pub mod public_ip;

@@ -24,11 +24,11 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::octavia::LbActor;
-use super::placement::recorded_deployment;
 use super::public_ip;
 use super::recorded::RecordedLb;
 use crate::context::Context;
 use crate::error::Error;
+use crate::placement::record::recorded_deployment;
 
 /// (deployment, load balancer name) of every live KuryrLoadBalancer.
 type Known = BTreeSet<(String, String)>;
