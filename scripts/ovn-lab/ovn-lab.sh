@@ -23,6 +23,11 @@
 #                   br-phy carrying the geneve underlay (172.30.0.<n>/24 on a veth between
 #                   the two namespaces), ovn-controller (chassis name = hostname = node name,
 #                   which is the ports' binding:host_id)
+# The chassis' Open vSwitch (ovsdb-server, ovs-vswitchd, their conf.db schema and the ovs-vsctl
+# the script uses on them) is 3.5.0 built from Debian 13's source by scripts/ovs-build.sh (cached
+# after the first build): Debian 12's 3.1.0 userspace conntrack aborts under the NetworkPolicy
+# truth table. OVN (central and ovn-controller) stays Debian 12's 23.03, as do the central
+# ovsdb-servers. OVN_LAB_OVS=debian runs the chassis on Debian's 3.1.0 instead, for comparison.
 # Packages come from Debian (apt) and PyPI (pip, pinned by
 # scripts/neutron-lab/neutron-constraints.txt); the venv of the ML2/OVS lab
 # ($NEUTRON_LAB/venv, same neutron version) is reused when it exists, which saves CI the pip
@@ -31,7 +36,8 @@
 #
 # Env: OVN_LAB, OVN_API_PORT (9698), OVN_DB_PORT (3308), OVN_NODES ("k8s-node-1 k8s-node-2"),
 # OVN_UNDERLAY (172.30.0), NEUTRON_LAB (<repo>/.neutron-lab, for its venv), OVN_VENV (force a
-# venv), NEUTRON_DEBUG (False).
+# venv), NEUTRON_DEBUG (False), OVN_LAB_OVS (build: scripts/ovs-build.sh's 3.5.0; debian: the
+# packaged 3.1.0).
 set -Eeuo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -57,7 +63,58 @@ log() { echo "[ovn-lab $(date +%T) +$(since)] $*" >&2; }
 
 netns_of() { echo "ovn-$1"; }
 node_dir() { echo "$LAB/nodes/$1"; }
-vsctl() { ovs-vsctl --db="unix:$(node_dir "$1")/db.sock" --timeout=10 "${@:2}"; }
+
+# ---------------------------------------------------------------- the chassis' Open vSwitch
+# OVS_BIN: the directory of the chassis' OVS programs ("" = Debian's, found in PATH), chosen by
+# `start` (choose_ovs) and kept in $RUN/ovs-bin, so the supervisor and a later `start` on a
+# running lab use the same programs as the running daemons.
+OVS_BIN=""
+ovs() { "${OVS_BIN:+$OVS_BIN/}$1" "${@:2}"; }
+ovs_schema() {
+  if [ -n "$OVS_BIN" ]; then echo "$OVS_BIN/../share/openvswitch/vswitch.ovsschema"; else
+    echo /usr/share/openvswitch/vswitch.ovsschema; fi
+}
+load_ovs() { OVS_BIN=$(cat "$RUN/ovs-bin" 2>/dev/null || true); }
+vsctl() { ovs ovs-vsctl --db="unix:$(node_dir "$1")/db.sock" --timeout=10 "${@:2}"; }
+ovs_version() { ovs ovs-vswitchd --version 2>/dev/null | awk 'NR == 1 { print $NF }'; }
+
+# Picks the chassis' Open vSwitch for `start` (OVN_LAB_OVS) and sets OVS_COST (what getting it
+# cost). Chassis that ran the other one (no $RUN/ovs-bin: a lab started before the choice
+# existed, so Debian's) are stopped and get a fresh conf.db, so no daemon or database of one
+# version is reused by the other; ovn-controller rebuilds the bridges' OVN state on its own.
+OVS_COST=""
+choose_ovs() {
+  local want old t node d
+  case "${OVN_LAB_OVS:-build}" in
+    build)
+      step "scripts/ovs-build.sh (the chassis' Open vSwitch)"
+      t=$(date +%s.%N)
+      want=$("$REPO/scripts/ovs-build.sh" | tail -n 1)
+      OVS_COST=$(awk -v a="$t" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1fs", b - a }')
+      ;;
+    debian) want="" OVS_COST="packaged" ;;
+    *)
+      echo "ovn-lab: OVN_LAB_OVS must be 'build' or 'debian', not '$OVN_LAB_OVS'" >&2
+      STEP="OVN_LAB_OVS" STEP_LOG=""
+      false
+      ;;
+  esac
+  old=$(cat "$RUN/ovs-bin" 2>/dev/null || true)
+  if [ "$old" != "$want" ]; then
+    for node in $NODES; do
+      d=$(node_dir "$node")
+      [ -d "$d" ] || continue
+      log "$node: switching Open vSwitch (${old:-Debian 12} -> ${want:-Debian 12}): stopping its daemons, new conf.db"
+      stop_pid "$d/ovn-controller.pid" ovn-controller
+      stop_pid "$d/ovs-vswitchd.pid" ovs-vswitchd
+      stop_pid "$d/ovsdb-server.pid" ovsdb-server
+      rm -f "$d/conf.db"
+    done
+  fi
+  OVS_BIN=$want
+  echo "$OVS_BIN" >"$RUN/ovs-bin"
+  log "chassis Open vSwitch: $(ovs_version) (${OVS_BIN:-Debian 12, in PATH}; $OVS_COST)"
+}
 
 # pid from a pidfile when that process is alive and runs program $2.
 running_pid() {
@@ -205,13 +262,13 @@ start_node() {
 
   step "ovsdb-server of $node" "$d/ovsdb-server.log"
   if [ ! -f "$d/conf.db" ]; then
-    ovsdb-tool create "$d/conf.db" /usr/share/openvswitch/vswitch.ovsschema
-  elif [ "$(ovsdb-tool needs-conversion "$d/conf.db" /usr/share/openvswitch/vswitch.ovsschema)" = yes ]; then
-    ovsdb-tool convert "$d/conf.db" /usr/share/openvswitch/vswitch.ovsschema
+    ovs ovsdb-tool create "$d/conf.db" "$(ovs_schema)"
+  elif [ "$(ovs ovsdb-tool needs-conversion "$d/conf.db" "$(ovs_schema)")" = yes ]; then
+    ovs ovsdb-tool convert "$d/conf.db" "$(ovs_schema)"
   fi
   if ! running_pid "$d/ovsdb-server.pid" ovsdb-server >/dev/null; then
     rm -f "$d/db.sock"
-    ovsdb-server "$d/conf.db" --remote="punix:$d/db.sock" --pidfile="$d/ovsdb-server.pid" \
+    ovs ovsdb-server "$d/conf.db" --remote="punix:$d/db.sock" --pidfile="$d/ovsdb-server.pid" \
       --unixctl="$d/ovsdb-server.ctl" --log-file="$d/ovsdb-server.log" --detach -vconsole:off 2>>"$d/ovsdb-server.log"
   fi
   vsctl "$node" --no-wait init
@@ -221,7 +278,7 @@ start_node() {
   step "ovs-vswitchd of $node (netns $ns)" "$d/ovs-vswitchd.log"
   if ! running_pid "$d/ovs-vswitchd.pid" ovs-vswitchd >/dev/null; then
     # Bridge management sockets (br-int.mgmt, which ovn-controller connects to) go to $OVS_RUNDIR.
-    OVS_RUNDIR=$d ip netns exec "$ns" ovs-vswitchd "unix:$d/db.sock" --pidfile="$d/ovs-vswitchd.pid" \
+    OVS_RUNDIR=$d ip netns exec "$ns" "${OVS_BIN:+$OVS_BIN/}ovs-vswitchd" "unix:$d/db.sock" --pidfile="$d/ovs-vswitchd.pid" \
       --unixctl="$d/ovs-vswitchd.ctl" --log-file="$d/ovs-vswitchd.log" --detach -vconsole:off 2>>"$d/ovs-vswitchd.log"
   fi
   vsctl "$node" --may-exist add-br br-int -- set Bridge br-int datapath_type=netdev \
@@ -477,6 +534,7 @@ stop_all() {
 
 status() {
   local rc=0 node d
+  load_ovs
   check() {
     if running_pid "$1" "$2" >/dev/null; then echo "running  $3"; else echo "stopped  $3"; rc=3; fi
   }
@@ -490,7 +548,7 @@ status() {
   for node in $NODES; do
     d=$(node_dir "$node")
     check "$d/ovsdb-server.pid" ovsdb-server "$node: ovsdb-server"
-    check "$d/ovs-vswitchd.pid" ovs-vswitchd "$node: ovs-vswitchd (netns $(netns_of "$node"))"
+    check "$d/ovs-vswitchd.pid" ovs-vswitchd "$node: ovs-vswitchd $(ovs_version) (netns $(netns_of "$node"))"
     check "$d/ovn-controller.pid" ovn-controller "$node: ovn-controller"
   done
   return "$rc"
@@ -521,6 +579,8 @@ start() {
   trap on_error ERR
   install_packages
   local t_pkg; t_pkg=$(since)
+  choose_ovs
+  local t_ovs; t_ovs=$(since)
   ensure_venv
   local t_venv; t_venv=$(since)
   start_central
@@ -537,7 +597,7 @@ start() {
   start_neutron
   start_supervisor
   trap - ERR
-  log "ready in $(since) (packages done at $t_pkg, venv at $t_venv; venv $VENV); lab processes use $(lab_rss_mib) MiB RSS; state in $LAB"
+  log "ready in $(since) (packages done at $t_pkg, Open vSwitch $(ovs_version) at $t_ovs ($OVS_COST), venv at $t_venv; venv $VENV); lab processes use $(lab_rss_mib) MiB RSS; state in $LAB"
   print_env
 }
 
@@ -551,6 +611,7 @@ start() {
 supervise() {
   local n node d
   echo $$ >"$RUN/supervise.pid"
+  load_ovs
   while true; do
     sleep 1
     n=0
