@@ -92,15 +92,13 @@ choose_ovs() {
       want=$("$REPO/scripts/ovs-build.sh" | tail -n 1)
       OVS_COST=$(awk -v a="$t" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1fs", b - a }')
       ;;
-    debian) want="" OVS_COST="packaged" ;;
-    *)
-      echo "ovn-lab: OVN_LAB_OVS must be 'build' or 'debian', not '$OVN_LAB_OVS'" >&2
-      STEP="OVN_LAB_OVS" STEP_LOG=""
-      false
-      ;;
+    *) want="" OVS_COST="packaged" ;;
   esac
   old=$(cat "$RUN/ovs-bin" 2>/dev/null || true)
   if [ "$old" != "$want" ]; then
+    # The supervisor would restart the vswitchds stopped here, with the old programs;
+    # `start` starts a new one at its end.
+    stop_pid "$RUN/supervise.pid" ovn-lab.sh
     for node in $NODES; do
       d=$(node_dir "$node")
       [ -d "$d" ] || continue
@@ -261,12 +259,13 @@ start_node() {
   echo "$ns" >"$d/netns"
 
   step "ovsdb-server of $node" "$d/ovsdb-server.log"
-  if [ ! -f "$d/conf.db" ]; then
-    ovs ovsdb-tool create "$d/conf.db" "$(ovs_schema)"
-  elif [ "$(ovs ovsdb-tool needs-conversion "$d/conf.db" "$(ovs_schema)")" = yes ]; then
-    ovs ovsdb-tool convert "$d/conf.db" "$(ovs_schema)"
-  fi
   if ! running_pid "$d/ovsdb-server.pid" ovsdb-server >/dev/null; then
+    # (A running server holds the database's lock: only a stopped one is checked.)
+    if [ ! -f "$d/conf.db" ]; then
+      ovs ovsdb-tool create "$d/conf.db" "$(ovs_schema)"
+    elif [ "$(ovs ovsdb-tool needs-conversion "$d/conf.db" "$(ovs_schema)")" = yes ]; then
+      ovs ovsdb-tool convert "$d/conf.db" "$(ovs_schema)"
+    fi
     rm -f "$d/db.sock"
     ovs ovsdb-server "$d/conf.db" --remote="punix:$d/db.sock" --pidfile="$d/ovsdb-server.pid" \
       --unixctl="$d/ovsdb-server.ctl" --log-file="$d/ovsdb-server.log" --detach -vconsole:off 2>>"$d/ovsdb-server.log"
@@ -575,6 +574,13 @@ lab_rss_mib() {
 
 start() {
   local n=0 node
+  case "${OVN_LAB_OVS:-build}" in
+    build | debian) ;;
+    *)
+      echo "ovn-lab: OVN_LAB_OVS must be 'build' or 'debian', not '$OVN_LAB_OVS'" >&2
+      exit 2
+      ;;
+  esac
   mkdir -p "$RUN" "$LOGS" "$LAB/nodes"
   trap on_error ERR
   install_packages
