@@ -700,6 +700,12 @@ impl Table<'_> {
                 .list(&ListParams::default())
                 .await?
             {
+                // A deleted policy stays listed until the controller's finalizer has released
+                // its groups; the user's intent (and Kubernetes' semantics, which know no such
+                // finalizer) is that it no longer applies.
+                if np.metadata.deletion_timestamp.is_some() {
+                    continue;
+                }
                 world
                     .policies
                     .insert((ns.to_string(), np.name_any()), serde_json::to_value(&np.spec)?);
@@ -960,7 +966,7 @@ fn config(fx: &NeutronFixture) -> std::sync::Arc<kuryr_config::KuryrConfig> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "cases 0-15 match; case 16 fails on Open vSwitch 3.1 userspace conntrack (docs/network-policy.md); run with --ignored"]
+#[ignore = "cases 0-29 match; case 30 fails: ML2/OVN leaves a port in a deleted group's port group (docs/network-policy.md); run with --ignored"]
 async fn network_policy_truth_table_on_the_ovn_dataplane_matches_the_kubernetes_model_cell_by_cell()
 -> Result<()> {
     on_lab!(&[SUBNET], |lab, fx| {
