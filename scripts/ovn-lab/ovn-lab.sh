@@ -607,10 +607,11 @@ start() {
   print_env
 }
 
-# Open vSwitch 3.1 (Debian 12) userspace conntrack can abort on an assertion
+# Open vSwitch 3.1 (Debian 12, OVN_LAB_OVS=debian) userspace conntrack can abort on an assertion
 # (lib/conntrack.c:1063 conn_update_state: conn_type == CT_CONN_TYPE_DEFAULT) when a connection's
-# state changes under churning ACLs, as the NetworkPolicy truth table makes them. A real chassis
-# would have systemd restart the daemon; here this loop does: it restarts a dead vswitchd
+# state changes under churning ACLs, as the NetworkPolicy truth table makes them; 3.5 has not
+# aborted so far, but a vswitchd can always die. A real chassis would have systemd restart the
+# daemon; here this loop does: it restarts a dead vswitchd
 # through start_node (idempotent: the br-phy underlay address and the bridges come back, the
 # pods' veths stay in the database) and logs each restart in $LOGS/supervise.log, so a test
 # that failed around one can say so. Runs until `stop`.
