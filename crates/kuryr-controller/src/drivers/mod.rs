@@ -12,6 +12,7 @@ pub mod multi_vif;
 pub mod network_policy;
 pub mod os_vif;
 pub mod pool;
+pub mod port_groups;
 pub mod project;
 pub mod security_groups;
 pub mod set;

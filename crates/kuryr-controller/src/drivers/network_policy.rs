@@ -25,12 +25,13 @@ use kube::{Client, ResourceExt};
 use kuryr_config::KuryrConfig;
 use kuryr_crds::{KuryrNetworkPolicy, KuryrPort};
 use kuryr_neutron::{
-    AddressGroupCreate, ListFilter, NeutronClient, PortUpdate, SecurityGroup, SecurityGroupCreate,
-    SecurityGroupRule, SecurityGroupRuleCreate,
+    AddressGroupCreate, ListFilter, NeutronClient, SecurityGroup, SecurityGroupCreate, SecurityGroupRule,
+    SecurityGroupRuleCreate,
 };
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use crate::drivers::port_groups::{Change, PortGroups};
 use crate::drivers::project::ProjectDriver;
 use crate::error::Error;
 use crate::openstack::{DEFAULT_DEPLOYMENT, Deployments};
@@ -85,6 +86,8 @@ pub struct NetworkPolicyDriver {
     locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
     /// The port pools, keyed by sets of groups: a deleted group's pools go with it.
     pools: Option<Arc<PoolManager>>,
+    /// Ports' group changes, one per port at a time; a group is deleted once none naming it runs.
+    port_groups: PortGroups,
 }
 
 impl NetworkPolicyDriver {
@@ -113,6 +116,7 @@ impl NetworkPolicyDriver {
             tracker: Mutex::default(),
             locks: Mutex::default(),
             pools: None,
+            port_groups: PortGroups::default(),
         }
     }
 
@@ -647,7 +651,8 @@ impl NetworkPolicyDriver {
         }
     }
 
-    /// Takes `sg` off its ports and deletes it. A port given the group again in between (a pool
+    /// Takes `sg` off its ports and deletes it, once no change of a port's groups naming it is
+    /// still being written (see [`PortGroups`]). A port given the group again in between (a pool
     /// recycling a port onto it, a pod's port sync) makes Neutron answer 409 SecurityGroupInUse:
     /// that is a race to retry, detaching again, not a failure.
     async fn delete_group(&self, client: &NeutronClient, deployment: &str, sg: &str) -> Result<(), Error> {
@@ -655,6 +660,7 @@ impl NetworkPolicyDriver {
             pools.drop_security_group(sg).await?;
         }
         self.detach(client, deployment, sg).await?;
+        self.port_groups.settled(sg).await;
         match client.delete_security_group(sg).await {
             Err(e) if e.is_kind(&kuryr_neutron::ErrorKind::SecurityGroupInUse) => Err(Error::not_ready(
                 format!("security group {sg} was put back on a port while being deleted"),
@@ -663,26 +669,24 @@ impl NetworkPolicyDriver {
         }
     }
 
-    /// Takes `sg` off every port that has it; a port left with no group gets the defaults.
+    /// Takes `sg` off every port that has it; a port left with no group gets the defaults. Each
+    /// port is read again in its turn: the listing may predate a change of its groups.
     async fn detach(&self, client: &NeutronClient, deployment: &str, sg: &str) -> Result<(), Error> {
+        let defaults = self.config.deployment_defaults(deployment).pod_security_groups;
         for port in client
             .list_ports(&ListFilter::new().eq("security_groups", sg))
             .await?
         {
-            let mut left: Vec<String> = port
-                .security_groups
-                .iter()
-                .filter(|s| *s != sg)
-                .cloned()
-                .collect();
-            if left.is_empty() {
-                left = self.config.deployment_defaults(deployment).pod_security_groups;
-            }
-            let update = PortUpdate {
-                security_groups: Some(left),
-                ..Default::default()
-            };
-            ignore_not_found(client.update_port(&port.id, &update).await.map(|_| ()))?;
+            self.port_groups
+                .change(client, &port.id, |now| {
+                    if !now.security_groups.iter().any(|s| s == sg) {
+                        return Change::Keep;
+                    }
+                    let left: Vec<String> =
+                        now.security_groups.iter().filter(|s| *s != sg).cloned().collect();
+                    Change::Set(if left.is_empty() { defaults.clone() } else { left })
+                })
+                .await?;
         }
         Ok(())
     }
@@ -880,21 +884,19 @@ impl NetworkPolicyDriver {
         let client = self.client(deployment)?;
         let mut updates = 0;
         for id in ids {
-            let port = match client.get_port(&id).await {
-                Ok(p) => p,
-                Err(e) if e.is_not_found() => continue,
-                Err(e) => return Err(e.into()),
-            };
-            let mut have = port.security_groups.clone();
-            have.sort();
-            if have != want {
-                let update = PortUpdate {
-                    security_groups: Some(want.clone()),
-                    ..Default::default()
-                };
-                client.update_port(&id, &update).await?;
-                updates += 1;
-            }
+            let written = self
+                .port_groups
+                .change(&client, &id, |port| {
+                    let mut have = port.security_groups.clone();
+                    have.sort();
+                    if have == want {
+                        Change::Keep
+                    } else {
+                        Change::Set(want.clone())
+                    }
+                })
+                .await?;
+            updates += usize::from(written);
         }
         Ok(updates)
     }
