@@ -4,7 +4,7 @@
 //! owner alias, state record). cni-bench divides the full ADD by it.
 
 use kuryr_daemon::binding::{BindingError, PlugKind, PlugSpec, l3};
-use kuryr_daemon::netlink::{NetNs, Netlink};
+use kuryr_daemon::netlink::{LinkSettings, NetNs, Netlink};
 
 /// A host-side netlink handle and the bridge every floor pod goes on, both
 /// opened once: a node's daemon pays for neither per pod either.
@@ -38,7 +38,8 @@ impl BridgeFloor {
 
     /// One pod's ADD: the veth pair with its pod end created in `netns`
     /// under its final name and MTU, MAC / up / addresses / routes inside
-    /// (the daemon's own [`l3::configure`]), host end on the bridge and up.
+    /// (the daemon's own [`l3::configure`]), host end on the bridge and up
+    /// (one request).
     pub async fn add(&self, spec: &PlugSpec, netns: &NetNs) -> Result<(), BindingError> {
         if !matches!(spec.kind, PlugKind::Bridge { .. }) {
             return Err(BindingError::InvalidVif {
@@ -51,10 +52,14 @@ impl BridgeFloor {
             .create_veth(&spec.host_ifname, &spec.ifname, Some(netns.fd()), spec.mtu)
             .await?;
         let pod_link = pod.require_link(&spec.ifname).await?;
-        l3::configure(&pod, pod_link.index, spec, true).await?;
+        l3::configure(&pod, &pod_link, spec).await?;
         let host_link = self.host.require_link(&spec.host_ifname).await?;
-        self.host.set_master(host_link.index, self.bridge).await?;
-        self.host.set_up(host_link.index).await?;
+        let on_bridge = LinkSettings {
+            master: Some(self.bridge),
+            up: true,
+            ..LinkSettings::default()
+        };
+        self.host.configure_link(host_link.index, &on_bridge).await?;
         Ok(())
     }
 
