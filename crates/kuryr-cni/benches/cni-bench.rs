@@ -1,10 +1,16 @@
 //! cni-bench: CNI ADD/DEL latency from plugin exec to result (VIF already
-//! ACTIVE, veth + Linux bridge, real namespaces) and daemon memory with
-//! many pods registered. Prints a table.
+//! ACTIVE, veth + Linux bridge, real namespaces), the same ADD through the
+//! daemon in process (no plugin, no HTTP), the floor of an ADD (its bare
+//! kernel work, see `floor.rs`), and daemon memory with many pods
+//! registered. The three ADD kinds take turns pod by pod, so the machine's
+//! load falls on them alike. Prints a table.
 //!
 //! `cargo bench -p kuryr-cni --bench cni-bench` (root needed for netns);
 //! env `CNI_BENCH_PODS` (default 200) and `CNI_BENCH_REGISTERED` (default 500).
 #![allow(clippy::unwrap_used)]
+
+#[path = "cni-bench/floor.rs"]
+mod floor;
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -12,8 +18,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use kuryr_daemon::binding::BindingConfig;
+use kuryr_daemon::netlink::NetNs;
+use kuryr_daemon::registry::PodKey;
 use kuryr_daemon::testing::{VifFixture, kuryrport};
-use kuryr_daemon::{ApiHealth, Daemon, DaemonConfig, NoEvents};
+use kuryr_daemon::{ApiHealth, Daemon, DaemonConfig, NoEvents, vif};
 use serde_json::json;
 
 struct ApiUp;
@@ -56,10 +65,11 @@ fn fixture(i: u32, tag: &str, bridge: &str) -> VifFixture {
         ifname: "eth0".into(),
         port_id: format!("{tag}{i:05}-0000-0000-0000-000000000000"),
         mac: format!("fa:16:3e:99:{:02x}:{:02x}", i / 256, i % 256),
+        // With a gateway, as a pod's subnet has: the ADD adds its default route.
         subnets: vec![(
             format!("10.{}.0.0/16", 100 + a),
             format!("10.{}.{}.{}", 100 + a, i % 200, b).parse().unwrap(),
-            None,
+            Some(format!("10.{}.0.1", 100 + a).parse().unwrap()),
         )],
         bridge: bridge.into(),
         mtu: Some(1450),
@@ -134,25 +144,98 @@ fn main() {
         );
         took
     };
+    // The same request body the plugin posts.
+    let body = |cmd: &str, i: u32, ns: &str| {
+        json!({
+            "CNI_COMMAND": cmd,
+            "CNI_CONTAINERID": format!("ctr{i}"),
+            "CNI_NETNS": format!("/var/run/netns/{ns}"),
+            "CNI_IFNAME": "eth0",
+            "CNI_ARGS": format!("K8S_POD_NAMESPACE=inproc;K8S_POD_NAME=pod{i}"),
+            "config_kuryr": serde_json::from_str::<serde_json::Value>(&conf).unwrap(),
+        })
+        .to_string()
+    };
+    let floor = rt.block_on(floor::BridgeFloor::new(&bridge)).unwrap();
+    let (inproc_tag, floor_tag) = (format!("d{}", &tag[1..]), format!("f{}", &tag[1..]));
     let mut adds = Vec::new();
     let mut dels = Vec::new();
+    let mut inproc_adds = Vec::new();
+    let mut floor_adds = Vec::new();
+    let mut spawns = Vec::new();
     for i in 0..pods {
-        let ns = format!("kbn{}x{i}", std::process::id() % 100_000);
-        Command::new("ip").args(["netns", "add", &ns]).status().unwrap();
-        daemon.registry.apply_kuryrport(kuryrport(
-            "bench",
-            &format!("pod{i}"),
-            &format!("uid{i}"),
-            "bench-node",
-            &[fixture(i, &tag, &bridge)],
-        ));
-        adds.push(run("ADD", i, &ns));
-        dels.push(run("DEL", i, &ns));
-        let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+        // Rotate who goes first so that none always runs right after
+        // another's veth removal.
+        for turn in 0..3 {
+            let ns = format!("kbn{}x{i}k{turn}", std::process::id() % 100_000);
+            Command::new("ip").args(["netns", "add", &ns]).status().unwrap();
+            match (turn + i) % 3 {
+                0 => {
+                    daemon.registry.apply_kuryrport(kuryrport(
+                        "bench",
+                        &format!("pod{i}"),
+                        &format!("uid{i}"),
+                        "bench-node",
+                        &[fixture(i, &tag, &bridge)],
+                    ));
+                    adds.push(run("ADD", i, &ns));
+                    dels.push(run("DEL", i, &ns));
+                    // What starting any process costs here, for reading the
+                    // plugin's share of an ADD.
+                    let started = Instant::now();
+                    let out = Command::new("true")
+                        .stdin(Stdio::piped())
+                        .stdout(Stdio::piped())
+                        .output()
+                        .unwrap();
+                    assert!(out.status.success());
+                    spawns.push(started.elapsed());
+                }
+                1 => {
+                    daemon.registry.apply_kuryrport(kuryrport(
+                        "inproc",
+                        &format!("pod{i}"),
+                        &format!("uid{i}"),
+                        "bench-node",
+                        &[fixture(i, &inproc_tag, &bridge)],
+                    ));
+                    let started = Instant::now();
+                    rt.block_on(daemon.add(body("ADD", i, &ns).as_bytes())).unwrap();
+                    inproc_adds.push(started.elapsed());
+                    rt.block_on(daemon.del(body("DEL", i, &ns).as_bytes())).unwrap();
+                    // Out of the registry again: the memory rows below count
+                    // the same entries as before this variant existed.
+                    daemon
+                        .registry
+                        .delete_kuryrport(&PodKey::new("inproc", format!("pod{i}")));
+                }
+                _ => {
+                    let spec = vif::plug_spec(
+                        &fixture(i, &floor_tag, &bridge).to_vif(),
+                        "eth0",
+                        true,
+                        &BindingConfig::default(),
+                    )
+                    .unwrap();
+                    let started = Instant::now();
+                    rt.block_on(async {
+                        let netns = NetNs::open(&format!("/var/run/netns/{ns}"))?;
+                        floor.add(&spec, &netns).await
+                    })
+                    .unwrap();
+                    floor_adds.push(started.elapsed());
+                    rt.block_on(floor.del(&spec)).unwrap();
+                }
+            }
+            let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+        }
     }
     let plugin_rss = children_max_rss_kib();
     adds.sort();
     dels.sort();
+    inproc_adds.sort();
+    floor_adds.sort();
+    spawns.sort();
 
     // Memory with many pods registered (status.vifs filled, as in production).
     for i in 0..registered {
@@ -166,17 +249,58 @@ fn main() {
     }
     let rss_loaded = rss_kib();
 
+    drop(floor);
     rt.block_on(servers.shutdown());
     let _ = Command::new("ip").args(["link", "del", &bridge]).status();
 
-    println!("\ncni-bench (veth + Linux bridge, VIF already ACTIVE, plugin exec -> result)");
+    println!(
+        "\ncni-bench (veth + Linux bridge, VIF already ACTIVE, plugin exec -> result; floor = bare netlink work)"
+    );
     println!("{:<34} {:>12}", "metric", "value");
     println!("{}", "-".repeat(47));
-    let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1000.0);
+    let ms_f = |d: Duration| d.as_secs_f64() * 1000.0;
+    let ms = |d: Duration| format!("{:.2} ms", ms_f(d));
     println!("{:<34} {:>12}", "pods", pods);
     println!("{:<34} {:>12}", "ADD p50", ms(pct(&adds, 0.50)));
     println!("{:<34} {:>12}", "ADD p99", ms(pct(&adds, 0.99)));
     println!("{:<34} {:>12}", "ADD max", ms(pct(&adds, 1.0)));
+    println!(
+        "{:<34} {:>12}",
+        "in-process daemon ADD p50",
+        ms(pct(&inproc_adds, 0.50))
+    );
+    println!(
+        "{:<34} {:>12}",
+        "in-process daemon ADD p99",
+        ms(pct(&inproc_adds, 0.99))
+    );
+    println!("{:<34} {:>12}", "floor ADD p50", ms(pct(&floor_adds, 0.50)));
+    println!("{:<34} {:>12}", "floor ADD p99", ms(pct(&floor_adds, 0.99)));
+    let ratio = |p: f64| pct(&adds, p).as_secs_f64() / pct(&floor_adds, p).as_secs_f64();
+    println!(
+        "{:<34} {:>12}",
+        "ADD p50 / floor p50",
+        format!("{:.2}x", ratio(0.50))
+    );
+    println!(
+        "{:<34} {:>12}",
+        "ADD p99 / floor p99",
+        format!("{:.2}x", ratio(0.99))
+    );
+    println!(
+        "{:<34} {:>12}",
+        "target p99 <= 2x floor",
+        if ratio(0.99) <= 2.0 { "met" } else { "NOT met" }
+    );
+    println!(
+        "{:<34} {:>12}",
+        "exec of true p50 / p99",
+        format!(
+            "{:.2} / {:.2} ms",
+            ms_f(pct(&spawns, 0.50)),
+            ms_f(pct(&spawns, 0.99))
+        )
+    );
     println!("{:<34} {:>12}", "DEL p50", ms(pct(&dels, 0.50)));
     println!("{:<34} {:>12}", "DEL p99", ms(pct(&dels, 0.99)));
     println!(

@@ -129,7 +129,17 @@ async fn secondary_interface_and_gatewayless_subnet_get_no_default_route() {
         kind.clone(),
     );
     let d = drivers.for_kind(&kind);
+    // A leftover eth0 in the pod whose host end is gone: the create meets
+    // the name, the leftover goes and the ADD succeeds.
+    p.exec_ok(&[
+        "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "kstray0",
+    ]);
     d.setup(&s0, &target).await.unwrap();
+    d.check(&s0, &target).await.unwrap();
+    assert!(
+        !p.exec_ok(&["ip", "link"]).contains("kstray0"),
+        "the leftover stayed"
+    );
     d.setup(&s1, &target).await.unwrap();
     let routes = p.exec_ok(&["ip", "-4", "route"]);
     assert!(!routes.contains("default"), "{routes}");

@@ -131,7 +131,7 @@ impl BindingDriver for VlanDriver {
                 other => other.into(),
             })?;
         let link = pod.require_link(&spec.ifname).await?;
-        l3::configure(&pod, link.index, spec, true).await
+        l3::configure(&pod, &link, spec).await
     }
 
     async fn teardown(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), TeardownError> {
@@ -174,7 +174,7 @@ impl BindingDriver for MacvlanDriver {
         let link = pod.require_link(&spec.ifname).await?;
         // The Neutron port carries the address allowed on the trunk (the
         // controller added it to allowed_address_pairs), so use it.
-        l3::configure(&pod, link.index, spec, true).await
+        l3::configure(&pod, &link, spec).await
     }
 
     async fn teardown(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), TeardownError> {

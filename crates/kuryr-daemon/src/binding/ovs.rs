@@ -93,14 +93,12 @@ impl OvsProbe {
     /// `datapath_type` of `bridge` (`""` and `system` mean the kernel
     /// datapath), or `None` when the bridge does not exist.
     pub async fn bridge_datapath(&self, bridge: &str) -> Result<Option<String>, BindingError> {
-        // `list-br` instead of `br-exists`: the latter reports absence through
-        // its exit code, which would be indistinguishable from a failure.
-        let bridges = self.vsctl(&["list-br"]).await?;
-        if !bridges.lines().any(|b| b == bridge) {
-            return Ok(None);
-        }
-        let dp = self.vsctl(&["get", "Bridge", bridge, "datapath_type"]).await?;
-        Ok(Some(unquote(dp.trim()).to_string()))
+        // One ovs-vsctl run: `--if-exists get` prints nothing for a missing
+        // bridge and `""` for an existing one without a datapath_type.
+        let dp = self
+            .vsctl(&["--if-exists", "get", "Bridge", bridge, "datapath_type"])
+            .await?;
+        Ok(parse_datapath(&dp))
     }
 
     /// Create the missing `bridge` with `datapath_type`. Only called for a
@@ -129,6 +127,16 @@ impl OvsProbe {
             .await?;
         Ok(unquote(e.trim()).to_string())
     }
+}
+
+/// `--if-exists get Bridge B datapath_type` output: nothing when the bridge
+/// does not exist, else its (possibly empty, quoted) datapath type.
+fn parse_datapath(out: &str) -> Option<String> {
+    let out = out.trim();
+    if out.is_empty() {
+        return None;
+    }
+    Some(unquote(out).to_string())
 }
 
 /// ovs-vsctl prints strings quoted when they contain special characters and
@@ -235,6 +243,15 @@ pub async fn ovs_available_at(db: Option<&str>) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn datapath_output_tells_a_missing_bridge_from_an_empty_type() {
+        assert_eq!(parse_datapath(""), None);
+        assert_eq!(parse_datapath("\n"), None);
+        assert_eq!(parse_datapath("\"\"\n"), Some(String::new()));
+        assert_eq!(parse_datapath("netdev\n"), Some("netdev".into()));
+        assert_eq!(parse_datapath("system"), Some("system".into()));
+    }
 
     /// An ovs-vsctl that cannot be run keeps the OS error as the source.
     #[tokio::test]

@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 
-use crate::netlink::{Netlink, NetlinkError};
+use crate::netlink::{LinkSettings, Netlink, NetlinkError};
 
 use super::ovs::{OvsProbe, disable_tx_checksum};
 use super::{
@@ -12,28 +12,45 @@ use super::{
 };
 
 /// Create the veth pair (pod end created directly in the pod namespace under
-/// its final name) and configure the pod end. Returns the host end's index.
-async fn plug_veth(spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(Netlink, u32), BindingError> {
+/// its final name and MTU) and configure both ends; the host end gets the
+/// owner alias, goes on `master` when given and comes up, in one request.
+async fn plug_veth(
+    host: &Netlink,
+    spec: &PlugSpec,
+    target: &PlugTarget<'_>,
+    master: Option<u32>,
+) -> Result<(), BindingError> {
     let netns = target.require_netns()?;
-    let host = Netlink::current()?;
     let pod = Netlink::in_netns(netns).await?;
-    // Leftovers of an interrupted earlier attempt.
-    if let Some(old) = host.link_by_name(&spec.host_ifname).await? {
-        host.delete_link(old.index).await?;
+    let create = || host.create_veth(&spec.host_ifname, &spec.ifname, Some(netns.fd()), spec.mtu);
+    match create().await {
+        // Leftovers of an interrupted earlier attempt hold a name: only then
+        // are they looked for (an ADD normally finds none).
+        Err(e) if e.is_exists() => {
+            if let Some(old) = host.link_by_name(&spec.host_ifname).await? {
+                host.delete_link(old.index).await?;
+            }
+            if let Some(old) = pod.link_by_name(&spec.ifname).await? {
+                pod.delete_link(old.index).await?;
+            }
+            create().await?;
+        }
+        other => other?,
     }
-    if let Some(old) = pod.link_by_name(&spec.ifname).await? {
-        pod.delete_link(old.index).await?;
-    }
-    host.create_veth(&spec.host_ifname, &spec.ifname, Some(netns.fd()), spec.mtu)
-        .await?;
     let host_link = host.require_link(&spec.host_ifname).await?;
-    if let Some(tag) = target.owner_tag {
-        host.set_alias(host_link.index, tag).await?;
-    }
     let pod_link = pod.require_link(&spec.ifname).await?;
-    l3::configure(&pod, pod_link.index, spec, true).await?;
-    host.set_up(host_link.index).await?;
-    Ok((host, host_link.index))
+    l3::configure(&pod, &pod_link, spec).await?;
+    host.configure_link(
+        host_link.index,
+        &LinkSettings {
+            master,
+            alias: target.owner_tag,
+            up: true,
+            ..LinkSettings::default()
+        },
+    )
+    .await?;
+    Ok(())
 }
 
 /// Remove the host end (which removes the pair) and, if it is gone already,
@@ -101,7 +118,7 @@ impl BindingDriver for BridgeDriver {
         let PlugKind::Bridge { bridge } = &spec.kind else {
             return Err(wrong_kind(self.name(), spec));
         };
-        let (host, host_index) = plug_veth(spec, target).await?;
+        let host = Netlink::current()?;
         // Created when missing (single-node and test setups have no agent
         // doing it); never removed, other ports share it.
         let br = match host.link_by_name(bridge).await? {
@@ -117,7 +134,7 @@ impl BindingDriver for BridgeDriver {
         if !br.up {
             host.set_up(br.index).await?;
         }
-        host.set_master(host_index, br.index).await?;
+        plug_veth(&host, spec, target, Some(br.index)).await?;
         Ok(())
     }
 
@@ -287,7 +304,7 @@ impl BindingDriver for OvsDriver {
         // A port record left by an interrupted setup refers to the veth that
         // plug_veth is about to replace.
         self.del_port(&probe, &spec.host_ifname).await?;
-        plug_veth(spec, target).await?;
+        plug_veth(&Netlink::current()?, spec, target, None).await?;
         if let Err(e) = self.attach(&probe, bridge, spec, target).await {
             // Don't leave a port or a veth nobody will ever wire; the setup
             // error is the one worth reporting.

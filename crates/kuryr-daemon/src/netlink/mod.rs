@@ -273,6 +273,67 @@ pub struct Route {
     pub oif: u32,
 }
 
+/// Several settings of one link, sent as one request (what `ip link set X
+/// address A mtu M master B alias T up` does): one round trip instead of one
+/// per setting. The kernel applies the address and MTU before the flags, so
+/// a link comes up with them already set.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LinkSettings<'a> {
+    pub mac: Option<MacAddr>,
+    pub mtu: Option<u32>,
+    /// Index of the bridge to attach the link to.
+    pub master: Option<u32>,
+    pub alias: Option<&'a str>,
+    pub up: bool,
+}
+
+impl LinkSettings<'_> {
+    /// The request for link `index`; `None` when there is nothing to set.
+    pub fn message(&self, index: u32) -> Option<LinkMessage> {
+        if *self == Self::default() {
+            return None;
+        }
+        let mut b = LinkUnspec::new_with_index(index);
+        if let Some(mac) = self.mac {
+            b = b.address(mac.0.to_vec());
+        }
+        if let Some(mtu) = self.mtu {
+            b = b.mtu(mtu);
+        }
+        if let Some(master) = self.master {
+            b = b.controller(master);
+        }
+        if let Some(alias) = self.alias {
+            b = b.alias(alias);
+        }
+        if self.up {
+            b = b.up();
+        }
+        Some(b.build())
+    }
+
+    /// What is set, for error messages: `MAC fa:16:..., MTU 1450, up`.
+    fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(mac) = self.mac {
+            parts.push(format!("MAC {mac}"));
+        }
+        if let Some(mtu) = self.mtu {
+            parts.push(format!("MTU {mtu}"));
+        }
+        if let Some(master) = self.master {
+            parts.push(format!("master #{master}"));
+        }
+        if self.alias.is_some() {
+            parts.push("alias".to_string());
+        }
+        if self.up {
+            parts.push("up".to_string());
+        }
+        parts.join(", ")
+    }
+}
+
 /// Linux interface names are at most 15 bytes (IFNAMSIZ - 1).
 pub fn validate_ifname(name: &str) -> Result<()> {
     if name.is_empty()
@@ -511,6 +572,17 @@ impl Netlink {
         self.set(format!("rename link #{index} to {name}"), msg).await
     }
 
+    /// Apply `settings` to link `index` in one request (none when empty).
+    pub async fn configure_link(&self, index: u32, settings: &LinkSettings<'_>) -> Result<()> {
+        match settings.message(index) {
+            Some(msg) => {
+                self.set(format!("set {} on link #{index}", settings.describe()), msg)
+                    .await
+            }
+            None => Ok(()),
+        }
+    }
+
     pub async fn set_mac(&self, index: u32, mac: MacAddr) -> Result<()> {
         let msg = LinkUnspec::new_with_index(index).address(mac.0.to_vec()).build();
         self.set(format!("set MAC {mac} on link #{index}"), msg).await
@@ -709,4 +781,66 @@ fn set_veth_peer_attr(msg: &mut LinkMessage, attr: LinkAttribute) {
 /// True when the link is of the given kind.
 pub fn is_kind(link: &Link, kind: InfoKind) -> bool {
     link.kind.as_deref() == Some(kind.to_string().as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_settings_go_out_in_one_message() {
+        assert_eq!(LinkSettings::default().message(7), None);
+        let mac: MacAddr = "fa:16:3e:00:00:01".parse().expect("mac");
+        let all = LinkSettings {
+            mac: Some(mac),
+            mtu: Some(1450),
+            master: Some(3),
+            alias: Some("kuryr:c:ns/p"),
+            up: true,
+        };
+        let msg = all.message(7).expect("a message");
+        assert_eq!(msg.header.index, 7);
+        assert!(msg.header.flags.contains(LinkFlags::Up));
+        let attrs = &msg.attributes;
+        assert!(
+            attrs.contains(&LinkAttribute::Address(mac.0.to_vec())),
+            "{attrs:?}"
+        );
+        assert!(attrs.contains(&LinkAttribute::Mtu(1450)), "{attrs:?}");
+        assert!(attrs.contains(&LinkAttribute::Controller(3)), "{attrs:?}");
+        assert!(
+            attrs.contains(&LinkAttribute::IfAlias("kuryr:c:ns/p".into())),
+            "{attrs:?}"
+        );
+        assert_eq!(
+            all.describe(),
+            "MAC fa:16:3e:00:00:01, MTU 1450, master #3, alias, up"
+        );
+
+        let only_up = LinkSettings {
+            up: true,
+            ..LinkSettings::default()
+        };
+        let msg = only_up.message(9).expect("a message");
+        assert!(msg.header.flags.contains(LinkFlags::Up));
+        assert!(
+            !msg.attributes.iter().any(|a| matches!(
+                a,
+                LinkAttribute::Address(_) | LinkAttribute::Mtu(_) | LinkAttribute::Controller(_)
+            )),
+            "{:?}",
+            msg.attributes
+        );
+        // Nothing asked of the link's state: it is not taken down either.
+        let mtu_only = LinkSettings {
+            mtu: Some(9000),
+            ..LinkSettings::default()
+        };
+        let msg = mtu_only.message(9).expect("a message");
+        assert!(
+            !msg.header.change_mask.contains(LinkFlags::Up),
+            "{:?}",
+            msg.header
+        );
+    }
 }

@@ -108,7 +108,7 @@ impl BindingDriver for SriovDriver {
             pod.rename(moved.index, &spec.ifname).await?;
         }
         let link = pod.require_link(&spec.ifname).await?;
-        l3::configure(&pod, link.index, spec, true).await
+        l3::configure(&pod, &link, spec).await
     }
 
     async fn teardown(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), TeardownError> {
