@@ -966,7 +966,6 @@ fn config(fx: &NeutronFixture) -> std::sync::Arc<kuryr_config::KuryrConfig> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "cases 0-29 match; case 30 fails: ML2/OVN leaves a port in a deleted group's port group (docs/network-policy.md); run with --ignored"]
 async fn network_policy_truth_table_on_the_ovn_dataplane_matches_the_kubernetes_model_cell_by_cell()
 -> Result<()> {
     on_lab!(&[SUBNET], |lab, fx| {
