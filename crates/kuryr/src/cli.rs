@@ -76,6 +76,11 @@ pub struct BenchArgs {
     /// Seconds each run may take to wire its pods.
     #[arg(long, default_value_t = 300)]
     pub timeout: u64,
+    /// Run these scale cases of the kuryr-rs controller instead of the peer runs (repeatable):
+    /// 10,000 pods, 10,000 pooled ports recovered after a SIGKILL, 1,000 nodes under churn.
+    /// `--quick` divides their sizes by 10.
+    #[arg(long, value_enum)]
+    pub scale: Vec<crate::bench::Scale>,
     /// Where to write the latency chart (default docs/peer-bench.svg for a full run).
     #[arg(long, value_name = "FILE")]
     pub svg: Option<PathBuf>,

@@ -13,31 +13,72 @@ use kuryr_neutron::{ClientOptions, NeutronClient, QuotaUpdate};
 use neutron_emulator::{AgentHosts, Emulator, EmulatorHandle, EmulatorOptions, LatencyProfile};
 use serde_json::json;
 
-use super::{Case, Profile};
+use futures::{StreamExt as _, TryStreamExt as _};
 
-/// The simulated nodes, with the InternalIP the kubelet would report.
-pub const NODES: [(&str, &str); 4] = [
-    ("bench-node-1", "192.168.50.11"),
-    ("bench-node-2", "192.168.50.12"),
-    ("bench-node-3", "192.168.50.13"),
-    ("bench-node-4", "192.168.50.14"),
-];
-/// Two namespaces, as a new user would try it.
-pub const NAMESPACES: [&str; 2] = ["bench-a", "bench-b"];
+use super::Profile;
+
+/// The simulated cluster: nodes (with the InternalIP the kubelet would report) and the
+/// namespaces pods go to.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub nodes: Vec<(String, String)>,
+    pub namespaces: Vec<String>,
+}
+
+impl Layout {
+    /// The peer runs: 4 nodes and two namespaces, as a new user would try it.
+    pub fn peer() -> Self {
+        Self {
+            nodes: (1..=4)
+                .map(|i| (format!("bench-node-{i}"), format!("192.168.50.{}", 10 + i)))
+                .collect(),
+            namespaces: vec!["bench-a".into(), "bench-b".into()],
+        }
+    }
+
+    /// `nodes` nodes (`bench-node-1`.., addresses from 192.168.0.1 on) and `namespaces`
+    /// namespaces (`bench-1`..).
+    pub fn grid(nodes: usize, namespaces: usize) -> Self {
+        Self {
+            nodes: (1..=nodes)
+                .map(|i| {
+                    (
+                        format!("bench-node-{i}"),
+                        format!("192.168.{}.{}", i / 250, i % 250 + 1),
+                    )
+                })
+                .collect(),
+            namespaces: (1..=namespaces).map(|i| format!("bench-{i}")).collect(),
+        }
+    }
+
+    /// Namespace and node of pod `i` of a workload: namespaces in turn, then the next node, so
+    /// that `nodes * namespaces * k` pods put `namespaces * k` on every node.
+    pub fn place(&self, i: usize) -> (&str, &str) {
+        let ns = &self.namespaces[i % self.namespaces.len()];
+        let node = &self.nodes[(i / self.namespaces.len()) % self.nodes.len()].0;
+        (ns, node)
+    }
+}
 
 pub struct Bed {
     pub kube: KubeHandle,
     pub neutron: EmulatorHandle,
     pub conf: PathBuf,
     pub health_port: u16,
+    /// The controller's Prometheus exporter.
+    pub metrics_port: u16,
     /// Worker slots of the emulated neutron-server (`None`: unlimited).
     pub neutron_workers: Option<usize>,
 }
 
 impl Bed {
-    pub async fn start(profile: Profile, case: Case, dir: &Path) -> anyhow::Result<Self> {
+    pub async fn start(profile: Profile, pooled: bool, layout: &Layout, dir: &Path) -> anyhow::Result<Self> {
+        if layout.nodes.is_empty() || layout.namespaces.is_empty() {
+            anyhow::bail!("the bench layout needs at least one node and one namespace");
+        }
         let kube = KubeEmulator::start(KubeOptions {
-            nodes: NODES.iter().map(|(n, _)| n.to_string()).collect(),
+            nodes: layout.nodes.iter().map(|(n, _)| n.clone()).collect(),
             // The bench's own watch must keep up with a burst of thousands of events.
             watch_channel_capacity: 1 << 16,
             ..KubeOptions::default()
@@ -52,15 +93,23 @@ impl Bed {
                 .context("applying the CRDs")?;
         }
         let nodes: Api<Node> = Api::all(client.clone());
-        for (name, ip) in NODES {
-            let patch = json!({"status": {"addresses": [
-                {"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}]}});
-            nodes
-                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .with_context(|| format!("setting the address of node {name}"))?;
-        }
-        for ns in NAMESPACES {
+        // A thousand nodes are set up in a second or two with a few requests in flight.
+        futures::stream::iter(layout.nodes.iter().map(|(name, ip)| {
+            let nodes = nodes.clone();
+            async move {
+                let patch = json!({"status": {"addresses": [
+                    {"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}]}});
+                nodes
+                    .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .with_context(|| format!("setting the address of node {name}"))
+                    .map(drop)
+            }
+        }))
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+        for ns in &layout.namespaces {
             let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
             Api::<Namespace>::all(client.clone())
                 .create(&PostParams::default(), &obj)
@@ -78,7 +127,7 @@ impl Bed {
         let neutron_workers = opts.workers;
         let profile_latency = opts.latency.clone();
         let neutron = Emulator::start(EmulatorOptions {
-            agent_hosts: AgentHosts::Only(NODES.iter().map(|(n, _)| n.to_string()).collect()),
+            agent_hosts: AgentHosts::Only(layout.nodes.iter().map(|(n, _)| n.clone()).collect()),
             ..opts
         })
         .await?;
@@ -122,16 +171,17 @@ impl Bed {
         neutron.reset_stats();
 
         let health_port = free_port()?;
+        let metrics_port = free_port()?;
         let conf = dir.join("kuryr.conf");
         let text = kuryr_conf(&ConfValues {
             kube_url: kube.url(),
             neutron_url: &neutron.url(),
-            pool: case.pooled(),
+            pool: pooled,
             project: &project,
             subnet: &subnet.id,
             sg: &sg.id,
             health_port,
-            exporter_port: free_port()?,
+            exporter_port: metrics_port,
         });
         std::fs::write(&conf, text).with_context(|| format!("writing {}", conf.display()))?;
         kube.requests().reset();
@@ -140,6 +190,7 @@ impl Bed {
             neutron,
             conf,
             health_port,
+            metrics_port,
             neutron_workers,
         })
     }

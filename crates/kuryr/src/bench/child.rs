@@ -75,6 +75,17 @@ impl Controller {
 
     /// Waits for `/ready` on the health port (both serve it there).
     pub async fn wait_ready(&mut self, health_port: u16, timeout: Duration) -> anyhow::Result<Duration> {
+        self.wait_ready_every(health_port, timeout, Duration::from_millis(100))
+            .await
+    }
+
+    /// [`Controller::wait_ready`], asking every `poll`.
+    pub async fn wait_ready_every(
+        &mut self,
+        health_port: u16,
+        timeout: Duration,
+        poll: Duration,
+    ) -> anyhow::Result<Duration> {
         let started = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait()? {
@@ -93,8 +104,13 @@ impl Controller {
                     self.log.display()
                 );
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(poll).await;
         }
+    }
+
+    /// SIGKILL, as a crash or an OOM kill would end it: nothing is flushed.
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
     }
 
     pub fn exited(&mut self) -> bool {
@@ -133,6 +149,30 @@ async fn http_ok(port: u16, path: &str) -> bool {
         Ok(Ok(head)) => head.starts_with(b"HTTP/1.") && head[9] == b'2',
         _ => false,
     }
+}
+
+/// A plain HTTP/1.0 GET on 127.0.0.1: the body of a 2xx answer.
+pub async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let attempt = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+            .await?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).await?;
+        Ok::<_, std::io::Error>(text)
+    };
+    let text = tokio::time::timeout(Duration::from_secs(10), attempt)
+        .await
+        .with_context(|| format!("GET {path} on port {port} timed out"))??;
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    if !(head.starts_with("HTTP/1.") && head.as_bytes().get(9) == Some(&b'2')) {
+        bail!(
+            "GET {path} on port {port}: {}",
+            head.lines().next().unwrap_or_default()
+        );
+    }
+    Ok(body.to_string())
 }
 
 /// CPU time and peak resident memory of a process and its descendants.

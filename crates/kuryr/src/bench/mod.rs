@@ -11,6 +11,7 @@ mod bed;
 mod cases;
 mod child;
 mod report;
+mod scale;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -21,9 +22,10 @@ use clap::ValueEnum;
 use tokio::time::Instant;
 
 use crate::cli::BenchArgs;
-use bed::Bed;
+use bed::{Bed, Layout};
 use child::{Controller, Programs};
 use report::Row;
+pub use scale::Scale;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Impl {
@@ -106,6 +108,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         .or_else(|| std::env::var_os("KURYR_TEST_UPSTREAM_PYTHON").map(PathBuf::from))
         .or_else(|| Some(PathBuf::from(".upstream-kuryr/venv/bin/python")));
     let programs = Programs::find(args.kuryr_bin.as_deref(), upstream_python.as_deref())?;
+    if !args.scale.is_empty() {
+        return run_scale(&args, &programs).await;
+    }
     let impls: Vec<Impl> = if args.only.is_empty() {
         vec![Impl::KuryrRs, Impl::Upstream]
     } else {
@@ -195,6 +200,35 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--scale`: the kuryr-rs controller alone (upstream wires ~10 pods/s: 10,000 pods would take
+/// it most of an hour).
+async fn run_scale(args: &BenchArgs, programs: &Programs) -> anyhow::Result<()> {
+    if args.only.contains(&Impl::Upstream) {
+        anyhow::bail!("--scale runs the kuryr-rs controller only; drop --only upstream");
+    }
+    let work = std::env::temp_dir().join(format!("kuryr-bench-scale-{}", std::process::id()));
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let load = scale::load_average();
+    println!(
+        "scale bench: kuryr-rs controller, instant Neutron, neutron pool; load average {:.2} {:.2} {:.2}; logs in {}",
+        load[0],
+        load[1],
+        load[2],
+        work.display()
+    );
+    let rows = scale::run_all(
+        programs,
+        &args.scale,
+        args.quick,
+        Duration::from_secs(args.timeout),
+        &work,
+    )
+    .await?;
+    println!();
+    print!("{}", report::scale_table(&rows));
+    Ok(())
+}
+
 fn churn_rate(profile: Profile) -> f64 {
     match profile {
         Profile::Instant => 50.0,
@@ -210,7 +244,7 @@ async fn run_one(
     size: Size,
     dir: &std::path::Path,
 ) -> anyhow::Result<Row> {
-    let bed = Bed::start(profile, case, dir).await?;
+    let bed = Bed::start(profile, case.pooled(), &Layout::peer(), dir).await?;
     let result = measure(programs, &bed, profile, case, which, size, dir).await;
     bed.stop().await;
     result
@@ -226,6 +260,7 @@ async fn measure(
     dir: &std::path::Path,
 ) -> anyhow::Result<Row> {
     let store = bed.kube.store();
+    let layout = Layout::peer();
     let tracker = cases::track(store.clone())?;
     let mut ctrl = Controller::spawn(which, programs, &bed.conf, dir.join("controller.log"))?;
     let outcome = async {
@@ -233,7 +268,7 @@ async fn measure(
         if case == Case::WarmPool {
             // The same burst once, unmeasured, then everything deleted: the ports go back to the
             // pools, and two pool update periods let them be seen ready for reuse.
-            let warm = cases::burst(&store, "warm", size.pods)?;
+            let warm = cases::burst(&store, &layout, "warm", size.pods)?;
             if !cases::wait_wired(&tracker.wired, &warm, Instant::now() + size.timeout).await {
                 anyhow::bail!(
                     "the warm-up pods were not all wired within {}s",
@@ -251,9 +286,18 @@ async fn measure(
             Case::Churn => {
                 let rate = churn_rate(profile);
                 let total = (rate * size.churn_secs).round().max(1.0) as usize;
-                cases::churn(&store, &tracker.wired, rate, total, size.churn_lifetime, deadline).await?
+                cases::churn(
+                    &store,
+                    &layout,
+                    &tracker.wired,
+                    rate,
+                    total,
+                    size.churn_lifetime,
+                    deadline,
+                )
+                .await?
             }
-            _ => cases::burst(&store, "pod", size.pods)?,
+            _ => cases::burst(&store, &layout, "pod", size.pods)?,
         };
         cases::wait_wired(&tracker.wired, &created, deadline).await;
         let usage = child::usage(ctrl.pid);

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use super::scale::Scale;
 use super::{Case, Impl, Profile};
 
 /// One (profile, case, implementation) run.
@@ -268,6 +269,118 @@ pub fn svg(rows: &[Row], title: &str) -> String {
     s
 }
 
+/// One `kuryr bench --scale` run (kuryr-rs alone).
+#[derive(Clone, Debug)]
+pub struct ScaleRow {
+    pub case: Scale,
+    /// The simulated cluster and workload, in words.
+    pub cluster: String,
+    /// Pods measured: the burst, or the churned pods.
+    pub pods: usize,
+    pub wired: usize,
+    /// First measured pod created -> last one wired.
+    pub secs: f64,
+    /// Sorted wiring latencies of the measured pods.
+    pub latencies: Vec<Duration>,
+    /// Time to place the pods before the measured part (`nodes-1000`), or to fill the pools
+    /// (`recovery-10k`).
+    pub setup: Option<Duration>,
+    /// `recovery-10k`: the new controller's process start -> `/ready`.
+    pub ready: Option<Duration>,
+    /// `recovery-10k`: ports the new controller recovered into its pools.
+    pub recovered: Option<u64>,
+    /// CPU-seconds of the controller over the measured part (until ready for a recovery).
+    pub cpu_secs: f64,
+    /// VmHWM of the controller, its whole life.
+    pub peak_rss_kib: u64,
+    pub neutron_requests: u64,
+    pub kube_requests: u64,
+    /// 1/5/15 minute load averages at the end of the run.
+    pub load: [f64; 3],
+}
+
+/// What each scale case must show.
+pub const SCALE_RSS_TARGET_MIB: f64 = 64.0;
+pub const SCALE_READY_TARGET: Duration = Duration::from_secs(2);
+pub const SCALE_P99_TARGET: Duration = Duration::from_secs(1);
+
+impl ScaleRow {
+    pub fn pods_per_sec(&self) -> f64 {
+        if self.secs > 0.0 {
+            self.wired as f64 / self.secs
+        } else {
+            0.0
+        }
+    }
+
+    /// The case's target and whether it was met (every pod wired counts too; for a recovery,
+    /// every pooled port recovered).
+    pub fn verdict(&self) -> (String, bool) {
+        let all_wired = self.pods > 0 && self.wired == self.pods;
+        match self.case {
+            Scale::Pods10k => {
+                let mib = self.peak_rss_kib as f64 / 1024.0;
+                (
+                    format!("peak RSS <= {SCALE_RSS_TARGET_MIB:.0} MiB"),
+                    all_wired && mib <= SCALE_RSS_TARGET_MIB,
+                )
+            }
+            Scale::Recovery10k => (
+                format!("ready < {} s", SCALE_READY_TARGET.as_secs()),
+                all_wired
+                    && self.recovered.is_some_and(|n| n >= self.pods as u64)
+                    && self.ready.is_some_and(|r| r < SCALE_READY_TARGET),
+            ),
+            Scale::Nodes1000 => (
+                format!("churn p99 < {} s", SCALE_P99_TARGET.as_secs()),
+                all_wired && percentile(&self.latencies, 99.0).is_some_and(|p| p < SCALE_P99_TARGET),
+            ),
+        }
+    }
+}
+
+fn secs(d: Option<Duration>) -> String {
+    d.map_or_else(|| "-".into(), |d| format!("{:.2}", d.as_secs_f64()))
+}
+
+/// The markdown table of the scale runs.
+pub fn scale_table(rows: &[ScaleRow]) -> String {
+    let mut out = String::from(
+        "| case | cluster and workload | pods wired | setup s | pods/s | p50 / p99 / max ms | ready s | ports recovered | \
+         CPU s | peak RSS MiB | Neutron req/pod | k8s req/pod | load avg | target | met |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|\n",
+    );
+    for r in rows {
+        let per_pod = |n: u64| n as f64 / r.pods.max(1) as f64;
+        let (target, met) = r.verdict();
+        let _ = writeln!(
+            out,
+            "| {} | {} | {}/{} | {} | {:.1} | {} / {} / {} | {} | {} | {:.2} | {:.1} | {:.2} | {:.1} | {:.1} {:.1} {:.1} | {} | {} |",
+            r.case.label(),
+            r.cluster,
+            r.wired,
+            r.pods,
+            secs(r.setup),
+            r.pods_per_sec(),
+            ms(percentile(&r.latencies, 50.0)),
+            ms(percentile(&r.latencies, 99.0)),
+            ms(r.latencies.last().copied()),
+            secs(r.ready),
+            r.recovered.map_or_else(|| "-".into(), |n| n.to_string()),
+            r.cpu_secs,
+            r.peak_rss_kib as f64 / 1024.0,
+            per_pod(r.neutron_requests),
+            per_pod(r.kube_requests),
+            r.load[0],
+            r.load[1],
+            r.load[2],
+            target,
+            if met { "yes" } else { "NO" },
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,5 +449,63 @@ mod tests {
         // 10 ms is one decade of six past the axis start.
         let expect = LEFT + (W - LEFT - RIGHT) / 6.0;
         assert!((x_of(10.0) - expect).abs() < 1e-9);
+    }
+
+    fn scale_row(case: Scale) -> ScaleRow {
+        ScaleRow {
+            case,
+            cluster: "c".into(),
+            pods: 100,
+            wired: 100,
+            secs: 4.0,
+            latencies: (1..=100).map(Duration::from_millis).collect(),
+            setup: None,
+            ready: Some(Duration::from_millis(1500)),
+            recovered: Some(100),
+            cpu_secs: 1.0,
+            peak_rss_kib: 60 * 1024,
+            neutron_requests: 50,
+            kube_requests: 300,
+            load: [1.0, 2.0, 3.0],
+        }
+    }
+
+    #[test]
+    fn scale_targets() {
+        let mut r = scale_row(Scale::Pods10k);
+        assert!(r.verdict().1);
+        r.peak_rss_kib = 65 * 1024;
+        assert!(!r.verdict().1, "above 64 MiB");
+        let mut r = scale_row(Scale::Pods10k);
+        r.wired = 99;
+        assert!(!r.verdict().1, "a pod not wired");
+
+        let mut r = scale_row(Scale::Recovery10k);
+        assert!(r.verdict().1);
+        r.ready = Some(Duration::from_secs(2));
+        assert!(!r.verdict().1, "2 s is not under 2 s");
+        let mut r = scale_row(Scale::Recovery10k);
+        r.recovered = Some(99);
+        assert!(!r.verdict().1, "a port not recovered");
+
+        let mut r = scale_row(Scale::Nodes1000);
+        assert!(r.verdict().1);
+        // Nearest rank: the 99th of 100 values.
+        r.latencies[98] = Duration::from_millis(1000);
+        r.latencies[99] = Duration::from_millis(1000);
+        assert!(!r.verdict().1, "p99 of 1 s");
+    }
+
+    #[test]
+    fn scale_table_rows() {
+        let t = scale_table(&[scale_row(Scale::Pods10k), scale_row(Scale::Recovery10k)]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 4);
+        assert!(
+            lines[2].starts_with("| pods-10k | c | 100/100 | - | 25.0 | 50 / 99 / 100 | 1.50 | 100 | 1.00 | 60.0 | 0.50 | 3.0 | 1.0 2.0 3.0 | peak RSS <= 64 MiB | yes |"),
+            "{}",
+            lines[2]
+        );
+        assert!(lines[3].ends_with("| ready < 2 s | yes |"), "{}", lines[3]);
     }
 }
