@@ -238,7 +238,7 @@ async fn wire(
         row.cpu_secs = usage.cpu_secs - cpu_before;
         row.peak_rss_kib = usage.peak_rss_kib;
         row.neutron_requests = bed.neutron.stats().operations.values().sum();
-        row.kube_requests = bed.kube.requests().snapshot().into_iter().map(|(_, n)| n).sum();
+        row.kube_requests = bed.kube.requests().snapshot().into_values().sum();
         row.load = load_average();
         anyhow::Ok(row)
     }
