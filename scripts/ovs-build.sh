@@ -112,7 +112,8 @@ build() {
     make -s --no-print-directory -f Makefile -f - print-built-sources)
   # $generated and $BINS are word lists on purpose.
   # shellcheck disable=SC2086
-  { make -C "$src" -j"$JOBS" $generated && make -C "$src" -j"$JOBS" $BINS; } >"$work/make.log" 2>&1 ||
+  # At nice 10: it runs beside the project's own build, which is on the critical path.
+  { nice -n 10 make -C "$src" -j"$JOBS" $generated && nice -n 10 make -C "$src" -j"$JOBS" $BINS; } >"$work/make.log" 2>&1 ||
     { tail -n 30 "$work/make.log" >&2; exit 1; }
   log "make -j$JOBS: $(since "$t") s"
 

@@ -36,9 +36,16 @@ fn key_of(obj: &DynamicObject) -> String {
     )
 }
 
+/// Drops what no handler reads and every object would otherwise carry twice over (kept here and
+/// queued): the field managers' bookkeeping, often the largest part of a small object.
+fn slim(obj: &mut DynamicObject) {
+    obj.metadata.managed_fields = None;
+}
+
 impl KnownObjects {
     /// Turns a watcher event into the pipeline events it implies.
     pub fn apply(&mut self, ev: WEvent<DynamicObject>) -> Vec<(EventType, DynamicObject)> {
+        let ev = ev.modify(slim);
         match ev {
             WEvent::Init => {
                 self.relisting = Some(HashSet::new());

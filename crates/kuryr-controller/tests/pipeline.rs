@@ -299,6 +299,21 @@ fn known_objects_emit_deletes_for_objects_missing_after_a_relist() {
     assert_eq!(k.len(), 2);
 }
 
+#[test]
+fn known_objects_keep_and_pass_on_no_field_manager_bookkeeping() {
+    let mut k = KnownObjects::default();
+    let mut o = obj("a", "ua", "1");
+    o.metadata.managed_fields = Some(vec![Default::default(); 3]);
+    let out = k.apply(WEvent::Apply(o));
+    assert_eq!(out[0].1.metadata.managed_fields, None);
+    assert!(k.all().all(|o| o.metadata.managed_fields.is_none()));
+    assert_eq!(
+        out[0].1.metadata.uid.as_deref(),
+        Some("ua"),
+        "the rest of the object is kept"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn stopping_the_pipeline_ends_queued_and_running_handlers() {
     let rec = Arc::new(Recorder {

@@ -27,6 +27,10 @@ pub enum ErrorKind {
     ParentPortInUse,
     SubPortBindingError,
     RevisionNumberConstraintFailed,
+    /// `remove_addresses` named an address the address group does not hold (404; nothing removed).
+    AddressesNotFound,
+    /// `add_addresses` named an address the address group already holds (400; nothing added).
+    AddressesAlreadyExist,
     InvalidInput,
     /// `BadRequest`/`HTTPBadRequest`, e.g. "Unrecognized attribute(s)".
     BadRequest,
@@ -62,6 +66,8 @@ impl ErrorKind {
             "ParentPortInUse" => Self::ParentPortInUse,
             "SubPortBindingError" => Self::SubPortBindingError,
             "RevisionNumberConstraintFailed" => Self::RevisionNumberConstraintFailed,
+            "AddressesNotFound" => Self::AddressesNotFound,
+            "AddressesAlreadyExist" => Self::AddressesAlreadyExist,
             "InvalidInput" => Self::InvalidInput,
             "BadRequest" | "HTTPBadRequest" => Self::BadRequest,
             "Conflict" | "HTTPConflict" => Self::Conflict,
@@ -108,6 +114,8 @@ impl ErrorKind {
             Self::ParentPortInUse => "ParentPortInUse",
             Self::SubPortBindingError => "SubPortBindingError",
             Self::RevisionNumberConstraintFailed => "RevisionNumberConstraintFailed",
+            Self::AddressesNotFound => "AddressesNotFound",
+            Self::AddressesAlreadyExist => "AddressesAlreadyExist",
             Self::InvalidInput => "InvalidInput",
             Self::BadRequest => "BadRequest",
             Self::Conflict => "Conflict",

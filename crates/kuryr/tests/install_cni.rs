@@ -219,16 +219,28 @@ fn default_plugin_is_the_one_next_to_kuryr() {
     fs::copy(env!("CARGO_BIN_EXE_kuryr"), &exe).unwrap();
     let h = Host::new();
     let run = || {
-        Command::new(&exe)
-            .args([
-                "install-cni",
-                "--bin-dir",
-                &h.bin.display().to_string(),
-                "--conf-dir",
-                &h.conf.display().to_string(),
-            ])
-            .output()
-            .unwrap()
+        // A child another test thread forks between our copy's open and close inherits the
+        // copy's write descriptor until it execs: the kernel refuses to run the copy meanwhile
+        // (ETXTBSY), so that case is tried again.
+        let mut tries = 0;
+        loop {
+            match Command::new(&exe)
+                .args([
+                    "install-cni",
+                    "--bin-dir",
+                    &h.bin.display().to_string(),
+                    "--conf-dir",
+                    &h.conf.display().to_string(),
+                ])
+                .output()
+            {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 50 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                r => break r.unwrap(),
+            }
+        }
     };
     let o = run();
     assert_fails_naming(&o, &dir.path().join("kuryr-cni"), "No such file");

@@ -8,6 +8,7 @@
 //! - [`pool`]: where ports come from (`noop` creates per pod; pools live in `crate::pool`)
 //! - [`multi_vif`]: the pod's additional interfaces (`[kubernetes] multi_vif_drivers`)
 
+pub mod address_groups;
 pub mod multi_vif;
 pub mod network_policy;
 pub mod os_vif;

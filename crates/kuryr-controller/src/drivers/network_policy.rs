@@ -31,6 +31,7 @@ use kuryr_neutron::{
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use crate::drivers::address_groups::set_addresses;
 use crate::drivers::port_groups::{Change, PortGroups};
 use crate::drivers::project::ProjectDriver;
 use crate::error::Error;
@@ -562,12 +563,10 @@ impl NetworkPolicyDriver {
                 }
                 Op::DeleteRule { id, .. } => ignore_not_found(client.delete_security_group_rule(&id).await)?,
                 Op::RemoveAddresses { id, addresses, .. } => {
-                    let a: Vec<String> = addresses.iter().map(ToString::to_string).collect();
-                    client.remove_addresses(&id, &a).await?;
+                    set_addresses(&client, &id, &addresses, false).await?
                 }
                 Op::AddAddresses { id, addresses, .. } => {
-                    let a: Vec<String> = addresses.iter().map(ToString::to_string).collect();
-                    client.add_addresses(&id, &a).await?;
+                    set_addresses(&client, &id, &addresses, true).await?
                 }
                 Op::CreateRule { variant, rule } => {
                     let sg = groups

@@ -48,13 +48,13 @@ pub(super) async fn address_group_crud_and_membership(ctx: &Ctx) -> anyhow::Resu
     // All or nothing: one address already there and nothing is added.
     expect_api_error(
         c.add_addresses(&ag.id, &["10.61.0.11/32", "10.61.0.9/32"]).await,
-        other("AddressesAlreadyExist"),
+        ErrorKind::AddressesAlreadyExist,
         400,
     )?;
     expect_api_error(
         c.remove_addresses(&ag.id, &["10.61.0.9/32", "10.61.9.9/32"])
             .await,
-        other("AddressesNotFound"),
+        ErrorKind::AddressesNotFound,
         404,
     )?;
     let got = c.get_address_group(&ag.id).await?;
