@@ -227,8 +227,11 @@ cargo fmt --all -- --check
 # directory (no wait on the build's lock): it takes only the CPU the build, the labs and the tests
 # leave idle, and its verdict is printed with the summary.
 step "cargo clippy --workspace --all-targets -- -D warnings (in the background at nice 19; log: $LOG_DIR/clippy.log)"
-# Its own session, so an early exit stops all of it (stop_labs).
+# Its own session, so an early exit stops all of it (stop_labs). A new session is a new scheduler
+# autogroup, which competes with the build's as an equal whatever its processes' nice values: the
+# autogroup itself is set to nice 19.
 CARGO_TARGET_DIR="$REPO/target/clippy" setsid bash -c 't0=$(date +%s); rc=0
+  echo 19 >/proc/self/autogroup 2>/dev/null || true
   nice -n 19 cargo clippy --workspace --all-targets -- -D warnings || rc=$?
   echo "clippy: $(( $(date +%s) - t0 ))s (exit $rc)"; exit "$rc"' >"$LOG_DIR/clippy.log" 2>&1 &
 CLIPPY_PID=$!

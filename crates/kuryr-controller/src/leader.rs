@@ -116,19 +116,38 @@ impl LeaderElector {
     pub async fn run(self, tx: watch::Sender<bool>, stop: CancellationToken) {
         let mut leader = false;
         let mut last_renew = tokio::time::Instant::now();
+        // A leader steps down once it has not renewed for this long, well before the lease it
+        // wrote can expire and a follower take over: two leaders must never act at once.
+        let renew_deadline = self.cfg.lease_duration * 2 / 3;
         loop {
-            let result = self.try_acquire_or_renew().await;
+            let started = tokio::time::Instant::now();
+            // A round that hangs (an API server that accepts but does not answer) must not keep
+            // a leader leading past its deadline: it is bounded, and a timeout is a failure.
+            let limit = if leader {
+                renew_deadline.saturating_sub(last_renew.elapsed())
+            } else {
+                self.cfg.lease_duration
+            };
+            let result = match tokio::time::timeout(
+                limit.max(Duration::from_millis(100)),
+                self.try_acquire_or_renew(),
+            )
+            .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(Error::not_ready(format!("lease round took over {limit:?}"))),
+            };
             let now_leader = match result {
                 Ok(v) => {
                     if v {
-                        last_renew = tokio::time::Instant::now();
+                        // The renew time written is from before the call: count from then.
+                        last_renew = started;
                     }
                     v
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "lease renewal failed");
-                    // Keep leading only while the lease we hold cannot have expired yet.
-                    leader && last_renew.elapsed() < self.cfg.lease_duration
+                    leader && last_renew.elapsed() < renew_deadline
                 }
             };
             if now_leader != leader {
@@ -185,5 +204,77 @@ mod tests {
             may_hold(Some(&spec("b", 11)), "a", now),
             "expired lease is taken over"
         );
+    }
+
+    /// A proxy to `upstream` that forwards until `hang` is set; from then on it accepts
+    /// connections and never answers, like an API server that is up but stuck.
+    async fn stalling_proxy(
+        upstream: std::net::SocketAddr,
+        hang: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let mut held = vec![];
+            while let Ok((mut conn, _)) = listener.accept().await {
+                if hang.load(std::sync::atomic::Ordering::SeqCst) {
+                    held.push(conn);
+                    continue;
+                }
+                let hang = hang.clone();
+                tokio::spawn(async move {
+                    let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut conn, &mut up) => {}
+                        // Kept-alive connections stall too: open, silent, forever.
+                        _ = async {
+                            while !hang.load(std::sync::atomic::Ordering::SeqCst) {
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                        } => std::future::pending::<()>().await,
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_leader_whose_renewals_hang_steps_down_before_its_lease_expires() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let emu = kube_emulator::KubeEmulator::start(kube_emulator::KubeOptions::default())
+            .await
+            .expect("emulator");
+        let hang = Arc::new(AtomicBool::new(false));
+        let proxy = stalling_proxy(emu.addr(), hang.clone()).await;
+        let config = kube::Config::new(format!("http://{proxy}").parse().expect("url"));
+        let client = kube::Client::try_from(config).expect("client");
+        let cfg = LeaseConfig {
+            lease_duration: Duration::from_secs(3),
+            retry_period: Duration::from_millis(200),
+            ..LeaseConfig::new("default", "a")
+        };
+        let (tx, mut rx) = watch::channel(false);
+        let stop = CancellationToken::new();
+        tokio::spawn(LeaderElector::new(client, cfg).run(tx, stop.clone()));
+        tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|l| *l))
+            .await
+            .expect("became leader")
+            .expect("elector alive");
+        hang.store(true, Ordering::SeqCst);
+        let stalled = tokio::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|l| !*l))
+            .await
+            .expect("stepped down")
+            .expect("elector alive");
+        assert!(
+            stalled.elapsed() < Duration::from_secs(3),
+            "stepped down after {:?}, when its lease (3 s) may already be another's",
+            stalled.elapsed()
+        );
+        stop.cancel();
     }
 }

@@ -24,8 +24,9 @@ impl<H: EventHandler> LogExceptions<H> {
 impl<H: EventHandler> EventHandler for LogExceptions<H> {
     async fn handle(&self, event: Event) -> Result<(), Error> {
         if let Err(e) = self.inner.handle(event.clone()).await {
-            // The object went away under the handler: nothing is left to do and nobody to tell.
-            if matches!(e, Error::Gone(_)) {
+            // The object, or one it needs (its namespace, its KuryrPort), went away under the
+            // handler: nothing is left to do and nobody to tell; the deletion's own events follow.
+            if matches!(&e, Error::Gone(_)) || matches!(&e, Error::Kube(k) if crate::error::is_not_found(k)) {
                 tracing::debug!(handler = %self.name, object = %event.object_ref(), error = %e, "object gone");
                 return Ok(());
             }

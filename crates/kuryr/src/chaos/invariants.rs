@@ -474,12 +474,35 @@ fn ports_and_pools(snap: &Snapshot, f: &mut Findings) {
         if let Some(in_use) = &pool.in_use {
             let reported: BTreeSet<&str> = in_use.iter().map(String::as_str).collect();
             if reported != used {
-                let extra: Vec<&str> = reported.difference(&used).copied().collect();
+                // Why each counted port is not among the KuryrPorts' ones for this pool: the
+                // message must tell a lost release from a port tagged for another pool.
+                let explained: Vec<String> = reported
+                    .difference(&used)
+                    .map(|id| {
+                        let tag = match neutron.get(id) {
+                            None => "not in Neutron".to_string(),
+                            Some(p) => format!("pool tag {}", p.pool.as_deref().unwrap_or("none")),
+                        };
+                        let holders: Vec<String> = snap
+                            .kuryr_ports
+                            .iter()
+                            .filter(|kp| kp.vifs.iter().any(|(v, _)| v == id))
+                            .map(|kp| format!("{}{}", kp.key, if kp.deleting { " (deleting)" } else { "" }))
+                            .collect();
+                        let held = if holders.is_empty() {
+                            "in no KuryrPort".to_string()
+                        } else {
+                            format!("in KuryrPort {}", holders.join(", "))
+                        };
+                        format!("{id} [{tag}; {held}]")
+                    })
+                    .collect();
+                let extra: Vec<&str> = explained.iter().map(String::as_str).collect();
                 let lacking: Vec<&str> = used.difference(&reported).copied().collect();
                 f.lasting.insert(
                     (Kind::Mismatch, format!("{}/in-use", pool.name)),
                     format!(
-                        "the pool counts {} in use, KuryrPorts hold {} of its ports (counted but in no KuryrPort: {}; in a KuryrPort but not counted: {})",
+                        "the pool counts {} in use, KuryrPorts hold {} of its ports (counted but not among them: {}; in a KuryrPort but not counted: {})",
                         reported.len(),
                         used.len(),
                         short(&extra),
