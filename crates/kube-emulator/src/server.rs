@@ -975,7 +975,14 @@ fn watch_response(
             ))
         }),
     };
-    let start = from.and_then(|from| app.store.watch(&shape.storage, ns.as_deref(), from));
+    // The kill generation is read now, where the watch subscribes, not when its task first runs:
+    // an outage begun in between must still end it.
+    let start = from
+        .and_then(|from| app.store.watch(&shape.storage, ns.as_deref(), from))
+        .map(|s| {
+            let generation = *s.kill.borrow();
+            (s, generation)
+        });
     let def = shape.def.clone();
     let timeout = q
         .get("timeoutSeconds")
@@ -986,7 +993,7 @@ fn watch_response(
     let store = app.store.clone();
     let filter = WatchFilter { shape, opts, mode };
     tokio::spawn(async move {
-        let mut start = match start {
+        let (mut start, kill_gen) = match start {
             Ok(s) => s,
             Err(e) => {
                 // Like the real server: HTTP 200 with an ERROR event carrying the Status (410 Expired).
@@ -1004,7 +1011,6 @@ fn watch_response(
         let mut last_rv = start.start_rv;
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-        let kill_gen = *start.kill.borrow();
         loop {
             tokio::select! {
                 _ = tx.closed() => return,

@@ -163,7 +163,12 @@ fn ports_counted_in_use_by_a_pool_but_held_by_no_pod_are_a_mismatch() {
         "{}",
         v[1].detail
     );
-    assert!(v[1].detail.contains("in no KuryrPort: p4"), "{}", v[1].detail);
+    assert!(
+        v[1].detail
+            .contains("not among them: p4 [pool tag pool-1; in no KuryrPort]"),
+        "{}",
+        v[1].detail
+    );
 }
 
 #[test]
