@@ -551,13 +551,24 @@ async fn a_cluster_ip_outside_the_service_subnet_is_a_warning_event_naming_the_f
 }
 
 /// A port the provider cannot serve (its driver answers 501, as a provider without a protocol does) gets a
-/// Warning Event naming it; the Service's other ports are served. Emulator only: the real providers here serve
-/// every Kubernetes protocol (amphora and ovn both take TCP, UDP and SCTP).
+/// Warning Event naming it; the Service's other ports, and the other Services, are served. Emulator only: the
+/// real providers here serve every Kubernetes protocol (amphora in Octavia 19 and ovn in ovn-octavia-provider
+/// 11 both take TCP, UDP and SCTP: ovn_octavia_provider/common/constants.py OVN_NATIVE_LB_PROTOCOLS), so only
+/// an injected refusal can show it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_port_the_provider_refuses_is_a_warning_event_and_the_other_ports_are_served() -> Result<()> {
     init_logs();
     let oct = octavia_targets(LatencyProfile::Instant).await?.remove(0);
     let emu = oct.emulator.as_ref().expect("the first target is the emulator");
+    let ns = unique("refused");
+    let bed = Bed::new(&ns).await?;
+    let _ctrl = bed.controller(&oct, "", "svc-refused");
+    let kube = bed.client();
+    // The other Service is served before the refusals are armed: the emulator's faults match operations,
+    // not Services, so one armed earlier could land on either Service's create.
+    create_service(kube, &ns, "plain", "10.96.0.16", &[("web", 80, 8080, "TCP")]).await?;
+    set_endpoints(kube, &ns, "plain", &ips(2), &[("web", 8080)]).await?;
+    let plain = recorded(kube, &ns, "plain", 1, 2).await?;
     let refusal = |op: &str| octavia_emulator::FaultRule {
         operation: op.to_string(),
         status: Some(501),
@@ -568,10 +579,6 @@ async fn a_port_the_provider_refuses_is_a_warning_event_and_the_other_ports_are_
     emu.set_faults(octavia_emulator::FaultConfig {
         rules: vec![refusal("loadbalancer.create"), refusal("listener.create")],
     });
-    let ns = unique("refused");
-    let bed = Bed::new(&ns).await?;
-    let _ctrl = bed.controller(&oct, "", "svc-refused");
-    let kube = bed.client();
     create_service(
         kube,
         &ns,
@@ -580,6 +587,8 @@ async fn a_port_the_provider_refuses_is_a_warning_event_and_the_other_ports_are_
         &[("web", 80, 8080, "TCP"), ("dns", 53, 5353, "UDP")],
     )
     .await?;
+    // The other Service keeps following its endpoints while the refused one is handled.
+    set_endpoints(kube, &ns, "plain", &ips(3), &[("web", 8080)]).await?;
     let st = recorded(kube, &ns, "mixed", 1, 0).await?;
     assert_eq!(st.listeners[0].protocol, "UDP", "{:?}", st.listeners);
     assert_eq!(st.listeners[0].port, 53);
@@ -590,7 +599,10 @@ async fn a_port_the_provider_refuses_is_a_warning_event_and_the_other_ports_are_
             .await?
             .items
             .into_iter()
-            .find(|e| e.reason.as_deref() == Some("KuryrServicePortUnsupported"))
+            .find(|e| {
+                e.reason.as_deref() == Some("KuryrServicePortUnsupported")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("mixed")
+            })
             .and_then(|e| e.note))
     })
     .await?;
@@ -600,6 +612,31 @@ async fn a_port_the_provider_refuses_is_a_warning_event_and_the_other_ports_are_
     set_endpoints(kube, &ns, "mixed", &ips(2), &[("dns", 5353)]).await?;
     recorded(kube, &ns, "mixed", 1, 2).await?;
     assert_eq!(emu.stats().count("listener.create"), 2, "{:?}", emu.stats());
+
+    // The other Service: the same load balancer, ACTIVE, its one listener with the 3 members, no Warning.
+    let st = recorded(kube, &ns, "plain", 1, 3).await?;
+    let lb = st.loadbalancer.clone().context("plain's load balancer")?;
+    assert_eq!(
+        Some(&lb.id),
+        plain.loadbalancer.as_ref().map(|l| &l.id),
+        "replaced"
+    );
+    assert_eq!(
+        oct.client.get_load_balancer(&lb.id).await?.provisioning_status,
+        "ACTIVE"
+    );
+    let tree = oct.client.get_status_tree(&lb.id).await?;
+    let listeners: Vec<_> = tree
+        .loadbalancer
+        .listeners
+        .iter()
+        .map(|l| l.name.clone())
+        .collect();
+    assert_eq!(listeners, [format!("{ns}/plain:TCP:80")]);
+    let want: BTreeSet<_> = ips(3).into_iter().map(|ip| (ip, 8080)).collect();
+    assert_eq!(octavia_members(&oct.client, &lb.id).await?, want);
+    let plain_warnings = warnings(kube, &ns, "plain").await?;
+    assert!(plain_warnings.is_empty(), "{plain_warnings:?}");
     Ok(())
 }
 
