@@ -121,6 +121,19 @@ impl Bed {
     }
 }
 
+/// A ClusterIP Service selecting pods labelled `app: <name>`.
+fn service_manifest(ns: &str, name: &str, ip: &str, ports: &[(&str, i32, i32, &str)]) -> serde_json::Value {
+    let ports: Vec<_> = ports
+        .iter()
+        .map(|(n, p, t, proto)| json!({"name": n, "port": p, "targetPort": t, "protocol": proto}))
+        .collect();
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"type": "ClusterIP", "clusterIP": ip, "selector": {"app": name}, "ports": ports}
+    })
+}
+
 async fn create_service(
     kube: &Client,
     ns: &str,
@@ -128,15 +141,7 @@ async fn create_service(
     ip: &str,
     ports: &[(&str, i32, i32, &str)],
 ) -> Result<()> {
-    let ports: Vec<_> = ports
-        .iter()
-        .map(|(n, p, t, proto)| json!({"name": n, "port": p, "targetPort": t, "protocol": proto}))
-        .collect();
-    let svc: Service = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"type": "ClusterIP", "clusterIP": ip, "selector": {"app": name}, "ports": ports}
-    }))?;
+    let svc: Service = serde_json::from_value(service_manifest(ns, name, ip, ports))?;
     Api::<Service>::namespaced(kube.clone(), ns)
         .create(&PostParams::default(), &svc)
         .await?;
@@ -151,25 +156,43 @@ async fn set_endpoints(
     ips: &[String],
     ports: &[(&str, i32)],
 ) -> Result<()> {
+    let endpoints = ips
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| {
+            json!({
+                "addresses": [ip], "conditions": {"ready": true},
+                "targetRef": {"kind": "Pod", "name": format!("{svc}-{i}"), "namespace": ns}
+            })
+        })
+        .collect();
+    write_slice(kube, ns, svc, &format!("{svc}-slice"), endpoints, ports).await
+}
+
+/// Creates or replaces EndpointSlice `name` of Service `svc` (the `kubernetes.io/service-name` label).
+async fn write_slice(
+    kube: &Client,
+    ns: &str,
+    svc: &str,
+    name: &str,
+    endpoints: Vec<serde_json::Value>,
+    ports: &[(&str, i32)],
+) -> Result<()> {
     let api = Api::<EndpointSlice>::namespaced(kube.clone(), ns);
-    let name = format!("{svc}-slice");
     let slice: EndpointSlice = serde_json::from_value(json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"name": name, "namespace": ns, "labels": {"kubernetes.io/service-name": svc}},
         "addressType": "IPv4",
-        "endpoints": ips.iter().enumerate().map(|(i, ip)| json!({
-            "addresses": [ip], "conditions": {"ready": true},
-            "targetRef": {"kind": "Pod", "name": format!("{svc}-{i}"), "namespace": ns}
-        })).collect::<Vec<_>>(),
+        "endpoints": endpoints,
         "ports": ports.iter().map(|(n, p)| json!({"name": n, "port": p, "protocol": "TCP"})).collect::<Vec<_>>(),
     }))?;
-    match api.get_opt(&name).await? {
+    match api.get_opt(name).await? {
         None => {
             api.create(&PostParams::default(), &slice).await?;
         }
         Some(_) => {
             api.patch(
-                &name,
+                name,
                 &PatchParams::default(),
                 &Patch::Merge(&serde_json::to_value(&slice)?),
             )
@@ -321,6 +344,91 @@ async fn a_service_becomes_one_load_balancer_that_follows_its_endpoints_and_port
         );
         let klbs = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns);
         assert!(klbs.get_opt("web").await?.is_none());
+    }
+    Ok(())
+}
+
+/// A Service without a selector (an outside database, say) is served from the EndpointSlices its owner writes
+/// by hand: every ready address of every slice labelled with its name is a member, and changing or deleting a
+/// slice changes the members (upstream served such Services from their Endpoints too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_without_a_selector_is_served_from_its_manual_endpoint_slices() -> Result<()> {
+    init_logs();
+    for oct in octavia_targets(LatencyProfile::Instant).await? {
+        let ns = unique("nosel");
+        let bed = Bed::new(&ns).await?;
+        let _ctrl = bed.controller(&oct, "", "svc-nosel");
+        let kube = bed.client();
+        let mut manifest = service_manifest(&ns, "db", "10.96.0.17", &[("pg", 5432, 5432, "TCP")]);
+        if let Some(spec) = manifest["spec"].as_object_mut() {
+            spec.remove("selector");
+        }
+        let svc: Service = serde_json::from_value(manifest)?;
+        assert!(svc.spec.as_ref().is_some_and(|s| s.selector.is_none()));
+        let svcs = Api::<Service>::namespaced(kube.clone(), &ns);
+        svcs.create(&PostParams::default(), &svc).await?;
+        // Hand-written slices: bare addresses (no Pod behind them), one not ready.
+        let addr = |ip: &str, ready: bool| json!({"addresses": [ip], "conditions": {"ready": ready}});
+        write_slice(
+            kube,
+            &ns,
+            "db",
+            "db-a",
+            vec![addr("192.168.50.1", true), addr("192.168.50.2", true)],
+            &[("pg", 5432)],
+        )
+        .await?;
+        write_slice(
+            kube,
+            &ns,
+            "db",
+            "db-b",
+            vec![addr("192.168.50.3", true), addr("192.168.50.4", false)],
+            &[("pg", 5432)],
+        )
+        .await?;
+        let members = |ips: &[&str]| -> BTreeSet<(String, u16)> {
+            ips.iter().map(|ip| (ip.to_string(), 5432)).collect()
+        };
+
+        let st = recorded(kube, &ns, "db", 1, 3).await.context(oct.name)?;
+        let lb = st.loadbalancer.clone().context("load balancer")?;
+        assert_eq!(lb.ip, "10.96.0.17", "{}", oct.name);
+        assert_eq!(
+            octavia_members(&oct.client, &lb.id).await?,
+            members(&["192.168.50.1", "192.168.50.2", "192.168.50.3"]),
+            "{}",
+            oct.name
+        );
+
+        // One address replaced in a slice: the members follow, on the same load balancer.
+        write_slice(
+            kube,
+            &ns,
+            "db",
+            "db-a",
+            vec![addr("192.168.50.1", true), addr("192.168.50.5", true)],
+            &[("pg", 5432)],
+        )
+        .await?;
+        let want = members(&["192.168.50.1", "192.168.50.3", "192.168.50.5"]);
+        eventually(&format!("{}: members follow db-a", oct.name), WAIT, || async {
+            Ok((octavia_members(&oct.client, &lb.id).await? == want).then_some(()))
+        })
+        .await?;
+
+        // A slice deleted: its members go.
+        Api::<EndpointSlice>::namespaced(kube.clone(), &ns)
+            .delete("db-b", &DeleteParams::default())
+            .await?;
+        let st = recorded(kube, &ns, "db", 1, 2).await.context(oct.name)?;
+        assert_eq!(st.loadbalancer.map(|l| l.id), Some(lb.id.clone()));
+        assert_eq!(
+            octavia_members(&oct.client, &lb.id).await?,
+            members(&["192.168.50.1", "192.168.50.5"]),
+            "{}",
+            oct.name
+        );
     }
     Ok(())
 }
