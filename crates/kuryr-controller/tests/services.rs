@@ -433,6 +433,42 @@ async fn a_service_without_a_selector_is_served_from_its_manual_endpoint_slices(
     Ok(())
 }
 
+/// `[octavia_defaults] member_mode`, as upstream: L3 (the default) puts members on the service subnet (the
+/// VIP's, Octavia routes to the pods); L2 on the pod's own subnet, found through the subnet driver. The VIP
+/// stays on the service subnet either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_mode_l2_puts_members_on_the_pod_subnet_and_l3_on_the_service_subnet() -> Result<()> {
+    init_logs();
+    let oct = octavia_targets(LatencyProfile::Instant).await?.remove(0);
+    for mode in ["L3", "L2"] {
+        let ns = unique("mode");
+        let bed = Bed::new(&ns).await?;
+        let (pod_subnet, svc_subnet) = (bed.fx.subnet.clone(), bed.fx.subnets[1].subnet.clone());
+        let want = if mode == "L2" { &pod_subnet } else { &svc_subnet };
+        let _ctrl = bed.controller(
+            &oct,
+            &format!("[octavia_defaults]\nmember_mode = {mode}\n"),
+            &format!("svc-mode-{mode}"),
+        );
+        let kube = bed.client();
+        create_service(kube, &ns, "web", "10.96.0.18", &[("http", 80, 8080, "TCP")]).await?;
+        set_endpoints(kube, &ns, "web", &ips(2), &[("http", 8080)]).await?;
+        let st = recorded(kube, &ns, "web", 1, 2).await.context(mode)?;
+        let lb = st.loadbalancer.clone().context("load balancer")?;
+        assert_eq!(lb.subnet_id, svc_subnet, "{mode}: the VIP subnet");
+        let recorded_subnets: Vec<_> = st.members.iter().map(|m| m.subnet_id.as_str()).collect();
+        assert_eq!(recorded_subnets, [want.as_str(); 2], "{mode}");
+        // What Octavia itself holds, not only what the status says.
+        let pool = st.pools.first().context("pool")?;
+        let live = oct.client.list_members(&pool.id, &ListFilter::new()).await?;
+        assert_eq!(live.len(), 2, "{mode}: {live:?}");
+        for m in &live {
+            assert_eq!(m.subnet_id.as_ref(), Some(want), "{mode}: {m:?}");
+        }
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_killed_while_the_load_balancer_is_pending_create_leaves_exactly_one() -> Result<()> {
     init_logs();

@@ -22,7 +22,7 @@ use crate::error::{Error, is_not_found};
 use crate::k8s::{add_finalizer, remove_finalizer, surface_user_error};
 use crate::pipeline::ResourceEventHandler;
 use crate::placement::record::recorded_deployment;
-use crate::services::desired::{self, DesiredLb, Inputs};
+use crate::services::desired::{self, DesiredLb, Inputs, MemberSubnets};
 use crate::services::octavia::LbActor;
 use crate::services::plan::{ListenerKey, plan};
 use crate::services::public_ip::{self, External, PublicIps};
@@ -125,17 +125,13 @@ impl KuryrLoadBalancerHandler {
                 }
             }
         }
-        let l2 = !subnets.is_empty();
-        let member_subnet = move |ip: &str| -> Option<String> {
-            if !l2 {
-                return Some(vip_subnet.clone());
-            }
-            let ip: std::net::IpAddr = ip.parse().ok()?;
-            subnets
-                .iter()
-                .find(|(n, _)| n.contains(&ip))
-                .map(|(_, id)| id.clone())
+        // L2 with no pod subnet known falls back to L3 rather than serving nothing.
+        let member_subnets = if subnets.is_empty() {
+            MemberSubnets::Vip(vip_subnet)
+        } else {
+            MemberSubnets::Pod(subnets)
         };
+        let member_subnet = |ip: &str| member_subnets.of(ip);
         let algorithm = self.ctx.config.octavia_defaults.lb_algorithm.as_str().to_string();
         let mut d = desired::desired(
             &klb.spec,

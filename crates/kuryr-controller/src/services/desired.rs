@@ -65,6 +65,33 @@ pub struct Inputs<'a> {
     pub member_subnet: &'a dyn Fn(&str) -> Option<String>,
 }
 
+/// Which subnet each member is reached on, by `[octavia_defaults] member_mode` (upstream's
+/// `_get_subnet_by_octavia_mode`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemberSubnets {
+    /// L3: every member through the VIP subnet; Octavia routes to the pods.
+    Vip(String),
+    /// L2: a member on the pod subnet holding its address, so Octavia plugs into that network.
+    Pod(Vec<(ipnet::IpNet, String)>),
+}
+
+impl MemberSubnets {
+    /// The subnet of the member at `ip`; `None` (L2, no pod subnet holds it) leaves the member out until
+    /// one does.
+    pub fn of(&self, ip: &str) -> Option<String> {
+        match self {
+            Self::Vip(subnet) => Some(subnet.clone()),
+            Self::Pod(subnets) => {
+                let ip: std::net::IpAddr = ip.parse().ok()?;
+                subnets
+                    .iter()
+                    .find(|(net, _)| net.contains(&ip))
+                    .map(|(_, id)| id.clone())
+            }
+        }
+    }
+}
+
 /// The tree `spec` asks for. A spec without ip, subnet or project is not ready to be acted on.
 pub fn desired(spec: &KuryrLoadBalancerSpec, inp: &Inputs<'_>) -> Result<DesiredLb, Error> {
     let need = |v: &Option<String>, field: &str| {
@@ -280,6 +307,56 @@ mod tests {
         let d = desired(&spec("amphora"), &inputs(&l2)).expect("desired");
         let http = &d.listeners[&("TCP".to_string(), 80)];
         assert_eq!(http.pool.members.len(), 1);
+    }
+
+    /// Upstream's member modes: L3 members sit on the VIP (service) subnet, L2 members on their pod's
+    /// subnet; the load balancer's VIP stays on the service subnet either way.
+    #[test]
+    fn member_mode_l2_puts_members_on_their_pod_subnet_and_l3_on_the_vip_subnet() {
+        let mut s = spec("amphora");
+        s.endpoint_slices[0].endpoints.push(LbEndpoint {
+            addresses: vec!["10.2.0.7".into()],
+            ..Default::default()
+        });
+        let net = |c: &str| c.parse::<ipnet::IpNet>().expect("cidr");
+        let modes = [
+            MemberSubnets::Vip("svc-subnet".into()),
+            MemberSubnets::Pod(vec![
+                (net("10.1.0.0/24"), "pods-a".into()),
+                (net("10.2.0.0/24"), "pods-b".into()),
+            ]),
+        ];
+        let members = |m: &MemberSubnets| {
+            let of = |ip: &str| m.of(ip);
+            let d = desired(&s, &inputs(&of)).expect("desired");
+            assert_eq!(d.vip_subnet_id, "svc-subnet");
+            d.listeners[&("TCP".to_string(), 80)]
+                .pool
+                .members
+                .values()
+                .map(|m| (m.address.clone(), m.subnet_id.clone().unwrap_or_default()))
+                .collect::<Vec<_>>()
+        };
+        let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+        assert_eq!(
+            members(&modes[0]),
+            [
+                pair("10.1.0.3", "svc-subnet"),
+                pair("10.1.0.4", "svc-subnet"),
+                pair("10.2.0.7", "svc-subnet")
+            ]
+        );
+        assert_eq!(
+            members(&modes[1]),
+            [
+                pair("10.1.0.3", "pods-a"),
+                pair("10.1.0.4", "pods-a"),
+                pair("10.2.0.7", "pods-b")
+            ]
+        );
+        // L2: an address on no pod subnet is not a member until one is known.
+        assert_eq!(modes[1].of("192.168.0.1"), None);
+        assert_eq!(modes[1].of("not an address"), None);
     }
 
     #[test]
