@@ -1071,6 +1071,78 @@ async fn a_load_balancer_service_without_external_svc_net_is_a_warning_event_nam
     Ok(())
 }
 
+/// A `[kubernetes] service_public_ip_driver` kuryr-rs does not have is a Warning Event on the LoadBalancer
+/// Service naming the option (not a silent Service without a public IP); its load balancer and the other
+/// Services are still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_service_public_ip_driver_is_a_warning_event_naming_it() -> Result<()> {
+    init_logs();
+    let oct = octavia_targets(LatencyProfile::Instant).await?.remove(0);
+    let ns = unique("badpip");
+    let bed = Bed::new(&ns).await?;
+    let _ctrl = bed.controller(
+        &oct,
+        "[kubernetes]\nservice_public_ip_driver = octavia_vip_magic\n",
+        "svc-badpip",
+    );
+    let kube = bed.client();
+    create_lb_service(kube, &ns, "public", "10.96.0.32", None).await?;
+    create_service(kube, &ns, "inside", "10.96.0.33", &[("http", 80, 8080, "TCP")]).await?;
+    let (reason, note) = eventually("Warning Event on the LoadBalancer Service", WAIT, || async {
+        Ok(warnings(kube, &ns, "public").await?.into_iter().next())
+    })
+    .await?;
+    assert_eq!(reason, "InvalidInput", "{note}");
+    assert!(note.contains("[kubernetes] service_public_ip_driver"), "{note}");
+    assert!(note.contains("octavia_vip_magic"), "{note}");
+    let st = recorded(kube, &ns, "public", 1, 0).await?;
+    assert!(st.service_pub_ip_info.is_none(), "{st:?}");
+    recorded(kube, &ns, "inside", 1, 0).await?;
+    let inside = warnings(kube, &ns, "inside").await?;
+    assert!(inside.is_empty(), "{inside:?}");
+    Ok(())
+}
+
+/// `[neutron_defaults] external_svc_subnet` picks the subnet of the external network the floating IP comes
+/// from; without it Neutron takes the network's first subnet with room (172.24.4.0/24 here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn external_svc_subnet_chooses_the_floating_ips_subnet() -> Result<()> {
+    use kuryr_neutron::SubnetCreate;
+    init_logs();
+    let ns = unique("extsub");
+    let bed = Bed::new(&ns).await?;
+    let ext = external(&bed).await?;
+    let second = bed
+        .neutron
+        .client
+        .create_subnet(&SubnetCreate {
+            network_id: ext.network.clone(),
+            ip_version: 4,
+            cidr: Some("172.24.5.0/24".into()),
+            project_id: Some(bed.fx.project.clone()),
+            ..Default::default()
+        })
+        .await?;
+    let extra = format!(
+        "[neutron_defaults]\nexternal_svc_net = {}\nexternal_svc_subnet = {}\n",
+        ext.network, second.id
+    );
+    let _ctrl = bed.controller(&ext.octavia, &extra, "svc-extsub");
+    let kube = bed.client();
+    create_lb_service(kube, &ns, "public", "10.96.0.34", None).await?;
+    let (st, info) = public_ip(kube, &ns, "public").await?;
+    assert!(info.ip_addr.starts_with("172.24.5."), "{info:?}");
+    let fip = bed.neutron.client.get_floatingip(&info.ip_id).await?;
+    let vip_port = st.loadbalancer.map(|l| l.port_id).unwrap_or_default();
+    assert_eq!(fip.port_id.as_deref(), Some(vip_port.as_str()), "{fip:?}");
+    let want = vec![info.ip_addr.clone()];
+    eventually("Service status.loadBalancer.ingress", WAIT, || async {
+        Ok((ingress(kube, &ns, "public").await? == want).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
 /// An overloaded Octavia: the create's answer comes after the client's timeout (the emulator holds the request
 /// 3 s, the controller's client waits 1 s), and the load balancer is only made when the request is carried out,
 /// after the client gave up. The controller looks it up by name and VIP until it appears instead of creating
