@@ -469,6 +469,73 @@ async fn member_mode_l2_puts_members_on_the_pod_subnet_and_l3_on_the_service_sub
     Ok(())
 }
 
+/// `kubectl get klb` (the real kubectl, against the Kubernetes emulator's server-side tables) shows a
+/// KuryrLoadBalancer the controller wrote with the CRD's printer columns: project, VIP, provider and the
+/// Octavia load balancer's id (from the status, so only once it exists).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_klb_shows_project_vip_provider_and_load_balancer() -> Result<()> {
+    init_logs();
+    let oct = octavia_targets(LatencyProfile::Instant).await?.remove(0);
+    let ns = unique("klbcols");
+    let bed = Bed::new(&ns).await?;
+    let _ctrl = bed.controller(
+        &oct,
+        "[kubernetes]\nendpoints_driver_octavia_provider = amphora\n",
+        "svc-klbcols",
+    );
+    let kube = bed.client();
+    create_service(kube, &ns, "web", "10.96.0.19", &[("http", 80, 8080, "TCP")]).await?;
+    let st = recorded(kube, &ns, "web", 1, 0).await?;
+    let lb = st.loadbalancer.context("load balancer")?;
+
+    let kubeconfig = std::env::temp_dir().join(format!("kuryr-{ns}.kubeconfig"));
+    bed.kube.handle.write_kubeconfig(&kubeconfig)?;
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["get", "klb", "-n", &ns])
+        .env_remove("KUBECONFIG")
+        .output();
+    let _ = std::fs::remove_file(&kubeconfig);
+    let out = match out {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            assert!(
+                std::env::var("KURYR_TEST_REQUIRE_KUBECTL").as_deref() != Ok("1"),
+                "kubectl is not on PATH"
+            );
+            eprintln!("skipping: kubectl is not on PATH");
+            return Ok(());
+        }
+        Err(e) => return Err(e).context("running kubectl"),
+    };
+    let table = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{table}");
+    let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows.len(), 2, "a header and one row: {table}");
+    assert_eq!(
+        rows[0],
+        ["NAME", "PROJECT-ID", "VIP", "PROVIDER", "LB-ID", "AGE"],
+        "{table}"
+    );
+    assert_eq!(
+        rows[1][..5],
+        [
+            "web",
+            bed.project.as_str(),
+            "10.96.0.19",
+            "amphora",
+            lb.id.as_str()
+        ],
+        "{table}"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_killed_while_the_load_balancer_is_pending_create_leaves_exactly_one() -> Result<()> {
     init_logs();
