@@ -105,13 +105,19 @@ pub async fn start_kube() -> Result<Kube> {
     })
     .await?;
     let client = Client::try_from(kube::Config::new(handle.url().parse()?))?;
+    apply_crds(&client).await?;
+    Ok(Kube { handle, client })
+}
+
+/// Creates every kuryr CRD through `client` (an emulator started with other options).
+pub async fn apply_crds(client: &Client) -> Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in kuryr_crds::generate::crds() {
         crds.create(&PostParams::default(), &crd)
             .await
             .context("apply CRD")?;
     }
-    Ok(Kube { handle, client })
+    Ok(())
 }
 
 /// One network with one subnet.

@@ -46,6 +46,46 @@ fn run_kuryr(args: &[&str], limit: Duration) -> (bool, String, String) {
     (status.is_some_and(|s| s.success()), out, err)
 }
 
+/// The lines of the sandbox's log (its stderr; the components run in its process) at ERROR
+/// level: the level field after the timestamp, colour sequences removed.
+fn error_lines(log: &str) -> Vec<String> {
+    log.lines()
+        .map(|l| {
+            let mut plain = String::with_capacity(l.len());
+            let mut chars = l.chars();
+            while let Some(c) = chars.next() {
+                if c == '\u{1b}' {
+                    // `ESC [ ... letter`
+                    chars.by_ref().find(char::is_ascii_alphabetic);
+                } else {
+                    plain.push(c);
+                }
+            }
+            plain
+        })
+        .filter(|l| l.split_whitespace().nth(1) == Some("ERROR"))
+        .collect()
+}
+
+/// A clean sandbox run logs no ERROR (a handled race or retry is a WARN at most).
+fn assert_no_error_lines(err: &str) {
+    let errors = error_lines(err);
+    assert!(
+        errors.is_empty(),
+        "ERROR lines in the sandbox's log:\n{}",
+        errors.join("\n")
+    );
+}
+
+#[test]
+fn error_lines_are_found_by_their_level_not_by_a_word() {
+    let log = "\u{1b}[2m2026-11-25T08:00:00.000000Z\u{1b}[0m \u{1b}[31mERROR\u{1b}[0m \u{1b}[2mkuryr_controller\u{1b}[0m: failed\n\
+               2026-11-25T08:00:01.000000Z  WARN kuryr_controller: an ERROR in a message\n";
+    let errors = error_lines(log);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].ends_with("kuryr_controller: failed"), "{errors:?}");
+}
+
 /// The value column of a summary row, e.g. `pods wired   6/6`.
 fn row<'a>(summary: &'a str, label: &str) -> Option<&'a str> {
     summary
@@ -70,6 +110,7 @@ fn sandbox_wires_six_pods_and_prints_the_summary() {
         Duration::from_secs(180),
     );
     assert!(ok, "kuryr sandbox failed\nstdout:\n{out}\nstderr:\n{err}");
+    assert_no_error_lines(&err);
     assert_eq!(row(&out, "pods wired"), Some("6/6"), "{out}");
     assert_eq!(row(&out, "pods Running (kubelet)"), Some("6/6"), "{out}");
     let p99 = row(&out, "wiring latency p99").unwrap_or_default();
@@ -155,6 +196,7 @@ fn sandbox_with_pools_wires_pods_from_bulk_created_ports() {
         Duration::from_secs(180),
     );
     assert!(ok, "kuryr sandbox --pool failed\nstdout:\n{out}\nstderr:\n{err}");
+    assert_no_error_lines(&err);
     assert_eq!(row(&out, "pods wired"), Some("4/4"), "{out}");
     // The pool fills itself with bulk creates; no pod needs a single-port create.
     let cols = |op: &str| -> Option<Vec<String>> {
@@ -199,6 +241,7 @@ fn sandbox_with_two_deployments_places_a_namespace_in_each() {
         Duration::from_secs(180),
     );
     assert!(ok, "kuryr sandbox failed\nstdout:\n{out}\nstderr:\n{err}");
+    assert_no_error_lines(&err);
     assert_eq!(row(&out, "pods wired"), Some("6/6"), "{out}");
     assert!(out.contains("load balancers: 2/2 ACTIVE"), "{out}");
     // Pods go round-robin over demo-1 (zone az1) and demo-2 (zone az2): 3 ports each.

@@ -65,6 +65,11 @@ fn bind_unix(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener
     // A socket left by a previous run would make bind fail.
     let _ = std::fs::remove_file(path);
     let l = tokio::net::UnixListener::bind(path).map_err(named)?;
+    // The new socket's group comes from a set-group-id directory, or the daemon's own; as root,
+    // hand it to root:root so 0600 cannot leave it to anyone else.
+    if nix::unistd::geteuid().is_root() {
+        std::os::unix::fs::chown(path, Some(0), Some(0)).map_err(named)?;
+    }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(named)?;
     Ok(l)
 }

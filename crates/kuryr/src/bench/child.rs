@@ -175,6 +175,24 @@ pub async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
     Ok(body.to_string())
 }
 
+/// ERROR lines in the controller logs (`controller*.log`) of one run's directory, so a run that
+/// looked fine in its figures but logged failures shows it.
+pub fn controller_error_lines(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("controller") && name.ends_with(".log")
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .map(|log| crate::chaos::procs::error_lines(&log).len())
+        .sum()
+}
+
 /// CPU time and peak resident memory of a process and its descendants.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Usage {
@@ -253,6 +271,29 @@ mod tests {
         let status = "Name:\tkuryr\nVmPeak:\t  999 kB\nVmHWM:\t   23456 kB\nVmRSS:\t 20000 kB\n";
         assert_eq!(parse_vm_hwm_kib(status), Some(23456));
         assert_eq!(parse_vm_hwm_kib("Name: x\n"), None);
+    }
+
+    #[test]
+    fn error_lines_of_every_controller_log_of_a_run_count() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(controller_error_lines(dir.path()), 0);
+        std::fs::write(
+            dir.path().join("controller-1.log"),
+            "2026-11-25T08:00:00Z  INFO kuryr: ready\n2026-11-25T08:00:01Z ERROR kuryr_controller: failed\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("controller-2.log"),
+            "2026-11-25 08:00:02.000 77 ERROR kuryr_kubernetes.handlers [-] failed\n",
+        )
+        .unwrap();
+        // Not a controller's log.
+        std::fs::write(
+            dir.path().join("neutron.log"),
+            "2026-11-25T08:00:03Z ERROR x: y\n",
+        )
+        .unwrap();
+        assert_eq!(controller_error_lines(dir.path()), 2);
     }
 
     #[test]

@@ -151,10 +151,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 let dir = work.join(format!("{}-{:?}-{}", profile.label(), case, which.label()));
                 std::fs::create_dir_all(&dir)?;
                 let started = Instant::now();
-                match run_one(&programs, profile, case, which, size, &dir).await {
+                let result = run_one(&programs, profile, case, which, size, &dir).await;
+                let errors = child::controller_error_lines(&dir);
+                match result {
                     Ok(row) => {
                         println!(
-                            "  {:<11} {:<17} {:<8} {}/{} wired, {:.1} pods/s, p99 {} ms ({:.0}s)",
+                            "  {:<11} {:<17} {:<8} {}/{} wired, {:.1} pods/s, p99 {} ms, {errors} ERROR lines logged ({:.0}s)",
                             profile.label(),
                             case.label(),
                             which.label(),
@@ -167,7 +169,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                         rows.push(row);
                     }
                     Err(e) => println!(
-                        "  {:<11} {:<17} {:<8} FAILED: {e:#}",
+                        "  {:<11} {:<17} {:<8} FAILED ({errors} ERROR lines logged): {e:#}",
                         profile.label(),
                         case.label(),
                         which.label()

@@ -105,10 +105,12 @@ pub async fn run_all(
         std::fs::create_dir_all(&dir)?;
         println!("  {:<12} {} ...", case.label(), size.describe(case));
         let started = Instant::now();
-        match run_one(programs, case, size, timeout, &dir).await {
+        let result = run_one(programs, case, size, timeout, &dir).await;
+        let errors = child::controller_error_lines(&dir);
+        match result {
             Ok(row) => {
                 println!(
-                    "  {:<12} {}/{} wired, p99 {} ms, peak RSS {:.1} MiB ({:.0}s)",
+                    "  {:<12} {}/{} wired, p99 {} ms, peak RSS {:.1} MiB, {errors} ERROR lines logged ({:.0}s)",
                     case.label(),
                     row.wired,
                     row.pods,
@@ -120,7 +122,10 @@ pub async fn run_all(
             }
             Err(e) => {
                 failed += 1;
-                println!("  {:<12} FAILED: {e:#}", case.label());
+                println!(
+                    "  {:<12} FAILED ({errors} ERROR lines logged): {e:#}",
+                    case.label()
+                );
             }
         }
     }

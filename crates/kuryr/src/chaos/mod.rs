@@ -79,7 +79,10 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     }
     let report = Soak::start(&args, profile).await?.run().await?;
     print!("{}", report.render());
-    anyhow::ensure!(report.passed(), "the soak found violations (see the table above)");
+    anyhow::ensure!(
+        report.passed(),
+        "the soak found violations or ERROR lines (see the table above)"
+    );
     Ok(())
 }
 
@@ -394,12 +397,12 @@ impl Soak {
             .iter()
             .flat_map(|n| n.nodes.iter().map(|n| &n.daemon))
             .collect();
-        let error_lines: usize = self
+        let error_lines: Vec<String> = self
             .controllers
             .iter()
             .chain(daemons.iter().copied())
-            .map(|c| c.error_lines().len())
-            .sum();
+            .flat_map(|c| c.error_lines().into_iter().map(|l| format!("{}: {l}", c.name)))
+            .collect();
         let daemon_restarts = daemons
             .iter()
             .map(|d| u64::from(d.starts.saturating_sub(1)))

@@ -109,11 +109,17 @@ impl Proc {
     }
 }
 
-/// The lines of a tracing log at ERROR level (the level field, not the word in a message).
+/// The lines of a log at ERROR level (the level field, not the word in a message): a tracing
+/// line (`<time> ERROR target: ...`) or, for upstream's controller in `kuryr bench`, an oslo.log
+/// line (`<date> <time> <pid> ERROR name ...`).
 pub fn error_lines(log: &str) -> Vec<String> {
     log.lines()
         .map(strip_ansi)
-        .filter(|l| l.split_whitespace().nth(1) == Some("ERROR"))
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().take(4).collect();
+            f.get(1) == Some(&"ERROR")
+                || (f.get(3) == Some(&"ERROR") && f.get(2).is_some_and(|pid| pid.parse::<u32>().is_ok()))
+        })
         .collect()
 }
 
@@ -144,9 +150,13 @@ mod tests {
         let log = "2026-11-24T10:00:00.000000Z  INFO kuryr_controller: an ERROR in a message\n\
                    2026-11-24T10:00:01.000000Z ERROR kuryr_controller::pipeline: handler failed\n\
                    \u{1b}[2m2026-11-24T10:00:02.000000Z\u{1b}[0m \u{1b}[31mERROR\u{1b}[0m colored\n\
-                   2026-11-24T10:00:03.000000Z  WARN kuryr_controller: retry\n";
+                   2026-11-24T10:00:03.000000Z  WARN kuryr_controller: retry\n\
+                   2026-11-24 10:00:04.123 4242 ERROR kuryr_kubernetes.handlers.retry [-] oslo failure\n\
+                   2026-11-24 10:00:05.123 4242 WARNING kuryr_kubernetes.x [-] ERROR in a message\n\
+                   2026-11-24 10:00:06.123 word ERROR not a pid\n";
         let lines = error_lines(log);
-        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_eq!(lines.len(), 3, "{lines:?}");
         assert!(lines[0].contains("handler failed"));
+        assert!(lines[2].contains("oslo failure"));
     }
 }

@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use super::invariants::{Kind, Violation};
 
+/// How many ERROR lines the report quotes (the rest are in the log files).
+const ERROR_LINES_SHOWN: usize = 5;
+
 /// Everything the table shows.
 #[derive(Debug, Default, Clone)]
 pub struct Report {
@@ -32,8 +35,9 @@ pub struct Report {
     pub neutron_calls_per_min: Option<f64>,
     pub snapshots: u64,
     pub snapshots_skipped: u64,
-    /// ERROR lines in the controllers' logs.
-    pub error_lines: usize,
+    /// ERROR lines in the controllers' and daemons' logs, each after its process' name: any
+    /// fails the soak (a handled condition is logged at WARN or below).
+    pub error_lines: Vec<String>,
     /// Whether the soak itself could run to the end (a setup failure is reported apart).
     pub note: Option<String>,
 }
@@ -56,7 +60,7 @@ impl Report {
     }
 
     pub fn passed(&self) -> bool {
-        self.violations.is_empty() && self.note.is_none()
+        self.violations.is_empty() && self.note.is_none() && self.error_lines.is_empty()
     }
 
     pub fn render(&self) -> String {
@@ -126,7 +130,10 @@ impl Report {
             "snapshots checked (skipped)",
             format!("{} ({})", self.snapshots, self.snapshots_skipped),
         );
-        row("ERROR lines in component logs", self.error_lines.to_string());
+        row(
+            "ERROR lines in component logs",
+            self.error_lines.len().to_string(),
+        );
 
         let mut out = String::new();
         let _ = writeln!(
@@ -146,6 +153,13 @@ impl Report {
             let _ = writeln!(out, "violations:");
             for v in &self.violations {
                 let _ = writeln!(out, "  {v}");
+            }
+        }
+        if !self.error_lines.is_empty() {
+            let shown = self.error_lines.len().min(ERROR_LINES_SHOWN);
+            let _ = writeln!(out, "ERROR lines ({shown} of {}):", self.error_lines.len());
+            for l in &self.error_lines[..shown] {
+                let _ = writeln!(out, "  {l}");
             }
         }
         if let Some(note) = &self.note {
@@ -200,6 +214,29 @@ mod tests {
         assert_eq!((r.leaks(), r.mismatches()), (1, 1));
         let text = r.render();
         assert!(text.contains("leaked port p1"), "{text}");
+        assert!(text.ends_with("result: FAIL\n"), "{text}");
+    }
+
+    #[test]
+    fn an_error_line_fails_the_soak_and_the_first_ones_are_quoted() {
+        let mut r = Report::default();
+        assert!(r.passed());
+        assert!(!r.render().contains("ERROR lines ("));
+        r.error_lines = (0..7)
+            .map(|i| format!("controller-0: 2026-11-25T08:00:0{i}Z ERROR kuryr_controller: failure {i}"))
+            .collect();
+        assert!(!r.passed(), "an ERROR line with no violation passed");
+        let text = r.render();
+        assert!(
+            text.contains("| ERROR lines in component logs                |                        7 |"),
+            "{text}"
+        );
+        assert!(text.contains("ERROR lines (5 of 7):\n"), "{text}");
+        assert!(
+            text.contains("  controller-0: 2026-11-25T08:00:04Z ERROR kuryr_controller: failure 4\n"),
+            "{text}"
+        );
+        assert!(!text.contains("failure 5"), "more than five quoted:\n{text}");
         assert!(text.ends_with("result: FAIL\n"), "{text}");
     }
 }
