@@ -22,10 +22,42 @@ use crate::pipeline::{Event, EventHandler, EventType, WatchSelector};
 
 /// Last-seen state of every object of one kind, keyed by `namespace/name`. Pure state, tested
 /// without a server.
+///
+/// Each object is kept as compact JSON, not as the parsed tree: a `serde_json::Value` takes
+/// about ten times the bytes of its text, and with ten thousand pods and KuryrPorts that was
+/// most of the controller's memory. The copies are read back only for the periodic re-send and
+/// for deletions found by a re-list.
 #[derive(Default)]
 pub struct KnownObjects {
-    objects: HashMap<String, DynamicObject>,
+    objects: HashMap<String, Known>,
     relisting: Option<HashSet<String>>,
+}
+
+struct Known {
+    uid: Option<String>,
+    resource_version: Option<String>,
+    json: Box<str>,
+}
+
+impl Known {
+    fn of(obj: &DynamicObject) -> Self {
+        Self {
+            uid: obj.metadata.uid.clone(),
+            resource_version: obj.metadata.resource_version.clone(),
+            // A DynamicObject (string keys, JSON values) always serializes.
+            json: serde_json::to_string(obj).unwrap_or_default().into_boxed_str(),
+        }
+    }
+
+    fn object(&self) -> Option<DynamicObject> {
+        match serde_json::from_str(&self.json) {
+            Ok(o) => Some(o),
+            Err(e) => {
+                tracing::warn!(error = %e, "a kept object does not parse back; skipped");
+                None
+            }
+        }
+    }
 }
 
 fn key_of(obj: &DynamicObject) -> String {
@@ -69,6 +101,7 @@ impl KnownObjects {
                     .collect();
                 gone.into_iter()
                     .filter_map(|k| self.objects.remove(&k))
+                    .filter_map(|known| known.object())
                     .map(|obj| (EventType::Deleted, obj))
                     .collect()
             }
@@ -82,27 +115,23 @@ impl KnownObjects {
 
     fn upsert(&mut self, obj: DynamicObject) -> Option<(EventType, DynamicObject)> {
         let key = key_of(&obj);
-        match self.objects.get(&key) {
+        let ty = match self.objects.get(&key) {
             // Same resourceVersion after a re-list: nothing changed, nothing to do.
             Some(old)
-                if old.metadata.resource_version == obj.metadata.resource_version
-                    && old.metadata.uid == obj.metadata.uid =>
+                if old.resource_version == obj.metadata.resource_version && old.uid == obj.metadata.uid =>
             {
-                None
+                return None;
             }
-            Some(_) => {
-                self.objects.insert(key, obj.clone());
-                Some((EventType::Modified, obj))
-            }
-            None => {
-                self.objects.insert(key, obj.clone());
-                Some((EventType::Added, obj))
-            }
-        }
+            Some(_) => EventType::Modified,
+            None => EventType::Added,
+        };
+        self.objects.insert(key, Known::of(&obj));
+        Some((ty, obj))
     }
 
-    pub fn all(&self) -> impl Iterator<Item = &DynamicObject> {
-        self.objects.values()
+    /// Every kept object, parsed again.
+    pub fn all(&self) -> impl Iterator<Item = DynamicObject> + '_ {
+        self.objects.values().filter_map(Known::object)
     }
 
     pub fn len(&self) -> usize {
@@ -149,7 +178,7 @@ pub async fn run_watch(
                 // Re-send what we know (heals handlers whose retries ran out) and re-list (heals
                 // anything the watch itself missed: the re-list's changes and deletions follow).
                 for obj in known.all() {
-                    let _ = sink.handle(Event::new(EventType::Modified, resource.clone(), obj.clone())).await;
+                    let _ = sink.handle(Event::new(EventType::Modified, resource.clone(), obj)).await;
                 }
                 stream = start();
             }

@@ -304,9 +304,18 @@ fn known_objects_keep_and_pass_on_no_field_manager_bookkeeping() {
     let mut k = KnownObjects::default();
     let mut o = obj("a", "ua", "1");
     o.metadata.managed_fields = Some(vec![Default::default(); 3]);
+    o.metadata.labels = Some([("app".to_string(), "web".to_string())].into());
+    o.data = serde_json::json!({"spec": {"nodeName": "n1", "containers": [{"name": "c"}]}, "status": {"phase": "Running"}});
     let out = k.apply(WEvent::Apply(o));
     assert_eq!(out[0].1.metadata.managed_fields, None);
     assert!(k.all().all(|o| o.metadata.managed_fields.is_none()));
+    // What is kept (as compact JSON) comes back whole for the periodic re-send.
+    let kept: Vec<_> = k.all().collect();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(
+        serde_json::to_value(&kept[0]).unwrap(),
+        serde_json::to_value(&out[0].1).unwrap()
+    );
     assert_eq!(
         out[0].1.metadata.uid.as_deref(),
         Some("ua"),

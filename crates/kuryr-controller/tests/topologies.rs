@@ -187,6 +187,115 @@ async fn namespace_subnet_driver_creates_and_removes_namespace_networks() -> Res
     Ok(())
 }
 
+/// Namespaces waiting for a network quota that stays full make a few probing creates, not one
+/// per namespace per retry (the quota gate); once the quota is raised every namespace gets its
+/// network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn namespaces_over_the_network_quota_make_no_create_storm_and_are_served_once_raised() -> Result<()> {
+    init_logs();
+    const NAMESPACES: usize = 12;
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.31.0.0/24").await?;
+        let (pool, router) = namespace_subnet_infra(neutron, &fx.project, "10.98.0.0/16").await?;
+        let networks = |quota: i64| kuryr_neutron::QuotaUpdate {
+            network: Some(quota),
+            ..Default::default()
+        };
+        let existing = neutron
+            .list_networks(&ListFilter::new().project_id(&fx.project))
+            .await?
+            .len();
+        neutron
+            .update_quota(&fx.project, &networks(i64::try_from(existing)?))
+            .await?;
+        let cfg = format!(
+            "[kubernetes]\nenabled_handlers = vif,kuryrport,namespace,kuryrnetwork\npod_subnets_driver = namespace\n\
+             [namespace_subnet]\npod_router = {}\npod_subnet_pool = {}\n\
+             [neutron_defaults]\nproject = {}\npod_security_groups = {}\n",
+            router.id, pool.id, fx.project, fx.sg
+        );
+        let ctrl = start_controller(&kube.client, &target, config(&cfg), "c1");
+        let creates = || {
+            kuryr_controller::metrics::per_operation(&ctrl.metrics.neutron_calls())
+                .get("create_network")
+                .copied()
+                .unwrap_or(0)
+        };
+        for i in 0..NAMESPACES {
+            let ns = format!("q-{i}");
+            create_namespace(&kube.client, &ns, json!({})).await?;
+            create_pod(&kube.client, &ns, "p", NODES[i % 2], json!({})).await?;
+        }
+        eventually("a first network create refused", WAIT, || async {
+            Ok((creates() > 0).then_some(()))
+        })
+        .await?;
+        // Let the first round (creates already in flight when the first refusal came back) end.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let before = creates();
+        let window = Duration::from_secs(20);
+        tokio::time::sleep(window).await;
+        let during = creates() - before;
+        eprintln!(
+            "quota[{}]: {NAMESPACES} namespaces waiting, {during} network creates in {}s ({before} before)",
+            target.name,
+            window.as_secs()
+        );
+        // Probes after 2, 4, 8 and 16 s at the most (jittered shorter); each namespace retrying on
+        // its own would make several creates each in the same window.
+        assert!(
+            during <= 6,
+            "{}: {during} network creates in {}s for {NAMESPACES} waiting namespaces",
+            target.name,
+            window.as_secs()
+        );
+        // Room for every namespace's network (the cluster's own namespaces have one too).
+        let all = Api::<k8s_openapi::api::core::v1::Namespace>::all(kube.client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items
+            .len();
+        neutron
+            .update_quota(&fx.project, &networks(i64::try_from(existing + all)?))
+            .await?;
+        let raised = Instant::now();
+        let mut nets = Vec::new();
+        for i in 0..NAMESPACES {
+            let ns = format!("q-{i}");
+            let kns: Api<KuryrNetwork> = Api::namespaced(kube.client.clone(), &ns);
+            let status = eventually(
+                &format!("{}: {ns}'s network once raised", target.name),
+                WAIT,
+                || async {
+                    Ok(kns
+                        .get_opt(&ns)
+                        .await?
+                        .and_then(|kn| kn.status)
+                        .filter(|s| s.router_id.is_some()))
+                },
+            )
+            .await?;
+            nets.push((ns, status.net_id.unwrap_or_default()));
+        }
+        eprintln!(
+            "quota[{}]: every namespace's network {:.1}s after the raise",
+            target.name,
+            raised.elapsed().as_secs_f64()
+        );
+        for (ns, net_id) in &nets {
+            delete_namespace_and_wait(&kube.client, neutron, ns, "p", net_id).await?;
+        }
+        ctrl.stop.cancel();
+        let _ = neutron.reset_quota(&fx.project).await;
+        let _ = neutron.delete_router(&router.id).await;
+        cleanup_project(neutron, &fx.project).await;
+        let _ = neutron.delete_subnetpool(&pool.id).await;
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn only_the_leader_acts_and_a_killed_leader_is_replaced() -> Result<()> {
     init_logs();

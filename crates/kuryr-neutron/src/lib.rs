@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod octavia;
 #[cfg(test)]
 mod proptests;
+pub mod quota_gate;
 mod transport;
 pub mod types;
 

@@ -21,6 +21,9 @@ use crate::error::{Error, is_not_found};
 use crate::k8s::remove_finalizer;
 use kuryr_crds::names::finalizers;
 
+/// KuryrPorts per list request when all of them are read.
+const KUBE_PAGE: u32 = 500;
+
 /// Changes are collected this long before a write.
 pub const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -271,27 +274,41 @@ impl Persister {
     /// The pool objects of the controller namespace and every port the KuryrPorts record.
     pub async fn load_recovery_input(&self) -> Result<RecoveryInput, Error> {
         let pools = self.api().list(&ListParams::default()).await?.items;
+        let mut in_use = Vec::new();
+        self.for_each_kuryrport(|kp| in_use.extend(kuryrport_ports(&kp.metadata, &kp.data)))
+            .await?;
+        Ok(RecoveryInput { pools, in_use })
+    }
+
+    /// Every KuryrPort of the cluster, read a page at a time: with ten thousand pods the whole
+    /// list is tens of MB of parsed JSON, and the sweep reads it every update period; only what
+    /// `f` keeps of each page outlives it.
+    async fn for_each_kuryrport(&self, mut f: impl FnMut(&DynamicObject)) -> Result<(), Error> {
         let ar = ApiResource::erase::<KuryrPort>(&());
         let kps: Api<DynamicObject> = Api::all_with(self.kube.clone(), &ar);
-        let mut in_use = Vec::new();
-        for kp in kps.list(&ListParams::default()).await?.items {
-            in_use.extend(kuryrport_ports(&kp.metadata, &kp.data));
+        let mut params = ListParams::default().limit(KUBE_PAGE);
+        loop {
+            let page = kps.list(&params).await?;
+            page.items.iter().for_each(&mut f);
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => return Ok(()),
+            }
         }
-        Ok(RecoveryInput { pools, in_use })
     }
 
     /// Port ids recorded by KuryrPorts (the orphan sweep's "owned by a pod").
     pub async fn ports_in_use(&self) -> Result<HashSet<String>, Error> {
-        let ar = ApiResource::erase::<KuryrPort>(&());
-        let kps: Api<DynamicObject> = Api::all_with(self.kube.clone(), &ar);
-        Ok(kps
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .flat_map(|kp| kuryrport_ports(&kp.metadata, &kp.data))
-            .map(|u| u.port_id)
-            .collect())
+        let mut ids = HashSet::new();
+        self.for_each_kuryrport(|kp| {
+            ids.extend(
+                kuryrport_ports(&kp.metadata, &kp.data)
+                    .into_iter()
+                    .map(|u| u.port_id),
+            );
+        })
+        .await?;
+        Ok(ids)
     }
 }
 

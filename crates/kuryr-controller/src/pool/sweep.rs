@@ -13,6 +13,9 @@ use crate::drivers::vif::{detach_and_delete, subports_by_port};
 use crate::error::Error;
 use crate::openstack::Deployments;
 
+/// Ports per Neutron list request.
+const NEUTRON_PAGE: u32 = 500;
+
 /// Ports seen unowned in the previous pass, per deployment.
 #[derive(Debug, Default)]
 pub struct Suspects {
@@ -43,21 +46,32 @@ pub async fn sweep(
     let names: Vec<String> = deployments.names().map(str::to_string).collect();
     for deployment in names {
         let client = deployments.client(&deployment)?;
-        let ports = client
-            .list_ports(&ListFilter::new().tags([tags::TAG_MANAGED, cluster_tag]))
-            .await?;
+        // A page at a time, keeping only the unowned ids: the cluster's ports can be tens of
+        // thousands, and this runs every update period.
+        let filter = ListFilter::new()
+            .tags([tags::TAG_MANAGED, cluster_tag])
+            .limit(NEUTRON_PAGE);
         let mut subports = HashSet::new();
-        let unowned: BTreeSet<String> = ports
-            .into_iter()
-            .filter(|p| p.device_owner == COMPUTE_KURYR || p.device_owner == TRUNK_SUBPORT)
-            .filter(|p| !owned.contains(&p.id))
-            .map(|p| {
-                if p.device_owner == TRUNK_SUBPORT {
-                    subports.insert(p.id.clone());
+        let mut unowned = BTreeSet::new();
+        let mut marker: Option<String> = None;
+        loop {
+            let page = client.list_ports_page(&filter, marker.as_deref()).await?;
+            let empty = page.items.is_empty();
+            for p in page.items {
+                if (p.device_owner == COMPUTE_KURYR || p.device_owner == TRUNK_SUBPORT)
+                    && !owned.contains(&p.id)
+                {
+                    if p.device_owner == TRUNK_SUBPORT {
+                        subports.insert(p.id.clone());
+                    }
+                    unowned.insert(p.id);
                 }
-                p.id
-            })
-            .collect();
+            }
+            match page.next_marker {
+                Some(m) if !empty && marker.as_deref() != Some(m.as_str()) => marker = Some(m),
+                _ => break,
+            }
+        }
         let confirmed = suspects.confirm(&deployment, unowned);
         let trunks = if confirmed.iter().any(|id| subports.contains(id)) {
             subports_by_port(client).await?

@@ -15,6 +15,7 @@ use crate::auth::ClientOptions;
 use crate::error::{ApiError, Error, ErrorKind, Result};
 use crate::filter::ListFilter;
 use crate::metrics::Metrics;
+use crate::quota_gate::{Held, QuotaGate, project_of};
 pub(crate) use crate::transport::Call;
 use crate::transport::{Service, StatusFailure, Transport};
 
@@ -45,6 +46,7 @@ impl Service for Neutron {
 #[derive(Clone)]
 pub struct NeutronClient {
     transport: Transport<Neutron>,
+    gate: Arc<QuotaGate>,
 }
 
 impl std::fmt::Debug for NeutronClient {
@@ -107,6 +109,27 @@ fn api_error(
     }))
 }
 
+/// What a create's answer says of the quota (see [`QuotaGate::observe`]).
+fn over_quota<T>(answer: &Result<T>) -> Option<bool> {
+    match answer {
+        Ok(_) => Some(false),
+        Err(e) if e.kind() == Some(&ErrorKind::OverQuota) => Some(true),
+        Err(_) => None,
+    }
+}
+
+/// The answer to a create the quota gate held back: Neutron's own OverQuota, without a call.
+fn held_error(op: &'static str, held: &Held) -> Error {
+    Error::Api(Box::new(ApiError {
+        kind: ErrorKind::OverQuota,
+        status: 409,
+        message: held.message(),
+        request_id: None,
+        retry_after: None,
+        operation: op,
+    }))
+}
+
 impl NeutronClient {
     /// Build a client. Authentication happens lazily on the first call.
     pub fn new(opts: &ClientOptions) -> Result<Self> {
@@ -121,6 +144,7 @@ impl NeutronClient {
     fn build(opts: &ClientOptions, metrics: Option<Arc<dyn Metrics>>) -> Result<Self> {
         Ok(Self {
             transport: Transport::new(opts, metrics)?,
+            gate: Arc::default(),
         })
     }
 
@@ -147,10 +171,29 @@ impl NeutronClient {
         key: &str,
         body: &B,
     ) -> Result<T> {
+        let body = serde_json::to_value(body)
+            .map_err(|e| Error::Config(format!("{op}: cannot serialize request body: {e}")))?;
+        let project = project_of(&body);
+        // Neutron's quota resource is the body's key (`network`, `security_group`, ...).
+        if let Err(held) = self.gate.admit(key, &project) {
+            return Err(held_error(op, &held));
+        }
         let wrapped = serde_json::json!({ key: body });
-        self.execute(Call::new(op, Method::POST, &[collection]).json(&wrapped)?)
-            .await?
-            .unwrap(key)
+        let answer = self
+            .execute(Call::new(op, Method::POST, &[collection]).json(&wrapped)?)
+            .await;
+        self.observe_quota(key, &project, &answer);
+        answer?.unwrap(key)
+    }
+
+    pub(crate) fn observe_quota<T>(&self, resource: &str, project: &str, answer: &Result<T>) {
+        self.gate.observe(resource, project, over_quota(answer));
+    }
+
+    /// Whether creates of `resource` (Neutron's quota name) for `project` are held back after an
+    /// OverQuota (see [`crate::quota_gate`]).
+    pub fn quota_held(&self, resource: &str, project: &str) -> bool {
+        self.gate.is_closed(resource, project)
     }
 
     pub(crate) async fn delete_at(&self, op: &'static str, seg: &[&str]) -> Result<()> {

@@ -124,9 +124,18 @@ impl NeutronClient {
             return Ok(Vec::new());
         }
         let body = json!({ "ports": reqs });
-        self.execute(Call::new("create_ports", Method::POST, &["ports"]).json(&body)?)
-            .await?
-            .unwrap("ports")
+        let answer = self
+            .execute(Call::new("create_ports", Method::POST, &["ports"]).json(&body)?)
+            .await;
+        // Never held back (the pools that send bulk creates back off on their own and read the
+        // quota), but their answers tell the single creates' gate when the quota is full or has room.
+        let project = reqs
+            .first()
+            .and_then(|r| serde_json::to_value(r).ok())
+            .map(|b| crate::quota_gate::project_of(&b))
+            .unwrap_or_default();
+        self.observe_quota("port", &project, &answer);
+        answer?.unwrap("ports")
     }
 
     pub async fn get_port(&self, id: &str) -> Result<Port> {

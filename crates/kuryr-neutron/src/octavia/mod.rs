@@ -48,6 +48,7 @@ use crate::auth::ClientOptions;
 use crate::client::Page;
 use crate::filter::ListFilter;
 use crate::metrics::Metrics;
+use crate::quota_gate::{QuotaGate, project_of};
 use crate::transport::{Call, Reply, Service, StatusFailure, Transport};
 
 /// Octavia on the shared transport.
@@ -130,6 +131,7 @@ impl Provisioning {
 pub struct OctaviaClient {
     transport: Transport<Octavia>,
     wait: WaitOptions,
+    gate: Arc<QuotaGate>,
 }
 
 impl OctaviaClient {
@@ -139,6 +141,7 @@ impl OctaviaClient {
         Ok(Self {
             transport: Transport::new(opts, None)?,
             wait: WaitOptions::default(),
+            gate: Arc::default(),
         })
     }
 
@@ -147,6 +150,7 @@ impl OctaviaClient {
         Ok(Self {
             transport: Transport::new(opts, Some(metrics))?,
             wait: WaitOptions::default(),
+            gate: Arc::default(),
         })
     }
 
@@ -225,8 +229,31 @@ impl OctaviaClient {
         key: &str,
         body: &B,
     ) -> OctaviaResult<T> {
+        let body = serde_json::to_value(body)
+            .map_err(|e| OctaviaError::Config(format!("{op}: cannot serialize request body: {e}")))?;
+        let project = project_of(&body);
+        // Octavia's quota resources are the body's keys (`loadbalancer`, `listener`, ...).
+        if let Err(held) = self.gate.admit(key, &project) {
+            return Err(OctaviaError::Api(Box::new(OctaviaApiError {
+                kind: OctaviaErrorKind::Quota,
+                status: 403,
+                message: held.message(),
+                faultcode: None,
+                debuginfo: None,
+                request_id: None,
+                retry_after: None,
+                operation: op,
+            })));
+        }
         let call = Call::new(op, Method::POST, seg).json(&json!({ key: body }))?;
-        Ok(self.write(call).await?.unwrap(key)?)
+        let answer = self.write(call).await;
+        let over_quota = match &answer {
+            Ok(_) => Some(false),
+            Err(e) if e.kind() == Some(&OctaviaErrorKind::Quota) => Some(true),
+            Err(_) => None,
+        };
+        self.gate.observe(key, &project, over_quota);
+        Ok(answer?.unwrap(key)?)
     }
 
     async fn update_one<T: DeserializeOwned, B: Serialize>(

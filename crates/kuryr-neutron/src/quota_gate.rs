@@ -1,0 +1,215 @@
+//! Quota gate: once OpenStack refuses a create as over quota, further creates of that resource for
+//! that project are answered here, without a call, until a probe gets through.
+//!
+//! Without it every object waiting for capacity (a namespace's network, a policy's security group,
+//! a Service's load balancer) retries on its own schedule: a thousand of them are a thousand
+//! refused creates per backoff period against a server that has already said no. With it, one
+//! create per (resource, project) goes through at a time, at most once per probe interval
+//! (exponential with jitter, 2 s doubling to [`MAX_PROBE_INTERVAL`]); the others fail at once with
+//! the same kind of error, so callers react as they would to the server's answer (Events, retry
+//! with their own backoff). The first create that succeeds (the quota raised, or capacity freed)
+//! opens the gate for everyone.
+//!
+//! Guarantees: a refused create closes the gate whatever its caller; a closed gate lets exactly
+//! one create through per interval (the probe, whose answer decides); any success opens it. Creates
+//! other callers make outside the gate ([`QuotaGate::observe`], e.g. a pool's bulk create, which
+//! backs off on its own) still close and open it.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::time::Instant;
+
+/// The longest wait between two probes of a closed gate: how late, at worst, a raised quota is
+/// noticed by the creates held here.
+pub const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(30);
+const FIRST_PROBE_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Why a create was not sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub resource: String,
+    pub project: String,
+    /// Since when the gate has been closed.
+    pub closed_for: Duration,
+    /// Until the next probe may go.
+    pub next_probe_in: Duration,
+}
+
+impl Held {
+    /// The message of the error a held create answers with.
+    pub fn message(&self) -> String {
+        let project = if self.project.is_empty() {
+            "the client's project"
+        } else {
+            self.project.as_str()
+        };
+        format!(
+            "Quota exceeded for resources: ['{}'] (refused for {project} {} s ago; not sent again until a probe \
+             gets through, next in {} s)",
+            self.resource,
+            self.closed_for.as_secs(),
+            self.next_probe_in.as_secs().max(1)
+        )
+    }
+}
+
+#[derive(Debug)]
+struct Closed {
+    since: Instant,
+    refusals: u32,
+    next_probe: Instant,
+}
+
+/// Per client (one per deployment and service): the (resource, project) pairs refused as over quota.
+#[derive(Debug, Default)]
+pub struct QuotaGate {
+    closed: Mutex<HashMap<(String, String), Closed>>,
+}
+
+fn probe_interval(refusals: u32) -> Duration {
+    let exp = FIRST_PROBE_INTERVAL.saturating_mul(1u32 << refusals.saturating_sub(1).min(8));
+    exp.min(MAX_PROBE_INTERVAL)
+        .mul_f64(rand::rng().random_range(0.5..=1.0))
+}
+
+impl QuotaGate {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Closed>> {
+        self.closed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// May a create of `resource` for `project` be sent now? A closed gate whose probe is due lets
+    /// this one through as the probe (the next is not due before another interval).
+    pub fn admit(&self, resource: &str, project: &str) -> Result<(), Held> {
+        let mut closed = self.lock();
+        let Some(c) = closed.get_mut(&(resource.to_owned(), project.to_owned())) else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        if now >= c.next_probe {
+            c.next_probe = now + probe_interval(c.refusals);
+            return Ok(());
+        }
+        Err(Held {
+            resource: resource.to_owned(),
+            project: project.to_owned(),
+            closed_for: now.saturating_duration_since(c.since),
+            next_probe_in: c.next_probe.saturating_duration_since(now),
+        })
+    }
+
+    /// What a create's answer says of the quota: `Some(true)` refused as over quota, `Some(false)`
+    /// created, `None` neither (another failure says nothing of the quota).
+    pub fn observe(&self, resource: &str, project: &str, over_quota: Option<bool>) {
+        let key = (resource.to_owned(), project.to_owned());
+        match over_quota {
+            Some(true) => {
+                let now = Instant::now();
+                let mut closed = self.lock();
+                let c = closed.entry(key).or_insert(Closed {
+                    since: now,
+                    refusals: 0,
+                    next_probe: now,
+                });
+                c.refusals = c.refusals.saturating_add(1);
+                c.next_probe = now + probe_interval(c.refusals);
+                if c.refusals == 1 {
+                    tracing::info!(
+                        resource,
+                        project,
+                        "over quota: further creates are held back until a probe gets through"
+                    );
+                }
+            }
+            Some(false) => {
+                if let Some(c) = self.lock().remove(&key) {
+                    tracing::info!(
+                        resource,
+                        project,
+                        refusals = c.refusals,
+                        closed_s = c.since.elapsed().as_secs(),
+                        "quota has room again: creates go through"
+                    );
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// Whether creates of `resource` for `project` are being held back.
+    pub fn is_closed(&self, resource: &str, project: &str) -> bool {
+        self.lock()
+            .contains_key(&(resource.to_owned(), project.to_owned()))
+    }
+}
+
+/// The project a create body names (`project_id`, or the older `tenant_id`); "" when it names none
+/// (the token's own project).
+pub fn project_of(body: &serde_json::Value) -> String {
+    ["project_id", "tenant_id"]
+        .iter()
+        .find_map(|k| body.get(*k).and_then(serde_json::Value::as_str))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_holds_creates_back_and_lets_one_probe_through_per_interval() {
+        let g = QuotaGate::default();
+        assert!(g.admit("network", "p").is_ok(), "open at first");
+        g.observe("network", "p", Some(true));
+        let held = g.admit("network", "p").expect_err("closed after a refusal");
+        assert_eq!((held.resource.as_str(), held.project.as_str()), ("network", "p"));
+        assert!(held.next_probe_in <= FIRST_PROBE_INTERVAL, "{held:?}");
+        assert!(held.message().contains("['network']"), "{}", held.message());
+        // Another project and another resource are not affected.
+        assert!(g.admit("network", "q").is_ok());
+        assert!(g.admit("security_group", "p").is_ok());
+
+        tokio::time::advance(FIRST_PROBE_INTERVAL).await;
+        assert!(g.admit("network", "p").is_ok(), "the probe goes");
+        assert!(g.admit("network", "p").is_err(), "only one probe per interval");
+        g.observe("network", "p", Some(true));
+        assert!(g.admit("network", "p").is_err(), "the probe was refused");
+        g.observe("network", "p", None);
+        assert!(
+            g.is_closed("network", "p"),
+            "another failure says nothing of the quota"
+        );
+        g.observe("network", "p", Some(false));
+        assert!(g.admit("network", "p").is_ok(), "a success opens the gate");
+        assert!(g.admit("network", "p").is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn probes_back_off_to_the_cap_while_refusals_go_on() {
+        let g = QuotaGate::default();
+        let mut sent = 0;
+        // Ten simulated minutes of a caller trying every 100 ms while the quota stays full.
+        for _ in 0..6000 {
+            if g.admit("port", "p").is_ok() {
+                sent += 1;
+                g.observe("port", "p", Some(true));
+            }
+            tokio::time::advance(Duration::from_millis(100)).await;
+        }
+        // Intervals 2, 4, 8, 16 s (jittered to half at the least), then at most 30 s: few probes.
+        assert!((20..=50).contains(&sent), "{sent} creates sent in 10 minutes");
+    }
+
+    #[test]
+    fn the_project_is_read_from_the_body() {
+        let b = serde_json::json!({"name": "n", "project_id": "p1"});
+        assert_eq!(project_of(&b), "p1");
+        assert_eq!(project_of(&serde_json::json!({"tenant_id": "t"})), "t");
+        assert_eq!(project_of(&serde_json::json!({"name": 3})), "");
+    }
+}
