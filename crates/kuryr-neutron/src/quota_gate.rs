@@ -5,7 +5,8 @@
 //! a Service's load balancer) retries on its own schedule: a thousand of them are a thousand
 //! refused creates per backoff period against a server that has already said no. With it, one
 //! create per (resource, project) goes through at a time, at most once per probe interval
-//! (exponential with jitter, 2 s doubling to [`MAX_PROBE_INTERVAL`]); the others fail at once with
+//! (exponential with jitter, 2 s doubling to [`MAX_PROBE_INTERVAL`], the handlers' own longest
+//! retry wait); the others fail at once with
 //! the same kind of error, so callers react as they would to the server's answer (Events, retry
 //! with their own backoff). The first create that succeeds (the quota raised, or capacity freed)
 //! opens the gate for everyone.
@@ -24,7 +25,7 @@ use tokio::time::Instant;
 
 /// The longest wait between two probes of a closed gate: how late, at worst, a raised quota is
 /// noticed by the creates held here.
-pub const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(30);
+pub const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(15);
 const FIRST_PROBE_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Why a create was not sent.
@@ -201,8 +202,8 @@ mod tests {
             }
             tokio::time::advance(Duration::from_millis(100)).await;
         }
-        // Intervals 2, 4, 8, 16 s (jittered to half at the least), then at most 30 s: few probes.
-        assert!((20..=50).contains(&sent), "{sent} creates sent in 10 minutes");
+        // Intervals 2, 4, 8 s, then 15 s, each jittered down to half at the least: a few a minute.
+        assert!((35..=90).contains(&sent), "{sent} creates sent in 10 minutes");
     }
 
     #[test]

@@ -135,8 +135,11 @@ impl ResourceEventHandler for KuryrNetworkHandler {
         let cluster_tags = self.tags(&ns);
 
         if status.net_id.is_none() {
+            // Scoped by project too: the same cluster tags in another project (another cluster
+            // given the same cluster_id, or a namespace moved to another project) are not this
+            // namespace's network; adopting one attached its subnet to a router it was not on.
             let found = client
-                .list_networks(&ListFilter::new().tags(&cluster_tags))
+                .list_networks(&ListFilter::new().tags(&cluster_tags).project_id(&project))
                 .await?;
             let name = format!("ns/{ns}-net");
             let net = match found.into_iter().next() {
