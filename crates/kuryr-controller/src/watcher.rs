@@ -6,7 +6,7 @@
 //! reconcile (`[kubernetes] watch_reconcile_period`) re-sends every object as MODIFIED and re-lists,
 //! healing anything a lost event or an exhausted retry left behind.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +19,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 use crate::pipeline::{Event, EventHandler, EventType, WatchSelector};
+
+/// The periodic re-send queues at most this many objects per [`RESEND_PACE`]...
+const RESEND_BATCH: usize = 32;
+const RESEND_PACE: Duration = Duration::from_millis(20);
+/// ...and only while the pipeline holds fewer objects than this.
+const RESEND_BACKLOG: usize = 256;
 
 /// Last-seen state of every object of one kind, keyed by `namespace/name`. Pure state, tested
 /// without a server.
@@ -134,6 +140,16 @@ impl KnownObjects {
         self.objects.values().filter_map(Known::object)
     }
 
+    /// The keys of every kept object (what a periodic re-send goes through).
+    pub fn keys(&self) -> impl Iterator<Item = &String> {
+        self.objects.keys()
+    }
+
+    /// The kept object under `key`, parsed again; `None` once it is gone.
+    pub fn get(&self, key: &str) -> Option<DynamicObject> {
+        self.objects.get(key).and_then(Known::object)
+    }
+
     pub fn len(&self) -> usize {
         self.objects.len()
     }
@@ -170,6 +186,12 @@ pub async fn run_watch(
     let mut known = KnownObjects::default();
     let mut tick = tokio::time::interval(reconcile_period.max(Duration::from_secs(1)));
     tick.tick().await;
+    // Keys still to re-send in this period, a few at a time while the pipeline's backlog is
+    // small: each re-sent object is parsed and queued, and ten thousand at once were most of
+    // the controller's memory in a burst.
+    let mut resend: VecDeque<String> = VecDeque::new();
+    let mut pace = tokio::time::interval(RESEND_PACE);
+    pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -177,10 +199,21 @@ pub async fn run_watch(
                 tracing::debug!(kind = %resource.kind, objects = known.len(), "periodic reconcile");
                 // Re-send what we know (heals handlers whose retries ran out) and re-list (heals
                 // anything the watch itself missed: the re-list's changes and deletions follow).
-                for obj in known.all() {
-                    let _ = sink.handle(Event::new(EventType::Modified, resource.clone(), obj)).await;
+                // A re-send still going from the last period goes on from where it is.
+                if resend.is_empty() {
+                    resend.extend(known.keys().cloned());
                 }
                 stream = start();
+            }
+            _ = pace.tick(), if !resend.is_empty() => {
+                if sink.backlog().await < RESEND_BACKLOG {
+                    for key in resend.drain(..RESEND_BATCH.min(resend.len())).collect::<Vec<_>>() {
+                        // The object as it is now; one deleted meanwhile is not re-sent.
+                        if let Some(obj) = known.get(&key) {
+                            let _ = sink.handle(Event::new(EventType::Modified, resource.clone(), obj)).await;
+                        }
+                    }
+                }
             }
             next = stream.next() => match next {
                 None => return,

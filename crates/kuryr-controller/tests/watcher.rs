@@ -76,3 +76,89 @@ async fn periodic_reconcile_resends_unchanged_objects() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// A sink reporting a backlog the test sets.
+#[derive(Default)]
+struct Busy {
+    seen: Seen,
+    backlog: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait]
+impl EventHandler for Busy {
+    async fn handle(&self, e: Event) -> Result<(), Error> {
+        self.seen.handle(e).await
+    }
+    fn name(&self) -> &str {
+        "busy"
+    }
+    async fn backlog(&self) -> usize {
+        self.backlog.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// The periodic re-send waits while the pipeline is busy (it never queues every object at once
+/// on top of a backlog), and goes on once the backlog is small; new events are never held back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_periodic_resend_waits_for_a_busy_pipeline() -> anyhow::Result<()> {
+    let kube = start_kube().await?;
+    let cms: Api<ConfigMap> = Api::namespaced(kube.client.clone(), "default");
+    for i in 0..3 {
+        let cm: ConfigMap =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": format!("busy-{i}")}}))?;
+        cms.create(&PostParams::default(), &cm).await?;
+    }
+    let sink = Arc::new(Busy::default());
+    sink.backlog.store(100_000, std::sync::atomic::Ordering::Relaxed);
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(run_watch(
+        kube.client.clone(),
+        Arc::new(ApiResource::erase::<ConfigMap>(&())),
+        WatchSelector::default(),
+        Duration::from_secs(1),
+        sink.clone(),
+        Metrics::new(),
+        stop.clone(),
+    ));
+    let count = |ty: EventType| {
+        let sink = sink.clone();
+        async move {
+            sink.seen
+                .0
+                .lock()
+                .await
+                .iter()
+                .filter(|(t, n, _)| *t == ty && n.starts_with("busy-"))
+                .count()
+        }
+    };
+    // Three periods with a large backlog: the objects arrive, none is re-sent.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert_eq!(count(EventType::Added).await, 3);
+    assert_eq!(
+        count(EventType::Modified).await,
+        0,
+        "re-sent into a busy pipeline"
+    );
+    // A change still goes through at once.
+    let mut cm = cms.get("busy-0").await?;
+    cm.data = Some([("k".to_string(), "v".to_string())].into());
+    cms.replace("busy-0", &PostParams::default(), &cm).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while count(EventType::Modified).await < 1 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(count(EventType::Modified).await, 1, "the change, not a re-send");
+    // The backlog gone: every object is re-sent.
+    sink.backlog.store(0, std::sync::atomic::Ordering::Relaxed);
+    while count(EventType::Modified).await < 4 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    task.await?;
+    assert!(
+        count(EventType::Modified).await >= 4,
+        "the change and three re-sends"
+    );
+    Ok(())
+}

@@ -175,4 +175,8 @@ impl<H: EventHandler + 'static> EventHandler for Async<H> {
     fn name(&self) -> &str {
         &self.name
     }
+
+    async fn backlog(&self) -> usize {
+        self.depth().await
+    }
 }

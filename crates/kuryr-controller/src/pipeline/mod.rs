@@ -96,6 +96,12 @@ pub trait EventHandler: Send + Sync {
 
     /// Name used in logs and metric labels.
     fn name(&self) -> &str;
+
+    /// Objects accepted but not yet handled (a queueing handler's backlog; 0 for the others):
+    /// what the watcher's periodic re-send waits on, so that it never holds every object at once.
+    async fn backlog(&self) -> usize {
+        0
+    }
 }
 
 #[async_trait]
@@ -106,5 +112,9 @@ impl<T: EventHandler + ?Sized> EventHandler for Arc<T> {
 
     fn name(&self) -> &str {
         (**self).name()
+    }
+
+    async fn backlog(&self) -> usize {
+        (**self).backlog().await
     }
 }
