@@ -81,6 +81,9 @@ pub struct Snapshot {
     /// A disruptive fault (outage, exhausted quota, no leader) is in force or was within its
     /// settle time: pods may wait without bound.
     pub disrupted: bool,
+    /// When the last disruption ended: lasting findings are timed from then at the earliest,
+    /// also when no snapshot could be read during it (an API outage).
+    pub calm_since: Duration,
     pub pods: Vec<PodView>,
     pub kuryr_ports: Vec<KuryrPortView>,
     pub pools: Vec<PoolView>,
@@ -252,7 +255,7 @@ impl Checker {
             if snap.disrupted {
                 self.first_seen.insert(key.clone(), snap.at);
             }
-            let since = *self.first_seen.entry(key.clone()).or_insert(snap.at);
+            let since = (*self.first_seen.entry(key.clone()).or_insert(snap.at)).max(snap.calm_since);
             let allowed = match kind {
                 Kind::OverMax => self.bounds.over_max,
                 Kind::OrphanKuryrPort => self.bounds.orphan_kuryrport,

@@ -103,6 +103,20 @@ impl Disruptions {
             .map(|w| w.iter().any(|(a, b)| *a <= t && t <= *b))
             .unwrap_or(false)
     }
+
+    /// When the last disruption that has ended by `t` ended (zero if none has).
+    fn calm_since(&self, t: Duration) -> Duration {
+        self.0
+            .lock()
+            .map(|w| {
+                w.iter()
+                    .filter(|(_, b)| *b <= t)
+                    .map(|(_, b)| *b)
+                    .max()
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default()
+    }
 }
 
 /// The running soak.
@@ -505,7 +519,9 @@ impl Soak {
             Fault::KubeOutage(d) => {
                 self.kube.set_unavailable(true);
                 self.ends.push((Instant::now() + d, fault));
-                self.disruptions.add(now, until);
+                // No controller can renew its Lease meanwhile: every one steps down, and one
+                // takes over and recovers once the API is back.
+                self.disruptions.add(now, now + d + HANDOVER.max(AFTER_FAULT));
             }
             Fault::WatchDrop => self.kube.drop_watches(),
             Fault::Gone => {
@@ -882,7 +898,12 @@ async fn check_loop(
         match reader.read(at, disrupted).await {
             Ok(snap) => {
                 let disrupted = disrupted || disruptions.at(started.elapsed());
-                let snap = invariants::Snapshot { disrupted, ..snap };
+                let calm_since = disruptions.calm_since(at);
+                let snap = invariants::Snapshot {
+                    disrupted,
+                    calm_since,
+                    ..snap
+                };
                 for v in checker.lock().await.observe(&snap) {
                     println!("  VIOLATION {v}");
                     found.push(v);

@@ -99,6 +99,8 @@ impl Reader {
         Ok(Snapshot {
             at,
             disrupted,
+            // The check loop knows the disruption windows and sets it.
+            calm_since: Duration::ZERO,
             pods: pods
                 .items
                 .iter()

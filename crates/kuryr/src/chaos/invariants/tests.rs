@@ -55,6 +55,7 @@ fn healthy(at: Duration) -> Snapshot {
     Snapshot {
         at,
         disrupted: false,
+        calm_since: Duration::ZERO,
         pods: vec![pod("ns/a", "u-a", true), pod("ns/b", "u-b", true)],
         kuryr_ports: vec![
             kp("ns/a", "u-a", "p1", "10.0.0.1"),
@@ -439,4 +440,24 @@ fn converged_means_no_finding_no_waiting_pod_and_nothing_being_deleted() {
     unowned.ports.push(port("p9", None, "10.0.0.9"));
     assert!(!c.converged(&unowned), "a young finding is not settled either");
     assert_eq!(c.reported(), 0);
+}
+
+#[test]
+fn the_grace_starts_when_a_disruption_ends_even_without_snapshots_during_it() {
+    let mut c = Checker::new(bounds());
+    let mut snap = healthy(s(0));
+    snap.ports.push(port("p9", None, "10.0.0.9"));
+    snap.at = s(10);
+    assert_eq!(c.observe(&snap), vec![], "young");
+    // An API outage from 11 s to 60 s: no snapshot could be read; the disruption ended at 60 s.
+    snap.calm_since = s(60);
+    for t in [61, 65, 69] {
+        snap.at = s(t);
+        assert_eq!(c.observe(&snap), vec![], "{t}s: timed from the end of the outage");
+    }
+    snap.at = s(71);
+    assert_eq!(
+        kinds(&c.observe(&snap)),
+        vec![(Kind::LeakedPort, "p9".to_string())]
+    );
 }
