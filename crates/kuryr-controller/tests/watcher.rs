@@ -16,6 +16,23 @@ use kuryr_testbed::start_kube;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
+/// ConfigMaps watched into `sink`, with a 1 s reconcile period.
+fn watch_config_maps(
+    kube: &kube::Client,
+    sink: Arc<dyn EventHandler>,
+    stop: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(run_watch(
+        kube.clone(),
+        Arc::new(ApiResource::erase::<ConfigMap>(&())),
+        WatchSelector::default(),
+        Duration::from_secs(1),
+        sink,
+        Metrics::new(),
+        stop.clone(),
+    ))
+}
+
 #[derive(Default)]
 struct Seen(Mutex<Vec<(EventType, String, String)>>);
 
@@ -44,15 +61,7 @@ async fn periodic_reconcile_resends_unchanged_objects() -> anyhow::Result<()> {
     let rv = created.metadata.resource_version.clone().unwrap();
     let seen = Arc::new(Seen::default());
     let stop = CancellationToken::new();
-    let task = tokio::spawn(run_watch(
-        kube.client.clone(),
-        Arc::new(ApiResource::erase::<ConfigMap>(&())),
-        WatchSelector::default(),
-        Duration::from_secs(1),
-        seen.clone(),
-        Metrics::new(),
-        stop.clone(),
-    ));
+    let task = watch_config_maps(&kube.client, seen.clone(), &stop);
     // Waits for the outcome (two re-sends of a 1 s period), however long a loaded machine takes.
     let mut events = vec![];
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
@@ -111,15 +120,7 @@ async fn the_periodic_resend_waits_for_a_busy_pipeline() -> anyhow::Result<()> {
     let sink = Arc::new(Busy::default());
     sink.backlog.store(100_000, std::sync::atomic::Ordering::Relaxed);
     let stop = CancellationToken::new();
-    let task = tokio::spawn(run_watch(
-        kube.client.clone(),
-        Arc::new(ApiResource::erase::<ConfigMap>(&())),
-        WatchSelector::default(),
-        Duration::from_secs(1),
-        sink.clone(),
-        Metrics::new(),
-        stop.clone(),
-    ));
+    let task = watch_config_maps(&kube.client, sink.clone(), &stop);
     let count = |ty: EventType| {
         let sink = sink.clone();
         async move {

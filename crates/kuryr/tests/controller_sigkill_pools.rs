@@ -5,7 +5,8 @@
 //! ports are being handed back and not yet recorded in the KuryrPortPool.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Stdio;
+mod support;
+
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
@@ -15,7 +16,7 @@ use kuryr_crds::{KuryrPort, KuryrPortPool};
 use kuryr_neutron::ListFilter;
 use kuryr_testbed::*;
 use serde_json::json;
-use tokio::process::{Child, Command};
+use support::controller;
 
 const WAIT: Duration = Duration::from_secs(120);
 const NS: &str = "mass";
@@ -23,23 +24,6 @@ const CONTROLLER_NS: &str = "kuryr";
 const PODS: usize = 40;
 const MAX: usize = 5;
 const UPDATE_PERIOD: Duration = Duration::from_secs(2);
-
-fn controller(conf: &std::path::Path, kubeconfig: &std::path::Path, log: &std::path::Path) -> Result<Child> {
-    let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
-    let err = out.try_clone()?;
-    Ok(Command::new(env!("CARGO_BIN_EXE_kuryr"))
-        .arg("controller")
-        .arg("--config-file")
-        .arg(conf)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(out))
-        .stderr(Stdio::from(err))
-        .kill_on_drop(true)
-        .spawn()?)
-}
 
 fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())

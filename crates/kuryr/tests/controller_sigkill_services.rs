@@ -5,8 +5,9 @@
 //! a new load balancer PENDING_CREATE for 4 s, so the kill lands inside that window.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
@@ -19,28 +20,10 @@ use kuryr_neutron::{ClientOptions, ListFilter};
 use kuryr_testbed::*;
 use octavia_emulator::{LatencyProfile, OctaviaEmulator, OctaviaOptions, WorkerDelays};
 use serde_json::json;
-use tokio::process::{Child, Command};
+use support::controller;
 
 const WAIT: Duration = Duration::from_secs(120);
 const NS: &str = "sigkill";
-
-/// `kuryr controller` as a child process, its output in `log`.
-fn controller(conf: &std::path::Path, kubeconfig: &std::path::Path, log: &std::path::Path) -> Result<Child> {
-    let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
-    let err = out.try_clone()?;
-    Ok(Command::new(env!("CARGO_BIN_EXE_kuryr"))
-        .arg("controller")
-        .arg("--config-file")
-        .arg(conf)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(out))
-        .stderr(Stdio::from(err))
-        .kill_on_drop(true)
-        .spawn()?)
-}
 
 async fn lbs_named(client: &OctaviaClient, name: &str) -> Result<Vec<LoadBalancer>> {
     Ok(client
