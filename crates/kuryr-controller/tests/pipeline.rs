@@ -391,3 +391,25 @@ async fn objects_backing_off_do_not_hold_the_worker_slots() {
     }
     panic!("an object behind two backing-off objects was not handled within 2 s");
 }
+
+/// The backlog the watcher's re-send waits on counts objects waiting for a worker, not the ones
+/// being handled (a handler in its retry backoff holds no queued event).
+#[tokio::test(start_paused = true)]
+async fn the_backlog_counts_objects_waiting_for_a_worker() {
+    let rec = Arc::new(Recorder {
+        delay: Duration::from_millis(500),
+        ..Default::default()
+    });
+    let a = Async::new(rec.clone(), 1);
+    for i in 0..3 {
+        a.handle(ev(EventType::Added, &format!("p{i}"), &format!("u{i}"), "1"))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // One handled (one worker), two waiting for it.
+    assert_eq!(a.depth().await, 3);
+    assert_eq!(a.backlog().await, 2);
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert_eq!((a.depth().await, a.backlog().await), (0, 0));
+}

@@ -12,9 +12,11 @@
 //! opens the gate for everyone.
 //!
 //! Guarantees: a refused create closes the gate whatever its caller; a closed gate lets exactly
-//! one create through per interval (the probe, whose answer decides); any success opens it. Creates
-//! other callers make outside the gate ([`QuotaGate::observe`], e.g. a pool's bulk create, which
-//! backs off on its own) still close and open it.
+//! one create through per interval (the probe, whose answer decides); any success opens it.
+//! Creates that name no project are not gated (Octavia's listeners, pools and members count
+//! against their load balancer's project, which their bodies do not carry). A pool's bulk create
+//! is never held and only its success is observed: a bulk refused for want of room for all its
+//! ports says nothing of a single port.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -27,6 +29,12 @@ use tokio::time::Instant;
 /// noticed by the creates held here.
 pub const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(15);
 const FIRST_PROBE_INTERVAL: Duration = Duration::from_secs(2);
+
+/// A create let through: as the probe of a closed gate, or through an open one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pass {
+    pub probe: bool,
+}
 
 /// Why a create was not sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,15 +93,15 @@ impl QuotaGate {
 
     /// May a create of `resource` for `project` be sent now? A closed gate whose probe is due lets
     /// this one through as the probe (the next is not due before another interval).
-    pub fn admit(&self, resource: &str, project: &str) -> Result<(), Held> {
+    pub fn admit(&self, resource: &str, project: &str) -> Result<Pass, Held> {
         let mut closed = self.lock();
         let Some(c) = closed.get_mut(&(resource.to_owned(), project.to_owned())) else {
-            return Ok(());
+            return Ok(Pass { probe: false });
         };
         let now = Instant::now();
         if now >= c.next_probe {
             c.next_probe = now + probe_interval(c.refusals);
-            return Ok(());
+            return Ok(Pass { probe: true });
         }
         Err(Held {
             resource: resource.to_owned(),
@@ -103,28 +111,36 @@ impl QuotaGate {
         })
     }
 
-    /// What a create's answer says of the quota: `Some(true)` refused as over quota, `Some(false)`
-    /// created, `None` neither (another failure says nothing of the quota).
-    pub fn observe(&self, resource: &str, project: &str, over_quota: Option<bool>) {
+    /// What the answer to a create let through by `pass` says of the quota: `Some(true)` refused
+    /// as over quota, `Some(false)` created, `None` neither (another failure says nothing of the
+    /// quota). A refusal of a create sent while the gate was open and that finds it closed (one
+    /// of a burst already in flight) is not counted again: only probes lengthen the interval.
+    pub fn observe(&self, resource: &str, project: &str, pass: Pass, over_quota: Option<bool>) {
         let key = (resource.to_owned(), project.to_owned());
         match over_quota {
             Some(true) => {
                 let now = Instant::now();
                 let mut closed = self.lock();
-                let c = closed.entry(key).or_insert(Closed {
-                    since: now,
-                    refusals: 0,
-                    next_probe: now,
-                });
-                c.refusals = c.refusals.saturating_add(1);
-                c.next_probe = now + probe_interval(c.refusals);
-                if c.refusals == 1 {
-                    tracing::info!(
-                        resource,
-                        project,
-                        "over quota: further creates are held back until a probe gets through"
-                    );
+                if let Some(c) = closed.get_mut(&key) {
+                    if pass.probe {
+                        c.refusals = c.refusals.saturating_add(1);
+                        c.next_probe = now + probe_interval(c.refusals);
+                    }
+                    return;
                 }
+                closed.insert(
+                    key,
+                    Closed {
+                        since: now,
+                        refusals: 1,
+                        next_probe: now + probe_interval(1),
+                    },
+                );
+                tracing::info!(
+                    resource,
+                    project,
+                    "over quota: further creates are held back until a probe gets through"
+                );
             }
             Some(false) => {
                 if let Some(c) = self.lock().remove(&key) {
@@ -165,8 +181,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_refusal_holds_creates_back_and_lets_one_probe_through_per_interval() {
         let g = QuotaGate::default();
-        assert!(g.admit("network", "p").is_ok(), "open at first");
-        g.observe("network", "p", Some(true));
+        let open = g.admit("network", "p").expect("open at first");
+        assert!(!open.probe);
+        g.observe("network", "p", open, Some(true));
         let held = g.admit("network", "p").expect_err("closed after a refusal");
         assert_eq!((held.resource.as_str(), held.project.as_str()), ("network", "p"));
         assert!(held.next_probe_in <= FIRST_PROBE_INTERVAL, "{held:?}");
@@ -175,17 +192,22 @@ mod tests {
         assert!(g.admit("network", "q").is_ok());
         assert!(g.admit("security_group", "p").is_ok());
 
+        // Refusals of creates sent before the gate closed do not lengthen the interval.
+        for _ in 0..5 {
+            g.observe("network", "p", open, Some(true));
+        }
         tokio::time::advance(FIRST_PROBE_INTERVAL).await;
-        assert!(g.admit("network", "p").is_ok(), "the probe goes");
+        let probe = g.admit("network", "p").expect("the probe goes");
+        assert!(probe.probe);
         assert!(g.admit("network", "p").is_err(), "only one probe per interval");
-        g.observe("network", "p", Some(true));
+        g.observe("network", "p", probe, Some(true));
         assert!(g.admit("network", "p").is_err(), "the probe was refused");
-        g.observe("network", "p", None);
+        g.observe("network", "p", probe, None);
         assert!(
             g.is_closed("network", "p"),
             "another failure says nothing of the quota"
         );
-        g.observe("network", "p", Some(false));
+        g.observe("network", "p", probe, Some(false));
         assert!(g.admit("network", "p").is_ok(), "a success opens the gate");
         assert!(g.admit("network", "p").is_ok());
     }
@@ -196,9 +218,9 @@ mod tests {
         let mut sent = 0;
         // Ten simulated minutes of a caller trying every 100 ms while the quota stays full.
         for _ in 0..6000 {
-            if g.admit("port", "p").is_ok() {
+            if let Ok(pass) = g.admit("port", "p") {
                 sent += 1;
-                g.observe("port", "p", Some(true));
+                g.observe("port", "p", pass, Some(true));
             }
             tokio::time::advance(Duration::from_millis(100)).await;
         }

@@ -22,6 +22,8 @@ pub struct AsyncStats {
     pub received: AtomicU64,
     pub coalesced: AtomicU64,
     pub handled: AtomicU64,
+    /// Objects whose next event waits for a worker slot.
+    pub waiting: AtomicU64,
 }
 
 type Queues = Arc<Mutex<HashMap<String, Option<Event>>>>;
@@ -54,6 +56,22 @@ pub async fn idle<F: std::future::Future>(wait: F) -> F::Output {
         }
     }
     out
+}
+
+/// One object waiting for a worker slot, as long as it lives.
+struct Waiting<'a>(&'a AtomicU64);
+
+impl<'a> Waiting<'a> {
+    fn start(n: &'a AtomicU64) -> Self {
+        n.fetch_add(1, Ordering::Relaxed);
+        Self(n)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 pub struct Async<H> {
@@ -127,7 +145,12 @@ impl<H: EventHandler + 'static> Async<H> {
                 }
             };
             // A closed semaphore only happens on shutdown; stop quietly then.
-            let Ok(permit) = workers.clone().acquire_owned().await else {
+            let permit = {
+                // Counted while waiting, also when the wait is dropped (the pipeline stopping).
+                let _waiting = Waiting::start(&stats.waiting);
+                workers.clone().acquire_owned().await
+            };
+            let Ok(permit) = permit else {
                 return;
             };
             let slot = Arc::new(WorkerSlot {
@@ -176,7 +199,13 @@ impl<H: EventHandler + 'static> EventHandler for Async<H> {
         &self.name
     }
 
+    /// Objects waiting for a worker (an event queued behind a running one, or taken and waiting
+    /// for a slot): not the ones being handled (a handler waiting out its
+    /// retry backoff holds no queued event), so a few hundred objects retrying on a full quota
+    /// do not hold the watcher's re-send back.
     async fn backlog(&self) -> usize {
-        self.depth().await
+        let queued = self.queues.lock().await.values().filter(|p| p.is_some()).count();
+        let waiting = usize::try_from(self.stats.waiting.load(Ordering::Relaxed)).unwrap_or(usize::MAX);
+        queued.saturating_add(waiting)
     }
 }

@@ -54,8 +54,18 @@ pub async fn sweep(
         let mut subports = HashSet::new();
         let mut unowned = BTreeSet::new();
         let mut marker: Option<String> = None;
+        let mut restarts = 0;
         loop {
-            let page = client.list_ports_page(&filter, marker.as_deref()).await?;
+            let page = match client.list_ports_page(&filter, marker.as_deref()).await {
+                Ok(page) => page,
+                // The port the next page starts after was deleted meanwhile: list again.
+                Err(e) if marker.is_some() && e.is_not_found() && restarts < 3 => {
+                    restarts += 1;
+                    (marker, subports, unowned) = (None, HashSet::new(), BTreeSet::new());
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
             let empty = page.items.is_empty();
             for p in page.items {
                 if (p.device_owner == COMPUTE_KURYR || p.device_owner == TRUNK_SUBPORT)

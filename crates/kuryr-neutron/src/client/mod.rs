@@ -175,19 +175,27 @@ impl NeutronClient {
             .map_err(|e| Error::Config(format!("{op}: cannot serialize request body: {e}")))?;
         let project = project_of(&body);
         // Neutron's quota resource is the body's key (`network`, `security_group`, ...).
-        if let Err(held) = self.gate.admit(key, &project) {
-            return Err(held_error(op, &held));
-        }
+        let pass = match self.gate.admit(key, &project) {
+            _ if project.is_empty() => None,
+            Ok(pass) => Some(pass),
+            Err(held) => return Err(held_error(op, &held)),
+        };
         let wrapped = serde_json::json!({ key: body });
         let answer = self
             .execute(Call::new(op, Method::POST, &[collection]).json(&wrapped)?)
             .await;
-        self.observe_quota(key, &project, &answer);
+        if let Some(pass) = pass {
+            self.gate.observe(key, &project, pass, over_quota(&answer));
+        }
         answer?.unwrap(key)
     }
 
-    pub(crate) fn observe_quota<T>(&self, resource: &str, project: &str, answer: &Result<T>) {
-        self.gate.observe(resource, project, over_quota(answer));
+    /// A create made outside the gate that succeeded: the quota has room.
+    pub(crate) fn quota_has_room(&self, resource: &str, project: &str) {
+        if !project.is_empty() {
+            let pass = crate::quota_gate::Pass { probe: false };
+            self.gate.observe(resource, project, pass, Some(false));
+        }
     }
 
     /// Whether creates of `resource` (Neutron's quota name) for `project` are held back after an

@@ -128,13 +128,15 @@ impl NeutronClient {
             .execute(Call::new("create_ports", Method::POST, &["ports"]).json(&body)?)
             .await;
         // Never held back (the pools that send bulk creates back off on their own and read the
-        // quota), but their answers tell the single creates' gate when the quota is full or has room.
-        let project = reqs
-            .first()
-            .and_then(|r| serde_json::to_value(r).ok())
-            .map(|b| crate::quota_gate::project_of(&b))
-            .unwrap_or_default();
-        self.observe_quota("port", &project, &answer);
+        // quota); a success tells the single creates' gate that the quota has room.
+        if answer.is_ok() {
+            let project = reqs
+                .first()
+                .and_then(|r| serde_json::to_value(r).ok())
+                .map(|b| crate::quota_gate::project_of(&b))
+                .unwrap_or_default();
+            self.quota_has_room("port", &project);
+        }
         answer?.unwrap("ports")
     }
 

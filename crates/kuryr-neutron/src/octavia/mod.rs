@@ -233,18 +233,24 @@ impl OctaviaClient {
             .map_err(|e| OctaviaError::Config(format!("{op}: cannot serialize request body: {e}")))?;
         let project = project_of(&body);
         // Octavia's quota resources are the body's keys (`loadbalancer`, `listener`, ...).
-        if let Err(held) = self.gate.admit(key, &project) {
-            return Err(OctaviaError::Api(Box::new(OctaviaApiError {
-                kind: OctaviaErrorKind::Quota,
-                status: 403,
-                message: held.message(),
-                faultcode: None,
-                debuginfo: None,
-                request_id: None,
-                retry_after: None,
-                operation: op,
-            })));
-        }
+        let pass = match self.gate.admit(key, &project) {
+            // Listeners, pools and members count against their load balancer's project, which
+            // their bodies do not name: not gated.
+            _ if project.is_empty() => None,
+            Ok(pass) => Some(pass),
+            Err(held) => {
+                return Err(OctaviaError::Api(Box::new(OctaviaApiError {
+                    kind: OctaviaErrorKind::Quota,
+                    status: 403,
+                    message: held.message(),
+                    faultcode: None,
+                    debuginfo: None,
+                    request_id: None,
+                    retry_after: None,
+                    operation: op,
+                })));
+            }
+        };
         let call = Call::new(op, Method::POST, seg).json(&json!({ key: body }))?;
         let answer = self.write(call).await;
         let over_quota = match &answer {
@@ -252,7 +258,9 @@ impl OctaviaClient {
             Err(e) if e.kind() == Some(&OctaviaErrorKind::Quota) => Some(true),
             Err(_) => None,
         };
-        self.gate.observe(key, &project, over_quota);
+        if let Some(pass) = pass {
+            self.gate.observe(key, &project, pass, over_quota);
+        }
         Ok(answer?.unwrap(key)?)
     }
 
