@@ -49,6 +49,9 @@ T_START=$(date +%s)
 
 step() { echo; echo "==> $*"; }
 since() { echo "$(( $(date +%s) - $1 ))s"; }
+# The build and test binaries take about 20 GB of target/; a full disk shows up only as a compiler
+# crash (exit 101), so the free space is printed before and after the build.
+disk_free() { df -h --output=avail "$REPO" | tail -n 1 | tr -d ' '; }
 
 # A fresh machine has no Rust toolchain: install rustup (the pinned toolchain in
 # rust-toolchain.toml is then fetched by cargo itself).
@@ -80,13 +83,14 @@ start_labs() {
   local t0
   t0=$(date +%s)
   if neutron_up; then
+    # Possibly another checkout's lab: use it as it is (starting this checkout's own lab
+    # would fight it for the ports).
     step "neutron-server already answers at $NEUTRON_URL: reusing it"
   else
     step "starting neutron-server (first run installs it; takes a few minutes)"
     lab_var STARTED_NEUTRON 1
+    "$REPO/scripts/neutron-lab/start-neutron.sh"
   fi
-  # Idempotent: with a running lab it only re-checks packages, venv, DB schema and processes.
-  "$REPO/scripts/neutron-lab/start-neutron.sh"
   neutron_up || { echo "neutron-server is not answering at $NEUTRON_URL" >&2; exit 1; }
   echo "neutron-server ready in $(since "$t0")"
   lab_var KURYR_TEST_NEUTRON_URL "$NEUTRON_URL"
@@ -99,8 +103,8 @@ start_labs() {
   else
     step "starting a second neutron-server (INSTANCE=2 scripts/neutron-lab/start-neutron.sh)"
     lab_var STARTED_NEUTRON_2 1
+    INSTANCE=2 "$REPO/scripts/neutron-lab/start-neutron.sh"
   fi
-  INSTANCE=2 "$REPO/scripts/neutron-lab/start-neutron.sh"
   echo "second neutron-server ready in $(since "$t0")"
   lab_var KURYR_TEST_NEUTRON_URL_2 "$NEUTRON_URL_2"
 
@@ -214,6 +218,7 @@ stop_labs() {
 }
 trap stop_labs EXIT
 
+echo "disk: $(disk_free) free at $REPO"
 step "starting the labs in the background (log: $LAB_LOG; printed when ready)"
 start_labs >"$LAB_LOG" 2>&1 &
 LABS_PID=$!
@@ -242,10 +247,16 @@ cargo run -q -p kuryr -- crds --check deploy/crds
 cargo run -q -p kuryr -- manifests --config-file deploy/kuryr.conf --check deploy/manifests
 echo "manifests: $(since "$t0")"
 
-step "building the tests (cargo test --workspace --no-run)"
+step "building the tests (cargo test --workspace --no-run; log: $LOG_DIR/test-build.log)"
 t0=$(date +%s)
-cargo test --workspace --no-run "$@" 2>&1 | tail -n 3
-echo "test build: $(since "$t0")"
+if ! cargo test --workspace --no-run "$@" >"$LOG_DIR/test-build.log" 2>&1; then
+  # The compiler's own words, not only cargo's last line ("could not compile ... 1 previous error").
+  grep -v -E '^\s+(Compiling|Executable|Running|Fresh) ' "$LOG_DIR/test-build.log" | tail -n 60
+  echo "test build FAILED after $(since "$t0"); disk: $(disk_free) free"
+  exit 1
+fi
+tail -n 1 "$LOG_DIR/test-build.log"
+echo "test build: $(since "$t0"); disk: $(disk_free) free"
 
 step "waiting for the labs"
 t0=$(date +%s)
