@@ -413,3 +413,49 @@ async fn the_backlog_counts_objects_waiting_for_a_worker() {
     tokio::time::sleep(Duration::from_millis(2000)).await;
     assert_eq!((a.depth().await, a.backlog().await), (0, 0));
 }
+
+/// An object waiting for a worker slot is kept as text and parsed again when a worker takes it:
+/// nothing of it is lost, and a newer event that arrives while it waits replaces it.
+#[tokio::test(start_paused = true)]
+async fn an_event_waiting_for_a_slot_comes_back_whole_and_coalesces() {
+    #[derive(Default)]
+    struct Bodies(Mutex<Vec<(String, String, serde_json::Value)>>);
+    #[async_trait]
+    impl EventHandler for Bodies {
+        async fn handle(&self, event: Event) -> Result<(), Error> {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let o = &event.object;
+            self.0.lock().await.push((
+                o.metadata.name.clone().unwrap_or_default(),
+                o.metadata.resource_version.clone().unwrap_or_default(),
+                o.data.clone(),
+            ));
+            Ok(())
+        }
+        fn name(&self) -> &str {
+            "bodies"
+        }
+    }
+    let seen = Arc::new(Bodies::default());
+    let a = Async::new(seen.clone(), 1);
+    a.handle(ev(EventType::Added, "busy", "u-busy", "1"))
+        .await
+        .unwrap();
+    tokio::task::yield_now().await;
+    for rv in ["1", "2"] {
+        let mut o = obj("waiting", "u-w", rv);
+        o.data = serde_json::json!({"spec": {"nodeName": "n1", "rv": rv}, "status": {"podIP": "10.0.0.7"}});
+        a.handle(Event::new(EventType::Modified, pod_resource(), o))
+            .await
+            .unwrap();
+    }
+    assert_eq!(a.backlog().await, 1, "one object waits, with one pending event");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let seen = seen.0.lock().await;
+    assert_eq!(seen.len(), 2, "the stale event was replaced: {seen:?}");
+    assert_eq!((seen[1].0.as_str(), seen[1].1.as_str()), ("waiting", "2"));
+    assert_eq!(
+        seen[1].2,
+        serde_json::json!({"spec": {"nodeName": "n1", "rv": "2"}, "status": {"podIP": "10.0.0.7"}})
+    );
+}

@@ -4,16 +4,22 @@
 //! (it acts on the object's current state, not on the diff), a queue holds at most ONE pending event:
 //! a newer event for the same object replaces the pending one ("stale events coalesced"). Memory is
 //! therefore bounded by the number of live objects, not by the event rate.
+//!
+//! An object's event is taken from its queue only once a worker slot is free, so an event that
+//! arrives meanwhile still replaces it; and an event that has to wait for a slot is kept as
+//! compact JSON, parsed again when a worker takes it. In a burst of ten thousand pods nearly all
+//! of them wait, and a parsed object takes about ten times the bytes of its text.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
+use kube::api::{ApiResource, DynamicObject};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use super::{Event, EventHandler};
+use super::{Event, EventHandler, EventType};
 use crate::error::Error;
 
 /// Counters exposed as metrics.
@@ -22,11 +28,63 @@ pub struct AsyncStats {
     pub received: AtomicU64,
     pub coalesced: AtomicU64,
     pub handled: AtomicU64,
-    /// Objects whose next event waits for a worker slot.
-    pub waiting: AtomicU64,
 }
 
-type Queues = Arc<Mutex<HashMap<String, Option<Event>>>>;
+type Queues = Arc<Mutex<HashMap<String, Option<Pending>>>>;
+
+/// An object's newest unhandled event.
+enum Pending {
+    /// A worker slot was free when it arrived: handed on as it is.
+    Parsed(Event),
+    /// It has to wait for a slot: kept as text.
+    Compact {
+        event_type: EventType,
+        resource: Arc<ApiResource>,
+        json: Box<str>,
+    },
+}
+
+impl Pending {
+    fn new(event: Event, must_wait: bool) -> Self {
+        if !must_wait {
+            return Self::Parsed(event);
+        }
+        // A DynamicObject (string keys, JSON values) always serializes; if it somehow did not,
+        // the event is kept parsed rather than lost.
+        match serde_json::to_string(&*event.object) {
+            Ok(json) => Self::Compact {
+                event_type: event.event_type,
+                resource: event.resource,
+                json: json.into_boxed_str(),
+            },
+            Err(_) => Self::Parsed(event),
+        }
+    }
+
+    fn event_type(&self) -> EventType {
+        match self {
+            Self::Parsed(e) => e.event_type,
+            Self::Compact { event_type, .. } => *event_type,
+        }
+    }
+
+    fn into_event(self) -> Option<Event> {
+        match self {
+            Self::Parsed(e) => Some(e),
+            Self::Compact {
+                event_type,
+                resource,
+                json,
+            } => match serde_json::from_str::<DynamicObject>(&json) {
+                Ok(obj) => Some(Event::new(event_type, resource, obj)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "a queued object does not parse back; skipped");
+                    None
+                }
+            },
+        }
+    }
+}
 
 /// The worker permit of the object being handled, so that a handler waiting on a timer (Retry's
 /// backoff) can give its slot to other objects instead of stalling them: a few dozen pods stuck
@@ -56,22 +114,6 @@ pub async fn idle<F: std::future::Future>(wait: F) -> F::Output {
         }
     }
     out
-}
-
-/// One object waiting for a worker slot, as long as it lives.
-struct Waiting<'a>(&'a AtomicU64);
-
-impl<'a> Waiting<'a> {
-    fn start(n: &'a AtomicU64) -> Self {
-        n.fetch_add(1, Ordering::Relaxed);
-        Self(n)
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 pub struct Async<H> {
@@ -133,10 +175,17 @@ impl<H: EventHandler + 'static> Async<H> {
 
     async fn drain(key: &str, inner: &Arc<H>, queues: &Queues, workers: &Arc<Semaphore>, stats: &AsyncStats) {
         loop {
-            let event = {
+            // The slot first, then the event: while this waits, a newer event for the object
+            // still replaces the pending one, and the pending one stays compact.
+            let permit = workers.clone().acquire_owned().await;
+            // A closed semaphore only happens on shutdown; stop quietly then.
+            let Ok(permit) = permit else {
+                return;
+            };
+            let pending = {
                 let mut q = queues.lock().await;
                 match q.get_mut(key).and_then(Option::take) {
-                    Some(ev) => ev,
+                    Some(p) => p,
                     None => {
                         // Drained: drop the queue so memory follows live objects only.
                         q.remove(key);
@@ -144,14 +193,8 @@ impl<H: EventHandler + 'static> Async<H> {
                     }
                 }
             };
-            // A closed semaphore only happens on shutdown; stop quietly then.
-            let permit = {
-                // Counted while waiting, also when the wait is dropped (the pipeline stopping).
-                let _waiting = Waiting::start(&stats.waiting);
-                workers.clone().acquire_owned().await
-            };
-            let Ok(permit) = permit else {
-                return;
+            let Some(event) = pending.into_event() else {
+                continue;
             };
             let slot = Arc::new(WorkerSlot {
                 workers: workers.clone(),
@@ -175,13 +218,15 @@ impl<H: EventHandler + 'static> EventHandler for Async<H> {
         let mut q = self.queues.lock().await;
         match q.get_mut(&key) {
             Some(pending) => {
-                if let Some(old) = pending.replace(event) {
-                    tracing::trace!(queue = %key, dropped = old.event_type.as_str(), "coalesced stale event");
+                // Behind a running handler (or a slot): it waits either way.
+                if let Some(old) = pending.replace(Pending::new(event, true)) {
+                    tracing::trace!(queue = %key, dropped = old.event_type().as_str(), "coalesced stale event");
                     self.stats.coalesced.fetch_add(1, Ordering::Relaxed);
                 }
             }
             None => {
-                q.insert(key.clone(), Some(event));
+                let must_wait = self.workers.available_permits() == 0;
+                q.insert(key.clone(), Some(Pending::new(event, must_wait)));
                 tokio::spawn(Self::run_queue(
                     key,
                     self.inner.clone(),
@@ -199,13 +244,11 @@ impl<H: EventHandler + 'static> EventHandler for Async<H> {
         &self.name
     }
 
-    /// Objects waiting for a worker (an event queued behind a running one, or taken and waiting
-    /// for a slot): not the ones being handled (a handler waiting out its
-    /// retry backoff holds no queued event), so a few hundred objects retrying on a full quota
-    /// do not hold the watcher's re-send back.
+    /// Objects waiting for a worker (an event queued behind a running one or waiting for a
+    /// slot): not the ones being handled (a handler waiting out its retry backoff holds no queued
+    /// event), so a few hundred objects retrying on a full quota do not hold the watcher's
+    /// re-send back.
     async fn backlog(&self) -> usize {
-        let queued = self.queues.lock().await.values().filter(|p| p.is_some()).count();
-        let waiting = usize::try_from(self.stats.waiting.load(Ordering::Relaxed)).unwrap_or(usize::MAX);
-        queued.saturating_add(waiting)
+        self.queues.lock().await.values().filter(|p| p.is_some()).count()
     }
 }

@@ -182,6 +182,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     print!("{}", report::table(&rows));
     println!();
     print!("{}", report::ratios(&rows));
+    println!("\nKubernetes requests per pod:");
+    for r in &rows {
+        let label = format!("{} {} {}", r.profile.label(), r.case.label(), r.which.label());
+        print!("{}", report::kube_breakdown(&label, r.pods, &r.kube_requests));
+    }
     let svg_path = args
         .svg
         .clone()
@@ -227,7 +232,7 @@ async fn run_scale(args: &BenchArgs, programs: &Programs) -> anyhow::Result<()> 
     )
     .await?;
     println!();
-    print!("{}", report::scale_table(&rows));
+    print!("{}", report::scale_report(&rows));
     Ok(())
 }
 

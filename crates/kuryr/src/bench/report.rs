@@ -269,6 +269,25 @@ pub fn svg(rows: &[Row], title: &str) -> String {
     s
 }
 
+/// Kubernetes API requests per pod by `<verb> <resource>`, largest first: `label: create
+/// kuryrports 1.00, patch pods 1.00, ...` (what the "k8s req/pod" column is made of).
+pub fn kube_breakdown(label: &str, pods: usize, requests: &BTreeMap<String, u64>) -> String {
+    let mut by: Vec<(&String, &u64)> = requests.iter().filter(|(_, n)| **n > 0).collect();
+    by.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
+    let parts: Vec<String> = by
+        .iter()
+        .map(|(k, n)| format!("{k} {:.2}", **n as f64 / pods.max(1) as f64))
+        .collect();
+    format!(
+        "{label}: {}\n",
+        if parts.is_empty() {
+            "none".into()
+        } else {
+            parts.join(", ")
+        }
+    )
+}
+
 /// One `kuryr bench --scale` run (kuryr-rs alone).
 #[derive(Clone, Debug)]
 pub struct ScaleRow {
@@ -294,7 +313,8 @@ pub struct ScaleRow {
     /// VmHWM of the controller, its whole life.
     pub peak_rss_kib: u64,
     pub neutron_requests: u64,
-    pub kube_requests: u64,
+    /// Kubernetes API requests over the measured part by `<verb> <resource>`.
+    pub kube_requests: BTreeMap<String, u64>,
     /// 1/5/15 minute load averages at the end of the run.
     pub load: [f64; 3],
 }
@@ -343,6 +363,16 @@ fn secs(d: Option<Duration>) -> String {
     d.map_or_else(|| "-".into(), |d| format!("{:.2}", d.as_secs_f64()))
 }
 
+/// The scale table, then what its "k8s req/pod" column is made of.
+pub fn scale_report(rows: &[ScaleRow]) -> String {
+    let mut out = scale_table(rows);
+    out.push_str("\nKubernetes requests per measured pod:\n");
+    for r in rows {
+        out.push_str(&kube_breakdown(r.case.label(), r.pods, &r.kube_requests));
+    }
+    out
+}
+
 /// The markdown table of the scale runs.
 pub fn scale_table(rows: &[ScaleRow]) -> String {
     let mut out = String::from(
@@ -370,7 +400,7 @@ pub fn scale_table(rows: &[ScaleRow]) -> String {
             r.cpu_secs,
             r.peak_rss_kib as f64 / 1024.0,
             per_pod(r.neutron_requests),
-            per_pod(r.kube_requests),
+            per_pod(r.kube_requests.values().sum()),
             r.load[0],
             r.load[1],
             r.load[2],
@@ -465,9 +495,23 @@ mod tests {
             cpu_secs: 1.0,
             peak_rss_kib: 60 * 1024,
             neutron_requests: 50,
-            kube_requests: 300,
+            kube_requests: BTreeMap::from([("get pods".into(), 300)]),
             load: [1.0, 2.0, 3.0],
         }
+    }
+
+    #[test]
+    fn kube_requests_are_broken_down_per_pod_largest_first() {
+        let req = BTreeMap::from([
+            ("patch pods".to_string(), 100),
+            ("create kuryrports".to_string(), 200),
+            ("list pods".to_string(), 0),
+        ]);
+        assert_eq!(
+            kube_breakdown("warm pool kuryr-rs", 100, &req),
+            "warm pool kuryr-rs: create kuryrports 2.00, patch pods 1.00\n"
+        );
+        assert_eq!(kube_breakdown("x", 10, &BTreeMap::new()), "x: none\n");
     }
 
     #[test]

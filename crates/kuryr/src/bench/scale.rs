@@ -131,7 +131,7 @@ pub async fn run_all(
     }
     if failed > 0 {
         println!();
-        print!("{}", super::report::scale_table(&rows));
+        print!("{}", super::report::scale_report(&rows));
         bail!("{failed} of {} scale runs failed (see above)", cases.len());
     }
     Ok(rows)
@@ -182,7 +182,7 @@ fn row_of(case: Scale, size: ScaleSize, created: &Created, wired: &Wired) -> Sca
         cpu_secs: 0.0,
         peak_rss_kib: 0,
         neutron_requests: 0,
-        kube_requests: 0,
+        kube_requests: Default::default(),
         load: [0.0; 3],
     }
 }
@@ -243,7 +243,7 @@ async fn wire(
         row.cpu_secs = usage.cpu_secs - cpu_before;
         row.peak_rss_kib = usage.peak_rss_kib;
         row.neutron_requests = bed.neutron.stats().operations.values().sum();
-        row.kube_requests = bed.kube.requests().snapshot().into_values().sum();
+        row.kube_requests = bed.kube.requests().snapshot().into_iter().collect();
         row.load = load_average();
         anyhow::Ok(row)
     }
