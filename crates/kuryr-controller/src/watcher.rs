@@ -210,7 +210,7 @@ pub async fn run_watch(
                     for key in resend.drain(..RESEND_BATCH.min(resend.len())).collect::<Vec<_>>() {
                         // The object as it is now; one deleted meanwhile is not re-sent.
                         if let Some(obj) = known.get(&key) {
-                            let _ = sink.handle(Event::new(EventType::Modified, resource.clone(), obj)).await;
+                            let _ = sink.handle(Event::resync(resource.clone(), obj)).await;
                         }
                     }
                 }

@@ -512,3 +512,81 @@ async fn a_pod_in_a_terminating_namespace_needs_no_kuryrport() -> Result<()> {
     );
     Ok(())
 }
+
+/// The vif handler's own finalizer write comes back as a MODIFIED event at the version it
+/// finished on: handled again it would only re-read the KuryrPort, so it is skipped (no
+/// request). A change by anyone else, and the watcher's periodic re-send of the same version,
+/// are handled in full; a pod's DELETED event drops its record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_vif_handler_skips_its_own_write_but_not_a_resend_or_another_change() -> Result<()> {
+    use kube::api::{ApiResource, DynamicObject};
+    use kuryr_controller::context::Platform;
+    use kuryr_controller::handlers::vif::VifHandler;
+    use kuryr_controller::pipeline::{Event, EventHandler, EventType, Typed};
+    let kube = start_kube().await?;
+    create_namespace(&kube.client, "own", json!({})).await?;
+    create_pod(&kube.client, "own", "p", NODES[0], json!({})).await?;
+    let metrics = Metrics::new();
+    let platform = Arc::new(Platform::new(
+        kube.client.clone(),
+        // The vif handler only writes to Kubernetes.
+        config("[neutron_defaults]\nproject = p1\npod_subnet = s1\npod_security_groups = sg1\n"),
+        Deployments::noauth("http://127.0.0.1:9", &metrics)?,
+        metrics,
+    ));
+    let handler = Typed::new(Arc::new(VifHandler::new(Context::build(platform)?)));
+    let pods: Api<Pod> = Api::namespaced(kube.client.clone(), "own");
+    let resource = Arc::new(ApiResource::erase::<Pod>(&()));
+    let event = |ty: EventType, pod: &Pod| -> Result<Event> {
+        let obj: DynamicObject = serde_json::from_value(serde_json::to_value(pod)?)?;
+        Ok(Event::new(ty, resource.clone(), obj))
+    };
+    let requests = || kube.handle.requests().snapshot().into_values().sum::<u64>();
+
+    handler
+        .handle(event(EventType::Added, &pods.get("p").await?)?)
+        .await?;
+    let kps: Api<KuryrPort> = Api::namespaced(kube.client.clone(), "own");
+    assert!(
+        kps.get_opt("p").await?.is_some(),
+        "the first pass made the KuryrPort"
+    );
+    // The pod as the handler's finalizer patch left it: its own write coming back.
+    let own = pods.get("p").await?;
+    assert!(
+        own.finalizers()
+            .iter()
+            .any(|f| f == kuryr_crds::names::finalizers::POD)
+    );
+    let before = requests();
+    handler.handle(event(EventType::Modified, &own)?).await?;
+    assert_eq!(requests() - before, 0, "its own write is not handled again");
+
+    // The periodic re-send of that same version is handled in full (it re-reads the KuryrPort).
+    let before = requests();
+    let obj: DynamicObject = serde_json::from_value(serde_json::to_value(&own)?)?;
+    handler.handle(Event::resync(resource.clone(), obj)).await?;
+    assert!(requests() > before, "a re-send is handled");
+
+    // Another writer's change is handled: the KuryrPort deleted by hand comes back.
+    kps.delete("p", &DeleteParams::default()).await?;
+    kps.patch(
+        "p",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    let labelled = pods
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"tier": "web"}}})),
+        )
+        .await?;
+    handler.handle(event(EventType::Modified, &labelled)?).await?;
+    assert!(
+        kps.get_opt("p").await?.is_some(),
+        "a change by someone else is handled in full: the KuryrPort is made again"
+    );
+    Ok(())
+}

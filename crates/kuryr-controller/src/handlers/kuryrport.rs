@@ -22,16 +22,21 @@ use crate::context::Context;
 use crate::drivers::PodRef;
 use crate::error::{Error, is_not_found};
 use crate::k8s::{publish_event, remove_finalizer, surface_user_error};
-use crate::pipeline::ResourceEventHandler;
+use crate::pipeline::{ResourceEventHandler, Settled};
 use crate::wiring::{self, DriverSource, RecordedVif, record};
 
 pub struct KuryrPortHandler {
     ctx: Arc<Context>,
+    /// KuryrPorts wired and active, at the version this handler's last status write left them.
+    settled: Settled,
 }
 
 impl KuryrPortHandler {
     pub fn new(ctx: Arc<Context>) -> Self {
-        Self { ctx }
+        Self {
+            ctx,
+            settled: Settled::default(),
+        }
     }
 
     /// The KuryrPort's pod, or `None` when it is gone or was re-created (then this KuryrPort is
@@ -52,26 +57,27 @@ impl KuryrPortHandler {
         }
     }
 
-    async fn write_status(&self, kp: &KuryrPort, vifs: &[RecordedVif]) -> Result<(), Error> {
+    async fn write_status(&self, kp: &KuryrPort, vifs: &[RecordedVif]) -> Result<KuryrPort, Error> {
         self.patch_status(kp, vifs, None).await
     }
 
     /// Main resource, not /status: upstream's CRDs have no status subresource. With
     /// `resource_version` the write only applies to that version of the object (409 otherwise).
+    /// Returns the KuryrPort as written.
     async fn patch_status(
         &self,
         kp: &KuryrPort,
         vifs: &[RecordedVif],
         resource_version: Option<&str>,
-    ) -> Result<(), Error> {
+    ) -> Result<KuryrPort, Error> {
         let api: Api<KuryrPort> = Api::namespaced(self.ctx.kube.clone(), &kp.namespace().unwrap_or_default());
         let mut patch = json!({"status": record::to_status(vifs)?});
         if let Some(rv) = resource_version {
             patch["metadata"] = json!({"resourceVersion": rv});
         }
-        api.patch(&kp.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-        Ok(())
+        Ok(api
+            .patch(&kp.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?)
     }
 
     /// `k8s.v1.cni.cncf.io/network-status` on the pod, when multi-VIF drivers are enabled and the
@@ -91,8 +97,10 @@ impl KuryrPortHandler {
         Ok(())
     }
 
-    async fn wire(&self, kp: &KuryrPort, pod: &Pod) -> Result<(), Error> {
+    /// Returns the KuryrPort as its last status write left it (`None`: nothing written).
+    async fn wire(&self, kp: &KuryrPort, pod: &Pod) -> Result<Option<KuryrPort>, Error> {
         let source = DriverSource::new(&self.ctx, kp);
+        let mut written = None;
         let mut vifs = wiring::recorded_vifs(kp);
         if vifs.is_empty() {
             let started = Instant::now();
@@ -104,25 +112,28 @@ impl KuryrPortHandler {
             // before an earlier attempt recorded its VIFs) must not replace the recorded ports,
             // which would leave them taken from their pool by no KuryrPort.
             let version = kp.metadata.resource_version.as_deref();
-            if let Err(e) = self.patch_status(kp, &vifs, version).await {
-                // Could not record the ports: give them back rather than leak them.
-                if let Err(release) = wiring::release_all(&source, &vifs).await {
-                    tracing::warn!(kuryrport = %kp.name_any(), error = %release, "giving back unrecorded ports failed");
+            match self.patch_status(kp, &vifs, version).await {
+                Ok(kp) => written = Some(kp),
+                Err(e) => {
+                    // Could not record the ports: give them back rather than leak them.
+                    if let Err(release) = wiring::release_all(&source, &vifs).await {
+                        tracing::warn!(kuryrport = %kp.name_any(), error = %release, "giving back unrecorded ports failed");
+                    }
+                    if matches!(&e, Error::Kube(kube::Error::Api(s)) if s.code == 409) {
+                        return Err(Error::not_ready(format!(
+                            "KuryrPort {} changed while its VIFs were acquired; retrying with its current state",
+                            kp.name_any()
+                        )));
+                    }
+                    return Err(e);
                 }
-                if matches!(&e, Error::Kube(kube::Error::Api(s)) if s.code == 409) {
-                    return Err(Error::not_ready(format!(
-                        "KuryrPort {} changed while its VIFs were acquired; retrying with its current state",
-                        kp.name_any()
-                    )));
-                }
-                return Err(e);
             }
         }
         if vifs.iter().any(|v| !v.vif.active()) {
             let started = Instant::now();
             let activation = wiring::activate_all(&source, &mut vifs).await;
             if activation.changed {
-                self.write_status(kp, &vifs).await?;
+                written = Some(self.write_status(kp, &vifs).await?);
             }
             if let Some(e) = activation.pending {
                 self.report_slow_activation(kp, pod, &e).await;
@@ -133,7 +144,8 @@ impl KuryrPortHandler {
                 self.ctx.metrics.stage("total", age);
             }
         }
-        self.write_network_status(pod, &vifs).await
+        self.write_network_status(pod, &vifs).await?;
+        Ok(written)
     }
 
     /// A port that never comes up (agent down, binding failed) is shown to the user once it has
@@ -163,6 +175,10 @@ impl ResourceEventHandler for KuryrPortHandler {
         "kuryrport"
     }
 
+    fn settled(&self) -> Option<&Settled> {
+        Some(&self.settled)
+    }
+
     async fn on_present(&self, kp: &KuryrPort) -> Result<(), Error> {
         let Some(pod) = self.live_pod(kp).await? else {
             return Ok(());
@@ -170,7 +186,10 @@ impl ResourceEventHandler for KuryrPortHandler {
         if pod.meta().deletion_timestamp.is_some() {
             return Ok(());
         }
-        let result = self.wire(kp, &pod).await;
+        let result = self
+            .wire(kp, &pod)
+            .await
+            .map(|written| self.settled.settle(written.as_ref().unwrap_or(kp)));
         // A user's mistake is told on the pod and logged at WARN; only what retrying may mend
         // goes on to the Retry handler.
         surface_user_error(&self.ctx.events, &pod.object_ref(&()), result).await

@@ -16,15 +16,20 @@ use kuryr_crds::{KuryrPort, KuryrPortSpec};
 use crate::context::Context;
 use crate::error::{Error, is_not_found};
 use crate::k8s::{add_finalizer, remove_finalizer};
-use crate::pipeline::ResourceEventHandler;
+use crate::pipeline::{ResourceEventHandler, Settled};
 
 pub struct VifHandler {
     ctx: Arc<Context>,
+    /// Pods whose KuryrPort this handler saw or made, at the version its finalizer left them.
+    settled: Settled,
 }
 
 impl VifHandler {
     pub fn new(ctx: Arc<Context>) -> Self {
-        Self { ctx }
+        Self {
+            ctx,
+            settled: Settled::default(),
+        }
     }
 
     fn kps(&self, ns: &str) -> Api<KuryrPort> {
@@ -78,6 +83,10 @@ impl ResourceEventHandler for VifHandler {
         "vif"
     }
 
+    fn settled(&self) -> Option<&Settled> {
+        Some(&self.settled)
+    }
+
     async fn on_present(&self, pod: &Pod) -> Result<(), Error> {
         if should_ignore(pod) {
             return Ok(());
@@ -92,16 +101,21 @@ impl ResourceEventHandler for VifHandler {
             return Ok(());
         }
         let static_pod = is_static(pod);
-        if !static_pod {
-            add_finalizer(&self.ctx.kube, pod, finalizers::POD).await?;
-        }
+        let current = if static_pod {
+            pod.clone()
+        } else {
+            add_finalizer(&self.ctx.kube, pod, finalizers::POD).await?
+        };
         let node = pod
             .spec
             .as_ref()
             .and_then(|s| s.node_name.clone())
             .unwrap_or_default();
         match self.kps(&ns).get_opt(&name).await? {
-            Some(kp) if kp.spec.pod_uid == uid => Ok(()),
+            Some(kp) if kp.spec.pod_uid == uid => {
+                self.settled.settle(&current);
+                Ok(())
+            }
             Some(kp) => {
                 // A re-created pod with the old pod's name: the old KuryrPort (and its ports) must go
                 // first, so the new pod never gets the old port.
@@ -136,7 +150,10 @@ impl ResourceEventHandler for VifHandler {
                     status: None,
                 };
                 match self.kps(&ns).create(&PostParams::default(), &kp).await {
-                    Ok(_) => Ok(()),
+                    Ok(_) => {
+                        self.settled.settle(&current);
+                        Ok(())
+                    }
                     // Created concurrently (e.g. a replayed event): the next event re-checks the uid.
                     Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
                     Err(e) if crate::k8s::is_namespace_terminating(&e) => Ok(()),

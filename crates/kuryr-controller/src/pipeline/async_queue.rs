@@ -40,6 +40,7 @@ enum Pending {
     Compact {
         event_type: EventType,
         resource: Arc<ApiResource>,
+        resync: bool,
         json: Box<str>,
     },
 }
@@ -55,6 +56,7 @@ impl Pending {
             Ok(json) => Self::Compact {
                 event_type: event.event_type,
                 resource: event.resource,
+                resync: event.resync,
                 json: json.into_boxed_str(),
             },
             Err(_) => Self::Parsed(event),
@@ -68,15 +70,26 @@ impl Pending {
         }
     }
 
+    fn resync(&self) -> bool {
+        match self {
+            Self::Parsed(e) => e.resync,
+            Self::Compact { resync, .. } => *resync,
+        }
+    }
+
     fn into_event(self) -> Option<Event> {
         match self {
             Self::Parsed(e) => Some(e),
             Self::Compact {
                 event_type,
                 resource,
+                resync,
                 json,
             } => match serde_json::from_str::<DynamicObject>(&json) {
-                Ok(obj) => Some(Event::new(event_type, resource, obj)),
+                Ok(obj) => Some(Event {
+                    resync,
+                    ..Event::new(event_type, resource, obj)
+                }),
                 Err(e) => {
                     tracing::warn!(error = %e, "a queued object does not parse back; skipped");
                     None
@@ -212,17 +225,20 @@ impl<H: EventHandler + 'static> Async<H> {
 
 #[async_trait]
 impl<H: EventHandler + 'static> EventHandler for Async<H> {
-    async fn handle(&self, event: Event) -> Result<(), Error> {
+    async fn handle(&self, mut event: Event) -> Result<(), Error> {
         self.stats.received.fetch_add(1, Ordering::Relaxed);
         let key = event.group_key();
         let mut q = self.queues.lock().await;
         match q.get_mut(&key) {
             Some(pending) => {
-                // Behind a running handler (or a slot): it waits either way.
-                if let Some(old) = pending.replace(Pending::new(event, true)) {
+                if let Some(old) = pending.take() {
+                    // A re-send it replaces still asks for a full pass.
+                    event.resync |= old.resync();
                     tracing::trace!(queue = %key, dropped = old.event_type().as_str(), "coalesced stale event");
                     self.stats.coalesced.fetch_add(1, Ordering::Relaxed);
                 }
+                // Behind a running handler (or a slot): it waits either way.
+                *pending = Some(Pending::new(event, true));
             }
             None => {
                 let must_wait = self.workers.available_permits() == 0;

@@ -14,6 +14,7 @@ mod dispatcher;
 mod log_exceptions;
 mod resource;
 mod retry;
+mod settled;
 
 use std::sync::Arc;
 
@@ -27,6 +28,7 @@ pub use dispatcher::Dispatcher;
 pub use log_exceptions::LogExceptions;
 pub use resource::{ResourceEventHandler, Typed, WatchSelector};
 pub use retry::{Retry, RetryPolicy};
+pub use settled::Settled;
 
 use crate::error::Error;
 
@@ -54,6 +56,9 @@ pub struct Event {
     pub event_type: EventType,
     pub resource: Arc<ApiResource>,
     pub object: Arc<DynamicObject>,
+    /// Sent by the watcher's periodic re-send, not by a change: always handled in full (see
+    /// [`Settled`]).
+    pub resync: bool,
 }
 
 impl Event {
@@ -62,6 +67,15 @@ impl Event {
             event_type,
             resource,
             object: Arc::new(object),
+            resync: false,
+        }
+    }
+
+    /// The periodic re-send of an unchanged object.
+    pub fn resync(resource: Arc<ApiResource>, object: DynamicObject) -> Self {
+        Self {
+            resync: true,
+            ..Self::new(EventType::Modified, resource, object)
         }
     }
 

@@ -13,7 +13,7 @@ use kube::api::ApiResource;
 use kube::core::GroupVersionKind;
 use serde::de::DeserializeOwned;
 
-use super::{Event, EventHandler, EventType};
+use super::{Event, EventHandler, EventType, Settled};
 use crate::error::Error;
 
 #[async_trait]
@@ -33,6 +33,12 @@ pub trait ResourceEventHandler: Send + Sync + 'static {
 
     async fn on_deleted(&self, _obj: &Self::Object) -> Result<(), Error> {
         Ok(())
+    }
+
+    /// Where the handler records the versions it finished on ([`Settled`]): events carrying
+    /// such a version, its own last write coming back, are then not handled again.
+    fn settled(&self) -> Option<&Settled> {
+        None
     }
 
     /// Watch options for this kind (label/field selector), when the handler only cares about a subset.
@@ -86,9 +92,19 @@ impl<H: ResourceEventHandler> EventHandler for Typed<H> {
                 format!("cannot parse as {}: {e}", event.resource.kind),
             )
         })?;
+        let settled = self.handler.settled();
         match event.event_type {
-            EventType::Deleted => self.handler.on_deleted(&obj).await,
+            EventType::Deleted => {
+                if let Some(s) = settled {
+                    s.forget(&obj);
+                }
+                self.handler.on_deleted(&obj).await
+            }
             _ if obj.meta().deletion_timestamp.is_some() => self.handler.on_finalize(&obj).await,
+            _ if !event.resync && settled.is_some_and(|s| s.is_settled(&obj)) => {
+                tracing::trace!(handler = self.handler.name(), object = %event.object_ref(), "own write; nothing to do");
+                Ok(())
+            }
             _ => self.handler.on_present(&obj).await,
         }
     }
