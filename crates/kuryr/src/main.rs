@@ -34,6 +34,13 @@ use clap::Parser;
 
 use crate::cli::{Cli, Command};
 
+/// mimalloc rather than glibc's malloc: a burst of pods is a stream of short-lived JSON trees,
+/// on which glibc spent about a quarter of the controller's CPU and kept freed memory resident
+/// in per-thread arenas. Built without transparent huge pages (`no_thp`): with them, each 2 MiB
+/// page touched counts whole in the resident set (+40% peak RSS in `kuryr bench`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// kube-rs logs every failed request at ERROR (`failed with status 503`) before it hands the
 /// error to its caller, which retries it or reports it with its context: during an API outage
 /// that is an ERROR line per request for a condition the controller handles. Left to the
