@@ -22,7 +22,7 @@ use crate::context::Context;
 use crate::drivers::PodRef;
 use crate::error::{Error, is_not_found};
 use crate::k8s::{publish_event, remove_finalizer, surface_user_error};
-use crate::pipeline::{ResourceEventHandler, Settled};
+use crate::pipeline::{ResourceEventHandler, Settled, Version};
 use crate::wiring::{self, DriverSource, RecordedVif, record};
 
 pub struct KuryrPortHandler {
@@ -97,8 +97,8 @@ impl KuryrPortHandler {
         Ok(())
     }
 
-    /// Returns the KuryrPort as its last status write left it (`None`: nothing written).
-    async fn wire(&self, kp: &KuryrPort, pod: &Pod) -> Result<Option<KuryrPort>, Error> {
+    /// Returns the version of the KuryrPort its last status write left (`None`: nothing written).
+    async fn wire(&self, kp: &KuryrPort, pod: &Pod) -> Result<Option<Version>, Error> {
         let source = DriverSource::new(&self.ctx, kp);
         let mut written = None;
         let mut vifs = wiring::recorded_vifs(kp);
@@ -113,7 +113,7 @@ impl KuryrPortHandler {
             // which would leave them taken from their pool by no KuryrPort.
             let version = kp.metadata.resource_version.as_deref();
             match self.patch_status(kp, &vifs, version).await {
-                Ok(kp) => written = Some(kp),
+                Ok(kp) => written = Version::of(&kp),
                 Err(e) => {
                     // Could not record the ports: give them back rather than leak them.
                     if let Err(release) = wiring::release_all(&source, &vifs).await {
@@ -133,7 +133,7 @@ impl KuryrPortHandler {
             let started = Instant::now();
             let activation = wiring::activate_all(&source, &mut vifs).await;
             if activation.changed {
-                written = Some(self.write_status(kp, &vifs).await?);
+                written = Version::of(&self.write_status(kp, &vifs).await?);
             }
             if let Some(e) = activation.pending {
                 self.report_slow_activation(kp, pod, &e).await;
@@ -186,10 +186,10 @@ impl ResourceEventHandler for KuryrPortHandler {
         if pod.meta().deletion_timestamp.is_some() {
             return Ok(());
         }
-        let result = self
-            .wire(kp, &pod)
-            .await
-            .map(|written| self.settled.settle(written.as_ref().unwrap_or(kp)));
+        let result = self.wire(kp, &pod).await.map(|written| match written {
+            Some(v) => self.settled.settle_version(v),
+            None => self.settled.settle(kp),
+        });
         // A user's mistake is told on the pod and logged at WARN; only what retrying may mend
         // goes on to the Retry handler.
         surface_user_error(&self.ctx.events, &pod.object_ref(&()), result).await

@@ -129,12 +129,23 @@ pub async fn idle<F: std::future::Future>(wait: F) -> F::Output {
     out
 }
 
+/// How many objects may be in their handler at once, counting those waiting without a slot:
+/// enough that hundreds stuck on a full quota leave room for the others, few enough that the
+/// handlers' state stays a few MB.
+fn max_in_flight(max_concurrency: usize) -> usize {
+    max_concurrency.max(1).saturating_mul(16).max(1024)
+}
+
 pub struct Async<H> {
     inner: Arc<H>,
     name: String,
     /// object key -> the pending (newest unhandled) event; the key exists while a worker runs.
     queues: Queues,
     workers: Arc<Semaphore>,
+    /// Objects taken and not yet done, also while their handler waits without a worker slot
+    /// (see [`idle`]): every one of them holds its handler's state, and in a burst of ten
+    /// thousand pods nearly all were waiting for ports at once (most of the controller's heap).
+    in_flight: Arc<Semaphore>,
     stats: Arc<AsyncStats>,
     /// Cancels every queue: a pipeline that stops (shutdown, lost leadership, or its task being
     /// dropped) must not leave handlers running behind the next leader's back.
@@ -156,6 +167,7 @@ impl<H: EventHandler + 'static> Async<H> {
             name,
             queues: Arc::default(),
             workers: Arc::new(Semaphore::new(max_concurrency.max(1))),
+            in_flight: Arc::new(Semaphore::new(max_in_flight(max_concurrency))),
             stats: Arc::default(),
             stop,
         }
@@ -175,6 +187,7 @@ impl<H: EventHandler + 'static> Async<H> {
         inner: Arc<H>,
         queues: Queues,
         workers: Arc<Semaphore>,
+        in_flight: Arc<Semaphore>,
         stats: Arc<AsyncStats>,
         stop: CancellationToken,
     ) {
@@ -182,17 +195,26 @@ impl<H: EventHandler + 'static> Async<H> {
             _ = stop.cancelled() => {
                 queues.lock().await.remove(&key);
             }
-            _ = Self::drain(&key, &inner, &queues, &workers, &stats) => {}
+            _ = Self::drain(&key, &inner, &queues, &workers, &in_flight, &stats) => {}
         }
     }
 
-    async fn drain(key: &str, inner: &Arc<H>, queues: &Queues, workers: &Arc<Semaphore>, stats: &AsyncStats) {
+    async fn drain(
+        key: &str,
+        inner: &Arc<H>,
+        queues: &Queues,
+        workers: &Arc<Semaphore>,
+        in_flight: &Semaphore,
+        stats: &AsyncStats,
+    ) {
         loop {
-            // The slot first, then the event: while this waits, a newer event for the object
-            // still replaces the pending one, and the pending one stays compact.
-            let permit = workers.clone().acquire_owned().await;
-            // A closed semaphore only happens on shutdown; stop quietly then.
-            let Ok(permit) = permit else {
+            // The slots first, then the event: while this waits, a newer event for the object
+            // still replaces the pending one, and the pending one stays compact. A closed
+            // semaphore only happens on shutdown; stop quietly then.
+            let Ok(_taken) = in_flight.acquire().await else {
+                return;
+            };
+            let Ok(permit) = workers.clone().acquire_owned().await else {
                 return;
             };
             let pending = {
@@ -248,6 +270,7 @@ impl<H: EventHandler + 'static> EventHandler for Async<H> {
                     self.inner.clone(),
                     self.queues.clone(),
                     self.workers.clone(),
+                    self.in_flight.clone(),
                     self.stats.clone(),
                     self.stop.clone(),
                 ));

@@ -28,7 +28,7 @@ pub use dispatcher::Dispatcher;
 pub use log_exceptions::LogExceptions;
 pub use resource::{ResourceEventHandler, Typed, WatchSelector};
 pub use retry::{Retry, RetryPolicy};
-pub use settled::Settled;
+pub use settled::{Settled, Version};
 
 use crate::error::Error;
 

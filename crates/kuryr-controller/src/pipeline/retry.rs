@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use kube::api::{DynamicObject, ObjectMeta};
 use rand::Rng;
 use tokio::time::Instant;
 
@@ -40,6 +41,20 @@ impl RetryPolicy {
         let cap = exp.min(self.max_interval);
         let jitter = rand::rng().random_range(0.5..=1.0);
         cap.mul_f64(jitter)
+    }
+}
+
+/// The object's kind, name, namespace and uid, nothing else.
+fn reference_of(obj: &DynamicObject) -> DynamicObject {
+    DynamicObject {
+        types: obj.types.clone(),
+        metadata: ObjectMeta {
+            name: obj.metadata.name.clone(),
+            namespace: obj.metadata.namespace.clone(),
+            uid: obj.metadata.uid.clone(),
+            ..ObjectMeta::default()
+        },
+        data: serde_json::Value::Null,
     }
 }
 
@@ -84,6 +99,12 @@ impl<H: EventHandler> EventHandler for Retry<H> {
             tracing::debug!(handler = %self.name, object = %event.object_ref(), attempt, ?wait, error = %err,
                 request_id = err.request_id(), "retrying");
             self.metrics.retry(&self.name);
+            // Only what the re-read needs is kept through the wait: in a burst thousands of
+            // objects back off at once (pods waiting for their pool), and their whole parsed
+            // copies were most of the controller's memory.
+            if event.event_type != EventType::Deleted {
+                event.object = Arc::new(reference_of(&event.object));
+            }
             // Backing off is waiting, not working: other objects get the worker slot meanwhile.
             super::idle(tokio::time::sleep(wait)).await;
             attempt += 1;
