@@ -459,3 +459,48 @@ async fn an_event_waiting_for_a_slot_comes_back_whole_and_coalesces() {
         serde_json::json!({"spec": {"nodeName": "n1", "rv": "2"}, "status": {"podIP": "10.0.0.7"}})
     );
 }
+
+/// The in-flight bound holds whatever the workers: with four slots and room for two, at most two
+/// objects are in their handler at once, the others wait as queued events, and all are handled.
+#[tokio::test(start_paused = true)]
+async fn objects_in_their_handler_are_bounded_whatever_the_worker_slots() {
+    #[derive(Default)]
+    struct Waits {
+        inside: std::sync::atomic::AtomicUsize,
+        most: std::sync::atomic::AtomicUsize,
+        done: std::sync::atomic::AtomicUsize,
+    }
+    #[async_trait]
+    impl EventHandler for Waits {
+        async fn handle(&self, _event: Event) -> Result<(), Error> {
+            use std::sync::atomic::Ordering::SeqCst;
+            let now = self.inside.fetch_add(1, SeqCst) + 1;
+            self.most.fetch_max(now, SeqCst);
+            kuryr_controller::pipeline::idle(tokio::time::sleep(Duration::from_secs(1))).await;
+            self.inside.fetch_sub(1, SeqCst);
+            self.done.fetch_add(1, SeqCst);
+            Ok(())
+        }
+        fn name(&self) -> &str {
+            "waits"
+        }
+    }
+    let w = Arc::new(Waits::default());
+    let a = Async::new(w.clone(), 4).with_max_in_flight(2);
+    for i in 0..5 {
+        a.handle(ev(EventType::Added, &format!("p{i}"), &format!("u{i}"), "1"))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    use std::sync::atomic::Ordering::SeqCst;
+    assert_eq!(
+        w.inside.load(SeqCst),
+        2,
+        "two in their handler, the others queued"
+    );
+    assert_eq!(a.backlog().await, 3);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(w.done.load(SeqCst), 5);
+    assert_eq!(w.most.load(SeqCst), 2, "never more than two in their handler");
+}

@@ -173,6 +173,13 @@ impl<H: EventHandler + 'static> Async<H> {
         }
     }
 
+    /// Sets how many objects may be in their handler at once, counting those waiting without a
+    /// worker slot (default: 16x the workers, at least 1,024).
+    pub fn with_max_in_flight(mut self, n: usize) -> Self {
+        self.in_flight = Arc::new(Semaphore::new(n.max(1)));
+        self
+    }
+
     pub fn stats(&self) -> Arc<AsyncStats> {
         self.stats.clone()
     }
