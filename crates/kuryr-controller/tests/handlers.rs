@@ -475,13 +475,26 @@ async fn a_recreated_pod_never_gets_the_old_pods_port() -> Result<()> {
     Ok(())
 }
 
+/// The vif handler with an OpenStack it never reaches: it only writes to Kubernetes.
+fn kube_only_vif_handler(client: &kube::Client) -> Result<kuryr_controller::handlers::vif::VifHandler> {
+    use kuryr_controller::context::Platform;
+    let metrics = Metrics::new();
+    let platform = Arc::new(Platform::new(
+        client.clone(),
+        config("[neutron_defaults]\nproject = p1\npod_subnet = s1\npod_security_groups = sg1\n"),
+        Deployments::noauth("http://127.0.0.1:9", &metrics)?,
+        metrics,
+    ));
+    Ok(kuryr_controller::handlers::vif::VifHandler::new(Context::build(
+        platform,
+    )?))
+}
+
 /// A pod event handled while its namespace is being deleted: the apiserver refuses the
 /// KuryrPort (403, cause NamespaceTerminating) and the pod goes with its namespace, so the
 /// handler is done - a race with the deletion, not a failure to retry or log at ERROR.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_in_a_terminating_namespace_needs_no_kuryrport() -> Result<()> {
-    use kuryr_controller::context::Platform;
-    use kuryr_controller::handlers::vif::VifHandler;
     let kube = start_kube().await?;
     create_namespace(&kube.client, "going", json!({})).await?;
     create_pod(&kube.client, "going", "p", NODES[0], json!({})).await?;
@@ -495,15 +508,7 @@ async fn a_pod_in_a_terminating_namespace_needs_no_kuryrport() -> Result<()> {
     Api::<k8s_openapi::api::core::v1::Namespace>::all(kube.client.clone())
         .delete("going", &DeleteParams::default())
         .await?;
-    let metrics = Metrics::new();
-    let platform = Arc::new(Platform::new(
-        kube.client.clone(),
-        // Never reached: the handler stops at the refused create.
-        config("[neutron_defaults]\nproject = p1\npod_subnet = s1\npod_security_groups = sg1\n"),
-        Deployments::noauth("http://127.0.0.1:9", &metrics)?,
-        metrics,
-    ));
-    let handler = VifHandler::new(Context::build(platform)?);
+    let handler = kube_only_vif_handler(&kube.client)?;
     handler.on_present(&pod).await?;
     let kps: Api<KuryrPort> = Api::namespaced(kube.client.clone(), "going");
     assert!(
@@ -520,21 +525,11 @@ async fn a_pod_in_a_terminating_namespace_needs_no_kuryrport() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_vif_handler_skips_its_own_write_but_not_a_resend_or_another_change() -> Result<()> {
     use kube::api::{ApiResource, DynamicObject};
-    use kuryr_controller::context::Platform;
-    use kuryr_controller::handlers::vif::VifHandler;
     use kuryr_controller::pipeline::{Event, EventHandler, EventType, Typed};
     let kube = start_kube().await?;
     create_namespace(&kube.client, "own", json!({})).await?;
     create_pod(&kube.client, "own", "p", NODES[0], json!({})).await?;
-    let metrics = Metrics::new();
-    let platform = Arc::new(Platform::new(
-        kube.client.clone(),
-        // The vif handler only writes to Kubernetes.
-        config("[neutron_defaults]\nproject = p1\npod_subnet = s1\npod_security_groups = sg1\n"),
-        Deployments::noauth("http://127.0.0.1:9", &metrics)?,
-        metrics,
-    ));
-    let handler = Typed::new(Arc::new(VifHandler::new(Context::build(platform)?)));
+    let handler = Typed::new(Arc::new(kube_only_vif_handler(&kube.client)?));
     let pods: Api<Pod> = Api::namespaced(kube.client.clone(), "own");
     let resource = Arc::new(ApiResource::erase::<Pod>(&()));
     let event = |ty: EventType, pod: &Pod| -> Result<Event> {
