@@ -142,9 +142,9 @@ pub struct Async<H> {
     /// object key -> the pending (newest unhandled) event; the key exists while a worker runs.
     queues: Queues,
     workers: Arc<Semaphore>,
-    /// Objects taken and not yet done, also while their handler waits without a worker slot
-    /// (see [`idle`]): every one of them holds its handler's state, and in a burst of ten
-    /// thousand pods nearly all were waiting for ports at once (most of the controller's heap).
+    /// Objects taken and not yet done, also while their handler waits in [`idle`]: each holds its
+    /// handler's state. (`idle` keeps its permit through the wait today, so at the default 64
+    /// workers this bound does not bind yet; it is what keeps a fixed `idle` bounded.)
     in_flight: Arc<Semaphore>,
     stats: Arc<AsyncStats>,
     /// Cancels every queue: a pipeline that stops (shutdown, lost leadership, or its task being

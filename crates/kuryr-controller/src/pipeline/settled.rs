@@ -60,9 +60,8 @@ impl Settled {
     /// Records that a pass finished with the object at `obj`'s version (the object as the
     /// handler's last write returned it, or as it was handed over when nothing was written).
     pub fn settle<K: Resource>(&self, obj: &K) {
-        let meta = obj.meta();
-        if let (Some(uid), Some(rv)) = (meta.uid.as_deref(), meta.resource_version.as_deref()) {
-            self.lock().insert(uid.to_string(), rv.to_string());
+        if let Some(v) = Version::of(obj) {
+            self.settle_version(v);
         }
     }
 
