@@ -10,17 +10,19 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use kube::Api;
 use kube::api::ListParams;
 use kuryr_config::{KuryrConfig, VifPoolDriver};
 use kuryr_controller::context::Platform;
+use kuryr_controller::drivers::pool::{VifPool, holder};
 use kuryr_controller::drivers::vif::neutron::NeutronVif;
 use kuryr_controller::drivers::{NetworkInfo, PortSpec};
 use kuryr_controller::metrics::Metrics;
 use kuryr_controller::openstack::Deployments;
 use kuryr_controller::pool::{self, PoolManager};
 use kuryr_crds::KuryrPortPool;
+use neutron_emulator::{LatencyProfile, LatencyTable, OpLatency};
 use support::*;
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -35,13 +37,22 @@ async fn settled(m: &PoolManager, min: usize) -> Result<()> {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn regained_leadership_recovers_instead_of_serving_stale_pools() -> Result<()> {
-    init_logs();
-    for target in neutron_targets().await? {
+/// One cluster's pools against one Neutron target: replicas of the pool manager share the
+/// Kubernetes API and the configuration, as the controller's replicas do.
+struct Bed {
+    kube: Kube,
+    fx: NeutronFixture,
+    config: Arc<KuryrConfig>,
+    ctx: Arc<Platform>,
+    deployments: Deployments,
+    spec: PortSpec,
+}
+
+impl Bed {
+    async fn new(target: &NeutronTarget, cidr: &str) -> Result<Self> {
         let kube = start_kube().await?;
         let neutron = &target.client;
-        let fx = neutron_fixture(neutron, "10.64.0.0/24").await?;
+        let fx = neutron_fixture(neutron, cidr).await?;
         // Creates the controller namespace (the KuryrPortPool objects live there).
         PoolBed::new(&kube, &fx, "").await?;
         let mut config = KuryrConfig::default();
@@ -50,6 +61,7 @@ async fn regained_leadership_recovers_instead_of_serving_stale_pools() -> Result
         config.kubernetes.vif_pool_driver = VifPoolDriver::Neutron;
         config.vif_pool.ports_pool_min = 2;
         config.vif_pool.ports_pool_batch = 3.try_into()?;
+        config.vif_pool.ports_pool_update_frequency = 1;
         let config = Arc::new(config);
         let metrics = Metrics::new();
         let deployments = Deployments::noauth(&target.url, &metrics)?;
@@ -59,15 +71,6 @@ async fn regained_leadership_recovers_instead_of_serving_stale_pools() -> Result
             deployments.clone(),
             metrics,
         ));
-        let replica = || {
-            let vif = Arc::new(NeutronVif::new(
-                deployments.clone(),
-                ctx.resource_tags(),
-                "br-int".into(),
-                0,
-            ));
-            pool::build(ctx.clone(), vif, &config.vif_pool)
-        };
         let info = Arc::new(NetworkInfo {
             id: fx.network.clone(),
             name: String::new(),
@@ -75,7 +78,35 @@ async fn regained_leadership_recovers_instead_of_serving_stale_pools() -> Result
             subnets: vec![neutron.get_subnet(&fx.subnet).await?],
         });
         let spec = PortSpec::new("default", fx.project.clone(), info, vec![fx.sg.clone()]);
+        Ok(Self {
+            kube,
+            fx,
+            config,
+            ctx,
+            deployments,
+            spec,
+        })
+    }
 
+    /// One controller replica's pool manager.
+    fn replica(&self) -> Result<Arc<PoolManager>> {
+        let vif = Arc::new(NeutronVif::new(
+            self.deployments.clone(),
+            self.ctx.resource_tags(),
+            "br-int".into(),
+            0,
+        ));
+        Ok(pool::build(self.ctx.clone(), vif, &self.config.vif_pool)?)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn regained_leadership_recovers_instead_of_serving_stale_pools() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let bed = Bed::new(&target, "10.64.0.0/24").await?;
+        let (kube, neutron, fx, spec) = (&bed.kube, &target.client, &bed.fx, &bed.spec);
+        let replica = || bed.replica();
         // Term 1 of replica A: a cold pool, one pod served.
         let a = replica()?;
         let term = start_pool_term(&a).await?;
@@ -129,5 +160,63 @@ async fn regained_leadership_recovers_instead_of_serving_stale_pools() -> Result
         cleanup_project(neutron, &fx.project).await;
         eprintln!("pool_ha[{}]: the regained term recovered its pools", target.name);
     }
+    Ok(())
+}
+
+/// Leadership lost while the term's pool tasks are inside Neutron calls that do not come back (a
+/// maintenance pass through an outage): the replica stops serving at once, not when the calls
+/// end, since the other replica may win the lease and hand these ports out meanwhile (the chaos
+/// soak caught a replica serving its old pools again after it won the lease back 14 s later).
+/// Emulator only: it alone can make calls hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_term_stuck_in_neutron_stops_serving_the_moment_it_ends() -> Result<()> {
+    init_logs();
+    let targets = neutron_targets().await?;
+    let target = &targets[0];
+    let emu = target.emulator().context("the first target is the emulator")?;
+    let bed = Bed::new(target, "10.64.1.0/24").await?;
+    let a = bed.replica()?;
+    let term = start_pool_term(&a).await?;
+    let pod = pool_pod("a");
+    let (va, oa) = pooled_vif(a.as_ref(), &pod, &bed.spec).await?;
+    settled(&a, 2).await?;
+
+    // Every Neutron call from here on takes ten minutes; the released port's recycle (a port
+    // update, the next maintenance pass) is one of them.
+    emu.set_latency(LatencyProfile::Custom(LatencyTable {
+        default: OpLatency::fixed(600_000),
+        ops: Default::default(),
+    }));
+    let before = emu.stats().total_requests;
+    a.release_vif(&va, &oa, &holder(&pod.namespace, &pod.name, &pod.uid))
+        .await?;
+    eventually("a pool task waiting on Neutron", WAIT, || async {
+        Ok((emu.stats().total_requests > before).then_some(()))
+    })
+    .await?;
+
+    let (stop, task) = term;
+    stop.cancel();
+    eventually("the replica stops serving", Duration::from_secs(2), || async {
+        Ok((!a.is_ready()).then_some(()))
+    })
+    .await?;
+    let refused = a.request_vif(&pool_pod("b"), &bed.spec).await;
+    assert!(
+        matches!(&refused, Err(e) if e.is_retryable()),
+        "a request after the term ended is not served: {refused:?}"
+    );
+    tokio::time::timeout(pool::TERM_GRACE + Duration::from_secs(5), task)
+        .await
+        .context("the term ends within its grace, though its calls still hang")??;
+
+    // Neutron answers again: the next term recovers (the released port is a spare again).
+    emu.set_latency(LatencyProfile::Custom(LatencyTable::default()));
+    let term = start_pool_term(&a).await?;
+    let s = a.summaries();
+    assert_eq!(s.len(), 1, "{s:?}");
+    assert_eq!(s[0].in_use, 0, "the released port is nobody's: {s:?}");
+    end_pool_term(term).await?;
+    cleanup_project(&target.client, &bed.fx.project).await;
     Ok(())
 }

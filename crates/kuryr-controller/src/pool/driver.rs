@@ -197,6 +197,13 @@ impl PoolDriver {
         self.ready.store(true, Ordering::Release);
     }
 
+    /// Stops serving at once, keeping the books until [`PoolDriver::reset`] (the term's tasks may
+    /// still be finishing with them); requests waiting for a refill answer ResourceNotReady.
+    pub fn stop_serving(&self) {
+        self.ready.store(false, Ordering::Release);
+        self.refilled.send_modify(|g| *g = g.wrapping_add(1));
+    }
+
     /// Drops every pool and stops serving until the next recovery (leadership lost): while
     /// another replica leads it hands out, recycles and deletes these ports, so nothing held in
     /// memory stays true. Refills still in flight land nowhere; their tagged ports are adopted by

@@ -44,6 +44,10 @@ use persist::Persister;
 /// The least time a port may be held in use unrecorded before the books question it.
 pub const IN_USE_GRACE: Duration = Duration::from_secs(30);
 
+/// How long a leadership term's pool tasks may take to stop after the term ended, before they
+/// are dropped mid-call (what they leave in Neutron is tagged: the next recovery adopts it).
+pub const TERM_GRACE: Duration = Duration::from_secs(3);
+
 /// Node label naming the pod VIF driver of a node's pods (upstream `multi_pool`).
 pub const NODE_POD_VIF_LABEL: &str = "pod_vif";
 
@@ -439,12 +443,28 @@ impl PoolManager {
     /// KuryrPortPool flusher, the orphan sweep and the management API until `stop`; then drops
     /// every pool ([`PoolManager::end_term`]), so that the next term recovers again from the
     /// KuryrPortPools, KuryrPorts and Neutron as the other leaders left them.
+    ///
+    /// Guarantee: once `stop` fires, no request is served from this term's pools, even while
+    /// its tasks are still inside a Neutron call (a maintenance pass through a Neutron outage
+    /// can take longer than the other replica needs to win the lease and hand those ports
+    /// out); they get [`TERM_GRACE`] to finish (the KuryrPortPool flush) and are then dropped.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
         let _term = tokio::select! {
             _ = stop.cancelled() => return,
             t = self.term.lock() => t,
         };
-        self.clone().serve_term(&stop).await;
+        let serve = self.clone().serve_term(&stop);
+        tokio::pin!(serve);
+        tokio::select! {
+            _ = &mut serve => {}
+            _ = stop.cancelled() => {
+                self.ready.store(false, Ordering::Release);
+                self.pooled.iter().for_each(|d| d.stop_serving());
+                if tokio::time::timeout(TERM_GRACE, &mut serve).await.is_err() {
+                    tracing::info!(pool_driver = self.name, "pool tasks still busy at the end of the term; dropped");
+                }
+            }
+        }
         self.end_term().await;
     }
 
@@ -468,7 +488,13 @@ impl PoolManager {
     async fn serve_term(self: Arc<Self>, stop: &CancellationToken) {
         let mut backoff = Duration::from_secs(1);
         while !self.pooled.is_empty() && !self.is_ready() {
-            match self.recover().await {
+            let recovered = tokio::select! {
+                _ = stop.cancelled() => return,
+                r = self.recover() => r,
+            };
+            match recovered {
+                // Recovered just as the term ended: serve nothing (`run` marks it unready).
+                Ok(()) if stop.is_cancelled() => return,
                 Ok(()) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "port pool recovery failed; retrying");
