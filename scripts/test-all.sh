@@ -362,6 +362,11 @@ for name in rest pools e2e; do
   [ "$s_chaos" = 0 ] || chaos_ok=0
 done
 
+step "slowest test binaries (stream: binary seconds)"
+for name in rest pools e2e; do
+  awk -v s="$name" '/^ *Running /{bin=$2} /^test result: /{t=$NF; sub(/s$/,"",t); print s": "bin" "t}' "$LOG_DIR/test-$name.log"
+done | sort -k3 -n -r | head -n 15
+
 step "waiting for clippy"
 clippy_rc=0
 wait "$CLIPPY_PID" || clippy_rc=$?
@@ -394,6 +399,15 @@ if [ "$clippy_rc" -ne 0 ]; then
   exit "$clippy_rc"
 fi
 if [ "$chaos_ok" != 1 ]; then
+  # Repeated here, last, so that the end of the output alone says which profile failed and why.
+  step "chaos soak findings"
+  for f in "$LOG_DIR/chaos-e2e.log" "$LOG_DIR/chaos-pools.log"; do
+    [ -s "$f" ] || continue
+    grep -m 1 -E '^chaos soak: ' "$f" || basename "$f"
+    grep -E '^\| (leaks|stuck pods|mismatches|shared ports|node state|ERROR lines)' "$f" || true
+    sed -n '/^violations:/,/^result:/p' "$f" | head -n 40
+    grep -E '^(result: |kuryr: error)' "$f" | tail -n 2 || true
+  done
   echo "chaos soak FAILED; full log: $LOG_DIR/chaos.log"
   exit 1
 fi
