@@ -367,12 +367,12 @@ async fn objects_backing_off_do_not_hold_the_worker_slots() {
     let handler = Arc::new(StuckOrRecord(Mutex::default()));
     let source = Arc::new(Source(Mutex::new(Some(obj("stuck-0", "uid-s0", "1")))));
     let policy = RetryPolicy {
-        initial: Duration::from_millis(200),
-        max_interval: Duration::from_millis(200),
+        initial: Duration::from_secs(1),
+        max_interval: Duration::from_secs(1),
         deadline: Duration::from_secs(30),
     };
-    // One worker slot, and two objects that keep failing: without releasing the slot while
-    // backing off, "ok" would wait for their whole 30 s retry budget.
+    // One worker slot, and two objects that keep failing: the slot is free while they back off,
+    // so "ok" is handled at once, not when a backoff ends (1 s; the slot passed on only then).
     let a = Async::new(Retry::new(handler.clone(), source, policy, Metrics::new()), 1);
     a.handle(ev(EventType::Added, "stuck-0", "uid-s0", "1"))
         .await
@@ -382,14 +382,16 @@ async fn objects_backing_off_do_not_hold_the_worker_slots() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     a.handle(ev(EventType::Added, "ok", "uid-ok", "1")).await.unwrap();
-    for _ in 0..200 {
+    for _ in 0..50 {
         if handler.0.lock().await.contains(&"ok".to_string()) {
             assert!(a.depth().await >= 1, "stuck-0 is still retrying");
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("an object behind two backing-off objects was not handled within 2 s");
+    panic!(
+        "an object behind two backing-off objects was not handled within 0.5 s: their backoff held the slot"
+    );
 }
 
 /// The backlog the watcher's re-send waits on counts objects waiting for a worker, not the ones

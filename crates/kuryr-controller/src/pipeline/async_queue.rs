@@ -117,10 +117,15 @@ pub async fn idle<F: std::future::Future>(wait: F) -> F::Output {
     let Ok(slot) = WORKER_SLOT.try_with(Arc::clone) else {
         return wait.await;
     };
-    let released = slot.permit.lock().unwrap_or_else(|e| e.into_inner()).take();
+    // Dropped here, before the wait: that is what frees the slot for another object.
+    let released = slot
+        .permit
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+        .is_some();
     let out = wait.await;
-    if released.is_some() {
-        drop(released);
+    if released {
         // A closed semaphore only happens on shutdown; the handler then finishes without a slot.
         if let Ok(p) = slot.workers.clone().acquire_owned().await {
             *slot.permit.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
@@ -142,9 +147,9 @@ pub struct Async<H> {
     /// object key -> the pending (newest unhandled) event; the key exists while a worker runs.
     queues: Queues,
     workers: Arc<Semaphore>,
-    /// Objects taken and not yet done, also while their handler waits in [`idle`]: each holds its
-    /// handler's state. (`idle` keeps its permit through the wait today, so at the default 64
-    /// workers this bound does not bind yet; it is what keeps a fixed `idle` bounded.)
+    /// Objects taken and not yet done, also while their handler waits in [`idle`] (without a
+    /// worker slot): each holds its handler's state, so this bounds the memory of a burst in
+    /// which thousands back off at once.
     in_flight: Arc<Semaphore>,
     stats: Arc<AsyncStats>,
     /// Cancels every queue: a pipeline that stops (shutdown, lost leadership, or its task being
