@@ -4,14 +4,16 @@
 # packages (the essential set, ca-certificates, and openvswitch-switch for the ovs-vsctl the OVS binding
 # runs), plus `kuryr` and `kuryr-cni` in /usr/local/bin; umoci assembles it into an OCI image layout.
 #
-#   scripts/build-image.sh [--profile release|dev] [--out DIR] [--check]
+#   scripts/build-image.sh [--profile release|dev] [--out DIR] [--prebuilt] [--check]
 #
 # Output: DIR/oci (OCI layout, tag kuryr-rs:<version>; `skopeo copy oci:DIR/oci:kuryr-rs:<version> ...`
 # or `podman load` pushes it), DIR/bundle/rootfs (the unpacked root filesystem). The Debian part is
 # cached in DIR/rootfs.tar and rebuilt only when its package list changes. --check runs the binaries
 # from inside the root filesystem (chroot): `kuryr --version`, kuryr-cni's CNI VERSION command,
 # `kuryr install-cni` into temporary directories, `ovs-vsctl --version`; it fails on a library the
-# binaries need that the image lacks, and prints the image's size.
+# binaries need that the image lacks, and prints the image's size. --prebuilt takes the binaries
+# already in the profile's target directory (scripts/test-all.sh: its test build made them) instead
+# of building them.
 # Needs root (mmdebstrap, chroot) and the Debian packages mmdebstrap and umoci (installed if missing).
 set -euo pipefail
 
@@ -19,12 +21,14 @@ cd "$(dirname "$0")/.."
 PROFILE=release
 OUT=.image
 CHECK=0
+PREBUILT=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --profile) PROFILE="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --check) CHECK=1; shift ;;
-    *) echo "usage: $0 [--profile release|dev] [--out DIR] [--check]" >&2; exit 2 ;;
+    --prebuilt) PREBUILT=1; shift ;;
+    *) echo "usage: $0 [--profile release|dev] [--out DIR] [--prebuilt] [--check]" >&2; exit 2 ;;
   esac
 done
 case "$PROFILE" in
@@ -55,9 +59,16 @@ for tool in mmdebstrap umoci; do
   fi
 done
 
-echo "== cargo build --profile $PROFILE -p kuryr -p kuryr-cni"
-cargo build -q --profile "$PROFILE" -p kuryr -p kuryr-cni
 BIN_DIR="${CARGO_TARGET_DIR:-target}/$TARGET_SUBDIR"
+if [ "$PREBUILT" = 1 ]; then
+  for bin in kuryr kuryr-cni; do
+    [ -x "$BIN_DIR/$bin" ] || { echo "--prebuilt: $BIN_DIR/$bin is not built" >&2; exit 1; }
+  done
+  echo "== prebuilt binaries from $BIN_DIR"
+else
+  echo "== cargo build --profile $PROFILE -p kuryr -p kuryr-cni"
+  cargo build -q --profile "$PROFILE" -p kuryr -p kuryr-cni
+fi
 
 mkdir -p "$OUT"
 KEY="$SUITE $MIRROR $PACKAGES essential"

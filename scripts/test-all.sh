@@ -14,8 +14,10 @@
 #      database, two userspace-OVS chassis over geneve; state in .ovn-lab/; a running lab is
 #      reused) for the real-dataplane tests, exporting KURYR_TEST_OVN_NEUTRON_URL and
 #      KURYR_TEST_OVN_LAB (KURYR_TEST_REQUIRE_OVN=1: those tests fail instead of skipping)
-#   3. cargo fmt --check, the CRD manifests staleness check; clippy -D warnings runs in the
-#      background from here on at nice 19 (its own target dir, target/clippy), judged at the end
+#   3. cargo fmt --check; clippy -D warnings runs in the background from here on at nice 19 (its
+#      own target dir, target/clippy), judged at the end; the test build (cargo test --workspace
+#      --no-run), whose kuryr binary then checks the CRD manifests for staleness and runs the chaos
+#      soak, and whose kuryr and kuryr-cni go into the image check
 #   4. cargo test --workspace (the Neutron contract suite runs against the emulator and the
 #      real server; its per-target summary lines are repeated at the end, and the run fails
 #      unless both passed the same number of cases with 0 failed: scripts/check-contract-summary.sh)
@@ -25,8 +27,8 @@
 # To fit CI's budget on two cores, steps 1-2b (the labs) run in the background while step 3 and the
 # test build run (their output is printed when they are ready, each with its time), and step 4
 # runs in three streams at once: the end-to-end crate (the OVN lab's dataplane tests) then the chaos
-# CI profile; the controller's pool tests then the chaos server profile; everything else. Each
-# stream's time is printed.
+# CI profile; the controller's pool and topology tests then the chaos server profile; everything
+# else. Each stream's time is printed, and the slowest test binaries.
 # Also starts a real Octavia 19.0.0 (scripts/octavia-lab/, state in .octavia-lab/; first run
 # installs it, about 1.5 minutes; then about 15 s; a running one is reused) and exports
 # KURYR_TEST_OCTAVIA_URL for the Octavia contract suite (crates/octavia-contract), whose
@@ -241,12 +243,6 @@ CARGO_TARGET_DIR="$REPO/target/clippy" setsid bash -c 't0=$(date +%s); rc=0
   echo "clippy: $(( $(date +%s) - t0 ))s (exit $rc)"; exit "$rc"' >"$LOG_DIR/clippy.log" 2>&1 &
 CLIPPY_PID=$!
 
-step "CRD and install manifests are up to date (deploy/crds, deploy/manifests)"
-t0=$(date +%s)
-cargo run -q -p kuryr -- crds --check deploy/crds
-cargo run -q -p kuryr -- manifests --config-file deploy/kuryr.conf --check deploy/manifests
-echo "manifests: $(since "$t0")"
-
 step "building the tests (cargo test --workspace --no-run; log: $LOG_DIR/test-build.log)"
 t0=$(date +%s)
 if ! cargo test --workspace --no-run "$@" >"$LOG_DIR/test-build.log" 2>&1; then
@@ -257,6 +253,16 @@ if ! cargo test --workspace --no-run "$@" >"$LOG_DIR/test-build.log" 2>&1; then
 fi
 tail -n 1 "$LOG_DIR/test-build.log"
 echo "test build: $(since "$t0"); disk: $(disk_free) free"
+# The binaries the test build made (the kuryr and kuryr-cni integration tests need them) serve the
+# checks below: a `cargo run -p kuryr` would build every dependency again, with the features of
+# that one package instead of the workspace's.
+KURYR_BIN="${CARGO_TARGET_DIR:-$REPO/target}/debug/kuryr"
+
+step "CRD and install manifests are up to date (deploy/crds, deploy/manifests)"
+t0=$(date +%s)
+"$KURYR_BIN" crds --check deploy/crds
+"$KURYR_BIN" manifests --config-file deploy/kuryr.conf --check deploy/manifests
+echo "manifests: $(since "$t0")"
 
 step "waiting for the labs"
 t0=$(date +%s)
@@ -272,9 +278,9 @@ echo "labs: waited $(since "$t0") for them after the build"
 read_lab_env
 
 # After the labs: the image build may apt-get its tools, which must not race the labs' apt-get for dpkg's lock.
-step "the image builds and its binaries run (scripts/build-image.sh --profile dev --check)"
+step "the image builds and its binaries run (scripts/build-image.sh --profile dev --prebuilt --check)"
 t0=$(date +%s)
-scripts/build-image.sh --profile dev --check
+scripts/build-image.sh --profile dev --prebuilt --check
 echo "image: $(since "$t0")"
 # Real-server tests (contract suites, kuryr-testbed targets, OVN dataplane) fail instead of skipping.
 export KURYR_TEST_REQUIRE_NEUTRON=1 KURYR_TEST_REQUIRE_OCTAVIA=1 KURYR_TEST_REQUIRE_KUBECTL=1 KURYR_TEST_REQUIRE_OVN=1
@@ -285,40 +291,58 @@ chaos() {
   shift
   step "kuryr chaos --profile $name $*"
   t0=$(date +%s)
-  cargo run -q -p kuryr -- chaos --profile "$name" "$@" --state-dir "$LOG_DIR/chaos-$name" 2>&1 || rc=$?
+  "$KURYR_BIN" chaos --profile "$name" "$@" --state-dir "$LOG_DIR/chaos-$name" 2>&1 || rc=$?
   echo "chaos[$name]: $(since "$t0") (exit $rc)"
   return "$rc"
 }
 
 # Three streams at once (steps 4 and 4b), each a third of the tests' wall time, which is mostly
 # waiting (for the labs, timers, the emulators): the end-to-end crate (the OVN lab's dataplane
-# tests) then the chaos CI profile; the controller's pool tests then the chaos server profile; the
-# controller's other tests and every other crate.
+# tests) then the chaos CI profile; the controller's pool tests and its topology tests then the
+# chaos server profile; every other test target, lib and bin of the workspace, then the doctests.
 step "cargo test, three streams (KURYR_TEST_NEUTRON_URL=$KURYR_TEST_NEUTRON_URL KURYR_TEST_OVS_DB=$KURYR_TEST_OVS_DB KURYR_TEST_OVN_NEUTRON_URL=$KURYR_TEST_OVN_NEUTRON_URL)"
-# `--test NAME` for each of the controller's integration tests that is (`pool`) or is not (`other`) a
-# pool test: every file under tests/ lands in exactly one stream.
-controller_tests() {
-  local f n kind
-  for f in "$REPO"/crates/kuryr-controller/tests/*.rs; do
-    n=$(basename "$f" .rs)
-    kind=other
-    case "$n" in pool_*) kind=pool ;; esac
-    if [ "$kind" = "$1" ]; then printf -- '--test\n%s\n' "$n"; fi
-  done
+# Every stream runs `cargo test --workspace` with `--test NAME` for its integration test targets:
+# with the workspace selected, features resolve as in the test build above and nothing is
+# compiled again (`-p` or `--exclude` would resolve them for fewer packages and rebuild about 30
+# crates per stream). Each target lands in exactly one stream (names shared by several packages,
+# like `properties`, go together to the third).
+test_targets() {
+  cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, sys
+want = sys.argv[1]
+names = set()
+for p in json.load(sys.stdin)["packages"]:
+    for t in p["targets"]:
+        if "test" not in t["kind"]:
+            continue
+        n = t["name"]
+        if p["name"] == "kuryr-e2e":
+            s = "e2e"
+        elif p["name"] == "kuryr-controller" and (n.startswith("pool_") or n == "topologies"):
+            s = "pools"
+        else:
+            s = "rest"
+        if s == want:
+            names.add(n)
+for n in sorted(names):
+    print("--test")
+    print(n)
+' "$1"
 }
-mapfile -t POOL_TESTS < <(controller_tests pool)
-mapfile -t OTHER_TESTS < <(controller_tests other)
+mapfile -t E2E_TESTS < <(test_targets e2e)
+mapfile -t POOL_TESTS < <(test_targets pools)
+mapfile -t REST_TESTS < <(test_targets rest)
 stream() {
   local name=$1 t0 rc=0 chaos_rc=0
   shift
   t0=$(date +%s)
   {
     case "$name" in
-      e2e) cargo test -p kuryr-e2e --no-fail-fast "$@" || rc=$? ;;
-      pools) cargo test -p kuryr-controller "${POOL_TESTS[@]}" --no-fail-fast "$@" || rc=$? ;;
+      e2e) cargo test --workspace "${E2E_TESTS[@]}" --no-fail-fast "$@" || rc=$? ;;
+      pools) cargo test --workspace "${POOL_TESTS[@]}" --no-fail-fast "$@" || rc=$? ;;
       rest)
-        cargo test -p kuryr-controller --lib "${OTHER_TESTS[@]}" --no-fail-fast "$@" || rc=$?
-        cargo test --workspace --exclude kuryr-e2e --exclude kuryr-controller --no-fail-fast "$@" || rc=$?
+        cargo test --workspace --lib --bins "${REST_TESTS[@]}" --no-fail-fast "$@" || rc=$?
+        cargo test --workspace --doc "$@" || rc=$?
         ;;
     esac
   } >"$LOG_DIR/test-$name.log" 2>&1

@@ -110,7 +110,7 @@ async fn regained_leadership_recovers_instead_of_serving_stale_pools() -> Result
         // Term 1 of replica A: a cold pool, one pod served.
         let a = replica()?;
         let term = start_pool_term(&a).await?;
-        let (va, oa) = pooled_vif(a.as_ref(), &pool_pod("a"), &spec).await?;
+        let (va, oa) = pooled_vif(a.as_ref(), &pool_pod("a"), spec).await?;
         record_kuryrport(&kube.client, &pool_pod("a"), &va, &oa).await?;
         settled(&a, 2).await?;
         end_pool_term(term).await?;
@@ -124,7 +124,7 @@ async fn regained_leadership_recovers_instead_of_serving_stale_pools() -> Result
         let b = replica()?;
         let term = start_pool_term(&b).await?;
         assert_eq!(b.summaries()[0].in_use, 1, "{}", target.name);
-        let (vb, ob) = pooled_vif(b.as_ref(), &pool_pod("b"), &spec).await?;
+        let (vb, ob) = pooled_vif(b.as_ref(), &pool_pod("b"), spec).await?;
         record_kuryrport(&kube.client, &pool_pod("b"), &vb, &ob).await?;
         assert_ne!(vb.id(), va.id());
         settled(&b, 2).await?;
@@ -143,7 +143,7 @@ async fn regained_leadership_recovers_instead_of_serving_stale_pools() -> Result
         assert!(spare >= 2, "{}: {s:?}", target.name);
         for i in 0..spare {
             let p = pool_pod(&format!("c{i}"));
-            let (v, _) = pooled_vif(a.as_ref(), &p, &spec).await?;
+            let (v, _) = pooled_vif(a.as_ref(), &p, spec).await?;
             assert_ne!(v.id(), vb.id(), "{}: B's pod port handed out again", target.name);
             assert_ne!(v.id(), va.id(), "{}: A's pod port handed out again", target.name);
         }
