@@ -81,7 +81,8 @@ pub struct BenchArgs {
     /// `--quick` divides their sizes by 10.
     #[arg(long, value_enum)]
     pub scale: Vec<crate::bench::Scale>,
-    /// Where to write the latency chart (default docs/peer-bench.svg for a full run).
+    /// Where to write the latency chart (default docs/peer-bench.svg for a full run; a run with
+    /// --only, --profile or --case writes none unless this is given).
     #[arg(long, value_name = "FILE")]
     pub svg: Option<PathBuf>,
 }

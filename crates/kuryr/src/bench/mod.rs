@@ -187,10 +187,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         let label = format!("{} {} {}", r.profile.label(), r.case.label(), r.which.label());
         print!("{}", report::kube_breakdown(&label, r.pods, &r.kube_requests));
     }
+    // The committed chart is the full side-by-side run's: a partial run (some cases, profiles or
+    // one implementation) writes a chart only where --svg says.
+    let full = args.only.is_empty() && args.profile.is_empty() && args.case.is_empty();
     let svg_path = args
         .svg
         .clone()
-        .or_else(|| (!args.quick).then(|| PathBuf::from("docs/peer-bench.svg")));
+        .or_else(|| (full && !args.quick).then(|| PathBuf::from("docs/peer-bench.svg")));
     if let Some(path) = svg_path {
         let title = format!(
             "Wiring latency, {} pods per burst: kuryr-rs vs upstream kuryr-kubernetes 10.0.0 (kuryr bench)",
