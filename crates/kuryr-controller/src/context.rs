@@ -49,7 +49,8 @@ impl Platform {
         let cluster_id = config.kubernetes.cluster_id.clone();
         let placement = config.pod_binding.enabled.then(|| {
             // Objects are overlaid once their watch delivers them (placement/watch.rs).
-            let (candidates, _) = crate::placement::candidates::build(&config, &[]);
+            let (candidates, _) =
+                crate::placement::candidates::build(&config, &[], k8s_openapi::jiff::Timestamp::now());
             Arc::new(Binder::new(
                 Scheduler::new(&config.pod_binding),
                 candidates,

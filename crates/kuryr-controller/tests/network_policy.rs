@@ -548,7 +548,11 @@ async fn controller_killed_in_the_middle_of_policy_updates_converges_without_lea
                 .collect()
         };
         let nps = Api::<NetworkPolicy>::namespaced(kube.client.clone(), "k");
-        let mut ctl = start_controller(&kube.client, &target, config(&cfg), "np-kill-0");
+        // A controller on a runtime of its own: killing it stops every task it spawned at once,
+        // as SIGKILL would (aborting a task of this runtime would leave its detached tasks going).
+        let kube_url = kube.handle.url();
+        let start = |id: String| start_isolated_controller(kube_url, &target, config(&cfg), &id);
+        let mut ctl = start("np-kill-0".into())?;
         apply_policy(&kube.client, "k", "p", specs[0].0.clone()).await?;
         let uid = nps.get("p").await?.metadata.uid.expect("uid");
         eventually("the first spec applied", WAIT, || async {
@@ -564,7 +568,7 @@ async fn controller_killed_in_the_middle_of_policy_updates_converges_without_lea
             nps.replace("p", &PostParams::default(), &np).await?;
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
             ctl.kill();
-            ctl = start_controller(&kube.client, &target, config(&cfg), &format!("np-kill-{next}"));
+            ctl = start(format!("np-kill-{next}"))?;
             eventually(
                 &format!(
                     "{}: spec {next} applied after a kill {delay_ms} ms into the update",
@@ -589,6 +593,155 @@ async fn controller_killed_in_the_middle_of_policy_updates_converges_without_lea
                 )
                 .await?;
             Ok((rules.is_empty() && groups == 0 && ags.is_empty()).then_some(()))
+        })
+        .await?;
+        ctl.shutdown().await;
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}
+
+/// A KuryrNetworkPolicy written by upstream kuryr-kubernetes 10.0.0 (its spec of per-IP rules, its
+/// security group in the status, its finalizer) is adopted: the same security group carries the
+/// policy from then on, with kuryr-rs' rules in place of upstream's per-IP ones, and no second
+/// group is made; deleting the policy then releases that group like one of kuryr-rs' own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_upstream_written_kuryrnetworkpolicy_and_its_group_are_adopted_not_duplicated() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let client = &target.client;
+        let fx = neutron_fixture(client, "10.75.0.0/24").await?;
+        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let cfg = ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label");
+        labelled_namespace(&kube.client, "u").await?;
+        pod(&kube.client, "u", "a", json!({"app": "a"}), Some("10.75.0.11")).await?;
+        pod(&kube.client, "u", "b", json!({"app": "b"}), Some("10.75.0.12")).await?;
+        // Upstream's group for u/p, named and tagged its way, with one rule per peer pod IP.
+        let sg = client
+            .create_security_group(&kuryr_neutron::SecurityGroupCreate {
+                name: "sg-u-p".into(),
+                project_id: Some(fx.project.clone()),
+                description: Some("Kuryr-Kubernetes Network Policy u/p SG".into()),
+                ..Default::default()
+            })
+            .await?;
+        client
+            .replace_tags(kuryr_neutron::Taggable::SecurityGroup, &sg.id, &["k8s", "test"])
+            .await?;
+        let upstream_rule = client
+            .create_security_group_rule(&kuryr_neutron::SecurityGroupRuleCreate {
+                security_group_id: sg.id.clone(),
+                direction: "ingress".into(),
+                ethertype: Some("IPv4".into()),
+                protocol: Some("tcp".into()),
+                port_range_min: Some(80),
+                port_range_max: Some(80),
+                remote_ip_prefix: Some("10.75.0.11/32".into()),
+                description: Some("Kuryr-Kubernetes NetPolicy SG rule".into()),
+                ..Default::default()
+            })
+            .await?;
+        apply_policy(
+            &kube.client,
+            "u",
+            "p",
+            json!({"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [
+                {"from": [{"podSelector": {"matchLabels": {"app": "a"}}}], "ports": [{"port": 80}]}]}),
+        )
+        .await?;
+        let uid = Api::<NetworkPolicy>::namespaced(kube.client.clone(), "u")
+            .get("p")
+            .await?
+            .metadata
+            .uid
+            .expect("uid");
+        // The KuryrNetworkPolicy exactly as upstream 10.0.0 leaves it (no status subresource in
+        // its CRD: the status is written with the object).
+        let upstream: KuryrNetworkPolicy = serde_json::from_value(json!({
+            "apiVersion": "openstack.org/v1", "kind": "KuryrNetworkPolicy",
+            "metadata": {"name": "p", "namespace": "u",
+                         "finalizers": [kuryr_crds::names::finalizers::NETWORKPOLICY],
+                         "annotations": {"networkPolicyLink": "/apis/networking.k8s.io/v1/namespaces/u/networkpolicies/p"}},
+            "spec": {
+                "egressSgRules": [],
+                "ingressSgRules": [{
+                    "affectedPods": [{"podIP": "10.75.0.11", "podNamespace": "u"}],
+                    "namespace": "u",
+                    "sgRule": {"description": "Kuryr-Kubernetes NetPolicy SG rule", "direction": "ingress",
+                               "ethertype": "IPv4", "port_range_max": 80, "port_range_min": 80,
+                               "protocol": "tcp", "remote_ip_prefix": "10.75.0.11/32"}}],
+                "podSelector": {},
+                "policyTypes": ["Ingress"]},
+            "status": {
+                "podSelector": {},
+                "securityGroupId": sg.id,
+                "securityGroupRules": [{"id": upstream_rule.id, "direction": "ingress", "ethertype": "IPv4",
+                    "port_range_max": 80, "port_range_min": 80, "protocol": "tcp",
+                    "remote_ip_prefix": "10.75.0.11/32", "security_group_id": sg.id}]}
+        }))?;
+        let knps = Api::<KuryrNetworkPolicy>::namespaced(kube.client.clone(), "u");
+        knps.create(&PostParams::default(), &upstream).await?;
+
+        let ctl = start_controller(&kube.client, &target, config(&cfg), "np-adopt");
+        let want: BTreeSet<(String, u32, u32, BTreeSet<String>)> =
+            [("tcp".to_string(), 80, 80, set(&["10.75.0.11/32"]))].into();
+        eventually(
+            &format!("{}: upstream's group adopted and reconciled", target.name),
+            WAIT,
+            || async {
+                let (rules, groups, unnamed) = policy_state(client, &cluster, &uid).await?;
+                Ok((rules == want && groups == 1 && unnamed == 0).then_some(()))
+            },
+        )
+        .await?;
+        let tagged = client
+            .list_security_groups(&ListFilter::new().tags([format!("kuryr-rs.knp={uid}")]))
+            .await?;
+        assert_eq!(
+            tagged.iter().map(|g| g.id.as_str()).collect::<Vec<_>>(),
+            [sg.id.as_str()],
+            "{}: the policy lives on upstream's group, not a new one",
+            target.name
+        );
+        let rules = client
+            .list_security_group_rules(&ListFilter::new().security_group_id(&sg.id))
+            .await?;
+        assert!(
+            rules.iter().all(|r| r.id != upstream_rule.id),
+            "{}: upstream's per-IP rule is replaced by the address-group rule",
+            target.name
+        );
+        // The upstream object now names its policy (what tags its groups from here on).
+        let adopted = eventually("u/p owned by its NetworkPolicy", WAIT, || async {
+            let knp = knps.get("p").await?;
+            let owned = knp
+                .metadata
+                .owner_references
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .any(|o| o.kind == "NetworkPolicy" && o.uid == uid);
+            Ok(owned.then_some(knp))
+        })
+        .await?;
+        assert_eq!(
+            adopted.status.unwrap_or_default().security_group_id.as_deref(),
+            Some(sg.id.as_str())
+        );
+
+        // Deleting the policy releases the adopted group like one of kuryr-rs' own.
+        Api::<NetworkPolicy>::namespaced(kube.client.clone(), "u")
+            .delete("p", &DeleteParams::default())
+            .await?;
+        eventually("u/p and its group gone", WAIT, || async {
+            let gone = knps.get_opt("p").await?.is_none();
+            let sg_gone = client
+                .get_security_group(&sg.id)
+                .await
+                .err()
+                .is_some_and(|e| e.is_not_found());
+            Ok((gone && sg_gone).then_some(()))
         })
         .await?;
         ctl.shutdown().await?;

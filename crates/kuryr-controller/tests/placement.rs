@@ -322,6 +322,137 @@ async fn projects_bind_per_group_and_maintenance_set_with_the_api_moves_them_wit
     Ok(())
 }
 
+/// `status.inMaintenance` of deployment object `name` once it reads `want`.
+async fn in_maintenance(kube: &kube::Client, name: &str, want: bool) -> Result<()> {
+    let api = Api::<KuryrOpenStackDeployment>::all(kube.clone());
+    eventually(&format!("{name} inMaintenance = {want}"), WAIT, || async {
+        Ok(api
+            .get(name)
+            .await?
+            .status
+            .filter(|s| s.in_maintenance == want)
+            .map(|_| ()))
+    })
+    .await
+}
+
+/// An operator's edits take effect without a restart and without waiting for a usage round: a
+/// request no deployment could take is retried and served once one can; a maintenance window ends
+/// by itself at its `until`; a binding moved by an operator serves the project's next pod at once;
+/// a spec the controller cannot follow as written is a `Valid=False` condition naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn operator_edits_take_effect_at_once_and_a_refused_request_is_served_once_a_deployment_passes()
+-> Result<()> {
+    init_logs();
+    let t = two_emulators().await?;
+    let (east_url, west_url) = t.urls.clone();
+    let kube = start_kube().await?;
+    // No usage refresh within the test: only the watches can bring the edits in.
+    let ini = format!(
+        "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_project_driver = annotation\ncontroller_namespace = default\n\
+         [neutron]\nauth_type = noauth\nendpoint_override = {east_url}\npod_subnet = {}\npod_security_groups = {}\n\
+         [deployment:west]\nauth_type = noauth\nendpoint_override = {west_url}\npod_subnet = {}\npod_security_groups = {}\n\
+         [pod_binding]\nenabled = True\nfilters = all\nweighers = creation_order\nusage_refresh_interval = 3600\n",
+        t.fe.subnet, t.fe.sg, t.fw.subnet, t.fw.sg
+    );
+    let (stop, task) = start(&kube.client, &ini);
+    let ns = |project: &str| json!({"openstack.org/kuryr-project": project});
+
+    // Both deployments in maintenance: nothing passes, an Event says what each filter removed...
+    patch_deployment(&kube.client, "default", json!({"maintenance": {"enabled": true}})).await?;
+    patch_deployment(&kube.client, "west", json!({"maintenance": {"enabled": true}})).await?;
+    create_namespace(&kube.client, "team-r", ns("proj-r")).await?;
+    create_pod(&kube.client, "team-r", "r1", NODES[0], json!({})).await?;
+    event(&kube.client, "team-r", "NoDeploymentPasses", "in maintenance").await?;
+    // ...and once west's window is over (an `until` already past), the same pod is served there.
+    patch_deployment(
+        &kube.client,
+        "west",
+        json!({"maintenance": {"enabled": true, "until": "2020-01-01T00:00:00Z"}}),
+    )
+    .await?;
+    in_maintenance(&kube.client, "west", false).await?;
+    let r1 = eventually("r1 wired", WAIT, || port_of(&kube.client, "team-r", "r1")).await?;
+    assert_eq!(t.west.get_port(&r1).await?.project_id, "proj-r");
+
+    // A window ending in ten seconds: in maintenance now, out of it then, with no edit.
+    let end = k8s_openapi::jiff::Timestamp::now()
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(10))?
+        .to_string();
+    patch_deployment(
+        &kube.client,
+        "default",
+        json!({"maintenance": {"enabled": true, "until": end}}),
+    )
+    .await?;
+    in_maintenance(&kube.client, "default", true).await?;
+    in_maintenance(&kube.client, "default", false).await?;
+    create_namespace(&kube.client, "team-u", ns("proj-u")).await?;
+    create_pod(&kube.client, "team-u", "u1", NODES[0], json!({})).await?;
+    let u1 = eventually("u1 wired", WAIT, || port_of(&kube.client, "team-u", "u1")).await?;
+    assert_eq!(
+        t.east.get_port(&u1).await?.project_id,
+        "proj-u",
+        "east takes new bindings again (first by creation order)"
+    );
+
+    // An operator moves proj-u to west, as `kuryr bindings move` does: its next pod goes there
+    // at once (the binding's watch event empties the binder's cache; usage would not for an hour).
+    let store = kuryr_controller::placement::kube_store::KubeStore::new(kube.client.clone());
+    let key = kuryr_controller::placement::BindingKey {
+        project: "proj-u".into(),
+        group: Default::default(),
+    };
+    use kuryr_controller::placement::store::BindingStore as _;
+    assert!(
+        store
+            .claim(&key, Some("default"), "west", "moved by an operator")
+            .await?
+    );
+    // The watch event reaches the controller within milliseconds; the pod comes well after it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    create_pod(&kube.client, "team-u", "u2", NODES[0], json!({})).await?;
+    let u2 = eventually("u2 wired", WAIT, || port_of(&kube.client, "team-u", "u2")).await?;
+    assert_eq!(
+        t.west.get_port(&u2).await?.project_id,
+        "proj-u",
+        "the moved binding serves the next pod"
+    );
+    assert!(
+        t.east.get_port(&u1).await.is_ok(),
+        "existing pods keep their ports"
+    );
+
+    // Headroom not below the threshold would admit nothing: a condition names the field.
+    patch_deployment(&kube.client, "west", json!({"headroom": 0.95})).await?;
+    let api = Api::<KuryrOpenStackDeployment>::all(kube.client.clone());
+    let valid = api
+        .get("west")
+        .await?
+        .status
+        .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Valid"))
+        .context("Valid condition")?;
+    assert_eq!(
+        (valid.status.as_str(), valid.reason.as_str()),
+        ("False", "InvalidSpec")
+    );
+    assert!(
+        valid.message.starts_with("spec.headroom: 0.95"),
+        "{}",
+        valid.message
+    );
+    let default_valid = api
+        .get("default")
+        .await?
+        .status
+        .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Valid"))
+        .context("Valid condition on default")?;
+    assert_eq!(default_valid.status, "True");
+    stop.cancel();
+    task.await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn namespace_networks_are_finalized_where_they_were_made_and_a_removed_deployment_drains() -> Result<()>
 {

@@ -35,6 +35,12 @@ pub enum Command {
     Status(StatusArgs),
     /// The `kubectl kuryr` plugin (also run when this binary is invoked as `kubectl-kuryr`).
     Kubectl(KubectlArgs),
+    /// Which OpenStack deployment serves each (project, group): list, show, history, move, pin,
+    /// unpin (placement; the same as `kuryr kubectl bindings`).
+    Bindings(BindingsArgs),
+    /// The OpenStack deployments with their usage and its age; maintenance on/off (the same as
+    /// `kuryr kubectl deployments`).
+    Deployments(DeploymentsArgs),
     /// Install the kuryr-cni plugin and its conflist on this node (the CNI DaemonSet's init step).
     InstallCni(InstallCniArgs),
     /// Start an emulated cluster (Kubernetes + Neutron), a controller and two nodes, and wire demo pods.
@@ -372,8 +378,10 @@ pub enum OutputFormat {
     Wide,
 }
 
-#[derive(Args, Debug, Clone)]
-pub struct KubectlArgs {
+/// kubectl's connection and output options, shared by `kuryr kubectl ...`, `kuryr bindings` and
+/// `kuryr deployments`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct KubeOpts {
     /// Namespace (default: the context's for `get vif`, the install's `kuryr` for the others).
     #[arg(short = 'n', long, global = true)]
     pub namespace: Option<String>,
@@ -386,8 +394,50 @@ pub struct KubectlArgs {
     /// Output format.
     #[arg(short = 'o', long, global = true, value_enum)]
     pub output: Option<OutputFormat>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct KubectlArgs {
+    #[command(flatten)]
+    pub kube: KubeOpts,
     #[command(subcommand)]
     pub command: KubectlCommand,
+}
+
+/// `kuryr bindings ...`: the same as `kuryr kubectl bindings ...`.
+#[derive(Args, Debug, Clone)]
+pub struct BindingsArgs {
+    #[command(flatten)]
+    pub kube: KubeOpts,
+    #[command(subcommand)]
+    pub action: Option<BindingsAction>,
+}
+
+/// `kuryr deployments ...`: the same as `kuryr kubectl deployments ...`.
+#[derive(Args, Debug, Clone)]
+pub struct DeploymentsArgs {
+    #[command(flatten)]
+    pub kube: KubeOpts,
+    #[command(subcommand)]
+    pub action: Option<DeploymentsAction>,
+}
+
+impl From<BindingsArgs> for KubectlArgs {
+    fn from(a: BindingsArgs) -> Self {
+        Self {
+            kube: a.kube,
+            command: KubectlCommand::Bindings { action: a.action },
+        }
+    }
+}
+
+impl From<DeploymentsArgs> for KubectlArgs {
+    fn from(a: DeploymentsArgs) -> Self {
+        Self {
+            kube: a.kube,
+            command: KubectlCommand::Deployments { action: a.action },
+        }
+    }
 }
 
 #[derive(Subcommand, Debug, Clone)]
@@ -430,11 +480,21 @@ pub struct BindingSelector {
 
 #[derive(Subcommand, Debug, Clone)]
 pub enum BindingsAction {
+    /// One row per binding: where it is now and since when (the default).
+    List,
+    /// One binding: its key, deployment, pin and whole history.
+    Show(BindingSelector),
+    /// The history rows (bound at, unbound at, why) of every binding, or of PROJECT's.
+    History {
+        /// Only this (cluster) project's bindings.
+        project: Option<String>,
+    },
     /// Keep the binding where it is whatever the filters say (until unpinned or its deployment is removed).
     Pin(BindingSelector),
     /// Let the scheduler move the binding again.
     Unpin(BindingSelector),
-    /// Move the binding to deployment TO now (a history row "moved by an operator"); new namespaces go there.
+    /// Move the binding to deployment TO now (a history row and an Event "moved by an operator");
+    /// new namespaces go there at once.
     Move {
         #[command(flatten)]
         binding: BindingSelector,
@@ -445,6 +505,8 @@ pub enum BindingsAction {
 
 #[derive(Subcommand, Debug, Clone)]
 pub enum DeploymentsAction {
+    /// One row per deployment with its usage and the age of that figure (the default).
+    List,
     /// Put a deployment into maintenance (on) or take it out (off).
     Maintenance {
         name: String,
@@ -455,6 +517,10 @@ pub enum DeploymentsAction {
         /// With maintenance on, move existing bindings elsewhere too.
         #[arg(long)]
         move_existing: bool,
+        /// With maintenance on, when it ends by itself: an RFC 3339 time
+        /// (`2026-12-01T06:00:00Z`) or a duration from now (`90m`, `2h`, `1d`).
+        #[arg(long)]
+        until: Option<String>,
     },
 }
 

@@ -71,7 +71,9 @@ fn main() -> ExitCode {
         | Command::Chaos(_)
         | Command::Pools(_)
         | Command::Status(_)
-        | Command::Kubectl(_) => "warn",
+        | Command::Kubectl(_)
+        | Command::Bindings(_)
+        | Command::Deployments(_) => "warn",
         _ => "info",
     });
     // kube-rs and reqwest are built without a default crypto provider (ring only, no aws-lc).
@@ -96,6 +98,8 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Status(args) => return runtime.block_on(status::run(args)),
         Command::Kubectl(args) => return runtime.block_on(kubectl_plugin::run(args)),
+        Command::Bindings(args) => return runtime.block_on(kubectl_plugin::run(args.into())),
+        Command::Deployments(args) => return runtime.block_on(kubectl_plugin::run(args.into())),
         _ => {}
     }
     let result = runtime.block_on(async move {
@@ -110,7 +114,9 @@ fn main() -> ExitCode {
             | Command::InstallCni(_)
             | Command::Manifests(_)
             | Command::Status(_)
-            | Command::Kubectl(_) => Ok(()),
+            | Command::Kubectl(_)
+            | Command::Bindings(_)
+            | Command::Deployments(_) => Ok(()),
         }
     });
     match result {

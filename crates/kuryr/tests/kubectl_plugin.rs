@@ -170,7 +170,9 @@ async fn kubectl_runs_the_plugin_and_kuryr_kubectl_takes_kubectl_flags() {
     let yaml = text(&out);
     assert!(out.status.success(), "{yaml}");
     assert!(
-        yaml.contains("deployment: default") && yaml.contains("project: p"),
+        yaml.contains("kind: KuryrProjectBinding")
+            && yaml.contains("deployment: default")
+            && yaml.contains("projectId: p"),
         "{yaml}"
     );
 
@@ -279,6 +281,81 @@ async fn deployments_and_bindings_are_administered_through_the_api() {
         json!("moved by an operator")
     );
     assert!(kpb.data["status"]["history"][0]["unboundAt"].is_string());
+    // The move is an Event on the binding object, as the controller's own moves are.
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .expect("events");
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("ProjectMoved")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("p")
+                && e.note.as_deref().unwrap_or("").contains("to west by an operator")),
+        "{:?}",
+        events.items
+    );
+    // list (one row per binding), show (the binding and its history), history (rows), also as
+    // top-level `kuryr bindings`.
+    let (ok, out) = kuryr(&["bindings"]);
+    assert!(ok, "{out}");
+    let rows: Vec<&str> = out.lines().collect();
+    assert_eq!(rows.len(), 2, "header and one binding: {out}");
+    assert!(
+        rows[0].starts_with("PROJECT") && rows[0].ends_with("PINNED"),
+        "{out}"
+    );
+    assert!(
+        rows[1].starts_with("p ") && rows[1].contains("west") && rows[1].ends_with("true"),
+        "{out}"
+    );
+    let (ok, out) = kuryr(&["bindings", "show", "p"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("Deployment: west\n") && out.contains("Pinned:     true\n"),
+        "{out}"
+    );
+    assert!(out.contains("moved by an operator"), "{out}");
+    let (ok, history) = kuryr(&["bindings", "history", "p"]);
+    assert!(ok, "{history}");
+    assert_eq!(history.lines().count(), 3, "header and two periods: {history}");
+    let top = std::process::Command::new(env!("CARGO_BIN_EXE_kuryr"))
+        .args(["bindings", "--kubeconfig", kc.as_str(), "history", "p"])
+        .output()
+        .expect("kuryr runs");
+    assert!(top.status.success(), "{}", text(&top));
+    assert_eq!(
+        String::from_utf8_lossy(&top.stdout),
+        history,
+        "`kuryr bindings` is the same command"
+    );
+    let (ok, out) = kuryr(&["bindings", "history", "nobody"]);
+    assert!(ok && out.contains("No project bindings found"), "{out}");
+    let (ok, out) = kuryr(&["bindings", "show", "nobody"]);
+    assert!(!ok && out.contains("no KuryrProjectBinding"), "{out}");
+
+    // A maintenance window with an end: `--until` takes a duration from now; off clears it.
+    let (ok, out) = kuryr(&["deployments", "maintenance", "west", "on", "--until", "2h"]);
+    assert!(ok, "{out}");
+    let until = kosds.get("west").await.expect("kosd").data["spec"]["maintenance"]["until"].clone();
+    let until: k8s_openapi::jiff::Timestamp = until.as_str().unwrap_or_default().parse().expect("RFC 3339");
+    let left = until
+        .duration_since(k8s_openapi::jiff::Timestamp::now())
+        .as_secs();
+    assert!((7_000..=7_200).contains(&left), "{left} s left");
+    let (ok, out) = kuryr(&["deployments"]);
+    assert!(
+        ok && out.lines().next().unwrap_or_default().contains("UNTIL"),
+        "{out}"
+    );
+    let (ok, out) = kuryr(&["deployments", "maintenance", "west", "off"]);
+    assert!(ok, "{out}");
+    let spec = kosds.get("west").await.expect("kosd").data["spec"].clone();
+    assert_eq!(spec["maintenance"], json!({"enabled": false}), "until cleared");
+    let (ok, out) = kuryr(&["deployments", "maintenance", "west", "on", "--until", "soon"]);
+    assert!(!ok && out.contains("--until \"soon\""), "{out}");
+
     let (ok, out) = kuryr(&["bindings", "move", "p", "--to", "nowhere"]);
     assert!(!ok && out.contains("--to nowhere"), "{out}");
     let (ok, out) = kuryr(&["bindings", "pin", "p", "--zone", "a:b"]);

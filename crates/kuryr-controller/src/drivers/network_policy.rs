@@ -650,6 +650,14 @@ impl NetworkPolicyDriver {
         }
     }
 
+    /// Deletes the one group an upstream-written KuryrNetworkPolicy names and that was never
+    /// adopted (its policy went before kuryr-rs applied it: no owner reference names the policy,
+    /// so no tag can find its groups), as upstream would have on deletion.
+    pub async fn release_unadopted(&self, deployment: &str, sg: &str) -> Result<(), Error> {
+        let client = self.client(deployment)?;
+        self.delete_group(&client, deployment, sg).await
+    }
+
     /// Takes `sg` off its ports and deletes it, once no change of a port's groups naming it is
     /// still being written (see [`PortGroups`]). A port given the group again in between (a pool
     /// recycling a port onto it, a pod's port sync) makes Neutron answer 409 SecurityGroupInUse:

@@ -146,6 +146,10 @@ impl ResourceEventHandler for KuryrNetworkPolicyHandler {
         let ns = knp.namespace().unwrap_or_default();
         let driver = &self.ctx.drivers.network_policy;
         let deployment = recorded_deployment(knp);
+        let unadopted = knp.status.as_ref().and_then(|s| s.security_group_id.as_deref());
+        if let (None, Some(sg), true) = (policy_uid(knp), unadopted, driver.knows_deployment(&deployment)) {
+            driver.release_unadopted(&deployment, sg).await?;
+        }
         if let Some(uid) = policy_uid(knp) {
             if driver.knows_deployment(&deployment) {
                 driver.release(&uid, &deployment).await?;

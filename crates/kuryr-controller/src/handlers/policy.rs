@@ -19,6 +19,7 @@ use kuryr_crds::{KuryrNetworkPolicy, KuryrNetworkPolicySpec, SgRule, SgRuleEntry
 use serde_json::json;
 
 use crate::context::Context;
+use crate::drivers::network_policy::policy_uid;
 use crate::error::{Error, is_not_found};
 use crate::k8s::{add_finalizer, publish_event, remove_finalizer};
 use crate::pipeline::ResourceEventHandler;
@@ -118,7 +119,24 @@ impl ResourceEventHandler for PolicyHandler {
         let ns = np.namespace().unwrap_or_default();
         let api: Api<KuryrNetworkPolicy> = Api::namespaced(self.ctx.kube.clone(), &ns);
         let want = knp_spec(&np, &spec);
+        let owner = OwnerReference {
+            api_version: "networking.k8s.io/v1".into(),
+            kind: "NetworkPolicy".into(),
+            name: np.name_any(),
+            uid: np.uid().unwrap_or_default(),
+            block_owner_deletion: Some(true),
+            controller: Some(true),
+        };
         match api.get_opt(&np.name_any()).await? {
+            // Written by upstream kuryr-kubernetes, which links the policy by an annotation: the
+            // owner reference is what names the policy's Neutron groups (their tag) from here on,
+            // and what lets them be released when the policy goes.
+            Some(knp) if policy_uid(&knp).is_none() => {
+                let patch = json!({"metadata": {"ownerReferences": [owner]}, "spec": want});
+                api.patch(&np.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                Ok(())
+            }
             Some(knp) if knp.spec == want => Ok(()),
             Some(_) => {
                 let patch = json!({"spec": want});
@@ -127,14 +145,6 @@ impl ResourceEventHandler for PolicyHandler {
                 Ok(())
             }
             None => {
-                let owner = OwnerReference {
-                    api_version: "networking.k8s.io/v1".into(),
-                    kind: "NetworkPolicy".into(),
-                    name: np.name_any(),
-                    uid: np.uid().unwrap_or_default(),
-                    block_owner_deletion: Some(true),
-                    controller: Some(true),
-                };
                 let deployment = self.place(&ns).await?;
                 let knp = KuryrNetworkPolicy {
                     metadata: ObjectMeta {

@@ -262,6 +262,53 @@ fn relabelling_a_pod_is_one_address_group_update_and_no_rule_change() {
 }
 
 #[test]
+fn sctp_ports_and_ranges_become_sctp_rules_and_egress_ip_blocks_keep_their_protocol() {
+    let index = cluster();
+    let p = policy(
+        "x",
+        "signalling",
+        json!({
+            "podSelector": {"matchLabels": {"pod": "a"}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}],
+                         "ports": [{"protocol": "SCTP", "port": 3868},
+                                   {"protocol": "SCTP", "port": 2905, "endPort": 2910}]}],
+            "egress": [{"to": [{"ipBlock": {"cidr": "192.0.2.0/24"}}],
+                        "ports": [{"protocol": "SCTP", "port": 38412}]}],
+        }),
+    );
+    let d = desired(&p, &index, &Options::default());
+    let (key, _) = d.address_groups.iter().next().expect("the x/b peer group");
+    let rules = base(&d);
+    for ports in [(3868, 3868), (2905, 2910)] {
+        assert!(
+            rules.contains(&Rule {
+                direction: Direction::Ingress,
+                ethertype: EtherType::V4,
+                protocol: Some(Protocol::Sctp),
+                ports: Some(ports),
+                remote: Remote::Group(key.clone()),
+            }),
+            "sctp {ports:?} from x/b: {rules:?}"
+        );
+    }
+    assert!(
+        rules.iter().any(|r| r.direction == Direction::Egress
+            && r.protocol == Some(Protocol::Sctp)
+            && r.ports == Some((38412, 38412))),
+        "sctp egress to the block: {rules:?}"
+    );
+    assert!(
+        rules
+            .iter()
+            .filter(|r| r.protocol.is_some())
+            .all(|r| r.protocol == Some(Protocol::Sctp)),
+        "no TCP or UDP rule opened for an SCTP-only policy: {rules:?}"
+    );
+    assert_eq!(Protocol::Sctp.neutron(), "sctp");
+}
+
+#[test]
 fn namespace_and_pod_selector_in_one_peer_is_an_and() {
     let mut index = cluster();
     index

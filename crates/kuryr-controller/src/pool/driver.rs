@@ -527,6 +527,13 @@ impl PoolDriver {
         let steps = self.lock().plan_recycle();
         let mut deleted = 0;
         for step in steps {
+            // Fenced: once this replica stops serving (its leadership term ended), another one
+            // may already hand these ports out; nothing more is written to them from here.
+            if !self.is_ready() {
+                self.lock()
+                    .finish_recycle(&step.key, &step.port_id, RecycleOutcome::Retry, Timestamp::now());
+                continue;
+            }
             let outcome = match step.action {
                 RecycleAction::Return => self.clean_port(&step.key, &step.port_id).await,
                 RecycleAction::Delete => {
@@ -613,6 +620,11 @@ impl PoolDriver {
         let excess = self.lock().plan_trim();
         let mut deleted = 0;
         for (key, entry) in excess {
+            // Fenced like recycling: a replica that stopped serving deletes nothing more.
+            if !self.is_ready() {
+                self.lock().put_back(&key, [entry]);
+                continue;
+            }
             match self
                 .vif
                 .release_vif(&key.deployment, &key.host, &entry.data)
@@ -734,6 +746,10 @@ impl PoolDriver {
         let expired = self.lock().plan_ttl(Timestamp::now());
         let mut deleted = 0;
         for (key, entry) in expired {
+            // Fenced like recycling; the port stays tagged, for the next recovery to count.
+            if !self.is_ready() {
+                continue;
+            }
             match self
                 .vif
                 .release_vif(&key.deployment, &key.host, &entry.data)

@@ -38,7 +38,14 @@ use serde::{Deserialize, Serialize};
     printcolumn(
         name = "Maintenance",
         type_ = "boolean",
-        json_path = ".spec.maintenance.enabled"
+        description = "In maintenance now: spec.maintenance.enabled and before spec.maintenance.until",
+        json_path = ".status.inMaintenance"
+    ),
+    printcolumn(
+        name = "Until",
+        type_ = "string",
+        description = "When the maintenance window ends by itself",
+        json_path = ".spec.maintenance.until"
     ),
     printcolumn(name = "Move", type_ = "boolean", json_path = ".spec.moveExisting"),
     printcolumn(
@@ -98,7 +105,8 @@ pub struct Maintenance {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub reason: Option<String>,
-    /// Informational end of the window (RFC 3339); maintenance ends when `enabled` is set false.
+    /// End of the window (RFC 3339): from then on the deployment takes new bindings again, as if
+    /// `enabled` were false (absent = until `enabled` is set false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$"))]
     pub until: Option<String>,
@@ -120,6 +128,10 @@ pub struct KuryrOpenStackDeploymentStatus {
     pub stale: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<DeploymentCondition>,
+    /// Whether the scheduler treats the deployment as in maintenance now: `spec.maintenance.enabled`
+    /// and, with `spec.maintenance.until`, before that time.
+    #[serde(default)]
+    pub in_maintenance: bool,
     /// The `metadata.generation` of the spec the controller decides with: an edit has taken
     /// effect once this equals the object's generation (`kubectl wait --for=jsonpath=...`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -129,7 +141,9 @@ pub struct KuryrOpenStackDeploymentStatus {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeploymentCondition {
-    /// `Configured`: kuryr.conf has credentials for this deployment.
+    /// `Configured`: kuryr.conf has credentials for this deployment. `Valid`: the spec can be
+    /// followed as written (what the schema cannot check: affinity keys, headroom below the
+    /// threshold, a parseable `maintenance.until`), the message naming the field.
     #[serde(rename = "type")]
     pub type_: String,
     /// "True" / "False".

@@ -15,7 +15,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
 use serde_json::Value;
 
-use crate::cli::{KubectlArgs, KubectlCommand, KubectlGet, OutputFormat};
+use crate::cli::{BindingsAction, DeploymentsAction, KubectlArgs, KubectlCommand, KubectlGet, OutputFormat};
 
 /// The executable name kubectl looks for.
 pub const PLUGIN_NAME: &str = "kubectl-kuryr";
@@ -50,10 +50,10 @@ fn kuryr_resource(kind: &str, plural: &str) -> ApiResource {
 /// `$KUBECONFIG`, else `~/.kube/config`; `--context` else the current context.
 async fn connect(args: &KubectlArgs) -> anyhow::Result<(Client, String)> {
     let options = KubeConfigOptions {
-        context: args.context.clone(),
+        context: args.kube.context.clone(),
         ..KubeConfigOptions::default()
     };
-    let config = match &args.kubeconfig {
+    let config = match &args.kube.kubeconfig {
         Some(path) => {
             let file =
                 Kubeconfig::read_from(path).with_context(|| format!("--kubeconfig {}", path.display()))?;
@@ -66,7 +66,7 @@ async fn connect(args: &KubectlArgs) -> anyhow::Result<(Client, String)> {
     Ok((Client::try_from(config).context("Kubernetes client")?, namespace))
 }
 
-fn print_objects(value: &Value, format: OutputFormat) -> anyhow::Result<()> {
+pub(crate) fn print_objects(value: &Value, format: OutputFormat) -> anyhow::Result<()> {
     match format {
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(value)?),
         OutputFormat::Yaml => print!("{}", serde_yaml::to_string(value)?),
@@ -83,17 +83,17 @@ fn print_table(table: &views::Table, output: Option<OutputFormat>, what: &str, n
     print!("{}", table.render(output == Some(OutputFormat::Wide)));
 }
 
-fn as_list(items: Vec<Value>) -> Value {
+pub(crate) fn as_list(items: Vec<Value>) -> Value {
     serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items})
 }
 
 async fn run_command(args: KubectlArgs) -> anyhow::Result<ExitCode> {
     let (client, context_namespace) = connect(&args).await?;
-    let output = args.output;
+    let output = args.kube.output;
     let structured = matches!(output, Some(OutputFormat::Json | OutputFormat::Yaml));
     match &args.command {
         KubectlCommand::Get(KubectlGet::Vif { pod }) => {
-            let ns = args.namespace.clone().unwrap_or(context_namespace);
+            let ns = args.kube.namespace.clone().unwrap_or(context_namespace);
             let api: Api<DynamicObject> =
                 Api::namespaced_with(client, &ns, &kuryr_resource("KuryrPort", "kuryrports"));
             let kp = api
@@ -110,6 +110,7 @@ async fn run_command(args: KubectlArgs) -> anyhow::Result<ExitCode> {
         }
         KubectlCommand::Pools => {
             let ns = args
+                .kube
                 .namespace
                 .clone()
                 .unwrap_or_else(|| INSTALL_NAMESPACE.to_owned());
@@ -128,13 +129,18 @@ async fn run_command(args: KubectlArgs) -> anyhow::Result<ExitCode> {
                 print_table(&views::pools_table(&pools), output, "pools", &ns);
             }
         }
+        KubectlCommand::Bindings {
+            action:
+                action @ (None
+                | Some(BindingsAction::List | BindingsAction::Show(_) | BindingsAction::History { .. })),
+        } => placement::bindings_view(client, action.as_ref(), output).await?,
         KubectlCommand::Bindings { action: Some(action) } => {
             placement::binding_action(client, action.clone()).await?
         }
-        KubectlCommand::Deployments { action: Some(action) } => {
-            placement::deployment_action(client, action.clone()).await?
-        }
-        KubectlCommand::Deployments { action: None } => {
+        KubectlCommand::Deployments {
+            action: Some(action @ DeploymentsAction::Maintenance { .. }),
+        } => placement::deployment_action(client, action.clone()).await?,
+        KubectlCommand::Deployments { .. } => {
             let objects: Vec<Value> = Api::<kuryr_crds::KuryrOpenStackDeployment>::all(client)
                 .list(&ListParams::default())
                 .await?
@@ -146,39 +152,16 @@ async fn run_command(args: KubectlArgs) -> anyhow::Result<ExitCode> {
                 print_objects(&as_list(objects), format)?;
             } else {
                 print_table(
-                    &placement::deployments_table(&objects),
+                    &placement::deployments_table(&objects, k8s_openapi::jiff::Timestamp::now()),
                     output,
                     "OpenStack deployments",
                     "any",
                 );
             }
         }
-        KubectlCommand::Bindings { action: None } => {
-            // Cluster-scoped: -n does not apply.
-            let bindings: Vec<Value> = Api::<kuryr_crds::KuryrProjectBinding>::all(client)
-                .list(&ListParams::default())
-                .await?
-                .items
-                .iter()
-                .map(serde_json::to_value)
-                .collect::<Result<_, _>>()?;
-            let table = views::bindings_table(&bindings);
-            if let (true, Some(format)) = (structured, output) {
-                let rows: Vec<Value> = table
-                    .rows
-                    .iter()
-                    .map(|(r, w)| {
-                        serde_json::json!({"project": r[0], "group": r[1], "deployment": r[2], "start": r[3],
-                            "end": r[4], "pinned": w[0], "why": w[1]})
-                    })
-                    .collect();
-                print_objects(&Value::Array(rows), format)?;
-            } else {
-                print_table(&table, output, "project bindings", "any");
-            }
-        }
         KubectlCommand::Status { skip_neutron } => {
             let ns = args
+                .kube
                 .namespace
                 .clone()
                 .unwrap_or_else(|| INSTALL_NAMESPACE.to_owned());

@@ -1,68 +1,106 @@
-//! `kubectl kuryr deployments` and `kubectl kuryr bindings pin|unpin|move`: the operator's side of
-//! placement, through the Kubernetes API only (the controller follows the objects with a watch).
+//! `kuryr deployments` (list, maintenance) and `kuryr bindings` (list, show, history, pin, unpin,
+//! move), also as `kubectl kuryr ...`: the operator's side of placement, through the Kubernetes API
+//! only (the controller follows the objects with watches).
 
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
-use kuryr_controller::placement::kube_store::KubeStore;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, Resource};
+use kuryr_controller::placement::kube_store::{self, KubeStore};
 use kuryr_controller::placement::store::BindingStore;
 use kuryr_controller::placement::{BindingKey, Group, parse_affinity, parse_zone};
-use kuryr_crds::KuryrOpenStackDeployment;
+use kuryr_crds::events::{Recorder, Reporter};
+use kuryr_crds::{KuryrOpenStackDeployment, KuryrProjectBinding};
 use serde_json::{Value, json};
 
-use super::views::{Table, s};
-use crate::cli::{BindingSelector, BindingsAction, DeploymentsAction};
+use super::views::{self, Table, s};
+use crate::cli::{BindingSelector, BindingsAction, DeploymentsAction, OutputFormat};
 
-/// One row per deployment: zone, maintenance, usage fraction, when measured, stale.
-pub fn deployments_table(objects: &[Value]) -> Table {
+/// One row per deployment: zone, maintenance (as the controller follows it now) and until when,
+/// usage fraction, the age of that figure at `now`, stale.
+pub fn deployments_table(objects: &[Value], now: Timestamp) -> Table {
     let mut t = Table {
         header: vec![
             "NAME",
             "ZONE",
             "MAINTENANCE",
+            "UNTIL",
             "MOVE",
             "USAGE",
-            "MEASURED",
+            "AGE",
             "STALE",
         ],
-        wide_header: vec!["REASON", "CONFIGURED"],
+        wide_header: vec!["REASON", "CONFIGURED", "VALID", "MEASURED"],
         rows: Vec::new(),
     };
+    let flag = |o: &Value, path: &str| {
+        o.pointer(path)
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+            .to_string()
+    };
     for o in objects {
-        let configured = o
-            .pointer("/status/conditions")
-            .and_then(Value::as_array)
-            .and_then(|c| {
-                c.iter()
-                    .find(|c| c.get("type").and_then(Value::as_str) == Some("Configured"))
-            })
-            .map(|c| s(c.get("status")))
-            .unwrap_or_else(|| "<unknown>".into());
+        let condition = |type_: &str| {
+            o.pointer("/status/conditions")
+                .and_then(Value::as_array)
+                .and_then(|c| {
+                    c.iter()
+                        .find(|c| c.get("type").and_then(Value::as_str) == Some(type_))
+                })
+                .map(|c| s(c.get("status")))
+                .unwrap_or_else(|| "<unknown>".into())
+        };
+        let age = o
+            .pointer("/status/measuredAt")
+            .and_then(Value::as_str)
+            .and_then(|m| m.parse::<Timestamp>().ok())
+            .map_or_else(
+                || "<none>".to_owned(),
+                |m| views::age(now.duration_since(m).as_secs()),
+            );
         t.rows.push((
             vec![
                 s(o.pointer("/metadata/name")),
                 s(o.pointer("/spec/availabilityZone")),
-                o.pointer("/spec/maintenance/enabled")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false)
-                    .to_string(),
-                o.pointer("/spec/moveExisting")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false)
-                    .to_string(),
+                flag(o, "/status/inMaintenance"),
+                s(o.pointer("/spec/maintenance/until")),
+                flag(o, "/spec/moveExisting"),
                 s(o.pointer("/status/usage/fraction")),
-                s(o.pointer("/status/measuredAt")),
-                o.pointer("/status/stale")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false)
-                    .to_string(),
+                age,
+                flag(o, "/status/stale"),
             ],
-            vec![s(o.pointer("/spec/maintenance/reason")), configured],
+            vec![
+                s(o.pointer("/spec/maintenance/reason")),
+                condition("Configured"),
+                condition("Valid"),
+                s(o.pointer("/status/measuredAt")),
+            ],
         ));
     }
     t
+}
+
+/// `--until`: an RFC 3339 time as given, or a duration from `now` (`90m`, `2h`, `1d`, `30s`).
+pub fn until_time(raw: &str, now: Timestamp) -> anyhow::Result<String> {
+    if let Ok(t) = raw.parse::<Timestamp>() {
+        return Ok(t.to_string());
+    }
+    let bad = || anyhow::anyhow!("--until {raw:?}: not an RFC 3339 time nor a duration like 90m, 2h or 1d");
+    let (n, unit) = raw.split_at(raw.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?);
+    let n: i64 = n.parse().map_err(|_| bad())?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3_600),
+        "d" => n.saturating_mul(86_400),
+        _ => return Err(bad()),
+    };
+    let end = now
+        .checked_add(SignedDuration::from_secs(secs))
+        .map_err(|_| bad())?;
+    Ok(end.to_string())
 }
 
 fn key(b: &BindingSelector) -> anyhow::Result<BindingKey> {
@@ -80,9 +118,118 @@ fn key(b: &BindingSelector) -> anyhow::Result<BindingKey> {
     })
 }
 
+async fn binding_object(client: &Client, k: &BindingKey) -> anyhow::Result<KuryrProjectBinding> {
+    Api::<KuryrProjectBinding>::all(client.clone())
+        .get_opt(&kube_store::name_of(k))
+        .await?
+        .with_context(|| format!("binding {k}: no KuryrProjectBinding (not bound yet?)"))
+}
+
+/// Tells the cluster an operator moved a binding: a Normal Event on its object, as the controller
+/// does for the moves it makes itself (`kubectl get events` and `kubectl describe kpb` show it).
+async fn record_move(client: &Client, k: &BindingKey, from: Option<&str>, to: &str) {
+    let result = async {
+        let obj = binding_object(client, k).await?;
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "kuryr-bindings".into(),
+                instance: None,
+            },
+        );
+        let note = format!(
+            "project {} group {} moved from deployment {} to {to} by an operator",
+            k.project,
+            k.group,
+            from.unwrap_or("(none)")
+        );
+        kuryr_crds::events::publish(
+            &recorder,
+            &obj.object_ref(&()),
+            false,
+            "ProjectMoved",
+            &note,
+            "Move",
+        )
+        .await?;
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        eprintln!("warning: the move is done, but its Event could not be recorded: {e:#}");
+    }
+}
+
+/// `bindings` (list, show, history) as a table, or the objects with `-o json|yaml`.
+pub async fn bindings_view(
+    client: Client,
+    action: Option<&BindingsAction>,
+    output: Option<OutputFormat>,
+) -> anyhow::Result<()> {
+    let all = || async {
+        anyhow::Ok(
+            Api::<KuryrProjectBinding>::all(client.clone())
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .map(serde_json::to_value)
+                .collect::<Result<Vec<Value>, _>>()?,
+        )
+    };
+    let structured = match output {
+        Some(f @ (OutputFormat::Json | OutputFormat::Yaml)) => Some(f),
+        _ => None,
+    };
+    let wide = output == Some(OutputFormat::Wide);
+    let print = |table: Table| {
+        if table.rows.is_empty() {
+            eprintln!("No project bindings found.");
+        } else {
+            print!("{}", table.render(wide));
+        }
+    };
+    match action {
+        None | Some(BindingsAction::List) => {
+            let items = all().await?;
+            match structured {
+                Some(f) => super::print_objects(&super::as_list(items), f)?,
+                None => print(views::bindings_table(&items)),
+            }
+        }
+        Some(BindingsAction::History { project }) => {
+            let items: Vec<Value> = all()
+                .await?
+                .into_iter()
+                .filter(|b| {
+                    project
+                        .as_deref()
+                        .is_none_or(|p| b.pointer("/spec/projectId").and_then(Value::as_str) == Some(p))
+                })
+                .collect();
+            match structured {
+                Some(f) => super::print_objects(&super::as_list(items), f)?,
+                None => print(views::binding_history_table(&items)),
+            }
+        }
+        Some(BindingsAction::Show(b)) => {
+            let obj = serde_json::to_value(binding_object(&client, &key(b)?).await?)?;
+            match structured {
+                Some(f) => super::print_objects(&obj, f)?,
+                None => print!("{}", views::binding_details(&obj)),
+            }
+        }
+        Some(_) => {}
+    }
+    Ok(())
+}
+
 pub async fn binding_action(client: Client, action: BindingsAction) -> anyhow::Result<()> {
     let store: Arc<dyn BindingStore> = Arc::new(KubeStore::new(client.clone()));
     match action {
+        BindingsAction::List | BindingsAction::Show(_) | BindingsAction::History { .. } => {
+            bindings_view(client, Some(&action), None).await?
+        }
         BindingsAction::Pin(b) => {
             let k = key(&b)?;
             store.set_pinned(&k, true).await?;
@@ -95,7 +242,7 @@ pub async fn binding_action(client: Client, action: BindingsAction) -> anyhow::R
         }
         BindingsAction::Move { binding, to } => {
             let k = key(&binding)?;
-            Api::<KuryrOpenStackDeployment>::all(client)
+            Api::<KuryrOpenStackDeployment>::all(client.clone())
                 .get_opt(&to)
                 .await?
                 .with_context(|| format!("--to {to}: no KuryrOpenStackDeployment of that name"))?;
@@ -110,6 +257,7 @@ pub async fn binding_action(client: Client, action: BindingsAction) -> anyhow::R
             {
                 anyhow::bail!("binding {k} changed meanwhile; run the command again");
             }
+            record_move(&client, &k, current.as_deref(), &to).await;
             println!(
                 "binding {k} moved from {} to {to}; pin it to keep it there",
                 current.as_deref().unwrap_or("(none)")
@@ -121,23 +269,92 @@ pub async fn binding_action(client: Client, action: BindingsAction) -> anyhow::R
 
 pub async fn deployment_action(client: Client, action: DeploymentsAction) -> anyhow::Result<()> {
     match action {
+        DeploymentsAction::List => {}
         DeploymentsAction::Maintenance {
             name,
             state,
             reason,
             move_existing,
+            until,
         } => {
             let on = state == "on";
+            if !on && until.is_some() {
+                anyhow::bail!("--until goes with maintenance on");
+            }
+            let until = until
+                .as_deref()
+                .map(|u| until_time(u, Timestamp::now()))
+                .transpose()?;
+            // A merge patch: null removes an `until` left from an earlier window.
             let patch = json!({"spec": {
-                "maintenance": {"enabled": on, "reason": reason},
+                "maintenance": {"enabled": on, "reason": reason, "until": until},
                 "moveExisting": on && move_existing,
             }});
             Api::<KuryrOpenStackDeployment>::all(client)
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
                 .with_context(|| format!("KuryrOpenStackDeployment {name}"))?;
-            println!("deployment {name}: maintenance {state}");
+            match until {
+                Some(u) => println!("deployment {name}: maintenance {state} until {u}"),
+                None => println!("deployment {name}: maintenance {state}"),
+            }
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(t: &str) -> Timestamp {
+        t.parse().unwrap_or_else(|e| panic!("{t}: {e}"))
+    }
+
+    #[test]
+    fn until_takes_a_time_or_a_duration_from_now() {
+        let now = at("2026-11-27T10:00:00Z");
+        assert_eq!(
+            until_time("2026-12-01T06:00:00+01:00", now).ok().as_deref(),
+            Some("2026-12-01T05:00:00Z")
+        );
+        assert_eq!(
+            until_time("90m", now).ok().as_deref(),
+            Some("2026-11-27T11:30:00Z")
+        );
+        assert_eq!(
+            until_time("1d", now).ok().as_deref(),
+            Some("2026-11-28T10:00:00Z")
+        );
+        for bad in ["", "m", "5w", "soon", "-3h"] {
+            let e = until_time(bad, now).expect_err(bad).to_string();
+            assert!(e.starts_with("--until"), "{e}");
+        }
+    }
+
+    #[test]
+    fn deployment_rows_show_maintenance_as_followed_and_the_age_of_the_usage() {
+        let o = json!({"metadata": {"name": "east"},
+            "spec": {"availabilityZone": "az1", "maintenance": {"enabled": true, "reason": "upgrade",
+                     "until": "2026-11-27T09:00:00Z"}},
+            "status": {"inMaintenance": false, "usage": {"fraction": 0.25},
+                       "measuredAt": "2026-11-27T09:59:15Z",
+                       "conditions": [{"type": "Configured", "status": "True"},
+                                      {"type": "Valid", "status": "False"}]}});
+        let t = deployments_table(&[o], at("2026-11-27T10:00:00Z"));
+        assert_eq!(
+            t.rows[0].0,
+            [
+                "east",
+                "az1",
+                "false",
+                "2026-11-27T09:00:00Z",
+                "false",
+                "0.25",
+                "45s",
+                "false"
+            ]
+        );
+        assert_eq!(t.rows[0].1[..3], ["upgrade", "True", "False"]);
+    }
 }

@@ -170,36 +170,80 @@ pub fn pools_table(pools: &[Value]) -> Table {
     table
 }
 
-/// `kubectl kuryr bindings`: the placement history, one row per (project, group, period), from the
-/// `KuryrProjectBinding` objects (each a JSON object).
+/// The group a binding object is for, as `kuryr bindings` names it: `general`, or its zone and
+/// affinity tags.
+fn binding_group(b: &Value) -> String {
+    let mut group: Vec<String> = Vec::new();
+    if let Some(z) = b.pointer("/spec/availabilityZone").and_then(Value::as_str) {
+        group.push(format!("az={z}"));
+    }
+    if let Some(aff) = b.pointer("/spec/resourceAffinity").and_then(Value::as_object) {
+        group.extend(
+            aff.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default())),
+        );
+    }
+    if group.is_empty() {
+        "general".to_owned()
+    } else {
+        group.join(",")
+    }
+}
+
+fn pinned(b: &Value) -> String {
+    b.pointer("/spec/pinned")
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+        .to_string()
+}
+
+fn history(b: &Value) -> Vec<Value> {
+    b.pointer("/status/history")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// `kuryr bindings` (list): one row per (project, group) binding, where it is now and since when,
+/// from the `KuryrProjectBinding` objects (each a JSON object).
 pub fn bindings_table(bindings: &[Value]) -> Table {
+    let mut table = Table {
+        header: vec!["PROJECT", "GROUP", "DEPLOYMENT", "SINCE", "PINNED"],
+        wide_header: vec!["WHY", "OBJECT"],
+        rows: Vec::new(),
+    };
+    for b in bindings {
+        let current = history(b)
+            .into_iter()
+            .rev()
+            .find(|r| r.get("unboundAt").is_none());
+        table.rows.push((
+            vec![
+                s(b.pointer("/spec/projectId")),
+                binding_group(b),
+                s(b.pointer("/status/deployment")),
+                s(current.as_ref().and_then(|r| r.get("boundAt"))),
+                pinned(b),
+            ],
+            vec![
+                s(current.as_ref().and_then(|r| r.get("why"))),
+                s(b.pointer("/metadata/name")),
+            ],
+        ));
+    }
+    table
+}
+
+/// `kuryr bindings history`: one row per (project, group, period), oldest first per binding.
+pub fn binding_history_table(bindings: &[Value]) -> Table {
     let mut table = Table {
         header: vec!["PROJECT", "GROUP", "DEPLOYMENT", "SINCE", "UNTIL"],
         wide_header: vec!["PINNED", "WHY"],
         rows: Vec::new(),
     };
     for b in bindings {
-        let mut group: Vec<String> = Vec::new();
-        if let Some(z) = b.pointer("/spec/availabilityZone").and_then(Value::as_str) {
-            group.push(format!("az={z}"));
-        }
-        if let Some(aff) = b.pointer("/spec/resourceAffinity").and_then(Value::as_object) {
-            group.extend(
-                aff.iter()
-                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default())),
-            );
-        }
-        let group = if group.is_empty() {
-            "general".to_owned()
-        } else {
-            group.join(",")
-        };
-        let history = b
-            .pointer("/status/history")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        for record in history {
+        let group = binding_group(b);
+        for record in history(b) {
             table.rows.push((
                 vec![
                     s(b.pointer("/spec/projectId")),
@@ -211,17 +255,60 @@ pub fn bindings_table(bindings: &[Value]) -> Table {
                         .map(|e| s(Some(e)))
                         .unwrap_or_else(|| "-".to_owned()),
                 ],
-                vec![
-                    b.pointer("/spec/pinned")
-                        .and_then(Value::as_bool)
-                        .unwrap_or(false)
-                        .to_string(),
-                    s(record.get("why")),
-                ],
+                vec![pinned(b), s(record.get("why"))],
             ));
         }
     }
     table
+}
+
+/// `kuryr bindings show`: one binding as `key: value` lines, then its history table.
+pub fn binding_details(b: &Value) -> String {
+    let mut out = String::new();
+    for (k, v) in [
+        ("Project", s(b.pointer("/spec/projectId"))),
+        ("Group", binding_group(b)),
+        ("Deployment", s(b.pointer("/status/deployment"))),
+        ("Pinned", pinned(b)),
+        (
+            "Object",
+            format!("kuryrprojectbinding/{}", s(b.pointer("/metadata/name"))),
+        ),
+    ] {
+        out.push_str(&format!("{:<12}{v}\n", format!("{k}:")));
+    }
+    out.push_str("History:\n");
+    // The key is said above: each row keeps the deployment, the period and why.
+    let rows = binding_history_table(std::slice::from_ref(b)).rows;
+    let t = Table {
+        header: vec!["DEPLOYMENT", "BOUND AT", "UNBOUND AT", "WHY"],
+        wide_header: vec![],
+        rows: rows
+            .into_iter()
+            .map(|(r, w)| {
+                let mut cells = r[2..].to_vec();
+                cells.push(w[1].clone());
+                (cells, vec![])
+            })
+            .collect(),
+    };
+    for line in t.render(false).lines() {
+        out.push_str("  ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// A duration as kubectl prints ages: `45s`, `12m`, `5h`, `3d`.
+pub fn age(secs: i64) -> String {
+    let secs = secs.max(0);
+    match secs {
+        0..120 => format!("{secs}s"),
+        120..7_200 => format!("{}m", secs / 60),
+        7_200..172_800 => format!("{}h", secs / 3_600),
+        _ => format!("{}d", secs / 86_400),
+    }
 }
 
 #[cfg(test)]
@@ -291,10 +378,44 @@ mod tests {
             "status": {"deployment": "east", "history": [
                 {"deployment": "default", "boundAt": "t0", "unboundAt": "t1", "why": "new binding"},
                 {"deployment": "east", "boundAt": "t1", "why": "maintenance"}]}});
-        let t = bindings_table(&[b]);
+        let t = binding_history_table(std::slice::from_ref(&b));
         assert_eq!(t.rows.len(), 2);
         assert_eq!(t.rows[0].0, ["p1", "resource=cad", "default", "t0", "t1"]);
         assert_eq!(t.rows[1].0, ["p1", "resource=cad", "east", "t1", "-"]);
         assert_eq!(t.rows[1].1, ["false", "maintenance"]);
+        let t = bindings_table(std::slice::from_ref(&b));
+        assert_eq!(t.rows.len(), 1, "one row per binding");
+        assert_eq!(t.rows[0].0, ["p1", "resource=cad", "east", "t1", "false"]);
+        assert_eq!(t.rows[0].1[0], "maintenance");
+        let shown = binding_details(&b);
+        assert!(shown.contains("Deployment: east\n"), "{shown}");
+        assert!(shown.contains("Group:      resource=cad\n"), "{shown}");
+        let rows: Vec<&str> = shown.lines().skip_while(|l| *l != "History:").skip(1).collect();
+        assert_eq!(rows.len(), 3, "header and two periods: {shown}");
+        assert!(rows[0].trim_start().starts_with("DEPLOYMENT"), "{shown}");
+        assert!(
+            rows[1].contains("default") && rows[1].contains("new binding"),
+            "{shown}"
+        );
+        assert!(
+            rows[2].contains("east") && rows[2].trim_end().ends_with("maintenance"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn ages_read_like_kubectl() {
+        assert_eq!(
+            [
+                age(-3),
+                age(45),
+                age(119),
+                age(120),
+                age(7_199),
+                age(7_200),
+                age(200_000)
+            ],
+            ["0s", "45s", "119s", "2m", "119m", "2h", "2d"]
+        );
     }
 }

@@ -418,6 +418,12 @@ pub fn controller_cluster_grants(config: &KuryrConfig) -> Vec<Grant> {
             g(
                 KURYR,
                 "kuryrprojectbindings",
+                "watch",
+                "an operator's move or pin empties the binder's cache at once (placement/watch.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrprojectbindings",
                 "create",
                 "placement records a new (project, group) binding (placement/kube_store.rs)",
             ),
