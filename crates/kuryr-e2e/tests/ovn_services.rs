@@ -2,7 +2,10 @@
 //! handlers with `endpoints_driver_octavia_provider = ovn`, a real Octavia whose `ovn` provider
 //! (ovn-octavia-provider) drives the OVN lab, and pods wired on the lab's two chassis by the real
 //! CNI daemons. The load balancer is an OVN northbound Load_Balancer: what the client pods see at
-//! the Service's VIP is OVN's DNAT to the members kuryr gave Octavia.
+//! the Service's VIP is OVN's DNAT to the members kuryr gave Octavia. A NetworkPolicy on the
+//! backends (the `policy` handlers, `pod_security_groups_driver = policy`) holds for traffic
+//! through the VIP too: the allowed client reaches every backend through it, the other none,
+//! until the policy is deleted.
 //!
 //! Needs the OVN lab (`KURYR_TEST_OVN_NEUTRON_URL`, `KURYR_TEST_OVN_LAB`, see ovn.rs) and that
 //! Octavia at `KURYR_TEST_OCTAVIA_OVN_URL` (`OCTAVIA_OVN_LAB=<lab dir>
@@ -17,8 +20,9 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kuryr_controller::metrics::Metrics;
@@ -149,7 +153,8 @@ impl Fixture {
 
 fn config(fx: &Fixture) -> std::sync::Arc<kuryr_config::KuryrConfig> {
     kuryr_testbed::config(&format!(
-        "[kubernetes]\nenabled_handlers = vif,kuryrport,service,endpoints,kuryrloadbalancer\n\
+        "[kubernetes]\nenabled_handlers = vif,kuryrport,service,endpoints,kuryrloadbalancer,policy,\
+         kuryrnetworkpolicy,pod_label\npod_security_groups_driver = policy\n\
          pod_vif_driver = neutron-vif\nvif_pool_driver = noop\ncluster_id = svc-ovn-{}\n\
          endpoints_driver_octavia_provider = ovn\n\
          [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\nservice_subnet = {}\n\
@@ -252,6 +257,57 @@ fn vip_reaches(client: &Wired, want: &[&str]) -> Result<Duration> {
     }
 }
 
+/// [`wire`] for a pod with `labels`, its address then written into its status as the kubelet
+/// would (the policy handlers select peers by their pods' addresses).
+async fn wire_labelled(
+    lab: &Lab,
+    kube: &Kube,
+    nodes: &[Node; 2],
+    name: &str,
+    node: usize,
+    labels: serde_json::Value,
+) -> Result<Wired> {
+    let pods = Api::<Pod>::namespaced(kube.client.clone(), NS);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "spec": {"nodeName": nodes[node].name,
+                 "containers": [{"name": "c", "image": "busybox", "ports": [{"containerPort": APP_PORT}]}]}
+    }))?;
+    let pod = pods.create(&PostParams::default(), &pod).await?;
+    let wired = wire_created(lab, kube, nodes, &pod, node).await?;
+    let ip = wired.ip().to_string();
+    pods.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}})),
+    )
+    .await?;
+    Ok(wired)
+}
+
+/// Connects to the VIP from `client` and expects nothing to answer: no backend reached through
+/// it, for [`BLOCKED_FOR`] once it holds (within [`CONVERGE`]).
+fn vip_blocked(client: &Wired, why: &str) -> Result<()> {
+    let vip: IpAddr = VIP.parse()?;
+    let probe = Probe::new(
+        format!("{} -> {VIP}:{SVC_PORT} ({why})", client.name()),
+        &client.path(),
+        Proto::Tcp,
+        vip,
+        SVC_PORT,
+        Expect::Closed,
+    );
+    let t = Instant::now();
+    loop {
+        match check_all(std::slice::from_ref(&probe), BLOCKED_FOR) {
+            Ok(_) => return Ok(()),
+            Err(e) if t.elapsed() > CONVERGE => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(500)),
+        }
+    }
+}
+
 /// Whether the OVN northbound database has a load balancer with the VIP.
 fn nb_has_vip(lab: &Lab) -> Result<bool> {
     let vips = lab.ovn(
@@ -311,11 +367,12 @@ async fn run(lab: &Lab, octavia: &OctaviaClient, fx: &Fixture) -> Result<()> {
     // Three backends over both chassis, a client on each.
     let mut backends = Vec::new();
     for (i, node) in [0, 1, 0].into_iter().enumerate() {
-        backends.push(wire(lab, &kube, &nodes, &format!("backend-{i}"), node).await?);
+        let name = format!("backend-{i}");
+        backends.push(wire_labelled(lab, &kube, &nodes, &name, node, json!({"app": SVC})).await?);
     }
     let clients = [
-        wire(lab, &kube, &nodes, "client-0", 0).await?,
-        wire(lab, &kube, &nodes, "client-1", 1).await?,
+        wire_labelled(lab, &kube, &nodes, "client-0", 0, json!({"role": "client-0"})).await?,
+        wire_labelled(lab, &kube, &nodes, "client-1", 1, json!({"role": "client-1"})).await?,
     ];
     let _servers = backends
         .iter()
@@ -375,6 +432,29 @@ async fn run(lab: &Lab, octavia: &OctaviaClient, fx: &Fixture) -> Result<()> {
             c.name(),
             t.elapsed()
         );
+    }
+
+    // A policy on the backends admitting client-0 alone holds through the VIP: client-0 still
+    // reaches every backend, client-1 none; deleted, both reach them again.
+    let policies = Api::<NetworkPolicy>::namespaced(kube.client.clone(), NS);
+    let np: NetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "only-client-0", "namespace": NS},
+        "spec": {"podSelector": {"matchLabels": {"app": SVC}}, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client-0"}}}],
+                              "ports": [{"protocol": "TCP", "port": APP_PORT}]}]}
+    }))?;
+    let t = Instant::now();
+    policies.create(&PostParams::default(), &np).await?;
+    vip_blocked(&clients[1], "not admitted by the backends' policy")?;
+    vip_reaches(&clients[0], &names).context("client-0 admitted by the policy")?;
+    eprintln!(
+        "policy on the backends: client-1 blocked and client-0 served through the VIP {:?} after it",
+        t.elapsed()
+    );
+    policies.delete("only-client-0", &DeleteParams::default()).await?;
+    for c in &clients {
+        vip_reaches(c, &names).with_context(|| format!("{} after the policy was deleted", c.name()))?;
     }
 
     // Scaled to one: only that backend answers, from either chassis.
