@@ -749,3 +749,117 @@ async fn an_upstream_written_kuryrnetworkpolicy_and_its_group_are_adopted_not_du
     }
     Ok(())
 }
+
+/// A burst of relabels moving 30 pods into a policy's peer selector at once is coalesced per
+/// policy: a reconcile of the policy runs under its lock with the latest state, and one whose
+/// desired state the previous run already applied makes no call; so the address group ends with
+/// every address after a few updates, not one per pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_of_relabels_is_coalesced_per_policy() -> Result<()> {
+    init_logs();
+    const PODS: usize = 30;
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let client = &target.client;
+        let fx = neutron_fixture(client, "10.76.0.0/24").await?;
+        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let cfg = ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label");
+        labelled_namespace(&kube.client, "q").await?;
+        pod(
+            &kube.client,
+            "q",
+            "server",
+            json!({"app": "server"}),
+            Some("10.76.0.10"),
+        )
+        .await?;
+        for i in 0..PODS {
+            let ip = format!("10.76.0.{}", 20 + i);
+            pod(
+                &kube.client,
+                "q",
+                &format!("c{i}"),
+                json!({"app": "other"}),
+                Some(&ip),
+            )
+            .await?;
+        }
+        let metrics = kuryr_controller::metrics::Metrics::new();
+        let deployments = kuryr_controller::openstack::Deployments::noauth(&target.url, &metrics)?;
+        let ctl = start_controller_with(
+            &kube.client,
+            deployments,
+            metrics.clone(),
+            config(&cfg),
+            "np-burst",
+        );
+        apply_policy(
+            &kube.client,
+            "q",
+            "p",
+            json!({"podSelector": {"matchLabels": {"app": "server"}}, "ingress": [
+                {"from": [{"podSelector": {"matchLabels": {"app": "client"}}}], "ports": [{"port": 80}]}]}),
+        )
+        .await?;
+        let knps = Api::<KuryrNetworkPolicy>::namespaced(kube.client.clone(), "q");
+        let sg = eventually("q/p applied", WAIT, || async {
+            Ok(knps
+                .get_opt("p")
+                .await?
+                .and_then(|k| k.status)
+                .and_then(|s| s.security_group_id))
+        })
+        .await?;
+        eventually("the peer group made, empty", WAIT, || async {
+            Ok(peer_addresses(client, &sg, 80)
+                .await?
+                .filter(|(_, a)| a.is_empty()))
+        })
+        .await?;
+        let updates = || {
+            let calls = kuryr_controller::metrics::per_operation(&metrics.neutron_calls());
+            ["add_addresses", "remove_addresses"]
+                .iter()
+                .map(|op| calls.get(*op).copied().unwrap_or(0))
+                .sum::<u64>()
+        };
+        let before = updates();
+        let pods: Api<Pod> = Api::namespaced(kube.client.clone(), "q");
+        let relabels = (0..PODS).map(|i| {
+            let pods = pods.clone();
+            async move {
+                let patch = json!({"metadata": {"labels": {"app": "client"}}});
+                pods.patch(&format!("c{i}"), &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+            }
+        });
+        for r in futures::future::join_all(relabels).await {
+            r?;
+        }
+        let want: BTreeSet<String> = (0..PODS).map(|i| format!("10.76.0.{}/32", 20 + i)).collect();
+        eventually(
+            &format!("{}: every relabelled pod in the peer group", target.name),
+            WAIT,
+            || async {
+                Ok(peer_addresses(client, &sg, 80)
+                    .await?
+                    .filter(|(_, a)| *a == want)
+                    .map(|_| ()))
+            },
+        )
+        .await?;
+        let made = updates() - before;
+        eprintln!(
+            "{}: {PODS} relabels in one burst -> {made} address group updates",
+            target.name
+        );
+        assert!(
+            made <= (PODS / 3) as u64,
+            "{}: {made} address group updates for a burst of {PODS} relabels",
+            target.name
+        );
+        ctl.shutdown().await?;
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}
