@@ -322,6 +322,12 @@ async fn projects_bind_per_group_and_maintenance_set_with_the_api_moves_them_wit
     Ok(())
 }
 
+/// Creates pod `name` in `ns` on the first node and waits until it is wired: its port's id.
+async fn wired(kube: &kube::Client, ns: &str, name: &str) -> Result<String> {
+    create_pod(kube, ns, name, NODES[0], json!({})).await?;
+    eventually(&format!("{name} wired"), WAIT, || port_of(kube, ns, name)).await
+}
+
 /// `status.inMaintenance` of deployment object `name` once it reads `want`.
 async fn in_maintenance(kube: &kube::Client, name: &str, want: bool) -> Result<()> {
     let api = Api::<KuryrOpenStackDeployment>::all(kube.clone());
@@ -388,8 +394,7 @@ async fn operator_edits_take_effect_at_once_and_a_refused_request_is_served_once
     in_maintenance(&kube.client, "default", true).await?;
     in_maintenance(&kube.client, "default", false).await?;
     create_namespace(&kube.client, "team-u", ns("proj-u")).await?;
-    create_pod(&kube.client, "team-u", "u1", NODES[0], json!({})).await?;
-    let u1 = eventually("u1 wired", WAIT, || port_of(&kube.client, "team-u", "u1")).await?;
+    let u1 = wired(&kube.client, "team-u", "u1").await?;
     assert_eq!(
         t.east.get_port(&u1).await?.project_id,
         "proj-u",
@@ -411,8 +416,7 @@ async fn operator_edits_take_effect_at_once_and_a_refused_request_is_served_once
     );
     // The watch event reaches the controller within milliseconds; the pod comes well after it.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    create_pod(&kube.client, "team-u", "u2", NODES[0], json!({})).await?;
-    let u2 = eventually("u2 wired", WAIT, || port_of(&kube.client, "team-u", "u2")).await?;
+    let u2 = wired(&kube.client, "team-u", "u2").await?;
     assert_eq!(
         t.west.get_port(&u2).await?.project_id,
         "proj-u",
