@@ -863,3 +863,90 @@ async fn a_burst_of_relabels_is_coalesced_per_policy() -> Result<()> {
     }
     Ok(())
 }
+
+/// The default VIF's port of `ns/name` once its KuryrPort shows it active.
+async fn active_port(kube: &kube::Client, ns: &str, name: &str) -> Result<String> {
+    let kps: Api<KuryrPort> = Api::namespaced(kube.clone(), ns);
+    eventually(&format!("{ns}/{name} active"), WAIT, || async {
+        Ok(kps.get_opt(name).await?.and_then(|k| k.status).and_then(|s| {
+            s.default_vif()
+                .filter(|(_, v)| v.active())
+                .map(|(_, v)| v.id().to_string())
+        }))
+    })
+    .await
+}
+
+/// With the `neutron` pool, a pod a policy selects is never wired unprotected: the port it is
+/// handed (from the pool of its group set, or borrowed from the default pool and moved) carries
+/// the policy's group and not the default one by the time its KuryrPort shows it active, and an
+/// unselected pod's pooled port keeps the defaults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pooled_port_handed_to_a_selected_pod_carries_its_policy_group() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let client = &target.client;
+        let fx = neutron_fixture(client, "10.77.0.0/24").await?;
+        let bed = PoolBed::new(
+            &kube,
+            &fx,
+            "ports_pool_batch = 3\nports_pool_min = 1\nports_pool_update_frequency = 1",
+        )
+        .await?;
+        let ini = bed.ini.replace(
+            "enabled_handlers = vif,kuryrport\n",
+            "enabled_handlers = vif,kuryrport,policy,kuryrnetworkpolicy,pod_label\n\
+             pod_security_groups_driver = policy\n",
+        );
+        let ctl = start_controller(&kube.client, &target, config(&ini), "np-pool");
+        labelled_namespace(&kube.client, "z").await?;
+        // The default group's pool first: an unselected pod fills it.
+        pod(&kube.client, "z", "web", json!({"app": "web"}), None).await?;
+        let web = active_port(&kube.client, "z", "web").await?;
+        assert_eq!(
+            client.get_port(&web).await?.security_groups,
+            vec![fx.sg.clone()],
+            "{}: an unselected pod keeps the defaults",
+            target.name
+        );
+        apply_policy(
+            &kube.client,
+            "z",
+            "deny",
+            json!({"podSelector": {"matchLabels": {"app": "db"}}, "policyTypes": ["Ingress"]}),
+        )
+        .await?;
+        let knps: Api<KuryrNetworkPolicy> = Api::namespaced(kube.client.clone(), "z");
+        let sg = eventually("the deny group", WAIT, || async {
+            Ok(knps
+                .get_opt("deny")
+                .await?
+                .and_then(|k| k.status)
+                .and_then(|s| s.security_group_id))
+        })
+        .await?;
+        for name in ["db-0", "db-1", "db-2"] {
+            pod(&kube.client, "z", name, json!({"app": "db"}), None).await?;
+            let port = client
+                .get_port(&active_port(&kube.client, "z", name).await?)
+                .await?;
+            assert!(
+                port.security_groups.contains(&sg) && !port.security_groups.contains(&fx.sg),
+                "{}: {name} handed port {} with groups {:?}",
+                target.name,
+                port.id,
+                port.security_groups
+            );
+            assert!(
+                port.tags.iter().any(|t| t.starts_with("kuryr-rs.pool=")),
+                "{}: {name}'s port came from a pool: {:?}",
+                target.name,
+                port.tags
+            );
+        }
+        ctl.shutdown().await?;
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}
