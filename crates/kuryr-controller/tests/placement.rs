@@ -452,9 +452,125 @@ async fn operator_edits_take_effect_at_once_and_a_refused_request_is_served_once
         .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Valid"))
         .context("Valid condition on default")?;
     assert_eq!(default_valid.status, "True");
+
+    // What an operator sees with kubectl: the printer columns of both kinds.
+    if let Some(table) = kubectl_get(&kube, &["kosd"])? {
+        let header: Vec<&str> = table
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        assert_eq!(
+            header,
+            [
+                "NAME",
+                "ZONE",
+                "WEIGHT",
+                "MAINTENANCE",
+                "UNTIL",
+                "MOVE",
+                "USAGE",
+                "MEASURED",
+                "STALE",
+                "AGE"
+            ],
+            "{table}"
+        );
+        assert_eq!(
+            cell(&table, "default", "MAINTENANCE"),
+            "false",
+            "window over: {table}"
+        );
+        assert_eq!(cell(&table, "default", "UNTIL"), end, "{table}");
+        assert_eq!(cell(&table, "west", "UNTIL"), "2020-01-01T00:00:00Z", "{table}");
+    }
+    if let Some(table) = kubectl_get(&kube, &["kpb", "proj-u"])? {
+        let header: Vec<&str> = table
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        assert_eq!(
+            header,
+            [
+                "NAME",
+                "PROJECT",
+                "ZONE",
+                "AFFINITY",
+                "DEPLOYMENT",
+                "PINNED",
+                "AGE"
+            ],
+            "{table}"
+        );
+        assert_eq!(cell(&table, "proj-u", "DEPLOYMENT"), "west", "{table}");
+        assert_eq!(cell(&table, "proj-u", "PINNED"), "false", "{table}");
+    }
     stop.cancel();
     task.await?;
     Ok(())
+}
+
+/// The cell of kubectl's table in the row named `row`, column `column` (cut at the header's
+/// offsets: an empty cell is blank, so splitting on blanks would shift the columns).
+fn cell(table: &str, row: &str, column: &str) -> String {
+    let mut lines = table.lines();
+    let header = lines.next().unwrap_or_default();
+    let Some(start) = header.find(column) else {
+        return format!("<no column {column}>");
+    };
+    let end = header[start..]
+        .find(char::is_whitespace)
+        .map(|w| start + w)
+        .and_then(|w| header[w..].find(|c: char| !c.is_whitespace()).map(|n| w + n))
+        .unwrap_or(usize::MAX);
+    lines
+        .find(|l| l.split_whitespace().next() == Some(row))
+        .map(|l| {
+            l.get(start..end.min(l.len()))
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        })
+        .unwrap_or_else(|| format!("<no row {row}>"))
+}
+
+/// `kubectl get ARGS` (the real kubectl, the emulator's server-side tables): its output, or `None`
+/// without kubectl on PATH (an error under `KURYR_TEST_REQUIRE_KUBECTL=1`).
+fn kubectl_get(kube: &Kube, args: &[&str]) -> Result<Option<String>> {
+    let kubeconfig =
+        std::env::temp_dir().join(format!("kuryr-placement-{}.kubeconfig", uuid::Uuid::new_v4()));
+    kube.handle.write_kubeconfig(&kubeconfig)?;
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("get")
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .output();
+    let _ = std::fs::remove_file(&kubeconfig);
+    match out {
+        Ok(out) => {
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            anyhow::ensure!(
+                out.status.success(),
+                "kubectl get {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Ok(Some(text))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            anyhow::ensure!(
+                std::env::var("KURYR_TEST_REQUIRE_KUBECTL").as_deref() != Ok("1"),
+                "kubectl is not on PATH"
+            );
+            eprintln!("skipping the kubectl tables: kubectl is not on PATH");
+            Ok(None)
+        }
+        Err(e) => Err(e).context("running kubectl"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
