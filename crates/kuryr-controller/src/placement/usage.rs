@@ -218,7 +218,8 @@ impl Figures {
     }
 }
 
-/// What to measure in each deployment: the projects bound there and its pod subnets and pool.
+/// What to measure in each deployment: the projects bound there now or before, and its pod subnets
+/// and pool.
 async fn targets(platform: &Platform, binder: &Binder) -> Vec<(String, NeutronClient, Target)> {
     let bindings = match binder.store().list().await {
         Ok(b) => b,
@@ -240,7 +241,13 @@ async fn targets(platform: &Platform, binder: &Binder) -> Vec<(String, NeutronCl
         pod_subnets.sort();
         pod_subnets.dedup();
         let mut projects = Vec::new();
-        for b in bindings.iter().filter(|b| b.current().as_deref() == Some(name)) {
+        // Where a project is bound now, and where it was: a project that left a deployment
+        // because its quota there was full must not be sent back while it still is (its figure
+        // there would otherwise be gone, and the deployment-wide one may look roomy).
+        for b in bindings
+            .iter()
+            .filter(|b| b.history.iter().any(|r| r.deployment == name))
+        {
             let id = binder.project_id(name, &b.key.project).await;
             let pair = (b.key.project.clone(), id);
             if !projects.contains(&pair) {

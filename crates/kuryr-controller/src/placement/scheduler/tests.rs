@@ -363,3 +363,28 @@ fn history_is_bounded() {
     );
     assert_eq!(st.history.iter().filter(|h| h.end.is_none()).count(), 1);
 }
+
+#[test]
+fn subset_size_spreads_new_bindings_over_the_best_n_only() {
+    let s = Scheduler::new(&PodBindingSection {
+        enabled: true,
+        filters: all_filters(),
+        weighers: vec![BindingWeigher::CreationOrder],
+        subset_size: NonZeroU32::new(2).unwrap_or(NonZeroU32::MIN),
+        ..PodBindingSection::default()
+    });
+    let c = seed();
+    let mut picked = std::collections::BTreeMap::<String, usize>::new();
+    for i in 0..200 {
+        let d = s.decide(&c, &req(&format!("t{i}"), "general"), None);
+        *picked.entry(to(&d).unwrap_or("none").to_string()).or_default() += 1;
+    }
+    // pod1 and pod2 are the two best general deployments by creation order; pod3 never wins.
+    assert_eq!(
+        picked.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["pod1", "pod2"],
+        "{picked:?}"
+    );
+    // Random among the two: each well away from never (200 draws, p(<40) is negligible).
+    assert!(picked.values().all(|n| *n >= 40), "{picked:?}");
+}
