@@ -472,17 +472,29 @@ impl NetworkPolicyDriver {
         }
     }
 
+    /// [`Self::adopt`] for the group the policy's KuryrNetworkPolicy records, if it records one;
+    /// true when a group was taken over.
+    async fn adopt_upstream(&self, uid: &str, deployment: &str, key: &PolicyKey) -> Result<bool, Error> {
+        let knp = Api::<KuryrNetworkPolicy>::namespaced(self.kube.clone(), &key.namespace)
+            .get_opt(&key.name)
+            .await?;
+        let Some(sg) = knp.and_then(|k| k.status).and_then(|s| s.security_group_id) else {
+            return Ok(false);
+        };
+        self.adopt(uid, deployment, &sg).await
+    }
+
     /// Takes over a group an earlier controller (upstream kuryr) made for this policy, so it is
-    /// reconciled instead of duplicated.
-    pub async fn adopt(&self, uid: &str, deployment: &str, sg_id: &str) -> Result<(), Error> {
+    /// reconciled instead of duplicated; true when it tagged one.
+    async fn adopt(&self, uid: &str, deployment: &str, sg_id: &str) -> Result<bool, Error> {
         let client = self.client(deployment)?;
         let sg = match client.get_security_group(sg_id).await {
             Ok(sg) => sg,
-            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) if e.is_not_found() => return Ok(false),
             Err(e) => return Err(e.into()),
         };
         if sg.tags.iter().any(|t| t.starts_with(TAG_POLICY)) {
-            return Ok(());
+            return Ok(false);
         }
         let mut tags = sg.tags.clone();
         tags.extend(self.tags.iter().cloned());
@@ -495,7 +507,7 @@ impl NetworkPolicyDriver {
         client
             .replace_tags(kuryr_neutron::Taggable::SecurityGroup, sg_id, &tags)
             .await?;
-        Ok(())
+        Ok(true)
     }
 
     /// Makes Neutron hold `want` for the policy `uid`; the caller holds the policy's lock.
@@ -508,7 +520,13 @@ impl NetworkPolicyDriver {
     ) -> Result<Applied, Error> {
         let client = self.client(deployment)?;
         let project = self.project(&key.namespace, deployment).await?;
-        let (actual, extra_sgs, extra_ags) = self.actual_with_extras(&client, uid).await?;
+        let (mut actual, mut extra_sgs, mut extra_ags) = self.actual_with_extras(&client, uid).await?;
+        // About to create the policy's first group: a KuryrNetworkPolicy upstream wrote names the
+        // group to take over instead. Whichever path applies the policy first (its own handler, or
+        // a pod's change seen before it) adopts it, so no second group is ever made.
+        if !actual.groups.contains_key(BASE_VARIANT) && self.adopt_upstream(uid, deployment, key).await? {
+            (actual, extra_sgs, extra_ags) = self.actual_with_extras(&client, uid).await?;
+        }
         for id in &extra_sgs {
             self.delete_group(&client, deployment, id).await?;
         }

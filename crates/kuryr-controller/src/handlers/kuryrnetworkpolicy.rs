@@ -104,9 +104,7 @@ impl ResourceEventHandler for KuryrNetworkPolicyHandler {
             publish_event(&self.ctx.events, &knp, true, e.label(), &e.to_string()).await;
             return Err(e);
         }
-        if let Some(sg) = knp.status.as_ref().and_then(|s| s.security_group_id.clone()) {
-            driver.adopt(&uid, &deployment, &sg).await?;
-        }
+        // A group upstream recorded in the status is taken over by the driver's first apply.
         let applied = driver.ensure(&uid, &deployment, &spec).await?;
         let rules: Vec<SgRuleStatus> = applied
             .rules
