@@ -295,14 +295,34 @@ async fn serve_metrics(addr: SocketAddr, metrics: Metrics, stop: CancellationTok
     serve(addr, app, stop, "metrics").await;
 }
 
+/// How long a port may stay taken before that is an error: a restarted process may find it held
+/// for a while (a connection of the old one, or an outgoing connection's source port).
+const BIND_PATIENCE: Duration = Duration::from_secs(60);
+
 async fn serve(addr: SocketAddr, app: Router, stop: CancellationToken, what: &str) {
-    match tokio::net::TcpListener::bind(addr).await {
-        Ok(l) => {
-            tracing::info!(%addr, "{what} endpoint listening");
-            let _ = axum::serve(l, app)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await;
+    let started = tokio::time::Instant::now();
+    let mut wait = Duration::from_millis(500);
+    let mut reported = false;
+    let listener = loop {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => break l,
+            Err(e) => {
+                if !reported && started.elapsed() >= BIND_PATIENCE {
+                    tracing::error!(%addr, error = %e, "cannot bind {what} endpoint; still trying");
+                    reported = true;
+                } else if !reported {
+                    tracing::warn!(%addr, error = %e, retry_in = ?wait, "cannot bind {what} endpoint yet");
+                }
+            }
         }
-        Err(e) => tracing::error!(%addr, error = %e, "cannot bind {what} endpoint"),
-    }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(Duration::from_secs(10));
+    };
+    tracing::info!(%addr, "{what} endpoint listening");
+    let _ = axum::serve(listener, app)
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await;
 }

@@ -944,7 +944,9 @@ fn controller_ini(
     } else {
         ""
     };
-    let base = 21_000 + 10 * (std::process::id() % 2_000) as usize + index;
+    // Below the kernel's ephemeral range (32768 and up): a port there may be an outgoing
+    // connection's source port at the moment a restarted controller binds it.
+    let base = 21_000 + 10 * (std::process::id() % 1_100) as usize + index;
     let ini = format!(
         "[kubernetes]\n\
          enabled_handlers = {handlers}\n\
