@@ -68,6 +68,31 @@ async fn apply_policy(kube: &kube::Client, ns: &str, name: &str, spec: Value) ->
     Ok(())
 }
 
+/// The security group a policy's KuryrNetworkPolicy records, once it does.
+async fn policy_group(kube: &kube::Client, ns: &str, name: &str) -> Result<String> {
+    let knps: Api<KuryrNetworkPolicy> = Api::namespaced(kube.clone(), ns);
+    eventually(&format!("{ns}/{name}'s group"), WAIT, || async {
+        Ok(knps
+            .get_opt(name)
+            .await?
+            .and_then(|k| k.status)
+            .and_then(|s| s.security_group_id))
+    })
+    .await
+}
+
+/// Applies `ns/deny` (ingress denied to the `app=db` pods) and returns its security group.
+async fn deny_db(kube: &kube::Client, ns: &str) -> Result<String> {
+    apply_policy(
+        kube,
+        ns,
+        "deny",
+        json!({"podSelector": {"matchLabels": {"app": "db"}}, "policyTypes": ["Ingress"]}),
+    )
+    .await?;
+    policy_group(kube, ns, "deny").await
+}
+
 /// The addresses of the address group the ingress TCP `port` rule of `sg` names.
 async fn peer_addresses(
     client: &NeutronClient,
@@ -273,22 +298,7 @@ async fn a_new_pod_gets_its_policy_group_before_its_port_is_active() -> Result<(
             "np-test-ports",
         );
         labelled_namespace(&kube.client, "y").await?;
-        apply_policy(
-            &kube.client,
-            "y",
-            "deny",
-            json!({"podSelector": {"matchLabels": {"app": "db"}}, "policyTypes": ["Ingress"]}),
-        )
-        .await?;
-        let knps: Api<KuryrNetworkPolicy> = Api::namespaced(kube.client.clone(), "y");
-        let sg = eventually("the deny group", WAIT, || async {
-            Ok(knps
-                .get_opt("deny")
-                .await?
-                .and_then(|k| k.status)
-                .and_then(|s| s.security_group_id))
-        })
-        .await?;
+        let sg = deny_db(&kube.client, "y").await?;
         pod(&kube.client, "y", "db", json!({"app": "db"}), None).await?;
         pod(&kube.client, "y", "web", json!({"app": "web"}), None).await?;
         let kps: Api<KuryrPort> = Api::namespaced(kube.client.clone(), "y");
@@ -801,15 +811,7 @@ async fn a_burst_of_relabels_is_coalesced_per_policy() -> Result<()> {
                 {"from": [{"podSelector": {"matchLabels": {"app": "client"}}}], "ports": [{"port": 80}]}]}),
         )
         .await?;
-        let knps = Api::<KuryrNetworkPolicy>::namespaced(kube.client.clone(), "q");
-        let sg = eventually("q/p applied", WAIT, || async {
-            Ok(knps
-                .get_opt("p")
-                .await?
-                .and_then(|k| k.status)
-                .and_then(|s| s.security_group_id))
-        })
-        .await?;
+        let sg = policy_group(&kube.client, "q", "p").await?;
         eventually("the peer group made, empty", WAIT, || async {
             Ok(peer_addresses(client, &sg, 80)
                 .await?
@@ -910,22 +912,7 @@ async fn a_pooled_port_handed_to_a_selected_pod_carries_its_policy_group() -> Re
             "{}: an unselected pod keeps the defaults",
             target.name
         );
-        apply_policy(
-            &kube.client,
-            "z",
-            "deny",
-            json!({"podSelector": {"matchLabels": {"app": "db"}}, "policyTypes": ["Ingress"]}),
-        )
-        .await?;
-        let knps: Api<KuryrNetworkPolicy> = Api::namespaced(kube.client.clone(), "z");
-        let sg = eventually("the deny group", WAIT, || async {
-            Ok(knps
-                .get_opt("deny")
-                .await?
-                .and_then(|k| k.status)
-                .and_then(|s| s.security_group_id))
-        })
-        .await?;
+        let sg = deny_db(&kube.client, "z").await?;
         for name in ["db-0", "db-1", "db-2"] {
             pod(&kube.client, "z", name, json!({"app": "db"}), None).await?;
             let port = client

@@ -455,14 +455,8 @@ async fn operator_edits_take_effect_at_once_and_a_refused_request_is_served_once
 
     // What an operator sees with kubectl: the printer columns of both kinds.
     if let Some(table) = kubectl_get(&kube, &["kosd"])? {
-        let header: Vec<&str> = table
-            .lines()
-            .next()
-            .unwrap_or_default()
-            .split_whitespace()
-            .collect();
         assert_eq!(
-            header,
+            header(&table),
             [
                 "NAME",
                 "ZONE",
@@ -486,14 +480,8 @@ async fn operator_edits_take_effect_at_once_and_a_refused_request_is_served_once
         assert_eq!(cell(&table, "west", "UNTIL"), "2020-01-01T00:00:00Z", "{table}");
     }
     if let Some(table) = kubectl_get(&kube, &["kpb", "proj-u"])? {
-        let header: Vec<&str> = table
-            .lines()
-            .next()
-            .unwrap_or_default()
-            .split_whitespace()
-            .collect();
         assert_eq!(
-            header,
+            header(&table),
             [
                 "NAME",
                 "PROJECT",
@@ -511,6 +499,16 @@ async fn operator_edits_take_effect_at_once_and_a_refused_request_is_served_once
     stop.cancel();
     task.await?;
     Ok(())
+}
+
+/// The column names of kubectl's table.
+fn header(table: &str) -> Vec<&str> {
+    table
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect()
 }
 
 /// The cell of kubectl's table in the row named `row`, column `column` (cut at the header's
