@@ -4,6 +4,7 @@
 //! record (a refill landing, a KuryrPort status being written) is never taken for a leak.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::Duration;
 
 use kuryr_crds::names::device_owner::{COMPUTE_KURYR, TRUNK_SUBPORT};
 use kuryr_crds::names::neutron as tags;
@@ -15,6 +16,18 @@ use crate::openstack::Deployments;
 
 /// Ports per Neutron list request.
 const NEUTRON_PAGE: u32 = 500;
+
+/// A pass lists every KuryrPort and every tagged port: at most this share of the time goes to it.
+const DUTY: u32 = 20;
+/// ...but a leak is looked for at least this often.
+const LONGEST_PAUSE: Duration = Duration::from_secs(600);
+
+/// The pause before the next pass: the pool update period, or longer when a pass is costly (tens
+/// of thousands of ports), so that the sweep takes at most 1/[`DUTY`] of the time of the API
+/// servers it lists, up to [`LONGEST_PAUSE`].
+pub fn pause_after(period: Duration, last_pass: Duration) -> Duration {
+    period.max(last_pass.saturating_mul(DUTY).min(LONGEST_PAUSE))
+}
 
 /// Ports seen unowned in the previous pass, per deployment.
 #[derive(Debug, Default)]
@@ -108,6 +121,17 @@ mod tests {
 
     fn set(ids: &[&str]) -> BTreeSet<String> {
         ids.iter().map(|s| (*s).to_string()).collect()
+    }
+
+    #[test]
+    fn a_costly_pass_spaces_the_next_one_out() {
+        let period = Duration::from_secs(1);
+        assert_eq!(pause_after(period, Duration::ZERO), period);
+        assert_eq!(pause_after(period, Duration::from_millis(20)), period, "cheap: every period");
+        assert_eq!(pause_after(period, Duration::from_millis(500)), Duration::from_secs(10));
+        assert_eq!(pause_after(Duration::from_secs(20), Duration::from_millis(500)), Duration::from_secs(20));
+        assert_eq!(pause_after(period, Duration::from_secs(300)), LONGEST_PAUSE);
+        assert_eq!(pause_after(Duration::from_secs(900), Duration::from_secs(300)), Duration::from_secs(900));
     }
 
     #[test]

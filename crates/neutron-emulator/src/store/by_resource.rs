@@ -23,6 +23,23 @@ impl Store {
         std.ok_or_else(|| ApiError::resource_not_found(res, id))
     }
 
+    /// The tags of a tagged record (`None` for kinds without tags or an unknown id): lets a list
+    /// skip rendering what its tag filters refuse.
+    pub fn tags_of(&self, res: Resource, id: &str) -> Option<&[String]> {
+        let std = match res {
+            Resource::Network => self.networks.get(id).map(|r| &r.std),
+            Resource::Subnet => self.subnets.get(id).map(|r| &r.std),
+            Resource::SubnetPool => self.subnetpools.get(id).map(|r| &r.std),
+            Resource::Port => self.ports.get(id).map(|r| &r.std),
+            Resource::Router => self.routers.get(id).map(|r| &r.std),
+            Resource::SecurityGroup => self.security_groups.get(id).map(|r| &r.std),
+            Resource::Trunk => self.trunks.get(id).map(|r| &r.std),
+            Resource::FloatingIp => self.floatingips.get(id).map(|r| &r.std),
+            Resource::SecurityGroupRule | Resource::AddressGroup => None,
+        };
+        std.map(|s| s.tags.as_slice())
+    }
+
     pub fn exists(&self, res: Resource, id: &str) -> bool {
         match res {
             Resource::Network => self.networks.contains_key(id),
