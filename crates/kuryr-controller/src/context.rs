@@ -37,6 +37,8 @@ pub struct Platform {
     pub placement: Option<Arc<Binder>>,
     /// The shared waits for load balancers to leave PENDING_*, one poller per deployment.
     lb_waits: Arc<LbWaitsByDeployment>,
+    /// This replica's leadership term (set while it leads).
+    pub term: crate::leader::Term,
 }
 
 impl Platform {
@@ -69,6 +71,7 @@ impl Platform {
             cluster_id,
             placement,
             lb_waits,
+            term: crate::leader::Term::default(),
         }
     }
 

@@ -176,6 +176,39 @@ impl LeaderElector {
     }
 }
 
+/// When this replica's current leadership term began. An object created after it (by the API
+/// server's clock, which may differ from ours by [`CLOCK_SKEW`]) was handled by no other leader:
+/// whatever was done for it, this replica did and knows of.
+#[derive(Debug, Default)]
+pub struct Term {
+    started: std::sync::Mutex<Option<Timestamp>>,
+}
+
+/// How far the API server's clock may be ahead of ours for [`Term::created_within`] to hold.
+pub const CLOCK_SKEW: SignedDuration = SignedDuration::from_secs(10);
+
+impl Term {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Timestamp>> {
+        self.started.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn begin(&self, at: Timestamp) {
+        *self.lock() = Some(at);
+    }
+
+    pub fn end(&self) {
+        *self.lock() = None;
+    }
+
+    /// Whether an object with this `creationTimestamp` was surely created during the current
+    /// term (false when none runs, and near its start).
+    pub fn created_within(&self, created: Timestamp) -> bool {
+        self.lock()
+            .and_then(|s| s.checked_add(CLOCK_SKEW).ok())
+            .is_some_and(|after| created > after)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,6 +222,26 @@ mod tests {
             )),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn only_objects_created_well_after_the_term_began_are_its_own() {
+        let t = Term::default();
+        let start = Timestamp::now();
+        let later = start + SignedDuration::from_secs(11);
+        assert!(!t.created_within(later), "no term runs");
+        t.begin(start);
+        assert!(t.created_within(later));
+        assert!(
+            !t.created_within(start),
+            "created as the term began: maybe another leader's"
+        );
+        assert!(
+            !t.created_within(start + SignedDuration::from_secs(9)),
+            "within the clock skew"
+        );
+        t.end();
+        assert!(!t.created_within(later));
     }
 
     #[test]

@@ -148,6 +148,7 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
         match (is_leader, &leading) {
             (true, None) => {
                 let token = stop.child_token();
+                ctx.term.begin(k8s_openapi::jiff::Timestamp::now());
                 if let Some(binder) = &ctx.placement {
                     // What a previous term cached may have been changed by another leader.
                     binder.forget().await;
@@ -214,6 +215,7 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
             }
             (false, Some(token)) => {
                 tracing::warn!(identity = %opts.identity, "lost leadership: pipeline stopped");
+                ctx.term.end();
                 token.cancel();
                 // The pool manager's term ends with the token: its pools are dropped and the
                 // next term recovers them again (PoolManager::run).

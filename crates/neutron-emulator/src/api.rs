@@ -755,13 +755,54 @@ fn filter_for(res: Resource, q: &[(String, String)]) -> ApiResult<impl Fn(&Value
 
 fn list_resource(store: &Store, res: Resource, req: &Request<'_>) -> ApiResult<Reply> {
     let pred = filter_for(res, &req.query)?;
-    let filtered: Vec<Value> = candidate_ids(store, res, &req.query)
-        .iter()
-        .map(|id| store.render(res, id))
-        .filter(|v| pred(v))
-        .collect();
+    let ids = candidate_ids(store, res, &req.query);
+    let filtered: Vec<Value> = match page_window(&req.query, &ids, |id| pred(&store.render(res, id))) {
+        // Only what the page needs is rendered: the marker's record (where the page starts
+        // after) and the next `limit` that pass. A sweep paging through thirty thousand ports
+        // rendered all of them for each of its sixty pages.
+        Some((from, limit)) => {
+            let marker = from.checked_sub(1).map(|i| store.render(res, &ids[i]));
+            marker
+                .into_iter()
+                .chain(
+                    ids[from..]
+                        .iter()
+                        .map(|id| store.render(res, id))
+                        .filter(|v| pred(v))
+                        .take(limit),
+                )
+                .collect()
+        }
+        None => ids
+            .iter()
+            .map(|id| store.render(res, id))
+            .filter(|v| pred(v))
+            .collect(),
+    };
     let marker_exists = |m: &str| store.exists(res, m);
     list_reply(req, res.plural_key(), filtered, Some(res), marker_exists)
+}
+
+/// For a forward page in id order (`limit`, no `sort_key`, no `page_reverse`): where in `ids` the
+/// page starts and its size. `None` when the whole list must be rendered first (sorted or reverse
+/// pages, and a marker that is not itself listed, whose handling [`list_reply`] decides).
+fn page_window(
+    q: &[(String, String)],
+    ids: &[String],
+    listed: impl Fn(&str) -> bool,
+) -> Option<(usize, usize)> {
+    let get = |k: &str| q.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str());
+    if get("sort_key").is_some() || get("page_reverse").is_some() {
+        return None;
+    }
+    let limit = get("limit")?.parse::<usize>().ok().filter(|l| *l > 0)?;
+    match get("marker") {
+        None => Some((0, limit)),
+        Some(m) => {
+            let at = ids.binary_search_by(|id| id.as_str().cmp(m)).ok()?;
+            listed(m).then_some((at + 1, limit))
+        }
+    }
 }
 
 /// The ids a list may return, sorted, narrowed before anything is rendered: to the `id` filters'

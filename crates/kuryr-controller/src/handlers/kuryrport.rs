@@ -5,7 +5,8 @@
 //! Progress is written after each step (VIFs acquired, then activated), so a crash between steps
 //! resumes from the stored state instead of creating ports twice.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -29,6 +30,9 @@ pub struct KuryrPortHandler {
     ctx: Arc<Context>,
     /// KuryrPorts wired and active, at the version this handler's last status write left them.
     settled: Settled,
+    /// KuryrPorts (uids) whose wiring failed at least once: a port may have been created for
+    /// them and not recorded (a create whose answer was lost).
+    failed: Mutex<HashSet<String>>,
 }
 
 impl KuryrPortHandler {
@@ -36,7 +40,26 @@ impl KuryrPortHandler {
         Self {
             ctx,
             settled: Settled::default(),
+            failed: Mutex::default(),
         }
+    }
+
+    fn failed(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.failed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a port created for `kp` may be unrecorded: unless this leadership term saw the
+    /// KuryrPort from its creation and every pass over it succeeded, a crash (this replica's or
+    /// an earlier leader's) may have left one. Only then are the pod's tagged ports listed at
+    /// finalization: a list filtered by tags costs the server a look at every port, and a pod
+    /// deletion should not cost that.
+    fn may_have_unrecorded(&self, kp: &KuryrPort) -> bool {
+        let created_within = kp
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .is_some_and(|t| self.ctx.term.created_within(t.0));
+        !created_within || kp.uid().is_some_and(|uid| self.failed().contains(&uid))
     }
 
     /// The KuryrPort's pod, or `None` when it is gone or was re-created (then this KuryrPort is
@@ -190,6 +213,11 @@ impl ResourceEventHandler for KuryrPortHandler {
             Some(v) => self.settled.settle_version(v),
             None => self.settled.settle(kp),
         });
+        if result.is_err()
+            && let Some(uid) = kp.uid()
+        {
+            self.failed().insert(uid);
+        }
         // A user's mistake is told on the pod and logged at WARN; only what retrying may mend
         // goes on to the Retry handler.
         surface_user_error(&self.ctx.events, &pod.object_ref(&()), result).await
@@ -198,8 +226,13 @@ impl ResourceEventHandler for KuryrPortHandler {
     async fn on_finalize(&self, kp: &KuryrPort) -> Result<(), Error> {
         let vifs = wiring::recorded_vifs(kp);
         wiring::release_all(&DriverSource::new(&self.ctx, kp), &vifs).await?;
-        wiring::unrecorded::release_unrecorded(&self.ctx, kp, &vifs).await?;
+        if self.may_have_unrecorded(kp) {
+            wiring::unrecorded::release_unrecorded(&self.ctx, kp, &vifs).await?;
+        }
         remove_finalizer(&self.ctx.kube, kp, finalizers::KURYRPORT).await?;
+        if let Some(uid) = kp.uid() {
+            self.failed().remove(&uid);
+        }
         let pods: Api<Pod> = Api::namespaced(self.ctx.kube.clone(), &kp.namespace().unwrap_or_default());
         if let Some(pod) = pods.get_opt(&kp.name_any()).await?
             && pod.uid().as_deref() == Some(kp.spec.pod_uid.as_str())

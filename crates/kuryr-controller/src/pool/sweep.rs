@@ -127,11 +127,24 @@ mod tests {
     fn a_costly_pass_spaces_the_next_one_out() {
         let period = Duration::from_secs(1);
         assert_eq!(pause_after(period, Duration::ZERO), period);
-        assert_eq!(pause_after(period, Duration::from_millis(20)), period, "cheap: every period");
-        assert_eq!(pause_after(period, Duration::from_millis(500)), Duration::from_secs(10));
-        assert_eq!(pause_after(Duration::from_secs(20), Duration::from_millis(500)), Duration::from_secs(20));
+        assert_eq!(
+            pause_after(period, Duration::from_millis(20)),
+            period,
+            "cheap: every period"
+        );
+        assert_eq!(
+            pause_after(period, Duration::from_millis(500)),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            pause_after(Duration::from_secs(20), Duration::from_millis(500)),
+            Duration::from_secs(20)
+        );
         assert_eq!(pause_after(period, Duration::from_secs(300)), LONGEST_PAUSE);
-        assert_eq!(pause_after(Duration::from_secs(900), Duration::from_secs(300)), Duration::from_secs(900));
+        assert_eq!(
+            pause_after(Duration::from_secs(900), Duration::from_secs(300)),
+            Duration::from_secs(900)
+        );
     }
 
     #[test]

@@ -214,6 +214,9 @@ async fn wire(
                     timeout.as_secs()
                 );
             }
+            // The churn measures a cluster in its steady state: the tail of the placement (the
+            // pools' refills and records for a thousand nodes) is let finish first.
+            settle(bed, Instant::now() + timeout).await?;
             setup = Some(placed_at.elapsed());
         }
         bed.neutron.reset_stats();
@@ -257,6 +260,33 @@ async fn wire(
         );
     }
     outcome
+}
+
+/// Waits until the controller has nothing queued and Neutron saw no request for two samples in a
+/// row (a second apart).
+async fn settle(bed: &Bed, deadline: Instant) -> anyhow::Result<()> {
+    let mut quiet = 0;
+    let mut last = None;
+    while quiet < 2 {
+        if Instant::now() > deadline {
+            bail!("the controller did not settle after the placement");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let metrics = child::http_get(bed.metrics_port, "/metrics").await?;
+        let requests: u64 = bed.neutron.stats().operations.values().sum();
+        let idle = queue_depth(&metrics) == Some(0) && last == Some(requests);
+        quiet = if idle { quiet + 1 } else { 0 };
+        last = Some(requests);
+    }
+    Ok(())
+}
+
+/// `kuryr_queue_depth` of a Prometheus text exposition.
+fn queue_depth(metrics: &str) -> Option<u64> {
+    metrics.lines().find_map(|l| {
+        let v = l.strip_prefix("kuryr_queue_depth ")?;
+        v.trim().parse::<f64>().ok().map(|v| v as u64)
+    })
 }
 
 /// `recovery-10k`.
@@ -399,6 +429,13 @@ mod tests {
         }
         assert_eq!(per_node.len(), 1000);
         assert!(per_node.values().all(|n| *n == 30));
+    }
+
+    #[test]
+    fn queue_depth_from_the_exposition() {
+        let text = "# HELP kuryr_queue_depth Objects\n# TYPE kuryr_queue_depth gauge\nkuryr_queue_depth 3\n";
+        assert_eq!(queue_depth(text), Some(3));
+        assert_eq!(queue_depth("kuryr_queue_depth_other 1\n"), None);
     }
 
     #[test]
