@@ -35,7 +35,7 @@ async fn ports_a_crash_never_recorded_are_deleted_with_their_pod() -> Result<()>
              [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\n",
             fx.project, fx.subnet, fx.sg
         );
-        let ctrl = start_controller(&kube.client, &target, config(&cfg), "c1");
+        let first = start_controller(&kube.client, &target, config(&cfg), "c1");
         create_namespace(&kube.client, "demo", json!({})).await?;
         let pod = create_pod(&kube.client, "demo", "victim", NODES[0], json!({})).await?;
         create_pod(&kube.client, "demo", "bystander", NODES[1], json!({})).await?;
@@ -57,6 +57,9 @@ async fn ports_a_crash_never_recorded_are_deleted_with_their_pod() -> Result<()>
         };
         let lost = neutron.create_port(&stray(&uid)).await?;
         let newer = neutron.create_port(&stray("uid-of-a-newer-victim")).await?;
+        // The crash: the controller that wired the pods is gone, another one takes over.
+        first.stop.cancel();
+        let ctrl = start_controller(&kube.client, &target, config(&cfg), "c2");
 
         Api::<Pod>::namespaced(kube.client.clone(), "demo")
             .delete("victim", &DeleteParams::default())
