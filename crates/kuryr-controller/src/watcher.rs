@@ -1,10 +1,10 @@
 //! Watcher: list+watch of one kind feeding the pipeline.
 //!
 //! kube-runtime's watcher resumes from the last resourceVersion, re-lists on 410 Gone and reconnects
-//! with backoff. On top of it we keep the last state of every object so that (a) objects deleted
-//! while the watch was down still produce a DELETED event after the re-list, and (b) a periodic full
-//! reconcile (`[kubernetes] watch_reconcile_period`) re-sends every object as MODIFIED and re-lists,
-//! healing anything a lost event or an exhausted retry left behind.
+//! with backoff. On top of it we keep the uid and version of every object so that (a) objects
+//! deleted while the watch was down still produce a DELETED event after the re-list, and (b) a
+//! periodic full reconcile (`[kubernetes] watch_reconcile_period`) re-lists and re-sends every
+//! object as MODIFIED, healing anything a lost event or an exhausted retry left behind.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, ObjectMeta};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event as WEvent};
 use tokio_util::sync::CancellationToken;
@@ -23,46 +23,70 @@ use crate::pipeline::{Event, EventHandler, EventType, WatchSelector};
 /// The periodic re-send queues at most this many objects per [`RESEND_PACE`]...
 const RESEND_BATCH: usize = 32;
 const RESEND_PACE: Duration = Duration::from_millis(20);
-/// ...and only while the pipeline holds fewer objects than this.
+/// ...and only while the pipeline holds fewer objects than this...
 const RESEND_BACKLOG: usize = 256;
+/// ...reading the objects this many at a time.
+const RESEND_PAGE: u32 = 100;
 
-/// Last-seen state of every object of one kind, keyed by `namespace/name`. Pure state, tested
+/// What is known of every object of one kind, keyed by `namespace/name`. Pure state, tested
 /// without a server.
 ///
-/// Each object is kept as compact JSON, not as the parsed tree: a `serde_json::Value` takes
-/// about ten times the bytes of its text, and with ten thousand pods and KuryrPorts that was
-/// most of the controller's memory. The copies are read back only for the periodic re-send and
-/// for deletions found by a re-list.
+/// Only the uid and resourceVersion of an object are kept, unless a handler of the kind reads
+/// the last state of an object a re-list found deleted (`keep_state`): then it is kept too, as
+/// compact JSON. With ten thousand pods and KuryrPorts the kept copies were a fifth of the
+/// controller's memory, for deletions no handler of those kinds looks at.
 #[derive(Default)]
 pub struct KnownObjects {
     objects: HashMap<String, Known>,
     relisting: Option<HashSet<String>>,
+    keep_state: bool,
 }
 
 struct Known {
     uid: Option<String>,
     resource_version: Option<String>,
-    json: Box<str>,
+    state: Option<Box<str>>,
 }
 
 impl Known {
-    fn of(obj: &DynamicObject) -> Self {
+    fn of(obj: &DynamicObject, keep_state: bool) -> Self {
         Self {
             uid: obj.metadata.uid.clone(),
             resource_version: obj.metadata.resource_version.clone(),
             // A DynamicObject (string keys, JSON values) always serializes.
-            json: serde_json::to_string(obj).unwrap_or_default().into_boxed_str(),
+            state: keep_state.then(|| serde_json::to_string(obj).unwrap_or_default().into_boxed_str()),
         }
     }
 
-    fn object(&self) -> Option<DynamicObject> {
-        match serde_json::from_str(&self.json) {
+    /// The object as last seen, or (without a kept state) its [`tombstone`].
+    fn last_seen(self, key: &str) -> Option<DynamicObject> {
+        let Some(state) = self.state else {
+            return Some(tombstone(key, self.uid));
+        };
+        match serde_json::from_str(&state) {
             Ok(o) => Some(o),
             Err(e) => {
                 tracing::warn!(error = %e, "a kept object does not parse back; skipped");
                 None
             }
         }
+    }
+}
+
+/// A deleted object of which only the name, namespace and uid are known: `data` is null, which
+/// tells the typed handlers there is no state to read (see
+/// [`crate::pipeline::ResourceEventHandler::keeps_last_state`]).
+fn tombstone(key: &str, uid: Option<String>) -> DynamicObject {
+    let (ns, name) = key.split_once('/').unwrap_or(("", key));
+    DynamicObject {
+        types: None,
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: (!ns.is_empty()).then(|| ns.to_string()),
+            uid,
+            ..ObjectMeta::default()
+        },
+        data: serde_json::Value::Null,
     }
 }
 
@@ -81,6 +105,14 @@ fn slim(obj: &mut DynamicObject) {
 }
 
 impl KnownObjects {
+    /// Keeping the last state of every object (see [`KnownObjects`]) or not.
+    pub fn new(keep_state: bool) -> Self {
+        Self {
+            keep_state,
+            ..Self::default()
+        }
+    }
+
     /// Turns a watcher event into the pipeline events it implies.
     pub fn apply(&mut self, ev: WEvent<DynamicObject>) -> Vec<(EventType, DynamicObject)> {
         let ev = ev.modify(slim);
@@ -106,8 +138,10 @@ impl KnownObjects {
                     .cloned()
                     .collect();
                 gone.into_iter()
-                    .filter_map(|k| self.objects.remove(&k))
-                    .filter_map(|known| known.object())
+                    .filter_map(|k| {
+                        let known = self.objects.remove(&k)?;
+                        known.last_seen(&k)
+                    })
                     .map(|obj| (EventType::Deleted, obj))
                     .collect()
             }
@@ -131,23 +165,8 @@ impl KnownObjects {
             Some(_) => EventType::Modified,
             None => EventType::Added,
         };
-        self.objects.insert(key, Known::of(&obj));
+        self.objects.insert(key, Known::of(&obj, self.keep_state));
         Some((ty, obj))
-    }
-
-    /// Every kept object, parsed again.
-    pub fn all(&self) -> impl Iterator<Item = DynamicObject> + '_ {
-        self.objects.values().filter_map(Known::object)
-    }
-
-    /// The keys of every kept object (what a periodic re-send goes through).
-    pub fn keys(&self) -> impl Iterator<Item = &String> {
-        self.objects.keys()
-    }
-
-    /// The kept object under `key`, parsed again; `None` once it is gone.
-    pub fn get(&self, key: &str) -> Option<DynamicObject> {
-        self.objects.get(key).and_then(Known::object)
     }
 
     pub fn len(&self) -> usize {
@@ -159,12 +178,73 @@ impl KnownObjects {
     }
 }
 
-/// Watches one kind until `stop` is cancelled.
+/// The periodic re-send, a page of objects at a time as they are now, paced by the pipeline's
+/// backlog: re-sent objects are parsed and queued, and ten thousand at once were most of the
+/// controller's memory in a burst.
+struct Resend {
+    api: Api<DynamicObject>,
+    params: ListParams,
+    /// The listed objects not sent yet.
+    page: VecDeque<DynamicObject>,
+    /// Where the next page starts; `None` once the last page was read.
+    next: Option<String>,
+}
+
+impl Resend {
+    fn start(api: &Api<DynamicObject>, selector: &WatchSelector) -> Self {
+        let mut params = ListParams::default().limit(RESEND_PAGE);
+        if let Some(l) = &selector.labels {
+            params = params.labels(l);
+        }
+        if let Some(f) = &selector.fields {
+            params = params.fields(f);
+        }
+        Self {
+            api: api.clone(),
+            params,
+            page: VecDeque::new(),
+            next: Some(String::new()),
+        }
+    }
+
+    /// Up to [`RESEND_BATCH`] objects to re-send; `Ok(None)` once every object was.
+    async fn batch(&mut self) -> Result<Option<Vec<DynamicObject>>, kube::Error> {
+        if self.page.is_empty() {
+            let Some(token) = self.next.take() else {
+                return Ok(None);
+            };
+            let mut params = self.params.clone();
+            if !token.is_empty() {
+                params = params.continue_token(&token);
+            }
+            let list = self.api.list(&params).await?;
+            self.next = list.metadata.continue_.filter(|t| !t.is_empty());
+            self.page = list.items.into();
+            if self.page.is_empty() && self.next.is_none() {
+                return Ok(None);
+            }
+        }
+        let n = RESEND_BATCH.min(self.page.len());
+        Ok(Some(
+            self.page
+                .drain(..n)
+                .map(|mut o| {
+                    slim(&mut o);
+                    o
+                })
+                .collect(),
+        ))
+    }
+}
+
+/// Watches one kind until `stop` is cancelled. `keep_state`: see [`KnownObjects`].
+#[allow(clippy::too_many_arguments)]
 pub async fn run_watch(
     client: Client,
     resource: Arc<ApiResource>,
     selector: WatchSelector,
     reconcile_period: Duration,
+    keep_state: bool,
     sink: Arc<dyn EventHandler>,
     metrics: Metrics,
     stop: CancellationToken,
@@ -183,13 +263,10 @@ pub async fn run_watch(
             .boxed()
     };
     let mut stream = start();
-    let mut known = KnownObjects::default();
+    let mut known = KnownObjects::new(keep_state);
     let mut tick = tokio::time::interval(reconcile_period.max(Duration::from_secs(1)));
     tick.tick().await;
-    // Keys still to re-send in this period, a few at a time while the pipeline's backlog is
-    // small: each re-sent object is parsed and queued, and ten thousand at once were most of
-    // the controller's memory in a burst.
-    let mut resend: VecDeque<String> = VecDeque::new();
+    let mut resend: Option<Resend> = None;
     let mut pace = tokio::time::interval(RESEND_PACE);
     pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
@@ -197,21 +274,27 @@ pub async fn run_watch(
             _ = stop.cancelled() => return,
             _ = tick.tick() => {
                 tracing::debug!(kind = %resource.kind, objects = known.len(), "periodic reconcile");
-                // Re-send what we know (heals handlers whose retries ran out) and re-list (heals
+                // Re-send every object (heals handlers whose retries ran out) and re-list (heals
                 // anything the watch itself missed: the re-list's changes and deletions follow).
                 // A re-send still going from the last period goes on from where it is.
-                if resend.is_empty() {
-                    resend.extend(known.keys().cloned());
-                }
+                resend.get_or_insert_with(|| Resend::start(&api, &selector));
                 stream = start();
             }
-            _ = pace.tick(), if !resend.is_empty() => {
-                if sink.backlog().await < RESEND_BACKLOG {
-                    for key in resend.drain(..RESEND_BATCH.min(resend.len())).collect::<Vec<_>>() {
-                        // The object as it is now; one deleted meanwhile is not re-sent.
-                        if let Some(obj) = known.get(&key) {
+            _ = pace.tick(), if resend.is_some() => {
+                if sink.backlog().await >= RESEND_BACKLOG {
+                    continue;
+                }
+                let Some(r) = resend.as_mut() else { continue };
+                match r.batch().await {
+                    Ok(Some(objects)) => {
+                        for obj in objects {
                             let _ = sink.handle(Event::resync(resource.clone(), obj)).await;
                         }
+                    }
+                    Ok(None) => resend = None,
+                    Err(e) => {
+                        tracing::warn!(kind = %resource.kind, error = %e, "periodic re-send: listing failed; next period");
+                        resend = None;
                     }
                 }
             }

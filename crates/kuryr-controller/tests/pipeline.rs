@@ -277,49 +277,63 @@ async fn log_exceptions_isolates_failures_between_handlers() {
 
 #[test]
 fn known_objects_emit_deletes_for_objects_missing_after_a_relist() {
-    let mut k = KnownObjects::default();
-    assert_eq!(k.apply(WEvent::Apply(obj("a", "ua", "1")))[0].0, EventType::Added);
-    assert_eq!(k.apply(WEvent::Apply(obj("b", "ub", "2")))[0].0, EventType::Added);
-    assert_eq!(
-        k.apply(WEvent::Apply(obj("a", "ua", "3")))[0].0,
-        EventType::Modified
-    );
-    // Re-list after a 410: "a" unchanged, "b" deleted while we were away, "c" new.
-    assert!(k.apply(WEvent::Init).is_empty());
-    assert!(
-        k.apply(WEvent::InitApply(obj("a", "ua", "3"))).is_empty(),
-        "unchanged objects are not re-sent"
-    );
-    let c = k.apply(WEvent::InitApply(obj("c", "uc", "9")));
-    assert_eq!(c[0].0, EventType::Added);
-    let done = k.apply(WEvent::InitDone);
-    assert_eq!(done.len(), 1);
-    assert_eq!(done[0].0, EventType::Deleted);
-    assert_eq!(done[0].1.metadata.name.as_deref(), Some("b"));
-    assert_eq!(k.len(), 2);
+    for keep_state in [false, true] {
+        let mut k = KnownObjects::new(keep_state);
+        assert_eq!(k.apply(WEvent::Apply(obj("a", "ua", "1")))[0].0, EventType::Added);
+        let mut b = obj("b", "ub", "2");
+        b.metadata.labels = Some([("app".to_string(), "web".to_string())].into());
+        b.data = serde_json::json!({"spec": {"nodeName": "n1"}});
+        assert_eq!(k.apply(WEvent::Apply(b))[0].0, EventType::Added);
+        assert_eq!(
+            k.apply(WEvent::Apply(obj("a", "ua", "3")))[0].0,
+            EventType::Modified
+        );
+        // Re-list after a 410: "a" unchanged, "b" deleted while we were away, "c" new.
+        assert!(k.apply(WEvent::Init).is_empty());
+        assert!(
+            k.apply(WEvent::InitApply(obj("a", "ua", "3"))).is_empty(),
+            "unchanged objects are not re-sent"
+        );
+        let c = k.apply(WEvent::InitApply(obj("c", "uc", "9")));
+        assert_eq!(c[0].0, EventType::Added);
+        let done = k.apply(WEvent::InitDone);
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].0, EventType::Deleted);
+        let gone = &done[0].1;
+        assert_eq!(gone.metadata.name.as_deref(), Some("b"));
+        assert_eq!(gone.metadata.namespace.as_deref(), Some("default"));
+        assert_eq!(gone.metadata.uid.as_deref(), Some("ub"));
+        if keep_state {
+            assert_eq!(
+                gone.metadata.labels.as_ref().map(|l| l["app"].as_str()),
+                Some("web")
+            );
+            assert!(!gone.data.is_null(), "the last state, whole");
+        } else {
+            assert!(gone.data.is_null(), "only the name, namespace and uid are known");
+            assert_eq!(gone.metadata.labels, None);
+        }
+        assert_eq!(k.len(), 2);
+    }
 }
 
 #[test]
 fn known_objects_keep_and_pass_on_no_field_manager_bookkeeping() {
-    let mut k = KnownObjects::default();
+    let mut k = KnownObjects::new(true);
     let mut o = obj("a", "ua", "1");
     o.metadata.managed_fields = Some(vec![Default::default(); 3]);
     o.metadata.labels = Some([("app".to_string(), "web".to_string())].into());
     o.data = serde_json::json!({"spec": {"nodeName": "n1", "containers": [{"name": "c"}]}, "status": {"phase": "Running"}});
     let out = k.apply(WEvent::Apply(o));
     assert_eq!(out[0].1.metadata.managed_fields, None);
-    assert!(k.all().all(|o| o.metadata.managed_fields.is_none()));
-    // What is kept (as compact JSON) comes back whole for the periodic re-send.
-    let kept: Vec<_> = k.all().collect();
-    assert_eq!(kept.len(), 1);
+    // What is kept (as compact JSON) comes back whole when a re-list finds the object gone.
+    k.apply(WEvent::Init);
+    let gone = k.apply(WEvent::InitDone);
+    assert_eq!(gone.len(), 1);
+    assert_eq!(gone[0].1.metadata.managed_fields, None);
     assert_eq!(
-        serde_json::to_value(&kept[0]).unwrap(),
+        serde_json::to_value(&gone[0].1).unwrap(),
         serde_json::to_value(&out[0].1).unwrap()
-    );
-    assert_eq!(
-        out[0].1.metadata.uid.as_deref(),
-        Some("ua"),
-        "the rest of the object is kept"
     );
 }
 

@@ -27,6 +27,7 @@ fn watch_config_maps(
         Arc::new(ApiResource::erase::<ConfigMap>(&())),
         WatchSelector::default(),
         Duration::from_secs(1),
+        false,
         sink,
         Metrics::new(),
         stop.clone(),

@@ -37,7 +37,9 @@ use crate::cli::{Cli, Command};
 /// mimalloc rather than glibc's malloc: a burst of pods is a stream of short-lived JSON trees,
 /// on which glibc spent about a quarter of the controller's CPU and kept freed memory resident
 /// in per-thread arenas. Built without transparent huge pages (`no_thp`): with them, each 2 MiB
-/// page touched counts whole in the resident set (+40% peak RSS in `kuryr bench`).
+/// page touched counts whole in the resident set (+40% peak RSS in `kuryr bench`). The
+/// `system-allocator` feature leaves glibc's in place, for heap profilers that hook malloc.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -72,6 +72,11 @@ impl ResourceEventHandler for EndpointsHandler {
         "endpoints"
     }
 
+    /// A deleted slice leads to its Service through its `kubernetes.io/service-name` label.
+    fn keeps_last_state(&self) -> bool {
+        true
+    }
+
     async fn on_present(&self, slice: &EndpointSlice) -> Result<(), Error> {
         self.sync(slice).await
     }

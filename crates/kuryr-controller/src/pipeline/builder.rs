@@ -21,6 +21,8 @@ pub struct RegisteredHandler {
     pub name: String,
     pub resource: ApiResource,
     pub selector: WatchSelector,
+    /// See [`ResourceEventHandler::keeps_last_state`].
+    pub keeps_last_state: bool,
     pub handler: Arc<dyn EventHandler>,
 }
 
@@ -32,6 +34,7 @@ impl RegisteredHandler {
             name: handler.name().to_string(),
             resource: Typed::<H>::api_resource(),
             selector: typed.selector(),
+            keeps_last_state: typed.keeps_last_state(),
             handler: Arc::new(typed),
         }
     }
@@ -41,10 +44,18 @@ impl RegisteredHandler {
     }
 }
 
+/// The one watch of a kind, for all its handlers.
+struct Watch {
+    resource: Arc<ApiResource>,
+    /// The selector all its handlers share, or None when they disagree (everything is watched).
+    selector: Option<WatchSelector>,
+    /// Whether any of them keeps the last state of deleted objects.
+    keep_state: bool,
+}
+
 pub struct ControllerPipeline {
     dispatcher: Dispatcher,
-    /// kind -> (resource, selector shared by all its handlers, or None when they disagree)
-    watches: HashMap<GroupVersionKind, (Arc<ApiResource>, Option<WatchSelector>)>,
+    watches: HashMap<GroupVersionKind, Watch>,
     source: Arc<dyn ObjectSource>,
     retry: RetryPolicy,
     metrics: Metrics,
@@ -79,12 +90,17 @@ impl ControllerPipeline {
         self.names.push(h.name);
         self.watches
             .entry(gvk)
-            .and_modify(|(_, sel)| {
-                if sel.as_ref() != Some(&h.selector) {
-                    *sel = None;
+            .and_modify(|w| {
+                if w.selector.as_ref() != Some(&h.selector) {
+                    w.selector = None;
                 }
+                w.keep_state |= h.keeps_last_state;
             })
-            .or_insert((Arc::new(h.resource), Some(h.selector)));
+            .or_insert(Watch {
+                resource: Arc::new(h.resource),
+                selector: Some(h.selector),
+                keep_state: h.keeps_last_state,
+            });
     }
 
     pub fn handler_names(&self) -> &[String] {
@@ -106,12 +122,13 @@ impl ControllerPipeline {
         let _cancel_queues_on_drop = queues_stop.clone().drop_guard();
         let sink = Arc::new(Async::with_stop(self.dispatcher, max_concurrency, queues_stop));
         let mut tasks = tokio::task::JoinSet::new();
-        for (_, (resource, selector)) in watches {
+        for (_, w) in watches {
             tasks.spawn(crate::watcher::run_watch(
                 client.clone(),
-                resource,
-                selector.unwrap_or_default(),
+                w.resource,
+                w.selector.unwrap_or_default(),
                 reconcile_period,
+                w.keep_state,
                 sink.clone() as Arc<dyn EventHandler>,
                 metrics.clone(),
                 stop.clone(),

@@ -35,6 +35,17 @@ pub trait ResourceEventHandler: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Whether `on_deleted` reads the state of the deleted object (labels, spec) rather than
+    /// only its name, namespace and uid. Only then does the watcher keep the last state of every
+    /// object of the kind, so that a deletion found by a re-list (missed while the watch was
+    /// down) still hands the handler the whole object; otherwise such a deletion is handed
+    /// over as an object of that metadata alone, when the kind can be one (a Pod, a Namespace;
+    /// not a kind with a required spec). A deletion the watch delivers always carries the
+    /// object.
+    fn keeps_last_state(&self) -> bool {
+        false
+    }
+
     /// Where the handler records the versions it finished on ([`Settled`]): events carrying
     /// such a version, its own last write coming back, are then not handled again.
     fn settled(&self) -> Option<&Settled> {
@@ -81,11 +92,36 @@ impl<H: ResourceEventHandler> Typed<H> {
     pub fn selector(&self) -> WatchSelector {
         self.handler.selector()
     }
+
+    pub fn keeps_last_state(&self) -> bool {
+        self.handler.keeps_last_state()
+    }
 }
 
 #[async_trait]
 impl<H: ResourceEventHandler> EventHandler for Typed<H> {
     async fn handle(&self, event: Event) -> Result<(), Error> {
+        if event.event_type == EventType::Deleted && event.object.data.is_null() {
+            // A deletion found by a re-list, of which only the name, namespace and uid are known
+            // (see `keeps_last_state`): handed over as an object of that metadata when the kind
+            // has no required field besides it (a Pod, a Namespace), otherwise only forgotten.
+            if let (Some(s), Some(uid)) = (self.handler.settled(), event.object.metadata.uid.as_deref()) {
+                s.forget_uid(uid);
+            }
+            let bare = serde_json::json!({
+                "apiVersion": event.resource.api_version,
+                "kind": event.resource.kind,
+                "metadata": event.object.metadata,
+            });
+            return match serde_json::from_value::<H::Object>(bare) {
+                Ok(obj) => self.handler.on_deleted(&obj).await,
+                Err(_) => {
+                    tracing::debug!(handler = self.handler.name(), object = %event.object_ref(),
+                        "deleted while the watch was down; no state kept to hand over");
+                    Ok(())
+                }
+            };
+        }
         // Through a JSON value of the object, not a clone of it first (what `try_parse` does):
         // one deep copy fewer per event.
         let parsed =

@@ -73,8 +73,13 @@ impl Settled {
     /// Forgets `obj` (it was deleted, or a pass over it is about to change it).
     pub fn forget<K: Resource>(&self, obj: &K) {
         if let Some(uid) = obj.meta().uid.as_deref() {
-            self.lock().remove(uid);
+            self.forget_uid(uid);
         }
+    }
+
+    /// Forgets the object with this uid.
+    pub fn forget_uid(&self, uid: &str) {
+        self.lock().remove(uid);
     }
 
     pub fn len(&self) -> usize {
