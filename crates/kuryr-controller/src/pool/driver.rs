@@ -594,33 +594,28 @@ impl PoolDriver {
         }
         let mut unchanged = BTreeSet::new();
         for (deployment, steps) in by_deployment {
-            let Ok(client) = self.opts.deployments.client(deployment) else {
-                continue;
+            let ids: Vec<&str> = steps.iter().map(|s| s.port_id.as_str()).collect();
+            let filter = ListFilter::new().fields(["id", "name", "device_id", "security_groups"]);
+            let listed = match self.list_by_ids(deployment, &ids, filter).await {
+                Ok(listed) => listed,
+                Err(e) => {
+                    tracing::debug!(deployment, error = %e, "could not read released ports; cleaning them all");
+                    continue;
+                }
             };
-            for chunk in steps.chunks(STATUS_CHUNK) {
-                let filter = chunk
-                    .iter()
-                    .fold(ListFilter::new(), |f, s| f.id(s.port_id.clone()))
-                    .fields(["id", "name", "device_id", "security_groups"]);
-                let listed = match client.list_ports(&filter).await {
-                    Ok(listed) => listed,
-                    Err(e) => {
-                        tracing::debug!(deployment, error = %e, "could not read released ports; cleaning them all");
-                        continue;
-                    }
+            let listed: BTreeMap<&str, &kuryr_neutron::Port> =
+                listed.iter().map(|p| (p.id.as_str(), p)).collect();
+            for step in steps {
+                let Some(port) = listed.get(step.port_id.as_str()) else {
+                    continue;
                 };
-                for step in chunk {
-                    let Some(port) = listed.iter().find(|p| p.id == step.port_id) else {
-                        continue;
-                    };
-                    let groups: BTreeSet<&String> = port.security_groups.iter().collect();
-                    let wanted: BTreeSet<&String> = step.key.security_groups.iter().collect();
-                    if port.name == tags::POOL_PORT_NAME
-                        && (self.kind != PoolKind::Neutron || port.device_id.is_empty())
-                        && groups == wanted
-                    {
-                        unchanged.insert(step.port_id.clone());
-                    }
+                let groups: BTreeSet<&String> = port.security_groups.iter().collect();
+                let wanted: BTreeSet<&String> = step.key.security_groups.iter().collect();
+                if port.name == tags::POOL_PORT_NAME
+                    && (self.kind != PoolKind::Neutron || port.device_id.is_empty())
+                    && groups == wanted
+                {
+                    unchanged.insert(step.port_id.clone());
                 }
             }
         }
@@ -863,34 +858,41 @@ impl PoolDriver {
             }
         }
         for (deployment, ports) in pending {
-            let Ok(client) = self.opts.deployments.client(&deployment) else {
-                continue;
-            };
-            for chunk in ports.chunks(STATUS_CHUNK) {
-                let filter = chunk
-                    .iter()
-                    .fold(ListFilter::new(), |f, (id, _)| f.id(id.clone()))
-                    .status("ACTIVE")
-                    .fields(["id"]);
-                match client.list_ports(&filter).await {
-                    Ok(listed) => {
-                        let active: BTreeSet<String> = listed.into_iter().map(|p| p.id).collect();
-                        let keys: BTreeSet<&Key> = chunk.iter().map(|(_, k)| k).collect();
-                        let mut st = self.lock();
-                        for key in keys {
-                            st.update_available(key, |e| {
-                                if active.contains(&e.port_id) {
-                                    e.data.base_mut().active = true;
-                                }
-                            });
-                        }
-                    }
-                    Err(e) => {
-                        tracing::debug!(deployment, error = %e, "could not refresh port status")
+            let ids: Vec<&str> = ports.iter().map(|(id, _)| id.as_str()).collect();
+            let filter = ListFilter::new().status("ACTIVE").fields(["id"]);
+            match self.list_by_ids(&deployment, &ids, filter).await {
+                Ok(listed) => {
+                    let active: BTreeSet<String> = listed.into_iter().map(|p| p.id).collect();
+                    let keys: BTreeSet<&Key> = ports.iter().map(|(_, k)| k).collect();
+                    let mut st = self.lock();
+                    for key in keys {
+                        st.update_available(key, |e| {
+                            if active.contains(&e.port_id) {
+                                e.data.base_mut().active = true;
+                            }
+                        });
                     }
                 }
+                Err(e) => tracing::debug!(deployment, error = %e, "could not refresh port status"),
             }
         }
+    }
+
+    /// The ports of `deployment` among `ids` that pass `filter`: one list per [`STATUS_CHUNK`]
+    /// ids.
+    async fn list_by_ids(
+        &self,
+        deployment: &str,
+        ids: &[&str],
+        filter: ListFilter,
+    ) -> Result<Vec<kuryr_neutron::Port>, Error> {
+        let client = self.opts.deployments.client(deployment)?;
+        let mut out = Vec::new();
+        for chunk in ids.chunks(STATUS_CHUNK) {
+            let filter = chunk.iter().fold(filter.clone(), |f, id| f.id(id.to_string()));
+            out.extend(client.list_ports(&filter).await?);
+        }
+        Ok(out)
     }
 
     /// Runs [`PoolDriver::maintain`] every `ports_pool_update_frequency` until `stop`, and a
