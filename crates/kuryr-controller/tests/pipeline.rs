@@ -520,3 +520,39 @@ async fn objects_in_their_handler_are_bounded_whatever_the_worker_slots() {
     assert_eq!(w.done.load(SeqCst), 5);
     assert_eq!(w.most.load(SeqCst), 2, "never more than two in their handler");
 }
+
+/// Objects beyond the in-flight bound wait without a task: they are served in arrival order by
+/// the tasks that finish, a newer event for a waiting object replaces its pending one, and an
+/// object that gets an event while its task runs is handled again by that same task.
+#[tokio::test(start_paused = true)]
+async fn waiting_objects_are_served_in_arrival_order_with_their_newest_event() {
+    let rec = Arc::new(Recorder {
+        delay: Duration::from_millis(100),
+        ..Default::default()
+    });
+    let a = Async::new(rec.clone(), 1).with_max_in_flight(1);
+    a.handle(ev(EventType::Added, "p0", "u0", "1")).await.unwrap();
+    for (name, rv) in [("p1", "1"), ("p2", "1"), ("p3", "1"), ("p1", "2")] {
+        a.handle(ev(EventType::Modified, name, &format!("u-{name}"), rv))
+            .await
+            .unwrap();
+    }
+    // p0 is in its handler; an event behind it is kept for the same task.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    a.handle(ev(EventType::Modified, "p0", "u0", "2")).await.unwrap();
+    assert_eq!(a.depth().await, 4);
+    assert_eq!(
+        a.backlog().await,
+        4,
+        "p0's second event and the three waiting objects"
+    );
+    wait_idle(&a).await;
+    let seen = rec.seen.lock().await.clone();
+    let want: Vec<(String, String)> = [("p0", "1"), ("p0", "2"), ("p1", "2"), ("p2", "1"), ("p3", "1")]
+        .iter()
+        .map(|(n, r)| (n.to_string(), r.to_string()))
+        .collect();
+    assert_eq!(seen, want);
+    assert!(!*rec.overlapped.lock().await);
+    assert_eq!(a.depth().await, 0, "drained objects leave nothing behind");
+}

@@ -9,14 +9,18 @@
 //! arrives meanwhile still replaces it; and an event that has to wait for a slot is kept as
 //! compact JSON, parsed again when a worker takes it. In a burst of ten thousand pods nearly all
 //! of them wait, and a parsed object takes about ten times the bytes of its text.
+//!
+//! Only objects in flight have a task (at most the in-flight bound); the others wait as a key in
+//! a FIFO, taken by the next task that drains its object. A waiting object so costs its key and
+//! its compact event, not a task with its future.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use kube::api::{ApiResource, DynamicObject};
-use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Mutex, MutexGuard, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::{Event, EventHandler, EventType};
@@ -30,7 +34,16 @@ pub struct AsyncStats {
     pub handled: AtomicU64,
 }
 
-type Queues = Arc<Mutex<HashMap<String, Option<Pending>>>>;
+type Queues = Arc<Mutex<QueueState>>;
+
+#[derive(Default)]
+struct QueueState {
+    /// object key -> its newest unhandled event; the key exists while the object is waiting or
+    /// in flight.
+    pending: HashMap<String, Option<Pending>>,
+    /// Objects with an event and no task, in arrival order.
+    waiting: VecDeque<String>,
+}
 
 /// An object's newest unhandled event.
 enum Pending {
@@ -144,12 +157,13 @@ fn max_in_flight(max_concurrency: usize) -> usize {
 pub struct Async<H> {
     inner: Arc<H>,
     name: String,
-    /// object key -> the pending (newest unhandled) event; the key exists while a worker runs.
+    /// The objects' pending events and the ones waiting for a task.
     queues: Queues,
     workers: Arc<Semaphore>,
-    /// Objects taken and not yet done, also while their handler waits in [`idle`] (without a
-    /// worker slot): each holds its handler's state, so this bounds the memory of a burst in
-    /// which thousands back off at once.
+    /// Objects with a task, also while their handler waits in [`idle`] (without a worker slot):
+    /// each holds its handler's state, so this bounds the memory of a burst in which thousands
+    /// back off at once. Taken and given back only under the `queues` lock, so an object never
+    /// waits in the FIFO while a permit is free.
     in_flight: Arc<Semaphore>,
     stats: Arc<AsyncStats>,
     /// Cancels every queue: a pipeline that stops (shutdown, lost leadership, or its task being
@@ -191,53 +205,67 @@ impl<H: EventHandler + 'static> Async<H> {
 
     /// Objects with a queue right now (being handled or waiting).
     pub async fn depth(&self) -> usize {
-        self.queues.lock().await.len()
+        self.queues.lock().await.pending.len()
     }
 
+    /// One in-flight task: drains `key`, then the next waiting object, until none waits. Holds
+    /// `in_flight` throughout; gives it back under the lock when nothing waits.
     async fn run_queue(
         key: String,
+        in_flight: OwnedSemaphorePermit,
         inner: Arc<H>,
         queues: Queues,
         workers: Arc<Semaphore>,
-        in_flight: Arc<Semaphore>,
         stats: Arc<AsyncStats>,
         stop: CancellationToken,
     ) {
+        let run = async {
+            let mut key = key;
+            loop {
+                let Some(mut q) = Self::drain(&key, &inner, &queues, &workers, &stats).await else {
+                    return;
+                };
+                // Drained: drop the queue so memory follows live objects only.
+                q.pending.remove(&key);
+                match q.waiting.pop_front() {
+                    Some(next) => key = next,
+                    None => {
+                        drop(in_flight);
+                        return;
+                    }
+                }
+            }
+        };
         tokio::select! {
             _ = stop.cancelled() => {
-                queues.lock().await.remove(&key);
+                let mut q = queues.lock().await;
+                q.pending.clear();
+                q.waiting.clear();
             }
-            _ = Self::drain(&key, &inner, &queues, &workers, &in_flight, &stats) => {}
+            _ = run => {}
         }
     }
 
-    async fn drain(
+    /// Handles `key`'s events until none is pending, and returns the lock under which it found
+    /// none (so that no event can slip in between that and the key's removal); `None` on
+    /// shutdown.
+    async fn drain<'q>(
         key: &str,
         inner: &Arc<H>,
-        queues: &Queues,
+        queues: &'q Queues,
         workers: &Arc<Semaphore>,
-        in_flight: &Semaphore,
         stats: &AsyncStats,
-    ) {
+    ) -> Option<MutexGuard<'q, QueueState>> {
         loop {
-            // The slots first, then the event: while this waits, a newer event for the object
+            // The slot first, then the event: while this waits, a newer event for the object
             // still replaces the pending one, and the pending one stays compact. A closed
             // semaphore only happens on shutdown; stop quietly then.
-            let Ok(_taken) = in_flight.acquire().await else {
-                return;
-            };
-            let Ok(permit) = workers.clone().acquire_owned().await else {
-                return;
-            };
+            let permit = workers.clone().acquire_owned().await.ok()?;
             let pending = {
                 let mut q = queues.lock().await;
-                match q.get_mut(key).and_then(Option::take) {
+                match q.pending.get_mut(key).and_then(Option::take) {
                     Some(p) => p,
-                    None => {
-                        // Drained: drop the queue so memory follows live objects only.
-                        q.remove(key);
-                        return;
-                    }
+                    None => return Some(q),
                 }
             };
             let Some(event) = pending.into_event() else {
@@ -262,8 +290,9 @@ impl<H: EventHandler + 'static> EventHandler for Async<H> {
     async fn handle(&self, mut event: Event) -> Result<(), Error> {
         self.stats.received.fetch_add(1, Ordering::Relaxed);
         let key = event.group_key();
-        let mut q = self.queues.lock().await;
-        match q.get_mut(&key) {
+        let mut guard = self.queues.lock().await;
+        let q = &mut *guard;
+        match q.pending.get_mut(&key) {
             Some(pending) => {
                 if let Some(old) = pending.take() {
                     // A re-send it replaces still asks for a full pass.
@@ -274,19 +303,26 @@ impl<H: EventHandler + 'static> EventHandler for Async<H> {
                 // Behind a running handler (or a slot): it waits either way.
                 *pending = Some(Pending::new(event, true));
             }
-            None => {
-                let must_wait = self.workers.available_permits() == 0;
-                q.insert(key.clone(), Some(Pending::new(event, must_wait)));
-                tokio::spawn(Self::run_queue(
-                    key,
-                    self.inner.clone(),
-                    self.queues.clone(),
-                    self.workers.clone(),
-                    self.in_flight.clone(),
-                    self.stats.clone(),
-                    self.stop.clone(),
-                ));
-            }
+            None => match self.in_flight.clone().try_acquire_owned() {
+                Ok(in_flight) => {
+                    let must_wait = self.workers.available_permits() == 0;
+                    q.pending
+                        .insert(key.clone(), Some(Pending::new(event, must_wait)));
+                    tokio::spawn(Self::run_queue(
+                        key,
+                        in_flight,
+                        self.inner.clone(),
+                        self.queues.clone(),
+                        self.workers.clone(),
+                        self.stats.clone(),
+                        self.stop.clone(),
+                    ));
+                }
+                Err(_) => {
+                    q.pending.insert(key.clone(), Some(Pending::new(event, true)));
+                    q.waiting.push_back(key);
+                }
+            },
         }
         Ok(())
     }
@@ -300,6 +336,12 @@ impl<H: EventHandler + 'static> EventHandler for Async<H> {
     /// event), so a few hundred objects retrying on a full quota do not hold the watcher's
     /// re-send back.
     async fn backlog(&self) -> usize {
-        self.queues.lock().await.values().filter(|p| p.is_some()).count()
+        self.queues
+            .lock()
+            .await
+            .pending
+            .values()
+            .filter(|p| p.is_some())
+            .count()
     }
 }
