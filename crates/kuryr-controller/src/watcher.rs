@@ -37,31 +37,46 @@ const RESEND_PAGE: u32 = 100;
 /// controller's memory, for deletions no handler of those kinds looks at.
 #[derive(Default)]
 pub struct KnownObjects {
-    objects: HashMap<String, Known>,
+    objects: HashMap<Box<str>, Known>,
     relisting: Option<HashSet<String>>,
     keep_state: bool,
 }
 
+/// What is kept of an object: its uid and resourceVersion in one allocation (`uid/version`;
+/// neither contains a slash), 32 bytes a slot, since a controller of 10,000 pods keeps one for
+/// every pod and KuryrPort.
 struct Known {
-    uid: Option<String>,
-    resource_version: Option<String>,
+    id: Box<str>,
     state: Option<Box<str>>,
+}
+
+fn known_id(obj: &DynamicObject) -> String {
+    let m = &obj.metadata;
+    format!(
+        "{}/{}",
+        m.uid.as_deref().unwrap_or_default(),
+        m.resource_version.as_deref().unwrap_or_default()
+    )
 }
 
 impl Known {
     fn of(obj: &DynamicObject, keep_state: bool) -> Self {
         Self {
-            uid: obj.metadata.uid.clone(),
-            resource_version: obj.metadata.resource_version.clone(),
+            id: known_id(obj).into_boxed_str(),
             // A DynamicObject (string keys, JSON values) always serializes.
             state: keep_state.then(|| serde_json::to_string(obj).unwrap_or_default().into_boxed_str()),
         }
     }
 
+    fn uid(&self) -> Option<String> {
+        let (uid, _) = self.id.split_once('/')?;
+        (!uid.is_empty()).then(|| uid.to_string())
+    }
+
     /// The object as last seen, or (without a kept state) its [`tombstone`].
     fn last_seen(self, key: &str) -> Option<DynamicObject> {
         let Some(state) = self.state else {
-            return Some(tombstone(key, self.uid));
+            return Some(tombstone(key, self.uid()));
         };
         match serde_json::from_str(&state) {
             Ok(o) => Some(o),
@@ -131,10 +146,10 @@ impl KnownObjects {
                 let Some(seen) = self.relisting.take() else {
                     return vec![];
                 };
-                let gone: Vec<String> = self
+                let gone: Vec<Box<str>> = self
                     .objects
                     .keys()
-                    .filter(|k| !seen.contains(*k))
+                    .filter(|k| !seen.contains(&***k))
                     .cloned()
                     .collect();
                 gone.into_iter()
@@ -147,7 +162,7 @@ impl KnownObjects {
             }
             WEvent::Apply(obj) => self.upsert(obj).into_iter().collect(),
             WEvent::Delete(obj) => {
-                self.objects.remove(&key_of(&obj));
+                self.objects.remove(key_of(&obj).as_str());
                 vec![(EventType::Deleted, obj)]
             }
         }
@@ -155,17 +170,16 @@ impl KnownObjects {
 
     fn upsert(&mut self, obj: DynamicObject) -> Option<(EventType, DynamicObject)> {
         let key = key_of(&obj);
-        let ty = match self.objects.get(&key) {
+        let ty = match self.objects.get(key.as_str()) {
             // Same resourceVersion after a re-list: nothing changed, nothing to do.
-            Some(old)
-                if old.resource_version == obj.metadata.resource_version && old.uid == obj.metadata.uid =>
-            {
+            Some(old) if *old.id == known_id(&obj) => {
                 return None;
             }
             Some(_) => EventType::Modified,
             None => EventType::Added,
         };
-        self.objects.insert(key, Known::of(&obj, self.keep_state));
+        self.objects
+            .insert(key.into_boxed_str(), Known::of(&obj, self.keep_state));
         Some((ty, obj))
     }
 
