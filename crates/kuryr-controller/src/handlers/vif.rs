@@ -37,6 +37,43 @@ impl VifHandler {
     }
 
     /// Deletes the pod's KuryrPort; true when it is already gone.
+    /// Creates the pod's KuryrPort (owner reference, finalizer, node label).
+    async fn create_kuryrport(&self, pod: &Pod) -> Result<Created, Error> {
+        let ns = pod.namespace().unwrap_or_default();
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        let owner = pod.controller_owner_ref(&()).map(|mut o| {
+            // The KuryrPort must not block the pod's deletion: we release explicitly.
+            o.block_owner_deletion = Some(false);
+            o
+        });
+        let kp = KuryrPort {
+            metadata: ObjectMeta {
+                name: Some(pod.name_any()),
+                namespace: Some(ns.clone()),
+                labels: Some(BTreeMap::from([(labels::NODE_NAME.to_string(), node.clone())])),
+                finalizers: Some(vec![finalizers::KURYRPORT.to_string()]),
+                owner_references: owner.map(|o| vec![o]),
+                ..Default::default()
+            },
+            spec: KuryrPortSpec {
+                pod_uid: pod.uid().unwrap_or_default(),
+                pod_node_name: node,
+                pod_static: is_static(pod),
+            },
+            status: None,
+        };
+        match self.kps(&ns).create(&PostParams::default(), &kp).await {
+            Ok(_) => Ok(Created::Yes),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(Created::Exists),
+            Err(e) if crate::k8s::is_namespace_terminating(&e) => Ok(Created::Skipped),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     async fn delete_kuryrport(&self, pod: &Pod) -> Result<bool, Error> {
         let ns = pod.namespace().unwrap_or_default();
         match self
@@ -52,6 +89,15 @@ impl VifHandler {
 }
 
 /// Pods kuryr never wires: host network ones and those not scheduled yet.
+/// What a create of a KuryrPort came to.
+enum Created {
+    Yes,
+    /// One of that name is there already.
+    Exists,
+    /// The namespace is being deleted: nothing to wire.
+    Skipped,
+}
+
 pub fn should_ignore(pod: &Pod) -> bool {
     let spec = pod.spec.as_ref();
     spec.and_then(|s| s.host_network).unwrap_or(false)
@@ -101,16 +147,26 @@ impl ResourceEventHandler for VifHandler {
             return Ok(());
         }
         let static_pod = is_static(pod);
+        // A pod that did not carry our finalizer has not been seen by this handler: its
+        // KuryrPort is almost surely missing, so it is created without looking first (a
+        // conflict then reads the one in the way). Pods seen before look first, so that
+        // re-sends of wired pods cost a read, not a refused create.
+        let unseen = !static_pod && !pod.finalizers().iter().any(|f| f == finalizers::POD);
         let current = if static_pod {
             pod.clone()
         } else {
             add_finalizer(&self.ctx.kube, pod, finalizers::POD).await?
         };
-        let node = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .unwrap_or_default();
+        if unseen {
+            match self.create_kuryrport(pod).await? {
+                Created::Yes => {
+                    self.settled.settle(&current);
+                    return Ok(());
+                }
+                Created::Skipped => return Ok(()),
+                Created::Exists => {}
+            }
+        }
         match self.kps(&ns).get_opt(&name).await? {
             Some(kp) if kp.spec.pod_uid == uid => {
                 self.settled.settle(&current);
@@ -127,39 +183,17 @@ impl ResourceEventHandler for VifHandler {
                     kp.spec.pod_uid
                 )))
             }
-            None => {
-                let owner = pod.controller_owner_ref(&()).map(|mut o| {
-                    // The KuryrPort must not block the pod's deletion: we release explicitly.
-                    o.block_owner_deletion = Some(false);
-                    o
-                });
-                let kp = KuryrPort {
-                    metadata: ObjectMeta {
-                        name: Some(name.clone()),
-                        namespace: Some(ns.clone()),
-                        labels: Some(BTreeMap::from([(labels::NODE_NAME.to_string(), node.clone())])),
-                        finalizers: Some(vec![finalizers::KURYRPORT.to_string()]),
-                        owner_references: owner.map(|o| vec![o]),
-                        ..Default::default()
-                    },
-                    spec: KuryrPortSpec {
-                        pod_uid: uid,
-                        pod_node_name: node,
-                        pod_static: static_pod,
-                    },
-                    status: None,
-                };
-                match self.kps(&ns).create(&PostParams::default(), &kp).await {
-                    Ok(_) => {
-                        self.settled.settle(&current);
-                        Ok(())
-                    }
-                    // Created concurrently (e.g. a replayed event): the next event re-checks the uid.
-                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-                    Err(e) if crate::k8s::is_namespace_terminating(&e) => Ok(()),
-                    Err(e) => Err(e.into()),
+            None if unseen => Err(Error::not_ready(format!(
+                "KuryrPort {ns}/{name} was in the way of its create and is gone now"
+            ))),
+            None => match self.create_kuryrport(pod).await? {
+                Created::Yes => {
+                    self.settled.settle(&current);
+                    Ok(())
                 }
-            }
+                // Created concurrently (e.g. a replayed event): the next event re-checks the uid.
+                Created::Exists | Created::Skipped => Ok(()),
+            },
         }
     }
 
