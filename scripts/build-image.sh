@@ -4,7 +4,10 @@
 # packages (the essential set, ca-certificates, and openvswitch-switch for the ovs-vsctl the OVS binding
 # runs), plus `kuryr` and `kuryr-cni` in /usr/local/bin; umoci assembles it into an OCI image layout.
 #
-#   scripts/build-image.sh [--profile release|dev] [--out DIR] [--prebuilt] [--check]
+#   scripts/build-image.sh [--profile dist|release|dev] [--out DIR] [--prebuilt] [--check]
+#
+# The default profile, dist (Cargo.toml: whole-program LTO, one codegen unit), is what ships: its
+# controller is faster and about 8 MiB smaller resident; it takes ~40 minutes to build on 2 cores.
 #
 # Output: DIR/oci (OCI layout, tag kuryr-rs:<version>; `skopeo copy oci:DIR/oci:kuryr-rs:<version> ...`
 # or `podman load` pushes it), DIR/bundle/rootfs (the unpacked root filesystem). The Debian part is
@@ -18,7 +21,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-PROFILE=release
+PROFILE=dist
 OUT=.image
 CHECK=0
 PREBUILT=0
@@ -28,13 +31,14 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift 2 ;;
     --check) CHECK=1; shift ;;
     --prebuilt) PREBUILT=1; shift ;;
-    *) echo "usage: $0 [--profile release|dev] [--out DIR] [--prebuilt] [--check]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--profile dist|release|dev] [--out DIR] [--prebuilt] [--check]" >&2; exit 2 ;;
   esac
 done
 case "$PROFILE" in
+  dist) TARGET_SUBDIR=dist ;;
   release) TARGET_SUBDIR=release ;;
   dev) TARGET_SUBDIR=debug ;;
-  *) echo "--profile must be release or dev" >&2; exit 2 ;;
+  *) echo "--profile must be dist, release or dev" >&2; exit 2 ;;
 esac
 
 SUITE=bookworm
