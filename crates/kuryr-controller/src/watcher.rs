@@ -68,6 +68,16 @@ impl Known {
         }
     }
 
+    /// Whether `obj` is the uid and version kept (compared in place: this runs for every event).
+    fn is(&self, obj: &DynamicObject) -> bool {
+        let m = &obj.metadata;
+        self.id.split_once('/')
+            == Some((
+                m.uid.as_deref().unwrap_or_default(),
+                m.resource_version.as_deref().unwrap_or_default(),
+            ))
+    }
+
     fn uid(&self) -> Option<String> {
         let (uid, _) = self.id.split_once('/')?;
         (!uid.is_empty()).then(|| uid.to_string())
@@ -172,7 +182,7 @@ impl KnownObjects {
         let key = key_of(&obj);
         let ty = match self.objects.get(key.as_str()) {
             // Same resourceVersion after a re-list: nothing changed, nothing to do.
-            Some(old) if *old.id == known_id(&obj) => {
+            Some(old) if old.is(&obj) => {
                 return None;
             }
             Some(_) => EventType::Modified,

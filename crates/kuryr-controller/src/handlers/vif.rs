@@ -36,9 +36,9 @@ impl VifHandler {
         Api::namespaced(self.ctx.kube.clone(), ns)
     }
 
-    /// Deletes the pod's KuryrPort; true when it is already gone.
-    /// Creates the pod's KuryrPort (owner reference, finalizer, node label).
-    async fn create_kuryrport(&self, pod: &Pod) -> Result<Created, Error> {
+    /// Creates the pod's KuryrPort (owner reference, finalizer, node label); once created,
+    /// records `current` (the pod as our finalizer left it) as settled.
+    async fn create_kuryrport(&self, pod: &Pod, current: &Pod) -> Result<Created, Error> {
         let ns = pod.namespace().unwrap_or_default();
         let node = pod
             .spec
@@ -67,13 +67,17 @@ impl VifHandler {
             status: None,
         };
         match self.kps(&ns).create(&PostParams::default(), &kp).await {
-            Ok(_) => Ok(Created::Yes),
+            Ok(_) => {
+                self.settled.settle(current);
+                Ok(Created::Done)
+            }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Created::Exists),
-            Err(e) if crate::k8s::is_namespace_terminating(&e) => Ok(Created::Skipped),
+            Err(e) if crate::k8s::is_namespace_terminating(&e) => Ok(Created::Done),
             Err(e) => Err(e.into()),
         }
     }
 
+    /// Deletes the pod's KuryrPort; true when it is already gone.
     async fn delete_kuryrport(&self, pod: &Pod) -> Result<bool, Error> {
         let ns = pod.namespace().unwrap_or_default();
         match self
@@ -88,16 +92,15 @@ impl VifHandler {
     }
 }
 
-/// Pods kuryr never wires: host network ones and those not scheduled yet.
 /// What a create of a KuryrPort came to.
 enum Created {
-    Yes,
+    /// Created, or not needed: the namespace is being deleted.
+    Done,
     /// One of that name is there already.
     Exists,
-    /// The namespace is being deleted: nothing to wire.
-    Skipped,
 }
 
+/// Pods kuryr never wires: host network ones and those not scheduled yet.
 pub fn should_ignore(pod: &Pod) -> bool {
     let spec = pod.spec.as_ref();
     spec.and_then(|s| s.host_network).unwrap_or(false)
@@ -157,17 +160,16 @@ impl ResourceEventHandler for VifHandler {
         } else {
             add_finalizer(&self.ctx.kube, pod, finalizers::POD).await?
         };
-        if unseen {
-            match self.create_kuryrport(pod).await? {
-                Created::Yes => {
-                    self.settled.settle(&current);
-                    return Ok(());
-                }
-                Created::Skipped => return Ok(()),
-                Created::Exists => {}
+        let found = if unseen {
+            match self.create_kuryrport(pod, &current).await? {
+                // Whose is the one in the way?
+                Created::Exists => self.kps(&ns).get_opt(&name).await?,
+                Created::Done => return Ok(()),
             }
-        }
-        match self.kps(&ns).get_opt(&name).await? {
+        } else {
+            self.kps(&ns).get_opt(&name).await?
+        };
+        match found {
             Some(kp) if kp.spec.pod_uid == uid => {
                 self.settled.settle(&current);
                 Ok(())
@@ -183,17 +185,11 @@ impl ResourceEventHandler for VifHandler {
                     kp.spec.pod_uid
                 )))
             }
-            None if unseen => Err(Error::not_ready(format!(
-                "KuryrPort {ns}/{name} was in the way of its create and is gone now"
-            ))),
-            None => match self.create_kuryrport(pod).await? {
-                Created::Yes => {
-                    self.settled.settle(&current);
-                    Ok(())
-                }
-                // Created concurrently (e.g. a replayed event): the next event re-checks the uid.
-                Created::Exists | Created::Skipped => Ok(()),
-            },
+            None => {
+                // One created meanwhile (a replayed event): the next event re-checks its uid.
+                self.create_kuryrport(pod, &current).await?;
+                Ok(())
+            }
         }
     }
 
