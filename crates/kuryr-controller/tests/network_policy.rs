@@ -413,7 +413,7 @@ async fn groups_of_a_policy_deleted_while_the_controller_was_down_are_swept() ->
                 .map(|a| (a, ())))
         })
         .await?;
-        first.kill();
+        first.kill().await;
         force_delete(
             &Api::<NetworkPolicy>::namespaced(kube.client.clone(), "z"),
             "gone",

@@ -555,7 +555,7 @@ async fn a_controller_killed_while_the_load_balancer_is_pending_create_leaves_ex
                 .map(|_| ()))
         })
         .await?;
-        ctrl.kill();
+        ctrl.kill().await;
         let _ctrl = bed.controller(&oct, "", "svc-crash-2");
         let st = recorded(kube, &ns, "web", 1, 3).await.context(oct.name)?;
         let lbs = lbs_named(&oct.client, &name).await?;

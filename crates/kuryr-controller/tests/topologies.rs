@@ -340,7 +340,7 @@ async fn only_the_leader_acts_and_a_killed_leader_is_replaced() -> Result<()> {
     assert!(creates(&leader) > 0, "the leader wired the pods");
     assert_eq!(creates(&follower), 0, "the follower created no port");
 
-    leader.kill();
+    leader.kill().await;
     let killed = Instant::now();
     create_pod(&kube.client, "ha", "after-failover", NODES[0], json!({})).await?;
     // The lease is the contract: a dead leader's lease expires and a follower takes it.

@@ -250,12 +250,17 @@ pub struct Controller {
 }
 
 impl Controller {
-    /// Stops it abruptly: its task (and with it every task it owns) is aborted, no lease is
-    /// handed over and nothing is flushed.
-    pub fn kill(mut self) {
+    /// Stops it abruptly, as a crash would: its task is aborted and every task it spawned (handlers
+    /// in flight, queues, pools) ends at its next await; no lease is handed over and nothing is
+    /// flushed. A request already sent may still land, as after a real crash.
+    pub async fn kill(mut self) {
         if let Some(t) = self.task.take() {
             t.abort();
+            // Gone before the token ends the rest: cancelling first would let the leader
+            // elector hand its lease over, which a crash never does.
+            let _ = t.await;
         }
+        self.stop.cancel();
     }
 
     /// Graceful stop: cancel and wait for the controller to finish.

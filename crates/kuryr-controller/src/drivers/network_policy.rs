@@ -1047,22 +1047,34 @@ impl NetworkPolicyDriver {
         Ok(uids)
     }
 
-    /// The orphan sweep every `every` while leading (the first right away).
+    /// The orphan sweep every `every` while leading (the first right away). A failed pass (a
+    /// group put back on a port by a write still in flight from a crashed leader, Neutron
+    /// unreachable) is tried again sooner, backing off from 2 s up to `every`.
     pub async fn run_sweeps(self: Arc<Self>, every: Duration, stop: CancellationToken) {
-        let mut tick = tokio::time::interval(every);
+        const FIRST_RETRY: Duration = Duration::from_secs(2);
+        let mut wait = Duration::ZERO;
+        let mut retry = FIRST_RETRY;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tick.tick() => {}
+                _ = tokio::time::sleep(wait) => {}
             }
             match self.sweep_orphans().await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(
-                    policies = n,
-                    "deleted the Neutron groups of policies that are gone"
-                ),
-                // A group still on a port, Neutron unreachable: the next pass tries again.
-                Err(e) => tracing::warn!(error = %e, "policy group sweep failed; next pass retries"),
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::info!(
+                            policies = n,
+                            "deleted the Neutron groups of policies that are gone"
+                        );
+                    }
+                    wait = every;
+                    retry = FIRST_RETRY;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?retry, "policy group sweep failed; retrying");
+                    wait = retry.min(every);
+                    retry = (retry * 2).min(every);
+                }
             }
         }
     }
