@@ -585,3 +585,95 @@ async fn the_vif_handler_skips_its_own_write_but_not_a_resend_or_another_change(
     );
     Ok(())
 }
+
+/// The KuryrPort handler writes its status twice in a pass (the ports recorded, then active).
+/// Both writes come back as MODIFIED events: the first shows a state the pass already left
+/// (inactive ports it would activate and record again), the last the state it finished on, so
+/// both are skipped without a request. The re-send of the same version, and a pass that failed,
+/// are handled in full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kuryrport_handler_skips_every_event_of_its_own_writes() -> Result<()> {
+    use futures::StreamExt;
+    use kube::api::{ApiResource, DynamicObject, WatchEvent, WatchParams};
+    use kuryr_controller::context::Platform;
+    use kuryr_controller::pipeline::{Event, EventHandler, EventType, Typed};
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let fx = neutron_fixture(&target.client, "10.63.0.0/24").await?;
+        let metrics = Metrics::new();
+        let platform = Arc::new(Platform::new(
+            kube.client.clone(),
+            config(&bare_metal_config(&fx, "vif,kuryrport")),
+            Deployments::noauth(&target.url, &metrics)?,
+            metrics,
+        ));
+        let ctx = Context::build(platform)?;
+        create_namespace(&kube.client, "own", json!({})).await?;
+        let pod = create_pod(&kube.client, "own", "p", NODES[0], json!({})).await?;
+        kuryr_controller::handlers::vif::VifHandler::new(ctx.clone())
+            .on_present(&pod)
+            .await?;
+        let kps: Api<KuryrPort> = Api::namespaced(kube.client.clone(), "own");
+        let created = kps.get("p").await?;
+        let mut watch = kps
+            .watch(
+                &WatchParams::default(),
+                created.resource_version().as_deref().unwrap_or("0"),
+            )
+            .await?
+            .boxed();
+
+        let handler = Typed::new(Arc::new(
+            kuryr_controller::handlers::kuryrport::KuryrPortHandler::new(ctx.clone()),
+        ));
+        let resource = Arc::new(ApiResource::erase::<KuryrPort>(&()));
+        let event = |ty: EventType, kp: &KuryrPort| -> Result<Event> {
+            let obj: DynamicObject = serde_json::from_value(serde_json::to_value(kp)?)?;
+            Ok(Event::new(ty, resource.clone(), obj))
+        };
+        handler.handle(event(EventType::Added, &created)?).await?;
+        let last = kps.get("p").await?;
+        let active = last
+            .status
+            .as_ref()
+            .and_then(|s| s.vifs.values().next())
+            .is_some_and(|v| v.vif.active());
+        assert!(
+            active,
+            "{}: one pass recorded and activated the port",
+            target.name
+        );
+
+        // Every write of the pass, as the watch hands it back.
+        let mut own = vec![];
+        while own.last().map(|k: &KuryrPort| k.resource_version()) != Some(last.resource_version()) {
+            match tokio::time::timeout(WAIT, watch.next()).await? {
+                Some(Ok(WatchEvent::Modified(kp))) => own.push(kp),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e.into()),
+                None => bail!("the watch ended"),
+            }
+        }
+        assert_eq!(own.len(), 2, "{}: the ports recorded, then active", target.name);
+        let requests = || kube.handle.requests().snapshot().into_values().sum::<u64>();
+        for kp in &own {
+            let before = requests();
+            handler.handle(event(EventType::Modified, kp)?).await?;
+            assert_eq!(
+                requests() - before,
+                0,
+                "{}: its own write at {:?} is not handled again",
+                target.name,
+                kp.resource_version()
+            );
+        }
+        // The periodic re-send of the first write is handled in full (it re-reads the pod).
+        let before = requests();
+        let obj: DynamicObject = serde_json::from_value(serde_json::to_value(&own[0])?)?;
+        handler.handle(Event::resync(resource.clone(), obj)).await?;
+        assert!(requests() > before, "{}: a re-send is handled", target.name);
+        cleanup_project(&target.client, &fx.project).await;
+    }
+    Ok(())
+}

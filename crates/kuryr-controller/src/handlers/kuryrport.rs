@@ -120,7 +120,8 @@ impl KuryrPortHandler {
         Ok(())
     }
 
-    /// Returns the version of the KuryrPort its last status write left (`None`: nothing written).
+    /// Returns the versions of the KuryrPort its status writes left, the last first (`None`:
+    /// nothing written).
     async fn wire(&self, kp: &KuryrPort, pod: &Pod) -> Result<Option<Version>, Error> {
         let source = DriverSource::new(&self.ctx, kp);
         let mut written = None;
@@ -156,7 +157,8 @@ impl KuryrPortHandler {
             let started = Instant::now();
             let activation = wiring::activate_all(&source, &mut vifs).await;
             if activation.changed {
-                written = Version::of(&self.write_status(kp, &vifs).await?);
+                let activated = Version::of(&self.write_status(kp, &vifs).await?);
+                written = Version::then(written, activated);
             }
             if let Some(e) = activation.pending {
                 self.report_slow_activation(kp, pod, &e).await;

@@ -122,6 +122,16 @@ impl<H: ResourceEventHandler> EventHandler for Typed<H> {
                 }
             };
         }
+        let settled = self.handler.settled();
+        // Before the object is parsed: most of a handler's own writes come back and end here.
+        if event.event_type != EventType::Deleted
+            && !event.resync
+            && event.object.metadata.deletion_timestamp.is_none()
+            && settled.is_some_and(|s| s.is_settled(event.object.as_ref()))
+        {
+            tracing::trace!(handler = self.handler.name(), object = %event.object_ref(), "own write; nothing to do");
+            return Ok(());
+        }
         // Through a JSON value of the object, not a clone of it first (what `try_parse` does):
         // one deep copy fewer per event.
         let parsed =
@@ -132,7 +142,6 @@ impl<H: ResourceEventHandler> EventHandler for Typed<H> {
                 format!("cannot parse as {}: {e}", event.resource.kind),
             )
         })?;
-        let settled = self.handler.settled();
         match event.event_type {
             EventType::Deleted => {
                 if let Some(s) = settled {
@@ -141,10 +150,6 @@ impl<H: ResourceEventHandler> EventHandler for Typed<H> {
                 self.handler.on_deleted(&obj).await
             }
             _ if obj.meta().deletion_timestamp.is_some() => self.handler.on_finalize(&obj).await,
-            _ if !event.resync && settled.is_some_and(|s| s.is_settled(&obj)) => {
-                tracing::trace!(handler = self.handler.name(), object = %event.object_ref(), "own write; nothing to do");
-                Ok(())
-            }
             _ => self.handler.on_present(&obj).await,
         }
     }
