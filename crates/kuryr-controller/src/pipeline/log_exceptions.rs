@@ -23,11 +23,14 @@ impl<H: EventHandler> LogExceptions<H> {
 #[async_trait]
 impl<H: EventHandler> EventHandler for LogExceptions<H> {
     async fn handle(&self, event: Event) -> Result<(), Error> {
-        if let Err(e) = self.inner.handle(event.clone()).await {
+        // Only what names the object is kept for the log: the handler frees the object itself.
+        let event_type = event.event_type;
+        let object = event.object_ref();
+        if let Err(e) = self.inner.handle(event).await {
             // The object, or one it needs (its namespace, its KuryrPort), went away under the
             // handler: nothing is left to do and nobody to tell; the deletion's own events follow.
             if matches!(&e, Error::Gone(_)) || matches!(&e, Error::Kube(k) if crate::error::is_not_found(k)) {
-                tracing::debug!(handler = %self.name, object = %event.object_ref(), error = %e, "object gone");
+                tracing::debug!(handler = %self.name, object = %object, error = %e, "object gone");
                 return Ok(());
             }
             self.metrics.handler_failure(&self.name, e.label());
@@ -36,8 +39,8 @@ impl<H: EventHandler> EventHandler for LogExceptions<H> {
                 // must act; an ERROR would page an operator for it.
                 tracing::warn!(
                     handler = %self.name,
-                    object = %event.object_ref(),
-                    event = event.event_type.as_str(),
+                    object = %object,
+                    event = event_type.as_str(),
                     error = %e,
                     kind = e.label(),
                     request_id = e.request_id().unwrap_or("-"),
@@ -47,8 +50,8 @@ impl<H: EventHandler> EventHandler for LogExceptions<H> {
             }
             tracing::error!(
                 handler = %self.name,
-                object = %event.object_ref(),
-                event = event.event_type.as_str(),
+                object = %object,
+                event = event_type.as_str(),
                 error = %e,
                 kind = e.label(),
                 request_id = e.request_id().unwrap_or("-"),

@@ -79,6 +79,28 @@ impl Event {
         }
     }
 
+    /// The event with its object cut down to what names it (kind, name, namespace, uid): what a
+    /// wrapper keeps while the handler works, so that the object is freed once the handler has
+    /// parsed it (a burst holds a thousand objects in their handlers at once).
+    pub fn reference(&self) -> Self {
+        let obj = &self.object;
+        Self {
+            event_type: self.event_type,
+            resource: self.resource.clone(),
+            object: Arc::new(DynamicObject {
+                types: obj.types.clone(),
+                metadata: kube::api::ObjectMeta {
+                    name: obj.metadata.name.clone(),
+                    namespace: obj.metadata.namespace.clone(),
+                    uid: obj.metadata.uid.clone(),
+                    ..Default::default()
+                },
+                data: serde_json::Value::Null,
+            }),
+            resync: self.resync,
+        }
+    }
+
     pub fn gvk(&self) -> GroupVersionKind {
         GroupVersionKind::gvk(&self.resource.group, &self.resource.version, &self.resource.kind)
     }

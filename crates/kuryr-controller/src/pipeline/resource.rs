@@ -142,7 +142,10 @@ impl<H: ResourceEventHandler> EventHandler for Typed<H> {
                 format!("cannot parse as {}: {e}", event.resource.kind),
             )
         })?;
-        match event.event_type {
+        // The handler works on the parsed object alone: the event's copy is freed here.
+        let event_type = event.event_type;
+        drop(event);
+        match event_type {
             EventType::Deleted => {
                 if let Some(s) = settled {
                     s.forget(&obj);

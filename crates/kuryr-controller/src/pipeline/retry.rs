@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use kube::api::{DynamicObject, ObjectMeta};
 use rand::Rng;
 use tokio::time::Instant;
 
@@ -45,19 +44,6 @@ impl RetryPolicy {
 }
 
 /// The object's kind, name, namespace and uid, nothing else.
-fn reference_of(obj: &DynamicObject) -> DynamicObject {
-    DynamicObject {
-        types: obj.types.clone(),
-        metadata: ObjectMeta {
-            name: obj.metadata.name.clone(),
-            namespace: obj.metadata.namespace.clone(),
-            uid: obj.metadata.uid.clone(),
-            ..ObjectMeta::default()
-        },
-        data: serde_json::Value::Null,
-    }
-}
-
 pub struct Retry<H> {
     inner: H,
     name: String,
@@ -81,11 +67,16 @@ impl<H: EventHandler> Retry<H> {
 
 #[async_trait]
 impl<H: EventHandler> EventHandler for Retry<H> {
-    async fn handle(&self, mut event: Event) -> Result<(), Error> {
+    async fn handle(&self, event: Event) -> Result<(), Error> {
         let start = Instant::now();
         let mut attempt = 0u32;
+        let deleted = event.event_type == EventType::Deleted;
+        // While the handler works only what names the object is kept here (a retry reads the
+        // object afresh); a deletion cannot be read again, so a retry hands over the same event.
+        let kept = if deleted { event.clone() } else { event.reference() };
+        let mut next = event;
         loop {
-            let err = match self.inner.handle(event.clone()).await {
+            let err = match self.inner.handle(next).await {
                 Ok(()) => return Ok(()),
                 Err(e) => e,
             };
@@ -96,36 +87,34 @@ impl<H: EventHandler> EventHandler for Retry<H> {
             if start.elapsed().saturating_add(wait) > self.policy.deadline {
                 return Err(err);
             }
-            tracing::debug!(handler = %self.name, object = %event.object_ref(), attempt, ?wait, error = %err,
+            tracing::debug!(handler = %self.name, object = %kept.object_ref(), attempt, ?wait, error = %err,
                 request_id = err.request_id(), "retrying");
             self.metrics.retry(&self.name);
-            // Only what the re-read needs is kept through the wait: in a burst thousands of
-            // objects back off at once (pods waiting for their pool), and their whole parsed
-            // copies were most of the controller's memory.
-            if event.event_type != EventType::Deleted {
-                event.object = Arc::new(reference_of(&event.object));
-            }
-            // Backing off is waiting, not working: other objects get the worker slot meanwhile.
             super::idle(tokio::time::sleep(wait)).await;
             attempt += 1;
-            // A DELETED event describes an object that is already gone: retry it as it was.
-            if event.event_type != EventType::Deleted {
-                let meta = &event.object.metadata;
-                let name = meta.name.clone().unwrap_or_default();
-                match self
-                    .source
-                    .get(&event.resource, meta.namespace.as_deref(), &name)
-                    .await?
-                {
-                    None => {
-                        tracing::debug!(handler = %self.name, object = %event.object_ref(), "gone while retrying; dropped");
-                        return Ok(());
-                    }
-                    Some(fresh) if fresh.metadata.uid != event.object.metadata.uid => {
-                        // Same name, new object: its own events will come through its own queue.
-                        return Ok(());
-                    }
-                    Some(fresh) => event.object = Arc::new(fresh),
+            if deleted {
+                next = kept.clone();
+                continue;
+            }
+            let meta = &kept.object.metadata;
+            let name = meta.name.clone().unwrap_or_default();
+            match self
+                .source
+                .get(&kept.resource, meta.namespace.as_deref(), &name)
+                .await?
+            {
+                None => {
+                    tracing::debug!(handler = %self.name, object = %kept.object_ref(), "gone while retrying; dropped");
+                    return Ok(());
+                }
+                Some(fresh) if fresh.metadata.uid != meta.uid => {
+                    return Ok(());
+                }
+                Some(fresh) => {
+                    next = Event {
+                        object: Arc::new(fresh),
+                        ..kept.clone()
+                    };
                 }
             }
         }

@@ -220,6 +220,18 @@ pub fn usage(pid: u32) -> Usage {
     total
 }
 
+/// CPU time of this process alone (the emulators serving a run, the pod creator), not its
+/// children: utime + stime of `/proc/self/stat`.
+pub fn own_cpu_secs() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let ticks = if ticks > 0 { ticks as f64 } else { 100.0 };
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| parse_cpu_ticks(&stat))
+        .map_or(0.0, |(u, s)| (u + s) as f64 / ticks)
+}
+
 /// `pid` and its descendants (from each process' `children` file).
 fn tree(pid: u32) -> Vec<u32> {
     let mut out = vec![pid];

@@ -291,6 +291,7 @@ async fn measure(
         bed.neutron.reset_stats();
         bed.kube.requests().reset();
         let cpu_before = child::usage(ctrl.pid).cpu_secs;
+        let bed_cpu_before = child::own_cpu_secs();
         let deadline = Instant::now() + size.timeout;
         let created = match case {
             Case::Churn => {
@@ -316,6 +317,7 @@ async fn measure(
         anyhow::Ok((
             created,
             usage.cpu_secs - cpu_before,
+            child::own_cpu_secs() - bed_cpu_before,
             usage.peak_rss_kib,
             stats,
             kube_requests,
@@ -324,7 +326,7 @@ async fn measure(
     .await;
     let exited = ctrl.exited();
     ctrl.stop().await;
-    let (created, cpu_secs, peak_rss_kib, stats, kube_requests) = outcome?;
+    let (created, cpu_secs, bed_cpu_secs, peak_rss_kib, stats, kube_requests) = outcome?;
     if exited {
         anyhow::bail!(
             "the controller exited during the run; its log: {}",
@@ -358,6 +360,7 @@ async fn measure(
         neutron_workers: bed.neutron_workers,
         kube_requests: kube_requests.into_iter().collect::<BTreeMap<_, _>>(),
         cpu_secs,
+        bed_cpu_secs,
         peak_rss_kib,
     })
 }

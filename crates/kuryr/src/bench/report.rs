@@ -28,6 +28,10 @@ pub struct Row {
     /// Kubernetes API requests in the measured window by `<verb> <resource>`.
     pub kube_requests: BTreeMap<String, u64>,
     pub cpu_secs: f64,
+    /// CPU of the benchmark process itself over the window: the emulated Kubernetes API and
+    /// Neutron serving the controller (and the pod creator). With the controller's, what the run
+    /// asked of the machine's cores.
+    pub bed_cpu_secs: f64,
     pub peak_rss_kib: u64,
 }
 
@@ -41,6 +45,16 @@ pub fn percentile(sorted: &[Duration], q: f64) -> Option<Duration> {
 }
 
 impl Row {
+    /// The controller's and the emulators' CPU over the run's wall time: on a machine of N cores,
+    /// a value near N means the run was bound by the machine, not by waits.
+    pub fn cores_busy(&self) -> f64 {
+        if self.secs > 0.0 {
+            (self.cpu_secs + self.bed_cpu_secs) / self.secs
+        } else {
+            0.0
+        }
+    }
+
     pub fn pods_per_sec(&self) -> f64 {
         if self.secs > 0.0 {
             self.wired as f64 / self.secs
@@ -102,13 +116,13 @@ pub fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     out.push_str(
         "| Neutron | case | impl | pods wired | pods/s | p50 / p99 / max ms | Neutron req/pod | by kind (per pod) | \
-         server bound pods/s | k8s req/pod | CPU s | peak RSS MiB |\n",
+         server bound pods/s | k8s req/pod | CPU s | emulators CPU s | cores busy | peak RSS MiB |\n",
     );
-    out.push_str("|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|\n");
+    out.push_str("|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|\n");
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {}/{} | {:.1} | {} / {} / {} | {:.2} | {} | {} | {:.1} | {:.2} | {:.1} |",
+            "| {} | {} | {} | {}/{} | {:.1} | {} / {} / {} | {:.2} | {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.1} |",
             r.profile.label(),
             r.case.label(),
             r.which.label(),
@@ -123,6 +137,8 @@ pub fn table(rows: &[Row]) -> String {
             r.server_bound().map_or_else(|| "-".into(), |b| format!("{b:.1}")),
             r.kube_per_pod(),
             r.cpu_secs,
+            r.bed_cpu_secs,
+            r.cores_busy(),
             r.peak_rss_kib as f64 / 1024.0,
         );
     }
@@ -431,6 +447,7 @@ mod tests {
             neutron_workers: Some(2),
             kube_requests: BTreeMap::from([("patch kuryrports".into(), 8)]),
             cpu_secs: 1.0,
+            bed_cpu_secs: 2.0,
             peak_rss_kib: 10240,
         }
     }
@@ -451,6 +468,8 @@ mod tests {
         assert_eq!(r.neutron_per_pod(), 1.5);
         assert_eq!(r.neutron_by_kind(), "create 1.00, list 0.50");
         assert_eq!(r.kube_per_pod(), 2.0);
+        // 1 CPU-second of controller and 2 of emulators over 2 s: one and a half cores.
+        assert_eq!(r.cores_busy(), 1.5);
         // 2 s of service for 4 pods on 2 workers: 4 pods/s at most.
         assert_eq!(r.server_bound(), Some(4.0));
     }
