@@ -168,9 +168,18 @@ pub async fn publish_event<K>(recorder: &Recorder, obj: &K, warning: bool, reaso
 where
     K: Resource<DynamicType = ()>,
 {
-    let regarding = obj.object_ref(&());
-    if let Err(e) = kuryr_crds::events::publish(recorder, &regarding, warning, reason, message, reason).await
-    {
+    publish_event_on(recorder, &obj.object_ref(&()), warning, reason, message).await;
+}
+
+/// [`publish_event`] on an object known by its reference.
+pub async fn publish_event_on(
+    recorder: &Recorder,
+    regarding: &ObjectReference,
+    warning: bool,
+    reason: &str,
+    message: &str,
+) {
+    if let Err(e) = kuryr_crds::events::publish(recorder, regarding, warning, reason, message, reason).await {
         tracing::warn!(reason, error = %e, "could not record event");
     }
 }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
@@ -22,7 +22,7 @@ use serde_json::json;
 use crate::context::Context;
 use crate::drivers::PodRef;
 use crate::error::{Error, is_not_found};
-use crate::k8s::{publish_event, remove_finalizer, surface_user_error};
+use crate::k8s::{publish_event_on, remove_finalizer, surface_user_error};
 use crate::pipeline::{ResourceEventHandler, Settled, Version};
 use crate::wiring::{self, DriverSource, RecordedVif, record};
 
@@ -64,11 +64,11 @@ impl KuryrPortHandler {
 
     /// The KuryrPort's pod, or `None` when it is gone or was re-created (then this KuryrPort is
     /// stale and deleted, which releases its ports through finalize).
-    async fn live_pod(&self, kp: &KuryrPort) -> Result<Option<Pod>, Error> {
+    async fn live_pod(&self, kp: &KuryrPort) -> Result<Option<Box<Pod>>, Error> {
         let ns = kp.namespace().unwrap_or_default();
         let pods: Api<Pod> = Api::namespaced(self.ctx.kube.clone(), &ns);
         match pods.get_opt(&kp.name_any()).await? {
-            Some(p) if p.uid().as_deref() == Some(kp.spec.pod_uid.as_str()) => Ok(Some(p)),
+            Some(p) if p.uid().as_deref() == Some(kp.spec.pod_uid.as_str()) => Ok(Some(Box::new(p))),
             _ => {
                 let api: Api<KuryrPort> = Api::namespaced(self.ctx.kube.clone(), &ns);
                 match api.delete(&kp.name_any(), &DeleteParams::background()).await {
@@ -105,38 +105,53 @@ impl KuryrPortHandler {
 
     /// `k8s.v1.cni.cncf.io/network-status` on the pod, when multi-VIF drivers are enabled and the
     /// value changed.
-    async fn write_network_status(&self, pod: &Pod, vifs: &[RecordedVif]) -> Result<(), Error> {
+    async fn write_network_status(&self, pod: &PodSeen, vifs: &[RecordedVif]) -> Result<(), Error> {
         if self.ctx.drivers.multi_vif.is_empty() {
             return Ok(());
         }
         let value = record::network_status(vifs)?;
-        if pod.annotations().get(NPWG_NETWORK_STATUS) == Some(&value) {
+        if pod.network_status.as_ref() == Some(&value) {
             return Ok(());
         }
-        let pods: Api<Pod> = Api::namespaced(self.ctx.kube.clone(), &pod.namespace().unwrap_or_default());
+        let pods: Api<Pod> = Api::namespaced(
+            self.ctx.kube.clone(),
+            pod.reference.namespace.as_deref().unwrap_or_default(),
+        );
         let patch = json!({"metadata": {"annotations": {NPWG_NETWORK_STATUS: value}}});
-        pods.patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        let name = pod.reference.name.as_deref().unwrap_or_default();
+        pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
         Ok(())
     }
 
     /// Returns the versions of the KuryrPort its status writes left, the last first (`None`:
     /// nothing written).
-    async fn wire(&self, kp: &KuryrPort, pod: &Pod) -> Result<Option<Version>, Error> {
+    ///
+    /// The steps around the wait for ACTIVE are boxed: a future is as large as its largest
+    /// step, and a burst holds a thousand of these waiting; unboxed, the plan and the Kubernetes
+    /// calls made each waiting pass 8.7 KB instead of what the wait itself needs.
+    /// The pod is given up once the ports are acquired: what the later steps need of it is kept
+    /// apart ([`PodSeen`]).
+    async fn wire(
+        &self,
+        kp: &KuryrPort,
+        pod: Box<Pod>,
+        reference: ObjectReference,
+    ) -> Result<Option<Version>, Error> {
         let source = DriverSource::new(&self.ctx, kp);
         let mut written = None;
         let mut vifs = wiring::recorded_vifs(kp);
         if vifs.is_empty() {
             let started = Instant::now();
-            let podref = PodRef::from_pod(pod);
-            let plan = wiring::plan(&self.ctx, pod, &podref).await?;
-            vifs = wiring::acquire_all(&source, &podref, &plan).await?;
+            let podref = PodRef::from_pod(&pod);
+            let plan = Box::pin(wiring::plan(&self.ctx, &pod, &podref)).await?;
+            vifs = Box::pin(wiring::acquire_all(&source, &podref, &plan)).await?;
             self.ctx.metrics.stage("request", started.elapsed());
             // Recorded only over the copy that showed no VIFs: a stale copy (an event queued
             // before an earlier attempt recorded its VIFs) must not replace the recorded ports,
             // which would leave them taken from their pool by no KuryrPort.
             let version = kp.metadata.resource_version.as_deref();
-            match self.patch_status(kp, &vifs, version).await {
+            match Box::pin(self.patch_status(kp, &vifs, version)).await {
                 Ok(kp) => written = Version::of(&kp),
                 Err(e) => {
                     // Could not record the ports: give them back rather than leak them.
@@ -153,43 +168,57 @@ impl KuryrPortHandler {
                 }
             }
         }
+        let meta = pod.metadata;
+        let pod = PodSeen {
+            reference,
+            created: meta.creation_timestamp.map(|t| t.0),
+            network_status: meta.annotations.and_then(|mut a| a.remove(NPWG_NETWORK_STATUS)),
+        };
         if vifs.iter().any(|v| !v.vif.active()) {
             let started = Instant::now();
             let activation = wiring::activate_all(&source, &mut vifs).await;
             if activation.changed {
-                let activated = Version::of(&self.write_status(kp, &vifs).await?);
+                let activated = Version::of(&Box::pin(self.write_status(kp, &vifs)).await?);
                 written = Version::then(written, activated);
             }
             if let Some(e) = activation.pending {
-                self.report_slow_activation(kp, pod, &e).await;
+                Box::pin(self.report_slow_activation(kp, &pod.reference, &e)).await;
                 return Err(e);
             }
             self.ctx.metrics.stage("activate", started.elapsed());
-            if let Some(age) = age(pod) {
+            if let Some(age) = pod.created.and_then(since) {
                 self.ctx.metrics.stage("total", age);
             }
         }
-        self.write_network_status(pod, &vifs).await?;
+        Box::pin(self.write_network_status(&pod, &vifs)).await?;
         Ok(written)
     }
 
     /// A port that never comes up (agent down, binding failed) is shown to the user once it has
     /// taken longer than the CNI daemon waits for it.
-    async fn report_slow_activation(&self, kp: &KuryrPort, pod: &Pod, e: &Error) {
+    async fn report_slow_activation(&self, kp: &KuryrPort, pod: &ObjectReference, e: &Error) {
         let timeout = self.ctx.config.cni_daemon.vif_annotation_timeout;
-        if let Some(waited) = age(kp)
+        if let Some(waited) = kp.metadata.creation_timestamp.as_ref().and_then(|t| since(t.0))
             && waited.as_secs() >= timeout
         {
             let msg = format!("VIFs not active after {}s: {e}", waited.as_secs());
-            publish_event(&self.ctx.events, pod, true, "VIFActivationTimeout", &msg).await;
+            publish_event_on(&self.ctx.events, pod, true, "VIFActivationTimeout", &msg).await;
         }
     }
 }
 
-/// Time since `obj` was created.
-fn age<K: Resource>(obj: &K) -> Option<Duration> {
-    let created = obj.meta().creation_timestamp.as_ref()?;
-    Duration::try_from(Timestamp::now().duration_since(created.0)).ok()
+/// What the steps after the ports' acquisition need of the pod, kept while they wait for ACTIVE
+/// instead of the whole pod.
+struct PodSeen {
+    reference: ObjectReference,
+    created: Option<Timestamp>,
+    /// Its `k8s.v1.cni.cncf.io/network-status` annotation.
+    network_status: Option<String>,
+}
+
+/// Time since `t`.
+fn since(t: Timestamp) -> Option<Duration> {
+    Duration::try_from(Timestamp::now().duration_since(t)).ok()
 }
 
 #[async_trait]
@@ -205,16 +234,20 @@ impl ResourceEventHandler for KuryrPortHandler {
     }
 
     async fn on_present(&self, kp: &KuryrPort) -> Result<(), Error> {
-        let Some(pod) = self.live_pod(kp).await? else {
+        let Some(pod) = Box::pin(self.live_pod(kp)).await? else {
             return Ok(());
         };
         if pod.meta().deletion_timestamp.is_some() {
             return Ok(());
         }
-        let result = self.wire(kp, &pod).await.map(|written| match written {
-            Some(v) => self.settled.settle_version(v),
-            None => self.settled.settle(kp),
-        });
+        let reference = pod.object_ref(&());
+        let result = self
+            .wire(kp, pod, reference.clone())
+            .await
+            .map(|written| match written {
+                Some(v) => self.settled.settle_version(v),
+                None => self.settled.settle(kp),
+            });
         if result.is_err()
             && let Some(uid) = kp.uid()
         {
@@ -222,7 +255,7 @@ impl ResourceEventHandler for KuryrPortHandler {
         }
         // A user's mistake is told on the pod and logged at WARN; only what retrying may mend
         // goes on to the Retry handler.
-        surface_user_error(&self.ctx.events, &pod.object_ref(&()), result).await
+        Box::pin(surface_user_error(&self.ctx.events, &reference, result)).await
     }
 
     async fn on_finalize(&self, kp: &KuryrPort) -> Result<(), Error> {

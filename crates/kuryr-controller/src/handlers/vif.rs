@@ -144,10 +144,7 @@ impl ResourceEventHandler for VifHandler {
         let name = pod.name_any();
         let uid = pod.uid().unwrap_or_default();
         if is_completed(pod) {
-            if self.delete_kuryrport(pod).await? {
-                remove_finalizer(&self.ctx.kube, pod, finalizers::POD).await?;
-            }
-            return Ok(());
+            return self.on_finalize(pod).await;
         }
         let static_pod = is_static(pod);
         // A pod that did not carry our finalizer has not been seen by this handler: its
@@ -155,30 +152,32 @@ impl ResourceEventHandler for VifHandler {
         // conflict then reads the one in the way). Pods seen before look first, so that
         // re-sends of wired pods cost a read, not a refused create.
         let unseen = !static_pod && !pod.finalizers().iter().any(|f| f == finalizers::POD);
-        let current = if static_pod {
+        // The pod and each request's future are boxed: a future is as large as its largest step,
+        // and a burst holds a thousand of these at once (9.2 KB each unboxed).
+        let current = Box::new(if static_pod {
             pod.clone()
         } else {
-            add_finalizer(&self.ctx.kube, pod, finalizers::POD).await?
-        };
+            Box::pin(add_finalizer(&self.ctx.kube, pod, finalizers::POD)).await?
+        });
         let found = if unseen {
-            match self.create_kuryrport(pod, &current).await? {
+            match Box::pin(self.create_kuryrport(pod, &current)).await? {
                 // Whose is the one in the way?
-                Created::Exists => self.kps(&ns).get_opt(&name).await?,
+                Created::Exists => Box::pin(self.kps(&ns).get_opt(&name)).await?,
                 Created::Done => return Ok(()),
             }
         } else {
-            self.kps(&ns).get_opt(&name).await?
+            Box::pin(self.kps(&ns).get_opt(&name)).await?
         };
         match found {
             Some(kp) if kp.spec.pod_uid == uid => {
-                self.settled.settle(&current);
+                self.settled.settle(&*current);
                 Ok(())
             }
             Some(kp) => {
                 // A re-created pod with the old pod's name: the old KuryrPort (and its ports) must go
                 // first, so the new pod never gets the old port.
                 if kp.meta().deletion_timestamp.is_none() {
-                    self.kps(&ns).delete(&name, &DeleteParams::background()).await?;
+                    Box::pin(self.kps(&ns).delete(&name, &DeleteParams::background())).await?;
                 }
                 Err(Error::not_ready(format!(
                     "KuryrPort {ns}/{name} of a previous pod (uid {}) is being released",
@@ -187,7 +186,7 @@ impl ResourceEventHandler for VifHandler {
             }
             None => {
                 // One created meanwhile (a replayed event): the next event re-checks its uid.
-                self.create_kuryrport(pod, &current).await?;
+                Box::pin(self.create_kuryrport(pod, &current)).await?;
                 Ok(())
             }
         }
