@@ -105,7 +105,7 @@ impl KuryrPortHandler {
 
     /// `k8s.v1.cni.cncf.io/network-status` on the pod, when multi-VIF drivers are enabled and the
     /// value changed.
-    async fn write_network_status(&self, pod: &PodSeen, vifs: &[RecordedVif]) -> Result<(), Error> {
+    async fn write_network_status(&self, pod: &PodSeen<'_>, vifs: &[RecordedVif]) -> Result<(), Error> {
         if self.ctx.drivers.multi_vif.is_empty() {
             return Ok(());
         }
@@ -130,13 +130,14 @@ impl KuryrPortHandler {
     /// The steps around the wait for ACTIVE are boxed: a future is as large as its largest
     /// step, and a burst holds a thousand of these waiting; unboxed, the plan and the Kubernetes
     /// calls made each waiting pass 8.7 KB instead of what the wait itself needs.
+    ///
     /// The pod is given up once the ports are acquired: what the later steps need of it is kept
     /// apart ([`PodSeen`]).
     async fn wire(
         &self,
         kp: &KuryrPort,
         pod: Box<Pod>,
-        reference: ObjectReference,
+        reference: &ObjectReference,
     ) -> Result<Option<Version>, Error> {
         let source = DriverSource::new(&self.ctx, kp);
         let mut written = None;
@@ -182,7 +183,7 @@ impl KuryrPortHandler {
                 written = Version::then(written, activated);
             }
             if let Some(e) = activation.pending {
-                Box::pin(self.report_slow_activation(kp, &pod.reference, &e)).await;
+                Box::pin(self.report_slow_activation(kp, pod.reference, &e)).await;
                 return Err(e);
             }
             self.ctx.metrics.stage("activate", started.elapsed());
@@ -209,8 +210,8 @@ impl KuryrPortHandler {
 
 /// What the steps after the ports' acquisition need of the pod, kept while they wait for ACTIVE
 /// instead of the whole pod.
-struct PodSeen {
-    reference: ObjectReference,
+struct PodSeen<'a> {
+    reference: &'a ObjectReference,
     created: Option<Timestamp>,
     /// Its `k8s.v1.cni.cncf.io/network-status` annotation.
     network_status: Option<String>,
@@ -241,13 +242,10 @@ impl ResourceEventHandler for KuryrPortHandler {
             return Ok(());
         }
         let reference = pod.object_ref(&());
-        let result = self
-            .wire(kp, pod, reference.clone())
-            .await
-            .map(|written| match written {
-                Some(v) => self.settled.settle_version(v),
-                None => self.settled.settle(kp),
-            });
+        let result = self.wire(kp, pod, &reference).await.map(|written| match written {
+            Some(v) => self.settled.settle_version(v),
+            None => self.settled.settle(kp),
+        });
         if result.is_err()
             && let Some(uid) = kp.uid()
         {

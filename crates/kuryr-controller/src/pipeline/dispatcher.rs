@@ -39,18 +39,14 @@ impl EventHandler for Dispatcher {
     /// LogExceptions by the pipeline builder, so errors rarely reach here at all).
     async fn handle(&self, event: Event) -> Result<(), Error> {
         let mut first_err = None;
-        let consumers = self.consumers(&event.gvk());
         // The last consumer gets the event itself: nothing here holds its object while it works.
-        let mut event = Some(event);
-        for (i, consumer) in consumers.iter().enumerate() {
-            let Some(e) = (if i + 1 == consumers.len() {
-                event.take()
-            } else {
-                event.clone()
-            }) else {
-                break;
-            };
-            if let Err(e) = consumer.handle(e).await {
+        if let Some((last, others)) = self.consumers(&event.gvk()).split_last() {
+            for consumer in others {
+                if let Err(e) = consumer.handle(event.clone()).await {
+                    first_err.get_or_insert(e);
+                }
+            }
+            if let Err(e) = last.handle(event).await {
                 first_err.get_or_insert(e);
             }
         }

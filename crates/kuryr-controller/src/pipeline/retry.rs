@@ -43,7 +43,6 @@ impl RetryPolicy {
     }
 }
 
-/// The object's kind, name, namespace and uid, nothing else.
 pub struct Retry<H> {
     inner: H,
     name: String,
@@ -90,6 +89,7 @@ impl<H: EventHandler> EventHandler for Retry<H> {
             tracing::debug!(handler = %self.name, object = %kept.object_ref(), attempt, ?wait, error = %err,
                 request_id = err.request_id(), "retrying");
             self.metrics.retry(&self.name);
+            // Backing off is waiting, not working: other objects get the worker slot meanwhile.
             super::idle(tokio::time::sleep(wait)).await;
             attempt += 1;
             if deleted {
@@ -108,6 +108,7 @@ impl<H: EventHandler> EventHandler for Retry<H> {
                     return Ok(());
                 }
                 Some(fresh) if fresh.metadata.uid != meta.uid => {
+                    // Same name, new object: its own events will come through its own queue.
                     return Ok(());
                 }
                 Some(fresh) => {
