@@ -696,12 +696,22 @@ async fn an_upstream_written_kuryrnetworkpolicy_and_its_group_are_adopted_not_du
         let ctl = start_controller(&kube.client, &target, config(&cfg), "np-adopt");
         let want: BTreeSet<(String, u32, u32, BTreeSet<String>)> =
             [("tcp".to_string(), 80, 80, set(&["10.75.0.11/32"]))].into();
+        // Upstream's per-IP rule and the address-group rule that replaces it read the same in
+        // `policy_state`, so the reconcile is only done once upstream's rule is gone too.
         eventually(
-            &format!("{}: upstream's group adopted and reconciled", target.name),
+            &format!(
+                "{}: upstream's group adopted and reconciled, its per-IP rule replaced by the address-group rule",
+                target.name
+            ),
             WAIT,
             || async {
                 let (rules, groups, unnamed) = policy_state(client, &cluster, &uid).await?;
-                Ok((rules == want && groups == 1 && unnamed == 0).then_some(()))
+                let upstream_rule_gone = client
+                    .list_security_group_rules(&ListFilter::new().security_group_id(&sg.id))
+                    .await?
+                    .iter()
+                    .all(|r| r.id != upstream_rule.id);
+                Ok((rules == want && groups == 1 && unnamed == 0 && upstream_rule_gone).then_some(()))
             },
         )
         .await?;
@@ -718,8 +728,10 @@ async fn an_upstream_written_kuryrnetworkpolicy_and_its_group_are_adopted_not_du
             .list_security_group_rules(&ListFilter::new().security_group_id(&sg.id))
             .await?;
         assert!(
-            rules.iter().all(|r| r.id != upstream_rule.id),
-            "{}: upstream's per-IP rule is replaced by the address-group rule",
+            rules
+                .iter()
+                .any(|r| r.remote_address_group_id.is_some() && r.port_range_min == Some(80)),
+            "{}: the port-80 rule names the policy's address group",
             target.name
         );
         // The upstream object now names its policy (what tags its groups from here on).
