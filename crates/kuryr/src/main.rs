@@ -14,6 +14,7 @@
 //! - `kuryr chaos`: a soak of two controller processes under churn and faults, with an
 //!   invariant checker.
 
+mod allocator;
 mod bench;
 mod chaos;
 mod cli;
@@ -33,15 +34,6 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::cli::{Cli, Command};
-
-/// mimalloc rather than glibc's malloc: a burst of pods is a stream of short-lived JSON trees,
-/// on which glibc spent about a quarter of the controller's CPU and kept freed memory resident
-/// in per-thread arenas. Built without transparent huge pages (`no_thp`): with them, each 2 MiB
-/// page touched counts whole in the resident set (+40% peak RSS in `kuryr bench`). The
-/// `system-allocator` feature leaves glibc's in place, for heap profilers that hook malloc.
-#[cfg(not(feature = "system-allocator"))]
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// kube-rs logs every failed request at ERROR (`failed with status 503`) before it hands the
 /// error to its caller, which retries it or reports it with its context: during an API outage
@@ -65,6 +57,7 @@ fn init_logging(default_filter: &str) {
 }
 
 fn main() -> ExitCode {
+    allocator::tune();
     let cli = Cli::parse_from(kubectl_plugin::plugin_argv(std::env::args_os().collect()));
     // The sandbox prints its own progress on stdout; only warnings from the components go to the log.
     init_logging(match cli.command {

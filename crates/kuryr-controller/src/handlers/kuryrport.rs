@@ -131,8 +131,9 @@ impl KuryrPortHandler {
     /// step, and a burst holds a thousand of these waiting; unboxed, the plan and the Kubernetes
     /// calls made each waiting pass 8.7 KB instead of what the wait itself needs.
     ///
-    /// The pod is given up once the ports are acquired: what the later steps need of it is kept
-    /// apart ([`PodSeen`]).
+    /// The pod is given up once its interfaces are planned, before the ports are acquired (in a
+    /// burst, the wait for a pool's refill): what the later steps need of it is kept apart
+    /// ([`PodSeen`]).
     async fn wire(
         &self,
         kp: &KuryrPort,
@@ -142,10 +143,21 @@ impl KuryrPortHandler {
         let source = DriverSource::new(&self.ctx, kp);
         let mut written = None;
         let mut vifs = wiring::recorded_vifs(kp);
-        if vifs.is_empty() {
-            let started = Instant::now();
+        let started = Instant::now();
+        let planned = if vifs.is_empty() {
             let podref = PodRef::from_pod(&pod);
             let plan = Box::pin(wiring::plan(&self.ctx, &pod, &podref)).await?;
+            Some((podref, plan))
+        } else {
+            None
+        };
+        let Pod { metadata: meta, .. } = *pod;
+        let pod = PodSeen {
+            reference,
+            created: meta.creation_timestamp.map(|t| t.0),
+            network_status: meta.annotations.and_then(|mut a| a.remove(NPWG_NETWORK_STATUS)),
+        };
+        if let Some((podref, plan)) = planned {
             vifs = Box::pin(wiring::acquire_all(&source, &podref, &plan)).await?;
             self.ctx.metrics.stage("request", started.elapsed());
             // Recorded only over the copy that showed no VIFs: a stale copy (an event queued
@@ -169,12 +181,6 @@ impl KuryrPortHandler {
                 }
             }
         }
-        let meta = pod.metadata;
-        let pod = PodSeen {
-            reference,
-            created: meta.creation_timestamp.map(|t| t.0),
-            network_status: meta.annotations.and_then(|mut a| a.remove(NPWG_NETWORK_STATUS)),
-        };
         if vifs.iter().any(|v| !v.vif.active()) {
             let started = Instant::now();
             let activation = wiring::activate_all(&source, &mut vifs).await;
