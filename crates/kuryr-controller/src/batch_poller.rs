@@ -185,12 +185,15 @@ impl<S: StatusSource> Inner<S> {
     async fn run(self: Arc<Self>) {
         let s = self.settings;
         let mut interval = s.min;
+        let mut last_poll = Duration::ZERO;
         loop {
             // A new object does not settle the instant it is made: it gets at least `min`. A key
-            // registered during a long (idle) interval cuts it short to `min` from then.
+            // registered during a long (idle) interval cuts it short to `min` from then - but not
+            // to less than the last poll took: in a burst every registration wakes this task, and
+            // a slow server must not be asked faster than it answers.
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
-                _ = self.wake.notified() => tokio::time::sleep(s.min).await,
+                _ = self.wake.notified() => tokio::time::sleep(s.min.max(last_poll.min(s.max))).await,
             }
             let keys: Vec<S::Key> = {
                 let mut p = self.lock();
@@ -225,7 +228,8 @@ impl<S: StatusSource> Inner<S> {
                 }
             }
             let fresh = self.lock().fresh;
-            interval = next_interval(interval, progressed || fresh, started.elapsed(), &s);
+            last_poll = started.elapsed();
+            interval = next_interval(interval, progressed || fresh, last_poll, &s);
         }
     }
 }
@@ -347,5 +351,65 @@ mod tests {
         // One call per poll for every pending key; settled keys drop out.
         assert_eq!(polls, vec![3, 2, 1]);
         assert_eq!(poller.pending(), 0);
+    }
+
+    /// A server that takes 200 ms to answer and never settles anything; records when each poll
+    /// started.
+    struct Slow {
+        started: Mutex<Vec<Instant>>,
+    }
+
+    #[async_trait]
+    impl StatusSource for Slow {
+        type Key = u32;
+        type Outcome = ();
+        type Error = String;
+        async fn poll(&self, _keys: &[u32]) -> Result<Vec<(u32, ())>, String> {
+            self.started
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Instant::now());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok(vec![])
+        }
+    }
+
+    /// In a burst every new key wakes the poller; that must not make it ask a slow server more
+    /// often than the last poll took: a poll starts at least poll time + max(min, poll time)
+    /// after the previous one.
+    #[tokio::test(start_paused = true)]
+    async fn new_keys_in_a_burst_do_not_poll_a_slow_server_faster_than_it_answers() {
+        let poller = BatchPoller::new(
+            Slow {
+                started: Mutex::new(Vec::new()),
+            },
+            PollSettings {
+                min: Duration::from_millis(20),
+                // One call per poll, so that the gaps below are between polls.
+                chunk: 1000,
+                wait: Duration::from_secs(5),
+                ..s()
+            },
+        );
+        let mut waits = Vec::new();
+        for k in 0..200u32 {
+            let p = poller.clone();
+            waits.push(tokio::spawn(async move { p.wait(k).await }));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let started = poller
+            .source()
+            .started
+            .lock()
+            .map(|p| p.clone())
+            .unwrap_or_default();
+        assert!(started.len() >= 3, "polls: {}", started.len());
+        for pair in started.windows(2) {
+            let gap = pair[1] - pair[0];
+            assert!(gap >= Duration::from_millis(400), "polls {gap:?} apart");
+        }
+        for w in waits {
+            w.abort();
+        }
     }
 }
