@@ -35,9 +35,9 @@ pub struct PollSettings {
 }
 
 impl Default for PollSettings {
-    /// `min` is a latency floor, not a request rate: a poll is never sooner than the last one
-    /// took, so a server answering in 50 ms is asked at most every 50 ms, one list call at a
-    /// time. At 100 ms every pod of a burst against an instant Neutron waited about a poll for
+    /// `min` is a latency floor, not a request rate: the wait before a poll is never shorter
+    /// than the last poll took, so a server answering in 50 ms is asked at most every 100 ms,
+    /// one list call at a time. At 100 ms every pod of a burst against an instant Neutron waited about a poll for
     /// its port; at 20 ms the same burst wires about a third faster (docs/benchmarks.md).
     fn default() -> Self {
         Self {
@@ -58,7 +58,13 @@ pub fn next_interval(current: Duration, progressed: bool, last_poll: Duration, s
     } else {
         current.saturating_mul(2).clamp(s.min, s.max)
     };
-    base.max(last_poll.min(s.max))
+    base.max(floor(last_poll, s))
+}
+
+/// The shortest wait before the next poll: `min`, and never less than the last poll took (up to
+/// `max`), so a slow server is not asked faster than it answers.
+fn floor(last_poll: Duration, s: &PollSettings) -> Duration {
+    s.min.max(last_poll.min(s.max))
 }
 
 /// What one poll asks of the server.
@@ -193,7 +199,7 @@ impl<S: StatusSource> Inner<S> {
             // a slow server must not be asked faster than it answers.
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
-                _ = self.wake.notified() => tokio::time::sleep(s.min.max(last_poll.min(s.max))).await,
+                _ = self.wake.notified() => tokio::time::sleep(floor(last_poll, &s)).await,
             }
             let keys: Vec<S::Key> = {
                 let mut p = self.lock();
@@ -303,6 +309,11 @@ mod tests {
         assert_eq!(i, Duration::from_secs(2));
     }
 
+    /// What a test source recorded so far.
+    fn snapshot<T: Clone>(m: &Mutex<Vec<T>>) -> Vec<T> {
+        m.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
     /// Settles key k on poll number k; counts polls and the keys each saw.
     struct Countdown {
         polls: Mutex<Vec<usize>>,
@@ -342,12 +353,7 @@ mod tests {
         for (k, w) in (1..=3u32).zip(waits) {
             assert_eq!(w.await.ok(), Some(Ok(k * 10)));
         }
-        let polls = poller
-            .source()
-            .polls
-            .lock()
-            .map(|p| p.clone())
-            .unwrap_or_default();
+        let polls = snapshot(&poller.source().polls);
         // One call per poll for every pending key; settled keys drop out.
         assert_eq!(polls, vec![3, 2, 1]);
         assert_eq!(poller.pending(), 0);
@@ -397,12 +403,7 @@ mod tests {
             waits.push(tokio::spawn(async move { p.wait(k).await }));
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let started = poller
-            .source()
-            .started
-            .lock()
-            .map(|p| p.clone())
-            .unwrap_or_default();
+        let started = snapshot(&poller.source().started);
         assert!(started.len() >= 3, "polls: {}", started.len());
         for pair in started.windows(2) {
             let gap = pair[1] - pair[0];
