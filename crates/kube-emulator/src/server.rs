@@ -1,6 +1,7 @@
 //! The HTTP layer: path routing, discovery, OpenAPI v3, CRUD verbs, watch streaming, Table output
 //! and bearer-token auth. All state lives in [`Store`].
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::hash::{Hash, Hasher};
@@ -342,11 +343,11 @@ impl Shape {
         }
     }
 
-    fn outbound(&self, obj: &Value) -> Value {
+    fn outbound<'a>(&self, obj: &'a Value) -> Cow<'a, Value> {
         if self.events_v1 {
-            event_shapes::to_events_v1(obj)
+            Cow::Owned(event_shapes::to_events_v1(obj))
         } else {
-            obj.clone()
+            Cow::Borrowed(obj)
         }
     }
 
@@ -664,16 +665,16 @@ fn list_body(def: &ResourceDef, items: &[Arc<Value>], meta: Value, mode: Render,
     }
 }
 
-fn object_body(def: &ResourceDef, obj: &Value, mode: Render, q: &Query) -> Value {
+fn object_body<'a>(def: &ResourceDef, obj: &'a Value, mode: Render, q: &Query) -> Cow<'a, Value> {
     match mode {
-        Render::Table => table::table(
+        Render::Table => Cow::Owned(table::table(
             def,
             &[obj],
             json!({"resourceVersion": obj.pointer("/metadata/resourceVersion")}),
             q.get("includeObject").map(String::as_str).unwrap_or("Metadata"),
-        ),
-        Render::Metadata => partial(obj),
-        Render::Full => obj.clone(),
+        )),
+        Render::Metadata => Cow::Owned(partial(obj)),
+        Render::Full => Cow::Borrowed(obj),
     }
 }
 
@@ -731,7 +732,8 @@ fn serve_resource(
                 opts.fields = FieldSelector::parse(&format!("metadata.name={name}"), &sdef)?;
                 return Ok(watch_response(app, shape, t.ns, opts, q, mode));
             }
-            let obj = shape.outbound(&*store.get(&sdef, &ns, name)?);
+            let stored = store.get(&sdef, &ns, name)?;
+            let obj = shape.outbound(&stored);
             Ok(json_response(200, &object_body(&def, &obj, mode, q)))
         }
         (Method::POST, None, None) => {
@@ -755,7 +757,7 @@ fn serve_resource(
         (Method::DELETE, None, None) => {
             let (_, opts) = delete_opts(q, body)?;
             let deleted = store.delete_collection(&sdef, t.ns.as_deref(), &shape.list_opts(q)?, &opts)?;
-            let deleted: Vec<Value> = deleted.iter().map(|d| shape.outbound(d)).collect();
+            let deleted: Vec<Value> = deleted.iter().map(|d| shape.outbound(d).into_owned()).collect();
             Ok(json_response(
                 200,
                 &json!({"kind": def.list_kind, "apiVersion": def.api_version(), "metadata": {}, "items": deleted}),
@@ -827,7 +829,7 @@ fn serve_resource(
             let (obj, gone) = store.delete(&sdef, &ns, name, &opts)?;
             // The deleted object, or a Status: only the object has a shape to convert.
             let obj = if obj.get("kind").and_then(Value::as_str) == Some("Status") {
-                obj
+                Cow::Borrowed(&obj)
             } else {
                 shape.outbound(&obj)
             };
@@ -943,13 +945,13 @@ impl WatchFilter {
         let object = self.shape.outbound(&ev.object);
         let obj = match self.mode {
             Render::Full => object,
-            Render::Metadata => partial(&object),
-            Render::Table => table::table(
+            Render::Metadata => Cow::Owned(partial(&object)),
+            Render::Table => Cow::Owned(table::table(
                 &self.shape.def,
                 &[&object],
                 json!({"resourceVersion": ev.rv.to_string()}),
                 "Metadata",
-            ),
+            )),
         };
         Some(event_line(type_.as_str(), &obj))
     }

@@ -339,6 +339,10 @@ config_section! {
         cluster_id: String = s("kubernetes"),
         /// kuryr-rs: namespace of the controller's Lease and KuryrPortPool objects.
         controller_namespace: String = s("kube-system"),
+        /// kuryr-rs: Kubernetes API requests in flight at once (watches count only until their
+        /// response starts). The client speaks HTTP/1.1, one connection per request in flight:
+        /// unbounded, a burst of pods opened a connection (and a TLS handshake) per pod.
+        max_concurrent_requests: NonZeroU32 = NonZeroU32::MIN.saturating_add(31),
     }
 }
 

@@ -2,8 +2,9 @@
 //!
 //! - [`Platform`]: what everything shares - the Kubernetes client, `kuryr.conf`, the OpenStack
 //!   clients of every deployment, metrics, the Event recorder and deployment placement.
-//! - [`Context`]: the platform plus the [`Drivers`] chosen from it. Drivers are complete when the
-//!   context exists (the pool included); nothing in it is replaced afterwards.
+//! - [`Context`]: the platform plus the [`Drivers`] chosen from it and what handlers hand each
+//!   other ([`PodHandoff`]). Drivers are complete when the context exists (the pool included);
+//!   nothing in it is replaced afterwards.
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use crate::openstack::{DEFAULT_DEPLOYMENT, Deployments};
 use crate::placement::kube_store::KubeStore;
 use crate::placement::{Binder, BindingKey, Placed, Scheduler};
 use crate::services::provisioning::{self, LbWaits, LbWaitsByDeployment};
+use crate::wiring::handoff::PodHandoff;
 
 /// Clients, configuration and shared services; cheap to share behind an `Arc`.
 pub struct Platform {
@@ -170,13 +172,19 @@ impl Platform {
 pub struct Context {
     platform: Arc<Platform>,
     pub drivers: Drivers,
+    /// Pods the `vif` handler hands to the `kuryrport` handler with their new KuryrPort.
+    pub pod_handoff: PodHandoff,
 }
 
 impl Context {
     /// Chooses every driver (the pool included) from the platform's configuration.
     pub fn build(platform: Arc<Platform>) -> Result<Arc<Self>, Error> {
         let drivers = Drivers::from_config(&platform)?;
-        Ok(Arc::new(Self { platform, drivers }))
+        Ok(Arc::new(Self {
+            platform,
+            drivers,
+            pod_handoff: PodHandoff::default(),
+        }))
     }
 
     pub fn platform(&self) -> &Arc<Platform> {

@@ -60,6 +60,13 @@ async fn bare_metal_pods_get_active_ports_and_release_them() -> Result<()> {
             all_kps_active(&kube.client, "demo", 20)
         })
         .await?;
+        // The vif handler hands each new pod to the kuryrport handler with its KuryrPort.
+        let pod_reads = kube.handle.requests().snapshot().get("get pods").copied();
+        assert_eq!(
+            pod_reads, None,
+            "{}: the controller read pods it was handed",
+            target.name
+        );
         let pods = Api::<Pod>::namespaced(kube.client.clone(), "demo");
         for kp in &kps {
             let pod = pods.get(&kp.name_any()).await?;

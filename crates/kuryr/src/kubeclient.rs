@@ -9,13 +9,18 @@ use std::path::Path;
 use anyhow::Context as _;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kuryr_config::{KubernetesSection, KuryrConfig};
+use tower::limit::ConcurrencyLimitLayer;
 
 use crate::cli::KubeArgs;
 
 pub async fn client(args: &KubeArgs, config: &KuryrConfig) -> anyhow::Result<kube::Client> {
     let cfg = kube_config(args, &config.kubernetes).await?;
     tracing::info!(server = %cfg.cluster_url, "Kubernetes API");
-    kube::Client::try_from(cfg).context("building the Kubernetes client")
+    let limit = config.kubernetes.max_concurrent_requests.get() as usize;
+    Ok(kube::client::ClientBuilder::try_from(cfg)
+        .context("building the Kubernetes client")?
+        .with_layer(&ConcurrencyLimitLayer::new(limit))
+        .build())
 }
 
 async fn kube_config(args: &KubeArgs, k: &KubernetesSection) -> anyhow::Result<kube::Config> {

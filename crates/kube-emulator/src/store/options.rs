@@ -58,7 +58,8 @@ pub struct ListOpts {
 /// The result of a write.
 #[derive(Debug, Clone)]
 pub struct WriteOutcome {
-    pub object: Value,
+    /// The object as stored (shared with the store: a write's answer copies nothing).
+    pub object: Arc<Value>,
     pub created: bool,
     pub warnings: Vec<String>,
 }

@@ -33,6 +33,8 @@ fn create_cm(store: &Store, ns: &str, body: Value) -> Value {
         .create(&configmaps(store), ns, body, &WriteOpts::default())
         .expect("create")
         .object
+        .as_ref()
+        .clone()
 }
 
 fn meta<'a>(obj: &'a Value, field: &str) -> &'a str {
@@ -101,7 +103,7 @@ fn an_update_that_changes_nothing_is_not_a_write() {
             &WriteOpts::default(),
         )
         .expect("no-op update");
-    assert_eq!(out.object, created);
+    assert_eq!(*out.object, created);
     assert_eq!(store.resource_version(), rv);
 }
 
@@ -488,4 +490,64 @@ fn a_pod_on_a_node_gets_the_nodes_internal_ip_as_host_ip() {
             .get("hostIP")
             .is_none()
     );
+}
+
+#[test]
+fn generation_counts_spec_changes_only_and_a_metadata_only_change_is_a_write() {
+    let store = store();
+    let deps = store
+        .find("apps", "v1", "deployments")
+        .expect("deployments are built in");
+    let body = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"a": "b"}},
+            "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}}});
+    let created = store
+        .create(&deps, "default", body, &WriteOpts::default())
+        .expect("create")
+        .object;
+    let generation = |o: &Value| {
+        o.pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0)
+    };
+    let rv = |o: &Value| meta(o, "resourceVersion").to_string();
+    let patch = |p: Value| {
+        store
+            .patch(
+                &deps,
+                "default",
+                "d",
+                PatchType::Merge,
+                p,
+                false,
+                &WriteOpts::default(),
+            )
+            .expect("patch")
+            .object
+    };
+    // A label: a write (new version), not a new generation.
+    let labelled = patch(json!({"metadata": {"labels": {"x": "y"}}}));
+    assert_ne!(rv(&labelled), rv(&created));
+    assert_eq!(generation(&labelled), generation(&created));
+    // The same label again: no write at all.
+    let again = patch(json!({"metadata": {"labels": {"x": "y"}}}));
+    assert_eq!(rv(&again), rv(&labelled));
+    // A spec change: a new generation.
+    let scaled = patch(json!({"spec": {"replicas": 3}}));
+    assert_eq!(generation(&scaled), generation(&created) + 1);
+    // Status is a subresource of Deployments: a status write through it is no new generation.
+    let status = store
+        .patch(
+            &deps,
+            "default",
+            "d",
+            PatchType::Merge,
+            json!({"status": {"replicas": 3}}),
+            true,
+            &WriteOpts::default(),
+        )
+        .expect("status patch")
+        .object;
+    assert_ne!(rv(&status), rv(&scaled));
+    assert_eq!(generation(&status), generation(&scaled));
 }

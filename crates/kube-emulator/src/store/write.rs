@@ -58,36 +58,75 @@ pub(super) fn check_body_identity(
     Ok(())
 }
 
-/// Everything except metadata (and status when it is a subresource): what `generation` tracks.
-fn spec_part(def: &ResourceDef, obj: &Value) -> Value {
-    let mut v = obj.clone();
-    if let Value::Object(m) = &mut v {
-        m.remove("metadata");
-        if def.status_subresource {
-            m.remove("status");
+/// Whether anything but metadata (and status when it is a subresource) differs: what
+/// `generation` tracks. Compared in place: this runs on every write.
+fn spec_differs(def: &ResourceDef, a: &Value, b: &Value) -> bool {
+    let counts = |k: &String| k != "metadata" && !(def.status_subresource && k == "status");
+    match (a.as_object(), b.as_object()) {
+        (Some(a), Some(b)) => {
+            a.iter().filter(|(k, _)| counts(k)).count() != b.iter().filter(|(k, _)| counts(k)).count()
+                || a.iter()
+                    .filter(|(k, _)| counts(k))
+                    .any(|(k, v)| b.get(k) != Some(v))
         }
+        _ => a != b,
     }
-    v
 }
 
 /// Equality for no-op detection: resourceVersion and managedFields timestamps do not count
-/// (a change of field ownership does, as on the real server).
+/// (a change of field ownership does, as on the real server). Compared in place, without
+/// copying either object: this runs on every write.
 fn same_content(a: &Value, b: &Value) -> bool {
-    let strip = |v: &Value| {
-        let mut v = v.clone();
-        if let Some(Value::Object(m)) = v.get_mut("metadata") {
-            m.remove("resourceVersion");
-            if let Some(Value::Array(entries)) = m.get_mut("managedFields") {
-                for e in entries {
-                    if let Value::Object(e) = e {
-                        e.remove("time");
-                    }
-                }
-            }
-        }
-        v
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return a == b;
     };
-    strip(a) == strip(b)
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().all(|(k, av)| match b.get(k) {
+        None => false,
+        Some(bv) if k == "metadata" => same_metadata(av, bv),
+        Some(bv) => av == bv,
+    })
+}
+
+fn same_metadata(a: &Value, b: &Value) -> bool {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return a == b;
+    };
+    let counted = |m: &serde_json::Map<String, Value>| m.keys().filter(|k| *k != "resourceVersion").count();
+    if counted(a) != counted(b) {
+        return false;
+    }
+    a.iter()
+        .filter(|(k, _)| *k != "resourceVersion")
+        .all(|(k, av)| match b.get(k) {
+            None => false,
+            Some(bv) if k == "managedFields" => same_managed_fields(av, bv),
+            Some(bv) => av == bv,
+        })
+}
+
+/// managedFields entries equal but for their `time`.
+fn same_managed_fields(a: &Value, b: &Value) -> bool {
+    let (Some(a), Some(b)) = (a.as_array(), b.as_array()) else {
+        return a == b;
+    };
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(ea, eb)| match (ea.as_object(), eb.as_object()) {
+                (Some(ea), Some(eb)) => {
+                    let counted =
+                        |m: &serde_json::Map<String, Value>| m.keys().filter(|k| *k != "time").count();
+                    counted(ea) == counted(eb)
+                        && ea
+                            .iter()
+                            .filter(|(k, _)| *k != "time")
+                            .all(|(k, v)| eb.get(k) == Some(v))
+                }
+                _ => ea == eb,
+            })
 }
 
 fn valid_dns_subdomain(name: &str) -> bool {
@@ -416,14 +455,14 @@ impl State {
         }
         if opts.dry_run {
             return Ok(WriteOutcome {
-                object: body,
+                object: Arc::new(body),
                 created: true,
                 warnings,
             });
         }
         let obj = self.commit(def, ns, &name, EventType::Added, body, None, store);
         Ok(WriteOutcome {
-            object: (*obj).clone(),
+            object: obj,
             created: true,
             warnings,
         })
@@ -458,11 +497,8 @@ impl State {
         merged["apiVersion"] = json!(def.api_version());
         merged["kind"] = json!(def.kind);
         {
-            let cur_meta = cur
-                .get("metadata")
-                .and_then(Value::as_object)
-                .cloned()
-                .unwrap_or_default();
+            let empty = serde_json::Map::new();
+            let cur_meta = cur.get("metadata").and_then(Value::as_object).unwrap_or(&empty);
             let meta = meta_mut(&mut merged);
             for f in [
                 "uid",
@@ -526,12 +562,12 @@ impl State {
         }
         if same_content(&merged, cur) {
             return Ok(WriteOutcome {
-                object: (**cur).clone(),
+                object: cur.clone(),
                 created: false,
                 warnings,
             });
         }
-        if spec_part(def, &merged) != spec_part(def, cur) {
+        if spec_differs(def, &merged, cur) {
             let generation = cur
                 .pointer("/metadata/generation")
                 .and_then(Value::as_i64)
@@ -540,7 +576,7 @@ impl State {
         }
         if opts.dry_run {
             return Ok(WriteOutcome {
-                object: merged,
+                object: Arc::new(merged),
                 created: false,
                 warnings,
             });
@@ -555,7 +591,7 @@ impl State {
             self.after_removal(def, ns, store);
         }
         Ok(WriteOutcome {
-            object: (*obj).clone(),
+            object: obj,
             created: false,
             warnings,
         })

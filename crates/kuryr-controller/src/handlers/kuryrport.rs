@@ -1,4 +1,4 @@
-//! `kuryrport` handler: load the pod -> wire its interfaces (`crate::wiring`) -> record them in
+//! `kuryrport` handler: load the pod (handed over by the `vif` handler, or read) -> wire its interfaces (`crate::wiring`) -> record them in
 //! `status.vifs` -> activate them; on finalize, release everything the KuryrPort records and
 //! whatever a crash created without recording it.
 //!
@@ -63,8 +63,12 @@ impl KuryrPortHandler {
     }
 
     /// The KuryrPort's pod, or `None` when it is gone or was re-created (then this KuryrPort is
-    /// stale and deleted, which releases its ports through finalize).
+    /// stale and deleted, which releases its ports through finalize). The pod the `vif` handler
+    /// handed over with a new KuryrPort is used as read.
     async fn live_pod(&self, kp: &KuryrPort) -> Result<Option<Box<Pod>>, Error> {
+        if let Some(pod) = self.ctx.pod_handoff.take(&kp.spec.pod_uid) {
+            return Ok(Some(pod));
+        }
         let ns = kp.namespace().unwrap_or_default();
         let pods: Api<Pod> = Api::namespaced(self.ctx.kube.clone(), &ns);
         match pods.get_opt(&kp.name_any()).await? {

@@ -37,7 +37,8 @@ impl VifHandler {
     }
 
     /// Creates the pod's KuryrPort (owner reference, finalizer, node label); once created,
-    /// records `current` (the pod as our finalizer left it) as settled.
+    /// records `current` (the pod as our finalizer left it) as settled and hands it to the
+    /// `kuryrport` handler, which would otherwise read it again.
     async fn create_kuryrport(&self, pod: &Pod, current: &Pod) -> Result<Created, Error> {
         let ns = pod.namespace().unwrap_or_default();
         let node = pod
@@ -69,6 +70,7 @@ impl VifHandler {
         match self.kps(&ns).create(&PostParams::default(), &kp).await {
             Ok(_) => {
                 self.settled.settle(current);
+                self.ctx.pod_handoff.put(current);
                 Ok(Created::Done)
             }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Created::Exists),

@@ -14,6 +14,7 @@
 //! Steps 2, 4 and 5 only talk to a [`VifSource`]: [`source::DriverSource`] is the drivers'
 //! implementation; the unit tests use a fake one.
 
+pub mod handoff;
 pub mod lifecycle;
 pub mod plan;
 pub mod record;
