@@ -84,27 +84,30 @@ impl KuryrPortHandler {
         }
     }
 
-    async fn write_status(&self, kp: &KuryrPort, vifs: &[RecordedVif]) -> Result<KuryrPort, Error> {
+    async fn write_status(&self, kp: &KuryrPort, vifs: &[RecordedVif]) -> Result<Option<Version>, Error> {
         self.patch_status(kp, vifs, None).await
     }
 
     /// Main resource, not /status: upstream's CRDs have no status subresource. With
     /// `resource_version` the write only applies to that version of the object (409 otherwise).
-    /// Returns the KuryrPort as written.
+    /// Returns the version the write left; only that is read of the answer (the VIFs written
+    /// are most of its bytes).
     async fn patch_status(
         &self,
         kp: &KuryrPort,
         vifs: &[RecordedVif],
         resource_version: Option<&str>,
-    ) -> Result<KuryrPort, Error> {
-        let api: Api<KuryrPort> = Api::namespaced(self.ctx.kube.clone(), &kp.namespace().unwrap_or_default());
+    ) -> Result<Option<Version>, Error> {
+        let ns = kp.namespace().unwrap_or_default();
         let mut patch = json!({"status": record::to_status(vifs)?});
         if let Some(rv) = resource_version {
             patch["metadata"] = json!({"resourceVersion": rv});
         }
-        Ok(api
+        let request = kube::core::Request::new(KuryrPort::url_path(&(), Some(&ns)))
             .patch(&kp.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-            .await?)
+            .map_err(kube::Error::BuildRequest)?;
+        let written: Written = self.ctx.kube.request(request).await?;
+        Ok(written.metadata.version())
     }
 
     /// `k8s.v1.cni.cncf.io/network-status` on the pod, when multi-VIF drivers are enabled and the
@@ -169,7 +172,7 @@ impl KuryrPortHandler {
             // which would leave them taken from their pool by no KuryrPort.
             let version = kp.metadata.resource_version.as_deref();
             match Box::pin(self.patch_status(kp, &vifs, version)).await {
-                Ok(kp) => written = Version::of(&kp),
+                Ok(v) => written = v,
                 Err(e) => {
                     // Could not record the ports: give them back rather than leak them.
                     if let Err(release) = wiring::release_all(&source, &vifs).await {
@@ -189,7 +192,7 @@ impl KuryrPortHandler {
             let started = Instant::now();
             let activation = wiring::activate_all(&source, &mut vifs).await;
             if activation.changed {
-                let activated = Version::of(&Box::pin(self.write_status(kp, &vifs)).await?);
+                let activated = Box::pin(self.write_status(kp, &vifs)).await?;
                 written = Version::then(written, activated);
             }
             if let Some(e) = activation.pending {
@@ -225,6 +228,25 @@ struct PodSeen<'a> {
     created: Option<Timestamp>,
     /// Its `k8s.v1.cni.cncf.io/network-status` annotation.
     network_status: Option<String>,
+}
+
+/// What is read of the answer to a status write.
+#[derive(serde::Deserialize)]
+struct Written {
+    metadata: WrittenMeta,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WrittenMeta {
+    uid: Option<String>,
+    resource_version: Option<String>,
+}
+
+impl WrittenMeta {
+    fn version(self) -> Option<Version> {
+        Some(Version::new(self.uid?, self.resource_version?))
+    }
 }
 
 /// Time since `t`.

@@ -67,10 +67,19 @@ impl VifHandler {
             },
             status: None,
         };
-        match self.kps(&ns).create(&PostParams::default(), &kp).await {
+        // Handed over before the create: the KuryrPort's event may reach its handler before the
+        // create's answer reaches this one. One in the way (409) may be this pod's: it stays.
+        self.ctx.pod_handoff.put(current);
+        let created = self.kps(&ns).create(&PostParams::default(), &kp).await;
+        if created
+            .as_ref()
+            .is_err_and(|e| !matches!(e, kube::Error::Api(s) if s.code == 409))
+        {
+            self.ctx.pod_handoff.take(&kp.spec.pod_uid);
+        }
+        match created {
             Ok(_) => {
                 self.settled.settle(current);
-                self.ctx.pod_handoff.put(current);
                 Ok(Created::Done)
             }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Created::Exists),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use kube::Resource;
-use kube::api::ApiResource;
+use kube::api::{ApiResource, DynamicObject};
 use kube::core::GroupVersionKind;
 use serde::de::DeserializeOwned;
 
@@ -64,6 +64,33 @@ pub trait ResourceEventHandler: Send + Sync + 'static {
 pub struct WatchSelector {
     pub labels: Option<String>,
     pub fields: Option<String>,
+}
+
+/// The typed object of an event. An event no other handler shares (the usual case) is taken
+/// apart and its JSON moved into the typed object, not copied: the watcher parsed it once already.
+fn parse_typed<K: DeserializeOwned>(object: Arc<DynamicObject>) -> serde_json::Result<K> {
+    let DynamicObject {
+        types,
+        metadata,
+        data,
+    } = Arc::try_unwrap(object).unwrap_or_else(|shared| (*shared).clone());
+    let mut fields = match data {
+        serde_json::Value::Object(fields) => fields,
+        other => {
+            return serde_json::to_value(DynamicObject {
+                types,
+                metadata,
+                data: other,
+            })
+            .and_then(serde_json::from_value);
+        }
+    };
+    if let Some(t) = types {
+        fields.insert("apiVersion".into(), t.api_version.into());
+        fields.insert("kind".into(), t.kind.into());
+    }
+    fields.insert("metadata".into(), serde_json::to_value(metadata)?);
+    serde_json::from_value(serde_json::Value::Object(fields))
 }
 
 /// Adapts a typed [`ResourceEventHandler`] to the untyped pipeline.
@@ -132,19 +159,12 @@ impl<H: ResourceEventHandler> EventHandler for Typed<H> {
             tracing::trace!(handler = self.handler.name(), object = %event.object_ref(), "own write; nothing to do");
             return Ok(());
         }
-        // Through a JSON value of the object, not a clone of it first (what `try_parse` does):
-        // one deep copy fewer per event.
-        let parsed =
-            serde_json::to_value(event.object.as_ref()).and_then(serde_json::from_value::<H::Object>);
-        let obj: H::Object = parsed.map_err(|e| {
-            Error::invalid(
-                event.object_ref(),
-                format!("cannot parse as {}: {e}", event.resource.kind),
-            )
-        })?;
-        // The handler works on the parsed object alone: the event's copy is freed here.
         let event_type = event.event_type;
-        drop(event);
+        let object_ref = event.object_ref();
+        let kind = event.resource.kind.clone();
+        // The handler works on the parsed object alone: the event's copy is consumed here.
+        let obj: H::Object = parse_typed(event.object)
+            .map_err(|e| Error::invalid(object_ref, format!("cannot parse as {kind}: {e}")))?;
         match event_type {
             EventType::Deleted => {
                 if let Some(s) = settled {
@@ -159,5 +179,52 @@ impl<H: ResourceEventHandler> EventHandler for Typed<H> {
 
     fn name(&self) -> &str {
         self.handler.name()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::ResourceExt;
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod() -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {"a": "b"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn an_events_object_parses_the_same_whether_it_is_shared_or_not() {
+        let alone: Pod = parse_typed(Arc::new(pod())).unwrap();
+        let shared = Arc::new(pod());
+        let kept = shared.clone();
+        let from_shared: Pod = parse_typed(shared).unwrap();
+        assert_eq!(alone, from_shared);
+        assert_eq!(
+            kept.metadata.name.as_deref(),
+            Some("p"),
+            "the other holder's copy is intact"
+        );
+        assert_eq!(alone.name_any(), "p");
+        assert_eq!(alone.labels().get("a").map(String::as_str), Some("b"));
+        assert_eq!(alone.spec.unwrap().node_name.as_deref(), Some("n1"));
+        assert_eq!(alone.status.unwrap().phase.as_deref(), Some("Running"));
+    }
+
+    #[test]
+    fn an_object_that_does_not_parse_as_the_kind_is_an_error() {
+        let mut bad = pod();
+        bad.data["spec"]["containers"] = json!("not a list");
+        let e = parse_typed::<Pod>(Arc::new(bad)).unwrap_err();
+        assert!(e.to_string().contains("invalid type"), "{e}");
     }
 }

@@ -35,10 +35,15 @@ pub struct Version {
 impl Version {
     pub fn of<K: Resource>(obj: &K) -> Option<Self> {
         let meta = obj.meta();
-        Some(Self {
-            uid: meta.uid.clone()?,
-            resource_versions: vec![meta.resource_version.clone()?],
-        })
+        Some(Self::new(meta.uid.clone()?, meta.resource_version.clone()?))
+    }
+
+    /// The version `resource_version` of the object of uid `uid`.
+    pub fn new(uid: String, resource_version: String) -> Self {
+        Self {
+            uid,
+            resource_versions: vec![resource_version],
+        }
     }
 
     /// `later` (a write of the same pass after `earlier`), remembering `earlier`'s versions too.

@@ -1,7 +1,8 @@
 //! Pods handed from the `vif` handler to the `kuryrport` handler.
 //!
 //! The `vif` handler holds the pod as its finalizer patch left it (the API server's answer) when
-//! it creates the pod's KuryrPort; the `kuryrport` handler needs that pod a moment later to plan
+//! it creates the pod's KuryrPort (handed over just before the create, whose event may reach
+//! the other handler first); the `kuryrport` handler needs that pod a moment later to plan
 //! the interfaces. Handing it over saves a GET per pod, a fifth of the controller's Kubernetes
 //! requests in a burst.
 //!
@@ -25,8 +26,9 @@ use kube::ResourceExt;
 /// or its handler failed and reads the pod again).
 pub const MAX_AGE: Duration = Duration::from_secs(30);
 
-/// What a burst of a thousand pods keeps in flight between the two handlers.
-pub const DEFAULT_CAPACITY: usize = 1024;
+/// What a burst of a few hundred pods keeps in flight between the two handlers; a larger burst
+/// reads the rest (about 1 KB a pod kept).
+pub const DEFAULT_CAPACITY: usize = 512;
 
 pub struct PodHandoff {
     pods: Mutex<HashMap<String, (Instant, Box<Pod>)>>,
