@@ -58,75 +58,55 @@ pub(super) fn check_body_identity(
     Ok(())
 }
 
+/// Whether `a` and `b` are equal but for the keys `skip` (when both are objects), the values of
+/// the other keys compared with `same`. Compared in place, without copying either: the store's
+/// no-op and generation checks run on every write.
+fn same_but(a: &Value, b: &Value, skip: &[&str], same: &dyn Fn(&str, &Value, &Value) -> bool) -> bool {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return a == b;
+    };
+    let kept = |m: &serde_json::Map<String, Value>| m.keys().filter(|k| !skip.contains(&k.as_str())).count();
+    kept(a) == kept(b)
+        && a.iter()
+            .filter(|(k, _)| !skip.contains(&k.as_str()))
+            .all(|(k, av)| b.get(k).is_some_and(|bv| same(k, av, bv)))
+}
+
+fn equal(_: &str, a: &Value, b: &Value) -> bool {
+    a == b
+}
+
 /// Whether anything but metadata (and status when it is a subresource) differs: what
-/// `generation` tracks. Compared in place: this runs on every write.
+/// `generation` tracks.
 fn spec_differs(def: &ResourceDef, a: &Value, b: &Value) -> bool {
-    let counts = |k: &String| k != "metadata" && !(def.status_subresource && k == "status");
-    match (a.as_object(), b.as_object()) {
-        (Some(a), Some(b)) => {
-            a.iter().filter(|(k, _)| counts(k)).count() != b.iter().filter(|(k, _)| counts(k)).count()
-                || a.iter()
-                    .filter(|(k, _)| counts(k))
-                    .any(|(k, v)| b.get(k) != Some(v))
-        }
-        _ => a != b,
-    }
+    let skip: &[&str] = if def.status_subresource {
+        &["metadata", "status"]
+    } else {
+        &["metadata"]
+    };
+    !same_but(a, b, skip, &equal)
 }
 
 /// Equality for no-op detection: resourceVersion and managedFields timestamps do not count
-/// (a change of field ownership does, as on the real server). Compared in place, without
-/// copying either object: this runs on every write.
+/// (a change of field ownership does, as on the real server).
 fn same_content(a: &Value, b: &Value) -> bool {
-    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
-        return a == b;
+    let managed_fields = |a: &Value, b: &Value| match (a.as_array(), b.as_array()) {
+        (Some(a), Some(b)) => {
+            a.len() == b.len()
+                && a.iter()
+                    .zip(b)
+                    .all(|(ea, eb)| same_but(ea, eb, &["time"], &equal))
+        }
+        _ => a == b,
     };
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().all(|(k, av)| match b.get(k) {
-        None => false,
-        Some(bv) if k == "metadata" => same_metadata(av, bv),
-        Some(bv) => av == bv,
+    let metadata = |k: &str, a: &Value, b: &Value| match k {
+        "managedFields" => managed_fields(a, b),
+        _ => a == b,
+    };
+    same_but(a, b, &[], &|k, a, b| match k {
+        "metadata" => same_but(a, b, &["resourceVersion"], &metadata),
+        _ => a == b,
     })
-}
-
-fn same_metadata(a: &Value, b: &Value) -> bool {
-    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
-        return a == b;
-    };
-    let counted = |m: &serde_json::Map<String, Value>| m.keys().filter(|k| *k != "resourceVersion").count();
-    if counted(a) != counted(b) {
-        return false;
-    }
-    a.iter()
-        .filter(|(k, _)| *k != "resourceVersion")
-        .all(|(k, av)| match b.get(k) {
-            None => false,
-            Some(bv) if k == "managedFields" => same_managed_fields(av, bv),
-            Some(bv) => av == bv,
-        })
-}
-
-/// managedFields entries equal but for their `time`.
-fn same_managed_fields(a: &Value, b: &Value) -> bool {
-    let (Some(a), Some(b)) = (a.as_array(), b.as_array()) else {
-        return a == b;
-    };
-    a.len() == b.len()
-        && a.iter()
-            .zip(b)
-            .all(|(ea, eb)| match (ea.as_object(), eb.as_object()) {
-                (Some(ea), Some(eb)) => {
-                    let counted =
-                        |m: &serde_json::Map<String, Value>| m.keys().filter(|k| *k != "time").count();
-                    counted(ea) == counted(eb)
-                        && ea
-                            .iter()
-                            .filter(|(k, _)| *k != "time")
-                            .all(|(k, v)| eb.get(k) == Some(v))
-                }
-                _ => ea == eb,
-            })
 }
 
 fn valid_dns_subdomain(name: &str) -> bool {

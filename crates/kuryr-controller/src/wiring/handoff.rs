@@ -90,12 +90,9 @@ impl PodHandoff {
         (now.saturating_duration_since(at) < MAX_AGE).then_some(pod)
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -129,7 +126,7 @@ mod tests {
         assert!(got.metadata.managed_fields.is_none());
         assert!(got.status.is_none());
         assert!(h.take("u1").is_none(), "taken twice");
-        assert!(h.is_empty());
+        assert_eq!(h.len(), 0);
     }
 
     #[test]
@@ -154,7 +151,7 @@ mod tests {
         let t0 = Instant::now();
         assert!(h.put_at(&pod("a"), t0));
         assert!(h.take_at("a", t0 + MAX_AGE).is_none());
-        assert!(h.is_empty(), "an expired pod is dropped when looked up");
+        assert_eq!(h.len(), 0, "an expired pod is dropped when looked up");
         let mut no_uid = pod("x");
         no_uid.metadata.uid = None;
         assert!(!h.put(&no_uid));
