@@ -52,6 +52,7 @@ fn defaults_match_upstream() {
     assert_eq!(c.vif_pool.ports_pool_update_frequency, 20);
     assert_eq!(c.vif_pool.ports_pool_ttl, 0);
     assert_eq!(c.vif_pool.ports_pool_max_concurrent_populate.get(), 20);
+    assert_eq!(c.kubernetes.max_concurrent_requests.get(), 32);
     assert_eq!(c.neutron_defaults.ovs_bridge, "br-int");
     assert_eq!(
         c.cni_daemon.bind_address,
@@ -125,6 +126,7 @@ fn devstack_file_gives_typed_values() {
     assert!(!c.octavia_defaults.enforce_sg_rules);
     assert_eq!(c.vif_pool.ports_pool_ttl, 600);
     assert_eq!(c.vif_pool.ports_pool_max_concurrent_populate.get(), 8);
+    assert_eq!(c.kubernetes.max_concurrent_requests.get(), 16);
     assert!(c.cni_daemon.docker_mode);
     assert_eq!(c.cni_daemon.netns_proc_dir.as_deref(), Some("/host_proc"));
     assert_eq!(c.cni_daemon.vif_annotation_timeout, 120);
@@ -384,6 +386,10 @@ fn bad_values_name_section_option_and_value() {
         (
             "[vif_pool]\nports_pool_batch = 0\n",
             "[vif_pool] ports_pool_batch = \"0\": expected an integer of at least 1",
+        ),
+        (
+            "[kubernetes]\nmax_concurrent_requests = 0\n",
+            "[kubernetes] max_concurrent_requests = \"0\": expected an integer of at least 1",
         ),
         (
             "[kubernetes]\nport_debug = maybe\n",
