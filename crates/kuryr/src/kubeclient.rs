@@ -154,6 +154,62 @@ mod tests {
         assert!(err.contains("ssl_client_key_file"), "{err}");
     }
 
+    /// A server that answers each request 50 ms after it arrived, counting requests in flight.
+    async fn slow_server() -> anyhow::Result<(String, std::sync::Arc<std::sync::atomic::AtomicUsize>)> {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let now = std::sync::Arc::new(AtomicUsize::new(0));
+        let most = std::sync::Arc::new(AtomicUsize::new(0));
+        let seen = most.clone();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let (now, most) = (now.clone(), most.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    // One request per read is enough for bodiless GETs; keep-alive serves the next.
+                    while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {
+                        let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(n, Ordering::SeqCst);
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        now.fetch_sub(1, Ordering::SeqCst);
+                        let body = r#"{"kind":"Namespace","apiVersion":"v1","metadata":{"name":"x"}}"#;
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                            body.len()
+                        );
+                        if conn.write_all(format!("{head}{body}").as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Ok((url, seen))
+    }
+
+    #[tokio::test]
+    async fn requests_in_flight_are_bounded_by_max_concurrent_requests() -> anyhow::Result<()> {
+        use k8s_openapi::api::core::v1::Namespace;
+        let (url, most) = slow_server().await?;
+        let loaded = KuryrConfig::from_ini_str(&format!(
+            "[kubernetes]\napi_root = {url}\ntoken_file =\nmax_concurrent_requests = 3\n"
+        ))?;
+        let client = client(&KubeArgs { kubeconfig: None }, &loaded.config).await?;
+        let api: kube::Api<Namespace> = kube::Api::all(client);
+        let gets = (0..12).map(|_| api.get("x"));
+        for got in futures::future::join_all(gets).await {
+            got?;
+        }
+        let most = most.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            (2..=3).contains(&most),
+            "{most} requests were in flight at once, the bound is 3"
+        );
+        Ok(())
+    }
+
     /// Every formatted log line of the current thread's subscriber.
     #[derive(Clone, Default)]
     struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
