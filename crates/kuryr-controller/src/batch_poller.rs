@@ -37,8 +37,9 @@ pub struct PollSettings {
 impl Default for PollSettings {
     /// `min` is a latency floor, not a request rate: the wait before a poll is never shorter
     /// than the last poll took, so a server answering in 50 ms is asked at most every 100 ms,
-    /// one list call at a time. At 100 ms every pod of a burst against an instant Neutron waited about a poll for
-    /// its port; at 20 ms the same burst wires about a third faster (docs/benchmarks.md).
+    /// one list call at a time. At 100 ms every pod of a burst against an instant Neutron waited
+    /// about a poll for its port; at 20 ms the same burst wires about a third faster
+    /// (docs/benchmarks.md).
     fn default() -> Self {
         Self {
             min: Duration::from_millis(20),

@@ -1,6 +1,6 @@
-//! `kuryrport` handler: load the pod (handed over by the `vif` handler, or read) -> wire its interfaces (`crate::wiring`) -> record them in
-//! `status.vifs` -> activate them; on finalize, release everything the KuryrPort records and
-//! whatever a crash created without recording it.
+//! `kuryrport` handler: load the pod (handed over by the `vif` handler, or read) -> wire its
+//! interfaces (`crate::wiring`) -> record them in `status.vifs` -> activate them; on finalize,
+//! release everything the KuryrPort records and whatever a crash created without recording it.
 //!
 //! Progress is written after each step (VIFs acquired, then activated), so a crash between steps
 //! resumes from the stored state instead of creating ports twice.

@@ -68,29 +68,40 @@ pub struct WatchSelector {
 
 /// The typed object of an event. An event no other handler shares (the usual case) is taken
 /// apart and its JSON moved into the typed object, not copied: the watcher parsed it once already.
-fn parse_typed<K: DeserializeOwned>(object: Arc<DynamicObject>) -> serde_json::Result<K> {
+/// On failure, the error names the object (`namespace/name`), built only then.
+fn parse_typed<K: DeserializeOwned>(object: Arc<DynamicObject>) -> Result<K, (String, serde_json::Error)> {
     let DynamicObject {
         types,
         metadata,
         data,
     } = Arc::try_unwrap(object).unwrap_or_else(|shared| (*shared).clone());
+    let named = |e| {
+        let name = metadata.name.as_deref().unwrap_or("<unnamed>");
+        let reference = match metadata.namespace.as_deref() {
+            Some(ns) => format!("{ns}/{name}"),
+            None => name.to_string(),
+        };
+        (reference, e)
+    };
     let mut fields = match data {
         serde_json::Value::Object(fields) => fields,
         other => {
-            return serde_json::to_value(DynamicObject {
+            let whole = DynamicObject {
                 types,
-                metadata,
+                metadata: metadata.clone(),
                 data: other,
-            })
-            .and_then(serde_json::from_value);
+            };
+            return serde_json::to_value(&whole)
+                .and_then(serde_json::from_value)
+                .map_err(named);
         }
     };
     if let Some(t) = types {
         fields.insert("apiVersion".into(), t.api_version.into());
         fields.insert("kind".into(), t.kind.into());
     }
-    fields.insert("metadata".into(), serde_json::to_value(metadata)?);
-    serde_json::from_value(serde_json::Value::Object(fields))
+    fields.insert("metadata".into(), serde_json::to_value(&metadata).map_err(named)?);
+    serde_json::from_value(serde_json::Value::Object(fields)).map_err(named)
 }
 
 /// Adapts a typed [`ResourceEventHandler`] to the untyped pipeline.
@@ -159,12 +170,16 @@ impl<H: ResourceEventHandler> EventHandler for Typed<H> {
             tracing::trace!(handler = self.handler.name(), object = %event.object_ref(), "own write; nothing to do");
             return Ok(());
         }
-        let event_type = event.event_type;
-        let object_ref = event.object_ref();
-        let kind = event.resource.kind.clone();
+        let Event {
+            event_type,
+            resource,
+            object,
+            ..
+        } = event;
         // The handler works on the parsed object alone: the event's copy is consumed here.
-        let obj: H::Object = parse_typed(event.object)
-            .map_err(|e| Error::invalid(object_ref, format!("cannot parse as {kind}: {e}")))?;
+        let obj: H::Object = parse_typed(object).map_err(|(reference, e)| {
+            Error::invalid(reference, format!("cannot parse as {}: {e}", resource.kind))
+        })?;
         match event_type {
             EventType::Deleted => {
                 if let Some(s) = settled {
@@ -224,7 +239,8 @@ mod tests {
     fn an_object_that_does_not_parse_as_the_kind_is_an_error() {
         let mut bad = pod();
         bad.data["spec"]["containers"] = json!("not a list");
-        let e = parse_typed::<Pod>(Arc::new(bad)).unwrap_err();
+        let (reference, e) = parse_typed::<Pod>(Arc::new(bad)).unwrap_err();
+        assert_eq!(reference, "ns/p");
         assert!(e.to_string().contains("invalid type"), "{e}");
     }
 }
