@@ -2,14 +2,19 @@
 //! off the hit path by a flusher that coalesces changes (at most one write per pool per
 //! [`FLUSH_INTERVAL`]), and read back for restart recovery together with the KuryrPorts.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::Resource as _;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kuryr_crds::{KuryrPort, KuryrPortPool, KuryrPortPoolStatus, PoolFixedIp, PoolPort, Vif};
+use serde::Deserialize;
+use serde::de::IgnoredAny;
 use serde_json::Value;
+use serde_json::value::RawValue;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -63,27 +68,128 @@ pub fn kuryrport_ports(meta: &ObjectMeta, obj: &Value) -> Vec<InUsePort> {
         .pointer("/spec/podUid")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let holder = match (&meta.namespace, &meta.name) {
+    let ids = vifs.values().filter_map(|entry| {
+        let id = entry
+            .pointer("/vif/versioned_object.data/id")
+            .and_then(Value::as_str)?;
+        Some((
+            id.to_string(),
+            entry
+                .get(ORIGIN_FIELD)
+                .and_then(|o| VifOrigin::deserialize(o).ok()),
+        ))
+    });
+    in_use(
+        meta.namespace.as_deref(),
+        meta.name.as_deref(),
+        pod_uid,
+        meta.deletion_timestamp.is_some(),
+        ids,
+    )
+}
+
+/// One [`InUsePort`] per recorded port id, with its origin if kuryr-rs could read it (a port
+/// whose origin it cannot read is protected all the same).
+fn in_use(
+    namespace: Option<&str>,
+    name: Option<&str>,
+    pod_uid: &str,
+    terminating: bool,
+    ids: impl Iterator<Item = (String, Option<VifOrigin>)>,
+) -> Vec<InUsePort> {
+    let holder = match (namespace, name) {
         (Some(ns), Some(name)) => Some(holder(ns, name, pod_uid)),
         _ => (!pod_uid.is_empty()).then(|| pod_uid.to_string()),
     };
-    let terminating = meta.deletion_timestamp.is_some();
-    vifs.values()
-        .filter_map(|entry| {
-            let id = entry
-                .pointer("/vif/versioned_object.data/id")
-                .and_then(Value::as_str)?;
-            let origin = entry
-                .get(ORIGIN_FIELD)
-                .and_then(|o| serde_json::from_value::<VifOrigin>(o.clone()).ok());
-            Some(InUsePort {
-                port_id: id.to_string(),
-                origin,
-                holder: holder.clone(),
-                terminating,
-            })
-        })
-        .collect()
+    ids.map(|(port_id, origin)| InUsePort {
+        port_id,
+        origin,
+        holder: holder.clone(),
+        terminating,
+    })
+    .collect()
+}
+
+/// What the pools read of a KuryrPort: which ports it records and for whom, nothing else. The
+/// sweep and recovery read every KuryrPort of the cluster; parsed whole, a page of 500 was ~7 MB
+/// of JSON trees at the peak of a 10,000-pod burst, this is a few strings per object.
+#[derive(Deserialize)]
+struct PortsOf {
+    metadata: PortsOfMeta,
+    #[serde(default)]
+    spec: PortsOfSpec,
+    #[serde(default)]
+    status: PortsOfStatus,
+}
+
+#[derive(Deserialize)]
+struct PortsOfMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    #[serde(rename = "deletionTimestamp")]
+    deletion_timestamp: Option<IgnoredAny>,
+}
+
+#[derive(Default, Deserialize)]
+struct PortsOfSpec {
+    #[serde(rename = "podUid")]
+    pod_uid: Option<String>,
+}
+
+#[derive(Default, Deserialize)]
+struct PortsOfStatus {
+    vifs: Option<BTreeMap<String, RecordedPort>>,
+}
+
+/// A `status.vifs` entry: `vif.versioned_object.data.id` and the kuryr-rs origin.
+#[derive(Deserialize)]
+struct RecordedPort {
+    vif: RecordedPortVif,
+    #[serde(rename = "kuryrRsOrigin")]
+    origin: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct RecordedPortVif {
+    #[serde(rename = "versioned_object.data")]
+    data: RecordedPortId,
+}
+
+#[derive(Deserialize)]
+struct RecordedPortId {
+    id: String,
+}
+
+/// A page of a KuryrPort list, its items left as text until each is read.
+#[derive(Deserialize)]
+struct KuryrPortPage<'a> {
+    #[serde(default)]
+    metadata: ListMeta,
+    #[serde(borrow)]
+    items: Vec<&'a RawValue>,
+}
+
+/// The ports one listed KuryrPort records. An object the slim reader does not take (an entry
+/// without a port id, a field of an unexpected type) is read whole, as [`kuryrport_ports`] does;
+/// one that does not parse at all fails the page, so that the sweep never takes its ports for
+/// orphans.
+fn listed_kuryrport_ports(item: &RawValue) -> Result<Vec<InUsePort>, serde_json::Error> {
+    if let Ok(kp) = serde_json::from_str::<PortsOf>(item.get()) {
+        let meta = kp.metadata;
+        let ids = kp.status.vifs.unwrap_or_default().into_values().map(|p| {
+            let origin = p.origin.and_then(|o| serde_json::from_value(o).ok());
+            (p.vif.data.id, origin)
+        });
+        return Ok(in_use(
+            meta.namespace.as_deref(),
+            meta.name.as_deref(),
+            kp.spec.pod_uid.as_deref().unwrap_or_default(),
+            meta.deletion_timestamp.is_some(),
+            ids,
+        ));
+    }
+    let kp: DynamicObject = serde_json::from_str(item.get())?;
+    Ok(kuryrport_ports(&kp.metadata, &kp.data))
 }
 
 impl Persister {
@@ -275,21 +381,24 @@ impl Persister {
     pub async fn load_recovery_input(&self) -> Result<RecoveryInput, Error> {
         let pools = self.api().list(&ListParams::default()).await?.items;
         let mut in_use = Vec::new();
-        self.for_each_kuryrport(|kp| in_use.extend(kuryrport_ports(&kp.metadata, &kp.data)))
-            .await?;
+        self.for_each_kuryrport(|ports| in_use.extend(ports)).await?;
         Ok(RecoveryInput { pools, in_use })
     }
 
-    /// Every KuryrPort of the cluster, read a page at a time: with ten thousand pods the whole
-    /// list is tens of MB of parsed JSON, and the sweep reads it every update period; only what
-    /// `f` keeps of each page outlives it.
-    async fn for_each_kuryrport(&self, mut f: impl FnMut(&DynamicObject)) -> Result<(), Error> {
-        let ar = ApiResource::erase::<KuryrPort>(&());
-        let kps: Api<DynamicObject> = Api::all_with(self.kube.clone(), &ar);
+    /// The ports every KuryrPort of the cluster records, read a page at a time and each page
+    /// only for them: with ten thousand pods the whole list parsed is tens of MB of JSON, and
+    /// the sweep reads it every update period.
+    async fn for_each_kuryrport(&self, mut f: impl FnMut(Vec<InUsePort>)) -> Result<(), Error> {
         let mut params = ListParams::default().limit(KUBE_PAGE);
         loop {
-            let page = kps.list(&params).await?;
-            page.items.iter().for_each(&mut f);
+            let request = kube::core::Request::new(KuryrPort::url_path(&(), None))
+                .list(&params)
+                .map_err(kube::Error::BuildRequest)?;
+            let text = self.kube.request_text(request).await?;
+            let page: KuryrPortPage = serde_json::from_str(&text).map_err(kube::Error::SerdeError)?;
+            for item in page.items {
+                f(listed_kuryrport_ports(item).map_err(kube::Error::SerdeError)?);
+            }
             match page.metadata.continue_.filter(|c| !c.is_empty()) {
                 Some(token) => params = params.continue_token(&token),
                 None => return Ok(()),
@@ -300,14 +409,8 @@ impl Persister {
     /// Port ids recorded by KuryrPorts (the orphan sweep's "owned by a pod").
     pub async fn ports_in_use(&self) -> Result<HashSet<String>, Error> {
         let mut ids = HashSet::new();
-        self.for_each_kuryrport(|kp| {
-            ids.extend(
-                kuryrport_ports(&kp.metadata, &kp.data)
-                    .into_iter()
-                    .map(|u| u.port_id),
-            );
-        })
-        .await?;
+        self.for_each_kuryrport(|ports| ids.extend(ports.into_iter().map(|u| u.port_id)))
+            .await?;
         Ok(ids)
     }
 }
@@ -361,5 +464,93 @@ mod tests {
                 .iter()
                 .all(|p| p.terminating && p.holder.as_deref() == Some("uid-1"))
         );
+    }
+
+    fn sorted(mut ports: Vec<InUsePort>) -> Vec<(String, Option<String>, bool, Option<String>)> {
+        ports.sort_by(|a, b| a.port_id.cmp(&b.port_id));
+        ports
+            .into_iter()
+            .map(|p| (p.port_id, p.holder, p.terminating, p.origin.map(|o| o.host)))
+            .collect()
+    }
+
+    fn listed(obj: &Value) -> Result<Vec<InUsePort>, serde_json::Error> {
+        let text = obj.to_string();
+        let raw: &RawValue = serde_json::from_str(&text)?;
+        listed_kuryrport_ports(raw)
+    }
+
+    #[test]
+    fn a_listed_kuryrport_yields_the_ports_the_whole_object_reader_finds() {
+        let origin = serde_json::json!({
+            "deployment": "default", "host": "n1", "projectId": "pr", "networkId": "net",
+            "securityGroups": ["sg"], "driver": "neutron-vif"
+        });
+        let vif = |id: &str| {
+            serde_json::json!({
+                "versioned_object.data": {"id": id, "address": "fa:16:3e:00:00:01", "network": {"versioned_object.data": {"id": "net"}}},
+                "versioned_object.name": "VIFOpenVSwitch"
+            })
+        };
+        let objects = [
+            // What the kuryrport handler writes: read by the slim reader.
+            serde_json::json!({
+                "apiVersion": "openstack.org/v1", "kind": "KuryrPort",
+                "metadata": {"name": "pod", "namespace": "ns", "uid": "kp-1", "finalizers": ["kuryr.openstack.org/kuryrport-finalizer"]},
+                "spec": {"podUid": "uid-1", "podNodeName": "n1"},
+                "status": {"vifs": {
+                    "eth0": {"default": true, "vif": vif("p1"), "kuryrRsOrigin": origin},
+                    "eth1": {"default": false, "vif": vif("p2"), "kuryrRsOrigin": {"bad": 1}}
+                }}
+            }),
+            // Being deleted, no podUid: held by its name.
+            serde_json::json!({
+                "metadata": {"name": "pod", "namespace": "ns", "deletionTimestamp": "2026-11-28T00:00:00Z"},
+                "status": {"vifs": {"eth0": {"vif": vif("p3")}}}
+            }),
+            // No ports yet.
+            serde_json::json!({"metadata": {"name": "new", "namespace": "ns"}, "spec": {"podUid": "u"}}),
+            serde_json::json!({"metadata": {"name": "new", "namespace": "ns"}, "status": {"vifs": null}}),
+            // Entries the slim reader does not take: the object is read whole instead.
+            serde_json::json!({
+                "metadata": {"name": "odd", "namespace": "ns"},
+                "status": {"vifs": {"eth0": {"vif": vif("p4")}, "eth1": {"vif": "garbage"}, "eth2": {"vif": {"versioned_object.data": {}}}}}
+            }),
+            serde_json::json!({"metadata": {"name": "odd", "namespace": "ns"}, "spec": null, "status": {"vifs": {"eth0": {"vif": vif("p5")}}}}),
+        ];
+        for obj in &objects {
+            let kp: DynamicObject = serde_json::from_value(obj.clone()).unwrap();
+            let whole = sorted(kuryrport_ports(&kp.metadata, &kp.data));
+            assert_eq!(sorted(listed(obj).unwrap()), whole, "{obj}");
+        }
+        // The cases the slim reader takes itself, and what it finds.
+        assert!(serde_json::from_value::<PortsOf>(objects[0].clone()).is_ok());
+        assert!(serde_json::from_value::<PortsOf>(objects[4].clone()).is_err());
+        let first = sorted(listed(&objects[0]).unwrap());
+        assert_eq!(
+            first,
+            vec![
+                ("p1".into(), Some("uid-1".into()), false, Some("n1".into())),
+                ("p2".into(), Some("uid-1".into()), false, None),
+            ]
+        );
+        assert_eq!(
+            sorted(listed(&objects[1]).unwrap()),
+            vec![("p3".into(), Some("ns/pod".into()), true, None)]
+        );
+        assert_eq!(sorted(listed(&objects[4]).unwrap()).len(), 1);
+    }
+
+    #[test]
+    fn a_listed_kuryrport_that_does_not_parse_fails_its_page() {
+        // The sweep must not take the ports of an object it cannot read for orphans.
+        assert!(listed(&serde_json::json!({"metadata": "garbage"})).is_err());
+        assert!(listed(&serde_json::json!({"metadata": {"name": 5}})).is_err());
+        let page: KuryrPortPage = serde_json::from_str(
+            r#"{"apiVersion": "v1", "kind": "List", "metadata": {"continue": "abc"}, "items": [{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(page.items.len(), 2);
+        assert_eq!(page.metadata.continue_.as_deref(), Some("abc"));
     }
 }
