@@ -32,6 +32,10 @@ pub struct PollSettings {
     pub chunk: usize,
     /// How long one wait lasts before the waiter gives up.
     pub wait: Duration,
+    /// Whether a waiter gives up its in-flight place in the pipeline while it waits
+    /// ([`crate::pipeline::parked`]): for long waits on objects that hold little (load balancers
+    /// take minutes), not for ports, whose waits the in-flight bound is there to keep few.
+    pub parks: bool,
 }
 
 impl Default for PollSettings {
@@ -46,6 +50,7 @@ impl Default for PollSettings {
             max: Duration::from_secs(2),
             chunk: 80,
             wait: Duration::from_secs(20),
+            parks: false,
         }
     }
 }
@@ -162,7 +167,13 @@ impl<S: StatusSource> BatchPoller<S> {
         // Wakes a poller in a long idle interval; during a burst the permit is simply kept.
         self.inner.wake.notify_one();
         let wait = self.inner.settings.wait;
-        match crate::pipeline::idle(tokio::time::timeout(wait, rx)).await {
+        let settled = tokio::time::timeout(wait, rx);
+        let settled = if self.inner.settings.parks {
+            crate::pipeline::parked(settled).await
+        } else {
+            crate::pipeline::idle(settled).await
+        };
+        match settled {
             Ok(Ok(outcome)) => Ok(outcome),
             // The poller stopped (shutdown) or the wait timed out.
             Ok(Err(_)) | Err(_) => {
@@ -281,6 +292,7 @@ mod tests {
             max: Duration::from_secs(2),
             chunk: 80,
             wait: Duration::from_secs(20),
+            parks: false,
         }
     }
 

@@ -52,6 +52,7 @@ fn settings() -> PollSettings {
         max: Duration::from_millis(400),
         chunk: 80,
         wait: Duration::from_secs(20),
+        parks: false,
     }
 }
 

@@ -556,3 +556,95 @@ async fn waiting_objects_are_served_in_arrival_order_with_their_newest_event() {
     assert!(!*rec.overlapped.lock().await);
     assert_eq!(a.depth().await, 0, "drained objects leave nothing behind");
 }
+
+/// Objects named `stuck*` sit out a long delay in [`parked`] (a retry's backoff), the others a
+/// short wait on the server in [`idle`]; counts how many are in their handler outside a park.
+#[derive(Default)]
+struct Parks {
+    working: std::sync::atomic::AtomicUsize,
+    most_working: std::sync::atomic::AtomicUsize,
+    done: Mutex<Vec<String>>,
+}
+
+#[async_trait]
+impl EventHandler for Parks {
+    async fn handle(&self, event: Event) -> Result<(), Error> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let name = event.object.metadata.name.clone().unwrap_or_default();
+        let now = self.working.fetch_add(1, SeqCst) + 1;
+        self.most_working.fetch_max(now, SeqCst);
+        if name.starts_with("stuck") {
+            self.working.fetch_sub(1, SeqCst);
+            kuryr_controller::pipeline::parked(tokio::time::sleep(Duration::from_secs(10))).await;
+            let now = self.working.fetch_add(1, SeqCst) + 1;
+            self.most_working.fetch_max(now, SeqCst);
+        }
+        kuryr_controller::pipeline::idle(tokio::time::sleep(Duration::from_secs(1))).await;
+        self.working.fetch_sub(1, SeqCst);
+        self.done.lock().await.push(name);
+        Ok(())
+    }
+    fn name(&self) -> &str {
+        "parks"
+    }
+}
+
+/// A handler sitting out a delay gives its in-flight place to the objects waiting: two objects
+/// stuck in a retry's backoff with room for two in flight do not keep four others out. Back
+/// from the delay with no place free, a stuck object finishes beyond the bound; after all of it
+/// the bound is what it was (neither a place lost nor one gained).
+#[tokio::test(start_paused = true)]
+async fn parked_objects_give_their_place_to_waiting_ones() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let p = Arc::new(Parks::default());
+    let a = Async::new(p.clone(), 8).with_max_in_flight(2);
+    for name in ["stuck-0", "stuck-1", "a", "b", "c", "d"] {
+        a.handle(ev(EventType::Added, name, &format!("u-{name}"), "1"))
+            .await
+            .unwrap();
+    }
+    // Both stuck objects parked at once: the four others went through two at a time.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        *p.done.lock().await,
+        ["a", "b", "c", "d"],
+        "the others did not wait for the stuck ones"
+    );
+    // More objects arrive just before the stuck ones wake, and take both places: the stuck
+    // ones finish beyond the bound (two in flight, and the two back from their delay).
+    tokio::time::sleep(Duration::from_millis(7300)).await;
+    for name in ["e", "f", "g"] {
+        a.handle(ev(EventType::Added, name, &format!("u-{name}"), "1"))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        p.working.load(SeqCst),
+        4,
+        "e and f in their places, both stuck ones beyond"
+    );
+    wait_idle(&a).await;
+    let done = p.done.lock().await.clone();
+    assert_eq!(done.len(), 9, "{done:?}");
+    assert!(done.iter().any(|n| n == "stuck-0") && done.iter().any(|n| n == "stuck-1"));
+    assert_eq!(p.most_working.load(SeqCst), 4);
+
+    // The bound afterwards: five objects, never more than two in their handler at once.
+    p.most_working.store(0, SeqCst);
+    for i in 0..5 {
+        a.handle(ev(
+            EventType::Added,
+            &format!("after-{i}"),
+            &format!("u-after-{i}"),
+            "1",
+        ))
+        .await
+        .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(p.working.load(SeqCst), 2, "two places, as before the parks");
+    wait_idle(&a).await;
+    assert_eq!(p.most_working.load(SeqCst), 2);
+    assert_eq!(p.done.lock().await.len(), 14);
+}

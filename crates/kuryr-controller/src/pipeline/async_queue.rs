@@ -112,63 +112,207 @@ impl Pending {
     }
 }
 
-/// The worker permit of the object being handled, so that a handler waiting on a timer (Retry's
-/// backoff) can give its slot to other objects instead of stalling them: a few dozen pods stuck
-/// on quota must not stop every other pod from being wired.
-struct WorkerSlot {
+/// What an object's task holds, so that its handler can give some of it up while it waits: the
+/// worker slot whenever it waits ([`idle`]), and also its in-flight place while it only sits out
+/// a delay ([`parked`]).
+struct Slots {
     workers: Arc<Semaphore>,
-    permit: std::sync::Mutex<Option<OwnedSemaphorePermit>>,
+    worker: std::sync::Mutex<Option<OwnedSemaphorePermit>>,
+    /// The task's in-flight place; `None` while parked, and after a park that found no place
+    /// free on waking (the task then ends with the object it is draining).
+    place: std::sync::Mutex<Option<OwnedSemaphorePermit>>,
+    queue: Arc<dyn Places>,
+}
+
+impl Slots {
+    fn take<T>(slot: &std::sync::Mutex<Option<T>>) -> Option<T> {
+        slot.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    fn put<T>(slot: &std::sync::Mutex<Option<T>>, value: T) {
+        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
+    }
+}
+
+/// The queue's side of a park: an in-flight place handed on, or taken back.
+trait Places: Send + Sync {
+    /// Gives `place` to the first waiting object (a new task), or back if none waits.
+    fn hand_on(self: Arc<Self>, place: OwnedSemaphorePermit) -> futures::future::BoxFuture<'static, ()>;
+    /// A free in-flight place, if there is one.
+    fn try_take(&self) -> Option<OwnedSemaphorePermit>;
 }
 
 tokio::task_local! {
-    static WORKER_SLOT: Arc<WorkerSlot>;
+    static SLOTS: Arc<Slots>;
 }
 
-/// Runs `wait` without holding the Async worker permit of the current object (if any), and takes
-/// a permit again before returning. The object's queue stays claimed, so its events stay ordered.
+/// Runs `wait` without holding the Async worker slot of the current object (if any), and takes
+/// one again before returning. The object keeps its in-flight place and its queue, so its events
+/// stay ordered and the handler state it holds stays within the in-flight bound.
 pub async fn idle<F: std::future::Future>(wait: F) -> F::Output {
-    let Ok(slot) = WORKER_SLOT.try_with(Arc::clone) else {
+    let Ok(slots) = SLOTS.try_with(Arc::clone) else {
         return wait.await;
     };
     // Dropped here, before the wait: that is what frees the slot for another object.
-    let released = slot
-        .permit
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take()
-        .is_some();
+    let released = Slots::take(&slots.worker).is_some();
     let out = wait.await;
     if released {
         // A closed semaphore only happens on shutdown; the handler then finishes without a slot.
-        if let Ok(p) = slot.workers.clone().acquire_owned().await {
-            *slot.permit.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+        if let Ok(p) = slots.workers.clone().acquire_owned().await {
+            Slots::put(&slots.worker, p);
         }
     }
     out
 }
 
-/// How many objects may be in their handler at once, counting those waiting without a slot:
-/// enough that hundreds stuck on a full quota leave room for the others, few enough that the
-/// handlers' state stays a few MB.
-fn max_in_flight(max_concurrency: usize) -> usize {
-    max_concurrency.max(1).saturating_mul(16).max(1024)
+/// Like [`idle`], for a wait that is only a delay (a retry's backoff, a load balancer being
+/// built): the object's in-flight place goes to the first waiting object meanwhile. An object
+/// sitting out a delay holds little, and hundreds of them (pods of a project whose quota is
+/// full) must not keep every other object out of its handler. On waking the handler takes a free
+/// place if there is one, and otherwise goes on beyond the bound until the object's events are
+/// drained: so the bound may be exceeded by objects back from a delay, never by new ones.
+pub async fn parked<F: std::future::Future>(wait: F) -> F::Output {
+    let Ok(slots) = SLOTS.try_with(Arc::clone) else {
+        return wait.await;
+    };
+    let had_place = match Slots::take(&slots.place) {
+        Some(place) => {
+            slots.queue.clone().hand_on(place).await;
+            true
+        }
+        None => false,
+    };
+    let out = idle(wait).await;
+    if had_place && let Some(place) = slots.queue.try_take() {
+        Slots::put(&slots.place, place);
+    }
+    out
 }
 
-pub struct Async<H> {
+/// How many objects may be in their handler at once, counting those waiting on the server
+/// without a worker slot (a port becoming ACTIVE), not those parked: enough to keep the server
+/// busy and its waits batched, few enough that a burst's handler state stays a few MB.
+fn max_in_flight(max_concurrency: usize) -> usize {
+    max_concurrency.max(1).saturating_mul(4).max(256)
+}
+
+/// What every task of one [`Async`] shares.
+struct Shared<H> {
     inner: Arc<H>,
-    name: String,
     /// The objects' pending events and the ones waiting for a task.
     queues: Queues,
     workers: Arc<Semaphore>,
     /// Objects with a task, also while their handler waits in [`idle`] (without a worker slot):
-    /// each holds its handler's state, so this bounds the memory of a burst in which thousands
-    /// back off at once. Taken and given back only under the `queues` lock, so an object never
-    /// waits in the FIFO while a permit is free.
+    /// each holds its handler's state, so this bounds the memory of a burst. Given back only
+    /// under the `queues` lock, so an object never waits in the FIFO while a place is free.
     in_flight: Arc<Semaphore>,
     stats: Arc<AsyncStats>,
     /// Cancels every queue: a pipeline that stops (shutdown, lost leadership, or its task being
     /// dropped) must not leave handlers running behind the next leader's back.
     stop: CancellationToken,
+}
+
+impl<H: EventHandler + 'static> Places for Shared<H> {
+    fn hand_on(self: Arc<Self>, place: OwnedSemaphorePermit) -> futures::future::BoxFuture<'static, ()> {
+        Box::pin(async move {
+            let mut q = self.queues.lock().await;
+            match q.waiting.pop_front() {
+                Some(next) => self.spawn(next, place),
+                // Given back under the lock: nothing waits.
+                None => drop(place),
+            }
+        })
+    }
+
+    fn try_take(&self) -> Option<OwnedSemaphorePermit> {
+        self.in_flight.clone().try_acquire_owned().ok()
+    }
+}
+
+impl<H: EventHandler + 'static> Shared<H> {
+    fn spawn(self: &Arc<Self>, key: String, place: OwnedSemaphorePermit) {
+        tokio::spawn(self.clone().run_queue(key, place));
+    }
+
+    /// One in-flight task: drains `key`, then the next waiting object, until none waits or the
+    /// task has no place any more (see [`parked`]). Gives its place back under the lock when
+    /// nothing waits.
+    async fn run_queue(self: Arc<Self>, key: String, place: OwnedSemaphorePermit) {
+        let queue: Arc<dyn Places> = self.clone();
+        let slots = Arc::new(Slots {
+            workers: self.workers.clone(),
+            worker: std::sync::Mutex::new(None),
+            place: std::sync::Mutex::new(Some(place)),
+            queue,
+        });
+        let run = async {
+            let mut key = key;
+            loop {
+                let Some(mut q) = self.drain(&key, &slots).await else {
+                    return;
+                };
+                // Drained: drop the queue so memory follows live objects only.
+                q.pending.remove(&key);
+                let Some(place) = Slots::take(&slots.place) else {
+                    // Back from a park beyond the bound: this task ends here.
+                    return;
+                };
+                match q.waiting.pop_front() {
+                    Some(next) => {
+                        key = next;
+                        Slots::put(&slots.place, place);
+                    }
+                    None => {
+                        drop(place);
+                        return;
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            _ = self.stop.cancelled() => {
+                let mut q = self.queues.lock().await;
+                q.pending.clear();
+                q.waiting.clear();
+            }
+            _ = run => {}
+        }
+    }
+
+    /// Handles `key`'s events until none is pending, and returns the lock under which it found
+    /// none (so that no event can slip in between that and the key's removal); `None` on
+    /// shutdown.
+    async fn drain(&self, key: &str, slots: &Arc<Slots>) -> Option<MutexGuard<'_, QueueState>> {
+        loop {
+            // The slot first, then the event: while this waits, a newer event for the object
+            // still replaces the pending one, and the pending one stays compact. A closed
+            // semaphore only happens on shutdown; stop quietly then.
+            let permit = self.workers.clone().acquire_owned().await.ok()?;
+            let pending = {
+                let mut q = self.queues.lock().await;
+                match q.pending.get_mut(key).and_then(Option::take) {
+                    Some(p) => p,
+                    None => return Some(q),
+                }
+            };
+            let Some(event) = pending.into_event() else {
+                continue;
+            };
+            Slots::put(&slots.worker, permit);
+            // LogExceptions wrappers below us normally swallow errors; one reaching here is logged
+            // rather than lost.
+            if let Err(e) = SLOTS.scope(slots.clone(), self.inner.handle(event)).await {
+                tracing::error!(queue = %key, error = %e, "unhandled pipeline error");
+            }
+            drop(Slots::take(&slots.worker));
+            self.stats.handled.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+pub struct Async<H> {
+    shared: Arc<Shared<H>>,
+    name: String,
 }
 
 impl<H: EventHandler + 'static> Async<H> {
@@ -182,115 +326,44 @@ impl<H: EventHandler + 'static> Async<H> {
     pub fn with_stop(inner: H, max_concurrency: usize, stop: CancellationToken) -> Self {
         let name = format!("async({})", inner.name());
         Self {
-            inner: Arc::new(inner),
+            shared: Arc::new(Shared {
+                inner: Arc::new(inner),
+                queues: Arc::default(),
+                workers: Arc::new(Semaphore::new(max_concurrency.max(1))),
+                in_flight: Arc::new(Semaphore::new(max_in_flight(max_concurrency))),
+                stats: Arc::default(),
+                stop,
+            }),
             name,
-            queues: Arc::default(),
-            workers: Arc::new(Semaphore::new(max_concurrency.max(1))),
-            in_flight: Arc::new(Semaphore::new(max_in_flight(max_concurrency))),
-            stats: Arc::default(),
-            stop,
         }
     }
 
     /// Sets how many objects may be in their handler at once, counting those waiting without a
-    /// worker slot (default: 16x the workers, at least 1,024).
+    /// worker slot (default: 4x the workers, at least 256). Only before the first event.
     pub fn with_max_in_flight(mut self, n: usize) -> Self {
-        self.in_flight = Arc::new(Semaphore::new(n.max(1)));
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.in_flight = Arc::new(Semaphore::new(n.max(1)));
+        }
         self
     }
 
     pub fn stats(&self) -> Arc<AsyncStats> {
-        self.stats.clone()
+        self.shared.stats.clone()
     }
 
     /// Objects with a queue right now (being handled or waiting).
     pub async fn depth(&self) -> usize {
-        self.queues.lock().await.pending.len()
-    }
-
-    /// One in-flight task: drains `key`, then the next waiting object, until none waits. Holds
-    /// `in_flight` throughout; gives it back under the lock when nothing waits.
-    async fn run_queue(
-        key: String,
-        in_flight: OwnedSemaphorePermit,
-        inner: Arc<H>,
-        queues: Queues,
-        workers: Arc<Semaphore>,
-        stats: Arc<AsyncStats>,
-        stop: CancellationToken,
-    ) {
-        let run = async {
-            let mut key = key;
-            loop {
-                let Some(mut q) = Self::drain(&key, &inner, &queues, &workers, &stats).await else {
-                    return;
-                };
-                // Drained: drop the queue so memory follows live objects only.
-                q.pending.remove(&key);
-                match q.waiting.pop_front() {
-                    Some(next) => key = next,
-                    None => {
-                        drop(in_flight);
-                        return;
-                    }
-                }
-            }
-        };
-        tokio::select! {
-            _ = stop.cancelled() => {
-                let mut q = queues.lock().await;
-                q.pending.clear();
-                q.waiting.clear();
-            }
-            _ = run => {}
-        }
-    }
-
-    /// Handles `key`'s events until none is pending, and returns the lock under which it found
-    /// none (so that no event can slip in between that and the key's removal); `None` on
-    /// shutdown.
-    async fn drain<'q>(
-        key: &str,
-        inner: &Arc<H>,
-        queues: &'q Queues,
-        workers: &Arc<Semaphore>,
-        stats: &AsyncStats,
-    ) -> Option<MutexGuard<'q, QueueState>> {
-        loop {
-            // The slot first, then the event: while this waits, a newer event for the object
-            // still replaces the pending one, and the pending one stays compact. A closed
-            // semaphore only happens on shutdown; stop quietly then.
-            let permit = workers.clone().acquire_owned().await.ok()?;
-            let pending = {
-                let mut q = queues.lock().await;
-                match q.pending.get_mut(key).and_then(Option::take) {
-                    Some(p) => p,
-                    None => return Some(q),
-                }
-            };
-            let Some(event) = pending.into_event() else {
-                continue;
-            };
-            let slot = Arc::new(WorkerSlot {
-                workers: workers.clone(),
-                permit: std::sync::Mutex::new(Some(permit)),
-            });
-            // LogExceptions wrappers below us normally swallow errors; one reaching here is logged
-            // rather than lost.
-            if let Err(e) = WORKER_SLOT.scope(slot, inner.handle(event)).await {
-                tracing::error!(queue = %key, error = %e, "unhandled pipeline error");
-            }
-            stats.handled.fetch_add(1, Ordering::Relaxed);
-        }
+        self.shared.queues.lock().await.pending.len()
     }
 }
 
 #[async_trait]
 impl<H: EventHandler + 'static> EventHandler for Async<H> {
     async fn handle(&self, mut event: Event) -> Result<(), Error> {
-        self.stats.received.fetch_add(1, Ordering::Relaxed);
+        let shared = &self.shared;
+        shared.stats.received.fetch_add(1, Ordering::Relaxed);
         let key = event.group_key();
-        let mut guard = self.queues.lock().await;
+        let mut guard = shared.queues.lock().await;
         let q = &mut *guard;
         match q.pending.get_mut(&key) {
             Some(pending) => {
@@ -298,25 +371,17 @@ impl<H: EventHandler + 'static> EventHandler for Async<H> {
                     // A re-send it replaces still asks for a full pass.
                     event.resync |= old.resync();
                     tracing::trace!(queue = %key, dropped = old.event_type().as_str(), "coalesced stale event");
-                    self.stats.coalesced.fetch_add(1, Ordering::Relaxed);
+                    shared.stats.coalesced.fetch_add(1, Ordering::Relaxed);
                 }
                 // Behind a running handler (or a slot): it waits either way.
                 *pending = Some(Pending::new(event, true));
             }
-            None => match self.in_flight.clone().try_acquire_owned() {
-                Ok(in_flight) => {
-                    let must_wait = self.workers.available_permits() == 0;
+            None => match shared.in_flight.clone().try_acquire_owned() {
+                Ok(place) => {
+                    let must_wait = shared.workers.available_permits() == 0;
                     q.pending
                         .insert(key.clone(), Some(Pending::new(event, must_wait)));
-                    tokio::spawn(Self::run_queue(
-                        key,
-                        in_flight,
-                        self.inner.clone(),
-                        self.queues.clone(),
-                        self.workers.clone(),
-                        self.stats.clone(),
-                        self.stop.clone(),
-                    ));
+                    shared.spawn(key, place);
                 }
                 Err(_) => {
                     q.pending.insert(key.clone(), Some(Pending::new(event, true)));
@@ -336,7 +401,8 @@ impl<H: EventHandler + 'static> EventHandler for Async<H> {
     /// event), so a few hundred objects retrying on a full quota do not hold the watcher's
     /// re-send back.
     async fn backlog(&self) -> usize {
-        self.queues
+        self.shared
+            .queues
             .lock()
             .await
             .pending

@@ -22,7 +22,7 @@ use async_trait::async_trait;
 use kube::api::{ApiResource, DynamicObject};
 use kube::core::GroupVersionKind;
 
-pub use async_queue::{Async, AsyncStats, idle};
+pub use async_queue::{Async, AsyncStats, idle, parked};
 pub use builder::{ControllerPipeline, RegisteredHandler};
 pub use dispatcher::Dispatcher;
 pub use log_exceptions::LogExceptions;

@@ -89,8 +89,9 @@ impl<H: EventHandler> EventHandler for Retry<H> {
             tracing::debug!(handler = %self.name, object = %kept.object_ref(), attempt, ?wait, error = %err,
                 request_id = err.request_id(), "retrying");
             self.metrics.retry(&self.name);
-            // Backing off is waiting, not working: other objects get the worker slot meanwhile.
-            super::idle(tokio::time::sleep(wait)).await;
+            // Backing off is waiting, not working: other objects get the worker slot and the
+            // in-flight place meanwhile.
+            super::parked(tokio::time::sleep(wait)).await;
             attempt += 1;
             if deleted {
                 next = kept.clone();

@@ -19,7 +19,7 @@ use super::plan::{ListenerKey, Step};
 use super::provisioning::LbWaits;
 use super::recorded::{RecordedLb, RecordedListener, RecordedMember, RecordedPool};
 use crate::error::Error;
-use crate::pipeline::idle;
+use crate::pipeline::parked;
 
 /// A listener Octavia (its provider) refused, with Octavia's reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -391,7 +391,8 @@ impl LbActor<'_> {
     }
 
     /// Looks for the load balancer a create of unknown outcome may still make, with backoff, for
-    /// [`UNKNOWN_OUTCOME_GRACE`]. The wait gives the worker slot to other Services.
+    /// [`UNKNOWN_OUTCOME_GRACE`]. The wait gives the worker slot and the in-flight place to
+    /// other objects.
     async fn find_after_unknown_create(&self, d: &DesiredLb) -> Result<Option<LoadBalancer>, Error> {
         let deadline = tokio::time::Instant::now() + UNKNOWN_OUTCOME_GRACE;
         let mut pause = std::time::Duration::from_millis(250);
@@ -402,7 +403,7 @@ impl LbActor<'_> {
             if tokio::time::Instant::now() + pause > deadline {
                 return Ok(None);
             }
-            idle(tokio::time::sleep(pause)).await;
+            parked(tokio::time::sleep(pause)).await;
             pause = (pause * 2).min(std::time::Duration::from_secs(5));
         }
     }

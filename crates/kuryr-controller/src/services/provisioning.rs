@@ -171,13 +171,15 @@ impl LbWaits {
 
 /// The poll settings for load balancers: first look after 200 ms (a write is never done sooner),
 /// backing off to 5 s (an amphora boot takes minutes), `lbaas_activation_timeout` per wait, Service tags
-/// of about 40 bytes 40 to a call.
+/// of about 40 bytes 40 to a call. A waiting Service parks: it holds little, and a hundred
+/// amphorae booting must not keep pods out of their handlers.
 pub fn settings(activation_timeout_s: u64) -> PollSettings {
     PollSettings {
         min: Duration::from_millis(200),
         max: Duration::from_secs(5),
         chunk: 40,
         wait: Duration::from_secs(activation_timeout_s.max(1)),
+        parks: true,
     }
 }
 
