@@ -57,7 +57,6 @@ fn init_logging(default_filter: &str) {
 }
 
 fn main() -> ExitCode {
-    allocator::tune();
     let cli = Cli::parse_from(kubectl_plugin::plugin_argv(std::env::args_os().collect()));
     // The sandbox prints its own progress on stdout; only warnings from the components go to the log.
     init_logging(match cli.command {
