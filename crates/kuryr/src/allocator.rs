@@ -15,11 +15,14 @@
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's start-up options, read once at its first allocation (`MALLOC_CONF` in the
-/// environment, under jemalloc's prefixed name `_RJEM_MALLOC_CONF`, still overrides them).
+/// environment, under jemalloc's prefixed name `_RJEM_MALLOC_CONF`, still overrides them). A C
+/// `const char *`, as tikv-jemalloc-sys declares it.
 #[cfg(not(feature = "system-allocator"))]
 #[allow(non_upper_case_globals)]
 #[unsafe(export_name = "_rjem_malloc_conf")]
-pub static malloc_conf: &[u8] = b"narenas:1,dirty_decay_ms:100,muzzy_decay_ms:0\0";
+pub static malloc_conf: Option<&'static std::ffi::c_char> =
+    // SAFETY: the pointer is to the first byte of a static, NUL-terminated string.
+    Some(unsafe { &*c"narenas:1,dirty_decay_ms:100,muzzy_decay_ms:0".as_ptr() });
 
 #[cfg(all(test, not(feature = "system-allocator")))]
 mod tests {

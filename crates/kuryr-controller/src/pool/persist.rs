@@ -165,8 +165,9 @@ struct RecordedPortId {
 struct KuryrPortPage<'a> {
     #[serde(default)]
     metadata: ListMeta,
-    #[serde(borrow)]
-    items: Vec<&'a RawValue>,
+    /// `null` reads as no items, as kube's own list type takes it.
+    #[serde(borrow, default)]
+    items: Option<Vec<&'a RawValue>>,
 }
 
 /// The ports one listed KuryrPort records. An object the slim reader does not take (an entry
@@ -396,7 +397,7 @@ impl Persister {
                 .map_err(kube::Error::BuildRequest)?;
             let text = self.kube.request_text(request).await?;
             let page: KuryrPortPage = serde_json::from_str(&text).map_err(kube::Error::SerdeError)?;
-            for item in page.items {
+            for item in page.items.unwrap_or_default() {
                 f(listed_kuryrport_ports(item).map_err(kube::Error::SerdeError)?);
             }
             match page.metadata.continue_.filter(|c| !c.is_empty()) {
@@ -550,7 +551,9 @@ mod tests {
             r#"{"apiVersion": "v1", "kind": "List", "metadata": {"continue": "abc"}, "items": [{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}]}"#,
         )
         .unwrap();
-        assert_eq!(page.items.len(), 2);
+        assert_eq!(page.items.map(|i| i.len()), Some(2));
+        let empty: KuryrPortPage = serde_json::from_str(r#"{"metadata": {}, "items": null}"#).unwrap();
+        assert!(empty.items.unwrap_or_default().is_empty());
         assert_eq!(page.metadata.continue_.as_deref(), Some("abc"));
     }
 }
