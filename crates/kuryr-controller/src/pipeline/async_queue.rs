@@ -191,9 +191,13 @@ pub async fn parked<F: std::future::Future>(wait: F) -> F::Output {
 
 /// How many objects may be in their handler at once, counting those waiting on the server
 /// without a worker slot (a port becoming ACTIVE), not those parked: enough to keep the server
-/// busy and its waits batched, few enough that a burst's handler state stays a few MB.
+/// busy and its waits batched, few enough that a burst's handler state stays a few MB (a pod
+/// waiting for its port holds about 10 KB). An object beyond the bound waits for a place until
+/// one of those in flight is done, ACTIVE wait included: at 256 the last 44 pods of a 300-pod
+/// burst started only once the first ports were up, and the burst wired 10% slower
+/// (docs/benchmarks.md).
 fn max_in_flight(max_concurrency: usize) -> usize {
-    max_concurrency.max(1).saturating_mul(4).max(256)
+    max_concurrency.max(1).saturating_mul(8).max(512)
 }
 
 /// What every task of one [`Async`] shares.
@@ -339,7 +343,7 @@ impl<H: EventHandler + 'static> Async<H> {
     }
 
     /// Sets how many objects may be in their handler at once, counting those waiting without a
-    /// worker slot (default: 4x the workers, at least 256). Only before the first event.
+    /// worker slot (default: 8x the workers, at least 512). Only before the first event.
     pub fn with_max_in_flight(mut self, n: usize) -> Self {
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
             shared.in_flight = Arc::new(Semaphore::new(n.max(1)));

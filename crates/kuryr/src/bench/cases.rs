@@ -15,32 +15,85 @@ use tokio::time::Instant;
 
 use super::bed::Layout;
 
-/// `namespace/name` -> when its KuryrPort was first seen with an active default VIF.
+/// When a pod's KuryrPort reached each stage, as the in-process watch saw it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Marks {
+    /// The KuryrPort exists (the `vif` handler's part is done).
+    pub created: Option<Instant>,
+    /// Its `status.vifs` names ports (they exist in Neutron, not necessarily up).
+    pub recorded: Option<Instant>,
+    /// Its default VIF is active: the pod is wired.
+    pub wired: Option<Instant>,
+}
+
+/// `namespace/name` -> when its KuryrPort reached each stage.
 #[derive(Clone, Default)]
-pub struct Wired(Arc<Mutex<HashMap<String, Instant>>>);
+pub struct Wired(Arc<Mutex<HashMap<String, Marks>>>);
 
 impl Wired {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Marks>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// When `key`'s pod was wired.
     pub fn get(&self, key: &str) -> Option<Instant> {
-        self.lock().get(key).copied()
+        self.lock().get(key).and_then(|m| m.wired)
+    }
+
+    pub fn marks(&self, key: &str) -> Marks {
+        self.lock().get(key).copied().unwrap_or_default()
     }
 
     fn note(&self, kp: &Value) {
-        if default_vif_active(kp) {
-            let key = format!(
-                "{}/{}",
-                kp.pointer("/metadata/namespace")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default(),
-                kp.pointer("/metadata/name")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-            );
-            self.lock().entry(key).or_insert_with(Instant::now);
+        let key = format!(
+            "{}/{}",
+            kp.pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .unwrap_or_default(),
+            kp.pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+        );
+        let now = Instant::now();
+        let mut all = self.lock();
+        let m = all.entry(key).or_default();
+        m.created.get_or_insert(now);
+        if m.recorded.is_none()
+            && kp
+                .pointer("/status/vifs")
+                .and_then(Value::as_object)
+                .is_some_and(|v| !v.is_empty())
+        {
+            m.recorded = Some(now);
         }
+        if m.wired.is_none() && default_vif_active(kp) {
+            m.wired = Some(now);
+        }
+    }
+}
+
+/// Per stage, the sorted times from each pod's creation to its KuryrPort reaching it.
+#[derive(Clone, Debug, Default)]
+pub struct Stages {
+    pub created: Vec<Duration>,
+    pub recorded: Vec<Duration>,
+    pub wired: Vec<Duration>,
+}
+
+impl Stages {
+    pub fn of(wired: &Wired, created: &Created) -> Self {
+        let mut out = Self::default();
+        for (key, at) in created {
+            let m = wired.marks(key);
+            let since = |t: Option<Instant>| t.map(|t| t.saturating_duration_since(*at));
+            out.created.extend(since(m.created));
+            out.recorded.extend(since(m.recorded));
+            out.wired.extend(since(m.wired));
+        }
+        out.created.sort();
+        out.recorded.sort();
+        out.wired.sort();
+        out
     }
 }
 
@@ -150,7 +203,7 @@ pub async fn wait_wired(wired: &Wired, created: &Created, deadline: Instant) -> 
     loop {
         {
             let seen = wired.lock();
-            while next < created.len() && seen.contains_key(&created[next].0) {
+            while next < created.len() && seen.get(&created[next].0).is_some_and(|m| m.wired.is_some()) {
                 next += 1;
             }
         }

@@ -187,6 +187,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         let label = format!("{} {} {}", r.profile.label(), r.case.label(), r.which.label());
         print!("{}", report::kube_breakdown(&label, r.pods, &r.kube_requests));
     }
+    println!("\nWhere the wiring time went (ms from pod creation, p50 / p99):");
+    for r in &rows {
+        let label = format!("{} {} {}", r.profile.label(), r.case.label(), r.which.label());
+        print!("{}", report::stages_line(&label, &r.stages));
+    }
     // The committed chart is the full side-by-side run's: a partial run (some cases, profiles or
     // one implementation) writes a chart only where --svg says.
     let full = args.only.is_empty() && args.profile.is_empty() && args.case.is_empty();
@@ -333,6 +338,7 @@ async fn measure(
             dir.join("controller.log").display()
         );
     }
+    let stages = cases::Stages::of(&tracker.wired, &created);
     let mut latencies = Vec::with_capacity(created.len());
     let mut last = None;
     for (key, at) in &created {
@@ -355,6 +361,7 @@ async fn measure(
         wired: latencies.len(),
         secs,
         latencies,
+        stages,
         neutron_ops: stats.operations.clone(),
         neutron_busy: Duration::from_millis(stats.busy_ms),
         neutron_workers: bed.neutron_workers,

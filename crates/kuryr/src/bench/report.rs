@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use super::cases::Stages;
 use super::scale::Scale;
 use super::{Case, Impl, Profile};
 
@@ -20,6 +21,8 @@ pub struct Row {
     pub secs: f64,
     /// Sorted wiring latencies (pod created -> KuryrPort with an active default VIF).
     pub latencies: Vec<Duration>,
+    /// Where those latencies went: when each pod's KuryrPort was made and its ports recorded.
+    pub stages: Stages,
     /// Neutron requests in the measured window by operation (`port.create`, ...).
     pub neutron_ops: BTreeMap<String, u64>,
     /// Simulated service time the emulator spent on them (its worker slots' busy time).
@@ -304,6 +307,20 @@ pub fn kube_breakdown(label: &str, pods: usize, requests: &BTreeMap<String, u64>
     )
 }
 
+/// Where the wiring time of a run went: p50 / p99 from each pod's creation to its KuryrPort being
+/// made (the `vif` handler), its ports recorded in it (created in Neutron, the `kuryrport`
+/// handler) and its default VIF active.
+pub fn stages_line(label: &str, s: &Stages) -> String {
+    let ms = |v: &[Duration], q: f64| percentile(v, q).map_or("-".to_string(), |d| d.as_millis().to_string());
+    let stage = |v: &[Duration]| format!("{} / {}", ms(v, 50.0), ms(v, 99.0));
+    format!(
+        "{label}: KuryrPort {}, ports recorded {}, active {}\n",
+        stage(&s.created),
+        stage(&s.recorded),
+        stage(&s.wired)
+    )
+}
+
 /// One `kuryr bench --scale` run (kuryr-rs alone).
 #[derive(Clone, Debug)]
 pub struct ScaleRow {
@@ -441,6 +458,10 @@ mod tests {
             pods: lat_ms.len(),
             wired: lat_ms.len(),
             secs,
+            stages: Stages {
+                wired: latencies.clone(),
+                ..Stages::default()
+            },
             latencies,
             neutron_ops: BTreeMap::from([("port.create".into(), 4), ("port.list".into(), 2)]),
             neutron_busy: Duration::from_secs(2),
@@ -450,6 +471,20 @@ mod tests {
             bed_cpu_secs: 2.0,
             peak_rss_kib: 10240,
         }
+    }
+
+    #[test]
+    fn stages_show_each_step_and_a_dash_for_one_never_reached() {
+        let ms = |v: &[u64]| v.iter().map(|m| Duration::from_millis(*m)).collect::<Vec<_>>();
+        let s = Stages {
+            created: ms(&[5, 10, 20]),
+            recorded: ms(&[40, 60, 90]),
+            wired: vec![],
+        };
+        assert_eq!(
+            stages_line("instant cold burst noop kuryr-rs", &s),
+            "instant cold burst noop kuryr-rs: KuryrPort 10 / 20, ports recorded 60 / 90, active - / -\n"
+        );
     }
 
     #[test]
