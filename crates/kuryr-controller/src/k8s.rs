@@ -61,34 +61,38 @@ fn stale_copy(e: &kube::Error) -> bool {
 /// the current finalizer list so that a concurrent writer is never clobbered; when that test
 /// fails, the copy in hand was stale - usually a watch event older than our own previous write -
 /// so the object is read again and the patch rebuilt from it, rather than failing the handler.
-/// Returns the object as it is now, `None` when it is gone.
-async fn patch_finalizers<K>(
+/// Returns what is read of the answer (`A`: the object as it is now, or
+/// [`serde::de::IgnoredAny`] when the caller needs nothing of it); `None` when the object is
+/// gone.
+async fn patch_finalizers<K, A>(
     client: &Client,
     obj: &K,
     build: impl Fn(&K) -> Option<serde_json::Value>,
-) -> Result<Option<K>, Error>
+) -> Result<Option<Patched<K, A>>, Error>
 where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
         + Clone
         + DeserializeOwned
         + Serialize
         + std::fmt::Debug,
+    A: DeserializeOwned,
 {
     let api = api_for(client, obj);
     let name = obj.name_any();
+    let path = K::url_path(&(), obj.namespace().as_deref());
     let mut current = obj.clone();
     let mut attempt = 1;
     loop {
         let Some(patch) = build(&current) else {
-            return Ok(Some(current));
+            return Ok(Some(Patched::Unchanged(current)));
         };
         let patch: json_patch::Patch =
             serde_json::from_value(patch).map_err(|e| Error::serialization("finalizer patch", e))?;
-        match api
+        let request = kube::core::Request::new(&path)
             .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
-            .await
-        {
-            Ok(o) => return Ok(Some(o)),
+            .map_err(kube::Error::BuildRequest)?;
+        match client.request::<A>(request).await {
+            Ok(answer) => return Ok(Some(Patched::Written(answer))),
             Err(e) if is_not_found(&e) => return Ok(None),
             Err(e) if stale_copy(&e) && attempt < FINALIZER_ATTEMPTS => {
                 tracing::debug!(object = %name, error = %e, "finalizer patch on a stale copy; reading the object again");
@@ -101,6 +105,13 @@ where
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// The outcome of [`patch_finalizers`]: the copy in hand needed no patch, or what was read of
+/// the write's answer.
+enum Patched<K, A> {
+    Unchanged(K),
+    Written(A),
 }
 
 /// Whether a create was refused because its namespace is being deleted (403, cause
@@ -137,9 +148,10 @@ where
             ])
         })
     };
-    patch_finalizers(client, obj, build)
-        .await?
-        .ok_or_else(|| Error::Gone(format!("{} {}", K::kind(&()), obj.name_any())))
+    match patch_finalizers::<K, K>(client, obj, build).await? {
+        Some(Patched::Unchanged(o) | Patched::Written(o)) => Ok(o),
+        None => Err(Error::Gone(format!("{} {}", K::kind(&()), obj.name_any()))),
+    }
 }
 
 /// Removes `finalizer` if present; an object that is already gone is success.
@@ -159,7 +171,11 @@ where
             {"op": "remove", "path": path},
         ]))
     };
-    patch_finalizers(client, obj, build).await.map(|_| ())
+    // Only whether it worked matters: the answer, a whole object (a pod's status and spec), is
+    // not parsed into anything.
+    patch_finalizers::<K, serde::de::IgnoredAny>(client, obj, build)
+        .await
+        .map(|_| ())
 }
 
 /// Records an Event on `obj` (see `kuryr_crds::events`). Failures are logged, never raised: an
