@@ -79,6 +79,11 @@ pub struct BenchArgs {
     /// Run only these cases (repeatable; default all four).
     #[arg(long, value_enum)]
     pub case: Vec<crate::bench::Case>,
+    /// Runs of each case per implementation, the two implementations taking turns; the table shows
+    /// each one's median run (by pods/s). On a shared machine one run can land on a slow second:
+    /// the same binary's cold burst varies up to 2x in CPU-seconds from run to run.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub rounds: u32,
     /// Seconds each run may take to wire its pods.
     #[arg(long, default_value_t = 300)]
     pub timeout: u64,

@@ -147,36 +147,55 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for &profile in &profiles {
         for &case in &cases {
-            for &which in &impls {
-                let dir = work.join(format!("{}-{:?}-{}", profile.label(), case, which.label()));
-                std::fs::create_dir_all(&dir)?;
-                let started = Instant::now();
-                let result = run_one(&programs, profile, case, which, size, &dir).await;
-                let errors = child::controller_error_lines(&dir);
-                match result {
-                    Ok(row) => {
-                        println!(
-                            "  {:<11} {:<17} {:<8} {}/{} wired, {:.1} pods/s, p99 {} ms, {errors} ERROR lines logged ({:.0}s)",
+            let mut runs: BTreeMap<&str, Vec<Row>> = BTreeMap::new();
+            for round in 1..=args.rounds {
+                for &which in &impls {
+                    let dir = match args.rounds {
+                        1 => work.join(format!("{}-{:?}-{}", profile.label(), case, which.label())),
+                        _ => work.join(format!(
+                            "{}-{:?}-{}-{round}",
+                            profile.label(),
+                            case,
+                            which.label()
+                        )),
+                    };
+                    std::fs::create_dir_all(&dir)?;
+                    let started = Instant::now();
+                    let result = run_one(&programs, profile, case, which, size, &dir).await;
+                    let errors = child::controller_error_lines(&dir);
+                    match result {
+                        Ok(row) => {
+                            println!(
+                                "  {:<11} {:<17} {:<8} {}/{} wired, {:.1} pods/s, p99 {} ms, {errors} ERROR lines logged ({:.0}s)",
+                                profile.label(),
+                                case.label(),
+                                which.label(),
+                                row.wired,
+                                row.pods,
+                                row.pods_per_sec(),
+                                report::percentile(&row.latencies, 99.0).map_or(0, |d| d.as_millis()),
+                                started.elapsed().as_secs_f64()
+                            );
+                            runs.entry(which.label()).or_default().push(row);
+                        }
+                        Err(e) => println!(
+                            "  {:<11} {:<17} {:<8} FAILED ({errors} ERROR lines logged): {e:#}",
                             profile.label(),
                             case.label(),
-                            which.label(),
-                            row.wired,
-                            row.pods,
-                            row.pods_per_sec(),
-                            report::percentile(&row.latencies, 99.0).map_or(0, |d| d.as_millis()),
-                            started.elapsed().as_secs_f64()
-                        );
-                        rows.push(row);
+                            which.label()
+                        ),
                     }
-                    Err(e) => println!(
-                        "  {:<11} {:<17} {:<8} FAILED ({errors} ERROR lines logged): {e:#}",
-                        profile.label(),
-                        case.label(),
-                        which.label()
-                    ),
+                }
+            }
+            for &which in &impls {
+                if let Some(median) = runs.remove(which.label()).and_then(report::median_run) {
+                    rows.push(median);
                 }
             }
         }
+    }
+    if args.rounds > 1 {
+        println!("\n(each row: the median of up to {} runs by pods/s)", args.rounds);
     }
     println!();
     print!("{}", report::table(&rows));

@@ -307,6 +307,17 @@ pub fn kube_breakdown(label: &str, pods: usize, requests: &BTreeMap<String, u64>
     )
 }
 
+/// The run with the median pods/s (of an even number, the slower of the middle two): one whole
+/// run, so that its columns stay consistent with each other.
+pub fn median_run(mut runs: Vec<Row>) -> Option<Row> {
+    if runs.is_empty() {
+        return None;
+    }
+    runs.sort_by(|a, b| a.pods_per_sec().total_cmp(&b.pods_per_sec()));
+    let mid = (runs.len() - 1) / 2;
+    Some(runs.swap_remove(mid))
+}
+
 /// Where the wiring time of a run went: p50 / p99 from each pod's creation to its KuryrPort being
 /// made (the `vif` handler), its ports recorded in it (created in Neutron, the `kuryrport`
 /// handler) and its default VIF active.
@@ -485,6 +496,20 @@ mod tests {
             stages_line("instant cold burst noop kuryr-rs", &s),
             "instant cold burst noop kuryr-rs: KuryrPort 10 / 20, ports recorded 60 / 90, active - / -\n"
         );
+    }
+
+    #[test]
+    fn the_median_run_is_one_whole_run() {
+        assert!(median_run(vec![]).is_none());
+        let runs = vec![
+            row(Impl::KuryrRs, &[10, 20], 2.0),
+            row(Impl::KuryrRs, &[10, 20], 1.0),
+            row(Impl::KuryrRs, &[10, 20], 4.0),
+        ];
+        assert_eq!(median_run(runs).map(|r| r.secs), Some(2.0));
+        // Of two, the slower.
+        let runs = vec![row(Impl::KuryrRs, &[10], 1.0), row(Impl::KuryrRs, &[10], 3.0)];
+        assert_eq!(median_run(runs).map(|r| r.secs), Some(3.0));
     }
 
     #[test]
