@@ -79,7 +79,6 @@ where
 {
     let api = api_for(client, obj);
     let name = obj.name_any();
-    let path = K::url_path(&(), obj.namespace().as_deref());
     let mut current = obj.clone();
     let mut attempt = 1;
     loop {
@@ -88,9 +87,11 @@ where
         };
         let patch: json_patch::Patch =
             serde_json::from_value(patch).map_err(|e| Error::serialization("finalizer patch", e))?;
-        let request = kube::core::Request::new(&path)
+        // What `Api::patch` sends, read into `A` instead of `K`.
+        let mut request = kube::core::Request::new(api.resource_url())
             .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
             .map_err(kube::Error::BuildRequest)?;
+        request.extensions_mut().insert("patch");
         match client.request::<A>(request).await {
             Ok(answer) => return Ok(Some(Patched::Written(answer))),
             Err(e) if is_not_found(&e) => return Ok(None),

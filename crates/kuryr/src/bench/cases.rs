@@ -303,6 +303,28 @@ mod tests {
         json!({"versioned_object.name": "VIFOpenVSwitch", "versioned_object.data": {"id": "x", "active": active}})
     }
 
+    #[tokio::test]
+    async fn a_pod_counts_as_wired_only_once_its_default_vif_is_active() {
+        let wired = Wired::default();
+        let created: Created = vec![("n/p".to_string(), Instant::now())];
+        wired.note(&kp(json!({})));
+        wired.note(&kp(json!({"eth0": {"default": true, "vif": vif(false)}})));
+        let m = wired.marks("n/p");
+        assert!(m.created.is_some() && m.recorded.is_some());
+        assert!(wired.get("n/p").is_none());
+        assert!(!wait_wired(&wired, &created, Instant::now()).await);
+        wired.note(&kp(json!({"eth0": {"default": true, "vif": vif(true)}})));
+        assert!(wired.get("n/p").is_some());
+        assert!(wait_wired(&wired, &created, Instant::now()).await);
+        // The first time each stage was seen is kept.
+        assert_eq!(wired.marks("n/p").created, m.created);
+        let stages = Stages::of(&wired, &created);
+        assert_eq!(
+            (stages.created.len(), stages.recorded.len(), stages.wired.len()),
+            (1, 1, 1)
+        );
+    }
+
     #[test]
     fn active_default_vif_in_upstreams_layout() {
         assert!(default_vif_active(&kp(

@@ -66,6 +66,11 @@ impl Row {
         }
     }
 
+    /// Every pod of the run was wired.
+    pub fn complete(&self) -> bool {
+        self.wired == self.pods
+    }
+
     fn per_pod(&self, n: u64) -> f64 {
         n as f64 / self.pods.max(1) as f64
     }
@@ -310,6 +315,10 @@ pub fn kube_breakdown(label: &str, pods: usize, requests: &BTreeMap<String, u64>
 /// The run with the median pods/s (of an even number, the slower of the middle two): one whole
 /// run, so that its columns stay consistent with each other.
 pub fn median_run(mut runs: Vec<Row>) -> Option<Row> {
+    // A run that left pods unwired (a timeout) is no one's median while a complete one exists.
+    if runs.iter().any(Row::complete) {
+        runs.retain(Row::complete);
+    }
     if runs.is_empty() {
         return None;
     }
@@ -320,7 +329,8 @@ pub fn median_run(mut runs: Vec<Row>) -> Option<Row> {
 
 /// Where the wiring time of a run went: p50 / p99 from each pod's creation to its KuryrPort being
 /// made (the `vif` handler), its ports recorded in it (created in Neutron, the `kuryrport`
-/// handler) and its default VIF active.
+/// handler) and its default VIF active. Each stage counts the pods that reached it (a pod on a
+/// warm pool is recorded active at once; one never wired is in no later stage).
 pub fn stages_line(label: &str, s: &Stages) -> String {
     let ms = |v: &[Duration], q: f64| percentile(v, q).map_or("-".to_string(), |d| d.as_millis().to_string());
     let stage = |v: &[Duration]| format!("{} / {}", ms(v, 50.0), ms(v, 99.0));
@@ -510,6 +520,16 @@ mod tests {
         // Of two, the slower.
         let runs = vec![row(Impl::KuryrRs, &[10], 1.0), row(Impl::KuryrRs, &[10], 3.0)];
         assert_eq!(median_run(runs).map(|r| r.secs), Some(3.0));
+        // A run that timed out with pods unwired is not the median of complete ones, however fast.
+        let mut partial = row(Impl::KuryrRs, &[10, 20], 0.1);
+        partial.wired = 1;
+        let runs = vec![
+            partial.clone(),
+            row(Impl::KuryrRs, &[10, 20], 2.0),
+            row(Impl::KuryrRs, &[10, 20], 4.0),
+        ];
+        assert_eq!(median_run(runs).map(|r| r.secs), Some(4.0));
+        assert_eq!(median_run(vec![partial]).map(|r| r.wired), Some(1));
     }
 
     #[test]
