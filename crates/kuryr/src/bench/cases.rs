@@ -45,15 +45,7 @@ impl Wired {
     }
 
     fn note(&self, kp: &Value) {
-        let key = format!(
-            "{}/{}",
-            kp.pointer("/metadata/namespace")
-                .and_then(Value::as_str)
-                .unwrap_or_default(),
-            kp.pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-        );
+        let key = object_key(kp);
         let now = Instant::now();
         let mut all = self.lock();
         let m = all.entry(key).or_default();
@@ -70,6 +62,12 @@ impl Wired {
             m.wired = Some(now);
         }
     }
+}
+
+/// `namespace/name` of a stored object.
+fn object_key(obj: &Value) -> String {
+    let field = |f: &str| obj.pointer(f).and_then(Value::as_str).unwrap_or_default();
+    format!("{}/{}", field("/metadata/namespace"), field("/metadata/name"))
 }
 
 /// Per stage, the sorted times from each pod's creation to its KuryrPort reaching it.
@@ -268,16 +266,7 @@ pub async fn drain(store: &Store, deadline: Instant) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("listing {}: {e}", def.plural))
     };
     for p in list(pods.as_ref())? {
-        let key = format!(
-            "{}/{}",
-            p.pointer("/metadata/namespace")
-                .and_then(Value::as_str)
-                .unwrap_or_default(),
-            p.pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-        );
-        delete_pod(store, &key)?;
+        delete_pod(store, &object_key(&p))?;
     }
     loop {
         let left = list(pods.as_ref())?.len() + list(kps.as_ref())?.len();
