@@ -30,7 +30,7 @@ use kuryr_controller::handlers::kuryrport::KuryrPortHandler;
 use kuryr_controller::metrics::Metrics;
 use kuryr_controller::openstack::Deployments;
 use kuryr_controller::pipeline::ResourceEventHandler;
-use kuryr_controller::pool::PoolManager;
+use kuryr_controller::pool::{PoolManager, sweep};
 use kuryr_crds::{KuryrPort, KuryrPortSpec};
 use serde_json::json;
 use support::*;
@@ -205,8 +205,14 @@ async fn a_port_in_use_by_no_kuryrport_leaves_the_books_and_neutron() -> Result<
         let phantom = vif.id().to_string();
         assert_eq!(pools.summaries()[0].in_use, 2);
 
-        // Within the grace, two passes and the sweep's two passes.
-        let limit = pools.in_use_grace() + Duration::from_secs(60);
+        // Within the grace, two passes and the sweep's two passes. The sweep paces itself by what
+        // a pass costs (at most a twentieth of the time): against a loaded real neutron-server a
+        // pass of a second or two puts half a minute between passes, so the wait allows three
+        // pauses after one timed here (twice over, the server's pace varies).
+        let started = std::time::Instant::now();
+        pools.sweep_once(&mut Default::default()).await?;
+        let pause = sweep::pause_after(Duration::from_secs(1), started.elapsed() * 2);
+        let limit = pools.in_use_grace() + Duration::from_secs(60) + pause * 3;
         eventually("the phantom port forgotten and deleted", limit, || async {
             let s = pools.summaries();
             let in_neutron = kuryr_ports(neutron, &fx.project).await?;
