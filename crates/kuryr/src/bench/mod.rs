@@ -209,7 +209,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     println!("\nWhere the wiring time went (ms from pod creation, p50 / p99):");
     for r in &rows {
         let label = format!("{} {} {}", r.profile.label(), r.case.label(), r.which.label());
-        print!("{}", report::stages_line(&label, &r.stages));
+        print!("{}", report::stages_line(&label, &r.stages, &r.latencies));
     }
     // The committed chart is the full side-by-side run's: a partial run (some cases, profiles or
     // one implementation) writes a chart only where --svg says.
