@@ -93,8 +93,11 @@ if [ ! -f "$OUT/rootfs.tar" ] || [ "$(cat "$OUT/rootfs.key" 2>/dev/null)" != "$K
       "$SUITE" "$OUT/rootfs.tar.tmp" "$MIRROR" >"$log" 2>&1; then
       break
     fi
-    echo "mmdebstrap attempt $attempt failed; the end of its output:" >&2
+    # dpkg names the cause (a full disk, say) once per package, long before the end of the log.
+    echo "mmdebstrap attempt $attempt failed; dpkg's errors, the end of its output, the free space:" >&2
+    grep -i 'dpkg: error\|no space left\|cannot copy extracted data\|unable to' "$log" | head -n 20 >&2 || true
     grep -v '^I: \|^Get:\|^Hit:\|^Ign:' "$log" | tail -n 25 >&2
+    df -h "$OUT" "${TMPDIR:-/tmp}" >&2 || true
     if [ "$attempt" = 3 ]; then exit 1; fi
     sleep $((attempt * 10))
   done
