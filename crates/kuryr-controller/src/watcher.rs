@@ -18,6 +18,7 @@ use kube::runtime::watcher::{self, Event as WEvent};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use crate::pipeline::watched::WatchedObject;
 use crate::pipeline::{Event, EventHandler, EventType, WatchSelector};
 
 /// The periodic re-send queues at most this many objects per [`RESEND_PACE`]...
@@ -206,7 +207,7 @@ impl KnownObjects {
 /// backlog: re-sent objects are parsed and queued, and ten thousand at once were most of the
 /// controller's memory in a burst.
 struct Resend {
-    api: Api<DynamicObject>,
+    api: Api<WatchedObject>,
     params: ListParams,
     /// The listed objects not sent yet.
     page: VecDeque<DynamicObject>,
@@ -215,7 +216,7 @@ struct Resend {
 }
 
 impl Resend {
-    fn start(api: &Api<DynamicObject>, selector: &WatchSelector) -> Self {
+    fn start(api: &Api<WatchedObject>, selector: &WatchSelector) -> Self {
         let mut params = ListParams::default().limit(RESEND_PAGE);
         if let Some(l) = &selector.labels {
             params = params.labels(l);
@@ -243,7 +244,7 @@ impl Resend {
             }
             let list = self.api.list(&params).await?;
             self.next = list.metadata.continue_.filter(|t| !t.is_empty());
-            self.page = list.items.into();
+            self.page = list.items.into_iter().map(|o| o.0).collect();
             if self.page.is_empty() && self.next.is_none() {
                 return Ok(None);
             }
@@ -261,6 +262,17 @@ impl Resend {
     }
 }
 
+/// The watch's event with its objects as the pipeline takes them (a move, not a copy).
+fn unwrap_event(ev: WEvent<WatchedObject>) -> WEvent<DynamicObject> {
+    match ev {
+        WEvent::Apply(o) => WEvent::Apply(o.0),
+        WEvent::Delete(o) => WEvent::Delete(o.0),
+        WEvent::Init => WEvent::Init,
+        WEvent::InitApply(o) => WEvent::InitApply(o.0),
+        WEvent::InitDone => WEvent::InitDone,
+    }
+}
+
 /// Watches one kind until `stop` is cancelled. `keep_state`: see [`KnownObjects`].
 #[allow(clippy::too_many_arguments)]
 pub async fn run_watch(
@@ -273,7 +285,7 @@ pub async fn run_watch(
     metrics: Metrics,
     stop: CancellationToken,
 ) {
-    let api: Api<DynamicObject> = Api::all_with(client, resource.as_ref());
+    let api: Api<WatchedObject> = Api::all_with(client, resource.as_ref());
     let mut cfg = watcher::Config::default();
     if let Some(l) = &selector.labels {
         cfg = cfg.labels(l);
@@ -329,7 +341,7 @@ pub async fn run_watch(
                     tracing::warn!(kind = %resource.kind, error = %e, "watch error; reconnecting");
                 }
                 Some(Ok(ev)) => {
-                    for (ty, obj) in known.apply(ev) {
+                    for (ty, obj) in known.apply(unwrap_event(ev)) {
                         metrics.watch_event(&resource.kind, ty.as_str());
                         let _ = sink.handle(Event::new(ty, resource.clone(), obj)).await;
                     }

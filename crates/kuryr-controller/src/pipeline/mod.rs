@@ -15,6 +15,7 @@ mod log_exceptions;
 mod resource;
 mod retry;
 mod settled;
+pub mod watched;
 
 use std::sync::Arc;
 
