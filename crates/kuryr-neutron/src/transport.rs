@@ -157,14 +157,16 @@ impl Reply {
         serde_json::from_slice(&self.body).map_err(|e| self.decode_err(e.to_string()))
     }
 
-    /// The object under `key`, e.g. `{"port": {...}}`.
+    /// The object under `key`, e.g. `{"port": {...}}`, read straight from the body (through a
+    /// JSON tree first, every answer was read twice).
     pub(crate) fn unwrap<T: DeserializeOwned>(&self, key: &str) -> Result<T, TransportError> {
-        let mut v: Value = self.json()?;
-        let inner = v
-            .get_mut(key)
-            .map(Value::take)
-            .ok_or_else(|| self.decode_err(format!("missing top-level key `{key}`")))?;
-        serde_json::from_value(inner).map_err(|e| self.decode_err(format!("`{key}`: {e}")))
+        use serde::de::DeserializeSeed;
+        let mut de = serde_json::Deserializer::from_slice(&self.body);
+        let found = Under::<T>::new(key)
+            .deserialize(&mut de)
+            .and_then(|found| de.end().map(|()| found))
+            .map_err(|e| self.decode_err(e.to_string()))?;
+        found.ok_or_else(|| self.decode_err(format!("missing top-level key `{key}`")))
     }
 
     /// A list page: the items under `key` and the marker of the `next` link under `<key>_links`, the pagination
@@ -196,6 +198,52 @@ impl Reply {
                     .map(|(_, v)| v.into_owned())
             });
         Ok((items, next_marker))
+    }
+}
+
+/// Reads the value under one key of a JSON object as `T`, skipping the others unread.
+struct Under<'k, T> {
+    key: &'k str,
+    _t: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<'k, T> Under<'k, T> {
+    fn new(key: &'k str) -> Self {
+        Self {
+            key,
+            _t: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<'de, T: DeserializeOwned> serde::de::DeserializeSeed<'de> for Under<'_, T> {
+    type Value = Option<T>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<Option<T>, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de, T: DeserializeOwned> serde::de::Visitor<'de> for Under<'_, T> {
+    type Value = Option<T>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "an object with `{}`", self.key)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Option<T>, A::Error> {
+        let mut found = None;
+        while let Some(k) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if k == self.key && found.is_none() {
+                let v = map
+                    .next_value::<T>()
+                    .map_err(|e| serde::de::Error::custom(format!("`{}`: {e}", self.key)))?;
+                found = Some(v);
+            } else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+        }
+        Ok(found)
     }
 }
 
@@ -517,6 +565,75 @@ impl<S: Service> Transport<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn reply(body: &str) -> Reply {
+        Reply {
+            op: "port.create",
+            status: 201,
+            request_id: Some("req-1".into()),
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    #[derive(Debug, PartialEq, serde::Deserialize)]
+    struct Port {
+        id: String,
+        #[serde(default)]
+        tags: Vec<String>,
+    }
+
+    #[test]
+    fn the_object_under_a_key_is_read_and_the_rest_skipped() {
+        let r = reply(
+            r#"{"other": {"deep": [1, {"x": null}]}, "port": {"id": "p1", "tags": ["a"], "extra": 5}, "z": 1}"#,
+        );
+        let p: Port = r.unwrap("port").expect("port");
+        assert_eq!(
+            p,
+            Port {
+                id: "p1".into(),
+                tags: vec!["a".into()]
+            }
+        );
+        // Escaped keys are matched as what they spell.
+        let p: Port = reply(r#"{"p\u006frt": {"id": "p2"}}"#)
+            .unwrap("port")
+            .expect("escaped key");
+        assert_eq!(p.id, "p2");
+    }
+
+    #[test]
+    fn an_answer_without_the_key_or_with_a_bad_value_is_a_decode_error_naming_it() {
+        let msg = |r: Result<Port, TransportError>| match r {
+            Err(TransportError::Decode {
+                message,
+                operation,
+                request_id,
+                ..
+            }) => {
+                assert_eq!(operation, "port.create");
+                assert_eq!(request_id.as_deref(), Some("req-1"));
+                message
+            }
+            other => panic!("not a decode error: {other:?}"),
+        };
+        assert_eq!(
+            msg(reply(r#"{"ports": []}"#).unwrap("port")),
+            "missing top-level key `port`"
+        );
+        let m = msg(reply(r#"{"port": {"id": 5}}"#).unwrap("port"));
+        assert!(m.starts_with("`port`: invalid type: integer `5`"), "{m}");
+        let m = msg(reply(r#"{"port": null}"#).unwrap("port"));
+        assert!(m.starts_with("`port`: invalid type: null"), "{m}");
+        assert!(matches!(
+            reply("[1]").unwrap::<Port>("port"),
+            Err(TransportError::Decode { .. })
+        ));
+        assert!(matches!(
+            reply(r#"{"port": {"id": "p"}} x"#).unwrap::<Port>("port"),
+            Err(TransportError::Decode { .. })
+        ));
+    }
 
     #[test]
     fn url_building_encodes_and_versions() {
