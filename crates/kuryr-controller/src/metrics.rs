@@ -262,7 +262,14 @@ impl Metrics {
             .set(i64::from(stale));
     }
 
-    /// Text exposition format for `/metrics`.
+    /// Retries of `handler` so far.
+    pub fn retries(&self, handler: &str) -> u64 {
+        self.0
+            .retries
+            .get(&vec![("handler", handler.to_string())])
+            .map_or(0, |c| c.get())
+    }
+
     /// Neutron calls so far: operation -> result -> count (benchmarks and the sandbox's report).
     pub fn neutron_calls(&self) -> CallCounts {
         calls(&self.encode(), "kuryr_neutron_calls_total{")
@@ -273,6 +280,7 @@ impl Metrics {
         calls(&self.encode(), "kuryr_octavia_calls_total{")
     }
 
+    /// Text exposition format for `/metrics`.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
@@ -329,6 +337,23 @@ pub fn calls(prometheus_text: &str, prefix: &str) -> CallCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retries_are_counted_per_handler_and_exposed() {
+        let m = Metrics::new();
+        assert_eq!(m.retries("vif"), 0, "none yet");
+        m.retry("vif");
+        m.retry("vif");
+        m.retry("kuryrport");
+        assert_eq!(
+            (m.retries("vif"), m.retries("kuryrport"), m.retries("pod_label")),
+            (2, 1, 0)
+        );
+        assert!(
+            m.encode()
+                .contains(r#"kuryr_handler_retries_total{handler="vif"} 2"#)
+        );
+    }
 
     #[test]
     fn a_forgotten_pool_leaves_the_pool_gauges() {
