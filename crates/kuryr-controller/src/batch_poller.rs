@@ -407,20 +407,24 @@ mod tests {
     /// In a burst every new key wakes the poller; that must not make it ask a slow server more
     /// often than the last poll took: a poll starts at least poll time + max(min, poll time)
     /// after the previous one.
-    #[tokio::test(start_paused = true)]
-    async fn new_keys_in_a_burst_do_not_poll_a_slow_server_faster_than_it_answers() {
-        let poller = BatchPoller::new(
+    fn slow_poller(chunk: usize) -> BatchPoller<Slow> {
+        BatchPoller::new(
             Slow {
                 started: Mutex::new(Vec::new()),
             },
             PollSettings {
                 min: Duration::from_millis(20),
-                // One call per poll, so that the gaps below are between polls.
-                chunk: 1000,
+                chunk,
                 wait: Duration::from_secs(5),
                 ..s()
             },
-        );
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn new_keys_in_a_burst_do_not_poll_a_slow_server_faster_than_it_answers() {
+        // One call per poll, so that the gaps below are between polls.
+        let poller = slow_poller(1000);
         let mut waits = Vec::new();
         for k in 0..200u32 {
             let p = poller.clone();
@@ -441,17 +445,7 @@ mod tests {
     /// The chunks of one poll are asked at once; the next poll waits what they took together.
     #[tokio::test(start_paused = true)]
     async fn a_polls_chunks_are_asked_at_once_and_their_time_summed() {
-        let poller = BatchPoller::new(
-            Slow {
-                started: Mutex::new(Vec::new()),
-            },
-            PollSettings {
-                min: Duration::from_millis(20),
-                chunk: 10,
-                wait: Duration::from_secs(5),
-                ..s()
-            },
-        );
+        let poller = slow_poller(10);
         let mut waits = Vec::new();
         for k in 0..30u32 {
             let p = poller.clone();
