@@ -54,21 +54,25 @@ struct QueueState {
 const PARSED_WAITING: usize = 128;
 
 impl QueueState {
-    /// Stores `event` as `key`'s pending one (replacing any), parsed unless it must wait and the
-    /// parsed ones are at their budget; returns the one replaced.
-    fn put(&mut self, key: &str, event: Event, must_wait: bool) -> Option<Pending> {
-        let old = self.take(key);
+    /// Stores `event` as `key`'s pending one (the caller took any earlier one), parsed unless it
+    /// must wait and the parsed ones are at their budget.
+    fn put(&mut self, key: &str, event: Event, must_wait: bool) {
         let pending = Pending::new(event, must_wait && self.parsed >= PARSED_WAITING);
         if matches!(pending, Pending::Parsed(_)) {
             self.parsed += 1;
         }
         match self.pending.get_mut(key) {
-            Some(slot) => *slot = Some(pending),
+            Some(slot) => {
+                debug_assert!(
+                    slot.is_none(),
+                    "an earlier event is taken before a newer one is put"
+                );
+                *slot = Some(pending);
+            }
             None => {
                 self.pending.insert(key.to_string(), Some(pending));
             }
         }
-        old
     }
 
     /// Takes `key`'s pending event, if any.
@@ -499,8 +503,9 @@ mod tests {
 
         // A newer event replacing a parsed one frees its share, and (the budget being full)
         // waits as text; taking a parsed one frees its share.
-        let old = q.put("k0", event("p0-newer"), true);
+        let old = q.take("k0");
         assert!(matches!(old, Some(Pending::Parsed(_))));
+        q.put("k0", event("p0-newer"), true);
         assert_eq!(q.parsed, PARSED_WAITING);
         assert_eq!(compact(&q), 6);
         for (key, name) in [("free", "free"), ("k0", "p0-newer"), ("k1", "p1")] {

@@ -150,15 +150,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             let mut runs: BTreeMap<&str, Vec<Row>> = BTreeMap::new();
             for round in 1..=args.rounds {
                 for &which in &impls {
-                    let dir = match args.rounds {
-                        1 => work.join(format!("{}-{:?}-{}", profile.label(), case, which.label())),
-                        _ => work.join(format!(
-                            "{}-{:?}-{}-{round}",
-                            profile.label(),
-                            case,
-                            which.label()
-                        )),
-                    };
+                    let mut name = format!("{}-{:?}-{}", profile.label(), case, which.label());
+                    if args.rounds > 1 {
+                        name.push_str(&format!("-{round}"));
+                    }
+                    let dir = work.join(name);
                     std::fs::create_dir_all(&dir)?;
                     let started = Instant::now();
                     let result = run_one(&programs, profile, case, which, size, &dir).await;
