@@ -160,13 +160,22 @@ impl Reply {
     /// The object under `key`, e.g. `{"port": {...}}`, read straight from the body (through a
     /// JSON tree first, every answer was read twice).
     pub(crate) fn unwrap<T: DeserializeOwned>(&self, key: &str) -> Result<T, TransportError> {
+        let (found, _) = self.read::<T, serde::de::IgnoredAny>(key, None)?;
+        found.ok_or_else(|| self.decode_err(format!("missing top-level key `{key}`")))
+    }
+
+    /// The values under `key` and `also` of the body's top-level object, read in one pass.
+    fn read<T: DeserializeOwned, A: DeserializeOwned>(
+        &self,
+        key: &str,
+        also: Option<&str>,
+    ) -> Result<(Option<T>, Option<A>), TransportError> {
         use serde::de::DeserializeSeed;
         let mut de = serde_json::Deserializer::from_slice(&self.body);
-        let found = Under::<T>::new(key)
+        Under::<T, A>::new(key, also)
             .deserialize(&mut de)
             .and_then(|found| de.end().map(|()| found))
-            .map_err(|e| self.decode_err(e.to_string()))?;
-        found.ok_or_else(|| self.decode_err(format!("missing top-level key `{key}`")))
+            .map_err(|e| self.decode_err(e.to_string()))
     }
 
     /// A list page: the items under `key` and the marker of the `next` link under `<key>_links`, the pagination
@@ -175,15 +184,10 @@ impl Reply {
         &self,
         key: &str,
     ) -> Result<(Vec<T>, Option<String>), TransportError> {
-        let mut v: Value = self.json()?;
-        let items = v
-            .get_mut(key)
-            .map(Value::take)
-            .ok_or_else(|| self.decode_err(format!("missing top-level key `{key}`")))?;
-        let items: Vec<T> =
-            serde_json::from_value(items).map_err(|e| self.decode_err(format!("`{key}`: {e}")))?;
-        let next_marker = v
-            .get(format!("{key}_links"))
+        let (items, links) = self.read::<Vec<T>, Value>(key, Some(&format!("{key}_links")))?;
+        let items = items.ok_or_else(|| self.decode_err(format!("missing top-level key `{key}`")))?;
+        let next_marker = links
+            .as_ref()
             .and_then(Value::as_array)
             .and_then(|links| {
                 links
@@ -201,49 +205,54 @@ impl Reply {
     }
 }
 
-/// Reads the value under one key of a JSON object as `T`, skipping the others unread.
-struct Under<'k, T> {
+/// Reads the values under one key (as `T`) and optionally a second one (as `A`) of a JSON
+/// object, skipping the others unread.
+struct Under<'k, T, A> {
     key: &'k str,
-    _t: std::marker::PhantomData<fn() -> T>,
+    also: Option<&'k str>,
+    _t: std::marker::PhantomData<fn() -> (T, A)>,
 }
 
-impl<'k, T> Under<'k, T> {
-    fn new(key: &'k str) -> Self {
+impl<'k, T, A> Under<'k, T, A> {
+    fn new(key: &'k str, also: Option<&'k str>) -> Self {
         Self {
             key,
+            also,
             _t: std::marker::PhantomData,
         }
     }
 }
 
-impl<'de, T: DeserializeOwned> serde::de::DeserializeSeed<'de> for Under<'_, T> {
-    type Value = Option<T>;
+impl<'de, T: DeserializeOwned, A: DeserializeOwned> serde::de::DeserializeSeed<'de> for Under<'_, T, A> {
+    type Value = (Option<T>, Option<A>);
 
-    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<Option<T>, D::Error> {
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_map(self)
     }
 }
 
-impl<'de, T: DeserializeOwned> serde::de::Visitor<'de> for Under<'_, T> {
-    type Value = Option<T>;
+impl<'de, T: DeserializeOwned, A: DeserializeOwned> serde::de::Visitor<'de> for Under<'_, T, A> {
+    type Value = (Option<T>, Option<A>);
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         write!(f, "an object with `{}`", self.key)
     }
 
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Option<T>, A::Error> {
-        let mut found = None;
+    fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+        let (mut found, mut also) = (None, None);
         while let Some(k) = map.next_key::<std::borrow::Cow<'de, str>>()? {
             if k == self.key && found.is_none() {
                 let v = map
                     .next_value::<T>()
                     .map_err(|e| serde::de::Error::custom(format!("`{}`: {e}", self.key)))?;
                 found = Some(v);
+            } else if Some(&*k) == self.also && also.is_none() {
+                also = Some(map.next_value::<A>()?);
             } else {
                 map.next_value::<serde::de::IgnoredAny>()?;
             }
         }
-        Ok(found)
+        Ok((found, also))
     }
 }
 
@@ -600,6 +609,42 @@ mod tests {
             .unwrap("port")
             .expect("escaped key");
         assert_eq!(p.id, "p2");
+    }
+
+    #[test]
+    fn a_page_reads_its_items_and_the_next_marker_in_one_pass() {
+        let r = reply(
+            r#"{"ports_links": [{"rel": "previous", "href": "http://h/v2.0/ports?marker=a"},
+                {"rel": "next", "href": "http://h/v2.0/ports?limit=2&marker=p2"}],
+               "ports": [{"id": "p1"}, {"id": "p2", "tags": ["t"]}]}"#,
+        );
+        let (items, next): (Vec<Port>, _) = r.page("ports").expect("page");
+        assert_eq!(
+            items.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(),
+            ["p1", "p2"]
+        );
+        assert_eq!(next.as_deref(), Some("p2"));
+        // The last page: no links, or links without a next one, or links of an odd shape.
+        for body in [
+            r#"{"ports": []}"#,
+            r#"{"ports": [], "ports_links": [{"rel": "previous", "href": "x"}]}"#,
+            r#"{"ports": [], "ports_links": {"next": 1}}"#,
+        ] {
+            let (items, next): (Vec<Port>, _) = reply(body).page("ports").expect("last page");
+            assert!(items.is_empty() && next.is_none(), "{body}");
+        }
+        match reply(r#"{"networks": []}"#).page::<Port>("ports") {
+            Err(TransportError::Decode { message, .. }) => {
+                assert_eq!(message, "missing top-level key `ports`")
+            }
+            _ => panic!("a page without its key is a decode error"),
+        }
+        match reply(r#"{"ports": [{"id": 1}]}"#).page::<Port>("ports") {
+            Err(TransportError::Decode { message, .. }) => {
+                assert!(message.starts_with("`ports`: invalid type"), "{message}")
+            }
+            _ => panic!("a bad item is a decode error"),
+        }
     }
 
     #[test]
