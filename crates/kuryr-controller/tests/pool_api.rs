@@ -162,6 +162,7 @@ async fn list_show_populate_free_over_the_socket() {
 
             stop.cancel();
             server.await.unwrap().unwrap();
+            assert!(!sock.exists(), "a stopped server removes its socket");
             let _ = std::fs::remove_dir_all(&dir);
         })
     };

@@ -10,7 +10,7 @@
 //!
 //! Errors answer `{"error": "..."}` with 404 (unknown pool), 400 or 500.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use axum::Json;
@@ -126,10 +126,44 @@ pub async fn serve(manager: Arc<PoolManager>, path: &Path, stop: CancellationTok
         Err(e) => return Err(io("remove stale socket", e)),
     }
     let listener = tokio::net::UnixListener::bind(path).map_err(|e| io("bind", e))?;
+    let _socket = SocketFile::bound(path);
     axum::serve(listener, router(manager))
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .await
         .map_err(|e| io("serve", e))
+}
+
+/// The socket file this server bound, removed when serving ends however it ends (stopped, or its
+/// task dropped), so that no stale socket is left for tools to connect to in vain. A file some
+/// other server bound at the same path since is left alone (told apart by inode and change time:
+/// a freed inode number may be given to the next file).
+struct SocketFile {
+    path: PathBuf,
+    identity: Option<(u64, u64, i64, i64)>,
+}
+
+impl SocketFile {
+    fn bound(path: &Path) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            identity: Self::identity(path),
+        }
+    }
+
+    fn identity(path: &Path) -> Option<(u64, u64, i64, i64)> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::symlink_metadata(path)
+            .ok()
+            .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
+    }
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        if self.identity.is_some() && Self::identity(&self.path) == self.identity {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 // ------------------------------------------------------------------------------------ client
@@ -260,6 +294,24 @@ pub async fn free_pool(socket: &Path, name: &str) -> Result<FreeReply, ClientErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_socket_file_goes_with_its_server_but_not_a_successors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("manage.sock");
+        let first = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        drop(SocketFile::bound(&path));
+        assert!(!path.exists(), "the server's own socket is removed");
+        drop(first);
+
+        let _old = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let old = SocketFile::bound(&path);
+        // A successor replaced the stale file (as `serve` does) and bound its own.
+        std::fs::remove_file(&path).unwrap();
+        let _new = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        drop(old);
+        assert!(path.exists(), "the successor's socket stays");
+    }
 
     #[test]
     fn parses_plain_and_chunked_responses() {
