@@ -1,6 +1,7 @@
 //! The Neutron client: transport (auth, retries, concurrency cap, logging, metrics) here, typed resource calls in
 //! [`resources`].
 
+mod coalesce;
 mod resources;
 
 use std::sync::Arc;
@@ -47,6 +48,7 @@ impl Service for Neutron {
 pub struct NeutronClient {
     transport: Transport<Neutron>,
     gate: Arc<QuotaGate>,
+    creates: Arc<coalesce::PortCreates>,
 }
 
 impl std::fmt::Debug for NeutronClient {
@@ -145,6 +147,7 @@ impl NeutronClient {
         Ok(Self {
             transport: Transport::new(opts, metrics)?,
             gate: Arc::default(),
+            creates: Arc::default(),
         })
     }
 

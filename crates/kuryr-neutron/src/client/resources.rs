@@ -114,10 +114,6 @@ impl NeutronClient {
 
     // ------------------------------------------------------------ ports
 
-    pub async fn create_port(&self, req: &PortCreate) -> Result<Port> {
-        self.create_one("create_port", "ports", "port", req).await
-    }
-
     /// Bulk create in ONE request (`{"ports": [...]}`). Atomic on the server: on error nothing is created.
     pub async fn create_ports(&self, reqs: &[PortCreate]) -> Result<Vec<Port>> {
         if reqs.is_empty() {

@@ -61,6 +61,7 @@ cases!(
     ports::bulk_create_is_atomic_on_quota,
     ports::bulk_create_is_atomic_on_ip_conflict,
     ports::bulk_create_stores_tags,
+    ports::concurrent_single_creates_each_get_their_own_answer,
     ports::single_create_stores_tags,
     listing::filter_device_owner,
     listing::filter_device_id,

@@ -177,6 +177,54 @@ pub(super) async fn bulk_create_is_atomic_on_ip_conflict(ctx: &Ctx) -> anyhow::R
     Ok(())
 }
 
+/// Single creates asked at once (the client sends those that wait behind others as one bulk):
+/// each caller gets its own port, and one refused create fails alone - on the real server the
+/// bulk carrying it is refused whole, and the client asks again port by port.
+pub(super) async fn concurrent_single_creates_each_get_their_own_answer(ctx: &Ctx) -> anyhow::Result<()> {
+    let (net, subnet) = ctx.network("10.65.0.0/24").await?;
+    let taken = PortCreate {
+        fixed_ips: Some(vec![FixedIpRequest::address(&subnet.id, "10.65.0.200")]),
+        ..ctx.port_req(&net.id)
+    };
+    let holder = ctx.port(taken.clone()).await?;
+    let reqs: Vec<PortCreate> = (0..12)
+        .map(|i| {
+            let req = if i == 7 {
+                taken.clone()
+            } else {
+                ctx.port_req(&net.id)
+            };
+            PortCreate {
+                name: Some(format!("together-{i}")),
+                ..req
+            }
+        })
+        .collect();
+    let answers = futures::future::join_all(reqs.iter().map(|r| ctx.client.create_port(r))).await;
+    let mut made = BTreeSet::from([holder.id.clone()]);
+    for (i, answer) in answers.into_iter().enumerate() {
+        if i == 7 {
+            expect_api_error(answer, ErrorKind::IpAddressAlreadyAllocated, 409)?;
+            continue;
+        }
+        let p = answer.map_err(|e| anyhow!("create {i}: {e}"))?;
+        ensure!(
+            p.name == format!("together-{i}"),
+            "create {i} answered port {:?}",
+            p.name
+        );
+        made.insert(p.id);
+    }
+    let listed = ids(&ctx.project_ports().await?);
+    ensure!(
+        listed == made,
+        "the project holds {} ports, {} made",
+        listed.len(),
+        made.len()
+    );
+    Ok(())
+}
+
 pub(super) async fn bulk_create_stores_tags(ctx: &Ctx) -> anyhow::Result<()> {
     let (net, _) = ctx.network("10.26.0.0/24").await?;
     let reqs: Vec<PortCreate> = (0..3)

@@ -1,0 +1,420 @@
+//! Single port creates that are asked while others are on their way go to Neutron together, as one
+//! bulk request (group commit).
+//!
+//! A burst of pods on the `noop` pool asks for one port each, hundreds at once: sent one by one,
+//! each is a round trip and a request for the server to parse, authorize and commit, and on a
+//! neutron-server with two API workers they queue behind each other anyway. Here at most
+//! [`IN_FLIGHT`] create requests are out per client; creates asked meanwhile wait and go in the
+//! next request, up to [`MAX_BATCH`] ports. A lone create goes at once and alone, as before.
+//!
+//! Guarantees:
+//! - every create gets its own answer: Neutron's bulk create is atomic (nothing is made when one
+//!   port is refused), so a refused bulk is asked again one port at a time and each port gets
+//!   the answer it would have had alone (the neutron-contract suite checks the atomicity on the
+//!   real server, for quota and address conflicts);
+//! - the quota gate sees each create as before: admitted before it waits, and told the answer
+//!   of the request that carried it;
+//! - a port made for a caller that stopped waiting (its handler cancelled) is deleted, not left
+//!   behind; if that delete fails, its tags leave it to the orphan sweep.
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, MutexGuard};
+
+use reqwest::Method;
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use super::{Call, NeutronClient, held_error, over_quota};
+use crate::error::{Error, Result};
+use crate::quota_gate::{Pass, project_of};
+use crate::types::Port;
+
+/// At most this many port create requests out at once per client: enough to keep a few API
+/// workers busy; what comes meanwhile waits for the next request.
+pub(crate) const IN_FLIGHT: usize = 4;
+
+/// The most waiting creates sent in one request: a real neutron-server takes ~180 ms per bound
+/// port in a bulk, so 20 are answered in about 4 s, well within the client's timeout.
+pub(crate) const MAX_BATCH: usize = 20;
+
+/// One create waiting for a request to carry it.
+struct Waiting {
+    body: Value,
+    project: String,
+    pass: Option<Pass>,
+    answer: oneshot::Sender<Result<Port>>,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: VecDeque<Waiting>,
+    /// Tasks sending requests (each sends until the queue is empty).
+    senders: usize,
+}
+
+/// The port creates of one client.
+#[derive(Default)]
+pub(crate) struct PortCreates {
+    queue: Mutex<Queue>,
+}
+
+impl PortCreates {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `w`; true when the caller must start a sender.
+    fn push(&self, w: Waiting) -> bool {
+        let mut q = self.lock();
+        q.waiting.push_back(w);
+        if q.senders < IN_FLIGHT {
+            q.senders += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The next request's creates; empty (and the sender counted out) when none wait.
+    fn next_batch(&self) -> Vec<Waiting> {
+        let mut q = self.lock();
+        let n = q.waiting.len().min(MAX_BATCH);
+        if n == 0 {
+            q.senders -= 1;
+        }
+        q.waiting.drain(..n).collect()
+    }
+}
+
+impl NeutronClient {
+    /// `POST /v2.0/ports` for one port. Creates asked while others are out may be sent with them
+    /// as one bulk request (see [`coalesce`](self)); the answer is this port's either way.
+    pub async fn create_port(&self, req: &crate::types::PortCreate) -> Result<Port> {
+        const OP: &str = "create_port";
+        let body = serde_json::to_value(req)
+            .map_err(|e| Error::Config(format!("{OP}: cannot serialize request body: {e}")))?;
+        let project = project_of(&body);
+        let pass = match self.gate.admit("port", &project) {
+            _ if project.is_empty() => None,
+            Ok(pass) => Some(pass),
+            Err(held) => return Err(held_error(OP, &held)),
+        };
+        let (answer, rx) = oneshot::channel();
+        let start = self.creates.push(Waiting {
+            body,
+            project,
+            pass,
+            answer,
+        });
+        if start {
+            // A task of its own: the request carries other callers' creates, which must not be
+            // lost if this caller is cancelled.
+            let client = self.clone();
+            tokio::spawn(async move { client.send_creates().await });
+        }
+        rx.await.unwrap_or_else(|_| {
+            Err(Error::Config(format!(
+                "{OP}: the request carrying this create was dropped (runtime shutting down)"
+            )))
+        })
+    }
+
+    async fn send_creates(&self) {
+        loop {
+            let batch = self.creates.next_batch();
+            match batch.len() {
+                0 => return,
+                1 => {
+                    let [one] =
+                        <[Waiting; 1]>::try_from(batch).unwrap_or_else(|_| unreachable!("one create"));
+                    self.send_alone(one).await;
+                }
+                _ => self.send_bulk(batch).await,
+            }
+        }
+    }
+
+    async fn send_alone(&self, w: Waiting) {
+        let answer = self.post_ports("create_port", "port", &w.body).await;
+        if let Some(pass) = w.pass {
+            self.gate.observe("port", &w.project, pass, over_quota(&answer));
+        }
+        self.hand_over(w.answer, answer).await;
+    }
+
+    async fn send_bulk(&self, batch: Vec<Waiting>) {
+        let bodies: Vec<&Value> = batch.iter().map(|w| &w.body).collect();
+        let answer: Result<Vec<Port>> = self.post_ports("create_ports", "ports", &bodies).await;
+        match answer {
+            Ok(ports) if ports.len() == batch.len() => {
+                for (w, port) in batch.into_iter().zip(ports) {
+                    if let Some(pass) = w.pass {
+                        self.gate.observe("port", &w.project, pass, Some(false));
+                    }
+                    self.hand_over(w.answer, Ok(port)).await;
+                }
+            }
+            Ok(ports) => {
+                // Not Neutron's behaviour; which port is whose is unknown, so none is kept.
+                tracing::warn!(
+                    asked = batch.len(),
+                    answered = ports.len(),
+                    "a bulk port create answered a different number of ports; deleting them and creating one by one"
+                );
+                for p in &ports {
+                    self.delete_unclaimed(&p.id).await;
+                }
+                self.send_each(batch).await;
+            }
+            Err(e) => {
+                tracing::debug!(ports = batch.len(), error = %e, "bulk port create refused; asking for each port alone");
+                self.send_each(batch).await;
+            }
+        }
+    }
+
+    /// `POST /v2.0/ports` with `{key: body}`; the answer's `key`.
+    async fn post_ports<B: serde::Serialize + ?Sized, T: serde::de::DeserializeOwned>(
+        &self,
+        op: &'static str,
+        key: &str,
+        body: &B,
+    ) -> Result<T> {
+        let call = Call::new(op, Method::POST, &["ports"]).json(&serde_json::json!({ key: body }))?;
+        self.execute(call).await?.unwrap(key)
+    }
+
+    async fn send_each(&self, batch: Vec<Waiting>) {
+        futures::future::join_all(batch.into_iter().map(|w| self.send_alone(w))).await;
+    }
+
+    /// Gives `answer` to its caller; a port nobody waits for any more is deleted.
+    async fn hand_over(&self, to: oneshot::Sender<Result<Port>>, answer: Result<Port>) {
+        if let Err(Ok(port)) = to.send(answer) {
+            self.delete_unclaimed(&port.id).await;
+        }
+    }
+
+    async fn delete_unclaimed(&self, id: &str) {
+        match self.delete_port(id).await {
+            Ok(()) => tracing::debug!(port = id, "deleted a port its creator no longer waited for"),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => {
+                tracing::warn!(port = id, error = %e, "cannot delete a port its creator no longer waited for; the orphan sweep collects it by its tags")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use axum::Router;
+    use axum::extract::{Path, State};
+    use axum::http::StatusCode;
+    use axum::response::{IntoResponse, Response};
+    use axum::routing::{delete, post};
+    use serde_json::json;
+
+    use super::*;
+    use crate::auth::ClientOptions;
+    use crate::error::ErrorKind;
+    use crate::types::PortCreate;
+
+    /// A Neutron that answers port creates after a pause (so that creates pile up behind the
+    /// ones out), refuses a whole request when one of its ports is named `bad-*` (Neutron's bulk
+    /// is atomic), and records what it was asked.
+    #[derive(Default)]
+    struct Seen {
+        /// Ports per create request, in arrival order.
+        requests: Vec<usize>,
+        made: usize,
+        deleted: Vec<String>,
+    }
+
+    type Shared = Arc<Mutex<Seen>>;
+
+    async fn create(State(seen): State<Shared>, axum::Json(body): axum::Json<Value>) -> Response {
+        let (items, bulk) = match (body.get("port"), body.get("ports").and_then(Value::as_array)) {
+            (Some(one), None) => (vec![one.clone()], false),
+            (None, Some(many)) => (many.clone(), true),
+            _ => return StatusCode::BAD_REQUEST.into_response(),
+        };
+        seen.lock().expect("lock").requests.push(items.len());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if items
+            .iter()
+            .any(|p| p["name"].as_str().is_some_and(|n| n.starts_with("bad")))
+        {
+            let e = json!({"NeutronError": {"type": "InvalidInput", "message": "Invalid input for name.", "detail": ""}});
+            return (StatusCode::BAD_REQUEST, axum::Json(e)).into_response();
+        }
+        let mut s = seen.lock().expect("lock");
+        let ports: Vec<Value> = items
+            .iter()
+            .map(|p| {
+                s.made += 1;
+                json!({"id": format!("port-{}", s.made), "name": p["name"], "network_id": p["network_id"],
+                       "status": "DOWN", "mac_address": "fa:16:3e:00:00:01", "fixed_ips": []})
+            })
+            .collect();
+        let body = if bulk {
+            json!({ "ports": ports })
+        } else {
+            json!({ "port": ports[0] })
+        };
+        (StatusCode::CREATED, axum::Json(body)).into_response()
+    }
+
+    async fn remove(State(seen): State<Shared>, Path(id): Path<String>) -> StatusCode {
+        seen.lock().expect("lock").deleted.push(id);
+        StatusCode::NO_CONTENT
+    }
+
+    async fn serve() -> (NeutronClient, Shared) {
+        let seen = Shared::default();
+        let app = Router::new()
+            .route("/v2.0/ports", post(create))
+            .route("/v2.0/ports/{id}", delete(remove))
+            .with_state(seen.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let client = NeutronClient::new(&ClientOptions::noauth(format!("http://{addr}"))).expect("client");
+        (client, seen)
+    }
+
+    fn port(name: &str) -> PortCreate {
+        PortCreate {
+            network_id: "net".into(),
+            name: Some(name.into()),
+            ..PortCreate::default()
+        }
+    }
+
+    fn requests(seen: &Shared) -> Vec<usize> {
+        seen.lock().expect("lock").requests.clone()
+    }
+
+    #[tokio::test]
+    async fn a_lone_create_goes_at_once_and_alone() {
+        let (client, seen) = serve().await;
+        for i in 0..3 {
+            let p = client
+                .create_port(&port(&format!("p{i}")))
+                .await
+                .expect("created");
+            assert_eq!(p.name, format!("p{i}"));
+        }
+        assert_eq!(
+            requests(&seen),
+            vec![1, 1, 1],
+            "one after another: one port per request"
+        );
+    }
+
+    #[tokio::test]
+    async fn creates_asked_together_share_requests_and_each_gets_its_own_port() {
+        let (client, seen) = serve().await;
+        let names: Vec<String> = (0..60).map(|i| format!("pod-{i}")).collect();
+        let answers = futures::future::join_all(names.iter().map(|n| {
+            let client = client.clone();
+            async move { client.create_port(&port(n)).await }
+        }))
+        .await;
+        for (name, answer) in names.iter().zip(&answers) {
+            assert_eq!(
+                &answer.as_ref().expect("created").name,
+                name,
+                "each caller gets the port it asked for"
+            );
+        }
+        let reqs = requests(&seen);
+        assert_eq!(
+            reqs.iter().sum::<usize>(),
+            60,
+            "every port asked exactly once: {reqs:?}"
+        );
+        assert!(
+            reqs.len() <= IN_FLIGHT + 60 / MAX_BATCH + 1,
+            "60 creates in {} requests: {reqs:?}",
+            reqs.len()
+        );
+        assert!(
+            reqs.iter().all(|&n| n <= MAX_BATCH),
+            "no request over {MAX_BATCH} ports: {reqs:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_bulk_is_asked_again_port_by_port() {
+        let (client, seen) = serve().await;
+        let names: Vec<String> = (0..12)
+            .map(|i| {
+                if i == 7 {
+                    "bad-7".to_string()
+                } else {
+                    format!("pod-{i}")
+                }
+            })
+            .collect();
+        let answers = futures::future::join_all(names.iter().map(|n| {
+            let client = client.clone();
+            async move { client.create_port(&port(n)).await }
+        }))
+        .await;
+        for (name, answer) in names.iter().zip(&answers) {
+            match answer {
+                Ok(p) => assert_eq!(&p.name, name),
+                Err(e) => {
+                    assert_eq!(name, "bad-7", "only the refused port fails: {e}");
+                    assert_eq!(e.kind(), Some(&ErrorKind::InvalidInput));
+                    assert_eq!(
+                        e.api().map(|a| a.operation),
+                        Some("create_port"),
+                        "its own request's error"
+                    );
+                }
+            }
+        }
+        assert!(answers[7].is_err(), "the refused port's caller is told");
+        let s = seen.lock().expect("lock");
+        assert!(
+            s.requests.iter().any(|&n| n > 1),
+            "a bulk was tried: {:?}",
+            s.requests
+        );
+        assert_eq!(
+            s.made, 11,
+            "the eleven good ports made once each: {:?}",
+            s.requests
+        );
+        assert!(s.deleted.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_port_whose_caller_stopped_waiting_is_deleted() {
+        let (client, seen) = serve().await;
+        // The request is out (the server answers after 20 ms) when its caller gives up.
+        let gave_up =
+            tokio::time::timeout(Duration::from_millis(5), client.create_port(&port("gave-up"))).await;
+        assert!(gave_up.is_err(), "the create was still out");
+        let kept = client.create_port(&port("kept")).await.expect("created");
+        for _ in 0..200 {
+            if !seen.lock().expect("lock").deleted.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let s = seen.lock().expect("lock");
+        assert_eq!(s.made, 2);
+        assert_eq!(
+            s.deleted,
+            vec!["port-1".to_string()],
+            "the unclaimed port, and only it"
+        );
+        assert_eq!(kept.id, "port-2");
+    }
+}
