@@ -197,11 +197,23 @@ pub enum Error {
     /// Bad client configuration or argument.
     #[error("invalid Neutron client configuration: {0}")]
     Config(String),
+    /// One request's failure, answered to each of the callers it carried (port creates sent
+    /// together, see `client/coalesce.rs`); every accessor answers as for the failure itself.
+    #[error(transparent)]
+    Shared(std::sync::Arc<Error>),
 }
 
 impl Error {
-    pub fn api(&self) -> Option<&ApiError> {
+    /// The failure itself, through any sharing.
+    fn own(&self) -> &Self {
         match self {
+            Self::Shared(e) => e.own(),
+            e => e,
+        }
+    }
+
+    pub fn api(&self) -> Option<&ApiError> {
+        match self.own() {
             Self::Api(e) => Some(e),
             _ => None,
         }
@@ -212,7 +224,7 @@ impl Error {
     }
 
     pub fn status(&self) -> Option<u16> {
-        match self {
+        match self.own() {
             Self::Api(e) => Some(e.status),
             Self::Decode { status, .. } => Some(*status),
             _ => None,
@@ -220,7 +232,7 @@ impl Error {
     }
 
     pub fn request_id(&self) -> Option<&str> {
-        match self {
+        match self.own() {
             Self::Api(e) => e.request_id.as_deref(),
             Self::Decode { request_id, .. } => request_id.as_deref(),
             _ => None,
@@ -237,7 +249,7 @@ impl Error {
     /// or tag) before creating again, or leave the leftover to the tag-based cleanup.
     pub fn outcome_unknown(&self) -> bool {
         matches!(
-            self,
+            self.own(),
             Self::Connection {
                 outcome_unknown: true,
                 ..
@@ -257,11 +269,11 @@ impl Error {
     /// Worth retrying later unchanged: connection problems, 5xx, 429. OverQuota and IP exhaustion are not transient:
     /// they need someone to free resources first.
     pub fn is_transient(&self) -> bool {
-        match self {
+        match self.own() {
             Self::Connection { .. } => true,
             Self::Api(e) => e.status >= 500 || e.status == 429 || e.kind == ErrorKind::ServiceUnavailable,
             Self::Auth(e) => e.is_transient(),
-            Self::Decode { .. } | Self::Config(_) => false,
+            Self::Decode { .. } | Self::Config(_) | Self::Shared(_) => false,
         }
     }
 }

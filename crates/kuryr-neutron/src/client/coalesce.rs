@@ -9,16 +9,18 @@
 //!
 //! Guarantees:
 //! - every create gets its own answer: Neutron's bulk create is atomic (nothing is made when one
-//!   port is refused), so a refused bulk is asked again one port at a time and each port gets
-//!   the answer it would have had alone (the neutron-contract suite checks the atomicity on the
-//!   real server, for quota and address conflicts);
+//!   port is refused), so a bulk refused for something in it (4xx) is asked again one port at a
+//!   time and each port gets the answer it would have had alone (the neutron-contract suite
+//!   checks the atomicity on the real server, for quota and address conflicts); a bulk that
+//!   failed for the server's reasons (5xx, 429, no answer) fails for each of its ports with that
+//!   error, without asking again, as their own creates would have;
 //! - the quota gate sees each create as before: admitted before it waits, and told the answer
 //!   of the request that carried it;
 //! - a port made for a caller that stopped waiting (its handler cancelled) is deleted, not left
 //!   behind; if that delete fails, its tags leave it to the orphan sweep.
 
 use std::collections::VecDeque;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use reqwest::Method;
 use serde_json::Value;
@@ -166,6 +168,15 @@ impl NeutronClient {
                 }
                 self.send_each(batch).await;
             }
+            Err(e) if e.is_transient() => {
+                // The server's trouble (5xx, 429, no answer), not the request's: each port fails as
+                // its own create would have, and its caller backs off - a burst against a server in
+                // trouble is not asked again port by port at once.
+                let shared = Arc::new(e);
+                for w in batch {
+                    self.hand_over(w.answer, Err(Error::Shared(shared.clone()))).await;
+                }
+            }
             Err(e) => {
                 tracing::debug!(ports = batch.len(), error = %e, "bulk port create refused; asking for each port alone");
                 self.send_each(batch).await;
@@ -244,10 +255,16 @@ mod tests {
         };
         seen.lock().expect("lock").requests.push(items.len());
         tokio::time::sleep(Duration::from_millis(20)).await;
-        if items
-            .iter()
-            .any(|p| p["name"].as_str().is_some_and(|n| n.starts_with("bad")))
-        {
+        let named = |prefix: &str| {
+            items
+                .iter()
+                .any(|p| p["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
+        };
+        if named("busy") {
+            let e = json!({"NeutronError": {"type": "ServiceUnavailable", "message": "busy", "detail": ""}});
+            return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(e)).into_response();
+        }
+        if named("bad") {
             let e = json!({"NeutronError": {"type": "InvalidInput", "message": "Invalid input for name.", "detail": ""}});
             return (StatusCode::BAD_REQUEST, axum::Json(e)).into_response();
         }
@@ -392,6 +409,37 @@ mod tests {
             s.requests
         );
         assert!(s.deleted.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_bulk_the_server_failed_fails_for_each_port_without_asking_again() {
+        let (client, seen) = serve().await;
+        let names: Vec<String> = (0..12)
+            .map(|i| {
+                if i == 3 {
+                    "busy-3".to_string()
+                } else {
+                    format!("pod-{i}")
+                }
+            })
+            .collect();
+        let answers = futures::future::join_all(names.iter().map(|n| {
+            let client = client.clone();
+            async move { client.create_port(&port(n)).await }
+        }))
+        .await;
+        for answer in &answers {
+            let e = answer.as_ref().expect_err("the whole request failed");
+            assert!(e.is_transient(), "{e}");
+            assert_eq!(
+                (e.status(), e.kind()),
+                (Some(503), Some(&ErrorKind::ServiceUnavailable)),
+                "{e}"
+            );
+        }
+        let s = seen.lock().expect("lock");
+        assert_eq!(s.requests, vec![12], "one request, not asked again port by port");
+        assert_eq!(s.made, 0);
     }
 
     #[tokio::test]
