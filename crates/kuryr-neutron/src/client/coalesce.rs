@@ -149,11 +149,18 @@ impl NeutronClient {
         let answer: Result<Vec<Port>> = self.post_ports("create_ports", "ports", &bodies).await;
         match answer {
             Ok(ports) if ports.len() == batch.len() => {
+                let mut unclaimed = Vec::new();
                 for (w, port) in batch.into_iter().zip(ports) {
                     if let Some(pass) = w.pass {
                         self.gate.observe("port", &w.project, pass, Some(false));
                     }
-                    self.hand_over(w.answer, Ok(port)).await;
+                    if let Err(Ok(port)) = w.answer.send(Ok(port)) {
+                        unclaimed.push(port.id);
+                    }
+                }
+                // Every caller has its port before the leftovers are cleaned up.
+                for id in unclaimed {
+                    self.delete_unclaimed(&id).await;
                 }
             }
             Ok(ports) => {
@@ -191,7 +198,8 @@ impl NeutronClient {
         key: &str,
         body: &B,
     ) -> Result<T> {
-        let call = Call::new(op, Method::POST, &["ports"]).json(&serde_json::json!({ key: body }))?;
+        let call =
+            Call::new(op, Method::POST, &["ports"]).json(&std::collections::BTreeMap::from([(key, body)]))?;
         self.execute(call).await?.unwrap(key)
     }
 
