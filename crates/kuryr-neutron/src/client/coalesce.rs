@@ -323,6 +323,25 @@ mod tests {
         seen.lock().expect("lock").requests.clone()
     }
 
+    /// `pod-0` .. `pod-{n-1}`, with `odd` named otherwise (the server's cue for a failure).
+    fn names(n: usize, odd: Option<(usize, &str)>) -> Vec<String> {
+        (0..n)
+            .map(|i| match odd {
+                Some((at, name)) if at == i => name.to_string(),
+                _ => format!("pod-{i}"),
+            })
+            .collect()
+    }
+
+    /// One create per name, all asked at once.
+    async fn create_all(client: &NeutronClient, names: &[String]) -> Vec<Result<Port>> {
+        futures::future::join_all(names.iter().map(|n| {
+            let client = client.clone();
+            async move { client.create_port(&port(n)).await }
+        }))
+        .await
+    }
+
     #[tokio::test]
     async fn a_lone_create_goes_at_once_and_alone() {
         let (client, seen) = serve().await;
@@ -343,12 +362,8 @@ mod tests {
     #[tokio::test]
     async fn creates_asked_together_share_requests_and_each_gets_its_own_port() {
         let (client, seen) = serve().await;
-        let names: Vec<String> = (0..60).map(|i| format!("pod-{i}")).collect();
-        let answers = futures::future::join_all(names.iter().map(|n| {
-            let client = client.clone();
-            async move { client.create_port(&port(n)).await }
-        }))
-        .await;
+        let names = names(60, None);
+        let answers = create_all(&client, &names).await;
         for (name, answer) in names.iter().zip(&answers) {
             assert_eq!(
                 &answer.as_ref().expect("created").name,
@@ -376,20 +391,8 @@ mod tests {
     #[tokio::test]
     async fn a_refused_bulk_is_asked_again_port_by_port() {
         let (client, seen) = serve().await;
-        let names: Vec<String> = (0..12)
-            .map(|i| {
-                if i == 7 {
-                    "bad-7".to_string()
-                } else {
-                    format!("pod-{i}")
-                }
-            })
-            .collect();
-        let answers = futures::future::join_all(names.iter().map(|n| {
-            let client = client.clone();
-            async move { client.create_port(&port(n)).await }
-        }))
-        .await;
+        let names = names(12, Some((7, "bad-7")));
+        let answers = create_all(&client, &names).await;
         for (name, answer) in names.iter().zip(&answers) {
             match answer {
                 Ok(p) => assert_eq!(&p.name, name),
@@ -422,20 +425,7 @@ mod tests {
     #[tokio::test]
     async fn a_bulk_the_server_failed_fails_for_each_port_without_asking_again() {
         let (client, seen) = serve().await;
-        let names: Vec<String> = (0..12)
-            .map(|i| {
-                if i == 3 {
-                    "busy-3".to_string()
-                } else {
-                    format!("pod-{i}")
-                }
-            })
-            .collect();
-        let answers = futures::future::join_all(names.iter().map(|n| {
-            let client = client.clone();
-            async move { client.create_port(&port(n)).await }
-        }))
-        .await;
+        let answers = create_all(&client, &names(12, Some((3, "busy-3")))).await;
         for answer in &answers {
             let e = answer.as_ref().expect_err("the whole request failed");
             assert!(e.is_transient(), "{e}");
