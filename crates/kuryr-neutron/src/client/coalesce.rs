@@ -82,17 +82,23 @@ impl PortCreates {
         }
     }
 
-    /// The next request's creates; empty (and the sender counted out) when none wait.
+    /// The next request's creates; empty (and the sender counted out) when none wait. Creates
+    /// whose callers stopped waiting (their handler cancelled) are dropped here, not sent.
     fn next_batch(&self) -> Vec<Waiting> {
         let mut q = self.lock();
-        // Callers that stopped waiting (their handler cancelled) are not asked for.
-        q.waiting.retain(|w| !w.answer.is_closed());
-        let n = q.waiting.len().min(MAX_BATCH);
-        if n == 0 {
+        let mut batch = Vec::with_capacity(q.waiting.len().min(MAX_BATCH));
+        while batch.len() < MAX_BATCH {
+            match q.waiting.pop_front() {
+                Some(w) if w.answer.is_closed() => {}
+                Some(w) => batch.push(w),
+                None => break,
+            }
+        }
+        if batch.is_empty() {
             // Under the lock `push` takes: a create queued after this finds one place free.
             q.senders -= 1;
         }
-        q.waiting.drain(..n).collect()
+        batch
     }
 }
 
@@ -497,6 +503,48 @@ mod tests {
         let s = seen.lock().expect("lock");
         assert_eq!(s.requests, vec![12], "one request, not asked again port by port");
         assert_eq!(s.made, 0);
+    }
+
+    #[tokio::test]
+    async fn a_create_whose_caller_left_before_it_was_sent_is_not_sent() {
+        let (client, seen) = serve().await;
+        // Every request place taken by a slow create (each alone: the next one is asked once the
+        // server has the last), then one more create waits in the queue and its caller leaves.
+        let mut busy = Vec::new();
+        for i in 0..IN_FLIGHT {
+            let c = client.clone();
+            busy.push(tokio::spawn(async move {
+                c.create_port(&port(&format!("slow-{i}"))).await
+            }));
+            while requests(&seen).len() <= i {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        let left = {
+            let c = client.clone();
+            tokio::spawn(async move { c.create_port(&port("left")).await })
+        };
+        while client.creates.lock().waiting.is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        left.abort();
+        assert!(
+            left.await.is_err_and(|e| e.is_cancelled()),
+            "its caller left while it waited"
+        );
+        for b in busy {
+            b.await.expect("task").expect("created");
+        }
+        // A create asked now goes through the emptied queue.
+        client.create_port(&port("after")).await.expect("created");
+        let s = seen.lock().expect("lock");
+        assert_eq!(
+            s.requests,
+            vec![1; IN_FLIGHT + 1],
+            "the left create was never sent"
+        );
+        assert_eq!(s.made, IN_FLIGHT + 1);
+        assert!(s.deleted.is_empty());
     }
 
     #[tokio::test]
