@@ -31,9 +31,9 @@ use reqwest::Method;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
-use super::{Call, NeutronClient, held_error, over_quota};
+use super::{Call, NeutronClient, over_quota};
 use crate::error::{Error, Result};
-use crate::quota_gate::{Pass, project_of};
+use crate::quota_gate::Pass;
 use crate::types::Port;
 
 /// At most this many port create requests out at once per client: enough to keep a few API
@@ -136,14 +136,7 @@ impl NeutronClient {
     /// as one bulk request (see [`coalesce`](self)); the answer is this port's either way.
     pub async fn create_port(&self, req: &crate::types::PortCreate) -> Result<Port> {
         const OP: &str = "create_port";
-        let body = serde_json::to_value(req)
-            .map_err(|e| Error::Config(format!("{OP}: cannot serialize request body: {e}")))?;
-        let project = project_of(&body);
-        let pass = match self.gate.admit("port", &project) {
-            _ if project.is_empty() => None,
-            Ok(pass) => Some(pass),
-            Err(held) => return Err(held_error(OP, &held)),
-        };
+        let (body, project, pass) = self.admit(OP, "port", req)?;
         let (answer, rx) = oneshot::channel();
         let start = self.creates.push(Waiting {
             body,

@@ -16,7 +16,7 @@ use crate::auth::ClientOptions;
 use crate::error::{ApiError, Error, ErrorKind, Result};
 use crate::filter::ListFilter;
 use crate::metrics::Metrics;
-use crate::quota_gate::{Held, QuotaGate, project_of};
+use crate::quota_gate::{Held, Pass, QuotaGate, project_of};
 pub(crate) use crate::transport::Call;
 use crate::transport::{Service, StatusFailure, Transport};
 
@@ -167,6 +167,26 @@ impl NeutronClient {
         self.execute(Call::new(op, Method::GET, seg)).await?.unwrap(key)
     }
 
+    /// A create's body, its project and the quota gate's pass for it (none when the body names no
+    /// project); a create the gate holds back is answered here. Neutron's quota resource is the
+    /// body's key (`port`, `network`, `security_group`, ...).
+    pub(crate) fn admit<B: Serialize>(
+        &self,
+        op: &'static str,
+        key: &str,
+        body: &B,
+    ) -> Result<(serde_json::Value, String, Option<Pass>)> {
+        let body = serde_json::to_value(body)
+            .map_err(|e| Error::Config(format!("{op}: cannot serialize request body: {e}")))?;
+        let project = project_of(&body);
+        let pass = match self.gate.admit(key, &project) {
+            _ if project.is_empty() => None,
+            Ok(pass) => Some(pass),
+            Err(held) => return Err(held_error(op, &held)),
+        };
+        Ok((body, project, pass))
+    }
+
     pub(crate) async fn create_one<T: DeserializeOwned, B: Serialize>(
         &self,
         op: &'static str,
@@ -174,15 +194,7 @@ impl NeutronClient {
         key: &str,
         body: &B,
     ) -> Result<T> {
-        let body = serde_json::to_value(body)
-            .map_err(|e| Error::Config(format!("{op}: cannot serialize request body: {e}")))?;
-        let project = project_of(&body);
-        // Neutron's quota resource is the body's key (`network`, `security_group`, ...).
-        let pass = match self.gate.admit(key, &project) {
-            _ if project.is_empty() => None,
-            Ok(pass) => Some(pass),
-            Err(held) => return Err(held_error(op, &held)),
-        };
+        let (body, project, pass) = self.admit(op, key, body)?;
         let wrapped = serde_json::json!({ key: body });
         let answer = self
             .execute(Call::new(op, Method::POST, &[collection]).json(&wrapped)?)
