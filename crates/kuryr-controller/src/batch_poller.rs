@@ -8,9 +8,12 @@
 //! (`services::provisioning`).
 //!
 //! The interval adapts ([`next_interval`]): short while keys keep settling or new ones arrive,
-//! doubling while nothing changes, and never shorter than the server spent on the last poll (its list
-//! calls' times, summed: the chunks of one poll are asked at once), so a slow server is not asked
-//! more often than it answers.
+//! doubling while nothing changes, and never shorter than what a poll costs the server (the least
+//! time of the recent polls, each its list calls' times summed: the chunks of one poll are asked at
+//! once), so a slow server is not asked more often than it answers. Not the last poll's time: on a
+//! server whose workers take requests in turn, that is mostly the wait behind this controller's
+//! other requests (port creates), and waiting as long again before the next poll doubled the wait
+//! for ACTIVE of every port in a burst (docs/benchmarks.md).
 
 use std::collections::HashMap;
 use std::fmt::Display;
@@ -57,21 +60,42 @@ impl Default for PollSettings {
 }
 
 /// The interval before the next poll: `min` when the last poll made progress (a key settled, or new
-/// keys are waiting), otherwise double the current one up to `max`; never shorter than the last poll
-/// took.
-pub fn next_interval(current: Duration, progressed: bool, last_poll: Duration, s: &PollSettings) -> Duration {
+/// keys are waiting), otherwise double the current one up to `max`; never shorter than a poll
+/// costs (`poll_cost`: the least time of the recent polls).
+pub fn next_interval(current: Duration, progressed: bool, poll_cost: Duration, s: &PollSettings) -> Duration {
     let base = if progressed {
         s.min
     } else {
         current.saturating_mul(2).clamp(s.min, s.max)
     };
-    base.max(floor(last_poll, s))
+    base.max(floor(poll_cost, s))
 }
 
-/// The shortest wait before the next poll: `min`, and never less than the last poll's calls took (up to
-/// `max`), so a slow server is not asked faster than it answers.
-fn floor(last_poll: Duration, s: &PollSettings) -> Duration {
-    s.min.max(last_poll.min(s.max))
+/// The shortest wait before the next poll: `min`, and never less than a poll costs (up to `max`), so
+/// a slow server is not asked faster than it answers.
+fn floor(poll_cost: Duration, s: &PollSettings) -> Duration {
+    s.min.max(poll_cost.min(s.max))
+}
+
+/// Polls whose times are remembered; the least of them is what a poll costs.
+const POLLS_REMEMBERED: usize = 8;
+
+/// The recent polls' times.
+#[derive(Default)]
+struct PollTimes(std::collections::VecDeque<Duration>);
+
+impl PollTimes {
+    fn push(&mut self, took: Duration) {
+        if self.0.len() == POLLS_REMEMBERED {
+            self.0.pop_front();
+        }
+        self.0.push_back(took);
+    }
+
+    /// The least recent poll time: the server's own cost, with the least queueing.
+    fn cost(&self) -> Duration {
+        self.0.iter().copied().min().unwrap_or_default()
+    }
 }
 
 /// What one poll asks of the server.
@@ -204,7 +228,7 @@ impl<S: StatusSource> Inner<S> {
     async fn run(self: Arc<Self>) {
         let s = self.settings;
         let mut interval = s.min;
-        let mut last_poll = Duration::ZERO;
+        let mut polls = PollTimes::default();
         loop {
             // A new object does not settle the instant it is made: it gets at least `min`. A key
             // registered during a long (idle) interval cuts it short to `min` from then - but not
@@ -212,7 +236,7 @@ impl<S: StatusSource> Inner<S> {
             // a slow server must not be asked faster than it answers.
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
-                _ = self.wake.notified() => tokio::time::sleep(floor(last_poll, &s)).await,
+                _ = self.wake.notified() => tokio::time::sleep(floor(polls.cost(), &s)).await,
             }
             let keys: Vec<S::Key> = {
                 let mut p = self.lock();
@@ -256,9 +280,17 @@ impl<S: StatusSource> Inner<S> {
             });
             let answers = futures::future::join_all(calls).await;
             let progressed = answers.iter().any(|(settled, _)| *settled);
-            last_poll = answers.iter().map(|(_, took)| *took).sum();
+            let took: Duration = answers.iter().map(|(_, took)| *took).sum();
+            polls.push(took);
             let fresh = self.lock().fresh;
-            interval = next_interval(interval, progressed || fresh, last_poll, &s);
+            interval = next_interval(interval, progressed || fresh, polls.cost(), &s);
+            tracing::debug!(
+                keys = keys.len(),
+                calls = answers.len(),
+                took_ms = took.as_millis() as u64,
+                next_ms = interval.as_millis() as u64,
+                "status poll"
+            );
         }
     }
 }
@@ -325,7 +357,7 @@ mod tests {
     }
 
     #[test]
-    fn interval_is_never_shorter_than_the_last_poll() {
+    fn interval_is_never_shorter_than_a_poll_costs() {
         let i = next_interval(Duration::from_millis(100), true, Duration::from_millis(700), &s());
         assert_eq!(i, Duration::from_millis(700));
         // ... but a hung call does not push it past max.
@@ -405,8 +437,8 @@ mod tests {
     }
 
     /// In a burst every new key wakes the poller; that must not make it ask a slow server more
-    /// often than the last poll took: a poll starts at least poll time + max(min, poll time)
-    /// after the previous one.
+    /// often than it answers: a poll starts at least poll time + max(min, poll cost) after the
+    /// previous one.
     fn slow_poller(chunk: usize) -> BatchPoller<Slow> {
         BatchPoller::new(
             Slow {
@@ -465,5 +497,68 @@ mod tests {
         for w in waits {
             w.abort();
         }
+    }
+
+    /// Answers each poll after the next of `delays` (ms), never settling anything.
+    struct Scripted {
+        delays: Mutex<Vec<u64>>,
+        started: Mutex<Vec<Instant>>,
+        ended: Mutex<Vec<Instant>>,
+    }
+
+    #[async_trait]
+    impl StatusSource for Scripted {
+        type Key = u32;
+        type Outcome = ();
+        type Error = String;
+        async fn poll(&self, _keys: &[u32]) -> Result<Vec<(u32, ())>, String> {
+            self.started
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Instant::now());
+            let delay = {
+                let mut d = self.delays.lock().unwrap_or_else(|e| e.into_inner());
+                if d.is_empty() { 200 } else { d.remove(0) }
+            };
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            self.ended
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Instant::now());
+            Ok(vec![])
+        }
+    }
+
+    /// A poll that took long because it queued behind other requests at the server does not hold
+    /// back the next one by as long again: the floor is what a poll costs (the least recent time).
+    #[tokio::test(start_paused = true)]
+    async fn a_poll_that_queued_does_not_space_out_the_next() {
+        let poller = BatchPoller::new(
+            Scripted {
+                delays: Mutex::new(vec![200, 1500, 200]),
+                started: Mutex::new(Vec::new()),
+                ended: Mutex::new(Vec::new()),
+            },
+            PollSettings {
+                min: Duration::from_millis(20),
+                wait: Duration::from_secs(10),
+                ..s()
+            },
+        );
+        let p = poller.clone();
+        let wait = tokio::spawn(async move { p.wait(1).await });
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let started = snapshot(&poller.source().started);
+        let ended = snapshot(&poller.source().ended);
+        assert!(started.len() >= 3, "polls: {}", started.len());
+        // After the first poll (200 ms) the next waits at least that.
+        assert!(started[1] - ended[0] >= Duration::from_millis(200));
+        // After the 1.5 s one: its own doubling interval (400 ms), not another 1.5 s.
+        let gap = started[2] - ended[1];
+        assert!(
+            gap >= Duration::from_millis(200) && gap < Duration::from_millis(1000),
+            "next poll {gap:?} after the slow one"
+        );
+        wait.abort();
     }
 }

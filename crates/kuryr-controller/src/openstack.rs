@@ -89,6 +89,14 @@ impl Deployments {
             .ok_or_else(|| Error::Config(format!("unknown OpenStack deployment {deployment:?}")))
     }
 
+    /// [`NeutronClient::ports_per_request`] of `deployment`'s client (no limit for an unknown
+    /// one: its create fails on its own).
+    pub fn ports_per_request(&self, deployment: &str) -> usize {
+        self.clients
+            .get(deployment)
+            .map_or(usize::MAX, NeutronClient::ports_per_request)
+    }
+
     pub fn default_client(&self) -> Result<&NeutronClient, Error> {
         self.client(DEFAULT_DEPLOYMENT)
     }

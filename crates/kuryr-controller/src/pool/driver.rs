@@ -327,10 +327,18 @@ impl PoolDriver {
         let generation = self.generation.load(Ordering::Acquire);
         let spec = self.specs().get(&r.key).cloned();
         let mut group_gone = false;
+        // A refill takes what Neutron answers in one request's time (a queue of long bulks at
+        // the server holds back every other request of this controller); what is still wanted
+        // comes in the next refill, planned as this one lands.
+        let n = if r.exact {
+            r.n
+        } else {
+            r.n.min(self.vif.ports_per_request(&r.key.deployment).max(1))
+        };
         let result = match spec {
             Some(spec) => self
                 .vif
-                .request_vifs(&spec, &r.key.host, &PortOwner::Pool { pool: r.name.clone() }, r.n)
+                .request_vifs(&spec, &r.key.host, &PortOwner::Pool { pool: r.name.clone() }, n)
                 .await
                 .map_err(|e| {
                     group_gone = e

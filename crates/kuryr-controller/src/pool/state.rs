@@ -326,6 +326,10 @@ pub struct Refill {
     pub key: Key,
     pub name: String,
     pub n: usize,
+    /// An operator's populate: exactly `n` ports in one request. A refill's `n` may be cut to
+    /// what the deployment's Neutron answers in one request's time; what is still wanted then
+    /// comes in the next refill.
+    pub exact: bool,
 }
 
 /// What [`Pools::take`] found.
@@ -589,6 +593,7 @@ impl<T> Pools<T> {
             key: key.clone(),
             name: pool.meta.name.clone(),
             n,
+            exact: false,
         })
     }
 
@@ -610,6 +615,7 @@ impl<T> Pools<T> {
             key: key.clone(),
             name: pool.meta.name.clone(),
             n,
+            exact: true,
         })
     }
 
@@ -1055,7 +1061,8 @@ mod tests {
             vec![Refill {
                 key: k.clone(),
                 name: "p".into(),
-                n: 5
+                n: 5,
+                exact: false
             }]
         );
         // A second request while populating must not start another populate for the key.
@@ -1168,7 +1175,8 @@ mod tests {
             vec![Refill {
                 key: b.clone(),
                 name: "b".into(),
-                n: 2
+                n: 2,
+                exact: false
             }]
         );
         assert_eq!(pools.populating(), 1);

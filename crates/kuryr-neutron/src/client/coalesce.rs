@@ -3,9 +3,11 @@
 //!
 //! A burst of pods on the `noop` pool asks for one port each, hundreds at once: sent one by one,
 //! each is a round trip and a request for the server to parse, authorize and commit, and on a
-//! neutron-server with two API workers they queue behind each other anyway. Here at most
-//! [`IN_FLIGHT`] create requests are out per client; creates asked meanwhile wait and go in the
-//! next request, up to [`MAX_BATCH`] ports. A lone create goes at once and alone, as before.
+//! neutron-server with two API workers they queue behind each other anyway. Here a few create
+//! requests are out per client; creates asked meanwhile wait and go in the next request, up to
+//! [`MAX_BATCH`](super::pace::MAX_BATCH) ports. How many requests and how many ports in each follow the server's answers
+//! ([`pace`](super::pace)): a slow server is not handed a queue that its other requests (an
+//! ACTIVE poll) would wait behind. A lone create goes at once and alone, as before.
 //!
 //! Guarantees:
 //! - every create gets its own answer: Neutron's bulk create is atomic (nothing is made when one
@@ -31,18 +33,11 @@ use reqwest::Method;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
+use super::pace::{MAX_SENDERS, Pace, Sent};
 use super::{Call, NeutronClient, over_quota};
 use crate::error::{Error, Result};
 use crate::quota_gate::Pass;
 use crate::types::Port;
-
-/// At most this many port create requests out at once per client: enough to keep a few API
-/// workers busy; what comes meanwhile waits for the next request.
-pub(crate) const IN_FLIGHT: usize = 4;
-
-/// The most waiting creates sent in one request: a real neutron-server takes ~180 ms per bound
-/// port in a bulk, so 20 are answered in about 4 s, well within the client's timeout.
-pub(crate) const MAX_BATCH: usize = 20;
 
 /// One create waiting for a request to carry it.
 struct Waiting {
@@ -57,6 +52,7 @@ struct Queue {
     waiting: VecDeque<Waiting>,
     /// Tasks sending requests (each sends until the queue is empty).
     senders: usize,
+    pace: Pace,
 }
 
 /// The port creates of one client.
@@ -74,7 +70,7 @@ impl PortCreates {
     fn push(&self, w: Waiting) -> bool {
         let mut q = self.lock();
         q.waiting.push_back(w);
-        if q.senders < IN_FLIGHT {
+        if q.senders < q.pace.senders() {
             q.senders += 1;
             true
         } else {
@@ -82,12 +78,18 @@ impl PortCreates {
         }
     }
 
-    /// The next request's creates; empty (and the sender counted out) when none wait. Creates
-    /// whose callers stopped waiting (their handler cancelled) are dropped here, not sent.
+    /// The next request's creates; empty (and the sender counted out) when none wait, or when
+    /// more senders are out than the pace allows now (the others carry on). Creates whose callers
+    /// stopped waiting (their handler cancelled) are dropped here, not sent.
     fn next_batch(&self) -> Vec<Waiting> {
         let mut q = self.lock();
-        let mut batch = Vec::with_capacity(q.waiting.len().min(MAX_BATCH));
-        while batch.len() < MAX_BATCH {
+        if q.senders > q.pace.senders() {
+            q.senders -= 1;
+            return Vec::new();
+        }
+        let most = q.pace.batch();
+        let mut batch = Vec::with_capacity(q.waiting.len().min(most));
+        while batch.len() < most {
             match q.waiting.pop_front() {
                 Some(w) if w.answer.is_closed() => {}
                 Some(w) => batch.push(w),
@@ -99,6 +101,16 @@ impl PortCreates {
             q.senders -= 1;
         }
         batch
+    }
+
+    /// What the pace tags a request sent now with.
+    pub(super) fn sent(&self) -> Sent {
+        self.lock().pace.sent()
+    }
+
+    /// A request of `ports` creates, sent at `sent`, was answered in `took`.
+    pub(super) fn answered(&self, sent: Sent, ports: usize, took: std::time::Duration) {
+        self.lock().pace.answered(sent, ports, took);
     }
 }
 
@@ -132,6 +144,14 @@ fn maybe_one_ports_fault(e: &Error) -> bool {
 }
 
 impl NeutronClient {
+    /// How many ports one create request should carry now: what this Neutron answers in about
+    /// two seconds, from its recent answers (see [`pace`](super::pace)); `usize::MAX` before the
+    /// first answer. Bulk creates larger than this are sent as they are; callers that can split
+    /// theirs (pool refills) should.
+    pub fn ports_per_request(&self) -> usize {
+        self.creates.lock().pace.within_target().unwrap_or(usize::MAX)
+    }
+
     /// `POST /v2.0/ports` for one port. Creates asked while others are out may be sent with them
     /// as one bulk request (see [`coalesce`](self)); the answer is this port's either way.
     pub async fn create_port(&self, req: &crate::types::PortCreate) -> Result<Port> {
@@ -180,7 +200,11 @@ impl NeutronClient {
     }
 
     async fn send_alone(&self, w: Waiting) {
+        let (sent, started) = (self.creates.sent(), std::time::Instant::now());
         let answer = self.post_ports("create_port", "port", &w.body).await;
+        if answer.is_ok() {
+            self.creates.answered(sent, 1, started.elapsed());
+        }
         if let Some(pass) = w.pass {
             self.gate.observe("port", &w.project, pass, over_quota(&answer));
         }
@@ -189,7 +213,17 @@ impl NeutronClient {
 
     async fn send_bulk(&self, batch: Vec<Waiting>) {
         let bodies: Vec<&Value> = batch.iter().map(|w| &w.body).collect();
+        let (sent, started) = (self.creates.sent(), std::time::Instant::now());
         let answer: Result<Vec<Port>> = self.post_ports("create_ports", "ports", &bodies).await;
+        let took = started.elapsed();
+        tracing::debug!(
+            ports = batch.len(),
+            took_ms = took.as_millis() as u64,
+            "coalesced port create"
+        );
+        if answer.is_ok() {
+            self.creates.answered(sent, batch.len(), took);
+        }
         match answer {
             Ok(ports) if ports.len() == batch.len() => {
                 let mut unclaimed = Vec::new();
@@ -251,7 +285,7 @@ impl NeutronClient {
     async fn send_each(&self, batch: Vec<Waiting>) {
         use futures::StreamExt;
         futures::stream::iter(batch)
-            .for_each_concurrent(IN_FLIGHT, |w| self.send_alone(w))
+            .for_each_concurrent(MAX_SENDERS, |w| self.send_alone(w))
             .await;
     }
 
@@ -287,6 +321,7 @@ mod tests {
 
     use super::*;
     use crate::auth::ClientOptions;
+    use crate::client::pace::MAX_BATCH;
     use crate::error::ErrorKind;
     use crate::types::PortCreate;
 
@@ -433,7 +468,7 @@ mod tests {
             "every port asked exactly once: {reqs:?}"
         );
         assert!(
-            reqs.len() <= IN_FLIGHT + 60 / MAX_BATCH + 1,
+            reqs.len() <= MAX_SENDERS + 60 / MAX_BATCH + 1,
             "60 creates in {} requests: {reqs:?}",
             reqs.len()
         );
@@ -504,7 +539,7 @@ mod tests {
         // Every request place taken by a slow create (each alone: the next one is asked once the
         // server has the last), then one more create waits in the queue and its caller leaves.
         let mut busy = Vec::new();
-        for i in 0..IN_FLIGHT {
+        for i in 0..MAX_SENDERS {
             let c = client.clone();
             busy.push(tokio::spawn(async move {
                 c.create_port(&port(&format!("slow-{i}"))).await
@@ -533,10 +568,10 @@ mod tests {
         let s = seen.lock().expect("lock");
         assert_eq!(
             s.requests,
-            vec![1; IN_FLIGHT + 1],
+            vec![1; MAX_SENDERS + 1],
             "the left create was never sent"
         );
-        assert_eq!(s.made, IN_FLIGHT + 1);
+        assert_eq!(s.made, MAX_SENDERS + 1);
         assert!(s.deleted.is_empty());
     }
 

@@ -2,6 +2,7 @@
 //! [`resources`].
 
 mod coalesce;
+mod pace;
 mod resources;
 
 use std::sync::Arc;

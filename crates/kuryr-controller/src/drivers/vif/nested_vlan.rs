@@ -131,6 +131,10 @@ impl VifDriver for NestedVlan {
         })
     }
 
+    fn ports_per_request(&self, deployment: &str) -> usize {
+        self.deployments.ports_per_request(deployment)
+    }
+
     async fn request_vifs(
         &self,
         spec: &PortSpec,
