@@ -8,9 +8,9 @@
 //! (`services::provisioning`).
 //!
 //! The interval adapts ([`next_interval`]): short while keys keep settling or new ones arrive,
-//! doubling while nothing changes, and never shorter than what a poll costs the server (the least
-//! time of the recent polls, each its list calls' times summed: the chunks of one poll are asked at
-//! once), so a slow server is not asked more often than it answers. Not the last poll's time: on a
+//! doubling while nothing changes, and never shorter than what a poll costs the server (its list
+//! calls, each at the shortest time of the recent calls: the chunks of one poll are asked at once),
+//! so a slow server is not asked more often than it answers. Not the last poll's time: on a
 //! server whose workers take requests in turn, that is mostly the wait behind this controller's
 //! other requests (port creates), and waiting as long again before the next poll doubled the wait
 //! for ACTIVE of every port in a burst (docs/benchmarks.md).
@@ -61,7 +61,7 @@ impl Default for PollSettings {
 
 /// The interval before the next poll: `min` when the last poll made progress (a key settled, or new
 /// keys are waiting), otherwise double the current one up to `max`; never shorter than a poll
-/// costs (`poll_cost`: the least time of the recent polls).
+/// costs (`poll_cost`: its calls at the shortest recent call time).
 pub fn next_interval(current: Duration, progressed: bool, poll_cost: Duration, s: &PollSettings) -> Duration {
     let base = if progressed {
         s.min
@@ -77,24 +77,26 @@ fn floor(poll_cost: Duration, s: &PollSettings) -> Duration {
     s.min.max(poll_cost.min(s.max))
 }
 
-/// Polls whose times are remembered; the least of them is what a poll costs.
-const POLLS_REMEMBERED: usize = 8;
+/// Calls whose times are remembered; the shortest of them is what a call costs.
+const CALLS_REMEMBERED: usize = 16;
 
-/// The recent polls' times.
+/// The recent successful list calls' times.
 #[derive(Default)]
-struct PollTimes(std::collections::VecDeque<Duration>);
+struct CallTimes(std::collections::VecDeque<Duration>);
 
-impl PollTimes {
+impl CallTimes {
     fn push(&mut self, took: Duration) {
-        if self.0.len() == POLLS_REMEMBERED {
+        if self.0.len() == CALLS_REMEMBERED {
             self.0.pop_front();
         }
         self.0.push_back(took);
     }
 
-    /// The least recent poll time: the server's own cost, with the least queueing.
-    fn cost(&self) -> Duration {
-        self.0.iter().copied().min().unwrap_or_default()
+    /// What a poll of `calls` list calls costs the server: the shortest recent call (its own
+    /// cost, with the least queueing) for each.
+    fn cost(&self, calls: usize) -> Duration {
+        let call = self.0.iter().copied().min().unwrap_or_default();
+        call.saturating_mul(u32::try_from(calls).unwrap_or(u32::MAX))
     }
 }
 
@@ -228,15 +230,16 @@ impl<S: StatusSource> Inner<S> {
     async fn run(self: Arc<Self>) {
         let s = self.settings;
         let mut interval = s.min;
-        let mut polls = PollTimes::default();
+        let mut call_times = CallTimes::default();
+        let mut poll_cost = Duration::ZERO;
         loop {
             // A new object does not settle the instant it is made: it gets at least `min`. A key
             // registered during a long (idle) interval cuts it short to `min` from then - but not
-            // to less than the last poll took: in a burst every registration wakes this task, and
+            // to less than a poll costs: in a burst every registration wakes this task, and
             // a slow server must not be asked faster than it answers.
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
-                _ = self.wake.notified() => tokio::time::sleep(floor(polls.cost(), &s)).await,
+                _ = self.wake.notified() => tokio::time::sleep(floor(poll_cost, &s)).await,
             }
             let keys: Vec<S::Key> = {
                 let mut p = self.lock();
@@ -262,6 +265,7 @@ impl<S: StatusSource> Inner<S> {
                 let answer = this.source.poll(chunk).await;
                 let took = started.elapsed();
                 let mut settled = false;
+                let ok = answer.is_ok();
                 match answer {
                     Ok(done) => {
                         settled = !done.is_empty();
@@ -276,14 +280,17 @@ impl<S: StatusSource> Inner<S> {
                         tracing::debug!(error = %e, keys = chunk.len(), "status poll failed; retrying");
                     }
                 }
-                (settled, took)
+                (settled, took, ok)
             });
             let answers = futures::future::join_all(calls).await;
-            let progressed = answers.iter().any(|(settled, _)| *settled);
-            let took: Duration = answers.iter().map(|(_, took)| *took).sum();
-            polls.push(took);
+            let progressed = answers.iter().any(|(settled, _, _)| *settled);
+            let took: Duration = answers.iter().map(|(_, took, _)| *took).sum();
+            for (_, t, _) in answers.iter().filter(|(_, _, ok)| *ok) {
+                call_times.push(*t);
+            }
+            poll_cost = call_times.cost(answers.len());
             let fresh = self.lock().fresh;
-            interval = next_interval(interval, progressed || fresh, polls.cost(), &s);
+            interval = next_interval(interval, progressed || fresh, poll_cost, &s);
             tracing::debug!(
                 keys = keys.len(),
                 calls = answers.len(),
@@ -530,7 +537,8 @@ mod tests {
     }
 
     /// A poll that took long because it queued behind other requests at the server does not hold
-    /// back the next one by as long again: the floor is what a poll costs (the least recent time).
+    /// back the next one by as long again: the floor is what a poll costs (the shortest recent
+    /// call).
     #[tokio::test(start_paused = true)]
     async fn a_poll_that_queued_does_not_space_out_the_next() {
         let poller = BatchPoller::new(

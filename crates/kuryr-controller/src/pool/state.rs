@@ -327,8 +327,9 @@ pub struct Refill {
     pub name: String,
     pub n: usize,
     /// An operator's populate: exactly `n` ports in one request. A refill's `n` may be cut to
-    /// what the deployment's Neutron answers in one request's time; what is still wanted then
-    /// comes in the next refill.
+    /// what the deployment's Neutron answers in one request's time; pods still waiting and a
+    /// pool still below `min` get the next refill, planned as this one lands (the `batch`
+    /// surplus beyond that is not asked again).
     pub exact: bool,
 }
 

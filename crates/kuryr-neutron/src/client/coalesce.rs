@@ -5,7 +5,7 @@
 //! each is a round trip and a request for the server to parse, authorize and commit, and on a
 //! neutron-server with two API workers they queue behind each other anyway. Here a few create
 //! requests are out per client; creates asked meanwhile wait and go in the next request, up to
-//! [`MAX_BATCH`](super::pace::MAX_BATCH) ports. How many requests and how many ports in each follow the server's answers
+//! [`MAX_BATCH`] ports. How many requests and how many ports in each follow the server's answers
 //! ([`pace`](super::pace)): a slow server is not handed a queue that its other requests (an
 //! ACTIVE poll) would wait behind. A lone create goes at once and alone, as before.
 //!
@@ -25,6 +25,10 @@
 //!   delete fails, its tags leave it to the orphan sweep;
 //! - a sender that ends without emptying the queue (its task panicked or was dropped) gives its
 //!   place back, and the creates it leaves are answered with an error when no sender is left.
+//! - bulk creates ([`NeutronClient::create_ports`], the pools' refills) count among the requests
+//!   out: one waits for a place, a sender gives its place up between requests while one waits,
+//!   and a place that frees goes to a waiting bulk, else to the queued creates - never left
+//!   unused while work waits.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -33,7 +37,7 @@ use reqwest::Method;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
-use super::pace::{MAX_SENDERS, Pace, Sent};
+use super::pace::{MAX_BATCH, MAX_SENDERS, Pace, Sent};
 use super::{Call, NeutronClient, over_quota};
 use crate::error::{Error, Result};
 use crate::quota_gate::Pass;
@@ -50,8 +54,11 @@ struct Waiting {
 #[derive(Default)]
 struct Queue {
     waiting: VecDeque<Waiting>,
-    /// Tasks sending requests (each sends until the queue is empty).
+    /// Requests out: tasks sending the queue's creates (each until the queue is empty) and bulk
+    /// creates holding a [`Place`].
     senders: usize,
+    /// Bulk creates waiting for a place.
+    bulks_waiting: usize,
     pace: Pace,
 }
 
@@ -59,6 +66,8 @@ struct Queue {
 #[derive(Default)]
 pub(crate) struct PortCreates {
     queue: Mutex<Queue>,
+    /// Woken when a place may have freed for a waiting bulk create.
+    freed: tokio::sync::Notify,
 }
 
 impl PortCreates {
@@ -83,7 +92,9 @@ impl PortCreates {
     /// stopped waiting (their handler cancelled) are dropped here, not sent.
     fn next_batch(&self) -> Vec<Waiting> {
         let mut q = self.lock();
-        if q.senders > q.pace.senders() {
+        // Over the pace, or a bulk create (a pool's refill) waits for a place: this sender's
+        // place goes on (the queue is served again when the bulk is answered).
+        if q.senders > q.pace.senders() || q.bulks_waiting > 0 && q.senders >= q.pace.senders() {
             q.senders -= 1;
             return Vec::new();
         }
@@ -103,14 +114,19 @@ impl PortCreates {
         batch
     }
 
+    /// Takes a place among the requests out if the pace has one free.
+    fn try_take_place(&self) -> bool {
+        let mut q = self.lock();
+        let free = q.senders < q.pace.senders();
+        if free {
+            q.senders += 1;
+        }
+        free
+    }
+
     /// What the pace tags a request sent now with.
     pub(super) fn sent(&self) -> Sent {
         self.lock().pace.sent()
-    }
-
-    /// A request of `ports` creates, sent at `sent`, was answered in `took`.
-    pub(super) fn answered(&self, sent: Sent, ports: usize, took: std::time::Duration) {
-        self.lock().pace.answered(sent, ports, took);
     }
 }
 
@@ -135,6 +151,40 @@ impl Drop for SenderSlot<'_> {
     }
 }
 
+/// A bulk create's place among the requests out, held while its request is out.
+pub(super) struct Place(NeutronClient);
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        {
+            let mut q = self.0.creates.lock();
+            q.senders = q.senders.saturating_sub(1);
+        }
+        self.0.hand_on_place();
+    }
+}
+
+/// Counts a bulk create among those waiting for a place; one that stops waiting (it got a place,
+/// or its caller gave up) hands on what may be free, so that a place it was woken for is used.
+struct BulkWaiting<'a>(&'a NeutronClient);
+
+impl<'a> BulkWaiting<'a> {
+    fn new(client: &'a NeutronClient) -> Self {
+        client.creates.lock().bulks_waiting += 1;
+        Self(client)
+    }
+}
+
+impl Drop for BulkWaiting<'_> {
+    fn drop(&mut self) {
+        {
+            let mut q = self.0.creates.lock();
+            q.bulks_waiting = q.bulks_waiting.saturating_sub(1);
+        }
+        self.0.hand_on_place();
+    }
+}
+
 /// Whether a failed bulk may have failed for one of its ports: Neutron refusing something in the
 /// request (4xx but 429), or a 500 (an ML2 driver failing on one port's network). Nothing was made
 /// then (the bulk is atomic), and the ports are asked for again one by one.
@@ -145,11 +195,11 @@ fn maybe_one_ports_fault(e: &Error) -> bool {
 
 impl NeutronClient {
     /// How many ports one create request should carry now: what this Neutron answers in about
-    /// two seconds, from its recent answers (see [`pace`](super::pace)); `usize::MAX` before the
-    /// first answer. Bulk creates larger than this are sent as they are; callers that can split
-    /// theirs (pool refills) should.
+    /// two seconds, from its recent answers (see `client/pace.rs`); 20 before the first answer.
+    /// Bulk creates larger than this are sent as they are; callers that can split theirs (pool
+    /// refills) should.
     pub fn ports_per_request(&self) -> usize {
-        self.creates.lock().pace.within_target().unwrap_or(usize::MAX)
+        self.creates.lock().pace.within_target().unwrap_or(MAX_BATCH)
     }
 
     /// `POST /v2.0/ports` for one port. Creates asked while others are out may be sent with them
@@ -177,6 +227,61 @@ impl NeutronClient {
         })
     }
 
+    /// Tells the pace a request of `ports` creates, sent at `sent`, was answered in `took`; a
+    /// place the pace opens goes to waiting work at once (queued creates would otherwise wait
+    /// for the next create asked to start a sender).
+    pub(super) fn answered(&self, sent: Sent, ports: usize, took: std::time::Duration) {
+        self.creates.lock().pace.answered(sent, ports, took);
+        self.hand_on_place();
+    }
+
+    /// A place among the requests out for a bulk create, once the pace has one free; coalesced
+    /// creates' senders give theirs up between requests while a bulk waits.
+    pub(super) async fn bulk_place(&self) -> Place {
+        let _waiting = BulkWaiting::new(self);
+        loop {
+            // Registered before the look, so that a place freed in between is not missed.
+            let freed = self.creates.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if self.creates.try_take_place() {
+                return Place(self.clone());
+            }
+            freed.await;
+        }
+    }
+
+    /// A free place goes to a waiting bulk create (woken; the first to look takes it), else to
+    /// the queued creates (a new sender): a free place is never left unused while work waits.
+    fn hand_on_place(&self) {
+        {
+            let mut q = self.creates.lock();
+            if q.senders >= q.pace.senders() {
+                return;
+            }
+            if q.bulks_waiting > 0 {
+                drop(q);
+                self.creates.freed.notify_waiters();
+                return;
+            }
+            if q.waiting.is_empty() {
+                return;
+            }
+            q.senders += 1;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                let client = self.clone();
+                rt.spawn(async move { client.send_creates().await });
+            }
+            // No runtime to send with (it is shutting down): nothing can be sent any more.
+            Err(_) => {
+                let mut q = self.creates.lock();
+                q.senders = q.senders.saturating_sub(1);
+            }
+        }
+    }
+
     async fn send_creates(&self) {
         let mut slot = SenderSlot {
             creates: &self.creates,
@@ -187,6 +292,7 @@ impl NeutronClient {
             match batch.len() {
                 0 => {
                     slot.out = true;
+                    self.hand_on_place();
                     return;
                 }
                 1 => {
@@ -203,7 +309,7 @@ impl NeutronClient {
         let (sent, started) = (self.creates.sent(), std::time::Instant::now());
         let answer = self.post_ports("create_port", "port", &w.body).await;
         if answer.is_ok() {
-            self.creates.answered(sent, 1, started.elapsed());
+            self.answered(sent, 1, started.elapsed());
         }
         if let Some(pass) = w.pass {
             self.gate.observe("port", &w.project, pass, over_quota(&answer));
@@ -222,7 +328,7 @@ impl NeutronClient {
             "coalesced port create"
         );
         if answer.is_ok() {
-            self.creates.answered(sent, batch.len(), took);
+            self.answered(sent, batch.len(), took);
         }
         match answer {
             Ok(ports) if ports.len() == batch.len() => {
@@ -321,7 +427,6 @@ mod tests {
 
     use super::*;
     use crate::auth::ClientOptions;
-    use crate::client::pace::MAX_BATCH;
     use crate::error::ErrorKind;
     use crate::types::PortCreate;
 
@@ -335,6 +440,27 @@ mod tests {
         requests: Vec<usize>,
         made: usize,
         deleted: Vec<String>,
+        /// Create requests being answered now, and the most at once.
+        out: usize,
+        most_out: usize,
+    }
+
+    /// Counts a create request as out while its handler runs.
+    struct Out(Shared);
+
+    impl Out {
+        fn new(seen: &Shared) -> Self {
+            let mut s = seen.lock().expect("lock");
+            s.out += 1;
+            s.most_out = s.most_out.max(s.out);
+            Self(seen.clone())
+        }
+    }
+
+    impl Drop for Out {
+        fn drop(&mut self) {
+            self.0.lock().expect("lock").out -= 1;
+        }
     }
 
     type Shared = Arc<Mutex<Seen>>;
@@ -346,6 +472,7 @@ mod tests {
             _ => return StatusCode::BAD_REQUEST.into_response(),
         };
         seen.lock().expect("lock").requests.push(items.len());
+        let _out = Out::new(&seen);
         let named = |prefix: &str| {
             items
                 .iter()
@@ -607,5 +734,79 @@ mod tests {
             s.deleted
         );
         assert_ne!(s.deleted[0], kept.id, "not the port that was taken");
+    }
+
+    /// `n` ports named `prefix-i`, for one bulk create.
+    fn bulk(prefix: &str, n: usize) -> Vec<PortCreate> {
+        (0..n).map(|i| port(&format!("{prefix}-{i}"))).collect()
+    }
+
+    #[tokio::test]
+    async fn bulk_creates_take_a_place_among_the_requests_out() {
+        let (client, seen) = serve().await;
+        let answers = futures::future::join_all((0..8).map(|i| {
+            let client = client.clone();
+            async move { client.create_ports(&bulk(&format!("slow{i}"), 2)).await }
+        }))
+        .await;
+        for a in &answers {
+            assert_eq!(a.as_ref().expect("created").len(), 2);
+        }
+        let s = seen.lock().expect("lock");
+        assert_eq!(s.requests.len(), 8);
+        assert!(
+            (2..=MAX_SENDERS).contains(&s.most_out),
+            "{} requests out at once",
+            s.most_out
+        );
+    }
+
+    #[tokio::test]
+    async fn creates_asked_while_bulks_hold_every_place_are_sent_when_one_is_answered() {
+        let (client, seen) = serve().await;
+        let bulks: Vec<_> = (0..MAX_SENDERS)
+            .map(|i| {
+                let client = client.clone();
+                tokio::spawn(async move { client.create_ports(&bulk(&format!("slow{i}"), 2)).await })
+            })
+            .collect();
+        // Every place taken by a bulk before the creates are asked.
+        while requests(&seen).len() < MAX_SENDERS {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let answers = tokio::time::timeout(Duration::from_secs(5), create_all(&client, &names(6, None)))
+            .await
+            .expect("the creates were sent once a bulk was answered");
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        for b in bulks {
+            assert_eq!(b.await.expect("joined").expect("created").len(), 2);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_bulk_create_gets_a_place_while_creates_keep_coming() {
+        let (client, _seen) = serve().await;
+        // Slow creates asked faster than they are answered (400/s against 4 requests of 20 per
+        // 500 ms): the queue never empties, so the senders never run out of work.
+        let feeder = {
+            let client = client.clone();
+            tokio::spawn(async move {
+                for i in 0.. {
+                    let client = client.clone();
+                    tokio::spawn(async move { client.create_port(&port(&format!("slow-{i}"))).await });
+                    tokio::time::sleep(Duration::from_micros(2500)).await;
+                }
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let got =
+            tokio::time::timeout(Duration::from_secs(3), client.create_ports(&bulk("slow-pool", 3))).await;
+        feeder.abort();
+        assert_eq!(
+            got.expect("the bulk got a place while creates kept coming")
+                .expect("created")
+                .len(),
+            3
+        );
     }
 }

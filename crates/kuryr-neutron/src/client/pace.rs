@@ -1,4 +1,5 @@
-//! How many coalesced port create requests a client keeps out, and how many ports each carries.
+//! How many port create requests a client keeps out (coalesced creates and bulk creates alike),
+//! and how many ports a coalesced request carries.
 //!
 //! A neutron-server's API workers take requests first come, first served (uWSGI processes of one
 //! thread each), so whatever a client keeps queued there, each of its other requests waits behind:
@@ -7,8 +8,9 @@
 //! - a request carries about [`TARGET`] of the server's time: its ports are capped at `TARGET`
 //!   over the least time per port the recent answers took (the server's own cost, the answer that
 //!   queued least);
-//! - requests out: one more while answers take what their size predicts (none queued), one fewer
-//!   when an answer takes more than [`QUEUED`] times that (it waited behind others), between 1
+//! - requests out: one more while answers take what their size predicts (none queued: the
+//!   recent answers of a like size tell), one fewer when an answer takes more than [`QUEUED`]
+//!   times that (it waited behind others), between 1
 //!   and [`MAX_SENDERS`]; only requests sent since the last cut can cut again (the ones already
 //!   out queued behind the old number, and would cut it to 1). An answer within [`QUICK`] tells of no queue worth keeping short: the
 //!   pace is then what it was before it existed, [`MAX_SENDERS`] requests of [`MAX_BATCH`] ports.
@@ -48,8 +50,8 @@ pub(crate) struct Pace {
     senders: usize,
     /// Bumped at each cut of `senders`.
     cuts: u64,
-    /// Seconds per port of the last answers.
-    per_port: VecDeque<f64>,
+    /// The last answers: ports, and seconds per port.
+    per_port: VecDeque<(usize, f64)>,
 }
 
 impl Default for Pace {
@@ -82,7 +84,19 @@ impl Pace {
     }
 
     fn least_per_port(&self) -> Option<f64> {
-        self.per_port.iter().copied().reduce(f64::min)
+        self.per_port.iter().map(|(_, p)| *p).reduce(f64::min)
+    }
+
+    /// What a request of `ports` ports should take unqueued: the least time per port of the
+    /// recent answers of a like size (half to twice as many ports: a request's fixed cost weighs
+    /// more on a lone port than on a bulk), times `ports`; `None` without such answers.
+    fn predicted(&self, ports: usize) -> Option<f64> {
+        self.per_port
+            .iter()
+            .filter(|(n, _)| 2 * n >= ports && *n <= 2 * ports)
+            .map(|(_, p)| *p)
+            .reduce(f64::min)
+            .map(|p| p * ports as f64)
     }
 
     /// What a request sent now is tagged with, for [`Pace::answered`].
@@ -97,12 +111,14 @@ impl Pace {
         if self.per_port.len() == REMEMBERED {
             self.per_port.pop_front();
         }
-        self.per_port.push_back(took_s / ports as f64);
+        self.per_port.push_back((ports, took_s / ports as f64));
         if took <= QUICK {
-            self.senders = (self.senders + 1).min(MAX_SENDERS);
+            self.senders = MAX_SENDERS;
             return;
         }
-        let predicted = self.least_per_port().unwrap_or(0.0) * ports as f64;
+        let Some(predicted) = self.predicted(ports) else {
+            return;
+        };
         if took_s > QUEUED * predicted {
             if sent.0 == self.cuts && self.senders > 1 {
                 self.senders -= 1;
@@ -137,13 +153,11 @@ mod tests {
             p.answer(n, ms(2));
         }
         assert_eq!((p.senders(), p.batch()), (MAX_SENDERS, MAX_BATCH));
-        // Even after slow ones: quick answers bring the senders back.
+        // Even after slow ones: a quick answer brings the full pace back.
         for _ in 0..5 {
             p.answer(20, ms(8000));
         }
-        for _ in 0..MAX_SENDERS {
-            p.answer(20, ms(3));
-        }
+        p.answer(20, ms(3));
         assert_eq!(p.senders(), MAX_SENDERS);
     }
 
@@ -202,6 +216,20 @@ mod tests {
         assert_eq!(p.batch(), MAX_BATCH);
         p.answer(50, ms(0));
         assert_eq!(p.within_target(), Some(usize::MAX));
+    }
+
+    #[test]
+    fn a_lone_create_is_not_judged_by_the_bulks_cost_per_port() {
+        let mut p = Pace::default();
+        p.answer(20, ms(3630));
+        // 300 ms for one port is its fixed cost, not a queue: no bulk of a like size to compare.
+        for _ in 0..5 {
+            p.answer(1, ms(300));
+        }
+        assert_eq!(p.senders(), MAX_SENDERS);
+        // Against lone creates of its own kind, one that queued is seen.
+        p.answer(1, ms(900));
+        assert_eq!(p.senders(), MAX_SENDERS - 1);
     }
 
     #[test]

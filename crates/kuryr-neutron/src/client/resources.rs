@@ -120,14 +120,18 @@ impl NeutronClient {
             return Ok(Vec::new());
         }
         let body = json!({ "ports": reqs });
+        // One of the requests the pace lets out: a pool's refills and the pods' own creates
+        // share the server's queue, and an ACTIVE poll waits behind all of them.
+        let place = self.bulk_place().await;
         let (sent, started) = (self.creates.sent(), std::time::Instant::now());
         let answer = self
             .execute(Call::new("create_ports", Method::POST, &["ports"]).json(&body)?)
             .await;
         if answer.is_ok() {
             // The pace learns the server's cost per port from every create the client makes.
-            self.creates.answered(sent, reqs.len(), started.elapsed());
+            self.answered(sent, reqs.len(), started.elapsed());
         }
+        drop(place);
         // Never held back (the pools that send bulk creates back off on their own and read the
         // quota); a success tells the single creates' gate that the quota has room.
         if answer.is_ok() {
