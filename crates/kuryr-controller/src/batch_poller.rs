@@ -422,35 +422,12 @@ mod tests {
         assert_eq!(poller.pending(), 0);
     }
 
-    /// A server that takes 200 ms to answer and never settles anything; records when each poll
-    /// started.
-    struct Slow {
-        started: Mutex<Vec<Instant>>,
-    }
-
-    #[async_trait]
-    impl StatusSource for Slow {
-        type Key = u32;
-        type Outcome = ();
-        type Error = String;
-        async fn poll(&self, _keys: &[u32]) -> Result<Vec<(u32, ())>, String> {
-            self.started
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(Instant::now());
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            Ok(vec![])
-        }
-    }
-
     /// In a burst every new key wakes the poller; that must not make it ask a slow server more
     /// often than it answers: a poll starts at least poll time + max(min, poll cost) after the
     /// previous one.
-    fn slow_poller(chunk: usize) -> BatchPoller<Slow> {
+    fn slow_poller(chunk: usize) -> BatchPoller<Scripted> {
         BatchPoller::new(
-            Slow {
-                started: Mutex::new(Vec::new()),
-            },
+            scripted(vec![]),
             PollSettings {
                 min: Duration::from_millis(20),
                 chunk,
@@ -506,7 +483,8 @@ mod tests {
         }
     }
 
-    /// Answers each poll after the next of `delays` (ms), never settling anything.
+    /// Answers each call after the next of `delays` (ms), then after 200 ms; never settles
+    /// anything; records when each call started and ended.
     struct Scripted {
         delays: Mutex<Vec<u64>>,
         started: Mutex<Vec<Instant>>,
@@ -542,11 +520,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_poll_that_queued_does_not_space_out_the_next() {
         let poller = BatchPoller::new(
-            Scripted {
-                delays: Mutex::new(vec![200, 1500, 200]),
-                started: Mutex::new(Vec::new()),
-                ended: Mutex::new(Vec::new()),
-            },
+            scripted(vec![200, 1500, 200]),
             PollSettings {
                 min: Duration::from_millis(20),
                 wait: Duration::from_secs(10),
@@ -568,5 +542,13 @@ mod tests {
             "next poll {gap:?} after the slow one"
         );
         wait.abort();
+    }
+
+    fn scripted(delays: Vec<u64>) -> Scripted {
+        Scripted {
+            delays: Mutex::new(delays),
+            started: Mutex::new(Vec::new()),
+            ended: Mutex::new(Vec::new()),
+        }
     }
 }
