@@ -57,8 +57,9 @@ struct Queue {
     /// Requests out: tasks sending the queue's creates (each until the queue is empty) and bulk
     /// creates holding a [`Place`].
     senders: usize,
-    /// Bulk creates waiting for a place.
+    /// Bulk creates waiting for a place, and holding one.
     bulks_waiting: usize,
+    bulks_out: usize,
     pace: Pace,
 }
 
@@ -90,11 +91,14 @@ impl PortCreates {
     /// The next request's creates; empty (and the sender counted out) when none wait, or when
     /// more senders are out than the pace allows now (the others carry on). Creates whose callers
     /// stopped waiting (their handler cancelled) are dropped here, not sent.
-    fn next_batch(&self) -> Vec<Waiting> {
+    ///
+    /// `sent_one`: this sender has sent a request already. Only then does it give its place to a
+    /// waiting bulk create (a pool's refill; the queue gets the place back when the bulk is
+    /// answered) - a new sender would otherwise leave at once, and the next one too.
+    fn next_batch(&self, sent_one: bool) -> Vec<Waiting> {
         let mut q = self.lock();
-        // Over the pace, or a bulk create (a pool's refill) waits for a place: this sender's
-        // place goes on (the queue is served again when the bulk is answered).
-        if q.senders > q.pace.senders() || q.bulks_waiting > 0 && q.senders >= q.pace.senders() {
+        let to_a_bulk = sent_one && q.bulks_waiting > 0 && q.senders >= q.pace.senders();
+        if q.senders > q.pace.senders() || to_a_bulk {
             q.senders -= 1;
             return Vec::new();
         }
@@ -114,12 +118,13 @@ impl PortCreates {
         batch
     }
 
-    /// Takes a place among the requests out if the pace has one free.
+    /// Takes a place among the requests out for a bulk create if the pace has one free.
     fn try_take_place(&self) -> bool {
         let mut q = self.lock();
         let free = q.senders < q.pace.senders();
         if free {
             q.senders += 1;
+            q.bulks_out += 1;
         }
         free
     }
@@ -143,11 +148,15 @@ impl Drop for SenderSlot<'_> {
         if self.out {
             return;
         }
-        let mut q = self.creates.lock();
-        q.senders = q.senders.saturating_sub(1);
-        if q.senders == 0 {
-            q.waiting.clear();
+        {
+            let mut q = self.creates.lock();
+            q.senders = q.senders.saturating_sub(1);
+            if q.senders == 0 {
+                q.waiting.clear();
+            }
         }
+        // The place it held may be a waiting bulk's now.
+        self.creates.freed.notify_waiters();
     }
 }
 
@@ -159,6 +168,7 @@ impl Drop for Place {
         {
             let mut q = self.0.creates.lock();
             q.senders = q.senders.saturating_sub(1);
+            q.bulks_out = q.bulks_out.saturating_sub(1);
         }
         self.0.hand_on_place();
     }
@@ -251,33 +261,43 @@ impl NeutronClient {
         }
     }
 
-    /// A free place goes to a waiting bulk create (woken; the first to look takes it), else to
-    /// the queued creates (a new sender): a free place is never left unused while work waits.
+    /// Free places go to waiting work: to the queued creates first when none of their senders is
+    /// out (bulks back to back must not starve the pods' own creates), then to waiting bulk
+    /// creates (woken; the first to look takes one), then to the queue: a free place is never
+    /// left unused while work waits.
     fn hand_on_place(&self) {
-        {
-            let mut q = self.creates.lock();
-            if q.senders >= q.pace.senders() {
-                return;
-            }
-            if q.bulks_waiting > 0 {
-                drop(q);
-                self.creates.freed.notify_waiters();
-                return;
-            }
-            if q.waiting.is_empty() {
-                return;
-            }
-            q.senders += 1;
-        }
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                let client = self.clone();
-                rt.spawn(async move { client.send_creates().await });
-            }
-            // No runtime to send with (it is shutting down): nothing can be sent any more.
-            Err(_) => {
+        loop {
+            {
                 let mut q = self.creates.lock();
-                q.senders = q.senders.saturating_sub(1);
+                if q.senders >= q.pace.senders() {
+                    return;
+                }
+                let queue_served = q.senders > q.bulks_out;
+                let queue_first = !q.waiting.is_empty() && (!queue_served || q.bulks_waiting == 0);
+                if !queue_first {
+                    if q.bulks_waiting > 0 {
+                        drop(q);
+                        self.creates.freed.notify_waiters();
+                    }
+                    return;
+                }
+                q.senders += 1;
+            }
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    let client = self.clone();
+                    rt.spawn(async move { client.send_creates().await });
+                }
+                // No runtime to send with (it is shutting down): nothing can be sent any more,
+                // and what is queued is answered with an error (its senders dropped).
+                Err(_) => {
+                    let mut q = self.creates.lock();
+                    q.senders = q.senders.saturating_sub(1);
+                    if q.senders == 0 {
+                        q.waiting.clear();
+                    }
+                    return;
+                }
             }
         }
     }
@@ -287,8 +307,10 @@ impl NeutronClient {
             creates: &self.creates,
             out: false,
         };
+        let mut sent_one = false;
         loop {
-            let batch = self.creates.next_batch();
+            let batch = self.creates.next_batch(sent_one);
+            sent_one = true;
             match batch.len() {
                 0 => {
                     slot.out = true;
@@ -744,11 +766,15 @@ mod tests {
     #[tokio::test]
     async fn bulk_creates_take_a_place_among_the_requests_out() {
         let (client, seen) = serve().await;
-        let answers = futures::future::join_all((0..8).map(|i| {
-            let client = client.clone();
-            async move { client.create_ports(&bulk(&format!("slow{i}"), 2)).await }
-        }))
-        .await;
+        let answers = tokio::time::timeout(
+            Duration::from_secs(10),
+            futures::future::join_all((0..8).map(|i| {
+                let client = client.clone();
+                async move { client.create_ports(&bulk(&format!("slow{i}"), 2)).await }
+            })),
+        )
+        .await
+        .expect("every bulk got a place");
         for a in &answers {
             assert_eq!(a.as_ref().expect("created").len(), 2);
         }
@@ -808,5 +834,28 @@ mod tests {
                 .len(),
             3
         );
+    }
+
+    #[tokio::test]
+    async fn creates_get_a_place_while_bulks_keep_coming() {
+        let (client, _seen) = serve().await;
+        // More pools refilling back to back than there are places: a bulk always waits.
+        let feeders: Vec<_> = (0..2 * MAX_SENDERS)
+            .map(|i| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    loop {
+                        let _ = client.create_ports(&bulk(&format!("slow-pool{i}"), 2)).await;
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let got = tokio::time::timeout(Duration::from_secs(3), create_all(&client, &names(3, None))).await;
+        for f in feeders {
+            f.abort();
+        }
+        let answers = got.expect("the creates got a place while bulks kept coming");
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
     }
 }

@@ -16,8 +16,8 @@
 //!   pace is then what it was before it existed, [`MAX_SENDERS`] requests of [`MAX_BATCH`] ports.
 //!
 //! On the measured server profile (2 workers, ~180 ms per bound port in a bulk) this settles at 2-3
-//! requests of ~11 ports, and a 200-pod burst's median pod is wired ~25% sooner at the same pods/s
-//! (docs/benchmarks.md); against an instant Neutron nothing changes.
+//! requests of ~11 ports, and a 200-pod burst's median pod is wired 25-35% sooner at the server's
+//! bound (docs/benchmarks.md); against an instant Neutron nothing changes.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -108,6 +108,8 @@ impl Pace {
     pub(crate) fn answered(&mut self, sent: Sent, ports: usize, took: Duration) {
         let ports = ports.max(1);
         let took_s = took.as_secs_f64();
+        // Judged against the answers before it: compared with itself it would never be queued.
+        let predicted = self.predicted(ports);
         if self.per_port.len() == REMEMBERED {
             self.per_port.pop_front();
         }
@@ -116,7 +118,7 @@ impl Pace {
             self.senders = MAX_SENDERS;
             return;
         }
-        let Some(predicted) = self.predicted(ports) else {
+        let Some(predicted) = predicted else {
             return;
         };
         if took_s > QUEUED * predicted {
@@ -216,6 +218,21 @@ mod tests {
         assert_eq!(p.batch(), MAX_BATCH);
         p.answer(50, ms(0));
         assert_eq!(p.within_target(), Some(usize::MAX));
+    }
+
+    #[test]
+    fn an_answer_of_a_new_size_neither_cuts_nor_adds() {
+        let mut p = Pace::default();
+        p.answer(20, ms(3630));
+        let before = p.sent();
+        p.answered(before, 20, ms(7260));
+        assert_eq!(p.senders(), MAX_SENDERS - 1);
+        // 3 ports in 4 s: nothing of a like size to compare with, so no judgement either way.
+        p.answer(3, ms(4000));
+        assert_eq!(p.senders(), MAX_SENDERS - 1);
+        // The next one of that size is judged against it.
+        p.answer(3, ms(9000));
+        assert_eq!(p.senders(), MAX_SENDERS - 2);
     }
 
     #[test]
