@@ -333,7 +333,7 @@ impl PoolDriver {
         let n = if r.exact {
             r.n
         } else {
-            r.n.min(self.vif.ports_per_request(&r.key.deployment).max(1))
+            r.n.min(self.opts.deployments.ports_per_request(&r.key.deployment).max(1))
         };
         let result = match spec {
             Some(spec) => self

@@ -26,9 +26,10 @@
 //! - a sender that ends without emptying the queue (its task panicked or was dropped) gives its
 //!   place back, and the creates it leaves are answered with an error when no sender is left.
 //! - bulk creates ([`NeutronClient::create_ports`], the pools' refills) count among the requests
-//!   out: one waits for a place, a sender gives its place up between requests while one waits,
-//!   and a place that frees goes to a waiting bulk, else to the queued creates - never left
-//!   unused while work waits.
+//!   out: one waits for a place, a sender that has sent a request gives its place up while one
+//!   waits, and a place that frees goes to the queued creates when none of their senders is out,
+//!   else to a waiting bulk, else to the queue - never left unused while work waits, and neither
+//!   kind starves the other.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -49,6 +50,18 @@ struct Waiting {
     project: String,
     pass: Option<Pass>,
     answer: oneshot::Sender<Result<Port>>,
+}
+
+impl Queue {
+    /// A sender ended without being counted out (its task died, or could not be started): its
+    /// place is given back, and with no sender left what is queued is answered with an error (the
+    /// answers dropped) rather than left waiting.
+    fn sender_gone(&mut self) {
+        self.senders = self.senders.saturating_sub(1);
+        if self.senders == 0 {
+            self.waiting.clear();
+        }
+    }
 }
 
 #[derive(Default)]
@@ -76,16 +89,8 @@ impl PortCreates {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues `w`; true when the caller must start a sender.
-    fn push(&self, w: Waiting) -> bool {
-        let mut q = self.lock();
-        q.waiting.push_back(w);
-        if q.senders < q.pace.senders() {
-            q.senders += 1;
-            true
-        } else {
-            false
-        }
+    fn push(&self, w: Waiting) {
+        self.lock().waiting.push_back(w);
     }
 
     /// The next request's creates; empty (and the sender counted out) when none wait, or when
@@ -130,7 +135,7 @@ impl PortCreates {
     }
 
     /// What the pace tags a request sent now with.
-    pub(super) fn sent(&self) -> Sent {
+    fn sent(&self) -> Sent {
         self.lock().pace.sent()
     }
 }
@@ -148,13 +153,7 @@ impl Drop for SenderSlot<'_> {
         if self.out {
             return;
         }
-        {
-            let mut q = self.creates.lock();
-            q.senders = q.senders.saturating_sub(1);
-            if q.senders == 0 {
-                q.waiting.clear();
-            }
-        }
+        self.creates.lock().sender_gone();
         // The place it held may be a waiting bulk's now.
         self.creates.freed.notify_waiters();
     }
@@ -218,18 +217,13 @@ impl NeutronClient {
         const OP: &str = "create_port";
         let (body, project, pass) = self.admit(OP, "port", req)?;
         let (answer, rx) = oneshot::channel();
-        let start = self.creates.push(Waiting {
+        self.creates.push(Waiting {
             body,
             project,
             pass,
             answer,
         });
-        if start {
-            // A task of its own: the request carries other callers' creates, which must not be
-            // lost if this caller is cancelled.
-            let client = self.clone();
-            tokio::spawn(async move { client.send_creates().await });
-        }
+        self.hand_on_place();
         rx.await.unwrap_or_else(|_| {
             Err(Error::Config(format!(
                 "{OP}: the request carrying this create was dropped (the runtime shutting down, or its sender failed)"
@@ -240,7 +234,7 @@ impl NeutronClient {
     /// Tells the pace a request of `ports` creates, sent at `sent`, was answered in `took`; a
     /// place the pace opens goes to waiting work at once (queued creates would otherwise wait
     /// for the next create asked to start a sender).
-    pub(super) fn answered(&self, sent: Sent, ports: usize, took: std::time::Duration) {
+    fn answered(&self, sent: Sent, ports: usize, took: std::time::Duration) {
         self.creates.lock().pace.answered(sent, ports, took);
         self.hand_on_place();
     }
@@ -263,43 +257,59 @@ impl NeutronClient {
 
     /// Free places go to waiting work: to the queued creates first when none of their senders is
     /// out (bulks back to back must not starve the pods' own creates), then to waiting bulk
-    /// creates (woken; the first to look takes one), then to the queue: a free place is never
-    /// left unused while work waits.
+    /// creates (woken; the first to look takes one), then to the queue (a sender per free place,
+    /// at most one per queued create): a free place is never left unused while work waits.
     fn hand_on_place(&self) {
-        loop {
-            {
-                let mut q = self.creates.lock();
-                if q.senders >= q.pace.senders() {
-                    return;
-                }
-                let queue_served = q.senders > q.bulks_out;
-                let queue_first = !q.waiting.is_empty() && (!queue_served || q.bulks_waiting == 0);
-                if !queue_first {
-                    if q.bulks_waiting > 0 {
-                        drop(q);
-                        self.creates.freed.notify_waiters();
-                    }
-                    return;
-                }
-                q.senders += 1;
-            }
+        let (start, wake) = {
+            let mut q = self.creates.lock();
+            let free = q.pace.senders().saturating_sub(q.senders);
+            let queue_served = q.senders > q.bulks_out;
+            let start = match (q.waiting.len(), q.bulks_waiting) {
+                (0, _) => 0,
+                (_, 0) => free.min(q.waiting.len()),
+                _ if queue_served => 0,
+                _ => free.min(1),
+            };
+            q.senders += start;
+            (start, free > start && q.bulks_waiting > 0)
+        };
+        if wake {
+            self.creates.freed.notify_waiters();
+        }
+        for _ in 0..start {
+            // A task of its own: a request carries many callers' creates, which must not be lost
+            // if the caller that started it is cancelled.
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => {
                     let client = self.clone();
                     rt.spawn(async move { client.send_creates().await });
                 }
-                // No runtime to send with (it is shutting down): nothing can be sent any more,
-                // and what is queued is answered with an error (its senders dropped).
-                Err(_) => {
-                    let mut q = self.creates.lock();
-                    q.senders = q.senders.saturating_sub(1);
-                    if q.senders == 0 {
-                        q.waiting.clear();
-                    }
-                    return;
-                }
+                // No runtime to send with (it is shutting down): nothing can be sent any more.
+                Err(_) => self.creates.lock().sender_gone(),
             }
         }
+    }
+
+    /// Sends `call` (a port create request of `ports` ports) and tells the pace how long its
+    /// answer took.
+    pub(super) async fn paced<T>(
+        &self,
+        ports: usize,
+        call: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let (sent, started) = (self.creates.sent(), std::time::Instant::now());
+        let answer = call.await;
+        let took = started.elapsed();
+        tracing::debug!(
+            ports,
+            took_ms = took.as_millis() as u64,
+            ok = answer.is_ok(),
+            "port create answered"
+        );
+        if answer.is_ok() {
+            self.answered(sent, ports, took);
+        }
+        answer
     }
 
     async fn send_creates(&self) {
@@ -328,11 +338,9 @@ impl NeutronClient {
     }
 
     async fn send_alone(&self, w: Waiting) {
-        let (sent, started) = (self.creates.sent(), std::time::Instant::now());
-        let answer = self.post_ports("create_port", "port", &w.body).await;
-        if answer.is_ok() {
-            self.answered(sent, 1, started.elapsed());
-        }
+        let answer = self
+            .paced(1, self.post_ports("create_port", "port", &w.body))
+            .await;
         if let Some(pass) = w.pass {
             self.gate.observe("port", &w.project, pass, over_quota(&answer));
         }
@@ -341,17 +349,9 @@ impl NeutronClient {
 
     async fn send_bulk(&self, batch: Vec<Waiting>) {
         let bodies: Vec<&Value> = batch.iter().map(|w| &w.body).collect();
-        let (sent, started) = (self.creates.sent(), std::time::Instant::now());
-        let answer: Result<Vec<Port>> = self.post_ports("create_ports", "ports", &bodies).await;
-        let took = started.elapsed();
-        tracing::debug!(
-            ports = batch.len(),
-            took_ms = took.as_millis() as u64,
-            "coalesced port create"
-        );
-        if answer.is_ok() {
-            self.answered(sent, batch.len(), took);
-        }
+        let answer: Result<Vec<Port>> = self
+            .paced(batch.len(), self.post_ports("create_ports", "ports", &bodies))
+            .await;
         match answer {
             Ok(ports) if ports.len() == batch.len() => {
                 let mut unclaimed = Vec::new();

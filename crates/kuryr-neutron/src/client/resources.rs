@@ -123,14 +123,8 @@ impl NeutronClient {
         // One of the requests the pace lets out: a pool's refills and the pods' own creates
         // share the server's queue, and an ACTIVE poll waits behind all of them.
         let place = self.bulk_place().await;
-        let (sent, started) = (self.creates.sent(), std::time::Instant::now());
-        let answer = self
-            .execute(Call::new("create_ports", Method::POST, &["ports"]).json(&body)?)
-            .await;
-        if answer.is_ok() {
-            // The pace learns the server's cost per port from every create the client makes.
-            self.answered(sent, reqs.len(), started.elapsed());
-        }
+        let call = Call::new("create_ports", Method::POST, &["ports"]).json(&body)?;
+        let answer = self.paced(reqs.len(), self.execute(call)).await;
         drop(place);
         // Never held back (the pools that send bulk creates back off on their own and read the
         // quota); a success tells the single creates' gate that the quota has room.

@@ -53,11 +53,6 @@ pub trait VifDriver: Send + Sync {
     /// trunk (nested VLAN) or VM port (nested macvlan).
     async fn pool_host(&self, deployment: &str, node: &str) -> Result<String, Error>;
 
-    /// How many ports one bulk create in `deployment` should carry now (its Neutron client's
-    /// pace: about two seconds of the server's time); pool refills larger than this come as
-    /// successive refills.
-    fn ports_per_request(&self, deployment: &str) -> usize;
-
     /// Creates `n` ports for `host` in ONE bulk request and attaches them as the driver needs.
     /// Either all ports come back or none is left behind.
     async fn request_vifs(

@@ -122,10 +122,6 @@ impl VifDriver for NestedMacvlan {
         Ok(self.lookup.vm_port(client, deployment, node).await?.id)
     }
 
-    fn ports_per_request(&self, deployment: &str) -> usize {
-        self.deployments.ports_per_request(deployment)
-    }
-
     async fn request_vifs(
         &self,
         spec: &PortSpec,

@@ -131,10 +131,6 @@ impl VifDriver for NestedVlan {
         })
     }
 
-    fn ports_per_request(&self, deployment: &str) -> usize {
-        self.deployments.ports_per_request(deployment)
-    }
-
     async fn request_vifs(
         &self,
         spec: &PortSpec,

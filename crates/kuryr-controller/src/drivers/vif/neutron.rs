@@ -52,10 +52,6 @@ impl VifDriver for NeutronVif {
         Ok(node.to_string())
     }
 
-    fn ports_per_request(&self, deployment: &str) -> usize {
-        self.deployments.ports_per_request(deployment)
-    }
-
     async fn request_vifs(
         &self,
         spec: &PortSpec,
