@@ -628,7 +628,7 @@ impl<T> Pools<T> {
             .filter(|(k, _)| k.deployment == key.deployment)
             .any(|(k, p)| {
                 let short = k != key
-                    && !p.retry_at.is_some_and(|at| now < at)
+                    && p.retry_at.is_none_or(|at| now >= at)
                     && p.waiting.values().filter(|at| fresh(at)).count() > p.available.len();
                 short || p.in_use.values().any(|h| h.wiring && fresh(&h.since))
             })
