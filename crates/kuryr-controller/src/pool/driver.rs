@@ -1172,7 +1172,10 @@ struct Activating<'a> {
 
 impl Drop for Activating<'_> {
     fn drop(&mut self) {
-        self.pool.wired(&self.port_id);
+        // Dropped with no runtime left (shutting down): no refill could run.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.pool.wired(&self.port_id);
+        }
     }
 }
 
