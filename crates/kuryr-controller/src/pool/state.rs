@@ -168,9 +168,6 @@ pub struct PoolMeta {
 pub struct Held {
     pub since: Timestamp,
     pub holder: Option<String>,
-    /// Handed to a pod that waited for a refill, and not yet ACTIVE ([`Pools::activated`]): a
-    /// burst's pod still being wired, whose ACTIVE check the pool's spares must not queue behind.
-    pub wiring: bool,
 }
 
 /// What a release did.
@@ -222,6 +219,10 @@ pub struct Pool<T> {
     /// Pods that found the pool empty and wait for a port, with when they last asked: the
     /// demand a refill is sized by. A pod leaves it when it gets a port or stops asking.
     waiting: BTreeMap<String, Timestamp>,
+    /// Ports handed to pods that waited for a refill, with when, until their wait for ACTIVE
+    /// ends ([`Pools::activated`]): a burst's pods still being wired, whose ACTIVE checks the
+    /// pools' spares must not queue behind. Only ports still in use count.
+    wiring: BTreeMap<String, Timestamp>,
     last_refill: Option<Timestamp>,
     last_error: Option<(RefillFailure, Timestamp)>,
     /// Refills failed in a row (0 after a success or a reset).
@@ -241,6 +242,7 @@ impl<T> Pool<T> {
             populating: false,
             refill_blocked: false,
             waiting: BTreeMap::new(),
+            wiring: BTreeMap::new(),
             last_refill: None,
             last_error: None,
             failures: 0,
@@ -521,13 +523,14 @@ impl<T> Pools<T> {
                 refills: Vec::new(),
             };
         };
-        let mut held = Held {
+        let held = Held {
             since: now,
             holder: Some(waiter.to_string()),
-            wiring: false,
         };
         let take = if let Some(entry) = pool.available.pop_front() {
-            held.wiring = pool.waiting.remove(waiter).is_some();
+            if pool.waiting.remove(waiter).is_some() {
+                pool.wiring.insert(entry.port_id.clone(), now);
+            }
             pool.in_use.insert(entry.port_id.clone(), held);
             self.dirty.insert(key.clone());
             Take::Hit(entry)
@@ -576,6 +579,9 @@ impl<T> Pools<T> {
         let pool = self.pools.get_mut(key)?;
         pool.waiting
             .retain(|_, asked| now.duration_since(*asked) < WAITING_EXPIRY);
+        let in_use = &pool.in_use;
+        pool.wiring
+            .retain(|port, at| now.duration_since(*at) < WAITING_EXPIRY && in_use.contains_key(port));
         let size = pool.available.len();
         let short = pool.waiting.len().saturating_sub(size);
         let wanted = size < limits.min || short > 0;
@@ -630,18 +636,21 @@ impl<T> Pools<T> {
                 let short = k != key
                     && p.retry_at.is_none_or(|at| now >= at)
                     && p.waiting.values().filter(|at| fresh(at)).count() > p.available.len();
-                short || p.in_use.values().any(|h| h.wiring && fresh(&h.since))
+                short
+                    || p.wiring
+                        .iter()
+                        .any(|(port, at)| fresh(at) && p.in_use.contains_key(port))
             })
     }
 
     /// The port a pod waited for is ACTIVE (or its wait for that ended): it no longer holds back
     /// the spares of its deployment, which may be planned now.
     pub fn activated(&mut self, port_id: &str, now: Timestamp) -> Vec<Refill> {
-        let Some(deployment) = self.pools.iter_mut().find_map(|(k, p)| {
-            let held = p.in_use.get_mut(port_id).filter(|h| h.wiring)?;
-            held.wiring = false;
-            Some(k.deployment.clone())
-        }) else {
+        let Some(deployment) = self
+            .pools
+            .iter_mut()
+            .find_map(|(k, p)| p.wiring.remove(port_id).map(|_| k.deployment.clone()))
+        else {
             return Vec::new();
         };
         self.plan_blocked(now, |k| k.deployment == deployment)
@@ -821,7 +830,6 @@ impl<T> Pools<T> {
             let held = Held {
                 since,
                 holder: holder.filter(|h| !h.is_empty()).map(str::to_string),
-                wiring: false,
             };
             pool.in_use.insert(port_id.to_string(), held);
         }
