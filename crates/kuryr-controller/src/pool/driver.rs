@@ -1161,9 +1161,6 @@ impl PoolDriver {
     }
 }
 
-/// What a request on an empty pool answers when its refill failed: quota or address exhaustion
-/// as the OpenStack error itself (transient, so the pod is retried, and user-visible, so it gets
-/// the same Event as without pools); anything else as ResourceNotReady.
 /// A pooled port's wait for ACTIVE; ends it in the books when dropped.
 struct Activating<'a> {
     pool: &'a PoolDriver,
@@ -1179,6 +1176,9 @@ impl Drop for Activating<'_> {
     }
 }
 
+/// What a request on an empty pool answers when its refill failed: quota or address exhaustion
+/// as the OpenStack error itself (transient, so the pod is retried, and user-visible, so it gets
+/// the same Event as without pools); anything else as ResourceNotReady.
 fn refill_error(key: &Key, f: RefillFailure) -> Error {
     let message = format!("pool {key} could not be refilled: {}", f.message);
     if f.user_visible {

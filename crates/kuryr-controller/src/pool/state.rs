@@ -214,7 +214,8 @@ pub struct Pool<T> {
     in_use: BTreeMap<String, Held>,
     populating: bool,
     /// A refill was wanted while the global cap was reached, or spares were wanted while pods
-    /// of other pools waited: planned again when a refill lands.
+    /// of the deployment were served: planned again when a refill lands or such a pod's port
+    /// turned ACTIVE ([`Pools::activated`]).
     refill_blocked: bool,
     /// Pods that found the pool empty and wait for a port, with when they last asked: the
     /// demand a refill is sized by. A pod leaves it when it gets a port or stops asking.
