@@ -111,18 +111,11 @@ async fn an_empty_pool_answers_not_ready_at_once_and_refills() -> Result<()> {
             "port.create": {"base_ms": ms}, "port.create_bulk": {"base_ms": ms}
         }}
     }))?;
-    let Bed {
-        manager,
-        spec,
-        emu,
-        neutron,
-        project,
-        _kube,
-    } = bed("refill", latency, 1, 3).await?;
+    let b = bed("refill", latency, 1, 3).await?;
     let pod = pod("a");
 
     let asked = Instant::now();
-    let first = manager.request_vif(&pod, &spec).await;
+    let first = b.manager.request_vif(&pod, &b.spec).await;
     let took = asked.elapsed();
     assert!(
         matches!(first, Err(Error::ResourceNotReady(_))),
@@ -132,23 +125,23 @@ async fn an_empty_pool_answers_not_ready_at_once_and_refills() -> Result<()> {
         took < SLOW_CREATE,
         "answered after {took:?}, not after the whole refill"
     );
-    let s = manager.summaries();
+    let s = b.manager.summaries();
     assert!(
         s.len() == 1 && s[0].populating,
         "the refill started at once and is still running: {s:?}"
     );
     // The retry after the refill landed is a hit: no second bulk create.
     eventually("the refill landed", Duration::from_secs(120), || async {
-        let s = manager.summaries();
+        let s = b.manager.summaries();
         Ok((!s[0].populating && s[0].available == 3).then_some(()))
     })
     .await?;
-    let created = emu.stats().ports_created;
-    let (vif, _) = manager.request_vif(&pod, &spec).await?;
+    let created = b.emu.stats().ports_created;
+    let (vif, _) = b.manager.request_vif(&pod, &b.spec).await?;
     assert!(!vif.id().is_empty());
-    assert_eq!(emu.stats().ports_created, created, "served from the pool");
+    assert_eq!(b.emu.stats().ports_created, created, "served from the pool");
     assert_eq!(created, 3, "one refill");
-    cleanup_project(&neutron, &project).await;
+    cleanup_project(&b.neutron, &b.project).await;
     Ok(())
 }
 
@@ -158,38 +151,31 @@ async fn an_empty_pool_answers_not_ready_at_once_and_refills() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_spares_a_waiting_pod_leaves_wanted_are_asked_for_once_its_port_is_active() -> Result<()> {
     init_logs();
-    let Bed {
-        manager,
-        spec,
-        emu,
-        neutron,
-        project,
-        _kube,
-    } = bed("spares", LatencyProfile::None, 2, 2).await?;
+    let b = bed("spares", LatencyProfile::None, 2, 2).await?;
     // The first pod finds the pool empty, waits for its refill (2 ports) and takes one.
-    let (mut vif, origin) = manager.request_vif(&pod("a"), &spec).await?;
-    let s = manager.summaries();
+    let (mut vif, origin) = b.manager.request_vif(&pod("a"), &b.spec).await?;
+    let s = b.manager.summaries();
     assert_eq!(
         (s[0].available, s[0].populating),
         (1, false),
         "below min, but no spare refill while the pod's port is not ACTIVE: {s:?}"
     );
-    assert_eq!(emu.stats().ports_created, 2);
-    manager.activate_vif(&origin, &mut vif).await?;
+    assert_eq!(b.emu.stats().ports_created, 2);
+    b.manager.activate_vif(&origin, &mut vif).await?;
     assert!(vif.active());
     // Well within the maintenance pass's period (20 s), which would plan it too.
     eventually("the spares refilled", Duration::from_secs(10), || async {
-        let s = manager.summaries();
+        let s = b.manager.summaries();
         Ok((!s[0].populating && s[0].available == 3).then_some(()))
     })
     .await?;
-    assert_eq!(emu.stats().ports_created, 4, "one refill of the batch");
+    assert_eq!(b.emu.stats().ports_created, 4, "one refill of the batch");
     // A pod served at once (it did not wait) holds nothing back: the refill to min starts as it
     // takes its port.
-    manager.request_vif(&pod("b"), &spec).await?;
-    manager.request_vif(&pod("c"), &spec).await?;
-    let s = manager.summaries();
+    b.manager.request_vif(&pod("b"), &b.spec).await?;
+    b.manager.request_vif(&pod("c"), &b.spec).await?;
+    let s = b.manager.summaries();
     assert_eq!((s[0].available, s[0].populating), (1, true), "{s:?}");
-    cleanup_project(&neutron, &project).await;
+    cleanup_project(&b.neutron, &b.project).await;
     Ok(())
 }
