@@ -412,13 +412,6 @@ impl PoolDriver {
         self.start_refills(next);
     }
 
-    /// A port handed to a pod that waited for it is ACTIVE, or its wait ended: the spares its
-    /// burst held back may be asked for now.
-    fn wired(&self, port_id: &str) {
-        let refills = self.lock().activated(port_id, Timestamp::now());
-        self.start_refills(refills);
-    }
-
     /// Rebuilds this driver's pools after a restart (`super::recover`), then marks it ready.
     /// Safe to call on an empty driver only.
     pub async fn recover(&self, input: &RecoveryInput) -> Result<RecoveryReport, Error> {
@@ -1161,21 +1154,6 @@ impl PoolDriver {
     }
 }
 
-/// A pooled port's wait for ACTIVE; ends it in the books when dropped.
-struct Activating<'a> {
-    pool: &'a PoolDriver,
-    port_id: String,
-}
-
-impl Drop for Activating<'_> {
-    fn drop(&mut self) {
-        // Dropped with no runtime left (shutting down): no refill could run.
-        if tokio::runtime::Handle::try_current().is_ok() {
-            self.pool.wired(&self.port_id);
-        }
-    }
-}
-
 /// What a request on an empty pool answers when its refill failed: quota or address exhaustion
 /// as the OpenStack error itself (transient, so the pod is retried, and user-visible, so it gets
 /// the same Event as without pools); anything else as ResourceNotReady.
@@ -1248,10 +1226,6 @@ impl VifPool for PoolDriver {
                     self.opts
                         .metrics
                         .pool_event(if missed { "miss" } else { "hit" }, 1);
-                    if entry.data.active() {
-                        // Nothing to wait for: activation is skipped for an ACTIVE port.
-                        self.wired(&entry.port_id);
-                    }
                     self.touched();
                     return self.hand_out(pod, spec, &key, &host, entry.data).await;
                 }
@@ -1343,12 +1317,6 @@ impl VifPool for PoolDriver {
     }
 
     async fn activate_vif(&self, origin: &VifOrigin, vif: &mut Vif) -> Result<(), Error> {
-        // However the wait ends (ACTIVE, timed out, or its handler cancelled), the port no longer
-        // holds back its deployment's spares.
-        let _wired = Activating {
-            pool: self,
-            port_id: vif.id().to_string(),
-        };
         self.vif.activate_vif(&origin.deployment, vif).await
     }
 

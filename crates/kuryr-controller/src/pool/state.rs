@@ -7,11 +7,6 @@
 //!   waiting)` ports in one bulk request (surge: a burst is served by one bulk, not by batch after
 //!   batch), spares capped by `max`, the request by [`Limits::bulk`]; every waiting pod is
 //!   counted, so `max` never stops a pod from getting its port;
-//! - pods before spares: a refill of spares alone (no pod of its own waiting) waits while pods of
-//!   its deployment wait for a refill or for their port from one to turn ACTIVE: on a server
-//!   whose workers take requests in turn, a burst's last ACTIVE checks would otherwise queue
-//!   behind the spares (a pool backing off after failures holds nobody back; a warm pool's hits
-//!   hold nothing back);
 //! - at most one populate per key, at most `max_concurrent_populate` across keys (blocked keys
 //!   are started when a slot frees up);
 //! - a failed refill backs the pool off (exponential with jitter, [`Backoff`]): requests meanwhile
@@ -213,17 +208,11 @@ pub struct Pool<T> {
     /// Port id -> when, and by which pod.
     in_use: BTreeMap<String, Held>,
     populating: bool,
-    /// A refill was wanted while the global cap was reached, or spares were wanted while pods
-    /// of the deployment were served: planned again when a refill lands or such a pod's port
-    /// turned ACTIVE ([`Pools::activated`]).
+    /// A refill was wanted while the global cap was reached.
     refill_blocked: bool,
     /// Pods that found the pool empty and wait for a port, with when they last asked: the
     /// demand a refill is sized by. A pod leaves it when it gets a port or stops asking.
     waiting: BTreeMap<String, Timestamp>,
-    /// Ports handed to pods that waited for a refill, with when, until their wait for ACTIVE
-    /// ends ([`Pools::activated`]): a burst's pods still being wired, whose ACTIVE checks the
-    /// pools' spares must not queue behind. Only ports still in use count.
-    wiring: BTreeMap<String, Timestamp>,
     last_refill: Option<Timestamp>,
     last_error: Option<(RefillFailure, Timestamp)>,
     /// Refills failed in a row (0 after a success or a reset).
@@ -243,7 +232,6 @@ impl<T> Pool<T> {
             populating: false,
             refill_blocked: false,
             waiting: BTreeMap::new(),
-            wiring: BTreeMap::new(),
             last_refill: None,
             last_error: None,
             failures: 0,
@@ -529,10 +517,8 @@ impl<T> Pools<T> {
             holder: Some(waiter.to_string()),
         };
         let take = if let Some(entry) = pool.available.pop_front() {
-            if pool.waiting.remove(waiter).is_some() {
-                pool.wiring.insert(entry.port_id.clone(), now);
-            }
             pool.in_use.insert(entry.port_id.clone(), held);
+            pool.waiting.remove(waiter);
             self.dirty.insert(key.clone());
             Take::Hit(entry)
         } else {
@@ -576,24 +562,13 @@ impl<T> Pools<T> {
     pub fn plan_refill(&mut self, key: &Key, now: Timestamp) -> Option<Refill> {
         let limits = self.limits;
         let at_cap = self.populating >= limits.max_concurrent_populate;
-        let pods_first = self.pods_being_served(key, now);
         let pool = self.pools.get_mut(key)?;
         pool.waiting
             .retain(|_, asked| now.duration_since(*asked) < WAITING_EXPIRY);
-        let in_use = &pool.in_use;
-        pool.wiring
-            .retain(|port, at| now.duration_since(*at) < WAITING_EXPIRY && in_use.contains_key(port));
         let size = pool.available.len();
-        let short = pool.waiting.len().saturating_sub(size);
-        let wanted = size < limits.min || short > 0;
+        let waiting = pool.waiting.len();
+        let wanted = size < limits.min || waiting > size;
         if !wanted || pool.populating || pool.retry_at.is_some_and(|at| now < at) {
-            return None;
-        }
-        if short == 0 && pods_first {
-            // Spares only, while pods of this deployment are served: the server's time goes to
-            // them first. Planned again as a refill lands (`finish_refill`), as their ports turn
-            // ACTIVE (`activated`) or by the next maintenance pass.
-            pool.refill_blocked = true;
             return None;
         }
         let mut n = limits.batch.max(limits.min.saturating_sub(size));
@@ -604,7 +579,7 @@ impl<T> Pools<T> {
         }
         // Surge: every waiting pod gets its port from this one request; `max` bounds the
         // spares, never a pod.
-        n = n.max(short).min(limits.bulk.max(1));
+        n = n.max(waiting.saturating_sub(size)).min(limits.bulk.max(1));
         if n == 0 {
             return None;
         }
@@ -621,52 +596,6 @@ impl<T> Pools<T> {
             n,
             exact: false,
         })
-    }
-
-    /// Whether pods of `key`'s deployment are being served by refills: pods waiting for a port
-    /// that no available port of their pool covers, in the other pools (`key`'s own are its
-    /// refill's to serve) that may refill now (a pool backing off after failures holds nobody
-    /// back), or ports handed to pods that waited and not yet ACTIVE, in any pool. Pods and ports
-    /// that have not been heard of for [`WAITING_EXPIRY`] no longer count.
-    fn pods_being_served(&self, key: &Key, now: Timestamp) -> bool {
-        let fresh = |at: &Timestamp| now.duration_since(*at) < WAITING_EXPIRY;
-        self.pools
-            .iter()
-            .filter(|(k, _)| k.deployment == key.deployment)
-            .any(|(k, p)| {
-                let short = k != key
-                    && p.retry_at.is_none_or(|at| now >= at)
-                    && p.waiting.values().filter(|at| fresh(at)).count() > p.available.len();
-                short
-                    || p.wiring
-                        .iter()
-                        .any(|(port, at)| fresh(at) && p.in_use.contains_key(port))
-            })
-    }
-
-    /// The port a pod waited for is ACTIVE (or its wait for that ended): it no longer holds back
-    /// the spares of its deployment, which may be planned now.
-    pub fn activated(&mut self, port_id: &str, now: Timestamp) -> Vec<Refill> {
-        let Some(deployment) = self
-            .pools
-            .iter_mut()
-            .find_map(|(k, p)| p.wiring.remove(port_id).map(|_| k.deployment.clone()))
-        else {
-            return Vec::new();
-        };
-        self.plan_blocked(now, |k| k.deployment == deployment)
-    }
-
-    /// Plans the refills that were wanted and held back (by the cap on populates, or spares
-    /// while pods were served), among the pools `which` selects.
-    fn plan_blocked(&mut self, now: Timestamp, which: impl Fn(&Key) -> bool) -> Vec<Refill> {
-        let blocked: Vec<Key> = self
-            .pools
-            .iter()
-            .filter(|(k, p)| p.refill_blocked && which(k))
-            .map(|(k, _)| k.clone())
-            .collect();
-        blocked.iter().filter_map(|k| self.plan_refill(k, now)).collect()
     }
 
     /// Forces a populate of exactly `n` ports (pool management API), still one per key at a
@@ -734,7 +663,17 @@ impl<T> Pools<T> {
         if again && let Some(r) = self.plan_refill(key, now) {
             refills.push(r);
         }
-        refills.extend(self.plan_blocked(now, |_| true));
+        let blocked: Vec<Key> = self
+            .pools
+            .iter()
+            .filter(|(_, p)| p.refill_blocked)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in blocked {
+            if let Some(r) = self.plan_refill(&k, now) {
+                refills.push(r);
+            }
+        }
         refills
     }
 
@@ -1132,11 +1071,8 @@ mod tests {
         assert!(complete(&mut pools, &first.refills[0], t(1)).is_empty());
         for _ in 0..3 {
             let got = pools.take(&k, "pod", t(2));
-            let Take::Hit(e) = got.take else {
-                panic!("{:?}", got.take);
-            };
+            assert!(matches!(got.take, Take::Hit(_)));
             assert!(got.refills.is_empty(), "5 -> 2 left, still >= min");
-            pools.activated(&e.port_id, t(2));
         }
         // 1 left < min 2: refill max(batch, min - size) = 5.
         let got = pools.take(&k, "pod", t(3));
@@ -1201,16 +1137,11 @@ mod tests {
         let r = pools.take(&k, "pod", t(0)).refills;
         assert_eq!(r[0].n, 2);
         complete(&mut pools, &r[0], t(1));
-        // The pod that waited takes one: 1 spare < min 2, refill only up to max 2 spares, once
-        // its port is ACTIVE.
+        // A pod takes one: 1 spare < min 2, refill only up to max 2 spares.
         let first = pools.take(&k, "pod", t(2));
-        let Take::Hit(e) = first.take else {
-            panic!("{:?}", first.take);
-        };
-        assert!(first.refills.is_empty(), "spares wait for the pod's port");
-        let refills = pools.activated(&e.port_id, t(2));
-        assert_eq!(refills[0].n, 1);
-        complete(&mut pools, &refills[0], t(2));
+        assert!(matches!(first.take, Take::Hit(_)));
+        assert_eq!(first.refills[0].n, 1);
+        complete(&mut pools, &first.refills[0], t(2));
         let p = pools.get(&k).unwrap();
         assert_eq!(
             (p.available_len(), p.in_use().len()),
@@ -1218,12 +1149,9 @@ mod tests {
             "a busy node keeps its spares"
         );
         // At max spares: a further take refills just the one it used.
-        let second = pools.take(&k, "pod-2", t(3));
+        let second = pools.take(&k, "pod", t(3));
         assert!(matches!(second.take, Take::Hit(_)));
-        assert_eq!(
-            second.refills[0].n, 1,
-            "a pod that did not wait holds nothing back"
-        );
+        assert_eq!(second.refills[0].n, 1);
     }
 
     #[test]
@@ -1360,117 +1288,6 @@ mod tests {
         assert_eq!((p.available_len(), p.waiting()), (20, 20));
         assert!(pools.plan_refills_below_min(t(100)).is_empty());
         assert_eq!(pools.get(&k).unwrap().waiting(), 0);
-    }
-
-    fn key_on(deployment: &str, host: &str) -> Key {
-        Key::new(deployment, host, "proj", "net", ["sub".to_string()], [])
-    }
-
-    /// `pods` pods ask `key` for a port; returns the refills they started.
-    fn ask(pools: &mut Pools<()>, key: &Key, pods: std::ops::Range<usize>, now: Timestamp) -> Vec<Refill> {
-        pods.flat_map(|i| pools.take(key, &format!("{}-pod-{i}", key.host), now).refills)
-            .collect()
-    }
-
-    /// Hands the waiting pods of `key` their ports; returns the ports' ids.
-    fn serve(pools: &mut Pools<()>, key: &Key, pods: std::ops::Range<usize>, now: Timestamp) -> Vec<String> {
-        pods.map(
-            |i| match pools.take(key, &format!("{}-pod-{i}", key.host), now).take {
-                Take::Hit(e) => e.port_id,
-                other => panic!("pod {i} of {key}: {other:?}"),
-            },
-        )
-        .collect()
-    }
-
-    #[test]
-    fn spares_wait_while_pods_of_the_deployment_wait_for_ports_or_active() {
-        // min 5, batch 1. node-2's first pod starts a refill; 29 more ask while it runs.
-        let mut pools = Pools::<()>::new(limits(5, 0, 1));
-        let (a, b) = (key_on("default", "node-1"), key_on("default", "node-2"));
-        pools.ensure(&a, || meta("a"));
-        pools.ensure(&b, || meta("b"));
-        let rb = ask(&mut pools, &b, 0..30, t(0));
-        assert_eq!(rb.len(), 1);
-        assert_eq!(rb[0].n, 5, "up to min");
-        let ra = ask(&mut pools, &a, 0..1, t(0));
-        assert_eq!(ra[0].n, 5);
-        // node-1's refill lands and its pod takes a port: node-1 is below min, but node-2's
-        // pods still wait, and its own pod's port is not ACTIVE yet.
-        assert!(complete(&mut pools, &ra[0], t(1)).is_empty());
-        let a_ports = serve(&mut pools, &a, 0..1, t(1));
-        assert!(pools.plan_refills_below_min(t(1)).is_empty());
-        // node-2's first refill lands: its next is sized by the 25 pods still uncovered.
-        let next = complete(&mut pools, &rb[0], t(2));
-        assert_eq!(next.len(), 1, "{next:?}");
-        assert_eq!((&next[0].key, next[0].n), (&b, 25));
-        let mut b_ports = serve(&mut pools, &b, 0..5, t(2));
-        // node-1's port turns ACTIVE: node-2's pods still wait.
-        assert!(pools.activated(&a_ports[0], t(2)).is_empty());
-        // The last of node-2's pods get their ports: their ACTIVE checks still come first.
-        assert!(complete(&mut pools, &next[0], t(3)).is_empty());
-        b_ports.extend(serve(&mut pools, &b, 5..30, t(3)));
-        let (last, rest) = b_ports.split_last().unwrap();
-        for p in rest {
-            assert!(pools.activated(p, t(3)).is_empty(), "{p}");
-        }
-        assert!(pools.activated("not-a-port", t(3)).is_empty());
-        // The last one is ACTIVE: every pool's spares go now.
-        let mut spares: Vec<(String, usize)> = pools
-            .activated(last, t(4))
-            .into_iter()
-            .map(|r| (r.key.host, r.n))
-            .collect();
-        spares.sort();
-        assert_eq!(spares, [("node-1".to_string(), 1), ("node-2".to_string(), 5)]);
-    }
-
-    #[test]
-    fn a_warm_pools_hits_and_forgotten_activations_hold_no_spares_back() {
-        let mut pools = Pools::<()>::new(limits(5, 0, 10));
-        let (a, b) = (key_on("default", "node-1"), key_on("default", "node-2"));
-        pools.ensure(&a, || meta("a"));
-        pools.ensure(&b, || meta("b"));
-        pools.adopt(&a, entries("a", 6, t(0)), Vec::new());
-        // A hit on a warm pool: its pod did not wait, its activation holds nothing back.
-        serve(&mut pools, &a, 0..1, t(0));
-        let r = ask(&mut pools, &b, 0..1, t(0));
-        assert_eq!(r[0].n, 10, "the batch, spares included");
-        // node-2's pod waited; its port's activation is never reported (its pod deleted before
-        // its handler got there): after a minute it no longer counts.
-        complete(&mut pools, &r[0], t(1));
-        serve(&mut pools, &b, 0..1, t(1));
-        serve(&mut pools, &a, 1..3, t(1));
-        assert!(
-            pools.plan_refills_below_min(t(2)).is_empty(),
-            "node-1 at 3 < min waits"
-        );
-        let late = pools.plan_refills_below_min(t(70));
-        assert_eq!(late.len(), 1, "{late:?}");
-        assert_eq!(late[0].key, a);
-    }
-
-    #[test]
-    fn spares_of_other_deployments_and_behind_failing_pools_do_not_wait() {
-        let mut pools = Pools::<()>::new(limits(5, 0, 10));
-        let (a, failing) = (key_on("default", "node-1"), key_on("default", "node-3"));
-        let other = key_on("east", "node-1");
-        for (k, n) in [(&a, "a"), (&other, "o"), (&failing, "f")] {
-            pools.ensure(k, || meta(n));
-        }
-        // node-3's pods wait behind a failed refill (backing off): they do not hold back node-1.
-        let rf = ask(&mut pools, &failing, 0..4, t(0));
-        assert_eq!(rf.len(), 1);
-        assert!(
-            pools
-                .finish_refill(&failing, Err("quota".into()), t(0))
-                .is_empty()
-        );
-        let ra = ask(&mut pools, &a, 0..1, t(0));
-        assert_eq!(ra[0].n, 10, "the batch, spares included");
-        // node-1's pod waits in "default": another deployment's server is not the one it waits on.
-        let ro = ask(&mut pools, &other, 0..1, t(0));
-        assert_eq!(ro[0].n, 10);
     }
 
     #[test]
