@@ -141,6 +141,10 @@ pub(crate) struct Reply {
     pub(crate) status: u16,
     pub(crate) request_id: Option<String>,
     pub(crate) body: Vec<u8>,
+    /// The answered attempt's round trip, from sending to the last byte of its body: the
+    /// server's time (its queue included), not the client's own waits (a token fetch, the
+    /// concurrency cap, earlier attempts and their backoff).
+    pub(crate) took: Duration,
 }
 
 impl Reply {
@@ -483,7 +487,8 @@ impl<S: Service> Transport<S> {
                 Err(e) => Err(e),
             };
             drop(permit);
-            let latency_ms = t0.elapsed().as_millis() as u64;
+            let took = t0.elapsed();
+            let latency_ms = took.as_millis() as u64;
             match outcome {
                 Err(e) => {
                     // A refused connection never reached the server, so even a POST is safe to resend.
@@ -542,6 +547,7 @@ impl<S: Service> Transport<S> {
                         status,
                         request_id: rid,
                         body,
+                        took,
                     });
                 }
             }
@@ -581,6 +587,7 @@ mod tests {
             status: 201,
             request_id: Some("req-1".into()),
             body: body.as_bytes().to_vec(),
+            took: Duration::ZERO,
         }
     }
 

@@ -39,7 +39,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use super::pace::{MAX_BATCH, MAX_SENDERS, Pace, Sent};
-use super::{Call, NeutronClient, over_quota};
+use super::{Call, NeutronClient, Reply, over_quota};
 use crate::error::{Error, Result};
 use crate::quota_gate::Pass;
 use crate::types::Port;
@@ -290,24 +290,27 @@ impl NeutronClient {
         }
     }
 
-    /// Sends `call` (a port create request of `ports` ports) and tells the pace how long its
-    /// answer took.
-    pub(super) async fn paced<T>(
+    /// Sends `call` (a port create request of `ports` ports) and tells the pace how long the
+    /// server took to answer it: the answered attempt's round trip, not the client's own waits
+    /// (a token fetch, the concurrency cap, a retry's backoff), which say nothing of the server's
+    /// queue.
+    pub(super) async fn paced(
         &self,
         ports: usize,
-        call: impl std::future::Future<Output = Result<T>>,
-    ) -> Result<T> {
-        let (sent, started) = (self.creates.sent(), std::time::Instant::now());
+        call: impl std::future::Future<Output = Result<Reply>>,
+    ) -> Result<Reply> {
+        let sent = self.creates.sent();
         let answer = call.await;
-        let took = started.elapsed();
-        tracing::debug!(
-            ports,
-            took_ms = took.as_millis() as u64,
-            ok = answer.is_ok(),
-            "port create answered"
-        );
-        if answer.is_ok() {
-            self.answered(sent, ports, took);
+        match &answer {
+            Ok(reply) => {
+                tracing::debug!(
+                    ports,
+                    took_ms = reply.took().as_millis() as u64,
+                    "port create answered"
+                );
+                self.answered(sent, ports, reply.took());
+            }
+            Err(e) => tracing::debug!(ports, error = %e, "port create failed"),
         }
         answer
     }
@@ -340,7 +343,8 @@ impl NeutronClient {
     async fn send_alone(&self, w: Waiting) {
         let answer = self
             .paced(1, self.post_ports("create_port", "port", &w.body))
-            .await;
+            .await
+            .and_then(|r| r.unwrap("port"));
         if let Some(pass) = w.pass {
             self.gate.observe("port", &w.project, pass, over_quota(&answer));
         }
@@ -351,7 +355,8 @@ impl NeutronClient {
         let bodies: Vec<&Value> = batch.iter().map(|w| &w.body).collect();
         let answer: Result<Vec<Port>> = self
             .paced(batch.len(), self.post_ports("create_ports", "ports", &bodies))
-            .await;
+            .await
+            .and_then(|r| r.unwrap("ports"));
         match answer {
             Ok(ports) if ports.len() == batch.len() => {
                 let mut unclaimed = Vec::new();
@@ -397,16 +402,16 @@ impl NeutronClient {
         }
     }
 
-    /// `POST /v2.0/ports` with `{key: body}`; the answer's `key`.
-    async fn post_ports<B: serde::Serialize + ?Sized, T: serde::de::DeserializeOwned>(
+    /// `POST /v2.0/ports` with `{key: body}`.
+    async fn post_ports<B: serde::Serialize + ?Sized>(
         &self,
         op: &'static str,
         key: &str,
         body: &B,
-    ) -> Result<T> {
+    ) -> Result<Reply> {
         let call =
             Call::new(op, Method::POST, &["ports"]).json(&std::collections::BTreeMap::from([(key, body)]))?;
-        self.execute(call).await?.unwrap(key)
+        self.execute(call).await
     }
 
     /// The ports of a refused bulk one by one, a few at a time (as many as requests may be out).
@@ -538,6 +543,11 @@ mod tests {
     }
 
     async fn serve() -> (NeutronClient, Shared) {
+        serve_with(|o| o).await
+    }
+
+    /// [`serve`], with the client's options as `options` makes them.
+    async fn serve_with(options: impl FnOnce(ClientOptions) -> ClientOptions) -> (NeutronClient, Shared) {
         let seen = Shared::default();
         let app = Router::new()
             .route("/v2.0/ports", post(create))
@@ -546,7 +556,8 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(async move { axum::serve(listener, app).await });
-        let client = NeutronClient::new(&ClientOptions::noauth(format!("http://{addr}"))).expect("client");
+        let client =
+            NeutronClient::new(&options(ClientOptions::noauth(format!("http://{addr}")))).expect("client");
         (client, seen)
     }
 
@@ -785,6 +796,33 @@ mod tests {
             "{} requests out at once",
             s.most_out
         );
+    }
+
+    #[tokio::test]
+    async fn the_pace_reads_the_servers_time_not_the_clients_own_waits() {
+        // One request at a time on the client's side: the second of two bulks asked together
+        // waits ~500 ms for the first before it is sent. The server answers each in ~500 ms.
+        let (client, _seen) = serve_with(|o| ClientOptions {
+            max_concurrent_requests: 1,
+            ..o
+        })
+        .await;
+        client
+            .create_ports(&bulk("slow-first", 1))
+            .await
+            .expect("created");
+        let started = std::time::Instant::now();
+        let (first, second) = (bulk("slow-a", 1), bulk("slow-b", 1));
+        let (a, b) = tokio::join!(client.create_ports(&first), client.create_ports(&second));
+        a.expect("created");
+        b.expect("created");
+        assert!(
+            started.elapsed() >= Duration::from_millis(1000),
+            "the cap held one back"
+        );
+        // Timed from the caller's side, the one held back took twice what its size predicts
+        // and would have cut a request.
+        assert_eq!(client.creates.lock().pace.senders(), MAX_SENDERS);
     }
 
     #[tokio::test]

@@ -72,6 +72,11 @@ impl Reply {
     pub(crate) fn unwrap<T: DeserializeOwned>(&self, key: &str) -> Result<T> {
         Ok(self.0.unwrap(key)?)
     }
+
+    /// How long the server took to answer (the answered attempt's round trip).
+    pub(crate) fn took(&self) -> std::time::Duration {
+        self.0.took
+    }
 }
 
 #[derive(serde::Deserialize)]

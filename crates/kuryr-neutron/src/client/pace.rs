@@ -4,7 +4,8 @@
 //! A neutron-server's API workers take requests first come, first served (uWSGI processes of one
 //! thread each), so whatever a client keeps queued there, each of its other requests waits behind:
 //! an ACTIVE poll's list call sent after two bulks of 20 bound ports each waits ~4 s for a worker.
-//! The pace keeps that queue short without leaving the workers idle:
+//! The pace keeps that queue short without leaving the workers idle (an answer's time is the
+//! answered attempt's round trip: the server's, its queue included, not the client's own waits):
 //! - a request carries about [`TARGET`] of the server's time: its ports are capped at `TARGET`
 //!   over the least time per port the recent answers took (the server's own cost, the answer that
 //!   queued least);
