@@ -206,11 +206,9 @@ fn sandbox_with_pools_wires_pods_from_bulk_created_ports() {
     };
     let bulk = cols("create_ports").unwrap_or_else(|| panic!("no bulk port creation\n{out}"));
     assert!(bulk[1].parse::<u64>().unwrap() >= 1 && bulk[2] == "0", "{bulk:?}");
-    assert_eq!(
-        cols("create_port"),
-        None,
-        "pods were wired outside the pool\n{out}"
-    );
+    for single in ["create_port", "create_ports_coalesced"] {
+        assert_eq!(cols(single), None, "pods were wired outside the pool\n{out}");
+    }
 }
 
 /// `--deployments 2`: two Neutron emulators, each a KuryrOpenStackDeployment with its own zone

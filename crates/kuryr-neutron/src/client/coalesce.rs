@@ -44,6 +44,11 @@ use crate::error::{Error, Result};
 use crate::quota_gate::Pass;
 use crate::types::Port;
 
+/// The operation name (metrics label, error text) of a bulk request carrying the pods' own
+/// creates; `create_ports` stays the name of the bulks asked for as such (the pools' refills), so
+/// an operator tells the two apart.
+pub(crate) const COALESCED_OP: &str = "create_ports_coalesced";
+
 /// One create waiting for a request to carry it.
 struct Waiting {
     body: Value,
@@ -354,7 +359,7 @@ impl NeutronClient {
     async fn send_bulk(&self, batch: Vec<Waiting>) {
         let bodies: Vec<&Value> = batch.iter().map(|w| &w.body).collect();
         let answer: Result<Vec<Port>> = self
-            .paced(batch.len(), self.post_ports("create_ports", "ports", &bodies))
+            .paced(batch.len(), self.post_ports(COALESCED_OP, "ports", &bodies))
             .await
             .and_then(|r| r.unwrap("ports"));
         match answer {
@@ -686,6 +691,11 @@ mod tests {
                 (e.status(), e.kind()),
                 (Some(503), Some(&ErrorKind::ServiceUnavailable)),
                 "{e}"
+            );
+            assert_eq!(
+                e.api().map(|a| a.operation),
+                Some(COALESCED_OP),
+                "named apart from a pool's bulk create: {e}"
             );
         }
         let s = seen.lock().expect("lock");
