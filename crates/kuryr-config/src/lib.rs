@@ -495,6 +495,19 @@ fn missing_credentials(config: &KuryrConfig) -> Vec<MissingOption> {
         } else {
             format!("{DEPLOYMENT_SECTION_PREFIX}{name}")
         };
+        // Keystone v3 names a user or project by name only within a domain (its own option or
+        // the `default_domain_*` ones); an id needs none.
+        let default_domain = auth.default_domain_name.is_some() || auth.default_domain_id.is_some();
+        let user_domain = auth.user_id.is_some()
+            || auth.username.is_none()
+            || auth.user_domain_name.is_some()
+            || auth.user_domain_id.is_some()
+            || default_domain;
+        let project_domain = auth.project_id.is_some()
+            || auth.project_name.is_none()
+            || auth.project_domain_name.is_some()
+            || auth.project_domain_id.is_some()
+            || default_domain;
         let required: &[(&str, bool)] = match auth_type {
             AuthType::Password | AuthType::V3Password => &[
                 ("auth_url", auth.auth_url.is_some()),
@@ -502,7 +515,14 @@ fn missing_credentials(config: &KuryrConfig) -> Vec<MissingOption> {
                     "username or user_id",
                     auth.username.is_some() || auth.user_id.is_some(),
                 ),
+                ("user_domain_name or user_domain_id", user_domain),
                 ("password", auth.password.is_some()),
+                // A token without a project has no catalog and no role on Neutron.
+                (
+                    "project_name or project_id",
+                    auth.project_name.is_some() || auth.project_id.is_some(),
+                ),
+                ("project_domain_name or project_domain_id", project_domain),
             ],
             AuthType::V3ApplicationCredential => &[
                 ("auth_url", auth.auth_url.is_some()),
@@ -510,6 +530,15 @@ fn missing_credentials(config: &KuryrConfig) -> Vec<MissingOption> {
                     "application_credential_id or application_credential_name",
                     auth.application_credential_id.is_some() || auth.application_credential_name.is_some(),
                 ),
+                // A credential named, not given by id, is the named user's.
+                (
+                    "username or user_id",
+                    auth.application_credential_id.is_some()
+                        || auth.application_credential_name.is_none()
+                        || auth.username.is_some()
+                        || auth.user_id.is_some(),
+                ),
+                ("user_domain_name or user_domain_id", user_domain),
                 (
                     "application_credential_secret",
                     auth.application_credential_secret.is_some(),

@@ -555,7 +555,37 @@ fn credentials_required_by_auth_type() {
         load_err("[deployment:east]\nauth_type = password\nauth_url = https://k:5000/v3\nusername = u\n");
     assert_eq!(
         err,
-        "[deployment:east] password must be set with auth_type = password"
+        "[deployment:east] user_domain_name or user_domain_id must be set with auth_type = password; \
+         [deployment:east] password must be set with auth_type = password; \
+         [deployment:east] project_name or project_id must be set with auth_type = password"
+    );
+    // Names within a domain, ids alone, or the default domain for both.
+    let named = "[neutron]\nauth_type = password\nauth_url = https://k:5000/v3\nusername = u\npassword = p\n\
+        project_name = k8s\n";
+    assert_eq!(
+        load_err(named),
+        "[neutron] user_domain_name or user_domain_id must be set with auth_type = password; \
+         [neutron] project_domain_name or project_domain_id must be set with auth_type = password"
+    );
+    for complete in [
+        format!("{named}user_domain_name = Default\nproject_domain_id = default\n"),
+        format!("{named}default_domain_name = Default\n"),
+        "[neutron]\nauth_type = password\nauth_url = https://k:5000/v3\nuser_id = u1\npassword = p\n\
+         project_id = p1\n"
+            .to_owned(),
+    ] {
+        if let Err(e) = KuryrConfig::from_ini_str(&complete) {
+            panic!("{complete}: {e}");
+        }
+    }
+    // An application credential by name is its user's: the user is named too.
+    let err = load_err(
+        "[neutron]\nauth_type = v3applicationcredential\nauth_url = https://k:5000/v3\n\
+         application_credential_name = c\napplication_credential_secret = s\n",
+    );
+    assert_eq!(
+        err,
+        "[neutron] username or user_id must be set with auth_type = v3applicationcredential"
     );
     let err = load_err("[neutron]\nauth_type = v3applicationcredential\n");
     assert!(

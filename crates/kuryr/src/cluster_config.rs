@@ -196,6 +196,7 @@ mod tests {
 
     const GOOD: &str = "[kubernetes]\ncontroller_namespace = kuryr\ncontroller_ha = True\n\
         [neutron]\nauth_type = password\nauth_url = https://keystone:5000/v3\nusername = kuryr\npassword = p\n\
+    user_domain_name = Default\nproject_name = k8s\nproject_domain_name = Default\n\
         [neutron_defaults]\nproject = p1\npod_subnet = s1\npod_security_groups = sg1\n\
         [cni_daemon]\nnetns_proc_dir = /host_proc\n";
 

@@ -5,6 +5,7 @@ use super::*;
 const GOOD: &str = "[kubernetes]\ncontroller_namespace = kuryr\ncontroller_ha = True\n\
     enabled_handlers = vif,kuryrport\nvif_pool_driver = neutron\n\
     [neutron]\nauth_type = password\nauth_url = https://keystone:5000/v3\nusername = kuryr\npassword = p\n\
+    user_domain_name = Default\nproject_name = k8s\nproject_domain_name = Default\n\
     [neutron_defaults]\nproject = p1\npod_subnet = s1\npod_security_groups = sg1\n\
     [health_server]\nport = 8182\n[cni_health_server]\nport = 8190\n\
     [cni_daemon]\nnetns_proc_dir = /host_proc\n";
