@@ -195,6 +195,11 @@ fn internal(e: impl std::fmt::Display) -> DaemonError {
 }
 
 impl Daemon {
+    /// Where the daemon posts its Events (its watchers post there too).
+    pub fn events(&self) -> Arc<dyn PodEvents> {
+        self.events.clone()
+    }
+
     pub fn new(config: DaemonConfig, events: Arc<dyn PodEvents>, api: Arc<dyn ApiHealth>) -> Arc<Self> {
         Arc::new(Self {
             drivers: BindingDrivers::new(&config.binding),
@@ -282,6 +287,12 @@ impl Daemon {
             && gone == uid
         {
             return Wait::Fail(Err(DaemonError::PodGone(format!("pod {uid} was deleted"))));
+        }
+        if let Some(why) = &e.unreadable {
+            // Waiting would only time out: nothing here can make it readable.
+            return Wait::Fail(Err(DaemonError::Internal(format!(
+                "KuryrPort {key} cannot be read: {why}"
+            ))));
         }
         match &e.kuryrport {
             Some(kp) if Self::uid_matches(kp, uid) => match ready(kp) {

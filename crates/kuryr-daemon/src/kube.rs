@@ -7,6 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher::{self, Event as WEvent};
 use kube::{Api, Client};
@@ -17,27 +18,132 @@ use crate::registry::{PodKey, Registry};
 
 /// Feed `registry` from this node's KuryrPorts (label selector) until the
 /// stream ends; watcher errors are retried with backoff by the caller loop.
-pub async fn watch_kuryrports(client: Client, node: &str, registry: Arc<Registry>) {
-    let api: Api<KuryrPort> = Api::all(client);
+///
+/// Each object is read on its own: one KuryrPort this daemon cannot parse (a
+/// hand edit, a VIF type of a newer controller) must not fail the whole list
+/// and with it every pod of the node. It is kept as unreadable, so an ADD for
+/// its pod fails at once naming the field, and a Warning Event on the pod says
+/// why (once per distinct reason).
+pub async fn watch_kuryrports(
+    client: Client,
+    node: &str,
+    registry: Arc<Registry>,
+    events: Arc<dyn PodEvents>,
+) {
+    let api: Api<DynamicObject> = Api::all_with(client, &ApiResource::erase::<KuryrPort>(&()));
     let cfg = watcher::Config::default().labels(&KuryrPort::node_selector(node));
     let mut buffer: Vec<KuryrPort> = Vec::new();
+    let mut unreadable: Vec<(PodKey, String)> = Vec::new();
+    let mut reported = Reported::default();
     let mut stream = watcher::watcher(api, cfg).boxed();
     while let Some(ev) = stream.next().await {
         match ev {
-            Ok(WEvent::Apply(kp)) => registry.apply_kuryrport(kp),
-            Ok(WEvent::Delete(kp)) => {
-                if let Some(k) = PodKey::of(&kp) {
+            Ok(WEvent::Apply(obj)) => match read_kuryrport(obj) {
+                Some(Ok(kp)) => {
+                    reported.fixed(&kp);
+                    registry.apply_kuryrport(kp);
+                }
+                Some(Err(bad)) => {
+                    reported.report(&bad, events.as_ref()).await;
+                    registry.kuryrport_unreadable(&bad.key, &bad.why);
+                }
+                None => {}
+            },
+            Ok(WEvent::Delete(obj)) => {
+                if let Some(k) = object_key(&obj) {
+                    reported.forget(&k);
                     registry.delete_kuryrport(&k);
                 }
             }
-            Ok(WEvent::Init) => buffer.clear(),
-            Ok(WEvent::InitApply(kp)) => buffer.push(kp),
-            Ok(WEvent::InitDone) => registry.replace_kuryrports(std::mem::take(&mut buffer)),
+            Ok(WEvent::Init) => {
+                buffer.clear();
+                unreadable.clear();
+            }
+            Ok(WEvent::InitApply(obj)) => match read_kuryrport(obj) {
+                Some(Ok(kp)) => {
+                    reported.fixed(&kp);
+                    buffer.push(kp);
+                }
+                Some(Err(bad)) => {
+                    reported.report(&bad, events.as_ref()).await;
+                    unreadable.push((bad.key, bad.why));
+                }
+                None => {}
+            },
+            Ok(WEvent::InitDone) => {
+                reported.0.retain(|k, _| unreadable.iter().any(|(u, _)| u == k));
+                registry.replace_kuryrports(std::mem::take(&mut buffer), std::mem::take(&mut unreadable));
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "KuryrPort watch failed, retrying");
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
         }
+    }
+}
+
+/// A KuryrPort that cannot be read, and why (the field named).
+struct Unreadable {
+    key: PodKey,
+    pod_uid: Option<String>,
+    why: String,
+}
+
+fn object_key(obj: &DynamicObject) -> Option<PodKey> {
+    Some(PodKey::new(
+        obj.metadata.namespace.clone()?,
+        obj.metadata.name.clone()?,
+    ))
+}
+
+/// The object as a KuryrPort, or why it is not one; `None` without a
+/// namespace and name (nothing to key it by).
+fn read_kuryrport(obj: DynamicObject) -> Option<Result<KuryrPort, Unreadable>> {
+    let key = object_key(&obj)?;
+    let pod_uid = obj.data["spec"]["podUid"].as_str().map(str::to_owned);
+    let parsed = serde_json::to_value(obj)
+        .map_err(|e| e.to_string())
+        .and_then(|v| {
+            serde_path_to_error::deserialize::<_, KuryrPort>(v).map_err(|e| match e.path().to_string() {
+                p if p == "." => e.inner().to_string(),
+                p => format!("{p}: {}", e.inner()),
+            })
+        });
+    Some(parsed.map_err(|why| Unreadable { key, pod_uid, why }))
+}
+
+/// The reason last reported per pod, so a re-list or a resync does not post
+/// the same Warning again.
+#[derive(Default)]
+struct Reported(HashMap<PodKey, String>);
+
+impl Reported {
+    async fn report(&mut self, bad: &Unreadable, events: &dyn PodEvents) {
+        if self.0.get(&bad.key) == Some(&bad.why) {
+            return;
+        }
+        tracing::warn!(kuryrport = %bad.key, reason = %bad.why, "cannot read KuryrPort; ADDs for its pod fail until it is fixed");
+        let message = format!("KuryrPort {} cannot be read: {}", bad.key, bad.why);
+        events
+            .publish(
+                &bad.key,
+                bad.pod_uid.as_deref(),
+                "KuryrPortInvalid",
+                &message,
+                true,
+            )
+            .await;
+        self.0.insert(bad.key.clone(), bad.why.clone());
+    }
+
+    fn fixed(&mut self, kp: &KuryrPort) {
+        if let Some(k) = PodKey::of(kp) {
+            self.forget(&k);
+        }
+    }
+
+    fn forget(&mut self, key: &PodKey) {
+        self.0.remove(key);
     }
 }
 
@@ -195,7 +301,8 @@ pub async fn run(
     tracing::info!(restored, node = %node, "starting kuryr daemon");
     let kp_task = tokio::spawn({
         let (c, n, r) = (client.clone(), node.clone(), daemon.registry.clone());
-        async move { watch_kuryrports(c, &n, r).await }
+        let events = daemon.events();
+        async move { watch_kuryrports(c, &n, r, events).await }
     });
     let pod_task = tokio::spawn({
         let (c, n, r) = (client.clone(), node.clone(), daemon.registry.clone());

@@ -1,8 +1,8 @@
 //! In-memory registry of this node's pods: their KuryrPort (fed by the
 //! watchers) and what the daemon plugged for them (recorded by ADD).
 //!
-//! Entries exist only while there is a KuryrPort or an attachment for the
-//! pod, so the map never outgrows the node's pods. Waiters (ADD) are woken by
+//! Entries exist only while there is a KuryrPort (readable or not) or an
+//! attachment for the pod, so the map never outgrows the node's pods. Waiters (ADD) are woken by
 //! a version counter on a `watch` channel, so no update is ever missed.
 
 use std::collections::HashMap;
@@ -74,6 +74,9 @@ pub struct Attachment {
 #[derive(Clone, Debug, Default)]
 pub struct Entry {
     pub kuryrport: Option<Arc<KuryrPort>>,
+    /// Why the pod's KuryrPort cannot be read (the field named), when the API
+    /// holds one this daemon cannot parse: an ADD for the pod fails at once.
+    pub unreadable: Option<Arc<str>>,
     pub attachment: Option<Attachment>,
     /// UID of a pod the API reported deleted under this name.
     pub gone_uid: Option<String>,
@@ -142,6 +145,18 @@ impl Registry {
                 entry.gone_uid = None;
             }
             entry.kuryrport = Some(Arc::new(kp));
+            entry.unreadable = None;
+        }
+        self.bump();
+    }
+
+    /// The pod's KuryrPort was added or changed, but cannot be read (`why`).
+    pub fn kuryrport_unreadable(&self, key: &PodKey, why: &str) {
+        {
+            let mut map = self.lock();
+            let entry = map.entry(key.clone()).or_default();
+            entry.kuryrport = None;
+            entry.unreadable = Some(why.into());
         }
         self.bump();
     }
@@ -155,6 +170,7 @@ impl Registry {
                     e.gone_uid = Some(kp.spec.pod_uid.clone());
                 }
                 e.kuryrport = None;
+                e.unreadable = None;
                 if e.attachment.is_none() {
                     map.remove(key);
                 }
@@ -193,9 +209,10 @@ impl Registry {
         self.bump();
     }
 
-    /// Replace every KuryrPort at once (a watcher (re)list finished): pods
-    /// whose KuryrPort vanished while we were not watching lose it.
-    pub fn replace_kuryrports(&self, kps: Vec<KuryrPort>) {
+    /// Replace every KuryrPort at once (a watcher (re)list finished), the
+    /// ones that cannot be read with why: pods whose KuryrPort vanished while
+    /// we were not watching lose it.
+    pub fn replace_kuryrports(&self, kps: Vec<KuryrPort>, unreadable: Vec<(PodKey, String)>) {
         {
             let mut map = self.lock();
             let mut fresh: HashMap<PodKey, KuryrPort> = HashMap::new();
@@ -204,14 +221,24 @@ impl Registry {
                     fresh.insert(k, kp);
                 }
             }
+            let unreadable: HashMap<PodKey, String> = unreadable.into_iter().collect();
+            let listed = |k: &PodKey| fresh.contains_key(k) || unreadable.contains_key(k);
             map.retain(|k, e| {
-                if !fresh.contains_key(k) {
+                if !listed(k) {
                     e.kuryrport = None;
+                    e.unreadable = None;
                 }
-                e.attachment.is_some() || fresh.contains_key(k)
+                e.attachment.is_some() || listed(k)
             });
             for (k, kp) in fresh {
-                map.entry(k).or_default().kuryrport = Some(Arc::new(kp));
+                let e = map.entry(k).or_default();
+                e.kuryrport = Some(Arc::new(kp));
+                e.unreadable = None;
+            }
+            for (k, why) in unreadable {
+                let e = map.entry(k).or_default();
+                e.kuryrport = None;
+                e.unreadable = Some(why.into());
             }
         }
         self.bump();
@@ -347,8 +374,27 @@ mod tests {
         let r = Registry::new();
         r.apply_kuryrport(kp("ns", "a", "1"));
         r.apply_kuryrport(kp("ns", "b", "2"));
-        r.replace_kuryrports(vec![kp("ns", "b", "2"), kp("ns", "c", "3")]);
+        r.replace_kuryrports(vec![kp("ns", "b", "2"), kp("ns", "c", "3")], vec![]);
         assert_eq!(r.keys(), vec![PodKey::new("ns", "b"), PodKey::new("ns", "c")]);
+    }
+
+    #[test]
+    fn an_unreadable_kuryrport_is_kept_with_why_until_it_is_fixed_or_gone() {
+        let r = Registry::new();
+        let (a, b) = (PodKey::new("ns", "a"), PodKey::new("ns", "b"));
+        r.apply_kuryrport(kp("ns", "a", "1"));
+        r.kuryrport_unreadable(&a, "status.vifs.eth0: bad");
+        let e = r.get(&a).expect("kept");
+        assert!(e.kuryrport.is_none(), "the old copy is not served any more");
+        assert_eq!(e.unreadable.as_deref(), Some("status.vifs.eth0: bad"));
+        r.apply_kuryrport(kp("ns", "a", "1"));
+        assert!(r.get(&a).expect("kept").unreadable.is_none(), "fixed");
+        // A re-list keeps what it lists, readable or not, and drops the rest.
+        r.replace_kuryrports(vec![], vec![(b.clone(), "spec: bad".into())]);
+        assert_eq!(r.keys(), vec![b.clone()]);
+        assert_eq!(r.get(&b).and_then(|e| e.unreadable).as_deref(), Some("spec: bad"));
+        r.delete_kuryrport(&b);
+        assert!(r.is_empty());
     }
 
     #[tokio::test]

@@ -97,8 +97,8 @@ async fn daemon_against_kube_emulator() {
         Arc::new(kuryr_daemon::kube::KubeApiHealth(client.clone())),
     );
     let w1 = tokio::spawn({
-        let (c, n, r) = (client.clone(), node.clone(), d.registry.clone());
-        async move { kuryr_daemon::kube::watch_kuryrports(c, &n, r).await }
+        let (c, n, r, e) = (client.clone(), node.clone(), d.registry.clone(), d.events());
+        async move { kuryr_daemon::kube::watch_kuryrports(c, &n, r, e).await }
     });
     let w2 = tokio::spawn({
         let (c, n, r) = (client.clone(), node.clone(), d.registry.clone());
@@ -309,4 +309,144 @@ async fn daemon_against_kube_emulator() {
         .unwrap();
     assert_eq!(alive.status().as_u16(), 200);
     servers.shutdown().await;
+}
+
+/// A KuryrPort the daemon cannot read (a hand edit, a VIF type of a newer
+/// controller) is listed together with a good one: the good one is still
+/// served, the bad one's pod gets one Warning Event naming the field, and an
+/// ADD for it fails at once with upstream's error body instead of waiting out
+/// the timeout; once fixed it is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_kuryrport_fails_only_its_own_pod_at_once() {
+    let handle = KubeEmulator::start(KubeOptions::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let client = client(&handle, dir.path()).await;
+    let crds: Api<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    > = Api::all(client.clone());
+    for crd in kuryr_crds::generate::crds() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let kps: Api<KuryrPort> = Api::namespaced(client.clone(), "default");
+    let raw: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        "default",
+        &kube::api::ApiResource::erase::<KuryrPort>(&()),
+    );
+    let node = unique("bnode");
+    let fixture = |port: &str| VifFixture {
+        ifname: "eth0".into(),
+        port_id: port.into(),
+        mac: "fa:16:3e:00:30:01".into(),
+        subnets: vec![("10.98.1.0/24".into(), "10.98.1.7".parse().unwrap(), None)],
+        bridge: "br-unused".into(),
+        mtu: None,
+        active: true,
+    };
+    let mut uids = Vec::new();
+    for name in ["good", "bad"] {
+        let p = pods
+            .create(&PostParams::default(), &pod(name, &node))
+            .await
+            .unwrap();
+        let uid = p.metadata.uid.clone().unwrap();
+        kps.create(
+            &PostParams::default(),
+            &kuryrport("default", name, &uid, &node, &[fixture(&format!("port-{name}"))]),
+        )
+        .await
+        .unwrap();
+        uids.push(uid);
+    }
+    // Both exist before the daemon lists them: the bad one must not fail the list.
+    let mut bad = serde_json::to_value(kps.get("bad").await.unwrap()).unwrap();
+    let good_vif = bad["status"]["vifs"]["eth0"].clone();
+    bad["status"]["vifs"]["eth0"]["vif"]["versioned_object.name"] = json!("VIFFromTheFuture");
+    raw.replace(
+        "bad",
+        &PostParams::default(),
+        &serde_json::from_value(bad.clone()).unwrap(),
+    )
+    .await
+    .unwrap();
+
+    let mut cfg = DaemonConfig::new(node.clone());
+    cfg.bind_address = "127.0.0.1:0".parse().unwrap();
+    cfg.health_address = "127.0.0.1:0".parse().unwrap();
+    cfg.metrics_address = "127.0.0.1:0".parse().unwrap();
+    // Only an answer given at once tells the failure from the timeout (504).
+    cfg.vif_annotation_timeout = WAIT;
+    let events = Arc::new(Recorded::default());
+    let d = Daemon::new(
+        cfg,
+        events.clone(),
+        Arc::new(kuryr_daemon::kube::KubeApiHealth(client.clone())),
+    );
+    let watch = tokio::spawn({
+        let (c, n, r, e) = (client.clone(), node.clone(), d.registry.clone(), d.events());
+        async move { kuryr_daemon::kube::watch_kuryrports(c, &n, r, e).await }
+    });
+    let servers = kuryr_daemon::server::start(d.clone()).await.unwrap();
+    let registry = d.registry.clone();
+    let served = |name: &str| {
+        registry
+            .get(&PodKey::new("default", name))
+            .is_some_and(|e| e.kuryrport.is_some())
+    };
+    assert!(
+        eventually(|| served("good")).await,
+        "the good KuryrPort is served"
+    );
+    assert!(!served("bad"));
+    assert_eq!(
+        events.all(),
+        vec![("default/bad".to_string(), "KuryrPortInvalid".to_string())],
+        "one Warning, on the bad one's pod"
+    );
+
+    // The host's own netns exists; the ADD fails before anything is plugged.
+    let add = |name: &str, uid: &str| {
+        let body = cni_body(name, "c1", "/proc/self/ns/net", uid);
+        let url = format!("http://{}/addNetwork", servers.api);
+        async move { reqwest::Client::new().post(url).json(&body).send().await.unwrap() }
+    };
+    let r = add("bad", &uids[1]).await;
+    assert_eq!(r.status().as_u16(), 500, "not the timeout's 504");
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["code"], 999, "{e}");
+    let details = e["details"].as_str().unwrap_or_default();
+    for want in ["default/bad", "status.vifs.eth0.vif", "VIFFromTheFuture"] {
+        assert!(details.contains(want), "{want:?} in {details}");
+    }
+
+    // A resync or an unrelated change does not post it again; a fix is served.
+    raw.patch(
+        "bad",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {"touched": "1"}}})),
+    )
+    .await
+    .unwrap();
+    kps.patch(
+        "bad",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"vifs": {"eth0": good_vif}}})),
+    )
+    .await
+    .unwrap();
+    assert!(eventually(|| served("bad")).await, "served once fixed");
+    assert_eq!(
+        events.count("default/bad", "KuryrPortInvalid"),
+        1,
+        "{:?}",
+        events.all()
+    );
+    assert!(
+        registry
+            .get(&PodKey::new("default", "bad"))
+            .is_some_and(|e| e.unreadable.is_none())
+    );
+    servers.shutdown().await;
+    watch.abort();
 }

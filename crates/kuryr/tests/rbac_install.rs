@@ -167,6 +167,7 @@ async fn controller_and_two_daemons_wire_a_pod_with_the_generated_service_accoun
             cni_client.clone(),
             node,
             registry.clone(),
+            Arc::new(kuryr_daemon::kube::KubeEvents::new(cni_client.clone(), node)),
         )));
         daemons.push(tokio::spawn(kuryr_daemon::kube::watch_pods(
             cni_client,
