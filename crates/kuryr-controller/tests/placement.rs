@@ -1183,19 +1183,19 @@ async fn delete_namespace(kube: &kube::Client, ns: &str) -> Result<()> {
     Ok(())
 }
 
-/// The seed's example and maintenance on a real server: a project binds to the first general
+/// One project in two groups, and maintenance, on a real server: a project binds to the first general
 /// deployment for general resources and to the first CAD one for "CAD modeling", at the same time,
 /// and its namespaces' networks land there. Maintenance set by patching the deployment object:
 /// new bindings go elsewhere; with moveExisting off the bound project stays, on it moves; the old
 /// namespaces' networks, subnets, router interfaces, groups and ports leave the old deployment
 /// once their pods are gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn four_deployments_seed_example_and_maintenance_moves_without_leaking() -> Result<()> {
+async fn four_deployments_one_project_in_two_groups_and_maintenance_moves_without_leaking() -> Result<()> {
     init_logs();
-    Four::run(seed_example_and_maintenance).await
+    Four::run(one_project_in_two_groups_and_maintenance).await
 }
 
-async fn seed_example_and_maintenance(four: Arc<Four>) -> Result<()> {
+async fn one_project_in_two_groups_and_maintenance(four: Arc<Four>) -> Result<()> {
     let four = &*four;
     let kube = start_kube().await?;
     let tenant = four.project("tenant");
@@ -1220,7 +1220,7 @@ async fn seed_example_and_maintenance(four: Arc<Four>) -> Result<()> {
         ..before
     };
 
-    // The seed's example.
+    // One project in two groups at once: general resources in `default`, "CAD modeling" in `cad-1`.
     create_namespace(&kube.client, "gen-a", ns(&tenant)).await?;
     create_namespace(&kube.client, "cad-a", cad(&tenant)).await?;
     create_pod(&kube.client, "gen-a", "g1", NODES[0], json!({})).await?;

@@ -105,7 +105,7 @@ pub enum ChaosProfileArg {
     Ci,
     /// Shorter, for a real neutron-server (--neutron-url): no Neutron fault injection.
     Server,
-    /// At least 30 minutes, 10,000 pod operations, 5% Neutron 5xx, a 30 s outage, 20 SIGKILLs.
+    /// 32 minutes, at least 10,000 pod operations, 5% Neutron 5xx, a 30 s outage, 20 SIGKILLs.
     Long,
 }
 

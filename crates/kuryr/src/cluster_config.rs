@@ -142,8 +142,9 @@ pub fn driver_problems(config: &KuryrConfig) -> Vec<Problem> {
     out
 }
 
-/// Rules tying the config to the manifests: the Lease, Role and ConfigMaps live in the
-/// controller namespace, two replicas need the Lease, the daemon finds netns under `/host_proc`.
+/// Rules tying the config to the manifests: `[kubernetes] controller_namespace` is the install's
+/// namespace (the controller's Lease and KuryrPortPools, and the Role granting them, live there),
+/// two replicas need the Lease, the daemon finds netns under `/host_proc`.
 pub fn install_problems(config: &KuryrConfig, install: &Install<'_>) -> Vec<Problem> {
     let k = &config.kubernetes;
     let mut out = Vec::new();

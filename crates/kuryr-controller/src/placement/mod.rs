@@ -60,7 +60,7 @@ impl UsageFigure {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Candidate {
     pub name: String,
-    /// Lower first: the "creation time" weight of the placement design (declaration order or the
+    /// Lower first: the `creation_order` weigher of docs/placement.md (declaration order or the
     /// operator's weight).
     pub order: i64,
     pub availability_zone: Option<String>,

@@ -111,7 +111,7 @@ impl Profile {
         }
     }
 
-    /// At least 30 minutes, 10,000 pod operations, 5% Neutron 5xx, one 30 s outage, 20 SIGKILLs.
+    /// 32 minutes, at least 10,000 pod operations, 5% Neutron 5xx, one 30 s outage, 20 SIGKILLs.
     pub fn long() -> Self {
         Self {
             name: "long",

@@ -7,8 +7,9 @@ use super::*;
 use crate::placement::Group;
 use crate::placement::store::MemoryStore;
 
-/// The seed's layout: pod1-3 general purpose in az1, pod4-6 "CAD modeling" in az2.
-fn seed() -> Vec<Candidate> {
+/// Six deployments in two groups: pod1-3 general purpose (`resource=general`) in az1, pod4-6
+/// "CAD modeling" (`resource=cad`) in az2, in declaration order.
+fn six_in_two_groups() -> Vec<Candidate> {
     (1..=6)
         .map(|i| Candidate {
             name: format!("pod{i}"),
@@ -76,7 +77,7 @@ fn to(d: &Decision) -> Option<&str> {
 #[test]
 fn one_tenant_binds_in_both_groups_at_once() {
     let s = sched(&all_filters(), &[BindingWeigher::CreationOrder]);
-    let c = seed();
+    let c = six_in_two_groups();
     assert_eq!(to(&s.decide(&c, &req("t1", "general"), None)), Some("pod1"));
     assert_eq!(to(&s.decide(&c, &req("t1", "cad"), None)), Some("pod4"));
 }
@@ -84,7 +85,7 @@ fn one_tenant_binds_in_both_groups_at_once() {
 #[test]
 fn a_binding_stays_until_its_deployment_is_full_in_maintenance_with_move_or_removed() {
     let s = sched(&all_filters(), &[BindingWeigher::CreationOrder]);
-    let mut c = seed();
+    let mut c = six_in_two_groups();
     let r = req("t1", "general");
     // A better-scoring deployment appearing never moves a binding.
     assert_eq!(
@@ -133,7 +134,7 @@ fn a_binding_stays_until_its_deployment_is_full_in_maintenance_with_move_or_remo
 #[test]
 fn usage_threshold_with_hysteresis_never_flaps() {
     let s = sched(&all_filters(), &[BindingWeigher::CreationOrder]);
-    let mut c = seed();
+    let mut c = six_in_two_groups();
     let r = req("t1", "general");
     c[0].usage = UsageFigure::Fresh(0.89);
     assert_eq!(
@@ -166,7 +167,7 @@ fn usage_threshold_with_hysteresis_never_flaps() {
 #[test]
 fn stale_figures_keep_bindings_but_take_no_new_ones_and_unmeasured_pass() {
     let s = sched(&all_filters(), &[BindingWeigher::CreationOrder]);
-    let mut c = seed();
+    let mut c = six_in_two_groups();
     c[0].usage = UsageFigure::Stale {
         last: Some(0.95),
         why: "timeout".into(),
@@ -179,7 +180,7 @@ fn stale_figures_keep_bindings_but_take_no_new_ones_and_unmeasured_pass() {
 #[test]
 fn none_fits_lists_what_each_filter_removed() {
     let s = sched(&all_filters(), &[BindingWeigher::CreationOrder]);
-    let mut c = seed();
+    let mut c = six_in_two_groups();
     c[0].maintenance = true;
     c[1].usage = UsageFigure::Fresh(0.99);
     c[2].usage = UsageFigure::Stale {
@@ -228,7 +229,7 @@ fn every_weigher_counts_and_multipliers_may_be_negative() {
         weigher_multipliers: BTreeMap::from([(BindingWeigher::IdleCapacity, 2.0)]),
         ..PodBindingSection::default()
     };
-    let mut c = seed();
+    let mut c = six_in_two_groups();
     c.truncate(2);
     c[0].usage = UsageFigure::Fresh(0.7);
     c[1].usage = UsageFigure::Fresh(0.1);
@@ -252,7 +253,7 @@ fn binder(c: Vec<Candidate>) -> (Binder, Arc<MemoryStore>) {
 
 #[tokio::test]
 async fn two_namespaces_of_one_project_in_different_zones_never_flap() {
-    let (b, store) = binder(seed());
+    let (b, store) = binder(six_in_two_groups());
     let zone = |z: &str| BindingKey {
         project: "t1".into(),
         group: Group {
@@ -284,7 +285,7 @@ async fn two_namespaces_of_one_project_in_different_zones_never_flap() {
 
 #[tokio::test]
 async fn rebinding_keeps_history_maps_project_ids_and_grows_only_fresh_figures() {
-    let mut c = seed();
+    let mut c = six_in_two_groups();
     c[1].project_ids.insert("t1".into(), "t1-in-pod2".into());
     c[1].usage = UsageFigure::Fresh(0.2);
     let (b, store) = binder(c);
@@ -335,7 +336,7 @@ async fn rebinding_keeps_history_maps_project_ids_and_grows_only_fresh_figures()
 
 #[tokio::test]
 async fn no_deployment_passes_is_a_retried_user_visible_error_naming_the_filters() {
-    let mut c = seed();
+    let mut c = six_in_two_groups();
     for x in &mut c {
         x.maintenance = true;
     }
@@ -373,7 +374,7 @@ fn subset_size_spreads_new_bindings_over_the_best_n_only() {
         subset_size: NonZeroU32::new(2).unwrap_or(NonZeroU32::MIN),
         ..PodBindingSection::default()
     });
-    let c = seed();
+    let c = six_in_two_groups();
     let mut picked = std::collections::BTreeMap::<String, usize>::new();
     for i in 0..200 {
         let d = s.decide(&c, &req(&format!("t{i}"), "general"), None);
