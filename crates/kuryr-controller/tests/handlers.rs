@@ -475,6 +475,55 @@ async fn a_recreated_pod_never_gets_the_old_pods_port() -> Result<()> {
     Ok(())
 }
 
+/// The longest names Kubernetes allows (a 63-character namespace, a 253-character pod name) add
+/// up to more than the 255 characters Neutron takes for a port's name and a tag: the port is
+/// still made, named and tagged within that, found again by its pod's tag, and released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pod_with_the_longest_names_kubernetes_allows_is_wired_and_released() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.63.0.0/24").await?;
+        let ctrl = start_controller(
+            &kube.client,
+            &target,
+            config(&bare_metal_config(&fx, "vif,kuryrport")),
+            "c1",
+        );
+        let ns = format!("long-{}", "n".repeat(58));
+        let name = format!("{}.{}", "p".repeat(200), "q".repeat(52));
+        assert_eq!((ns.len(), name.len()), (63, 253));
+        create_namespace(&kube.client, &ns, json!({})).await?;
+        let pod = create_pod(&kube.client, &ns, &name, NODES[0], json!({})).await?;
+        let port_id = active_port_of(&kube.client, &ns, &name, &pod.uid().unwrap()).await?;
+        let port = neutron.get_port(&port_id).await?;
+        let tag = kuryr_crds::names::neutron::pod_tag(&ns, &name);
+        assert!(port.tags.contains(&tag), "{}: {:?}", target.name, port.tags);
+        assert!(
+            port.tags.iter().all(|t| t.chars().count() <= 255),
+            "{:?}",
+            port.tags
+        );
+        assert_eq!(port.name.chars().count(), 255, "{}: {}", target.name, port.name);
+        assert!(port.name.starts_with(&format!("{ns}/ppp")), "{}", port.name);
+        Api::<Pod>::namespaced(kube.client.clone(), &ns)
+            .delete(&name, &DeleteParams::default())
+            .await?;
+        eventually("the pod's port released", WAIT, || async {
+            match neutron.get_port(&port_id).await {
+                Err(e) if e.is_not_found() => Ok(Some(())),
+                Err(e) => Err(e.into()),
+                Ok(_) => Ok(None),
+            }
+        })
+        .await?;
+        ctrl.stop.cancel();
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}
+
 /// The vif handler with an OpenStack it never reaches: it only writes to Kubernetes.
 fn kube_only_vif_handler(client: &kube::Client) -> Result<kuryr_controller::handlers::vif::VifHandler> {
     use kuryr_controller::context::Platform;

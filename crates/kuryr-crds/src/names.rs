@@ -118,9 +118,33 @@ pub mod neutron {
         format!("{TAG_POOL_PREFIX}{pool}")
     }
 
-    /// `kuryr-rs.pod=<namespace>/<name>`.
+    /// Neutron refuses a tag, and a resource name, longer than this (in characters).
+    pub const MAX_LEN: usize = 255;
+
+    /// `kuryr-rs.pod=<namespace>/<name>`; one past [`MAX_LEN`] (a namespace and pod name may
+    /// add up to 317 characters) is cut and ends in `~` and a stable hash of the whole, so it
+    /// still names one pod and is found again from the same pod.
     pub fn pod_tag(namespace: &str, name: &str) -> String {
-        format!("{TAG_POD_PREFIX}{namespace}/{name}")
+        let tag = format!("{TAG_POD_PREFIX}{namespace}/{name}");
+        if tag.chars().count() <= MAX_LEN {
+            return tag;
+        }
+        let hash = format!("~{:016x}", fnv1a(tag.as_bytes()));
+        let kept: String = tag.chars().take(MAX_LEN - hash.len()).collect();
+        kept + &hash
+    }
+
+    /// The name of a pod's port, `<namespace>/<name>`, cut to [`MAX_LEN`] as upstream cuts it.
+    pub fn pod_port_name(namespace: &str, name: &str) -> String {
+        format!("{namespace}/{name}").chars().take(MAX_LEN).collect()
+    }
+
+    /// 64-bit FNV-1a: tags outlive a build, so the hash must not change with the toolchain (as
+    /// std's `DefaultHasher` may).
+    pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+        bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
     }
 }
 
@@ -145,6 +169,24 @@ mod tests {
     fn neutron_tags() {
         assert_eq!(neutron::cluster_tag("c1"), "kuryr-rs.cluster=c1");
         assert_eq!(neutron::pod_tag("ns", "p"), "kuryr-rs.pod=ns/p");
+        assert_eq!(neutron::pod_port_name("ns", "p"), "ns/p");
         assert_eq!(additional_ifname(ADDITIONAL_IFNAME_PREFIX, 1), "eth1");
+    }
+
+    #[test]
+    fn a_long_pod_name_gives_a_tag_and_port_name_neutron_takes_and_tells_apart() {
+        let ns = "n".repeat(63);
+        let (a, b) = ("p".repeat(252) + "a", "p".repeat(252) + "b");
+        let (ta, tb) = (neutron::pod_tag(&ns, &a), neutron::pod_tag(&ns, &b));
+        assert_eq!(ta.chars().count(), neutron::MAX_LEN);
+        assert!(ta.starts_with(&format!("kuryr-rs.pod={ns}/ppp")), "{ta}");
+        assert_ne!(ta, tb, "two pods, two tags");
+        assert_eq!(ta, neutron::pod_tag(&ns, &a), "the same pod, the same tag");
+        // The hash is FNV-1a of the whole tag: fixed, whatever the toolchain.
+        assert_eq!(neutron::fnv1a(b"kuryr-rs"), 0xe791_40d6_a806_1112);
+        assert_eq!(neutron::pod_port_name(&ns, &a).chars().count(), neutron::MAX_LEN);
+        // At the limit nothing is cut.
+        let fits = "p".repeat(neutron::MAX_LEN - "kuryr-rs.pod=ns/".len());
+        assert_eq!(neutron::pod_tag("ns", &fits), format!("kuryr-rs.pod=ns/{fits}"));
     }
 }

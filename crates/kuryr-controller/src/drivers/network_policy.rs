@@ -549,7 +549,11 @@ impl NetworkPolicyDriver {
                     tags.extend([format!("{TAG_POLICY}{uid}"), format!("{TAG_VARIANT}{variant}")]);
                     let sg = client
                         .create_security_group(&SecurityGroupCreate {
-                            name: format!("sg-{}-{}", key.namespace, key.name),
+                            // A policy's name may be 253 characters: cut to what Neutron takes.
+                            name: format!("sg-{}-{}", key.namespace, key.name)
+                                .chars()
+                                .take(kuryr_crds::names::neutron::MAX_LEN)
+                                .collect(),
                             project_id: Some(project.clone()),
                             description: Some(self.ag_description(uid)),
                             ..Default::default()

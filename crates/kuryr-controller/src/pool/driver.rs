@@ -497,7 +497,7 @@ impl PoolDriver {
         if self.opts.port_debug {
             let client = self.opts.deployments.client(&key.deployment)?;
             let update = PortUpdate {
-                name: Some(format!("{}/{}", pod.namespace, pod.name)),
+                name: Some(tags::pod_port_name(&pod.namespace, &pod.name)),
                 // A subport's device id is its trunk's: only bare-metal ports name their pod.
                 device_id: (self.kind == PoolKind::Neutron).then(|| pod.uid.clone()),
                 ..PortUpdate::default()

@@ -96,7 +96,7 @@ pub fn port_create(
     let mut port_tags = base_tags.to_vec();
     match owner {
         PortOwner::Pod(pod) => {
-            req.name = Some(format!("{}/{}", pod.namespace, pod.name));
+            req.name = Some(tags::pod_port_name(&pod.namespace, &pod.name));
             req.device_id = Some(pod.uid.clone());
             port_tags.push(tags::pod_tag(&pod.namespace, &pod.name));
         }
