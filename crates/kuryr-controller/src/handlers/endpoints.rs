@@ -49,10 +49,10 @@ impl EndpointsHandler {
         let wanted = from_slices(&slices.items);
         let api: Api<KuryrLoadBalancer> = Api::namespaced(self.ctx.kube.clone(), &ns);
         let Some(klb) = api.get_opt(&service).await? else {
-            // The service handler creates it; this event is retried until it has.
-            return Err(Error::not_ready(format!(
-                "KuryrLoadBalancer {ns}/{service} not created yet"
-            )));
+            // The service handler creates it with the slices there are then, and lists them once
+            // more after the create, so none is missed. Retrying here would only end in an error
+            // for a Service it refused (its Event says why).
+            return Ok(());
         };
         if klb.spec.endpoint_slices == wanted || klb.metadata.deletion_timestamp.is_some() {
             return Ok(());

@@ -467,6 +467,8 @@ impl ServiceHandler {
                 };
                 match api.create(&PostParams::default(), &klb).await {
                     Ok(_) => {
+                        self.catch_up_slices(&api, &ns, &name, &klb.spec.endpoint_slices)
+                            .await?;
                         publish_event(
                             &self.ctx.events,
                             &svc,
@@ -486,6 +488,30 @@ impl ServiceHandler {
                 }
             }
         }
+    }
+}
+
+impl ServiceHandler {
+    /// A slice that changed between the list above and the create was seen by the `endpoints`
+    /// handler while there was no KuryrLoadBalancer to write it to (it leaves that to this handler):
+    /// one more list puts it in.
+    async fn catch_up_slices(
+        &self,
+        api: &Api<KuryrLoadBalancer>,
+        ns: &str,
+        name: &str,
+        listed: &[kuryr_crds::LbEndpointSlice],
+    ) -> Result<(), Error> {
+        let slices = Api::<EndpointSlice>::namespaced(self.ctx.kube.clone(), ns)
+            .list(&ListParams::default().labels(&format!("{SERVICE_NAME_LABEL}={name}")))
+            .await?;
+        let now = from_slices(&slices.items);
+        if now != listed {
+            let patch = serde_json::json!({ "spec": { "endpointSlices": now } });
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+        Ok(())
     }
 }
 

@@ -188,7 +188,13 @@ impl ResourceEventHandler for VifHandler {
                 // A re-created pod with the old pod's name: the old KuryrPort (and its ports) must go
                 // first, so the new pod never gets the old port.
                 if kp.meta().deletion_timestamp.is_none() {
-                    Box::pin(self.kps(&ns).delete(&name, &DeleteParams::background())).await?;
+                    match Box::pin(self.kps(&ns).delete(&name, &DeleteParams::background())).await {
+                        // Released meanwhile: the retry below creates the new pod's.
+                        Err(kube::Error::Api(s)) if s.code == 404 => {}
+                        other => {
+                            other?;
+                        }
+                    }
                 }
                 Err(Error::not_ready(format!(
                     "KuryrPort {ns}/{name} of a previous pod (uid {}) is being released",

@@ -241,7 +241,7 @@ fn dechunk(mut b: &[u8]) -> Result<Vec<u8>, ClientError> {
         if size == 0 {
             return Ok(out);
         }
-        if b.len() < size + 2 {
+        if size.checked_add(2).is_none_or(|end| b.len() < end) {
             return Err(bad());
         }
         out.extend_from_slice(&b[..size]);
@@ -311,6 +311,15 @@ mod tests {
         let _new = std::os::unix::net::UnixListener::bind(&path).unwrap();
         drop(old);
         assert!(path.exists(), "the successor's socket stays");
+    }
+
+    #[test]
+    fn a_chunk_size_past_the_body_is_refused_not_a_panic() {
+        for size in ["ffffffffffffffff", "fffffffffffffffe", "3"] {
+            let body = format!("{size}\r\nab\r\n0\r\n\r\n");
+            assert!(dechunk(body.as_bytes()).is_err(), "{size}");
+        }
+        assert_eq!(dechunk(b"2\r\nab\r\n0\r\n\r\n").ok(), Some(b"ab".to_vec()));
     }
 
     #[test]
