@@ -567,6 +567,70 @@ async fn a_pod_in_a_terminating_namespace_needs_no_kuryrport() -> Result<()> {
     Ok(())
 }
 
+/// A KuryrPort the controller cannot parse (here a VIF type it does not know) is not handed to
+/// the handler: the error names the object and the field, and the object gets a Warning Event
+/// saying so, which is where its owner looks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_that_cannot_be_parsed_is_a_warning_event_on_it_naming_the_field() -> Result<()> {
+    use kube::api::{ApiResource, DynamicObject};
+    use kuryr_controller::context::Platform;
+    use kuryr_controller::handlers::kuryrport::KuryrPortHandler;
+    use kuryr_controller::pipeline::{Event, EventHandler, EventType, Typed};
+    let kube = start_kube().await?;
+    create_namespace(&kube.client, "odd", json!({})).await?;
+    let metrics = Metrics::new();
+    let platform = Arc::new(Platform::new(
+        kube.client.clone(),
+        config("[neutron_defaults]\nproject = p1\npod_subnet = s1\npod_security_groups = sg1\n"),
+        Deployments::noauth("http://127.0.0.1:9", &metrics)?,
+        metrics,
+    ));
+    let ctx = Context::build(platform)?;
+    let handler = Typed::new(Arc::new(KuryrPortHandler::new(ctx.clone()))).telling(ctx.events.clone());
+    let raw = json!({
+        "apiVersion": "openstack.org/v1", "kind": "KuryrPort",
+        "metadata": {"name": "p", "namespace": "odd"},
+        "spec": {"podUid": "u1", "podNodeName": NODES[0]},
+        "status": {"vifs": {"eth0": {"default": true, "vif": {
+            "versioned_object.name": "VIFFromTheFuture", "versioned_object.namespace": "os_vif",
+            "versioned_object.version": "1.0", "versioned_object.data": {}}}}}
+    });
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(kube.client.clone(), "odd", &ApiResource::erase::<KuryrPort>(&()));
+    let created = api
+        .create(&PostParams::default(), &serde_json::from_value(raw)?)
+        .await?;
+    let resource = Arc::new(ApiResource::erase::<KuryrPort>(&()));
+    let e = handler
+        .handle(Event::new(EventType::Added, resource, created))
+        .await
+        .expect_err("not handed over");
+    let text = e.to_string();
+    for want in ["odd/p", "status.vifs.eth0.vif", "VIFFromTheFuture"] {
+        assert!(text.contains(want), "{want:?} in {text}");
+    }
+    assert!(e.is_user_visible(), "the owner's to fix, not an ERROR: {e}");
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(kube.client.clone(), "odd");
+    let note = eventually("Warning Event on the KuryrPort", WAIT, || async {
+        Ok(events
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .find_map(|ev| {
+                let r = ev.regarding.as_ref()?;
+                (ev.type_.as_deref() == Some("Warning")
+                    && r.kind.as_deref() == Some("KuryrPort")
+                    && r.name.as_deref() == Some("p"))
+                .then_some(ev.note)
+                .flatten()
+            }))
+    })
+    .await?;
+    assert!(note.contains("status.vifs.eth0.vif"), "{note}");
+    Ok(())
+}
+
 /// The vif handler's own finalizer write comes back as a MODIFIED event at the version it
 /// finished on: handled again it would only re-read the KuryrPort, so it is skipped (no
 /// request). A change by anyone else, and the watcher's periodic re-send of the same version,

@@ -64,37 +64,49 @@ impl HandlerRegistry {
     pub fn with_builtin() -> Self {
         let mut r = Self::empty();
         r.register("vif", |ctx| {
-            RegisteredHandler::new(vif::VifHandler::new(ctx.clone()))
+            RegisteredHandler::telling(vif::VifHandler::new(ctx.clone()), ctx.events.clone())
         });
         r.register("kuryrport", |ctx| {
-            RegisteredHandler::new(kuryrport::KuryrPortHandler::new(ctx.clone()))
+            RegisteredHandler::telling(kuryrport::KuryrPortHandler::new(ctx.clone()), ctx.events.clone())
         });
         r.register("namespace", |ctx| {
-            RegisteredHandler::new(namespace::NamespaceHandler::new(ctx.clone()))
+            RegisteredHandler::telling(namespace::NamespaceHandler::new(ctx.clone()), ctx.events.clone())
         });
         r.register("kuryrnetwork", |ctx| {
-            RegisteredHandler::new(kuryrnetwork::KuryrNetworkHandler::new(ctx.clone()))
+            RegisteredHandler::telling(
+                kuryrnetwork::KuryrNetworkHandler::new(ctx.clone()),
+                ctx.events.clone(),
+            )
         });
         r.register("service", |ctx| {
-            RegisteredHandler::new(service::ServiceHandler::new(ctx.clone()))
+            RegisteredHandler::telling(service::ServiceHandler::new(ctx.clone()), ctx.events.clone())
         });
         r.register("endpoints", |ctx| {
-            RegisteredHandler::new(endpoints::EndpointsHandler::new(ctx.clone()))
+            RegisteredHandler::telling(endpoints::EndpointsHandler::new(ctx.clone()), ctx.events.clone())
         });
         r.register("kuryrloadbalancer", |ctx| {
-            RegisteredHandler::new(kuryrloadbalancer::KuryrLoadBalancerHandler::new(ctx.clone()))
+            RegisteredHandler::telling(
+                kuryrloadbalancer::KuryrLoadBalancerHandler::new(ctx.clone()),
+                ctx.events.clone(),
+            )
         });
         r.register("policy", |ctx| {
-            RegisteredHandler::new(policy::PolicyHandler::new(ctx.clone()))
+            RegisteredHandler::telling(policy::PolicyHandler::new(ctx.clone()), ctx.events.clone())
         });
         r.register("kuryrnetworkpolicy", |ctx| {
-            RegisteredHandler::new(kuryrnetworkpolicy::KuryrNetworkPolicyHandler::new(ctx.clone()))
+            RegisteredHandler::telling(
+                kuryrnetworkpolicy::KuryrNetworkPolicyHandler::new(ctx.clone()),
+                ctx.events.clone(),
+            )
         });
         r.register("pod_label", |ctx| {
-            RegisteredHandler::new(pod_label::PodLabelHandler::new(ctx.clone()))
+            RegisteredHandler::telling(pod_label::PodLabelHandler::new(ctx.clone()), ctx.events.clone())
         });
         r.register_companion("pod_label", |ctx| {
-            RegisteredHandler::new(pod_label::NamespaceLabelHandler::new(ctx.clone()))
+            RegisteredHandler::telling(
+                pod_label::NamespaceLabelHandler::new(ctx.clone()),
+                ctx.events.clone(),
+            )
         });
         r
     }

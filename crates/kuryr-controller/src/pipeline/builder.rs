@@ -28,8 +28,22 @@ pub struct RegisteredHandler {
 
 impl RegisteredHandler {
     pub fn new<H: ResourceEventHandler>(handler: H) -> Self {
+        Self::build(handler, None)
+    }
+
+    /// [`RegisteredHandler::new`], and an object of its kind that cannot be parsed becomes a
+    /// Warning Event on the object, naming the field.
+    pub fn telling<H: ResourceEventHandler>(handler: H, events: kube::runtime::events::Recorder) -> Self {
+        Self::build(handler, Some(events))
+    }
+
+    fn build<H: ResourceEventHandler>(handler: H, events: Option<kube::runtime::events::Recorder>) -> Self {
         let handler = Arc::new(handler);
         let typed = Typed::new(handler.clone());
+        let typed = match events {
+            Some(events) => typed.telling(events),
+            None => typed,
+        };
         Self {
             name: handler.name().to_string(),
             resource: Typed::<H>::api_resource(),

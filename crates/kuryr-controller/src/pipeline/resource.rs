@@ -68,14 +68,14 @@ pub struct WatchSelector {
 
 /// The typed object of an event. An event no other handler shares (the usual case) is taken
 /// apart and its JSON moved into the typed object, not copied: the watcher parsed it once already.
-/// On failure, the error names the object (`namespace/name`), built only then.
-fn parse_typed<K: DeserializeOwned>(object: Arc<DynamicObject>) -> Result<K, (String, serde_json::Error)> {
+/// On failure, the error names the object (`namespace/name`), built only then, and the field.
+fn parse_typed<K: DeserializeOwned>(object: Arc<DynamicObject>) -> Result<K, (String, String)> {
     let DynamicObject {
         types,
         metadata,
         data,
     } = Arc::try_unwrap(object).unwrap_or_else(|shared| (*shared).clone());
-    let named = |e| {
+    let named = |e: String| {
         let name = metadata.name.as_deref().unwrap_or("<unnamed>");
         let reference = match metadata.namespace.as_deref() {
             Some(ns) => format!("{ns}/{name}"),
@@ -92,7 +92,8 @@ fn parse_typed<K: DeserializeOwned>(object: Arc<DynamicObject>) -> Result<K, (St
                 data: other,
             };
             return serde_json::to_value(&whole)
-                .and_then(serde_json::from_value)
+                .map_err(|e| e.to_string())
+                .and_then(at_field)
                 .map_err(named);
         }
     };
@@ -100,13 +101,43 @@ fn parse_typed<K: DeserializeOwned>(object: Arc<DynamicObject>) -> Result<K, (St
         fields.insert("apiVersion".into(), t.api_version.into());
         fields.insert("kind".into(), t.kind.into());
     }
-    fields.insert("metadata".into(), serde_json::to_value(&metadata).map_err(named)?);
-    serde_json::from_value(serde_json::Value::Object(fields)).map_err(named)
+    fields.insert(
+        "metadata".into(),
+        serde_json::to_value(&metadata).map_err(|e| named(e.to_string()))?,
+    );
+    at_field(serde_json::Value::Object(fields)).map_err(named)
+}
+
+/// `value` as a `K`; a failure names the field (`status.vifs.eth0.vif: ...`).
+fn at_field<K: DeserializeOwned>(value: serde_json::Value) -> Result<K, String> {
+    serde_path_to_error::deserialize(value).map_err(|e| match e.path().to_string() {
+        p if p == "." => e.inner().to_string(),
+        p => format!("{p}: {}", e.inner()),
+    })
+}
+
+/// What an Event about `object` regards.
+fn reference_of(
+    object: &DynamicObject,
+    resource: &ApiResource,
+) -> k8s_openapi::api::core::v1::ObjectReference {
+    let m = &object.metadata;
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some(resource.api_version.clone()),
+        kind: Some(resource.kind.clone()),
+        name: m.name.clone(),
+        namespace: m.namespace.clone(),
+        uid: m.uid.clone(),
+        resource_version: m.resource_version.clone(),
+        ..Default::default()
+    }
 }
 
 /// Adapts a typed [`ResourceEventHandler`] to the untyped pipeline.
 pub struct Typed<H: ResourceEventHandler> {
     handler: Arc<H>,
+    /// Where an object that cannot be parsed is reported, as a Warning Event on it.
+    events: Option<kube::runtime::events::Recorder>,
     _k: PhantomData<fn() -> H::Object>,
 }
 
@@ -114,8 +145,15 @@ impl<H: ResourceEventHandler> Typed<H> {
     pub fn new(handler: Arc<H>) -> Self {
         Self {
             handler,
+            events: None,
             _k: PhantomData,
         }
+    }
+
+    /// Objects of the kind that cannot be parsed become a Warning Event on them.
+    pub fn telling(mut self, events: kube::runtime::events::Recorder) -> Self {
+        self.events = Some(events);
+        self
     }
 
     pub fn api_resource() -> ApiResource {
@@ -176,10 +214,19 @@ impl<H: ResourceEventHandler> EventHandler for Typed<H> {
             object,
             ..
         } = event;
+        // Only needed for a failure, but the object is consumed by the parse.
+        let regarding = self.events.as_ref().map(|_| reference_of(&object, &resource));
         // The handler works on the parsed object alone: the event's copy is consumed here.
-        let obj: H::Object = parse_typed(object).map_err(|(reference, e)| {
-            Error::invalid(reference, format!("cannot parse as {}: {e}", resource.kind))
-        })?;
+        let obj: H::Object = match parse_typed(object) {
+            Ok(obj) => obj,
+            Err((reference, e)) => {
+                let e = Error::invalid(reference, format!("cannot parse as {}: {e}", resource.kind));
+                if let (Some(events), Some(regarding)) = (&self.events, &regarding) {
+                    crate::k8s::publish_event_on(events, regarding, true, e.label(), &e.to_string()).await;
+                }
+                return Err(e);
+            }
+        };
         match event_type {
             EventType::Deleted => {
                 if let Some(s) = settled {
