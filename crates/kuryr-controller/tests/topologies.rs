@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kuryr_crds::{KuryrNetwork, KuryrPort};
 use kuryr_neutron::ListFilter;
 use serde_json::json;
@@ -177,7 +177,46 @@ async fn namespace_subnet_driver_creates_and_removes_namespace_networks() -> Res
         let (_, vif) = kp.status.as_ref().unwrap().default_vif().unwrap();
         assert_eq!(neutron.get_port(vif.id()).await?.network_id, net_id);
 
-        delete_namespace_and_wait(&kube.client, neutron, "team-a", "p", &net_id).await?;
+        // The controller stops, and the record of what it made is lost (as after a crash right
+        // after the creates, before the status writes); the namespace is deleted meanwhile. The
+        // next controller still finds the network, subnet and router interface, and removes them.
+        ctrl.shutdown().await?;
+        kns.patch(
+            "team-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"netId": null, "subnetId": null, "routerId": null}})),
+        )
+        .await?;
+        Api::<Pod>::namespaced(kube.client.clone(), "team-a")
+            .delete("p", &DeleteParams::default())
+            .await?;
+        Api::<Namespace>::all(kube.client.clone())
+            .delete("team-a", &DeleteParams::default())
+            .await?;
+        let ctrl = start_controller(&kube.client, &target, config(&cfg), "c2");
+        eventually("the unrecorded network removed", WAIT, || async {
+            Ok(neutron
+                .get_network(&net_id)
+                .await
+                .err()
+                .filter(|e| e.is_not_found())
+                .map(|_| ()))
+        })
+        .await?;
+        eventually("KuryrNetwork gone", WAIT, || async {
+            Ok(kns.get_opt("team-a").await?.is_none().then_some(()))
+        })
+        .await?;
+        let router_ports = neutron
+            .list_ports(&ListFilter::new().device_id(&router.id))
+            .await?;
+        assert!(
+            !router_ports
+                .iter()
+                .any(|p| p.fixed_ips.iter().any(|f| f.subnet_id == subnet_id)),
+            "{}: the router interface went with it",
+            target.name
+        );
         ctrl.stop.cancel();
         let _ = neutron.delete_router(&router.id).await;
         cleanup_project(neutron, &fx.project).await;

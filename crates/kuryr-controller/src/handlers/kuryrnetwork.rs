@@ -87,11 +87,68 @@ impl KuryrNetworkHandler {
         }
     }
 
+    /// The namespace's network in `project`, tagged as ours, else (with `untagged`) one of its
+    /// name left untagged: Neutron takes no tags in a network create, so a crash between the
+    /// create and the tagging leaves one, adopted rather than duplicated. Scoped by project too:
+    /// the same cluster tags in another project (another cluster given the same cluster_id, or a
+    /// namespace moved to another project) are not this namespace's network.
+    async fn existing_network(
+        &self,
+        client: &kuryr_neutron::NeutronClient,
+        ns: &str,
+        project: &str,
+        untagged: bool,
+    ) -> Result<Option<kuryr_neutron::Network>, Error> {
+        let tagged = client
+            .list_networks(&ListFilter::new().tags(&self.tags(ns)).project_id(project))
+            .await?;
+        if let Some(n) = tagged.into_iter().next() {
+            return Ok(Some(n));
+        }
+        if !untagged {
+            return Ok(None);
+        }
+        Ok(client
+            .list_networks(
+                &ListFilter::new()
+                    .name(&format!("ns/{ns}-net"))
+                    .project_id(project),
+            )
+            .await?
+            .into_iter()
+            .find(|n| n.tags.is_empty()))
+    }
+
     fn tags(&self, ns: &str) -> Vec<String> {
         let mut t = self.ctx.resource_tags();
         t.push(ns_tag(ns));
         t
     }
+}
+
+/// The namespace's subnet on `net_id`: tagged as ours, else one of its name left untagged by a
+/// crash between the create and the tagging.
+async fn existing_subnet(
+    client: &kuryr_neutron::NeutronClient,
+    net_id: &str,
+    ns: &str,
+) -> Result<Option<kuryr_neutron::Subnet>, Error> {
+    let tag = ns_tag(ns);
+    let tagged = client
+        .list_subnets(&ListFilter::new().network_id(net_id).tags([tag.as_str()]))
+        .await?;
+    if let Some(s) = tagged.into_iter().next() {
+        return Ok(Some(s));
+    }
+    Ok(client
+        .list_subnets(
+            &ListFilter::new()
+                .network_id(net_id)
+                .name(&format!("ns/{ns}-subnet")),
+        )
+        .await?
+        .into_iter()
+        .find(|s| s.tags.is_empty()))
 }
 
 #[async_trait]
@@ -131,28 +188,16 @@ impl ResourceEventHandler for KuryrNetworkHandler {
         };
         let cfg = self.ctx.config.deployment_defaults(&deployment);
         let mut status = kn.status.clone().unwrap_or_default();
-        let tag = ns_tag(&ns);
         let cluster_tags = self.tags(&ns);
 
         if status.net_id.is_none() {
             // Scoped by project too: the same cluster tags in another project (another cluster
             // given the same cluster_id, or a namespace moved to another project) are not this
             // namespace's network; adopting one attached its subnet to a router it was not on.
-            let found = client
-                .list_networks(&ListFilter::new().tags(&cluster_tags).project_id(&project))
-                .await?;
             let name = format!("ns/{ns}-net");
-            let net = match found.into_iter().next() {
-                Some(n) => n,
-                None => {
-                    // Neutron takes no tags in a network create: a crash between the create and
-                    // the tagging leaves an untagged network of ours, which is adopted rather
-                    // than duplicated.
-                    let untagged = client
-                        .list_networks(&ListFilter::new().name(&name).project_id(&project))
-                        .await?
-                        .into_iter()
-                        .find(|n| n.tags.is_empty());
+            let net = match self.existing_network(&client, &ns, &project, true).await? {
+                Some(n) if !n.tags.is_empty() => n,
+                untagged => {
                     let n = match untagged {
                         Some(n) => n,
                         None => {
@@ -181,19 +226,10 @@ impl ResourceEventHandler for KuryrNetworkHandler {
                     "[namespace_subnet] pod_subnet_pool must be set for the namespace subnet driver".into(),
                 )
             })?;
-            let found = client
-                .list_subnets(&ListFilter::new().network_id(&net_id).tags([tag.as_str()]))
-                .await?;
             let name = format!("ns/{ns}-subnet");
-            let subnet = match found.into_iter().next() {
-                Some(s) => s,
-                None => {
-                    // As for the network: adopt our own subnet left untagged by a crash.
-                    let untagged = client
-                        .list_subnets(&ListFilter::new().network_id(&net_id).name(&name))
-                        .await?
-                        .into_iter()
-                        .find(|s| s.tags.is_empty());
+            let subnet = match existing_subnet(&client, &net_id, &ns).await? {
+                Some(s) if !s.tags.is_empty() => s,
+                untagged => {
                     let s = match untagged {
                         Some(s) => s,
                         None => {
@@ -272,7 +308,32 @@ impl ResourceEventHandler for KuryrNetworkHandler {
         let Ok(client) = self.ctx.deployments.client(&deployment) else {
             return self.drain_unconfigured(kn, &deployment).await;
         };
-        let status = kn.status.clone().unwrap_or_default();
+        let mut status = kn.status.clone().unwrap_or_default();
+        // What was made but not recorded (a crash, or a failed status write, right after a
+        // create) is looked up as `on_present` would have adopted it: else the network leaks and
+        // an unrecorded router interface keeps its deletion refused (409) for ever.
+        if status.net_id.is_none() || status.subnet_id.is_none() || status.router_id.is_none() {
+            let ns = &kn.spec.ns_name;
+            if status.net_id.is_none() {
+                let project = self.ctx.project_in(&deployment, &kn.spec.project_id).await;
+                status.net_id = self
+                    .existing_network(&client, ns, &project, true)
+                    .await?
+                    .map(|n| n.id);
+            }
+            if let (None, Some(net_id)) = (&status.subnet_id, &status.net_id) {
+                status.subnet_id = existing_subnet(&client, net_id, ns).await?.map(|s| s.id);
+            }
+            if status.router_id.is_none() {
+                // Removing an interface never added is a 404, taken as done below.
+                status.router_id = self
+                    .ctx
+                    .config
+                    .deployment_defaults(&deployment)
+                    .pod_router
+                    .clone();
+            }
+        }
         if let (Some(router), Some(subnet_id)) = (&status.router_id, &status.subnet_id) {
             match client
                 .remove_router_interface(
