@@ -100,7 +100,7 @@ impl KuryrNetworkHandler {
         untagged: bool,
     ) -> Result<Option<kuryr_neutron::Network>, Error> {
         let tagged = client
-            .list_networks(&ListFilter::new().tags(&self.tags(ns)).project_id(project))
+            .list_networks(&ListFilter::new().tags(self.tags(ns)).project_id(project))
             .await?;
         if let Some(n) = tagged.into_iter().next() {
             return Ok(Some(n));
@@ -109,11 +109,7 @@ impl KuryrNetworkHandler {
             return Ok(None);
         }
         Ok(client
-            .list_networks(
-                &ListFilter::new()
-                    .name(&format!("ns/{ns}-net"))
-                    .project_id(project),
-            )
+            .list_networks(&ListFilter::new().name(format!("ns/{ns}-net")).project_id(project))
             .await?
             .into_iter()
             .find(|n| n.tags.is_empty()))
@@ -144,7 +140,7 @@ async fn existing_subnet(
         .list_subnets(
             &ListFilter::new()
                 .network_id(net_id)
-                .name(&format!("ns/{ns}-subnet")),
+                .name(format!("ns/{ns}-subnet")),
         )
         .await?
         .into_iter()
@@ -195,7 +191,7 @@ impl ResourceEventHandler for KuryrNetworkHandler {
             // given the same cluster_id, or a namespace moved to another project) are not this
             // namespace's network; adopting one attached its subnet to a router it was not on.
             let name = format!("ns/{ns}-net");
-            let net = match self.existing_network(&client, &ns, &project, true).await? {
+            let net = match self.existing_network(client, &ns, &project, true).await? {
                 Some(n) if !n.tags.is_empty() => n,
                 untagged => {
                     let n = match untagged {
@@ -227,7 +223,7 @@ impl ResourceEventHandler for KuryrNetworkHandler {
                 )
             })?;
             let name = format!("ns/{ns}-subnet");
-            let subnet = match existing_subnet(&client, &net_id, &ns).await? {
+            let subnet = match existing_subnet(client, &net_id, &ns).await? {
                 Some(s) if !s.tags.is_empty() => s,
                 untagged => {
                     let s = match untagged {
@@ -317,12 +313,12 @@ impl ResourceEventHandler for KuryrNetworkHandler {
             if status.net_id.is_none() {
                 let project = self.ctx.project_in(&deployment, &kn.spec.project_id).await;
                 status.net_id = self
-                    .existing_network(&client, ns, &project, true)
+                    .existing_network(client, ns, &project, true)
                     .await?
                     .map(|n| n.id);
             }
             if let (None, Some(net_id)) = (&status.subnet_id, &status.net_id) {
-                status.subnet_id = existing_subnet(&client, net_id, ns).await?.map(|s| s.id);
+                status.subnet_id = existing_subnet(client, net_id, ns).await?.map(|s| s.id);
             }
             if status.router_id.is_none() {
                 // Removing an interface never added is a 404, taken as done below.
