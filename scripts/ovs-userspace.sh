@@ -2,7 +2,8 @@
 # A private Open vSwitch with the userspace (netdev) datapath, for tests and the sandbox on
 # nodes without the openvswitch kernel module. Nothing is shared with a system OVS: the
 # database, sockets, pid and log files all live in one directory.
-#   scripts/ovs-userspace.sh start   installs openvswitch-switch when missing, starts
+#   scripts/ovs-userspace.sh start   installs openvswitch-switch and ethtool (the OVS binding
+#                                    tests read the pods' offloads with it) when missing, starts
 #                                    ovsdb-server + ovs-vswitchd (already running ones are
 #                                    reused), ensures br-int with datapath_type=netdev and
 #                                    prints the database socket path on stdout
@@ -34,21 +35,26 @@ running_pid() {
 
 vsctl() { ovs-vsctl --db="unix:$SOCK" --timeout=10 "$@"; }
 
-install_ovs() {
-  if command -v ovsdb-server >/dev/null && command -v ovs-vswitchd >/dev/null \
-    && command -v ovs-vsctl >/dev/null && [ -r "$SCHEMA" ]; then
-    return
+install_packages() {
+  local missing=""
+  if ! { command -v ovsdb-server >/dev/null && command -v ovs-vswitchd >/dev/null \
+    && command -v ovs-vsctl >/dev/null && [ -r "$SCHEMA" ]; }; then
+    missing="$missing openvswitch-switch"
   fi
-  log "installing openvswitch-switch"
+  command -v ethtool >/dev/null || missing="$missing ethtool"
+  [ -n "$missing" ] || return 0
+  log "installing$missing"
   export DEBIAN_FRONTEND=noninteractive
-  if ! apt-get install -y --no-install-recommends openvswitch-switch >&2; then
+  # $missing is a word list on purpose.
+  # shellcheck disable=SC2086
+  if ! apt-get install -y --no-install-recommends $missing >&2; then
     apt-get update >&2
-    apt-get install -y --no-install-recommends openvswitch-switch >&2
+    apt-get install -y --no-install-recommends $missing >&2
   fi
 }
 
 start() {
-  install_ovs
+  install_packages
   mkdir -p "$D"
   if ! running_pid "$D/ovsdb-server.pid" ovsdb-server >/dev/null; then
     if [ ! -f "$D/conf.db" ]; then

@@ -5,6 +5,10 @@
 
 #[path = "../benches/cni-bench/floor.rs"]
 mod floor;
+// The workspace's one skip behaviour (a failure under KURYR_TEST_REQUIRE_ALL=1).
+#[allow(dead_code)]
+#[path = "../../kuryr-testbed/src/skip.rs"]
+mod skip;
 
 use std::process::{Command, Output};
 
@@ -40,7 +44,7 @@ fn fixture(bridge: &str) -> VifFixture {
 async fn the_floor_plugs_what_the_bridge_binding_checks_and_removes_it() {
     let ns = format!("kfl{}", std::process::id() % 100_000);
     if !ip(&["netns", "add", &ns]).status.success() {
-        eprintln!("skipping: cannot create network namespaces (need root and iproute2)");
+        skip::skip("cannot create network namespaces (need root and iproute2)");
         return;
     }
     let bridge = format!("kflb{}", std::process::id() % 100_000);
@@ -86,9 +90,12 @@ async fn the_floor_refuses_a_vif_it_does_not_plug() {
     spec.kind = kuryr_daemon::binding::PlugKind::MacvlanNested;
     let netns = NetNs::current().unwrap();
     let unused = format!("kflu{}", std::process::id() % 100_000);
-    let Ok(floor) = floor::BridgeFloor::new(&unused).await else {
-        eprintln!("skipping: cannot create a bridge (need root)");
-        return;
+    let floor = match floor::BridgeFloor::new(&unused).await {
+        Ok(floor) => floor,
+        Err(e) => {
+            skip::skip(format!("cannot create a bridge (need root): {e}"));
+            return;
+        }
     };
     let err = floor.add(&spec, &netns).await.unwrap_err();
     ip(&["link", "del", &unused]);

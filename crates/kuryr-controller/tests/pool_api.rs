@@ -25,14 +25,8 @@ const WAIT: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_show_populate_free_over_the_socket() {
-    let url = match std::env::var("KURYR_TEST_NEUTRON_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => {
-            println!(
-                "pool_api: skipped: KURYR_TEST_NEUTRON_URL is unset (scripts/neutron-lab/start-neutron.sh starts one)"
-            );
-            return;
-        }
+    let Some(url) = support::real_neutron_url("pool_api") else {
+        return;
     };
     let mut opts = ClientOptions::noauth(&url);
     opts.timeout = Some(Duration::from_secs(120));

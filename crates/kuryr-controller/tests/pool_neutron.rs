@@ -22,7 +22,7 @@ use kuryr_neutron::{
     ClientOptions, ListFilter, NetworkCreate, NeutronClient, Port, SecurityGroupCreate, SubnetCreate,
 };
 
-use support::{eventually, pooled_vif};
+use support::{eventually, pooled_vif, real_neutron_url};
 use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "k8s-node-1";
@@ -33,18 +33,6 @@ struct Lab {
     project: String,
     cluster: String,
     spec: PortSpec,
-}
-
-fn neutron_url(test: &str) -> Option<String> {
-    match std::env::var("KURYR_TEST_NEUTRON_URL") {
-        Ok(u) if !u.is_empty() => Some(u),
-        _ => {
-            println!(
-                "{test}: skipped: KURYR_TEST_NEUTRON_URL is unset (scripts/neutron-lab/start-neutron.sh starts one)"
-            );
-            None
-        }
-    }
 }
 
 impl Lab {
@@ -208,7 +196,7 @@ async fn release(d: &PoolDriver, lab: &Lab, pod: &str, vif: &Vif, origin: &VifOr
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_request_creates_one_batch_second_none() {
-    let Some(url) = neutron_url("first_request_creates_one_batch_second_none") else {
+    let Some(url) = real_neutron_url("first_request_creates_one_batch_second_none") else {
         return;
     };
     Lab::new(&url, "pool-batch")
@@ -238,7 +226,7 @@ async fn first_request_creates_one_batch_second_none() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn released_ports_recycle_up_to_max() {
-    let Some(url) = neutron_url("released_ports_recycle_up_to_max") else {
+    let Some(url) = real_neutron_url("released_ports_recycle_up_to_max") else {
         return;
     };
     Lab::new(&url, "pool-max")
@@ -277,7 +265,7 @@ async fn released_ports_recycle_up_to_max() {
 /// next periodic pass (an hour away here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_beyond_max_is_recycled_at_once() {
-    let Some(url) = neutron_url("a_release_beyond_max_is_recycled_at_once") else {
+    let Some(url) = real_neutron_url("a_release_beyond_max_is_recycled_at_once") else {
         return;
     };
     Lab::new(&url, "pool-wake")
@@ -318,7 +306,7 @@ async fn a_release_beyond_max_is_recycled_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ttl_shrinks_pool_back_to_min() {
-    let Some(url) = neutron_url("ttl_shrinks_pool_back_to_min") else {
+    let Some(url) = real_neutron_url("ttl_shrinks_pool_back_to_min") else {
         return;
     };
     Lab::new(&url, "pool-ttl")
@@ -352,7 +340,7 @@ async fn ttl_shrinks_pool_back_to_min() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_from_neutron_tags_readopts_pool_ports() {
-    let Some(url) = neutron_url("recovery_from_neutron_tags_readopts_pool_ports") else {
+    let Some(url) = real_neutron_url("recovery_from_neutron_tags_readopts_pool_ports") else {
         return;
     };
     Lab::new(&url, "pool-recover")

@@ -29,14 +29,8 @@ const NS: &str = "kuryr-system";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_rebuilds_pools_from_kuryrportpools_and_kuryrports() {
-    let url = match std::env::var("KURYR_TEST_NEUTRON_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => {
-            println!(
-                "pool_persist: skipped: KURYR_TEST_NEUTRON_URL is unset (scripts/neutron-lab/start-neutron.sh starts one)"
-            );
-            return;
-        }
+    let Some(url) = support::real_neutron_url("pool_persist") else {
+        return;
     };
     let mut opts = ClientOptions::noauth(&url);
     opts.timeout = Some(Duration::from_secs(120));

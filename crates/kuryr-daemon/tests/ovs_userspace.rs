@@ -2,7 +2,8 @@
 //! (netdev) datapath: `scripts/ovs-userspace.sh start` runs one and prints its
 //! database socket; these tests talk to it through `KURYR_TEST_OVS_DB`
 //! (`unix:<socket>`, set by `scripts/test-all.sh`) and skip with the reason
-//! when it is unset. They never start or stop OVS themselves.
+//! when it is unset (a failure under `KURYR_TEST_REQUIRE_ALL=1`, as CI runs
+//! them). They never start or stop OVS themselves.
 #![allow(clippy::unwrap_used)]
 mod common;
 
@@ -15,19 +16,21 @@ use kuryr_crds::vif::{FixedIp, Network, PortProfile, Subnet, VifBase, VifOpenVSw
 use kuryr_crds::{KuryrPort, KuryrPortSpec, KuryrPortStatus, KuryrPortVif, Vif};
 use kuryr_daemon::binding::{
     BindingConfig, BindingDrivers, BindingError, PlugKind, PlugSpec, PlugTarget, TxChecksumMode,
+    ovs_available_at,
 };
 use kuryr_daemon::netlink::{NetNs, Netlink};
 use kuryr_daemon::{ApiHealth, Daemon, DaemonConfig, NoEvents};
 use serde_json::{Value, json};
 
-/// The userspace OVS database, or `None` (with the reason printed).
+/// The userspace OVS database, or `None` after [`skip`] (a failure under `KURYR_TEST_REQUIRE_ALL=1`).
+#[track_caller]
 fn ovs_db() -> Option<String> {
     match std::env::var("KURYR_TEST_OVS_DB") {
         Ok(db) if !db.is_empty() => Some(db),
         _ => {
-            eprintln!(
-                "skipping: KURYR_TEST_OVS_DB is unset (run `scripts/ovs-userspace.sh start` and set \
-                 KURYR_TEST_OVS_DB=unix:<printed socket>; scripts/test-all.sh does both)"
+            skip(
+                "KURYR_TEST_OVS_DB is unset (run `scripts/ovs-userspace.sh start` and set \
+                 KURYR_TEST_OVS_DB=unix:<printed socket>; scripts/test-all.sh does both)",
             );
             None
         }
@@ -160,6 +163,8 @@ async fn two_pods_on_a_netdev_bridge_reach_each_other_and_teardown_cleans_up() {
         PlugTarget::new(&na, "pod-uid-a"),
         PlugTarget::new(&nb, "pod-uid-b"),
     );
+    // The public availability probe finds this OVS usable.
+    ovs_available_at(Some(&db)).await.unwrap();
     let drivers = BindingDrivers::new(&ovs_config(&db));
     let d = drivers.for_kind(&sa.kind);
     assert_eq!(d.name(), "neutron-vif/ovs");
@@ -293,7 +298,7 @@ async fn pod_tx_checksum_offload_goes_off_on_a_netdev_bridge_unless_configured_o
         .output()
         .is_err()
     {
-        eprintln!("skipping: ethtool is not installed (scripts/ovn-lab/ovn-lab.sh start installs it)");
+        skip("ethtool is not installed (scripts/ovs-userspace.sh start installs it)");
         return;
     }
     let bridge = OvsBridge {

@@ -58,10 +58,10 @@ fn octavia_url() -> Result<Option<String>> {
                  (OCTAVIA_OVN_LAB=<ovn lab dir> scripts/octavia-lab/start-octavia.sh starts that Octavia)"
             );
         }
-        eprintln!(
-            "skipping: {OCTAVIA_URL_VAR} is unset (OCTAVIA_OVN_LAB=<ovn lab dir> scripts/octavia-lab/start-octavia.sh \
+        skip(format!(
+            "{OCTAVIA_URL_VAR} is unset (OCTAVIA_OVN_LAB=<ovn lab dir> scripts/octavia-lab/start-octavia.sh \
              starts an Octavia with the ovn provider on :9877; scripts/test-all.sh sets it)"
-        );
+        ));
     }
     Ok(url)
 }

@@ -22,13 +22,15 @@ use support::*;
 
 const NS: &str = "upstream";
 
-fn upstream_plugin() -> Option<PathBuf> {
+/// Upstream's `kuryr-cni` next to the venv's python: `Err` with the path looked at when it is not there.
+fn upstream_plugin() -> Result<PathBuf, PathBuf> {
     let python = std::env::var_os("KURYR_TEST_UPSTREAM_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.upstream-kuryr/venv/bin/python")
         });
-    Some(python.parent()?.join("kuryr-cni")).filter(|p| p.exists())
+    let plugin = python.with_file_name("kuryr-cni");
+    if plugin.exists() { Ok(plugin) } else { Err(plugin) }
 }
 
 /// Runs upstream's plugin inside the node's namespace, as a runtime on that node would.
@@ -60,11 +62,16 @@ async fn upstream_cni(plugin: &Path, node: &Node, command: &str, pod: &PodSandbo
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn upstream_python_plugin_wires_a_pod_through_the_kuryr_rs_daemon() -> Result<()> {
     init_logs();
-    let Some(plugin) = upstream_plugin() else {
-        eprintln!(
-            "upstream kuryr venv not found: run scripts/upstream-kuryr-venv.sh (scripts/test-all.sh does); skipped"
-        );
-        return Ok(());
+    let plugin = match upstream_plugin() {
+        Ok(plugin) => plugin,
+        Err(missing) => {
+            skip(format!(
+                "upstream kuryr venv not found (no {}): run scripts/upstream-kuryr-venv.sh (scripts/test-all.sh \
+                 does and exports KURYR_TEST_UPSTREAM_PYTHON)",
+                missing.display()
+            ));
+            return Ok(());
+        }
     };
     if !can_netns() {
         return Ok(());

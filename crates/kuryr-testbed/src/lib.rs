@@ -2,8 +2,11 @@
 //! The Kubernetes API emulator with the CRDs applied, the Neutron targets (the in-repo emulator
 //! always, the real neutron-server when `KURYR_TEST_NEUTRON_URL` is set, required with
 //! `KURYR_TEST_REQUIRE_NEUTRON=1`), per-test Neutron
-//! fixtures, in-process controllers and polling helpers.
+//! fixtures, in-process controllers and polling helpers, and [`skip`]: how every test says why it
+//! does not run (a failure under `KURYR_TEST_REQUIRE_ALL=1`).
 #![allow(clippy::expect_used)]
+
+pub mod skip;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +25,8 @@ use kuryr_neutron::{ClientOptions, ListFilter, NeutronClient};
 use neutron_emulator::{AgentHosts, Emulator, EmulatorHandle, EmulatorOptions};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+
+pub use skip::{skip, skip_hardware};
 
 /// The real server's fake OVS agent serves exactly these hosts.
 pub const NODES: [&str; 2] = ["k8s-node-1", "k8s-node-2"];
@@ -84,12 +89,27 @@ pub async fn neutron_targets() -> Result<Vec<NeutronTarget>> {
             url,
             _emulator: None,
         }),
-        None => eprintln!(
-            "real neutron-server target skipped: {}",
+        None => skip(format!(
+            "the real neutron-server target: {}",
             neutron_contract::env::skip_reason()
-        ),
+        )),
     }
     Ok(out)
+}
+
+/// The real neutron-server's URL for `test`, which needs it; `None` after [`skip`] when
+/// `KURYR_TEST_NEUTRON_URL` is unset. Panics when `KURYR_TEST_REQUIRE_NEUTRON=1` (or
+/// `KURYR_TEST_REQUIRE_ALL=1`) and it is unset.
+#[track_caller]
+pub fn real_neutron_url(test: &str) -> Option<String> {
+    match neutron_contract::env::real_neutron_url() {
+        Ok(Some(url)) => Some(url),
+        Ok(None) => {
+            skip(format!("{test}: {}", neutron_contract::env::skip_reason()));
+            None
+        }
+        Err(e) => panic!("{test}: {e}"),
+    }
 }
 
 pub struct Kube {
@@ -457,5 +477,21 @@ where
             bail!("timed out waiting for {what} (last error: {last_err:?})");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::skip::{REQUIRE_ALL_VAR, refusal};
+
+    #[test]
+    fn a_skip_fails_only_under_require_all() {
+        for unset in [None, Some(""), Some("0"), Some(" 0 ")] {
+            assert_eq!(refusal("no lab", unset), None, "{unset:?}");
+        }
+        let e = refusal("no lab here", Some("1")).expect("required");
+        assert!(e.contains(REQUIRE_ALL_VAR) && e.contains("no lab here"), "{e}");
+        let e = refusal("no lab", Some("yes")).expect("a typo must not pass as unset");
+        assert!(e.contains("must be 0 or 1") && e.contains("\"yes\""), "{e}");
     }
 }

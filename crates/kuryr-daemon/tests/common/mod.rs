@@ -1,9 +1,16 @@
 //! Throwaway kernel fixtures for tests: uniquely named namespaces and links,
-//! removed on drop even when the test fails.
+//! removed on drop even when the test fails; and [`skip`], how a test says why it does not run
+//! (a failure under `KURYR_TEST_REQUIRE_ALL=1`).
 #![allow(dead_code)]
 
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
+
+// The workspace's one skip behaviour (std only; depending on kuryr-testbed would build the controller).
+#[path = "../../../kuryr-testbed/src/skip.rs"]
+mod skip;
+#[allow(unused_imports)]
+pub use skip::{skip, skip_hardware};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -13,7 +20,9 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}{}{n}", std::process::id() % 100_000)
 }
 
-/// `true` when we can create namespaces (root with CAP_SYS_ADMIN).
+/// `true` when we can create namespaces (root with CAP_SYS_ADMIN); otherwise [`skip`]s, saying why
+/// (a failure under `KURYR_TEST_REQUIRE_ALL=1`), and the caller returns.
+#[track_caller]
 pub fn can_netns() -> bool {
     let name = unique("kprobe");
     let ok = Command::new("ip")
@@ -24,7 +33,7 @@ pub fn can_netns() -> bool {
     if ok {
         let _ = Command::new("ip").args(["netns", "del", &name]).status();
     } else {
-        eprintln!("skipping: cannot create network namespaces (need root and iproute2)");
+        skip("cannot create network namespaces (need root and iproute2)");
     }
     ok
 }

@@ -26,7 +26,7 @@ pub use kuryr_testbed::{
     neutron_targets, start_kube,
 };
 #[allow(unused_imports)]
-pub use kuryr_testbed::{create_pod, create_pod_with};
+pub use kuryr_testbed::{create_pod, create_pod_with, skip, skip_hardware};
 
 pub mod netpol_model;
 pub mod ovn_lab;
@@ -98,8 +98,9 @@ pub fn ip_ok(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
-/// Whether this process may create network namespaces (root + iproute2);
-/// prints why not.
+/// Whether this process may create network namespaces (root + iproute2); [`skip`]s, saying why,
+/// when not (a failure under `KURYR_TEST_REQUIRE_ALL=1`), and the caller returns.
+#[track_caller]
 pub fn can_netns() -> bool {
     let n = unique("kprobe");
     let ok = Command::new("ip")
@@ -109,7 +110,7 @@ pub fn can_netns() -> bool {
     if ok {
         ip(&["netns", "del", &n]);
     } else {
-        eprintln!("skipping: cannot create network namespaces (needs root and iproute2)");
+        skip("cannot create network namespaces (needs root and iproute2)");
     }
     ok
 }

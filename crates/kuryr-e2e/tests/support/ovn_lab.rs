@@ -51,9 +51,9 @@ impl Lab {
                      must run (scripts/ovn-lab/ovn-lab.sh start prints the variables)"
                 );
             }
-            eprintln!(
-                "skipping: KURYR_TEST_OVN_NEUTRON_URL is unset (scripts/ovn-lab/ovn-lab.sh start starts the ML2/OVN \
-                 lab; scripts/test-all.sh sets it)"
+            super::skip(
+                "KURYR_TEST_OVN_NEUTRON_URL is unset (scripts/ovn-lab/ovn-lab.sh start starts the ML2/OVN \
+                 lab; scripts/test-all.sh sets it)",
             );
             return Ok(None);
         };
