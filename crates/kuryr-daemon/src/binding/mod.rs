@@ -13,7 +13,7 @@ mod sriov;
 mod veth;
 
 pub use nested::{MacvlanDriver, VlanDriver};
-pub use ovs::{OvsProbe, disable_tx_checksum, is_userspace_datapath, ovs_available, ovs_available_at};
+pub use ovs::{OvsProbe, disable_tx_checksum, is_userspace_datapath, ovs_available_at};
 pub use sriov::{SriovConfig, SriovDriver, VfCandidate, find_free_vf, sriov_capable_pfs};
 pub use veth::{BridgeDriver, OvsDriver};
 

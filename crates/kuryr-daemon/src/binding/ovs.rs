@@ -226,13 +226,8 @@ fn ethtool_set_tx_csum(ifname: &str, on: bool) -> std::io::Result<()> {
     Ok(())
 }
 
-/// `Ok(())` when OVS is usable through ovs-vsctl's default database,
-/// `Err(reason)` otherwise (for tests and /ready).
-pub async fn ovs_available() -> Result<(), String> {
-    ovs_available_at(None).await
-}
-
-/// Like [`ovs_available`] for the database at `db` (`unix:/path`, `tcp:host:port`).
+/// `Ok(())` when OVS is usable through the database at `db` (`unix:/path`, `tcp:host:port`;
+/// `None`: ovs-vsctl's default), `Err(reason)` otherwise.
 pub async fn ovs_available_at(db: Option<&str>) -> Result<(), String> {
     match OvsProbe::detect(5, db).await.unavailable_reason() {
         None => Ok(()),
