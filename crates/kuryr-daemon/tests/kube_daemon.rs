@@ -66,11 +66,9 @@ fn cni_body(pod: &str, container: &str, netns: &str, uid: &str) -> Value {
         "config_kuryr": {"cniVersion": "1.0.0", "name": "kuryr", "type": "kuryr-cni"}})
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn daemon_against_kube_emulator() {
-    if !can_netns() {
-        return;
-    }
+/// The API emulator with kuryr-rs' CRDs, and a client of it (its kubeconfig in the returned
+/// directory).
+async fn cluster() -> (kube_emulator::KubeHandle, tempfile::TempDir, Client) {
     let handle = KubeEmulator::start(KubeOptions::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let client = client(&handle, dir.path()).await;
@@ -80,26 +78,41 @@ async fn daemon_against_kube_emulator() {
     for crd in kuryr_crds::generate::crds() {
         crds.create(&PostParams::default(), &crd).await.unwrap();
     }
+    (handle, dir, client)
+}
+
+/// A daemon of `node` on free local ports, posting to `events`, its KuryrPort watch running. Its
+/// ADD timeout is the tests' longest wait: every wait in them is ended by an event, never by it.
+fn daemon(node: &str, client: &Client, events: Arc<Recorded>) -> (Arc<Daemon>, tokio::task::JoinHandle<()>) {
+    let mut cfg = DaemonConfig::new(node.to_string());
+    cfg.bind_address = "127.0.0.1:0".parse().unwrap();
+    cfg.health_address = "127.0.0.1:0".parse().unwrap();
+    cfg.metrics_address = "127.0.0.1:0".parse().unwrap();
+    cfg.vif_annotation_timeout = WAIT;
+    let d = Daemon::new(
+        cfg,
+        events,
+        Arc::new(kuryr_daemon::kube::KubeApiHealth(client.clone())),
+    );
+    let watch = tokio::spawn({
+        let (c, n, r, e) = (client.clone(), node.to_string(), d.registry.clone(), d.events());
+        async move { kuryr_daemon::kube::watch_kuryrports(c, &n, r, e).await }
+    });
+    (d, watch)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_against_kube_emulator() {
+    if !can_netns() {
+        return;
+    }
+    let (handle, _dir, client) = cluster().await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let kps: Api<KuryrPort> = Api::namespaced(client.clone(), "default");
     let node = unique("knode");
 
-    let mut cfg = DaemonConfig::new(node.clone());
-    cfg.bind_address = "127.0.0.1:0".parse().unwrap();
-    cfg.health_address = "127.0.0.1:0".parse().unwrap();
-    cfg.metrics_address = "127.0.0.1:0".parse().unwrap();
-    // Every wait below is ended by an event; the timeout must never be what ends it.
-    cfg.vif_annotation_timeout = WAIT;
     let events = Arc::new(Recorded::default());
-    let d = Daemon::new(
-        cfg,
-        events.clone(),
-        Arc::new(kuryr_daemon::kube::KubeApiHealth(client.clone())),
-    );
-    let w1 = tokio::spawn({
-        let (c, n, r, e) = (client.clone(), node.clone(), d.registry.clone(), d.events());
-        async move { kuryr_daemon::kube::watch_kuryrports(c, &n, r, e).await }
-    });
+    let (d, w1) = daemon(&node, &client, events.clone());
     let w2 = tokio::spawn({
         let (c, n, r) = (client.clone(), node.clone(), d.registry.clone());
         async move { kuryr_daemon::kube::watch_pods(c, &n, r).await }
@@ -318,15 +331,7 @@ async fn daemon_against_kube_emulator() {
 /// the timeout; once fixed it is served again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_kuryrport_fails_only_its_own_pod_at_once() {
-    let handle = KubeEmulator::start(KubeOptions::default()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let client = client(&handle, dir.path()).await;
-    let crds: Api<
-        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-    > = Api::all(client.clone());
-    for crd in kuryr_crds::generate::crds() {
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-    }
+    let (_handle, _dir, client) = cluster().await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let kps: Api<KuryrPort> = Api::namespaced(client.clone(), "default");
     let raw: Api<kube::api::DynamicObject> = Api::namespaced_with(
@@ -371,22 +376,9 @@ async fn an_unreadable_kuryrport_fails_only_its_own_pod_at_once() {
     .await
     .unwrap();
 
-    let mut cfg = DaemonConfig::new(node.clone());
-    cfg.bind_address = "127.0.0.1:0".parse().unwrap();
-    cfg.health_address = "127.0.0.1:0".parse().unwrap();
-    cfg.metrics_address = "127.0.0.1:0".parse().unwrap();
-    // Only an answer given at once tells the failure from the timeout (504).
-    cfg.vif_annotation_timeout = WAIT;
+    // Only an answer given at once tells the failure from the ADD timeout (504).
     let events = Arc::new(Recorded::default());
-    let d = Daemon::new(
-        cfg,
-        events.clone(),
-        Arc::new(kuryr_daemon::kube::KubeApiHealth(client.clone())),
-    );
-    let watch = tokio::spawn({
-        let (c, n, r, e) = (client.clone(), node.clone(), d.registry.clone(), d.events());
-        async move { kuryr_daemon::kube::watch_kuryrports(c, &n, r, e).await }
-    });
+    let (d, watch) = daemon(&node, &client, events.clone());
     let servers = kuryr_daemon::server::start(d.clone()).await.unwrap();
     let registry = d.registry.clone();
     let served = |name: &str| {
