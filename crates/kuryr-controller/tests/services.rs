@@ -851,6 +851,56 @@ async fn a_port_the_provider_refuses_is_a_warning_event_and_the_other_ports_are_
     Ok(())
 }
 
+/// A pass that fails after making a listener (Octavia refused its pool once) leaves that listener in
+/// Octavia but not in the record: the next pass reads the tree back and adds the pool to it, where
+/// planning from the old record would create the listener again, which Octavia refuses (409, the
+/// port is taken) at every retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_made_by_a_failed_pass_is_recorded_not_created_again() -> Result<()> {
+    init_logs();
+    let oct = octavia_targets(LatencyProfile::Instant).await?.remove(0);
+    let emu = oct.emulator.as_ref().expect("the first target is the emulator");
+    let ns = unique("half");
+    let bed = Bed::new(&ns).await?;
+    let _ctrl = bed.controller(&oct, "", "svc-half");
+    let kube = bed.client();
+    create_service(kube, &ns, "grow", "10.96.0.17", &[("http", 80, 8080, "TCP")]).await?;
+    set_endpoints(kube, &ns, "grow", &ips(2), &[("http", 8080)]).await?;
+    recorded(kube, &ns, "grow", 1, 2).await?;
+    let made = |s: &octavia_emulator::Stats| s.count("listener.create");
+    let before = made(&emu.stats());
+    emu.set_faults(octavia_emulator::FaultConfig {
+        rules: vec![octavia_emulator::FaultRule {
+            operation: "pool.create".into(),
+            status: Some(500),
+            count: Some(1),
+            delay_ms: 0,
+        }],
+    });
+    let patch = json!({"spec": {"ports": [
+        {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"},
+        {"name": "https", "port": 443, "targetPort": 8443, "protocol": "TCP"}]}});
+    Api::<Service>::namespaced(kube.clone(), &ns)
+        .patch("grow", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    set_endpoints(kube, &ns, "grow", &ips(2), &[("http", 8080), ("https", 8443)]).await?;
+    let st = recorded(kube, &ns, "grow", 2, 4).await?;
+    let s = emu.stats();
+    assert_eq!(s.faults_injected, 1, "the pool was refused once: {s:?}");
+    assert_eq!(made(&s) - before, 1, "the new listener made once: {s:?}");
+    let lb = st.loadbalancer.context("the load balancer")?;
+    let tree = oct.client.get_status_tree(&lb.id).await?;
+    assert!(
+        tree.loadbalancer.listeners.iter().all(|l| l.pools.len() == 1),
+        "every listener has its pool: {tree:?}"
+    );
+    // No endpoints left: the record says so too (a merge patch would keep the old members).
+    set_endpoints(kube, &ns, "grow", &[], &[("http", 8080), ("https", 8443)]).await?;
+    recorded(kube, &ns, "grow", 2, 0).await?;
+    assert_eq!(octavia_members(&oct.client, &lb.id).await?, BTreeSet::new());
+    Ok(())
+}
+
 /// Octavia's network driver on the test's Neutron emulator: VIP ports exist there, so floating IPs can be
 /// associated with them (the lab's Octavia runs the noop network driver and makes none).
 #[derive(Debug)]

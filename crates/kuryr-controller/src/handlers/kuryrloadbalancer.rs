@@ -252,6 +252,38 @@ impl KuryrLoadBalancerHandler {
         }
     }
 
+    /// After a failed pass: what it made before failing (a listener, its pool) is in Octavia but
+    /// not in the record, and planned again from the record it would be created again, which
+    /// Octavia refuses (409, the port is taken) for ever. The tree is read back into the record
+    /// instead, so the next pass plans from what is there. Best effort: the pass' own error is
+    /// what is retried.
+    async fn record_what_octavia_has(
+        &self,
+        actor: &LbActor<'_>,
+        klb: &KuryrLoadBalancer,
+        desired: &DesiredLb,
+    ) {
+        let read = async {
+            let Some(lb) = actor.find(desired).await? else {
+                return Ok(None);
+            };
+            actor.read_back(&lb, desired).await.map(Some)
+        };
+        match read.await {
+            Ok(Some(recorded)) => {
+                let mut status = klb.status.clone().unwrap_or_default();
+                recorded.write_status(&mut status);
+                if let Err(e) = self.write_status(klb, &status).await {
+                    tracing::debug!(klb = %klb.name_any(), error = %e, "could not record the load balancer after a failed pass");
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(klb = %klb.name_any(), error = %e, "could not read the load balancer back after a failed pass");
+            }
+        }
+    }
+
     async fn write_status(
         &self,
         klb: &KuryrLoadBalancer,
@@ -262,9 +294,17 @@ impl KuryrLoadBalancerHandler {
         let mut status =
             serde_json::to_value(status).map_err(|e| Error::serialization("KuryrLoadBalancer status", e))?;
         if let Some(map) = status.as_object_mut() {
-            // A merge patch keeps what it does not mention: a released public IP must be cleared.
-            map.entry("service_pub_ip_info")
-                .or_insert(serde_json::Value::Null);
+            // A merge patch keeps what it does not mention: what the record no longer has (a
+            // released public IP, the last member of a Service gone to no endpoints) is cleared.
+            for key in [
+                "listeners",
+                "loadbalancer",
+                "members",
+                "pools",
+                "service_pub_ip_info",
+            ] {
+                map.entry(key).or_insert(serde_json::Value::Null);
+            }
         }
         let patch = json!({ "status": status });
         match api
@@ -337,7 +377,13 @@ impl KuryrLoadBalancerHandler {
             tags: self.tags(&klb),
         };
         let had_lb = recorded.is_some();
-        let applied = actor.apply(recorded, &desired, &steps).await?;
+        let applied = match actor.apply(recorded, &desired, &steps).await {
+            Ok(applied) => applied,
+            Err(e) => {
+                self.record_what_octavia_has(&actor, &klb, &desired).await;
+                return Err(e);
+            }
+        };
         let mut status = klb.status.clone().unwrap_or_default();
         applied.recorded.write_status(&mut status);
         self.write_status(&klb, &status).await?;
