@@ -122,8 +122,9 @@ impl fmt::Display for Cidr {
 impl FromStr for Cidr {
     type Err = String;
 
-    /// `a.b.c.d/n` or `x::y/n`; host bits must be clear (`10.0.0.1/8` is refused, as the
-    /// Kubernetes API validation of `ipBlock` refuses it). A bare address is a host prefix.
+    /// `a.b.c.d/n` or `x::y/n`; host bits are cleared (`10.0.0.1/8` is `10.0.0.0/8`, as the
+    /// Kubernetes API server takes it: refusing it would drop a policy it accepted and leave the
+    /// pods it selects open). A bare address is a host prefix.
     fn from_str(s: &str) -> Result<Self, String> {
         let (ip, len) = match s.split_once('/') {
             Some((ip, len)) => (ip, Some(len)),
@@ -138,9 +139,7 @@ impl FromStr for Cidr {
             if len > c.bits() {
                 return Err(format!("{s:?} has a prefix length above {}", c.bits()));
             }
-            if c.addr & !Self::mask(c.bits(), len) != 0 {
-                return Err(format!("{s:?} has host bits set"));
-            }
+            c.addr &= Self::mask(c.bits(), len);
             c.len = len;
         }
         Ok(c)
@@ -167,7 +166,8 @@ mod tests {
         assert_eq!(c("10.1.2.3").to_string(), "10.1.2.3/32");
         assert_eq!(c("2001:db8::/32").to_string(), "2001:db8::/32");
         assert_eq!(c("0.0.0.0/0").to_string(), "0.0.0.0/0");
-        assert!("10.0.0.1/8".parse::<Cidr>().is_err(), "host bits set");
+        assert_eq!(c("10.0.0.1/8").to_string(), "10.0.0.0/8", "host bits cleared");
+        assert_eq!(c("2001:db8::1/32").to_string(), "2001:db8::/32");
         assert!("10.0.0.0/33".parse::<Cidr>().is_err());
         assert!("nope".parse::<Cidr>().is_err());
     }

@@ -44,9 +44,18 @@ pub struct PodInfo {
 
 impl PodInfo {
     pub fn from_pod(pod: &Pod) -> Self {
+        // A finished pod's address is released (with pools, soon another pod's), and a host-network
+        // pod's is its node's: neither may stand for the pod in a policy's peers.
+        let finished = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|p| p == "Succeeded" || p == "Failed");
+        let host_network = pod.spec.as_ref().and_then(|s| s.host_network) == Some(true);
         let mut ips: Vec<IpAddr> = pod
             .status
             .iter()
+            .filter(|_| !finished && !host_network)
             .flat_map(|s| {
                 s.pod_ips
                     .iter()

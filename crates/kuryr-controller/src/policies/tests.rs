@@ -674,3 +674,26 @@ fn the_tracker_reconciles_only_the_policies_a_relabel_or_a_namespace_change_move
     t.remove_policy("u1");
     assert_eq!(uids(&t), ["u2"]);
 }
+
+#[test]
+fn a_finished_or_host_network_pod_stands_for_no_address() {
+    let pod = |phase: &str, host_network: bool| -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "labels": {"app": "a"}},
+            "spec": {"hostNetwork": host_network, "containers": [{"name": "c"}]},
+            "status": {"phase": phase, "podIP": "10.0.0.5", "podIPs": [{"ip": "10.0.0.5"}]}
+        }))
+        .expect("pod")
+    };
+    let ip: std::net::IpAddr = "10.0.0.5".parse().expect("ip");
+    assert_eq!(PodInfo::from_pod(&pod("Running", false)).ips, vec![ip]);
+    for (phase, host) in [("Succeeded", false), ("Failed", false), ("Running", true)] {
+        let info = PodInfo::from_pod(&pod(phase, host));
+        assert!(info.ips.is_empty(), "{phase}, hostNetwork {host}: {:?}", info.ips);
+        assert_eq!(
+            info.labels.get("app").map(String::as_str),
+            Some("a"),
+            "still indexed by its labels"
+        );
+    }
+}
