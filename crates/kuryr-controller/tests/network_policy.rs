@@ -949,3 +949,44 @@ async fn a_pooled_port_handed_to_a_selected_pod_carries_its_policy_group() -> Re
     }
     Ok(())
 }
+
+/// Ingress from the nodes stays open on isolated pods (kubelet probes): the policy's group admits
+/// the CIDR of each `[pod_vif_nested] worker_nodes_subnets` entry, as upstream's default rules do;
+/// a listed subnet no deployment has is left out with a warning, not a policy that never applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_isolated_pod_still_admits_its_nodes() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let client = &target.client;
+        let fx = neutron_fixture_subnets(client, &["10.73.0.0/24", "10.74.0.0/24"]).await?;
+        let nodes = &fx.subnets[1];
+        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let cfg = format!(
+            "{}[pod_vif_nested]\nworker_nodes_subnets = {},{}\n",
+            ini(&fx, &cluster, "policy,kuryrnetworkpolicy"),
+            nodes.subnet,
+            uuid::Uuid::new_v4()
+        );
+        let ctl = start_controller(&kube.client, &target, config(&cfg), "np-test-nodes");
+        labelled_namespace(&kube.client, "n").await?;
+        let sg = deny_db(&kube.client, "n").await?;
+        // The other ingress rule names the namespace's Service VIPs by an address group.
+        let prefixes: Vec<String> = eventually("the nodes' rule", WAIT, || async {
+            let rules = client
+                .list_security_group_rules(&ListFilter::new().security_group_id(&sg))
+                .await?;
+            let prefixes: Vec<_> = rules
+                .into_iter()
+                .filter(|r| r.direction == "ingress")
+                .filter_map(|r| r.remote_ip_prefix)
+                .collect();
+            Ok((!prefixes.is_empty()).then_some(prefixes))
+        })
+        .await?;
+        assert_eq!(prefixes, vec![nodes.cidr.clone()], "{}", target.name);
+        ctl.stop.cancel();
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}

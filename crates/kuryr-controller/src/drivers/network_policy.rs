@@ -69,7 +69,12 @@ pub struct NetworkPolicyDriver {
     config: Arc<KuryrConfig>,
     tags: Vec<String>,
     cluster_id: String,
+    /// The model's options but the nodes' prefixes, which are read from Neutron once.
     options: Options,
+    /// Ingress always allowed on isolated pods: the CIDRs of `[pod_vif_nested]
+    /// worker_nodes_subnets` (kubelet probes come from the nodes) and, with `[octavia_defaults]
+    /// enforce_sg_rules`, of the service subnet (upstream's `_get_default_np_rules`).
+    host_cidrs: tokio::sync::OnceCell<Vec<Cidr>>,
     /// `[kubernetes] network_policy_project_driver`: the project of a policy's groups.
     projects: Arc<dyn ProjectDriver>,
     /// Maps a project to its id in each deployment (deployments with their own Keystone).
@@ -111,6 +116,7 @@ impl NetworkPolicyDriver {
                 host_cidrs: vec![],
                 namespace_service_vips: true,
             },
+            host_cidrs: tokio::sync::OnceCell::new(),
             placement: None,
             open_groups: Mutex::default(),
             placed: Mutex::default(),
@@ -129,8 +135,50 @@ impl NetworkPolicyDriver {
 
     /// Ingress always allowed from these prefixes (the nodes' subnets: kubelet probes).
     pub fn with_host_cidrs(mut self, cidrs: Vec<Cidr>) -> Self {
-        self.options.host_cidrs = cidrs;
+        self.host_cidrs = tokio::sync::OnceCell::new_with(Some(cidrs));
         self
+    }
+
+    /// The model's options, the nodes' prefixes read from Neutron on first use.
+    async fn options(&self) -> Result<Options, Error> {
+        let host_cidrs = self.host_cidrs.get_or_try_init(|| self.read_host_cidrs()).await?;
+        Ok(Options {
+            host_cidrs: host_cidrs.clone(),
+            ..self.options.clone()
+        })
+    }
+
+    /// The CIDRs of the configured node subnets (and the service subnet with `enforce_sg_rules`),
+    /// each looked up in the deployments in turn; one found in none is left out with a warning
+    /// (a typo in kuryr.conf must not keep every policy from being applied).
+    async fn read_host_cidrs(&self) -> Result<Vec<Cidr>, Error> {
+        let mut ids: Vec<String> = self.config.pod_vif_nested.worker_nodes_subnets.clone();
+        if self.config.octavia_defaults.enforce_sg_rules
+            && let Some(svc) = &self.config.neutron_defaults.service_subnet
+        {
+            ids.push(svc.clone());
+        }
+        let mut cidrs = Vec::new();
+        'subnets: for id in ids {
+            for deployment in self.deployments.names() {
+                let client = self.deployments.client(deployment)?;
+                match client.get_subnet(&id).await {
+                    Ok(s) => {
+                        let cidr = s.cidr.parse::<Cidr>().map_err(|e| {
+                            Error::invalid(format!("subnet {id}"), format!("cidr {:?}: {e}", s.cidr))
+                        })?;
+                        cidrs.push(cidr);
+                        continue 'subnets;
+                    }
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            tracing::warn!(subnet = %id, "node or service subnet not found in any deployment: policies do not open ingress from it");
+        }
+        cidrs.sort();
+        cidrs.dedup();
+        Ok(cidrs)
     }
 
     /// The placement's project mapping (a project's id in each deployment).
@@ -403,11 +451,12 @@ impl NetworkPolicyDriver {
     /// reconcile to run uses the latest state). Unless `force`, a policy whose desired state is
     /// what its last reconcile applied is left alone (`None`).
     async fn reconcile(&self, uid: &str, force: bool) -> Result<Option<Applied>, Error> {
+        let options = self.options().await?;
         let _guard = self.lock(uid).await;
         let decided = self
             .with_tracker(|t| {
                 let spec = t.policies.get(uid)?.clone();
-                let want = desired(&spec, &t.cluster, &self.options);
+                let want = desired(&spec, &t.cluster, &options);
                 let unchanged = t.applied(uid) == Some(&want);
                 Some((spec, want, unchanged))
             })
@@ -444,9 +493,10 @@ impl NetworkPolicyDriver {
     /// [`Self::ensure_all`], also returning the policies whose Neutron state it changed (the
     /// Services they select may admit other sources now).
     pub async fn ensure_stale(&self) -> Result<(usize, Vec<PolicySpec>), Error> {
+        let options = self.options().await?;
         let stale: Vec<(String, PolicySpec)> = self
             .with_tracker(|t| {
-                t.stale(&self.options)
+                t.stale(&options)
                     .into_iter()
                     .map(|(uid, spec, _)| (uid, spec))
                     .collect()
