@@ -901,6 +901,57 @@ async fn a_listener_made_by_a_failed_pass_is_recorded_not_created_again() -> Res
     Ok(())
 }
 
+/// A served Service turned into one kuryr does not serve (here ExternalName) loses its load balancer, and
+/// gets one `KuryrServiceSkipped` Event saying why, as upstream's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_turned_external_name_loses_its_load_balancer() -> Result<()> {
+    init_logs();
+    let oct = octavia_targets(LatencyProfile::Instant).await?.remove(0);
+    let ns = unique("extname");
+    let bed = Bed::new(&ns).await?;
+    let _ctrl = bed.controller(&oct, "", "svc-extname");
+    let kube = bed.client();
+    create_service(kube, &ns, "away", "10.96.0.18", &[("http", 80, 8080, "TCP")]).await?;
+    set_endpoints(kube, &ns, "away", &ips(1), &[("http", 8080)]).await?;
+    let st = recorded(kube, &ns, "away", 1, 1).await?;
+    let lb = st.loadbalancer.context("the load balancer")?;
+    let patch = json!({"spec": {"type": "ExternalName", "externalName": "db.example.org", "clusterIP": null,
+                                "selector": null}});
+    Api::<Service>::namespaced(kube.clone(), &ns)
+        .patch("away", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    let klbs = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns);
+    eventually("the KuryrLoadBalancer gone", WAIT, || async {
+        Ok(klbs.get_opt("away").await?.is_none().then_some(()))
+    })
+    .await?;
+    eventually("the load balancer gone", WAIT, || async {
+        Ok(oct
+            .client
+            .get_load_balancer(&lb.id)
+            .await
+            .err()
+            .filter(|e| e.is_not_found())
+            .map(|_| ()))
+    })
+    .await?;
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(kube.clone(), &ns);
+    let skipped: Vec<_> = events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("KuryrServiceSkipped"))
+        .filter_map(|e| e.note)
+        .collect();
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert!(
+        skipped[0].contains("unsupported type ExternalName"),
+        "{skipped:?}"
+    );
+    Ok(())
+}
+
 /// Octavia's network driver on the test's Neutron emulator: VIP ports exist there, so floating IPs can be
 /// associated with them (the lab's Octavia runs the noop network driver and makes none).
 #[derive(Debug)]

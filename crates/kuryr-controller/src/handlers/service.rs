@@ -59,6 +59,9 @@ pub struct ServiceHandler {
     /// What each Service (by uid) was last warned about, so that a Warning Event is published when the
     /// Service starts asking for something Octavia cannot do, not on every event.
     warned: Mutex<HashMap<String, Vec<spec::Unhonoured>>>,
+    /// Why each skipped Service (by uid) was last said to be skipped, so the Event is published
+    /// when the reason changes, not at every re-send.
+    skipped: Mutex<HashMap<String, spec::Skip>>,
     /// `service_security_groups_driver = namespace` (finds, or makes, each namespace's group).
     namespace_groups: NamespaceSecurityGroups,
 }
@@ -73,6 +76,7 @@ impl ServiceHandler {
             ),
             ctx,
             warned: Mutex::default(),
+            skipped: Mutex::default(),
         }
     }
 
@@ -132,6 +136,25 @@ impl ServiceHandler {
         for u in fresh {
             tracing::warn!(service = %format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any()), reason = u.reason, "{}", u.message);
             publish_event(&self.ctx.events, svc, true, u.reason, &u.message).await;
+        }
+    }
+
+    /// A `KuryrServiceSkipped` Event (upstream's) when a Service is skipped for a reason of its own
+    /// spec, once per reason; none for the API server's Service or one without a cluster IP yet.
+    async fn tell_skipped(&self, svc: &Service, skip: spec::Skip) {
+        if matches!(skip, spec::Skip::ApiServer | spec::Skip::NoClusterIp) {
+            return;
+        }
+        let fresh = {
+            let mut skipped = self.skipped.lock().unwrap_or_else(|e| e.into_inner());
+            skipped
+                .insert(svc.uid().unwrap_or_default(), skip.clone())
+                .as_ref()
+                != Some(&skip)
+        };
+        if fresh {
+            let message = skip.message(&svc.namespace().unwrap_or_default(), &svc.name_any());
+            publish_event(&self.ctx.events, svc, false, "KuryrServiceSkipped", &message).await;
         }
     }
 
@@ -397,6 +420,10 @@ impl ResourceEventHandler for ServiceHandler {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&svc.uid().unwrap_or_default());
+        self.skipped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&svc.uid().unwrap_or_default());
         let ns = svc.namespace().unwrap_or_default();
         let api: Api<KuryrLoadBalancer> = Api::namespaced(self.ctx.kube.clone(), &ns);
         // The KuryrLoadBalancer's own finalizer releases the load balancer and then this Service's.
@@ -414,6 +441,19 @@ impl ServiceHandler {
         let name = svc.name_any();
         let api: Api<KuryrLoadBalancer> = Api::namespaced(self.ctx.kube.clone(), &ns);
         let existing = api.get_opt(&name).await?;
+        if let Some(skip) = spec::skip_reason(svc) {
+            self.tell_skipped(svc, skip).await;
+            // Served before (its type changed, or it went headless): its load balancer goes, as
+            // upstream's does; the KuryrLoadBalancer's finalizer releases it in Octavia.
+            if existing.is_some_and(|klb| klb.metadata.deletion_timestamp.is_none()) {
+                match api.delete(&name, &DeleteParams::background()).await {
+                    Ok(_) => {}
+                    Err(e) if is_not_found(&e) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            return Ok(());
+        }
         let Some(Wanted {
             spec: wanted,
             deployment,
