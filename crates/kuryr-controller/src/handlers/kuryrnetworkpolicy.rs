@@ -46,15 +46,19 @@ impl KuryrNetworkPolicyHandler {
         }
     }
 
-    /// Every pod of the namespace onto the groups its policies give it now.
+    /// Every pod of the namespace onto the groups its policies give it now; a pod that cannot be
+    /// moved does not keep the others where they were (every failure is returned).
     async fn sync_ports(&self, ns: &str) -> Result<(), Error> {
         let pods = Api::<Pod>::namespaced(self.ctx.kube.clone(), ns)
             .list(&ListParams::default())
             .await?;
+        let mut errors = Vec::new();
         for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
-            self.ctx.drivers.network_policy.sync_pod_ports(pod).await?;
+            if let Err(e) = self.ctx.drivers.network_policy.sync_pod_ports(pod).await {
+                errors.push(e);
+            }
         }
-        Ok(())
+        Error::collect(errors)
     }
 }
 
@@ -162,8 +166,16 @@ impl ResourceEventHandler for KuryrNetworkPolicyHandler {
                 publish_event(&self.ctx.events, knp, true, "DeploymentRemoved", &msg).await;
             }
         }
-        // The policy no longer counts for its pods.
-        self.sync_ports(&ns).await?;
+        // The policy no longer counts for its pods. Its groups are released already: a pod that
+        // cannot be moved for a reason a retry cannot mend (its own input) must not keep the
+        // policy's deletion waiting; the pod's next event moves it.
+        match self.sync_ports(&ns).await {
+            Ok(()) => {}
+            Err(e) if e.is_retryable() => return Err(e),
+            Err(e) => {
+                tracing::warn!(policy = %knp.name_any(), namespace = %ns, error = %e, "pods not moved after the policy's release");
+            }
+        }
         let selectors: Vec<Selector> = Selector::parse(&knp.spec.pod_selector, "spec.podSelector")
             .into_iter()
             .collect();

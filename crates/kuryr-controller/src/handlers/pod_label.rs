@@ -69,8 +69,13 @@ impl ResourceEventHandler for PodLabelHandler {
         if before.as_ref() == Some(&now) {
             return Ok(());
         }
-        driver.sync_pod_ports(pod).await?;
+        // A pod relabelled into a policy where its named port makes a group variant of its own
+        // waits for that group, which the reconcile below creates: moved again after it.
+        let synced = driver.sync_pod_ports(pod).await;
         let (_, moved) = driver.ensure_stale().await?;
+        if synced.is_err() {
+            driver.sync_pod_ports(pod).await?;
+        }
         follow(&self.followers, moved).await?;
         // The pod's own groups may have changed, and with them those of the Services it backs.
         if before.as_ref().map(|b| &b.0) != Some(&now.0) {
