@@ -1149,7 +1149,23 @@ async fn a_load_balancer_service_gets_a_floating_ip_on_its_vip_port() -> Result<
         .as_ref()
         .map(|l| l.port_id.clone())
         .unwrap_or_default();
-    assert_eq!(n.get_floatingip(&user.id).await?.port_id, Some(vip_port));
+    assert_eq!(n.get_floatingip(&user.id).await?.port_id, Some(vip_port.clone()));
+
+    // The load balancer deleted by hand: the periodic check rebuilds it on a new VIP port, and the
+    // floating IP, which Neutron let go with the old port, follows it there.
+    let old_lb = st.loadbalancer.as_ref().map(|l| l.id.clone()).unwrap_or_default();
+    ext.octavia.client.delete_load_balancer(&old_lb, true).await?;
+    let klbs = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns);
+    let new_port = eventually("the load balancer rebuilt", WAIT, || async {
+        let lb = klbs.get("mine").await?.status.and_then(|s| s.loadbalancer);
+        Ok(lb.filter(|l| l.id != old_lb).map(|l| l.port_id))
+    })
+    .await?;
+    assert_ne!(new_port, vip_port);
+    eventually("the floating IP on the new VIP port", WAIT, || async {
+        Ok((n.get_floatingip(&user.id).await?.port_id.as_deref() == Some(new_port.as_str())).then_some(()))
+    })
+    .await?;
 
     let (_, info) = public_ip(kube, &ns, "crashed").await?;
     assert_eq!(info.ip_id, left.id, "the leftover is adopted");

@@ -609,14 +609,16 @@ impl NetworkPolicyDriver {
                             ..Default::default()
                         })
                         .await?;
-                    client
-                        .replace_tags(kuryr_neutron::Taggable::SecurityGroup, &sg.id, &tags)
-                        .await?;
                     // Neutron adds allow-all egress rules to a new group; a policy group starts
-                    // closed and gets exactly the model's rules.
+                    // closed and gets exactly the model's rules. Tagged only then: a tagged group
+                    // is one a pod may be given, and it must not open egress meanwhile (a crash
+                    // before the tagging leaves it found by its description).
                     for r in &sg.security_group_rules {
                         ignore_not_found(client.delete_security_group_rule(&r.id).await)?;
                     }
+                    client
+                        .replace_tags(kuryr_neutron::Taggable::SecurityGroup, &sg.id, &tags)
+                        .await?;
                     groups.insert(variant, sg.id);
                 }
                 Op::CreateAddressGroup {

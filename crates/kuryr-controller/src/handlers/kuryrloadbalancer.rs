@@ -176,6 +176,7 @@ impl KuryrLoadBalancerHandler {
         klb: &KuryrLoadBalancer,
         deployment: &str,
         status: &mut KuryrLoadBalancerStatus,
+        vip_moved: bool,
     ) -> Result<(), Error> {
         let step = public_ip::decide(
             klb.spec.type_.as_deref(),
@@ -183,7 +184,15 @@ impl KuryrLoadBalancerHandler {
             status.service_pub_ip_info.as_ref(),
         );
         let want = match step {
-            public_ip::Step::Nothing => return Ok(()),
+            public_ip::Step::Nothing => {
+                let vip_port = status.loadbalancer.as_ref().map(|lb| lb.port_id.as_str());
+                if let (true, Some(info), Some(port)) = (vip_moved, &status.service_pub_ip_info, vip_port)
+                    && !port.is_empty()
+                {
+                    self.public_ips(klb, deployment)?.reattach(info, port).await?;
+                }
+                return Ok(());
+            }
             public_ip::Step::Release(old) => {
                 self.public_ips(klb, deployment)?.release(&old).await?;
                 status.service_pub_ip_info = None;
@@ -422,7 +431,15 @@ impl KuryrLoadBalancerHandler {
     ) -> Result<(), Error> {
         let mut status = status.unwrap_or_else(|| klb.status.clone().unwrap_or_default());
         let before = status.service_pub_ip_info.clone();
-        let result = self.reconcile_public_ip(klb, deployment, &mut status).await;
+        let port_of = |s: Option<&KuryrLoadBalancerStatus>| {
+            s.and_then(|s| s.loadbalancer.as_ref())
+                .map(|lb| lb.port_id.clone())
+        };
+        // A load balancer replaced or rebuilt (deleted by hand, in ERROR) has a new VIP port.
+        let vip_moved = port_of(klb.status.as_ref()) != port_of(Some(&status));
+        let result = self
+            .reconcile_public_ip(klb, deployment, &mut status, vip_moved)
+            .await;
         if status.service_pub_ip_info != before {
             self.write_status(klb, &status).await?;
         }

@@ -203,6 +203,19 @@ impl PublicIps<'_> {
         })
     }
 
+    /// Points the recorded public IP at `vip_port` again: a replaced or rebuilt load balancer has a new
+    /// VIP port, and Neutron disassociated the IP when the old one was deleted.
+    pub async fn reattach(&self, info: &LbPubIpInfo, vip_port: &str) -> Result<(), Error> {
+        self.neutron
+            .update_floatingip_port(&info.ip_id, Some(vip_port))
+            .await
+            .map(|_| ())
+            .map_err(neutron_err(format!(
+                "associating floating IP {} with the new VIP port",
+                info.ip_addr
+            )))
+    }
+
     async fn associate(&self, fip: &FloatingIp, vip_port: &str) -> Result<(), Error> {
         self.neutron
             .update_floatingip_port(&fip.id, Some(vip_port))
