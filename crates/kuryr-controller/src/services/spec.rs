@@ -187,6 +187,20 @@ pub fn unhonoured(svc: &Service, provider: Option<&str>) -> Vec<Unhonoured> {
             ),
         });
     }
+    if load_balancer
+        && spec
+            .load_balancer_source_ranges
+            .as_ref()
+            .is_some_and(|r| !r.is_empty())
+    {
+        // Said out loud: a user who asked for it believes the Service closed to other sources.
+        out.push(Unhonoured {
+            reason: "KuryrLoadBalancerSourceRangesUnsupported",
+            message: "spec.loadBalancerSourceRanges is not applied: the floating IP admits every source (a \
+                      NetworkPolicy on the backends limits who reaches them)"
+                .into(),
+        });
+    }
     out
 }
 
@@ -331,6 +345,19 @@ mod tests {
             "{amphora:?}"
         );
         // The ovn provider keeps the client's address: externalTrafficPolicy Local holds.
+        let ranges = {
+            let mut r = s.clone();
+            if let Some(spec) = r.spec.as_mut() {
+                spec.load_balancer_source_ranges = Some(vec!["192.0.2.0/24".into()]);
+            }
+            unhonoured(&r, Some("ovn"))
+        };
+        assert!(
+            ranges
+                .iter()
+                .any(|u| u.message.starts_with("spec.loadBalancerSourceRanges")),
+            "{ranges:?}"
+        );
         let ovn = unhonoured(&s, Some("ovn"));
         assert_eq!(ovn.len(), 1, "{ovn:?}");
         assert_eq!(ovn[0].reason, "KuryrInternalTrafficPolicyUnsupported");
