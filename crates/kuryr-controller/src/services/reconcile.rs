@@ -118,6 +118,7 @@ impl Reconciler {
             .list(&ListParams::default())
             .await?;
         let mut known = Known::new();
+        let mut errors = Vec::new();
         for klb in klbs
             .items
             .iter()
@@ -130,61 +131,75 @@ impl Reconciler {
                 deployment.clone(),
                 super::lb_name(&klb.namespace().unwrap_or_default(), &klb.name_any()),
             ));
-            let Some(rec) = RecordedLb::from_status(klb.status.as_ref()) else {
-                continue;
-            };
-            let Ok(client) = self.ctx.deployments.octavia(&deployment) else {
-                // A deployment no longer configured (drained by the handler) or without Octavia.
-                continue;
-            };
-            out.checked += 1;
-            let lb = match client.get_load_balancer(&rec.id).await {
-                Ok(lb) => lb,
-                Err(e) if e.is_not_found() => {
-                    tracing::warn!(lb = %rec.id, name = %rec.name, "load balancer deleted outside kuryr: re-creating it");
-                    self.clear_record(klb).await?;
-                    out.rebuilt += 1;
-                    continue;
-                }
-                Err(e) => return Err(Error::octavia("reconcile: reading a load balancer", e)),
-            };
-            if lb.provisioning_status == "ERROR" {
-                tracing::warn!(lb = %rec.id, name = %rec.name, "load balancer in ERROR: replacing it");
-                let actor = LbActor {
-                    client,
-                    waits: self.ctx.lb_waits(&deployment)?,
-                    tags: vec![super::service_tag(
-                        &klb.namespace().unwrap_or_default(),
-                        &klb.name_any(),
-                    )],
-                };
-                actor.delete(&rec.id).await?;
-                self.clear_record(klb).await?;
-                out.rebuilt += 1;
-                continue;
-            }
-            if lb.provisioning_status != "ACTIVE" {
-                continue;
-            }
-            let tree = client
-                .get_status_tree(&rec.id)
-                .await
-                .map_err(|e| Error::octavia("reconcile: reading a load balancer's tree", e))?;
-            if !tree_has_record(&tree, &rec) {
-                tracing::warn!(lb = %rec.id, name = %rec.name, "load balancer changed outside kuryr: repairing it");
-                // An empty record of this load balancer: the handler adopts it by name and re-plans.
-                self.clear_record(klb).await?;
-                out.repaired += 1;
+            // One load balancer that cannot be read or mended does not stop the others, nor the sweep.
+            if let Err(e) = self.check(klb, &deployment, &mut out).await {
+                errors.push(e);
             }
         }
-        out.orphans_deleted = self.sweep(&known).await?;
-        Ok(out)
+        match self.sweep(&known).await {
+            Ok(deleted) => out.orphans_deleted = deleted,
+            Err(e) => errors.push(e),
+        }
+        Error::collect(errors).map(|()| out)
     }
 
+    /// One KuryrLoadBalancer's load balancer: still there, not in ERROR, holding what the status
+    /// records; else the record is cleared for the handler to rebuild or repair it.
+    async fn check(&self, klb: &KuryrLoadBalancer, deployment: &str, out: &mut Pass) -> Result<(), Error> {
+        let Some(rec) = RecordedLb::from_status(klb.status.as_ref()) else {
+            return Ok(());
+        };
+        let Ok(client) = self.ctx.deployments.octavia(deployment) else {
+            // A deployment no longer configured (drained by the handler) or without Octavia.
+            return Ok(());
+        };
+        out.checked += 1;
+        let lb = match client.get_load_balancer(&rec.id).await {
+            Ok(lb) => lb,
+            Err(e) if e.is_not_found() => {
+                tracing::warn!(lb = %rec.id, name = %rec.name, "load balancer deleted outside kuryr: re-creating it");
+                self.clear_record(klb).await?;
+                out.rebuilt += 1;
+                return Ok(());
+            }
+            Err(e) => return Err(Error::octavia("reconcile: reading a load balancer", e)),
+        };
+        if lb.provisioning_status == "ERROR" {
+            tracing::warn!(lb = %rec.id, name = %rec.name, "load balancer in ERROR: replacing it");
+            let actor = LbActor {
+                client,
+                waits: self.ctx.lb_waits(deployment)?,
+                tags: vec![super::service_tag(
+                    &klb.namespace().unwrap_or_default(),
+                    &klb.name_any(),
+                )],
+            };
+            actor.delete(&rec.id).await?;
+            self.clear_record(klb).await?;
+            out.rebuilt += 1;
+            return Ok(());
+        }
+        if lb.provisioning_status != "ACTIVE" {
+            return Ok(());
+        }
+        let tree = client
+            .get_status_tree(&rec.id)
+            .await
+            .map_err(|e| Error::octavia("reconcile: reading a load balancer's tree", e))?;
+        if !tree_has_record(&tree, &rec) {
+            tracing::warn!(lb = %rec.id, name = %rec.name, "load balancer changed outside kuryr: repairing it");
+            // An empty record of this load balancer: the handler adopts it by name and re-plans.
+            self.clear_record(klb).await?;
+            out.repaired += 1;
+        }
+        Ok(())
+    }
+
+    /// Orphans of every deployment; one deployment that cannot be swept does not stop the others.
     async fn sweep(&mut self, known: &Known) -> Result<usize, Error> {
-        let cluster = kuryr_crds::names::neutron::cluster_tag(&self.ctx.cluster_id);
         let mut suspects = BTreeSet::new();
         let mut deleted = 0;
+        let mut errors = Vec::new();
         for deployment in self
             .ctx
             .deployments
@@ -192,36 +207,52 @@ impl Reconciler {
             .map(str::to_string)
             .collect::<Vec<_>>()
         {
-            let Ok(client) = self.ctx.deployments.octavia(&deployment) else {
-                continue;
-            };
-            let lbs = client
-                .list_load_balancers(&ListFilter::new().tags([cluster.as_str()]))
-                .await
-                .map_err(|e| Error::octavia("orphan sweep: listing load balancers", e))?;
-            deleted += self.sweep_public_ips(&deployment, known, &mut suspects).await?;
-            for lb in lbs {
-                if known.contains(&(deployment.clone(), lb.name.clone()))
-                    || !lb.tags.iter().any(|t| t.starts_with(super::SERVICE_TAG_PREFIX))
-                {
-                    continue;
-                }
-                if self.suspects.contains(&lb.id) {
-                    tracing::info!(lb = %lb.id, name = %lb.name, "deleting orphaned load balancer");
-                    LbActor {
-                        client,
-                        waits: self.ctx.lb_waits(&deployment)?,
-                        tags: lb.tags.clone(),
-                    }
-                    .delete(&lb.id)
-                    .await?;
-                    deleted += 1;
-                } else {
-                    suspects.insert(lb.id.clone());
-                }
+            match self.sweep_deployment(&deployment, known, &mut suspects).await {
+                Ok(n) => deleted += n,
+                Err(e) => errors.push(e),
             }
         }
         self.suspects = suspects;
+        Error::collect(errors).map(|()| deleted)
+    }
+
+    /// Load balancers and pool floating IPs of `deployment` that no KuryrLoadBalancer knows, deleted
+    /// once seen so in two passes.
+    async fn sweep_deployment(
+        &self,
+        deployment: &str,
+        known: &Known,
+        suspects: &mut BTreeSet<String>,
+    ) -> Result<usize, Error> {
+        let cluster = kuryr_crds::names::neutron::cluster_tag(&self.ctx.cluster_id);
+        let Ok(client) = self.ctx.deployments.octavia(deployment) else {
+            return Ok(0);
+        };
+        let lbs = client
+            .list_load_balancers(&ListFilter::new().tags([cluster.as_str()]))
+            .await
+            .map_err(|e| Error::octavia("orphan sweep: listing load balancers", e))?;
+        let mut deleted = self.sweep_public_ips(deployment, known, suspects).await?;
+        for lb in lbs {
+            if known.contains(&(deployment.to_string(), lb.name.clone()))
+                || !lb.tags.iter().any(|t| t.starts_with(super::SERVICE_TAG_PREFIX))
+            {
+                continue;
+            }
+            if self.suspects.contains(&lb.id) {
+                tracing::info!(lb = %lb.id, name = %lb.name, "deleting orphaned load balancer");
+                LbActor {
+                    client,
+                    waits: self.ctx.lb_waits(deployment)?,
+                    tags: lb.tags.clone(),
+                }
+                .delete(&lb.id)
+                .await?;
+                deleted += 1;
+            } else {
+                suspects.insert(lb.id.clone());
+            }
+        }
         Ok(deleted)
     }
 
