@@ -990,3 +990,73 @@ async fn an_isolated_pod_still_admits_its_nodes() -> Result<()> {
     }
     Ok(())
 }
+
+/// A policy edit that its KuryrNetworkPolicy's spec does not show (a rule on a named port, which
+/// resolves per pod) still reaches Neutron at once, not at the next resync: the policy's
+/// generation is handed on with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_named_port_edit_reaches_neutron_without_waiting_for_a_resync() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let client = &target.client;
+        let fx = neutron_fixture(client, "10.76.0.0/24").await?;
+        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let ctl = start_controller(
+            &kube.client,
+            &target,
+            config(&ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label")),
+            "np-test-named",
+        );
+        labelled_namespace(&kube.client, "e").await?;
+        let db: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "db", "namespace": "e", "labels": {"app": "db"}},
+            "spec": {"nodeName": NODES[0], "containers": [{"name": "c", "image": "busybox",
+                     "ports": [{"name": "web", "containerPort": 8080}, {"name": "alt", "containerPort": 9090}]}]}
+        }))?;
+        let pods: Api<Pod> = Api::namespaced(kube.client.clone(), "e");
+        pods.create(&PostParams::default(), &db).await?;
+        let rule = |port: &str| {
+            json!({"podSelector": {"matchLabels": {"app": "db"}}, "policyTypes": ["Ingress"],
+                   "ingress": [{"ports": [{"port": port}]}]})
+        };
+        apply_policy(&kube.client, "e", "named", rule("web")).await?;
+        let nps: Api<NetworkPolicy> = Api::namespaced(kube.client.clone(), "e");
+        let uid = nps.get("named").await?.metadata.uid.unwrap_or_default();
+        let ports = || async {
+            let mut ports = BTreeSet::new();
+            for sg in client
+                .list_security_groups(&ListFilter::new().tags([format!("kuryr-rs.knp={uid}")]))
+                .await?
+            {
+                for r in client
+                    .list_security_group_rules(&ListFilter::new().security_group_id(&sg.id))
+                    .await?
+                {
+                    if r.direction == "ingress" {
+                        ports.extend(r.port_range_min);
+                    }
+                }
+            }
+            Ok::<_, anyhow::Error>(ports)
+        };
+        eventually("the rule on 8080", WAIT, || async {
+            Ok((ports().await? == BTreeSet::from([8080])).then_some(()))
+        })
+        .await?;
+        nps.patch(
+            "named",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": rule("alt")})),
+        )
+        .await?;
+        eventually("the rule on 9090", WAIT, || async {
+            Ok((ports().await? == BTreeSet::from([9090])).then_some(()))
+        })
+        .await?;
+        ctl.stop.cancel();
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}

@@ -80,6 +80,10 @@ pub mod annotations {
     /// security group live in, recorded before the first is created; absent (an object written
     /// by upstream) = the default deployment.
     pub const DEPLOYMENT: &str = "openstack.org/kuryr-deployment";
+    /// KuryrNetworkPolicy (kuryr-rs): the `metadata.generation` of the NetworkPolicy it was last
+    /// written from. Its spec alone does not show every change (a named port resolves per pod, so
+    /// a rule on one is not in it): a new generation is written, which hands the change on.
+    pub const POLICY_GENERATION: &str = "openstack.org/kuryr-policy-generation";
     /// Any kuryr-watched object: bumped to force an event (upstream writes a fresh uuid).
     pub const KURYR_TRIGGER: &str = "KuryrTrigger";
 }

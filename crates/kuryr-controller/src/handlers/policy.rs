@@ -119,6 +119,12 @@ impl ResourceEventHandler for PolicyHandler {
         let ns = np.namespace().unwrap_or_default();
         let api: Api<KuryrNetworkPolicy> = Api::namespaced(self.ctx.kube.clone(), &ns);
         let want = knp_spec(&np, &spec);
+        let generation = np.metadata.generation.unwrap_or_default().to_string();
+        let generation_of = |knp: &KuryrNetworkPolicy| {
+            knp.annotations()
+                .get(kuryr_crds::names::annotations::POLICY_GENERATION)
+                .cloned()
+        };
         let owner = OwnerReference {
             api_version: "networking.k8s.io/v1".into(),
             kind: "NetworkPolicy".into(),
@@ -132,23 +138,31 @@ impl ResourceEventHandler for PolicyHandler {
             // owner reference is what names the policy's Neutron groups (their tag) from here on,
             // and what lets them be released when the policy goes.
             Some(knp) if policy_uid(&knp).is_none() => {
-                let patch = json!({"metadata": {"ownerReferences": [owner]}, "spec": want});
+                let patch = json!({"metadata": {"ownerReferences": [owner],
+                    "annotations": {kuryr_crds::names::annotations::POLICY_GENERATION: generation}},
+                    "spec": want});
                 api.patch(&np.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
                     .await?;
                 Ok(())
             }
-            Some(knp) if knp.spec == want => Ok(()),
+            Some(knp) if knp.spec == want && generation_of(&knp).as_ref() == Some(&generation) => Ok(()),
             Some(_) => {
-                let patch = json!({"spec": want});
+                let patch = json!({"metadata": {"annotations": {
+                    kuryr_crds::names::annotations::POLICY_GENERATION: generation}}, "spec": want});
                 api.patch(&np.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
                     .await?;
                 Ok(())
             }
             None => {
                 let deployment = self.place(&ns).await?;
+                let mut annotations = crate::placement::record::annotations(&deployment);
+                annotations.insert(
+                    kuryr_crds::names::annotations::POLICY_GENERATION.to_string(),
+                    generation,
+                );
                 let knp = KuryrNetworkPolicy {
                     metadata: ObjectMeta {
-                        annotations: Some(crate::placement::record::annotations(&deployment)),
+                        annotations: Some(annotations),
                         name: Some(np.name_any()),
                         namespace: Some(ns.clone()),
                         finalizers: Some(vec![finalizers::NETWORKPOLICY.to_string()]),
