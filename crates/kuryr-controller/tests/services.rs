@@ -823,6 +823,19 @@ async fn a_port_the_provider_refuses_is_a_warning_event_and_the_other_ports_are_
     set_endpoints(kube, &ns, "mixed", &ips(2), &[("dns", 5353)]).await?;
     recorded(kube, &ns, "mixed", 1, 2).await?;
     assert_eq!(emu.stats().count("listener.create"), 2, "{:?}", emu.stats());
+    // The user changes what the Service asks (here a timeout annotation): asked again, and served now
+    // that Octavia takes it.
+    let annotate = json!({"metadata": {"annotations": {"openstack.org/kuryr-timeout-client-data": "60000"}}});
+    Api::<Service>::namespaced(kube.clone(), &ns)
+        .patch("mixed", &PatchParams::default(), &Patch::Merge(&annotate))
+        .await?;
+    let st = recorded(kube, &ns, "mixed", 2, 2).await?;
+    assert!(
+        st.listeners.iter().any(|l| l.protocol == "TCP" && l.port == 80),
+        "{:?}",
+        st.listeners
+    );
+    assert_eq!(emu.stats().count("listener.create"), 3, "{:?}", emu.stats());
 
     // The other Service: the same load balancer, ACTIVE, its one listener with the 3 members, no Warning.
     let st = recorded(kube, &ns, "plain", 1, 3).await?;

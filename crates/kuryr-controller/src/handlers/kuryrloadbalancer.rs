@@ -5,7 +5,7 @@
 //! Crash safety: before creating, a load balancer with the Service's name and VIP is looked up and adopted,
 //! so a controller killed between Octavia's answer and the status write never makes a second one.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -31,9 +31,10 @@ use crate::services::{lb_name, service_tag};
 
 pub struct KuryrLoadBalancerHandler {
     ctx: Arc<Context>,
-    /// Listeners Octavia refused, per KuryrLoadBalancer uid: not asked for again until the controller
-    /// restarts (the Warning Event told the user; asking again would only repeat it).
-    refused: Mutex<HashMap<String, BTreeSet<ListenerKey>>>,
+    /// Listeners Octavia refused, per KuryrLoadBalancer uid, with what was asked ([`asked`]): not
+    /// asked for again while the spec asks the same (the Warning Event told the user; asking again
+    /// would only repeat it), asked again once the user changed it (a fixed timeout annotation).
+    refused: Mutex<HashMap<String, BTreeMap<ListenerKey, String>>>,
 }
 
 impl KuryrLoadBalancerHandler {
@@ -148,7 +149,8 @@ impl KuryrLoadBalancerHandler {
             .unwrap_or_else(|e| e.into_inner())
             .get(&klb.uid().unwrap_or_default())
         {
-            d.listeners.retain(|k, _| !refused.contains(k));
+            d.listeners
+                .retain(|k, l| refused.get(k).is_none_or(|was| *was != asked(l)));
         }
         Ok(d)
     }
@@ -403,7 +405,10 @@ impl KuryrLoadBalancerHandler {
                 .unwrap_or_else(|e| e.into_inner())
                 .entry(klb.uid().unwrap_or_default())
                 .or_default()
-                .insert(r.key.clone());
+                .insert(
+                    r.key.clone(),
+                    desired.listeners.get(&r.key).map(asked).unwrap_or_default(),
+                );
             self.event(
                 &klb,
                 true,
@@ -507,4 +512,12 @@ impl KuryrLoadBalancerHandler {
         }
         Ok(())
     }
+}
+
+/// What a listener asks of Octavia, its members aside (they change without making a refused
+/// listener acceptable).
+fn asked(l: &crate::services::desired::DesiredListener) -> String {
+    let mut l = l.clone();
+    l.pool.members.clear();
+    format!("{l:?}")
 }
