@@ -96,7 +96,13 @@ pub(super) async fn filter_fixed_ip_address(ctx: &Ctx) -> anyhow::Result<()> {
         "requested address not used: {:?}",
         p.fixed_ips
     );
-    ctx.port(ctx.port_req(&net.id)).await?;
+    // Another port on an address of its own: one left to Neutron's IPAM could be given .78, the
+    // address this case needs unused (neutron-server allocates at random).
+    ctx.port(PortCreate {
+        fixed_ips: Some(vec![FixedIpRequest::address(&subnet.id, "10.31.0.177")]),
+        ..ctx.port_req(&net.id)
+    })
+    .await?;
     let got = ctx
         .client
         .list_ports(&ctx.project_filter().fixed_ip_address("10.31.0.77"))
