@@ -69,12 +69,11 @@ pub struct NetworkPolicyDriver {
     config: Arc<KuryrConfig>,
     tags: Vec<String>,
     cluster_id: String,
-    /// The model's options but the nodes' prefixes, which are read from Neutron once.
-    options: Options,
-    /// Ingress always allowed on isolated pods: the CIDRs of `[pod_vif_nested]
-    /// worker_nodes_subnets` (kubelet probes come from the nodes) and, with `[octavia_defaults]
-    /// enforce_sg_rules`, of the service subnet (upstream's `_get_default_np_rules`).
-    host_cidrs: tokio::sync::OnceCell<Vec<Cidr>>,
+    /// The model's options, made on first use: their `host_cidrs` (ingress always allowed on
+    /// isolated pods) are the CIDRs of `[pod_vif_nested] worker_nodes_subnets` (kubelet probes
+    /// come from the nodes) and, with `[octavia_defaults] enforce_sg_rules`, of the service
+    /// subnet (upstream's `_get_default_np_rules`), read from Neutron.
+    options: tokio::sync::OnceCell<Options>,
     /// `[kubernetes] network_policy_project_driver`: the project of a policy's groups.
     projects: Arc<dyn ProjectDriver>,
     /// Maps a project to its id in each deployment (deployments with their own Keystone).
@@ -112,11 +111,7 @@ impl NetworkPolicyDriver {
             tags,
             cluster_id,
             projects,
-            options: Options {
-                host_cidrs: vec![],
-                namespace_service_vips: true,
-            },
-            host_cidrs: tokio::sync::OnceCell::new(),
+            options: tokio::sync::OnceCell::new(),
             placement: None,
             open_groups: Mutex::default(),
             placed: Mutex::default(),
@@ -135,17 +130,22 @@ impl NetworkPolicyDriver {
 
     /// Ingress always allowed from these prefixes (the nodes' subnets: kubelet probes).
     pub fn with_host_cidrs(mut self, cidrs: Vec<Cidr>) -> Self {
-        self.host_cidrs = tokio::sync::OnceCell::new_with(Some(cidrs));
+        self.options = tokio::sync::OnceCell::new_with(Some(Self::options_with(cidrs)));
         self
     }
 
+    fn options_with(host_cidrs: Vec<Cidr>) -> Options {
+        Options {
+            host_cidrs,
+            namespace_service_vips: true,
+        }
+    }
+
     /// The model's options, the nodes' prefixes read from Neutron on first use.
-    async fn options(&self) -> Result<Options, Error> {
-        let host_cidrs = self.host_cidrs.get_or_try_init(|| self.read_host_cidrs()).await?;
-        Ok(Options {
-            host_cidrs: host_cidrs.clone(),
-            ..self.options.clone()
-        })
+    async fn options(&self) -> Result<&Options, Error> {
+        self.options
+            .get_or_try_init(|| async { Ok(Self::options_with(self.read_host_cidrs().await?)) })
+            .await
     }
 
     /// The CIDRs of the configured node subnets (and the service subnet with `enforce_sg_rules`),
@@ -456,7 +456,7 @@ impl NetworkPolicyDriver {
         let decided = self
             .with_tracker(|t| {
                 let spec = t.policies.get(uid)?.clone();
-                let want = desired(&spec, &t.cluster, &options);
+                let want = desired(&spec, &t.cluster, options);
                 let unchanged = t.applied(uid) == Some(&want);
                 Some((spec, want, unchanged))
             })
@@ -496,7 +496,7 @@ impl NetworkPolicyDriver {
         let options = self.options().await?;
         let stale: Vec<(String, PolicySpec)> = self
             .with_tracker(|t| {
-                t.stale(&options)
+                t.stale(options)
                     .into_iter()
                     .map(|(uid, spec, _)| (uid, spec))
                     .collect()

@@ -68,8 +68,11 @@ pub struct WatchSelector {
 
 /// The typed object of an event. An event no other handler shares (the usual case) is taken
 /// apart and its JSON moved into the typed object, not copied: the watcher parsed it once already.
-/// On failure, the error names the object (`namespace/name`), built only then, and the field.
-fn parse_typed<K: DeserializeOwned>(object: Arc<DynamicObject>) -> Result<K, (String, String)> {
+/// On failure, the error names the object (`namespace/name`) and the field, and comes with the
+/// object's metadata (for an Event on it), built only then.
+fn parse_typed<K: DeserializeOwned>(
+    object: Arc<DynamicObject>,
+) -> Result<K, (String, Box<kube::api::ObjectMeta>, String)> {
     let DynamicObject {
         types,
         metadata,
@@ -81,7 +84,7 @@ fn parse_typed<K: DeserializeOwned>(object: Arc<DynamicObject>) -> Result<K, (St
             Some(ns) => format!("{ns}/{name}"),
             None => name.to_string(),
         };
-        (reference, e)
+        (reference, Box::new(metadata.clone()), e)
     };
     let mut fields = match data {
         serde_json::Value::Object(fields) => fields,
@@ -116,12 +119,11 @@ fn at_field<K: DeserializeOwned>(value: serde_json::Value) -> Result<K, String> 
     })
 }
 
-/// What an Event about `object` regards.
+/// What an Event about the object of metadata `m` regards.
 fn reference_of(
-    object: &DynamicObject,
+    m: &kube::api::ObjectMeta,
     resource: &ApiResource,
 ) -> k8s_openapi::api::core::v1::ObjectReference {
-    let m = &object.metadata;
     k8s_openapi::api::core::v1::ObjectReference {
         api_version: Some(resource.api_version.clone()),
         kind: Some(resource.kind.clone()),
@@ -214,15 +216,14 @@ impl<H: ResourceEventHandler> EventHandler for Typed<H> {
             object,
             ..
         } = event;
-        // Only needed for a failure, but the object is consumed by the parse.
-        let regarding = self.events.as_ref().map(|_| reference_of(&object, &resource));
         // The handler works on the parsed object alone: the event's copy is consumed here.
         let obj: H::Object = match parse_typed(object) {
             Ok(obj) => obj,
-            Err((reference, e)) => {
+            Err((reference, metadata, e)) => {
                 let e = Error::invalid(reference, format!("cannot parse as {}: {e}", resource.kind));
-                if let (Some(events), Some(regarding)) = (&self.events, &regarding) {
-                    crate::k8s::publish_event_on(events, regarding, true, e.label(), &e.to_string()).await;
+                if let Some(events) = &self.events {
+                    let regarding = reference_of(&metadata, &resource);
+                    crate::k8s::publish_event_on(events, &regarding, true, e.label(), &e.to_string()).await;
                 }
                 return Err(e);
             }
@@ -286,8 +287,10 @@ mod tests {
     fn an_object_that_does_not_parse_as_the_kind_is_an_error() {
         let mut bad = pod();
         bad.data["spec"]["containers"] = json!("not a list");
-        let (reference, e) = parse_typed::<Pod>(Arc::new(bad)).unwrap_err();
+        let (reference, meta, e) = parse_typed::<Pod>(Arc::new(bad)).unwrap_err();
         assert_eq!(reference, "ns/p");
+        assert_eq!(meta.name.as_deref(), Some("p"), "the metadata for an Event on it");
+        assert!(e.contains("spec.containers"), "the field is named: {e}");
         assert!(e.to_string().contains("invalid type"), "{e}");
     }
 }
