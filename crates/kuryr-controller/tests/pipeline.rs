@@ -250,6 +250,55 @@ async fn retry_does_not_retry_permanent_errors_and_gives_up_at_the_deadline() {
     assert!(flaky.seen_rvs.lock().await.len() > 2);
 }
 
+/// Waits `wait` (an amphora booting), then fails once with a retryable error; succeeds after that.
+struct SlowThenRace {
+    wait: Duration,
+    attempts: Mutex<u32>,
+}
+
+#[async_trait]
+impl EventHandler for SlowThenRace {
+    async fn handle(&self, _: Event) -> Result<(), Error> {
+        let mut n = self.attempts.lock().await;
+        *n += 1;
+        if *n == 1 {
+            tokio::time::sleep(self.wait).await;
+            return Err(Error::not_ready("load balancer PENDING_UPDATE (409)"));
+        }
+        Ok(())
+    }
+    fn name(&self) -> &str {
+        "slow"
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_wait_by_design_does_not_use_up_the_retry_budget() {
+    let source = Arc::new(Source(Mutex::new(Some(obj("a", "uid-a", "1")))));
+    let default = RetryPolicy::default();
+    let slow = || {
+        Arc::new(SlowThenRace {
+            wait: Duration::from_secs(250),
+            attempts: Mutex::new(0),
+        })
+    };
+    // Without the allowance, a 250 s activation wait leaves nothing of the 180 s budget.
+    let h = slow();
+    let r = Retry::new(h.clone(), source.clone(), default.clone(), Metrics::new());
+    let err = r.handle(ev(EventType::Modified, "a", "uid-a", "1")).await;
+    assert!(matches!(err, Err(Error::ResourceNotReady(_))), "{err:?}");
+    assert_eq!(*h.attempts.lock().await, 1);
+
+    let allowing = default.allowing(Duration::from_secs(300));
+    assert_eq!(allowing.deadline, Duration::from_secs(480));
+    let h = slow();
+    let r = Retry::new(h.clone(), source, allowing, Metrics::new());
+    r.handle(ev(EventType::Modified, "a", "uid-a", "1"))
+        .await
+        .unwrap();
+    assert_eq!(*h.attempts.lock().await, 2, "retried after the slow wait");
+}
+
 #[tokio::test(start_paused = true)]
 async fn log_exceptions_isolates_failures_between_handlers() {
     let metrics = Metrics::new();

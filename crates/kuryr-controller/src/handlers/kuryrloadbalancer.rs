@@ -337,6 +337,11 @@ impl ResourceEventHandler for KuryrLoadBalancerHandler {
         "kuryrloadbalancer"
     }
 
+    /// One pass may wait a whole `lbaas_activation_timeout` for an amphora to boot.
+    fn longest_wait(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.ctx.config.neutron_defaults.lbaas_activation_timeout)
+    }
+
     async fn on_present(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
         let result = self.present(klb).await;
         surface_user_error(&self.ctx.events, &Self::service_ref(klb), result).await

@@ -23,6 +23,8 @@ pub struct RegisteredHandler {
     pub selector: WatchSelector,
     /// See [`ResourceEventHandler::keeps_last_state`].
     pub keeps_last_state: bool,
+    /// See [`ResourceEventHandler::longest_wait`].
+    pub longest_wait: Duration,
     pub handler: Arc<dyn EventHandler>,
 }
 
@@ -49,6 +51,7 @@ impl RegisteredHandler {
             resource: Typed::<H>::api_resource(),
             selector: typed.selector(),
             keeps_last_state: typed.keeps_last_state(),
+            longest_wait: handler.longest_wait(),
             handler: Arc::new(typed),
         }
     }
@@ -91,13 +94,9 @@ impl ControllerPipeline {
     /// Wraps the handler as LogExceptions(Retry(handler)) and registers it for its kind.
     pub fn register(&mut self, h: RegisteredHandler) {
         let gvk = h.gvk();
+        let policy = self.retry.allowing(h.longest_wait);
         let wrapped = LogExceptions::new(
-            Retry::new(
-                h.handler,
-                self.source.clone(),
-                self.retry.clone(),
-                self.metrics.clone(),
-            ),
+            Retry::new(h.handler, self.source.clone(), policy, self.metrics.clone()),
             self.metrics.clone(),
         );
         self.dispatcher.register(gvk.clone(), Arc::new(wrapped));

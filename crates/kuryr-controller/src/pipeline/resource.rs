@@ -56,6 +56,14 @@ pub trait ResourceEventHandler: Send + Sync + 'static {
     fn selector(&self) -> WatchSelector {
         WatchSelector::default()
     }
+
+    /// The longest one attempt may wait on OpenStack by design (a load balancer's activation). The
+    /// pipeline's retry budget is lengthened by it: a slow but successful wait followed by a
+    /// retryable failure (a 409 from a race) is retried, not given up on as if it had been failing
+    /// all along.
+    fn longest_wait(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
 }
 
 /// Label/field selectors for the watch of a kind. Handlers of the same kind share one watch, so the

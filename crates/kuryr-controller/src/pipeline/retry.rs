@@ -34,6 +34,15 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// This policy for a handler one attempt of which may wait `longest_wait` by design: the deadline
+    /// is lengthened by it, so that the wait does not use up the budget for retrying failures.
+    pub fn allowing(&self, longest_wait: Duration) -> Self {
+        Self {
+            deadline: self.deadline.saturating_add(longest_wait),
+            ..self.clone()
+        }
+    }
+
     /// Full-jitter exponential backoff for the given attempt (0-based).
     pub fn backoff(&self, attempt: u32) -> Duration {
         let exp = self.initial.saturating_mul(1u32 << attempt.min(16));
