@@ -591,6 +591,18 @@ fn check_rules(ini: &Ini, config: &KuryrConfig, errors: &mut Vec<InvalidValue>) 
             "expected a fraction between 0 and usage_threshold".into(),
         );
     }
+    for (option, ms) in [
+        ("timeout_client_data", config.octavia_defaults.timeout_client_data),
+        ("timeout_member_data", config.octavia_defaults.timeout_member_data),
+    ] {
+        if ms > OCTAVIA_MAX_TIMEOUT_MS {
+            fail(
+                "octavia_defaults",
+                option,
+                format!("expected milliseconds between 0 and {OCTAVIA_MAX_TIMEOUT_MS} (Octavia's limit, 24 h)"),
+            );
+        }
+    }
     if let Some(w) = config
         .pod_binding
         .weigher_multipliers

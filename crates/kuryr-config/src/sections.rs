@@ -390,6 +390,9 @@ config_section! {
     }
 }
 
+/// The longest listener timeout Octavia takes, in milliseconds (24 h): its API refuses more.
+pub const OCTAVIA_MAX_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
+
 config_section! {
     /// `[octavia_defaults]`
     pub struct OctaviaDefaultsSection {

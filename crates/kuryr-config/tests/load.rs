@@ -408,6 +408,10 @@ fn bad_values_name_section_option_and_value() {
             "[pod_binding] usage_threshold = \"1.5\": expected a fraction between 0 and 1",
         ),
         (
+            "[octavia_defaults]\ntimeout_member_data = 90000000\n",
+            "[octavia_defaults] timeout_member_data = \"90000000\": expected milliseconds between 0 and 86400000",
+        ),
+        (
             "[cni_daemon]\nbind_address = localhost\n",
             "[cni_daemon] bind_address = \"localhost\": expected an address as ip:port",
         ),

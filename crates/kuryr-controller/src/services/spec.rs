@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
+use kuryr_config::OCTAVIA_MAX_TIMEOUT_MS;
 use kuryr_crds::names::annotations;
 use kuryr_crds::{KuryrLoadBalancerSpec, LbSpecPort};
 
@@ -101,12 +102,21 @@ pub fn build(svc: &Service, r: &Resolved) -> Result<KuryrLoadBalancerSpec, Error
     let annotations = svc.annotations();
     let timeout = |key: &str, default: u64| -> Result<Option<i32>, Error> {
         let value = match annotations.get(key) {
-            Some(v) => v.trim().parse::<i32>().ok().filter(|v| *v >= 0).ok_or_else(|| {
-                Error::invalid(
-                    format!("metadata.annotations[{key}]"),
-                    format!("{v:?} is not a timeout in milliseconds"),
-                )
-            })?,
+            // Octavia refuses more than its limit; refused there, the listener would be left out.
+            Some(v) => v
+                .trim()
+                .parse::<i32>()
+                .ok()
+                .filter(|ms| u64::try_from(*ms).is_ok_and(|ms| ms <= OCTAVIA_MAX_TIMEOUT_MS))
+                .ok_or_else(|| {
+                    Error::invalid(
+                        format!("metadata.annotations[{key}]"),
+                        format!(
+                            "{v:?} is not a timeout in milliseconds between 0 and {OCTAVIA_MAX_TIMEOUT_MS} \
+                             (Octavia's limit, 24 h)"
+                        ),
+                    )
+                })?,
             None => i32::try_from(default).unwrap_or(i32::MAX),
         };
         Ok((value > 0).then_some(value))
@@ -317,6 +327,21 @@ mod tests {
         );
         let e = build(&s, &resolved()).expect_err("bad timeout");
         assert!(e.to_string().contains(annotations::LB_TIMEOUT_CLIENT_DATA), "{e}");
+        for (value, ok) in [("86400000", true), ("86400001", false), ("-1", false), ("0", true)] {
+            s.metadata.annotations = Some(
+                [(annotations::LB_TIMEOUT_MEMBER_DATA.to_string(), value.to_string())]
+                    .into_iter()
+                    .collect(),
+            );
+            match build(&s, &resolved()) {
+                Ok(_) => assert!(ok, "{value} taken"),
+                Err(e) => {
+                    assert!(!ok, "{value}: {e}");
+                    assert!(e.to_string().contains(annotations::LB_TIMEOUT_MEMBER_DATA), "{e}");
+                    assert!(e.to_string().contains("86400000"), "{e}");
+                }
+            }
+        }
     }
 
     #[test]
