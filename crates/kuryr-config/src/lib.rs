@@ -599,7 +599,9 @@ fn check_rules(ini: &Ini, config: &KuryrConfig, errors: &mut Vec<InvalidValue>) 
             fail(
                 "octavia_defaults",
                 option,
-                format!("expected milliseconds between 0 and {OCTAVIA_MAX_TIMEOUT_MS} (Octavia's limit, 24 h)"),
+                format!(
+                    "expected milliseconds between 0 and {OCTAVIA_MAX_TIMEOUT_MS} (Octavia's limit, 24 h)"
+                ),
             );
         }
     }

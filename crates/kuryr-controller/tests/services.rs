@@ -348,6 +348,67 @@ async fn a_service_becomes_one_load_balancer_that_follows_its_endpoints_and_port
     Ok(())
 }
 
+/// `sessionAffinity` turned on and off again on a live Service reaches its pool (session persistence
+/// SOURCE_IP, then none) with one pool update each, the same load balancer kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_affinity_change_reaches_the_pool() -> Result<()> {
+    init_logs();
+    for oct in octavia_targets(LatencyProfile::Instant).await? {
+        let ns = unique("affinity");
+        let bed = Bed::new(&ns).await?;
+        let _ctrl = bed.controller(&oct, "", "svc-affinity");
+        let kube = bed.client();
+        create_service(kube, &ns, "web", "10.96.0.11", &[("http", 80, 8080, "TCP")]).await?;
+        set_endpoints(kube, &ns, "web", &ips(2), &[("http", 8080)]).await?;
+        let st = recorded(kube, &ns, "web", 1, 2).await.context(oct.name)?;
+        let lb_id = st.loadbalancer.clone().unwrap().id;
+        let pool_id = st.pools[0].id.clone();
+        let persistence = || async {
+            let p = oct.client.get_pool(&pool_id).await?;
+            Ok::<_, anyhow::Error>(
+                p.session_persistence
+                    .as_ref()
+                    .and_then(|sp| sp["type"].as_str().map(str::to_string)),
+            )
+        };
+        assert_eq!(persistence().await?, None, "{}", oct.name);
+        if let Some(emu) = &oct.emulator {
+            emu.reset_stats();
+        }
+        let svcs = Api::<Service>::namespaced(kube.clone(), &ns);
+        let klbs = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns);
+        for (affinity, want) in [("ClientIP", Some("SOURCE_IP")), ("None", None)] {
+            let patch = json!({"spec": {"sessionAffinity": affinity}});
+            svcs.patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            let recorded_as = want.unwrap_or("NONE");
+            eventually(&format!("{}: {affinity} recorded", oct.name), WAIT, || async {
+                let klb = klbs.get("web").await?;
+                let pools = klb.status.map(|s| s.pools).unwrap_or_default();
+                Ok(pools
+                    .first()
+                    .filter(|p| p.session_persistence.as_deref() == Some(recorded_as))
+                    .map(|_| ()))
+            })
+            .await?;
+            assert_eq!(persistence().await?.as_deref(), want, "{}: {affinity}", oct.name);
+        }
+        let st = recorded(kube, &ns, "web", 1, 2).await.context(oct.name)?;
+        assert_eq!(st.loadbalancer.map(|l| l.id), Some(lb_id), "{}", oct.name);
+        assert_eq!(st.pools[0].id, pool_id, "{}: the pool is kept", oct.name);
+        if let Some(emu) = &oct.emulator {
+            let s = emu.stats();
+            assert_eq!(s.count("pool.update"), 2, "{s:?}");
+            assert_eq!(
+                s.count("pool.create") + s.count("loadbalancer.create"),
+                0,
+                "{s:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// A Service without a selector (an outside database, say) is served from the EndpointSlices its owner writes
 /// by hand: every ready address of every slice labelled with its name is a member, and changing or deleting a
 /// slice changes the members (upstream served such Services from their Endpoints too).

@@ -266,6 +266,24 @@ impl LbActor<'_> {
                     self.add_pool(lb, listener_id, &l.pool).await?;
                     wrote = true;
                 }
+                Step::UpdatePool { key, pool_id } => {
+                    let (Some(lb), Some(l)) = (lb_id.as_deref(), d.listeners.get(key)) else {
+                        continue;
+                    };
+                    let mut extra = serde_json::Map::new();
+                    // null takes session persistence off.
+                    extra.insert("session_persistence".into(), json!(persistence(&l.pool)));
+                    let req = ResourceUpdate {
+                        extra,
+                        ..Default::default()
+                    };
+                    self.client
+                        .update_pool(pool_id, &req)
+                        .await
+                        .map_err(|e| Error::octavia(format!("updating pool {}", l.pool.name), e))?;
+                    self.wait_active(lb).await?;
+                    wrote = true;
+                }
                 Step::SetMembers { key, pool_id } => {
                     let (Some(lb), Some(l)) = (lb_id.as_deref(), d.listeners.get(key)) else {
                         continue;
@@ -448,6 +466,8 @@ pub fn record_from_tree(lb: &LoadBalancer, tree: &StatusTree, d: &DesiredLb) -> 
             id: p.id.clone(),
             name: p.name.clone(),
             protocol: key.0.clone(),
+            // The status tree does not show it: what was asked (as for the listener's timeouts).
+            persistence: want.map(|w| w.pool.persistence.clone()),
             members: p
                 .members
                 .iter()

@@ -28,6 +28,8 @@ pub enum Step {
     UpdateListener { key: ListenerKey, listener_id: String },
     /// A recorded listener that lost its pool.
     CreatePool { key: ListenerKey, listener_id: String },
+    /// The pool's session persistence (the Service's `sessionAffinity` changed).
+    UpdatePool { key: ListenerKey, pool_id: String },
     /// The pool's members become exactly the desired ones (batch member update).
     SetMembers { key: ListenerKey, pool_id: String },
 }
@@ -107,6 +109,17 @@ pub fn plan(recorded: Option<&RecordedLb>, desired: &DesiredLb) -> Vec<Step> {
                 listener_id: have.id.clone(),
             }),
             Some(pool) => {
+                // An unknown record (upstream wrote it) is left as it is: most likely what is asked.
+                if pool
+                    .persistence
+                    .as_ref()
+                    .is_some_and(|p| *p != want.pool.persistence)
+                {
+                    steps.push(Step::UpdatePool {
+                        key: key.clone(),
+                        pool_id: pool.id.clone(),
+                    });
+                }
                 let same = pool.members.len() == want.pool.members.len()
                     && want.pool.members.iter().all(|(k, m)| {
                         pool.members
@@ -208,6 +221,7 @@ mod tests {
                                 id: format!("p-{}", l.name),
                                 name: l.pool.name.clone(),
                                 protocol: l.protocol.clone(),
+                                persistence: Some(l.pool.persistence.clone()),
                                 members: l
                                     .pool
                                     .members
@@ -294,6 +308,31 @@ mod tests {
         }
         let steps = plan(Some(&recorded_from(&before)), &after);
         assert!(matches!(&steps[..], [Step::UpdateListener { .. }]));
+    }
+
+    #[test]
+    fn session_affinity_changed_updates_the_pool_only_unless_the_record_does_not_say() {
+        let before = desired(&[("TCP", 80)], &["a"]);
+        let mut after = before.clone();
+        if let Some(l) = after.listeners.values_mut().next() {
+            l.pool.persistence = Some("SOURCE_IP".into());
+        }
+        let steps = plan(Some(&recorded_from(&before)), &after);
+        assert!(
+            matches!(&steps[..], [Step::UpdatePool { pool_id, .. }] if pool_id.starts_with("p-")),
+            "{steps:?}"
+        );
+        // And back to none.
+        let steps = plan(Some(&recorded_from(&after)), &before);
+        assert!(matches!(&steps[..], [Step::UpdatePool { .. }]), "{steps:?}");
+        // A record upstream wrote does not say: left as it is.
+        let mut upstream = recorded_from(&before);
+        for l in upstream.listeners.values_mut() {
+            if let Some(p) = l.pool.as_mut() {
+                p.persistence = None;
+            }
+        }
+        assert!(plan(Some(&upstream), &after).is_empty());
     }
 
     #[test]

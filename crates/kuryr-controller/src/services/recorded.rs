@@ -34,8 +34,13 @@ pub struct RecordedPool {
     pub id: String,
     pub name: String,
     pub protocol: String,
+    /// The session persistence type (`None`: none); unknown (outer `None`) in a record upstream wrote.
+    pub persistence: Option<Option<String>>,
     pub members: BTreeMap<(String, u16), RecordedMember>,
 }
+
+/// How the status says "no session persistence" (absent means unknown).
+const NO_PERSISTENCE: &str = "NONE";
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RecordedMember {
@@ -79,6 +84,10 @@ impl RecordedLb {
                     id: p.id.clone(),
                     name: p.name.clone(),
                     protocol: p.protocol.clone(),
+                    persistence: p
+                        .session_persistence
+                        .as_deref()
+                        .map(|t| (t != NO_PERSISTENCE).then(|| t.to_string())),
                     members: BTreeMap::new(),
                 });
             }
@@ -147,6 +156,10 @@ impl RecordedLb {
                 name: pool.name.clone(),
                 project_id: self.project_id.clone(),
                 protocol: pool.protocol.clone(),
+                session_persistence: pool
+                    .persistence
+                    .as_ref()
+                    .map(|p| p.clone().unwrap_or_else(|| NO_PERSISTENCE.to_string())),
             });
             for ((ip, port), m) in &pool.members {
                 status.members.push(LbMember {
@@ -210,6 +223,7 @@ mod tests {
                     id: "p1".into(),
                     name: "demo/web:TCP:80".into(),
                     protocol: "TCP".into(),
+                    persistence: Some(None),
                     members,
                 }),
             },
@@ -218,7 +232,20 @@ mod tests {
         rec.write_status(&mut status);
         assert_eq!(status.members.len(), 1);
         assert_eq!(status.pools[0].listener_id, "l1");
-        assert_eq!(RecordedLb::from_status(Some(&status)), Some(rec));
+        assert_eq!(status.pools[0].session_persistence.as_deref(), Some("NONE"));
+        assert_eq!(RecordedLb::from_status(Some(&status)), Some(rec.clone()));
+        // A record upstream wrote does not say: unknown, not "none".
+        status.pools[0].session_persistence = None;
+        let pool = |r: Option<RecordedLb>| r.and_then(|r| r.listeners.into_values().next()?.pool);
+        assert_eq!(
+            pool(RecordedLb::from_status(Some(&status))).map(|p| p.persistence),
+            Some(None)
+        );
+        status.pools[0].session_persistence = Some("SOURCE_IP".into());
+        assert_eq!(
+            pool(RecordedLb::from_status(Some(&status))).map(|p| p.persistence),
+            Some(Some(Some("SOURCE_IP".into())))
+        );
     }
 
     #[test]

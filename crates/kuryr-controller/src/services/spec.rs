@@ -327,7 +327,12 @@ mod tests {
         );
         let e = build(&s, &resolved()).expect_err("bad timeout");
         assert!(e.to_string().contains(annotations::LB_TIMEOUT_CLIENT_DATA), "{e}");
-        for (value, ok) in [("86400000", true), ("86400001", false), ("-1", false), ("0", true)] {
+        for (value, ok) in [
+            ("86400000", true),
+            ("86400001", false),
+            ("-1", false),
+            ("0", true),
+        ] {
             s.metadata.annotations = Some(
                 [(annotations::LB_TIMEOUT_MEMBER_DATA.to_string(), value.to_string())]
                     .into_iter()

@@ -220,6 +220,11 @@ pub struct LbPool {
     pub name: String,
     pub project_id: String,
     pub protocol: String,
+    /// kuryr-rs: the pool's session persistence type as asked (`SOURCE_IP`, from the Service's
+    /// `sessionAffinity: ClientIP`) or `NONE`; absent in a record upstream wrote (then unknown, and
+    /// left as it is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_persistence: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
