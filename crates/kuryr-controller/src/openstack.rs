@@ -49,7 +49,7 @@ impl Deployments {
     /// Adds (or replaces) the Octavia client of `deployment` (tests and the sandbox).
     pub fn with_octavia(mut self, deployment: &str, client: OctaviaClient) -> Self {
         let mut map = (*self.octavia).clone();
-        map.insert(deployment.to_string(), Ok(client));
+        map.insert(deployment.to_string(), Ok(client.without_busy_retry()));
         self.octavia = Arc::new(map);
         self
     }
@@ -127,7 +127,9 @@ fn octavia_client(
              Keystone there is no catalog to find Octavia in"
         ));
     }
+    // A busy load balancer is waited for by the Service handlers' shared waits, not per write.
     OctaviaClient::with_metrics(&opts, octavia_metrics_hook(metrics))
+        .map(OctaviaClient::without_busy_retry)
         .map_err(|e| format!("[{section}] Octavia client: {e}"))
 }
 

@@ -176,3 +176,34 @@ async fn an_untagged_load_balancer_is_read_alone() {
     assert_eq!(stats.count("loadbalancer.list"), 0, "{stats:?}");
     assert!(stats.count("loadbalancer.get") >= 1, "{stats:?}");
 }
+
+/// A write Octavia refuses because the load balancer is busy (409 while PENDING_*) waits on the
+/// shared waits (list calls by tag, no per-write GET loop) and is resent once it is ACTIVE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_to_a_busy_load_balancer_waits_on_the_shared_waits_and_is_resent() {
+    use kuryr_controller::services::octavia::LbActor;
+    let (emu, client) = emulator(1500).await;
+    let client = client.without_busy_retry();
+    let lb = create(&client, 7).await;
+    emu.reset_stats();
+    let actor = LbActor {
+        client: &client,
+        waits: LbWaits::new(client.clone(), settings(300)),
+        tags: vec!["kuryr-rs".into(), tag(7)],
+    };
+    // Still PENDING_CREATE: Octavia refuses the delete with 409 until it is ACTIVE.
+    tokio::time::timeout(Duration::from_secs(20), actor.delete(&lb))
+        .await
+        .expect("in time")
+        .expect("deleted after the wait");
+    assert!(client.get_load_balancer(&lb).await.unwrap_err().is_not_found());
+    let stats = emu.stats();
+    assert_eq!(
+        stats.count("loadbalancer.delete"),
+        2,
+        "refused, then taken: {stats:?}"
+    );
+    assert!(stats.count("loadbalancer.list") >= 1, "{stats:?}");
+    // One read confirms the deletion (404); the busy wait itself read nothing on its own.
+    assert!(stats.count("loadbalancer.get") <= 2, "{stats:?}");
+}

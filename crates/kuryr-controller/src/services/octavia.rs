@@ -65,6 +65,10 @@ fn maybe_created(e: &OctaviaError) -> bool {
     e.outcome_unknown() || matches!(e.status(), Some(502 | 504))
 }
 
+/// Busy answers (409) a write is resent after, each after a wait for ACTIVE: more means another writer keeps
+/// the load balancer busy, and the pipeline's retry (with its backoff) takes over.
+const MAX_BUSY_RESENDS: u32 = 8;
+
 /// How long a create of unknown outcome is looked for by name and VIP before it counts as not made.
 const UNKNOWN_OUTCOME_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -128,9 +132,47 @@ impl LbActor<'_> {
         lb.ok_or_else(|| Error::not_ready(format!("load balancer {lb_id} is gone")))
     }
 
+    /// Sends a write to `lb_id`'s tree; when Octavia refuses it because the load balancer is busy (409
+    /// while PENDING_*: someone else's write, a reconcile of another controller), waits on the shared,
+    /// parked waits until it is ACTIVE and sends it again. The client itself does not wait (its clients
+    /// are made without busy retry): its per-write poll would hold a worker and poll alone.
+    async fn busy_write<T, F, Fut>(&self, lb_id: &str, mut call: F) -> Result<T, OctaviaError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, OctaviaError>>,
+    {
+        let mut busy = 0u32;
+        loop {
+            let e = match call().await {
+                Err(e) if e.is_immutable() && busy < MAX_BUSY_RESENDS => e,
+                other => return other,
+            };
+            busy += 1;
+            // A 409 names the load balancer, or the pool/listener of it that is locked with it.
+            let waited = match e.kind() {
+                Some(OctaviaErrorKind::Immutable {
+                    resource,
+                    id: Some(id),
+                    ..
+                }) if resource.to_ascii_lowercase().replace(' ', "") == "loadbalancer" && id != lb_id => {
+                    self.waits.active(id, None).await
+                }
+                _ => self.waits.active(lb_id, self.service_tag()).await,
+            };
+            tracing::debug!(lb = lb_id, attempt = busy, error = %e, "load balancer busy; waited, resending");
+            if waited?.is_none() {
+                // Gone meanwhile: Octavia's answer to the resend (404) is the result.
+                return call().await;
+            }
+        }
+    }
+
     /// Deletes a load balancer with everything under it and waits until it is gone.
     pub async fn delete(&self, lb_id: &str) -> Result<(), Error> {
-        match self.client.delete_load_balancer(lb_id, true).await {
+        match self
+            .busy_write(lb_id, || self.client.delete_load_balancer(lb_id, true))
+            .await
+        {
             Ok(()) => {}
             Err(e) if e.is_not_found() => return Ok(()),
             Err(e) => return Err(Error::octavia(format!("deleting load balancer {lb_id}"), e)),
@@ -200,12 +242,15 @@ impl LbActor<'_> {
                     // Pools belong to the load balancer, not the listener: deleting only the listener
                     // would leave its pool (and members) behind.
                     if let Some(pool) = pool_id {
-                        ignore_not_found(self.client.delete_pool(pool).await)
+                        ignore_not_found(self.busy_write(lb, || self.client.delete_pool(pool)).await)
                             .map_err(|e| Error::octavia(format!("deleting pool {pool}"), e))?;
                         self.wait_active(lb).await?;
                     }
-                    ignore_not_found(self.client.delete_listener(listener_id).await)
-                        .map_err(|e| Error::octavia(format!("deleting listener {listener_id}"), e))?;
+                    ignore_not_found(
+                        self.busy_write(lb, || self.client.delete_listener(listener_id))
+                            .await,
+                    )
+                    .map_err(|e| Error::octavia(format!("deleting listener {listener_id}"), e))?;
                     self.wait_active(lb).await?;
                     wrote = true;
                 }
@@ -215,11 +260,8 @@ impl LbActor<'_> {
                     };
                     // Outside a load balancer's fully populated create, Octavia ignores a listener's
                     // `default_pool`: listener, pool and members are three calls.
-                    let created = match self
-                        .client
-                        .create_listener(&self.listener_create(l, Some(lb)))
-                        .await
-                    {
+                    let req = self.listener_create(l, Some(lb));
+                    let created = match self.busy_write(lb, || self.client.create_listener(&req)).await {
                         Ok(listener) => listener,
                         Err(e) if is_refusal(&e) => {
                             refused.push(Refused {
@@ -252,8 +294,7 @@ impl LbActor<'_> {
                         extra,
                         ..Default::default()
                     };
-                    self.client
-                        .update_listener(listener_id, &req)
+                    self.busy_write(lb, || self.client.update_listener(listener_id, &req))
                         .await
                         .map_err(|e| Error::octavia(format!("updating listener {}", l.name), e))?;
                     self.wait_active(lb).await?;
@@ -277,8 +318,7 @@ impl LbActor<'_> {
                         extra,
                         ..Default::default()
                     };
-                    self.client
-                        .update_pool(pool_id, &req)
+                    self.busy_write(lb, || self.client.update_pool(pool_id, &req))
                         .await
                         .map_err(|e| Error::octavia(format!("updating pool {}", l.pool.name), e))?;
                     self.wait_active(lb).await?;
@@ -288,8 +328,8 @@ impl LbActor<'_> {
                     let (Some(lb), Some(l)) = (lb_id.as_deref(), d.listeners.get(key)) else {
                         continue;
                     };
-                    self.client
-                        .batch_update_members(pool_id, &self.members(&l.pool), false)
+                    let members = self.members(&l.pool);
+                    self.busy_write(lb, || self.client.batch_update_members(pool_id, &members, false))
                         .await
                         .map_err(|e| {
                             Error::octavia(format!("updating the members of pool {}", l.pool.name), e)
@@ -324,14 +364,13 @@ impl LbActor<'_> {
             ..self.pool_create(p)
         };
         let pool = self
-            .client
-            .create_pool(&req)
+            .busy_write(lb, || self.client.create_pool(&req))
             .await
             .map_err(|e| Error::octavia(format!("creating pool {}", p.name), e))?;
         self.wait_active(lb).await?;
         if !p.members.is_empty() {
-            self.client
-                .batch_update_members(&pool.id, &self.members(p), false)
+            let members = self.members(p);
+            self.busy_write(lb, || self.client.batch_update_members(&pool.id, &members, false))
                 .await
                 .map_err(|e| Error::octavia(format!("adding the members of pool {}", p.name), e))?;
             self.wait_active(lb).await?;

@@ -131,6 +131,8 @@ impl Provisioning {
 pub struct OctaviaClient {
     transport: Transport<Octavia>,
     wait: WaitOptions,
+    /// Whether writes refused with 409 while a load balancer is `PENDING_*` are waited out and resent.
+    busy_retry: bool,
     gate: Arc<QuotaGate>,
 }
 
@@ -141,6 +143,7 @@ impl OctaviaClient {
         Ok(Self {
             transport: Transport::new(opts, None)?,
             wait: WaitOptions::default(),
+            busy_retry: true,
             gate: Arc::default(),
         })
     }
@@ -150,6 +153,7 @@ impl OctaviaClient {
         Ok(Self {
             transport: Transport::new(opts, Some(metrics))?,
             wait: WaitOptions::default(),
+            busy_retry: true,
             gate: Arc::default(),
         })
     }
@@ -157,6 +161,14 @@ impl OctaviaClient {
     /// Replace the polling and 409-retry limits.
     pub fn with_wait_options(mut self, wait: WaitOptions) -> Self {
         self.wait = wait;
+        self
+    }
+
+    /// Writes refused because a load balancer is `PENDING_*` (409, [`OctaviaErrorKind::Immutable`]) return that
+    /// error at once: for a caller that waits for load balancers itself (one shared poll for many, without
+    /// holding a worker meanwhile) rather than in this client's per-write loop.
+    pub fn without_busy_retry(mut self) -> Self {
+        self.busy_retry = false;
         self
     }
 
@@ -181,6 +193,9 @@ impl OctaviaClient {
             let Some(OctaviaErrorKind::Immutable { resource, id, .. }) = err.kind().cloned() else {
                 return Err(err);
             };
+            if !self.busy_retry {
+                return Err(err);
+            }
             let left = self.wait.timeout.saturating_sub(started.elapsed());
             if left.is_zero() {
                 return Err(err);

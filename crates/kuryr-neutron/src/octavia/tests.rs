@@ -199,6 +199,20 @@ async fn write_refused_409_while_pending_waits_and_resends() {
 }
 
 #[tokio::test]
+async fn without_busy_retry_a_409_while_pending_is_returned_at_once() {
+    let (c, s) = serve(vec!["PENDING_UPDATE"]).await;
+    s.lock().expect("lock").polls = 1;
+    let c = c.without_busy_retry();
+    let e = c
+        .update_load_balancer(LB, &ResourceUpdate::default())
+        .await
+        .expect_err("pending");
+    assert!(e.is_immutable(), "{e:?}");
+    let f = s.lock().expect("lock");
+    assert_eq!((f.refused_puts, f.polls), (1, 1), "no wait, no resend");
+}
+
+#[tokio::test]
 async fn write_409_gives_up_at_the_timeout_with_the_409() {
     let (c, _) = serve(vec!["PENDING_UPDATE"]).await;
     let c = c.with_wait_options(WaitOptions {
