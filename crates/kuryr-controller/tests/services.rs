@@ -1155,6 +1155,47 @@ async fn ingress(kube: &Client, ns: &str, name: &str) -> Result<Vec<String>> {
         .collect())
 }
 
+/// A LoadBalancer Service of another `loadBalancerClass` is served as its cluster IP only: its load balancer
+/// is made, but no floating IP, and its `status.loadBalancer` (the other implementation's) is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_balancer_service_of_another_class_gets_no_floating_ip() -> Result<()> {
+    init_logs();
+    let ns = unique("lbclass");
+    let bed = Bed::new(&ns).await?;
+    let ext = external(&bed).await?;
+    let kube = bed.client();
+    let svcs = Api::<Service>::namespaced(kube.clone(), &ns);
+    let classy: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "classy", "namespace": ns},
+        "spec": {"type": "LoadBalancer", "loadBalancerClass": "example.com/other", "clusterIP": "10.96.0.40",
+                 "selector": {"app": "classy"},
+                 "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}
+    }))?;
+    svcs.create(&PostParams::default(), &classy).await?;
+    // What the other implementation wrote.
+    let theirs = json!({"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.9"}]}}});
+    svcs.patch_status("classy", &PatchParams::default(), &Patch::Merge(&theirs))
+        .await?;
+    create_lb_service(kube, &ns, "plain", "10.96.0.41", None).await?;
+    let extra = format!("[neutron_defaults]\nexternal_svc_net = {}\n", ext.network);
+    let _ctrl = bed.controller(&ext.octavia, &extra, "svc-lbclass");
+
+    // The plain one gets its floating IP: the controller has been through both.
+    public_ip(kube, &ns, "plain").await?;
+    let st = recorded(kube, &ns, "classy", 1, 0).await?;
+    assert!(st.loadbalancer.is_some(), "the cluster IP is served");
+    assert!(st.service_pub_ip_info.is_none(), "{st:?}");
+    let klb = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns)
+        .get("classy")
+        .await?;
+    assert_eq!(klb.spec.type_.as_deref(), Some("ClusterIP"));
+    assert_eq!(ingress(kube, &ns, "classy").await?, ["192.0.2.9"]);
+    let fips = bed.neutron.client.list_floatingips(&ListFilter::new()).await?;
+    assert_eq!(fips.len(), 1, "only the plain Service's: {fips:?}");
+    Ok(())
+}
+
 /// LoadBalancer Services against the Neutron and Octavia emulators: a floating IP from external_svc_net on the
 /// VIP port (tagged, in the KuryrLoadBalancer status and the Service's ingress), `loadBalancerIP` naming a
 /// user's floating IP (associated, never deleted), one left by a crash adopted rather than duplicated, released

@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use kuryr_config::OCTAVIA_MAX_TIMEOUT_MS;
@@ -137,7 +137,7 @@ pub fn build(svc: &Service, r: &Resolved) -> Result<KuryrLoadBalancerSpec, Error
         project_id: Some(r.project_id.clone()),
         security_groups_ids: r.security_groups.clone(),
         subnet_id: Some(r.subnet_id.clone()),
-        type_: Some(spec.type_.clone().unwrap_or_else(|| "ClusterIP".into())),
+        type_: Some(served_type(spec).to_string()),
         provider: r.provider.clone(),
         timeout_client_data: timeout(annotations::LB_TIMEOUT_CLIENT_DATA, r.timeout_client_data)?,
         timeout_member_data: timeout(annotations::LB_TIMEOUT_MEMBER_DATA, r.timeout_member_data)?,
@@ -182,7 +182,7 @@ pub fn unhonoured(svc: &Service, provider: Option<&str>) -> Vec<Unhonoured> {
                     .into(),
         });
     }
-    let load_balancer = spec.type_.as_deref() == Some("LoadBalancer");
+    let load_balancer = served_type(spec) == "LoadBalancer";
     if load_balancer
         && spec.external_traffic_policy.as_deref() == Some("Local")
         && provider != Some(super::desired::OVN_PROVIDER)
@@ -212,6 +212,20 @@ pub fn unhonoured(svc: &Service, provider: Option<&str>) -> Vec<Unhonoured> {
         });
     }
     out
+}
+
+/// The type kuryr serves the Service as. A LoadBalancer Service of another `loadBalancerClass` is served
+/// as its ClusterIP only (kuryr stands in for kube-proxy): its external address is the named
+/// implementation's to give (Kubernetes: the default implementation ignores a Service with a class),
+/// so kuryr neither allocates a floating IP for it nor writes its `status.loadBalancer`.
+pub fn served_type(spec: &ServiceSpec) -> &str {
+    match spec.type_.as_deref() {
+        Some("LoadBalancer") if spec.load_balancer_class.as_deref().is_some_and(|c| !c.is_empty()) => {
+            "ClusterIP"
+        }
+        Some(t) => t,
+        None => "ClusterIP",
+    }
 }
 
 /// A cluster IP, written canonically (upstream strips leading zeros the same way).
@@ -312,6 +326,25 @@ mod tests {
         assert_eq!(spec.timeout_client_data, None, "0 means Octavia's default");
         assert_eq!(spec.timeout_member_data, Some(50_000));
         assert_eq!(spec.provider.as_deref(), Some("amphora"));
+    }
+
+    #[test]
+    fn a_load_balancer_of_another_class_is_served_as_its_cluster_ip_only() {
+        let mut s = svc(
+            "LoadBalancer",
+            "10.0.0.7",
+            vec![port("a", 80, IntOrString::Int(80))],
+        );
+        assert_eq!(
+            build(&s, &resolved()).unwrap().type_.as_deref(),
+            Some("LoadBalancer")
+        );
+        if let Some(spec) = s.spec.as_mut() {
+            spec.load_balancer_class = Some("metallb.io/metallb".into());
+        }
+        let spec = build(&s, &resolved()).unwrap();
+        assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+        assert_eq!(spec.ports.len(), 1, "the cluster IP is still served");
     }
 
     #[test]
