@@ -781,6 +781,21 @@ async fn an_upstream_kuryrloadbalancer_and_its_load_balancer_are_adopted() -> Re
             "{}",
             oct.name
         );
+        // The periodic check gives it kuryr-rs' tags (the orphan sweep finds it by them), keeping upstream's.
+        let want = [
+            format!("kuryr-rs.cluster={ns}"),
+            format!("kuryr-rs.service={ns}/web"),
+            "k8s".into(),
+        ];
+        eventually(
+            &format!("{}: adopted load balancer tagged", oct.name),
+            WAIT,
+            || async {
+                let live = oct.client.get_load_balancer(&lb.id).await?;
+                Ok(want.iter().all(|t| live.tags.contains(t)).then_some(()))
+            },
+        )
+        .await?;
         Api::<Service>::namespaced(kube.clone(), &ns)
             .delete("web", &DeleteParams::default())
             .await?;

@@ -27,7 +27,7 @@ use crate::services::octavia::LbActor;
 use crate::services::plan::{ListenerKey, plan};
 use crate::services::public_ip::{self, External, PublicIps};
 use crate::services::recorded::RecordedLb;
-use crate::services::{lb_name, service_tag};
+use crate::services::{lb_name, lb_tags, service_tag};
 
 pub struct KuryrLoadBalancerHandler {
     ctx: Arc<Context>,
@@ -46,9 +46,7 @@ impl KuryrLoadBalancerHandler {
     }
 
     fn tags(&self, klb: &KuryrLoadBalancer) -> Vec<String> {
-        let mut t = self.ctx.resource_tags();
-        t.push(service_tag(&klb.namespace().unwrap_or_default(), &klb.name_any()));
-        t
+        lb_tags(&self.ctx, &klb.namespace().unwrap_or_default(), &klb.name_any())
     }
 
     /// Whether `klb`'s deployment is still configured; when it is not, says so on the Service (what

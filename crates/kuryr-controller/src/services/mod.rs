@@ -40,5 +40,13 @@ pub fn service_tag(namespace: &str, name: &str) -> String {
     format!("{SERVICE_TAG_PREFIX}{namespace}/{name}")
 }
 
+/// Every tag a Service's load balancer carries: the deployment-wide ownership tags (`resource_tags`,
+/// managed, cluster) and its [`service_tag`].
+pub fn lb_tags(ctx: &crate::context::Context, namespace: &str, name: &str) -> Vec<String> {
+    let mut t = ctx.resource_tags();
+    t.push(service_tag(namespace, name));
+    t
+}
+
 /// What every [`service_tag`] starts with.
 pub const SERVICE_TAG_PREFIX: &str = "kuryr-rs.service=";

@@ -5,6 +5,7 @@
 //!   deleted first), and the `kuryrloadbalancer` handler, woken by the status change, builds it again.
 //! - A recorded listener, pool or member missing from Octavia: the record is rebuilt from Octavia, so the
 //!   handler's plan re-creates what is missing.
+//! - A load balancer without kuryr-rs' tags (adopted from upstream): tagged, upstream's tags kept.
 //! - Per deployment, a load balancer tagged as this cluster's whose KuryrLoadBalancer is gone or records
 //!   another deployment, seen in two passes in a row (a Service created between the list calls is not
 //!   mistaken for an orphan): deleted. The same for a floating IP on the deployment's `external_svc_net`
@@ -19,7 +20,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kuryr_crds::KuryrLoadBalancer;
 use kuryr_neutron::ListFilter;
-use kuryr_neutron::octavia::StatusTree;
+use kuryr_neutron::octavia::{ResourceUpdate, StatusTree};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -42,6 +43,8 @@ pub struct Pass {
     /// Records refreshed because parts of the tree were missing.
     pub repaired: usize,
     pub orphans_deleted: usize,
+    /// Load balancers given the tags they lacked (adopted from upstream).
+    pub tagged: usize,
 }
 
 pub struct Reconciler {
@@ -181,6 +184,26 @@ impl Reconciler {
         }
         if lb.provisioning_status != "ACTIVE" {
             return Ok(());
+        }
+        // One upstream made and kuryr-rs adopted carries none of its tags: without them the orphan
+        // sweep would never find it once its Service is gone, and each wait would read it alone.
+        let (ns, name) = (klb.namespace().unwrap_or_default(), klb.name_any());
+        let missing: Vec<String> = super::lb_tags(&self.ctx, &ns, &name)
+            .into_iter()
+            .filter(|t| !lb.tags.contains(t))
+            .collect();
+        if !missing.is_empty() {
+            let tags: Vec<String> = lb.tags.iter().cloned().chain(missing).collect();
+            let update = ResourceUpdate {
+                tags: Some(tags),
+                ..Default::default()
+            };
+            client
+                .update_load_balancer(&rec.id, &update)
+                .await
+                .map_err(|e| Error::octavia("reconcile: tagging an adopted load balancer", e))?;
+            tracing::info!(lb = %rec.id, name = %rec.name, "load balancer without kuryr-rs' tags (adopted): tagged");
+            out.tagged += 1;
         }
         let tree = client
             .get_status_tree(&rec.id)
