@@ -306,3 +306,73 @@ async fn a_port_that_never_goes_active_produces_an_activation_timeout_event() ->
     }
     Ok(())
 }
+
+/// A KuryrPort whose status was made unreadable (a hand edit; a VIF type from a newer release)
+/// does not keep its pod Terminating: deleting the pod releases the port, found by the pod's tags,
+/// and both objects go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pod_whose_kuryrport_cannot_be_read_is_still_deleted_and_its_port_released() -> Result<()> {
+    use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.10.3.0/24").await?;
+        let ctrl = start_controller(&kube.client, &target, config(&bare_metal_config(&fx, "")), "c1");
+        create_namespace(&kube.client, "odd", json!({})).await?;
+        create_pod(&kube.client, "odd", "p", NODES[0], json!({})).await?;
+        let kps = eventually("an active KuryrPort", WAIT, || {
+            all_kps_active(&kube.client, "odd", 1)
+        })
+        .await?;
+        let port_id = kps[0]
+            .status
+            .as_ref()
+            .unwrap()
+            .default_vif()
+            .unwrap()
+            .1
+            .id()
+            .to_string();
+        let raw: Api<DynamicObject> =
+            Api::namespaced_with(kube.client.clone(), "odd", &ApiResource::erase::<KuryrPort>(&()));
+        let future = json!({"status": {"vifs": {"eth0": {"default": true, "vif": {
+            "versioned_object.name": "VIFFromTheFuture", "versioned_object.namespace": "os_vif",
+            "versioned_object.version": "1.0", "versioned_object.data": {"id": port_id}}}}}});
+        raw.patch("p", &PatchParams::default(), &Patch::Merge(&future))
+            .await?;
+        // The controller says it cannot read it.
+        eventually("a Warning Event on the KuryrPort", WAIT, || async {
+            let events = Api::<Event>::namespaced(kube.client.clone(), "odd")
+                .list(&ListParams::default())
+                .await?
+                .items;
+            Ok(events
+                .iter()
+                .any(|e| {
+                    e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("KuryrPort")
+                        && e.note.as_deref().is_some_and(|n| n.contains("VIFFromTheFuture"))
+                })
+                .then_some(()))
+        })
+        .await?;
+
+        let pods = Api::<Pod>::namespaced(kube.client.clone(), "odd");
+        pods.delete("p", &DeleteParams::default()).await?;
+        eventually("the pod and its KuryrPort gone", WAIT, || async {
+            let pod = pods.get_opt("p").await?;
+            let kp = raw.get_opt("p").await?;
+            Ok((pod.is_none() && kp.is_none()).then_some(()))
+        })
+        .await?;
+        let gone = neutron.get_port(&port_id).await;
+        assert!(
+            gone.as_ref().is_err_and(|e| e.is_not_found()),
+            "{}: port left behind: {gone:?}",
+            target.name
+        );
+        ctrl.stop.cancel();
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}

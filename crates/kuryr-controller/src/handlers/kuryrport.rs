@@ -266,6 +266,27 @@ impl ResourceEventHandler for KuryrPortHandler {
         Some(&self.settled)
     }
 
+    /// A KuryrPort being deleted whose status cannot be parsed: the interfaces that can be read
+    /// are released as usual; the others' ports are found by the pod's ownership tags, as after a
+    /// crash (a pool's port among them goes back to its pool at the next recovery, which adopts
+    /// ports no KuryrPort records). Without this its pod stayed Terminating.
+    fn salvage(&self, mut raw: serde_json::Value) -> Option<KuryrPort> {
+        if let Some(vifs) = raw.pointer_mut("/status/vifs").and_then(|v| v.as_object_mut()) {
+            vifs.retain(|_, vif| serde_json::from_value::<kuryr_crds::KuryrPortVif>(vif.clone()).is_ok());
+        }
+        let kp = serde_json::from_value::<KuryrPort>(raw.clone())
+            .ok()
+            .or_else(|| {
+                raw.as_object_mut()?.remove("status");
+                serde_json::from_value::<KuryrPort>(raw).ok()
+            })?;
+        // What was dropped may have ports: the finalization looks for them by tag.
+        if let Some(uid) = kp.uid() {
+            self.failed().insert(uid);
+        }
+        Some(kp)
+    }
+
     async fn on_present(&self, kp: &KuryrPort) -> Result<(), Error> {
         let Some(pod) = Box::pin(self.live_pod(kp)).await? else {
             return Ok(());

@@ -57,6 +57,15 @@ pub trait ResourceEventHandler: Send + Sync + 'static {
         WatchSelector::default()
     }
 
+    /// An object of the kind that is being deleted but cannot be parsed (a hand edit, a schema of a
+    /// newer release) must still be let go of, or what waits on its finalizer (its pod) waits for
+    /// ever. The handler may rebuild a usable object from what it can read of `raw`, which then
+    /// goes to [`on_finalize`](Self::on_finalize); `None` (the default) leaves the object with its
+    /// finalizer until someone mends it (the Warning Event names the field).
+    fn salvage(&self, _raw: serde_json::Value) -> Option<Self::Object> {
+        None
+    }
+
     /// The longest one attempt may wait on OpenStack by design (a load balancer's activation). The
     /// pipeline's retry budget is lengthened by it: a slow but successful wait followed by a
     /// retryable failure (a 409 from a race) is retried, not given up on as if it had been failing
@@ -224,6 +233,10 @@ impl<H: ResourceEventHandler> EventHandler for Typed<H> {
             object,
             ..
         } = event;
+        // Kept only for an object being deleted (few events), for `salvage` should it not parse.
+        let deleting = (event_type != EventType::Deleted && object.metadata.deletion_timestamp.is_some())
+            .then(|| serde_json::to_value(object.as_ref()).ok())
+            .flatten();
         // The handler works on the parsed object alone: the event's copy is consumed here.
         let obj: H::Object = match parse_typed(object) {
             Ok(obj) => obj,
@@ -232,6 +245,11 @@ impl<H: ResourceEventHandler> EventHandler for Typed<H> {
                 if let Some(events) = &self.events {
                     let regarding = reference_of(&metadata, &resource);
                     crate::k8s::publish_event_on(events, &regarding, true, e.label(), &e.to_string()).await;
+                }
+                if let Some(obj) = deleting.and_then(|raw| self.handler.salvage(raw)) {
+                    tracing::warn!(handler = self.handler.name(), error = %e,
+                        "finalizing from the parts that could be read");
+                    return self.handler.on_finalize(&obj).await;
                 }
                 return Err(e);
             }
