@@ -208,6 +208,12 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
                     // Pools act on Neutron too: only the leader maintains (and recovers) them.
                     tasks.spawn(p.clone().run(token.clone()));
                     tasks.spawn(track_pool_readiness(p.clone(), readiness.clone(), token.clone()));
+                } else {
+                    // Without pools the pod ports still need their orphan sweep.
+                    tasks.spawn(crate::pool::sweep::run_without_pools(
+                        ctx.platform().clone(),
+                        token.clone(),
+                    ));
                 }
                 tracing::info!(identity = %opts.identity, "leading: pipeline started");
                 tasks.spawn(pipeline.run(opts.kube.clone(), reconcile, opts.max_concurrency, token.clone()));

@@ -97,3 +97,68 @@ async fn ports_a_crash_never_recorded_are_deleted_with_their_pod() -> Result<()>
     }
     Ok(())
 }
+
+/// With no pool (`noop`), a pod port nothing records - its pod and KuryrPort gone while no
+/// controller saw it (a finalizer removed by hand) - is deleted by the orphan sweep once it is
+/// older than the in-use grace and seen unowned twice; a recorded port and another cluster's stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_pools_a_port_nothing_records_is_swept() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.82.0.0/24").await?;
+        let cluster = format!("sweep-{}", uuid::Uuid::new_v4().simple());
+        let cfg = format!(
+            "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_vif_driver = neutron-vif\nvif_pool_driver = noop\n\
+             cluster_id = {cluster}\n[vif_pool]\nports_pool_update_frequency = 1\n\
+             [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\n",
+            fx.project, fx.subnet, fx.sg
+        );
+        let port = |cluster: &str, pod: &str| PortCreate {
+            project_id: Some(fx.project.clone()),
+            device_id: Some(format!("uid-of-{pod}")),
+            device_owner: Some(COMPUTE_KURYR.into()),
+            tags: vec![
+                tags::TAG_MANAGED.into(),
+                tags::cluster_tag(cluster),
+                tags::pod_tag("demo", pod),
+            ],
+            ..PortCreate::new(&fx.network)
+        };
+        let left = neutron.create_port(&port(&cluster, "gone")).await?;
+        let theirs = neutron.create_port(&port("another-cluster", "theirs")).await?;
+        let ctrl = start_controller(&kube.client, &target, config(&cfg), "c1");
+        create_namespace(&kube.client, "demo", json!({})).await?;
+        create_pod(&kube.client, "demo", "kept", NODES[0], json!({})).await?;
+        let recorded = wait_active_ports(&kube.client, "demo", 1).await?;
+
+        let started = std::time::Instant::now();
+        eventually("the unrecorded port swept", WAIT, || async {
+            Ok(neutron
+                .get_port(&left.id)
+                .await
+                .err()
+                .filter(|e| e.is_not_found())
+                .map(|_| ()))
+        })
+        .await?;
+        assert!(
+            started.elapsed() >= Duration::from_secs(20),
+            "{}: swept at {:?}, within the grace of its creation",
+            target.name,
+            started.elapsed()
+        );
+        for id in recorded.iter().chain([&theirs.id]) {
+            assert!(neutron.get_port(id).await.is_ok(), "{}: {id} kept", target.name);
+        }
+        ctrl.stop.cancel();
+        cleanup_project(neutron, &fx.project).await;
+        eprintln!(
+            "orphans[{}]: unrecorded port swept after {:?} without pools",
+            target.name,
+            started.elapsed()
+        );
+    }
+    Ok(())
+}

@@ -73,6 +73,12 @@ pub struct PoolManager {
     term: tokio::sync::Mutex<()>,
 }
 
+/// How long a port may be held in use, or exist, before its KuryrPort must record it, for an
+/// update period of `period`: two periods, at least [`IN_USE_GRACE`].
+pub fn in_use_grace(period: Duration) -> Duration {
+    (period * 2).max(IN_USE_GRACE)
+}
+
 /// Builds the pool driver `[kubernetes] vif_pool_driver` names over `driver` (the pod VIF
 /// driver). For `multi_pool` use [`build_multi`].
 pub fn build(
@@ -403,8 +409,9 @@ impl PoolManager {
     /// question ports taken more recently (a handler between taking a port and writing the
     /// KuryrPort status).
     pub fn in_use_grace(&self) -> Duration {
-        let period = Duration::from_secs(self.ctx.config.vif_pool.ports_pool_update_frequency.max(1));
-        (period * 2).max(IN_USE_GRACE)
+        in_use_grace(Duration::from_secs(
+            self.ctx.config.vif_pool.ports_pool_update_frequency.max(1),
+        ))
     }
 
     /// One pass over the books and the orphans (needs recovery done): ports the pools hold in
@@ -432,7 +439,7 @@ impl PoolManager {
             owned.extend(d.owned_ports().into_values().flatten());
         }
         let tag = kuryr_crds::names::neutron::cluster_tag(&self.ctx.cluster_id);
-        let deleted = sweep::sweep(&self.ctx.deployments, &tag, &owned, suspects).await?;
+        let deleted = sweep::sweep(&self.ctx.deployments, &tag, &owned, before, suspects).await?;
         self.ctx
             .metrics
             .pool_event("deleted_orphan", deleted.len() as u64);

@@ -1,15 +1,25 @@
 //! Orphan sweep: pod ports (`compute:kuryr`, `trunk:subport`) tagged `kuryr-rs` and with this
-//! cluster's tag that no pool and no KuryrPort owns. A port must be seen unowned in two
-//! consecutive passes before it is deleted, so a port created between a Neutron call and its
-//! record (a refill landing, a KuryrPort status being written) is never taken for a leak.
+//! cluster's tag that no pool and no KuryrPort owns, whatever the pool driver (with `noop`, the
+//! ports of pods deleted while no controller ran with a finalizer forced off, or whose create
+//! answered after its pod was gone). A port must be seen unowned in two consecutive passes, and
+//! be older than the in-use grace by Neutron's `created_at`, before it is deleted, so a port
+//! created between a Neutron call and its record (a refill or a bulk create landing, a KuryrPort
+//! status being written) is never taken for a leak.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kuryr_crds::names::device_owner::{COMPUTE_KURYR, TRUNK_SUBPORT};
 use kuryr_crds::names::neutron as tags;
 use kuryr_neutron::ListFilter;
 
+use tokio_util::sync::CancellationToken;
+
+use super::persist::Persister;
+use crate::context::Platform;
 use crate::drivers::vif::{detach_and_delete, subports_by_port};
 use crate::error::Error;
 use crate::openstack::Deployments;
@@ -53,6 +63,7 @@ pub async fn sweep(
     deployments: &Deployments,
     cluster_tag: &str,
     owned: &HashSet<String>,
+    created_before: Timestamp,
     suspects: &mut Suspects,
 ) -> Result<Vec<String>, Error> {
     let mut deleted = Vec::new();
@@ -83,6 +94,7 @@ pub async fn sweep(
             for p in page.items {
                 if (p.device_owner == COMPUTE_KURYR || p.device_owner == TRUNK_SUBPORT)
                     && !owned.contains(&p.id)
+                    && !created_after(p.created_at.as_deref(), created_before)
                 {
                     if p.device_owner == TRUNK_SUBPORT {
                         subports.insert(p.id.clone());
@@ -115,12 +127,76 @@ pub async fn sweep(
     Ok(deleted)
 }
 
+/// The sweep with the `noop` pool driver, for one leadership term: no pool owns a port there, so
+/// what the KuryrPorts record is all that is owned.
+pub async fn run_without_pools(ctx: Arc<Platform>, stop: CancellationToken) {
+    let persister = Persister::new(
+        ctx.kube.clone(),
+        ctx.config.kubernetes.controller_namespace.clone(),
+    );
+    let period = Duration::from_secs(ctx.config.vif_pool.ports_pool_update_frequency.max(1));
+    let grace = SignedDuration::try_from(super::in_use_grace(period)).unwrap_or(SignedDuration::MAX);
+    let tag = tags::cluster_tag(&ctx.cluster_id);
+    let mut suspects = Suspects::default();
+    let mut last_pass = Duration::ZERO;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(pause_after(period, last_pass)) => {}
+        }
+        let started = std::time::Instant::now();
+        let listed_at = Timestamp::now();
+        // Read before Neutron is listed, as with pools (see `PoolManager::sweep_once`).
+        let pass = async {
+            let owned = persister.ports_in_use().await?;
+            let before = listed_at.checked_sub(grace).unwrap_or(listed_at);
+            sweep(&ctx.deployments, &tag, &owned, before, &mut suspects).await
+        };
+        let swept = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = pass => r,
+        };
+        last_pass = started.elapsed();
+        match swept {
+            Ok(deleted) => ctx.metrics.pool_event("deleted_orphan", deleted.len() as u64),
+            Err(e) => tracing::warn!(error = %e, "orphan sweep failed"),
+        }
+    }
+}
+
+/// Whether Neutron's `created_at` (`2026-11-29T18:21:49Z`) is later than `t`. A port without
+/// one (a Neutron that does not show it) counts as old: the two passes still guard it.
+fn created_after(created_at: Option<&str>, t: Timestamp) -> bool {
+    created_at
+        .and_then(|c| {
+            c.parse::<Timestamp>()
+                .ok()
+                .or_else(|| format!("{c}Z").parse::<Timestamp>().ok())
+        })
+        .is_some_and(|c| c > t)
+}
+
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     fn set(ids: &[&str]) -> BTreeSet<String> {
         ids.iter().map(|s| (*s).to_string()).collect()
+    }
+
+    #[test]
+    fn a_port_younger_than_the_grace_is_not_questioned() {
+        let t: Timestamp = "2026-11-29T18:00:00Z".parse().unwrap();
+        assert!(created_after(Some("2026-11-29T18:00:05Z"), t));
+        assert!(
+            created_after(Some("2026-11-29T18:00:05"), t),
+            "Neutron without the zone"
+        );
+        assert!(!created_after(Some("2026-11-29T17:59:55Z"), t));
+        assert!(!created_after(None, t), "unknown: the two passes guard it");
+        assert!(!created_after(Some("yesterday"), t));
     }
 
     #[test]
