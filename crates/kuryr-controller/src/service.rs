@@ -149,6 +149,8 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
             (true, None) => {
                 let token = stop.child_token();
                 ctx.term.begin(k8s_openapi::jiff::Timestamp::now());
+                // What a previous term learned of the policies may have changed meanwhile.
+                ctx.drivers.network_policy.forget().await;
                 if let Some(binder) = &ctx.placement {
                     // What a previous term cached may have been changed by another leader.
                     binder.forget().await;

@@ -1060,3 +1060,90 @@ async fn a_named_port_edit_reaches_neutron_without_waiting_for_a_resync() -> Res
     }
     Ok(())
 }
+
+/// A replica that loses leadership and wins it back forgets what its earlier term learned: a
+/// peer pod deleted while another replica led (no event reached this one) leaves the policy's
+/// address group once the new term reconciles it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_peer_deleted_while_another_replica_led_leaves_the_policy() -> Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let client = &target.client;
+        let fx = neutron_fixture(client, "10.74.0.0/24").await?;
+        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        // With controller_ha the Lease decides who leads.
+        let ha = ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label").replacen(
+            "[neutron_defaults]",
+            "controller_ha = true\n[neutron_defaults]",
+            1,
+        );
+        let cfg = config(&ha);
+        let lease_ns = cfg.kubernetes.controller_namespace.clone();
+        let ctl = start_controller(&kube.client, &target, cfg, "np-term");
+        labelled_namespace(&kube.client, "t").await?;
+        pod(&kube.client, "t", "db", json!({"app": "db"}), Some("10.74.0.10")).await?;
+        pod(
+            &kube.client,
+            "t",
+            "web-1",
+            json!({"app": "web"}),
+            Some("10.74.0.11"),
+        )
+        .await?;
+        apply_policy(
+            &kube.client,
+            "t",
+            "db",
+            json!({"podSelector": {"matchLabels": {"app": "db"}},
+                   "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}], "ports": [{"port": 5432}]}]}),
+        )
+        .await?;
+        let sg = policy_group(&kube.client, "t", "db").await?;
+        let peers = |want: &'static [&'static str]| {
+            let sg = sg.clone();
+            async move {
+                eventually(&format!("peers {want:?}"), WAIT, || async {
+                    let got = peer_addresses(client, &sg, 5432).await?.map(|(_, a)| a);
+                    let want: BTreeSet<String> = want.iter().map(|a| format!("{a}/32")).collect();
+                    Ok((got.as_ref() == Some(&want)).then_some(()))
+                })
+                .await
+            }
+        };
+        peers(&["10.74.0.11"]).await?;
+
+        // Another replica holds the lease for a while: this one stops handling events.
+        let leases: Api<Lease> = Api::namespaced(kube.client.clone(), &lease_ns);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let taken = json!({"spec": {"holderIdentity": "np-other", "leaseDurationSeconds": 3600,
+            "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now)}});
+        leases
+            .patch("kuryr-controller", &PatchParams::default(), &Patch::Merge(&taken))
+            .await?;
+        // Past this replica's next renewal (every 2 s): it has seen the lease taken.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let pods: Api<Pod> = Api::namespaced(kube.client.clone(), "t");
+        pods.delete("web-1", &DeleteParams::default()).await?;
+        pod(
+            &kube.client,
+            "t",
+            "web-2",
+            json!({"app": "web"}),
+            Some("10.74.0.12"),
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        peers(&["10.74.0.11"]).await?;
+
+        // The other replica is gone: this one leads again and lists the cluster afresh.
+        leases
+            .delete("kuryr-controller", &DeleteParams::default())
+            .await?;
+        peers(&["10.74.0.12"]).await?;
+        ctl.stop.cancel();
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}

@@ -122,6 +122,16 @@ impl NetworkPolicyDriver {
         }
     }
 
+    /// Drops what an earlier leadership term learned: the cluster as its watches saw it (a pod
+    /// deleted while another replica led sent this one no event), where each policy's groups
+    /// live, and the allow-all groups' ids (the other leader may have replaced them). The next
+    /// use lists them afresh.
+    pub async fn forget(&self) {
+        *self.tracker.lock().await = None;
+        self.placed.lock().await.clear();
+        self.open_groups.lock().await.clear();
+    }
+
     /// The port pools whose keys hold this driver's groups (see [`NetworkPolicyDriver::release`]).
     pub fn with_pools(mut self, pools: Option<Arc<PoolManager>>) -> Self {
         self.pools = pools;
