@@ -289,13 +289,17 @@ async fn wire_labelled(
 /// Connects to the VIP from `client` and expects nothing to answer: no backend reached through
 /// it, for [`BLOCKED_FOR`] once it holds (within [`CONVERGE`]).
 fn vip_blocked(client: &Wired, why: &str) -> Result<()> {
-    let vip: IpAddr = VIP.parse()?;
+    blocked(client, VIP.parse()?, SVC_PORT, why)
+}
+
+/// Waits until nothing from `client` reaches `addr:port` (a policy in force).
+fn blocked(client: &Wired, addr: IpAddr, port: u16, why: &str) -> Result<()> {
     let probe = Probe::new(
-        format!("{} -> {VIP}:{SVC_PORT} ({why})", client.name()),
+        format!("{} -> {addr}:{port} ({why})", client.name()),
         &client.path(),
         Proto::Tcp,
-        vip,
-        SVC_PORT,
+        addr,
+        port,
         Expect::Closed,
     );
     let t = Instant::now();
@@ -456,6 +460,31 @@ async fn run(lab: &Lab, octavia: &OctaviaClient, fx: &Fixture) -> Result<()> {
     for c in &clients {
         vip_reaches(c, &names).with_context(|| format!("{} after the policy was deleted", c.name()))?;
     }
+
+    // An egress policy on client-0 admitting the backends on their port admits the Service in
+    // front of them on its own port: OVN checks client-0's egress before its load balancer
+    // rewrites VIP:80 to a backend's :8080 (upstream admitted the VIP on 8080 only).
+    let np: NetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "client-0-out", "namespace": NS},
+        "spec": {"podSelector": {"matchLabels": {"role": "client-0"}}, "policyTypes": ["Egress"],
+                 "egress": [{"to": [{"podSelector": {"matchLabels": {"app": SVC}}}],
+                             "ports": [{"protocol": "TCP", "port": APP_PORT}]}]}
+    }))?;
+    let t = Instant::now();
+    policies.create(&PostParams::default(), &np).await?;
+    blocked(
+        &clients[0],
+        clients[1].ip(),
+        APP_PORT,
+        "not a destination client-0's policy admits",
+    )?;
+    vip_reaches(&clients[0], &names).context("client-0 through the VIP under its egress policy")?;
+    eprintln!(
+        "egress policy on client-0: other pods blocked, the Service's VIP:{SVC_PORT} served {:?} after it",
+        t.elapsed()
+    );
+    policies.delete("client-0-out", &DeleteParams::default()).await?;
 
     // Scaled to one: only that backend answers, from either chassis.
     set_endpoints(&kube.client, &[&backends[1]]).await?;

@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use serde::Serialize;
 
 use super::cidr::Cidr;
-use super::index::{ClusterIndex, PodInfo, PodKey};
+use super::index::{ClusterIndex, PodInfo, PodKey, ServicePort, TargetPort};
 use super::spec::{Peer, PolicyKey, PolicySpec, PortRef, Protocol, RuleSpec};
 use super::stable_hash;
 
@@ -133,23 +133,26 @@ fn host_prefixes(ips: impl IntoIterator<Item = IpAddr>) -> BTreeSet<Cidr> {
 
 /// Pods that may be behind an egress peer (`None`: every destination), with the addresses of
 /// theirs that the peer covers.
-fn egress_candidates<'a>(index: &'a ClusterIndex, peer: Option<&'a Peer>) -> Vec<(&'a PodInfo, Vec<IpAddr>)> {
+fn egress_candidates<'a>(
+    index: &'a ClusterIndex,
+    peer: Option<&'a Peer>,
+) -> Vec<(&'a PodKey, &'a PodInfo, Vec<IpAddr>)> {
     match peer {
-        None => index.pods.values().map(|p| (p, p.ips.clone())).collect(),
-        Some(p @ Peer::Pods { .. }) => index.peer_pods(p).map(|(_, p)| (p, p.ips.clone())).collect(),
+        None => index.pods.iter().map(|(k, p)| (k, p, p.ips.clone())).collect(),
+        Some(p @ Peer::Pods { .. }) => index.peer_pods(p).map(|(k, p)| (k, p, p.ips.clone())).collect(),
         Some(Peer::Block { allowed, .. }) => index
             .pods
-            .values()
-            .map(|p| {
+            .iter()
+            .map(|(k, p)| {
                 let ips = p
                     .ips
                     .iter()
                     .copied()
                     .filter(|ip| allowed.iter().any(|c| c.contains_ip(*ip)))
                     .collect();
-                (p, ips)
+                (k, p, ips)
             })
-            .filter(|(_, ips): &(_, Vec<IpAddr>)| !ips.is_empty())
+            .filter(|(_, _, ips): &(_, _, Vec<IpAddr>)| !ips.is_empty())
             .collect(),
     }
 }
@@ -168,6 +171,50 @@ impl Builder<'_> {
             .or_default()
             .extend(addrs);
         Remote::Group(key)
+    }
+
+    /// Egress to a Service is checked at the client before its load balancer rewrites the
+    /// destination, so the rule must admit the Service's VIP on the Service's port: for the
+    /// Services in front of `behind` (the pods behind a peer), the VIPs on each Service port
+    /// that forwards to a port the rule admits on one of its pods (`admits`). `whole`: the rule
+    /// admits every port of `proto` (or everything, `proto` none), and so do the VIPs. Upstream
+    /// admitted the VIPs on the backends' port, which a client never sends to unless the two are
+    /// equal.
+    fn service_rules(
+        &mut self,
+        base: &str,
+        behind: &[(&PodKey, &PodInfo)],
+        proto: Option<Protocol>,
+        whole: bool,
+        admits: impl Fn(&ServicePort, &PodInfo) -> bool,
+        rules: &mut BTreeSet<Rule>,
+    ) {
+        let mut by_port: BTreeMap<Option<u16>, BTreeSet<Cidr>> = BTreeMap::new();
+        for (svc, picked) in self.index.services_selecting(behind) {
+            let vips = host_prefixes(svc.vips.iter().copied());
+            if vips.is_empty() {
+                continue;
+            }
+            if whole && proto.is_none() {
+                by_port.entry(None).or_default().extend(vips);
+                continue;
+            }
+            for sp in svc.ports.iter().filter(|sp| Some(sp.protocol) == proto) {
+                if picked.iter().any(|pod| admits(sp, pod)) {
+                    let key = (!whole).then_some(sp.port);
+                    by_port.entry(key).or_default().extend(vips.iter().copied());
+                }
+            }
+        }
+        for (port, vips) in by_port {
+            let key = match (proto, port) {
+                (None, _) => format!("{base}-vips"),
+                (Some(p), None) => format!("{base}-vips-{}", p.neutron()),
+                (Some(p), Some(n)) => format!("{base}-vips-{}-{n}", p.neutron()),
+            };
+            let remote = self.group(key, vips);
+            push(rules, Direction::Egress, proto, port.map(|n| (n, n)), remote);
+        }
     }
 
     /// The rules of one ingress/egress rule for one variant (`pod` resolves ingress named ports).
@@ -213,22 +260,46 @@ impl Builder<'_> {
                     allowed.iter().copied().map(Remote::Prefix).collect()
                 }
                 Some(p @ Peer::Pods { .. }) => {
-                    let pods: Vec<_> = self.index.peer_pods(p).collect();
-                    let mut addrs = host_prefixes(pods.iter().flat_map(|(_, i)| i.ips.iter().copied()));
+                    let addrs =
+                        host_prefixes(self.index.peer_pods(p).flat_map(|(_, i)| i.ips.iter().copied()));
                     let key = match dir {
                         Direction::Ingress => peer_key("i", p),
-                        Direction::Egress => {
-                            // Traffic to a Service VIP is checked before the load balancer
-                            // rewrites it: the VIPs of Services backed by these pods join the
-                            // group (upstream's `_create_svc_egress_sg_rule`).
-                            addrs.extend(host_prefixes(self.index.vips_selecting(&pods)));
-                            peer_key("e", p)
-                        }
+                        Direction::Egress => peer_key("e", p),
                     };
                     vec![self.group(key, addrs)]
                 }
             };
+            // The pods behind an egress peer, for the Services in front of them.
+            let behind: Vec<(&PodKey, &PodInfo)> = match dir {
+                Direction::Egress => egress_candidates(self.index, *peer)
+                    .into_iter()
+                    .map(|(k, p, _)| (k, p))
+                    .collect(),
+                Direction::Ingress => Vec::new(),
+            };
+            let base = match peer {
+                None => "e-all".to_string(),
+                Some(p) => peer_key("e", p),
+            };
             for port in &ports {
+                if dir == Direction::Egress && !(peer.is_none() && matches!(port, P::Fixed(None, None))) {
+                    let admits = |sp: &ServicePort, pod: &PodInfo| match port {
+                        P::Fixed(_, None) => true,
+                        P::Fixed(_, Some((a, b))) => sp.target_on(pod).is_some_and(|n| *a <= n && n <= *b),
+                        P::Named(proto, name) => {
+                            matches!(&sp.target, TargetPort::Name(n) if n == name)
+                                || pod
+                                    .resolve(*proto, name)
+                                    .is_some_and(|n| sp.target_on(pod) == Some(n))
+                        }
+                    };
+                    let proto = match port {
+                        P::Fixed(proto, _) => *proto,
+                        P::Named(proto, _) => Some(*proto),
+                    };
+                    let whole = matches!(port, P::Fixed(_, None));
+                    self.service_rules(&base, &behind, proto, whole, admits, rules);
+                }
                 match port {
                     P::Fixed(proto, range) => {
                         for remote in &remotes {
@@ -245,12 +316,8 @@ impl Builder<'_> {
                         }
                         Direction::Egress => {
                             // The port is the destination's: one group per number it resolves to.
-                            let base = match peer {
-                                None => "e-all".to_string(),
-                                Some(p) => peer_key("e", p),
-                            };
                             let mut by_num: BTreeMap<u16, BTreeSet<Cidr>> = BTreeMap::new();
-                            for (pod, ips) in egress_candidates(self.index, *peer) {
+                            for (_, pod, ips) in egress_candidates(self.index, *peer) {
                                 if let Some(num) = pod.resolve(*proto, name) {
                                     by_num.entry(num).or_default().extend(host_prefixes(ips));
                                 }

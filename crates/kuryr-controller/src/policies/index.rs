@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
 use super::selector::{Labels, Selector};
@@ -102,6 +103,34 @@ pub struct ServiceInfo {
     pub vips: Vec<IpAddr>,
     /// `spec.selector`; `None` for Services without one (their backends are not known here).
     pub selector: Option<Labels>,
+    /// Its ports (a client reaches the VIP on these; the load balancer forwards to the target).
+    pub ports: Vec<ServicePort>,
+}
+
+/// One port of a Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicePort {
+    pub protocol: Protocol,
+    pub port: u16,
+    pub target: TargetPort,
+}
+
+/// Where a Service port forwards to on its backends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetPort {
+    Number(u16),
+    /// A named container port, resolved on each backend.
+    Name(String),
+}
+
+impl ServicePort {
+    /// The backend port this Service port forwards to on `pod`, when known there.
+    pub fn target_on(&self, pod: &PodInfo) -> Option<u16> {
+        match &self.target {
+            TargetPort::Number(n) => Some(*n),
+            TargetPort::Name(name) => pod.resolve(self.protocol, name),
+        }
+    }
 }
 
 impl ServiceInfo {
@@ -114,9 +143,28 @@ impl ServiceInfo {
             .collect::<std::collections::BTreeSet<IpAddr>>()
             .into_iter()
             .collect();
+        let ports = spec
+            .iter()
+            .flat_map(|s| s.ports.iter().flatten())
+            .filter_map(|p| {
+                let protocol = Protocol::parse(p.protocol.as_deref().unwrap_or("TCP"))?;
+                let port = u16::try_from(p.port).ok()?;
+                let target = match &p.target_port {
+                    None => TargetPort::Number(port),
+                    Some(IntOrString::Int(n)) => TargetPort::Number(u16::try_from(*n).ok()?),
+                    Some(IntOrString::String(name)) => TargetPort::Name(name.clone()),
+                };
+                Some(ServicePort {
+                    protocol,
+                    port,
+                    target,
+                })
+            })
+            .collect();
         Self {
             vips,
             selector: spec.and_then(|s| s.selector.clone()).filter(|s| !s.is_empty()),
+            ports,
         }
     }
 }
@@ -198,21 +246,22 @@ impl ClusterIndex {
         }
     }
 
-    /// VIPs of the Services whose selector picks at least one of `pods`.
-    pub fn vips_selecting(&self, pods: &[(&PodKey, &PodInfo)]) -> Vec<IpAddr> {
-        let mut out = vec![];
-        for ((ns, _), svc) in &self.services {
-            let Some(sel) = &svc.selector else { continue };
-            let picks = pods
+    /// The Services whose selector picks at least one of `pods`, each with the ones it picks.
+    pub fn services_selecting<'a>(
+        &'a self,
+        pods: &'a [(&'a PodKey, &'a PodInfo)],
+    ) -> impl Iterator<Item = (&'a ServiceInfo, Vec<&'a PodInfo>)> + 'a {
+        self.services.iter().filter_map(move |((ns, _), svc)| {
+            let sel = svc.selector.as_ref()?;
+            let picked: Vec<&PodInfo> = pods
                 .iter()
-                .any(|(k, p)| &k.namespace == ns && sel.iter().all(|(lk, lv)| p.labels.get(lk) == Some(lv)));
-            if picks {
-                out.extend(svc.vips.iter().copied());
-            }
-        }
-        out.sort();
-        out.dedup();
-        out
+                .filter(|(k, p)| {
+                    &k.namespace == ns && sel.iter().all(|(lk, lv)| p.labels.get(lk) == Some(lv))
+                })
+                .map(|(_, p)| *p)
+                .collect();
+            (!picked.is_empty()).then_some((svc, picked))
+        })
     }
 
     /// VIPs of every Service of `namespace`.

@@ -418,6 +418,117 @@ fn egress_named_port_splits_destinations_by_number() {
     );
 }
 
+/// Egress to pods on their port admits the Services in front of them on the Service's port,
+/// where the client sends (the load balancer forwards to the pods' port afterwards).
+#[test]
+fn egress_to_a_service_backend_port_admits_its_vip_on_the_service_port() {
+    use crate::policies::index::{ServicePort, TargetPort};
+    let mut index = cluster();
+    if let Some(b) = index.pods.get_mut(&PodKey::new("y", "b")) {
+        b.named_ports = vec![("http".into(), Protocol::Tcp, 8080)];
+    }
+    let svc = |vip: &str, ports: Vec<ServicePort>| ServiceInfo {
+        vips: vec![vip.parse().expect("ip")],
+        selector: Some(labels(&[("pod", "b")])),
+        ports,
+    };
+    let tcp = |port: u16, target: TargetPort| ServicePort {
+        protocol: Protocol::Tcp,
+        port,
+        target,
+    };
+    index.services.insert(
+        ("y".into(), "web".into()),
+        svc(
+            "172.30.0.10",
+            vec![
+                tcp(80, TargetPort::Number(8080)),
+                tcp(9000, TargetPort::Number(9000)),
+            ],
+        ),
+    );
+    index.services.insert(
+        ("y".into(), "named".into()),
+        svc("172.30.0.11", vec![tcp(8000, TargetPort::Name("http".into()))]),
+    );
+    index.services.insert(
+        ("y".into(), "dns".into()),
+        svc(
+            "172.30.0.12",
+            vec![ServicePort {
+                protocol: Protocol::Udp,
+                port: 53,
+                target: TargetPort::Number(8080),
+            }],
+        ),
+    );
+    let vip_rules = |spec: Value| -> BTreeSet<(u16, BTreeSet<Cidr>)> {
+        let p = policy("x", "out", spec);
+        let d = desired(&p, &index, &Options::default());
+        base(&d)
+            .iter()
+            .filter(|r| r.direction == Direction::Egress && r.ethertype == EtherType::V4)
+            .filter_map(|r| match &r.remote {
+                Remote::Group(k) if k.0.contains("-vips") => {
+                    Some((r.ports.expect("a port").0, d.address_groups[k].clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let to_b = |ports: Value| {
+        json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"to": [
+            {"namespaceSelector": {}, "podSelector": {"matchLabels": {"pod": "b"}}}], "ports": ports}]})
+    };
+    assert_eq!(
+        vip_rules(to_b(json!([{"port": 8080}]))),
+        [
+            (80, cidrs(&["172.30.0.10/32"])),
+            (8000, cidrs(&["172.30.0.11/32"]))
+        ]
+        .into(),
+        "the Service ports that forward to 8080 (by number, and by the name the pod gives it); not UDP's"
+    );
+    assert_eq!(
+        vip_rules(to_b(json!([{"port": "http"}]))),
+        [
+            (80, cidrs(&["172.30.0.10/32"])),
+            (8000, cidrs(&["172.30.0.11/32"]))
+        ]
+        .into()
+    );
+    assert_eq!(
+        vip_rules(to_b(json!([{"port": 9000, "endPort": 9100}]))),
+        [(9000, cidrs(&["172.30.0.10/32"]))].into()
+    );
+    assert!(
+        vip_rules(to_b(json!([{"port": 7777}]))).is_empty(),
+        "no Service forwards to 7777"
+    );
+    // To any destination on a port: the Services forwarding to it too.
+    let anywhere =
+        json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"ports": [{"port": 8080}]}]});
+    assert_eq!(
+        vip_rules(anywhere),
+        [
+            (80, cidrs(&["172.30.0.10/32"])),
+            (8000, cidrs(&["172.30.0.11/32"]))
+        ]
+        .into()
+    );
+    // To an ipBlock holding the backends.
+    let block = json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"to": [{"ipBlock": {"cidr": "10.0.1.0/24"}}],
+        "ports": [{"port": 8080}]}]});
+    assert_eq!(
+        vip_rules(block),
+        [
+            (80, cidrs(&["172.30.0.10/32"])),
+            (8000, cidrs(&["172.30.0.11/32"]))
+        ]
+        .into()
+    );
+}
+
 #[test]
 fn service_vip_hook() {
     let mut index = cluster();
@@ -426,6 +537,7 @@ fn service_vip_hook() {
         ServiceInfo {
             vips: vec!["172.30.0.10".parse().expect("ip")],
             selector: Some(labels(&[("pod", "b")])),
+            ports: vec![],
         },
     );
     index.services.insert(
@@ -433,6 +545,7 @@ fn service_vip_hook() {
         ServiceInfo {
             vips: vec!["172.30.0.20".parse().expect("ip")],
             selector: Some(labels(&[("pod", "zzz")])),
+            ports: vec![],
         },
     );
     let p = policy(
@@ -445,17 +558,19 @@ fn service_vip_hook() {
         namespace_service_vips: true,
     };
     let d = desired(&p, &index, &opts);
-    let egress_group = base(&d)
+    let egress: BTreeSet<BTreeSet<Cidr>> = base(&d)
         .iter()
-        .find_map(|r| match (&r.direction, &r.remote) {
-            (Direction::Egress, Remote::Group(k)) => Some(k.clone()),
+        .filter_map(|r| match (&r.direction, &r.remote) {
+            (Direction::Egress, Remote::Group(k)) if r.protocol.is_none() => {
+                Some(d.address_groups[k].clone())
+            }
             _ => None,
         })
-        .expect("egress rule");
+        .collect();
     assert_eq!(
-        d.address_groups[&egress_group],
-        cidrs(&["10.0.0.2/32", "10.0.1.2/32", "172.30.0.10/32"]),
-        "the pods and the VIP of the Service in front of them"
+        egress,
+        [cidrs(&["10.0.0.2/32", "10.0.1.2/32"]), cidrs(&["172.30.0.10/32"])].into(),
+        "the pods, and the VIP of the Service in front of them, on every port"
     );
     assert_eq!(
         d.address_groups[&AgKey("i-service-vips".into())],
