@@ -1176,7 +1176,26 @@ fn ignore_not_found(r: Result<(), kuryr_neutron::Error>) -> Result<(), Error> {
 }
 
 /// A Neutron rule in the model's terms.
+/// A rule's protocol as Neutron shows it (a name, or the IP protocol number Neutron also takes):
+/// `Ok(None)` for every protocol, `Err` for one the model never asks for (ICMP, a rule added by
+/// hand), which must not be taken for "every protocol".
+fn protocol_of(p: Option<&str>) -> Result<Option<Protocol>, String> {
+    let Some(p) = p.filter(|p| !p.is_empty()) else {
+        return Ok(None);
+    };
+    let named = match p {
+        "6" => "TCP",
+        "17" => "UDP",
+        "132" => "SCTP",
+        other => other,
+    };
+    Protocol::parse(&named.to_ascii_uppercase())
+        .map(Some)
+        .ok_or_else(|| format!("protocol {p}"))
+}
+
 fn rule_of(r: &SecurityGroupRule, keys: &HashMap<String, AgKey>) -> Rule {
+    let protocol = protocol_of(r.protocol.as_deref());
     let remote = match (
         &r.remote_address_group_id,
         &r.remote_ip_prefix,
@@ -1194,6 +1213,12 @@ fn rule_of(r: &SecurityGroupRule, keys: &HashMap<String, AgKey>) -> Rule {
         (None, None, Some(g)) => Remote::Foreign(g.clone()),
         (None, None, None) => Remote::Any,
     };
+    // A protocol the model does not know makes the rule one no desired rule equals: the
+    // reconcile deletes it rather than counting it as an allow-all.
+    let remote = match &protocol {
+        Err(p) => Remote::Foreign(p.clone()),
+        Ok(_) => remote,
+    };
     Rule {
         direction: if r.direction == "egress" {
             Direction::Egress
@@ -1205,10 +1230,7 @@ fn rule_of(r: &SecurityGroupRule, keys: &HashMap<String, AgKey>) -> Rule {
         } else {
             EtherType::V4
         },
-        protocol: r
-            .protocol
-            .as_deref()
-            .and_then(|p| Protocol::parse(&p.to_ascii_uppercase())),
+        protocol: protocol.unwrap_or(None),
         ports: match (r.port_range_min, r.port_range_max) {
             (Some(a), Some(b)) => Some((u16::try_from(a).unwrap_or(0), u16::try_from(b).unwrap_or(0))),
             _ => None,
@@ -1246,4 +1268,42 @@ fn rule_request(
         Remote::Foreign(_) => return Err(Error::invalid("rule", "a foreign remote is never desired")),
     }
     Ok(req)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(protocol: Option<&str>) -> SecurityGroupRule {
+        SecurityGroupRule {
+            direction: "ingress".into(),
+            ethertype: "IPv4".into(),
+            protocol: protocol.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_protocol_the_model_does_not_know_is_never_read_as_every_protocol() {
+        let keys = HashMap::new();
+        let any = rule_of(&rule(None), &keys);
+        assert_eq!((any.protocol, &any.remote), (None, &Remote::Any));
+        for (p, want) in [
+            ("tcp", Protocol::Tcp),
+            ("6", Protocol::Tcp),
+            ("UDP", Protocol::Udp),
+            ("132", Protocol::Sctp),
+        ] {
+            let r = rule_of(&rule(Some(p)), &keys);
+            assert_eq!((r.protocol, &r.remote), (Some(want), &Remote::Any), "{p}");
+        }
+        for p in ["icmp", "1", "vrrp"] {
+            let r = rule_of(&rule(Some(p)), &keys);
+            assert!(
+                matches!(&r.remote, Remote::Foreign(f) if f.contains(p)),
+                "{p}: {r:?}"
+            );
+            assert_ne!(r, any, "{p} is not every protocol");
+        }
+    }
 }
