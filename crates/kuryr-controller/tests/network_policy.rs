@@ -1147,3 +1147,86 @@ async fn a_peer_deleted_while_another_replica_led_leaves_the_policy() -> Result<
     }
     Ok(())
 }
+
+/// The allow-all group of a direction (for pods no policy isolates that way) that a crash left
+/// untagged between its create and its tagging is found by its name and description, finished
+/// (its rules, its tags) and used: not made a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allow_all_group_a_crash_left_untagged_is_finished_not_made_again() -> Result<()> {
+    use std::sync::Arc;
+
+    use kuryr_controller::context::{Context, Platform};
+    use kuryr_controller::metrics::Metrics;
+    use kuryr_controller::openstack::Deployments;
+    use kuryr_neutron::SecurityGroupCreate;
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let client = &target.client;
+        let fx = neutron_fixture(client, "10.75.0.0/24").await?;
+        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let left = client
+            .create_security_group(&SecurityGroupCreate {
+                name: "kuryr-rs-np-open-ingress".into(),
+                project_id: Some(fx.project.clone()),
+                description: Some(format!("kuryr-rs-np-open:{cluster}:ingress")),
+                ..Default::default()
+            })
+            .await?;
+        let metrics = Metrics::new();
+        let cfg = format!(
+            "[kubernetes]\npod_security_groups_driver = policy\ncluster_id = {cluster}\n\
+             [neutron_defaults]\nproject = {}\npod_subnet = {}\n",
+            fx.project, fx.subnet
+        );
+        let platform = Arc::new(Platform::new(
+            kube.client.clone(),
+            config(&cfg),
+            Deployments::noauth(&target.url, &metrics)?,
+            metrics,
+        ));
+        let ctx = Context::build(platform)?;
+        labelled_namespace(&kube.client, "o").await?;
+        pod(&kube.client, "o", "p", json!({"app": "p"}), Some("10.75.0.9")).await?;
+        let p = Api::<Pod>::namespaced(kube.client.clone(), "o").get("p").await?;
+        let groups = ctx.drivers.network_policy.pod_groups("default", &p).await?;
+        assert!(
+            groups.contains(&left.id),
+            "{}: {groups:?} lacks {}",
+            target.name,
+            left.id
+        );
+        let named = client
+            .list_security_groups(
+                &ListFilter::new()
+                    .project_id(&fx.project)
+                    .name("kuryr-rs-np-open-ingress".to_string()),
+            )
+            .await?;
+        assert_eq!(named.len(), 1, "{}: made again: {named:?}", target.name);
+        let sg = &named[0];
+        assert!(
+            sg.tags.iter().any(|t| t == "kuryr-rs.np-open=ingress"),
+            "{}: {:?}",
+            target.name,
+            sg.tags
+        );
+        let mut rules: Vec<(String, String)> = sg
+            .security_group_rules
+            .iter()
+            .map(|r| (r.direction.clone(), r.ethertype.clone()))
+            .collect();
+        rules.sort();
+        assert_eq!(
+            rules,
+            [
+                ("ingress".to_string(), "IPv4".to_string()),
+                ("ingress".into(), "IPv6".into())
+            ],
+            "{}: all ingress, nothing else",
+            target.name
+        );
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}

@@ -899,18 +899,38 @@ impl NetworkPolicyDriver {
             None => {
                 let mut tags = self.tags.clone();
                 tags.push(tag);
-                let sg = client
-                    .create_security_group(&SecurityGroupCreate {
-                        name: format!("kuryr-rs-np-open-{name}"),
-                        project_id: Some(project.clone()),
-                        description: Some(format!(
-                            "kuryr-rs: all {name} for pods no policy isolates that way"
-                        )),
-                        ..Default::default()
-                    })
-                    .await?;
+                let group_name = format!("kuryr-rs-np-open-{name}");
+                // Neutron takes no tags in the create: the description says whose it is, so that
+                // one a crash left untagged is found and finished, not made again.
+                let description = format!("kuryr-rs-np-open:{}:{name}", self.cluster_id);
+                let leftover = client
+                    .list_security_groups(&ListFilter::new().project_id(&project).name(group_name.clone()))
+                    .await?
+                    .into_iter()
+                    .find(|sg| sg.description == description);
+                let sg = match leftover {
+                    Some(sg) => {
+                        tracing::info!(group = %sg.id, direction = name, "finishing an allow-all group a crash left untagged");
+                        sg
+                    }
+                    None => {
+                        client
+                            .create_security_group(&SecurityGroupCreate {
+                                name: group_name,
+                                project_id: Some(project.clone()),
+                                description: Some(description),
+                                ..Default::default()
+                            })
+                            .await?
+                    }
+                };
                 if dir == Direction::Ingress {
-                    for r in &sg.security_group_rules {
+                    // The defaults (all egress) go; rules of a finished one are made again below.
+                    for r in sg
+                        .security_group_rules
+                        .iter()
+                        .filter(|r| r.direction != "ingress")
+                    {
                         ignore_not_found(client.delete_security_group_rule(&r.id).await)?;
                     }
                     for eth in ["IPv4", "IPv6"] {
