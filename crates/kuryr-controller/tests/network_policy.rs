@@ -1230,3 +1230,131 @@ async fn an_allow_all_group_a_crash_left_untagged_is_finished_not_made_again() -
     }
     Ok(())
 }
+
+/// A named-port edit moves a pod to another variant group; the old variant's group is deleted,
+/// and until the pod is on its new group it waits on the policy's base group - still isolated -
+/// never on what else it has (here the allow-all egress group: no ingress at all) or the
+/// project's default groups. (On the emulator, whose group deletes are slowed so that the moment
+/// can be seen.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pod_leaving_an_old_variant_waits_on_the_base_group_still_isolated() -> Result<()> {
+    use neutron_emulator::{LatencyProfile, LatencyTable, OpLatency};
+    init_logs();
+    let target = neutron_targets().await?.remove(0);
+    let emu = target.emulator().expect("the first target is the emulator");
+    let kube = start_kube().await?;
+    let client = &target.client;
+    let fx = neutron_fixture(client, "10.77.0.0/24").await?;
+    let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let ctl = start_controller(
+        &kube.client,
+        &target,
+        config(&ini(
+            &fx,
+            &cluster,
+            "vif,kuryrport,policy,kuryrnetworkpolicy,pod_label",
+        )),
+        "np-variant",
+    );
+    labelled_namespace(&kube.client, "v").await?;
+    let db: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "db", "namespace": "v", "labels": {"app": "db"}},
+        "spec": {"nodeName": NODES[0], "containers": [{"name": "c", "image": "busybox",
+                 "ports": [{"name": "web", "containerPort": 8080}, {"name": "alt", "containerPort": 9090}]}]}
+    }))?;
+    Api::<Pod>::namespaced(kube.client.clone(), "v")
+        .create(&PostParams::default(), &db)
+        .await?;
+    let port = wait_active_ports(&kube.client, "v", 1)
+        .await?
+        .into_iter()
+        .next()
+        .expect("a port");
+    let rule = |p: &str| {
+        json!({"podSelector": {"matchLabels": {"app": "db"}}, "policyTypes": ["Ingress"],
+               "ingress": [{"ports": [{"port": p}]}]})
+    };
+    apply_policy(&kube.client, "v", "named", rule("web")).await?;
+    let nps: Api<NetworkPolicy> = Api::namespaced(kube.client.clone(), "v");
+    let uid = nps.get("named").await?.metadata.uid.unwrap_or_default();
+    let tagged = |tags: Vec<String>| async move {
+        Ok::<_, anyhow::Error>(
+            client
+                .list_security_groups(&ListFilter::new().tags(tags))
+                .await?
+                .into_iter()
+                .map(|sg| sg.id)
+                .collect::<BTreeSet<String>>(),
+        )
+    };
+    // The port's groups, and those of them that are the policy's.
+    let on_port = || async {
+        let now: BTreeSet<String> = client
+            .get_port(&port)
+            .await?
+            .security_groups
+            .into_iter()
+            .collect();
+        let ours: BTreeSet<String> = tagged(vec![format!("kuryr-rs.knp={uid}")])
+            .await?
+            .intersection(&now)
+            .cloned()
+            .collect();
+        Ok::<_, anyhow::Error>((now, ours))
+    };
+    let base = eventually("the policy's base group", WAIT, || async {
+        let tags = vec![format!("kuryr-rs.knp={uid}"), "kuryr-rs.variant=base".into()];
+        Ok(tagged(tags).await?.into_iter().next())
+    })
+    .await?;
+    let first = eventually("the pod on its named-port variant", WAIT, || async {
+        let (_, ours) = on_port().await?;
+        Ok((ours.len() == 1 && !ours.contains(&base))
+            .then(|| ours.into_iter().next())
+            .flatten())
+    })
+    .await?;
+
+    emu.set_latency(LatencyProfile::Custom(LatencyTable {
+        ops: [("security_group.delete".to_string(), OpLatency::fixed(1500))].into(),
+        ..LatencyTable::default()
+    }));
+    nps.patch(
+        "named",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": rule("alt")})),
+    )
+    .await?;
+    let mut seen: Vec<(BTreeSet<String>, BTreeSet<String>)> = vec![];
+    let started = std::time::Instant::now();
+    loop {
+        let now = on_port().await?;
+        if seen.last() != Some(&now) {
+            seen.push(now.clone());
+        }
+        let ours = &now.1;
+        if ours.len() == 1 && !ours.contains(&first) && !ours.contains(&base) {
+            break;
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "never moved to the new variant: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        seen.iter()
+            .all(|(now, ours)| !ours.is_empty() && !now.contains(&fx.sg)),
+        "the pod left the policy's groups meanwhile: {seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|(_, ours)| ours == &BTreeSet::from([base.clone()])),
+        "the base group held it meanwhile: {seen:?}"
+    );
+    emu.set_latency(LatencyProfile::Custom(LatencyTable::default()));
+    ctl.stop.cancel();
+    cleanup_project(client, &fx.project).await;
+    Ok(())
+}

@@ -588,7 +588,7 @@ impl NetworkPolicyDriver {
             (actual, extra_sgs, extra_ags) = self.actual_with_extras(&client, uid).await?;
         }
         for id in &extra_sgs {
-            self.delete_group(&client, deployment, id).await?;
+            self.delete_group(&client, deployment, id, None).await?;
         }
         let ops = diff(want, &actual);
         let mut groups: BTreeMap<String, String> = actual
@@ -668,7 +668,11 @@ impl NetworkPolicyDriver {
                     ignore_not_found(client.delete_address_group(&id).await)?
                 }
                 Op::DeleteGroup { variant, id } => {
-                    self.delete_group(&client, deployment, &id).await?;
+                    // A variant no pod resolves to any more (a named port edited): its pods wait
+                    // on the base variant, still isolated, until they are moved to their own.
+                    let base = groups.get(BASE_VARIANT).cloned();
+                    self.delete_group(&client, deployment, &id, base.as_deref())
+                        .await?;
                     groups.remove(&variant);
                 }
             }
@@ -717,7 +721,7 @@ impl NetworkPolicyDriver {
         let (_, sgs, ags) = self.read(&client, uid).await?;
         let mut errors = vec![];
         for g in &sgs {
-            if let Err(e) = self.delete_group(&client, deployment, &g.id).await {
+            if let Err(e) = self.delete_group(&client, deployment, &g.id, None).await {
                 errors.push(e);
             }
         }
@@ -739,18 +743,26 @@ impl NetworkPolicyDriver {
     /// so no tag can find its groups), as upstream would have on deletion.
     pub async fn release_unadopted(&self, deployment: &str, sg: &str) -> Result<(), Error> {
         let client = self.client(deployment)?;
-        self.delete_group(&client, deployment, sg).await
+        self.delete_group(&client, deployment, sg, None).await
     }
 
     /// Takes `sg` off its ports and deletes it, once no change of a port's groups naming it is
     /// still being written (see [`PortGroups`]). A port given the group again in between (a pool
     /// recycling a port onto it, a pod's port sync) makes Neutron answer 409 SecurityGroupInUse:
     /// that is a race to retry, detaching again, not a failure.
-    async fn delete_group(&self, client: &NeutronClient, deployment: &str, sg: &str) -> Result<(), Error> {
+    /// Deletes `sg` once no port holds it: on each port it is replaced by `replacement` if given,
+    /// otherwise dropped ([`without_group`]).
+    async fn delete_group(
+        &self,
+        client: &NeutronClient,
+        deployment: &str,
+        sg: &str,
+        replacement: Option<&str>,
+    ) -> Result<(), Error> {
         if let Some(pools) = &self.pools {
             pools.drop_security_group(sg).await?;
         }
-        self.detach(client, deployment, sg).await?;
+        self.detach(client, deployment, sg, replacement).await?;
         self.port_groups.settled(sg).await;
         match client.delete_security_group(sg).await {
             Err(e) if e.is_kind(&kuryr_neutron::ErrorKind::SecurityGroupInUse) => Err(Error::not_ready(
@@ -762,7 +774,13 @@ impl NetworkPolicyDriver {
 
     /// Takes `sg` off every port that has it; a port left with no group gets the defaults. Each
     /// port is read again in its turn: the listing may predate a change of its groups.
-    async fn detach(&self, client: &NeutronClient, deployment: &str, sg: &str) -> Result<(), Error> {
+    async fn detach(
+        &self,
+        client: &NeutronClient,
+        deployment: &str,
+        sg: &str,
+        replacement: Option<&str>,
+    ) -> Result<(), Error> {
         let defaults = self.config.deployment_defaults(deployment).pod_security_groups;
         for port in client
             .list_ports(&ListFilter::new().eq("security_groups", sg))
@@ -770,12 +788,10 @@ impl NetworkPolicyDriver {
         {
             self.port_groups
                 .change(client, &port.id, |now| {
-                    if !now.security_groups.iter().any(|s| s == sg) {
-                        return Change::Keep;
+                    match without_group(&now.security_groups, sg, replacement, &defaults) {
+                        Some(groups) => Change::Set(groups),
+                        None => Change::Keep,
                     }
-                    let left: Vec<String> =
-                        now.security_groups.iter().filter(|s| *s != sg).cloned().collect();
-                    Change::Set(if left.is_empty() { defaults.clone() } else { left })
                 })
                 .await?;
         }
@@ -1196,6 +1212,26 @@ fn ignore_not_found(r: Result<(), kuryr_neutron::Error>) -> Result<(), Error> {
 }
 
 /// A Neutron rule in the model's terms.
+/// A port's groups once `sg` leaves them (`None`: it has not got it): `replacement` takes its
+/// place if given; otherwise what is left, or `defaults` when nothing is.
+fn without_group(
+    now: &[String],
+    sg: &str,
+    replacement: Option<&str>,
+    defaults: &[String],
+) -> Option<Vec<String>> {
+    if !now.iter().any(|s| s == sg) {
+        return None;
+    }
+    let mut left: Vec<String> = now.iter().filter(|s| *s != sg).cloned().collect();
+    if let Some(r) = replacement
+        && !left.iter().any(|s| s == r)
+    {
+        left.push(r.to_string());
+    }
+    Some(if left.is_empty() { defaults.to_vec() } else { left })
+}
+
 /// A rule's protocol as Neutron shows it (a name, or the IP protocol number Neutron also takes):
 /// `Ok(None)` for every protocol, `Err` for one the model never asks for (ICMP, a rule added by
 /// hand), which must not be taken for "every protocol".
@@ -1301,6 +1337,31 @@ mod tests {
             protocol: protocol.map(str::to_string),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_group_leaving_a_port_gives_way_to_its_replacement_else_to_what_is_left() {
+        let v = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let defaults = v(&["default"]);
+        // An old variant: the pod waits on the base variant, not on the (open) defaults.
+        assert_eq!(
+            without_group(&v(&["old"]), "old", Some("base"), &defaults),
+            Some(v(&["base"]))
+        );
+        assert_eq!(
+            without_group(&v(&["old", "base"]), "old", Some("base"), &defaults),
+            Some(v(&["base"]))
+        );
+        // A policy deleted: its pods go back to their other groups, or to the defaults.
+        assert_eq!(
+            without_group(&v(&["gone", "other"]), "gone", None, &defaults),
+            Some(v(&["other"]))
+        );
+        assert_eq!(
+            without_group(&v(&["gone"]), "gone", None, &defaults),
+            Some(defaults.clone())
+        );
+        assert_eq!(without_group(&v(&["other"]), "gone", None, &defaults), None);
     }
 
     #[test]
