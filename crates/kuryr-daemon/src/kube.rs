@@ -38,15 +38,9 @@ pub async fn watch_kuryrports(
     let mut stream = watcher::watcher(api, cfg).boxed();
     while let Some(ev) = stream.next().await {
         match ev {
-            Ok(WEvent::Apply(obj)) => match read_kuryrport(obj) {
-                Some(Ok(kp)) => {
-                    reported.fixed(&kp);
-                    registry.apply_kuryrport(kp);
-                }
-                Some(Err(bad)) => {
-                    reported.report(&bad, events.as_ref()).await;
-                    registry.kuryrport_unreadable(&bad.key, &bad.why);
-                }
+            Ok(WEvent::Apply(obj)) => match read_told(obj, &mut reported, events.as_ref()).await {
+                Some(Ok(kp)) => registry.apply_kuryrport(kp),
+                Some(Err(bad)) => registry.kuryrport_unreadable(&bad.key, &bad.why),
                 None => {}
             },
             Ok(WEvent::Delete(obj)) => {
@@ -59,15 +53,9 @@ pub async fn watch_kuryrports(
                 buffer.clear();
                 unreadable.clear();
             }
-            Ok(WEvent::InitApply(obj)) => match read_kuryrport(obj) {
-                Some(Ok(kp)) => {
-                    reported.fixed(&kp);
-                    buffer.push(kp);
-                }
-                Some(Err(bad)) => {
-                    reported.report(&bad, events.as_ref()).await;
-                    unreadable.push((bad.key, bad.why));
-                }
+            Ok(WEvent::InitApply(obj)) => match read_told(obj, &mut reported, events.as_ref()).await {
+                Some(Ok(kp)) => buffer.push(kp),
+                Some(Err(bad)) => unreadable.push((bad.key, bad.why)),
                 None => {}
             },
             Ok(WEvent::InitDone) => {
@@ -80,6 +68,21 @@ pub async fn watch_kuryrports(
             }
         }
     }
+}
+
+/// [`read_kuryrport`], and the pod told (once per reason) when it cannot be read, or that it can
+/// be again.
+async fn read_told(
+    obj: DynamicObject,
+    reported: &mut Reported,
+    events: &dyn PodEvents,
+) -> Option<Result<KuryrPort, Unreadable>> {
+    let read = read_kuryrport(obj)?;
+    match &read {
+        Ok(kp) => reported.fixed(kp),
+        Err(bad) => reported.report(bad, events).await,
+    }
+    Some(read)
 }
 
 /// A KuryrPort that cannot be read, and why (the field named).
