@@ -746,12 +746,11 @@ impl NetworkPolicyDriver {
         self.delete_group(&client, deployment, sg, None).await
     }
 
-    /// Takes `sg` off its ports and deletes it, once no change of a port's groups naming it is
-    /// still being written (see [`PortGroups`]). A port given the group again in between (a pool
-    /// recycling a port onto it, a pod's port sync) makes Neutron answer 409 SecurityGroupInUse:
-    /// that is a race to retry, detaching again, not a failure.
-    /// Deletes `sg` once no port holds it: on each port it is replaced by `replacement` if given,
-    /// otherwise dropped ([`without_group`]).
+    /// Takes `sg` off its ports (replaced by `replacement` if given, see [`without_group`]) and
+    /// deletes it, once no change of a port's groups naming it is still being written (see
+    /// [`PortGroups`]). A port given the group again in between (a pool recycling a port onto
+    /// it, a pod's port sync) makes Neutron answer 409 SecurityGroupInUse: that is a race to
+    /// retry, detaching again, not a failure.
     async fn delete_group(
         &self,
         client: &NeutronClient,
@@ -772,8 +771,9 @@ impl NetworkPolicyDriver {
         }
     }
 
-    /// Takes `sg` off every port that has it; a port left with no group gets the defaults. Each
-    /// port is read again in its turn: the listing may predate a change of its groups.
+    /// Takes `sg` off every port that has it, `replacement` in its place if given; a port left
+    /// with no group gets the defaults. Each port is read again in its turn: the listing may
+    /// predate a change of its groups.
     async fn detach(
         &self,
         client: &NeutronClient,
