@@ -404,6 +404,24 @@ async fn a_session_affinity_change_reaches_the_pool() -> Result<()> {
                 0,
                 "{s:?}"
             );
+            // A provider that refuses the change: the pool keeps what it has, and an endpoints
+            // change made with it still reaches the members.
+            emu.set_faults(octavia_emulator::FaultConfig {
+                rules: vec![octavia_emulator::FaultRule {
+                    operation: "pool.update".into(),
+                    status: Some(400),
+                    count: None,
+                    delay_ms: 0,
+                }],
+            });
+            let patch = json!({"spec": {"sessionAffinity": "ClientIP"}});
+            svcs.patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            set_endpoints(kube, &ns, "web", &ips(3), &[("http", 8080)]).await?;
+            let st = recorded(kube, &ns, "web", 1, 3).await.context(oct.name)?;
+            assert_eq!(st.pools[0].session_persistence.as_deref(), Some("NONE"));
+            assert_eq!(persistence().await?, None);
+            emu.set_faults(octavia_emulator::FaultConfig::default());
         }
     }
     Ok(())

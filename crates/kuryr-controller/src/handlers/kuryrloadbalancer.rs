@@ -279,7 +279,11 @@ impl KuryrLoadBalancerHandler {
             actor.read_back(&lb, desired).await.map(Some)
         };
         match read.await {
-            Ok(Some(recorded)) => {
+            Ok(Some(mut recorded)) => {
+                // What the pass may not have sent is not recorded as done.
+                if let Some(prev) = RecordedLb::from_status(klb.status.as_ref()) {
+                    recorded.unshown_from(&prev);
+                }
                 let mut status = klb.status.clone().unwrap_or_default();
                 recorded.write_status(&mut status);
                 if let Err(e) = self.write_status(klb, &status).await {

@@ -221,6 +221,8 @@ impl LbActor<'_> {
         let mut created = false;
         let mut lb_id = recorded.as_ref().map(|r| r.id.clone());
         let mut wrote = false;
+        // Pools whose session persistence change Octavia refused: they keep what they had.
+        let mut kept_persistence = Vec::new();
         for step in steps {
             match step {
                 Step::Replace { lb_id: old, why } => {
@@ -318,9 +320,20 @@ impl LbActor<'_> {
                         extra,
                         ..Default::default()
                     };
-                    self.busy_write(lb, || self.client.update_pool(pool_id, &req))
+                    match self
+                        .busy_write(lb, || self.client.update_pool(pool_id, &req))
                         .await
-                        .map_err(|e| Error::octavia(format!("updating pool {}", l.pool.name), e))?;
+                    {
+                        Ok(_) => {}
+                        // A provider that cannot change it: the pool keeps what it has, and the
+                        // members and the other ports are still carried out.
+                        Err(e) if is_refusal(&e) => {
+                            tracing::warn!(pool = %l.pool.name, error = %e, "session persistence change refused");
+                            kept_persistence.push(key.clone());
+                            continue;
+                        }
+                        Err(e) => return Err(Error::octavia(format!("updating pool {}", l.pool.name), e)),
+                    }
                     self.wait_active(lb).await?;
                     wrote = true;
                 }
@@ -344,9 +357,15 @@ impl LbActor<'_> {
         };
         let recorded = match (wrote, recorded) {
             (false, Some(r)) => r,
-            _ => {
+            (_, prev) => {
                 let lb = self.wait_active(&id).await?;
-                self.read_back(&lb, d).await?
+                let mut read = self.read_back(&lb, d).await?;
+                if let Some(prev) = &prev {
+                    for key in &kept_persistence {
+                        read.persistence_from(prev, key);
+                    }
+                }
+                read
             }
         };
         Ok(Applied {

@@ -175,6 +175,33 @@ impl RecordedLb {
         }
     }
 
+    /// Takes from `prev` what the status tree does not show - a listener's timeouts and admitted
+    /// sources, a pool's session persistence - for the listeners and pools both records have (the
+    /// same ids): after a pass that failed part way, what the record held before is what Octavia
+    /// surely has, while what was asked may never have been sent. The next plan asks again.
+    pub fn unshown_from(&mut self, prev: &RecordedLb) {
+        for (key, l) in &mut self.listeners {
+            let Some(p) = prev.listeners.get(key).filter(|p| p.id == l.id) else {
+                continue;
+            };
+            l.timeout_client_data = p.timeout_client_data;
+            l.timeout_member_data = p.timeout_member_data;
+            l.allowed_cidrs = p.allowed_cidrs.clone();
+            self_pool_from(l.pool.as_mut(), p.pool.as_ref());
+        }
+    }
+
+    /// Takes the session persistence of the pool of listener `key` from `prev` (a change Octavia
+    /// refused: the pool kept what it had).
+    pub fn persistence_from(&mut self, prev: &RecordedLb, key: &(String, u16)) {
+        if let Some(l) = self.listeners.get_mut(key) {
+            self_pool_from(
+                l.pool.as_mut(),
+                prev.listeners.get(key).and_then(|p| p.pool.as_ref()),
+            );
+        }
+    }
+
     /// Every member of every pool (for counting).
     pub fn member_count(&self) -> usize {
         self.listeners
@@ -182,6 +209,15 @@ impl RecordedLb {
             .filter_map(|l| l.pool.as_ref())
             .map(|p| p.members.len())
             .sum()
+    }
+}
+
+/// A pool's session persistence from the same pool (same id) of an earlier record.
+fn self_pool_from(pool: Option<&mut RecordedPool>, prev: Option<&RecordedPool>) {
+    if let (Some(pool), Some(prev)) = (pool, prev)
+        && pool.id == prev.id
+    {
+        pool.persistence = prev.persistence.clone();
     }
 }
 
@@ -246,6 +282,42 @@ mod tests {
             pool(RecordedLb::from_status(Some(&status))).map(|p| p.persistence),
             Some(Some(Some("SOURCE_IP".into())))
         );
+    }
+
+    #[test]
+    fn after_a_failed_pass_what_the_tree_does_not_show_is_taken_from_the_last_record() {
+        let listener =
+            |id: &str, pool_id: &str, timeout: Option<u64>, persistence: Option<&str>| RecordedListener {
+                id: id.into(),
+                name: "demo/web:TCP:80".into(),
+                timeout_client_data: timeout,
+                timeout_member_data: None,
+                allowed_cidrs: None,
+                pool: Some(RecordedPool {
+                    id: pool_id.into(),
+                    persistence: Some(persistence.map(str::to_string)),
+                    ..Default::default()
+                }),
+            };
+        let with = |l: RecordedListener| RecordedLb {
+            id: "lb".into(),
+            listeners: [(("TCP".to_string(), 80), l)].into(),
+            ..Default::default()
+        };
+        let prev = with(listener("l1", "p1", None, None));
+        // Read back with what was asked (a timeout and persistence the pass may not have sent).
+        let mut read = with(listener("l1", "p1", Some(9000), Some("SOURCE_IP")));
+        read.unshown_from(&prev);
+        assert_eq!(read, prev);
+        // A listener made again in the pass (another id) was made with what was asked.
+        let mut remade = with(listener("l2", "p2", Some(9000), Some("SOURCE_IP")));
+        let asked = remade.clone();
+        remade.unshown_from(&prev);
+        assert_eq!(remade, asked);
+        // A refused persistence change only.
+        let mut read = with(listener("l1", "p1", Some(9000), Some("SOURCE_IP")));
+        read.persistence_from(&prev, &("TCP".to_string(), 80));
+        assert_eq!(read, with(listener("l1", "p1", Some(9000), None)));
     }
 
     #[test]
