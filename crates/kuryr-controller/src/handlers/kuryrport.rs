@@ -270,6 +270,8 @@ impl ResourceEventHandler for KuryrPortHandler {
     /// are released as usual; the others' ports are found by the pod's ownership tags, as after a
     /// crash (a pool's port among them goes back to its pool at the next recovery, which adopts
     /// ports no KuryrPort records). Without this its pod stayed Terminating.
+    const SALVAGES: bool = true;
+
     fn salvage(&self, mut raw: serde_json::Value) -> Option<KuryrPort> {
         if let Some(vifs) = raw.pointer_mut("/status/vifs").and_then(|v| v.as_object_mut()) {
             vifs.retain(|_, vif| serde_json::from_value::<kuryr_crds::KuryrPortVif>(vif.clone()).is_ok());

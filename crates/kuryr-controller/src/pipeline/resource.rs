@@ -66,6 +66,10 @@ pub trait ResourceEventHandler: Send + Sync + 'static {
         None
     }
 
+    /// Whether [`salvage`](Self::salvage) is implemented: only then is a deleting object's JSON
+    /// kept while it is parsed (a copy the pod path's deletions should not pay for).
+    const SALVAGES: bool = false;
+
     /// The longest one attempt may wait on OpenStack by design (a load balancer's activation). The
     /// pipeline's retry budget is lengthened by it: a slow but successful wait followed by a
     /// retryable failure (a 409 from a race) is retried, not given up on as if it had been failing
@@ -234,9 +238,10 @@ impl<H: ResourceEventHandler> EventHandler for Typed<H> {
             ..
         } = event;
         // Kept only for an object being deleted (few events), for `salvage` should it not parse.
-        let deleting = (event_type != EventType::Deleted && object.metadata.deletion_timestamp.is_some())
-            .then(|| serde_json::to_value(object.as_ref()).ok())
-            .flatten();
+        let deleting =
+            (H::SALVAGES && event_type != EventType::Deleted && object.metadata.deletion_timestamp.is_some())
+                .then(|| serde_json::to_value(object.as_ref()).ok())
+                .flatten();
         // The handler works on the parsed object alone: the event's copy is consumed here.
         let obj: H::Object = match parse_typed(object) {
             Ok(obj) => obj,

@@ -187,7 +187,7 @@ impl RecordedLb {
             l.timeout_client_data = p.timeout_client_data;
             l.timeout_member_data = p.timeout_member_data;
             l.allowed_cidrs = p.allowed_cidrs.clone();
-            self_pool_from(l.pool.as_mut(), p.pool.as_ref());
+            persistence_of_same_pool(l.pool.as_mut(), p.pool.as_ref());
         }
     }
 
@@ -195,7 +195,7 @@ impl RecordedLb {
     /// refused: the pool kept what it had).
     pub fn persistence_from(&mut self, prev: &RecordedLb, key: &(String, u16)) {
         if let Some(l) = self.listeners.get_mut(key) {
-            self_pool_from(
+            persistence_of_same_pool(
                 l.pool.as_mut(),
                 prev.listeners.get(key).and_then(|p| p.pool.as_ref()),
             );
@@ -213,7 +213,7 @@ impl RecordedLb {
 }
 
 /// A pool's session persistence from the same pool (same id) of an earlier record.
-fn self_pool_from(pool: Option<&mut RecordedPool>, prev: Option<&RecordedPool>) {
+fn persistence_of_same_pool(pool: Option<&mut RecordedPool>, prev: Option<&RecordedPool>) {
     if let (Some(pool), Some(prev)) = (pool, prev)
         && pool.id == prev.id
     {
