@@ -270,12 +270,13 @@ impl Builder<'_> {
                 }
             };
             // The pods behind an egress peer, for the Services in front of them.
+            // (Not looked for at all in a cluster without Services: it lists every pod.)
             let behind: Vec<(&PodKey, &PodInfo)> = match dir {
-                Direction::Egress => egress_candidates(self.index, *peer)
+                Direction::Egress if !self.index.services.is_empty() => egress_candidates(self.index, *peer)
                     .into_iter()
                     .map(|(k, p, _)| (k, p))
                     .collect(),
-                Direction::Ingress => Vec::new(),
+                _ => Vec::new(),
             };
             let base = match peer {
                 None => "e-all".to_string(),
