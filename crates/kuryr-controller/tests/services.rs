@@ -421,6 +421,23 @@ async fn a_session_affinity_change_reaches_the_pool() -> Result<()> {
             let st = recorded(kube, &ns, "web", 1, 3).await.context(oct.name)?;
             assert_eq!(st.pools[0].session_persistence.as_deref(), Some("NONE"));
             assert_eq!(persistence().await?, None);
+            // ...and the Service's owner is told why its affinity did not change.
+            let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(kube.clone(), &ns);
+            let note = eventually("Warning Event about the refused affinity", WAIT, || async {
+                Ok(events
+                    .list(&Default::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .find(|e| {
+                        e.reason.as_deref() == Some("KuryrSessionAffinityUnsupported")
+                            && e.type_.as_deref() == Some("Warning")
+                            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web")
+                    })
+                    .and_then(|e| e.note))
+            })
+            .await?;
+            assert!(note.contains("80/TCP"), "{note}");
             emu.set_faults(octavia_emulator::FaultConfig::default());
         }
     }

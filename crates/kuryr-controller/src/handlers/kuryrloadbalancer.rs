@@ -427,6 +427,19 @@ impl KuryrLoadBalancerHandler {
             )
             .await;
         }
+        // Asked again at each pass (the record keeps what the pool has): the Events fold into a series.
+        for k in &applied.kept_persistence {
+            self.event(
+                &klb,
+                true,
+                "KuryrSessionAffinityUnsupported",
+                &format!(
+                    "Service port {}/{} keeps its session affinity: Octavia refused the change: {}",
+                    k.key.1, k.key.0, k.reason
+                ),
+            )
+            .await;
+        }
         if applied.created || !had_lb {
             self.event(&klb, false, "KuryrEnsuredLB", "Load balancer provisioned")
                 .await;

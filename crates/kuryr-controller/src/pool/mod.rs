@@ -544,17 +544,10 @@ impl PoolManager {
 
     async fn run_sweep(&self, stop: CancellationToken) {
         let period = Duration::from_secs(self.ctx.config.vif_pool.ports_pool_update_frequency.max(1));
-        let mut suspects = sweep::Suspects::default();
-        let mut last_pass = Duration::ZERO;
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(sweep::pause_after(period, last_pass)) => {}
-            }
-            let started = std::time::Instant::now();
-            let swept = self.sweep_once(&mut suspects).await;
-            last_pass = started.elapsed();
-            if let Err(e) = swept {
+        // A pass under way finishes: `run` gives the term's tasks TERM_GRACE.
+        let mut passes = sweep::Passes::new(period);
+        while passes.next(&stop).await {
+            if let Err(e) = self.sweep_once(&mut passes.suspects).await {
                 tracing::warn!(error = %e, "orphan sweep failed");
             }
             if let Err(e) = self.persister.reconcile(&self.pooled).await {

@@ -127,6 +127,36 @@ pub async fn sweep(
     Ok(deleted)
 }
 
+/// The pace of a sweep's passes: one every `period`, spaced out by [`pause_after`] when a pass is
+/// costly; the suspects carried from one pass to the next.
+pub struct Passes {
+    period: Duration,
+    started: Option<tokio::time::Instant>,
+    pub suspects: Suspects,
+}
+
+impl Passes {
+    pub fn new(period: Duration) -> Self {
+        Self {
+            period,
+            started: None,
+            suspects: Suspects::default(),
+        }
+    }
+
+    /// Waits for the next pass; `false` once `stop` fires. A pass is what the caller does between
+    /// two calls, and its duration sets the pause before the next.
+    pub async fn next(&mut self, stop: &CancellationToken) -> bool {
+        let last_pass = self.started.map(|s| s.elapsed()).unwrap_or_default();
+        tokio::select! {
+            _ = stop.cancelled() => return false,
+            _ = tokio::time::sleep(pause_after(self.period, last_pass)) => {}
+        }
+        self.started = Some(tokio::time::Instant::now());
+        true
+    }
+}
+
 /// The sweep with the `noop` pool driver, for one leadership term: no pool owns a port there, so
 /// what the KuryrPorts record is all that is owned.
 pub async fn run_without_pools(ctx: Arc<Platform>, stop: CancellationToken) {
@@ -137,26 +167,20 @@ pub async fn run_without_pools(ctx: Arc<Platform>, stop: CancellationToken) {
     let period = Duration::from_secs(ctx.config.vif_pool.ports_pool_update_frequency.max(1));
     let grace = SignedDuration::try_from(super::in_use_grace(period)).unwrap_or(SignedDuration::MAX);
     let tag = tags::cluster_tag(&ctx.cluster_id);
-    let mut suspects = Suspects::default();
-    let mut last_pass = Duration::ZERO;
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(pause_after(period, last_pass)) => {}
-        }
-        let started = std::time::Instant::now();
+    let mut passes = Passes::new(period);
+    while passes.next(&stop).await {
         let listed_at = Timestamp::now();
         // Read before Neutron is listed, as with pools (see `PoolManager::sweep_once`).
         let pass = async {
             let owned = persister.ports_in_use().await?;
             let before = listed_at.checked_sub(grace).unwrap_or(listed_at);
-            sweep(&ctx.deployments, &tag, &owned, before, &mut suspects).await
+            sweep(&ctx.deployments, &tag, &owned, before, &mut passes.suspects).await
         };
+        // No pool books to keep consistent: a term that ends stops the pass where it is.
         let swept = tokio::select! {
             _ = stop.cancelled() => return,
             r = pass => r,
         };
-        last_pass = started.elapsed();
         match swept {
             Ok(deleted) => ctx.metrics.pool_event("deleted_orphan", deleted.len() as u64),
             Err(e) => tracing::warn!(error = %e, "orphan sweep failed"),
@@ -221,6 +245,30 @@ mod tests {
             pause_after(Duration::from_secs(900), Duration::from_secs(300)),
             Duration::from_secs(900)
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn passes_keep_the_period_and_space_out_after_a_costly_pass() {
+        let stop = CancellationToken::new();
+        let mut passes = Passes::new(Duration::from_secs(1));
+        let t0 = tokio::time::Instant::now();
+        assert!(passes.next(&stop).await);
+        assert_eq!(
+            t0.elapsed(),
+            Duration::from_secs(1),
+            "first pass after one period"
+        );
+        // A pass of 500 ms: the next waits DUTY times that.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let t1 = tokio::time::Instant::now();
+        assert!(passes.next(&stop).await);
+        assert_eq!(t1.elapsed(), Duration::from_secs(10));
+        // A cheap pass: back to the period.
+        let t2 = tokio::time::Instant::now();
+        assert!(passes.next(&stop).await);
+        assert_eq!(t2.elapsed(), Duration::from_secs(1));
+        stop.cancel();
+        assert!(!passes.next(&stop).await, "no pass once stopped");
     }
 
     #[test]

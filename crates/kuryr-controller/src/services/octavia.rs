@@ -33,6 +33,8 @@ pub struct Refused {
 pub struct Applied {
     pub recorded: RecordedLb,
     pub refused: Vec<Refused>,
+    /// Pools whose session persistence change the provider refused: they keep what they had.
+    pub kept_persistence: Vec<Refused>,
     /// Whether a load balancer was created (for the Event).
     pub created: bool,
 }
@@ -328,8 +330,10 @@ impl LbActor<'_> {
                         // A provider that cannot change it: the pool keeps what it has, and the
                         // members and the other ports are still carried out.
                         Err(e) if is_refusal(&e) => {
-                            tracing::warn!(pool = %l.pool.name, error = %e, "session persistence change refused");
-                            kept_persistence.push(key.clone());
+                            kept_persistence.push(Refused {
+                                key: key.clone(),
+                                reason: e.to_string(),
+                            });
                             continue;
                         }
                         Err(e) => return Err(Error::octavia(format!("updating pool {}", l.pool.name), e)),
@@ -361,8 +365,8 @@ impl LbActor<'_> {
                 let lb = self.wait_active(&id).await?;
                 let mut read = self.read_back(&lb, d).await?;
                 if let Some(prev) = &prev {
-                    for key in &kept_persistence {
-                        read.persistence_from(prev, key);
+                    for k in &kept_persistence {
+                        read.persistence_from(prev, &k.key);
                     }
                 }
                 read
@@ -371,6 +375,7 @@ impl LbActor<'_> {
         Ok(Applied {
             recorded,
             refused,
+            kept_persistence,
             created,
         })
     }

@@ -172,10 +172,8 @@ impl Reconciler {
             let actor = LbActor {
                 client,
                 waits: self.ctx.lb_waits(deployment)?,
-                tags: vec![super::service_tag(
-                    &klb.namespace().unwrap_or_default(),
-                    &klb.name_any(),
-                )],
+                // Only deletes: creates nothing to tag.
+                tags: lb.tags.clone(),
             };
             actor.delete(&rec.id).await?;
             self.clear_record(klb).await?;
