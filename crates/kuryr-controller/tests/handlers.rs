@@ -790,3 +790,51 @@ async fn the_kuryrport_handler_skips_every_event_of_its_own_writes() -> Result<(
     }
     Ok(())
 }
+
+/// A Service kuryr skips (headless: a StatefulSet's) carries no finalizer, so its deletion reaches
+/// `on_deleted`, not `on_finalize`: what the handler remembers of it (the Event it published) goes
+/// then, or every headless Service a cluster ever had stays in the controller's memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skipped_service_is_forgotten_when_it_is_deleted() -> Result<()> {
+    use k8s_openapi::api::core::v1::Service;
+    use kuryr_controller::context::Platform;
+    use kuryr_controller::handlers::service::ServiceHandler;
+    let kube = start_kube().await?;
+    create_namespace(&kube.client, "hl", json!({})).await?;
+    let metrics = Metrics::new();
+    let platform = Arc::new(Platform::new(
+        kube.client.clone(),
+        config("[neutron_defaults]\nproject = p1\npod_subnet = s1\nservice_subnet = s2\n"),
+        Deployments::noauth("http://127.0.0.1:9", &metrics)?,
+        metrics,
+    ));
+    let handler = ServiceHandler::new(Context::build(platform)?);
+    let services: Api<Service> = Api::namespaced(kube.client.clone(), "hl");
+    let mut made = Vec::new();
+    for i in 0..3 {
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": format!("db-{i}"), "namespace": "hl"},
+            "spec": {"clusterIP": "None", "selector": {"app": "db"}, "ports": [{"port": 5432}]}
+        }))?;
+        made.push(services.create(&PostParams::default(), &svc).await?);
+    }
+    for svc in &made {
+        handler.on_present(svc).await?;
+    }
+    assert_eq!(handler.remembered(), 3, "each skip told once");
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(kube.client.clone(), "hl");
+    let told = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("KuryrServiceSkipped"))
+        .count();
+    assert_eq!(told, 3);
+    for svc in &made {
+        services.delete(&svc.name_any(), &DeleteParams::default()).await?;
+        handler.on_deleted(svc).await?;
+    }
+    assert_eq!(handler.remembered(), 0);
+    Ok(())
+}

@@ -2,7 +2,7 @@
 //! KuryrLoadBalancer of the same name whose spec carries the VIP, ports, subnet, project, security groups and
 //! provider; the `kuryrloadbalancer` handler makes it real in Octavia.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
@@ -416,14 +416,7 @@ impl ResourceEventHandler for ServiceHandler {
     }
 
     async fn on_finalize(&self, svc: &Service) -> Result<(), Error> {
-        self.warned
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&svc.uid().unwrap_or_default());
-        self.skipped
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&svc.uid().unwrap_or_default());
+        self.forget(svc);
         let ns = svc.namespace().unwrap_or_default();
         let api: Api<KuryrLoadBalancer> = Api::namespaced(self.ctx.kube.clone(), &ns);
         // The KuryrLoadBalancer's own finalizer releases the load balancer and then this Service's.
@@ -433,9 +426,33 @@ impl ResourceEventHandler for ServiceHandler {
             Err(e) => Err(e.into()),
         }
     }
+
+    /// A Service without kuryr's finalizer (skipped: headless, ExternalName) ends here, not in
+    /// `on_finalize`.
+    async fn on_deleted(&self, svc: &Service) -> Result<(), Error> {
+        self.forget(svc);
+        Ok(())
+    }
 }
 
 impl ServiceHandler {
+    /// How many Services the handler remembers Events for (each one it warned about or skipped
+    /// and that is not deleted yet).
+    pub fn remembered(&self) -> usize {
+        let warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
+        let skipped = self.skipped.lock().unwrap_or_else(|e| e.into_inner());
+        warned.keys().chain(skipped.keys()).collect::<BTreeSet<_>>().len()
+    }
+
+    fn forget(&self, svc: &Service) {
+        let uid = svc.uid().unwrap_or_default();
+        self.warned.lock().unwrap_or_else(|e| e.into_inner()).remove(&uid);
+        self.skipped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&uid);
+    }
+
     async fn present(&self, svc: &Service) -> Result<(), Error> {
         let ns = svc.namespace().unwrap_or_default();
         let name = svc.name_any();

@@ -102,6 +102,18 @@ pub fn desired(spec: &KuryrLoadBalancerSpec, inp: &Inputs<'_>) -> Result<Desired
     let lb_name = super::lb_name(inp.namespace, inp.name);
     let provider = spec.provider.clone().filter(|p| !p.is_empty());
     let ovn = provider.as_deref() == Some(OVN_PROVIDER);
+    // A dual-stack Service has slices of both families; its load balancer serves the VIP's (the primary
+    // cluster IP's). Providers take members of the VIP's version only (ovn refuses a mix outright), and
+    // upstream, reading core/v1 Endpoints, only ever saw the primary family.
+    let vip_v6 = spec
+        .ip
+        .as_deref()
+        .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
+        .map(|ip| ip.is_ipv6());
+    let of_vip_family = |address: &str| match (vip_v6, address.parse::<std::net::IpAddr>()) {
+        (Some(v6), Ok(a)) => a.is_ipv6() == v6,
+        _ => true,
+    };
     let mut listeners = BTreeMap::new();
     for (i, p) in spec.ports.iter().enumerate() {
         let port = u16::try_from(p.port).ok().filter(|p| *p > 0).ok_or_else(|| {
@@ -128,7 +140,7 @@ pub fn desired(spec: &KuryrLoadBalancerSpec, inp: &Inputs<'_>) -> Result<Desired
                 if ep.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
                     continue;
                 }
-                let Some(address) = ep.addresses.first() else {
+                let Some(address) = ep.addresses.first().filter(|a| of_vip_family(a)) else {
                     continue;
                 };
                 let Some(subnet) = (inp.member_subnet)(address) else {
@@ -270,6 +282,38 @@ mod tests {
             lb_algorithm: "ROUND_ROBIN",
             member_subnet: subnet,
         }
+    }
+
+    #[test]
+    fn a_dual_stack_service_serves_the_vip_family_only() {
+        let l3 = |_: &str| Some("svc-subnet".to_string());
+        let mut s = spec("ovn");
+        let mut v6 = s.endpoint_slices[0].clone();
+        for e in &mut v6.endpoints {
+            e.addresses = vec![format!(
+                "fd00::{}",
+                e.addresses[0].rsplit('.').next().unwrap_or("1")
+            )];
+        }
+        s.endpoint_slices.push(v6);
+        let d = desired(&s, &inputs(&l3)).expect("desired");
+        let members: Vec<&str> = d.listeners[&("TCP".to_string(), 80)]
+            .pool
+            .members
+            .keys()
+            .map(|(a, _)| a.as_str())
+            .collect();
+        assert_eq!(members, ["10.1.0.3", "10.1.0.4"]);
+        // An IPv6 primary: the IPv6 slice.
+        s.ip = Some("fd00:96::10".into());
+        let d = desired(&s, &inputs(&l3)).expect("desired");
+        let members: Vec<&str> = d.listeners[&("TCP".to_string(), 80)]
+            .pool
+            .members
+            .keys()
+            .map(|(a, _)| a.as_str())
+            .collect();
+        assert_eq!(members, ["fd00::3", "fd00::4"]);
     }
 
     #[test]

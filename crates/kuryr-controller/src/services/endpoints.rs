@@ -1,24 +1,46 @@
 //! A Service's EndpointSlices -> `spec.endpointSlices` of its KuryrLoadBalancer. Pure.
 
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use kuryr_crds::{LbEndpoint, LbEndpointConditions, LbEndpointPort, LbEndpointSlice, LbTargetRef};
 
 /// The label the EndpointSlice controller puts on every slice of a Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
-/// The endpoint slices as the KuryrLoadBalancer records them: ready endpoints only (an endpoint whose
+fn ready(e: &Endpoint) -> bool {
+    e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true) && !e.addresses.is_empty()
+}
+
+/// Terminating but still serving (a pod in its grace period that has not failed its readiness probe).
+fn draining(e: &Endpoint) -> bool {
+    e.conditions
+        .as_ref()
+        .is_some_and(|c| c.serving == Some(true) && c.terminating == Some(true))
+        && !e.addresses.is_empty()
+}
+
+/// The endpoint slices as the KuryrLoadBalancer records them: ready endpoints (an endpoint whose
 /// readiness is unknown counts as ready, as kube-proxy does), IPv4/IPv6 slices alike, sorted so that the
-/// same endpoints always give the same spec (no write, no Octavia call, when nothing changed).
+/// same endpoints always give the same spec (no write, no Octavia call, when nothing changed). An address
+/// family without a ready endpoint is served by its terminating endpoints that still serve, recorded
+/// as ready: kube-proxy's fallback, so the last pods of a Service being rolled or drained finish their
+/// connections and take new ones until they go, rather than the load balancer refusing them at once.
 pub fn from_slices(slices: &[EndpointSlice]) -> Vec<LbEndpointSlice> {
+    let served: BTreeSet<&str> = slices
+        .iter()
+        .filter(|s| s.endpoints.iter().any(ready))
+        .map(|s| s.address_type.as_str())
+        .collect();
     let mut out: Vec<LbEndpointSlice> = slices
         .iter()
         .filter(|s| s.address_type != "FQDN")
         .map(|s| {
+            let fallback = !served.contains(s.address_type.as_str());
             let mut endpoints: Vec<LbEndpoint> = s
                 .endpoints
                 .iter()
-                .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
-                .filter(|e| !e.addresses.is_empty())
+                .filter(|e| ready(e) || (fallback && draining(e)))
                 .map(|e| LbEndpoint {
                     addresses: e.addresses.clone(),
                     conditions: Some(LbEndpointConditions { ready: Some(true) }),
@@ -116,6 +138,48 @@ mod tests {
             slice(vec![ep("10.1.0.3", Some(true)), ep("10.1.0.9", Some(true))]),
         ]);
         assert_eq!(a, b);
+    }
+
+    fn draining_ep(ip: &str, serving: bool) -> Endpoint {
+        let mut e = ep(ip, Some(false));
+        e.conditions = Some(EndpointConditions {
+            ready: Some(false),
+            serving: Some(serving),
+            terminating: Some(true),
+        });
+        e
+    }
+
+    #[test]
+    fn terminating_endpoints_that_serve_take_the_traffic_only_when_none_is_ready() {
+        let ips = |out: &[LbEndpointSlice]| -> Vec<String> {
+            out.iter()
+                .flat_map(|s| &s.endpoints)
+                .map(|e| e.addresses[0].clone())
+                .collect()
+        };
+        // A ready endpoint in another slice of the family: the draining ones are left out.
+        let out = from_slices(&[
+            slice(vec![draining_ep("10.1.0.4", true)]),
+            slice(vec![ep("10.1.0.5", Some(true))]),
+        ]);
+        assert_eq!(ips(&out), ["10.1.0.5"]);
+        // The last pods draining: the serving ones stay members, recorded as ready.
+        let out = from_slices(&[slice(vec![
+            draining_ep("10.1.0.4", true),
+            draining_ep("10.1.0.6", false),
+            ep("10.1.0.7", Some(false)),
+        ])]);
+        assert_eq!(ips(&out), ["10.1.0.4"]);
+        assert_eq!(
+            out[0].endpoints[0].conditions.as_ref().and_then(|c| c.ready),
+            Some(true)
+        );
+        // Per family: a ready IPv6 endpoint does not take the IPv4 fallback away.
+        let mut v6 = slice(vec![ep("fd00::5", Some(true))]);
+        v6.address_type = "IPv6".into();
+        let out = from_slices(&[slice(vec![draining_ep("10.1.0.4", true)]), v6]);
+        assert_eq!(ips(&out), ["10.1.0.4", "fd00::5"]);
     }
 
     #[test]
