@@ -72,8 +72,10 @@ impl Op {
             Op::RemoveAddresses { .. } => 3,
             Op::AddAddresses { .. } => 4,
             Op::CreateRule { .. } => 5,
-            Op::DeleteAddressGroup { .. } => 6,
-            Op::DeleteGroup { .. } => 7,
+            // A group goes with its rules; an address group is refused while a rule names it
+            // (409 AddressGroupInUse), and a group no longer wanted keeps its rules to the end.
+            Op::DeleteGroup { .. } => 6,
+            Op::DeleteAddressGroup { .. } => 7,
         }
     }
 }

@@ -36,6 +36,8 @@ impl std::fmt::Display for PodKey {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodInfo {
+    /// Which pod of that name this is: a deletion of its predecessor must not remove it.
+    pub uid: Option<String>,
     pub labels: Labels,
     /// The pod's addresses (empty until it has some: such a pod is in no address group yet).
     pub ips: Vec<IpAddr>,
@@ -81,6 +83,7 @@ impl PodInfo {
             })
             .collect();
         Self {
+            uid: pod.metadata.uid.clone(),
             labels: pod.labels().clone(),
             ips,
             named_ports,
@@ -202,9 +205,18 @@ impl ClusterIndex {
         }
     }
 
+    /// Removes `pod`, not a pod of the same name that replaced it (a StatefulSet's): the pipeline
+    /// keeps events of different uids apart, so the predecessor's deletion (or its retry) can come
+    /// after its successor was seen.
     pub fn remove_pod(&mut self, pod: &Pod) {
-        self.pods
-            .remove(&PodKey::new(pod.namespace().unwrap_or_default(), pod.name_any()));
+        let key = PodKey::new(pod.namespace().unwrap_or_default(), pod.name_any());
+        let same = |info: &PodInfo| match (&info.uid, &pod.metadata.uid) {
+            (Some(have), Some(gone)) => have == gone,
+            _ => true,
+        };
+        if self.pods.get(&key).is_some_and(same) {
+            self.pods.remove(&key);
+        }
     }
 
     pub fn set_service(&mut self, svc: &Service) {
