@@ -1358,3 +1358,55 @@ async fn a_pod_leaving_an_old_variant_waits_on_the_base_group_still_isolated() -
     cleanup_project(client, &fx.project).await;
     Ok(())
 }
+
+/// A KuryrNetworkPolicy deleted while its NetworkPolicy stands (by hand, or by a collector) is
+/// made again at once, and the policy's groups are kept for it, not released and made anew: the
+/// policy never stops being enforced. Before, its finalizer released the groups and nothing made
+/// the object again until a resync (and with selected pods it never let go: their groups were gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kuryrnetworkpolicy_deleted_under_a_standing_policy_is_made_again_with_its_groups() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let client = &target.client;
+        let fx = neutron_fixture(client, "10.78.0.0/24").await?;
+        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let ctl = start_controller(
+            &kube.client,
+            &target,
+            config(&ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label")),
+            "np-test-remade",
+        );
+        labelled_namespace(&kube.client, "r").await?;
+        pod(
+            &kube.client,
+            "r",
+            "db-0",
+            json!({"app": "db"}),
+            Some("10.78.0.20"),
+        )
+        .await?;
+        let sg = deny_db(&kube.client, "r").await?;
+        let knps: Api<KuryrNetworkPolicy> = Api::namespaced(kube.client.clone(), "r");
+        let old = knps.get("deny").await?.metadata.uid;
+        knps.delete("deny", &DeleteParams::default()).await?;
+        let again = eventually(
+            "the KuryrNetworkPolicy made again",
+            Duration::from_secs(30),
+            || async {
+                Ok(knps
+                    .get_opt("deny")
+                    .await?
+                    .filter(|k| k.metadata.uid != old && k.metadata.deletion_timestamp.is_none())
+                    .and_then(|k| k.status)
+                    .and_then(|s| s.security_group_id))
+            },
+        )
+        .await?;
+        assert_eq!(again, sg, "{}: the same group, kept", target.name);
+        client.get_security_group(&sg).await?;
+        ctl.stop.cancel();
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}

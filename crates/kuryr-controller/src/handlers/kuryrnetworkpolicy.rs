@@ -24,6 +24,7 @@ use serde_json::json;
 use crate::context::Context;
 use crate::drivers::network_policy::policy_uid;
 use crate::error::{Error, is_not_found};
+use crate::handlers::policy::PolicyHandler;
 use crate::handlers::service::PolicyFollowers;
 use crate::k8s::{add_finalizer, publish_event, remove_finalizer};
 use crate::pipeline::ResourceEventHandler;
@@ -44,6 +45,18 @@ impl KuryrNetworkPolicyHandler {
             followers: PolicyFollowers::new(ctx.clone()),
             ctx,
         }
+    }
+
+    /// The NetworkPolicy `knp` was made for, when it still stands (same uid, not being deleted).
+    async fn standing_policy(&self, knp: &KuryrNetworkPolicy) -> Result<Option<NetworkPolicy>, Error> {
+        let Some(uid) = policy_uid(knp) else {
+            return Ok(None);
+        };
+        let api: Api<NetworkPolicy> =
+            Api::namespaced(self.ctx.kube.clone(), &knp.namespace().unwrap_or_default());
+        Ok(api.get_opt(&knp.name_any()).await?.filter(|np| {
+            np.metadata.deletion_timestamp.is_none() && np.uid().as_deref() == Some(uid.as_str())
+        }))
     }
 
     /// Every pod of the namespace onto the groups its policies give it now; a pod that cannot be
@@ -148,6 +161,14 @@ impl ResourceEventHandler for KuryrNetworkPolicyHandler {
         let ns = knp.namespace().unwrap_or_default();
         let driver = &self.ctx.drivers.network_policy;
         let deployment = recorded_deployment(knp);
+        if let Some(np) = self.standing_policy(knp).await? {
+            // Deleted by hand (or by a collector) while its NetworkPolicy stands: the policy is
+            // still in force. Its groups stay, on the ports, and the KuryrNetworkPolicy made again
+            // in its place finds them by the policy's uid, so no pod is left open meanwhile.
+            tracing::info!(policy = %knp.name_any(), namespace = %ns, "KuryrNetworkPolicy deleted while its NetworkPolicy stands: made again");
+            remove_finalizer(&self.ctx.kube, knp, finalizers::NETWORKPOLICY).await?;
+            return PolicyHandler::new(self.ctx.clone()).on_present(&np).await;
+        }
         let unadopted = knp.status.as_ref().and_then(|s| s.security_group_id.as_deref());
         if let (None, Some(sg), true) = (policy_uid(knp), unadopted, driver.knows_deployment(&deployment)) {
             driver.release_unadopted(&deployment, sg).await?;

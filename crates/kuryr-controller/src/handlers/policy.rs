@@ -145,6 +145,12 @@ impl ResourceEventHandler for PolicyHandler {
                     .await?;
                 Ok(())
             }
+            // Deleted while this policy stands: made again once it is gone (its handler's finalizer
+            // does it; this event retries until then).
+            Some(knp) if knp.metadata.deletion_timestamp.is_some() => Err(Error::not_ready(format!(
+                "KuryrNetworkPolicy {ns}/{} is being deleted",
+                np.name_any()
+            ))),
             Some(knp) if knp.spec == want && generation_of(&knp).as_ref() == Some(&generation) => Ok(()),
             Some(_) => {
                 let patch = json!({"metadata": {"annotations": {

@@ -121,7 +121,10 @@ fn apply(actual: &mut ActualPolicy, ops: &[Op]) {
                     .values()
                     .flat_map(|g| &g.rules)
                     .any(|(_, r)| r.remote == Remote::Group(key.clone()));
-                assert!(!in_use, "address group {key:?} deleted while a rule uses it: {ops:?}");
+                assert!(
+                    !in_use,
+                    "address group {key:?} deleted while a rule uses it: {ops:?}"
+                );
                 actual.address_groups.remove(key);
             }
             Op::DeleteGroup { variant, .. } => {
