@@ -91,6 +91,30 @@ fn io_err(what: &str, e: std::io::Error) -> HttpError {
     }
 }
 
+/// Connects to the first address of `addr` that answers, in resolver order: `localhost` is `::1`
+/// before `127.0.0.1` on many hosts, where the daemon listens on the latter only.
+fn connect_any<A>(addr: A, timeout: Duration) -> Result<TcpStream, HttpError>
+where
+    A: ToSocketAddrs + std::fmt::Debug,
+{
+    let addr_name = format!("{addr:?}");
+    let addr_name = addr_name.trim_matches('"');
+    let mut last = None;
+    for sa in addr
+        .to_socket_addrs()
+        .map_err(|e| HttpError::Connect(format!("{addr_name}: {e}")))?
+    {
+        match TcpStream::connect_timeout(&sa, timeout) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(format!("{sa}: {e}")),
+        }
+    }
+    Err(HttpError::Connect(format!(
+        "{addr_name}: {}",
+        last.unwrap_or_else(|| "no address".into())
+    )))
+}
+
 /// `POST path` with a JSON body (or `GET` when `body` is None).
 pub fn request(
     ep: &Endpoint,
@@ -102,13 +126,7 @@ pub fn request(
     let deadline = Instant::now() + timeout;
     let (mut stream, host): (Box<dyn Stream>, String) = match ep {
         Endpoint::Tcp(addr) => {
-            let sa = addr
-                .to_socket_addrs()
-                .map_err(|e| HttpError::Connect(format!("{addr}: {e}")))?
-                .next()
-                .ok_or_else(|| HttpError::Connect(format!("{addr}: no address")))?;
-            let s = TcpStream::connect_timeout(&sa, timeout)
-                .map_err(|e| HttpError::Connect(format!("{addr}: {e}")))?;
+            let s = connect_any(addr.as_str(), timeout)?;
             let _ = s.set_nodelay(true);
             (Box::new(s), addr.clone())
         }
@@ -240,6 +258,19 @@ fn decode_chunked(mut body: &[u8]) -> Result<Option<Vec<u8>>, HttpError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_address_a_name_resolves_to_is_tried() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        // Refused first (nothing listens on 127.0.0.2), as `::1` is for a `localhost` whose
+        // daemon listens on 127.0.0.1 only.
+        let addrs: [std::net::SocketAddr; 2] = [([127, 0, 0, 2], port).into(), ([127, 0, 0, 1], port).into()];
+        let s = connect_any(&addrs[..], Duration::from_secs(2)).expect("the second address");
+        assert_eq!(s.peer_addr().ok(), Some(addrs[1]));
+        let e = connect_any(&addrs[..1], Duration::from_secs(2)).expect_err("refused");
+        assert!(e.to_string().contains("127.0.0.2"), "{e}");
+    }
 
     #[test]
     fn endpoints_parse() {

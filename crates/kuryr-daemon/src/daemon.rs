@@ -190,6 +190,16 @@ impl Drop for AddSlot<'_> {
     }
 }
 
+/// A failed plug: 504 / try again later (upstream's answer to a VLAN ID conflict) for what goes by
+/// itself, 500 for the rest.
+fn plug_error(ifname: &str, driver: &str, e: BindingError) -> DaemonError {
+    let msg = format!("plugging {ifname} ({driver}): {e}");
+    match e {
+        BindingError::Busy { .. } => DaemonError::Timeout(msg),
+        _ => internal(msg),
+    }
+}
+
 fn internal(e: impl std::fmt::Display) -> DaemonError {
     DaemonError::Internal(e.to_string())
 }
@@ -434,11 +444,7 @@ impl Daemon {
                         tracing::warn!(pod = %p.key, error = %te, "cleanup after failed ADD");
                     }
                 }
-                return Err(internal(format!(
-                    "plugging {} ({}): {e}",
-                    spec.ifname,
-                    driver.name()
-                )));
+                return Err(plug_error(&spec.ifname, driver.name(), e));
             }
         }
         let attachment = Attachment {
@@ -776,6 +782,29 @@ pub fn has_cap_net_admin() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_vlan_id_still_held_is_try_again_later_as_upstream() {
+        let busy = plug_error(
+            "eth0",
+            "nested-vlan",
+            BindingError::Busy {
+                driver: "nested-vlan",
+                reason: "VLAN ID 7 on ens4 is still in use".into(),
+            },
+        );
+        assert_eq!((busy.code(), busy.status().as_u16()), (11, 504));
+        assert!(busy.to_string().contains("VLAN ID 7"), "{busy}");
+        let other = plug_error(
+            "eth0",
+            "bridge",
+            BindingError::InvalidVif {
+                field: "mtu".into(),
+                message: "0".into(),
+            },
+        );
+        assert_eq!((other.code(), other.status().as_u16()), (999, 500));
+    }
 
     #[test]
     fn config_from_kuryr_conf_defaults() {

@@ -122,6 +122,41 @@ async fn multi_vif_pod_with_renamed_default_interface() {
     assert!(!links.contains("net0") && !links.contains("eth1"), "{links}");
 }
 
+/// A pod name as long as Kubernetes allows (253) makes an owner tag longer than the kernel takes
+/// for a link alias (255 bytes): the ADD still plugs it (the alias is left off), and DEL removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_with_a_253_character_name_is_plugged() {
+    if !can_netns() {
+        return;
+    }
+    let br = unique("kdl");
+    let _b = HostLink(br.clone());
+    let ns = TestNetns::new("kdl");
+    let v0 = vif(
+        "eth0",
+        "l",
+        "fa:16:3e:00:31:01",
+        "10.83.0.0/24",
+        "10.83.0.5",
+        Some("10.83.0.1"),
+        &br,
+    );
+    let _t = HostLink(kuryr_crds::vif_name_for_port(&v0.port_id));
+    let d = daemon();
+    let name = "p".repeat(253);
+    d.registry
+        .apply_kuryrport(kuryrport("default", &name, "u1", "n1", std::slice::from_ref(&v0)));
+    let container = "c".repeat(64);
+    d.add(&body(&name, &container, &ns.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+    assert!(ns.exec_ok(&["ip", "-o", "link"]).contains("eth0"));
+    d.del(&body(&name, &container, &ns.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+    assert!(!ns.exec_ok(&["ip", "-o", "link"]).contains("eth0"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn static_pods_skip_the_uid_check_others_get_410() {
     if !can_netns() {

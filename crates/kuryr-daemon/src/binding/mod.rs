@@ -121,6 +121,15 @@ impl<'a> PlugTarget<'a> {
             .map(|(pod, _)| pod)
     }
 
+    /// The alias the host-side link gets: the owner tag, unless it is longer than the kernel takes
+    /// (IFALIASZ - 1 = 255 bytes: a 64-character container id with a namespace and pod name of 184
+    /// or more; the whole link update would be refused). Such a pod's ownership is in the state
+    /// directory only.
+    pub fn alias(&self) -> Option<&'a str> {
+        const IFALIAS_MAX: usize = 255;
+        self.owner_tag.filter(|t| t.len() <= IFALIAS_MAX)
+    }
+
     pub(crate) fn require_netns(&self) -> Result<&'a NetNs, BindingError> {
         self.netns.ok_or_else(|| BindingError::InvalidVif {
             field: "CNI_NETNS".into(),
@@ -139,6 +148,10 @@ pub enum BindingError {
     /// no VF for the pod, or cannot be asked).
     #[error("{driver}: {reason}")]
     NoDevice { driver: &'static str, reason: String },
+    /// What the VIF needs is held by something that goes by itself (a deleted pod's network
+    /// namespace the runtime has not removed yet): worth trying again later.
+    #[error("{driver}: {reason}")]
+    Busy { driver: &'static str, reason: String },
     #[error("{driver}: MTU {requested} is above the parent interface {parent}'s MTU {parent_mtu}")]
     MtuTooLarge {
         driver: &'static str,
@@ -316,6 +329,14 @@ mod tests {
             owner_tag: Some(&tag),
         };
         assert_eq!(target.pod(), Some(PodKey::new("ns", "p")));
+        assert_eq!(target.alias(), Some(tag.as_str()));
+        let long = PodKey::new("a".repeat(63), "b".repeat(200)).owner_tag(&"c".repeat(64));
+        let target_long = PlugTarget {
+            owner_tag: Some(&long),
+            ..target
+        };
+        assert_eq!(target_long.alias(), None, "over the kernel's 255 bytes");
+        assert!(target_long.pod().is_some(), "the pod is still known");
         let target = PlugTarget {
             owner_tag: None,
             ..target

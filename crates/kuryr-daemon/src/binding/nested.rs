@@ -128,6 +128,16 @@ impl BindingDriver for VlanDriver {
                     driver: "nested-vlan",
                     reason: e.to_string(),
                 },
+                // The pod's own stale link went in `prepare`: the ID is taken on the parent by
+                // another pod's, in a namespace the runtime has not cleaned up yet.
+                other if other.is_exists() => BindingError::Busy {
+                    driver: "nested-vlan",
+                    reason: format!(
+                        "VLAN ID {vlan_id} on {} is still in use (probably the network namespace of a \
+                         deleted pod the runtime has not cleaned up yet): {other}",
+                        parent.name
+                    ),
+                },
                 other => other.into(),
             })?;
         let link = pod.require_link(&spec.ifname).await?;

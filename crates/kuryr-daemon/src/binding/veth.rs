@@ -44,7 +44,7 @@ async fn plug_veth(
         host_link.index,
         &LinkSettings {
             master,
-            alias: target.owner_tag,
+            alias: target.alias(),
             up: true,
             ..LinkSettings::default()
         },

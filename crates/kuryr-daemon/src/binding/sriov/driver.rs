@@ -13,17 +13,21 @@ use super::allocation::VfAllocator;
 use super::sysfs::{pci_of_netdev, require_vf_identity};
 
 /// Host name given back to a VF when it leaves the pod: derived from its PCI
-/// address (or port id) so that two VFs never collide (`0000:3b:02.1` -> `vf3b021`).
-fn host_vf_name(pci: &str) -> String {
-    let tail: String = pci
-        .split(':')
-        .skip(1)
-        .collect::<String>()
-        .chars()
-        .filter(char::is_ascii_alphanumeric)
-        .collect();
-    let start = tail.len().saturating_sub(13);
-    format!("vf{}", &tail[start..])
+/// address (`0000:3b:02.1` -> `vf3b021`) or, when the spec names none (a VF the
+/// kubelet or the free list chose), from its Neutron port id
+/// (`3f2a7c9e-1111-...` -> `vf3f2a7c9e1111`), so that two VFs never collide.
+fn host_vf_name(pci_or_port: &str) -> String {
+    let alnum = |s: &str| -> Vec<char> { s.chars().filter(char::is_ascii_alphanumeric).collect() };
+    // IFNAMSIZ: 15 bytes, "vf" and 13 more. A PCI address differs in its end (domain dropped),
+    // a port id (random) in its start.
+    let kept: String = match pci_or_port.split_once(':') {
+        Some((_domain, rest)) => {
+            let tail = alnum(rest);
+            tail[tail.len().saturating_sub(13)..].iter().collect()
+        }
+        None => alnum(pci_or_port).into_iter().take(13).collect(),
+    };
+    format!("vf{kept}")
 }
 
 pub struct SriovDriver {
@@ -143,5 +147,9 @@ mod tests {
         assert_eq!(host_vf_name("0000:3b:02.1"), "vf3b021");
         assert_ne!(host_vf_name("0000:3b:02.1"), host_vf_name("0000:3b:02.2"));
         assert!(host_vf_name("0000:3b:02.1-with-a-very-long-suffix").len() <= 15);
+        // No PCI address in the spec: the port id, never one name for every VF.
+        let a = host_vf_name("3f2a7c9e-1111-4222-8333-444455556666");
+        assert_eq!(a, "vf3f2a7c9e11114");
+        assert_ne!(a, host_vf_name("9b8c7d6e-aaaa-4bbb-8ccc-ddddeeeeffff"));
     }
 }
