@@ -313,8 +313,16 @@ impl Daemon {
         }
     }
 
+    /// The UID of the pod an ADD is for: `K8S_POD_UID`, or, from a runtime that passes none, the
+    /// pod watch's (as upstream asked the API), so a re-created pod is never plugged into the old
+    /// pod's ports.
+    fn pod_uid(&self, p: &CniParams) -> Option<String> {
+        p.pod_uid.clone().or_else(|| self.registry.pod_uid(&p.key))
+    }
+
     fn timeout_error(&self, p: &CniParams, last: Option<Entry>, what: &str) -> DaemonError {
-        let uid = p.pod_uid.as_deref();
+        let uid = self.pod_uid(p);
+        let uid = uid.as_deref();
         match last.and_then(|e| e.kuryrport) {
             Some(kp) if !Self::uid_matches(&kp, uid) => DaemonError::PodGone(format!(
                 "pod UID mismatch: CNI_ARGS K8S_POD_UID={} but KuryrPort {} is for pod {}",
@@ -364,7 +372,7 @@ impl Daemon {
             .wait_for(
                 &p.key,
                 deadline,
-                |e| self.decide(&p.key, e, uid, &ready),
+                |e| self.decide(&p.key, e, self.pod_uid(p).as_deref(), &ready),
                 || self.events.publish(&p.key, uid, reason, message, false),
             )
             .await;

@@ -185,7 +185,6 @@ pub async fn track_pods<E: std::fmt::Display>(
 /// pod answers 410 at once instead of waiting out its timeout.
 #[derive(Default)]
 pub struct PodTracker {
-    known: HashMap<PodKey, String>,
     /// Pods of a re-list in progress (between `Init` and `InitDone`).
     relist: Option<HashMap<PodKey, String>>,
 }
@@ -196,21 +195,16 @@ fn pod_key_uid(pod: &Pod) -> Option<(PodKey, String)> {
 }
 
 impl PodTracker {
+    /// Hands `ev` to `registry`, which keeps the UID under each name ([`Registry::pod_seen`]).
     pub fn on_event(&mut self, ev: WEvent<Pod>, registry: &Registry) {
         match ev {
             WEvent::Apply(pod) => {
-                if let Some((key, uid)) = pod_key_uid(&pod)
-                    && let Some(old) = self.known.insert(key.clone(), uid.clone())
-                    && old != uid
-                {
-                    registry.pod_deleted(&key, &old);
+                if let Some((key, uid)) = pod_key_uid(&pod) {
+                    registry.pod_seen(&key, &uid);
                 }
             }
             WEvent::Delete(pod) => {
                 if let Some((key, uid)) = pod_key_uid(&pod) {
-                    if self.known.get(&key) == Some(&uid) {
-                        self.known.remove(&key);
-                    }
                     registry.pod_deleted(&key, &uid);
                 }
             }
@@ -220,15 +214,7 @@ impl PodTracker {
                     self.relist.get_or_insert_default().insert(key, uid);
                 }
             }
-            WEvent::InitDone => {
-                let fresh = self.relist.take().unwrap_or_default();
-                for (key, uid) in &self.known {
-                    if fresh.get(key) != Some(uid) {
-                        registry.pod_deleted(key, uid);
-                    }
-                }
-                self.known = fresh;
-            }
+            WEvent::InitDone => registry.pods_listed(self.relist.take().unwrap_or_default()),
         }
     }
 }

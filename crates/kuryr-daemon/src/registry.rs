@@ -91,6 +91,9 @@ pub struct Registry {
     /// Pods reported deleted (key, uid), newest last, bounded: an ADD for a
     /// pod with no entry left must still learn that it is gone.
     gone: Mutex<std::collections::VecDeque<(PodKey, String)>>,
+    /// The UID under each pod name of this node, as the pod watch last saw it: an ADD whose runtime
+    /// passes no `K8S_POD_UID` (cri-dockerd, older containerd and CRI-O) is checked against it.
+    pods: Mutex<HashMap<PodKey, String>>,
     version: watch::Sender<u64>,
 }
 
@@ -188,8 +191,53 @@ impl Registry {
             .any(|(k, u)| k == key && u == uid)
     }
 
+    /// The UID of the pod named `key` as the pod watch last saw it.
+    pub fn pod_uid(&self, key: &PodKey) -> Option<String> {
+        self.pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    /// The pod watch saw pod `key` with `uid`. A name back with another UID means the pod with the
+    /// old one is gone (a name is reused only once the old pod is deleted).
+    pub fn pod_seen(&self, key: &PodKey, uid: &str) {
+        let old = self
+            .pods
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.clone(), uid.to_string());
+        match old {
+            Some(old) if old != uid => self.pod_deleted(key, &old),
+            Some(_) => {}
+            None => self.bump(),
+        }
+    }
+
+    /// A re-list of the pod watch: every pod it does not show under the UID known before was
+    /// deleted while nothing watched.
+    pub fn pods_listed(&self, fresh: HashMap<PodKey, String>) {
+        let before = std::mem::replace(
+            &mut *self.pods.lock().unwrap_or_else(|p| p.into_inner()),
+            fresh.clone(),
+        );
+        for (key, uid) in &before {
+            if fresh.get(key) != Some(uid) {
+                self.pod_deleted(key, uid);
+            }
+        }
+        self.bump();
+    }
+
     /// The API reports the pod deleted: waiting ADDs for it fail with 410.
     pub fn pod_deleted(&self, key: &PodKey, uid: &str) {
+        {
+            let mut pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+            if pods.get(key).is_some_and(|u| u == uid) {
+                pods.remove(key);
+            }
+        }
         {
             let mut gone = self.gone.lock().unwrap_or_else(|p| p.into_inner());
             if gone.len() >= RECENTLY_GONE {

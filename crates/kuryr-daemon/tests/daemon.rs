@@ -464,6 +464,93 @@ async fn uid_mismatch_waits_for_the_right_kuryrport_and_410s_once_the_pod_is_gon
     assert!(!ns.exec_ok(&["ip", "-o", "link"]).contains("fa:16:3e:00:34:02"));
 }
 
+/// A runtime that passes no `K8S_POD_UID` (cri-dockerd, containerd before 1.5.3, CRI-O before
+/// 1.22): the ADD is checked against the UID the pod watch knows under the pod's name, as upstream
+/// asked the API, so a re-created StatefulSet pod still waits for its own KuryrPort and is never
+/// plugged into the old pod's port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_add_without_a_pod_uid_is_checked_against_the_pod_watch() {
+    if !can_netns() {
+        return;
+    }
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::runtime::watcher::Event as WEvent;
+    use kuryr_daemon::kube::PodTracker;
+    let pod = |uid: &str| {
+        let mut p = Pod::default();
+        p.metadata.namespace = Some("default".into());
+        p.metadata.name = Some("db-1".into());
+        p.metadata.uid = Some(uid.into());
+        p
+    };
+    let br = unique("kdn");
+    let _b = HostLink(br.clone());
+    let ns = TestNetns::new("kdn");
+    let old = vif(
+        "eth0",
+        "p",
+        "fa:16:3e:00:35:01",
+        "10.87.0.0/24",
+        "10.87.0.5",
+        None,
+        &br,
+    );
+    let new = vif(
+        "eth0",
+        "q",
+        "fa:16:3e:00:35:02",
+        "10.87.0.0/24",
+        "10.87.0.6",
+        None,
+        &br,
+    );
+    let old_tap = kuryr_crds::vif_name_for_port(&old.port_id);
+    let _t1 = HostLink(old_tap.clone());
+    let _t2 = HostLink(kuryr_crds::vif_name_for_port(&new.port_id));
+    let mut cfg = DaemonConfig::new("n1");
+    cfg.vif_annotation_timeout = WAIT;
+    let d = Daemon::new(cfg, Arc::new(NoEvents), Arc::new(ApiUp));
+    let mut pods = PodTracker::default();
+    for ev in [WEvent::Init, WEvent::InitApply(pod("u-old")), WEvent::InitDone] {
+        pods.on_event(ev, &d.registry);
+    }
+    d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "db-1",
+        "u-old",
+        "n1",
+        std::slice::from_ref(&old),
+    ));
+    // The pod is re-created; its KuryrPort is not written yet, and the old one is still being
+    // released (its finalizer's update comes after the pod watch saw the new pod).
+    pods.on_event(WEvent::Apply(pod("u-new")), &d.registry);
+    d.registry.apply_kuryrport(kuryrport("default", "db-1", "u-old", "n1", std::slice::from_ref(&old)));
+    let no_uid = json!({"CNI_IFNAME": "eth0", "CNI_NETNS": ns.path(), "CNI_CONTAINERID": "c-n",
+        "CNI_COMMAND": "ADD", "CNI_ARGS": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=db-1", "config_kuryr": {}})
+    .to_string()
+    .into_bytes();
+    let add = tokio::spawn({
+        let (d, b) = (d.clone(), no_uid.clone());
+        async move { d.add(&b).await }
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!add.is_finished(), "ADD must wait for the new pod's KuryrPort");
+    assert!(
+        !host_ok(&["ip", "-o", "link"]).contains(&old_tap),
+        "the old pod's VIF must not be plugged"
+    );
+    d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "db-1",
+        "u-new",
+        "n1",
+        std::slice::from_ref(&new),
+    ));
+    let res = add.await.unwrap().unwrap();
+    assert_eq!(res.vif["versioned_object.data"]["address"], "fa:16:3e:00:35:02");
+    d.del(&no_uid).await.unwrap();
+}
+
 /// A nested macvlan VIF (`VIFMacvlanNested`) named `ifname`.
 fn macvlan_vif(port_id: &str, mac: &str, cidr: &str, ip: &str) -> kuryr_crds::Vif {
     use kuryr_crds::vif::{FixedIp, Network, Subnet, VifBase, VifMacvlanNested};
