@@ -1388,6 +1388,51 @@ async fn a_load_balancer_service_gets_a_floating_ip_on_its_vip_port() -> Result<
     Ok(())
 }
 
+/// A released public IP is never left advertised in the Service's `status.loadBalancer.ingress`:
+/// not when its replacement (a `loadBalancerIP` that does not exist) cannot be had, and not when the
+/// Service stays but stops being a load balancer (made NodePort): the address goes back to the
+/// external pool, where it may soon be another tenant's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_public_ip_leaves_the_service_ingress() -> Result<()> {
+    init_logs();
+    let ns = unique("lbgone");
+    let bed = Bed::new(&ns).await?;
+    let ext = external(&bed).await?;
+    let n = &bed.neutron.client;
+    let kube = bed.client();
+    create_lb_service(kube, &ns, "swap", "10.96.0.30", None).await?;
+    create_lb_service(kube, &ns, "port", "10.96.0.31", None).await?;
+    let extra = format!("[neutron_defaults]\nexternal_svc_net = {}\n", ext.network);
+    let _ctrl = bed.controller(&ext.octavia, &extra, "svc-lbgone");
+    let svcs = Api::<Service>::namespaced(kube.clone(), &ns);
+    for (name, change) in [
+        ("swap", json!({"spec": {"loadBalancerIP": "172.24.4.99"}})),
+        ("port", json!({"spec": {"type": "NodePort"}})),
+    ] {
+        let (_, info) = public_ip(kube, &ns, name).await?;
+        let want = vec![info.ip_addr.clone()];
+        eventually(&format!("{name}: ingress"), WAIT, || async {
+            Ok((ingress(kube, &ns, name).await? == want).then_some(()))
+        })
+        .await?;
+        svcs.patch(name, &PatchParams::default(), &Patch::Merge(&change))
+            .await?;
+        eventually(
+            &format!("{name}: released and no longer advertised"),
+            WAIT,
+            || async {
+                let gone = n
+                    .get_floatingip(&info.ip_id)
+                    .await
+                    .is_err_and(|e| e.is_not_found());
+                Ok((gone && ingress(kube, &ns, name).await?.is_empty()).then_some(()))
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 /// Without `[neutron_defaults] external_svc_net` a LoadBalancer Service gets a Warning Event naming the option;
 /// its load balancer and the other Services are served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

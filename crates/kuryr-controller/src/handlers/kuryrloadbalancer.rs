@@ -468,12 +468,13 @@ impl KuryrLoadBalancerHandler {
         if status.service_pub_ip_info != before {
             self.write_status(klb, &status).await?;
         }
-        result?;
+        // The ingress follows the status even when the pass failed: an address released (replaced by
+        // one whose acquire failed) must not stay advertised, as it may soon be another tenant's.
         let ip = status.service_pub_ip_info.as_ref().map(|i| i.ip_addr.as_str());
         if ip.is_some() || before.is_some() || klb.spec.type_.as_deref() == Some("LoadBalancer") {
             self.write_service_ingress(klb, ip).await?;
         }
-        Ok(())
+        result
     }
 
     async fn finalize(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
@@ -492,16 +493,24 @@ impl KuryrLoadBalancerHandler {
         // The public IP first: a pool one is deleted, a user one given back (disassociated); one a crash
         // left unrecorded is found by its description.
         let ips = self.public_ips(klb, &deployment)?;
-        if let Some(info) = klb.status.as_ref().and_then(|s| s.service_pub_ip_info.as_ref()) {
+        let recorded_ip = klb.status.as_ref().and_then(|s| s.service_pub_ip_info.as_ref());
+        if let Some(info) = recorded_ip {
             ips.release(info).await?;
         }
-        for fip in ips.find_own().await? {
+        let own = ips.find_own().await?;
+        let had_ip = recorded_ip.is_some() || !own.is_empty();
+        for fip in own {
             ips.release(&kuryr_crds::LbPubIpInfo {
                 ip_id: fip.id,
                 ip_addr: fip.floating_ip_address,
                 alloc_method: public_ip::ALLOC_POOL.into(),
             })
             .await?;
+        }
+        // A Service that stays (made NodePort or ExternalName) no longer has that address. Only
+        // what kuryr wrote is cleared: another class' implementation owns its own ingress.
+        if had_ip {
+            self.write_service_ingress(klb, None).await?;
         }
         if let Some(rec) = RecordedLb::from_status(klb.status.as_ref()) {
             actor.delete(&rec.id).await?;
