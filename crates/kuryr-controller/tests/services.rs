@@ -540,26 +540,81 @@ async fn member_mode_l2_puts_members_on_the_pod_subnet_and_l3_on_the_service_sub
         let ns = unique("mode");
         let bed = Bed::new(&ns).await?;
         let (pod_subnet, svc_subnet) = (bed.fx.subnet.clone(), bed.fx.subnets[1].subnet.clone());
-        let want = if mode == "L2" { &pod_subnet } else { &svc_subnet };
+        // The service subnet stands for the worker nodes' here: 10.96.0.77 is a host-network
+        // backend's address; 192.168.9.9 (a hand-written slice's) is on no subnet kuryr knows.
         let _ctrl = bed.controller(
             &oct,
-            &format!("[octavia_defaults]\nmember_mode = {mode}\n"),
+            &format!(
+                "[octavia_defaults]\nmember_mode = {mode}\n[pod_vif_nested]\nworker_nodes_subnets = {svc_subnet}\n"
+            ),
             &format!("svc-mode-{mode}"),
         );
         let kube = bed.client();
         create_service(kube, &ns, "web", "10.96.0.18", &[("http", 80, 8080, "TCP")]).await?;
-        set_endpoints(kube, &ns, "web", &ips(2), &[("http", 8080)]).await?;
-        let st = recorded(kube, &ns, "web", 1, 2).await.context(mode)?;
+        let mut backends = ips(2);
+        backends.extend(["10.96.0.77".to_string(), "192.168.9.9".to_string()]);
+        set_endpoints(kube, &ns, "web", &backends, &[("http", 8080)]).await?;
+        let (members, want): (usize, Vec<(&str, &str)>) = if mode == "L2" {
+            (
+                3,
+                vec![
+                    ("10.1.0.10", &pod_subnet),
+                    ("10.1.0.11", &pod_subnet),
+                    ("10.96.0.77", &svc_subnet),
+                ],
+            )
+        } else {
+            (
+                4,
+                backends
+                    .iter()
+                    .map(|ip| (ip.as_str(), svc_subnet.as_str()))
+                    .collect(),
+            )
+        };
+        let st = recorded(kube, &ns, "web", 1, members).await.context(mode)?;
         let lb = st.loadbalancer.clone().context("load balancer")?;
         assert_eq!(lb.subnet_id, svc_subnet, "{mode}: the VIP subnet");
-        let recorded_subnets: Vec<_> = st.members.iter().map(|m| m.subnet_id.as_str()).collect();
-        assert_eq!(recorded_subnets, [want.as_str(); 2], "{mode}");
+        let mut recorded: Vec<(&str, &str)> = st
+            .members
+            .iter()
+            .map(|m| (m.ip.as_str(), m.subnet_id.as_str()))
+            .collect();
+        recorded.sort();
+        let mut want_sorted = want.clone();
+        want_sorted.sort();
+        assert_eq!(recorded, want_sorted, "{mode}");
         // What Octavia itself holds, not only what the status says.
         let pool = st.pools.first().context("pool")?;
-        let live = oct.client.list_members(&pool.id, &ListFilter::new()).await?;
-        assert_eq!(live.len(), 2, "{mode}: {live:?}");
-        for m in &live {
-            assert_eq!(m.subnet_id.as_ref(), Some(want), "{mode}: {m:?}");
+        let mut live: Vec<(String, String)> = oct
+            .client
+            .list_members(&pool.id, &ListFilter::new())
+            .await?
+            .into_iter()
+            .map(|m| (m.address, m.subnet_id.unwrap_or_default()))
+            .collect();
+        live.sort();
+        let want_live: Vec<(String, String)> = want_sorted
+            .iter()
+            .map(|(a, s)| (a.to_string(), s.to_string()))
+            .collect();
+        assert_eq!(live, want_live, "{mode}");
+        if mode == "L2" {
+            let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(kube.clone(), &ns);
+            let note = eventually("KuryrSkipMember Warning Event", WAIT, || async {
+                Ok(events
+                    .list(&Default::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .find(|e| e.reason.as_deref() == Some("KuryrSkipMember"))
+                    .and_then(|e| e.note))
+            })
+            .await?;
+            assert!(
+                note.contains("192.168.9.9") && !note.contains("10.96.0.77"),
+                "{note}"
+            );
         }
     }
     Ok(())

@@ -35,6 +35,10 @@ pub struct KuryrLoadBalancerHandler {
     /// asked for again while the spec asks the same (the Warning Event told the user; asking again
     /// would only repeat it), asked again once the user changed it (a fixed timeout annotation).
     refused: Mutex<HashMap<String, BTreeMap<ListenerKey, String>>>,
+    /// `[pod_vif_nested] worker_nodes_subnets` of each deployment, with their CIDRs (read once).
+    node_subnets: tokio::sync::Mutex<HashMap<String, Vec<(ipnet::IpNet, String)>>>,
+    /// Endpoints left out for want of a member subnet, per KuryrLoadBalancer uid, as last told.
+    skipped: Mutex<HashMap<String, BTreeSet<String>>>,
 }
 
 impl KuryrLoadBalancerHandler {
@@ -42,7 +46,36 @@ impl KuryrLoadBalancerHandler {
         Self {
             ctx,
             refused: Mutex::default(),
+            node_subnets: tokio::sync::Mutex::default(),
+            skipped: Mutex::default(),
         }
+    }
+
+    /// The worker nodes' subnets in `deployment` (the members of host-network pods in L2 member
+    /// mode). One a deployment does not have is left out, with a warning the first time.
+    async fn node_subnets(&self, deployment: &str) -> Result<Vec<(ipnet::IpNet, String)>, Error> {
+        let mut cache = self.node_subnets.lock().await;
+        if let Some(known) = cache.get(deployment) {
+            return Ok(known.clone());
+        }
+        let client = self.ctx.deployments.client(deployment)?;
+        let mut found = Vec::new();
+        for id in &self.ctx.config.pod_vif_nested.worker_nodes_subnets {
+            match client.get_subnet(id).await {
+                Ok(s) => match s.cidr.parse::<ipnet::IpNet>() {
+                    Ok(net) => found.push((net, s.id)),
+                    Err(e) => {
+                        tracing::warn!(subnet = %id, cidr = %s.cidr, error = %e, "worker node subnet with an unreadable cidr")
+                    }
+                },
+                Err(e) if e.is_not_found() => {
+                    tracing::warn!(subnet = %id, deployment, "[pod_vif_nested] worker_nodes_subnets entry not found in this deployment")
+                }
+                Err(e) => return Err(Error::openstack("reading a worker nodes' subnet", e)),
+            }
+        }
+        cache.insert(deployment.to_string(), found.clone());
+        Ok(found)
     }
 
     fn tags(&self, klb: &KuryrLoadBalancer) -> Vec<String> {
@@ -128,6 +161,7 @@ impl KuryrLoadBalancerHandler {
         let member_subnets = if subnets.is_empty() {
             MemberSubnets::Vip(vip_subnet)
         } else {
+            subnets.extend(self.node_subnets(deployment).await?);
             MemberSubnets::Pod(subnets)
         };
         let member_subnet = |ip: &str| member_subnets.of(ip);
@@ -150,7 +184,35 @@ impl KuryrLoadBalancerHandler {
             d.listeners
                 .retain(|k, l| refused.get(k).is_none_or(|was| *was != asked(l)));
         }
+        self.tell_skipped(klb, &d.skipped).await;
         Ok(d)
+    }
+
+    /// A `KuryrSkipMember` Warning Event (upstream's) on the Service when endpoints are left out for
+    /// want of a member subnet, once per change of what is left out.
+    async fn tell_skipped(&self, klb: &KuryrLoadBalancer, skipped: &BTreeSet<String>) {
+        let uid = klb.uid().unwrap_or_default();
+        let fresh = {
+            let mut told = self.skipped.lock().unwrap_or_else(|e| e.into_inner());
+            if skipped.is_empty() {
+                told.remove(&uid);
+                false
+            } else {
+                told.insert(uid, skipped.clone()).as_ref() != Some(skipped)
+            }
+        };
+        if fresh {
+            let list: Vec<&str> = skipped.iter().map(String::as_str).collect();
+            let msg = format!(
+                "Endpoints {} of Service {}/{} are on no pod subnet and no [pod_vif_nested] worker_nodes_subnets \
+                 subnet: no member is made for them (member_mode = L2)",
+                list.join(", "),
+                klb.namespace().unwrap_or_default(),
+                klb.name_any()
+            );
+            tracing::warn!("{msg}");
+            self.event(klb, true, "KuryrSkipMember", &msg).await;
+        }
     }
 
     fn public_ips<'a>(&'a self, klb: &KuryrLoadBalancer, deployment: &str) -> Result<PublicIps<'a>, Error> {
@@ -530,10 +592,15 @@ impl KuryrLoadBalancerHandler {
     /// The KuryrLoadBalancer's finalizer, then its Service's.
     async fn release_finalizers(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
         remove_finalizer(&self.ctx.kube, klb, finalizers::KURYRLOADBALANCER).await?;
+        let uid = klb.uid().unwrap_or_default();
         self.refused
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&klb.uid().unwrap_or_default());
+            .remove(&uid);
+        self.skipped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&uid);
         let services: Api<Service> =
             Api::namespaced(self.ctx.kube.clone(), &klb.namespace().unwrap_or_default());
         if let Some(svc) = services.get_opt(&klb.name_any()).await? {

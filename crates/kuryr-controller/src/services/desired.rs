@@ -1,6 +1,6 @@
 //! A KuryrLoadBalancer spec -> the Octavia tree it asks for. Pure.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kuryr_crds::KuryrLoadBalancerSpec;
 
@@ -20,6 +20,8 @@ pub struct DesiredLb {
     pub security_groups: Vec<String>,
     /// Keyed by (Octavia protocol, port): one listener per Service port.
     pub listeners: BTreeMap<(String, u16), DesiredListener>,
+    /// Endpoint addresses left out: no member subnet holds them (L2 member mode).
+    pub skipped: BTreeSet<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,7 +73,9 @@ pub struct Inputs<'a> {
 pub enum MemberSubnets {
     /// L3: every member through the VIP subnet; Octavia routes to the pods.
     Vip(String),
-    /// L2: a member on the pod subnet holding its address, so Octavia plugs into that network.
+    /// L2: a member on the pod subnet holding its address, so Octavia plugs into that network; an
+    /// address on no pod subnet (a host-network pod's, a hand-written slice's) on the worker nodes'
+    /// subnet holding it (`[pod_vif_nested] worker_nodes_subnets`), as upstream.
     Pod(Vec<(ipnet::IpNet, String)>),
 }
 
@@ -115,6 +119,7 @@ pub fn desired(spec: &KuryrLoadBalancerSpec, inp: &Inputs<'_>) -> Result<Desired
         _ => true,
     };
     let mut listeners = BTreeMap::new();
+    let mut skipped = BTreeSet::new();
     for (i, p) in spec.ports.iter().enumerate() {
         let port = u16::try_from(p.port).ok().filter(|p| *p > 0).ok_or_else(|| {
             Error::invalid(
@@ -144,6 +149,7 @@ pub fn desired(spec: &KuryrLoadBalancerSpec, inp: &Inputs<'_>) -> Result<Desired
                     continue;
                 };
                 let Some(subnet) = (inp.member_subnet)(address) else {
+                    skipped.insert(address.clone());
                     continue;
                 };
                 let who = match &ep.target_ref {
@@ -217,6 +223,7 @@ pub fn desired(spec: &KuryrLoadBalancerSpec, inp: &Inputs<'_>) -> Result<Desired
         provider,
         security_groups: spec.security_groups_ids.clone(),
         listeners,
+        skipped,
     })
 }
 

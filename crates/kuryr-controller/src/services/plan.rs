@@ -191,6 +191,7 @@ mod tests {
             provider: Some("amphora".into()),
             security_groups: vec![],
             listeners,
+            skipped: Default::default(),
         }
     }
 
