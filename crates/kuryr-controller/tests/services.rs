@@ -2090,3 +2090,75 @@ async fn a_network_policy_change_moves_the_listener_acls_of_the_services_it_affe
     assert!(klb.spec.listener_acls.is_empty());
     Ok(())
 }
+
+/// A Service whose targetPort is a name, behind a policy admitting that port from namespace X: the
+/// listener's ACL needs the number the EndpointSlices give the name, and before the first ready
+/// backend there is none (the listener is closed). When the backend's slice arrives, the ACL is
+/// written at once - the endpoints change resolves the name - not at the Service's next event (an
+/// hour away here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_target_port_resolved_by_the_first_backend_opens_its_listener_acl() -> Result<()> {
+    init_logs();
+    let oct = octavia_targets(LatencyProfile::Instant).await?.remove(0);
+    let ns = unique("aclname");
+    let bed = Bed::new(&ns).await?;
+    let kube = bed.client();
+    let x = format!("{ns}-x");
+    let namespace = serde_json::from_value(json!({"metadata": {"name": x, "labels": {"team": x}}}))?;
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(kube.clone())
+        .create(&PostParams::default(), &namespace)
+        .await?;
+    labelled_pod(kube, &ns, "web-0", json!({"app": "web"}), "10.1.0.10").await?;
+    labelled_pod(kube, &x, "client-x", json!({"role": "client"}), "10.1.0.50").await?;
+    let _ctrl = bed.controller(
+        &oct,
+        "[kubernetes]\nenabled_handlers = service,endpoints,kuryrloadbalancer,policy,kuryrnetworkpolicy,pod_label\n\
+         pod_security_groups_driver = policy\nservice_security_groups_driver = policy\n\
+         watch_reconcile_period = 3600\n",
+        "svc-acl-name",
+    );
+    let np: k8s_openapi::api::networking::v1::NetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "only-x", "namespace": ns},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": x}}}],
+                              "ports": [{"protocol": "TCP", "port": 8080}]}]}
+    }))?;
+    Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(kube.clone(), &ns)
+        .create(&PostParams::default(), &np)
+        .await?;
+    let svc: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": ns},
+        "spec": {"clusterIP": "10.96.0.82", "selector": {"app": "web"},
+                 "ports": [{"name": "http", "port": 80, "targetPort": "web", "protocol": "TCP"}]}
+    }))?;
+    Api::<Service>::namespaced(kube.clone(), &ns)
+        .create(&PostParams::default(), &svc)
+        .await?;
+    let st = recorded(kube, &ns, "web", 1, 0).await?;
+    let lb = st.loadbalancer.map(|l| l.id).unwrap_or_default();
+    // The policy's group reached the Service; with no named port resolved yet, its rule on 8080
+    // admits nobody on the listener (its port-less rules, the nodes' and the VIPs', still do).
+    let klbs = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns);
+    let acl = eventually("the policy's listener ACL", WAIT, || async {
+        Ok(klbs.get("web").await?.spec.listener_acls.first().cloned())
+    })
+    .await?;
+    assert!(
+        !acl.allowed_cidrs.iter().any(|c| c.starts_with("10.1.0.50")),
+        "{acl:?}"
+    );
+    set_endpoints(kube, &ns, "web", &["10.1.0.10".to_string()], &[("http", 8080)]).await?;
+    eventually(
+        "the listener admits namespace X on the resolved port",
+        WAIT,
+        || async {
+            let l = listener_on(&oct.client, &lb, 80).await?;
+            let cidrs = l.allowed_cidrs.clone().unwrap_or_default();
+            Ok((l.admin_state_up && cidrs.iter().any(|c| c.starts_with("10.1.0.50"))).then_some(()))
+        },
+    )
+    .await?;
+    Ok(())
+}

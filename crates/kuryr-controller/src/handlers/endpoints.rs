@@ -10,22 +10,29 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kuryr_crds::KuryrLoadBalancer;
+use kuryr_crds::{KuryrLoadBalancer, LbEndpointSlice};
 use serde_json::json;
 
 use crate::context::Context;
 use crate::error::Error;
+use crate::handlers::service::ServiceHandler;
 use crate::pipeline::ResourceEventHandler;
 use crate::services::endpoints::{SERVICE_NAME_LABEL, from_slices};
+use crate::services::security::target_ports;
 use crate::services::spec;
 
 pub struct EndpointsHandler {
     ctx: Arc<Context>,
+    /// For the listener ACLs of a named target port the slices resolve anew.
+    services: ServiceHandler,
 }
 
 impl EndpointsHandler {
     pub fn new(ctx: Arc<Context>) -> Self {
-        Self { ctx }
+        Self {
+            services: ServiceHandler::new(ctx.clone()),
+            ctx,
+        }
     }
 
     async fn sync(&self, slice: &EndpointSlice) -> Result<(), Error> {
@@ -57,9 +64,20 @@ impl EndpointsHandler {
         if klb.spec.endpoint_slices == wanted || klb.metadata.deletion_timestamp.is_some() {
             return Ok(());
         }
+        let resolved = |slices: &[LbEndpointSlice]| -> Vec<Vec<u16>> {
+            klb.spec.ports.iter().map(|p| target_ports(p, slices)).collect()
+        };
+        let renumbered = resolved(&klb.spec.endpoint_slices) != resolved(&wanted);
         let patch = json!({ "spec": { "endpointSlices": wanted } });
-        api.patch(&service, &PatchParams::default(), &Patch::Merge(&patch))
+        let klb = api
+            .patch(&service, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
+        // A listener ACL opens a named target port on the numbers the slices give it (none before a
+        // Service's first ready backend: the listener stays closed): those are written now, not at
+        // the Service's next event.
+        if renumbered && self.ctx.config.octavia_defaults.enforce_sg_rules {
+            self.services.refresh_listener_acls(&klb).await?;
+        }
         Ok(())
     }
 }

@@ -349,6 +349,28 @@ impl ServiceHandler {
         self.patch_if_differs(&api, &klb, &wanted).await
     }
 
+    /// The listener ACLs of `klb` again from its spec as it is now (its endpoint slices just
+    /// changed how a named target port resolves): only the ACLs are written, nothing else of the
+    /// Service is looked at again.
+    pub async fn refresh_listener_acls(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
+        let Some(ip) = klb.spec.ip.as_deref().and_then(|ip| ip.parse::<IpAddr>().ok()) else {
+            return Ok(());
+        };
+        let deployment = recorded_deployment(klb);
+        let acls = self
+            .listener_acls(&klb.spec, &deployment, ip, &klb.spec.endpoint_slices)
+            .await?;
+        if acls == klb.spec.listener_acls {
+            return Ok(());
+        }
+        let api: Api<KuryrLoadBalancer> =
+            Api::namespaced(self.ctx.kube.clone(), &klb.namespace().unwrap_or_default());
+        let patch = serde_json::json!({ "spec": { "listener_acls": acls } });
+        api.patch(&klb.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
     async fn patch_if_differs(
         &self,
         api: &Api<KuryrLoadBalancer>,
