@@ -461,6 +461,12 @@ impl Daemon {
             host_ifnames: specs.iter().map(|s| s.host_ifname.clone()).collect(),
             specs: specs.clone(),
         };
+        if let Some(old) = self.registry.get(&p.key).and_then(|e| e.attachment)
+            && old.container_id != attachment.container_id
+        {
+            self.teardown_superseded(&p.key, old, &attachment.host_ifnames)
+                .await;
+        }
         if let Some(state) = &self.state
             && let Err(e) = state.save(&Record::new(&p.key, &pod_uid, &attachment))
         {
@@ -592,6 +598,44 @@ impl Daemon {
         }
         self.registry.clear_attachment(&p.key);
         Ok(())
+    }
+
+    /// Another container of the pod's name was plugged and its DEL has not come (a pod force-deleted
+    /// and made again, a StatefulSet's): this ADD takes the pod's one record, and that DEL will be
+    /// answered as stale, so what only the old container had on the host (its veth and OVS port,
+    /// for another Neutron port) goes now. Interfaces the new attachment re-made under the same
+    /// names (the same pod in a new sandbox) are left alone. Failures are logged: the new pod is
+    /// plugged, and the old container's namespace takes its side of the veths when it goes.
+    async fn teardown_superseded(&self, key: &PodKey, old: Attachment, kept: &[String]) {
+        let gone = |name: &String| !kept.contains(name);
+        let specs: Vec<PlugSpec> = old.specs.into_iter().filter(|s| gone(&s.host_ifname)).collect();
+        let names: Vec<String> = old.host_ifnames.into_iter().filter(gone).collect();
+        if specs.is_empty() && names.is_empty() {
+            return;
+        }
+        tracing::info!(pod = %key, container = %old.container_id, interfaces = ?names, "tearing down the host side of a superseded container");
+        // Host side only: the old container's namespace is the runtime's.
+        let target = PlugTarget {
+            netns: None,
+            pod_uid: "",
+            owner_tag: None,
+        };
+        let mut errors: Vec<BindingError> = Vec::new();
+        if specs.is_empty() {
+            let bridged = delete_host_links(&names, &mut errors).await;
+            self.drivers
+                .ovs()
+                .remove_ports_of_unknown_links(&names, &bridged, &mut errors)
+                .await;
+        }
+        for spec in specs.iter().rev() {
+            if let Err(TeardownError(e)) = self.drivers.for_kind(&spec.kind).teardown(spec, &target).await {
+                errors.extend(e);
+            }
+        }
+        if let Err(e) = TeardownError::into_result(errors) {
+            tracing::warn!(pod = %key, error = ?e, "superseded container's interfaces left behind");
+        }
     }
 
     /// CNI CHECK (kuryr-rs extension): every interface is still as plugged.

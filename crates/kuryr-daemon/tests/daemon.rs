@@ -524,7 +524,13 @@ async fn an_add_without_a_pod_uid_is_checked_against_the_pod_watch() {
     // The pod is re-created; its KuryrPort is not written yet, and the old one is still being
     // released (its finalizer's update comes after the pod watch saw the new pod).
     pods.on_event(WEvent::Apply(pod("u-new")), &d.registry);
-    d.registry.apply_kuryrport(kuryrport("default", "db-1", "u-old", "n1", std::slice::from_ref(&old)));
+    d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "db-1",
+        "u-old",
+        "n1",
+        std::slice::from_ref(&old),
+    ));
     let no_uid = json!({"CNI_IFNAME": "eth0", "CNI_NETNS": ns.path(), "CNI_CONTAINERID": "c-n",
         "CNI_COMMAND": "ADD", "CNI_ARGS": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=db-1", "config_kuryr": {}})
     .to_string()
@@ -549,6 +555,82 @@ async fn an_add_without_a_pod_uid_is_checked_against_the_pod_watch() {
     let res = add.await.unwrap().unwrap();
     assert_eq!(res.vif["versioned_object.data"]["address"], "fa:16:3e:00:35:02");
     d.del(&no_uid).await.unwrap();
+}
+
+/// A pod force-deleted and made again under its name on the same node, the new sandbox's ADD
+/// before the old one's DEL: the ADD takes the pod's one record, so the old container's DEL is
+/// answered as stale (as upstream) - and its host-side veth (with OVS, its port) would have been
+/// left for ever. The ADD takes down what only the old container had on the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_superseded_containers_host_interfaces_go_with_the_new_add() {
+    if !can_netns() {
+        return;
+    }
+    let br = unique("kds");
+    let _b = HostLink(br.clone());
+    let (ns1, ns2) = (TestNetns::new("kds1"), TestNetns::new("kds2"));
+    let old = vif(
+        "eth0",
+        "s",
+        "fa:16:3e:00:36:01",
+        "10.88.0.0/24",
+        "10.88.0.5",
+        None,
+        &br,
+    );
+    let new = vif(
+        "eth0",
+        "t",
+        "fa:16:3e:00:36:02",
+        "10.88.0.0/24",
+        "10.88.0.6",
+        None,
+        &br,
+    );
+    let old_tap = kuryr_crds::vif_name_for_port(&old.port_id);
+    let new_tap = kuryr_crds::vif_name_for_port(&new.port_id);
+    let _t = (HostLink(old_tap.clone()), HostLink(new_tap.clone()));
+    let d = daemon();
+    d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "web-0",
+        "u1",
+        "n1",
+        std::slice::from_ref(&old),
+    ));
+    d.add(&body("web-0", "c1", &ns1.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+    assert!(host_ok(&["ip", "-o", "link"]).contains(&old_tap));
+    d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "web-0",
+        "u2",
+        "n1",
+        std::slice::from_ref(&new),
+    ));
+    d.add(&body("web-0", "c2", &ns2.path(), "eth0", "u2"))
+        .await
+        .unwrap();
+    let links = host_ok(&["ip", "-o", "link"]);
+    assert!(
+        !links.contains(&old_tap) && links.contains(&new_tap),
+        "the old container's veth goes, the new one's stays: {links}"
+    );
+    // The old container's DEL, late: stale, and the new pod keeps its interface.
+    d.del(&body("web-0", "c1", &ns1.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+    assert!(host_ok(&["ip", "-o", "link"]).contains(&new_tap));
+    assert!(ns2.exec_ok(&["ip", "-o", "link"]).contains("fa:16:3e:00:36:02"));
+    // A new sandbox of the same pod (same port, same host name) keeps it too.
+    d.add(&body("web-0", "c3", &ns2.path(), "eth0", "u2"))
+        .await
+        .unwrap();
+    assert!(host_ok(&["ip", "-o", "link"]).contains(&new_tap));
+    d.del(&body("web-0", "c3", &ns2.path(), "eth0", "u2"))
+        .await
+        .unwrap();
 }
 
 /// A nested macvlan VIF (`VIFMacvlanNested`) named `ifname`.
