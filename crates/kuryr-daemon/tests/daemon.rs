@@ -27,6 +27,113 @@ fn daemon() -> Arc<Daemon> {
     Daemon::new(cfg, Arc::new(NoEvents), Arc::new(ApiUp))
 }
 
+/// A daemon whose ADDs' waits end only by events, never by its (the test's) timeout.
+fn event_driven_daemon() -> Arc<Daemon> {
+    let mut cfg = DaemonConfig::new("n1");
+    cfg.vif_annotation_timeout = WAIT;
+    Daemon::new(cfg, Arc::new(NoEvents), Arc::new(ApiUp))
+}
+
+/// Pod `default/<name>` with `uid`, as the pod watch sees it.
+fn watched_pod(name: &str, uid: &str) -> k8s_openapi::api::core::v1::Pod {
+    let mut p = k8s_openapi::api::core::v1::Pod::default();
+    p.metadata.namespace = Some("default".into());
+    p.metadata.name = Some(name.into());
+    p.metadata.uid = Some(uid.into());
+    p
+}
+
+/// A pod made again under its name: the old pod's VIF (its KuryrPort applied, the pod watch listing
+/// it) and the new pod's (not applied yet), on a bridge, with the netns the ADDs use.
+struct Recreated {
+    ns: TestNetns,
+    old: VifFixture,
+    new: VifFixture,
+    old_tap: String,
+    d: Arc<Daemon>,
+    pods: kuryr_daemon::kube::PodTracker,
+    _links: [HostLink; 3],
+}
+
+impl Recreated {
+    /// `name`'s old pod `u-old` on 10.<net>.0.5, its new one `u-new` on .6.
+    fn new(name: &str, net: u8) -> Self {
+        use kube::runtime::watcher::Event as WEvent;
+        let br = unique("kdr");
+        let ns = TestNetns::new("kdr");
+        let cidr = format!("10.{net}.0.0/24");
+        let mac = |last: u8| format!("fa:16:3e:00:{net:02x}:{last:02x}");
+        let old = vif("eth0", "o", &mac(1), &cidr, &format!("10.{net}.0.5"), None, &br);
+        let new = vif("eth0", "n", &mac(2), &cidr, &format!("10.{net}.0.6"), None, &br);
+        let old_tap = kuryr_crds::vif_name_for_port(&old.port_id);
+        let links = [
+            HostLink(br.clone()),
+            HostLink(old_tap.clone()),
+            HostLink(kuryr_crds::vif_name_for_port(&new.port_id)),
+        ];
+        let d = event_driven_daemon();
+        let mut pods = kuryr_daemon::kube::PodTracker::default();
+        for ev in [
+            WEvent::Init,
+            WEvent::InitApply(watched_pod(name, "u-old")),
+            WEvent::InitDone,
+        ] {
+            pods.on_event(ev, &d.registry);
+        }
+        d.registry.apply_kuryrport(kuryrport(
+            "default",
+            name,
+            "u-old",
+            "n1",
+            std::slice::from_ref(&old),
+        ));
+        Self {
+            ns,
+            old,
+            new,
+            old_tap,
+            d,
+            pods,
+            _links: links,
+        }
+    }
+}
+
+impl Recreated {
+    /// The new pod's ADD (`body`) waits while only the old pod's KuryrPort is there, plugging
+    /// nothing, and plugs the new pod's VIF once its KuryrPort comes.
+    async fn add_waits_for_the_new_kuryrport(
+        &self,
+        name: &str,
+        body: Vec<u8>,
+    ) -> kuryr_daemon::daemon::AddResult {
+        let add = tokio::spawn({
+            let d = self.d.clone();
+            async move { d.add(&body).await }
+        });
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(!add.is_finished(), "ADD must wait for the new pod's KuryrPort");
+        assert!(
+            !host_ok(&["ip", "-o", "link"]).contains(&self.old_tap),
+            "the old pod's VIF must not be plugged"
+        );
+        self.d.registry.apply_kuryrport(kuryrport(
+            "default",
+            name,
+            "u-new",
+            "n1",
+            std::slice::from_ref(&self.new),
+        ));
+        let res = add.await.unwrap().unwrap();
+        assert_eq!(
+            res.vif["versioned_object.data"]["address"],
+            self.new.mac.as_str(),
+            "the new pod's VIF"
+        );
+        res
+    }
+}
+
 fn body(pod: &str, container: &str, netns: &str, ifname: &str, uid: &str) -> Vec<u8> {
     json!({"CNI_IFNAME": ifname, "CNI_NETNS": netns, "CNI_CONTAINERID": container, "CNI_COMMAND": "ADD",
         "CNI_ARGS": format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};K8S_POD_UID={uid}"), "config_kuryr": {}})
@@ -364,92 +471,26 @@ async fn uid_mismatch_waits_for_the_right_kuryrport_and_410s_once_the_pod_is_gon
     if !can_netns() {
         return;
     }
-    use k8s_openapi::api::core::v1::Pod;
     use kube::runtime::watcher::Event as WEvent;
-    use kuryr_daemon::kube::PodTracker;
-    let pod = |uid: &str| {
-        let mut p = Pod::default();
-        p.metadata.namespace = Some("default".into());
-        p.metadata.name = Some("db-0".into());
-        p.metadata.uid = Some(uid.into());
-        p
-    };
-    let br = unique("kdb");
-    let _b = HostLink(br.clone());
-    let ns = TestNetns::new("kdu");
-    let old = vif(
-        "eth0",
-        "o",
-        "fa:16:3e:00:34:01",
-        "10.86.0.0/24",
-        "10.86.0.5",
-        None,
-        &br,
-    );
-    let new = vif(
-        "eth0",
-        "n",
-        "fa:16:3e:00:34:02",
-        "10.86.0.0/24",
-        "10.86.0.6",
-        None,
-        &br,
-    );
-    let old_tap = kuryr_crds::vif_name_for_port(&old.port_id);
-    let _t1 = HostLink(old_tap.clone());
-    let _t2 = HostLink(kuryr_crds::vif_name_for_port(&new.port_id));
-    let mut cfg = DaemonConfig::new("n1");
-    // Only events may end the ADDs' waits below, never this timeout.
-    cfg.vif_annotation_timeout = WAIT;
-    let d = Daemon::new(cfg, Arc::new(NoEvents), Arc::new(ApiUp));
-    let mut pods = PodTracker::default();
-    for ev in [WEvent::Init, WEvent::InitApply(pod("u-old")), WEvent::InitDone] {
-        pods.on_event(ev, &d.registry);
-    }
-    d.registry.apply_kuryrport(kuryrport(
-        "default",
-        "db-0",
-        "u-old",
-        "n1",
-        std::slice::from_ref(&old),
-    ));
+    let mut r = Recreated::new("db-0", 86);
+    let pod = |uid: &str| watched_pod("db-0", uid);
 
     // ADD for the new pod while only the old pod's KuryrPort exists: wait.
-    let add = tokio::spawn({
-        let (d, b) = (d.clone(), body("db-0", "c-new", &ns.path(), "eth0", "u-new"));
-        async move { d.add(&b).await }
-    });
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert!(!add.is_finished(), "ADD must wait for the new pod's KuryrPort");
-    assert!(
-        !host_ok(&["ip", "-o", "link"]).contains(&old_tap),
-        "the old pod's VIF must not be plugged"
-    );
-    d.registry.apply_kuryrport(kuryrport(
-        "default",
-        "db-0",
-        "u-new",
-        "n1",
-        std::slice::from_ref(&new),
-    ));
-    let res = add.await.unwrap().unwrap();
-    assert_eq!(
-        res.vif["versioned_object.data"]["address"], "fa:16:3e:00:34:02",
-        "the new pod's VIF"
-    );
-    assert!(ns.exec_ok(&["ip", "-o", "link"]).contains("fa:16:3e:00:34:02"));
+    r.add_waits_for_the_new_kuryrport("db-0", body("db-0", "c-new", &r.ns.path(), "eth0", "u-new"))
+        .await;
+    assert!(r.ns.exec_ok(&["ip", "-o", "link"]).contains(&r.new.mac));
 
     // A late ADD for the old pod: pending until the pod watch says the pod
     // is gone. The watch broke and its re-list only has the new pod.
     let started = std::time::Instant::now();
     let stale = tokio::spawn({
-        let (d, b) = (d.clone(), body("db-0", "c-old", &ns.path(), "eth0", "u-old"));
+        let (d, b) = (r.d.clone(), body("db-0", "c-old", &r.ns.path(), "eth0", "u-old"));
         async move { d.add(&b).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!stale.is_finished(), "nothing says the old pod is gone yet");
     for ev in [WEvent::Init, WEvent::InitApply(pod("u-new")), WEvent::InitDone] {
-        pods.on_event(ev, &d.registry);
+        r.pods.on_event(ev, &r.d.registry);
     }
     let e = stale.await.unwrap().err().unwrap();
     assert_eq!(e.code(), 3, "{e}");
@@ -458,10 +499,10 @@ async fn uid_mismatch_waits_for_the_right_kuryrport_and_410s_once_the_pod_is_gon
         "410 from the pod watch, not the vif_annotation_timeout"
     );
     // The new pod's interface is untouched by the stale ADD.
-    d.del(&body("db-0", "c-new", &ns.path(), "eth0", "u-new"))
+    r.d.del(&body("db-0", "c-new", &r.ns.path(), "eth0", "u-new"))
         .await
         .unwrap();
-    assert!(!ns.exec_ok(&["ip", "-o", "link"]).contains("fa:16:3e:00:34:02"));
+    assert!(!r.ns.exec_ok(&["ip", "-o", "link"]).contains(&r.new.mac));
 }
 
 /// A runtime that passes no `K8S_POD_UID` (cri-dockerd, containerd before 1.5.3, CRI-O before
@@ -473,88 +514,25 @@ async fn an_add_without_a_pod_uid_is_checked_against_the_pod_watch() {
     if !can_netns() {
         return;
     }
-    use k8s_openapi::api::core::v1::Pod;
     use kube::runtime::watcher::Event as WEvent;
-    use kuryr_daemon::kube::PodTracker;
-    let pod = |uid: &str| {
-        let mut p = Pod::default();
-        p.metadata.namespace = Some("default".into());
-        p.metadata.name = Some("db-1".into());
-        p.metadata.uid = Some(uid.into());
-        p
-    };
-    let br = unique("kdn");
-    let _b = HostLink(br.clone());
-    let ns = TestNetns::new("kdn");
-    let old = vif(
-        "eth0",
-        "p",
-        "fa:16:3e:00:35:01",
-        "10.87.0.0/24",
-        "10.87.0.5",
-        None,
-        &br,
-    );
-    let new = vif(
-        "eth0",
-        "q",
-        "fa:16:3e:00:35:02",
-        "10.87.0.0/24",
-        "10.87.0.6",
-        None,
-        &br,
-    );
-    let old_tap = kuryr_crds::vif_name_for_port(&old.port_id);
-    let _t1 = HostLink(old_tap.clone());
-    let _t2 = HostLink(kuryr_crds::vif_name_for_port(&new.port_id));
-    let mut cfg = DaemonConfig::new("n1");
-    cfg.vif_annotation_timeout = WAIT;
-    let d = Daemon::new(cfg, Arc::new(NoEvents), Arc::new(ApiUp));
-    let mut pods = PodTracker::default();
-    for ev in [WEvent::Init, WEvent::InitApply(pod("u-old")), WEvent::InitDone] {
-        pods.on_event(ev, &d.registry);
-    }
-    d.registry.apply_kuryrport(kuryrport(
-        "default",
-        "db-1",
-        "u-old",
-        "n1",
-        std::slice::from_ref(&old),
-    ));
+    let mut r = Recreated::new("db-1", 87);
+    let pod = |uid: &str| watched_pod("db-1", uid);
     // The pod is re-created; its KuryrPort is not written yet, and the old one is still being
     // released (its finalizer's update comes after the pod watch saw the new pod).
-    pods.on_event(WEvent::Apply(pod("u-new")), &d.registry);
-    d.registry.apply_kuryrport(kuryrport(
+    r.pods.on_event(WEvent::Apply(pod("u-new")), &r.d.registry);
+    r.d.registry.apply_kuryrport(kuryrport(
         "default",
         "db-1",
         "u-old",
         "n1",
-        std::slice::from_ref(&old),
+        std::slice::from_ref(&r.old),
     ));
-    let no_uid = json!({"CNI_IFNAME": "eth0", "CNI_NETNS": ns.path(), "CNI_CONTAINERID": "c-n",
+    let no_uid = json!({"CNI_IFNAME": "eth0", "CNI_NETNS": r.ns.path(), "CNI_CONTAINERID": "c-n",
         "CNI_COMMAND": "ADD", "CNI_ARGS": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=db-1", "config_kuryr": {}})
     .to_string()
     .into_bytes();
-    let add = tokio::spawn({
-        let (d, b) = (d.clone(), no_uid.clone());
-        async move { d.add(&b).await }
-    });
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert!(!add.is_finished(), "ADD must wait for the new pod's KuryrPort");
-    assert!(
-        !host_ok(&["ip", "-o", "link"]).contains(&old_tap),
-        "the old pod's VIF must not be plugged"
-    );
-    d.registry.apply_kuryrport(kuryrport(
-        "default",
-        "db-1",
-        "u-new",
-        "n1",
-        std::slice::from_ref(&new),
-    ));
-    let res = add.await.unwrap().unwrap();
-    assert_eq!(res.vif["versioned_object.data"]["address"], "fa:16:3e:00:35:02");
-    d.del(&no_uid).await.unwrap();
+    r.add_waits_for_the_new_kuryrport("db-1", no_uid.clone()).await;
+    r.d.del(&no_uid).await.unwrap();
 }
 
 /// A pod force-deleted and made again under its name on the same node, the new sandbox's ADD

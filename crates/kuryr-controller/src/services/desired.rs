@@ -303,24 +303,19 @@ mod tests {
             )];
         }
         s.endpoint_slices.push(v6);
-        let d = desired(&s, &inputs(&l3)).expect("desired");
-        let members: Vec<&str> = d.listeners[&("TCP".to_string(), 80)]
-            .pool
-            .members
-            .keys()
-            .map(|(a, _)| a.as_str())
-            .collect();
-        assert_eq!(members, ["10.1.0.3", "10.1.0.4"]);
+        let members = |s: &KuryrLoadBalancerSpec| -> Vec<String> {
+            let d = desired(s, &inputs(&l3)).expect("desired");
+            d.listeners[&("TCP".to_string(), 80)]
+                .pool
+                .members
+                .keys()
+                .map(|(a, _)| a.clone())
+                .collect()
+        };
+        assert_eq!(members(&s), ["10.1.0.3", "10.1.0.4"]);
         // An IPv6 primary: the IPv6 slice.
         s.ip = Some("fd00:96::10".into());
-        let d = desired(&s, &inputs(&l3)).expect("desired");
-        let members: Vec<&str> = d.listeners[&("TCP".to_string(), 80)]
-            .pool
-            .members
-            .keys()
-            .map(|(a, _)| a.as_str())
-            .collect();
-        assert_eq!(members, ["fd00::3", "fd00::4"]);
+        assert_eq!(members(&s), ["fd00::3", "fd00::4"]);
     }
 
     #[test]
