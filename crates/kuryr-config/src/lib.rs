@@ -576,19 +576,21 @@ fn check_rules(ini: &Ini, config: &KuryrConfig, errors: &mut Vec<InvalidValue>) 
         }
     };
     let threshold = config.pod_binding.usage_threshold;
-    if !(0.0..=1.0).contains(&threshold) {
+    // 0 would move every project off at once and bind nothing more; a hysteresis as high as the
+    // threshold would admit no new binding once usage is measured.
+    if !(threshold > 0.0 && threshold <= 1.0) {
         fail(
             "pod_binding",
             "usage_threshold",
-            "expected a fraction between 0 and 1".into(),
+            "expected a fraction above 0, at most 1".into(),
         );
     }
     let hysteresis = config.pod_binding.usage_hysteresis;
-    if !(0.0..=threshold.max(0.0)).contains(&hysteresis) {
+    if !(hysteresis >= 0.0 && hysteresis < threshold.max(f64::MIN_POSITIVE)) {
         fail(
             "pod_binding",
             "usage_hysteresis",
-            "expected a fraction between 0 and usage_threshold".into(),
+            "expected a fraction from 0 up to (not including) usage_threshold".into(),
         );
     }
     for (option, ms) in [

@@ -405,7 +405,15 @@ fn bad_values_name_section_option_and_value() {
         ),
         (
             "[pod_binding]\nusage_threshold = 1.5\n",
-            "[pod_binding] usage_threshold = \"1.5\": expected a fraction between 0 and 1",
+            "[pod_binding] usage_threshold = \"1.5\": expected a fraction above 0, at most 1",
+        ),
+        (
+            "[pod_binding]\nusage_threshold = 0\n",
+            "[pod_binding] usage_threshold = \"0\": expected a fraction above 0, at most 1",
+        ),
+        (
+            "[pod_binding]\nusage_threshold = 0.9\nusage_hysteresis = 0.9\n",
+            "[pod_binding] usage_hysteresis = \"0.9\": expected a fraction from 0 up to (not including) usage_threshold",
         ),
         (
             "[octavia_defaults]\ntimeout_member_data = 90000000\n",

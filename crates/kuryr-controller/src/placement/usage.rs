@@ -53,11 +53,13 @@ impl Measured {
             .fold(0.0, f64::max)
     }
 
-    /// `project`'s port quota fraction.
+    /// `project`'s port quota fraction. A limit of 0 is a project kept out of the deployment: full.
     pub fn project_fraction(&self, project: &str) -> Option<f64> {
-        self.ports
-            .get(project)
-            .and_then(|(used, limit)| (*limit > 0).then(|| (*used).max(0) as f64 / *limit as f64))
+        self.ports.get(project).and_then(|(used, limit)| match *limit {
+            l if l < 0 => None,
+            0 => Some(1.0),
+            l => Some((*used).max(0) as f64 / l as f64),
+        })
     }
 
     pub fn to_json(&self) -> serde_json::Value {
@@ -356,6 +358,11 @@ mod tests {
         assert!((m.fraction() - 0.96).abs() < 1e-9, "{}", m.fraction());
         assert_eq!(m.project_fraction("p"), Some(0.9));
         assert_eq!(m.project_fraction("q"), None, "unlimited");
+        let fenced = Measured {
+            ports: BTreeMap::from([("z".into(), (0, 0))]),
+            ..Default::default()
+        };
+        assert_eq!(fenced.project_fraction("z"), Some(1.0), "a quota of 0 keeps it out");
         assert_eq!(ipv4_size("10.0.0.0/24"), Some(256));
         assert_eq!(ipv4_size("fd00::/64"), None);
         assert_eq!(Measured::default().fraction(), 0.0);
