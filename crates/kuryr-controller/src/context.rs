@@ -55,7 +55,7 @@ impl Platform {
             // Objects are overlaid once their watch delivers them (placement/watch.rs).
             let (candidates, _) =
                 crate::placement::candidates::build(&config, &[], k8s_openapi::jiff::Timestamp::now());
-            Arc::new(Binder::new(
+            Arc::new(Binder::awaiting_objects(
                 Scheduler::new(&config.pod_binding),
                 candidates,
                 Arc::new(KubeStore::new(kube.clone())),

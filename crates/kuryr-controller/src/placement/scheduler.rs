@@ -182,16 +182,38 @@ pub struct Binder {
     candidates: RwLock<Vec<Candidate>>,
     store: Arc<dyn BindingStore>,
     cache: Mutex<HashMap<BindingKey, Current>>,
+    /// Whether the candidates hold what the operator set on the KuryrOpenStackDeployment objects
+    /// (maintenance, zone, affinity, weight, project ids), not `kuryr.conf` alone.
+    loaded: tokio::sync::watch::Sender<bool>,
 }
 
+/// How long a project id lookup waits for the deployment objects before it answers from
+/// `kuryr.conf` alone.
+const LOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl Binder {
+    /// A binder whose `candidates` are complete.
     pub fn new(scheduler: Scheduler, candidates: Vec<Candidate>, store: Arc<dyn BindingStore>) -> Self {
         Self {
             scheduler,
             candidates: RwLock::new(candidates),
             store,
             cache: Mutex::default(),
+            loaded: tokio::sync::watch::Sender::new(true),
         }
+    }
+
+    /// A binder whose `candidates` come from `kuryr.conf` and wait for the deployment objects
+    /// ([`Binder::set_candidates`]): until then it binds nothing (a controller just started would
+    /// bind to a deployment the operator put in maintenance).
+    pub fn awaiting_objects(
+        scheduler: Scheduler,
+        candidates: Vec<Candidate>,
+        store: Arc<dyn BindingStore>,
+    ) -> Self {
+        let b = Self::new(scheduler, candidates, store);
+        b.loaded.send_replace(false);
+        b
     }
 
     pub fn store(&self) -> &Arc<dyn BindingStore> {
@@ -220,6 +242,7 @@ impl Binder {
         }
         *cur = cands;
         drop(cur);
+        self.loaded.send_replace(true);
         self.forget().await;
     }
 
@@ -232,8 +255,16 @@ impl Binder {
         self.candidates.read().await.clone()
     }
 
-    /// `project`'s id in `deployment`.
+    /// `project`'s id in `deployment` (a deployment object can map it): once the objects are
+    /// loaded, or after [`LOAD_WAIT`] from `kuryr.conf`'s.
     pub async fn project_id(&self, deployment: &str, project: &str) -> String {
+        let mut loaded = self.loaded.subscribe();
+        if tokio::time::timeout(LOAD_WAIT, loaded.wait_for(|l| *l))
+            .await
+            .is_err()
+        {
+            tracing::warn!(deployment, "KuryrOpenStackDeployment objects not loaded: project ids from kuryr.conf");
+        }
         self.candidates
             .read()
             .await
@@ -253,6 +284,11 @@ impl Binder {
 
     /// The deployment serving `req`, binding (or rebinding) it when needed.
     pub async fn bind(&self, req: &BindingRequest) -> Result<Placed, Error> {
+        if !*self.loaded.borrow() {
+            return Err(Error::not_ready(
+                "the KuryrOpenStackDeployment objects are not loaded yet (maintenance, zones, weights)",
+            ));
+        }
         let cached = self.cache.lock().await.get(req).cloned();
         if let Some(cur) = cached {
             let cands = self.candidates.read().await;

@@ -389,3 +389,25 @@ fn subset_size_spreads_new_bindings_over_the_best_n_only() {
     // Random among the two: each well away from never (200 draws, p(<40) is negligible).
     assert!(picked.values().all(|n| *n >= 40), "{picked:?}");
 }
+
+/// A controller just started has only kuryr.conf's view of the deployments: until the objects'
+/// watch hands over the operator's settings (here: the first deployment in maintenance) nothing
+/// is bound, or the first namespaces would go where the operator said not to.
+#[tokio::test]
+async fn nothing_is_bound_before_the_deployment_objects_are_loaded() {
+    let store = Arc::new(MemoryStore::default());
+    let b = Binder::awaiting_objects(
+        sched(&all_filters(), &[BindingWeigher::CreationOrder]),
+        six_in_two_groups(),
+        store.clone(),
+    );
+    let key = BindingKey::default();
+    let e = b.bind(&key).await.expect_err("not loaded");
+    assert!(e.is_retryable(), "{e}");
+    assert!(store.list().await.expect("list").is_empty());
+    let mut objects = six_in_two_groups();
+    objects[0].maintenance = true;
+    b.set_candidates(objects).await;
+    let placed = b.bind(&key).await.expect("loaded");
+    assert_ne!(placed.deployment, "pod1", "pod1 is in maintenance");
+}
