@@ -174,6 +174,9 @@ pub struct Context {
     pub drivers: Drivers,
     /// Pods the `vif` handler hands to the `kuryrport` handler with their new KuryrPort.
     pub pod_handoff: PodHandoff,
+    /// Uids of running pods whose KuryrPort was deleted and is kept, ports and all, until the pod
+    /// is: the `vif` handler runs its finalizer again then. (A restart lists the KuryrPort again.)
+    pub kept_kuryrports: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Context {
@@ -184,6 +187,7 @@ impl Context {
             platform,
             drivers,
             pod_handoff: PodHandoff::default(),
+            kept_kuryrports: std::sync::Mutex::default(),
         }))
     }
 

@@ -838,3 +838,64 @@ async fn a_skipped_service_is_forgotten_when_it_is_deleted() -> Result<()> {
     assert_eq!(handler.remembered(), 0);
     Ok(())
 }
+
+/// A KuryrPort deleted while its pod runs (by hand, or a namespace's deletion reaching KuryrPorts
+/// before pods): its port is not released - with a pool, it would be another pod's, address and
+/// all, while this one still used it. The KuryrPort waits, Terminating, with a Warning Event on
+/// the pod (upstream's rule); once the pod is deleted, the port is released and both go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kuryrport_deleted_under_a_running_pod_keeps_its_port_until_the_pod_goes() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.63.0.0/24").await?;
+        let cfg = bare_metal_config(&fx, "vif,kuryrport");
+        let ctrl = start_controller(&kube.client, &target, config(&cfg), "c-kept");
+        create_namespace(&kube.client, "kept", json!({})).await?;
+        let pods: Api<Pod> = Api::namespaced(kube.client.clone(), "kept");
+        let kps: Api<KuryrPort> = Api::namespaced(kube.client.clone(), "kept");
+        let pod = create_pod(&kube.client, "kept", "p", NODES[0], json!({})).await?;
+        let port = active_port_of(&kube.client, "kept", "p", &pod.uid().unwrap()).await?;
+        kps.delete("p", &DeleteParams::default()).await?;
+        let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(kube.client.clone(), "kept");
+        eventually("NoKuryrPort Warning Event on the pod", WAIT, || async {
+            Ok(events
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("NoKuryrPort")))
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        neutron
+            .get_port(&port)
+            .await
+            .map_err(|e| anyhow::anyhow!("{}: port released under a running pod: {e}", target.name))?;
+        let kp = kps.get("p").await?;
+        assert!(kp.metadata.deletion_timestamp.is_some(), "waiting, Terminating");
+        assert_eq!(
+            kp.status
+                .and_then(|s| s.default_vif().map(|(_, v)| v.id().to_string())),
+            Some(port.clone()),
+            "{}: the pod keeps its port",
+            target.name
+        );
+        pods.delete("p", &DeleteParams::default()).await?;
+        // At once, not at the watch's periodic re-send of the KuryrPort (minutes away).
+        eventually(
+            "pod and KuryrPort gone, port released",
+            Duration::from_secs(30),
+            || async {
+                let released = neutron.get_port(&port).await.is_err_and(|e| e.is_not_found());
+                let gone = pods.get_opt("p").await?.is_none() && kps.get_opt("p").await?.is_none();
+                Ok((released && gone).then_some(()))
+            },
+        )
+        .await?;
+        ctrl.stop.cancel();
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}

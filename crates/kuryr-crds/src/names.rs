@@ -71,6 +71,10 @@ pub mod annotations {
     /// Pod/Namespace: label snapshot used by the policy handlers.
     pub const POD_LABEL: &str = "openstack.org/kuryr-pod-label";
     pub const NAMESPACE_LABEL: &str = "openstack.org/kuryr-namespace-label";
+    /// KuryrPort (kuryr-rs): set by the vif handler when the pod of a KuryrPort deleted while it
+    /// still ran is deleted too, so that the KuryrPort's finalizer is run again (its ports are
+    /// released then, not while the pod used them).
+    pub const POD_DELETED: &str = "kuryr.openstack.org/pod-deleted";
     /// Node: SR-IOV PCI information.
     pub const NODE_PCI_DEVICE_INFO: &str = "openstack.org/kuryr-pci-info";
     /// Service: Octavia listener timeouts.

@@ -22,7 +22,8 @@ use serde_json::json;
 use crate::context::Context;
 use crate::drivers::PodRef;
 use crate::error::{Error, is_not_found};
-use crate::k8s::{publish_event_on, remove_finalizer, surface_user_error};
+use crate::handlers::vif::is_completed;
+use crate::k8s::{publish_event, publish_event_on, remove_finalizer, surface_user_error};
 use crate::pipeline::{ResourceEventHandler, Settled, Version};
 use crate::wiring::{self, DriverSource, RecordedVif, record};
 
@@ -312,6 +313,41 @@ impl ResourceEventHandler for KuryrPortHandler {
     }
 
     async fn on_finalize(&self, kp: &KuryrPort) -> Result<(), Error> {
+        let pods: Api<Pod> = Api::namespaced(self.ctx.kube.clone(), &kp.namespace().unwrap_or_default());
+        let pod = pods
+            .get_opt(&kp.name_any())
+            .await?
+            .filter(|p| p.uid().as_deref() == Some(kp.spec.pod_uid.as_str()));
+        if let Some(pod) = &pod
+            && pod.metadata.deletion_timestamp.is_none()
+            && !is_completed(pod)
+        {
+            // Deleted by hand (or by a namespace's deletion before its pods) while the pod runs on
+            // its ports: released now, they would be another pod's, address and all, while this
+            // one still used them. They stay, and so does the finalizer, until the pod goes
+            // (upstream's rule); the vif handler then runs this again.
+            tracing::warn!(pod = %format!("{}/{}", kp.namespace().unwrap_or_default(), kp.name_any()),
+                "KuryrPort deleted while its pod runs: its ports are kept until the pod is deleted");
+            publish_event(
+                &self.ctx.events,
+                pod,
+                true,
+                "NoKuryrPort",
+                "KuryrPort was deleted while the pod runs (KuryrPorts are kuryr's own): its ports are kept until the pod is deleted",
+            )
+            .await;
+            self.ctx
+                .kept_kuryrports
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(kp.spec.pod_uid.clone());
+            return Ok(());
+        }
+        self.ctx
+            .kept_kuryrports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&kp.spec.pod_uid);
         let vifs = wiring::recorded_vifs(kp);
         wiring::release_all(&DriverSource::new(&self.ctx, kp), &vifs).await?;
         if self.may_have_unrecorded(kp) {
@@ -321,11 +357,8 @@ impl ResourceEventHandler for KuryrPortHandler {
         if let Some(uid) = kp.uid() {
             self.failed().remove(&uid);
         }
-        let pods: Api<Pod> = Api::namespaced(self.ctx.kube.clone(), &kp.namespace().unwrap_or_default());
-        if let Some(pod) = pods.get_opt(&kp.name_any()).await?
-            && pod.uid().as_deref() == Some(kp.spec.pod_uid.as_str())
-        {
-            remove_finalizer(&self.ctx.kube, &pod, finalizers::POD).await?;
+        if let Some(pod) = &pod {
+            remove_finalizer(&self.ctx.kube, pod, finalizers::POD).await?;
         }
         Ok(())
     }

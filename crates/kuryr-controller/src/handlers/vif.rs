@@ -8,9 +8,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
-use kuryr_crds::names::{finalizers, labels};
+use kuryr_crds::names::{annotations, finalizers, labels};
 use kuryr_crds::{KuryrPort, KuryrPortSpec};
 
 use crate::context::Context;
@@ -91,12 +91,28 @@ impl VifHandler {
     /// Deletes the pod's KuryrPort; true when it is already gone.
     async fn delete_kuryrport(&self, pod: &Pod) -> Result<bool, Error> {
         let ns = pod.namespace().unwrap_or_default();
-        match self
-            .kps(&ns)
-            .delete(&pod.name_any(), &DeleteParams::background())
-            .await
-        {
-            Ok(_) => Ok(false),
+        let kps = self.kps(&ns);
+        let kept = self
+            .ctx
+            .kept_kuryrports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&pod.uid().unwrap_or_default());
+        let result = if kept {
+            // Deleted before, while the pod ran: its finalizer kept the ports for the pod. A
+            // delete of an object already being deleted changes nothing, so no event would run
+            // that finalizer again: the annotation does.
+            let poke = serde_json::json!({"metadata": {"annotations": {annotations::POD_DELETED: "true"}}});
+            kps.patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&poke))
+                .await
+                .map(|_| ())
+        } else {
+            kps.delete(&pod.name_any(), &DeleteParams::background())
+                .await
+                .map(|_| ())
+        };
+        match result {
+            Ok(()) => Ok(false),
             Err(e) if is_not_found(&e) => Ok(true),
             Err(e) => Err(e.into()),
         }

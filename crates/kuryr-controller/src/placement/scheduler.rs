@@ -263,7 +263,10 @@ impl Binder {
             .await
             .is_err()
         {
-            tracing::warn!(deployment, "KuryrOpenStackDeployment objects not loaded: project ids from kuryr.conf");
+            tracing::warn!(
+                deployment,
+                "KuryrOpenStackDeployment objects not loaded: project ids from kuryr.conf"
+            );
         }
         self.candidates
             .read()

@@ -362,7 +362,11 @@ mod tests {
             ports: BTreeMap::from([("z".into(), (0, 0))]),
             ..Default::default()
         };
-        assert_eq!(fenced.project_fraction("z"), Some(1.0), "a quota of 0 keeps it out");
+        assert_eq!(
+            fenced.project_fraction("z"),
+            Some(1.0),
+            "a quota of 0 keeps it out"
+        );
         assert_eq!(ipv4_size("10.0.0.0/24"), Some(256));
         assert_eq!(ipv4_size("fd00::/64"), None);
         assert_eq!(Measured::default().fraction(), 0.0);
