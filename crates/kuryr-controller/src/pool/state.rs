@@ -213,6 +213,9 @@ pub struct Pool<T> {
     /// Pods that found the pool empty and wait for a port, with when they last asked: the
     /// demand a refill is sized by. A pod leaves it when it gets a port or stops asking.
     waiting: BTreeMap<String, Timestamp>,
+    /// A pod was served from a sibling pool: this one has no port of its own groups yet and
+    /// refills a batch (not one port per such pod: they have theirs).
+    lacks_own: bool,
     last_refill: Option<Timestamp>,
     last_error: Option<(RefillFailure, Timestamp)>,
     /// Refills failed in a row (0 after a success or a reset).
@@ -232,6 +235,7 @@ impl<T> Pool<T> {
             populating: false,
             refill_blocked: false,
             waiting: BTreeMap::new(),
+            lacks_own: false,
             last_refill: None,
             last_error: None,
             failures: 0,
@@ -525,9 +529,11 @@ impl<T> Pools<T> {
             pool.waiting.insert(waiter.to_string(), now);
             match self.borrow_from_sibling(key) {
                 Some((from, entry)) => {
-                    // The waiter stays counted: this pool still lacks a port of its own
-                    // security groups, so it refills.
+                    // Served: no longer waiting, or the surge would size this pool's refill by
+                    // pods that have their ports already. The pool still refills to its `min`.
                     if let Some(pool) = self.pools.get_mut(key) {
+                        pool.waiting.remove(waiter);
+                        pool.lacks_own = true;
                         pool.in_use.insert(entry.port_id.clone(), held);
                     }
                     self.dirty.insert(key.clone());
@@ -567,7 +573,7 @@ impl<T> Pools<T> {
             .retain(|_, asked| now.duration_since(*asked) < WAITING_EXPIRY);
         let size = pool.available.len();
         let waiting = pool.waiting.len();
-        let wanted = size < limits.min || waiting > size;
+        let wanted = size < limits.min || waiting > size || (pool.lacks_own && size == 0);
         if !wanted || pool.populating || pool.retry_at.is_some_and(|at| now < at) {
             return None;
         }
@@ -589,6 +595,7 @@ impl<T> Pools<T> {
         }
         pool.populating = true;
         pool.refill_blocked = false;
+        pool.lacks_own = false;
         self.populating += 1;
         Some(Refill {
             key: key.clone(),
@@ -785,7 +792,8 @@ impl<T> Pools<T> {
     }
 
     /// Moves every recyclable port into processing and decides its fate: returned while the
-    /// pool (available plus what this pass returns) is below `max`, deleted beyond.
+    /// pool (available plus what this pass returns) is below `max` plus its waiting pods,
+    /// deleted beyond.
     pub fn plan_recycle(&mut self) -> Vec<RecycleStep<T>>
     where
         T: Clone,
@@ -797,8 +805,10 @@ impl<T> Pools<T> {
                 continue;
             }
             let mut size = pool.available.len();
+            // Pods waiting for this pool are served before `max` bounds the spares.
+            let keep = max.saturating_add(pool.waiting.len());
             for entry in std::mem::take(&mut pool.recyclable) {
-                let action = if max == 0 || size < max {
+                let action = if max == 0 || size < keep {
                     size += 1;
                     RecycleAction::Return
                 } else {
@@ -869,7 +879,8 @@ impl<T> Pools<T> {
         expired
     }
 
-    /// Removes and returns the available ports beyond `max` of every pool, newest first (the
+    /// Removes and returns the available ports beyond `max` (plus one per waiting pod) of every
+    /// pool, newest first (the
     /// oldest are the likeliest to be ACTIVE): ports adopted by recovery, or left by a lower
     /// `max`. Recyclable ports need no trim: the recycle pass returns them only below `max`.
     pub fn plan_trim(&mut self) -> Vec<(Key, Entry<T>)> {
@@ -879,12 +890,15 @@ impl<T> Pools<T> {
         }
         let mut out = Vec::new();
         for (key, pool) in &mut self.pools {
-            if pool.available.len() <= max {
+            // A refill sized for waiting pods lands beyond `max` on purpose: those ports are
+            // theirs (they ask again after their backoff), not spares to trim.
+            let keep = max.saturating_add(pool.waiting.len());
+            if pool.available.len() <= keep {
                 continue;
             }
             out.extend(
                 pool.available
-                    .split_off(max)
+                    .split_off(keep)
                     .into_iter()
                     .map(|e| (key.clone(), e)),
             );
@@ -1251,6 +1265,64 @@ mod tests {
         );
         // Pods still waiting beyond the first bulk: the next one starts as it lands.
         assert_eq!(pools.populating(), 1);
+    }
+
+    /// The surge refill lands beyond `max` for the pods waiting: neither the trim nor a release's
+    /// recycle pass takes those ports before the pods (in their backoff) ask again.
+    #[test]
+    fn ports_for_waiting_pods_are_not_trimmed_or_recycled_away() {
+        let mut pools = Pools::<()>::new(limits(1, 5, 2));
+        let k = key(&[]);
+        pools.ensure(&k, || meta("p"));
+        let first = pools.take(&k, "pod-0", t(0)).refills;
+        for i in 1..30 {
+            pools.take(&k, &format!("pod-{i}"), t(0));
+        }
+        let next = complete(&mut pools, &first[0], t(1));
+        complete(&mut pools, &next[0], t(2));
+        assert_eq!(pools.get(&k).unwrap().available_len(), 30);
+        assert!(pools.plan_trim().is_empty(), "30 pods wait for them");
+        // A pod elsewhere releases a port of this pool: returned, not deleted, while pods wait.
+        let got = pools.take(&k, "pod-0", t(3));
+        let Take::Hit(e) = got.take else {
+            panic!("a hit expected")
+        };
+        pools.release(&k, &e.port_id, (), "", t(3)).unwrap();
+        let steps = pools.plan_recycle();
+        assert!(
+            steps.iter().all(|s| s.action == RecycleAction::Return),
+            "{steps:?}"
+        );
+        // Once served, the spares beyond max go.
+        for i in 1..30 {
+            assert!(matches!(
+                pools.take(&k, &format!("pod-{i}"), t(4)).take,
+                Take::Hit(_)
+            ));
+        }
+        let left = pools.get(&k).unwrap().available_len();
+        assert_eq!(pools.plan_trim().len(), left.saturating_sub(5));
+    }
+
+    /// Pods served from a sibling pool have their ports: the empty pool refills one batch for its
+    /// own groups, not a port for each of them beyond `max`.
+    #[test]
+    fn pods_served_by_a_sibling_do_not_size_the_refill() {
+        let mut pools = Pools::<()>::new(limits(1, 3, 1));
+        let (mine, other) = (key(&["new"]), key(&["old"]));
+        pools.ensure(&other, || meta("o"));
+        let r = pools.take(&other, "seed", t(0)).refills;
+        pools.finish_refill(&r[0].key, Ok(entries("o-", 10, t(1))), t(1));
+        pools.ensure(&mine, || meta("m"));
+        let mut refills = Vec::new();
+        for i in 0..10 {
+            let got = pools.take(&mine, &format!("pod-{i}"), t(2));
+            assert!(matches!(got.take, Take::Borrowed { .. }), "{i}");
+            refills.extend(got.refills);
+        }
+        assert_eq!(pools.get(&mine).unwrap().waiting(), 0);
+        let made: usize = refills.iter().map(|r| r.n).sum();
+        assert!(made <= 3, "refills of {made} ports for pods that have theirs");
     }
 
     #[test]
