@@ -899,3 +899,96 @@ async fn a_kuryrport_deleted_under_a_running_pod_keeps_its_port_until_the_pod_go
     }
     Ok(())
 }
+
+/// A client layer that loses the answer of the first KuryrPort PATCH after the API server has
+/// committed it (a timeout or reset after the request was sent), answering 500 instead.
+#[derive(Clone)]
+struct LoseFirstKuryrPortPatch<S> {
+    inner: S,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<S, B> tower::Service<http::Request<kube::client::Body>> for LoseFirstKuryrPortPatch<S>
+where
+    S: tower::Service<http::Request<kube::client::Body>, Response = http::Response<B>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<kube::client::Body>) -> Self::Future {
+        let lose = req.method() == http::Method::PATCH
+            && req.uri().path().contains("/kuryrports/")
+            && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst);
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let mut resp = fut.await?;
+            if lose {
+                // The object came back; the client sees a server error instead.
+                *resp.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+            }
+            Ok(resp)
+        })
+    }
+}
+
+/// The status write recording a pod's ports is committed, but its answer is lost: the ports it
+/// recorded are not given back (with a pool they would be handed to another pod while this one
+/// used them). The retry finds them recorded and goes on with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_write_whose_answer_is_lost_keeps_the_ports_it_recorded() -> Result<()> {
+    use kuryr_controller::context::Platform;
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let fx = neutron_fixture(&target.client, "10.64.0.0/24").await?;
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let layer_armed = armed.clone();
+        let lossy = kube::client::ClientBuilder::try_from(kube::Config::new(kube.handle.url().parse()?))?
+            .with_layer(&tower::layer::layer_fn(move |inner| LoseFirstKuryrPortPatch {
+                inner,
+                armed: layer_armed.clone(),
+            }))
+            .build();
+        let metrics = Metrics::new();
+        let platform = Arc::new(Platform::new(
+            lossy,
+            config(&bare_metal_config(&fx, "vif,kuryrport")),
+            Deployments::noauth(&target.url, &metrics)?,
+            metrics,
+        ));
+        let ctx = Context::build(platform)?;
+        create_namespace(&kube.client, "lost", json!({})).await?;
+        let pod = create_pod(&kube.client, "lost", "p", NODES[0], json!({})).await?;
+        kuryr_controller::handlers::vif::VifHandler::new(ctx.clone())
+            .on_present(&pod)
+            .await?;
+        let kps: Api<KuryrPort> = Api::namespaced(kube.client.clone(), "lost");
+        let handler = kuryr_controller::handlers::kuryrport::KuryrPortHandler::new(ctx.clone());
+        armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let first = handler.on_present(&kps.get("p").await?).await;
+        assert!(first.is_err(), "{}: the write's answer was lost", target.name);
+        let recorded = kps
+            .get("p")
+            .await?
+            .status
+            .and_then(|s| s.default_vif().map(|(_, v)| v.id().to_string()))
+            .ok_or_else(|| anyhow::anyhow!("the write was committed"))?;
+        target
+            .client
+            .get_port(&recorded)
+            .await
+            .map_err(|e| anyhow::anyhow!("{}: the recorded port was given back: {e}", target.name))?;
+        handler.on_present(&kps.get("p").await?).await?;
+        let port = active_port_of(&kube.client, "lost", "p", &pod.uid().unwrap()).await?;
+        assert_eq!(port, recorded, "{}", target.name);
+        cleanup_project(&target.client, &fx.project).await;
+    }
+    Ok(())
+}

@@ -175,11 +175,19 @@ impl KuryrPortHandler {
             match Box::pin(self.patch_status(kp, &vifs, version)).await {
                 Ok(v) => written = v,
                 Err(e) => {
-                    // Could not record the ports: give them back rather than leak them.
-                    if let Err(release) = wiring::release_all(&source, &vifs).await {
+                    // Could not record the ports: give them back rather than leak them. A 409 wrote
+                    // nothing; any other failure may have been committed before its answer was lost,
+                    // and a recorded port given back would be another pod's while this one used it.
+                    let conflict = matches!(&e, Error::Kube(kube::Error::Api(s)) if s.code == 409);
+                    let unrecorded = if conflict {
+                        vifs
+                    } else {
+                        self.unrecorded(kp, vifs).await
+                    };
+                    if let Err(release) = wiring::release_all(&source, &unrecorded).await {
                         tracing::warn!(kuryrport = %kp.name_any(), error = %release, "giving back unrecorded ports failed");
                     }
-                    if matches!(&e, Error::Kube(kube::Error::Api(s)) if s.code == 409) {
+                    if conflict {
                         return Err(Error::not_ready(format!(
                             "KuryrPort {} changed while its VIFs were acquired; retrying with its current state",
                             kp.name_any()
@@ -207,6 +215,29 @@ impl KuryrPortHandler {
         }
         Box::pin(self.write_network_status(&pod, &vifs)).await?;
         Ok(written)
+    }
+
+    /// Which of `vifs` the KuryrPort, read again, does not record. Unreadable: none are given
+    /// back (ports held and not recorded are reclaimed by the pools' books and the orphan sweep
+    /// after their grace; one given back while recorded would be handed to another pod).
+    async fn unrecorded(&self, kp: &KuryrPort, vifs: Vec<RecordedVif>) -> Vec<RecordedVif> {
+        let api: Api<KuryrPort> = Api::namespaced(self.ctx.kube.clone(), &kp.namespace().unwrap_or_default());
+        match api.get_opt(&kp.name_any()).await {
+            Ok(Some(now)) if now.uid() == kp.uid() => {
+                let recorded: Vec<String> = wiring::recorded_vifs(&now)
+                    .iter()
+                    .map(|v| v.vif.id().to_string())
+                    .collect();
+                vifs.into_iter()
+                    .filter(|v| !recorded.iter().any(|id| id == v.vif.id()))
+                    .collect()
+            }
+            Ok(_) => vifs,
+            Err(e) => {
+                tracing::warn!(kuryrport = %kp.name_any(), error = %e, "cannot tell which ports the failed write recorded: none given back");
+                Vec::new()
+            }
+        }
     }
 
     /// A port that never comes up (agent down, binding failed) is shown to the user once it has
