@@ -224,6 +224,23 @@ pub async fn bindings_view(
     Ok(())
 }
 
+/// Why the controller cannot bind to `d`: its `Configured` condition is `False` (the object
+/// outlives its deployment's removal from kuryr.conf).
+fn unconfigured(d: &KuryrOpenStackDeployment) -> Option<String> {
+    d.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Configured" && c.status == "False")
+        .map(|c| {
+            if c.message.is_empty() {
+                c.reason.clone()
+            } else {
+                c.message.clone()
+            }
+        })
+}
+
 pub async fn binding_action(client: Client, action: BindingsAction) -> anyhow::Result<()> {
     let store: Arc<dyn BindingStore> = Arc::new(KubeStore::new(client.clone()));
     match action {
@@ -242,10 +259,14 @@ pub async fn binding_action(client: Client, action: BindingsAction) -> anyhow::R
         }
         BindingsAction::Move { binding, to } => {
             let k = key(&binding)?;
-            Api::<KuryrOpenStackDeployment>::all(client.clone())
+            let target = Api::<KuryrOpenStackDeployment>::all(client.clone())
                 .get_opt(&to)
                 .await?
                 .with_context(|| format!("--to {to}: no KuryrOpenStackDeployment of that name"))?;
+            if let Some(why) = unconfigured(&target) {
+                // The controller would move the binding away again at once, pinned or not.
+                anyhow::bail!("--to {to}: the controller has no kuryr.conf section for it ({why})");
+            }
             let current = store.get(&k).await?.and_then(|st| st.current());
             if current.as_deref() == Some(to.as_str()) {
                 println!("binding {k} is already on {to}");
@@ -330,6 +351,24 @@ mod tests {
             let e = until_time(bad, now).expect_err(bad).to_string();
             assert!(e.starts_with("--until"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_deployment_without_a_kuryr_conf_section_is_no_move_target() {
+        let d = |status: &str| -> KuryrOpenStackDeployment {
+            serde_json::from_value(json!({
+                "apiVersion": "openstack.org/v1", "kind": "KuryrOpenStackDeployment",
+                "metadata": {"name": "ghost"}, "spec": {},
+                "status": {"conditions": [{"type": "Configured", "status": status,
+                    "reason": "NoCredentials", "message": "no [deployment:ghost] section",
+                    "lastTransitionTime": "2026-11-27T10:00:00Z"}]}}))
+            .expect("object")
+        };
+        assert_eq!(
+            unconfigured(&d("False")).as_deref(),
+            Some("no [deployment:ghost] section")
+        );
+        assert_eq!(unconfigured(&d("True")), None);
     }
 
     #[test]
