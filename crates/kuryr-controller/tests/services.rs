@@ -1968,6 +1968,32 @@ async fn labelled_pod(
     Ok(())
 }
 
+/// The controller of the listener ACL tests: policies on pods, and Services whose groups follow them
+/// (the full resync an hour away, so only the handlers' own reactions count).
+const POLICIES_MOVE_SERVICES: &str = "[kubernetes]\nenabled_handlers = service,endpoints,kuryrloadbalancer,policy,kuryrnetworkpolicy,pod_label\n\
+     pod_security_groups_driver = policy\nservice_security_groups_driver = policy\n\
+     watch_reconcile_period = 3600\n";
+
+/// Namespace `name`, labelled `team=<name>`.
+async fn team_namespace(kube: &Client, name: &str) -> Result<()> {
+    let namespace = serde_json::from_value(json!({"metadata": {"name": name, "labels": {"team": name}}}))?;
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(kube.clone())
+        .create(&PostParams::default(), &namespace)
+        .await?;
+    Ok(())
+}
+
+/// `ns/only-x`: the `app=web` pods admit TCP 8080 from namespace `team` only.
+fn web_only_from_team(ns: &str, team: &str) -> Result<k8s_openapi::api::networking::v1::NetworkPolicy> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "only-x", "namespace": ns},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": team}}}],
+                              "ports": [{"protocol": "TCP", "port": 8080}]}]}
+    }))?)
+}
+
 /// `enforce_sg_rules` (default on) with `service_security_groups_driver = policy`: a NetworkPolicy admitting
 /// only namespace X on the backends' port makes the Service's load balancer take the policy's group and its
 /// listener admit only X's pods; another namespace's pod is not admitted; a second Service whose backends the
@@ -1983,22 +2009,13 @@ async fn a_network_policy_change_moves_the_listener_acls_of_the_services_it_affe
     let x = format!("{ns}-x");
     let y = format!("{ns}-y");
     for n in [&x, &y] {
-        let namespace = serde_json::from_value(json!({"metadata": {"name": n, "labels": {"team": n}}}))?;
-        Api::<k8s_openapi::api::core::v1::Namespace>::all(kube.clone())
-            .create(&PostParams::default(), &namespace)
-            .await?;
+        team_namespace(kube, n).await?;
     }
     labelled_pod(kube, &ns, "web-0", json!({"app": "web"}), "10.1.0.10").await?;
     labelled_pod(kube, &ns, "other-0", json!({"app": "other"}), "10.1.0.11").await?;
     labelled_pod(kube, &x, "client-x", json!({"role": "client"}), "10.1.0.50").await?;
     labelled_pod(kube, &y, "client-y", json!({"role": "client"}), "10.1.0.60").await?;
-    let _ctrl = bed.controller(
-        &oct,
-        "[kubernetes]\nenabled_handlers = service,endpoints,kuryrloadbalancer,policy,kuryrnetworkpolicy,pod_label\n\
-         pod_security_groups_driver = policy\nservice_security_groups_driver = policy\n\
-         watch_reconcile_period = 3600\n",
-        "svc-acl-np",
-    );
+    let _ctrl = bed.controller(&oct, POLICIES_MOVE_SERVICES, "svc-acl-np");
     create_service(kube, &ns, "web", "10.96.0.80", &[("http", 80, 8080, "TCP")]).await?;
     create_service(kube, &ns, "other", "10.96.0.81", &[("http", 80, 8080, "TCP")]).await?;
     for svc in ["web", "other"] {
@@ -2023,13 +2040,7 @@ async fn a_network_policy_change_moves_the_listener_acls_of_the_services_it_affe
         "no policy: open"
     );
 
-    let np: k8s_openapi::api::networking::v1::NetworkPolicy = serde_json::from_value(json!({
-        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-        "metadata": {"name": "only-x", "namespace": ns},
-        "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"],
-                 "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": x}}}],
-                              "ports": [{"protocol": "TCP", "port": 8080}]}]}
-    }))?;
+    let np = web_only_from_team(&ns, &x)?;
     let nps = Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(kube.clone(), &ns);
     nps.create(&PostParams::default(), &np).await?;
     let l = eventually("the web listener admits only namespace X", WAIT, || async {
@@ -2104,26 +2115,11 @@ async fn a_named_target_port_resolved_by_the_first_backend_opens_its_listener_ac
     let bed = Bed::new(&ns).await?;
     let kube = bed.client();
     let x = format!("{ns}-x");
-    let namespace = serde_json::from_value(json!({"metadata": {"name": x, "labels": {"team": x}}}))?;
-    Api::<k8s_openapi::api::core::v1::Namespace>::all(kube.clone())
-        .create(&PostParams::default(), &namespace)
-        .await?;
+    team_namespace(kube, &x).await?;
     labelled_pod(kube, &ns, "web-0", json!({"app": "web"}), "10.1.0.10").await?;
     labelled_pod(kube, &x, "client-x", json!({"role": "client"}), "10.1.0.50").await?;
-    let _ctrl = bed.controller(
-        &oct,
-        "[kubernetes]\nenabled_handlers = service,endpoints,kuryrloadbalancer,policy,kuryrnetworkpolicy,pod_label\n\
-         pod_security_groups_driver = policy\nservice_security_groups_driver = policy\n\
-         watch_reconcile_period = 3600\n",
-        "svc-acl-name",
-    );
-    let np: k8s_openapi::api::networking::v1::NetworkPolicy = serde_json::from_value(json!({
-        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-        "metadata": {"name": "only-x", "namespace": ns},
-        "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"],
-                 "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": x}}}],
-                              "ports": [{"protocol": "TCP", "port": 8080}]}]}
-    }))?;
+    let _ctrl = bed.controller(&oct, POLICIES_MOVE_SERVICES, "svc-acl-name");
+    let np = web_only_from_team(&ns, &x)?;
     Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(kube.clone(), &ns)
         .create(&PostParams::default(), &np)
         .await?;
