@@ -422,21 +422,7 @@ async fn a_session_affinity_change_reaches_the_pool() -> Result<()> {
             assert_eq!(st.pools[0].session_persistence.as_deref(), Some("NONE"));
             assert_eq!(persistence().await?, None);
             // ...and the Service's owner is told why its affinity did not change.
-            let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(kube.clone(), &ns);
-            let note = eventually("Warning Event about the refused affinity", WAIT, || async {
-                Ok(events
-                    .list(&Default::default())
-                    .await?
-                    .items
-                    .into_iter()
-                    .find(|e| {
-                        e.reason.as_deref() == Some("KuryrSessionAffinityUnsupported")
-                            && e.type_.as_deref() == Some("Warning")
-                            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web")
-                    })
-                    .and_then(|e| e.note))
-            })
-            .await?;
+            let note = warning_note(kube, &ns, "web", Some("KuryrSessionAffinityUnsupported")).await?;
             assert!(note.contains("80/TCP"), "{note}");
             emu.set_faults(octavia_emulator::FaultConfig::default());
         }
@@ -600,17 +586,7 @@ async fn member_mode_l2_puts_members_on_the_pod_subnet_and_l3_on_the_service_sub
             .collect();
         assert_eq!(live, want_live, "{mode}");
         if mode == "L2" {
-            let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(kube.clone(), &ns);
-            let note = eventually("KuryrSkipMember Warning Event", WAIT, || async {
-                Ok(events
-                    .list(&Default::default())
-                    .await?
-                    .items
-                    .into_iter()
-                    .find(|e| e.reason.as_deref() == Some("KuryrSkipMember"))
-                    .and_then(|e| e.note))
-            })
-            .await?;
+            let note = warning_note(kube, &ns, "web", Some("KuryrSkipMember")).await?;
             assert!(
                 note.contains("192.168.9.9") && !note.contains("10.96.0.77"),
                 "{note}"
@@ -907,20 +883,7 @@ async fn a_cluster_ip_outside_the_service_subnet_is_a_warning_event_naming_the_f
     let kube = bed.client();
     create_service(kube, &ns, "stray", "10.55.0.10", &[("http", 80, 8080, "TCP")]).await?;
     create_service(kube, &ns, "good", "10.96.0.14", &[("http", 80, 8080, "TCP")]).await?;
-    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(kube.clone(), &ns);
-    let note = eventually("Warning Event on the stray Service", WAIT, || async {
-        Ok(events
-            .list(&Default::default())
-            .await?
-            .items
-            .into_iter()
-            .find(|e| {
-                e.type_.as_deref() == Some("Warning")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("stray")
-            })
-            .and_then(|e| e.note))
-    })
-    .await?;
+    let note = warning_note(kube, &ns, "stray", None).await?;
     assert!(note.contains("spec.clusterIP"), "{note}");
     // The other Service is unaffected.
     recorded(kube, &ns, "good", 1, 0).await?;
@@ -969,20 +932,7 @@ async fn a_port_the_provider_refuses_is_a_warning_event_and_the_other_ports_are_
     let st = recorded(kube, &ns, "mixed", 1, 0).await?;
     assert_eq!(st.listeners[0].protocol, "UDP", "{:?}", st.listeners);
     assert_eq!(st.listeners[0].port, 53);
-    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(kube.clone(), &ns);
-    let note = eventually("Warning Event about the refused port", WAIT, || async {
-        Ok(events
-            .list(&Default::default())
-            .await?
-            .items
-            .into_iter()
-            .find(|e| {
-                e.reason.as_deref() == Some("KuryrServicePortUnsupported")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("mixed")
-            })
-            .and_then(|e| e.note))
-    })
-    .await?;
+    let note = warning_note(kube, &ns, "mixed", Some("KuryrServicePortUnsupported")).await?;
     assert!(note.contains("80/TCP"), "{note}");
     // Not asked again: a later change plans nothing for it (the two listener creates are the refused one and
     // UDP/53's).
@@ -1500,20 +1450,7 @@ async fn a_load_balancer_service_without_external_svc_net_is_a_warning_event_nam
     let kube = bed.client();
     create_lb_service(kube, &ns, "public", "10.96.0.30", None).await?;
     create_service(kube, &ns, "inside", "10.96.0.31", &[("http", 80, 8080, "TCP")]).await?;
-    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(kube.clone(), &ns);
-    let note = eventually("Warning Event on the LoadBalancer Service", WAIT, || async {
-        Ok(events
-            .list(&Default::default())
-            .await?
-            .items
-            .into_iter()
-            .find(|e| {
-                e.type_.as_deref() == Some("Warning")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("public")
-            })
-            .and_then(|e| e.note))
-    })
-    .await?;
+    let note = warning_note(kube, &ns, "public", None).await?;
     assert!(note.contains("external_svc_net"), "{note}");
     recorded(kube, &ns, "public", 1, 0).await?;
     recorded(kube, &ns, "inside", 1, 0).await?;
@@ -1644,6 +1581,22 @@ async fn warnings(kube: &Client, ns: &str, name: &str) -> Result<Vec<(String, St
         })
         .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
         .collect())
+}
+
+/// The note of the first Warning Event on `name` (of `reason`, when given), once there is one.
+async fn warning_note(kube: &Client, ns: &str, name: &str, reason: Option<&str>) -> Result<String> {
+    eventually(
+        &format!("a Warning Event on {ns}/{name} ({reason:?})"),
+        WAIT,
+        || async {
+            Ok(warnings(kube, ns, name)
+                .await?
+                .into_iter()
+                .find(|(r, _)| reason.is_none_or(|want| r == want))
+                .map(|(_, note)| note))
+        },
+    )
+    .await
 }
 
 /// Traffic policies an Octavia load balancer cannot honour are never silently ignored: a Warning Event on the
