@@ -363,8 +363,8 @@ fn ip_block_except_is_exact_and_noted() {
     assert!(d.address_groups.is_empty());
 }
 
-#[test]
-fn ingress_named_port_gets_one_group_per_resolution() {
+/// [`cluster`] with x/a declaring TCP port `http` as 80 and x/b as 8080 (x/c has no such port).
+fn http_on_80_and_8080() -> ClusterIndex {
     let mut index = cluster();
     for (name, port) in [("a", 80), ("b", 8080)] {
         index
@@ -374,6 +374,12 @@ fn ingress_named_port_gets_one_group_per_resolution() {
             .named_ports
             .push(("http".into(), Protocol::Tcp, port));
     }
+    index
+}
+
+#[test]
+fn ingress_named_port_gets_one_group_per_resolution() {
+    let index = http_on_80_and_8080();
     let p = policy(
         "x",
         "named",
@@ -678,15 +684,7 @@ fn deleted_policy_state_is_removed_address_groups_last() {
 /// carried out (the variant kept admitting its peers).
 #[test]
 fn an_edit_dropping_a_named_port_variant_deletes_its_group_before_the_address_group() {
-    let mut index = cluster();
-    for (name, port) in [("a", 80), ("b", 8080)] {
-        index
-            .pods
-            .get_mut(&PodKey::new("x", name))
-            .expect("pod")
-            .named_ports
-            .push(("http".into(), Protocol::Tcp, port));
-    }
+    let index = http_on_80_and_8080();
     let p = policy(
         "x",
         "named",
