@@ -92,12 +92,13 @@ impl VifHandler {
     async fn delete_kuryrport(&self, pod: &Pod) -> Result<bool, Error> {
         let ns = pod.namespace().unwrap_or_default();
         let kps = self.kps(&ns);
+        let uid = pod.uid().unwrap_or_default();
         let kept = self
             .ctx
             .kept_kuryrports
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&pod.uid().unwrap_or_default());
+            .contains(&uid);
         let result = if kept {
             // Deleted before, while the pod ran: its finalizer kept the ports for the pod. A
             // delete of an object already being deleted changes nothing, so no event would run
@@ -111,11 +112,20 @@ impl VifHandler {
                 .await
                 .map(|_| ())
         };
-        match result {
-            Ok(()) => Ok(false),
-            Err(e) if is_not_found(&e) => Ok(true),
-            Err(e) => Err(e.into()),
+        let done = match result {
+            Ok(()) => false,
+            Err(e) if is_not_found(&e) => true,
+            // Still kept: the pod's next attempt asks again.
+            Err(e) => return Err(e.into()),
+        };
+        if kept {
+            self.ctx
+                .kept_kuryrports
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&uid);
         }
+        Ok(done)
     }
 }
 
