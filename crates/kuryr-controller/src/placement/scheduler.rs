@@ -258,10 +258,11 @@ impl Binder {
     /// `project`'s id in `deployment` (a deployment object can map it): once the objects are
     /// loaded, or after [`LOAD_WAIT`] from `kuryr.conf`'s.
     pub async fn project_id(&self, deployment: &str, project: &str) -> String {
-        let mut loaded = self.loaded.subscribe();
-        if tokio::time::timeout(LOAD_WAIT, loaded.wait_for(|l| *l))
-            .await
-            .is_err()
+        // Loaded at once after start-up: no receiver on the pod path then.
+        if !*self.loaded.borrow()
+            && tokio::time::timeout(LOAD_WAIT, self.loaded.subscribe().wait_for(|l| *l))
+                .await
+                .is_err()
         {
             tracing::warn!(
                 deployment,
