@@ -392,7 +392,7 @@ pub async fn vm_trunks(
     project: &str,
     cidr: &str,
 ) -> Result<VmTrunks> {
-    use kuryr_neutron::{NetworkCreate, PortCreate, PortUpdate, SubnetCreate, TrunkCreate};
+    use kuryr_neutron::{NetworkCreate, SubnetCreate};
     let net = neutron
         .create_network(&NetworkCreate {
             name: Some("vms".into()),
@@ -411,44 +411,58 @@ pub async fn vm_trunks(
         .await?;
     let mut trunks = Vec::new();
     for node in NODES {
-        let parent = neutron
-            .create_port(&PortCreate {
-                project_id: Some(project.to_string()),
-                name: Some(format!("vm-{node}")),
-                ..PortCreate::new(net.id.clone())
-            })
-            .await?;
-        let trunk = neutron
-            .create_trunk(&TrunkCreate {
-                port_id: parent.id.clone(),
-                project_id: Some(project.to_string()),
-                ..Default::default()
-            })
-            .await?;
-        neutron
-            .update_port(
-                &parent.id,
-                &PortUpdate {
-                    binding_host_id: Some(node.to_string()),
-                    device_owner: Some("compute:nova".into()),
-                    device_id: Some(format!("vm-{node}")),
-                    ..Default::default()
-                },
-            )
-            .await?;
-        let ip = parent
-            .fixed_ips
-            .first()
-            .map(|f| f.ip_address.clone())
-            .context("trunk parent port without a fixed IP")?;
-        set_node_ip(kube, node, &ip).await?;
-        trunks.push(trunk.id);
+        trunks.push(vm_trunk(neutron, kube, project, &net.id, node).await?);
     }
     Ok(VmTrunks {
         network: net.id,
         subnet: subnet.id,
         trunks,
     })
+}
+
+/// A node VM: a parent port on `network` with a trunk, bound to `node` as Nova does (trunk
+/// created while the parent is unbound), and the node's InternalIP set to the parent's address
+/// so the nested drivers find the trunk. Returns the trunk id.
+pub async fn vm_trunk(
+    neutron: &NeutronClient,
+    kube: &Client,
+    project: &str,
+    network: &str,
+    node: &str,
+) -> Result<String> {
+    use kuryr_neutron::{PortCreate, PortUpdate, TrunkCreate};
+    let parent = neutron
+        .create_port(&PortCreate {
+            project_id: Some(project.to_string()),
+            name: Some(format!("vm-{node}")),
+            ..PortCreate::new(network.to_string())
+        })
+        .await?;
+    let trunk = neutron
+        .create_trunk(&TrunkCreate {
+            port_id: parent.id.clone(),
+            project_id: Some(project.to_string()),
+            ..Default::default()
+        })
+        .await?;
+    neutron
+        .update_port(
+            &parent.id,
+            &PortUpdate {
+                binding_host_id: Some(node.to_string()),
+                device_owner: Some("compute:nova".into()),
+                device_id: Some(format!("vm-{node}-{}", &parent.id[..8.min(parent.id.len())])),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let ip = parent
+        .fixed_ips
+        .first()
+        .map(|f| f.ip_address.clone())
+        .context("trunk parent port without a fixed IP")?;
+    set_node_ip(kube, node, &ip).await?;
+    Ok(trunk.id)
 }
 
 pub async fn set_node_ip(kube: &Client, node: &str, ip: &str) -> Result<()> {

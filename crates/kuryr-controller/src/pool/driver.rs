@@ -307,6 +307,32 @@ impl PoolDriver {
         Ok(host)
     }
 
+    /// Forgets the pool hosts found for `node` (its Node object is gone or was re-created) and
+    /// what the VIF driver remembers of it. Returns the forgotten `(deployment, host)` pairs.
+    pub async fn forget_node(&self, node: &str) -> Vec<(String, String)> {
+        let mut forgotten = Vec::new();
+        self.hosts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|(deployment, n), host| {
+                let keep = n != node;
+                if !keep {
+                    forgotten.push((deployment.clone(), host.clone()));
+                }
+                keep
+            });
+        self.vif.forget_node(node).await;
+        forgotten
+    }
+
+    /// The distinct `(deployment, host)` pairs of this driver's pools.
+    pub fn pool_hosts(&self) -> BTreeSet<(String, String)> {
+        self.lock()
+            .iter()
+            .map(|(k, _)| (k.deployment.clone(), k.host.clone()))
+            .collect()
+    }
+
     pub(super) fn remember_spec(&self, key: &Key, spec: &PortSpec) {
         self.specs().insert(key.clone(), spec.clone());
     }

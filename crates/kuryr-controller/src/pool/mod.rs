@@ -6,6 +6,7 @@
 //! - [`recover`]: restart recovery from KuryrPortPools + KuryrPorts, cross-checked with Neutron
 //! - [`persist`]: the coalescing KuryrPortPool writer and the recovery reader
 //! - [`sweep`]: deletion of kuryr-tagged ports owned by nothing (two passes)
+//! - [`nodes`]: the Node watch dropping the pools of deleted and re-created nodes
 //! - [`api`]: the pool management HTTP API on a unix socket and its client
 //!
 //! [`PoolManager`] ties them together for the controller: it implements [`VifPool`] (routing
@@ -14,6 +15,7 @@
 
 pub mod api;
 pub mod driver;
+pub mod nodes;
 pub mod persist;
 pub mod recover;
 pub mod state;
@@ -345,7 +347,7 @@ impl PoolManager {
     /// and recyclable ports in Neutron and their KuryrPortPool objects, so that Neutron lets the
     /// network go. ResourceNotReady while recovery runs (the pools' content is unknown yet).
     pub async fn drop_network(&self, deployment: &str, network_id: &str) -> Result<(), Error> {
-        self.drop_pools("network", network_id, |k| {
+        self.drop_pools("network", network_id, |_, k| {
             k.deployment == deployment && k.network_id == network_id
         })
         .await
@@ -356,7 +358,7 @@ impl PoolManager {
     /// good. They are dropped first, which also keeps a recycle from putting the group back on
     /// a port while it is being deleted.
     pub async fn drop_security_group(&self, security_group: &str) -> Result<(), Error> {
-        self.drop_pools("security group", security_group, |k| {
+        self.drop_pools("security group", security_group, |_, k| {
             k.security_groups.iter().any(|g| g == security_group)
         })
         .await
@@ -366,7 +368,7 @@ impl PoolManager {
         &self,
         why: &str,
         id: &str,
-        which: impl Fn(&state::Key) -> bool,
+        which: impl Fn(PoolKind, &state::Key) -> bool,
     ) -> Result<(), Error> {
         if self.pooled.is_empty() {
             return Ok(());
@@ -376,7 +378,7 @@ impl PoolManager {
         }
         let mut first = None;
         for d in &self.pooled {
-            match d.drop_where(&which).await {
+            match d.drop_where(|k| which(d.kind(), k)).await {
                 Ok(names) => {
                     for name in names {
                         tracing::info!(pool = %name, because = why, id, "pool dropped: what it is keyed by is deleted");
@@ -525,6 +527,8 @@ impl PoolManager {
         if !self.pooled.is_empty() {
             let (me, s) = (self.clone(), stop.clone());
             tasks.spawn(async move { me.run_sweep(s).await });
+            let (me, s) = (self.clone(), stop.clone());
+            tasks.spawn(async move { me.watch_nodes(s).await });
         }
         let socket = self
             .api_socket

@@ -50,8 +50,19 @@ impl PoolBed {
         worker_subnet: &str,
         vif_pool: &str,
     ) -> Result<Self> {
+        Self::nested_with(kube, fx, worker_subnet, "nested", vif_pool).await
+    }
+
+    /// Nested VLAN through `pool_driver` (`nested` or `noop`).
+    pub async fn nested_with(
+        kube: &Kube,
+        fx: &NeutronFixture,
+        worker_subnet: &str,
+        pool_driver: &str,
+        vif_pool: &str,
+    ) -> Result<Self> {
         let nested = format!("[pod_vif_nested]\nworker_nodes_subnets = {worker_subnet}\n");
-        Self::with_drivers(kube, fx, "nested-vlan", "nested", &nested, vif_pool).await
+        Self::with_drivers(kube, fx, "nested-vlan", pool_driver, &nested, vif_pool).await
     }
 
     async fn with_drivers(

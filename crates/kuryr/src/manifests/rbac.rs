@@ -391,7 +391,13 @@ pub fn controller_cluster_grants(config: &KuryrConfig) -> Vec<Grant> {
                 CORE,
                 "nodes",
                 "list",
-                "pools pre-populate every node's pool (pool/mod.rs)",
+                "pools pre-populate every node's pool; the node watch lists them (pool/mod.rs, pool/nodes.rs)",
+            ),
+            g(
+                CORE,
+                "nodes",
+                "watch",
+                "pools drop the pools of deleted or re-created nodes (pool/nodes.rs)",
             ),
             g(
                 KURYR,
@@ -785,6 +791,7 @@ mod tests {
         let cluster = controller_cluster_grants(&full);
         for (group, resource, verb) in [
             (CORE, "nodes", "list"),
+            (CORE, "nodes", "watch"),
             (CORE, "namespaces", "watch"),
             (KURYR, "kuryrnetworks", "create"),
             (KURYR, "kuryrprojectbindings", "create"),

@@ -233,7 +233,9 @@ pub fn controller(opts: &Options, config: &KuryrConfig, conf_text: &str) -> Vec<
                 spec: Some(PodSpec {
                     service_account_name: Some(CONTROLLER.to_owned()),
                     host_network: Some(true),
-                    dns_policy: Some("ClusterFirstWithHostNet".to_owned()),
+                    // The node's resolver: cluster DNS runs in pods only kuryr can wire, and the
+                    // controller needs Keystone and Neutron by name before any pod has a network.
+                    dns_policy: Some("Default".to_owned()),
                     priority_class_name: Some("system-cluster-critical".to_owned()),
                     node_selector: node_selector(opts),
                     // Nodes are NotReady until a CNI works: the controller must start on them.
@@ -396,7 +398,8 @@ pub fn cni_daemonset(opts: &Options, config: &KuryrConfig, conf_text: &str) -> D
                 spec: Some(PodSpec {
                     service_account_name: Some(CNI.to_owned()),
                     host_network: Some(true),
-                    dns_policy: Some("ClusterFirstWithHostNet".to_owned()),
+                    // As the controller's: nothing the daemon reaches is a cluster DNS name.
+                    dns_policy: Some("Default".to_owned()),
                     priority_class_name: Some("system-node-critical".to_owned()),
                     node_selector: node_selector(opts),
                     // Every node needs its CNI, whatever its taints.

@@ -68,6 +68,16 @@ pub trait VifDriver: Send + Sync {
 
     /// Marks the VIF active once Neutron reports its port ACTIVE; otherwise ResourceNotReady.
     async fn activate_vif(&self, deployment: &str, vif: &mut Vif) -> Result<(), Error>;
+
+    /// Forgets what the driver remembers of `node`: its Node object is gone or was re-created
+    /// (a nested node's VM may have been replaced).
+    async fn forget_node(&self, _node: &str) {}
+
+    /// Whether a pool host still serves a node. Nested: the VM's trunk or port is still attached
+    /// to an instance. Bare-metal hosts are node names, which the Node watch judges.
+    async fn host_alive(&self, _deployment: &str, _host: &str) -> Result<bool, Error> {
+        Ok(true)
+    }
 }
 
 /// The create body shared by all drivers: project, network/subnets, security groups and the

@@ -1,5 +1,9 @@
 //! What nested drivers share: finding the Neutron port of the VM a node runs in, by the node's
 //! InternalIP on one of `[pod_vif_nested] worker_nodes_subnets` (upstream's lookup).
+//!
+//! A node's VM can be replaced under the same node name (autoscaling, repair). The found port is
+//! remembered with the `device_id` (the Nova instance) it had, and re-checked on every use: a
+//! port gone, or attached to another instance or none, is looked up again by the node's IP.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,8 +19,15 @@ use crate::error::Error;
 pub struct VmPortLookup {
     kube: kube::Client,
     worker_subnets: Vec<String>,
-    /// (deployment, node) -> VM port id. A VM keeps its port for life.
-    cache: Arc<RwLock<HashMap<(String, String), String>>>,
+    /// (deployment, node) -> the VM port found for it.
+    cache: Arc<RwLock<HashMap<(String, String), Found>>>,
+}
+
+#[derive(Clone, Debug)]
+struct Found {
+    port_id: String,
+    /// The instance the port was attached to when found.
+    device_id: String,
 }
 
 impl VmPortLookup {
@@ -49,8 +60,25 @@ impl VmPortLookup {
     /// The VM port of `node` (re-read from Neutron, so trunk details are current).
     pub async fn vm_port(&self, client: &NeutronClient, deployment: &str, node: &str) -> Result<Port, Error> {
         let key = (deployment.to_string(), node.to_string());
-        if let Some(id) = self.cache.read().await.get(&key) {
-            return Ok(client.get_port(id).await?);
+        let found = self.cache.read().await.get(&key).cloned();
+        if let Some(found) = found {
+            match client.get_port(&found.port_id).await {
+                Ok(port) if port.device_id == found.device_id => return Ok(port),
+                Ok(port) => tracing::info!(
+                    node,
+                    port = %port.id,
+                    was = %found.device_id,
+                    now = %port.device_id,
+                    "the node's VM port changed instance; looking the node up again"
+                ),
+                Err(e) if e.is_not_found() => tracing::info!(
+                    node,
+                    port = %found.port_id,
+                    "the node's VM port is gone; looking the node up again"
+                ),
+                Err(e) => return Err(e.into()),
+            }
+            self.cache.write().await.remove(&key);
         }
         if self.worker_subnets.is_empty() {
             return Err(Error::Config(
@@ -61,7 +89,11 @@ impl VmPortLookup {
             for subnet in &self.worker_subnets {
                 let filter = ListFilter::new().fixed_ip_address(&ip).fixed_ip_subnet(subnet);
                 if let Some(port) = client.list_ports(&filter).await?.into_iter().next() {
-                    self.cache.write().await.insert(key, port.id.clone());
+                    let found = Found {
+                        port_id: port.id.clone(),
+                        device_id: port.device_id.clone(),
+                    };
+                    self.cache.write().await.insert(key, found);
                     return Ok(port);
                 }
             }
@@ -70,5 +102,20 @@ impl VmPortLookup {
             "no Neutron port of node {node} found on worker subnets {:?}",
             self.worker_subnets
         )))
+    }
+
+    /// Forgets what was found for `node` (its Node object is gone or was re-created).
+    pub async fn forget(&self, node: &str) {
+        self.cache.write().await.retain(|(_, n), _| n != node);
+    }
+}
+
+/// Whether a VM port still serves a VM: it exists and is attached to an instance. A VM's
+/// deletion deletes the ports Nova made and detaches the others (`device_id` cleared).
+pub async fn vm_port_alive(client: &NeutronClient, port_id: &str) -> Result<bool, Error> {
+    match client.get_port(port_id).await {
+        Ok(port) => Ok(!port.device_id.is_empty()),
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }

@@ -16,7 +16,7 @@ use kuryr_config::PodVifDriver;
 use kuryr_crds::Vif;
 use kuryr_neutron::{AllowedAddressPair, ErrorKind, Port, PortUpdate};
 
-use super::nested::VmPortLookup;
+use super::nested::{VmPortLookup, vm_port_alive};
 use super::{COMPUTE_KURYR, PortOwner, VifDriver, create_ports, delete_ports, port_create};
 use crate::drivers::os_vif::{VifKind, vif_from_port};
 use crate::drivers::{NetworkInfo, PortSpec};
@@ -172,5 +172,13 @@ impl VifDriver for NestedMacvlan {
     async fn activate_vif(&self, _deployment: &str, vif: &mut Vif) -> Result<(), Error> {
         vif.base_mut().active = true;
         Ok(())
+    }
+
+    async fn forget_node(&self, node: &str) {
+        self.lookup.forget(node).await;
+    }
+
+    async fn host_alive(&self, deployment: &str, vm_port: &str) -> Result<bool, Error> {
+        vm_port_alive(self.deployments.client(deployment)?, vm_port).await
     }
 }

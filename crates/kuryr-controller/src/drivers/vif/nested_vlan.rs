@@ -15,7 +15,7 @@ use kuryr_neutron::{ErrorKind, NeutronClient, Port, SubPort};
 use tokio::sync::Mutex;
 
 use super::active::{ActivePollers, PollSettings};
-use super::nested::VmPortLookup;
+use super::nested::{VmPortLookup, vm_port_alive};
 use super::{PortOwner, VifDriver, activate_from_neutron, create_ports, detach_and_delete, port_create};
 use crate::drivers::os_vif::{VifKind, vif_from_port};
 use crate::drivers::{NetworkInfo, PortSpec};
@@ -162,6 +162,19 @@ impl VifDriver for NestedVlan {
 
     async fn activate_vif(&self, deployment: &str, vif: &mut Vif) -> Result<(), Error> {
         activate_from_neutron(&self.pollers.get(deployment)?, vif).await
+    }
+
+    async fn forget_node(&self, node: &str) {
+        self.lookup.forget(node).await;
+    }
+
+    async fn host_alive(&self, deployment: &str, trunk: &str) -> Result<bool, Error> {
+        let client = self.deployments.client(deployment)?;
+        match client.get_trunk(trunk).await {
+            Ok(t) => vm_port_alive(client, &t.port_id).await,
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 

@@ -1,0 +1,241 @@
+//! Nodes that are no more: the pools of a deleted node are dropped (its spare ports deleted),
+//! also when it went while no controller ran; a node whose VM is replaced under the same name
+//! gets its pods on the new VM's trunk, with and without pools - against the emulator and, when
+//! KURYR_TEST_NEUTRON_URL is set, the real server.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::Result;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kuryr_controller::pool::api;
+use kuryr_crds::KuryrPortPool;
+use kuryr_neutron::{NeutronClient, PortUpdate};
+use serde_json::json;
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+async fn delete_node(kube: &kube::Client, node: &str) -> Result<()> {
+    Api::<Node>::all(kube.clone())
+        .delete(node, &DeleteParams::default())
+        .await?;
+    Ok(())
+}
+
+async fn create_node(kube: &kube::Client, node: &str) -> Result<()> {
+    let n: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": node}
+    }))?;
+    Api::<Node>::all(kube.clone())
+        .create(&PostParams::default(), &n)
+        .await?;
+    Ok(())
+}
+
+/// The hosts of the KuryrPortPool objects.
+async fn pool_objects(kube: &kube::Client) -> Result<BTreeSet<String>> {
+    let objs = Api::<KuryrPortPool>::namespaced(kube.clone(), CONTROLLER_NS);
+    Ok(objs
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|p| p.spec.key.host.or(p.spec.key.trunk_port_id))
+        .collect())
+}
+
+/// The hosts of the controller's pools, once none is refilling.
+async fn settled_hosts(socket: &std::path::Path) -> Result<BTreeSet<String>> {
+    let pools = api::list_pools(socket).await?;
+    Ok(if pools.iter().any(|p| p.populating) {
+        BTreeSet::new()
+    } else {
+        pools.into_iter().map(|p| p.host).collect()
+    })
+}
+
+async fn subport_ids(neutron: &NeutronClient, trunk: &str) -> Result<BTreeSet<String>> {
+    Ok(neutron
+        .get_subports(trunk)
+        .await?
+        .into_iter()
+        .map(|s| s.port_id)
+        .collect())
+}
+
+/// The VM of `trunk` is deleted as Nova deletes one whose port it did not create: the parent
+/// port stays, detached from the instance.
+async fn delete_vm(neutron: &NeutronClient, trunk: &str) -> Result<()> {
+    let parent = neutron.get_trunk(trunk).await?.port_id;
+    neutron
+        .update_port(
+            &parent,
+            &PortUpdate {
+                device_id: Some(String::new()),
+                ..Default::default()
+            },
+        )
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pools_of_deleted_nodes_are_dropped_also_when_deleted_while_no_controller_ran() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let t = target.name;
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.68.0.0/24").await?;
+        let bed = PoolBed::new(
+            &kube,
+            &fx,
+            "ports_pool_batch = 3\nports_pool_min = 1\nports_pool_update_frequency = 1",
+        )
+        .await?;
+        let ctrl = start_controller(&kube.client, &target, config(&bed.ini), "c1");
+        create_namespace(&kube.client, "demo", json!({})).await?;
+        create_pod(&kube.client, "demo", "pod-0", NODES[0], json!({})).await?;
+        create_pod(&kube.client, "demo", "pod-1", NODES[1], json!({})).await?;
+        let used = wait_active_ports(&kube.client, "demo", 2).await?;
+        let both: BTreeSet<String> = NODES.iter().map(|n| n.to_string()).collect();
+        eventually("a pool per node, flushed", WAIT, || async {
+            Ok(
+                (settled_hosts(&bed.socket).await? == both && pool_objects(&kube.client).await? == both)
+                    .then_some(()),
+            )
+        })
+        .await?;
+        assert_eq!(kuryr_ports(neutron, &fx.project).await?.len(), 6, "{t}");
+
+        // The node goes: its 2 spare ports and its KuryrPortPool with it; its pod keeps its port.
+        delete_node(&kube.client, NODES[1]).await?;
+        let only_first: BTreeSet<String> = [NODES[0].to_string()].into();
+        eventually("the deleted node's pool dropped", WAIT, || async {
+            Ok((settled_hosts(&bed.socket).await? == only_first
+                && pool_objects(&kube.client).await? == only_first
+                && kuryr_ports(neutron, &fx.project).await?.len() == 4)
+                .then_some(()))
+        })
+        .await?;
+        assert!(
+            used.is_subset(&kuryr_ports(neutron, &fx.project).await?),
+            "{t}: pods keep their ports"
+        );
+
+        // The other node goes while no controller runs: the next one drops its recovered pool.
+        ctrl.shutdown().await?;
+        delete_node(&kube.client, NODES[0]).await?;
+        let ctrl = start_controller(&kube.client, &target, config(&bed.ini), "c2");
+        eventually("the pool of the node deleted meanwhile dropped", WAIT, || async {
+            let ports = kuryr_ports(neutron, &fx.project).await?;
+            Ok((api::list_pools(&bed.socket).await?.is_empty()
+                && pool_objects(&kube.client).await?.is_empty()
+                && ports == used)
+                .then_some(()))
+        })
+        .await?;
+
+        // The pods go too: their ports have no pool to go back to.
+        let pods: Api<Pod> = Api::namespaced(kube.client.clone(), "demo");
+        for p in ["pod-0", "pod-1"] {
+            pods.delete(p, &DeleteParams::default()).await?;
+        }
+        eventually("no port left", WAIT, || async {
+            Ok(kuryr_ports(neutron, &fx.project).await?.is_empty().then_some(()))
+        })
+        .await?;
+        ctrl.shutdown().await?;
+        cleanup_project(neutron, &fx.project).await;
+        eprintln!("pool_nodes[{t}]: pools of 2 deleted nodes dropped, one deleted while no controller ran");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_vm_replaced_under_the_same_name_gets_its_pods_on_the_new_trunk() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let t = target.name;
+        for pool_driver in ["nested", "noop"] {
+            let kube = start_kube().await?;
+            let neutron = &target.client;
+            let fx = neutron_fixture(neutron, "10.69.0.0/24").await?;
+            let vms = vm_trunks(neutron, &kube.client, &fx.project, "192.168.69.0/24").await?;
+            let old_trunk = &vms.trunks[0];
+            let bed = PoolBed::nested_with(
+                &kube,
+                &fx,
+                &vms.subnet,
+                pool_driver,
+                "ports_pool_batch = 3\nports_pool_min = 1\nports_pool_update_frequency = 1",
+            )
+            .await?;
+            let ctrl = start_controller(&kube.client, &target, config(&bed.ini), "c1");
+            create_namespace(&kube.client, "demo", json!({})).await?;
+            create_pod(&kube.client, "demo", "pod-0", NODES[0], json!({})).await?;
+            let first = wait_active_ports(&kube.client, "demo", 1).await?;
+            let spares = if pool_driver == "nested" { 3 } else { 1 };
+            eventually("the first pod's subports on the old trunk", WAIT, || async {
+                Ok((subport_ids(neutron, old_trunk).await?.len() == spares).then_some(()))
+            })
+            .await?;
+
+            // The VM is replaced: with pools the Node object is deleted and registered again
+            // (as a cloud provider and the new kubelet do); without, the Node only gets the new
+            // VM's address (no watch would see a deletion).
+            delete_vm(neutron, old_trunk).await?;
+            if pool_driver == "nested" {
+                delete_node(&kube.client, NODES[0]).await?;
+                create_node(&kube.client, NODES[0]).await?;
+            }
+            let new_trunk = vm_trunk(neutron, &kube.client, &fx.project, &vms.network, NODES[0]).await?;
+            create_pod(&kube.client, "demo", "pod-1", NODES[0], json!({})).await?;
+            let both = wait_active_ports(&kube.client, "demo", 2).await?;
+            let second: Vec<&String> = both.difference(&first).collect();
+            assert_eq!(second.len(), 1, "{t}/{pool_driver}");
+            let on_new = subport_ids(neutron, &new_trunk).await?;
+            assert!(
+                on_new.contains(second[0]),
+                "{t}/{pool_driver}: the new pod's port is a subport of the new VM's trunk {new_trunk}: {on_new:?}"
+            );
+            if pool_driver == "nested" {
+                // The old trunk's spare subports are deleted; the first pod keeps its own.
+                eventually("the old VM's pool dropped", WAIT, || async {
+                    let hosts = settled_hosts(&bed.socket).await?;
+                    Ok((subport_ids(neutron, old_trunk).await? == first
+                        && hosts == [new_trunk.clone()].into()
+                        && pool_objects(&kube.client).await? == hosts)
+                        .then_some(()))
+                })
+                .await?;
+            }
+            let pods: Api<Pod> = Api::namespaced(kube.client.clone(), "demo");
+            for p in ["pod-0", "pod-1"] {
+                pods.delete(p, &DeleteParams::default()).await?;
+            }
+            eventually("the old trunk emptied", WAIT, || async {
+                Ok(subport_ids(neutron, old_trunk).await?.is_empty().then_some(()))
+            })
+            .await?;
+            let expect_left = if pool_driver == "nested" { 3 } else { 0 };
+            eventually("only the new pool's subports left", WAIT, || async {
+                let ports = kuryr_ports(neutron, &fx.project).await?;
+                Ok(
+                    (ports.len() == expect_left && ports == subport_ids(neutron, &new_trunk).await?)
+                        .then_some(()),
+                )
+            })
+            .await?;
+            ctrl.shutdown().await?;
+            cleanup_project(neutron, &fx.project).await;
+            eprintln!("pool_nodes[{t}/{pool_driver}]: the replaced VM's node wires pods on its new trunk");
+        }
+    }
+    Ok(())
+}
