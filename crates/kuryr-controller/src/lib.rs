@@ -15,6 +15,7 @@ pub mod drivers;
 pub mod error;
 pub mod handlers;
 pub mod k8s;
+pub mod keyed_locks;
 pub mod leader;
 pub mod metrics;
 pub mod openstack;

@@ -35,6 +35,7 @@ use crate::drivers::address_groups::set_addresses;
 use crate::drivers::port_groups::{Change, PortGroups};
 use crate::drivers::project::ProjectDriver;
 use crate::error::Error;
+use crate::keyed_locks::{KeyedLocks, Turn};
 use crate::openstack::{DEFAULT_DEPLOYMENT, Deployments};
 use crate::placement::Binder;
 use crate::placement::record::recorded_deployment;
@@ -88,7 +89,7 @@ pub struct NetworkPolicyDriver {
     tracker: Mutex<Option<PolicyTracker>>,
     /// One reconcile per policy at a time: the `kuryrnetworkpolicy` and `pod_label` handlers
     /// both reconcile policies, and two at once would both create the same groups.
-    locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    locks: KeyedLocks<String>,
     /// The port pools, keyed by sets of groups: a deleted group's pools go with it.
     pools: Option<Arc<PoolManager>>,
     /// Ports' group changes, one per port at a time; a group is deleted once none naming it runs.
@@ -116,7 +117,7 @@ impl NetworkPolicyDriver {
             open_groups: Mutex::default(),
             placed: Mutex::default(),
             tracker: Mutex::default(),
-            locks: Mutex::default(),
+            locks: KeyedLocks::default(),
             pools: None,
             port_groups: PortGroups::default(),
         }
@@ -354,15 +355,8 @@ impl NetworkPolicyDriver {
             .collect())
     }
 
-    async fn lock(&self, uid: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        let lock = self
-            .locks
-            .lock()
-            .await
-            .entry(uid.to_string())
-            .or_default()
-            .clone();
-        lock.lock_owned().await
+    async fn lock(&self, uid: &str) -> Turn<'_, String> {
+        self.locks.lock(uid.to_string()).await
     }
 
     /// Reads the policy's groups back from Neutron. A second group of the same variant or a

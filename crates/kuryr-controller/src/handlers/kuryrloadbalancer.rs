@@ -5,7 +5,7 @@
 //! Crash safety: before creating, a load balancer with the Service's name and VIP is looked up and adopted,
 //! so a controller killed between Octavia's answer and the status write never makes a second one.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -39,6 +39,11 @@ pub struct KuryrLoadBalancerHandler {
     node_subnets: tokio::sync::Mutex<HashMap<String, Vec<(ipnet::IpNet, String)>>>,
     /// Endpoints left out for want of a member subnet, per KuryrLoadBalancer uid, as last told.
     skipped: Mutex<HashMap<String, BTreeSet<String>>>,
+    /// KuryrLoadBalancers whose public IP was seen on the recorded VIP port since this process
+    /// started and since their last failed pass. A pass that rebuilt the load balancer and failed
+    /// (or crashed) before re-pointing the IP leaves a record that already names the new VIP
+    /// port: only looking at the IP finds it detached.
+    ip_checked: Mutex<HashSet<String>>,
 }
 
 impl KuryrLoadBalancerHandler {
@@ -48,6 +53,7 @@ impl KuryrLoadBalancerHandler {
             refused: Mutex::default(),
             node_subnets: tokio::sync::Mutex::default(),
             skipped: Mutex::default(),
+            ip_checked: Mutex::default(),
         }
     }
 
@@ -247,11 +253,29 @@ impl KuryrLoadBalancerHandler {
         );
         let want = match step {
             public_ip::Step::Nothing => {
-                let vip_port = status.loadbalancer.as_ref().map(|lb| lb.port_id.as_str());
-                if let (true, Some(info), Some(port)) = (vip_moved, &status.service_pub_ip_info, vip_port)
+                let vip_port = status.loadbalancer.as_ref().map(|lb| lb.port_id.clone());
+                let uid = klb.uid().unwrap_or_default();
+                let checked = self
+                    .ip_checked
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains(&uid);
+                if let (Some(info), Some(port)) = (status.service_pub_ip_info.clone(), vip_port)
                     && !port.is_empty()
+                    && (vip_moved || !checked)
                 {
-                    self.public_ips(klb, deployment)?.reattach(info, port).await?;
+                    if !self.public_ips(klb, deployment)?.ensure_on(&info, &port).await? {
+                        // Deleted behind kuryr's back: the next pass acquires another.
+                        status.service_pub_ip_info = None;
+                        return Err(Error::not_ready(format!(
+                            "public IP {} of the load balancer is gone",
+                            info.ip_addr
+                        )));
+                    }
+                    self.ip_checked
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(uid);
                 }
                 return Ok(());
             }
@@ -352,10 +376,37 @@ impl KuryrLoadBalancerHandler {
                     tracing::debug!(klb = %klb.name_any(), error = %e, "could not record the load balancer after a failed pass");
                 }
             }
-            Ok(None) => {}
+            Ok(None) => self.forget_gone_lb(actor, klb).await,
             Err(e) => {
                 tracing::debug!(klb = %klb.name_any(), error = %e, "could not read the load balancer back after a failed pass");
             }
+        }
+    }
+
+    /// No usable load balancer is there (one in ERROR was just deleted, or one was deleted by
+    /// hand mid-pass): while the record names the gone one, every retry acts on its listeners and
+    /// pools, and Octavia's 404 is not retried. The record is dropped (the public IP kept) so that
+    /// the retry builds a new one. A recorded load balancer that still stands (a replacement
+    /// whose delete failed) stays recorded: forgetting it would leak it.
+    async fn forget_gone_lb(&self, actor: &LbActor<'_>, klb: &KuryrLoadBalancer) {
+        let Some(rec) = RecordedLb::from_status(klb.status.as_ref()) else {
+            return;
+        };
+        let gone = match actor.client.get_load_balancer(&rec.id).await {
+            Ok(lb) => matches!(lb.provisioning_status.as_str(), "DELETED" | "PENDING_DELETE"),
+            Err(e) => e.is_not_found(),
+        };
+        if !gone {
+            return;
+        }
+        tracing::info!(klb = %klb.name_any(), lb = %rec.id, "the recorded load balancer is gone: building another");
+        let mut status = klb.status.clone().unwrap_or_default();
+        status.loadbalancer = None;
+        status.listeners.clear();
+        status.pools.clear();
+        status.members.clear();
+        if let Err(e) = self.write_status(klb, &status).await {
+            tracing::debug!(klb = %klb.name_any(), error = %e, "could not drop the record of a gone load balancer");
         }
     }
 
@@ -460,6 +511,7 @@ impl KuryrLoadBalancerHandler {
         let applied = match actor.apply(recorded, &desired, &steps).await {
             Ok(applied) => applied,
             Err(e) => {
+                self.unchecked(&klb);
                 self.record_what_octavia_has(&actor, &klb, &desired).await;
                 return Err(e);
             }
@@ -536,7 +588,18 @@ impl KuryrLoadBalancerHandler {
         if ip.is_some() || before.is_some() || klb.spec.type_.as_deref() == Some("LoadBalancer") {
             self.write_service_ingress(klb, ip).await?;
         }
+        if result.is_err() {
+            self.unchecked(klb);
+        }
         result
+    }
+
+    /// The public IP is looked at again in the next pass.
+    fn unchecked(&self, klb: &KuryrLoadBalancer) {
+        self.ip_checked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&klb.uid().unwrap_or_default());
     }
 
     async fn finalize(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
@@ -601,6 +664,7 @@ impl KuryrLoadBalancerHandler {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&uid);
+        self.unchecked(klb);
         let services: Api<Service> =
             Api::namespaced(self.ctx.kube.clone(), &klb.namespace().unwrap_or_default());
         if let Some(svc) = services.get_opt(&klb.name_any()).await? {

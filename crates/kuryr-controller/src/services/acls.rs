@@ -103,7 +103,11 @@ pub fn admitted(
                     Remote::Prefix(p) => {
                         cidrs.insert(p.clone());
                     }
-                    Remote::Addresses(a) => cidrs.extend(a.iter().cloned()),
+                    // A peer's address group holds both families (its IPv4 and IPv6 rules name
+                    // the same group); Octavia refuses a CIDR of the other family than the VIP's.
+                    Remote::Addresses(a) => {
+                        cidrs.extend(a.iter().filter(|c| c.contains(':') == vip_is_v6).cloned())
+                    }
                     Remote::Group => {}
                 }
             }
@@ -267,5 +271,22 @@ mod tests {
         ];
         let a = admitted(&groups, &[], &rules, &listeners()[..1], true);
         assert_eq!(a[&key("TCP", 80)], Some(vec!["fd00::5/128".to_string()]));
+    }
+
+    #[test]
+    fn an_address_group_gives_only_the_vip_familys_addresses() {
+        let groups = vec!["np".to_string()];
+        let peers = Remote::Addresses(vec!["10.1.0.5/32".into(), "fd00::5/128".into()]);
+        let rules = [
+            rule(Some("tcp"), None, peers.clone()),
+            Rule {
+                ethertype: "IPv6".into(),
+                ..rule(Some("tcp"), None, peers)
+            },
+        ];
+        let v4 = admitted(&groups, &[], &rules, &listeners()[..1], false);
+        assert_eq!(v4[&key("TCP", 80)], Some(vec!["10.1.0.5/32".to_string()]));
+        let v6 = admitted(&groups, &[], &rules, &listeners()[..1], true);
+        assert_eq!(v6[&key("TCP", 80)], Some(vec!["fd00::5/128".to_string()]));
     }
 }

@@ -216,6 +216,23 @@ impl PublicIps<'_> {
             )))
     }
 
+    /// Makes sure the recorded public IP points at `vip_port` (one read; a write only when it
+    /// does not). False when the IP no longer exists.
+    pub async fn ensure_on(&self, info: &LbPubIpInfo, vip_port: &str) -> Result<bool, Error> {
+        let fip = match self.neutron.get_floatingip(&info.ip_id).await {
+            Ok(fip) => fip,
+            Err(e) if e.is_not_found() => return Ok(false),
+            Err(e) => {
+                return Err(neutron_err(format!("reading floating IP {}", info.ip_addr))(e));
+            }
+        };
+        if fip.port_id.as_deref() != Some(vip_port) {
+            tracing::info!(ip = %info.ip_addr, vip_port, was = ?fip.port_id, "public IP not on the VIP port: pointing it there");
+            self.reattach(info, vip_port).await?;
+        }
+        Ok(true)
+    }
+
     async fn associate(&self, fip: &FloatingIp, vip_port: &str) -> Result<(), Error> {
         self.neutron
             .update_floatingip_port(&fip.id, Some(vip_port))

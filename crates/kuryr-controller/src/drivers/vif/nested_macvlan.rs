@@ -8,9 +8,6 @@
 //! own updates of one VM port also take turns; the revision check still guards against other
 //! writers.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
 use async_trait::async_trait;
 use kuryr_config::PodVifDriver;
 use kuryr_crds::Vif;
@@ -21,10 +18,8 @@ use super::{COMPUTE_KURYR, PortOwner, VifDriver, create_ports, delete_ports, por
 use crate::drivers::os_vif::{VifKind, vif_from_port};
 use crate::drivers::{NetworkInfo, PortSpec};
 use crate::error::Error;
+use crate::keyed_locks::KeyedLocks;
 use crate::openstack::Deployments;
-
-/// (deployment, VM port id) -> the lock its pair updates take turns on.
-type VmLocks = HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>;
 
 pub struct NestedMacvlan {
     deployments: Deployments,
@@ -32,7 +27,8 @@ pub struct NestedMacvlan {
     tags: Vec<String>,
     mtu: u32,
     attempts: u32,
-    vm_locks: Mutex<VmLocks>,
+    /// (deployment, VM port id): the pair updates of one VM port take turns.
+    vm_locks: KeyedLocks<(String, String)>,
 }
 
 impl NestedMacvlan {
@@ -49,17 +45,8 @@ impl NestedMacvlan {
             tags,
             mtu,
             attempts: attempts.max(1),
-            vm_locks: Mutex::default(),
+            vm_locks: KeyedLocks::default(),
         }
-    }
-
-    fn vm_lock(&self, deployment: &str, vm_port_id: &str) -> Arc<tokio::sync::Mutex<()>> {
-        self.vm_locks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .entry((deployment.to_string(), vm_port_id.to_string()))
-            .or_default()
-            .clone()
     }
 
     /// Applies `change` to the VM port's allowed address pairs with optimistic concurrency.
@@ -70,8 +57,10 @@ impl NestedMacvlan {
         change: impl Fn(&mut Vec<AllowedAddressPair>) + Send + Sync,
     ) -> Result<(), Error> {
         let client = self.deployments.client(deployment)?;
-        let lock = self.vm_lock(deployment, vm_port_id);
-        let _turn = lock.lock().await;
+        let _turn = self
+            .vm_locks
+            .lock((deployment.to_string(), vm_port_id.to_string()))
+            .await;
         let mut last = None;
         for _ in 0..self.attempts {
             let vm: Port = client.get_port(vm_port_id).await?;

@@ -4,15 +4,13 @@
 //! never collide, also across controller restarts; a per-trunk lock serialises allocation inside
 //! this process, and a DuplicateSubPort/Conflict from a concurrent writer re-reads and retries.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
+use std::collections::BTreeSet;
 
 use async_trait::async_trait;
 use kuryr_config::PodVifDriver;
 use kuryr_crds::Vif;
 use kuryr_crds::names::device_owner::TRUNK_SUBPORT;
 use kuryr_neutron::{ErrorKind, NeutronClient, Port, SubPort};
-use tokio::sync::Mutex;
 
 use super::active::{ActivePollers, PollSettings};
 use super::nested::{VmPortLookup, vm_port_alive};
@@ -20,6 +18,7 @@ use super::{PortOwner, VifDriver, activate_from_neutron, create_ports, detach_an
 use crate::drivers::os_vif::{VifKind, vif_from_port};
 use crate::drivers::{NetworkInfo, PortSpec};
 use crate::error::Error;
+use crate::keyed_locks::KeyedLocks;
 use crate::openstack::Deployments;
 
 const MIN_VLAN: u32 = 1;
@@ -30,7 +29,7 @@ pub struct NestedVlan {
     lookup: VmPortLookup,
     tags: Vec<String>,
     mtu: u32,
-    trunk_locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    trunk_locks: KeyedLocks<String>,
     pollers: ActivePollers,
 }
 
@@ -51,24 +50,14 @@ impl NestedVlan {
             lookup,
             tags,
             mtu,
-            trunk_locks: Mutex::default(),
+            trunk_locks: KeyedLocks::default(),
         }
-    }
-
-    async fn trunk_lock(&self, trunk: &str) -> Arc<Mutex<()>> {
-        self.trunk_locks
-            .lock()
-            .await
-            .entry(trunk.to_string())
-            .or_default()
-            .clone()
     }
 
     /// Attaches `ports` to `trunk` on free VLAN ids; returns the ids in port order.
     async fn attach(&self, client: &NeutronClient, trunk: &str, ports: &[Port]) -> Result<Vec<u32>, Error> {
         let n = ports.len();
-        let lock = self.trunk_lock(trunk).await;
-        let _guard = lock.lock().await;
+        let _turn = self.trunk_locks.lock(trunk.to_string()).await;
         let mut attempt = 0;
         loop {
             attempt += 1;
