@@ -10,9 +10,13 @@
 #
 # Source: Debian 13's `openvswitch-source` package (a .deb from Debian's registry holding the
 # full upstream tree, the one Debian's OVN is built against), fetched by URL and checked
-# against the SHA-256 pinned below. Built: ovsdb-server, ovsdb-tool, ovs-vswitchd, ovs-vsctl,
-# ovs-appctl, ovs-ofctl, ovs-dpctl and the vswitch schema; no kernel module, no DPDK, no AF_XDP,
-# no SSL (the lab talks over unix sockets only), no libcap-ng.
+# against the SHA-256 pinned below. Tried in turn: the host's Debian mirror, deb.debian.org,
+# then snapshot.debian.org, which keeps every file Debian published after the pool has dropped
+# it for a newer upload: its machine-readable API names the file's hash for this package
+# version (mr/binary/openvswitch-source/3.5.0-1/binfiles) and file/<hash> serves it.
+# Built: ovsdb-server, ovsdb-tool, ovs-vswitchd, ovs-vsctl, ovs-appctl, ovs-ofctl, ovs-dpctl and
+# the vswitch schema; no kernel module, no DPDK, no AF_XDP, no SSL (the lab talks over unix
+# sockets only), no libcap-ng.
 #
 # Installed into $OVS_BUILD_PREFIX (default ${XDG_CACHE_HOME:-$HOME/.cache}/kuryr-rs/ovs-3.5.0):
 #   bin/  share/openvswitch/vswitch.ovsschema  var/ etc/ (the build's default state dirs; the
@@ -22,7 +26,8 @@
 set -euo pipefail
 
 VERSION=3.5.0
-DEB=openvswitch-source_3.5.0-1_all.deb
+DEB_VERSION=$VERSION-1
+DEB=openvswitch-source_${DEB_VERSION}_all.deb
 DEB_PATH=pool/main/o/openvswitch/$DEB
 DEB_SHA256=aca60ac8c4ad49a6908c9d8201b97bd75898c54357f880ad50540b0461461bb9
 PREFIX=${OVS_BUILD_PREFIX:-${XDG_CACHE_HOME:-$HOME/.cache}/kuryr-rs/ovs-$VERSION}
@@ -72,19 +77,48 @@ install_build_deps() {
   log "build dependencies installed in $(since "$t") s"
 }
 
+# The snapshot.debian.org URL of $DEB (by its hash, from the API), or fail.
+snapshot_url() {
+  local api=https://snapshot.debian.org hash
+  hash=$(curl -fsSL --retry 3 --retry-delay 2 "$api/mr/binary/openvswitch-source/$DEB_VERSION/binfiles" |
+    python3 -c 'import json, sys
+print(next(r["hash"] for r in json.load(sys.stdin)["result"] if r["architecture"] == "all"))' 2>/dev/null) ||
+    return 1
+  [ -n "$hash" ] || return 1
+  echo "$api/file/$hash"
+}
+
+# download OUT: $DEB with the pinned sha256 from the first source that has it.
+download() {
+  local out=$1 url mirror urls=()
+  mirror=$(debian_mirror)
+  urls+=("$mirror/$DEB_PATH")
+  case "$mirror" in
+    http://deb.debian.org/debian | https://deb.debian.org/debian) ;;
+    *) urls+=("http://deb.debian.org/debian/$DEB_PATH") ;;
+  esac
+  urls+=(snapshot)
+  for url in "${urls[@]}"; do
+    if [ "$url" = snapshot ]; then
+      url=$(snapshot_url) || { log "snapshot.debian.org: found no file for openvswitch-source $DEB_VERSION"; continue; }
+    fi
+    log "downloading $url"
+    rm -f "$out"
+    curl -fsSL --retry 5 --retry-delay 2 -o "$out" "$url" || { log "download failed: $url"; continue; }
+    [ "$(sha256sum "$out" | cut -d' ' -f1)" = "$DEB_SHA256" ] && return 0
+    log "$DEB from $url does not have the pinned sha256 $DEB_SHA256"
+  done
+  echo "ovs-build: no source had $DEB with the pinned sha256 $DEB_SHA256 (see the log above)" >&2
+  return 1
+}
+
 build() {
-  local work=$PREFIX.build url t b
+  local work=$PREFIX.build t b
   rm -rf "$work"
   mkdir -p "$work"
-  url="$(debian_mirror)/$DEB_PATH"
 
   t=$(date +%s.%N)
-  log "downloading $url"
-  curl -fsSL --retry 5 --retry-delay 2 -o "$work/$DEB" "$url"
-  if [ "$(sha256sum "$work/$DEB" | cut -d' ' -f1)" != "$DEB_SHA256" ]; then
-    echo "ovs-build: $DEB from $url does not have the pinned sha256 $DEB_SHA256" >&2
-    exit 1
-  fi
+  download "$work/$DEB" || exit 1
   dpkg-deb --fsys-tarfile "$work/$DEB" | tar -x -C "$work" ./usr/src/openvswitch
   rm -f "$work/$DEB"
   log "source $DEB (sha256 verified) unpacked in $(since "$t") s"

@@ -14,6 +14,8 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
+# apt_get_no_services
+. "$REPO/scripts/lab-lib.sh"
 D=${OVS_USERSPACE_DIR:-$REPO/.ovs}
 BRIDGE=${OVS_USERSPACE_BRIDGE:-br-int}
 SOCK="$D/db.sock"
@@ -44,12 +46,14 @@ install_packages() {
   command -v ethtool >/dev/null || missing="$missing ethtool"
   [ -n "$missing" ] || return 0
   log "installing$missing"
-  export DEBIAN_FRONTEND=noninteractive
+  # Under a policy-rc.d that says no: openvswitch-switch would otherwise start the system's
+  # Open vSwitch (its ovsdb-server and ovs-vswitchd), which this private one must not share a
+  # host with unasked.
   # $missing is a word list on purpose.
   # shellcheck disable=SC2086
-  if ! apt-get install -y --no-install-recommends $missing >&2; then
+  if ! apt_get_no_services install -y --no-install-recommends $missing >&2; then
     apt-get update >&2
-    apt-get install -y --no-install-recommends $missing >&2
+    apt_get_no_services install -y --no-install-recommends $missing >&2
   fi
 }
 

@@ -1,6 +1,8 @@
 #!/bin/bash
 # The README's test command: every check CI runs, including the tests against a real
-# neutron-server.
+# neutron-server. Runs as root (apt-get, network namespaces).
+#   0. installs the build's prerequisites when missing (gcc, make, libc6-dev; curl and
+#      ca-certificates), then rustup when there is no cargo
 #   1. installs (first run) and starts neutron-server 29.0.0 via scripts/neutron-lab/ (state in
 #      .neutron-lab/; an already running lab server is reused) and exports KURYR_TEST_NEUTRON_URL;
 #      then a second one (INSTANCE=2: .neutron-lab-2/, :9699) for the placement tests,
@@ -57,6 +59,30 @@ since() { echo "$(( $(date +%s) - $1 ))s"; }
 # crash (exit 101), so the free space is printed before and after the build.
 disk_free() { df -h --output=avail "$REPO" | tail -n 1 | tr -d ' '; }
 
+# The Rust build compiles C (ring, psm, tikv-jemalloc-sys, whose jemalloc build also runs make)
+# and links through cc, and rustup is fetched with curl: installed here when missing, before the
+# labs and the build start. The build needs them from its first minute, and from then on the
+# labs' apt-get runs in the background (scripts/ovs-build.sh installs gcc, but minutes in).
+missing=""
+command -v cc >/dev/null 2>&1 || missing="$missing gcc"
+command -v make >/dev/null 2>&1 || missing="$missing make"
+dpkg -s libc6-dev >/dev/null 2>&1 || missing="$missing libc6-dev"
+command -v curl >/dev/null 2>&1 || missing="$missing curl"
+[ -e /etc/ssl/certs/ca-certificates.crt ] || missing="$missing ca-certificates"
+if [ -n "$missing" ]; then
+  step "installing the build prerequisites:$missing (apt-get; log: $LOG_DIR/apt.log)"
+  t0=$(date +%s)
+  # $missing is a word list on purpose.
+  # shellcheck disable=SC2086
+  if ! { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing; } \
+    >"$LOG_DIR/apt.log" 2>&1; then
+    tail -n 20 "$LOG_DIR/apt.log"
+    echo "installing$missing FAILED (this command runs as root: apt-get, network namespaces)"
+    exit 1
+  fi
+  echo "build prerequisites: $(since "$t0")"
+fi
+
 # A fresh machine has no Rust toolchain: install rustup (the pinned toolchain in
 # rust-toolchain.toml is then fetched by cargo itself).
 if ! command -v cargo >/dev/null 2>&1; then
@@ -79,7 +105,13 @@ LAB_LOG="$LOG_DIR/labs.log"
 
 neutron_up() { curl -sf -o /dev/null "$NEUTRON_URL/v2.0/networks?limit=1"; }
 octavia_up() { curl -sf -o /dev/null "$OCTAVIA_URL/v2/lbaas/providers"; }
-lab_var() { echo "$1=$2" >>"$LAB_ENV"; }
+lab_var() {
+  # An empty value would only fail the tests that read it, much later and less clearly.
+  [ -n "$2" ] || { echo "labs: no value for $1" >&2; exit 1; }
+  echo "$1=$2" >>"$LAB_ENV"
+}
+# lab_failed WHAT RC: the labs stream stops here, naming the step (its output is above it).
+lab_failed() { echo "labs: $1 FAILED (exit $2)" >&2; exit "$2"; }
 
 # Steps 1-2b, in the background: every lab installed (first run) and started, each with its time.
 start_labs() {
@@ -93,7 +125,7 @@ start_labs() {
   else
     step "starting neutron-server (first run installs it; takes a few minutes)"
     lab_var STARTED_NEUTRON 1
-    "$REPO/scripts/neutron-lab/start-neutron.sh"
+    "$REPO/scripts/neutron-lab/start-neutron.sh" || lab_failed scripts/neutron-lab/start-neutron.sh $?
   fi
   neutron_up || { echo "neutron-server is not answering at $NEUTRON_URL" >&2; exit 1; }
   echo "neutron-server ready in $(since "$t0")"
@@ -107,7 +139,7 @@ start_labs() {
   else
     step "starting a second neutron-server (INSTANCE=2 scripts/neutron-lab/start-neutron.sh)"
     lab_var STARTED_NEUTRON_2 1
-    INSTANCE=2 "$REPO/scripts/neutron-lab/start-neutron.sh"
+    INSTANCE=2 "$REPO/scripts/neutron-lab/start-neutron.sh" || lab_failed "INSTANCE=2 scripts/neutron-lab/start-neutron.sh" $?
   fi
   echo "second neutron-server ready in $(since "$t0")"
   lab_var KURYR_TEST_NEUTRON_URL_2 "$NEUTRON_URL_2"
@@ -119,15 +151,20 @@ start_labs() {
   else
     step "starting Octavia (scripts/octavia-lab/; first run installs it)"
     lab_var STARTED_OCTAVIA 1
-    "$REPO/scripts/octavia-lab/start-octavia.sh"
+    "$REPO/scripts/octavia-lab/start-octavia.sh" || lab_failed scripts/octavia-lab/start-octavia.sh $?
   fi
   octavia_up || { echo "Octavia is not answering at $OCTAVIA_URL" >&2; exit 1; }
   echo "Octavia lab ready in $(since "$t0")"
   lab_var KURYR_TEST_OCTAVIA_URL "$OCTAVIA_URL"
 
+  # A script whose output becomes a variable runs on its own line, not inside lab_var's
+  # arguments (where set -e would not see it fail): a failing one stops this stream here, with
+  # its own output above, instead of exporting an empty value the tests trip over much later.
+  local py sock
   t0=$(date +%s)
   step "upstream kuryr-kubernetes 10.0.0 venv (its Python client is run against the Kubernetes emulator)"
-  lab_var KURYR_TEST_UPSTREAM_PYTHON "$("$REPO/scripts/upstream-kuryr-venv.sh")"
+  py=$("$REPO/scripts/upstream-kuryr-venv.sh") || lab_failed scripts/upstream-kuryr-venv.sh $?
+  lab_var KURYR_TEST_UPSTREAM_PYTHON "$py"
   echo "upstream kuryr venv ready in $(since "$t0")"
 
   t0=$(date +%s)
@@ -138,7 +175,8 @@ start_labs() {
     lab_var STARTED_OVS 1
   fi
   # Idempotent: also (re)creates br-int with the netdev datapath.
-  lab_var KURYR_TEST_OVS_DB "unix:$("$REPO/scripts/ovs-userspace.sh" start)"
+  sock=$("$REPO/scripts/ovs-userspace.sh" start) || lab_failed "scripts/ovs-userspace.sh start" $?
+  lab_var KURYR_TEST_OVS_DB "unix:$sock"
   echo "Open vSwitch ready in $(since "$t0")"
 
   if "$REPO/scripts/ovn-lab/ovn-lab.sh" status >/dev/null 2>&1; then
@@ -150,7 +188,7 @@ start_labs() {
   # Idempotent; prints its start-up time and memory, then the variables the OVN tests read.
   t0=$(date +%s)
   local ovn_env key value ovn_url="" ovn_lab=""
-  ovn_env=$("$REPO/scripts/ovn-lab/ovn-lab.sh" start)
+  ovn_env=$("$REPO/scripts/ovn-lab/ovn-lab.sh" start) || lab_failed "scripts/ovn-lab/ovn-lab.sh start" $?
   echo "ML2/OVN lab ready after $(since "$t0")"
   while IFS='=' read -r key value; do
     case "$key" in
@@ -158,6 +196,8 @@ start_labs() {
       KURYR_TEST_OVN_LAB) ovn_lab=$value; lab_var "$key" "$value" ;;
     esac
   done <<<"$ovn_env"
+  [ -n "$ovn_url" ] && [ -n "$ovn_lab" ] ||
+    lab_failed "scripts/ovn-lab/ovn-lab.sh start (no KURYR_TEST_OVN_NEUTRON_URL/KURYR_TEST_OVN_LAB in its output)" 1
 
   # A second Octavia whose `ovn` provider drives the OVN lab (Services proven by traffic,
   # crates/kuryr-e2e/tests/ovn_services.rs): own state dir and ports, the first one's venv.
@@ -170,7 +210,8 @@ start_labs() {
     # Reuse the first Octavia's venv: bash expands these assignments left to right, so OCTAVIA_VENV goes first.
     OCTAVIA_VENV="$OCTAVIA_LAB/venv" OCTAVIA_OVN_LAB="$ovn_lab" OCTAVIA_LAB="$REPO/.octavia-ovn-lab" \
       OCTAVIA_API_PORT="${OCTAVIA_OVN_API_PORT:-9877}" OCTAVIA_DB_PORT="${OCTAVIA_OVN_DB_PORT:-3319}" \
-      OCTAVIA_OVN_NEUTRON_URL="$ovn_url" "$REPO/scripts/octavia-lab/start-octavia.sh"
+      OCTAVIA_OVN_NEUTRON_URL="$ovn_url" "$REPO/scripts/octavia-lab/start-octavia.sh" ||
+      lab_failed "scripts/octavia-lab/start-octavia.sh (ovn provider)" $?
   fi
   echo "Octavia (ovn provider) ready in $(since "$t0")"
   lab_var KURYR_TEST_OCTAVIA_OVN_URL "$OCTAVIA_OVN_URL"
@@ -335,9 +376,18 @@ for n in sorted(names):
     print(n)
 ' "$1"
 }
-mapfile -t E2E_TESTS < <(test_targets e2e)
-mapfile -t POOL_TESTS < <(test_targets pools)
-mapfile -t REST_TESTS < <(test_targets rest)
+# Not `mapfile < <(test_targets ...)`: a failure there would go unnoticed, and a stream without
+# --test targets would run every test of the workspace.
+load_targets() {  # load_targets ARRAY STREAM
+  local -n into=$1
+  local out
+  out=$(test_targets "$2") || { echo "listing the test targets of stream $2 FAILED" >&2; exit 1; }
+  [ -n "$out" ] || { echo "stream $2 has no test targets" >&2; exit 1; }
+  mapfile -t into <<<"$out"
+}
+load_targets E2E_TESTS e2e
+load_targets POOL_TESTS pools
+load_targets REST_TESTS rest
 stream() {
   local name=$1 t0 rc=0 chaos_rc=0
   shift

@@ -29,6 +29,8 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
+# lab_pid/lab_stop (pid files checked against the process)
+. "$HERE/../lab-lib.sh"
 OVN_LAB=${OCTAVIA_OVN_LAB:-}
 if [ -n "$OVN_LAB" ]; then
   LAB=${OCTAVIA_LAB:-$PWD/.octavia-ovn-lab}
@@ -66,7 +68,17 @@ fail() {  # fail COMPONENT LOGFILE MESSAGE
   [ "${#STARTED[@]}" -gt 0 ] && log "stopped what this run started"
   exit 1
 }
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# A pid file counts only while its process is the one started here (its program
+# and this lab's config on its command line, lab-lib.sh): after a reboot the pid
+# may be another process'. PIDFILE NEEDLE... per process (the same in
+# stop-octavia.sh):
+MYSQLD=("$LAB/run/mysqld.pid" mariadbd "$LAB/db/mysql")
+OCTAVIA=("$LAB/run/octavia.pid" octavia_lab_server.py "$LAB/etc/octavia.conf" --bind)
+DRIVER_AGENT=("$LAB/run/driver-agent.pid" octavia_lab_server.py "$LAB/etc/octavia.conf" --driver-agent)
+alive() { lab_pid "$@" >/dev/null; }  # alive PIDFILE NEEDLE...
+# still_running PIDFILE: a process this run has just started (so no stale pid) has not
+# exited; unlike alive also true before its exec, while its command line is still this script's.
+still_running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 # ---------------------------------------------------------------- packages
 PKGS="mariadb-server python3-venv openssl curl"
@@ -127,7 +139,7 @@ if ! $MYSQL -e 'select 1' >/dev/null 2>&1; then
   STARTED+=("$LAB/run/mysqld.pid")
   for i in $(seq 1 240); do
     $MYSQL -e 'select 1' >/dev/null 2>&1 && break
-    alive "$LAB/run/mysqld.pid" || fail mariadb "$LAB/logs/mariadb.err" "mariadbd exited"
+    still_running "${MYSQLD[0]}" || fail mariadb "$LAB/logs/mariadb.err" "mariadbd exited"
     sleep 0.25
   done
   $MYSQL -e 'select 1' >/dev/null 2>&1 || fail mariadb "$LAB/logs/mariadb.err" "MariaDB did not come up on 127.0.0.1:$DB_PORT"
@@ -140,6 +152,7 @@ log "mariadb up on 127.0.0.1:$DB_PORT ($(( $(date +%s)-T0 ))s)"
 
 # ---------------------------------------------------------------- config
 PROVIDERS="amphora:The Octavia Amphora driver (noop backends).,octavia:Deprecated alias of the Octavia Amphora driver.,noop_driver:NoOp provider driver."
+PASSPHRASE=$(cat "$CERTS/passphrase") || fail certificates "" "cannot read $CERTS/passphrase (remove $CERTS to recreate the CA)"
 OVN_CONF=""
 NETWORK_DRIVER=network_noop_driver
 if [ -n "$OVN_LAB" ]; then
@@ -222,7 +235,7 @@ cert_generator = local_cert_generator
 cert_manager = local_cert_manager
 ca_certificate = $CERTS/ca.pem
 ca_private_key = $CERTS/ca.key
-ca_private_key_passphrase = $(cat "$CERTS/passphrase")
+ca_private_key_passphrase = $PASSPHRASE
 storage_path = $LAB/state/certs
 
 [haproxy_amphora]
@@ -244,23 +257,18 @@ log "db migrated ($(( $(date +%s)-T0 ))s)"
 
 # ---------------------------------------------------------------- octavia
 SUM=$(cat "$LAB/etc/octavia.conf" "$HERE/octavia_lab_server.py" | sha256sum | cut -d' ' -f1)
-PIDF=$LAB/run/octavia.pid
+PIDF=${OCTAVIA[0]}
 api_up() { curl -sf -m 10 -o /dev/null "http://127.0.0.1:$API_PORT/v2/lbaas/providers"; }
-AGENT_PIDF=$LAB/run/driver-agent.pid
-stop_pidf() {  # stop_pidf PIDFILE
-  local p; p=$(cat "$1"); kill -TERM "$p" 2>/dev/null || true
-  for i in $(seq 1 60); do kill -0 "$p" 2>/dev/null || break; sleep 0.25; done
-  kill -KILL "$p" 2>/dev/null || true; rm -f "$1"
-}
+AGENT_PIDF=${DRIVER_AGENT[0]}
 if [ "$(cat "$LAB/run/octavia.conf-sum" 2>/dev/null)" != "$SUM" ]; then
-  alive "$PIDF" && { log "config changed: restarting octavia"; stop_pidf "$PIDF"; }
-  alive "$AGENT_PIDF" && stop_pidf "$AGENT_PIDF"
+  alive "${OCTAVIA[@]}" && { log "config changed: restarting octavia"; lab_stop octavia TERM "${OCTAVIA[@]}"; }
+  alive "${DRIVER_AGENT[@]}" && lab_stop octavia-driver-agent TERM "${DRIVER_AGENT[@]}"
 fi
-if [ -z "$OVN_LAB" ] && alive "$AGENT_PIDF"; then stop_pidf "$AGENT_PIDF"; fi
+if [ -z "$OVN_LAB" ] && alive "${DRIVER_AGENT[@]}"; then lab_stop octavia-driver-agent TERM "${DRIVER_AGENT[@]}"; fi
 
 # The ovn provider reports every status change through the driver agent's
 # sockets; without the agent its load balancers never leave PENDING_*.
-if [ -n "$OVN_LAB" ] && ! alive "$AGENT_PIDF"; then
+if [ -n "$OVN_LAB" ] && ! alive "${DRIVER_AGENT[@]}"; then
   rm -f "$LAB"/run/{status,stats,get}.sock
   setsid "$VENV/bin/python" "$HERE/octavia_lab_server.py" $OCONF --driver-agent -- --log-file "$LAB/logs/driver-agent.log" \
     </dev/null >>"$LAB/logs/driver-agent.out" 2>&1 &
@@ -268,13 +276,13 @@ if [ -n "$OVN_LAB" ] && ! alive "$AGENT_PIDF"; then
   STARTED+=("$AGENT_PIDF")
   for i in $(seq 1 240); do
     [ -S "$LAB/run/status.sock" ] && [ -S "$LAB/run/get.sock" ] && break
-    alive "$AGENT_PIDF" || fail octavia-driver-agent "$LAB/logs/driver-agent.log" "the driver agent exited (see also $LAB/logs/driver-agent.out)"
+    still_running "$AGENT_PIDF" || fail octavia-driver-agent "$LAB/logs/driver-agent.log" "the driver agent exited (see also $LAB/logs/driver-agent.out)"
     sleep 0.25
   done
   [ -S "$LAB/run/status.sock" ] || fail octavia-driver-agent "$LAB/logs/driver-agent.log" "no status socket within 60 s"
   log "octavia-driver-agent up (ovn agent on $OVN_LAB) ($(( $(date +%s)-T0 ))s)"
 fi
-if ! alive "$PIDF"; then
+if ! alive "${OCTAVIA[@]}"; then
   if curl -s -m 2 -o /dev/null "http://127.0.0.1:$API_PORT/"; then
     fail octavia "" "port $API_PORT is taken by another process (set OCTAVIA_API_PORT)"
   fi
@@ -286,7 +294,7 @@ fi
 echo "$SUM" >"$LAB/run/octavia.conf-sum"
 for i in $(seq 1 240); do
   api_up && break
-  alive "$PIDF" || fail octavia "$LAB/logs/octavia-server.out" "the octavia process exited (see also $LAB/logs/octavia.log)"
+  still_running "$PIDF" || fail octavia "$LAB/logs/octavia-server.out" "the octavia process exited (see also $LAB/logs/octavia.log)"
   sleep 0.25
 done
 api_up || fail octavia "$LAB/logs/octavia.log" "API did not answer on 127.0.0.1:$API_PORT within 60 s"

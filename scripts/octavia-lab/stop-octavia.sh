@@ -5,21 +5,13 @@ set -u
 # With OCTAVIA_OVN_LAB set (as for start-octavia.sh) the default is the ovn instance's state dir.
 if [ -n "${OCTAVIA_OVN_LAB:-}" ]; then LAB=${OCTAVIA_LAB:-$PWD/.octavia-ovn-lab}; else LAB=${OCTAVIA_LAB:-$PWD/.octavia-lab}; fi
 log() { echo "[stop-octavia $(date +%T)] $*"; }
-stop_pid() {  # stop_pid NAME PIDFILE
-  local f=$LAB/run/$2 p
-  [ -f "$f" ] || return 0
-  p=$(cat "$f")
-  if kill -0 "$p" 2>/dev/null; then
-    kill -TERM "$p"
-    for i in $(seq 1 60); do kill -0 "$p" 2>/dev/null || break; sleep 0.5; done
-    if kill -0 "$p" 2>/dev/null; then log "$1 ($p) still alive, SIGKILL"; kill -KILL "$p"; fi
-    log "stopped $1 ($p)"
-  fi
-  rm -f "$f"
-}
-stop_pid octavia octavia.pid
-stop_pid octavia-driver-agent driver-agent.pid
-stop_pid mariadb mysqld.pid
+# lab_stop NAME SIGNAL PIDFILE NEEDLE...: signals the pid file's process only when its command
+# line still names what start-octavia.sh started (after a reboot the pid may be another
+# process'); see ../lab-lib.sh.
+. "$(cd "$(dirname "$0")" && pwd)/../lab-lib.sh"
+lab_stop octavia TERM "$LAB/run/octavia.pid" octavia_lab_server.py "$LAB/etc/octavia.conf" --bind
+lab_stop octavia-driver-agent TERM "$LAB/run/driver-agent.pid" octavia_lab_server.py "$LAB/etc/octavia.conf" --driver-agent
+lab_stop mariadb TERM "$LAB/run/mysqld.pid" mariadbd "$LAB/db/mysql"
 if [ "${PURGE:-0}" = 1 ]; then
   rm -rf "$LAB/db" "$LAB/state" "$LAB/run" "$LAB/certs"
   log "purged data under $LAB (venv kept)"
