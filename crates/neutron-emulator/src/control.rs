@@ -287,6 +287,9 @@ pub struct Stats {
     pub ports_created: u64,
     /// Failures injected by fault rules or outages.
     pub faults_injected: u64,
+    /// Of those, replies lost after the operation was done (`after_commit` rules).
+    #[serde(default)]
+    pub lost_replies: u64,
     /// Simulated service time of all requests (what the latency profile made them take), in ms:
     /// with `workers` slots, a load of `busy_ms` cannot be served faster than `busy_ms / workers`.
     #[serde(default)]
@@ -387,6 +390,9 @@ impl Control {
             if fire {
                 self.rule_injected[i] += 1;
                 self.stats.faults_injected += 1;
+                if rule.after_commit {
+                    self.stats.lost_replies += 1;
+                }
                 return Some(InjectedFault {
                     status: rule.status,
                     retry_after_secs: rule.retry_after_secs,

@@ -94,6 +94,8 @@ pub struct Snapshot {
     /// uid of every NetworkPolicy (one being deleted still owns its groups until finalized).
     pub policies: BTreeSet<String>,
     pub security_groups: Vec<SecurityGroupView>,
+    /// This cluster's address groups, by the policy they were made for.
+    pub address_groups: Vec<SecurityGroupView>,
 }
 
 /// How long each kind of transient inconsistency may last.
@@ -117,6 +119,11 @@ pub enum Kind {
     LeakedLoadBalancer,
     /// A security group of a NetworkPolicy that is gone.
     LeakedSecurityGroup,
+    /// An address group of a NetworkPolicy that is gone.
+    LeakedAddressGroup,
+    /// The cluster did not settle within the profile's settle time (what is left is listed
+    /// under its own kinds too).
+    Unsettled,
     /// A pool's books differ from Neutron or the KuryrPorts.
     Mismatch,
     /// A pool above `max` for longer than an update period.
@@ -140,6 +147,8 @@ impl fmt::Display for Kind {
             Kind::LeakedPort => "leaked port",
             Kind::LeakedLoadBalancer => "leaked load balancer",
             Kind::LeakedSecurityGroup => "leaked security group",
+            Kind::LeakedAddressGroup => "leaked address group",
+            Kind::Unsettled => "did not settle",
             Kind::Mismatch => "pool mismatch",
             Kind::OverMax => "pool over max",
             Kind::SharedPort => "shared port",
@@ -310,6 +319,80 @@ impl Checker {
                 "not Running at the end".into(),
                 snap.at,
             );
+        }
+        out
+    }
+
+    /// After every soak object was deleted and the cluster had its settle time: whatever of
+    /// them is left is a leak, also when something still claims it (a Service, a NetworkPolicy
+    /// or a KuryrPort stuck on its finalizer owns its load balancer, groups or ports, and the
+    /// ownership rules would excuse them). Only pool ports may stay. `settled`: whether the
+    /// settle ended by itself.
+    pub fn emptied_check(&mut self, snap: &Snapshot, settled: bool) -> Vec<Violation> {
+        let mut out = self.final_check(snap);
+        if !settled {
+            self.report(
+                &mut out,
+                Kind::Unsettled,
+                "the soak namespaces' deletion".into(),
+                "objects were still left when the settle time ran out".into(),
+                snap.at,
+            );
+        }
+        let mut left: Vec<(Kind, String, String)> = Vec::new();
+        for pod in &snap.pods {
+            left.push((
+                Kind::StuckPod,
+                format!("{} ({})", pod.key, pod.uid),
+                "left after its namespace's deletion".into(),
+            ));
+        }
+        for kp in &snap.kuryr_ports {
+            left.push((
+                Kind::OrphanKuryrPort,
+                format!("{} ({})", kp.key, kp.pod_uid),
+                "left after its namespace's deletion".into(),
+            ));
+        }
+        for lb in &snap.load_balancers {
+            left.push((
+                Kind::LeakedLoadBalancer,
+                lb.id.clone(),
+                format!(
+                    "of Service {}, left after every soak object was deleted",
+                    lb.service
+                ),
+            ));
+        }
+        for sg in &snap.security_groups {
+            left.push((
+                Kind::LeakedSecurityGroup,
+                sg.id.clone(),
+                format!(
+                    "of NetworkPolicy {}, left after every soak object was deleted",
+                    sg.policy_uid
+                ),
+            ));
+        }
+        for ag in &snap.address_groups {
+            left.push((
+                Kind::LeakedAddressGroup,
+                ag.id.clone(),
+                format!(
+                    "of NetworkPolicy {}, left after every soak object was deleted",
+                    ag.policy_uid
+                ),
+            ));
+        }
+        for port in snap.ports.iter().filter(|p| p.pool.is_none()) {
+            left.push((
+                Kind::LeakedPort,
+                port.id.clone(),
+                "a pod port left after every pod was deleted".into(),
+            ));
+        }
+        for (kind, subject, detail) in left {
+            self.report(&mut out, kind, subject, detail, snap.at);
         }
         out
     }
@@ -617,6 +700,25 @@ fn services_and_policies(snap: &Snapshot, f: &mut Findings) {
             );
         }
     }
+    for ag in &snap.address_groups {
+        if !snap.policies.contains(&ag.policy_uid) {
+            f.lasting.insert(
+                (Kind::LeakedAddressGroup, ag.id.clone()),
+                format!("NetworkPolicy {} is gone", ag.policy_uid),
+            );
+        }
+    }
+}
+
+/// Every soak object gone and everything made for them with it: no pod, KuryrPort, load
+/// balancer, policy group or pod port (pool ports may stay).
+pub fn emptied(snap: &Snapshot) -> bool {
+    snap.pods.is_empty()
+        && snap.kuryr_ports.is_empty()
+        && snap.load_balancers.is_empty()
+        && snap.security_groups.is_empty()
+        && snap.address_groups.is_empty()
+        && snap.ports.iter().all(|p| p.pool.is_some())
 }
 
 /// The first few ids of a list, for a one-line detail.

@@ -268,7 +268,26 @@ impl Soak {
         });
         let background = FaultConfig {
             rules: if profile.neutron_5xx > 0.0 {
-                vec![FaultRule::with_rate("*", profile.neutron_5xx, 500)]
+                // Lost replies first: the create is done, the controller is told it failed (a
+                // timeout, a proxy's 502), and must find what it made instead of making it twice
+                // or losing it. Then plain failures of anything, before Neutron acts.
+                // Every Nth, not at a rate: a short run makes few creates, and each kind must
+                // be seen lost.
+                let lost = [
+                    ("port.create*", 6),
+                    ("security_group.create", 4),
+                    ("address_group.create", 4),
+                ];
+                let mut rules: Vec<FaultRule> = lost
+                    .into_iter()
+                    .map(|(op, nth)| FaultRule {
+                        after_commit: true,
+                        every_nth: Some(nth),
+                        ..FaultRule::always(op, 502)
+                    })
+                    .collect();
+                rules.push(FaultRule::with_rate("*", profile.neutron_5xx, 500));
+                rules
             } else {
                 Vec::new()
             },
@@ -393,13 +412,13 @@ impl Soak {
         let mut violations = watch.await.unwrap_or_default();
 
         // The end: settle, then the strict check; then delete everything, settle, check again.
-        let settled = self.settle(&checker).await;
-        violations.extend(self.final_check(&checker, settled).await);
+        let settled = self.settle(&checker, false).await;
+        violations.extend(self.final_check(&checker, settled, false).await);
         violations.extend(self.node_check(false).await);
         println!("  deleting every soak namespace ...");
         churn.delete_everything().await;
-        let settled = self.settle(&checker).await;
-        violations.extend(self.final_check(&checker, settled).await);
+        let settled = self.settle(&checker, true).await;
+        violations.extend(self.final_check(&checker, settled, true).await);
         violations.extend(self.node_check(true).await);
 
         let leader_changes = self.lease_transitions().await;
@@ -434,6 +453,7 @@ impl Soak {
             pod_operations: churn.counts.pod_operations(),
             faults: self.faults.clone(),
             neutron_faults_injected: stats.as_ref().map(|s| s.faults_injected),
+            neutron_lost_replies: stats.as_ref().map(|s| s.lost_replies),
             controller_restarts: self
                 .controllers
                 .iter()
@@ -694,11 +714,14 @@ impl Soak {
     }
 
     /// Waits until a strict check passes (or the settle time is over); returns whether it did.
-    async fn settle(&mut self, checker: &tokio::sync::Mutex<Checker>) -> bool {
+    /// Waits for the cluster to converge (`emptied`: every soak object and what it made gone,
+    /// pool ports aside) for at most the profile's settle time; false when it did not.
+    async fn settle(&mut self, checker: &tokio::sync::Mutex<Checker>, emptied: bool) -> bool {
         let deadline = Instant::now() + self.profile.settle;
         loop {
             let at = self.started.elapsed();
             if let Ok(snap) = self.reader.read(at, false).await
+                && (!emptied || invariants::emptied(&snap))
                 && checker.lock().await.converged(&snap)
             {
                 return true;
@@ -711,11 +734,31 @@ impl Soak {
         }
     }
 
-    async fn final_check(&self, checker: &tokio::sync::Mutex<Checker>, settled: bool) -> Vec<Violation> {
+    /// The strict check at the end (`emptied`: after the deletion of every soak object, when
+    /// anything of them left is a leak). Not settling is a violation.
+    async fn final_check(
+        &self,
+        checker: &tokio::sync::Mutex<Checker>,
+        settled: bool,
+        emptied: bool,
+    ) -> Vec<Violation> {
         let at = self.started.elapsed();
         match self.reader.read(at, false).await {
             Ok(snap) => {
-                let v = checker.lock().await.final_check(&snap);
+                let v = if emptied {
+                    checker.lock().await.emptied_check(&snap, settled)
+                } else {
+                    let mut v = checker.lock().await.final_check(&snap);
+                    if !settled {
+                        v.push(Violation {
+                            kind: invariants::Kind::Unsettled,
+                            subject: "the end of the churn".into(),
+                            detail: "the cluster did not converge within the settle time".into(),
+                            at,
+                        });
+                    }
+                    v
+                };
                 println!(
                     "  final check at {:.0}s ({}): {} violations",
                     at.as_secs_f64(),

@@ -22,6 +22,8 @@ pub struct Report {
     pub faults: BTreeMap<&'static str, u64>,
     /// Neutron requests answered with an injected failure (emulator).
     pub neutron_faults_injected: Option<u64>,
+    /// Of those, creates done whose reply was lost.
+    pub neutron_lost_replies: Option<u64>,
     pub controller_restarts: u64,
     /// CNI daemon restarts; with `no_daemons` (why) the kubelet stand-in ran pods instead.
     pub daemon_restarts: u64,
@@ -52,6 +54,7 @@ impl Report {
             Kind::LeakedPort,
             Kind::LeakedLoadBalancer,
             Kind::LeakedSecurityGroup,
+            Kind::LeakedAddressGroup,
         ])
     }
 
@@ -90,6 +93,9 @@ impl Report {
         if let Some(n) = self.neutron_faults_injected {
             row("  neutron requests failed by injection", n.to_string());
         }
+        if let Some(n) = self.neutron_lost_replies {
+            row("    of which creates done, reply lost", n.to_string());
+        }
         row("controller restarts", self.controller_restarts.to_string());
         row(
             "CNI daemon restarts",
@@ -101,6 +107,7 @@ impl Report {
         row("leadership changes seen", self.leader_changes_seen.to_string());
         row("leaks (ports, load balancers, groups)", self.leaks().to_string());
         row("stuck pods", self.count(&[Kind::StuckPod]).to_string());
+        row("did not settle", self.count(&[Kind::Unsettled]).to_string());
         row(
             "mismatches (books, max, KuryrPorts)",
             self.mismatches().to_string(),

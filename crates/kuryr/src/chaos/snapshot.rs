@@ -87,6 +87,11 @@ impl Reader {
             .list_security_groups(&ListFilter::new())
             .await
             .context("listing Neutron security groups")?;
+        let address_groups = self
+            .neutron
+            .list_address_groups(&ListFilter::new())
+            .await
+            .context("listing Neutron address groups")?;
         let lbs = match &self.octavia {
             Some(o) => o
                 .list_load_balancers(&ListFilter::new())
@@ -199,6 +204,16 @@ impl Reader {
                 .filter_map(|p| p.metadata.uid.clone())
                 .collect::<BTreeSet<_>>(),
             security_groups: groups
+                .iter()
+                .filter_map(|g| {
+                    let uid = g.description.strip_prefix(&sg_prefix)?;
+                    Some(SecurityGroupView {
+                        id: g.id.clone(),
+                        policy_uid: uid.to_string(),
+                    })
+                })
+                .collect(),
+            address_groups: address_groups
                 .iter()
                 .filter_map(|g| {
                     let uid = g.description.strip_prefix(&sg_prefix)?;

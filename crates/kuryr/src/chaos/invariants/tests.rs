@@ -77,6 +77,10 @@ fn healthy(at: Duration) -> Snapshot {
             id: "sg1".into(),
             policy_uid: "np-uid".into(),
         }],
+        address_groups: vec![SecurityGroupView {
+            id: "ag1".into(),
+            policy_uid: "np-uid".into(),
+        }],
     }
 }
 
@@ -375,7 +379,7 @@ fn a_kuryrport_of_a_gone_or_replaced_pod_is_an_orphan_after_the_sweep_period() {
 }
 
 #[test]
-fn load_balancers_and_security_groups_of_gone_objects_are_leaks() {
+fn load_balancers_and_policy_groups_of_gone_objects_are_leaks() {
     let mut snap = healthy(s(0));
     snap.services.clear();
     snap.policies.clear();
@@ -384,7 +388,8 @@ fn load_balancers_and_security_groups_of_gone_objects_are_leaks() {
         kinds(&v),
         vec![
             (Kind::LeakedLoadBalancer, "lb1".to_string()),
-            (Kind::LeakedSecurityGroup, "sg1".to_string())
+            (Kind::LeakedSecurityGroup, "sg1".to_string()),
+            (Kind::LeakedAddressGroup, "ag1".to_string())
         ]
     );
     assert!(v[0].detail.contains("ns/svc"), "{}", v[0].detail);
@@ -460,4 +465,51 @@ fn the_grace_starts_when_a_disruption_ends_even_without_snapshots_during_it() {
         kinds(&c.observe(&snap)),
         vec![(Kind::LeakedPort, "p9".to_string())]
     );
+}
+
+#[test]
+fn an_address_group_of_a_gone_policy_is_a_leak_once_it_outlasts_the_grace() {
+    let mut c = Checker::new(bounds());
+    let mut snap = healthy(s(0));
+    snap.address_groups.push(SecurityGroupView {
+        id: "ag9".into(),
+        policy_uid: "gone".into(),
+    });
+    assert_eq!(c.observe(&snap), vec![]);
+    snap.at = s(11);
+    assert_eq!(
+        kinds(&c.observe(&snap)),
+        vec![(Kind::LeakedAddressGroup, "ag9".to_string())]
+    );
+}
+
+/// After the deletion of everything, what is left is a leak even while something still claims
+/// it (a Service or NetworkPolicy stuck on its finalizer owns its load balancer and groups), and
+/// not settling is a violation of its own. Pool ports may stay.
+#[test]
+fn whatever_outlives_the_deletion_of_everything_is_reported() {
+    let mut c = Checker::new(bounds());
+    let mut snap = healthy(s(100));
+    snap.pods.clear();
+    snap.kuryr_ports.clear();
+    snap.pools[0].in_use = Some(Vec::new());
+    snap.pools[0].available = vec!["p1".into(), "p2".into(), "p3".into()];
+    let mut clean = snap.clone();
+    clean.load_balancers.clear();
+    clean.security_groups.clear();
+    clean.address_groups.clear();
+    assert_eq!(c.emptied_check(&clean, true), vec![], "only pool ports are left");
+
+    let mut c = Checker::new(bounds());
+    snap.ports.push(port("p9", None, "10.0.0.9"));
+    let v = kinds(&c.emptied_check(&snap, false));
+    for want in [
+        (Kind::Unsettled, "the soak namespaces' deletion".to_string()),
+        (Kind::LeakedLoadBalancer, "lb1".to_string()),
+        (Kind::LeakedSecurityGroup, "sg1".to_string()),
+        (Kind::LeakedAddressGroup, "ag1".to_string()),
+        (Kind::LeakedPort, "p9".to_string()),
+    ] {
+        assert!(v.contains(&want), "{want:?} in {v:?}");
+    }
 }
