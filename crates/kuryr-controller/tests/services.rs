@@ -2191,3 +2191,71 @@ async fn a_public_ip_found_off_its_vip_port_after_a_restart_is_put_back() -> Res
     assert_eq!(after, info, "the same IP, recorded as before");
     Ok(())
 }
+
+/// A listener or member a provider put in ERROR (its operation failed and was reverted: the load
+/// balancer is ACTIVE again, so no wait saw it) is deleted and made again by the periodic check,
+/// rather than recorded as serving for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listeners_and_members_in_error_are_made_again() -> Result<()> {
+    init_logs();
+    for oct in octavia_targets(LatencyProfile::Instant).await? {
+        // Only the emulator can be told to fail one object.
+        let Some(emu) = &oct.emulator else { continue };
+        let ns = unique("childerr");
+        let bed = Bed::new(&ns).await?;
+        let _ctrl = bed.controller(&oct, "", "svc-childerr");
+        let kube = bed.client();
+        create_service(
+            kube,
+            &ns,
+            "web",
+            "10.96.0.15",
+            &[("http", 80, 8080, "TCP"), ("metrics", 9090, 9090, "TCP")],
+        )
+        .await?;
+        set_endpoints(kube, &ns, "web", &ips(2), &[("http", 8080), ("metrics", 9090)]).await?;
+        let lb = recorded(kube, &ns, "web", 2, 4).await?.loadbalancer.unwrap().id;
+        let tree = oct.client.get_status_tree(&lb).await?;
+        let by_port = |port: &str| {
+            tree.loadbalancer
+                .listeners
+                .iter()
+                .find(|l| l.name.ends_with(port))
+                .cloned()
+                .unwrap()
+        };
+        let failed_listener = by_port(":TCP:80").id;
+        let failed_member = by_port(":TCP:9090").pools[0].members[0].id.clone();
+        emu.force_child_error("listeners", &failed_listener)
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        emu.force_child_error("members", &failed_member)
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+
+        eventually("the failed listener and member made again", WAIT, || async {
+            let tree = oct.client.get_status_tree(&lb).await?;
+            let listeners = &tree.loadbalancer.listeners;
+            let members: Vec<_> = listeners
+                .iter()
+                .flat_map(|l| &l.pools)
+                .flat_map(|p| &p.members)
+                .collect();
+            let healthy = listeners.len() == 2
+                && listeners
+                    .iter()
+                    .all(|l| l.provisioning_status == "ACTIVE" && l.id != failed_listener)
+                && members.len() == 4
+                && members
+                    .iter()
+                    .all(|m| m.provisioning_status == "ACTIVE" && m.id != failed_member);
+            Ok(healthy.then_some(()))
+        })
+        .await?;
+        assert_eq!(octavia_members(&oct.client, &lb).await?.len(), 4);
+        assert_eq!(
+            lbs_named(&oct.client, &format!("{ns}/web")).await?.len(),
+            1,
+            "repaired in place, not replaced"
+        );
+    }
+    Ok(())
+}

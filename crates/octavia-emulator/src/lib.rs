@@ -21,6 +21,8 @@
 //! - `GET|PUT /control/latency` -> [`LatencyProfile`]: `{"profile": "instant"}`, `{"profile": "amphora_noop"}`,
 //!   `{"profile": "custom", "api_ms": {"*.create": 50}, "worker": {"lb_create_ms": 1000}}`.
 //! - `POST /control/loadbalancers/{id}/error`: the load balancer goes to ERROR (a failed worker job).
+//! - `POST /control/{listeners,pools,members}/{id}/error`: that object goes to ERROR, its load
+//!   balancer staying ACTIVE (a provider's failed child operation, reverted).
 //! - `PUT /control/worker_failures` `{"count": N}`: the next N worker jobs end in ERROR instead of ACTIVE (for a
 //!   delete: the load balancer stays, in ERROR).
 //! - `PUT /v2/lbaas/loadbalancers/{id}/failover` is served too (202; ACTIVE or ERROR load balancers only).
@@ -189,6 +191,12 @@ impl OctaviaHandle {
     /// Puts a load balancer into ERROR.
     pub fn force_error(&self, lb_id: &str) -> Result<(), ApiError> {
         self.shared.store.lock().force_error(lb_id)
+    }
+
+    /// A listener, pool or member (`kind`: `listeners`, `pools`, `members`) goes to ERROR, its
+    /// load balancer staying ACTIVE (a provider's failed child operation, reverted).
+    pub fn force_child_error(&self, kind: &str, id: &str) -> Result<(), ApiError> {
+        self.shared.store.lock().force_child_error(kind, id)
     }
 
     /// The next `count` worker jobs (create, update, delete, failover) end in ERROR instead of ACTIVE.
@@ -390,6 +398,10 @@ fn control_api(shared: &Arc<Shared>, method: &Method, segs: &[String], body: &[u
         }
         ("POST", ["loadbalancers", id, "error"]) => {
             shared.store.lock().force_error(id)?;
+            Ok((204, None))
+        }
+        ("POST", [kind @ ("listeners" | "pools" | "members"), id, "error"]) => {
+            shared.store.lock().force_child_error(kind, id)?;
             Ok((204, None))
         }
         ("POST" | "PUT", ["worker_failures"]) => {

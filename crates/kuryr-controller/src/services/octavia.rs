@@ -212,6 +212,46 @@ impl LbActor<'_> {
         Ok(None)
     }
 
+    /// Deletes what Octavia put in ERROR under an ACTIVE load balancer (a provider whose child
+    /// operation failed reverts the child to ERROR and the load balancer to ACTIVE, so no wait
+    /// sees it): pools in ERROR or under a listener in ERROR with their members, members in ERROR,
+    /// then listeners in ERROR. The handler's next plan makes them again. Returns how many.
+    pub async fn delete_failed_parts(&self, lb_id: &str, tree: &StatusTree) -> Result<usize, Error> {
+        const FAILED: &str = "ERROR";
+        let mut deleted = 0;
+        for l in &tree.loadbalancer.listeners {
+            let listener_failed = l.provisioning_status == FAILED;
+            for p in &l.pools {
+                if listener_failed || p.provisioning_status == FAILED {
+                    ignore_not_found(self.busy_write(lb_id, || self.client.delete_pool(&p.id)).await)
+                        .map_err(|e| Error::octavia(format!("deleting pool {} in ERROR", p.id), e))?;
+                    self.wait_active(lb_id).await?;
+                    deleted += 1;
+                    continue;
+                }
+                for m in p.members.iter().filter(|m| m.provisioning_status == FAILED) {
+                    ignore_not_found(
+                        self.busy_write(lb_id, || self.client.delete_member(&p.id, &m.id))
+                            .await,
+                    )
+                    .map_err(|e| Error::octavia(format!("deleting member {} in ERROR", m.id), e))?;
+                    self.wait_active(lb_id).await?;
+                    deleted += 1;
+                }
+            }
+            if listener_failed {
+                ignore_not_found(
+                    self.busy_write(lb_id, || self.client.delete_listener(&l.id))
+                        .await,
+                )
+                .map_err(|e| Error::octavia(format!("deleting listener {} in ERROR", l.id), e))?;
+                self.wait_active(lb_id).await?;
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+
     /// Carries out `steps` from `recorded` towards `d`.
     pub async fn apply(
         &self,

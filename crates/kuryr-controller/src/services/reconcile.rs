@@ -4,7 +4,8 @@
 //! - A recorded load balancer that is gone (deleted by hand) or in ERROR: its record is cleared (an ERROR one
 //!   deleted first), and the `kuryrloadbalancer` handler, woken by the status change, builds it again.
 //! - A recorded listener, pool or member missing from Octavia: the record is rebuilt from Octavia, so the
-//!   handler's plan re-creates what is missing.
+//!   handler's plan re-creates what is missing. One in ERROR under an ACTIVE load balancer (a provider's
+//!   failed child operation, which no wait sees) is deleted first, then the same.
 //! - A load balancer without kuryr-rs' tags (adopted from upstream): tagged, upstream's tags kept.
 //! - Per deployment, a load balancer tagged as this cluster's whose KuryrLoadBalancer is gone or records
 //!   another deployment, seen in two passes in a row (a Service created between the list calls is not
@@ -207,6 +208,19 @@ impl Reconciler {
             .get_status_tree(&rec.id)
             .await
             .map_err(|e| Error::octavia("reconcile: reading a load balancer's tree", e))?;
+        let actor = LbActor {
+            client,
+            waits: self.ctx.lb_waits(deployment)?,
+            // Only deletes: creates nothing to tag.
+            tags: lb.tags.clone(),
+        };
+        let failed = actor.delete_failed_parts(&rec.id, &tree).await?;
+        if failed > 0 {
+            tracing::warn!(lb = %rec.id, name = %rec.name, failed, "listeners, pools or members in ERROR deleted: making them again");
+            self.clear_record(klb).await?;
+            out.repaired += 1;
+            return Ok(());
+        }
         if !tree_has_record(&tree, &rec) {
             tracing::warn!(lb = %rec.id, name = %rec.name, "load balancer changed outside kuryr: repairing it");
             // An empty record of this load balancer: the handler adopts it by name and re-plans.

@@ -494,6 +494,21 @@ impl Store {
         Ok(())
     }
 
+    /// A listener, pool or member goes to ERROR while its load balancer stays ACTIVE: what a
+    /// provider does when one child operation fails (the amphora driver's revert marks the
+    /// object ERROR and the load balancer ACTIVE again).
+    pub fn force_child_error(&mut self, kind: &str, id: &str) -> Result<(), ApiError> {
+        let common = match kind {
+            "listeners" => self.listeners.get_mut(id).map(|o| &mut o.common),
+            "pools" => self.pools.get_mut(id).map(|o| &mut o.common),
+            "members" => self.members.get_mut(id).map(|o| &mut o.common),
+            _ => return Err(ApiError::new(400, format!("no ERROR control for {kind}"))),
+        };
+        let common = common.ok_or_else(|| ApiError::not_found(kind, id))?;
+        common.provisioning_status = ERROR.into();
+        Ok(())
+    }
+
     pub(crate) fn allocate_vip(&mut self) -> Result<Ipv4Addr, ApiError> {
         let size = 1u64 << (32 - u32::from(self.config.vip_prefix.min(30)));
         let base = u32::from(self.config.vip_network);
