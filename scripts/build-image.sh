@@ -12,11 +12,12 @@
 # Output: DIR/oci (OCI layout, tag kuryr-rs:<version>; `skopeo copy oci:DIR/oci:kuryr-rs:<version> ...`
 # or `podman load` pushes it), DIR/bundle/rootfs (the unpacked root filesystem). The Debian part is
 # cached in DIR/rootfs.tar and rebuilt only when its package list changes. --check runs the binaries
-# from inside the root filesystem (chroot): `kuryr --version`, kuryr-cni's CNI VERSION command,
+# from inside the root filesystem (chroot): `kuryr --version`, kuryr-cni's CNI VERSION command (and
+# that kuryr-cni is statically linked: it runs on the node, whatever its libc),
 # `kuryr install-cni` into temporary directories, `ovs-vsctl --version`; it fails on a library the
-# binaries need that the image lacks, and prints the image's size. --prebuilt takes the binaries
-# already in the profile's target directory (scripts/test-all.sh: its test build made them) instead
-# of building them.
+# binaries need that the image lacks, and prints the image's size. --prebuilt takes `kuryr` already
+# in the profile's target directory (scripts/test-all.sh: its test build made it) instead of
+# building it; kuryr-cni is always built here (statically linked, in seconds).
 # Needs root (mmdebstrap, chroot) and the Debian packages mmdebstrap and umoci (installed if missing).
 set -euo pipefail
 
@@ -65,14 +66,21 @@ done
 
 BIN_DIR="${CARGO_TARGET_DIR:-target}/$TARGET_SUBDIR"
 if [ "$PREBUILT" = 1 ]; then
-  for bin in kuryr kuryr-cni; do
-    [ -x "$BIN_DIR/$bin" ] || { echo "--prebuilt: $BIN_DIR/$bin is not built" >&2; exit 1; }
-  done
-  echo "== prebuilt binaries from $BIN_DIR"
+  [ -x "$BIN_DIR/kuryr" ] || { echo "--prebuilt: $BIN_DIR/kuryr is not built" >&2; exit 1; }
+  echo "== prebuilt kuryr from $BIN_DIR"
 else
-  echo "== cargo build --profile $PROFILE -p kuryr -p kuryr-cni"
-  cargo build -q --profile "$PROFILE" -p kuryr -p kuryr-cni
+  echo "== cargo build --profile $PROFILE -p kuryr"
+  cargo build -q --profile "$PROFILE" -p kuryr
 fi
+
+# kuryr-cni runs on the node, not in the image (install-cni copies it to /opt/cni/bin), so it is
+# linked statically: a node whose glibc is older than the image's (RHEL 8, Ubuntu 20.04) runs it too.
+# Its own target directory keeps these flags from rebuilding the rest. Quick: serde is all it uses.
+CNI_TARGET=$(rustc -vV | sed -n 's/^host: //p')
+echo "== cargo build --profile $PROFILE -p kuryr-cni --target $CNI_TARGET (statically linked)"
+RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+  cargo build -q --profile "$PROFILE" -p kuryr-cni --target "$CNI_TARGET"
+CNI_BIN="${CARGO_TARGET_DIR:-target}/$CNI_TARGET/$TARGET_SUBDIR/kuryr-cni"
 
 mkdir -p "$OUT"
 KEY="$SUITE $MIRROR $PACKAGES essential"
@@ -111,7 +119,7 @@ umoci init --layout "$OUT/oci"
 umoci new --image "$OUT/oci:$TAG"
 umoci unpack --image "$OUT/oci:$TAG" "$OUT/bundle" >/dev/null
 tar -xf "$OUT/rootfs.tar" -C "$OUT/bundle/rootfs"
-install -m 0755 "$BIN_DIR/kuryr" "$BIN_DIR/kuryr-cni" "$OUT/bundle/rootfs/usr/local/bin/"
+install -m 0755 "$BIN_DIR/kuryr" "$CNI_BIN" "$OUT/bundle/rootfs/usr/local/bin/"
 umoci repack --image "$OUT/oci:$TAG" "$OUT/bundle"
 umoci config --image "$OUT/oci:$TAG" \
   --config.entrypoint /usr/local/bin/kuryr \
@@ -129,6 +137,10 @@ if [ "$CHECK" = 1 ]; then
       exit 1
     fi
   done
+  if ! chroot "$ROOT" /usr/bin/ldd /usr/local/bin/kuryr-cni 2>&1 | grep -qE 'statically linked|not a dynamic executable'; then
+    echo "FAIL: /usr/local/bin/kuryr-cni is dynamically linked: it runs on nodes whose libc may be older" >&2
+    exit 1
+  fi
   chroot "$ROOT" /usr/local/bin/kuryr --version
   chroot "$ROOT" /usr/bin/env CNI_COMMAND=VERSION /usr/local/bin/kuryr-cni </dev/null
   echo
