@@ -624,6 +624,7 @@ async fn kubectl_applies_the_generated_install_twice_without_change() {
         "role.rbac.authorization.k8s.io/kuryr-controller created",
         "rolebinding.rbac.authorization.k8s.io/kuryr-controller created",
         "configmap/kuryr-config created",
+        "secret/kuryr-credentials created",
         "deployment.apps/kuryr-controller created",
         "poddisruptionbudget.policy/kuryr-controller created",
         "daemonset.apps/kuryr-cni created",

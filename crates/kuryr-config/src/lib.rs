@@ -110,10 +110,29 @@ impl KuryrConfig {
         Self::load_with_env(paths, std::env::vars_os())
     }
 
+    /// [`KuryrConfig::load`] for a process that never calls OpenStack (the CNI daemon): the
+    /// deployments' credentials are not required. The installed kuryr.conf carries none: they
+    /// live in a Secret only the controller reads (`kuryr manifests`).
+    pub fn load_without_credentials(paths: &[impl AsRef<Path>]) -> Result<Loaded, ConfigError> {
+        Self::read(paths, std::env::vars_os(), false)
+    }
+
     /// [`KuryrConfig::load`] with an explicit environment (tests, embedding).
     pub fn load_with_env<K, V>(
         paths: &[impl AsRef<Path>],
         env: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<Loaded, ConfigError>
+    where
+        K: Into<OsString>,
+        V: Into<OsString>,
+    {
+        Self::read(paths, env, true)
+    }
+
+    fn read<K, V>(
+        paths: &[impl AsRef<Path>],
+        env: impl IntoIterator<Item = (K, V)>,
+        require_credentials: bool,
     ) -> Result<Loaded, ConfigError>
     where
         K: Into<OsString>,
@@ -129,7 +148,7 @@ impl KuryrConfig {
             ini.merge(Ini::parse(&text, &path.display().to_string())?);
         }
         let env_warnings = apply_env_overrides(&mut ini, env)?;
-        let mut loaded = Self::from_ini(&ini)?;
+        let mut loaded = Self::from_ini_checked(&ini, require_credentials)?;
         for w in &env_warnings {
             tracing::warn!("{w}");
         }
@@ -161,8 +180,18 @@ impl KuryrConfig {
         Self::from_ini(&Ini::parse(text, "<string>")?)
     }
 
+    /// [`KuryrConfig::from_ini_str`] without requiring the deployments' credentials: an
+    /// installed kuryr.conf (the ConfigMap) has them in the controller's Secret instead.
+    pub fn from_ini_str_without_credentials(text: &str) -> Result<Loaded, ConfigError> {
+        Self::from_ini_checked(&Ini::parse(text, "<string>")?, false)
+    }
+
     /// Builds the typed configuration from a raw document.
     pub fn from_ini(ini: &Ini) -> Result<Loaded, ConfigError> {
+        Self::from_ini_checked(ini, true)
+    }
+
+    fn from_ini_checked(ini: &Ini, require_credentials: bool) -> Result<Loaded, ConfigError> {
         let mut errors = Vec::new();
         let mut warnings = unknown_names(ini);
         let mut config = read_fixed_sections(ini, &mut errors);
@@ -198,7 +227,11 @@ impl KuryrConfig {
         if !errors.is_empty() {
             return Err(ConfigError::Invalid(errors));
         }
-        let missing = missing_credentials(&config);
+        let missing = if require_credentials {
+            missing_credentials(&config)
+        } else {
+            Vec::new()
+        };
         if !missing.is_empty() {
             return Err(ConfigError::Missing(missing));
         }

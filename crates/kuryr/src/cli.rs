@@ -167,6 +167,15 @@ impl ConfigArgs {
         tracing::info!(files = ?files, warnings = loaded.warnings.len(), "configuration loaded");
         Ok(loaded)
     }
+
+    /// [`ConfigArgs::load`] for the CNI daemon, which never calls OpenStack: the installed
+    /// kuryr.conf has no credentials (they are in the controller's Secret).
+    pub fn load_without_credentials(&self) -> anyhow::Result<Loaded> {
+        let files = self.files()?;
+        let loaded = KuryrConfig::load_without_credentials(&files).context("loading the configuration")?;
+        tracing::info!(files = ?files, warnings = loaded.warnings.len(), "configuration loaded");
+        Ok(loaded)
+    }
 }
 
 /// How to reach the Kubernetes API.

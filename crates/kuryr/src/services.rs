@@ -61,7 +61,7 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
 }
 
 pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
-    let config = args.config.load()?.config;
+    let config = args.config.load_without_credentials()?.config;
     let node = match args.node_name.filter(|n| !n.is_empty()) {
         Some(n) => n,
         None => hostname()

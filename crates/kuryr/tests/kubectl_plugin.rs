@@ -364,3 +364,56 @@ async fn deployments_and_bindings_are_administered_through_the_api() {
         "{out}"
     );
 }
+
+/// `kuryr kubectl status` on an install `kuryr manifests` made: its ConfigMap's kuryr.conf has no
+/// credentials (they are in the controller's Secret), and the config checks still run on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reads_an_installed_config_whose_credentials_are_in_the_secret() {
+    let (handle, client) = seeded().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conf = dir.path().join("kuryr.conf");
+    std::fs::write(
+        &conf,
+        "[kubernetes]\nenabled_handlers = vif,kuryrport\ncontroller_namespace = kuryr\ncontroller_ha = True\n\
+         [cni_daemon]\nnetns_proc_dir = /host_proc\n\
+         [neutron]\nauth_type = password\nauth_url = https://keystone:5000/v3\nusername = kuryr\npassword = s3cret\n\
+         user_domain_name = Default\nproject_name = service\nproject_domain_name = Default\n\
+         [neutron_defaults]\nproject = p\npod_subnet = s\npod_security_groups = sg\nservice_subnet = svc\n",
+    )
+    .expect("kuryr.conf written");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kuryr"))
+        .args(["manifests", "--config-file"])
+        .arg(&conf)
+        .output()
+        .expect("kuryr runs");
+    assert!(out.status.success(), "{}", text(&out));
+    let docs: Vec<Value> = serde_yaml::Deserializer::from_slice(&out.stdout)
+        .filter_map(|d| serde_yaml::with::singleton_map_recursive::deserialize(d).ok())
+        .collect::<Vec<Value>>();
+    let cm = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap")
+        .expect("a ConfigMap")
+        .clone();
+    let installed = cm["data"]["kuryr.conf"].as_str().unwrap_or_default().to_owned();
+    assert!(!installed.contains("s3cret"), "{installed}");
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(cm).expect("ConfigMap");
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "kuryr")
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("ConfigMap created");
+
+    let kubeconfig = dir.path().join("kubeconfig");
+    handle.write_kubeconfig(&kubeconfig).expect("kubeconfig written");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kuryr"))
+        .args(["kubectl", "status", "--skip-neutron", "-n", "kuryr"])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .expect("kuryr runs");
+    let status = text(&out);
+    assert!(
+        status.contains("1 OpenStack deployment(s) with credentials"),
+        "{status}"
+    );
+    handle.shutdown().await.expect("kube emulator stops");
+}

@@ -36,6 +36,7 @@ fn resource_of(doc: &Value) -> anyhow::Result<ApiResource> {
         "Role" => "roles",
         "RoleBinding" => "rolebindings",
         "ConfigMap" => "configmaps",
+        "Secret" => "secrets",
         "Deployment" => "deployments",
         "PodDisruptionBudget" => "poddisruptionbudgets",
         "DaemonSet" => "daemonsets",

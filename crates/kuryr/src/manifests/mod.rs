@@ -4,10 +4,12 @@
 //! (`--check`, like `kuryr crds --check`).
 //!
 //! - `base.rs`: Namespace and the ConfigMap holding kuryr.conf;
+//! - `credentials.rs`: the OpenStack credentials moved from kuryr.conf to the controller's Secret;
 //! - `rbac.rs`: ServiceAccounts, roles (each verb justified) and bindings;
 //! - `workloads.rs`: the controller Deployment and its PodDisruptionBudget, the CNI DaemonSet.
 
 pub mod base;
+pub mod credentials;
 pub mod rbac;
 mod workloads;
 
@@ -111,22 +113,26 @@ pub fn render(
     }
     anyhow::ensure!(opts.replicas >= 1, "--replicas must be at least 1");
     let crds: Vec<Doc> = kuryr_crds::generate::crds().iter().map(Doc::new).collect();
-    let files: [(&str, Vec<Doc>); 6] = [
+    let split = credentials::split(conf_text);
+    // The Secret in a file of its own: the one an operator keeps out of version control.
+    let secret =
+        (!split.env.is_empty()).then(|| ("03-credentials.yaml", vec![credentials::secret(opts, &split.env)]));
+    let files = [
         ("00-crds.yaml", crds),
         ("01-namespace.yaml", vec![base::namespace(opts)]),
         ("02-rbac.yaml", rbac::objects(opts, config)),
-        ("03-config.yaml", vec![base::config_map(opts, conf_text)]),
+        ("03-config.yaml", vec![base::config_map(opts, &split.public)]),
         (
             "04-controller.yaml",
-            workloads::controller(opts, config, conf_text),
+            workloads::controller(opts, config, &split.public, !split.env.is_empty()),
         ),
         (
             "05-cni-daemonset.yaml",
-            vec![workloads::cni_daemonset(opts, config, conf_text)],
+            vec![workloads::cni_daemonset(opts, config, &split.public)],
         ),
     ];
     let mut out = BTreeMap::new();
-    for (file, docs) in files {
+    for (file, docs) in files.into_iter().chain(secret) {
         let mut text = String::from(HEADER);
         for doc in docs {
             text.push_str(&doc.render().with_context(|| file.to_owned())?);

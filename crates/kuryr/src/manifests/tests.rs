@@ -67,6 +67,7 @@ fn every_object_of_an_install_is_generated_in_apply_order() {
             "01-namespace.yaml",
             "02-rbac.yaml",
             "03-config.yaml",
+            "03-credentials.yaml",
             "04-controller.yaml",
             "05-cni-daemonset.yaml"
         ]
@@ -95,6 +96,7 @@ fn every_object_of_an_install_is_generated_in_apply_order() {
         "ClusterRole/kuryr-cni",
         "ClusterRoleBinding/kuryr-cni",
         "ConfigMap/kuryr-config",
+        "Secret/kuryr-credentials",
         "Deployment/kuryr-controller",
         "PodDisruptionBudget/kuryr-controller",
         "DaemonSet/kuryr-cni",
@@ -109,6 +111,7 @@ fn every_object_of_an_install_is_generated_in_apply_order() {
             "Role",
             "RoleBinding",
             "ConfigMap",
+            "Secret",
             "Deployment",
             "DaemonSet",
         ]
@@ -117,9 +120,25 @@ fn every_object_of_an_install_is_generated_in_apply_order() {
             assert_eq!(d["metadata"]["namespace"], "kuryr", "{kind}");
         }
     }
+    // The config goes in verbatim but for the credentials, which only the controller gets.
     assert_eq!(
         find(&docs, "ConfigMap", "kuryr-config")["data"]["kuryr.conf"],
-        GOOD
+        GOOD.replace(
+            "password = p\n",
+            "# password: in the Secret kuryr-credentials (KURYR__NEUTRON__PASSWORD), read by the controller only\n"
+        )
+    );
+    assert_eq!(
+        find(&docs, "Secret", "kuryr-credentials")["stringData"]["KURYR__NEUTRON__PASSWORD"],
+        "p"
+    );
+    let controller =
+        &find(&docs, "Deployment", "kuryr-controller")["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(controller["envFrom"][0]["secretRef"]["name"], "kuryr-credentials");
+    let daemon = &find(&docs, "DaemonSet", "kuryr-cni")["spec"]["template"]["spec"];
+    assert!(
+        !daemon.to_string().contains("kuryr-credentials"),
+        "the CNI daemons never see the credentials"
     );
 }
 

@@ -12,9 +12,10 @@ use k8s_openapi::api::apps::v1::{
     RollingUpdateDaemonSet, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
-    EnvVarSource, HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity,
-    PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SecurityContext, Toleration, Volume, VolumeMount,
+    Affinity, Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
+    EnvFromSource, EnvVar, EnvVarSource, HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector,
+    PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SecretEnvSource,
+    SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -23,6 +24,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kuryr_config::KuryrConfig;
 
 use super::base::{CONFIG_KEY, CONFIG_MAP};
+use super::credentials::SECRET;
 use super::rbac::{CNI, CONTROLLER};
 use super::{Doc, Options, common_labels, config_hash, meta};
 use crate::cluster_config::HOST_PROC;
@@ -156,7 +158,9 @@ fn node_selector(opts: &Options) -> Option<BTreeMap<String, String>> {
 }
 
 /// The controller Deployment and its PodDisruptionBudget.
-pub fn controller(opts: &Options, config: &KuryrConfig, conf_text: &str) -> Vec<Doc> {
+/// `credentials`: kuryr.conf's OpenStack credentials are in the [`SECRET`], read as environment
+/// variables (a changed Secret takes a rollout restart, as any environment does).
+pub fn controller(opts: &Options, config: &KuryrConfig, conf_text: &str, credentials: bool) -> Vec<Doc> {
     let health = config.health_server.port;
     let metrics = config.prometheus_exporter.controller_exporter_port;
     let mut mounts = vec![mount("config", CONF_DIR, true)];
@@ -189,6 +193,15 @@ pub fn controller(opts: &Options, config: &KuryrConfig, conf_text: &str) -> Vec<
             .to_vec(),
         ),
         env: Some(vec![field_env("POD_NAME", "metadata.name")]),
+        env_from: credentials.then(|| {
+            vec![EnvFromSource {
+                secret_ref: Some(SecretEnvSource {
+                    name: SECRET.to_owned(),
+                    optional: Some(false),
+                }),
+                ..EnvFromSource::default()
+            }]
+        }),
         ports: Some(vec![port("health", health), port("metrics", metrics)]),
         readiness_probe: Some(http_probe("/ready", "health", 10, 3)),
         liveness_probe: Some(Probe {

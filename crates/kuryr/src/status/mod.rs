@@ -167,7 +167,8 @@ async fn cluster_config(client: &Client, namespace: &str) -> anyhow::Result<Opti
     let Some(text) = cm.and_then(|cm| cm.data).and_then(|mut d| d.remove(CONFIG_KEY)) else {
         return Ok(None);
     };
-    let loaded = KuryrConfig::from_ini_str(&text)
+    // Its credentials are in the controller's Secret (`kuryr manifests`), not here.
+    let loaded = KuryrConfig::from_ini_str_without_credentials(&text)
         .with_context(|| format!("ConfigMap {namespace}/{CONFIG_MAP} key {CONFIG_KEY}"))?;
     Ok(Some(loaded.config))
 }
