@@ -657,3 +657,98 @@ async fn an_outage_answers_503_ends_open_watches_and_ends_itself() {
     );
     handle.shutdown().await.expect("shutdown");
 }
+
+/// Writes a real API server refuses: on a custom resource a strategic merge patch (415: CRDs have
+/// no patch tags) and an update without resourceVersion (422: no unconditional update); on any
+/// kind a create that carries a resourceVersion (a read object re-posted unstripped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_a_real_server_refuses_are_refused() {
+    let handle = KubeEmulator::start(KubeOptions::default())
+        .await
+        .expect("emulator starts");
+    let http = Http::new(&handle);
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {"group": "example.com", "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+    });
+    let (code, out) = http
+        .send(
+            http.client
+                .post(format!(
+                    "{}/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                    http.base
+                ))
+                .json(&crd),
+        )
+        .await;
+    assert_eq!(code, 201, "{out}");
+    let widgets = "/apis/example.com/v1/namespaces/default/widgets";
+    let widget = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"a": 1}});
+    let (code, created) = http
+        .send(http.client.post(format!("{}{widgets}", http.base)).json(&widget))
+        .await;
+    assert_eq!(code, 201, "{created}");
+    let w = format!("{widgets}/w");
+
+    let (code, out) = http
+        .patch(
+            &w,
+            "",
+            "application/strategic-merge-patch+json",
+            json!({"spec": {"a": 2}}),
+        )
+        .await;
+    assert_eq!(
+        (code, &out["reason"]),
+        (415, &json!("UnsupportedMediaType")),
+        "{out}"
+    );
+    let (code, out) = http
+        .patch(&w, "", "application/merge-patch+json", json!({"spec": {"a": 2}}))
+        .await;
+    assert_eq!(code, 200, "{out}");
+
+    let mut unconditional = out.clone();
+    unconditional["metadata"]
+        .as_object_mut()
+        .expect("metadata")
+        .remove("resourceVersion");
+    let (code, out) = http
+        .send(http.client.put(format!("{}{w}", http.base)).json(&unconditional))
+        .await;
+    assert_eq!((code, &out["reason"]), (422, &json!("Invalid")), "{out}");
+    assert_eq!(
+        out["details"]["causes"][0]["field"], "metadata.resourceVersion",
+        "{out}"
+    );
+
+    // A built-in kind takes an unconditional update.
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"k": "1"}});
+    let cms = "/api/v1/namespaces/default/configmaps";
+    let (code, read) = http
+        .send(http.client.post(format!("{}{cms}", http.base)).json(&cm))
+        .await;
+    assert_eq!(code, 201, "{read}");
+    let (code, out) = http
+        .send(http.client.put(format!("{}{cms}/c", http.base)).json(&cm))
+        .await;
+    assert_eq!(code, 200, "{out}");
+
+    // The object as read, posted again under another name.
+    let mut again = read.clone();
+    again["metadata"]["name"] = json!("c2");
+    let (code, out) = http
+        .send(http.client.post(format!("{}{cms}", http.base)).json(&again))
+        .await;
+    assert_eq!(code, 500, "{out}");
+    assert!(
+        out["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("resourceVersion should not be set")),
+        "{out}"
+    );
+}

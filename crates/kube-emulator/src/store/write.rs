@@ -159,6 +159,13 @@ impl Store {
         body: Value,
         opts: &WriteOpts,
     ) -> ApiResult<WriteOutcome> {
+        // As etcd3's store does: a copy of a read object must be stripped before it is created
+        // again (its stale version would otherwise pass for a precondition).
+        if meta_str(&body, "resourceVersion").is_some_and(|rv| !rv.is_empty()) {
+            return Err(ApiError::internal(
+                "resourceVersion should not be set on objects to be created",
+            ));
+        }
         let mut st = self.lock();
         st.create(def, ns, body, opts, self)
     }
@@ -179,6 +186,20 @@ impl Store {
         let cur = st
             .get(def, ns, name)
             .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
+        // Custom resources allow no unconditional update (built-in kinds mostly do).
+        if def.custom && meta_str(&body, "resourceVersion").is_none_or(str::is_empty) {
+            return Err(ApiError::invalid(
+                &def.group,
+                &def.kind,
+                &def.plural,
+                name,
+                vec![Cause {
+                    field: "metadata.resourceVersion".into(),
+                    reason: "FieldValueInvalid",
+                    message: "Invalid value: 0x0: must be specified for an update".into(),
+                }],
+            ));
+        }
         if let Some(rv) = meta_str(&body, "resourceVersion").filter(|r| !r.is_empty())
             && Some(rv) != meta_str(&cur, "resourceVersion")
         {
@@ -209,8 +230,15 @@ impl Store {
         match ptype {
             PatchType::Json => patch::json_patch(&mut doc, &body)?,
             PatchType::Merge => patch::merge_patch(&mut doc, &body)?,
-            // Custom resources have no patch tags: the merge patch is the faithful stand-in.
-            PatchType::Strategic if def.custom => patch::merge_patch(&mut doc, &body)?,
+            // Custom resources have no patch tags: the API server refuses a strategic merge.
+            PatchType::Strategic if def.custom => {
+                return Err(ApiError::new(
+                    415,
+                    "UnsupportedMediaType",
+                    "the body of the request was in an unknown format - accepted media types include: \
+                     application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+                ));
+            }
             PatchType::Strategic => patch::strategic_merge(&mut doc, &body)?,
             PatchType::Apply => unreachable!("handled above"),
         }
