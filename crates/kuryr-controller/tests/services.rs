@@ -2259,3 +2259,58 @@ async fn listeners_and_members_in_error_are_made_again() -> Result<()> {
     }
     Ok(())
 }
+
+/// A load balancer of a Service's name and tags but another VIP (a Service deleted with its
+/// finalizers stripped, then made again with a new cluster IP) is an orphan: the sweep deletes it
+/// (it held the old cluster IP in the service subnet), and spares the Service's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leftover_load_balancer_of_the_name_but_another_vip_is_swept() -> Result<()> {
+    init_logs();
+    for oct in octavia_targets(LatencyProfile::Instant).await? {
+        let ns = unique("stalevip");
+        let bed = Bed::new(&ns).await?;
+        let kube = bed.client();
+        // What the Service's predecessor left: its name and kuryr-rs' tags, the old cluster IP.
+        let leftover = oct
+            .client
+            .create_load_balancer(&LoadBalancerCreate {
+                name: Some(format!("{ns}/web")),
+                project_id: Some(bed.project.clone()),
+                vip_subnet_id: Some(bed.fx.subnets[1].subnet.clone()),
+                vip_address: Some("10.96.0.99".into()),
+                provider: Some("amphora".into()),
+                tags: vec![
+                    "kuryr-rs".into(),
+                    format!("kuryr-rs.cluster={ns}"),
+                    format!("kuryr-rs.service={ns}/web"),
+                ],
+                ..Default::default()
+            })
+            .await?;
+        create_service(kube, &ns, "web", "10.96.0.16", &[("http", 80, 8080, "TCP")]).await?;
+        set_endpoints(kube, &ns, "web", &ips(1), &[("http", 8080)]).await?;
+        let _ctrl = bed.controller(&oct, "", "svc-stalevip");
+        let own = recorded(kube, &ns, "web", 1, 1).await?.loadbalancer.unwrap().id;
+        assert_ne!(own, leftover.id, "{}: the leftover is not adopted", oct.name);
+        eventually(&format!("{}: the leftover swept", oct.name), WAIT, || async {
+            let ids: Vec<String> = lbs_named(&oct.client, &format!("{ns}/web"))
+                .await?
+                .into_iter()
+                .map(|l| l.id)
+                .collect();
+            Ok((ids == vec![own.clone()]).then_some(()))
+        })
+        .await?;
+        Api::<Service>::namespaced(kube.clone(), &ns)
+            .delete("web", &DeleteParams::default())
+            .await?;
+        eventually(&format!("{}: released", oct.name), WAIT, || async {
+            Ok(lbs_named(&oct.client, &format!("{ns}/web"))
+                .await?
+                .is_empty()
+                .then_some(()))
+        })
+        .await?;
+    }
+    Ok(())
+}

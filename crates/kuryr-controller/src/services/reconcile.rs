@@ -13,7 +13,7 @@
 //!   whose description names this cluster and a Service without a KuryrLoadBalancer there (user-allocated
 //!   floating IPs carry no such description and are never touched).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,8 +32,31 @@ use crate::context::Context;
 use crate::error::Error;
 use crate::placement::record::recorded_deployment;
 
-/// (deployment, load balancer name) of every live KuryrLoadBalancer.
-type Known = BTreeSet<(String, String)>;
+/// (deployment, load balancer name) of every live KuryrLoadBalancer -> the load balancers it may
+/// own there: the one its status records, and one with its Service's cluster IP as VIP (made by
+/// a pass that has not recorded it yet). Another of the same name (a Service deleted with its
+/// finalizers stripped, then made again with a new cluster IP) is an orphan: it would hold the
+/// old cluster IP in the service subnet for the new Service's whole life.
+type Known = BTreeMap<(String, String), KnownLb>;
+
+#[derive(Debug, Default)]
+struct KnownLb {
+    recorded: Option<String>,
+    vip: Option<String>,
+}
+
+impl KnownLb {
+    fn owns(&self, lb: &kuryr_neutron::octavia::LoadBalancer) -> bool {
+        match (&self.recorded, &self.vip) {
+            // Nothing to tell them apart by: every one of the name is spared.
+            (None, None) => true,
+            (recorded, vip) => {
+                recorded.as_deref() == Some(lb.id.as_str())
+                    || (vip.is_some() && lb.vip_address.as_deref() == vip.as_deref())
+            }
+        }
+    }
+}
 
 /// What one pass found and did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -131,10 +154,16 @@ impl Reconciler {
             // Each load balancer is checked in the deployment its KuryrLoadBalancer records, and is
             // known there only: one of the same name in another deployment is an orphan.
             let deployment = recorded_deployment(klb);
-            known.insert((
-                deployment.clone(),
-                super::lb_name(&klb.namespace().unwrap_or_default(), &klb.name_any()),
-            ));
+            known.insert(
+                (
+                    deployment.clone(),
+                    super::lb_name(&klb.namespace().unwrap_or_default(), &klb.name_any()),
+                ),
+                KnownLb {
+                    recorded: RecordedLb::from_status(klb.status.as_ref()).map(|r| r.id),
+                    vip: klb.spec.ip.clone(),
+                },
+            );
             // One load balancer that cannot be read or mended does not stop the others, nor the sweep.
             if let Err(e) = self.check(klb, &deployment, &mut out).await {
                 errors.push(e);
@@ -269,7 +298,9 @@ impl Reconciler {
             .map_err(|e| Error::octavia("orphan sweep: listing load balancers", e))?;
         let mut deleted = self.sweep_public_ips(deployment, known, suspects).await?;
         for lb in lbs {
-            if known.contains(&(deployment.to_string(), lb.name.clone()))
+            if known
+                .get(&(deployment.to_string(), lb.name.clone()))
+                .is_some_and(|k| k.owns(&lb))
                 || !lb.tags.iter().any(|t| t.starts_with(super::SERVICE_TAG_PREFIX))
             {
                 continue;
@@ -312,7 +343,7 @@ impl Reconciler {
             else {
                 continue;
             };
-            if known.contains(&(deployment.to_string(), service.to_string())) {
+            if known.contains_key(&(deployment.to_string(), service.to_string())) {
                 continue;
             }
             if self.suspects.contains(&fip.id) {
