@@ -934,35 +934,31 @@ impl NetworkPolicyDriver {
                             .await?
                     }
                 };
-                if dir == Direction::Ingress {
-                    // The defaults (all egress) go; rules of a finished one are made again below.
-                    for r in sg
-                        .security_group_rules
-                        .iter()
-                        .filter(|r| r.direction != "ingress")
-                    {
-                        ignore_not_found(client.delete_security_group_rule(&r.id).await)?;
-                    }
-                    for eth in ["IPv4", "IPv6"] {
-                        let r = client
-                            .create_security_group_rule(&SecurityGroupRuleCreate {
-                                security_group_id: sg.id.clone(),
-                                direction: "ingress".into(),
-                                ethertype: Some(eth.into()),
-                                project_id: Some(project.clone()),
-                                ..Default::default()
-                            })
-                            .await;
-                        match r {
-                            Err(e) if e.status() == Some(409) => {}
-                            r => {
-                                r?;
-                            }
+                // All of its direction, from anywhere, both families; nothing of the other. Not
+                // left to Neutron's default rules: an operator's template may give a new group
+                // no egress at all (and a finished leftover may lack some).
+                let (stale, missing) = open_rules_plan(&sg.security_group_rules, name);
+                for id in stale {
+                    ignore_not_found(client.delete_security_group_rule(&id).await)?;
+                }
+                for eth in missing {
+                    let r = client
+                        .create_security_group_rule(&SecurityGroupRuleCreate {
+                            security_group_id: sg.id.clone(),
+                            direction: name.into(),
+                            ethertype: Some(eth.into()),
+                            project_id: Some(project.clone()),
+                            ..Default::default()
+                        })
+                        .await;
+                    match r {
+                        Err(e) if e.status() == Some(409) => {}
+                        r => {
+                            r?;
                         }
                     }
                 }
-                // Tagged once complete: a group found by its tags has its rules. (A new group
-                // already allows all egress, which is what the egress group is.)
+                // Tagged once complete: a group found by its tags has its rules.
                 client
                     .replace_tags(kuryr_neutron::Taggable::SecurityGroup, &sg.id, &tags)
                     .await?;
@@ -1198,6 +1194,31 @@ pub fn policy_uid(knp: &KuryrNetworkPolicy) -> Option<String> {
         .map(|o| o.uid.clone())
 }
 
+/// What an allow-all group of `direction` lacks and holds too much of: the ids of the rules to
+/// delete (any of the other direction), and the ethertypes whose "all from anywhere" rule of
+/// `direction` is missing.
+fn open_rules_plan(rules: &[SecurityGroupRule], direction: &str) -> (Vec<String>, Vec<&'static str>) {
+    let stale = rules
+        .iter()
+        .filter(|r| r.direction != direction)
+        .map(|r| r.id.clone())
+        .collect();
+    let all = |r: &&SecurityGroupRule, eth: &str| {
+        r.direction == direction
+            && r.ethertype == eth
+            && r.protocol.is_none()
+            && r.port_range_min.is_none()
+            && r.remote_ip_prefix.is_none()
+            && r.remote_group_id.is_none()
+            && r.remote_address_group_id.is_none()
+    };
+    let missing = ["IPv4", "IPv6"]
+        .into_iter()
+        .filter(|eth| !rules.iter().any(|r| all(&r, eth)))
+        .collect();
+    (stale, missing)
+}
+
 fn ignore_not_found(r: Result<(), kuryr_neutron::Error>) -> Result<(), Error> {
     match r {
         Err(e) if e.is_not_found() => Ok(()),
@@ -1323,6 +1344,28 @@ fn rule_request(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_allow_all_group_gets_its_rules_whatever_neutron_gave_it() {
+        let r = |id: &str, direction: &str, eth: &str, prefix: Option<&str>| SecurityGroupRule {
+            id: id.into(),
+            direction: direction.into(),
+            ethertype: eth.into(),
+            remote_ip_prefix: prefix.map(str::to_string),
+            ..Default::default()
+        };
+        // Neutron's usual defaults: all egress of both families.
+        let defaults = [r("e4", "egress", "IPv4", None), r("e6", "egress", "IPv6", None)];
+        assert_eq!(open_rules_plan(&defaults, "egress"), (vec![], vec![]));
+        assert_eq!(
+            open_rules_plan(&defaults, "ingress"),
+            (vec!["e4".to_string(), "e6".to_string()], vec!["IPv4", "IPv6"])
+        );
+        // An operator's template with no egress, or a narrower one: the egress group is made whole.
+        assert_eq!(open_rules_plan(&[], "egress"), (vec![], vec!["IPv4", "IPv6"]));
+        let narrow = [r("n4", "egress", "IPv4", Some("10.0.0.0/8"))];
+        assert_eq!(open_rules_plan(&narrow, "egress"), (vec![], vec!["IPv4", "IPv6"]));
+    }
 
     fn rule(protocol: Option<&str>) -> SecurityGroupRule {
         SecurityGroupRule {
