@@ -435,11 +435,30 @@ async fn multi_pool_routes_pods_by_their_nodes_vif_driver() -> Result<()> {
             pool.ports
         );
         assert!(!gone(neutron, &bare.id).await?);
+
+        // Node 2 made bare metal (its label removed): its next pod takes the bare metal route.
+        let unlabel = json!({"metadata": {"labels": {kuryr_controller::pool::NODE_POD_VIF_LABEL: null}}});
+        Api::<Node>::all(kube.client.clone())
+            .patch(NODES[1], &PatchParams::default(), &Patch::Merge(&unlabel))
+            .await?;
+        let relabelled = eventually("a pod on the relabelled node wired bare metal", WAIT, || async {
+            let name = format!("after-{}", uuid::Uuid::new_v4().simple());
+            create_pod(&kube.client, "multi", &name, NODES[1], json!({})).await?;
+            let ports = wired(&kube.client, "multi", 1).await?;
+            let port = neutron.get_port(&ports[&name]).await?;
+            delete_pods(&kube.client, "multi", &[name.as_str()]).await?;
+            Ok((port.binding_host_id == NODES[1]).then_some(port))
+        })
+        .await?;
+        assert_eq!(relabelled.device_owner, "compute:kuryr", "{}", target.name);
         ctrl.stop.cancel();
         tokio::time::sleep(Duration::from_millis(500)).await;
         cleanup_project(neutron, &fx.project).await;
         let _ = std::fs::remove_file(&bed.socket);
-        eprintln!("multi_pool[{}]: routed per node", target.name);
+        eprintln!(
+            "multi_pool[{}]: routed per node, also after a relabel",
+            target.name
+        );
     }
     Ok(())
 }

@@ -65,7 +65,7 @@ pub struct PoolManager {
     pooled: Vec<Arc<PoolDriver>>,
     default_vif: PodVifDriver,
     multi: bool,
-    /// node -> pod VIF driver (multi_pool; a node's label does not change under its pods).
+    /// node -> pod VIF driver (multi_pool), forgotten when the Node watch sees its label change.
     node_vif: Mutex<HashMap<String, PodVifDriver>>,
     persister: Arc<Persister>,
     ready: AtomicBool,

@@ -24,27 +24,29 @@ use super::PoolManager;
 use super::driver::PoolKind;
 use crate::error::Error;
 
-/// What became of a node the pools may hold ports for.
+/// What became of a node the pools may hold ports for (or route its pods by).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NodeChange {
     /// The Node object is gone.
     Gone(String),
     /// A new Node object (another uid) took the name: possibly another VM.
     Replaced(String),
+    /// Its `pod_vif` label changed (`multi_pool`): its next pods take another route.
+    Relabelled(String),
 }
 
 impl NodeChange {
     pub fn node(&self) -> &str {
         match self {
-            NodeChange::Gone(n) | NodeChange::Replaced(n) => n,
+            NodeChange::Gone(n) | NodeChange::Replaced(n) | NodeChange::Relabelled(n) => n,
         }
     }
 }
 
-/// The nodes the watch has seen (name -> uid), and the listing under way.
+/// The nodes the watch has seen (name -> uid and `pod_vif` label), and the listing under way.
 #[derive(Debug, Default)]
 pub struct NodeBook {
-    uids: HashMap<String, String>,
+    uids: HashMap<String, (String, Option<String>)>,
     relisting: Option<HashSet<String>>,
 }
 
@@ -57,13 +59,15 @@ impl NodeBook {
         self.uids.keys().cloned().collect()
     }
 
-    /// A node added or modified (or listed).
-    pub fn applied(&mut self, node: &str, uid: &str) -> Option<NodeChange> {
+    /// A node added or modified (or listed), with its `pod_vif` label.
+    pub fn applied(&mut self, node: &str, uid: &str, label: Option<&str>) -> Option<NodeChange> {
         if let Some(seen) = &mut self.relisting {
             seen.insert(node.to_string());
         }
-        match self.uids.insert(node.to_string(), uid.to_string()) {
-            Some(old) if old != uid => Some(NodeChange::Replaced(node.to_string())),
+        let now = (uid.to_string(), label.map(str::to_string));
+        match self.uids.insert(node.to_string(), now) {
+            Some((old, _)) if old != uid => Some(NodeChange::Replaced(node.to_string())),
+            Some((_, old)) if old.as_deref() != label => Some(NodeChange::Relabelled(node.to_string())),
             _ => None,
         }
     }
@@ -71,7 +75,7 @@ impl NodeBook {
     /// A node deleted. The late deletion of an older Node of the same name changes nothing.
     pub fn deleted(&mut self, node: &str, uid: &str) -> Option<NodeChange> {
         match self.uids.get(node) {
-            Some(known) if known != uid => None,
+            Some((known, _)) if known != uid => None,
             _ => {
                 self.uids.remove(node);
                 Some(NodeChange::Gone(node.to_string()))
@@ -128,7 +132,13 @@ impl PoolManager {
                     else {
                         continue;
                     };
-                    book.applied(name, uid).into_iter().collect()
+                    let label = n
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(super::NODE_POD_VIF_LABEL))
+                        .map(String::as_str);
+                    book.applied(name, uid, label).into_iter().collect()
                 }
                 Some(Ok(Event::Delete(n))) => {
                     let (Some(name), Some(uid)) = (n.metadata.name.as_deref(), n.metadata.uid.as_deref())
@@ -163,6 +173,10 @@ impl PoolManager {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(node);
+        if matches!(change, NodeChange::Relabelled(_)) {
+            // Its next pods are routed anew; its pools and their hosts stand.
+            return Ok(());
+        }
         for route in self.routes.values() {
             route.vif_driver().forget_node(node).await;
         }
@@ -229,10 +243,15 @@ mod tests {
     #[test]
     fn deletion_and_replacement_are_told_apart() {
         let mut b = NodeBook::default();
-        assert_eq!(b.applied("n1", "u1"), None);
-        assert_eq!(b.applied("n1", "u1"), None, "a modification is no change");
+        assert_eq!(b.applied("n1", "u1", None), None);
+        assert_eq!(b.applied("n1", "u1", None), None, "a modification is no change");
         assert_eq!(
-            b.applied("n1", "u2"),
+            b.applied("n1", "u1", Some("nested-vlan")),
+            Some(NodeChange::Relabelled("n1".into())),
+            "its pod_vif label changed"
+        );
+        assert_eq!(
+            b.applied("n1", "u2", Some("nested-vlan")),
             Some(NodeChange::Replaced("n1".into())),
             "a new uid under the name: the node was re-created"
         );
@@ -246,13 +265,16 @@ mod tests {
     fn a_relisting_finds_the_nodes_deleted_meanwhile() {
         let mut b = NodeBook::default();
         b.relist_started();
-        b.applied("n1", "u1");
-        b.applied("n2", "u2");
-        b.applied("n3", "u3");
+        b.applied("n1", "u1", None);
+        b.applied("n2", "u2", None);
+        b.applied("n3", "u3", None);
         assert_eq!(b.relist_done(), vec![], "the first listing loses nothing");
         b.relist_started();
-        b.applied("n2", "u2");
-        assert_eq!(b.applied("n3", "u4"), Some(NodeChange::Replaced("n3".into())));
+        b.applied("n2", "u2", None);
+        assert_eq!(
+            b.applied("n3", "u4", None),
+            Some(NodeChange::Replaced("n3".into()))
+        );
         assert_eq!(b.relist_done(), vec![NodeChange::Gone("n1".into())]);
         assert_eq!(b.names(), ["n2", "n3"].into_iter().map(String::from).collect());
         assert_eq!(b.relist_done(), vec![], "no listing under way");

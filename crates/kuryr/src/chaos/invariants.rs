@@ -364,25 +364,20 @@ impl Checker {
                 ),
             ));
         }
-        for sg in &snap.security_groups {
-            left.push((
-                Kind::LeakedSecurityGroup,
-                sg.id.clone(),
-                format!(
-                    "of NetworkPolicy {}, left after every soak object was deleted",
-                    sg.policy_uid
-                ),
-            ));
-        }
-        for ag in &snap.address_groups {
-            left.push((
-                Kind::LeakedAddressGroup,
-                ag.id.clone(),
-                format!(
-                    "of NetworkPolicy {}, left after every soak object was deleted",
-                    ag.policy_uid
-                ),
-            ));
+        for (kind, groups) in [
+            (Kind::LeakedSecurityGroup, &snap.security_groups),
+            (Kind::LeakedAddressGroup, &snap.address_groups),
+        ] {
+            for g in groups {
+                left.push((
+                    kind,
+                    g.id.clone(),
+                    format!(
+                        "of NetworkPolicy {}, left after every soak object was deleted",
+                        g.policy_uid
+                    ),
+                ));
+            }
         }
         for port in snap.ports.iter().filter(|p| p.pool.is_none()) {
             left.push((
@@ -692,19 +687,14 @@ fn services_and_policies(snap: &Snapshot, f: &mut Findings) {
             );
         }
     }
-    for sg in &snap.security_groups {
-        if !snap.policies.contains(&sg.policy_uid) {
+    for (kind, groups) in [
+        (Kind::LeakedSecurityGroup, &snap.security_groups),
+        (Kind::LeakedAddressGroup, &snap.address_groups),
+    ] {
+        for g in groups.iter().filter(|g| !snap.policies.contains(&g.policy_uid)) {
             f.lasting.insert(
-                (Kind::LeakedSecurityGroup, sg.id.clone()),
-                format!("NetworkPolicy {} is gone", sg.policy_uid),
-            );
-        }
-    }
-    for ag in &snap.address_groups {
-        if !snap.policies.contains(&ag.policy_uid) {
-            f.lasting.insert(
-                (Kind::LeakedAddressGroup, ag.id.clone()),
-                format!("NetworkPolicy {} is gone", ag.policy_uid),
+                (kind, g.id.clone()),
+                format!("NetworkPolicy {} is gone", g.policy_uid),
             );
         }
     }
