@@ -239,3 +239,68 @@ async fn a_node_vm_replaced_under_the_same_name_gets_its_pods_on_the_new_trunk()
     }
     Ok(())
 }
+
+/// `multi_pool` with both nested drivers pooled: each judges its own hosts (a trunk, a VM port),
+/// so a restart's first listing keeps every live pool (judged by the other driver, a VM port id
+/// is no trunk, and a healthy pool was dropped with its ports).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn live_pools_of_both_nested_drivers_outlive_a_restart() -> Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Patch, PatchParams};
+    init_logs();
+    for target in neutron_targets().await? {
+        let t = target.name;
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.74.0.0/24").await?;
+        let vms = vm_trunks(neutron, &kube.client, &fx.project, "192.168.74.0/24").await?;
+        let label =
+            json!({"metadata": {"labels": {kuryr_controller::pool::NODE_POD_VIF_LABEL: "nested-macvlan"}}});
+        Api::<Node>::all(kube.client.clone())
+            .patch(NODES[1], &PatchParams::default(), &Patch::Merge(&label))
+            .await?;
+        let bed = PoolBed::nested_with(
+            &kube,
+            &fx,
+            &vms.subnet,
+            "multi_pool",
+            "vif_pool_mapping = nested-vlan:nested,nested-macvlan:nested\nports_pool_batch = 2\nports_pool_min = 1\n\
+             ports_pool_update_frequency = 1",
+        )
+        .await?;
+        let ctrl = start_controller(&kube.client, &target, config(&bed.ini), "c1");
+        create_namespace(&kube.client, "demo", json!({})).await?;
+        create_pod(&kube.client, "demo", "vlan", NODES[0], json!({})).await?;
+        create_pod(&kube.client, "demo", "macvlan", NODES[1], json!({})).await?;
+        wait_active_ports(&kube.client, "demo", 2).await?;
+        let settled = || async {
+            let pools = api::list_pools(&bed.socket).await?;
+            Ok((pools.len() == 2
+                && pools
+                    .iter()
+                    .all(|p| !p.populating && p.available == 1 && p.in_use == 1))
+            .then(|| pools.into_iter().map(|p| p.host).collect::<BTreeSet<_>>()))
+        };
+        let before = eventually("a pool per nested driver", WAIT, settled).await?;
+        let ports = kuryr_ports(neutron, &fx.project).await?;
+
+        ctrl.shutdown().await?;
+        let ctrl = start_controller(&kube.client, &target, config(&bed.ini), "c2");
+        let after = eventually("both pools recovered", WAIT, settled).await?;
+        assert_eq!(after, before, "{t}");
+        // Past the first listing (a node watch event round trip): still both, no port deleted.
+        create_pod(&kube.client, "demo", "later", NODES[0], json!({})).await?;
+        wait_active_ports(&kube.client, "demo", 3).await?;
+        let pools = api::list_pools(&bed.socket).await?;
+        assert_eq!(pools.len(), 2, "{t}: {pools:?}");
+        let now = kuryr_ports(neutron, &fx.project).await?;
+        assert!(
+            ports.is_subset(&now),
+            "{t}: no pool port deleted: {ports:?} -> {now:?}"
+        );
+        ctrl.shutdown().await?;
+        cleanup_project(neutron, &fx.project).await;
+        eprintln!("pool_nodes[{t}]: nested-vlan and nested-macvlan pools kept across a restart");
+    }
+    Ok(())
+}

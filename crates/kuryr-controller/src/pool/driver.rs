@@ -325,6 +325,16 @@ impl PoolDriver {
         forgotten
     }
 
+    /// Forgets every pool host found and what the VIF driver remembers of nodes: a new
+    /// leadership term starts from what the cloud says (another leader may have seen nodes go).
+    pub async fn forget_nodes(&self) {
+        self.hosts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+        self.vif.forget_nodes().await;
+    }
+
     /// The distinct `(deployment, host)` pairs of this driver's pools.
     pub fn pool_hosts(&self) -> BTreeSet<(String, String)> {
         self.lock()

@@ -368,7 +368,7 @@ impl PoolManager {
         &self,
         why: &str,
         id: &str,
-        which: impl Fn(PoolKind, &state::Key) -> bool,
+        which: impl Fn(&PoolDriver, &state::Key) -> bool,
     ) -> Result<(), Error> {
         if self.pooled.is_empty() {
             return Ok(());
@@ -378,7 +378,7 @@ impl PoolManager {
         }
         let mut first = None;
         for d in &self.pooled {
-            match d.drop_where(|k| which(d.kind(), k)).await {
+            match d.drop_where(|k| which(d, k)).await {
                 Ok(names) => {
                     for name in names {
                         tracing::info!(pool = %name, because = why, id, "pool dropped: what it is keyed by is deleted");

@@ -12,6 +12,7 @@
 //! term also drops the pools of nodes deleted while no controller ran.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -21,7 +22,7 @@ use kube::runtime::watcher::{self, Event};
 use tokio_util::sync::CancellationToken;
 
 use super::PoolManager;
-use super::driver::PoolKind;
+use super::driver::{PoolDriver, PoolKind};
 use crate::error::Error;
 
 /// What became of a node the pools may hold ports for (or route its pods by).
@@ -102,19 +103,42 @@ impl NodeBook {
     }
 }
 
+/// How often failed drops are tried again.
+const RETRY: Duration = Duration::from_secs(30);
+
+/// A nested pool host judged dead: (VIF driver, deployment, host).
+type DeadHost = (&'static str, String, String);
+
 impl PoolManager {
     /// Watches Nodes for the term (after recovery) and drops the pools of those that are no
-    /// more. Failed drops are retried at the next change or listing; what a drop leaves in
+    /// more. What was cached of nodes in an earlier term is forgotten first (another leader may
+    /// have seen them go). Failed drops are tried again every [`RETRY`]; what a drop leaves in
     /// Neutron is tagged and found by the orphan sweep.
     pub(super) async fn watch_nodes(&self, stop: CancellationToken) {
+        self.forget_nodes().await;
         let api: Api<Node> = Api::all(self.ctx.kube.clone());
         let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
         let mut stream = std::pin::pin!(stream);
         let mut book = NodeBook::default();
         let mut first_listing = true;
+        // Drops that failed (Neutron or the API unreachable), tried again.
+        let mut pending: Vec<NodeChange> = Vec::new();
+        let mut absent_pending = false;
+        let mut retry = tokio::time::interval(RETRY);
+        retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let ev = tokio::select! {
                 _ = stop.cancelled() => return,
+                _ = retry.tick() => {
+                    if absent_pending {
+                        absent_pending = self.drop_absent(&book).await;
+                    }
+                    let again = std::mem::take(&mut pending);
+                    for change in again {
+                        self.apply_change(change, &mut pending).await;
+                    }
+                    continue;
+                }
                 ev = stream.next() => ev,
             };
             let changes = match ev {
@@ -149,20 +173,48 @@ impl PoolManager {
                 }
                 Some(Ok(Event::InitDone)) => {
                     let gone = book.relist_done();
-                    if std::mem::take(&mut first_listing)
-                        && let Err(e) = self.drop_pools_of_absent_nodes(&book).await
-                    {
-                        tracing::warn!(error = %e, "cannot drop the pools of nodes deleted while no controller ran");
-                        first_listing = true;
+                    if std::mem::take(&mut first_listing) {
+                        absent_pending = self.drop_absent(&book).await;
                     }
                     gone
                 }
             };
             for change in changes {
-                if let Err(e) = self.node_changed(&change).await {
-                    tracing::warn!(node = change.node(), error = %e, "cannot drop the pools of a node that is no more");
-                }
+                self.apply_change(change, &mut pending).await;
             }
+        }
+    }
+
+    /// [`PoolManager::node_changed`], kept in `pending` when it fails.
+    async fn apply_change(&self, change: NodeChange, pending: &mut Vec<NodeChange>) {
+        if let Err(e) = self.node_changed(&change).await {
+            tracing::warn!(node = change.node(), error = %e, "cannot drop the pools of a node that is no more; retrying");
+            pending.push(change);
+        }
+    }
+
+    /// [`PoolManager::drop_pools_of_absent_nodes`]; true when it must be tried again.
+    async fn drop_absent(&self, book: &NodeBook) -> bool {
+        match self.drop_pools_of_absent_nodes(book).await {
+            Ok(()) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot drop the pools of nodes deleted while no controller ran; retrying");
+                true
+            }
+        }
+    }
+
+    /// Forgets every node's cached route, pool host and VM port.
+    async fn forget_nodes(&self) {
+        self.node_vif
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+        for route in self.routes.values() {
+            route.vif_driver().forget_nodes().await;
+        }
+        for d in &self.pooled {
+            d.forget_nodes().await;
         }
     }
 
@@ -180,19 +232,25 @@ impl PoolManager {
         for route in self.routes.values() {
             route.vif_driver().forget_node(node).await;
         }
-        let mut hosts: BTreeSet<(String, String)> = BTreeSet::new();
+        let mut dead: BTreeSet<DeadHost> = BTreeSet::new();
         for d in &self.pooled {
-            if d.kind() == PoolKind::Nested {
-                hosts.extend(d.forget_node(node).await);
-            } else {
-                d.forget_node(node).await;
+            let cached = d.forget_node(node).await;
+            if d.kind() != PoolKind::Nested {
+                continue;
             }
+            // The node's host as found in this term; none found (no pod of it asked since the
+            // term began, or a failed attempt forgot it): every host of the driver's pools.
+            let hosts = if cached.is_empty() {
+                d.pool_hosts()
+            } else {
+                cached.into_iter().collect()
+            };
+            dead.extend(dead_hosts(d, hosts).await?);
         }
         let bare_metal_gone = matches!(change, NodeChange::Gone(_));
-        let dead = self.dead_nested_hosts(hosts).await?;
-        self.drop_pools("node", node, |kind, k| match kind {
+        self.drop_pools("node", node, |d, k| match d.kind() {
             PoolKind::Neutron => bare_metal_gone && k.host == node,
-            PoolKind::Nested => dead.contains(&(k.deployment.clone(), k.host.clone())),
+            PoolKind::Nested => dead.contains(&(d.vif().name(), k.deployment.clone(), k.host.clone())),
         })
         .await
     }
@@ -201,39 +259,35 @@ impl PoolManager {
     /// whose trunk or VM port no longer serves an instance, are dropped (their nodes went while
     /// no controller ran; the pools were recovered from their KuryrPortPool objects).
     async fn drop_pools_of_absent_nodes(&self, book: &NodeBook) -> Result<(), Error> {
-        let nested: BTreeSet<(String, String)> = self
-            .pooled
-            .iter()
-            .filter(|d| d.kind() == PoolKind::Nested)
-            .flat_map(|d| d.pool_hosts())
-            .collect();
-        let dead = self.dead_nested_hosts(nested).await?;
+        let mut dead: BTreeSet<DeadHost> = BTreeSet::new();
+        for d in self.pooled.iter().filter(|d| d.kind() == PoolKind::Nested) {
+            dead.extend(dead_hosts(d, d.pool_hosts()).await?);
+        }
         let listed = book.names();
-        self.drop_pools("node", "(absent at start)", |kind, k| match kind {
+        self.drop_pools("node", "(absent at start)", |d, k| match d.kind() {
             PoolKind::Neutron => !listed.contains(&k.host),
-            PoolKind::Nested => dead.contains(&(k.deployment.clone(), k.host.clone())),
+            PoolKind::Nested => dead.contains(&(d.vif().name(), k.deployment.clone(), k.host.clone())),
         })
         .await
     }
+}
 
-    /// Which of the nested pool hosts no longer serve an instance.
-    async fn dead_nested_hosts(
-        &self,
-        hosts: BTreeSet<(String, String)>,
-    ) -> Result<BTreeSet<(String, String)>, Error> {
-        let Some(nested) = self.pooled.iter().find(|d| d.kind() == PoolKind::Nested) else {
-            return Ok(BTreeSet::new());
-        };
-        let mut dead = BTreeSet::new();
-        for (deployment, host) in hosts {
-            // One driver per pool kind: its VIF driver judges its own hosts.
-            if !nested.vif().host_alive(&deployment, &host).await? {
-                tracing::info!(deployment, host, "pool host no longer serves an instance");
-                dead.insert((deployment, host));
-            }
+/// Which of a nested driver's pool hosts no longer serve an instance, judged by its own VIF
+/// driver (a trunk for nested-vlan, a VM port for nested-macvlan: `multi_pool` may run both).
+async fn dead_hosts(d: &PoolDriver, hosts: BTreeSet<(String, String)>) -> Result<Vec<DeadHost>, Error> {
+    let mut dead = Vec::new();
+    for (deployment, host) in hosts {
+        if !d.vif().host_alive(&deployment, &host).await? {
+            tracing::info!(
+                deployment,
+                host,
+                driver = d.vif().name(),
+                "pool host no longer serves an instance"
+            );
+            dead.push((d.vif().name(), deployment, host));
         }
-        Ok(dead)
     }
+    Ok(dead)
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
+use kuryr_config::{DEPLOYMENT_SECTION_PREFIX, Ini, Origin};
 
 use super::{Doc, Options, meta};
 
@@ -23,39 +24,66 @@ pub struct Split {
     pub env: BTreeMap<String, String>,
 }
 
-/// Splits `conf_text` (oslo INI: `[section]` headers, `key = value` or `key: value` lines).
-pub fn split(conf_text: &str) -> Split {
-    let mut out = Split::default();
-    let mut prefix: Option<String> = None;
-    for line in conf_text.lines() {
-        let trimmed = line.trim();
-        if let Some(section) = trimmed.strip_prefix('[').and_then(|s| s.strip_suffix(']')) {
-            let section = section.trim().to_ascii_lowercase();
-            prefix = if section == "neutron" {
-                Some("KURYR__NEUTRON__".to_owned())
-            } else {
-                section
-                    .strip_prefix("deployment:")
-                    .map(|name| format!("KURYR__DEPLOYMENT__{}__", name.trim().to_ascii_uppercase()))
+/// Splits `conf_text`, read by the loader's own INI parser (quotes, `-` in keys, continuation
+/// lines as the services read them): every line of a moved option goes, a comment takes its
+/// place. A deployment whose name an environment variable cannot carry back is refused.
+pub fn split(conf_text: &str) -> Result<Split, String> {
+    let ini = Ini::parse(conf_text, "kuryr.conf").map_err(|e| e.to_string())?;
+    let mut env = BTreeMap::new();
+    // 1-based line -> the variable its option moved to.
+    let mut moved: BTreeMap<usize, (String, String)> = BTreeMap::new();
+    for section in ini.section_names() {
+        // The sections as the loader names them (case-sensitive, as oslo's).
+        let prefix = if section == "neutron" {
+            "KURYR__NEUTRON__".to_owned()
+        } else if let Some(name) = section.strip_prefix(DEPLOYMENT_SECTION_PREFIX) {
+            let carried = !name.is_empty()
+                && !name.contains("__")
+                && name == name.to_ascii_lowercase()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+            if !carried {
+                return Err(format!(
+                    "[{section}]: a deployment name in lower case letters, digits, '-', '.' or single '_' \
+                     (its credentials go to the environment variable KURYR__DEPLOYMENT__<NAME>__<OPTION>)"
+                ));
+            }
+            format!("KURYR__DEPLOYMENT__{}__", name.to_ascii_uppercase())
+        } else {
+            continue;
+        };
+        for (key, value) in ini.options(section) {
+            if !SECRET_OPTIONS.contains(&key) {
+                continue;
+            }
+            let Origin::File { line, .. } = value.origin else {
+                continue;
             };
-        } else if let Some(prefix) = &prefix
-            && !trimmed.starts_with('#')
-            && !trimmed.starts_with(';')
-            && let Some((key, value)) = trimmed.split_once(['=', ':'])
-            && SECRET_OPTIONS.contains(&key.trim().to_ascii_lowercase().as_str())
-        {
-            let var = format!("{prefix}{}", key.trim().to_ascii_uppercase());
-            out.public.push_str(&format!(
-                "# {}: in the Secret {SECRET} ({var}), read by the controller only\n",
-                key.trim()
+            let var = format!("{prefix}{}", key.to_ascii_uppercase());
+            moved.insert(line, (key.to_owned(), var.clone()));
+            env.insert(var, value.value.clone());
+        }
+    }
+    let mut public = String::new();
+    let mut continuing = false;
+    for (idx, line) in conf_text.lines().enumerate() {
+        if let Some((key, var)) = moved.get(&(idx + 1)) {
+            public.push_str(&format!(
+                "# {key}: in the Secret {SECRET} ({var}), read by the controller only\n"
             ));
-            out.env.insert(var, value.trim().to_owned());
+            continuing = true;
             continue;
         }
-        out.public.push_str(line);
-        out.public.push('\n');
+        // The indented lines that continue a moved value go with it.
+        if continuing && line.starts_with([' ', '\t']) && !line.trim().is_empty() {
+            continue;
+        }
+        continuing = false;
+        public.push_str(line);
+        public.push('\n');
     }
-    out
+    Ok(Split { public, env })
 }
 
 pub fn secret(opts: &Options, env: &BTreeMap<String, String>) -> Doc {
@@ -79,22 +107,23 @@ mod tests {
 
     #[test]
     fn credentials_of_every_deployment_leave_the_file() {
-        let text = "[DEFAULT]\npassword = not-a-deployment\n[neutron]\nauth_type = password\npassword = s3cret=x\n\
-                    username = kuryr\n# password = commented\n[deployment:Edge-1]\napplication_credential_secret: abc\n\
-                    [octavia_defaults]\npassword = other\n";
-        let s = split(text);
+        let text = "[DEFAULT]\npassword = not-a-deployment\n[neutron]\nauth_type = password\npassword = \"s3cret=x\"\n\
+                    username = kuryr\n# password = commented\n[deployment:edge-1]\napplication-credential-secret: abc\n  zq9\n\
+                    region_name = r\n[octavia_defaults]\npassword = other\n";
+        let s = split(text).expect("split");
         assert_eq!(
             s.env,
             BTreeMap::from([
                 ("KURYR__NEUTRON__PASSWORD".to_owned(), "s3cret=x".to_owned()),
                 (
                     "KURYR__DEPLOYMENT__EDGE-1__APPLICATION_CREDENTIAL_SECRET".to_owned(),
-                    "abc".to_owned()
+                    "abc\nzq9".to_owned()
                 ),
-            ])
+            ]),
+            "values as the loader reads them: quotes stripped, continuation lines joined"
         );
         assert!(
-            !s.public.contains("s3cret") && !s.public.contains("abc"),
+            !s.public.contains("s3cret") && !s.public.contains("abc") && !s.public.contains("zq9"),
             "{}",
             s.public
         );
@@ -103,12 +132,17 @@ mod tests {
             "username = kuryr",
             "# password = commented",
             "password = other",
+            "region_name = r",
         ] {
             assert!(s.public.contains(kept), "{kept} in {}", s.public);
         }
         assert!(
             s.public
                 .contains("# password: in the Secret kuryr-credentials (KURYR__NEUTRON__PASSWORD)")
+        );
+        assert!(
+            split("[deployment: Edge]\npassword = p\n").is_err(),
+            "a name the variable cannot carry back is refused"
         );
     }
 
@@ -117,7 +151,7 @@ mod tests {
     fn the_loader_reads_the_split_back_as_the_whole() {
         let text = "[neutron]\nauth_type = password\nauth_url = https://k:5000/v3\nusername = u\npassword = p@ss\n\
                     user_domain_name = Default\nproject_name = p\nproject_domain_name = Default\n";
-        let s = split(text);
+        let s = split(text).expect("split");
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("kuryr.conf");
         std::fs::write(&path, &s.public).expect("write");

@@ -113,7 +113,7 @@ pub fn render(
     }
     anyhow::ensure!(opts.replicas >= 1, "--replicas must be at least 1");
     let crds: Vec<Doc> = kuryr_crds::generate::crds().iter().map(Doc::new).collect();
-    let split = credentials::split(conf_text);
+    let split = credentials::split(conf_text).map_err(|e| anyhow::anyhow!("kuryr.conf: {e}"))?;
     // The Secret in a file of its own: the one an operator keeps out of version control.
     let secret =
         (!split.env.is_empty()).then(|| ("03-credentials.yaml", vec![credentials::secret(opts, &split.env)]));

@@ -73,6 +73,9 @@ pub trait VifDriver: Send + Sync {
     /// (a nested node's VM may have been replaced).
     async fn forget_node(&self, _node: &str) {}
 
+    /// Forgets what the driver remembers of every node (a new leadership term).
+    async fn forget_nodes(&self) {}
+
     /// Whether a pool host still serves a node. Nested: the VM's trunk or port is still attached
     /// to an instance. Bare-metal hosts are node names, which the Node watch judges.
     async fn host_alive(&self, _deployment: &str, _host: &str) -> Result<bool, Error> {

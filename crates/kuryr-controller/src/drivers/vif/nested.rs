@@ -108,6 +108,11 @@ impl VmPortLookup {
     pub async fn forget(&self, node: &str) {
         self.cache.write().await.retain(|(_, n), _| n != node);
     }
+
+    /// Forgets every node's VM port.
+    pub async fn forget_all(&self) {
+        self.cache.write().await.clear();
+    }
 }
 
 /// Whether a VM port still serves a VM: it exists and is attached to an instance. A VM's

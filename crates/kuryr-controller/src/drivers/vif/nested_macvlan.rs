@@ -167,6 +167,10 @@ impl VifDriver for NestedMacvlan {
         self.lookup.forget(node).await;
     }
 
+    async fn forget_nodes(&self) {
+        self.lookup.forget_all().await;
+    }
+
     async fn host_alive(&self, deployment: &str, vm_port: &str) -> Result<bool, Error> {
         vm_port_alive(self.deployments.client(deployment)?, vm_port).await
     }

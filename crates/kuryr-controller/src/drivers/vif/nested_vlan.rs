@@ -157,6 +157,10 @@ impl VifDriver for NestedVlan {
         self.lookup.forget(node).await;
     }
 
+    async fn forget_nodes(&self) {
+        self.lookup.forget_all().await;
+    }
+
     async fn host_alive(&self, deployment: &str, trunk: &str) -> Result<bool, Error> {
         let client = self.deployments.client(deployment)?;
         match client.get_trunk(trunk).await {
