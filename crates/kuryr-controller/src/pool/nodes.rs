@@ -52,10 +52,6 @@ pub struct NodeBook {
 }
 
 impl NodeBook {
-    pub fn contains(&self, node: &str) -> bool {
-        self.uids.contains_key(node)
-    }
-
     pub fn names(&self) -> HashSet<String> {
         self.uids.keys().cloned().collect()
     }
@@ -310,9 +306,9 @@ mod tests {
             "a new uid under the name: the node was re-created"
         );
         assert_eq!(b.deleted("n1", "u1"), None, "the late deletion of the older node");
-        assert!(b.contains("n1"));
+        assert!(b.names().contains("n1"));
         assert_eq!(b.deleted("n1", "u2"), Some(NodeChange::Gone("n1".into())));
-        assert!(!b.contains("n1"));
+        assert!(!b.names().contains("n1"));
     }
 
     #[test]

@@ -203,21 +203,9 @@ impl PublicIps<'_> {
         })
     }
 
-    /// Points the recorded public IP at `vip_port` again: a replaced or rebuilt load balancer has a new
-    /// VIP port, and Neutron disassociated the IP when the old one was deleted.
-    pub async fn reattach(&self, info: &LbPubIpInfo, vip_port: &str) -> Result<(), Error> {
-        self.neutron
-            .update_floatingip_port(&info.ip_id, Some(vip_port))
-            .await
-            .map(|_| ())
-            .map_err(neutron_err(format!(
-                "associating floating IP {} with the new VIP port",
-                info.ip_addr
-            )))
-    }
-
     /// Makes sure the recorded public IP points at `vip_port` (one read; a write only when it
-    /// does not). False when the IP no longer exists.
+    /// does not: a replaced or rebuilt load balancer has a new VIP port, and Neutron let the IP go
+    /// with the old one). False when the IP no longer exists.
     pub async fn ensure_on(&self, info: &LbPubIpInfo, vip_port: &str) -> Result<bool, Error> {
         let fip = match self.neutron.get_floatingip(&info.ip_id).await {
             Ok(fip) => fip,
@@ -228,7 +216,7 @@ impl PublicIps<'_> {
         };
         if fip.port_id.as_deref() != Some(vip_port) {
             tracing::info!(ip = %info.ip_addr, vip_port, was = ?fip.port_id, "public IP not on the VIP port: pointing it there");
-            self.reattach(info, vip_port).await?;
+            self.associate(&fip, vip_port).await?;
         }
         Ok(true)
     }
