@@ -87,12 +87,10 @@ for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
   log "apt-get install$missing"
   apt-get update -q >"$LAB/logs/apt.log" 2>&1 || fail apt "$LAB/logs/apt.log" "apt-get update failed"
-  # do not let the packages start system-wide services
-  RM_POLICY=0
-  [ -e /usr/sbin/policy-rc.d ] || { printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; RM_POLICY=1; }
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing >>"$LAB/logs/apt.log" 2>&1 \
-    || { [ "$RM_POLICY" = 1 ] && rm -f /usr/sbin/policy-rc.d; fail apt "$LAB/logs/apt.log" "apt-get install failed"; }
-  [ "$RM_POLICY" = 1 ] && rm -f /usr/sbin/policy-rc.d
+  # the packages must not start system-wide services (apt_get_no_services, lab-lib.sh)
+  # shellcheck disable=SC2086
+  apt_get_no_services install -y -q --no-install-recommends $missing >>"$LAB/logs/apt.log" 2>&1 \
+    || fail apt "$LAB/logs/apt.log" "apt-get install failed"
 fi
 log "packages ready ($(( $(date +%s)-T0 ))s)"
 

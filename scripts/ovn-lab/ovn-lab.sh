@@ -42,6 +42,8 @@ set -Eeuo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
+# shellcheck source=../lab-lib.sh
+. "$HERE/../lab-lib.sh"
 LAB=${OVN_LAB:-$REPO/.ovn-lab}
 API_PORT=${OVN_API_PORT:-9698}
 DB_PORT=${OVN_DB_PORT:-3308}
@@ -178,22 +180,13 @@ install_packages() {
   step "apt-get install$missing" "$LOGS/apt.log"
   log "apt-get install$missing"
   # The packages must not start system-wide services (ovsdb, northd, mariadb): the lab runs
-  # private instances. policy-rc.d is only installed (and removed again) when absent.
-  local own_policy=0
-  if [ ! -e /usr/sbin/policy-rc.d ]; then
-    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-    chmod +x /usr/sbin/policy-rc.d
-    own_policy=1
-  fi
-  local rc=0
+  # private instances (apt_get_no_services, lab-lib.sh).
   # $missing is a word list on purpose.
   # shellcheck disable=SC2086
   {
     apt-get update -q &&
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing
-  } >"$LOGS/apt.log" 2>&1 || rc=$?
-  [ "$own_policy" = 1 ] && rm -f /usr/sbin/policy-rc.d
-  [ "$rc" = 0 ]
+      apt_get_no_services install -y -q --no-install-recommends $missing
+  } >"$LOGS/apt.log" 2>&1
   log "packages installed"
 }
 

@@ -8,8 +8,10 @@
 //! - [`service`]: runs the controller (not to be confused with [`services`])
 //! - `drivers`: project, subnets, security groups, VIF (neutron-vif, nested-vlan, nested-macvlan),
 //!   pool, multi-VIF
+//! - [`cluster_claim`]: `[kubernetes] cluster_id` claimed as this cluster's in every deployment
 
 pub mod batch_poller;
+pub mod cluster_claim;
 pub mod context;
 pub mod drivers;
 pub mod error;

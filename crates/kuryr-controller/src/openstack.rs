@@ -1,7 +1,7 @@
 //! One OpenStack client set (Neutron, and Octavia for the Service handlers) per deployment, built from
 //! `[neutron]` and the `[deployment:<name>]` sections.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +23,9 @@ pub struct Deployments {
     /// Octavia per deployment, or why there is none (e.g. `noauth` without an Octavia URL): only the Service
     /// handlers need it, so a deployment without one fails there, naming the option, not at start-up.
     octavia: Arc<BTreeMap<String, Result<OctaviaClient, String>>>,
+    /// The deployments where this cluster's `cluster_id` claim is confirmed (see
+    /// `cluster_claim`): only there may resources be adopted or swept by their cluster tag.
+    claimed: Arc<tokio::sync::watch::Sender<BTreeSet<String>>>,
 }
 
 impl Deployments {
@@ -43,6 +46,7 @@ impl Deployments {
         Ok(Self {
             clients: Arc::new(clients),
             octavia: Arc::new(octavia),
+            claimed: Arc::default(),
         })
     }
 
@@ -80,6 +84,7 @@ impl Deployments {
                 DEFAULT_DEPLOYMENT.to_string(),
                 Err("no Octavia is configured for this deployment".to_string()),
             )])),
+            claimed: Arc::default(),
         }
     }
 
@@ -103,6 +108,36 @@ impl Deployments {
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.clients.keys().map(String::as_str)
+    }
+
+    /// The deployments where this cluster's `cluster_id` is confirmed as its own: what sweeps
+    /// by cluster tag may act in.
+    pub fn claimed_names(&self) -> Vec<String> {
+        let claimed = self.claimed.borrow();
+        self.names()
+            .filter(|d| claimed.contains(*d))
+            .map(str::to_string)
+            .collect()
+    }
+
+    pub fn is_claimed(&self, deployment: &str) -> bool {
+        self.claimed.borrow().contains(deployment)
+    }
+
+    /// Records the outcome of a claim check of `deployment` (see `cluster_claim`; tests that
+    /// drive sweeps without a controller mark their deployments themselves).
+    pub fn set_claimed(&self, deployment: &str, claimed: bool) {
+        self.claimed.send_if_modified(|set| match claimed {
+            true => set.insert(deployment.to_string()),
+            false => set.remove(deployment),
+        });
+    }
+
+    /// Waits until `deployment` is claimed.
+    pub async fn claimed(&self, deployment: &str) {
+        let mut rx = self.claimed.subscribe();
+        // The sender lives as long as `self`: the wait cannot end for want of one.
+        let _ = rx.wait_for(|set| set.contains(deployment)).await;
     }
 }
 

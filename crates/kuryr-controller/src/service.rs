@@ -15,6 +15,7 @@ use kuryr_config::KuryrConfig;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster_claim::{ClusterClaim, Outcome};
 use crate::context::{Context, Platform};
 use crate::error::Error;
 use crate::handlers::HandlerRegistry;
@@ -27,6 +28,10 @@ use crate::pool::PoolManager;
 /// How often the groups of gone NetworkPolicies are looked for (the first pass at the start of
 /// each leadership term).
 const POLICY_SWEEP_PERIOD: Duration = Duration::from_secs(60);
+
+/// How long a term's start waits for the cluster_id claim checks before starting the handlers
+/// anyway (an unreachable deployment's sweeps then wait for a later check).
+const FIRST_CLAIM_WAIT: Duration = Duration::from_secs(15);
 
 /// How to run a controller.
 pub struct ControllerOptions {
@@ -141,6 +146,9 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
 
     let reconcile = Duration::from_secs(opts.config.kubernetes.watch_reconcile_period.max(1));
     let mut leading: Option<CancellationToken> = None;
+    // A term's tasks report here what must stop the controller (a cluster_id held by another cluster).
+    let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::channel::<Error>(1);
+    let mut ended: Result<(), Error> = Ok(());
     let handlers = Arc::new(std::sync::Mutex::new(Some(handlers)));
     loop {
         let is_leader = *rx.borrow_and_update();
@@ -168,6 +176,37 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
                         token.clone(),
                     ));
                 }
+                // Before any handler runs: a cluster_id another cluster holds is refused here (after the
+                // placement watch started: a deployment's project id may come from its objects).
+                let claim = Arc::new(ClusterClaim::new(ctx.platform().clone()));
+                let mut failed_first = false;
+                match tokio::time::timeout(FIRST_CLAIM_WAIT, claim.check_all()).await {
+                    Ok(outcomes) => {
+                        for (deployment, outcome) in outcomes {
+                            match outcome {
+                                Outcome::Held => {}
+                                Outcome::Taken(e) => {
+                                    ended = Err(e);
+                                    break;
+                                }
+                                Outcome::Failed(e) => {
+                                    failed_first = true;
+                                    tracing::warn!(%deployment, error = %e, "cluster_id claim check failed; its sweeps wait for it");
+                                }
+                            }
+                        }
+                        if ended.is_err() {
+                            ctx.term.end();
+                            token.cancel();
+                            break;
+                        }
+                    }
+                    Err(_) => {
+                        failed_first = true;
+                        tracing::warn!(waited = ?FIRST_CLAIM_WAIT, "cluster_id claim check unfinished; sweeps wait for it");
+                    }
+                }
+                tasks.spawn(claim.run(failed_first, fatal_tx.clone(), token.clone()));
                 // Handlers are instantiated once; on a later re-election rebuild them.
                 let hs = match handlers.lock().ok().and_then(|mut h| h.take()) {
                     Some(h) => h,
@@ -212,10 +251,7 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
                     tasks.spawn(track_pool_readiness(p.clone(), readiness.clone(), token.clone()));
                 } else {
                     // Without pools the pod ports still need their orphan sweep.
-                    tasks.spawn(crate::pool::sweep::run_without_pools(
-                        ctx.platform().clone(),
-                        token.clone(),
-                    ));
+                    tasks.spawn(crate::pool::sweep::run_without_pools(ctx.clone(), token.clone()));
                 }
                 tracing::info!(identity = %opts.identity, "leading: pipeline started");
                 tasks.spawn(pipeline.run(opts.kube.clone(), reconcile, opts.max_concurrency, token.clone()));
@@ -235,6 +271,10 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
         tokio::select! {
             _ = stop.cancelled() => break,
             changed = rx.changed() => if changed.is_err() { break },
+            Some(e) = fatal_rx.recv() => {
+                ended = Err(e);
+                break;
+            }
         }
     }
     if let Some(t) = leading {
@@ -245,7 +285,10 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
         while tasks.join_next().await.is_some() {}
     })
     .await;
-    Ok(())
+    if let Err(e) = &ended {
+        tracing::error!(error = %e, "controller stopped");
+    }
+    ended
 }
 
 async fn track_pool_readiness(pools: Arc<PoolManager>, readiness: Arc<Readiness>, stop: CancellationToken) {

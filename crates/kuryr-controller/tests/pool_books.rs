@@ -52,6 +52,7 @@ async fn context(
         deployments,
         metrics,
     ));
+    claim_cluster_id(&platform).await?;
     let ctx = Context::build(platform)?;
     let Some(pools) = ctx.drivers.pools.clone() else {
         bail!("the test config pools ports");

@@ -372,6 +372,7 @@ async fn prepopulate_fills_every_nodes_pool_up_to_min() -> Result<()> {
             deployments.clone(),
             metrics,
         ));
+        claim_cluster_id(&ctx).await?;
         let vif = Arc::new(NeutronVif::new(
             deployments,
             ctx.resource_tags(),

@@ -71,6 +71,7 @@ impl Bed {
             deployments.clone(),
             metrics,
         ));
+        claim_cluster_id(&ctx).await?;
         let info = Arc::new(NetworkInfo {
             id: fx.network.clone(),
             name: String::new(),

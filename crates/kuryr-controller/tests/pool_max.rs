@@ -76,6 +76,8 @@ async fn recovery_keeps_pools_within_max() -> Result<()> {
                 deployments.clone(),
                 metrics,
             ));
+            // A replica of a cluster holding its id (the claim itself: tests/cluster_claim.rs).
+            deployments.set_claimed("default", true);
             let vif = Arc::new(NeutronVif::new(
                 deployments,
                 ctx.resource_tags(),

@@ -91,6 +91,7 @@ async fn restart_rebuilds_pools_from_kuryrportpools_and_kuryrports() {
                 deployments.clone(),
                 Metrics::new(),
             ));
+            kuryr_testbed::claim_cluster_id(&ctx).await.unwrap();
             let manager = || {
                 let vif = Arc::new(NeutronVif::new(
                     deployments.clone(),

@@ -64,6 +64,7 @@ async fn an_empty_pool_answers_not_ready_at_once_and_refills() -> Result<()> {
         deployments.clone(),
         metrics,
     ));
+    claim_cluster_id(&ctx).await?;
     let vif = Arc::new(NeutronVif::new(
         deployments,
         ctx.resource_tags(),

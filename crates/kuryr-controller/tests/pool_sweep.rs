@@ -1,19 +1,25 @@
 //! The orphan sweep on nested ports: a kuryr-rs subport owned by nothing has no device id
 //! (Neutron refuses one on subports), so the sweep must find its trunk from the trunks' subport
-//! lists, detach it and delete it - after two passes, and never touching an owned subport.
+//! lists, detach it and delete it - after two passes, and never touching an owned subport. A
+//! nested-macvlan orphan's address pair leaves the VM port with it. Nothing is swept where the
+//! cluster_id is not claimed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use anyhow::Result;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kuryr_controller::drivers::vif::VifDriver;
+use kuryr_controller::drivers::vif::nested::VmPortLookup;
+use kuryr_controller::drivers::vif::nested_macvlan::NestedMacvlan;
 use kuryr_controller::openstack::Deployments;
 use kuryr_controller::pool::sweep::{Suspects, sweep};
-use kuryr_crds::names::device_owner::TRUNK_SUBPORT;
+use kuryr_crds::names::device_owner::{COMPUTE_KURYR, TRUNK_SUBPORT};
 use kuryr_crds::names::neutron as tags;
-use kuryr_neutron::{PortCreate, SubPort, TrunkCreate};
+use kuryr_neutron::{AllowedAddressPair, PortCreate, PortUpdate, SubPort, TrunkCreate};
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -67,22 +73,37 @@ async fn sweep_detaches_and_deletes_unowned_subports() -> Result<()> {
 
         let deployments = Deployments::single(neutron.clone());
         let owned_set: HashSet<String> = HashSet::from([owned.clone()]);
+        let now = Timestamp::now() + SignedDuration::from_secs(60);
+        // Until the cluster_id is claimed as this cluster's, nothing carrying its tag is swept.
+        let mut suspects = Suspects::default();
+        for _ in 0..2 {
+            let unclaimed = sweep(&deployments, &[], &cluster_tag, &owned_set, now, &mut suspects).await?;
+            assert!(unclaimed.is_empty(), "{}: swept unclaimed", target.name);
+        }
+        deployments.set_claimed("default", true);
         let mut suspects = Suspects::default();
         // Ports created after the grace's start are not questioned, however often seen.
         let long_ago: Timestamp = "2020-01-01T00:00:00Z".parse()?;
         for _ in 0..2 {
-            let young = sweep(&deployments, &cluster_tag, &owned_set, long_ago, &mut suspects).await?;
+            let young = sweep(
+                &deployments,
+                &[],
+                &cluster_tag,
+                &owned_set,
+                long_ago,
+                &mut suspects,
+            )
+            .await?;
             assert!(young.is_empty(), "{}: a young port is kept", target.name);
         }
-        let now = Timestamp::now() + SignedDuration::from_secs(60);
         let mut suspects = Suspects::default();
-        let first = sweep(&deployments, &cluster_tag, &owned_set, now, &mut suspects).await?;
+        let first = sweep(&deployments, &[], &cluster_tag, &owned_set, now, &mut suspects).await?;
         assert!(
             first.is_empty(),
             "{}: first sighting deletes nothing",
             target.name
         );
-        let second = sweep(&deployments, &cluster_tag, &owned_set, now, &mut suspects).await?;
+        let second = sweep(&deployments, &[], &cluster_tag, &owned_set, now, &mut suspects).await?;
         assert_eq!(second, vec![orphan.clone()], "{}", target.name);
         assert!(neutron.get_port(&orphan).await.is_err_and(|e| e.is_not_found()));
         let left: Vec<String> = neutron
@@ -101,6 +122,92 @@ async fn sweep_detaches_and_deletes_unowned_subports() -> Result<()> {
         neutron.remove_subports(&trunk.id, &[owned.as_str()]).await?;
         neutron.delete_trunk(&trunk.id).await?;
         cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_takes_a_macvlan_orphan_s_address_pair_off_its_vm_port() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.66.0.0/24").await?;
+        let workers = neutron_fixture(neutron, "192.168.66.0/24").await?;
+        let cluster_tag = tags::cluster_tag(&format!("sweep-{}", uuid::Uuid::new_v4().simple()));
+        let pod_port = || PortCreate {
+            project_id: Some(fx.project.clone()),
+            device_owner: Some(COMPUTE_KURYR.into()),
+            tags: vec![tags::TAG_MANAGED.into(), cluster_tag.clone()],
+            ..PortCreate::new(&fx.network)
+        };
+        let ports = neutron.create_ports(&[pod_port(), pod_port()]).await?;
+        let pair = |p: &kuryr_neutron::Port| AllowedAddressPair {
+            ip_address: p.fixed_ips[0].ip_address.clone(),
+            mac_address: Some(p.mac_address.clone()),
+        };
+        let vm = neutron
+            .create_port(&PortCreate {
+                project_id: Some(workers.project.clone()),
+                device_id: Some("vm-1".into()),
+                device_owner: Some("compute:nova".into()),
+                ..PortCreate::new(&workers.network)
+            })
+            .await?;
+        // An operator's own pair (a keepalived address on the VM) is not kuryr's to take.
+        let operators = AllowedAddressPair {
+            ip_address: "10.66.0.250".into(),
+            mac_address: Some(vm.mac_address.clone()),
+        };
+        let all = vec![pair(&ports[0]), pair(&ports[1]), operators.clone()];
+        neutron
+            .update_port(
+                &vm.id,
+                &PortUpdate {
+                    allowed_address_pairs: Some(all),
+                    ..Default::default()
+                },
+            )
+            .await?;
+
+        let deployments = Deployments::single(neutron.clone());
+        deployments.set_claimed("default", true);
+        let macvlan: Arc<dyn VifDriver> = Arc::new(NestedMacvlan::new(
+            deployments.clone(),
+            VmPortLookup::new(kube.client.clone(), vec![workers.subnet.clone()]),
+            vec![],
+            1500,
+            3,
+        ));
+        let owned: HashSet<String> = HashSet::from([ports[1].id.clone()]);
+        let now = Timestamp::now() + SignedDuration::from_secs(60);
+        let mut suspects = Suspects::default();
+        let vifs = [macvlan];
+        for _ in 0..2 {
+            sweep(&deployments, &vifs, &cluster_tag, &owned, now, &mut suspects).await?;
+        }
+        assert!(
+            neutron
+                .get_port(&ports[0].id)
+                .await
+                .is_err_and(|e| e.is_not_found())
+        );
+        let key = |p: &AllowedAddressPair| (p.ip_address.clone(), p.mac_address.clone());
+        let left: std::collections::BTreeSet<_> = neutron
+            .get_port(&vm.id)
+            .await?
+            .allowed_address_pairs
+            .iter()
+            .map(key)
+            .collect();
+        assert_eq!(
+            left,
+            [key(&pair(&ports[1])), key(&operators)].into_iter().collect(),
+            "{}: the orphan's pair goes, the owned port's and the operator's stay",
+            target.name
+        );
+        cleanup_project(neutron, &fx.project).await;
+        cleanup_project(neutron, &workers.project).await;
     }
     Ok(())
 }

@@ -303,7 +303,7 @@ async fn namespace_subnets_route_between_namespaces_with_and_without_port_pools(
                 let cfg = kuryr_testbed::config(&format!(
                     "[kubernetes]\nenabled_handlers = vif,kuryrport,namespace,kuryrnetwork\n\
                      pod_subnets_driver = namespace\npod_vif_driver = neutron-vif\nvif_pool_driver = {pool}\n\
-                     cluster_id = e2e-{}\n\
+                     cluster_id = e2e-{pool}-{}\n\
                      [namespace_subnet]\npod_router = {}\npod_subnet_pool = {}\n\
                      [vif_pool]\nports_pool_batch = 2\nports_pool_min = 1\nports_pool_update_frequency = 2\n\
                      [neutron_defaults]\nproject = {}\npod_security_groups = {}\nresource_tags = k8s,e2e\n",

@@ -514,6 +514,8 @@ pub struct SecurityGroup {
     #[serde(deserialize_with = "null_as_default")]
     pub tags: Vec<String>,
     pub revision_number: u64,
+    /// `2026-11-30T04:30:56Z` (whole seconds) where Neutron shows timestamps.
+    pub created_at: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]

@@ -258,8 +258,33 @@ pub async fn cleanup_project(client: &NeutronClient, project: &str) {
 }
 
 /// A `kuryr.conf` from text (panics on a bad test config).
+///
+/// Without a `cluster_id` it gets one of this test's own (from the test's thread name and the
+/// process): tests share the real neutron-server, where each test's Kubernetes emulator is
+/// another cluster, and a cluster_id belongs to the one cluster that claimed it first.
 pub fn config(ini: &str) -> Arc<KuryrConfig> {
-    Arc::new(KuryrConfig::from_ini_str(ini).expect("test config").config)
+    let mut config = KuryrConfig::from_ini_str(ini).expect("test config").config;
+    if !ini.contains("cluster_id") {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::thread::current().name().hash(&mut h);
+        std::process::id().hash(&mut h);
+        config.kubernetes.cluster_id = format!("test-{:016x}", h.finish());
+    }
+    Arc::new(config)
+}
+
+/// Claims the platform's `cluster_id` in every deployment, as a leading controller does first:
+/// for tests that drive pools or sweeps without one (these act only where the id is claimed).
+pub async fn claim_cluster_id(platform: &Arc<kuryr_controller::context::Platform>) -> Result<()> {
+    use kuryr_controller::cluster_claim::{ClusterClaim, Outcome};
+    for (deployment, outcome) in ClusterClaim::new(platform.clone()).check_all().await {
+        match outcome {
+            Outcome::Held => {}
+            Outcome::Taken(e) | Outcome::Failed(e) => bail!("claim in deployment {deployment}: {e}"),
+        }
+    }
+    Ok(())
 }
 
 /// A controller running in this process; dropping it stops it.

@@ -1088,7 +1088,8 @@ impl NetworkPolicyDriver {
         let before = self.known_groups().await?;
         let mut candidates: BTreeSet<(String, String)> = BTreeSet::new();
         let prefix = self.ag_description_prefix();
-        let deployments: Vec<String> = self.deployments.names().map(str::to_string).collect();
+        // Only where the cluster tag is confirmed this cluster's (cluster_claim.rs).
+        let deployments = self.deployments.claimed_names();
         let mut errors = vec![];
         for deployment in &deployments {
             let found = self.policies_with_groups(deployment, &prefix).await;

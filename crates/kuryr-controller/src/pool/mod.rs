@@ -441,7 +441,8 @@ impl PoolManager {
             owned.extend(d.owned_ports().into_values().flatten());
         }
         let tag = kuryr_crds::names::neutron::cluster_tag(&self.ctx.cluster_id);
-        let deleted = sweep::sweep(&self.ctx.deployments, &tag, &owned, before, suspects).await?;
+        let vifs: Vec<_> = self.pooled.iter().map(|d| d.vif().clone()).collect();
+        let deleted = sweep::sweep(&self.ctx.deployments, &vifs, &tag, &owned, before, suspects).await?;
         self.ctx
             .metrics
             .pool_event("deleted_orphan", deleted.len() as u64);

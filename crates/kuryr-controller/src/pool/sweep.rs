@@ -14,13 +14,13 @@ use std::sync::Arc;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kuryr_crds::names::device_owner::{COMPUTE_KURYR, TRUNK_SUBPORT};
 use kuryr_crds::names::neutron as tags;
-use kuryr_neutron::ListFilter;
+use kuryr_neutron::{ListFilter, Port};
 
 use tokio_util::sync::CancellationToken;
 
 use super::persist::Persister;
-use crate::context::Platform;
-use crate::drivers::vif::{detach_and_delete, subports_by_port};
+use crate::context::Context;
+use crate::drivers::vif::{VifDriver, detach_and_delete, subports_by_port};
 use crate::error::Error;
 use crate::openstack::Deployments;
 
@@ -57,18 +57,20 @@ impl Suspects {
 }
 
 /// One sweep pass over every deployment. `owned` is everything pools and KuryrPorts account
-/// for, read after the Neutron listing would be racy, so callers read it before. Returns the
-/// deleted port ids.
+/// for, read after the Neutron listing would be racy, so callers read it before. `vifs` (the
+/// drivers that may have made the ports) release what they did outside a port before it is
+/// deleted. Returns the deleted port ids.
 pub async fn sweep(
     deployments: &Deployments,
+    vifs: &[Arc<dyn VifDriver>],
     cluster_tag: &str,
     owned: &HashSet<String>,
     created_before: Timestamp,
     suspects: &mut Suspects,
 ) -> Result<Vec<String>, Error> {
     let mut deleted = Vec::new();
-    let names: Vec<String> = deployments.names().map(str::to_string).collect();
-    for deployment in names {
+    // Only where the cluster tag is confirmed this cluster's (cluster_claim.rs).
+    for deployment in deployments.claimed_names() {
         let client = deployments.client(&deployment)?;
         // A page at a time, keeping only the unowned ids: the cluster's ports can be tens of
         // thousands, and this runs every update period.
@@ -77,6 +79,8 @@ pub async fn sweep(
             .limit(NEUTRON_PAGE);
         let mut subports = HashSet::new();
         let mut unowned = BTreeSet::new();
+        // The unowned pod ports themselves: their drivers may need more than the id to release them.
+        let mut pod_ports: HashMap<String, Port> = HashMap::new();
         let mut marker: Option<String> = None;
         let mut restarts = 0;
         loop {
@@ -86,6 +90,7 @@ pub async fn sweep(
                 Err(e) if marker.is_some() && e.is_not_found() && restarts < 3 => {
                     restarts += 1;
                     (marker, subports, unowned) = (None, HashSet::new(), BTreeSet::new());
+                    pod_ports.clear();
                     continue;
                 }
                 Err(e) => return Err(e.into()),
@@ -99,7 +104,10 @@ pub async fn sweep(
                     if p.device_owner == TRUNK_SUBPORT {
                         subports.insert(p.id.clone());
                     }
-                    unowned.insert(p.id);
+                    unowned.insert(p.id.clone());
+                    if p.device_owner == COMPUTE_KURYR {
+                        pod_ports.insert(p.id.clone(), p);
+                    }
                 }
             }
             match page.next_marker {
@@ -107,7 +115,21 @@ pub async fn sweep(
                 _ => break,
             }
         }
-        let confirmed = suspects.confirm(&deployment, unowned);
+        let mut confirmed = suspects.confirm(&deployment, unowned);
+        let releasing: Vec<Port> = confirmed.iter().filter_map(|id| pod_ports.remove(id)).collect();
+        if !releasing.is_empty() {
+            let mut errors = vec![];
+            for vif in vifs {
+                if let Err(e) = vif.release_orphans(&deployment, &releasing).await {
+                    errors.push(e);
+                }
+            }
+            if let Err(e) = Error::collect(errors) {
+                // Still unowned next pass, so confirmed again then.
+                tracing::warn!(error = %e, deployment, ports = releasing.len(), "orphaned ports kept until their drivers release them");
+                confirmed.retain(|id| !releasing.iter().any(|p| &p.id == id));
+            }
+        }
         let trunks = if confirmed.iter().any(|id| subports.contains(id)) {
             subports_by_port(client).await?
         } else {
@@ -159,7 +181,7 @@ impl Passes {
 
 /// The sweep with the `noop` pool driver, for one leadership term: no pool owns a port there, so
 /// what the KuryrPorts record is all that is owned.
-pub async fn run_without_pools(ctx: Arc<Platform>, stop: CancellationToken) {
+pub async fn run_without_pools(ctx: Arc<Context>, stop: CancellationToken) {
     let persister = Persister::new(
         ctx.kube.clone(),
         ctx.config.kubernetes.controller_namespace.clone(),
@@ -174,7 +196,16 @@ pub async fn run_without_pools(ctx: Arc<Platform>, stop: CancellationToken) {
         let pass = async {
             let owned = persister.ports_in_use().await?;
             let before = listed_at.checked_sub(grace).unwrap_or(listed_at);
-            sweep(&ctx.deployments, &tag, &owned, before, &mut passes.suspects).await
+            let vifs = [ctx.drivers.vif.clone()];
+            sweep(
+                &ctx.deployments,
+                &vifs,
+                &tag,
+                &owned,
+                before,
+                &mut passes.suspects,
+            )
+            .await
         };
         // No pool books to keep consistent: a term that ends stops the pass where it is.
         let swept = tokio::select! {

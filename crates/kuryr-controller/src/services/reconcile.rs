@@ -264,13 +264,8 @@ impl Reconciler {
         let mut suspects = BTreeSet::new();
         let mut deleted = 0;
         let mut errors = Vec::new();
-        for deployment in self
-            .ctx
-            .deployments
-            .names()
-            .map(str::to_string)
-            .collect::<Vec<_>>()
-        {
+        // Only where the cluster tag is confirmed this cluster's (cluster_claim.rs).
+        for deployment in self.ctx.deployments.claimed_names() {
             match self.sweep_deployment(&deployment, known, &mut suspects).await {
                 Ok(n) => deleted += n,
                 Err(e) => errors.push(e),

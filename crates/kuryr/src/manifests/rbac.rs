@@ -48,7 +48,12 @@ fn pools_enabled(config: &KuryrConfig) -> bool {
 
 /// What the controller does cluster-wide.
 pub fn controller_cluster_grants(config: &KuryrConfig) -> Vec<Grant> {
-    let mut out = Vec::new();
+    let mut out = vec![g(
+        CORE,
+        "namespaces",
+        "get",
+        "the cluster_id claim reads the kube-system Namespace's uid, the cluster's identity (cluster_claim.rs)",
+    )];
     if handler_enabled(config, "vif") {
         out.extend([
             g(

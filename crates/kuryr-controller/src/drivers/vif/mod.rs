@@ -76,6 +76,13 @@ pub trait VifDriver: Send + Sync {
     /// Forgets what the driver remembers of every node (a new leadership term).
     async fn forget_nodes(&self) {}
 
+    /// Undoes what the driver did outside `ports` before the orphan sweep deletes them: no pod or
+    /// pool records them, so their host is unknown (`release_vif` needs it). An error keeps them
+    /// for a later pass: deleted first, what pointed at them could not be found any more.
+    async fn release_orphans(&self, _deployment: &str, _ports: &[Port]) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// Whether a pool host still serves a node. Nested: the VM's trunk or port is still attached
     /// to an instance. Bare-metal hosts are node names, which the Node watch judges.
     async fn host_alive(&self, _deployment: &str, _host: &str) -> Result<bool, Error> {

@@ -104,6 +104,24 @@ impl VmPortLookup {
         )))
     }
 
+    /// Every port on the worker subnets: the VM ports (and whatever else lives there), for work
+    /// that concerns all nodes at once.
+    pub async fn worker_ports(&self, client: &NeutronClient) -> Result<Vec<Port>, Error> {
+        let mut seen = std::collections::HashSet::new();
+        let mut ports = Vec::new();
+        for subnet in &self.worker_subnets {
+            for port in client
+                .list_ports(&ListFilter::new().fixed_ip_subnet(subnet))
+                .await?
+            {
+                if seen.insert(port.id.clone()) {
+                    ports.push(port);
+                }
+            }
+        }
+        Ok(ports)
+    }
+
     /// Forgets what was found for `node` (its Node object is gone or was re-created).
     pub async fn forget(&self, node: &str) {
         self.cache.write().await.retain(|(_, n), _| n != node);

@@ -171,6 +171,25 @@ impl VifDriver for NestedMacvlan {
         self.lookup.forget_all().await;
     }
 
+    /// The orphans' address pairs are taken off whichever VM ports carry them (found on the
+    /// worker subnets): left there, a VM keeps the right to send as an address Neutron hands to
+    /// another pod, and each stale pair counts against Neutron's per-port limit (10 by default).
+    async fn release_orphans(&self, deployment: &str, ports: &[Port]) -> Result<(), Error> {
+        let gone: Vec<AllowedAddressPair> = ports.iter().flat_map(pairs_of).collect();
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let client = self.deployments.client(deployment)?;
+        for vm in self.lookup.worker_ports(client).await? {
+            if vm.allowed_address_pairs.iter().any(|p| gone.contains(p)) {
+                self.update_pairs(deployment, &vm.id, |pairs| pairs.retain(|p| !gone.contains(p)))
+                    .await?;
+                tracing::info!(vm_port = %vm.id, deployment, "took orphaned pods' address pairs off a VM port");
+            }
+        }
+        Ok(())
+    }
+
     async fn host_alive(&self, deployment: &str, vm_port: &str) -> Result<bool, Error> {
         vm_port_alive(self.deployments.client(deployment)?, vm_port).await
     }
