@@ -7,23 +7,31 @@
 //! each deployment: a security group named `kuryr-rs-cluster:<cluster_id>` whose description
 //! names the uid of its `kube-system` namespace (a cluster's identity; a restored etcd keeps it).
 //!
-//! - A controller finding the id claimed by another cluster refuses to lead: it exits naming the
-//!   group, before any handler ran in that term.
-//! - Two clusters claiming at once are told apart by the claim's `created_at`, then its id: the
-//!   later one deletes its own claim and refuses. Neutron's timestamps have whole seconds, so two
-//!   claims made in the same second could each have looked alone; the periodic re-check finds it.
+//! - The earliest claim holds (`created_at`, then id). A controller meeting another cluster's
+//!   earlier claim withdraws its own claims (in every deployment) and stops, naming the group;
+//!   at the start of a term that is before any handler ran.
+//! - A claim just made is confirmed by the next check (2 s later), not by the listing after the
+//!   create: Neutron's timestamps have whole seconds, and two claims made in the same second
+//!   could each have looked alone.
+//! - A later claim of another cluster that stays (its credentials cannot see ours: another
+//!   project's scope) makes the id contested there: sweeps stop in that deployment and an error
+//!   is logged at every check until an operator resolves it. Nothing stops the earlier cluster.
 //! - Until a deployment's claim is confirmed, its sweeps skip it and pool recovery waits for it
 //!   (`Deployments::claimed_names`). Handlers do not wait: what they create is their own.
 //! - The claim outlives the controller on purpose (an uninstall deletes it, docs/install.md).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use kuryr_crds::names::neutron::TAG_MANAGED;
-use kuryr_neutron::{ListFilter, SecurityGroup, SecurityGroupCreate, Taggable};
+use kuryr_neutron::{ListFilter, NeutronClient, SecurityGroup, SecurityGroupCreate, Taggable};
 use tokio::sync::OnceCell;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Platform;
@@ -36,7 +44,11 @@ pub const DESCRIPTION_PREFIX: &str =
     "kuryr-rs cluster_id claim of the Kubernetes cluster whose kube-system uid is ";
 /// How often a held claim is checked again (and a failed check retried at most).
 pub const RECHECK_PERIOD: Duration = Duration::from_secs(300);
+/// The first retry of a check that did not confirm the claim (doubling up to the period).
 const FIRST_RETRY: Duration = Duration::from_secs(2);
+/// How long another cluster's later claim may stay before it is reported as a conflict (a
+/// cluster that lost a race deletes its own within a check or two).
+const CONTEST_GRACE: Duration = Duration::from_secs(10);
 
 pub fn group_name(cluster_id: &str) -> String {
     format!("{GROUP_PREFIX}{cluster_id}")
@@ -46,6 +58,7 @@ pub fn group_name(cluster_id: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
     pub group: String,
+    pub project_id: String,
     /// The claiming cluster's kube-system uid; `None` when the description was edited.
     pub uid: Option<String>,
     pub created_at: Option<String>,
@@ -56,6 +69,7 @@ impl Claim {
     pub fn of(sg: &SecurityGroup) -> Self {
         Self {
             group: sg.id.clone(),
+            project_id: sg.project_id.clone(),
             uid: sg
                 .description
                 .strip_prefix(DESCRIPTION_PREFIX)
@@ -72,9 +86,14 @@ impl Claim {
 pub enum Verdict {
     /// No claim: make one.
     Unclaimed,
-    /// The earliest claim is this cluster's; `duplicates` are its later ones (two replicas or
-    /// two attempts after a lost reply), to delete.
-    Held { own: Claim, duplicates: Vec<String> },
+    /// The earliest claim is this cluster's. `duplicates`: its later ones in the same project
+    /// (two replicas, or a retry after a lost reply), to delete; `contested`: later claims of
+    /// other clusters.
+    Held {
+        own: Claim,
+        duplicates: Vec<String>,
+        contested: Vec<Claim>,
+    },
     /// Another cluster's (or an unreadable) claim is the earliest; `own` are this cluster's, to
     /// delete before refusing.
     Taken { holder: Claim, own: Vec<String> },
@@ -87,20 +106,27 @@ pub fn judge(claims: &[Claim], uid: &str) -> Verdict {
     let Some(first) = sorted.first() else {
         return Verdict::Unclaimed;
     };
-    let mut own = sorted
-        .iter()
-        .filter(|c| c.uid.as_deref() == Some(uid))
-        .map(|c| c.group.clone());
-    if first.uid.as_deref() == Some(uid) {
-        own.next();
+    let is_own = |c: &&&Claim| c.uid.as_deref() == Some(uid);
+    if is_own(&first) {
         Verdict::Held {
             own: (*first).clone(),
-            duplicates: own.collect(),
+            // Another project's copy is another scope's (a deployment section with other
+            // credentials on the same Neutron): its own checks keep it.
+            duplicates: sorted[1..]
+                .iter()
+                .filter(|c| is_own(c) && c.project_id == first.project_id)
+                .map(|c| c.group.clone())
+                .collect(),
+            contested: sorted[1..]
+                .iter()
+                .filter(|c| !is_own(c))
+                .map(|c| (*c).clone())
+                .collect(),
         }
     } else {
         Verdict::Taken {
             holder: (*first).clone(),
-            own: own.collect(),
+            own: sorted.iter().filter(is_own).map(|c| c.group.clone()).collect(),
         }
     }
 }
@@ -109,16 +135,42 @@ pub fn judge(claims: &[Claim], uid: &str) -> Verdict {
 #[derive(Debug)]
 pub enum Outcome {
     Held,
+    /// Claimed by this check, or another cluster's later claim is within its grace: a later
+    /// check confirms it.
+    Unconfirmed,
+    /// Another cluster claims the id later and keeps its claim: sweeps stop here.
+    Contested(Error),
     /// Another cluster holds the id: the controller must not lead (the message says what to do).
     Taken(Error),
-    /// The check could not be made (Neutron or the Kubernetes API unreachable): try again.
+    /// The check could not be made (Neutron or the Kubernetes API unreachable, forbidden).
     Failed(Error),
+}
+
+impl Outcome {
+    /// Logs what is not a confirmed claim.
+    pub fn log(&self, deployment: &str) {
+        match self {
+            Outcome::Held | Outcome::Unconfirmed | Outcome::Taken(_) => {}
+            Outcome::Contested(e) => {
+                tracing::error!(%deployment, error = %e, "cluster_id contested; its sweeps stop")
+            }
+            // Retrying cannot mend a refused permission or a bad configuration.
+            Outcome::Failed(e) if !e.is_retryable() => {
+                tracing::error!(%deployment, error = %e, "cluster_id claim check failed; its sweeps wait for it")
+            }
+            Outcome::Failed(e) => {
+                tracing::warn!(%deployment, error = %e, "cluster_id claim check failed; its sweeps wait for it")
+            }
+        }
+    }
 }
 
 /// Claims `cluster_id` in every deployment and keeps checking it while leading.
 pub struct ClusterClaim {
     platform: Arc<Platform>,
     uid: OnceCell<String>,
+    /// (deployment, group) of other clusters' later claims -> when first seen.
+    contested: std::sync::Mutex<HashMap<(String, String), Instant>>,
 }
 
 impl ClusterClaim {
@@ -126,6 +178,7 @@ impl ClusterClaim {
         Self {
             platform,
             uid: OnceCell::new(),
+            contested: std::sync::Mutex::default(),
         }
     }
 
@@ -145,152 +198,240 @@ impl ClusterClaim {
             .map(String::as_str)
     }
 
-    /// Checks every deployment at once; records each outcome in `Deployments`.
-    pub async fn check_all(&self) -> Vec<(String, Outcome)> {
-        let names: Vec<String> = self.platform.deployments.names().map(str::to_string).collect();
-        let checks = names.iter().map(|d| self.check(d));
-        let outcomes = futures::future::join_all(checks).await;
-        names.into_iter().zip(outcomes).collect()
+    /// Checks every deployment at once; each outcome is recorded in `Deployments` and logged.
+    /// Returns the first `Taken` at once (the other checks are dropped), else whether every
+    /// deployment is confirmed.
+    pub async fn check_all(&self) -> Result<bool, Error> {
+        let mut checks: FuturesUnordered<_> = self
+            .platform
+            .deployments
+            .names()
+            .map(|d| async move { (d, self.check(d).await) })
+            .collect();
+        let mut all_held = true;
+        while let Some((deployment, outcome)) = checks.next().await {
+            outcome.log(deployment);
+            match outcome {
+                Outcome::Held => {}
+                Outcome::Taken(e) => return Err(e),
+                Outcome::Unconfirmed | Outcome::Contested(_) | Outcome::Failed(_) => all_held = false,
+            }
+        }
+        Ok(all_held)
     }
 
     /// Claims (or confirms the claim of) `cluster_id` in `deployment`.
     pub async fn check(&self, deployment: &str) -> Outcome {
         let outcome = match self.try_check(deployment).await {
-            Ok(None) => Outcome::Held,
-            Ok(Some(taken)) => Outcome::Taken(taken),
+            Ok(o) => o,
             Err(e) => Outcome::Failed(e),
         };
         match &outcome {
             Outcome::Held => self.platform.deployments.set_claimed(deployment, true),
-            Outcome::Taken(_) => self.platform.deployments.set_claimed(deployment, false),
+            Outcome::Unconfirmed | Outcome::Contested(_) | Outcome::Taken(_) => {
+                self.platform.deployments.set_claimed(deployment, false);
+            }
             // A held claim stays held through an outage: nobody else can take it meanwhile.
             Outcome::Failed(_) => {}
         }
         outcome
     }
 
-    /// `Ok(None)` once held; `Ok(Some(why))` when another cluster holds it.
-    async fn try_check(&self, deployment: &str) -> Result<Option<Error>, Error> {
+    async fn claims(&self, client: &NeutronClient, context: &str) -> Result<Vec<Claim>, Error> {
+        Ok(client
+            .list_security_groups(&ListFilter::new().name(group_name(&self.platform.cluster_id)))
+            .await
+            .map_err(|e| Error::openstack(format!("{context}: listing claims"), e))?
+            .iter()
+            .map(Claim::of)
+            .collect())
+    }
+
+    async fn try_check(&self, deployment: &str) -> Result<Outcome, Error> {
         let uid = self.uid().await?.to_string();
         let cluster_id = &self.platform.cluster_id;
         let client = self.platform.deployments.client(deployment)?;
-        let name = group_name(cluster_id);
-        let context = |what: &str| format!("cluster_id claim in deployment {deployment}: {what}");
-        // Twice at most: a first listing finding none, then the one after this cluster's create.
-        for _ in 0..2 {
-            let claims: Vec<Claim> = client
-                .list_security_groups(&ListFilter::new().name(&name))
-                .await
-                .map_err(|e| Error::openstack(context("listing claims"), e))?
-                .iter()
-                .map(Claim::of)
-                .collect();
-            match judge(&claims, &uid) {
-                Verdict::Unclaimed => {
-                    let project = match self.platform.config.neutron_defaults.project.as_deref() {
-                        None | Some("") => None,
-                        Some(p) => Some(self.platform.project_in(deployment, p).await),
-                    };
-                    let req = SecurityGroupCreate {
-                        name: name.clone(),
-                        project_id: project,
-                        description: Some(format!("{DESCRIPTION_PREFIX}{uid}")),
-                        ..Default::default()
-                    };
-                    let sg = client
-                        .create_security_group(&req)
+        let context = format!("cluster_id claim in deployment {deployment}");
+        let claims = self.claims(client, &context).await?;
+        match judge(&claims, &uid) {
+            Verdict::Unclaimed => {
+                let project = match self.platform.config.neutron_defaults.project.as_deref() {
+                    None | Some("") => None,
+                    Some(p) => Some(self.platform.project_in(deployment, p).await),
+                };
+                let req = SecurityGroupCreate {
+                    name: group_name(cluster_id),
+                    project_id: project,
+                    description: Some(format!("{DESCRIPTION_PREFIX}{uid}")),
+                    ..Default::default()
+                };
+                let sg = client
+                    .create_security_group(&req)
+                    .await
+                    .map_err(|e| Error::openstack(format!("{context}: creating the claim"), e))?;
+                // Tags cannot be given in a security group's POST; a failure here is mended by
+                // the next check.
+                client
+                    .replace_tags(Taggable::SecurityGroup, &sg.id, &self.platform.resource_tags())
+                    .await
+                    .map_err(|e| Error::openstack(format!("{context}: tagging the claim"), e))?;
+                tracing::info!(%deployment, cluster_id, group = %sg.id, "claimed cluster_id; confirming at the next check");
+                Ok(Outcome::Unconfirmed)
+            }
+            Verdict::Held {
+                own,
+                duplicates,
+                contested,
+            } => {
+                for id in duplicates {
+                    delete_ignoring_gone(client, &id)
                         .await
-                        .map_err(|e| Error::openstack(context("creating the claim"), e))?;
-                    tracing::info!(%deployment, cluster_id, group = %sg.id, "claimed cluster_id");
+                        .map_err(|e| Error::openstack(format!("{context}: deleting a duplicate claim"), e))?;
                 }
-                Verdict::Held { own, duplicates } => {
-                    for id in duplicates {
-                        delete_ignoring_gone(client, &id)
-                            .await
-                            .map_err(|e| Error::openstack(context("deleting a duplicate claim"), e))?;
-                    }
-                    if !own.tagged {
-                        // Tags cannot be given in a security group's POST; a crash between the two
-                        // calls is mended here.
-                        client
-                            .replace_tags(
-                                Taggable::SecurityGroup,
-                                &own.group,
-                                &self.platform.resource_tags(),
-                            )
-                            .await
-                            .map_err(|e| Error::openstack(context("tagging the claim"), e))?;
-                    }
-                    return Ok(None);
+                if !own.tagged {
+                    client
+                        .replace_tags(
+                            Taggable::SecurityGroup,
+                            &own.group,
+                            &self.platform.resource_tags(),
+                        )
+                        .await
+                        .map_err(|e| Error::openstack(format!("{context}: tagging the claim"), e))?;
                 }
-                Verdict::Taken { holder, own } => {
-                    for id in own {
-                        delete_ignoring_gone(client, &id).await.map_err(|e| {
-                            Error::openstack(context("deleting this cluster's later claim"), e)
-                        })?;
-                    }
-                    let by = holder.uid.map_or_else(
-                        || "an unreadable description".to_string(),
-                        |u| format!("kube-system uid {u}"),
-                    );
-                    return Ok(Some(Error::Config(format!(
-                        "[kubernetes] cluster_id {cluster_id:?} is claimed in OpenStack deployment {deployment:?} \
-                         by another Kubernetes cluster (security group {} named {name:?}, {by}; this cluster's \
-                         kube-system uid is {uid}): both clusters' resources would carry the same tags and each \
-                         controller would sweep the other's as orphans. Give this cluster its own cluster_id; if \
-                         the other cluster is gone for good, delete that security group and this cluster adopts \
-                         (and sweeps) what it left.",
-                        holder.group
-                    ))));
+                Ok(self.contest(deployment, &own, &contested, &uid))
+            }
+            Verdict::Taken { holder, own } => {
+                for id in own {
+                    delete_ignoring_gone(client, &id).await.map_err(|e| {
+                        Error::openstack(format!("{context}: deleting this cluster's later claim"), e)
+                    })?;
                 }
+                Ok(Outcome::Taken(Error::Config(format!(
+                    "[kubernetes] cluster_id {cluster_id:?} is claimed in OpenStack deployment {deployment:?} \
+                     by another Kubernetes cluster (security group {} named {:?}, {}; this cluster's \
+                     kube-system uid is {uid}): both clusters' resources would carry the same tags and each \
+                     controller would sweep the other's as orphans. Give this cluster its own cluster_id; if \
+                     the other cluster is gone for good, delete that security group and this cluster adopts \
+                     (and sweeps) what it left.",
+                    holder.group,
+                    group_name(cluster_id),
+                    describe(&holder)
+                ))))
             }
         }
-        Err(Error::not_ready(context(
-            "the claim just created is not listed yet",
+    }
+
+    /// Held, unless another cluster's later claim has stayed past [`CONTEST_GRACE`] (or is
+    /// still within it: then not confirmed yet either).
+    fn contest(&self, deployment: &str, own: &Claim, contested: &[Claim], uid: &str) -> Outcome {
+        let now = Instant::now();
+        let mut seen = self
+            .contested
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        seen.retain(|(d, g), _| d != deployment || contested.iter().any(|c| &c.group == g));
+        let Some(oldest) = contested
+            .iter()
+            .map(|c| {
+                let first = *seen
+                    .entry((deployment.to_string(), c.group.clone()))
+                    .or_insert(now);
+                (first, c)
+            })
+            .min_by_key(|(first, _)| *first)
+        else {
+            return Outcome::Held;
+        };
+        if now.duration_since(oldest.0) < CONTEST_GRACE {
+            return Outcome::Unconfirmed;
+        }
+        let other = oldest.1;
+        Outcome::Contested(Error::Config(format!(
+            "[kubernetes] cluster_id {:?} is claimed in OpenStack deployment {deployment:?} by this cluster \
+             (security group {}, kube-system uid {uid}) and later by another (security group {} in project {}, {}), \
+             which keeps its claim: its credentials cannot see this one (another project's scope). Until one \
+             of the two clusters gets another cluster_id and its claim is deleted, neither may sweep here; this \
+             controller does not.",
+            self.platform.cluster_id,
+            own.group,
+            other.group,
+            other.project_id,
+            describe(other)
         )))
     }
 
-    /// Re-checks every deployment every [`RECHECK_PERIOD`] while leading, a failed one sooner
-    /// (from 2 s, doubling). A claim found taken is sent to `fatal` and the task ends.
+    /// Deletes this cluster's claims in every deployment (it is refused somewhere: a claim it
+    /// keeps elsewhere would later refuse the cluster that holds the id there). Best effort.
+    pub async fn withdraw(&self) {
+        let Ok(uid) = self.uid().await.map(str::to_string) else {
+            return;
+        };
+        for deployment in self.platform.deployments.names() {
+            let Ok(client) = self.platform.deployments.client(deployment) else {
+                continue;
+            };
+            let claims = match self.claims(client, "withdrawing the cluster_id claim").await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(%deployment, error = %e, "cannot withdraw the cluster_id claim");
+                    continue;
+                }
+            };
+            for c in claims.iter().filter(|c| c.uid.as_deref() == Some(uid.as_str())) {
+                match delete_ignoring_gone(client, &c.group).await {
+                    Ok(()) => {
+                        tracing::info!(%deployment, group = %c.group, "withdrew this cluster's cluster_id claim")
+                    }
+                    Err(e) => {
+                        tracing::warn!(%deployment, group = %c.group, error = %e, "cannot withdraw the cluster_id claim")
+                    }
+                }
+            }
+            self.platform.deployments.set_claimed(deployment, false);
+        }
+    }
+
+    /// Re-checks every deployment every [`RECHECK_PERIOD`] while leading; one not confirmed
+    /// sooner (from 2 s, doubling). A claim found taken is withdrawn everywhere and sent to
+    /// `fatal`, and the task ends.
     pub async fn run(
         self: Arc<Self>,
-        failed_first: bool,
+        all_held: bool,
         fatal: tokio::sync::mpsc::Sender<Error>,
         stop: CancellationToken,
     ) {
         let mut retry = FIRST_RETRY;
-        let mut wait = if failed_first { retry } else { RECHECK_PERIOD };
+        let mut wait = if all_held { RECHECK_PERIOD } else { retry };
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
             }
-            let mut failed = false;
-            for (deployment, outcome) in self.check_all().await {
-                match outcome {
-                    Outcome::Held => {}
-                    Outcome::Taken(e) => {
-                        let _ = fatal.send(e).await;
-                        return;
-                    }
-                    Outcome::Failed(e) => {
-                        failed = true;
-                        tracing::warn!(%deployment, error = %e, retry_in = ?retry, "cluster_id claim check failed");
-                    }
+            let checked = tokio::select! {
+                _ = stop.cancelled() => return,
+                c = self.check_all() => c,
+            };
+            match checked {
+                Ok(true) => (wait, retry) = (RECHECK_PERIOD, FIRST_RETRY),
+                Ok(false) => (wait, retry) = (retry, (retry * 2).min(RECHECK_PERIOD)),
+                Err(taken) => {
+                    self.withdraw().await;
+                    let _ = fatal.send(taken).await;
+                    return;
                 }
             }
-            (wait, retry) = match failed {
-                true => (retry, (retry * 2).min(RECHECK_PERIOD)),
-                false => (RECHECK_PERIOD, FIRST_RETRY),
-            };
         }
     }
 }
 
-async fn delete_ignoring_gone(
-    client: &kuryr_neutron::NeutronClient,
-    id: &str,
-) -> Result<(), kuryr_neutron::Error> {
+fn describe(c: &Claim) -> String {
+    c.uid.as_ref().map_or_else(
+        || "an unreadable description".to_string(),
+        |u| format!("kube-system uid {u}"),
+    )
+}
+
+async fn delete_ignoring_gone(client: &NeutronClient, id: &str) -> Result<(), kuryr_neutron::Error> {
     match client.delete_security_group(id).await {
         Err(e) if e.is_not_found() => Ok(()),
         r => r,
@@ -304,6 +445,7 @@ mod tests {
     fn claim(group: &str, uid: Option<&str>, at: &str) -> Claim {
         Claim {
             group: group.into(),
+            project_id: "p".into(),
             uid: uid.map(str::to_string),
             created_at: Some(at.into()),
             tagged: true,
@@ -324,7 +466,8 @@ mod tests {
             judge(&[later_mine.clone(), later_other.clone(), mine.clone()], "me"),
             Verdict::Held {
                 own: mine.clone(),
-                duplicates: vec!["a".into()]
+                duplicates: vec!["a".into()],
+                contested: vec![later_other.clone()],
             }
         );
         // The other cluster sees the same listing: it is the later one and deletes its own.
@@ -333,6 +476,21 @@ mod tests {
             Verdict::Taken {
                 holder: mine,
                 own: vec!["c".into()]
+            }
+        );
+    }
+
+    #[test]
+    fn a_copy_in_another_project_is_another_scope_s_to_keep() {
+        let mine = claim("a", Some("me"), "2026-11-30T04:00:00Z");
+        let mut scoped = claim("b", Some("me"), "2026-11-30T04:00:03Z");
+        scoped.project_id = "q".into();
+        assert_eq!(
+            judge(&[scoped, mine.clone()], "me"),
+            Verdict::Held {
+                own: mine,
+                duplicates: vec![],
+                contested: vec![],
             }
         );
     }

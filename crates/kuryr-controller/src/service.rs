@@ -15,7 +15,7 @@ use kuryr_config::KuryrConfig;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster_claim::{ClusterClaim, Outcome};
+use crate::cluster_claim::ClusterClaim;
 use crate::context::{Context, Platform};
 use crate::error::Error;
 use crate::handlers::HandlerRegistry;
@@ -96,6 +96,9 @@ impl Readiness {
 
 /// Runs the controller until `stop` is cancelled.
 pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(), Error> {
+    // Its own token, cancelled also when the controller stops on its own (a refused cluster_id):
+    // the elector and the health server end with it.
+    let stop = stop.child_token();
     if opts
         .config
         .kubernetes
@@ -162,6 +165,7 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
                 if let Some(binder) = &ctx.placement {
                     // What a previous term cached may have been changed by another leader.
                     binder.forget().await;
+                    binder.expect_usage();
                     let pb = &opts.config.pod_binding;
                     tasks.spawn(crate::placement::watch::run(
                         ctx.platform().clone(),
@@ -177,36 +181,37 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
                     ));
                 }
                 // Before any handler runs: a cluster_id another cluster holds is refused here (after the
-                // placement watch started: a deployment's project id may come from its objects).
+                // placement watch started: a deployment's project id may come from its objects). The
+                // wait is bounded, and ends with the term or the process.
                 let claim = Arc::new(ClusterClaim::new(ctx.platform().clone()));
-                let mut failed_first = false;
-                match tokio::time::timeout(FIRST_CLAIM_WAIT, claim.check_all()).await {
-                    Ok(outcomes) => {
-                        for (deployment, outcome) in outcomes {
-                            match outcome {
-                                Outcome::Held => {}
-                                Outcome::Taken(e) => {
-                                    ended = Err(e);
-                                    break;
-                                }
-                                Outcome::Failed(e) => {
-                                    failed_first = true;
-                                    tracing::warn!(%deployment, error = %e, "cluster_id claim check failed; its sweeps wait for it");
-                                }
-                            }
-                        }
-                        if ended.is_err() {
-                            ctx.term.end();
-                            token.cancel();
-                            break;
-                        }
+                let first = tokio::select! {
+                    _ = stop.cancelled() => {
+                        token.cancel();
+                        break;
+                    }
+                    _ = rx.changed() => {
+                        // Leadership changed meanwhile: the loop starts over from the new state.
+                        ctx.term.end();
+                        token.cancel();
+                        continue;
+                    }
+                    r = tokio::time::timeout(FIRST_CLAIM_WAIT, claim.check_all()) => r,
+                };
+                let all_held = match first {
+                    Ok(Ok(all_held)) => all_held,
+                    Ok(Err(taken)) => {
+                        claim.withdraw().await;
+                        ended = Err(taken);
+                        ctx.term.end();
+                        token.cancel();
+                        break;
                     }
                     Err(_) => {
-                        failed_first = true;
                         tracing::warn!(waited = ?FIRST_CLAIM_WAIT, "cluster_id claim check unfinished; sweeps wait for it");
+                        false
                     }
-                }
-                tasks.spawn(claim.run(failed_first, fatal_tx.clone(), token.clone()));
+                };
+                tasks.spawn(claim.run(all_held, fatal_tx.clone(), token.clone()));
                 // Handlers are instantiated once; on a later re-election rebuild them.
                 let hs = match handlers.lock().ok().and_then(|mut h| h.take()) {
                     Some(h) => h,
@@ -280,6 +285,7 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
     if let Some(t) = leading {
         t.cancel();
     }
+    stop.cancel();
     // Graceful shutdown: let in-flight watch loops observe the cancellation.
     let _ = tokio::time::timeout(Duration::from_secs(10), async {
         while tasks.join_next().await.is_some() {}

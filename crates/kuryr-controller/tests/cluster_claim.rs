@@ -144,3 +144,84 @@ async fn a_cluster_id_another_cluster_holds_is_refused() -> Result<()> {
     }
     Ok(())
 }
+
+/// A cluster refused in one deployment keeps no claim in another (it would later refuse the
+/// cluster holding the id there); another cluster's later claim that stays (credentials of
+/// another scope cannot see this one) stops the sweeps of that deployment, not the controller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_claim_is_withdrawn_everywhere_and_a_contested_one_stops_sweeps() -> Result<()> {
+    use kuryr_controller::cluster_claim::ClusterClaim;
+    use kuryr_controller::context::Platform;
+    use kuryr_neutron::{ClientOptions, SecurityGroupCreate};
+    use neutron_emulator::{Emulator, EmulatorOptions};
+    use std::sync::Arc;
+
+    init_logs();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (e, w) = (
+        Emulator::start(EmulatorOptions::default()).await?,
+        Emulator::start(EmulatorOptions::default()).await?,
+    );
+    let east = NeutronClient::new(&ClientOptions::noauth(e.url()))?;
+    let west = NeutronClient::new(&ClientOptions::noauth(w.url()))?;
+    let kube = start_kube().await?;
+    let cluster = format!("claim-{}", uuid::Uuid::new_v4().simple());
+    let cfg = config(&format!(
+        "[kubernetes]\ncluster_id = {cluster}\n\
+         [neutron]\nauth_type = noauth\nendpoint_override = {}\n\
+         [deployment:west]\nauth_type = noauth\nendpoint_override = {}\n\
+         [neutron_defaults]\nproject = p1\n",
+        e.url(),
+        w.url()
+    ));
+    let metrics = Metrics::new();
+    let deployments = Deployments::from_config(&cfg, &metrics)?;
+    let platform = Arc::new(Platform::new(
+        kube.client.clone(),
+        cfg,
+        deployments.clone(),
+        metrics,
+    ));
+    let foreign = |project: &str| SecurityGroupCreate {
+        name: group_name(&cluster),
+        project_id: Some(project.into()),
+        description: Some(format!("{DESCRIPTION_PREFIX}another-cluster")),
+        ..Default::default()
+    };
+
+    // West is another cluster's: the check refuses, and east keeps no claim of this cluster.
+    let theirs = west.create_security_group(&foreign("p1")).await?;
+    let claim = ClusterClaim::new(platform.clone());
+    let refused = claim.check_all().await.expect_err("refused in west");
+    assert!(refused.to_string().contains(&theirs.id), "{refused}");
+    claim.withdraw().await;
+    assert!(claims(&east, &cluster).await?.is_empty(), "east keeps no claim");
+    assert_eq!(claims(&west, &cluster).await?.len(), 1, "west keeps theirs only");
+    assert!(deployments.claimed_names().is_empty());
+
+    // Freed: claimed in both, confirmed by the next check.
+    west.delete_security_group(&theirs.id).await?;
+    let claim = ClusterClaim::new(platform.clone());
+    assert!(!claim.check_all().await?, "made, not yet confirmed");
+    assert!(deployments.claimed_names().is_empty());
+    assert!(claim.check_all().await?, "confirmed");
+    assert_eq!(deployments.claimed_names(), ["default", "west"]);
+
+    // A later claim of another cluster in another project that stays: east's sweeps stop (at
+    // once: not confirmed during the grace, then contested), west's go on, nothing is refused.
+    let contested = east.create_security_group(&foreign("p2")).await?;
+    assert!(!claim.check_all().await?);
+    assert_eq!(deployments.claimed_names(), ["west"]);
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert!(!claim.check_all().await?, "still contested after the grace");
+    assert_eq!(deployments.claimed_names(), ["west"]);
+    assert_eq!(
+        claims(&east, &cluster).await?.len(),
+        2,
+        "nobody's claim was deleted"
+    );
+    east.delete_security_group(&contested.id).await?;
+    assert!(claim.check_all().await?);
+    assert_eq!(deployments.claimed_names(), ["default", "west"]);
+    Ok(())
+}

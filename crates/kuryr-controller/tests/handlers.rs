@@ -34,7 +34,6 @@ const WAIT: Duration = Duration::from_secs(120);
 fn bare_metal_config(fx: &NeutronFixture, handlers: &str) -> String {
     format!(
         "[kubernetes]\nenabled_handlers = {handlers}\npod_vif_driver = neutron-vif\nvif_pool_driver = noop\n\
-         cluster_id = handlers-test\n\
          [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\nresource_tags = k8s,test\n",
         fx.project, fx.subnet, fx.sg
     )

@@ -26,7 +26,6 @@ fn multi_config(fx: &NeutronFixture, sriov_subnet: Option<&str>) -> String {
         .unwrap_or_default();
     format!(
         "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_vif_driver = neutron-vif\nvif_pool_driver = noop\n\
-         cluster_id = test-cluster\n\
          multi_vif_drivers = additional_subnets, npwg_multiple_interfaces, sriov, specific_ports\n\
          [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\nresource_tags = k8s,test\n{sriov}",
         fx.project, fx.subnet, fx.sg

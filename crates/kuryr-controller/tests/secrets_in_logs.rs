@@ -161,7 +161,6 @@ async fn a_controller_run_at_trace_level_logs_no_token_key_or_password() -> Resu
 
     let ini = format!(
         "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_vif_driver = neutron-vif\nvif_pool_driver = noop\n\
-         cluster_id = secrets-test\n\
          [neutron]\nauth_type = password\nauth_url = {auth_url}\nusername = kuryr\npassword = {PASSWORD}\n\
          user_domain_name = Default\nproject_name = k8s\nproject_domain_name = Default\n\
          [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\n",

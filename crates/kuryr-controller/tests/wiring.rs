@@ -21,9 +21,12 @@ const WAIT: Duration = Duration::from_secs(120);
 fn bare_metal_config(fx: &NeutronFixture, extra: &str) -> String {
     format!(
         "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_vif_driver = neutron-vif\nvif_pool_driver = noop\n\
-         cluster_id = test-cluster\n{extra}\n\
+         cluster_id = wiring-{}\n{extra}\n\
          [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\nresource_tags = k8s,test\n",
-        fx.project, fx.subnet, fx.sg
+        &fx.project[fx.project.len() - 12..],
+        fx.project,
+        fx.subnet,
+        fx.sg
     )
 }
 
@@ -111,7 +114,8 @@ async fn bare_metal_pods_get_active_ports_and_release_them() -> Result<()> {
             assert_eq!(port.binding_host_id, kp.spec.pod_node_name);
             assert_eq!(port.security_groups, vec![fx.sg.clone()]);
             assert_eq!(port.device_id, kp.spec.pod_uid);
-            for tag in ["k8s", "test", "kuryr-rs", "kuryr-rs.cluster=test-cluster"] {
+            let cluster = format!("kuryr-rs.cluster=wiring-{}", &fx.project[fx.project.len() - 12..]);
+            for tag in ["k8s", "test", "kuryr-rs", cluster.as_str()] {
                 assert!(
                     port.tags.iter().any(|t| t == tag),
                     "{}: port tags {:?} lack {tag}",

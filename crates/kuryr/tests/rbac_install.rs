@@ -132,11 +132,15 @@ async fn controller_and_two_daemons_wire_a_pod_with_the_generated_service_accoun
     let fx = neutron_fixture(&neutron.client, "10.78.0.0/24").await?;
     let conf = format!(
         "[kubernetes]\ncontroller_namespace = kuryr\ncontroller_ha = True\nenabled_handlers = vif,kuryrport\n\
-         pod_vif_driver = neutron-vif\nvif_pool_driver = noop\ncluster_id = rbac\n\
+         pod_vif_driver = neutron-vif\nvif_pool_driver = noop\ncluster_id = rbac-{}\n\
          [neutron]\nauth_type = noauth\nendpoint_override = {}\n\
          [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\n\
          [cni_daemon]\nnetns_proc_dir = /host_proc\n",
-        neutron.url, fx.project, fx.subnet, fx.sg
+        uuid::Uuid::new_v4().simple(),
+        neutron.url,
+        fx.project,
+        fx.subnet,
+        fx.sg
     );
     let handle = KubeEmulator::start(KubeOptions {
         token: Some(ADMIN.into()),

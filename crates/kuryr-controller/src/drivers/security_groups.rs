@@ -182,6 +182,12 @@ impl SecurityGroupsDriver for NamespaceSecurityGroups {
             .lock()
             .await
             .remove(&(deployment.to_string(), namespace.to_string()));
+        // Found by tags: only where the cluster tag is confirmed this cluster's (retried until).
+        if !self.deployments.is_claimed(deployment) {
+            return Err(Error::not_ready(format!(
+                "the cluster_id claim in deployment {deployment} is not confirmed yet"
+            )));
+        }
         let client = self.deployments.client(deployment)?;
         for sg in client
             .list_security_groups(&ListFilter::new().tags(self.lookup_tags(namespace)))

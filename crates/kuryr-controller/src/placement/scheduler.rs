@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use kuryr_config::{BindingFilter, PodBindingSection};
+use kuryr_config::{BindingFilter, BindingWeigher, PodBindingSection};
 use rand::Rng;
 use tokio::sync::{Mutex, RwLock};
 
@@ -53,6 +53,9 @@ pub struct Scheduler {
     weighers: Vec<(Box<dyn Weigher>, f64)>,
     subset_size: usize,
     usage_filter: bool,
+    /// Whether any decision reads usage figures (the `usage_threshold` filter, the
+    /// `idle_capacity` weigher).
+    uses_usage: bool,
 }
 
 impl Scheduler {
@@ -62,7 +65,13 @@ impl Scheduler {
             weighers: weighers::build(&cfg.weighers, &cfg.weigher_multipliers),
             subset_size: usize::try_from(cfg.subset_size.get()).unwrap_or(1),
             usage_filter: cfg.filters.contains(&BindingFilter::UsageThreshold),
+            uses_usage: cfg.filters.contains(&BindingFilter::UsageThreshold)
+                || cfg.weighers.contains(&BindingWeigher::IdleCapacity),
         }
+    }
+
+    pub fn uses_usage(&self) -> bool {
+        self.uses_usage
     }
 
     /// Why the current binding must leave its deployment, or None if it stays. A binding stays
@@ -185,7 +194,14 @@ pub struct Binder {
     /// Whether the candidates hold what the operator set on the KuryrOpenStackDeployment objects
     /// (maintenance, zone, affinity, weight, project ids), not `kuryr.conf` alone.
     loaded: tokio::sync::watch::Sender<bool>,
+    /// Whether the usage figures were measured in this process' current term (see
+    /// [`Binder::expect_usage`]).
+    usage_known: tokio::sync::watch::Sender<bool>,
 }
+
+/// How long a decision waits for a term's first usage round: the round's own timeout bounds it
+/// (`[pod_binding] usage_timeout`, every deployment measured at once); this is a safety net.
+const FIRST_USAGE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How long a project id lookup waits for the deployment objects before it answers from
 /// `kuryr.conf` alone.
@@ -200,6 +216,7 @@ impl Binder {
             store,
             cache: Mutex::default(),
             loaded: tokio::sync::watch::Sender::new(true),
+            usage_known: tokio::sync::watch::Sender::new(true),
         }
     }
 
@@ -228,7 +245,15 @@ impl Binder {
                 c.project_usage = projects.clone();
             }
         }
+        self.usage_known.send_replace(true);
         self.forget().await;
+    }
+
+    /// A usage task starts (a leadership term): decisions that read usage wait for its first
+    /// round. Without this, a controller just started would take every deployment for
+    /// unmeasured, which passes `usage_threshold`, and bind new projects to a full one.
+    pub fn expect_usage(&self) {
+        self.usage_known.send_replace(false);
     }
 
     /// Replaces the candidates (an operator edited a deployment); usage figures are kept.
@@ -309,6 +334,17 @@ impl Binder {
                     stuck: None,
                 });
             }
+        }
+        if self.scheduler.uses_usage()
+            && !*self.usage_known.borrow()
+            && tokio::time::timeout(
+                FIRST_USAGE_WAIT,
+                self.usage_known.subscribe().wait_for(|known| *known),
+            )
+            .await
+            .is_err()
+        {
+            tracing::warn!(%req, "no usage round finished yet: deciding on the figures there are");
         }
         for _ in 0..5 {
             let state = self.store.get(req).await?;

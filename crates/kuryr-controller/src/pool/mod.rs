@@ -441,7 +441,18 @@ impl PoolManager {
             owned.extend(d.owned_ports().into_values().flatten());
         }
         let tag = kuryr_crds::names::neutron::cluster_tag(&self.ctx.cluster_id);
-        let vifs: Vec<_> = self.pooled.iter().map(|d| d.vif().clone()).collect();
+        // Every driver that may have made a port: `multi_pool` may route some nodes to `noop`.
+        let mut vifs: Vec<Arc<dyn VifDriver>> = Vec::new();
+        for v in self
+            .pooled
+            .iter()
+            .map(|d| d.vif())
+            .chain(self.routes.values().map(|r| r.vif_driver()))
+        {
+            if !vifs.iter().any(|known| known.name() == v.name()) {
+                vifs.push(v.clone());
+            }
+        }
         let deleted = sweep::sweep(&self.ctx.deployments, &vifs, &tag, &owned, before, suspects).await?;
         self.ctx
             .metrics

@@ -30,7 +30,8 @@ use crate::error::Error;
 pub enum NodeChange {
     /// The Node object is gone.
     Gone(String),
-    /// A new Node object (another uid) took the name: possibly another VM.
+    /// A new Node object (another uid) took the name, or the node's InternalIP addresses changed:
+    /// possibly another VM (one replaced without deleting its Node keeps the uid, not the port).
     Replaced(String),
     /// Its `pod_vif` label changed (`multi_pool`): its next pods take another route.
     Relabelled(String),
@@ -44,10 +45,19 @@ impl NodeChange {
     }
 }
 
-/// The nodes the watch has seen (name -> uid and `pod_vif` label), and the listing under way.
+/// What the watch has seen of one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    uid: String,
+    label: Option<String>,
+    /// Its InternalIP addresses, sorted.
+    ips: Vec<String>,
+}
+
+/// The nodes the watch has seen, and the listing under way.
 #[derive(Debug, Default)]
 pub struct NodeBook {
-    uids: HashMap<String, (String, Option<String>)>,
+    uids: HashMap<String, Seen>,
     relisting: Option<HashSet<String>>,
 }
 
@@ -56,23 +66,42 @@ impl NodeBook {
         self.uids.keys().cloned().collect()
     }
 
-    /// A node added or modified (or listed), with its `pod_vif` label.
-    pub fn applied(&mut self, node: &str, uid: &str, label: Option<&str>) -> Option<NodeChange> {
+    /// A node added or modified (or listed), with its `pod_vif` label and InternalIP addresses.
+    /// A node gaining its first address (booting) is no change; one whose addresses are
+    /// replaced is treated as re-created.
+    pub fn applied(
+        &mut self,
+        node: &str,
+        uid: &str,
+        label: Option<&str>,
+        ips: &[&str],
+    ) -> Option<NodeChange> {
         if let Some(seen) = &mut self.relisting {
             seen.insert(node.to_string());
         }
-        let now = (uid.to_string(), label.map(str::to_string));
-        match self.uids.insert(node.to_string(), now) {
-            Some((old, _)) if old != uid => Some(NodeChange::Replaced(node.to_string())),
-            Some((_, old)) if old.as_deref() != label => Some(NodeChange::Relabelled(node.to_string())),
+        let mut ips: Vec<String> = ips.iter().map(|s| s.to_string()).collect();
+        ips.sort();
+        let now = Seen {
+            uid: uid.to_string(),
+            label: label.map(str::to_string),
+            ips,
+        };
+        let change = match self.uids.get(node) {
+            Some(old) if old.uid != now.uid => Some(NodeChange::Replaced(node.to_string())),
+            Some(old) if !old.ips.is_empty() && old.ips != now.ips => {
+                Some(NodeChange::Replaced(node.to_string()))
+            }
+            Some(old) if old.label != now.label => Some(NodeChange::Relabelled(node.to_string())),
             _ => None,
-        }
+        };
+        self.uids.insert(node.to_string(), now);
+        change
     }
 
     /// A node deleted. The late deletion of an older Node of the same name changes nothing.
     pub fn deleted(&mut self, node: &str, uid: &str) -> Option<NodeChange> {
         match self.uids.get(node) {
-            Some((known, _)) if known != uid => None,
+            Some(known) if known.uid != uid => None,
             _ => {
                 self.uids.remove(node);
                 Some(NodeChange::Gone(node.to_string()))
@@ -158,7 +187,16 @@ impl PoolManager {
                         .as_ref()
                         .and_then(|l| l.get(super::NODE_POD_VIF_LABEL))
                         .map(String::as_str);
-                    book.applied(name, uid, label).into_iter().collect()
+                    let ips: Vec<&str> = n
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.addresses.as_ref())
+                        .into_iter()
+                        .flatten()
+                        .filter(|a| a.type_ == "InternalIP")
+                        .map(|a| a.address.as_str())
+                        .collect();
+                    book.applied(name, uid, label, &ips).into_iter().collect()
                 }
                 Some(Ok(Event::Delete(n))) => {
                     let (Some(name), Some(uid)) = (n.metadata.name.as_deref(), n.metadata.uid.as_deref())
@@ -293,15 +331,19 @@ mod tests {
     #[test]
     fn deletion_and_replacement_are_told_apart() {
         let mut b = NodeBook::default();
-        assert_eq!(b.applied("n1", "u1", None), None);
-        assert_eq!(b.applied("n1", "u1", None), None, "a modification is no change");
+        assert_eq!(b.applied("n1", "u1", None, &[]), None);
         assert_eq!(
-            b.applied("n1", "u1", Some("nested-vlan")),
+            b.applied("n1", "u1", None, &[]),
+            None,
+            "a modification is no change"
+        );
+        assert_eq!(
+            b.applied("n1", "u1", Some("nested-vlan"), &[]),
             Some(NodeChange::Relabelled("n1".into())),
             "its pod_vif label changed"
         );
         assert_eq!(
-            b.applied("n1", "u2", Some("nested-vlan")),
+            b.applied("n1", "u2", Some("nested-vlan"), &[]),
             Some(NodeChange::Replaced("n1".into())),
             "a new uid under the name: the node was re-created"
         );
@@ -315,18 +357,44 @@ mod tests {
     fn a_relisting_finds_the_nodes_deleted_meanwhile() {
         let mut b = NodeBook::default();
         b.relist_started();
-        b.applied("n1", "u1", None);
-        b.applied("n2", "u2", None);
-        b.applied("n3", "u3", None);
+        b.applied("n1", "u1", None, &[]);
+        b.applied("n2", "u2", None, &[]);
+        b.applied("n3", "u3", None, &[]);
         assert_eq!(b.relist_done(), vec![], "the first listing loses nothing");
         b.relist_started();
-        b.applied("n2", "u2", None);
+        b.applied("n2", "u2", None, &[]);
         assert_eq!(
-            b.applied("n3", "u4", None),
+            b.applied("n3", "u4", None, &[]),
             Some(NodeChange::Replaced("n3".into()))
         );
         assert_eq!(b.relist_done(), vec![NodeChange::Gone("n1".into())]);
         assert_eq!(b.names(), ["n2", "n3"].into_iter().map(String::from).collect());
         assert_eq!(b.relist_done(), vec![], "no listing under way");
+    }
+
+    #[test]
+    fn new_addresses_are_a_new_vm_a_first_address_is_not() {
+        let mut b = NodeBook::default();
+        assert_eq!(b.applied("n1", "u1", None, &[]), None);
+        assert_eq!(
+            b.applied("n1", "u1", None, &["10.0.0.5"]),
+            None,
+            "booting: its first address"
+        );
+        assert_eq!(b.applied("n1", "u1", None, &["10.0.0.5"]), None);
+        assert_eq!(
+            b.applied("n1", "u1", None, &["10.0.0.9"]),
+            Some(NodeChange::Replaced("n1".into())),
+            "the VM was replaced under a Node that kept its uid"
+        );
+        assert_eq!(
+            b.applied("n1", "u1", None, &["fd00::9", "10.0.0.9"]),
+            Some(NodeChange::Replaced("n1".into()))
+        );
+        assert_eq!(
+            b.applied("n1", "u1", None, &["10.0.0.9", "fd00::9"]),
+            None,
+            "order is no change"
+        );
     }
 }

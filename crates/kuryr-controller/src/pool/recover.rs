@@ -190,7 +190,10 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
     let deployments: Vec<String> = opts.deployments.names().map(str::to_string).collect();
     for deployment in deployments {
         // Ports carrying the cluster tag are adopted only where the tag is this cluster's.
-        opts.deployments.claimed(&deployment).await;
+        if !opts.deployments.is_claimed(&deployment) {
+            tracing::info!(%deployment, "pool recovery waits for the cluster_id claim");
+            opts.deployments.claimed(&deployment).await;
+        }
         let client = opts.deployments.client(&deployment)?;
         for (name, _, key) in &objects {
             if key.deployment == deployment {

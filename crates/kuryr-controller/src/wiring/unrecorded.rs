@@ -34,13 +34,17 @@ pub async fn release_unrecorded(
     let known: HashSet<&str> = recorded.iter().map(|r| r.vif.id()).collect();
     let mut errors = Vec::new();
     for deployment in ctx.deployments.names() {
+        // A port naming the pod's uid is this pod's whoever's tag it carries; a subport names
+        // none, so it is only taken by its tags where they are confirmed this cluster's
+        // (cluster_claim.rs); elsewhere it waits for the orphan sweep.
+        let tags_are_ours = ctx.deployments.is_claimed(deployment);
         let client = ctx.deployments.client(deployment)?;
         let filter = ListFilter::new().tags([tags::TAG_MANAGED, cluster_tag.as_str(), pod_tag.as_str()]);
         let stray: Vec<Port> = client
             .list_ports(&filter)
             .await?
             .into_iter()
-            .filter(|p| is_unrecorded(p, kp, &known))
+            .filter(|p| is_unrecorded(p, kp, &known) && (tags_are_ours || !p.device_id.is_empty()))
             .collect();
         if stray.is_empty() {
             continue;

@@ -39,7 +39,6 @@ use crate::services::shutdown_signal;
 use report::Summary;
 
 const NODES: [&str; 2] = ["k8s-node-1", "k8s-node-2"];
-const CLUSTER_ID: &str = "sandbox";
 /// How long the kubelet stand-in waits for a pod's VIF (upstream `vif_annotation_timeout`).
 const VIF_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -427,6 +426,12 @@ impl DemoNetwork {
         Ok(())
     }
 
+    /// This run's `cluster_id`: each run is another cluster (another emulated kube-system), so a
+    /// run left unfinished on a real Neutron never meets the next one's claim.
+    pub(crate) fn cluster_id(&self) -> String {
+        format!("sandbox-{}", &self.project[..8])
+    }
+
     /// Best effort: anything left in the demo project (ports the controller did not release).
     pub(crate) async fn delete(&self, neutron: &NeutronClient) {
         // A real server keeps per-project quotas after the project's resources are gone.
@@ -456,6 +461,19 @@ impl DemoNetwork {
         ] {
             if let Err(e) = result {
                 eprintln!("  cannot delete the demo {what}: {e}");
+            }
+        }
+        // The controller's cluster_id claim: the next sandbox is another cluster (another
+        // kube-system uid) under the same id.
+        let claim = kuryr_controller::cluster_claim::group_name(&self.cluster_id());
+        if let Ok(sgs) = neutron
+            .list_security_groups(&ListFilter::new().name(&claim))
+            .await
+        {
+            for sg in sgs.iter().filter(|sg| sg.project_id == self.project) {
+                if let Err(e) = neutron.delete_security_group(&sg.id).await {
+                    eprintln!("  cannot delete the cluster_id claim {}: {e}", sg.id);
+                }
             }
         }
         // The `default` group Neutron made for the project with its first port. Listed without a
@@ -512,6 +530,7 @@ fn controller_config(
         deployments::config_lines(urls.others, &demo.project)
     };
     let neutron_url = urls.neutron;
+    let cluster_id = demo.cluster_id();
     let (handlers, octavia) = match (urls.octavia, &demo.service) {
         (Some(url), Some((_, subnet))) => (
             "vif,kuryrport,service,endpoints,kuryrloadbalancer",
@@ -532,7 +551,7 @@ fn controller_config(
         "[kubernetes]\n\
          enabled_handlers = {handlers}\n\
          pod_vif_driver = neutron-vif\n\
-         cluster_id = {CLUSTER_ID}\n\
+         cluster_id = {cluster_id}\n\
          {pool}\
          [neutron]\n\
          endpoint_override = {neutron_url}\n\

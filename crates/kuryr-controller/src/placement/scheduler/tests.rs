@@ -411,3 +411,24 @@ async fn nothing_is_bound_before_the_deployment_objects_are_loaded() {
     let placed = b.bind(&key).await.expect("loaded");
     assert_ne!(placed.deployment, "pod1", "pod1 is in maintenance");
 }
+
+/// A controller just started knows no usage: a new project waits for the term's first round
+/// instead of taking the full first deployment for unmeasured (which passes usage_threshold).
+#[tokio::test]
+async fn a_new_term_decides_on_its_first_usage_round() {
+    let (b, store) = binder(six_in_two_groups());
+    b.expect_usage();
+    let b = Arc::new(b);
+    let key = req("t1", "general");
+    let binding = tokio::spawn({
+        let (b, key) = (b.clone(), key.clone());
+        async move { b.bind(&key).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!binding.is_finished(), "decided before any usage was measured");
+    assert!(store.list().await.expect("list").is_empty());
+    let full = (UsageFigure::Fresh(0.99), BTreeMap::new());
+    b.set_usage(&BTreeMap::from([("pod1".to_string(), full)])).await;
+    let placed = binding.await.expect("joined").expect("bound");
+    assert_eq!(placed.deployment, "pod2", "pod1 is full");
+}
