@@ -199,25 +199,45 @@ impl ClusterClaim {
     }
 
     /// Checks every deployment at once; each outcome is recorded in `Deployments` and logged.
-    /// Returns the first `Taken` at once (the other checks are dropped), else whether every
-    /// deployment is confirmed.
-    pub async fn check_all(&self) -> Result<bool, Error> {
+    /// Returns whether every deployment is confirmed, or the first refusal. After `patience`
+    /// the checks still running are given up (not confirmed; a later check makes them) - unless
+    /// one was refused: then all are let finish, so that no claim create is left in flight
+    /// behind the withdrawal that follows.
+    pub async fn check_all_within(&self, patience: Duration) -> Result<bool, Error> {
         let mut checks: FuturesUnordered<_> = self
             .platform
             .deployments
             .names()
             .map(|d| async move { (d, self.check(d).await) })
             .collect();
+        let deadline = tokio::time::sleep(patience);
+        tokio::pin!(deadline);
         let mut all_held = true;
-        while let Some((deployment, outcome)) = checks.next().await {
+        let mut taken = None;
+        loop {
+            let next = tokio::select! {
+                next = checks.next() => next,
+                _ = &mut deadline, if taken.is_none() => {
+                    tracing::warn!(waited = ?patience, "cluster_id claim checks unfinished; their sweeps wait for a later one");
+                    return Ok(false);
+                }
+            };
+            let Some((deployment, outcome)) = next else { break };
             outcome.log(deployment);
             match outcome {
                 Outcome::Held => {}
-                Outcome::Taken(e) => return Err(e),
+                Outcome::Taken(e) => {
+                    taken.get_or_insert(e);
+                }
                 Outcome::Unconfirmed | Outcome::Contested(_) | Outcome::Failed(_) => all_held = false,
             }
         }
-        Ok(all_held)
+        taken.map_or(Ok(all_held), Err)
+    }
+
+    /// [`ClusterClaim::check_all_within`] with the time the checks' own timeouts take.
+    pub async fn check_all(&self) -> Result<bool, Error> {
+        self.check_all_within(Duration::MAX).await
     }
 
     /// Claims (or confirms the claim of) `cluster_id` in `deployment`.

@@ -25,7 +25,7 @@ pub struct Deployments {
     octavia: Arc<BTreeMap<String, Result<OctaviaClient, String>>>,
     /// The deployments where this cluster's `cluster_id` claim is confirmed (see
     /// `cluster_claim`): only there may resources be adopted or swept by their cluster tag.
-    claimed: Arc<tokio::sync::watch::Sender<BTreeSet<String>>>,
+    claimed: Arc<std::sync::RwLock<BTreeSet<String>>>,
 }
 
 impl Deployments {
@@ -113,7 +113,10 @@ impl Deployments {
     /// The deployments where this cluster's `cluster_id` is confirmed as its own: what sweeps
     /// by cluster tag may act in.
     pub fn claimed_names(&self) -> Vec<String> {
-        let claimed = self.claimed.borrow();
+        let claimed = self
+            .claimed
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.names()
             .filter(|d| claimed.contains(*d))
             .map(str::to_string)
@@ -121,23 +124,23 @@ impl Deployments {
     }
 
     pub fn is_claimed(&self, deployment: &str) -> bool {
-        self.claimed.borrow().contains(deployment)
+        self.claimed
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(deployment)
     }
 
     /// Records the outcome of a claim check of `deployment` (see `cluster_claim`; tests that
     /// drive sweeps without a controller mark their deployments themselves).
     pub fn set_claimed(&self, deployment: &str, claimed: bool) {
-        self.claimed.send_if_modified(|set| match claimed {
+        let mut set = self
+            .claimed
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match claimed {
             true => set.insert(deployment.to_string()),
             false => set.remove(deployment),
-        });
-    }
-
-    /// Waits until `deployment` is claimed.
-    pub async fn claimed(&self, deployment: &str) {
-        let mut rx = self.claimed.subscribe();
-        // The sender lives as long as `self`: the wait cannot end for want of one.
-        let _ = rx.wait_for(|set| set.contains(deployment)).await;
+        };
     }
 }
 

@@ -189,26 +189,25 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
                         token.cancel();
                         break;
                     }
-                    _ = rx.changed() => {
-                        // Leadership changed meanwhile: the loop starts over from the new state.
+                    changed = rx.changed() => {
                         ctx.term.end();
                         token.cancel();
+                        if changed.is_err() {
+                            break;
+                        }
+                        // Leadership changed meanwhile: the loop starts over from the new state.
                         continue;
                     }
-                    r = tokio::time::timeout(FIRST_CLAIM_WAIT, claim.check_all()) => r,
+                    r = claim.check_all_within(FIRST_CLAIM_WAIT) => r,
                 };
                 let all_held = match first {
-                    Ok(Ok(all_held)) => all_held,
-                    Ok(Err(taken)) => {
+                    Ok(all_held) => all_held,
+                    Err(taken) => {
                         claim.withdraw().await;
                         ended = Err(taken);
                         ctx.term.end();
                         token.cancel();
                         break;
-                    }
-                    Err(_) => {
-                        tracing::warn!(waited = ?FIRST_CLAIM_WAIT, "cluster_id claim check unfinished; sweeps wait for it");
-                        false
                     }
                 };
                 tasks.spawn(claim.run(all_held, fatal_tx.clone(), token.clone()));

@@ -209,6 +209,8 @@ async fn a_refused_claim_is_withdrawn_everywhere_and_a_contested_one_stops_sweep
 
     // A later claim of another cluster in another project that stays: east's sweeps stop (at
     // once: not confirmed during the grace, then contested), west's go on, nothing is refused.
+    // Later by Neutron's whole-second clock: one made in the same second could sort first.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let contested = east.create_security_group(&foreign("p2")).await?;
     assert!(!claim.check_all().await?);
     assert_eq!(deployments.claimed_names(), ["west"]);

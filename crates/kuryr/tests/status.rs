@@ -120,6 +120,21 @@ async fn a_seeded_cluster_fails_naming_each_problem() {
         .await
         .expect("upstream KuryrPort created");
 
+    // Another cluster (an upstream one upgraded first, at the default id) holds the cluster_id.
+    NeutronClient::new(&ClientOptions::noauth(neutron.url()))
+        .expect("neutron client")
+        .create_security_group(&kuryr_neutron::SecurityGroupCreate {
+            name: kuryr_controller::cluster_claim::group_name("kubernetes"),
+            project_id: Some(PROJECT.into()),
+            description: Some(format!(
+                "{}another-cluster",
+                kuryr_controller::cluster_claim::DESCRIPTION_PREFIX
+            )),
+            ..Default::default()
+        })
+        .await
+        .expect("claim created");
+
     let dir = tempfile::tempdir().expect("tempdir");
     // min above max, and 3 nodes x 2 ports above the quota of 4; a deployment without credentials.
     let conf = conf(
@@ -137,6 +152,8 @@ async fn a_seeded_cluster_fails_naming_each_problem() {
         "ports_pool_min = 2 is above ports_pool_max = 1",
         "pre-creates 6 ports, but the port quota leaves 4",
         "[deployment:east] auth_type",
+        "Failure  cluster_id claim",
+        "claimed by another Kubernetes cluster",
         "result: Failure",
     ] {
         assert!(out.contains(want), "{want:?} not in:\n{out}");
@@ -159,9 +176,10 @@ async fn a_clean_cluster_passes() {
     assert_eq!(code, 0, "{out}");
     assert_eq!(
         out.lines().filter(|l| l.starts_with("Success")).count(),
-        5,
+        6,
         "{out}"
     );
     assert!(out.contains("result: Success"), "{out}");
+    assert!(out.contains("cluster_id \"kubernetes\" is free"), "{out}");
     handle.shutdown().await.expect("kube emulator stops");
 }

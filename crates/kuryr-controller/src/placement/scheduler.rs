@@ -56,6 +56,10 @@ pub struct Scheduler {
     /// Whether any decision reads usage figures (the `usage_threshold` filter, the
     /// `idle_capacity` weigher).
     uses_usage: bool,
+    /// How long a decision waits for a term's first usage round: the round's own timeout
+    /// (`[pod_binding] usage_timeout`, every deployment measured at once) and a margin for the
+    /// reads before it.
+    first_usage_wait: std::time::Duration,
 }
 
 impl Scheduler {
@@ -67,11 +71,16 @@ impl Scheduler {
             usage_filter: cfg.filters.contains(&BindingFilter::UsageThreshold),
             uses_usage: cfg.filters.contains(&BindingFilter::UsageThreshold)
                 || cfg.weighers.contains(&BindingWeigher::IdleCapacity),
+            first_usage_wait: std::time::Duration::from_secs(cfg.usage_timeout.max(1).saturating_add(10)),
         }
     }
 
     pub fn uses_usage(&self) -> bool {
         self.uses_usage
+    }
+
+    pub fn first_usage_wait(&self) -> std::time::Duration {
+        self.first_usage_wait
     }
 
     /// Why the current binding must leave its deployment, or None if it stays. A binding stays
@@ -199,10 +208,6 @@ pub struct Binder {
     usage_known: tokio::sync::watch::Sender<bool>,
 }
 
-/// How long a decision waits for a term's first usage round: the round's own timeout bounds it
-/// (`[pod_binding] usage_timeout`, every deployment measured at once); this is a safety net.
-const FIRST_USAGE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
-
 /// How long a project id lookup waits for the deployment objects before it answers from
 /// `kuryr.conf` alone.
 const LOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -254,6 +259,24 @@ impl Binder {
     /// unmeasured, which passes `usage_threshold`, and bind new projects to a full one.
     pub fn expect_usage(&self) {
         self.usage_known.send_replace(false);
+    }
+
+    /// Waits for the term's first usage round when a decision reads usage and it has not come;
+    /// true when it waited (decide again). A round that does not come within the wait is not
+    /// waited for again this term: decisions go on with the figures there are.
+    async fn await_first_usage(&self, req: &BindingRequest) -> bool {
+        if !self.scheduler.uses_usage() || *self.usage_known.borrow() {
+            return false;
+        }
+        let wait = self.scheduler.first_usage_wait();
+        if tokio::time::timeout(wait, self.usage_known.subscribe().wait_for(|known| *known))
+            .await
+            .is_err()
+        {
+            tracing::warn!(%req, waited = ?wait, "no usage round finished: deciding on the figures there are");
+            self.usage_known.send_replace(true);
+        }
+        true
     }
 
     /// Replaces the candidates (an operator edited a deployment); usage figures are kept.
@@ -335,22 +358,17 @@ impl Binder {
                 });
             }
         }
-        if self.scheduler.uses_usage()
-            && !*self.usage_known.borrow()
-            && tokio::time::timeout(
-                FIRST_USAGE_WAIT,
-                self.usage_known.subscribe().wait_for(|known| *known),
-            )
-            .await
-            .is_err()
-        {
-            tracing::warn!(%req, "no usage round finished yet: deciding on the figures there are");
-        }
         for _ in 0..5 {
             let state = self.store.get(req).await?;
             let current = state.as_ref().and_then(BindingState::current_binding);
             let cands = self.candidates.read().await.clone();
-            let (deployment, rebound, stuck) = match self.scheduler.decide(&cands, req, current.as_ref()) {
+            let decision = self.scheduler.decide(&cands, req, current.as_ref());
+            // A binding that stays needs no figure (an unmeasured one moves nobody); a new one
+            // or a refusal is decided again on the term's first round.
+            if !matches!(decision, Decision::Stay { .. }) && self.await_first_usage(req).await {
+                continue;
+            }
+            let (deployment, rebound, stuck) = match decision {
                 Decision::Stay { deployment, stuck } => {
                     let stuck = stuck.map(|(why, elims)| {
                         log_eliminations(req, &elims);

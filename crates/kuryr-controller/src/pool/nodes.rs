@@ -30,9 +30,11 @@ use crate::error::Error;
 pub enum NodeChange {
     /// The Node object is gone.
     Gone(String),
-    /// A new Node object (another uid) took the name, or the node's InternalIP addresses changed:
-    /// possibly another VM (one replaced without deleting its Node keeps the uid, not the port).
+    /// A new Node object (another uid) took the name: possibly another VM.
     Replaced(String),
+    /// An InternalIP address of the node went away: possibly another VM (one replaced without
+    /// deleting its Node keeps the uid, not its port).
+    Readdressed(String),
     /// Its `pod_vif` label changed (`multi_pool`): its next pods take another route.
     Relabelled(String),
 }
@@ -40,7 +42,10 @@ pub enum NodeChange {
 impl NodeChange {
     pub fn node(&self) -> &str {
         match self {
-            NodeChange::Gone(n) | NodeChange::Replaced(n) | NodeChange::Relabelled(n) => n,
+            NodeChange::Gone(n)
+            | NodeChange::Replaced(n)
+            | NodeChange::Readdressed(n)
+            | NodeChange::Relabelled(n) => n,
         }
     }
 }
@@ -67,8 +72,8 @@ impl NodeBook {
     }
 
     /// A node added or modified (or listed), with its `pod_vif` label and InternalIP addresses.
-    /// A node gaining its first address (booting) is no change; one whose addresses are
-    /// replaced is treated as re-created.
+    /// Addresses added (a node booting, dual-stack enabled) are no change, nor a node briefly
+    /// reporting none (the last known ones are kept); an address gone is.
     pub fn applied(
         &mut self,
         node: &str,
@@ -81,15 +86,21 @@ impl NodeBook {
         }
         let mut ips: Vec<String> = ips.iter().map(|s| s.to_string()).collect();
         ips.sort();
+        let old = self.uids.get(node);
+        if ips.is_empty()
+            && let Some(old) = old.filter(|o| o.uid == uid)
+        {
+            ips = old.ips.clone();
+        }
         let now = Seen {
             uid: uid.to_string(),
             label: label.map(str::to_string),
             ips,
         };
-        let change = match self.uids.get(node) {
+        let change = match old {
             Some(old) if old.uid != now.uid => Some(NodeChange::Replaced(node.to_string())),
-            Some(old) if !old.ips.is_empty() && old.ips != now.ips => {
-                Some(NodeChange::Replaced(node.to_string()))
+            Some(old) if old.ips.iter().any(|ip| !now.ips.contains(ip)) => {
+                Some(NodeChange::Readdressed(node.to_string()))
             }
             Some(old) if old.label != now.label => Some(NodeChange::Relabelled(node.to_string())),
             _ => None,
@@ -273,11 +284,13 @@ impl PoolManager {
                 continue;
             }
             // The node's host as found in this term; none found (no pod of it asked since the
-            // term began, or a failed attempt forgot it): every host of the driver's pools.
-            let hosts = if cached.is_empty() {
-                d.pool_hosts()
-            } else {
-                cached.into_iter().collect()
+            // term began, or a failed attempt forgot it): every host of the driver's pools - not
+            // for an address change, which many nodes may see at once (the VM port lookup
+            // re-checks the port on the node's next pod anyway).
+            let hosts = match (cached.is_empty(), change) {
+                (true, NodeChange::Readdressed(_)) => BTreeSet::new(),
+                (true, _) => d.pool_hosts(),
+                (false, _) => cached.into_iter().collect(),
             };
             dead.extend(dead_hosts(d, hosts).await?);
         }
@@ -373,7 +386,7 @@ mod tests {
     }
 
     #[test]
-    fn new_addresses_are_a_new_vm_a_first_address_is_not() {
+    fn an_address_gone_may_be_a_new_vm_one_added_is_not() {
         let mut b = NodeBook::default();
         assert_eq!(b.applied("n1", "u1", None, &[]), None);
         assert_eq!(
@@ -383,18 +396,29 @@ mod tests {
         );
         assert_eq!(b.applied("n1", "u1", None, &["10.0.0.5"]), None);
         assert_eq!(
+            b.applied("n1", "u1", None, &[]),
+            None,
+            "briefly none: the last ones are kept"
+        );
+        assert_eq!(b.applied("n1", "u1", None, &["10.0.0.5"]), None);
+        assert_eq!(
             b.applied("n1", "u1", None, &["10.0.0.9"]),
-            Some(NodeChange::Replaced("n1".into())),
+            Some(NodeChange::Readdressed("n1".into())),
             "the VM was replaced under a Node that kept its uid"
         );
         assert_eq!(
             b.applied("n1", "u1", None, &["fd00::9", "10.0.0.9"]),
-            Some(NodeChange::Replaced("n1".into()))
+            None,
+            "dual-stack added"
         );
         assert_eq!(
             b.applied("n1", "u1", None, &["10.0.0.9", "fd00::9"]),
             None,
             "order is no change"
+        );
+        assert_eq!(
+            b.applied("n1", "u1", None, &["fd00::9"]),
+            Some(NodeChange::Readdressed("n1".into()))
         );
     }
 }

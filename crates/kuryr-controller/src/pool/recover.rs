@@ -189,11 +189,10 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
     let opts = driver.options();
     let deployments: Vec<String> = opts.deployments.names().map(str::to_string).collect();
     for deployment in deployments {
-        // Ports carrying the cluster tag are adopted only where the tag is this cluster's.
-        if !opts.deployments.is_claimed(&deployment) {
-            tracing::info!(%deployment, "pool recovery waits for the cluster_id claim");
-            opts.deployments.claimed(&deployment).await;
-        }
+        // Where the cluster tag is not (yet) confirmed this cluster's (cluster_claim.rs), only the
+        // ports its own records name are adopted: one found by its tags alone could be another
+        // cluster's. The rest wait for the orphan sweep, which runs once the claim is confirmed.
+        let tags_are_ours = opts.deployments.is_claimed(&deployment);
         let client = opts.deployments.client(&deployment)?;
         for (name, _, key) in &objects {
             if key.deployment == deployment {
@@ -224,6 +223,12 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
             else {
                 continue;
             };
+            if !tags_are_ours
+                && !listed.contains_key(port.id.as_str())
+                && !in_use.contains_key(port.id.as_str())
+            {
+                continue;
+            }
             seen.insert(port.id.clone());
             let subnets = port_subnets(port);
             // In use by a pod: its origin names the pool it goes back to.

@@ -118,17 +118,12 @@ pub async fn sweep(
         let mut confirmed = suspects.confirm(&deployment, unowned);
         let releasing: Vec<Port> = confirmed.iter().filter_map(|id| pod_ports.remove(id)).collect();
         if !releasing.is_empty() {
-            let mut errors = vec![];
+            let mut kept = HashSet::new();
             for vif in vifs {
-                if let Err(e) = vif.release_orphans(&deployment, &releasing).await {
-                    errors.push(e);
-                }
+                kept.extend(vif.release_orphans(&deployment, &releasing).await);
             }
-            if let Err(e) = Error::collect(errors) {
-                // Still unowned next pass, so confirmed again then.
-                tracing::warn!(error = %e, deployment, ports = releasing.len(), "orphaned ports kept until their drivers release them");
-                confirmed.retain(|id| !releasing.iter().any(|p| &p.id == id));
-            }
+            // Still unowned next pass, so confirmed again then.
+            confirmed.retain(|id| !kept.contains(id));
         }
         let trunks = if confirmed.iter().any(|id| subports.contains(id)) {
             subports_by_port(client).await?

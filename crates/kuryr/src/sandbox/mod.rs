@@ -290,6 +290,9 @@ pub async fn run(args: SandboxArgs) -> anyhow::Result<()> {
     }
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(15), controller).await;
+    if emulator.is_none() {
+        demo.delete_claim(&neutron).await;
+    }
     tracker.abort();
     shutdown_kube(kube).await;
     if let Some(emu) = emulator {
@@ -432,6 +435,22 @@ impl DemoNetwork {
         format!("sandbox-{}", &self.project[..8])
     }
 
+    /// The controller's cluster_id claim, once the controller is stopped (a running one would
+    /// claim the id again).
+    pub(crate) async fn delete_claim(&self, neutron: &NeutronClient) {
+        let claim = kuryr_controller::cluster_claim::group_name(&self.cluster_id());
+        if let Ok(sgs) = neutron
+            .list_security_groups(&ListFilter::new().name(&claim))
+            .await
+        {
+            for sg in sgs.iter().filter(|sg| sg.project_id == self.project) {
+                if let Err(e) = neutron.delete_security_group(&sg.id).await {
+                    eprintln!("  cannot delete the cluster_id claim {}: {e}", sg.id);
+                }
+            }
+        }
+    }
+
     /// Best effort: anything left in the demo project (ports the controller did not release).
     pub(crate) async fn delete(&self, neutron: &NeutronClient) {
         // A real server keeps per-project quotas after the project's resources are gone.
@@ -461,19 +480,6 @@ impl DemoNetwork {
         ] {
             if let Err(e) = result {
                 eprintln!("  cannot delete the demo {what}: {e}");
-            }
-        }
-        // The controller's cluster_id claim: the next sandbox is another cluster (another
-        // kube-system uid) under the same id.
-        let claim = kuryr_controller::cluster_claim::group_name(&self.cluster_id());
-        if let Ok(sgs) = neutron
-            .list_security_groups(&ListFilter::new().name(&claim))
-            .await
-        {
-            for sg in sgs.iter().filter(|sg| sg.project_id == self.project) {
-                if let Err(e) = neutron.delete_security_group(&sg.id).await {
-                    eprintln!("  cannot delete the cluster_id claim {}: {e}", sg.id);
-                }
             }
         }
         // The `default` group Neutron made for the project with its first port. Listed without a

@@ -6,6 +6,8 @@ use std::fmt;
 
 use kuryr_config::{KuryrConfig, VifPoolDriver};
 
+use kuryr_controller::cluster_claim::{Claim, Verdict, judge};
+
 use crate::cluster_config;
 
 /// How bad a finding is; the exit code is the worst one (upstream's upgrade-check codes).
@@ -80,6 +82,17 @@ pub struct Snapshot {
     pub config: Option<KuryrConfig>,
     /// `None`: not asked (no pools, or no project); `Some(Err)`: Neutron could not be asked.
     pub port_quota: Option<Result<PortQuota, String>>,
+    /// The `cluster_id` claims in the default deployment; `None`: not asked.
+    pub claims: Option<Result<ClaimState, String>>,
+}
+
+/// What `kuryr status` read of the `cluster_id` claim.
+#[derive(Debug, Clone, Default)]
+pub struct ClaimState {
+    pub cluster_id: String,
+    /// This cluster's kube-system namespace uid.
+    pub uid: String,
+    pub claims: Vec<Claim>,
 }
 
 /// The CRD versions kuryr-rs reads and writes: (CRD name, version).
@@ -279,6 +292,64 @@ pub fn credentials(s: &Snapshot) -> Finding {
     finding(CHECK, Level::Failure, lines.join("; "))
 }
 
+/// Whether the controller would take `cluster_id` as this cluster's: clusters migrating from
+/// upstream (which has no cluster_id) all start at the default, and the second to upgrade would
+/// find its controller refusing to start.
+pub fn cluster_id_claim(s: &Snapshot) -> Finding {
+    const CHECK: &str = "cluster_id claim";
+    let state = match &s.claims {
+        None => {
+            return finding(
+                CHECK,
+                Level::Success,
+                "not checked: Neutron not asked (--skip-neutron, or a kuryr.conf without credentials)",
+            );
+        }
+        Some(Err(e)) => return finding(CHECK, Level::Warning, format!("could not be read: {e}")),
+        Some(Ok(state)) => state,
+    };
+    let id = &state.cluster_id;
+    match judge(&state.claims, &state.uid) {
+        Verdict::Unclaimed => finding(
+            CHECK,
+            Level::Success,
+            format!(
+                "cluster_id {id:?} is free in the default deployment: the controller claims it when it first leads"
+            ),
+        ),
+        Verdict::Held { own, contested, .. } if contested.is_empty() => finding(
+            CHECK,
+            Level::Success,
+            format!(
+                "cluster_id {id:?} is this cluster's (security group {})",
+                own.group
+            ),
+        ),
+        Verdict::Held { contested, .. } => finding(
+            CHECK,
+            Level::Warning,
+            format!(
+                "cluster_id {id:?} is this cluster's, but also claimed later by another cluster (security group(s) {}):                  neither may sweep the default deployment until one gets another cluster_id",
+                contested
+                    .iter()
+                    .map(|c| c.group.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
+        Verdict::Taken { holder, .. } => finding(
+            CHECK,
+            Level::Failure,
+            format!(
+                "cluster_id {id:?} is claimed by another Kubernetes cluster (security group {}, kube-system uid {};                  this one's is {}): the controller would refuse to start. Set [kubernetes] cluster_id to a value of                  this cluster's own before upgrading",
+                holder.group,
+                holder.uid.as_deref().unwrap_or("unreadable"),
+                state.uid
+            ),
+        ),
+    }
+}
+
 /// Every check, in the order they are printed.
 pub fn run_all(s: &Snapshot) -> Vec<Finding> {
     vec![
@@ -287,6 +358,7 @@ pub fn run_all(s: &Snapshot) -> Vec<Finding> {
         adopted_objects(s),
         pool_settings(s),
         credentials(s),
+        cluster_id_claim(s),
     ]
 }
 
@@ -325,6 +397,48 @@ mod tests {
             port_quota: Some(Ok(PortQuota { limit: 100, used: 10 })),
             ..Snapshot::default()
         }
+    }
+
+    fn claim(group: &str, uid: &str, at: &str) -> Claim {
+        Claim {
+            group: group.into(),
+            project_id: "p".into(),
+            uid: Some(uid.into()),
+            created_at: Some(at.into()),
+            tagged: true,
+        }
+    }
+
+    #[test]
+    fn a_cluster_id_another_cluster_claimed_fails_before_the_upgrade() {
+        let state = |claims: Vec<Claim>| ClaimState {
+            cluster_id: "kubernetes".into(),
+            uid: "mine".into(),
+            claims,
+        };
+        let with = |claims| Snapshot {
+            claims: Some(Ok(state(claims))),
+            ..clean()
+        };
+        assert_eq!(cluster_id_claim(&with(vec![])).level, Level::Success);
+        let mine = claim("g1", "mine", "2026-11-30T00:00:00Z");
+        let f = cluster_id_claim(&with(vec![mine.clone()]));
+        assert_eq!(f.level, Level::Success);
+        assert!(f.detail.contains("g1"), "{f:?}");
+        let theirs = claim("g2", "theirs", "2026-11-29T00:00:00Z");
+        let f = cluster_id_claim(&with(vec![mine.clone(), theirs.clone()]));
+        assert_eq!(f.level, Level::Failure);
+        assert!(
+            f.detail.contains("g2") && f.detail.contains("theirs") && f.detail.contains("mine"),
+            "{f:?}"
+        );
+        let later = claim("g3", "theirs", "2026-12-01T00:00:00Z");
+        assert_eq!(cluster_id_claim(&with(vec![mine, later])).level, Level::Warning);
+        let unread = Snapshot {
+            claims: Some(Err("refused".into())),
+            ..clean()
+        };
+        assert_eq!(cluster_id_claim(&unread).level, Level::Warning);
     }
 
     #[test]

@@ -8,15 +8,16 @@ pub mod checks;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::{Api, Client, ResourceExt};
 use kuryr_config::{KuryrConfig, VifPoolDriver};
+use kuryr_controller::cluster_claim;
 use kuryr_crds::names::annotations;
 use serde_json::Value;
 
-use self::checks::{InstalledCrd, Level, PortQuota, Snapshot};
+use self::checks::{ClaimState, InstalledCrd, Level, PortQuota, Snapshot};
 use crate::cli::StatusArgs;
 use crate::kubeclient;
 use crate::manifests::base::{CONFIG_KEY, CONFIG_MAP};
@@ -86,6 +87,47 @@ async fn port_quota(config: &KuryrConfig) -> Option<Result<PortQuota, String>> {
     Some(result)
 }
 
+/// Whether the default deployment's credentials are complete here (not left in a Secret).
+fn has_secret(config: &KuryrConfig) -> bool {
+    let Some(s) = config.deployment(kuryr_config::DEFAULT_DEPLOYMENT) else {
+        return false;
+    };
+    s.cloud.is_some()
+        || match s.auth_type.map(|t| t.as_str()) {
+            Some("password" | "v3password") => s.password.is_some(),
+            Some("v3applicationcredential" | "applicationcredential" | "application_credential") => {
+                s.application_credential_secret.is_some()
+            }
+            _ => true,
+        }
+}
+
+/// The `cluster_id` claims in the default deployment and this cluster's kube-system uid.
+async fn claims(client: &Client, config: &KuryrConfig) -> Result<ClaimState, String> {
+    let uid = Api::<Namespace>::all(client.clone())
+        .get("kube-system")
+        .await
+        .map_err(|e| format!("reading the kube-system namespace: {e}"))?
+        .metadata
+        .uid
+        .unwrap_or_default();
+    let section = config
+        .deployment(kuryr_config::DEFAULT_DEPLOYMENT)
+        .ok_or("no [neutron] section")?;
+    let opts = kuryr_controller::openstack::client_options("neutron", section).map_err(|e| e.to_string())?;
+    let neutron = kuryr_neutron::NeutronClient::new(&opts).map_err(|e| e.to_string())?;
+    let cluster_id = config.kubernetes.cluster_id.clone();
+    let groups = neutron
+        .list_security_groups(&kuryr_neutron::ListFilter::new().name(cluster_claim::group_name(&cluster_id)))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(ClaimState {
+        cluster_id,
+        uid,
+        claims: groups.iter().map(cluster_claim::Claim::of).collect(),
+    })
+}
+
 /// Reads what the checks need.
 pub async fn gather(
     client: &Client,
@@ -143,6 +185,12 @@ pub async fn gather(
         (Some(c), true) => port_quota(c).await,
         _ => None,
     };
+    // An installed kuryr.conf (the ConfigMap) has its credentials in the controller's Secret:
+    // Neutron is only asked with a --config-file that has them.
+    let claims = match (&config, ask_neutron) {
+        (Some(c), true) if has_secret(c) => Some(claims(client, c).await),
+        _ => None,
+    };
     Ok(Snapshot {
         legacy_annotated_pods,
         crds,
@@ -151,6 +199,7 @@ pub async fn gather(
         nodes,
         config,
         port_quota,
+        claims,
     })
 }
 

@@ -77,10 +77,11 @@ pub trait VifDriver: Send + Sync {
     async fn forget_nodes(&self) {}
 
     /// Undoes what the driver did outside `ports` before the orphan sweep deletes them: no pod or
-    /// pool records them, so their host is unknown (`release_vif` needs it). An error keeps them
-    /// for a later pass: deleted first, what pointed at them could not be found any more.
-    async fn release_orphans(&self, _deployment: &str, _ports: &[Port]) -> Result<(), Error> {
-        Ok(())
+    /// pool records them, so their host is unknown (`release_vif` needs it). Returns the ids of
+    /// those it could not release (logged): they wait for a later pass, since once deleted what
+    /// pointed at them could not be found any more.
+    async fn release_orphans(&self, _deployment: &str, _ports: &[Port]) -> Vec<String> {
+        Vec::new()
     }
 
     /// Whether a pool host still serves a node. Nested: the VM's trunk or port is still attached

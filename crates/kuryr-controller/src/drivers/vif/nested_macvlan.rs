@@ -174,20 +174,48 @@ impl VifDriver for NestedMacvlan {
     /// The orphans' address pairs are taken off whichever VM ports carry them (found on the
     /// worker subnets): left there, a VM keeps the right to send as an address Neutron hands to
     /// another pod, and each stale pair counts against Neutron's per-port limit (10 by default).
-    async fn release_orphans(&self, deployment: &str, ports: &[Port]) -> Result<(), Error> {
+    async fn release_orphans(&self, deployment: &str, ports: &[Port]) -> Vec<String> {
         let gone: Vec<AllowedAddressPair> = ports.iter().flat_map(pairs_of).collect();
         if gone.is_empty() {
-            return Ok(());
+            return Vec::new();
         }
-        let client = self.deployments.client(deployment)?;
-        for vm in self.lookup.worker_ports(client).await? {
-            if vm.allowed_address_pairs.iter().any(|p| gone.contains(p)) {
-                self.update_pairs(deployment, &vm.id, |pairs| pairs.retain(|p| !gone.contains(p)))
-                    .await?;
-                tracing::info!(vm_port = %vm.id, deployment, "took orphaned pods' address pairs off a VM port");
+        let all = || ports.iter().map(|p| p.id.clone()).collect();
+        let vms = match self.deployments.client(deployment) {
+            Ok(client) => self.lookup.worker_ports(client).await,
+            Err(e) => Err(e),
+        };
+        let vms = match vms {
+            Ok(vms) => vms,
+            Err(e) => {
+                tracing::warn!(deployment, error = %e, "cannot list the VM ports to release orphaned pairs from");
+                return all();
+            }
+        };
+        // Each VM port apart: one that fails keeps only the orphans whose pairs are on it.
+        let mut kept = Vec::new();
+        for vm in vms {
+            if !vm.allowed_address_pairs.iter().any(|p| gone.contains(p)) {
+                continue;
+            }
+            match self
+                .update_pairs(deployment, &vm.id, |pairs| pairs.retain(|p| !gone.contains(p)))
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!(vm_port = %vm.id, deployment, "took orphaned pods' address pairs off a VM port")
+                }
+                Err(e) => {
+                    tracing::warn!(vm_port = %vm.id, deployment, error = %e, "cannot take orphaned pairs off a VM port");
+                    kept.extend(
+                        ports
+                            .iter()
+                            .filter(|p| pairs_of(p).iter().any(|a| vm.allowed_address_pairs.contains(a)))
+                            .map(|p| p.id.clone()),
+                    );
+                }
             }
         }
-        Ok(())
+        kept
     }
 
     async fn host_alive(&self, deployment: &str, vm_port: &str) -> Result<bool, Error> {

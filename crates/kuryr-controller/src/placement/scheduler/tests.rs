@@ -431,4 +431,12 @@ async fn a_new_term_decides_on_its_first_usage_round() {
     b.set_usage(&BTreeMap::from([("pod1".to_string(), full)])).await;
     let placed = binding.await.expect("joined").expect("bound");
     assert_eq!(placed.deployment, "pod2", "pod1 is full");
+    // The next term: a binding that stays needs no figure and does not wait for one.
+    b.expect_usage();
+    b.forget().await;
+    let again = tokio::time::timeout(std::time::Duration::from_secs(1), b.bind(&key))
+        .await
+        .expect("no wait for a binding that stays")
+        .expect("bound");
+    assert_eq!(again.deployment, "pod2");
 }
