@@ -64,6 +64,8 @@ async fn list_show_populate_free_over_the_socket() {
             let kube =
                 kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
             let deployments = Deployments::single(client.clone());
+            // A pool of a cluster holding its id (the claim itself: tests/cluster_claim.rs).
+            deployments.set_claimed("default", true);
             let ctx = Arc::new(Platform::new(
                 kube,
                 config.clone(),

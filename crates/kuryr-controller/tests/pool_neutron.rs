@@ -99,6 +99,8 @@ impl Lab {
         update_frequency: Duration,
     ) -> Arc<PoolDriver> {
         let deployments = Deployments::single(self.client.clone());
+        // A pool of a cluster holding its id (the claim itself: tests/cluster_claim.rs).
+        deployments.set_claimed("default", true);
         let cluster_tag = tags::cluster_tag(&self.cluster);
         let vif = Arc::new(NeutronVif::new(
             deployments.clone(),
