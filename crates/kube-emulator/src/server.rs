@@ -1015,6 +1015,10 @@ fn watch_response(
         let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         loop {
             tokio::select! {
+                // An ended connection sends nothing more: a bookmark picked after the kill (both
+                // ready when a loaded runtime polls late) would carry a resourceVersion newer than
+                // a compaction that the client must meet as 410 (the CI flake 're-list after 410').
+                biased;
                 _ = tx.closed() => return,
                 _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => return,
                 changed = start.kill.changed() => {
