@@ -218,8 +218,12 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
                         .registry
                         .build(&opts.config.kubernetes.enabled_handlers, &ctx)?,
                 };
-                let mut pipeline =
-                    ControllerPipeline::new(Arc::new(opts.kube.clone()), opts.retry.clone(), metrics.clone());
+                let mut pipeline = ControllerPipeline::new(
+                    Arc::new(opts.kube.clone()),
+                    opts.retry.clone(),
+                    metrics.clone(),
+                    token.clone(),
+                );
                 for h in hs {
                     pipeline.register(h);
                 }

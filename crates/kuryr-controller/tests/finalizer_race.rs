@@ -102,7 +102,7 @@ async fn finalizer_races_log_no_error() {
     let client = kube.client.clone();
     let pods = Api::<Pod>::namespaced(client.clone(), "default");
     let metrics = Metrics::new();
-    let handler = LogExceptions::new(AddsFinalizer(client.clone()), metrics.clone());
+    let handler = LogExceptions::new(AddsFinalizer(client.clone()), metrics.clone(), Default::default());
 
     // 1. The first event adds the finalizer, then the (stale) creation event arrives.
     let created = pod(&client, "burst-0", &[]).await;

@@ -312,9 +312,20 @@ async fn log_exceptions_isolates_failures_between_handlers() {
     let gvk = kube::core::GroupVersionKind::gvk("", "v1", "Pod");
     d.register(
         gvk.clone(),
-        Arc::new(LogExceptions::new(failing.clone(), metrics.clone())),
+        Arc::new(LogExceptions::new(
+            failing.clone(),
+            metrics.clone(),
+            Default::default(),
+        )),
     );
-    d.register(gvk, Arc::new(LogExceptions::new(rec.clone(), metrics.clone())));
+    d.register(
+        gvk,
+        Arc::new(LogExceptions::new(
+            rec.clone(),
+            metrics.clone(),
+            Default::default(),
+        )),
+    );
     d.handle(ev(EventType::Added, "a", "uid-a", "1")).await.unwrap();
     assert_eq!(rec.seen.lock().await.len(), 1, "the second handler still ran");
     let text = metrics.encode();

@@ -77,10 +77,17 @@ pub struct ControllerPipeline {
     retry: RetryPolicy,
     metrics: Metrics,
     names: Vec<String>,
+    /// The leadership term the handlers run in.
+    term: CancellationToken,
 }
 
 impl ControllerPipeline {
-    pub fn new(source: Arc<dyn ObjectSource>, retry: RetryPolicy, metrics: Metrics) -> Self {
+    pub fn new(
+        source: Arc<dyn ObjectSource>,
+        retry: RetryPolicy,
+        metrics: Metrics,
+        term: CancellationToken,
+    ) -> Self {
         Self {
             dispatcher: Dispatcher::new(),
             watches: HashMap::new(),
@@ -88,6 +95,7 @@ impl ControllerPipeline {
             retry,
             metrics,
             names: vec![],
+            term,
         }
     }
 
@@ -98,6 +106,7 @@ impl ControllerPipeline {
         let wrapped = LogExceptions::new(
             Retry::new(h.handler, self.source.clone(), policy, self.metrics.clone()),
             self.metrics.clone(),
+            self.term.clone(),
         );
         self.dispatcher.register(gvk.clone(), Arc::new(wrapped));
         self.names.push(h.name);

@@ -2,6 +2,7 @@
 //! swallowed so it never affects other objects or other handlers.
 
 use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
 
 use super::{Event, EventHandler};
 use crate::error::Error;
@@ -11,12 +12,20 @@ pub struct LogExceptions<H> {
     inner: H,
     name: String,
     metrics: Metrics,
+    /// The term the handler runs in: a failure once it ended is the shutdown's, not the handler's
+    /// (its Kubernetes client's workers stop under it).
+    term: CancellationToken,
 }
 
 impl<H: EventHandler> LogExceptions<H> {
-    pub fn new(inner: H, metrics: Metrics) -> Self {
+    pub fn new(inner: H, metrics: Metrics, term: CancellationToken) -> Self {
         let name = inner.name().to_string();
-        Self { inner, name, metrics }
+        Self {
+            inner,
+            name,
+            metrics,
+            term,
+        }
     }
 }
 
@@ -31,6 +40,11 @@ impl<H: EventHandler> EventHandler for LogExceptions<H> {
             // handler: nothing is left to do and nobody to tell; the deletion's own events follow.
             if matches!(&e, Error::Gone(_)) || matches!(&e, Error::Kube(k) if crate::error::is_not_found(k)) {
                 tracing::debug!(handler = %self.name, object = %object, error = %e, "object gone");
+                return Ok(());
+            }
+            if self.term.is_cancelled() {
+                // The next leader (or this process' next start) handles the object again.
+                tracing::info!(handler = %self.name, object = %object, error = %e, "handler stopped with its term");
                 return Ok(());
             }
             self.metrics.handler_failure(&self.name, e.label());
@@ -63,5 +77,63 @@ impl<H: EventHandler> EventHandler for LogExceptions<H> {
 
     fn name(&self) -> &str {
         &self.name
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
+
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{ApiResource, DynamicObject, ObjectMeta};
+
+    use super::super::EventType;
+    use super::*;
+
+    struct Failing;
+
+    #[async_trait]
+    impl EventHandler for Failing {
+        async fn handle(&self, _event: Event) -> Result<(), Error> {
+            Err(Error::Config("the client's workers stopped".into()))
+        }
+        fn name(&self) -> &str {
+            "failing"
+        }
+    }
+
+    fn event() -> Event {
+        let obj = DynamicObject {
+            types: None,
+            metadata: ObjectMeta {
+                name: Some("p".into()),
+                ..Default::default()
+            },
+            data: serde_json::json!({}),
+        };
+        Event::new(EventType::Added, Arc::new(ApiResource::erase::<Pod>(&())), obj)
+    }
+
+    /// A failure while the term runs is counted (and logged as an error); one after the term
+    /// ended is the shutdown's (a clean shutdown logs no ERROR) and is not counted.
+    #[tokio::test]
+    async fn a_failure_after_the_term_ended_is_the_shutdown_s() {
+        let metrics = Metrics::new();
+        let term = CancellationToken::new();
+        let h = LogExceptions::new(Failing, metrics.clone(), term.clone());
+        h.handle(event()).await.unwrap();
+        let counted = |m: &Metrics| {
+            m.encode()
+                .lines()
+                .any(|l| l.contains("handler_failures") && l.contains("failing"))
+        };
+        assert!(counted(&metrics), "{}", metrics.encode());
+        let metrics = Metrics::new();
+        let h = LogExceptions::new(Failing, metrics.clone(), term.clone());
+        term.cancel();
+        h.handle(event()).await.unwrap();
+        assert!(!counted(&metrics), "{}", metrics.encode());
     }
 }
