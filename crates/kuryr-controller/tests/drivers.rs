@@ -171,6 +171,87 @@ async fn nested_macvlan_pods_are_allowed_address_pairs_of_their_vm_port() -> Res
     Ok(())
 }
 
+/// A crash between a macvlan port's create and its KuryrPort record leaves a port tagged for the
+/// pod whose address pair is already on the VM port: deleted with the pod, the pair goes with it
+/// (left, the VM could still send as an address Neutron hands to another pod).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unrecorded_macvlan_port_leaves_its_vm_port_with_its_pod() -> Result<()> {
+    use kuryr_crds::names::device_owner::COMPUTE_KURYR;
+    use kuryr_neutron::{AllowedAddressPair, PortCreate, PortUpdate};
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.71.0.0/24").await?;
+        let vms = vm_trunks(neutron, &kube.client, &fx.project, "192.168.71.0/24").await?;
+        let vm_port = neutron.get_trunk(&vms.trunks[0]).await?.port_id;
+        let cfg = config(&format!(
+            "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_vif_driver = nested-macvlan\n\
+             [pod_vif_nested]\nworker_nodes_subnets = {}\n\
+             [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\n",
+            vms.subnet, fx.project, fx.subnet, fx.sg
+        ));
+        let first = start_controller(&kube.client, &target, cfg.clone(), "c1");
+        create_namespace(&kube.client, "mv", json!({})).await?;
+        let pod = create_pod(&kube.client, "mv", "victim", NODES[0], json!({})).await?;
+        wired(&kube.client, "mv", 1).await?;
+        let recorded = pairs(neutron, &vm_port).await?;
+        assert_eq!(recorded.len(), 1, "{}: the pod's pair", target.name);
+
+        // What the crashed controller left: a port for the pod, paired, never recorded.
+        let lost = neutron
+            .create_port(&PortCreate {
+                project_id: Some(fx.project.clone()),
+                device_id: Some(pod.uid().unwrap()),
+                device_owner: Some(COMPUTE_KURYR.into()),
+                tags: vec![
+                    tags::TAG_MANAGED.into(),
+                    tags::cluster_tag(&cfg.kubernetes.cluster_id),
+                    tags::pod_tag("mv", "victim"),
+                ],
+                ..PortCreate::new(&fx.network)
+            })
+            .await?;
+        let vm = neutron.get_port(&vm_port).await?;
+        let mut all = vm.allowed_address_pairs.clone();
+        all.push(AllowedAddressPair {
+            ip_address: lost.fixed_ips[0].ip_address.clone(),
+            mac_address: Some(lost.mac_address.clone()),
+        });
+        neutron
+            .update_port(
+                &vm_port,
+                &PortUpdate {
+                    allowed_address_pairs: Some(all),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        assert_eq!(pairs(neutron, &vm_port).await?.len(), 2);
+        first.stop.cancel();
+        let ctrl = start_controller(&kube.client, &target, cfg.clone(), "c2");
+
+        delete_pods(&kube.client, "mv", &["victim"]).await?;
+        assert!(
+            gone(neutron, &lost.id).await?,
+            "{}: the unrecorded port deleted",
+            target.name
+        );
+        assert!(
+            pairs(neutron, &vm_port).await?.is_empty(),
+            "{}: both pairs off the VM port",
+            target.name
+        );
+        ctrl.stop.cancel();
+        cleanup_project(neutron, &fx.project).await;
+        eprintln!(
+            "macvlan[{}]: an unrecorded port's pair released with its pod",
+            target.name
+        );
+    }
+    Ok(())
+}
+
 fn namespace_sg_config(fx: &NeutronFixture, cluster: &str) -> String {
     format!(
         "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_vif_driver = neutron-vif\n\

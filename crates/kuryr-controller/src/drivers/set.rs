@@ -113,6 +113,17 @@ impl Drivers {
     }
 }
 
+impl Drivers {
+    /// Every VIF driver that may have made a pod's port (the pod VIF driver, and with
+    /// `multi_pool` each one its mapping routes to).
+    pub fn pod_vif_drivers(&self) -> Vec<Arc<dyn VifDriver>> {
+        match &self.pools {
+            Some(pools) => pools.vif_drivers(),
+            None => vec![self.vif.clone()],
+        }
+    }
+}
+
 /// The pool manager of `[kubernetes] vif_pool_driver`; `None` for `noop`. `multi_pool` gets a
 /// VIF driver for every pod VIF driver its mapping names.
 fn pool_manager(ctx: &Arc<Platform>, vif: &Arc<dyn VifDriver>) -> Result<Option<Arc<PoolManager>>, Error> {

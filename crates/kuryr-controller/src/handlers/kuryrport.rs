@@ -382,7 +382,8 @@ impl ResourceEventHandler for KuryrPortHandler {
         let vifs = wiring::recorded_vifs(kp);
         wiring::release_all(&DriverSource::new(&self.ctx, kp), &vifs).await?;
         if self.may_have_unrecorded(kp) {
-            wiring::unrecorded::release_unrecorded(&self.ctx, kp, &vifs).await?;
+            let drivers = self.ctx.drivers.pod_vif_drivers();
+            wiring::unrecorded::release_unrecorded(&self.ctx, &drivers, kp, &vifs).await?;
         }
         remove_finalizer(&self.ctx.kube, kp, finalizers::KURYRPORT).await?;
         if let Some(uid) = kp.uid() {

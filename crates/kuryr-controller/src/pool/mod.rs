@@ -441,18 +441,7 @@ impl PoolManager {
             owned.extend(d.owned_ports().into_values().flatten());
         }
         let tag = kuryr_crds::names::neutron::cluster_tag(&self.ctx.cluster_id);
-        // Every driver that may have made a port: `multi_pool` may route some nodes to `noop`.
-        let mut vifs: Vec<Arc<dyn VifDriver>> = Vec::new();
-        for v in self
-            .pooled
-            .iter()
-            .map(|d| d.vif())
-            .chain(self.routes.values().map(|r| r.vif_driver()))
-        {
-            if !vifs.iter().any(|known| known.name() == v.name()) {
-                vifs.push(v.clone());
-            }
-        }
+        let vifs = self.vif_drivers();
         let deleted = sweep::sweep(&self.ctx.deployments, &vifs, &tag, &owned, before, suspects).await?;
         self.ctx
             .metrics
@@ -556,6 +545,23 @@ impl PoolManager {
             });
         }
         while tasks.join_next().await.is_some() {}
+    }
+
+    /// Every VIF driver that may have made a pod's port, once each: `multi_pool` may route some
+    /// nodes to `noop`, whose driver no pool holds.
+    pub fn vif_drivers(&self) -> Vec<Arc<dyn VifDriver>> {
+        let mut vifs: Vec<Arc<dyn VifDriver>> = Vec::new();
+        for v in self
+            .pooled
+            .iter()
+            .map(|d| d.vif())
+            .chain(self.routes.values().map(|r| r.vif_driver()))
+        {
+            if !vifs.iter().any(|known| known.name() == v.name()) {
+                vifs.push(v.clone());
+            }
+        }
+        vifs
     }
 
     async fn run_sweep(&self, stop: CancellationToken) {

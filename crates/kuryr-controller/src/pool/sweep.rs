@@ -191,7 +191,7 @@ pub async fn run_without_pools(ctx: Arc<Context>, stop: CancellationToken) {
         let pass = async {
             let owned = persister.ports_in_use().await?;
             let before = listed_at.checked_sub(grace).unwrap_or(listed_at);
-            let vifs = [ctx.drivers.vif.clone()];
+            let vifs = ctx.drivers.pod_vif_drivers();
             sweep(
                 &ctx.deployments,
                 &vifs,

@@ -3,6 +3,7 @@
 //! id, so the tags are what finds them).
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use kube::ResourceExt;
 use kuryr_crds::KuryrPort;
@@ -12,7 +13,7 @@ use kuryr_neutron::{ListFilter, Port};
 
 use super::record::RecordedVif;
 use crate::context::Platform;
-use crate::drivers::vif::{detach_and_delete, subports_by_port};
+use crate::drivers::vif::{VifDriver, detach_and_delete, subports_by_port};
 use crate::error::Error;
 
 /// Whether `port`, tagged for `kp`'s pod, is a leftover to delete: not recorded, not a pool port
@@ -24,8 +25,12 @@ pub fn is_unrecorded(port: &Port, kp: &KuryrPort, recorded: &HashSet<&str>) -> b
 }
 
 /// Deletes every unrecorded port of `kp`'s pod in every deployment; every failure is kept.
+/// `vifs` (the drivers that may have made the ports) first undo what they did outside a port
+/// (nested-macvlan's address pair on the VM port): the port's record is what their `release_vif`
+/// would need, and there is none.
 pub async fn release_unrecorded(
     ctx: &Platform,
+    vifs: &[Arc<dyn VifDriver>],
     kp: &KuryrPort,
     recorded: &[RecordedVif],
 ) -> Result<(), Error> {
@@ -48,6 +53,19 @@ pub async fn release_unrecorded(
             .collect();
         if stray.is_empty() {
             continue;
+        }
+        let mut kept = HashSet::new();
+        for vif in vifs {
+            kept.extend(vif.release_orphans(deployment, &stray).await);
+        }
+        // Deleted now, what still points at them could not be found any more: the finalizer
+        // stays and the next try releases them again.
+        let (stray, held): (Vec<Port>, Vec<Port>) = stray.into_iter().partition(|p| !kept.contains(&p.id));
+        if !held.is_empty() {
+            errors.push(Error::not_ready(format!(
+                "{} unrecorded port(s) of the pod in {deployment} could not be released from their VM port",
+                held.len()
+            )));
         }
         let trunks = if stray.iter().any(|p| p.device_owner == TRUNK_SUBPORT) {
             subports_by_port(client).await?
