@@ -82,6 +82,8 @@ pub struct Details {
     pub group: Option<String>,
     pub kind: Option<String>,
     pub causes: Vec<Cause>,
+    /// `metadata.continue` of the status: a list's expired continue token offers a new one.
+    pub continue_: Option<String>,
 }
 
 /// `pods` or `kuryrports.openstack.org`, as the real server names resources in messages.
@@ -181,6 +183,19 @@ impl ApiError {
         Self::new(410, "Expired", message)
     }
 
+    /// 410 for a continue token whose snapshot was compacted away, with the token that goes on
+    /// from the same place at the current version (the real server's words and offer).
+    pub fn continue_expired(inconsistent: String) -> Self {
+        let mut err = Self::gone(
+            "The provided continue parameter is too old to display a consistent list result. You can start a new list \
+             without the continue parameter, or use the continue token in this response to retrieve the remainder of \
+             the results. Continuing with the provided token results in an inconsistent list - objects that were \
+             created, modified, or deleted between the time the first chunk was returned and now may show up in the list.",
+        );
+        err.details.continue_ = Some(inconsistent);
+        err
+    }
+
     pub fn method_not_allowed(message: impl Into<String>) -> Self {
         Self::new(405, "MethodNotAllowed", message)
     }
@@ -257,6 +272,9 @@ impl ApiError {
         }
         if !details.is_empty() {
             status["details"] = Value::Object(details);
+        }
+        if let Some(token) = &self.details.continue_ {
+            status["metadata"] = json!({"continue": token});
         }
         status
     }

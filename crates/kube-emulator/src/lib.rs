@@ -358,6 +358,13 @@ impl KubeHandle {
         self.store.compact();
     }
 
+    /// The next `n` paged lists that go on with a continue token find the history compacted
+    /// since their first page, and answer 410 with the real server's offer of an inconsistent
+    /// continuation: what a client paging slower than the server keeps history meets.
+    pub fn compact_before_continued_lists(&self, n: u32) {
+        self.store.compact_before_continued_lists(n);
+    }
+
     /// Forcibly ends every open watch connection.
     pub fn drop_watches(&self) {
         self.store.drop_watches();

@@ -232,7 +232,8 @@ impl Resend {
         }
     }
 
-    /// Up to [`RESEND_BATCH`] objects to re-send; `Ok(None)` once every object was.
+    /// Up to [`RESEND_BATCH`] objects to re-send (none when a page must be asked again);
+    /// `Ok(None)` once every object was.
     async fn batch(&mut self) -> Result<Option<Vec<DynamicObject>>, kube::Error> {
         if self.page.is_empty() {
             let Some(token) = self.next.take() else {
@@ -242,7 +243,27 @@ impl Resend {
             if !token.is_empty() {
                 params = params.continue_token(&token);
             }
-            let list = self.api.list(&params).await?;
+            let list = match self.api.list(&params).await {
+                Ok(list) => list,
+                // Paced by the backlog, a re-send can outlast the server's history (410): it
+                // re-sends objects as they are now, so the server's offer to go on from the same
+                // place at the current version is just as good.
+                Err(kube::Error::Api(s)) if s.code == 410 && !token.is_empty() => {
+                    match s
+                        .metadata
+                        .as_ref()
+                        .and_then(|m| m.continue_.clone())
+                        .filter(|t| !t.is_empty())
+                    {
+                        Some(offered) => {
+                            self.next = Some(offered);
+                            return Ok(Some(Vec::new()));
+                        }
+                        None => return Err(kube::Error::Api(s)),
+                    }
+                }
+                Err(e) => return Err(e),
+            };
             self.next = list.metadata.continue_.filter(|t| !t.is_empty());
             self.page = list.items.into_iter().map(|o| o.0).collect();
             if self.page.is_empty() && self.next.is_none() {

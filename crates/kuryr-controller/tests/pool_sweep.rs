@@ -211,3 +211,45 @@ async fn sweep_takes_a_macvlan_orphan_s_address_pair_off_its_vm_port() -> Result
     }
     Ok(())
 }
+
+/// The sweep's "owned by a pod" is every port the KuryrPorts record, read a page at a time: a
+/// list that outlasts the API server's history (410 on its continue token) is read again from
+/// the start, as a port it missed would be swept from under its pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_ports_survive_a_kuryrport_list_outlasting_the_server_history() -> Result<()> {
+    use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+    use kube::core::GroupVersionKind;
+    use kuryr_controller::pool::persist::Persister;
+    init_logs();
+    let kube = start_kube().await?;
+    // More than one page (500) of KuryrPorts.
+    const N: usize = 620;
+    let gvk = GroupVersionKind::gvk("openstack.org", "v1", "KuryrPort");
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(kube.client.clone(), "default", &ApiResource::from_gvk(&gvk));
+    let mut expected = HashSet::new();
+    for i in 0..N {
+        let kp: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "openstack.org/v1", "kind": "KuryrPort",
+            "metadata": {"name": format!("pod-{i:04}")},
+            "spec": {"podUid": format!("uid-{i}"), "podNodeName": NODES[0]},
+            "status": {"vifs": {"eth0": {"default": true, "vif": {
+                "versioned_object.name": "VIFOpenVSwitch",
+                "versioned_object.data": {"id": format!("port-{i}")}
+            }}}}
+        }))?;
+        api.create(&PostParams::default(), &kp).await?;
+        expected.insert(format!("port-{i}"));
+    }
+    let persister = Persister::new(kube.client.clone(), "kuryr-system");
+    kube.handle.compact_before_continued_lists(1);
+    let owned = persister.ports_in_use().await?;
+    assert_eq!(owned.len(), N, "every recorded port, read again after the 410");
+    assert_eq!(owned, expected);
+    // A server that compacts under every continued page fails the read (bounded), rather than
+    // handing the sweep a partial set.
+    kube.handle.compact_before_continued_lists(100);
+    let err = persister.ports_in_use().await.expect_err("no list gets through");
+    assert!(err.to_string().contains("continue parameter is too old"), "{err}");
+    Ok(())
+}

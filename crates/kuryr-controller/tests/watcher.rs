@@ -164,3 +164,47 @@ async fn the_periodic_resend_waits_for_a_busy_pipeline() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// A re-send paced by a busy pipeline can outlast the API server's history: its next page then
+/// answers 410. It goes on from the same place with the token the server offers (objects are
+/// re-sent as they are now), so every object is re-sent once before any is re-sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_outlasting_the_server_history_goes_on_where_it_was() -> anyhow::Result<()> {
+    let kube = start_kube().await?;
+    let cms: Api<ConfigMap> = Api::namespaced(kube.client.clone(), "default");
+    // Three pages of the re-send (100 each).
+    const N: usize = 250;
+    for i in 0..N {
+        let cm: ConfigMap =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": format!("long-{i:03}")}}))?;
+        cms.create(&PostParams::default(), &cm).await?;
+    }
+    let seen = Arc::new(Seen::default());
+    let stop = CancellationToken::new();
+    kube.handle.compact_before_continued_lists(2);
+    let task = watch_config_maps(&kube.client, seen.clone(), &stop);
+    let resent = |seen: Arc<Seen>| async move {
+        seen.0
+            .lock()
+            .await
+            .iter()
+            .filter(|(t, n, _)| *t == EventType::Modified && n.starts_with("long-"))
+            .map(|(_, n, _)| n.clone())
+            .collect::<Vec<_>>()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while resent(seen.clone()).await.len() < N && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    task.await?;
+    let first_round: Vec<String> = resent(seen.clone()).await.into_iter().take(N).collect();
+    let distinct: std::collections::BTreeSet<&String> = first_round.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        N,
+        "every object re-sent once before any twice (the first {} re-sends)",
+        first_round.len()
+    );
+    Ok(())
+}

@@ -123,10 +123,25 @@ impl Store {
 
     /// Makes every resourceVersion issued so far too old to watch from (410 Gone).
     pub fn compact(&self) {
-        let mut st = self.lock();
-        st.rv += 1;
-        st.history.clear();
-        st.history_start = st.rv;
+        self.lock().compact();
+    }
+
+    /// The next `n` lists that go on with a continue token each find the history compacted
+    /// since their first page: a client paging slower than the server keeps history.
+    pub fn compact_before_continued_lists(&self, n: u32) {
+        self.compact_continued
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether a continued list about to be served is one [`Self::compact_before_continued_lists`] asked for.
+    pub(super) fn take_continued_compaction(&self) -> bool {
+        self.compact_continued
+            .fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |n| n.checked_sub(1),
+            )
+            .is_ok()
     }
 
     /// Ends every open watch; clients reconnect from their last resourceVersion.
@@ -136,6 +151,12 @@ impl Store {
 }
 
 impl State {
+    pub(super) fn compact(&mut self) {
+        self.rv += 1;
+        self.history.clear();
+        self.history_start = self.rv;
+    }
+
     /// Applies a change: next rv, store, indexes, history, fan-out.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn commit(

@@ -9,12 +9,15 @@ use super::{ListOpts, ListPage, Store};
 use crate::error::{ApiError, ApiResult};
 use crate::resources::ResourceDef;
 
-fn encode_continue(ns: &str, name: &str, rv: u64) -> String {
+/// A continue token: where the next page starts and the version of the list's first page (its
+/// snapshot, as far as expiry goes); `-1` is the real server's "inconsistent" token, which goes
+/// on at whatever version is current.
+fn encode_continue(ns: &str, name: &str, rv: i64) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD
         .encode(json!({"ns": ns, "name": name, "rv": rv}).to_string())
 }
 
-fn decode_continue(token: &str) -> ApiResult<(String, String)> {
+fn decode_continue(token: &str) -> ApiResult<(String, String, i64)> {
     let bad = || ApiError::bad_request(format!("continue key is not valid: {token:?}"));
     let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(token)
@@ -23,13 +26,30 @@ fn decode_continue(token: &str) -> ApiResult<(String, String)> {
     Ok((
         v.get("ns").and_then(Value::as_str).ok_or_else(bad)?.to_string(),
         v.get("name").and_then(Value::as_str).ok_or_else(bad)?.to_string(),
+        v.get("rv").and_then(Value::as_i64).ok_or_else(bad)?,
     ))
 }
 
 impl Store {
     pub fn list(&self, def: &ResourceDef, ns: Option<&str>, opts: &ListOpts) -> ApiResult<ListPage> {
-        let st = self.lock();
-        let rv = st.rv;
+        let mut st = self.lock();
+        if opts.continue_.is_some() && self.take_continued_compaction() {
+            st.compact();
+        }
+        let mut rv = st.rv;
+        // The pages of one list are served at the current state (no snapshots here), but they
+        // keep the first page's version, as the real server's do: it is what a watch that
+        // follows the list starts from, and what expires when history is compacted past it.
+        let continued = opts.continue_.as_deref().map(decode_continue).transpose()?;
+        if let Some((cns, cname, first)) = &continued
+            && *first >= 0
+        {
+            let first = u64::try_from(*first).unwrap_or_default();
+            if first < st.history_start {
+                return Err(ApiError::continue_expired(encode_continue(cns, cname, -1)));
+            }
+            rv = first;
+        }
         let Some(objs) = st.objects.get(&def.storage_key()) else {
             return Ok(ListPage {
                 items: Vec::new(),
@@ -38,11 +58,8 @@ impl Store {
                 remaining: None,
             });
         };
-        let start = match &opts.continue_ {
-            Some(token) => {
-                let (cns, cname) = decode_continue(token)?;
-                std::ops::Bound::Excluded((cns, cname))
-            }
+        let start = match continued {
+            Some((cns, cname, _)) => std::ops::Bound::Excluded((cns, cname)),
             None => std::ops::Bound::Included((ns.unwrap_or_default().to_string(), String::new())),
         };
         let matches = |((ons, _), obj): &(&(String, String), &Arc<Value>)| {
@@ -65,7 +82,10 @@ impl Store {
         let remaining = iter.count() as u64;
         let (continue_, remaining) = match (remaining, last) {
             (0, _) | (_, None) => (None, None),
-            (n, Some((lns, lname))) => (Some(encode_continue(&lns, &lname, rv)), Some(n)),
+            (n, Some((lns, lname))) => (
+                Some(encode_continue(&lns, &lname, i64::try_from(rv).unwrap_or(-1))),
+                Some(n),
+            ),
         };
         Ok(ListPage {
             items,

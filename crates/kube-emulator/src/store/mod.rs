@@ -80,6 +80,9 @@ pub struct Store {
     kill: watch::Sender<u64>,
     /// Wakes the garbage collector task ([`Store::run_garbage_collector`]).
     gc_wake: tokio::sync::Notify,
+    /// How many continued lists still find the history compacted just before they are served
+    /// ([`Store::compact_before_continued_lists`]).
+    compact_continued: std::sync::atomic::AtomicU32,
 }
 
 fn now() -> String {
@@ -141,6 +144,7 @@ impl Store {
             cfg,
             kill,
             gc_wake: tokio::sync::Notify::new(),
+            compact_continued: std::sync::atomic::AtomicU32::new(0),
         };
         store.ensure_builtin_namespaces();
         store

@@ -141,6 +141,55 @@ fn list_pages_with_limit_and_continue_in_name_order() {
 }
 
 #[test]
+fn a_continue_token_keeps_its_first_page_version_and_expires_with_compaction() {
+    let store = store();
+    let def = configmaps(&store);
+    for n in ["a", "b", "c", "d"] {
+        create_cm(&store, "default", cm(n, json!({})));
+    }
+    let mut opts = ListOpts {
+        limit: Some(1),
+        ..ListOpts::default()
+    };
+    let first = store.list(&def, None, &opts).expect("first page");
+    create_cm(&store, "default", cm("e", json!({})));
+    opts.continue_ = first.continue_.clone();
+    let second = store.list(&def, None, &opts).expect("second page");
+    assert_eq!(
+        second.resource_version, first.resource_version,
+        "pages of one list keep the first page's version (a watch after the list starts there)"
+    );
+    store.compact();
+    opts.continue_ = second.continue_.clone();
+    let e = store.list(&def, None, &opts).expect_err("compacted");
+    assert_eq!((e.code, e.reason), (410, "Expired"));
+    assert!(
+        e.message
+            .starts_with("The provided continue parameter is too old"),
+        "{}",
+        e.message
+    );
+    let status = e.to_status();
+    let offered = status["metadata"]["continue"]
+        .as_str()
+        .expect("a token offered")
+        .to_string();
+    // The offered token goes on after the same place, at the current version.
+    opts.continue_ = Some(offered);
+    let mut rest = Vec::new();
+    loop {
+        let page = store.list(&def, None, &opts).expect("inconsistent continuation");
+        assert_eq!(page.resource_version, store.resource_version());
+        rest.extend(names(&page.items));
+        match page.continue_ {
+            Some(c) => opts.continue_ = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(rest, ["c", "d", "e"]);
+}
+
+#[test]
 fn watch_replays_history_from_a_version_and_compaction_makes_it_gone() {
     let store = store();
     let def = configmaps(&store);

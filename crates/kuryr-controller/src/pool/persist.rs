@@ -28,6 +28,8 @@ use kuryr_crds::names::finalizers;
 
 /// KuryrPorts per list request when all of them are read.
 const KUBE_PAGE: u32 = 500;
+/// How often a KuryrPort list whose continue token expired is started again before it fails.
+const LIST_RESTARTS: u32 = 3;
 
 /// Changes are collected this long before a write.
 pub const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
@@ -381,38 +383,58 @@ impl Persister {
     /// The pool objects of the controller namespace and every port the KuryrPorts record.
     pub async fn load_recovery_input(&self) -> Result<RecoveryInput, Error> {
         let pools = self.api().list(&ListParams::default()).await?.items;
-        let mut in_use = Vec::new();
-        self.for_each_kuryrport(|ports| in_use.extend(ports)).await?;
+        let in_use = self.recorded_ports().await?;
         Ok(RecoveryInput { pools, in_use })
     }
 
     /// The ports every KuryrPort of the cluster records, read a page at a time and each page
     /// only for them: with ten thousand pods the whole list parsed is tens of MB of JSON, and
-    /// the sweep reads it every update period.
-    async fn for_each_kuryrport(&self, mut f: impl FnMut(Vec<InUsePort>)) -> Result<(), Error> {
-        let mut params = ListParams::default().limit(KUBE_PAGE);
-        loop {
-            let request = kube::core::Request::new(KuryrPort::url_path(&(), None))
-                .list(&params)
-                .map_err(kube::Error::BuildRequest)?;
-            let text = self.kube.request_text(request).await?;
-            let page: KuryrPortPage = serde_json::from_str(&text).map_err(kube::Error::SerdeError)?;
-            for item in page.items.unwrap_or_default() {
-                f(listed_kuryrport_ports(item).map_err(kube::Error::SerdeError)?);
-            }
-            match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                Some(token) => params = params.continue_token(&token),
-                None => return Ok(()),
+    /// the sweep reads it every update period. A list whose continue token expired (the
+    /// server's history compacted while paging) is read again from the start: what it misses
+    /// the sweep would delete, and the server's inconsistent continuation may miss objects.
+    async fn recorded_ports(&self) -> Result<Vec<InUsePort>, Error> {
+        let mut restarts = 0;
+        'list: loop {
+            let mut params = ListParams::default().limit(KUBE_PAGE);
+            let mut ports = Vec::new();
+            loop {
+                let request = kube::core::Request::new(KuryrPort::url_path(&(), None))
+                    .list(&params)
+                    .map_err(kube::Error::BuildRequest)?;
+                let text = match self.kube.request_text(request).await {
+                    Ok(text) => text,
+                    Err(kube::Error::Api(s))
+                        if s.code == 410 && params.continue_token.is_some() && restarts < LIST_RESTARTS =>
+                    {
+                        restarts += 1;
+                        tracing::info!(
+                            restarts,
+                            "KuryrPort list outlasted the API server's history; listing again"
+                        );
+                        continue 'list;
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                let page: KuryrPortPage = serde_json::from_str(&text).map_err(kube::Error::SerdeError)?;
+                for item in page.items.unwrap_or_default() {
+                    ports.extend(listed_kuryrport_ports(item).map_err(kube::Error::SerdeError)?);
+                }
+                match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                    Some(token) => params = params.continue_token(&token),
+                    None => return Ok(ports),
+                }
             }
         }
     }
 
     /// Port ids recorded by KuryrPorts (the orphan sweep's "owned by a pod").
     pub async fn ports_in_use(&self) -> Result<HashSet<String>, Error> {
-        let mut ids = HashSet::new();
-        self.for_each_kuryrport(|ports| ids.extend(ports.into_iter().map(|u| u.port_id)))
-            .await?;
-        Ok(ids)
+        Ok(self
+            .recorded_ports()
+            .await?
+            .into_iter()
+            .map(|u| u.port_id)
+            .collect())
     }
 }
 
