@@ -54,6 +54,30 @@ pub fn group_name(cluster_id: &str) -> String {
     format!("{GROUP_PREFIX}{cluster_id}")
 }
 
+/// The kube-system namespace's uid: the cluster's identity in its claims.
+pub async fn cluster_uid(kube: &kube::Client) -> Result<String, Error> {
+    Api::<Namespace>::all(kube.clone())
+        .get("kube-system")
+        .await?
+        .metadata
+        .uid
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| Error::not_ready("the kube-system namespace has no uid"))
+}
+
+/// Every claim of `cluster_id` that `client`'s credentials can see.
+pub async fn read_claims(
+    client: &NeutronClient,
+    cluster_id: &str,
+) -> Result<Vec<Claim>, kuryr_neutron::Error> {
+    Ok(client
+        .list_security_groups(&ListFilter::new().name(group_name(cluster_id)))
+        .await?
+        .iter()
+        .map(Claim::of)
+        .collect())
+}
+
 /// One claim group as Neutron lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
@@ -185,15 +209,7 @@ impl ClusterClaim {
     /// The kube-system namespace's uid.
     async fn uid(&self) -> Result<&str, Error> {
         self.uid
-            .get_or_try_init(|| async {
-                let ns = Api::<Namespace>::all(self.platform.kube.clone())
-                    .get("kube-system")
-                    .await?;
-                ns.metadata
-                    .uid
-                    .filter(|u| !u.is_empty())
-                    .ok_or_else(|| Error::not_ready("the kube-system namespace has no uid"))
-            })
+            .get_or_try_init(|| cluster_uid(&self.platform.kube))
             .await
             .map(String::as_str)
     }
@@ -258,13 +274,9 @@ impl ClusterClaim {
     }
 
     async fn claims(&self, client: &NeutronClient, context: &str) -> Result<Vec<Claim>, Error> {
-        Ok(client
-            .list_security_groups(&ListFilter::new().name(group_name(&self.platform.cluster_id)))
+        read_claims(client, &self.platform.cluster_id)
             .await
-            .map_err(|e| Error::openstack(format!("{context}: listing claims"), e))?
-            .iter()
-            .map(Claim::of)
-            .collect())
+            .map_err(|e| Error::openstack(format!("{context}: listing claims"), e))
     }
 
     async fn try_check(&self, deployment: &str) -> Result<Outcome, Error> {

@@ -8,7 +8,7 @@ pub mod checks;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::{Api, Client, ResourceExt};
@@ -104,27 +104,22 @@ fn has_secret(config: &KuryrConfig) -> bool {
 
 /// The `cluster_id` claims in the default deployment and this cluster's kube-system uid.
 async fn claims(client: &Client, config: &KuryrConfig) -> Result<ClaimState, String> {
-    let uid = Api::<Namespace>::all(client.clone())
-        .get("kube-system")
+    let uid = cluster_claim::cluster_uid(client)
         .await
-        .map_err(|e| format!("reading the kube-system namespace: {e}"))?
-        .metadata
-        .uid
-        .unwrap_or_default();
+        .map_err(|e| format!("reading the kube-system namespace: {e}"))?;
     let section = config
         .deployment(kuryr_config::DEFAULT_DEPLOYMENT)
         .ok_or("no [neutron] section")?;
     let opts = kuryr_controller::openstack::client_options("neutron", section).map_err(|e| e.to_string())?;
     let neutron = kuryr_neutron::NeutronClient::new(&opts).map_err(|e| e.to_string())?;
     let cluster_id = config.kubernetes.cluster_id.clone();
-    let groups = neutron
-        .list_security_groups(&kuryr_neutron::ListFilter::new().name(cluster_claim::group_name(&cluster_id)))
+    let claims = cluster_claim::read_claims(&neutron, &cluster_id)
         .await
         .map_err(|e| e.to_string())?;
     Ok(ClaimState {
         cluster_id,
         uid,
-        claims: groups.iter().map(cluster_claim::Claim::of).collect(),
+        claims,
     })
 }
 
