@@ -304,3 +304,66 @@ async fn live_pools_of_both_nested_drivers_outlive_a_restart() -> Result<()> {
     }
     Ok(())
 }
+
+/// Whether pool hosts still serve a VM is asked of Neutron in lists, not a get per host: a node
+/// gone with no host known this term (or a restart's first listing) questions every host of a
+/// nested pool driver, which is a host per node. A deleted trunk and a detached parent port are
+/// dead; a trunk of a running VM is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_pool_hosts_are_judged_in_lists() -> Result<()> {
+    use kuryr_controller::drivers::vif::VifDriver;
+    use kuryr_controller::drivers::vif::nested::VmPortLookup;
+    use kuryr_controller::drivers::vif::nested_macvlan::NestedMacvlan;
+    use kuryr_controller::drivers::vif::nested_vlan::NestedVlan;
+    use kuryr_controller::openstack::Deployments;
+    init_logs();
+    for target in neutron_targets().await? {
+        let t = target.name;
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.75.0.0/24").await?;
+        let vms = vm_trunks(neutron, &kube.client, &fx.project, "192.168.75.0/24").await?;
+        let parents = [
+            neutron.get_trunk(&vms.trunks[0]).await?.port_id,
+            neutron.get_trunk(&vms.trunks[1]).await?.port_id,
+        ];
+        delete_vm(neutron, &vms.trunks[1]).await?;
+        let gone_trunk = "8c3f4c1e-0000-4000-8000-00000000dead".to_string();
+        let deployments = Deployments::single(neutron.clone());
+        let lookup = || VmPortLookup::new(kube.client.clone(), vec![vms.subnet.clone()]);
+        let vlan = NestedVlan::new(deployments.clone(), lookup(), vec![], 1500);
+        let macvlan = NestedMacvlan::new(deployments.clone(), lookup(), vec![], 1500, 3);
+        if let Some(e) = target.emulator() {
+            e.reset_stats();
+        }
+        let mut dead = vlan
+            .dead_hosts(
+                "default",
+                &[vms.trunks[0].clone(), vms.trunks[1].clone(), gone_trunk.clone()],
+            )
+            .await?;
+        dead.sort();
+        let mut want = vec![vms.trunks[1].clone(), gone_trunk];
+        want.sort();
+        assert_eq!(dead, want, "{t}: nested-vlan");
+        let dead = macvlan
+            .dead_hosts("default", &[parents[0].clone(), parents[1].clone()])
+            .await?;
+        assert_eq!(dead, vec![parents[1].clone()], "{t}: nested-macvlan");
+        if let Some(e) = target.emulator() {
+            let stats = e.stats();
+            assert_eq!(
+                stats.count("trunk.get") + stats.count("port.get"),
+                0,
+                "{t}: {stats:?}"
+            );
+            assert_eq!(
+                (stats.count("trunk.list"), stats.count("port.list")),
+                (1, 2),
+                "{t}: a list per driver and kind: {stats:?}"
+            );
+        }
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}

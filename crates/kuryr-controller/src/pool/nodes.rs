@@ -11,7 +11,7 @@
 //! object deleted and registered again by the same VM keeps its pools). The first listing of a
 //! term also drops the pools of nodes deleted while no controller ran.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -322,16 +322,20 @@ impl PoolManager {
 /// Which of a nested driver's pool hosts no longer serve an instance, judged by its own VIF
 /// driver (a trunk for nested-vlan, a VM port for nested-macvlan: `multi_pool` may run both).
 async fn dead_hosts(d: &PoolDriver, hosts: BTreeSet<(String, String)>) -> Result<Vec<DeadHost>, Error> {
-    let mut dead = Vec::new();
+    let mut by_deployment: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (deployment, host) in hosts {
-        if !d.vif().host_alive(&deployment, &host).await? {
+        by_deployment.entry(deployment).or_default().push(host);
+    }
+    let mut dead = Vec::new();
+    for (deployment, hosts) in by_deployment {
+        for host in d.vif().dead_hosts(&deployment, &hosts).await? {
             tracing::info!(
                 deployment,
                 host,
                 driver = d.vif().name(),
                 "pool host no longer serves an instance"
             );
-            dead.push((d.vif().name(), deployment, host));
+            dead.push((d.vif().name(), deployment.clone(), host));
         }
     }
     Ok(dead)

@@ -89,6 +89,18 @@ pub trait VifDriver: Send + Sync {
     async fn host_alive(&self, _deployment: &str, _host: &str) -> Result<bool, Error> {
         Ok(true)
     }
+
+    /// Those of `hosts` (of `deployment`) that no longer serve a node. One [`Self::host_alive`]
+    /// each by default; nested drivers ask for all of them in a few lists.
+    async fn dead_hosts(&self, deployment: &str, hosts: &[String]) -> Result<Vec<String>, Error> {
+        let mut dead = Vec::new();
+        for host in hosts {
+            if !self.host_alive(deployment, host).await? {
+                dead.push(host.clone());
+            }
+        }
+        Ok(dead)
+    }
 }
 
 /// The create body shared by all drivers: project, network/subnets, security groups and the

@@ -5,7 +5,7 @@
 //! remembered with the `device_id` (the Nova instance) it had, and re-checked on every use: a
 //! port gone, or attached to another instance or none, is looked up again by the node's IP.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
@@ -131,6 +131,49 @@ impl VmPortLookup {
     pub async fn forget_all(&self) {
         self.cache.write().await.clear();
     }
+}
+
+/// How many ids one liveness list names (URLs stay short).
+const ALIVE_CHUNK: usize = 80;
+
+/// Those of `ids` that are VM ports still serving a VM (see [`vm_port_alive`]): one list per
+/// [`ALIVE_CHUNK`] ports.
+pub async fn vm_ports_alive(client: &NeutronClient, ids: &[String]) -> Result<HashSet<String>, Error> {
+    let mut alive = HashSet::new();
+    for chunk in ids.chunks(ALIVE_CHUNK) {
+        let filter = chunk
+            .iter()
+            .fold(ListFilter::new(), |f, id| f.id(id.clone()))
+            .fields(["id", "device_id"]);
+        alive.extend(
+            client
+                .list_ports(&filter)
+                .await?
+                .into_iter()
+                .filter(|p| !p.device_id.is_empty())
+                .map(|p| p.id),
+        );
+    }
+    Ok(alive)
+}
+
+/// The parent port of each of `trunks` that exists: one list per [`ALIVE_CHUNK`] trunks.
+pub async fn trunk_parents(
+    client: &NeutronClient,
+    trunks: &[String],
+) -> Result<HashMap<String, String>, Error> {
+    let mut parents = HashMap::new();
+    for chunk in trunks.chunks(ALIVE_CHUNK) {
+        let filter = chunk.iter().fold(ListFilter::new(), |f, id| f.id(id.clone()));
+        parents.extend(
+            client
+                .list_trunks(&filter)
+                .await?
+                .into_iter()
+                .map(|t| (t.id, t.port_id)),
+        );
+    }
+    Ok(parents)
 }
 
 /// Whether a VM port still serves a VM: it exists and is attached to an instance. A VM's

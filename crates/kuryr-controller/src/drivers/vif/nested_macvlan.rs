@@ -13,7 +13,7 @@ use kuryr_config::PodVifDriver;
 use kuryr_crds::Vif;
 use kuryr_neutron::{AllowedAddressPair, ErrorKind, Port, PortUpdate};
 
-use super::nested::{VmPortLookup, vm_port_alive};
+use super::nested::{VmPortLookup, vm_port_alive, vm_ports_alive};
 use super::{COMPUTE_KURYR, PortOwner, VifDriver, create_ports, delete_ports, port_create};
 use crate::drivers::os_vif::{VifKind, vif_from_port};
 use crate::drivers::{NetworkInfo, PortSpec};
@@ -220,5 +220,10 @@ impl VifDriver for NestedMacvlan {
 
     async fn host_alive(&self, deployment: &str, vm_port: &str) -> Result<bool, Error> {
         vm_port_alive(self.deployments.client(deployment)?, vm_port).await
+    }
+
+    async fn dead_hosts(&self, deployment: &str, vm_ports: &[String]) -> Result<Vec<String>, Error> {
+        let alive = vm_ports_alive(self.deployments.client(deployment)?, vm_ports).await?;
+        Ok(vm_ports.iter().filter(|p| !alive.contains(*p)).cloned().collect())
     }
 }

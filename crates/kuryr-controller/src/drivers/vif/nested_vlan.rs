@@ -13,7 +13,7 @@ use kuryr_crds::names::device_owner::TRUNK_SUBPORT;
 use kuryr_neutron::{ErrorKind, NeutronClient, Port, SubPort};
 
 use super::active::{ActivePollers, PollSettings};
-use super::nested::{VmPortLookup, vm_port_alive};
+use super::nested::{VmPortLookup, trunk_parents, vm_port_alive, vm_ports_alive};
 use super::{PortOwner, VifDriver, activate_from_neutron, create_ports, detach_and_delete, port_create};
 use crate::drivers::os_vif::{VifKind, vif_from_port};
 use crate::drivers::{NetworkInfo, PortSpec};
@@ -168,6 +168,18 @@ impl VifDriver for NestedVlan {
             Err(e) if e.is_not_found() => Ok(false),
             Err(e) => Err(e.into()),
         }
+    }
+
+    async fn dead_hosts(&self, deployment: &str, trunks: &[String]) -> Result<Vec<String>, Error> {
+        let client = self.deployments.client(deployment)?;
+        let parents = trunk_parents(client, trunks).await?;
+        let ports: Vec<String> = parents.values().cloned().collect();
+        let alive = vm_ports_alive(client, &ports).await?;
+        Ok(trunks
+            .iter()
+            .filter(|t| parents.get(*t).is_none_or(|p| !alive.contains(p)))
+            .cloned()
+            .collect())
     }
 }
 
