@@ -25,6 +25,7 @@ fn rule(operation: &str, status: u16, retry_after: Option<u64>, max_count: u64) 
         retry_after_secs: retry_after,
         max_count: Some(max_count),
         after_commit: false,
+        delay_ms: 0,
     }
 }
 

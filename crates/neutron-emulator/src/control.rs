@@ -194,6 +194,12 @@ pub struct FaultRule {
     /// Perform the operation, then answer with the failure anyway (a lost reply: the client must reconcile).
     #[serde(default)]
     pub after_commit: bool,
+    /// Every matching request waits this long before it is carried out, failing or not (a rule
+    /// with neither `rate` nor `every_nth` only delays). The request is carried out even when its
+    /// client is gone meanwhile, as behind uWSGI: a client killed while it waits leaves a write
+    /// that lands after it.
+    #[serde(default)]
+    pub delay_ms: u64,
 }
 
 fn default_fault_status() -> u16 {
@@ -211,6 +217,16 @@ impl FaultRule {
             retry_after_secs: None,
             max_count: None,
             after_commit: false,
+            delay_ms: 0,
+        }
+    }
+
+    /// Delays every matching request by `delay` and fails none.
+    pub fn delay(operation: &str, delay: Duration) -> Self {
+        Self {
+            every_nth: None,
+            delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            ..Self::always(operation, 500)
         }
     }
 
@@ -403,11 +419,24 @@ impl Control {
         None
     }
 
+    /// The simulated service time of `op` (the latency profile's).
     pub fn delay(&self, op: &Op) -> Duration {
         self.latency
             .as_ref()
             .map(|t| t.lookup(op).delay(op))
             .unwrap_or_default()
+    }
+
+    /// What the fault rules matching `op` add before it is carried out.
+    pub fn rule_delay(&self, op: &Op) -> Duration {
+        let ms: u64 = self
+            .faults
+            .rules
+            .iter()
+            .filter(|r| r.delay_ms > 0 && r.matches(&op.name))
+            .map(|r| r.delay_ms)
+            .sum();
+        Duration::from_millis(ms)
     }
 }
 

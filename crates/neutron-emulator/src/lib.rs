@@ -382,10 +382,19 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: AxumRequest) -> Respon
         Ok(b) => b,
         Err(_) => return error_response(&shared, &ApiError::bad_request("Body contains invalid data")),
     };
-    let path = parts.uri.path().to_string();
-    if let Some(rest) = path.strip_prefix("/_emulator/") {
+    if let Some(rest) = parts.uri.path().strip_prefix("/_emulator/") {
         return admin(&shared, &parts.method, rest, &bytes);
     }
+    // Like the real server (uWSGI), a request is carried out to the end even when the client
+    // stops waiting: a client that dies mid-request leaves what the request did.
+    match tokio::spawn(serve(shared.clone(), parts, bytes)).await {
+        Ok(response) => response,
+        Err(_) => error_response(&shared, &ApiError::internal()),
+    }
+}
+
+async fn serve(shared: Arc<Shared>, parts: axum::http::request::Parts, bytes: axum::body::Bytes) -> Response {
+    let path = parts.uri.path().to_string();
     let segments: Vec<String> = path
         .trim_matches('/')
         .split('/')
@@ -413,15 +422,19 @@ async fn dispatch(State(shared): State<Arc<Shared>>, req: AxumRequest) -> Respon
             }
         };
     let op = api::classify(&parts.method, &route, body.as_ref());
-    let (fault, delay) = {
+    let (fault, delay, held) = {
         let mut c = shared.control.lock();
         let (fault, delay) = (c.admit(&op), c.delay(&op));
         c.stats.busy_ms = c
             .stats
             .busy_ms
             .saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
-        (fault, delay)
+        (fault, delay, c.rule_delay(&op))
     };
+    // A rule's delay holds no worker: it models a client-visible stall, not service time.
+    if !held.is_zero() {
+        tokio::time::sleep(held).await;
+    }
     // Worker slots model uWSGI's processes: a request holds one for its whole (simulated) service time.
     let _permit = match &shared.workers {
         Some(sem) => sem.clone().acquire_owned().await.ok(),

@@ -1386,3 +1386,40 @@ fn rand_octet() -> u8 {
     static NEXT: AtomicU8 = AtomicU8::new(100);
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
+
+/// A rule's delay holds a request before it is carried out, and a client that gives up (or dies)
+/// meanwhile does not stop it: the port exists after, as behind the real server's uWSGI.
+#[tokio::test]
+async fn a_delayed_request_is_carried_out_after_its_client_is_gone() {
+    let (emu, api) = emulator().await;
+    let (net, _) = api.net_subnet("held", "10.71.0.0/24").await;
+    emu.set_faults(FaultConfig {
+        rules: vec![FaultRule::delay("port.create", Duration::from_millis(600))],
+        ..Default::default()
+    });
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let gave_up = impatient
+        .post(format!("{}/ports", api.base))
+        .json(&json!({"port": {"network_id": net, "project_id": "held"}}))
+        .send()
+        .await;
+    assert!(
+        gave_up.is_err_and(|e| e.is_timeout()),
+        "the client stopped waiting"
+    );
+    drop(impatient);
+    assert_eq!(api.count_ports("held").await, 0, "still held");
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(
+        api.count_ports("held").await,
+        1,
+        "carried out after its client left"
+    );
+    // Other operations are not held.
+    let started = std::time::Instant::now();
+    api.count_ports("held").await;
+    assert!(started.elapsed() < Duration::from_millis(500));
+}

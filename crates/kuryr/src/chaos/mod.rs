@@ -61,6 +61,8 @@ const AFTER_FAULT: Duration = Duration::from_secs(20);
 const SNAPSHOT_EVERY: Duration = Duration::from_secs(2);
 /// The longest one workload operation may take before the loop moves on.
 const OP_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a mid-write kill holds port creates in Neutron (the kill comes within it).
+const WRITE_HOLD: Duration = Duration::from_secs(2);
 
 pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     let mut profile = match args.profile {
@@ -510,6 +512,56 @@ impl Soak {
         self.controllers.iter().position(|c| c.name == leader)
     }
 
+    /// Holds every port create in Neutron for [`WRITE_HOLD`], makes the pools refill (a burst
+    /// of pod creates) and returns the leader as soon as one create is held: the kill that
+    /// follows leaves a create that lands after the controller died. Without the emulator (or
+    /// during a Neutron outage, when no create gets through) it is a mid-refill kill.
+    async fn hold_a_port_create(&mut self, churn: &mut Churn) -> Option<usize> {
+        let n = (self.profile.pool.max + self.profile.pool.batch) as usize;
+        let held = match &self.emulator {
+            Some(e) if e.faults().outage.is_none() => {
+                let creates =
+                    |s: &neutron_emulator::Stats| s.count("port.create") + s.count("port.create_bulk");
+                let before = creates(&e.stats());
+                let mut faults = self.background.clone();
+                faults
+                    .rules
+                    .insert(0, FaultRule::delay("port.create*", WRITE_HOLD));
+                e.set_faults(faults);
+                Some(async move {
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while Instant::now() < deadline {
+                        let now = creates(&e.stats());
+                        if now > before {
+                            return now - before;
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    0
+                })
+            }
+            _ => None,
+        };
+        let Some(held) = held else {
+            let _ = tokio::time::timeout(OP_TIMEOUT * 4, churn.burst(n)).await;
+            tokio::time::sleep(Duration::from_millis(self.rng.random_range(100..600))).await;
+            return self.leader_index().await;
+        };
+        // The burst runs until the first create is held (its pods need not all exist).
+        let burst = tokio::time::timeout(OP_TIMEOUT * 4, churn.burst(n));
+        tokio::pin!(burst);
+        tokio::pin!(held);
+        let count = tokio::select! {
+            count = &mut held => count,
+            _ = &mut burst => held.await,
+        };
+        match count {
+            0 => println!("          no port create reached Neutron within 10 s; killing anyway"),
+            n => println!("          {n} port create request(s) held in Neutron at the kill"),
+        }
+        self.leader_index().await
+    }
+
     async fn inject(&mut self, fault: Fault, churn: &mut Churn) {
         let now = self.started.elapsed();
         if fault == Fault::DaemonKill && self.nodes.is_err() {
@@ -562,6 +614,7 @@ impl Soak {
                         tokio::time::sleep(Duration::from_millis(300)).await;
                         self.leader_index().await
                     }
+                    KillMoment::MidWrite => self.hold_a_port_create(churn).await,
                 };
                 let i = i.unwrap_or(0);
                 if let Err(e) = self.controllers[i]
@@ -569,6 +622,10 @@ impl Soak {
                     .await
                 {
                     eprintln!("  cannot kill {}: {e:#}", self.controllers[i].name);
+                }
+                if moment == KillMoment::MidWrite {
+                    // The held creates keep their delay and land after the kill.
+                    self.set_neutron_faults(None);
                 }
                 self.restarts.push((Instant::now() + Duration::from_secs(1), i));
                 self.disruptions.add(now, self.started.elapsed() + HANDOVER);

@@ -166,6 +166,9 @@ pub enum KillMoment {
     MidRefill,
     /// Right after a mass delete: ports are being released and recycled.
     MidFinalize,
+    /// While a port create is held in Neutron (the emulator's delay rule): the create lands
+    /// after the controller died, its ports known only by their tags.
+    MidWrite,
 }
 
 /// One planned fault.
@@ -206,6 +209,7 @@ impl Fault {
             Fault::Kill(KillMoment::Random) => "controller SIGKILL (random)",
             Fault::Kill(KillMoment::MidRefill) => "controller SIGKILL (mid-refill)",
             Fault::Kill(KillMoment::MidFinalize) => "controller SIGKILL (mid-finalize)",
+            Fault::Kill(KillMoment::MidWrite) => "controller SIGKILL (mid-write)",
             Fault::LeaderChange => "leadership change",
             Fault::DaemonKill => "CNI daemon SIGKILL",
         }
@@ -250,9 +254,10 @@ pub fn schedule(profile: &Profile, seed: u64) -> Vec<Planned> {
     short.extend((0..profile.watch_drops).map(|_| Fault::WatchDrop));
     short.extend((0..profile.gones).map(|_| Fault::Gone));
     short.extend((0..profile.kills).map(|i| {
-        Fault::Kill(match i % 3 {
+        Fault::Kill(match i % 4 {
             0 => KillMoment::MidRefill,
             1 => KillMoment::MidFinalize,
+            2 => KillMoment::MidWrite,
             _ => KillMoment::Random,
         })
     }));
@@ -326,7 +331,7 @@ mod tests {
     fn the_ci_profile_has_every_kind_of_fault_and_kills_of_every_moment() {
         let plan = schedule(&Profile::ci(), 1);
         let kinds: std::collections::BTreeSet<&str> = plan.iter().map(|p| p.fault.kind()).collect();
-        assert_eq!(kinds.len(), 11, "{kinds:?}");
+        assert_eq!(kinds.len(), 12, "{kinds:?}");
     }
 
     #[test]
