@@ -358,9 +358,10 @@ impl KubeHandle {
         self.store.compact();
     }
 
-    /// The next `n` paged lists that go on with a continue token find the history compacted
-    /// since their first page, and answer 410 with the real server's offer of an inconsistent
-    /// continuation: what a client paging slower than the server keeps history meets.
+    /// The next `n` paged lists that go on with a continue token that can expire find the
+    /// history compacted since their first page, and answer 410 with the real server's offer of
+    /// an inconsistent continuation: what a client paging slower than the server keeps history
+    /// meets. Each is a real compaction: every watch that reconnects from before it gets 410 too.
     pub fn compact_before_continued_lists(&self, n: u32) {
         self.store.compact_before_continued_lists(n);
     }

@@ -1,11 +1,13 @@
 //! Lists with label/field selectors and `limit`/`continue` paging.
 
+use std::collections::HashMap;
+use std::ops::Bound;
 use std::sync::Arc;
 
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use super::{ListOpts, ListPage, Store};
+use super::{EventType, ListOpts, ListPage, Objects, Store};
 use crate::error::{ApiError, ApiResult};
 use crate::resources::ResourceDef;
 
@@ -32,15 +34,19 @@ fn decode_continue(token: &str) -> ApiResult<(String, String, i64)> {
 
 impl Store {
     pub fn list(&self, def: &ResourceDef, ns: Option<&str>, opts: &ListOpts) -> ApiResult<ListPage> {
+        let continued = opts.continue_.as_deref().map(decode_continue).transpose()?;
         let mut st = self.lock();
-        if opts.continue_.is_some() && self.take_continued_compaction() {
+        // Only a token that can expire uses up an asked-for compaction (not the inconsistent one).
+        if continued.as_ref().is_some_and(|(_, _, first)| *first >= 0) && self.take_continued_compaction() {
             st.compact();
         }
+        let key = def.storage_key();
         let mut rv = st.rv;
-        // The pages of one list are served at the current state (no snapshots here), but they
-        // keep the first page's version, as the real server's do: it is what a watch that
-        // follows the list starts from, and what expires when history is compacted past it.
-        let continued = opts.continue_.as_deref().map(decode_continue).transpose()?;
+        // The pages of one list are its first page's snapshot, as the real server's are: they
+        // carry that page's version (what a watch that follows the list starts from, and what
+        // expires when history is compacted past it), and objects changed since are shown as
+        // they were then. The history holds every change after a token that has not expired.
+        let mut then: HashMap<(String, String), Option<Arc<Value>>> = HashMap::new();
         if let Some((cns, cname, first)) = &continued
             && *first >= 0
         {
@@ -49,26 +55,49 @@ impl Store {
                 return Err(ApiError::continue_expired(encode_continue(cns, cname, -1)));
             }
             rv = first;
+            let later = st.history.partition_point(|e| e.1.rv <= first);
+            for e in st.history.iter().skip(later).filter(|e| e.0 == key) {
+                let name =
+                    e.1.object
+                        .pointer("/metadata/name")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                // Before its first change since: absent if that change created it.
+                then.entry((e.1.ns.clone(), name.to_string()))
+                    .or_insert_with(|| match e.1.type_ {
+                        EventType::Added => None,
+                        _ => Some(e.1.old.clone().unwrap_or_else(|| e.1.object.clone())),
+                    });
+            }
         }
-        let Some(objs) = st.objects.get(&def.storage_key()) else {
-            return Ok(ListPage {
-                items: Vec::new(),
-                resource_version: rv,
-                continue_: None,
-                remaining: None,
-            });
-        };
+        let empty = Objects::new();
+        let objs = st.objects.get(&key).unwrap_or(&empty);
         let start = match continued {
-            Some((cns, cname, _)) => std::ops::Bound::Excluded((cns, cname)),
-            None => std::ops::Bound::Included((ns.unwrap_or_default().to_string(), String::new())),
+            Some((cns, cname, _)) => Bound::Excluded((cns, cname)),
+            None => Bound::Included((ns.unwrap_or_default().to_string(), String::new())),
         };
-        let matches = |((ons, _), obj): &(&(String, String), &Arc<Value>)| {
-            ns.is_none_or(|n| n == ons) && opts.labels.matches(obj) && opts.fields.matches(obj)
-        };
-        let mut iter = objs
-            .range((start, std::ops::Bound::Unbounded))
-            .take_while(|((ons, _), _)| ns.is_none_or(|n| n == ons))
-            .filter(matches);
+        let in_namespace = |(ons, _): &(String, String)| ns.is_none_or(|n| n == ons);
+        let mut candidates: Vec<(&(String, String), &Arc<Value>)> = objs
+            .range((start.clone(), Bound::Unbounded))
+            .take_while(|(k, _)| in_namespace(k))
+            .filter(|(k, _)| !then.contains_key(*k))
+            .collect();
+        if !then.is_empty() {
+            let after_start = |k: &(String, String)| match &start {
+                Bound::Excluded(s) => k > s,
+                Bound::Included(s) => k >= s,
+                Bound::Unbounded => true,
+            };
+            candidates.extend(
+                then.iter()
+                    .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)))
+                    .filter(|(k, _)| in_namespace(k) && after_start(k)),
+            );
+            candidates.sort_by(|a, b| a.0.cmp(b.0));
+        }
+        let mut iter = candidates
+            .into_iter()
+            .filter(|(_, obj)| opts.labels.matches(obj) && opts.fields.matches(obj));
         let mut items = Vec::new();
         let limit = opts.limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
         let mut last = None;

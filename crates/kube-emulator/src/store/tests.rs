@@ -152,13 +152,37 @@ fn a_continue_token_keeps_its_first_page_version_and_expires_with_compaction() {
         ..ListOpts::default()
     };
     let first = store.list(&def, None, &opts).expect("first page");
+    let b_then = store
+        .list(&def, Some("default"), &ListOpts::default())
+        .expect("all")
+        .items[1]
+        .clone();
+    // Changed between pages: later pages still show the first page's snapshot.
     create_cm(&store, "default", cm("e", json!({})));
+    let b = store.get(&def, "default", "b").expect("b");
+    let mut changed = (*b).clone();
+    changed["data"] = json!({"k": "v"});
+    store
+        .update(&def, "default", "b", changed, false, &WriteOpts::default())
+        .expect("update b");
+    store
+        .delete(&def, "default", "c", &DeleteOpts::default())
+        .expect("delete c");
     opts.continue_ = first.continue_.clone();
     let second = store.list(&def, None, &opts).expect("second page");
     assert_eq!(
         second.resource_version, first.resource_version,
         "pages of one list keep the first page's version (a watch after the list starts there)"
     );
+    assert_eq!(*second.items[0], *b_then, "b as it was at the first page");
+    opts.continue_ = second.continue_.clone();
+    let third = store.list(&def, None, &opts).expect("third page");
+    assert_eq!(names(&third.items), ["c"], "c, deleted since, is in the snapshot");
+    opts.continue_ = third.continue_.clone();
+    let fourth = store.list(&def, None, &opts).expect("fourth page");
+    assert_eq!(names(&fourth.items), ["d"], "e, created since, is not");
+    assert_eq!(fourth.continue_, None);
+    let second = third;
     store.compact();
     opts.continue_ = second.continue_.clone();
     let e = store.list(&def, None, &opts).expect_err("compacted");
@@ -186,7 +210,7 @@ fn a_continue_token_keeps_its_first_page_version_and_expires_with_compaction() {
             None => break,
         }
     }
-    assert_eq!(rest, ["c", "d", "e"]);
+    assert_eq!(rest, ["d", "e"], "the current state after c (deleted)");
 }
 
 #[test]

@@ -383,20 +383,34 @@ impl Persister {
     /// The pool objects of the controller namespace and every port the KuryrPorts record.
     pub async fn load_recovery_input(&self) -> Result<RecoveryInput, Error> {
         let pools = self.api().list(&ListParams::default()).await?.items;
-        let in_use = self.recorded_ports().await?;
+        let in_use = self
+            .collect_recorded(|all: &mut Vec<InUsePort>, ports| all.extend(ports))
+            .await?;
         Ok(RecoveryInput { pools, in_use })
     }
 
-    /// The ports every KuryrPort of the cluster records, read a page at a time and each page
-    /// only for them: with ten thousand pods the whole list parsed is tens of MB of JSON, and
-    /// the sweep reads it every update period. A list whose continue token expired (the
-    /// server's history compacted while paging) is read again from the start: what it misses
-    /// the sweep would delete, and the server's inconsistent continuation may miss objects.
-    async fn recorded_ports(&self) -> Result<Vec<InUsePort>, Error> {
+    /// Port ids recorded by KuryrPorts (the orphan sweep's "owned by a pod").
+    pub async fn ports_in_use(&self) -> Result<HashSet<String>, Error> {
+        self.collect_recorded(|ids: &mut HashSet<String>, ports| {
+            ids.extend(ports.into_iter().map(|u| u.port_id))
+        })
+        .await
+    }
+
+    /// Folds the ports every KuryrPort of the cluster records into a `T`, a page at a time and
+    /// each page only for them: with ten thousand pods the whole list parsed is tens of MB of
+    /// JSON, and the sweep reads it every update period. A list whose continue token expired
+    /// (the server's history compacted while paging) is read again from the start, into a new
+    /// `T`: what it misses the sweep would delete, and the server's inconsistent continuation
+    /// may miss objects.
+    async fn collect_recorded<T: Default>(
+        &self,
+        mut add: impl FnMut(&mut T, Vec<InUsePort>),
+    ) -> Result<T, Error> {
         let mut restarts = 0;
         'list: loop {
             let mut params = ListParams::default().limit(KUBE_PAGE);
-            let mut ports = Vec::new();
+            let mut acc = T::default();
             loop {
                 let request = kube::core::Request::new(KuryrPort::url_path(&(), None))
                     .list(&params)
@@ -417,24 +431,17 @@ impl Persister {
                 };
                 let page: KuryrPortPage = serde_json::from_str(&text).map_err(kube::Error::SerdeError)?;
                 for item in page.items.unwrap_or_default() {
-                    ports.extend(listed_kuryrport_ports(item).map_err(kube::Error::SerdeError)?);
+                    add(
+                        &mut acc,
+                        listed_kuryrport_ports(item).map_err(kube::Error::SerdeError)?,
+                    );
                 }
                 match page.metadata.continue_.filter(|c| !c.is_empty()) {
                     Some(token) => params = params.continue_token(&token),
-                    None => return Ok(ports),
+                    None => return Ok(acc),
                 }
             }
         }
-    }
-
-    /// Port ids recorded by KuryrPorts (the orphan sweep's "owned by a pod").
-    pub async fn ports_in_use(&self) -> Result<HashSet<String>, Error> {
-        Ok(self
-            .recorded_ports()
-            .await?
-            .into_iter()
-            .map(|u| u.port_id)
-            .collect())
     }
 }
 

@@ -512,54 +512,59 @@ impl Soak {
         self.controllers.iter().position(|c| c.name == leader)
     }
 
-    /// Holds every port create in Neutron for [`WRITE_HOLD`], makes the pools refill (a burst
-    /// of pod creates) and returns the leader as soon as one create is held: the kill that
-    /// follows leaves a create that lands after the controller died. Without the emulator (or
-    /// during a Neutron outage, when no create gets through) it is a mid-refill kill.
-    async fn hold_a_port_create(&mut self, churn: &mut Churn) -> Option<usize> {
+    /// Kills the leader while one of its port creates is held in Neutron ([`WRITE_HOLD`], the
+    /// emulator's delay rule; a burst of pod creates makes the pools refill): the create lands
+    /// after the controller died. Without the emulator (or during a Neutron outage, when no
+    /// create gets through) it is a mid-refill kill. Returns the controller killed.
+    async fn kill_mid_write(&mut self, churn: &mut Churn) -> usize {
         let n = (self.profile.pool.max + self.profile.pool.batch) as usize;
-        let held = match &self.emulator {
-            Some(e) if e.faults().outage.is_none() => {
-                let creates =
-                    |s: &neutron_emulator::Stats| s.count("port.create") + s.count("port.create_bulk");
-                let before = creates(&e.stats());
-                let mut faults = self.background.clone();
-                faults
-                    .rules
-                    .insert(0, FaultRule::delay("port.create*", WRITE_HOLD));
-                e.set_faults(faults);
-                Some(async move {
-                    let deadline = Instant::now() + Duration::from_secs(10);
-                    while Instant::now() < deadline {
-                        let now = creates(&e.stats());
-                        if now > before {
-                            return now - before;
-                        }
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    0
-                })
-            }
-            _ => None,
-        };
-        let Some(held) = held else {
+        // Asked first: in an API outage finding the leader takes longer than the hold.
+        let i = self.leader_index().await.unwrap_or(0);
+        let Some(e) = self.emulator.as_ref().filter(|e| e.faults().outage.is_none()) else {
             let _ = tokio::time::timeout(OP_TIMEOUT * 4, churn.burst(n)).await;
             tokio::time::sleep(Duration::from_millis(self.rng.random_range(100..600))).await;
-            return self.leader_index().await;
+            let i = self.leader_index().await.unwrap_or(i);
+            sigkill(&mut self.controllers[i]).await;
+            return i;
         };
-        // The burst runs until the first create is held (its pods need not all exist).
+        let mut faults = self.background.clone();
+        faults
+            .rules
+            .insert(0, FaultRule::delay("port.create*", WRITE_HOLD));
+        e.set_faults(faults);
+        let creates = |s: &neutron_emulator::Stats| s.count("port.create") + s.count("port.create_bulk");
+        // Read once the rule is in force: every create counted after it is held.
+        let before = creates(&e.stats());
+        let held = async {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                let now = creates(&e.stats());
+                if now > before {
+                    return now - before;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            0
+        };
         let burst = tokio::time::timeout(OP_TIMEOUT * 4, churn.burst(n));
-        tokio::pin!(burst);
-        tokio::pin!(held);
-        let count = tokio::select! {
-            count = &mut held => count,
-            _ = &mut burst => held.await,
+        tokio::pin!(held, burst);
+        // The kill comes as soon as a create is held; the burst goes on after it (a pod
+        // create cut short would be a pod the churn does not know).
+        let (count, burst_done) = tokio::select! {
+            count = &mut held => (count, false),
+            _ = &mut burst => (held.await, true),
         };
         match count {
             0 => println!("          no port create reached Neutron within 10 s; killing anyway"),
             n => println!("          {n} port create request(s) held in Neutron at the kill"),
         }
-        self.leader_index().await
+        sigkill(&mut self.controllers[i]).await;
+        if !burst_done {
+            let _ = burst.await;
+        }
+        // The held creates keep their delay and land after the kill.
+        e.set_faults(self.background.clone());
+        i
     }
 
     async fn inject(&mut self, fault: Fault, churn: &mut Churn) {
@@ -602,31 +607,28 @@ impl Soak {
             }
             Fault::Kill(moment) => {
                 let i = match moment {
-                    KillMoment::Random => Some(self.rng.random_range(0..self.controllers.len())),
+                    KillMoment::Random => {
+                        let i = self.rng.random_range(0..self.controllers.len());
+                        sigkill(&mut self.controllers[i]).await;
+                        i
+                    }
                     KillMoment::MidRefill => {
                         let n = (self.profile.pool.max + self.profile.pool.batch) as usize;
                         let _ = tokio::time::timeout(OP_TIMEOUT * 4, churn.burst(n)).await;
                         tokio::time::sleep(Duration::from_millis(self.rng.random_range(100..600))).await;
-                        self.leader_index().await
+                        let i = self.leader_index().await.unwrap_or(0);
+                        sigkill(&mut self.controllers[i]).await;
+                        i
                     }
                     KillMoment::MidFinalize => {
                         let _ = tokio::time::timeout(OP_TIMEOUT * 4, churn.mass_delete(20)).await;
                         tokio::time::sleep(Duration::from_millis(300)).await;
-                        self.leader_index().await
+                        let i = self.leader_index().await.unwrap_or(0);
+                        sigkill(&mut self.controllers[i]).await;
+                        i
                     }
-                    KillMoment::MidWrite => self.hold_a_port_create(churn).await,
+                    KillMoment::MidWrite => self.kill_mid_write(churn).await,
                 };
-                let i = i.unwrap_or(0);
-                if let Err(e) = self.controllers[i]
-                    .stop(Signal::SIGKILL, Duration::from_secs(5))
-                    .await
-                {
-                    eprintln!("  cannot kill {}: {e:#}", self.controllers[i].name);
-                }
-                if moment == KillMoment::MidWrite {
-                    // The held creates keep their delay and land after the kill.
-                    self.set_neutron_faults(None);
-                }
                 self.restarts.push((Instant::now() + Duration::from_secs(1), i));
                 self.disruptions.add(now, self.started.elapsed() + HANDOVER);
             }
@@ -1092,6 +1094,13 @@ fn controller_ini(
     // Refuse a configuration the controller would refuse, before any process starts.
     kuryr_config::KuryrConfig::from_ini_str(&ini).context("the soak's controller configuration")?;
     Ok(ini)
+}
+
+/// SIGKILLs a controller (its restart is the caller's).
+async fn sigkill(controller: &mut Proc) {
+    if let Err(e) = controller.stop(Signal::SIGKILL, Duration::from_secs(5)).await {
+        eprintln!("  cannot kill {}: {e:#}", controller.name);
+    }
 }
 
 #[cfg(test)]
