@@ -116,14 +116,14 @@ choose_ovs() {
   log "chassis Open vSwitch: $(ovs_version) (${OVS_BIN:-Debian 12, in PATH}; $OVS_COST)"
 }
 
-# pid from a pidfile when that process is alive and runs program $2.
+# running_pid PIDFILE PROG: the pid in PIDFILE when that process is alive and the lab's: its
+# command line names PROG and this lab's directory (lab-lib.sh's lab_pid; the supervisor, a
+# shell running this script, names the script and `supervise` instead).
 running_pid() {
-  local pid
-  [ -r "$1" ] || return 1
-  pid=$(cat "$1" 2>/dev/null) || return 1
-  [ -n "$pid" ] && [ -r "/proc/$pid/comm" ] || return 1
-  [ "$(cat "/proc/$pid/comm")" = "$2" ] || return 1
-  echo "$pid"
+  case "$2" in
+    ovn-lab.sh) lab_pid "$1" "$HERE/ovn-lab.sh" supervise ;;
+    *) lab_pid "$1" "$2" "$LAB" ;;
+  esac
 }
 
 # stop_pid PIDFILE PROG [SIGNAL]: SIGNAL (TERM), up to 10 s, then KILL.
@@ -452,7 +452,7 @@ start_neutron() {
   if [ "$(cat "$RUN/neutron.conf-sum" 2>/dev/null)" != "$sum" ] ||
     ! running_pid "$RUN/neutron-api.pid" uwsgi >/dev/null; then
     stop_pid "$RUN/neutron-api.pid" uwsgi INT
-    stop_pid "$RUN/maintenance.pid" neutron-ovn-mai
+    stop_pid "$RUN/maintenance.pid" neutron-ovn-maintenance-worker
     step "neutron-db-manage upgrade heads" "$LOGS/db-manage.log"
     "$VENV/bin/neutron-db-manage" "${nconf[@]}" upgrade heads >"$LOGS/db-manage.log" 2>&1
   fi
@@ -468,14 +468,14 @@ start_neutron() {
   fi
   # The maintenance worker repairs NB/Neutron drift and registers the hash ring nodes.
   step "neutron-ovn-maintenance-worker" "$LOGS/maintenance.log"
-  if ! running_pid "$RUN/maintenance.pid" neutron-ovn-mai >/dev/null; then
+  if ! running_pid "$RUN/maintenance.pid" neutron-ovn-maintenance-worker >/dev/null; then
     setsid "$VENV/bin/neutron-ovn-maintenance-worker" "${nconf[@]}" </dev/null >>"$LOGS/maintenance.log" 2>&1 &
     echo $! >"$RUN/maintenance.pid"
   fi
   echo "$sum" >"$RUN/neutron.conf-sum"
   step "neutron-server (uWSGI, $API_URL)" "$LOGS/neutron-api.log"
   wait_for "the neutron API on $API_URL" 600 api_up
-  running_pid "$RUN/maintenance.pid" neutron-ovn-mai >/dev/null ||
+  running_pid "$RUN/maintenance.pid" neutron-ovn-maintenance-worker >/dev/null ||
     { STEP="neutron-ovn-maintenance-worker" STEP_LOG="$LOGS/maintenance.log"; false; }
   log "neutron-server (ML2/OVN) up on $API_URL"
 }
@@ -490,7 +490,7 @@ stop_all() {
   # Only these jobs are waited for: a bare `wait` would also wait for the daemons this shell
   # started in the background (mariadbd, uwsgi) when a failed start lands here.
   local jobs=()
-  stop_pid "$RUN/maintenance.pid" neutron-ovn-mai &
+  stop_pid "$RUN/maintenance.pid" neutron-ovn-maintenance-worker &
   jobs+=($!)
   # SIGTERM is a graceful uWSGI shutdown that waits for workers blocked in their OVSDB
   # connections; SIGINT ends them at once (the lab keeps no request state worth finishing).
@@ -535,7 +535,7 @@ status() {
   check "$RUN/ovn-northd.pid" ovn-northd "ovn-northd"
   check "$RUN/mysqld.pid" mariadbd "MariaDB 127.0.0.1:$DB_PORT"
   check "$RUN/neutron-api.pid" uwsgi "neutron-server $API_URL"
-  check "$RUN/maintenance.pid" neutron-ovn-mai "neutron-ovn-maintenance-worker"
+  check "$RUN/maintenance.pid" neutron-ovn-maintenance-worker "neutron-ovn-maintenance-worker"
   check "$RUN/supervise.pid" ovn-lab.sh "supervisor of the chassis' ovs-vswitchd"
   for node in $NODES; do
     d=$(node_dir "$node")
