@@ -194,6 +194,16 @@ impl KnownObjects {
         Some((ty, obj))
     }
 
+    /// Whether `obj` is the version of it the watch delivered last. A re-send's later pages
+    /// are the API server's snapshot at its first page: an object changed or deleted since is
+    /// there as it was, and re-sent it would undo what the watch delivered (a deleted pod
+    /// wired again, a label flipped back).
+    pub fn holds(&self, obj: &DynamicObject) -> bool {
+        self.objects
+            .get(key_of(obj).as_str())
+            .is_some_and(|known| known.is(obj))
+    }
+
     pub fn len(&self) -> usize {
         self.objects.len()
     }
@@ -344,7 +354,9 @@ pub async fn run_watch(
                 let Some(r) = resend.as_mut() else { continue };
                 match r.batch().await {
                     Ok(Some(objects)) => {
-                        for obj in objects {
+                        // Only what the watch holds as it is: what changed since the re-send's
+                        // first page comes (or came) through the watch.
+                        for obj in objects.into_iter().filter(|o| known.holds(o)) {
                             let _ = sink.handle(Event::resync(resource.clone(), obj)).await;
                         }
                     }

@@ -208,3 +208,116 @@ async fn a_resend_outlasting_the_server_history_goes_on_where_it_was() -> anyhow
     );
     Ok(())
 }
+
+/// A sink whose backlog lets the re-send take `open` more batches, then holds it back.
+struct Gate {
+    seen: Seen,
+    open: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait]
+impl EventHandler for Gate {
+    async fn handle(&self, e: Event) -> Result<(), Error> {
+        self.seen.handle(e).await
+    }
+    fn name(&self) -> &str {
+        "gate"
+    }
+    async fn backlog(&self) -> usize {
+        use std::sync::atomic::Ordering::SeqCst;
+        match self.open.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)) {
+            Ok(_) => 0,
+            Err(_) => 100_000,
+        }
+    }
+}
+
+/// A re-send's later pages are the API server's snapshot at its first page: an object deleted
+/// or changed since is listed as it was. The re-send passes over those (the watch delivered the
+/// change), or it would bring back a deleted object and an old version after the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_never_sends_an_object_older_than_the_watch_delivered() -> anyhow::Result<()> {
+    use std::sync::atomic::Ordering::SeqCst;
+    let kube = start_kube().await?;
+    let cms: Api<ConfigMap> = Api::namespaced(kube.client.clone(), "default");
+    // Three pages of the re-send (100 each).
+    for i in 0..250 {
+        let cm: ConfigMap =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": format!("snap-{i:03}")}}))?;
+        cms.create(&PostParams::default(), &cm).await?;
+    }
+    let sink = Arc::new(Gate {
+        seen: Seen::default(),
+        open: std::sync::atomic::AtomicUsize::new(1),
+    });
+    let stop = CancellationToken::new();
+    let task = watch_config_maps(&kube.client, sink.clone(), &stop);
+    let events = |sink: Arc<Gate>| async move { sink.seen.0.lock().await.clone() };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    // The first batch of the first page re-sent, then the re-send is held back.
+    while !events(sink.clone())
+        .await
+        .iter()
+        .any(|(t, n, _)| *t == EventType::Modified && n.starts_with("snap-"))
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cms.delete("snap-249", &Default::default()).await?;
+    let mut cm = cms.get("snap-248").await?;
+    let old_rv = cm.metadata.resource_version.clone().unwrap();
+    cm.data = Some([("k".to_string(), "v".to_string())].into());
+    let new_rv = cms
+        .replace("snap-248", &PostParams::default(), &cm)
+        .await?
+        .metadata
+        .resource_version
+        .unwrap();
+    // The watch delivers both changes; then the re-send goes on through its snapshot.
+    while !events(sink.clone())
+        .await
+        .iter()
+        .any(|(t, n, _)| *t == EventType::Deleted && n == "snap-249")
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sink.open.store(usize::MAX, SeqCst);
+    let resent = |events: &[(EventType, String, String)], name: &str| {
+        events
+            .iter()
+            .filter(|(t, n, _)| *t == EventType::Modified && n == name)
+            .count()
+    };
+    // Until the first re-send has reached the last object (snap-247 is re-sent once per period).
+    while resent(&events(sink.clone()).await, "snap-247") < 1 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    task.await?;
+    let all = events(sink.clone()).await;
+    let deleted_at = all
+        .iter()
+        .position(|(t, n, _)| *t == EventType::Deleted && n == "snap-249")
+        .expect("the deletion delivered");
+    assert!(
+        !all[deleted_at + 1..].iter().any(|(_, n, _)| n == "snap-249"),
+        "a deleted object re-sent: {:?}",
+        &all[deleted_at + 1..]
+            .iter()
+            .filter(|(_, n, _)| n == "snap-249")
+            .collect::<Vec<_>>()
+    );
+    let changed_at = all
+        .iter()
+        .position(|(_, n, rv)| n == "snap-248" && *rv == new_rv)
+        .expect("the change delivered");
+    assert!(
+        !all[changed_at..]
+            .iter()
+            .any(|(_, n, rv)| n == "snap-248" && *rv == old_rv),
+        "an old version re-sent after the new one"
+    );
+    assert!(resent(&all, "snap-247") >= 1, "the re-send went on to the end");
+    Ok(())
+}
