@@ -727,15 +727,6 @@ async fn the_kuryrport_handler_skips_every_event_of_its_own_writes() -> Result<(
             .on_present(&pod)
             .await?;
         let kps: Api<KuryrPort> = Api::namespaced(kube.client.clone(), "own");
-        let created = kps.get("p").await?;
-        let mut watch = kps
-            .watch(
-                &WatchParams::default(),
-                created.resource_version().as_deref().unwrap_or("0"),
-            )
-            .await?
-            .boxed();
-
         let handler = Typed::new(Arc::new(
             kuryr_controller::handlers::kuryrport::KuryrPortHandler::new(ctx.clone()),
         ));
@@ -744,7 +735,29 @@ async fn the_kuryrport_handler_skips_every_event_of_its_own_writes() -> Result<(
             let obj: DynamicObject = serde_json::from_value(serde_json::to_value(kp)?)?;
             Ok(Event::new(ty, resource.clone(), obj))
         };
-        handler.handle(event(EventType::Added, &created)?).await?;
+        // One pass, watched from the object it starts with. A loaded real server may not make
+        // the port ACTIVE within the handler's wait: the pipeline's Retry would then run it again
+        // on the object as it is, and so does the test (the writes watched are the last pass').
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let mut passes = 0;
+        let mut watch = loop {
+            let start = kps.get("p").await?;
+            let watch = kps
+                .watch(
+                    &WatchParams::default(),
+                    start.resource_version().as_deref().unwrap_or("0"),
+                )
+                .await?
+                .boxed();
+            passes += 1;
+            match handler.handle(event(EventType::Added, &start)?).await {
+                Ok(()) => break watch,
+                Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
+                    eprintln!("{}: pass {passes} not done ({e}); again", target.name);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
         let last = kps.get("p").await?;
         let active = last
             .status
@@ -753,7 +766,7 @@ async fn the_kuryrport_handler_skips_every_event_of_its_own_writes() -> Result<(
             .is_some_and(|v| v.vif.active());
         assert!(
             active,
-            "{}: one pass recorded and activated the port",
+            "{}: the pass recorded and activated the port",
             target.name
         );
 
@@ -767,7 +780,9 @@ async fn the_kuryrport_handler_skips_every_event_of_its_own_writes() -> Result<(
                 None => bail!("the watch ended"),
             }
         }
-        assert_eq!(own.len(), 2, "{}: the ports recorded, then active", target.name);
+        // The ports recorded, then active (a later pass only activates).
+        let writes = if passes == 1 { 2 } else { 1 };
+        assert_eq!(own.len(), writes, "{}: the pass' writes", target.name);
         let requests = || kube.handle.requests().snapshot().into_values().sum::<u64>();
         for kp in &own {
             let before = requests();
