@@ -424,3 +424,62 @@ async fn the_pools_of_a_deleted_group_are_dropped_with_their_spares() -> Result<
     }
     Ok(())
 }
+
+/// A port whose pool tag names another pool than the one its pod's KuryrPort says it came from
+/// (a borrowed port's move cut short by a crash) is counted by the record at recovery, and its
+/// tag is made to agree: the books and Neutron then say the same, and the next recovery reads
+/// it alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn recovery_retags_a_port_for_the_pool_its_kuryrport_names() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.76.0.0/24").await?;
+        let bed = PoolBed::new(&kube, &fx, "ports_pool_min = 1\nports_pool_batch = 1").await?;
+        let (_ctx, pools) = context(&kube, &target, &bed).await?;
+        let other_sg = extra_group(neutron, &fx, "pool-books-retag").await?;
+        let info = network_info(neutron, &fx).await?;
+        let first = PortSpec::new("default", fx.project.clone(), info, vec![fx.sg.clone()]);
+        let pod = PodRef {
+            namespace: "default".into(),
+            ..pod_ref("r")
+        };
+        let (vif, mut origin) = pooled_vif(pools.as_ref(), &pod, &first).await?;
+        let donor = pools.summaries()[0].name.clone();
+        // The record names the other groups' pool; the port keeps the first pool's tag.
+        origin.security_groups = vec![other_sg.clone()];
+        record_kuryrport(&kube.client, &pod, &vif, &origin).await?;
+
+        let (_ctx, again) = context(&kube, &target, &bed).await?;
+        let counted = again
+            .summaries()
+            .into_iter()
+            .find(|s| s.in_use == 1)
+            .expect("the port counted in use");
+        assert_eq!(
+            counted.security_groups,
+            std::slice::from_ref(&other_sg),
+            "{}",
+            target.name
+        );
+        assert_ne!(counted.name, donor);
+        let tags = neutron.get_port(vif.id()).await?.tags;
+        let pool_tags: Vec<&String> = tags
+            .iter()
+            .filter(|t| t.starts_with(kuryr_crds::names::neutron::TAG_POOL_PREFIX))
+            .collect();
+        assert_eq!(
+            pool_tags,
+            [&kuryr_crds::names::neutron::pool_tag(&counted.name)],
+            "{}: the tag names the pool that counts it",
+            target.name
+        );
+        ensure!(
+            tags.iter().any(|t| t == kuryr_crds::names::neutron::TAG_MANAGED),
+            "the other tags stay: {tags:?}"
+        );
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}

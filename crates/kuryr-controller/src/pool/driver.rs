@@ -451,8 +451,33 @@ impl PoolDriver {
     /// Rebuilds this driver's pools after a restart (`super::recover`), then marks it ready.
     /// Safe to call on an empty driver only.
     pub async fn recover(&self, input: &RecoveryInput) -> Result<RecoveryReport, Error> {
-        let recovered = super::recover::recover(self, input).await?;
+        let mut recovered = super::recover::recover(self, input).await?;
+        // Before the pools serve: a borrow right after would retag a port itself.
+        self.retag(std::mem::take(&mut recovered.retag)).await;
         Ok(self.install_recovered(recovered))
+    }
+
+    /// Makes the pool tags of recovered ports name the pools they were placed in. Best effort:
+    /// a tag left behind only makes the next recovery prefer what Kubernetes records, as this
+    /// one did.
+    async fn retag(&self, ports: Vec<(String, String, Vec<String>)>) {
+        for (deployment, port, tags) in ports {
+            let client = match self.opts.deployments.client(&deployment) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(port, error = %e, "cannot retag a recovered pool port");
+                    continue;
+                }
+            };
+            match client
+                .replace_tags(kuryr_neutron::Taggable::Port, &port, &tags)
+                .await
+            {
+                Ok(_) => tracing::info!(port, "recovered pool port retagged for the pool it was placed in"),
+                Err(e) if e.is_not_found() => {}
+                Err(e) => tracing::warn!(port, error = %e, "cannot retag a recovered pool port"),
+            }
+        }
     }
 
     /// Installs what recovery decided, in one step, and starts serving. Pools that hold nothing

@@ -114,7 +114,27 @@ pub struct Recovered {
     pub adopted: BTreeMap<Key, Lists>,
     /// What a refill of each pool creates: the network as Neutron has it now.
     pub specs: Vec<(Key, PortSpec)>,
+    /// Ports whose pool tag names another pool than the one they were placed in (a borrowed
+    /// port's move cut short, a pool listing written before a tag): (deployment, port id, the
+    /// port's tags with the placing pool's tag), so that the next recovery reads them alike.
+    pub retag: Vec<(String, String, Vec<String>)>,
     pub report: RecoveryReport,
+}
+
+/// `port`'s tags with `pool`'s pool tag in place of any other, if they differ.
+fn retagged(port: &Port, pool: &str) -> Option<Vec<String>> {
+    let tag = tags::pool_tag(pool);
+    if port.tags.contains(&tag) {
+        return None;
+    }
+    let mut out: Vec<String> = port
+        .tags
+        .iter()
+        .filter(|t| !t.starts_with(tags::TAG_POOL_PREFIX))
+        .cloned()
+        .collect();
+    out.push(tag);
+    Some(out)
 }
 
 /// Network details for VIFs, fetched once per (network, subnets).
@@ -245,9 +265,13 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
                         .map(|(_, k)| (*k).clone()),
                 };
                 if let Some(key) = key {
-                    out.pools
+                    let meta = out
+                        .pools
                         .entry(key.clone())
                         .or_insert_with(|| driver.meta_for(&key));
+                    if let Some(t) = retagged(port, &meta.name) {
+                        out.retag.push((deployment.clone(), port.id.clone(), t));
+                    }
                     out.in_use.push((key, port.id.clone(), user.holder.clone()));
                     out.report.in_use += 1;
                 }
@@ -288,9 +312,13 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
                 }
             };
             let mut entry = Entry::new(port.id.clone(), vif, since);
-            out.pools
+            let meta = out
+                .pools
                 .entry(key.clone())
                 .or_insert_with(|| driver.meta_for(&key));
+            if let Some(t) = retagged(port, &meta.name) {
+                out.retag.push((deployment.clone(), port.id.clone(), t));
+            }
             let lists = out.adopted.entry(key).or_default();
             if recyclable {
                 entry.data.base_mut().active = false;
