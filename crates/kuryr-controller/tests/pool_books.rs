@@ -483,3 +483,103 @@ async fn recovery_retags_a_port_for_the_pool_its_kuryrport_names() -> Result<()>
     }
     Ok(())
 }
+
+/// A spare port a pool object lists but whose tag and groups are another pool's (a move from
+/// one pool to the other cut short by a crash, the listing flushed before it) is taken back as
+/// recyclable, not available: the recycle pass puts the listing pool's groups on it before any
+/// pod gets it, and its tag is made the listing pool's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_listed_spare_tagged_for_another_pool_is_recycled_before_reuse() -> Result<()> {
+    use kuryr_crds::KuryrPortPool;
+    use kuryr_crds::names::neutron as tags;
+    init_logs();
+    for target in neutron_targets().await? {
+        let t = target.name;
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.77.0.0/24").await?;
+        let bed = PoolBed::new(
+            &kube,
+            &fx,
+            "ports_pool_min = 2\nports_pool_batch = 2\nports_pool_update_frequency = 1",
+        )
+        .await?;
+        let (_ctx, pools) = context(&kube, &target, &bed).await?;
+        let term = start_pool_term(&pools).await?;
+        let other_sg = extra_group(neutron, &fx, "pool-books-listed").await?;
+        let info = network_info(neutron, &fx).await?;
+        let first = PortSpec::new("default", fx.project.clone(), info.clone(), vec![fx.sg.clone()]);
+        let second = PortSpec::new("default", fx.project.clone(), info, vec![other_sg.clone()]);
+        pooled_vif(pools.as_ref(), &pod_ref("a"), &first).await?;
+        pooled_vif(pools.as_ref(), &pod_ref("b"), &second).await?;
+        let by_groups = |groups: &[String]| {
+            pools
+                .summaries()
+                .into_iter()
+                .find(|s| s.security_groups == groups)
+        };
+        let listing = by_groups(std::slice::from_ref(&fx.sg))
+            .expect("the first pool")
+            .name;
+        let other = by_groups(std::slice::from_ref(&other_sg))
+            .expect("the second pool")
+            .name;
+        // A spare of the first pool, as its object lists it.
+        let kpps = Api::<KuryrPortPool>::namespaced(kube.client.clone(), CONTROLLER_NS);
+        let spare = eventually("the first pool's spare listed", WAIT, || async {
+            Ok(kpps
+                .get_opt(&listing)
+                .await?
+                .and_then(|p| p.status?.available.first().map(|p| p.port_id.clone())))
+        })
+        .await?;
+        end_pool_term(term).await?;
+        // The move cut short: the other pool's groups and tag on it.
+        neutron
+            .update_port(
+                &spare,
+                &kuryr_neutron::PortUpdate {
+                    security_groups: Some(vec![other_sg.clone()]),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let moved: Vec<String> = neutron
+            .get_port(&spare)
+            .await?
+            .tags
+            .into_iter()
+            .filter(|t| !t.starts_with(tags::TAG_POOL_PREFIX))
+            .chain([tags::pool_tag(&other)])
+            .collect();
+        neutron
+            .replace_tags(kuryr_neutron::Taggable::Port, &spare, &moved)
+            .await?;
+
+        let (_ctx, again) = context(&kube, &target, &bed).await?;
+        let s = again
+            .summaries()
+            .into_iter()
+            .find(|s| s.name == listing)
+            .expect("the listing pool recovered");
+        ensure!(s.recyclable >= 1, "{t}: taken back as recyclable: {s:?}");
+        let port = neutron.get_port(&spare).await?;
+        assert!(
+            port.tags.contains(&tags::pool_tag(&listing)),
+            "{t}: retagged: {:?}",
+            port.tags
+        );
+        // The recycle pass gives it the listing pool's groups back.
+        let term = start_pool_term(&again).await?;
+        eventually("the spare's groups reset", WAIT, || async {
+            Ok(
+                (neutron.get_port(&spare).await?.security_groups == std::slice::from_ref(&fx.sg))
+                    .then_some(()),
+            )
+        })
+        .await?;
+        end_pool_term(term).await?;
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}

@@ -316,8 +316,13 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
                 .pools
                 .entry(key.clone())
                 .or_insert_with(|| driver.meta_for(&key));
+            // Tagged for another pool, its security groups may be that pool's (a move between
+            // the two cut short): recyclable, so the recycle pass puts this pool's on it before
+            // any pod gets it.
+            let mut recyclable = recyclable;
             if let Some(t) = retagged(port, &meta.name) {
                 out.retag.push((deployment.clone(), port.id.clone(), t));
+                recyclable = true;
             }
             let lists = out.adopted.entry(key).or_default();
             if recyclable {
