@@ -121,8 +121,8 @@ choose_ovs() {
 # shell running this script, names the script and `supervise` instead).
 running_pid() {
   case "$2" in
-    ovn-lab.sh) lab_pid "$1" "$HERE/ovn-lab.sh" supervise ;;
-    *) lab_pid "$1" "$2" "$LAB" ;;
+    ovn-lab.sh) lab_pid "$1" "$HERE/ovn-lab.sh" supervise "$LAB" ;;
+    *) lab_pid "$1" "$2" "$LAB/" ;;
   esac
 }
 
@@ -635,7 +635,8 @@ supervise() {
 
 start_supervisor() {
   running_pid "$RUN/supervise.pid" ovn-lab.sh >/dev/null && return 0
-  setsid nohup "$HERE/ovn-lab.sh" supervise </dev/null >>"$LOGS/supervise.log" 2>&1 &
+  # The lab directory as an argument: what tells this lab's supervisor from another one's.
+  setsid nohup "$HERE/ovn-lab.sh" supervise "$LAB" </dev/null >>"$LOGS/supervise.log" 2>&1 &
 }
 
 smoke() {

@@ -204,6 +204,12 @@ impl KnownObjects {
             .is_some_and(|known| known.is(obj))
     }
 
+    /// Whether a re-list is under way: until it is done, what changed meanwhile (a deletion
+    /// above all) is not known yet, and [`Self::holds`] could pass an object that is gone.
+    pub fn relisting(&self) -> bool {
+        self.relisting.is_some()
+    }
+
     pub fn len(&self) -> usize {
         self.objects.len()
     }
@@ -348,7 +354,7 @@ pub async fn run_watch(
                 stream = start();
             }
             _ = pace.tick(), if resend.is_some() => {
-                if sink.backlog().await >= RESEND_BACKLOG {
+                if known.relisting() || sink.backlog().await >= RESEND_BACKLOG {
                     continue;
                 }
                 let Some(r) = resend.as_mut() else { continue };

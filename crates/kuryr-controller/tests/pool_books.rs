@@ -526,14 +526,24 @@ async fn a_listed_spare_tagged_for_another_pool_is_recycled_before_reuse() -> Re
             .name;
         // A spare of the first pool, as its object lists it.
         let kpps = Api::<KuryrPortPool>::namespaced(kube.client.clone(), CONTROLLER_NS);
-        let spare = eventually("the first pool's spare listed", WAIT, || async {
-            Ok(kpps
-                .get_opt(&listing)
-                .await?
-                .and_then(|p| p.status?.available.first().map(|p| p.port_id.clone())))
+        let (spare, groups_only) = eventually("two spares of the first pool listed", WAIT, || async {
+            Ok(kpps.get_opt(&listing).await?.and_then(|p| {
+                let available = p.status?.available;
+                (available.len() >= 2).then(|| (available[0].port_id.clone(), available[1].port_id.clone()))
+            }))
         })
         .await?;
         end_pool_term(term).await?;
+        // The other pool's groups only (a crash before the move's tag write).
+        neutron
+            .update_port(
+                &groups_only,
+                &kuryr_neutron::PortUpdate {
+                    security_groups: Some(vec![other_sg.clone()]),
+                    ..Default::default()
+                },
+            )
+            .await?;
         // The move cut short: the other pool's groups and tag on it.
         neutron
             .update_port(
@@ -571,14 +581,72 @@ async fn a_listed_spare_tagged_for_another_pool_is_recycled_before_reuse() -> Re
         );
         // The recycle pass gives it the listing pool's groups back.
         let term = start_pool_term(&again).await?;
-        eventually("the spare's groups reset", WAIT, || async {
-            Ok(
-                (neutron.get_port(&spare).await?.security_groups == std::slice::from_ref(&fx.sg))
-                    .then_some(()),
-            )
+        for id in [&spare, &groups_only] {
+            eventually("the spare's groups reset", WAIT, || async {
+                Ok(
+                    (neutron.get_port(id).await?.security_groups == std::slice::from_ref(&fx.sg))
+                        .then_some(()),
+                )
+            })
+            .await?;
+        }
+        end_pool_term(term).await?;
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}
+
+/// A released port carrying another pool's tag (a borrowed port given back after a move whose
+/// tag write Neutron applied though the controller saw it fail) is retagged by the recycle pass,
+/// which otherwise leaves an unchanged port as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_recycle_pass_gives_a_released_port_its_pool_tag_back() -> Result<()> {
+    use kuryr_controller::drivers::pool::holder;
+    use kuryr_crds::names::neutron as tags;
+    init_logs();
+    for target in neutron_targets().await? {
+        let t = target.name;
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.78.0.0/24").await?;
+        let bed = PoolBed::new(
+            &kube,
+            &fx,
+            "ports_pool_min = 1\nports_pool_batch = 1\nports_pool_update_frequency = 1",
+        )
+        .await?;
+        let (_ctx, pools) = context(&kube, &target, &bed).await?;
+        let term = start_pool_term(&pools).await?;
+        let info = network_info(neutron, &fx).await?;
+        let spec = PortSpec::new("default", fx.project.clone(), info, vec![fx.sg.clone()]);
+        let pod = pod_ref("a");
+        let (vif, origin) = pooled_vif(pools.as_ref(), &pod, &spec).await?;
+        let name = pools.summaries()[0].name.clone();
+        let foreign: Vec<String> = neutron
+            .get_port(vif.id())
+            .await?
+            .tags
+            .into_iter()
+            .filter(|t| !t.starts_with(tags::TAG_POOL_PREFIX))
+            .chain([tags::pool_tag("kpp-k8s-node-1-0000000000000000")])
+            .collect();
+        neutron
+            .replace_tags(kuryr_neutron::Taggable::Port, vif.id(), &foreign)
+            .await?;
+        pools
+            .release_vif(&vif, &origin, &holder(&pod.namespace, &pod.name, &pod.uid))
+            .await?;
+        eventually("the released port retagged", WAIT, || async {
+            let tags = neutron.get_port(vif.id()).await?.tags;
+            let pool_tags: Vec<String> = tags
+                .into_iter()
+                .filter(|t| t.starts_with(tags::TAG_POOL_PREFIX))
+                .collect();
+            Ok((pool_tags == [tags::pool_tag(&name)]).then_some(()))
         })
         .await?;
         end_pool_term(term).await?;
+        eprintln!("pool_books[{t}]: released port retagged for its pool");
         cleanup_project(neutron, &fx.project).await;
     }
     Ok(())

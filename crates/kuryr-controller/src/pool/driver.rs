@@ -263,6 +263,13 @@ impl PoolDriver {
         }
     }
 
+    /// The name (and pool tag) of `key`'s pool: as the books have it, else as a new one's.
+    fn pool_name(&self, key: &Key) -> String {
+        self.lock()
+            .get(key)
+            .map_or_else(|| self.meta_for(key).name, |p| p.meta.name.clone())
+    }
+
     pub(super) fn meta_for(&self, key: &Key) -> PoolMeta {
         PoolMeta {
             name: self.crd_key(key).resource_name(),
@@ -664,7 +671,7 @@ impl PoolDriver {
         let mut unchanged = BTreeSet::new();
         for (deployment, steps) in by_deployment {
             let ids: Vec<&str> = steps.iter().map(|s| s.port_id.as_str()).collect();
-            let filter = ListFilter::new().fields(["id", "name", "device_id", "security_groups"]);
+            let filter = ListFilter::new().fields(["id", "name", "device_id", "security_groups", "tags"]);
             let listed = match self.list_by_ids(deployment, &ids, filter).await {
                 Ok(listed) => listed,
                 Err(e) => {
@@ -683,6 +690,7 @@ impl PoolDriver {
                 if port.name == tags::POOL_PORT_NAME
                     && (self.kind != PoolKind::Neutron || port.device_id.is_empty())
                     && groups == wanted
+                    && port.tags.contains(&tags::pool_tag(&self.pool_name(&step.key)))
                 {
                     unchanged.insert(step.port_id.clone());
                 }
@@ -746,14 +754,34 @@ impl PoolDriver {
             security_groups: Some(key.security_groups.clone()),
             ..PortUpdate::default()
         };
-        match client.update_port(port_id, &update).await {
-            Ok(_) => RecycleOutcome::Returned,
-            Err(e) if e.is_not_found() => RecycleOutcome::Dropped,
+        let port = match client.update_port(port_id, &update).await {
+            Ok(port) => port,
+            Err(e) if e.is_not_found() => return RecycleOutcome::Dropped,
             Err(e) => {
                 tracing::warn!(port = port_id, error = %e, "could not recycle port; retrying next pass");
-                RecycleOutcome::Retry
+                return RecycleOutcome::Retry;
+            }
+        };
+        // A port given back after a move whose tag write Neutron applied though the client saw
+        // it fail carries the borrower's tag: the pool's again, so recovery reads it alike.
+        let own = tags::pool_tag(&self.pool_name(key));
+        if !port.tags.contains(&own) {
+            let retagged: Vec<String> = port
+                .tags
+                .iter()
+                .filter(|t| !t.starts_with(tags::TAG_POOL_PREFIX))
+                .cloned()
+                .chain([own])
+                .collect();
+            if let Err(e) = client
+                .replace_tags(kuryr_neutron::Taggable::Port, port_id, &retagged)
+                .await
+            {
+                tracing::warn!(port = port_id, error = %e, "could not retag recycled port; retrying next pass");
+                return RecycleOutcome::Retry;
             }
         }
+        RecycleOutcome::Returned
     }
 
     /// Deletes the available ports beyond `max` ([`Pools::plan_trim`]); a port whose deletion

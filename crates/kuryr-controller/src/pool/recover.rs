@@ -14,7 +14,7 @@
 //! and builds a [`Recovered`] value, which the driver installs in one step
 //! (`PoolDriver::install_recovered`).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
@@ -316,10 +316,14 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
                 .pools
                 .entry(key.clone())
                 .or_insert_with(|| driver.meta_for(&key));
-            // Tagged for another pool, its security groups may be that pool's (a move between
-            // the two cut short): recyclable, so the recycle pass puts this pool's on it before
-            // any pod gets it.
-            let mut recyclable = recyclable;
+            // Not as a spare of this pool is (another pool's groups or tag: a move between two
+            // pools cut short by a crash, before or after its tag write; a pod's name): recyclable,
+            // so the recycle pass puts this pool's groups and tag on it before any pod gets it.
+            let groups: BTreeSet<&String> = port.security_groups.iter().collect();
+            let clean = port.name == tags::POOL_PORT_NAME
+                && (nested || port.device_id.is_empty())
+                && groups == key.security_groups.iter().collect::<BTreeSet<_>>();
+            let mut recyclable = recyclable || !clean;
             if let Some(t) = retagged(port, &meta.name) {
                 out.retag.push((deployment.clone(), port.id.clone(), t));
                 recyclable = true;

@@ -737,15 +737,16 @@ impl<T> Pools<T> {
             // A repeated release (handler retry): the port is already back.
             return Ok(Released::Already);
         }
-        if !self.pools.contains_key(key) {
-            return Err(data);
-        }
         // A port is in use once, wherever it was counted (a borrowed port whose move failed
-        // goes back to its donor, not to the pool that took it).
+        // goes back to its donor, not to the pool that took it); no longer so also when no pool
+        // takes it back (the caller deletes it, or the orphan sweep does).
         for (k, p) in &mut self.pools {
             if p.in_use.remove(port_id).is_some() {
                 self.dirty.insert(k.clone());
             }
+        }
+        if !self.pools.contains_key(key) {
+            return Err(data);
         }
         let Some(pool) = self.pools.get_mut(key) else {
             return Err(data);
