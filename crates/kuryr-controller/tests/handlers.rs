@@ -740,10 +740,9 @@ async fn the_kuryrport_handler_skips_every_event_of_its_own_writes() -> Result<(
         // on the object as it is, and so does the test (the writes watched are the last pass').
         let deadline = tokio::time::Instant::now() + WAIT;
         let mut passes = 0;
-        let mut recorded_before = false;
-        let mut watch = loop {
+        let (mut watch, recorded_before) = loop {
             let start = kps.get("p").await?;
-            recorded_before = start.status.as_ref().is_some_and(|s| !s.vifs.is_empty());
+            let recorded_before = start.status.as_ref().is_some_and(|s| !s.vifs.is_empty());
             let watch = kps
                 .watch(
                     &WatchParams::default(),
@@ -753,7 +752,7 @@ async fn the_kuryrport_handler_skips_every_event_of_its_own_writes() -> Result<(
                 .boxed();
             passes += 1;
             match handler.handle(event(EventType::Added, &start)?).await {
-                Ok(()) => break watch,
+                Ok(()) => break (watch, recorded_before),
                 Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
                     eprintln!("{}: pass {passes} not done ({e}); again", target.name);
                 }
