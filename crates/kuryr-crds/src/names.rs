@@ -126,6 +126,22 @@ pub mod neutron {
         format!("{TAG_POOL_PREFIX}{pool}")
     }
 
+    /// `tags` with `pool`'s pool tag as its only one, or `None` when that is so already.
+    pub fn retagged_for_pool(tags: &[String], pool: &str) -> Option<Vec<String>> {
+        let own = pool_tag(pool);
+        let pool_tags: Vec<&String> = tags.iter().filter(|t| t.starts_with(TAG_POOL_PREFIX)).collect();
+        if pool_tags == [&own] {
+            return None;
+        }
+        Some(
+            tags.iter()
+                .filter(|t| !t.starts_with(TAG_POOL_PREFIX))
+                .cloned()
+                .chain([own])
+                .collect(),
+        )
+    }
+
     /// Neutron refuses a tag, and a resource name, longer than this (in characters).
     pub const MAX_LEN: usize = 255;
 
@@ -164,6 +180,27 @@ pub fn additional_ifname(prefix: &str, index: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_port_is_retagged_for_its_pool_only_when_it_names_another() {
+        use neutron::{pool_tag, retagged_for_pool};
+        let own = vec!["kuryr-rs".to_string(), pool_tag("a")];
+        assert_eq!(retagged_for_pool(&own, "a"), None);
+        assert_eq!(
+            retagged_for_pool(&own, "b"),
+            Some(vec!["kuryr-rs".to_string(), pool_tag("b")])
+        );
+        let both = vec![pool_tag("a"), "x".to_string(), pool_tag("b")];
+        assert_eq!(
+            retagged_for_pool(&both, "a"),
+            Some(vec!["x".to_string(), pool_tag("a")]),
+            "two pool tags leave one"
+        );
+        assert_eq!(
+            retagged_for_pool(&["x".to_string()], "a"),
+            Some(vec!["x".to_string(), pool_tag("a")])
+        );
+    }
 
     #[test]
     fn upstream_names_are_unchanged() {

@@ -690,7 +690,7 @@ impl PoolDriver {
                 if port.name == tags::POOL_PORT_NAME
                     && (self.kind != PoolKind::Neutron || port.device_id.is_empty())
                     && groups == wanted
-                    && port.tags.contains(&tags::pool_tag(&self.pool_name(&step.key)))
+                    && tags::retagged_for_pool(&port.tags, &self.pool_name(&step.key)).is_none()
                 {
                     unchanged.insert(step.port_id.clone());
                 }
@@ -724,17 +724,11 @@ impl PoolDriver {
             ..PortUpdate::default()
         };
         let port = client.update_port(port_id, &update).await?;
-        let pool_tag = tags::pool_tag(&self.meta_for(key).name);
-        let mut new_tags: Vec<String> = port
-            .tags
-            .iter()
-            .filter(|t| !t.starts_with(tags::TAG_POOL_PREFIX))
-            .cloned()
-            .collect();
-        new_tags.push(pool_tag);
-        client
-            .replace_tags(kuryr_neutron::Taggable::Port, port_id, &new_tags)
-            .await?;
+        if let Some(new_tags) = tags::retagged_for_pool(&port.tags, &self.meta_for(key).name) {
+            client
+                .replace_tags(kuryr_neutron::Taggable::Port, port_id, &new_tags)
+                .await?;
+        }
         Ok(())
     }
 
@@ -764,15 +758,7 @@ impl PoolDriver {
         };
         // A port given back after a move whose tag write Neutron applied though the client saw
         // it fail carries the borrower's tag: the pool's again, so recovery reads it alike.
-        let own = tags::pool_tag(&self.pool_name(key));
-        if !port.tags.contains(&own) {
-            let retagged: Vec<String> = port
-                .tags
-                .iter()
-                .filter(|t| !t.starts_with(tags::TAG_POOL_PREFIX))
-                .cloned()
-                .chain([own])
-                .collect();
+        if let Some(retagged) = tags::retagged_for_pool(&port.tags, &self.pool_name(key)) {
             if let Err(e) = client
                 .replace_tags(kuryr_neutron::Taggable::Port, port_id, &retagged)
                 .await

@@ -121,22 +121,6 @@ pub struct Recovered {
     pub report: RecoveryReport,
 }
 
-/// `port`'s tags with `pool`'s pool tag in place of any other, if they differ.
-fn retagged(port: &Port, pool: &str) -> Option<Vec<String>> {
-    let tag = tags::pool_tag(pool);
-    if port.tags.contains(&tag) {
-        return None;
-    }
-    let mut out: Vec<String> = port
-        .tags
-        .iter()
-        .filter(|t| !t.starts_with(tags::TAG_POOL_PREFIX))
-        .cloned()
-        .collect();
-    out.push(tag);
-    Some(out)
-}
-
 /// Network details for VIFs, fetched once per (network, subnets).
 struct Networks<'a> {
     client: &'a NeutronClient,
@@ -269,7 +253,7 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
                         .pools
                         .entry(key.clone())
                         .or_insert_with(|| driver.meta_for(&key));
-                    if let Some(t) = retagged(port, &meta.name) {
+                    if let Some(t) = tags::retagged_for_pool(&port.tags, &meta.name) {
                         out.retag.push((deployment.clone(), port.id.clone(), t));
                     }
                     out.in_use.push((key, port.id.clone(), user.holder.clone()));
@@ -324,7 +308,7 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
                 && (nested || port.device_id.is_empty())
                 && groups == key.security_groups.iter().collect::<BTreeSet<_>>();
             let mut recyclable = recyclable || !clean;
-            if let Some(t) = retagged(port, &meta.name) {
+            if let Some(t) = tags::retagged_for_pool(&port.tags, &meta.name) {
                 out.retag.push((deployment.clone(), port.id.clone(), t));
                 recyclable = true;
             }
