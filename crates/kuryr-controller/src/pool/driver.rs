@@ -758,16 +758,19 @@ impl PoolDriver {
         };
         // A port given back after a move whose tag write Neutron applied though the client saw
         // it fail carries the borrower's tag: the pool's again, so recovery reads it alike.
-        if let Some(retagged) = tags::retagged_for_pool(&port.tags, &self.pool_name(key)) {
-            if let Err(e) = client
-                .replace_tags(kuryr_neutron::Taggable::Port, port_id, &retagged)
-                .await
-            {
+        let Some(retagged) = tags::retagged_for_pool(&port.tags, &self.pool_name(key)) else {
+            return RecycleOutcome::Returned;
+        };
+        match client
+            .replace_tags(kuryr_neutron::Taggable::Port, port_id, &retagged)
+            .await
+        {
+            Ok(_) => RecycleOutcome::Returned,
+            Err(e) => {
                 tracing::warn!(port = port_id, error = %e, "could not retag recycled port; retrying next pass");
-                return RecycleOutcome::Retry;
+                RecycleOutcome::Retry
             }
         }
-        RecycleOutcome::Returned
     }
 
     /// Deletes the available ports beyond `max` ([`Pools::plan_trim`]); a port whose deletion
