@@ -78,10 +78,6 @@ impl PoolKind {
 /// a handler slot for long.
 pub const REFILL_WAIT: Duration = Duration::from_secs(2);
 
-/// Port ids per status list: about 40 bytes each in the query, so 80 stay well under the 4 KiB
-/// request line a uWSGI-served neutron-server accepts by default (as the ACTIVE waits' chunks).
-const STATUS_CHUNK: usize = 80;
-
 /// Released ports cleaned (or deleted) at once by a recycle pass: a real neutron-server serves
 /// requests on several workers.
 const RECYCLE_CONCURRENCY: usize = 8;
@@ -611,7 +607,7 @@ impl PoolDriver {
     /// Returns released ports to their pools (or deletes them beyond `max`). A port goes back
     /// as it is when nothing about it changed since it was handed out (the hit path writes
     /// nothing without `port_debug`, and a policy may or may not have changed its groups): one
-    /// status list per [`STATUS_CHUNK`] ports tells, instead of an update per port, which on a
+    /// status list per [`crate::drivers::vif::IDS_PER_LIST`] ports tells, instead of an update per port, which on a
     /// real neutron-server kept three hundred released ports out of use for a minute. What must
     /// be written is written [`RECYCLE_CONCURRENCY`] ports at a time.
     async fn recycle(&self) -> usize {
@@ -926,7 +922,7 @@ impl PoolDriver {
     }
 
     /// The status of every inactive available port, by the batch: one port list per
-    /// [`STATUS_CHUNK`] ports of a deployment (`id=...&status=ACTIVE&fields=id`), whatever the
+    /// [`crate::drivers::vif::IDS_PER_LIST`] ports of a deployment (`id=...&status=ACTIVE&fields=id`), whatever the
     /// number of pools, so that a hit hands out an ACTIVE VIF and activation needs no Neutron
     /// call either. (One list per pool, as before, was a thousand requests a second with a
     /// thousand nodes refilling.)
@@ -964,7 +960,7 @@ impl PoolDriver {
         }
     }
 
-    /// The ports of `deployment` among `ids` that pass `filter`: one list per [`STATUS_CHUNK`]
+    /// The ports of `deployment` among `ids` that pass `filter`: one list per [`crate::drivers::vif::IDS_PER_LIST`]
     /// ids.
     async fn list_by_ids(
         &self,
@@ -973,12 +969,7 @@ impl PoolDriver {
         filter: ListFilter,
     ) -> Result<Vec<kuryr_neutron::Port>, Error> {
         let client = self.opts.deployments.client(deployment)?;
-        let mut out = Vec::new();
-        for chunk in ids.chunks(STATUS_CHUNK) {
-            let filter = chunk.iter().fold(filter.clone(), |f, id| f.id(id.to_string()));
-            out.extend(client.list_ports(&filter).await?);
-        }
-        Ok(out)
+        crate::drivers::vif::ports_by_ids(client, ids, &filter).await
     }
 
     /// Runs [`PoolDriver::maintain`] every `ports_pool_update_frequency` until `stop`, and a

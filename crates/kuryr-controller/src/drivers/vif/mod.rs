@@ -23,7 +23,7 @@ use async_trait::async_trait;
 use kuryr_config::PodVifDriver;
 use kuryr_crds::Vif;
 use kuryr_crds::names::{device_owner, neutron as tags};
-use kuryr_neutron::{NeutronClient, Port, PortCreate};
+use kuryr_neutron::{ListFilter, NeutronClient, Port, PortCreate};
 
 use super::{NetworkInfo, PodRef, PortSpec};
 use crate::error::Error;
@@ -140,6 +140,26 @@ pub fn port_create(
     }
     req.tags = port_tags;
     req
+}
+
+/// How many ids one list by ids names: about 40 bytes each in the query, so the request line
+/// stays well under the 4 KiB a uWSGI-served neutron-server accepts by default.
+pub const IDS_PER_LIST: usize = 80;
+
+/// The ports among `ids` that pass `filter`: one list per [`IDS_PER_LIST`] ids.
+pub async fn ports_by_ids<S: AsRef<str>>(
+    client: &NeutronClient,
+    ids: &[S],
+    filter: &ListFilter,
+) -> Result<Vec<Port>, Error> {
+    let mut out = Vec::new();
+    for chunk in ids.chunks(IDS_PER_LIST) {
+        let filter = chunk
+            .iter()
+            .fold(filter.clone(), |f, id| f.id(id.as_ref().to_string()));
+        out.extend(client.list_ports(&filter).await?);
+    }
+    Ok(out)
 }
 
 /// Deletes ports; a port already gone is success. Every port is attempted and every failure

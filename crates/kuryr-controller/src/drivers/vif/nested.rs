@@ -133,37 +133,24 @@ impl VmPortLookup {
     }
 }
 
-/// How many ids one liveness list names (URLs stay short).
-const ALIVE_CHUNK: usize = 80;
-
-/// Those of `ids` that are VM ports still serving a VM (see [`vm_port_alive`]): one list per
-/// [`ALIVE_CHUNK`] ports.
+/// Those of `ids` that are VM ports still serving a VM (see [`vm_port_alive`]), in lists.
 pub async fn vm_ports_alive(client: &NeutronClient, ids: &[String]) -> Result<HashSet<String>, Error> {
-    let mut alive = HashSet::new();
-    for chunk in ids.chunks(ALIVE_CHUNK) {
-        let filter = chunk
-            .iter()
-            .fold(ListFilter::new(), |f, id| f.id(id.clone()))
-            .fields(["id", "device_id"]);
-        alive.extend(
-            client
-                .list_ports(&filter)
-                .await?
-                .into_iter()
-                .filter(|p| !p.device_id.is_empty())
-                .map(|p| p.id),
-        );
-    }
-    Ok(alive)
+    let filter = ListFilter::new().fields(["id", "device_id"]);
+    Ok(super::ports_by_ids(client, ids, &filter)
+        .await?
+        .into_iter()
+        .filter(|p| !p.device_id.is_empty())
+        .map(|p| p.id)
+        .collect())
 }
 
-/// The parent port of each of `trunks` that exists: one list per [`ALIVE_CHUNK`] trunks.
+/// The parent port of each of `trunks` that exists: one list per [`super::IDS_PER_LIST`] trunks.
 pub async fn trunk_parents(
     client: &NeutronClient,
     trunks: &[String],
 ) -> Result<HashMap<String, String>, Error> {
     let mut parents = HashMap::new();
-    for chunk in trunks.chunks(ALIVE_CHUNK) {
+    for chunk in trunks.chunks(super::IDS_PER_LIST) {
         let filter = chunk.iter().fold(ListFilter::new(), |f, id| f.id(id.clone()));
         parents.extend(
             client
