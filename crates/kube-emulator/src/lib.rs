@@ -137,6 +137,7 @@ impl KubeEmulator {
         let sa_tokens = server::ServiceAccountTokens::default();
         let requests = requests::RequestStats::default();
         let unavailable = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let lists_held = Arc::new(tokio::sync::watch::Sender::new(false));
         let app = Arc::new(server::App {
             store: store.clone(),
             token: opts.token.clone(),
@@ -145,6 +146,7 @@ impl KubeEmulator {
             rbac: opts.rbac,
             requests: requests.clone(),
             unavailable: unavailable.clone(),
+            lists_held: lists_held.clone(),
         });
         let router = server::router(app);
         let server_handle = axum_server::Handle::new();
@@ -204,6 +206,7 @@ impl KubeEmulator {
             sa_tokens,
             requests,
             unavailable,
+            lists_held,
             persist_path: opts.persist_path,
             server_handle,
             task,
@@ -300,6 +303,7 @@ pub struct KubeHandle {
     sa_tokens: server::ServiceAccountTokens,
     requests: requests::RequestStats,
     unavailable: Arc<std::sync::atomic::AtomicBool>,
+    lists_held: Arc<tokio::sync::watch::Sender<bool>>,
     persist_path: Option<PathBuf>,
     server_handle: axum_server::Handle<SocketAddr>,
     task: JoinHandle<std::io::Result<()>>,
@@ -379,6 +383,13 @@ impl KubeHandle {
         if unavailable {
             self.store.drop_watches();
         }
+    }
+
+    /// A slow API server's lists: while `true`, list requests over HTTP (not gets, not watches)
+    /// wait; released, each answers with the state at its release. What a client does while
+    /// its re-list is under way is tested with it.
+    pub fn hold_lists(&self, held: bool) {
+        self.lists_held.send_replace(held);
     }
 
     /// The kubeconfig YAML pointing at this emulator (context `kube-emulator`, namespace `default`).

@@ -42,6 +42,8 @@ pub struct App {
     /// While set, every API request answers 503 (an API server outage; see
     /// [`crate::KubeHandle::set_unavailable`]).
     pub unavailable: Arc<std::sync::atomic::AtomicBool>,
+    /// While `true`, list requests wait (see [`crate::KubeHandle::hold_lists`]).
+    pub lists_held: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 /// Bearer tokens issued to ServiceAccounts, and what their requests were allowed to do.
@@ -437,6 +439,16 @@ fn resolve(store: &Store, group: &str, version: &str, rest: &[&str]) -> ApiResul
     })
 }
 
+/// Whether a GET of `segs` lists a collection (not a get of one object, not a watch).
+fn is_list(store: &Store, segs: &[&str], q: &Query) -> bool {
+    let target = match segs {
+        ["api", "v1", rest @ ..] => resolve(store, "", "v1", rest).ok(),
+        ["apis", g, v, rest @ ..] => resolve(store, g, v, rest).ok(),
+        _ => None,
+    };
+    target.is_some_and(|t| t.name.is_none() && t.sub.is_none() && !t.watch_prefix && !flag(q, "watch"))
+}
+
 async fn handle(
     State(app): State<Arc<App>>,
     axum::Extension(identity): axum::Extension<Identity>,
@@ -448,6 +460,9 @@ async fn handle(
     let q = parse_query(uri.query());
     let path = uri.path().trim_matches('/').to_string();
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    if method == Method::GET && *app.lists_held.borrow() && is_list(&app.store, &segs, &q) {
+        let _ = app.lists_held.subscribe().wait_for(|held| !held).await;
+    }
     let result = match (method.clone(), segs.as_slice()) {
         (Method::GET, ["version"]) => Ok(json_response(200, &version())),
         (Method::GET, ["healthz" | "readyz" | "livez"]) => Ok((StatusCode::OK, "ok").into_response()),

@@ -658,6 +658,54 @@ async fn an_outage_answers_503_ends_open_watches_and_ends_itself() {
     handle.shutdown().await.expect("shutdown");
 }
 
+/// Held lists wait and answer with the state at their release; gets and writes go on meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_lists_wait_and_answer_the_state_at_release() {
+    let handle = KubeEmulator::start(KubeOptions::default()).await.expect("start");
+    let http = Http::new(&handle);
+    let cms = "/api/v1/namespaces/default/configmaps";
+    for name in ["a", "b"] {
+        let (code, _) = http
+            .send(
+                http.client
+                    .post(format!("{}{cms}", http.base))
+                    .json(&json!({"metadata": {"name": name}})),
+            )
+            .await;
+        assert_eq!(code, 201);
+    }
+    handle.hold_lists(true);
+    let list = tokio::spawn({
+        let (client, url) = (http.client.clone(), format!("{}{cms}", http.base));
+        async move {
+            let body: Value = client.get(url).send().await?.json().await?;
+            Ok::<_, reqwest::Error>(body)
+        }
+    });
+    let (code, got) = http.get(&format!("{cms}/a")).await;
+    assert_eq!(code, 200, "a get is not held: {got}");
+    let (code, _) = http
+        .send(http.client.delete(format!("{}{cms}/a", http.base)))
+        .await;
+    assert_eq!(code, 200, "a write is not held");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!list.is_finished(), "the list answered while held");
+    handle.hold_lists(false);
+    let body = tokio::time::timeout(Duration::from_secs(10), list)
+        .await
+        .expect("the list answers once released")
+        .expect("join")
+        .expect("list");
+    let names: Vec<&str> = body["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|o| o["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["b"], "the state at release: {body}");
+    handle.shutdown().await.expect("shutdown");
+}
+
 /// Writes a real API server refuses: on a custom resource a strategic merge patch (415: CRDs have
 /// no patch tags) and an update without resourceVersion (422: no unconditional update); on any
 /// kind a create that carries a resourceVersion (a read object re-posted unstripped).

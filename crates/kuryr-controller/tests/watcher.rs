@@ -321,3 +321,84 @@ async fn a_resend_never_sends_an_object_older_than_the_watch_delivered() -> anyh
     assert!(resent(&all, "snap-247") >= 1, "the re-send went on to the end");
     Ok(())
 }
+
+/// While the watch re-lists, what changed meanwhile is not known yet: an object deleted while
+/// the watch was down is still held at its last version until the re-list is done. The re-send
+/// waits for it, or it would send such an object again (a deleted pod wired again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_waits_while_the_watch_relists() -> anyhow::Result<()> {
+    use std::sync::atomic::Ordering::SeqCst;
+    let kube = start_kube().await?;
+    let cms: Api<ConfigMap> = Api::namespaced(kube.client.clone(), "default");
+    // Two pages of the re-send (100 each).
+    for i in 0..150 {
+        let cm: ConfigMap =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": format!("rl-{i:03}")}}))?;
+        cms.create(&PostParams::default(), &cm).await?;
+    }
+    let sink = Arc::new(Gate {
+        seen: Seen::default(),
+        open: std::sync::atomic::AtomicUsize::new(1),
+    });
+    let stop = CancellationToken::new();
+    let task = watch_config_maps(&kube.client, sink.clone(), &stop);
+    let events = |sink: Arc<Gate>| async move { sink.seen.0.lock().await.clone() };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    // The re-send read its first page and sent one batch of it (rl-000..031); then it is held back.
+    while !events(sink.clone())
+        .await
+        .iter()
+        .any(|(t, n, _)| *t == EventType::Modified && n.starts_with("rl-"))
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The watch goes down and its history with it: it must re-list, and its lists are slow.
+    kube.handle.hold_lists(true);
+    let lists = || {
+        kube.handle
+            .requests()
+            .snapshot()
+            .get("list configmaps")
+            .copied()
+            .unwrap_or(0)
+    };
+    let before = lists();
+    kube.handle.compact();
+    kube.handle.drop_watches();
+    cms.delete("rl-050", &Default::default()).await?;
+    // The watch's re-list is under way (held): the re-send may go on as far as the pipeline goes.
+    while lists() == before && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(lists() > before, "the watch re-listed");
+    sink.open.store(usize::MAX, SeqCst);
+    // Long enough for the rest of the first page (three batches, 20 ms apart) many times over.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    kube.handle.hold_lists(false);
+    let resent = |events: &[(EventType, String, String)], name: &str| {
+        events
+            .iter()
+            .filter(|(t, n, _)| *t == EventType::Modified && n == name)
+            .count()
+    };
+    // Until the re-send has reached its second page.
+    while resent(&events(sink.clone()).await, "rl-149") < 1 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    task.await?;
+    let all = events(sink.clone()).await;
+    assert!(
+        all.iter()
+            .any(|(t, n, _)| *t == EventType::Deleted && n == "rl-050"),
+        "the re-list delivered the deletion"
+    );
+    assert_eq!(resent(&all, "rl-050"), 0, "a deleted object re-sent");
+    assert!(
+        resent(&all, "rl-099") >= 1,
+        "the re-send went on through its first page"
+    );
+    assert!(resent(&all, "rl-149") >= 1, "the re-send went on to the end");
+    Ok(())
+}

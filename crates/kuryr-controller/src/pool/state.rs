@@ -1603,6 +1603,29 @@ mod tests {
     }
 
     #[test]
+    fn a_release_no_pool_takes_back_leaves_the_in_use_books() {
+        let mut pools = Pools::<()>::new(limits(0, 2, 1));
+        let k = key(&[]);
+        pools.ensure(&k, || meta("p"));
+        pools.mark_in_use(&k, "x", t(0), Some("pod-a"));
+        pools.mark_in_use(&k, "y", t(0), Some("pod-b"));
+        pools.take_dirty();
+        // Released towards a pool that is gone (its node left): the caller deletes the port.
+        assert_eq!(pools.release(&key(&["gone"]), "x", (), "pod-a", t(1)), Err(()));
+        let p = pools.get(&k).unwrap();
+        assert!(
+            !p.in_use().contains_key("x"),
+            "still counted in use: {:?}",
+            p.in_use()
+        );
+        assert_eq!(pools.owner_of("x"), None);
+        assert!(!pools.port_ids().contains("x"));
+        assert!(p.in_use().contains_key("y"), "another port's books untouched");
+        // The pool's books are written again without it.
+        assert!(pools.take_dirty().contains(&k));
+    }
+
+    #[test]
     fn ttl_deletes_idle_ports_only_above_min() {
         let mut l = limits(2, 0, 5);
         l.ttl = Some(Duration::from_secs(60));
