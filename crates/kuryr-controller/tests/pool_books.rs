@@ -651,3 +651,86 @@ async fn the_recycle_pass_gives_a_released_port_its_pool_tag_back() -> Result<()
     }
     Ok(())
 }
+
+/// A retag changes the pool tags alone, one tag at a time: a tag someone else writes between
+/// the controller's read of the port and its tag write stays (a whole-list replace from that
+/// read dropped it). The emulator holds the controller's tag write while the other lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_retag_keeps_a_tag_written_meanwhile() -> Result<()> {
+    use anyhow::Context as _;
+    use kuryr_controller::drivers::pool::holder;
+    use kuryr_crds::names::neutron as tags;
+    use neutron_emulator::{FaultConfig, FaultRule};
+    init_logs();
+    let targets = neutron_targets().await?;
+    let target = targets
+        .iter()
+        .find(|t| t.emulator().is_some())
+        .context("an emulator target")?;
+    let emu = target.emulator().context("the emulator")?;
+    let kube = start_kube().await?;
+    let neutron = &target.client;
+    let fx = neutron_fixture(neutron, "10.79.0.0/24").await?;
+    let bed = PoolBed::new(
+        &kube,
+        &fx,
+        "ports_pool_min = 1\nports_pool_batch = 1\nports_pool_update_frequency = 1",
+    )
+    .await?;
+    let (_ctx, pools) = context(&kube, target, &bed).await?;
+    let term = start_pool_term(&pools).await?;
+    let info = network_info(neutron, &fx).await?;
+    let spec = PortSpec::new("default", fx.project.clone(), info, vec![fx.sg.clone()]);
+    let pod = pod_ref("a");
+    let (vif, origin) = pooled_vif(pools.as_ref(), &pod, &spec).await?;
+    let name = pools.summaries()[0].name.clone();
+    // Given back carrying another pool's tag: the recycle pass retags it.
+    let foreign: Vec<String> = neutron
+        .get_port(vif.id())
+        .await?
+        .tags
+        .into_iter()
+        .filter(|t| !t.starts_with(tags::TAG_POOL_PREFIX))
+        .chain([tags::pool_tag("kpp-k8s-node-1-0000000000000000")])
+        .collect();
+    neutron
+        .replace_tags(kuryr_neutron::Taggable::Port, vif.id(), &foreign)
+        .await?;
+    emu.set_faults(FaultConfig {
+        rules: vec![FaultRule::delay("port.tags", Duration::from_secs(2))],
+        ..FaultConfig::default()
+    });
+    let tag_writes = || emu.stats().count("port.tags");
+    let before = tag_writes();
+    pools
+        .release_vif(&vif, &origin, &holder(&pod.namespace, &pod.name, &pod.uid))
+        .await?;
+    // The controller read the port (its recycle update) and its first tag write is held.
+    eventually("the retag's first write held", WAIT, || async {
+        Ok((tag_writes() > before).then_some(()))
+    })
+    .await?;
+    emu.set_faults(FaultConfig::default());
+    neutron
+        .add_tag(kuryr_neutron::Taggable::Port, vif.id(), "ops.owner=team-a")
+        .await?;
+    eventually("the released port retagged", WAIT, || async {
+        let tags = neutron.get_port(vif.id()).await?.tags;
+        let pool_tags: Vec<&String> = tags
+            .iter()
+            .filter(|t| t.starts_with(tags::TAG_POOL_PREFIX))
+            .collect();
+        Ok((pool_tags == [&tags::pool_tag(&name)]).then_some(tags))
+    })
+    .await
+    .and_then(|tags| {
+        ensure!(
+            tags.iter().any(|t| t == "ops.owner=team-a"),
+            "the tag written meanwhile is gone: {tags:?}"
+        );
+        Ok(())
+    })?;
+    end_pool_term(term).await?;
+    cleanup_project(neutron, &fx.project).await;
+    Ok(())
+}

@@ -126,20 +126,26 @@ pub mod neutron {
         format!("{TAG_POOL_PREFIX}{pool}")
     }
 
-    /// `tags` with `pool`'s pool tag as its only one, or `None` when that is so already.
-    pub fn retagged_for_pool(tags: &[String], pool: &str) -> Option<Vec<String>> {
+    /// How a port's tags come to name `pool` alone: its tag to add (when missing) and the other
+    /// pools' tags to remove, one tag at a time, so that no tag anyone else wrote meanwhile is
+    /// lost. `None` when `tags` name `pool` alone already.
+    pub fn pool_retag(tags: &[String], pool: &str) -> Option<PoolRetag> {
         let own = pool_tag(pool);
-        let pool_tags: Vec<&String> = tags.iter().filter(|t| t.starts_with(TAG_POOL_PREFIX)).collect();
-        if pool_tags == [&own] {
-            return None;
-        }
-        Some(
-            tags.iter()
-                .filter(|t| !t.starts_with(TAG_POOL_PREFIX))
-                .cloned()
-                .chain([own])
-                .collect(),
-        )
+        let remove: Vec<String> = tags
+            .iter()
+            .filter(|t| t.starts_with(TAG_POOL_PREFIX) && **t != own)
+            .cloned()
+            .collect();
+        let add = (!tags.contains(&own)).then_some(own);
+        (add.is_some() || !remove.is_empty()).then_some(PoolRetag { add, remove })
+    }
+
+    /// See [`pool_retag`]. The tag is added before the others are removed: cut short, a port
+    /// names two pools (which recovery and the recycle pass both retag) rather than none.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct PoolRetag {
+        pub add: Option<String>,
+        pub remove: Vec<String>,
     }
 
     /// Neutron refuses a tag, and a resource name, longer than this (in characters).
@@ -183,22 +189,31 @@ mod tests {
 
     #[test]
     fn a_port_is_retagged_for_its_pool_only_when_it_names_another() {
-        use neutron::{pool_tag, retagged_for_pool};
+        use neutron::{PoolRetag, pool_retag, pool_tag};
         let own = vec!["kuryr-rs".to_string(), pool_tag("a")];
-        assert_eq!(retagged_for_pool(&own, "a"), None);
+        assert_eq!(pool_retag(&own, "a"), None);
         assert_eq!(
-            retagged_for_pool(&own, "b"),
-            Some(vec!["kuryr-rs".to_string(), pool_tag("b")])
+            pool_retag(&own, "b"),
+            Some(PoolRetag {
+                add: Some(pool_tag("b")),
+                remove: vec![pool_tag("a")]
+            })
         );
         let both = vec![pool_tag("a"), "x".to_string(), pool_tag("b")];
         assert_eq!(
-            retagged_for_pool(&both, "a"),
-            Some(vec!["x".to_string(), pool_tag("a")]),
+            pool_retag(&both, "a"),
+            Some(PoolRetag {
+                add: None,
+                remove: vec![pool_tag("b")]
+            }),
             "two pool tags leave one"
         );
         assert_eq!(
-            retagged_for_pool(&["x".to_string()], "a"),
-            Some(vec!["x".to_string(), pool_tag("a")])
+            pool_retag(&["x".to_string()], "a"),
+            Some(PoolRetag {
+                add: Some(pool_tag("a")),
+                remove: vec![]
+            })
         );
     }
 

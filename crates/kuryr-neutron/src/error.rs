@@ -31,6 +31,8 @@ pub enum ErrorKind {
     AddressesNotFound,
     /// `add_addresses` named an address the address group already holds (400; nothing added).
     AddressesAlreadyExist,
+    /// A tag removed one at a time that the resource does not carry (404).
+    TagNotFound,
     InvalidInput,
     /// `BadRequest`/`HTTPBadRequest`, e.g. "Unrecognized attribute(s)".
     BadRequest,
@@ -68,6 +70,7 @@ impl ErrorKind {
             "RevisionNumberConstraintFailed" => Self::RevisionNumberConstraintFailed,
             "AddressesNotFound" => Self::AddressesNotFound,
             "AddressesAlreadyExist" => Self::AddressesAlreadyExist,
+            "TagNotFound" => Self::TagNotFound,
             "InvalidInput" => Self::InvalidInput,
             "BadRequest" | "HTTPBadRequest" => Self::BadRequest,
             "Conflict" | "HTTPConflict" => Self::Conflict,
@@ -116,6 +119,7 @@ impl ErrorKind {
             Self::RevisionNumberConstraintFailed => "RevisionNumberConstraintFailed",
             Self::AddressesNotFound => "AddressesNotFound",
             Self::AddressesAlreadyExist => "AddressesAlreadyExist",
+            Self::TagNotFound => "TagNotFound",
             Self::InvalidInput => "InvalidInput",
             Self::BadRequest => "BadRequest",
             Self::Conflict => "Conflict",
@@ -357,10 +361,11 @@ mod tests {
         assert_eq!(ErrorKind::from_type("HTTPBadRequest", 400), ErrorKind::BadRequest);
         assert_eq!(ErrorKind::from_type("", 503), ErrorKind::ServiceUnavailable);
         assert_eq!(ErrorKind::from_type("", 404), ErrorKind::NotFound);
+        assert_eq!(ErrorKind::from_type("TagNotFound", 404), ErrorKind::TagNotFound);
         assert_eq!(
-            ErrorKind::from_type("TagNotFound", 404),
+            ErrorKind::from_type("RouterInUse", 409),
             ErrorKind::Other {
-                error_type: "TagNotFound".into()
+                error_type: "RouterInUse".into()
             }
         );
         assert_eq!(ErrorKind::from_type("Whatever", 401), ErrorKind::Unauthorized);

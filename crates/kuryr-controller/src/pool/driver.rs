@@ -463,8 +463,8 @@ impl PoolDriver {
     /// Makes the pool tags of recovered ports name the pools they were placed in. Best effort:
     /// a tag left behind only makes the next recovery prefer what Kubernetes records, as this
     /// one did.
-    async fn retag(&self, ports: Vec<(String, String, Vec<String>)>) {
-        for (deployment, port, tags) in ports {
+    async fn retag(&self, ports: Vec<(String, String, tags::PoolRetag)>) {
+        for (deployment, port, retag) in ports {
             let client = match self.opts.deployments.client(&deployment) {
                 Ok(c) => c,
                 Err(e) => {
@@ -472,11 +472,8 @@ impl PoolDriver {
                     continue;
                 }
             };
-            match client
-                .replace_tags(kuryr_neutron::Taggable::Port, &port, &tags)
-                .await
-            {
-                Ok(_) => tracing::info!(port, "recovered pool port retagged for the pool it was placed in"),
+            match apply_retag(client, &port, &retag).await {
+                Ok(()) => tracing::info!(port, "recovered pool port retagged for the pool it was placed in"),
                 Err(e) if e.is_not_found() => {}
                 Err(e) => tracing::warn!(port, error = %e, "cannot retag a recovered pool port"),
             }
@@ -686,7 +683,7 @@ impl PoolDriver {
                 if port.name == tags::POOL_PORT_NAME
                     && (self.kind != PoolKind::Neutron || port.device_id.is_empty())
                     && groups == wanted
-                    && tags::retagged_for_pool(&port.tags, &self.pool_name(&step.key)).is_none()
+                    && tags::pool_retag(&port.tags, &self.pool_name(&step.key)).is_none()
                 {
                     unchanged.insert(step.port_id.clone());
                 }
@@ -711,8 +708,8 @@ impl PoolDriver {
 
     /// A port borrowed from a sibling pool becomes `key`'s: its security groups, and its pool tag
     /// so that recovery and the books agree on where it belongs (it goes back to `key` on
-    /// release). One tag replace; a crash before it leaves the port counted by its KuryrPort's
-    /// origin, which recovery prefers to the tag.
+    /// release). A crash before the tag write leaves the port counted by its KuryrPort's origin,
+    /// which recovery prefers to the tag.
     async fn move_port(&self, key: &Key, port_id: &str) -> Result<(), Error> {
         let client = self.opts.deployments.client(&key.deployment)?;
         let update = PortUpdate {
@@ -720,10 +717,8 @@ impl PoolDriver {
             ..PortUpdate::default()
         };
         let port = client.update_port(port_id, &update).await?;
-        if let Some(new_tags) = tags::retagged_for_pool(&port.tags, &self.meta_for(key).name) {
-            client
-                .replace_tags(kuryr_neutron::Taggable::Port, port_id, &new_tags)
-                .await?;
+        if let Some(retag) = tags::pool_retag(&port.tags, &self.meta_for(key).name) {
+            apply_retag(client, port_id, &retag).await?;
         }
         Ok(())
     }
@@ -754,13 +749,10 @@ impl PoolDriver {
         };
         // A port given back after a move whose tag write Neutron applied though the client saw
         // it fail carries the borrower's tag: the pool's again, so recovery reads it alike.
-        let Some(retagged) = tags::retagged_for_pool(&port.tags, &self.pool_name(key)) else {
+        let Some(retag) = tags::pool_retag(&port.tags, &self.pool_name(key)) else {
             return RecycleOutcome::Returned;
         };
-        match client
-            .replace_tags(kuryr_neutron::Taggable::Port, port_id, &retagged)
-            .await
-        {
+        match apply_retag(client, port_id, &retag).await {
             Ok(_) => RecycleOutcome::Returned,
             Err(e) => {
                 tracing::warn!(port = port_id, error = %e, "could not retag recycled port; retrying next pass");
@@ -1392,6 +1384,26 @@ impl VifPool for PoolDriver {
     fn vif_driver(&self) -> &Arc<dyn VifDriver> {
         &self.vif
     }
+}
+
+/// Makes a port's tags name its pool alone ([`tags::pool_retag`]): one tag at a time, so that a
+/// tag written meanwhile by anyone else stays. A pool tag already gone is no failure.
+async fn apply_retag(
+    client: &kuryr_neutron::NeutronClient,
+    port_id: &str,
+    retag: &tags::PoolRetag,
+) -> Result<(), kuryr_neutron::Error> {
+    use kuryr_neutron::{ErrorKind, Taggable};
+    if let Some(tag) = &retag.add {
+        client.add_tag(Taggable::Port, port_id, tag).await?;
+    }
+    for tag in &retag.remove {
+        match client.remove_tag(Taggable::Port, port_id, tag).await {
+            Err(e) if e.kind() == Some(&ErrorKind::TagNotFound) => {}
+            other => other?,
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -116,8 +116,8 @@ pub struct Recovered {
     pub specs: Vec<(Key, PortSpec)>,
     /// Ports whose pool tag names another pool than the one they were placed in (a borrowed
     /// port's move cut short, a pool listing written before a tag): (deployment, port id, the
-    /// port's tags with the placing pool's tag), so that the next recovery reads them alike.
-    pub retag: Vec<(String, String, Vec<String>)>,
+    /// tags to add and remove), so that the next recovery reads them alike.
+    pub retag: Vec<(String, String, tags::PoolRetag)>,
     pub report: RecoveryReport,
 }
 
@@ -253,7 +253,7 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
                         .pools
                         .entry(key.clone())
                         .or_insert_with(|| driver.meta_for(&key));
-                    if let Some(t) = tags::retagged_for_pool(&port.tags, &meta.name) {
+                    if let Some(t) = tags::pool_retag(&port.tags, &meta.name) {
                         out.retag.push((deployment.clone(), port.id.clone(), t));
                     }
                     out.in_use.push((key, port.id.clone(), user.holder.clone()));
@@ -308,7 +308,7 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
                 && (nested || port.device_id.is_empty())
                 && groups == key.security_groups.iter().collect::<BTreeSet<_>>();
             let mut recyclable = recyclable || !clean;
-            if let Some(t) = tags::retagged_for_pool(&port.tags, &meta.name) {
+            if let Some(t) = tags::pool_retag(&port.tags, &meta.name) {
                 out.retag.push((deployment.clone(), port.id.clone(), t));
                 recyclable = true;
             }
