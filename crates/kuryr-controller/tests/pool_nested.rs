@@ -158,3 +158,103 @@ async fn nested_pools_fill_trunks_in_batches_recycle_and_recover() -> Result<()>
     }
     Ok(())
 }
+
+/// A spare subport serves the VM whose trunk it is on, whatever the pool objects recorded: one
+/// moved to another trunk while the controller was down is recovered into that trunk's pool (and
+/// serves that node's pod), one detached from every trunk into no pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn recovery_places_a_spare_subport_by_the_trunk_it_is_on() -> Result<()> {
+    use kuryr_neutron::SubPort;
+    init_logs();
+    for target in neutron_targets().await? {
+        let t = target.name;
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.69.0.0/24").await?;
+        let vms = vm_trunks(neutron, &kube.client, &fx.project, "192.168.69.0/24").await?;
+        let (trunk, other_trunk) = (&vms.trunks[0], &vms.trunks[1]);
+        let bed = PoolBed::nested(
+            &kube,
+            &fx,
+            &vms.subnet,
+            "ports_pool_batch = 3\nports_pool_min = 1\nports_pool_update_frequency = 1",
+        )
+        .await?;
+        let ctrl = start_controller(&kube.client, &target, config(&bed.ini), "c1");
+        create_namespace(&kube.client, "demo", json!({})).await?;
+        create_pod(&kube.client, "demo", "pod-0", NODES[0], json!({})).await?;
+        let used = wait_active_ports(&kube.client, "demo", 1).await?;
+        let objs = Api::<KuryrPortPool>::namespaced(kube.client.clone(), CONTROLLER_NS);
+        eventually("the trunk's pool object lists its 2 spares", WAIT, || async {
+            let l = objs.list(&ListParams::default()).await?.items;
+            Ok(l.iter()
+                .any(|p| {
+                    p.spec.key.trunk_port_id.as_deref() == Some(trunk.as_str())
+                        && p.status.as_ref().is_some_and(|s| s.available.len() == 2)
+                })
+                .then_some(()))
+        })
+        .await?;
+        ctrl.shutdown().await?;
+
+        let spares: Vec<String> = subports(neutron, trunk)
+            .await?
+            .into_keys()
+            .filter(|p| !used.contains(p))
+            .collect();
+        assert_eq!(spares.len(), 2, "{t}: {spares:?}");
+        let (moved, detached) = (&spares[0], &spares[1]);
+        neutron.remove_subports(trunk, &spares).await?;
+        neutron
+            .add_subports(other_trunk, &[SubPort::vlan(moved.clone(), 3001)])
+            .await?;
+
+        let ctrl = start_controller(&kube.client, &target, config(&bed.ini), "c2");
+        let other_pool = eventually("the moved spare available in its trunk's pool", WAIT, || async {
+            let pools = api::list_pools(&bed.socket).await?;
+            Ok(pools
+                .into_iter()
+                .find(|p| p.host == *other_trunk && p.available == 1 && p.recyclable == 0))
+        })
+        .await?;
+        let shown = api::show_pool(&bed.socket, &other_pool.name).await?;
+        assert_eq!(
+            shown.ports.iter().map(|p| &p.port_id).collect::<Vec<_>>(),
+            [moved],
+            "{t}: {shown:?}"
+        );
+        for p in api::list_pools(&bed.socket).await? {
+            let shown = api::show_pool(&bed.socket, &p.name).await?;
+            assert!(
+                !shown.ports.iter().any(|x| x.port_id == *detached),
+                "{t}: a subport of no trunk placed in {}",
+                p.name
+            );
+            if p.host == *trunk {
+                assert!(
+                    !shown.ports.iter().any(|x| x.port_id == *moved),
+                    "{t}: the moved subport left in its old trunk's pool"
+                );
+            }
+        }
+        let port = neutron.get_port(moved).await?;
+        let pool_tags: Vec<&String> = port
+            .tags
+            .iter()
+            .filter(|x| x.starts_with(kuryr_crds::names::neutron::TAG_POOL_PREFIX))
+            .collect();
+        assert_eq!(
+            pool_tags,
+            [&kuryr_crds::names::neutron::pool_tag(&other_pool.name)],
+            "{t}: retagged for the pool it serves"
+        );
+        // The other node's pod is served the moved spare, on its own VM's trunk.
+        create_pod(&kube.client, "demo", "pod-1", NODES[1], json!({})).await?;
+        let now_used = wait_active_ports(&kube.client, "demo", 2).await?;
+        assert!(now_used.contains(moved), "{t}: {now_used:?}");
+        ctrl.shutdown().await?;
+        cleanup_project(neutron, &fx.project).await;
+        eprintln!("pool_nested[{t}]: a moved spare recovered on its trunk, a detached one in no pool");
+    }
+    Ok(())
+}

@@ -248,7 +248,7 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
                         .and_then(|n| by_name.get(n))
                         .map(|(_, k)| (*k).clone()),
                 };
-                if let Some(key) = key {
+                if let Some(key) = key.and_then(|k| on_its_trunk(driver, k, port, &subports)) {
                     let meta = out
                         .pools
                         .entry(key.clone())
@@ -283,6 +283,11 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
                     out.report.unplaced += 1;
                     tracing::info!(port = %port.id, pool = tag_name, "pool port fits no pool; left to the orphan sweep");
                 }
+                continue;
+            };
+            let Some(key) = on_its_trunk(driver, key, port, &subports) else {
+                out.report.unplaced += 1;
+                tracing::info!(port = %port.id, "pool port is a subport of no trunk; left to the orphan sweep");
                 continue;
             };
             let vlan = subports.get(&port.id).and_then(|(_, v)| u16::try_from(*v).ok());
@@ -368,6 +373,28 @@ fn rebuild_key(
         port_subnets(port),
         port.security_groups.clone(),
     ))
+}
+
+/// A nested-vlan port serves the VM whose trunk it is a subport of, whatever a record says
+/// (a pool listing or a tag written before the port was moved or detached by hand): `key` with
+/// that trunk as its host, or `None` for a subport of no trunk, which serves no node.
+fn on_its_trunk(
+    driver: &PoolDriver,
+    key: Key,
+    port: &Port,
+    subports: &HashMap<String, (String, u32)>,
+) -> Option<Key> {
+    if driver.vif().kind() != PodVifDriver::NestedVlan {
+        return Some(key);
+    }
+    let (trunk, _) = subports.get(&port.id)?;
+    if *trunk == key.host {
+        return Some(key);
+    }
+    Some(Key {
+        host: trunk.clone(),
+        ..key
+    })
 }
 
 fn port_is_my_kind(driver: &PoolDriver, port: &Port) -> bool {
