@@ -734,3 +734,81 @@ async fn a_retag_keeps_a_tag_written_meanwhile() -> Result<()> {
     cleanup_project(neutron, &fx.project).await;
     Ok(())
 }
+
+/// A port two pool objects list (a move whose donor's object was not written again before a
+/// crash) is recovered into the pool that placed it last, whatever order the objects are read in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_port_two_pool_objects_list_belongs_where_it_was_placed_last() -> Result<()> {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use kube::api::ListParams;
+    use kuryr_crds::KuryrPortPool;
+    init_logs();
+    for target in neutron_targets().await? {
+        let t = target.name;
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.81.0.0/24").await?;
+        let bed = PoolBed::new(
+            &kube,
+            &fx,
+            "ports_pool_min = 2\nports_pool_batch = 2\nports_pool_update_frequency = 1",
+        )
+        .await?;
+        let (_ctx, pools) = context(&kube, &target, &bed).await?;
+        let term = start_pool_term(&pools).await?;
+        let other_sg = extra_group(neutron, &fx, "pool-books-twice").await?;
+        let info = network_info(neutron, &fx).await?;
+        let first = PortSpec::new("default", fx.project.clone(), info.clone(), vec![fx.sg.clone()]);
+        let second = PortSpec::new("default", fx.project.clone(), info, vec![other_sg.clone()]);
+        pooled_vif(pools.as_ref(), &pod_ref("a"), &first).await?;
+        pooled_vif(pools.as_ref(), &pod_ref("b"), &second).await?;
+        let kpps = Api::<KuryrPortPool>::namespaced(kube.client.clone(), CONTROLLER_NS);
+        let listed = eventually("both pools' spares listed", WAIT, || async {
+            let l = kpps.list(&ListParams::default()).await?.items;
+            Ok((l.len() == 2
+                && l.iter()
+                    .all(|p| p.status.as_ref().is_some_and(|s| !s.available.is_empty())))
+            .then_some(l))
+        })
+        .await?;
+        end_pool_term(term).await?;
+        // Read in this order: the old recovery kept the last listing read.
+        let (placed_last, read_last) = (&listed[0], &listed[1]);
+        let port = read_last.status.as_ref().expect("status").available[0].clone();
+        let since = port.since.0;
+        let mut stale = port.clone();
+        stale.since = Time(since - std::time::Duration::from_secs(60));
+        let mut fresh = port.clone();
+        fresh.since = Time(since + std::time::Duration::from_secs(60));
+        for (obj, entry) in [(read_last, stale), (placed_last, fresh)] {
+            let mut obj = kpps.get(obj.metadata.name.as_deref().expect("name")).await?;
+            let st = obj.status.as_mut().expect("status");
+            st.available.retain(|p| p.port_id != port.port_id);
+            st.available.push(entry);
+            st.update_counts();
+            kpps.replace_status(
+                obj.metadata.name.as_deref().expect("name"),
+                &PostParams::default(),
+                &obj,
+            )
+            .await?;
+        }
+
+        let (_ctx, again) = context(&kube, &target, &bed).await?;
+        let name = placed_last.metadata.name.clone().expect("name");
+        let holder = again
+            .summaries()
+            .into_iter()
+            .map(|s| s.name)
+            .filter(|n| {
+                again
+                    .find(n)
+                    .and_then(|(d, k)| d.snapshot(&k))
+                    .is_some_and(|s| s.ports.iter().any(|p| p.port_id == port.port_id))
+            })
+            .collect::<Vec<_>>();
+        assert_eq!(holder, [name], "{t}: the pool that placed it last holds it");
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}

@@ -164,15 +164,20 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
         .collect();
     let by_name: HashMap<&str, (&KuryrPortPool, &Key)> =
         objects.iter().map(|(n, p, k)| (*n, (*p, k))).collect();
-    // Port -> (pool object name, recyclable?, since): membership as last flushed.
+    // Port -> (pool object name, recyclable?, since): membership as last flushed. A port two
+    // objects list (a move between pools whose donor was not written again before a crash)
+    // belongs where it was placed last.
     let mut listed: HashMap<&str, (&str, bool, Timestamp)> = HashMap::new();
     for (name, pool, _) in &objects {
         if let Some(st) = &pool.status {
-            for p in &st.available {
-                listed.insert(&p.port_id, (name, false, p.since.0));
-            }
-            for p in &st.recyclable {
-                listed.insert(&p.port_id, (name, true, p.since.0));
+            let entries = st.available.iter().map(|p| (p, false));
+            for (p, recyclable) in entries.chain(st.recyclable.iter().map(|p| (p, true))) {
+                match listed.get(p.port_id.as_str()) {
+                    Some((_, _, since)) if *since >= p.since.0 => {}
+                    _ => {
+                        listed.insert(&p.port_id, (name, recyclable, p.since.0));
+                    }
+                }
             }
         }
     }
