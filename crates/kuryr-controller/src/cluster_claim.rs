@@ -17,7 +17,9 @@
 //!   project's scope) makes the id contested there: sweeps stop in that deployment and an error
 //!   is logged at every check until an operator resolves it. Nothing stops the earlier cluster.
 //! - Until a deployment's claim is confirmed, its sweeps skip it and pool recovery waits for it
-//!   (`Deployments::claimed_names`). Handlers do not wait: what they create is their own.
+//!   (`Deployments::claimed_names`). Handlers do not wait to create (what they create is their
+//!   own), only to adopt what they find by the cluster tag: a namespace's group or network, an
+//!   allow-all group (`Deployments::adoptable`).
 //! - The claim outlives the controller on purpose (an uninstall deletes it, docs/install.md).
 
 use std::collections::HashMap;

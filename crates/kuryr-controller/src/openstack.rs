@@ -130,6 +130,21 @@ impl Deployments {
             .contains(deployment)
     }
 
+    /// `Ok` where a resource found by this cluster's tags (not by what Kubernetes records of it)
+    /// may be adopted: only once the cluster_id claim of `deployment` is confirmed, since before
+    /// that the tag could be another cluster's, left at the same cluster_id. Not ready (retried
+    /// with backoff) until then; what a handler creates itself needs no claim.
+    pub fn adoptable(&self, deployment: &str, what: impl FnOnce() -> String) -> Result<(), Error> {
+        if self.is_claimed(deployment) {
+            return Ok(());
+        }
+        Err(Error::not_ready(format!(
+            "{} found by the cluster tag in deployment {deployment}: adopted once the cluster_id claim there is \
+             confirmed",
+            what()
+        )))
+    }
+
     /// Records the outcome of a claim check of `deployment` (see `cluster_claim`; tests that
     /// drive sweeps without a controller mark their deployments themselves).
     pub fn set_claimed(&self, deployment: &str, claimed: bool) {

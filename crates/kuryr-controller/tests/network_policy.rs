@@ -1185,10 +1185,31 @@ async fn an_allow_all_group_a_crash_left_untagged_is_finished_not_made_again() -
             Deployments::noauth(&target.url, &metrics)?,
             metrics,
         ));
-        let ctx = Context::build(platform)?;
+        let ctx = Context::build(platform.clone())?;
         labelled_namespace(&kube.client, "o").await?;
         pod(&kube.client, "o", "p", json!({"app": "p"}), Some("10.75.0.9")).await?;
         let p = Api::<Pod>::namespaced(kube.client.clone(), "o").get("p").await?;
+        // Found by its description, it could be another cluster's left at the same cluster_id:
+        // not adopted (nor made again) until this cluster's claim is confirmed.
+        let e = ctx
+            .drivers
+            .network_policy
+            .pod_groups("default", &p)
+            .await
+            .expect_err("adopted before the claim was confirmed");
+        assert!(
+            matches!(e, kuryr_controller::Error::ResourceNotReady(_)),
+            "{}: {e}",
+            target.name
+        );
+        let got = client.get_security_group(&left.id).await?;
+        assert!(
+            got.tags.is_empty(),
+            "{}: finished unclaimed: {:?}",
+            target.name,
+            got.tags
+        );
+        platform.deployments.set_claimed("default", true);
         let groups = ctx.drivers.network_policy.pod_groups("default", &p).await?;
         assert!(
             groups.contains(&left.id),

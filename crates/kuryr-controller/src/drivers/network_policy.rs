@@ -905,7 +905,12 @@ impl NetworkPolicyDriver {
             .into_iter()
             .next();
         let id = match found {
-            Some(sg) => sg.id,
+            Some(sg) => {
+                self.deployments.adoptable(deployment, || {
+                    format!("allow-all {name} security group {}", sg.id)
+                })?;
+                sg.id
+            }
             None => {
                 let mut tags = self.tags.clone();
                 tags.push(tag);
@@ -920,6 +925,9 @@ impl NetworkPolicyDriver {
                     .find(|sg| sg.description == description);
                 let sg = match leftover {
                     Some(sg) => {
+                        self.deployments.adoptable(deployment, || {
+                            format!("untagged allow-all {name} security group {}", sg.id)
+                        })?;
                         tracing::info!(group = %sg.id, direction = name, "finishing an allow-all group a crash left untagged");
                         sg
                     }

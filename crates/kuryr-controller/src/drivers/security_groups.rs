@@ -107,7 +107,12 @@ impl NamespaceSecurityGroups {
             .list_security_groups(&ListFilter::new().project_id(project_id).tags(&lookup))
             .await?;
         let id = match existing.into_iter().next() {
-            Some(sg) => sg.id,
+            Some(sg) => {
+                self.deployments.adoptable(deployment, || {
+                    format!("security group {} of namespace {namespace}", sg.id)
+                })?;
+                sg.id
+            }
             None => {
                 // Tagged last, once its rules exist: a tagged group is complete. One left
                 // untagged by a crash is adopted and completed rather than duplicated.
@@ -118,7 +123,12 @@ impl NamespaceSecurityGroups {
                     .into_iter()
                     .find(|sg| sg.tags.is_empty());
                 let sg = match untagged {
-                    Some(sg) => sg,
+                    Some(sg) => {
+                        self.deployments.adoptable(deployment, || {
+                            format!("untagged security group {} of namespace {namespace}", sg.id)
+                        })?;
+                        sg
+                    }
                     None => {
                         client
                             .create_security_group(&SecurityGroupCreate {

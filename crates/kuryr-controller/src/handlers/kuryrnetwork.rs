@@ -91,10 +91,12 @@ impl KuryrNetworkHandler {
     /// name left untagged: Neutron takes no tags in a network create, so a crash between the
     /// create and the tagging leaves one, adopted rather than duplicated. Scoped by project too:
     /// the same cluster tags in another project (another cluster given the same cluster_id, or a
-    /// namespace moved to another project) are not this namespace's network.
+    /// namespace moved to another project) are not this namespace's network. Adopted only where
+    /// the cluster_id claim is confirmed (`Deployments::adoptable`).
     async fn existing_network(
         &self,
         client: &kuryr_neutron::NeutronClient,
+        deployment: &str,
         ns: &str,
         project: &str,
         untagged: bool,
@@ -102,17 +104,21 @@ impl KuryrNetworkHandler {
         let tagged = client
             .list_networks(&ListFilter::new().tags(self.tags(ns)).project_id(project))
             .await?;
-        if let Some(n) = tagged.into_iter().next() {
-            return Ok(Some(n));
+        let found = match tagged.into_iter().next() {
+            Some(n) => Some(n),
+            None if untagged => client
+                .list_networks(&ListFilter::new().name(format!("ns/{ns}-net")).project_id(project))
+                .await?
+                .into_iter()
+                .find(|n| n.tags.is_empty()),
+            None => None,
+        };
+        if let Some(n) = &found {
+            self.ctx
+                .deployments
+                .adoptable(deployment, || format!("network {} of namespace {ns}", n.id))?;
         }
-        if !untagged {
-            return Ok(None);
-        }
-        Ok(client
-            .list_networks(&ListFilter::new().name(format!("ns/{ns}-net")).project_id(project))
-            .await?
-            .into_iter()
-            .find(|n| n.tags.is_empty()))
+        Ok(found)
     }
 
     fn tags(&self, ns: &str) -> Vec<String> {
@@ -191,7 +197,10 @@ impl ResourceEventHandler for KuryrNetworkHandler {
             // given the same cluster_id, or a namespace moved to another project) are not this
             // namespace's network; adopting one attached its subnet to a router it was not on.
             let name = format!("ns/{ns}-net");
-            let net = match self.existing_network(client, &ns, &project, true).await? {
+            let net = match self
+                .existing_network(client, &deployment, &ns, &project, true)
+                .await?
+            {
                 Some(n) if !n.tags.is_empty() => n,
                 untagged => {
                     let n = match untagged {
@@ -313,7 +322,7 @@ impl ResourceEventHandler for KuryrNetworkHandler {
             if status.net_id.is_none() {
                 let project = self.ctx.project_in(&deployment, &kn.spec.project_id).await;
                 status.net_id = self
-                    .existing_network(client, ns, &project, true)
+                    .existing_network(client, &deployment, ns, &project, true)
                     .await?
                     .map(|n| n.id);
             }
