@@ -18,8 +18,8 @@
 //!   is logged at every check until an operator resolves it. Nothing stops the earlier cluster.
 //! - Until a deployment's claim is confirmed, its sweeps skip it and pool recovery waits for it
 //!   (`Deployments::claimed_names`). Handlers do not wait to create (what they create is their
-//!   own), only to adopt what they find by the cluster tag: a namespace's group or network, an
-//!   allow-all group (`Deployments::adoptable`).
+//!   own), only to adopt what they find by the cluster tag (a namespace's group or network, an
+//!   allow-all group; `Deployments::adoptable`), which a contested claim does not stop.
 //! - The claim outlives the controller on purpose (an uninstall deletes it, docs/install.md).
 
 use std::collections::HashMap;
@@ -266,7 +266,8 @@ impl ClusterClaim {
         };
         match &outcome {
             Outcome::Held => self.platform.deployments.set_claimed(deployment, true),
-            Outcome::Unconfirmed | Outcome::Contested(_) | Outcome::Taken(_) => {
+            Outcome::Contested(_) => self.platform.deployments.set_contested(deployment),
+            Outcome::Unconfirmed | Outcome::Taken(_) => {
                 self.platform.deployments.set_claimed(deployment, false);
             }
             // A held claim stays held through an outage: nobody else can take it meanwhile.

@@ -1,7 +1,7 @@
 //! One OpenStack client set (Neutron, and Octavia for the Service handlers) per deployment, built from
 //! `[neutron]` and the `[deployment:<name>]` sections.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,9 +23,10 @@ pub struct Deployments {
     /// Octavia per deployment, or why there is none (e.g. `noauth` without an Octavia URL): only the Service
     /// handlers need it, so a deployment without one fails there, naming the option, not at start-up.
     octavia: Arc<BTreeMap<String, Result<OctaviaClient, String>>>,
-    /// The deployments where this cluster's `cluster_id` claim is confirmed (see
-    /// `cluster_claim`): only there may resources be adopted or swept by their cluster tag.
-    claimed: Arc<std::sync::RwLock<BTreeSet<String>>>,
+    /// The deployments where this cluster's `cluster_id` claim is the earliest (see
+    /// `cluster_claim`): only there may resources be adopted by their cluster tag, and swept
+    /// only where it is not contested either (`true`).
+    claimed: Arc<std::sync::RwLock<BTreeMap<String, bool>>>,
 }
 
 impl Deployments {
@@ -113,29 +114,33 @@ impl Deployments {
     /// The deployments where this cluster's `cluster_id` is confirmed as its own: what sweeps
     /// by cluster tag may act in.
     pub fn claimed_names(&self) -> Vec<String> {
-        let claimed = self
-            .claimed
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let claimed = self.claims();
         self.names()
-            .filter(|d| claimed.contains(*d))
+            .filter(|d| claimed.get(*d) == Some(&true))
             .map(str::to_string)
             .collect()
     }
 
-    pub fn is_claimed(&self, deployment: &str) -> bool {
+    fn claims(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, bool>> {
         self.claimed
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .contains(deployment)
+    }
+
+    /// Whether the claim of `deployment` is confirmed and uncontested: what sweeps by cluster
+    /// tag wait for.
+    pub fn is_claimed(&self, deployment: &str) -> bool {
+        self.claims().get(deployment) == Some(&true)
     }
 
     /// `Ok` where a resource found by this cluster's tags (not by what Kubernetes records of it)
-    /// may be adopted: only once the cluster_id claim of `deployment` is confirmed, since before
-    /// that the tag could be another cluster's, left at the same cluster_id. Not ready (retried
-    /// with backoff) until then; what a handler creates itself needs no claim.
+    /// may be adopted: where this cluster's cluster_id claim is confirmed the earliest, contested
+    /// or not (a later claim that stays is another scope's, which the sweeps avoid; the earlier
+    /// cluster goes on). Before that the tag could be another cluster's, left at the same
+    /// cluster_id: not ready (retried with backoff) until then. What a handler creates itself
+    /// needs no claim.
     pub fn adoptable(&self, deployment: &str, what: impl FnOnce() -> String) -> Result<(), Error> {
-        if self.is_claimed(deployment) {
+        if self.claims().contains_key(deployment) {
             return Ok(());
         }
         Err(Error::not_ready(format!(
@@ -148,14 +153,23 @@ impl Deployments {
     /// Records the outcome of a claim check of `deployment` (see `cluster_claim`; tests that
     /// drive sweeps without a controller mark their deployments themselves).
     pub fn set_claimed(&self, deployment: &str, claimed: bool) {
-        let mut set = self
+        let mut map = self
             .claimed
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         match claimed {
-            true => set.insert(deployment.to_string()),
-            false => set.remove(deployment),
+            true => map.insert(deployment.to_string(), true),
+            false => map.remove(deployment),
         };
+    }
+
+    /// Records that this cluster's claim of `deployment` is the earliest but another cluster's
+    /// later one stays: adoption goes on, sweeps stop.
+    pub fn set_contested(&self, deployment: &str) {
+        self.claimed
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(deployment.to_string(), false);
     }
 }
 

@@ -204,6 +204,10 @@ async fn a_refused_claim_is_withdrawn_everywhere_and_a_contested_one_stops_sweep
     let claim = ClusterClaim::new(platform.clone());
     assert!(!claim.check_all().await?, "made, not yet confirmed");
     assert!(deployments.claimed_names().is_empty());
+    assert!(
+        deployments.adoptable("default", String::new).is_err(),
+        "nothing adopted by tag before the claim is confirmed"
+    );
     assert!(claim.check_all().await?, "confirmed");
     assert_eq!(deployments.claimed_names(), ["default", "west"]);
 
@@ -217,6 +221,8 @@ async fn a_refused_claim_is_withdrawn_everywhere_and_a_contested_one_stops_sweep
     tokio::time::sleep(Duration::from_secs(11)).await;
     assert!(!claim.check_all().await?, "still contested after the grace");
     assert_eq!(deployments.claimed_names(), ["west"]);
+    // The earlier cluster goes on: what it finds by its tags is still adopted.
+    deployments.adoptable("default", String::new)?;
     assert_eq!(
         claims(&east, &cluster).await?.len(),
         2,
