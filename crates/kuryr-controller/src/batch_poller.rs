@@ -32,7 +32,8 @@ pub struct PollSettings {
     pub min: Duration,
     /// Interval after a long time without change.
     pub max: Duration,
-    /// Keys per list call (the source's request line must stay short).
+    /// Keys per list call (the source's request must stay short: see
+    /// [`crate::drivers::vif::IDS_PER_LIST`]).
     pub chunk: usize,
     /// How long one wait lasts before the waiter gives up.
     pub wait: Duration,
@@ -52,7 +53,7 @@ impl Default for PollSettings {
         Self {
             min: Duration::from_millis(20),
             max: Duration::from_secs(2),
-            chunk: 80,
+            chunk: crate::drivers::vif::IDS_PER_LIST,
             wait: Duration::from_secs(20),
             parks: false,
         }

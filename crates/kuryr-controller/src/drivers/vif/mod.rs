@@ -142,9 +142,11 @@ pub fn port_create(
     req
 }
 
-/// How many ids one list by ids names: about 40 bytes each in the query, so the request line
-/// stays well under the 4 KiB a uWSGI-served neutron-server accepts by default.
-pub const IDS_PER_LIST: usize = 80;
+/// How many ids one list by ids names: 40 bytes each in the query (`id=<uuid>&`), 2.5 KiB in
+/// all, so that with the other filters and the headers (a Keystone token among them) a request
+/// fits the 4 KiB a uWSGI-served neutron-server takes by default (`buffer-size`; devstack
+/// raises it to 64 KiB, not every deployment does).
+pub const IDS_PER_LIST: usize = 64;
 
 /// The ports among `ids` that pass `filter`: one list per [`IDS_PER_LIST`] ids.
 pub async fn ports_by_ids<S: AsRef<str>>(
