@@ -241,16 +241,37 @@ async fn released_ports_recycle_up_to_max() {
                 used.push((pod, request(&d, &lab, pod).await));
             }
             // Batches of 2: a and b drain the first, c takes one of the second. `max` bounds the
-            // spare ports (one here), never the ports pods use.
-            assert_eq!(lab.ports().await.len(), 4, "three in use plus one spare");
-            let pool = d.snapshot(&lab.key()).unwrap();
-            assert_eq!((pool.available, pool.in_use), (1, 3));
+            // spare ports, never the ports pods use. A loaded server's slow creates make the
+            // client ask for fewer ports a request (`ports_per_request`): the second batch may
+            // then come as one port for c and a refill back to `min` after it, so the spares
+            // are counted, not assumed (one on a server answering in time).
+            let pool = eventually("no refill running", Duration::from_secs(60), || async {
+                Ok(d.snapshot(&lab.key()).filter(|p| !p.populating))
+            })
+            .await
+            .unwrap();
+            let spares = pool.available;
+            assert!((1..=2).contains(&spares), "min 1, max 2: {pool:?}");
+            assert_eq!(pool.in_use, 3);
+            assert_eq!(
+                lab.ports().await.len(),
+                3 + spares,
+                "three in use plus the spares"
+            );
             for (pod, (vif, origin)) in &used {
                 release(&d, &lab, pod, vif, origin).await;
             }
-            assert_eq!(lab.ports().await.len(), 4, "release deletes nothing by itself");
+            assert_eq!(
+                lab.ports().await.len(),
+                3 + spares,
+                "release deletes nothing by itself"
+            );
             let deleted = d.maintain().await;
-            assert_eq!(deleted, 2, "one spare plus one recycled reach max; the rest go");
+            assert_eq!(
+                deleted,
+                1 + spares,
+                "the spares plus the recycled reach max 2; the rest go"
+            );
             let ports = lab.ports().await;
             assert_eq!(ports.len(), 2, "exactly max spare ports after one update pass");
             for p in &ports {
