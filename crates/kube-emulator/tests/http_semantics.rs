@@ -675,6 +675,15 @@ async fn held_lists_wait_and_answer_the_state_at_release() {
         assert_eq!(code, 201);
     }
     handle.hold_lists(true);
+    let lists = || {
+        handle
+            .requests()
+            .snapshot()
+            .get("list configmaps")
+            .copied()
+            .unwrap_or(0)
+    };
+    let before = lists();
     let list = tokio::spawn({
         let (client, url) = (http.client.clone(), format!("{}{cms}", http.base));
         async move {
@@ -682,6 +691,12 @@ async fn held_lists_wait_and_answer_the_state_at_release() {
             Ok::<_, reqwest::Error>(body)
         }
     });
+    // The list is at the server (and held) before anything changes.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while lists() == before && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(lists(), before + 1, "the list reached the server");
     let (code, got) = http.get(&format!("{cms}/a")).await;
     assert_eq!(code, 200, "a get is not held: {got}");
     let (code, _) = http

@@ -48,6 +48,9 @@ pub const DESCRIPTION_PREFIX: &str =
 pub const RECHECK_PERIOD: Duration = Duration::from_secs(300);
 /// The first retry of a check that did not confirm the claim (doubling up to the period).
 const FIRST_RETRY: Duration = Duration::from_secs(2);
+/// The longest wait between checks while a deployment's claim is not confirmed (a check that
+/// failed, a claim just made).
+const UNCONFIRMED_RETRY_MAX: Duration = Duration::from_secs(30);
 /// How long another cluster's later claim may stay before it is reported as a conflict (a
 /// cluster that lost a race deletes its own within a check or two).
 const CONTEST_GRACE: Duration = Duration::from_secs(10);
@@ -427,7 +430,8 @@ impl ClusterClaim {
     }
 
     /// Re-checks every deployment every [`RECHECK_PERIOD`] while leading; one not confirmed
-    /// sooner (from 2 s, doubling). A claim found taken is withdrawn everywhere and sent to
+    /// sooner (from 2 s, doubling up to [`UNCONFIRMED_RETRY_MAX`], or to the period once only
+    /// contested ones are left). A claim found taken is withdrawn everywhere and sent to
     /// `fatal`, and the task ends.
     pub async fn run(
         self: Arc<Self>,
@@ -448,7 +452,12 @@ impl ClusterClaim {
             };
             match checked {
                 Ok(true) => (wait, retry) = (RECHECK_PERIOD, FIRST_RETRY),
-                Ok(false) => (wait, retry) = (retry, (retry * 2).min(RECHECK_PERIOD)),
+                // Handlers wait for a claim to adopt what they find by tag (`adoptable`): a
+                // deployment not checked or not confirmed yet is retried within seconds, one
+                // only contested (sweeps stopped, adoption going on) at the period.
+                Ok(false) => {
+                    (wait, retry) = after_unconfirmed(retry, self.platform.deployments.all_adoptable());
+                }
                 Err(taken) => {
                     self.withdraw().await;
                     let _ = fatal.send(taken).await;
@@ -457,6 +466,18 @@ impl ClusterClaim {
             }
         }
     }
+}
+
+/// The wait before the next check, and the retry after that one, after a check that left a
+/// claim unconfirmed: doubling, up to [`UNCONFIRMED_RETRY_MAX`] while a deployment is not
+/// adoptable, up to [`RECHECK_PERIOD`] once all are (contested ones left).
+fn after_unconfirmed(retry: Duration, all_adoptable: bool) -> (Duration, Duration) {
+    let cap = if all_adoptable {
+        RECHECK_PERIOD
+    } else {
+        UNCONFIRMED_RETRY_MAX
+    };
+    (retry.min(cap), (retry * 2).min(cap))
 }
 
 fn describe(c: &Claim) -> String {
@@ -476,6 +497,26 @@ async fn delete_ignoring_gone(client: &NeutronClient, id: &str) -> Result<(), ku
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unconfirmed_claim_is_checked_again_within_seconds_a_contested_one_at_the_period() {
+        let mut retry = FIRST_RETRY;
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            let (wait, next) = after_unconfirmed(retry, false);
+            waits.push(wait.as_secs());
+            retry = next;
+        }
+        assert_eq!(
+            waits,
+            [2, 4, 8, 16, 30, 30, 30, 30],
+            "not adoptable: handlers wait"
+        );
+        let (wait, next) = after_unconfirmed(retry, true);
+        assert_eq!((wait.as_secs(), next.as_secs()), (30, 60));
+        let (wait, _) = after_unconfirmed(Duration::from_secs(600), true);
+        assert_eq!(wait, RECHECK_PERIOD);
+    }
 
     fn claim(group: &str, uid: Option<&str>, at: &str) -> Claim {
         Claim {

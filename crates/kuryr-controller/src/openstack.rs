@@ -150,6 +150,13 @@ impl Deployments {
         )))
     }
 
+    /// Whether every deployment's claim is the earliest, contested or not: nothing waits for a
+    /// claim check to adopt.
+    pub fn all_adoptable(&self) -> bool {
+        let claims = self.claims();
+        self.names().all(|d| claims.contains_key(d))
+    }
+
     /// Records the outcome of a claim check of `deployment` (see `cluster_claim`; tests that
     /// drive sweeps without a controller mark their deployments themselves).
     pub fn set_claimed(&self, deployment: &str, claimed: bool) {

@@ -345,14 +345,15 @@ async fn a_resend_waits_while_the_watch_relists() -> anyhow::Result<()> {
     let events = |sink: Arc<Gate>| async move { sink.seen.0.lock().await.clone() };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     // The re-send read its first page and sent one batch of it (rl-000..031); then it is held back.
-    while !events(sink.clone())
-        .await
-        .iter()
-        .any(|(t, n, _)| *t == EventType::Modified && n.starts_with("rl-"))
-        && tokio::time::Instant::now() < deadline
-    {
+    let resending = |events: Vec<(EventType, String, String)>| {
+        events
+            .iter()
+            .any(|(t, n, _)| *t == EventType::Modified && n.starts_with("rl-"))
+    };
+    while !resending(events(sink.clone()).await) && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    assert!(resending(events(sink.clone()).await), "the re-send started");
     // The watch goes down and its history with it: it must re-list, and its lists are slow.
     kube.handle.hold_lists(true);
     let lists = || {

@@ -33,8 +33,13 @@ pub trait SecurityGroupsDriver: Send + Sync {
         self.security_groups(deployment, project_id, &ns).await
     }
 
-    /// Deletes what the driver created for a namespace that is gone.
-    async fn release_namespace(&self, _deployment: &str, _namespace: &str) -> Result<(), Error> {
+    /// Deletes what the driver created for a namespace that is gone (in `project_id`).
+    async fn release_namespace(
+        &self,
+        _deployment: &str,
+        _project_id: &str,
+        _namespace: &str,
+    ) -> Result<(), Error> {
         Ok(())
     }
 }
@@ -187,22 +192,32 @@ impl SecurityGroupsDriver for NamespaceSecurityGroups {
         Ok(groups)
     }
 
-    async fn release_namespace(&self, deployment: &str, namespace: &str) -> Result<(), Error> {
+    async fn release_namespace(
+        &self,
+        deployment: &str,
+        project_id: &str,
+        namespace: &str,
+    ) -> Result<(), Error> {
         self.cache
             .lock()
             .await
             .remove(&(deployment.to_string(), namespace.to_string()));
-        // Found by tags: only where the cluster tag is confirmed this cluster's (retried until).
-        if !self.deployments.is_claimed(deployment) {
-            return Err(Error::not_ready(format!(
-                "the cluster_id claim in deployment {deployment} is not confirmed yet"
-            )));
-        }
+        // Found by tags, as `namespace_group` adopts it: in the namespace's project, and only
+        // where the cluster tag is this cluster's (retried until the claim is confirmed).
         let client = self.deployments.client(deployment)?;
-        for sg in client
-            .list_security_groups(&ListFilter::new().tags(self.lookup_tags(namespace)))
-            .await?
-        {
+        let groups = client
+            .list_security_groups(
+                &ListFilter::new()
+                    .project_id(project_id)
+                    .tags(self.lookup_tags(namespace)),
+            )
+            .await?;
+        if let Some(sg) = groups.first() {
+            self.deployments.adoptable(deployment, || {
+                format!("security group {} of namespace {namespace}", sg.id)
+            })?;
+        }
+        for sg in groups {
             match client.delete_security_group(&sg.id).await {
                 Ok(()) => {}
                 Err(e) if e.is_not_found() => {}

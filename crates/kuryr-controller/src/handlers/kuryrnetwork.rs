@@ -374,10 +374,11 @@ impl ResourceEventHandler for KuryrNetworkHandler {
                 Err(e) => return Err(e.into()),
             }
         }
+        let project = self.ctx.project_in(&deployment, &kn.spec.project_id).await;
         self.ctx
             .drivers
             .security_groups
-            .release_namespace(&deployment, &kn.spec.ns_name)
+            .release_namespace(&deployment, &project, &kn.spec.ns_name)
             .await?;
         remove_finalizer(&self.ctx.kube, kn, finalizers::KURYRNETWORK).await?;
         Ok(())

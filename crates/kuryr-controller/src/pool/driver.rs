@@ -1240,6 +1240,17 @@ fn release_key(st: &Pools<Vif>, origin: &VifOrigin, port_id: &str) -> Key {
         origin.subnets.clone(),
         origin.security_groups.clone(),
     );
+    // Recovery books a nested subport under the trunk it is on, which an operator may have
+    // moved it to since its pod got it: it goes back where the books hold it.
+    if let Some(owner) = st.owner_of(port_id).filter(|k| {
+        let on_origin_host = Key {
+            host: key.host.clone(),
+            ..(*k).clone()
+        };
+        on_origin_host == key
+    }) {
+        return owner.clone();
+    }
     if !key.subnets.is_empty() {
         return key;
     }

@@ -212,6 +212,12 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
                 out.pools.entry(key.clone()).or_insert(meta);
             }
         }
+        // The trunks pools serve here: a subport found on another one is no pool's.
+        let pool_hosts: HashSet<&str> = objects
+            .iter()
+            .filter(|(_, _, k)| k.deployment == deployment)
+            .map(|(_, _, k)| k.host.as_str())
+            .collect();
         let filter = ListFilter::new().tags([tags::TAG_MANAGED, opts.cluster_tag.as_str()]);
         let ports = client.list_ports(&filter).await?;
         let subports = if driver.vif().kind() == PodVifDriver::NestedVlan {
@@ -253,7 +259,7 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
                         .and_then(|n| by_name.get(n))
                         .map(|(_, k)| (*k).clone()),
                 };
-                if let Some(key) = key.and_then(|k| on_its_trunk(driver, k, port, &subports)) {
+                if let Some(key) = key.and_then(|k| on_its_trunk(driver, k, port, &subports, &pool_hosts)) {
                     let meta = out
                         .pools
                         .entry(key.clone())
@@ -290,9 +296,9 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
                 }
                 continue;
             };
-            let Some(key) = on_its_trunk(driver, key, port, &subports) else {
+            let Some(key) = on_its_trunk(driver, key, port, &subports, &pool_hosts) else {
                 out.report.unplaced += 1;
-                tracing::info!(port = %port.id, "pool port is a subport of no trunk; left to the orphan sweep");
+                tracing::info!(port = %port.id, "pool port is on no pool's trunk; left to the orphan sweep");
                 continue;
             };
             let vlan = subports.get(&port.id).and_then(|(_, v)| u16::try_from(*v).ok());
@@ -382,12 +388,14 @@ fn rebuild_key(
 
 /// A nested-vlan port serves the VM whose trunk it is a subport of, whatever a record says
 /// (a pool listing or a tag written before the port was moved or detached by hand): `key` with
-/// that trunk as its host, or `None` for a subport of no trunk, which serves no node.
+/// that trunk as its host when a pool of this deployment serves that trunk (`pool_hosts`), else
+/// `None` - on no trunk, or on a trunk of a VM that may be no node, it serves no pod.
 fn on_its_trunk(
     driver: &PoolDriver,
     key: Key,
     port: &Port,
     subports: &HashMap<String, (String, u32)>,
+    pool_hosts: &HashSet<&str>,
 ) -> Option<Key> {
     if driver.vif().kind() != PodVifDriver::NestedVlan {
         return Some(key);
@@ -396,7 +404,7 @@ fn on_its_trunk(
     if *trunk == key.host {
         return Some(key);
     }
-    Some(Key {
+    pool_hosts.contains(trunk.as_str()).then(|| Key {
         host: trunk.clone(),
         ..key
     })
