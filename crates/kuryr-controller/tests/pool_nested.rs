@@ -251,7 +251,11 @@ async fn recovery_places_a_spare_subport_by_the_trunk_it_is_on() -> Result<()> {
             .into_iter()
             .map(|p| p.name)
             .collect();
-        assert_eq!(holders, [other_pool.name.clone()], "{t}: held by one pool");
+        assert_eq!(
+            holders,
+            std::slice::from_ref(&other_pool.name),
+            "{t}: held by one pool"
+        );
         for p in api::list_pools(&bed.socket).await? {
             let shown = api::show_pool(&bed.socket, &p.name).await?;
             assert!(
