@@ -693,13 +693,44 @@ async fn a_controller_killed_while_the_load_balancer_is_pending_create_leaves_ex
             "{}",
             oct.name
         );
+        // Another cluster's load balancer for a Service of the same name in the same project:
+        // not this cluster's to release with its own.
+        let foreign = oct
+            .client
+            .create_load_balancer(&LoadBalancerCreate {
+                name: Some(name.clone()),
+                project_id: Some(bed.project.clone()),
+                vip_subnet_id: Some(bed.fx.subnets[1].subnet.clone()),
+                vip_address: Some("10.96.0.211".into()),
+                provider: Some("amphora".into()),
+                tags: vec![
+                    "kuryr-rs".into(),
+                    kuryr_crds::names::neutron::cluster_tag("another-cluster"),
+                    format!("kuryr-rs.service={name}"),
+                ],
+                ..Default::default()
+            })
+            .await?;
+        oct.client
+            .wait_for_provisioning(&foreign.id, Provisioning::Active)
+            .await?;
         Api::<Service>::namespaced(kube.clone(), &ns)
             .delete("web", &DeleteParams::default())
             .await?;
+        // Released once the KuryrLoadBalancer's finalizer is off: by then the handler did all
+        // it does.
+        let klbs = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns);
         eventually(&format!("{}: load balancer released", oct.name), WAIT, || async {
-            Ok(lbs_named(&oct.client, &name).await?.is_empty().then_some(()))
+            Ok(klbs.get_opt("web").await?.is_none().then_some(()))
         })
         .await?;
+        let left = lbs_named(&oct.client, &name).await?;
+        assert!(
+            left.len() == 1 && left[0].id == foreign.id && left[0].provisioning_status == "ACTIVE",
+            "{}: only the other cluster's load balancer is left, untouched: {left:?}",
+            oct.name
+        );
+        oct.client.delete_load_balancer(&foreign.id, true).await?;
     }
     Ok(())
 }

@@ -645,8 +645,17 @@ impl KuryrLoadBalancerHandler {
             .list_load_balancers(&kuryr_neutron::ListFilter::new().name(lb_name(&ns, &name)))
             .await
             .map_err(|e| Error::octavia("looking up load balancers to release", e))?;
+        // This cluster's by both tags (another cluster's Service of the same name in the same
+        // project has its own cluster tag), and only where that tag is this cluster's.
         let ours = service_tag(&ns, &name);
-        for lb in lbs.iter().filter(|lb| lb.tags.contains(&ours)) {
+        let cluster = kuryr_crds::names::neutron::cluster_tag(&self.ctx.cluster_id);
+        for lb in lbs
+            .iter()
+            .filter(|lb| lb.tags.contains(&ours) && lb.tags.contains(&cluster))
+        {
+            self.ctx.deployments.adoptable(&deployment, || {
+                format!("load balancer {} of Service {ns}/{name}", lb.id)
+            })?;
             actor.delete(&lb.id).await?;
         }
         self.release_finalizers(klb).await
