@@ -222,6 +222,31 @@ async fn recovery_places_a_spare_subport_by_the_trunk_it_is_on() -> Result<()> {
         neutron
             .add_subports(other_trunk, &[SubPort::vlan(pod0_port.clone(), 3002)])
             .await?;
+        // pod-1's, in use, moved to the trunk of a VM that is no node: it serves no node's pods
+        // any more, so on release it is deleted (taken off that trunk first), not recycled.
+        let pod1_port = subports(neutron, other_trunk)
+            .await?
+            .into_keys()
+            .find(|p| used.contains(p) && *p != pod0_port)
+            .expect("pod-1's subport");
+        let stray_parent = neutron
+            .create_port(&kuryr_neutron::PortCreate {
+                project_id: Some(fx.project.clone()),
+                name: Some("vm-not-a-node".into()),
+                ..kuryr_neutron::PortCreate::new(vms.network.clone())
+            })
+            .await?;
+        let stray_trunk = neutron
+            .create_trunk(&kuryr_neutron::TrunkCreate {
+                port_id: stray_parent.id.clone(),
+                project_id: Some(fx.project.clone()),
+                ..Default::default()
+            })
+            .await?;
+        neutron.remove_subports(other_trunk, &[&pod1_port]).await?;
+        neutron
+            .add_subports(&stray_trunk.id, &[SubPort::vlan(pod1_port.clone(), 3003)])
+            .await?;
 
         let ctrl = start_controller(&kube.client, &target, config(&bed.ini), "c2");
         let holding = |port: String| {
@@ -281,6 +306,18 @@ async fn recovery_places_a_spare_subport_by_the_trunk_it_is_on() -> Result<()> {
         eventually("pod-0's moved port back in its trunk's pool", WAIT, || async {
             let pools = holding(pod0_port.clone()).await?;
             Ok((pools.len() == 1 && pools[0].host == *other_trunk).then_some(()))
+        })
+        .await?;
+        Api::<Pod>::namespaced(kube.client.clone(), "demo")
+            .delete("pod-1", &DeleteParams::default())
+            .await?;
+        eventually("pod-1's stray port deleted", WAIT, || async {
+            Ok(neutron
+                .get_port(&pod1_port)
+                .await
+                .err()
+                .filter(|e| e.is_not_found())
+                .map(|_| ()))
         })
         .await?;
         ctrl.shutdown().await?;

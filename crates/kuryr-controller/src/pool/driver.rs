@@ -494,6 +494,9 @@ impl PoolDriver {
             for (key, port, holder) in &r.in_use {
                 st.mark_in_use(key, port, now, holder.as_deref());
             }
+            for port in &r.unservable {
+                st.mark_unservable(port);
+            }
             for (key, (available, recyclable)) in r.adopted {
                 st.adopt(&key, available, recyclable);
             }

@@ -110,6 +110,8 @@ pub struct Recovered {
     pub pools: BTreeMap<Key, PoolMeta>,
     /// Ports in use by pods: (pool, port id, holding pod).
     pub in_use: Vec<(Key, String, Option<String>)>,
+    /// Ports in use that no pool may take back on release (on no pool's trunk).
+    pub unservable: Vec<String>,
     /// Available and recyclable ports per pool.
     pub adopted: BTreeMap<Key, Lists>,
     /// What a refill of each pool creates: the network as Neutron has it now.
@@ -259,7 +261,19 @@ pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recov
                         .and_then(|n| by_name.get(n))
                         .map(|(_, k)| (*k).clone()),
                 };
-                if let Some(key) = key.and_then(|k| on_its_trunk(driver, k, port, &subports, &pool_hosts)) {
+                let placed = key.and_then(|k| on_its_trunk(driver, k, port, &subports, &pool_hosts));
+                if placed.is_none()
+                    && user
+                        .origin
+                        .as_ref()
+                        .is_some_and(|o| o.driver == driver.vif().name())
+                {
+                    // Its pod keeps it; released, it goes (it serves no node's pods here).
+                    tracing::info!(port = %port.id, "pool port in use is on no pool's trunk; deleted when released");
+                    out.unservable.push(port.id.clone());
+                    out.report.unplaced += 1;
+                }
+                if let Some(key) = placed {
                     let meta = out
                         .pools
                         .entry(key.clone())

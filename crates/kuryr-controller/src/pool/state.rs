@@ -425,6 +425,8 @@ pub struct Pools<T> {
     populating: usize,
     /// Pools changed since the last [`Pools::take_dirty`] (what the CRD flusher writes).
     dirty: BTreeSet<Key>,
+    /// Ports in use that no pool may take back ([`Pools::mark_unservable`]).
+    unservable: BTreeSet<String>,
     /// xorshift state for the backoff jitter (no I/O here: seeded by the caller).
     rng: u64,
 }
@@ -442,6 +444,7 @@ impl<T> Pools<T> {
             pools: BTreeMap::new(),
             populating: 0,
             dirty: BTreeSet::new(),
+            unservable: BTreeSet::new(),
             rng: seed.max(1),
         }
     }
@@ -737,6 +740,14 @@ impl<T> Pools<T> {
             // A repeated release (handler retry): the port is already back.
             return Ok(Released::Already);
         }
+        if self.unservable.remove(port_id) {
+            for (k, p) in &mut self.pools {
+                if p.in_use.remove(port_id).is_some() {
+                    self.dirty.insert(k.clone());
+                }
+            }
+            return Err(data);
+        }
         // A port is in use once, wherever it was counted (a borrowed port whose move failed
         // goes back to its donor, not to the pool that took it); no longer so also when no pool
         // takes it back (the caller deletes it, or the orphan sweep does).
@@ -781,6 +792,13 @@ impl<T> Pools<T> {
             };
             pool.in_use.insert(port_id.to_string(), held);
         }
+    }
+
+    /// A port a pod uses that no pool may take back when it is released (recovery found it
+    /// where no pool serves: a subport moved off its trunk by hand): [`Pools::release`] hands it
+    /// back for deletion.
+    pub fn mark_unservable(&mut self, port_id: &str) {
+        self.unservable.insert(port_id.to_string());
     }
 
     /// Adds recovered ports to `key`'s lists (recovery).
@@ -1623,6 +1641,20 @@ mod tests {
         assert!(p.in_use().contains_key("y"), "another port's books untouched");
         // The pool's books are written again without it.
         assert!(pools.take_dirty().contains(&k));
+    }
+
+    #[test]
+    fn an_unservable_port_is_handed_back_for_deletion_on_release() {
+        let mut pools = Pools::<()>::new(limits(0, 5, 1));
+        let k = key(&[]);
+        pools.ensure(&k, || meta("p"));
+        pools.mark_unservable("x");
+        assert_eq!(pools.release(&k, "x", (), "pod-a", t(1)), Err(()));
+        let p = pools.get(&k).unwrap();
+        assert_eq!((p.available_len(), p.recyclable_len()), (0, 0), "not taken back");
+        // Once: a port of that id later is a port like any other.
+        pools.mark_in_use(&k, "x", t(2), Some("pod-b"));
+        assert_eq!(pools.release(&k, "x", (), "pod-b", t(3)), Ok(Released::Back));
     }
 
     #[test]
