@@ -740,14 +740,6 @@ impl<T> Pools<T> {
             // A repeated release (handler retry): the port is already back.
             return Ok(Released::Already);
         }
-        if self.unservable.remove(port_id) {
-            for (k, p) in &mut self.pools {
-                if p.in_use.remove(port_id).is_some() {
-                    self.dirty.insert(k.clone());
-                }
-            }
-            return Err(data);
-        }
         // A port is in use once, wherever it was counted (a borrowed port whose move failed
         // goes back to its donor, not to the pool that took it); no longer so also when no pool
         // takes it back (the caller deletes it, or the orphan sweep does).
@@ -756,7 +748,8 @@ impl<T> Pools<T> {
                 self.dirty.insert(k.clone());
             }
         }
-        if !self.pools.contains_key(key) {
+        // No pool takes back one recovery found where none serves ([`Pools::mark_unservable`]).
+        if self.unservable.remove(port_id) {
             return Err(data);
         }
         let Some(pool) = self.pools.get_mut(key) else {

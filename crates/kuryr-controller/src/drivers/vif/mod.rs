@@ -198,25 +198,24 @@ pub async fn detach_and_delete(
             }
         }
     }
-    match client.delete_port(port_id).await {
-        Ok(()) => Ok(()),
-        Err(e) if e.is_not_found() => Ok(()),
-        // A subport of another trunk than the one recorded (moved by hand): detached from it.
-        Err(e) if e.is_kind(&kuryr_neutron::ErrorKind::PortInUseAsSubPort) => {
-            let Some((actual, _)) = subports_by_port(client).await?.remove(port_id) else {
-                return Err(Error::openstack(format!("deleting port {port_id}"), e));
-            };
-            client
-                .remove_subports(&actual, &[port_id])
-                .await
-                .map_err(|e| Error::openstack(format!("detaching port {port_id} from trunk {actual}"), e))?;
-            match client.delete_port(port_id).await {
-                Ok(()) => Ok(()),
-                Err(e) if e.is_not_found() => Ok(()),
-                Err(e) => Err(Error::openstack(format!("deleting port {port_id}"), e)),
+    let mut detached_elsewhere = false;
+    loop {
+        match client.delete_port(port_id).await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_not_found() => return Ok(()),
+            // A subport of another trunk than the one recorded (moved by hand): detached from
+            // that one, once.
+            Err(e) if !detached_elsewhere && e.is_kind(&kuryr_neutron::ErrorKind::PortInUseAsSubPort) => {
+                let Some((actual, _)) = subports_by_port(client).await?.remove(port_id) else {
+                    return Err(Error::openstack(format!("deleting port {port_id}"), e));
+                };
+                client.remove_subports(&actual, &[port_id]).await.map_err(|e| {
+                    Error::openstack(format!("detaching port {port_id} from trunk {actual}"), e)
+                })?;
+                detached_elsewhere = true;
             }
+            Err(e) => return Err(Error::openstack(format!("deleting port {port_id}"), e)),
         }
-        Err(e) => Err(Error::openstack(format!("deleting port {port_id}"), e)),
     }
 }
 
