@@ -21,6 +21,7 @@ pub mod keyed_locks;
 pub mod leader;
 pub mod metrics;
 pub mod openstack;
+pub mod periodic;
 pub mod pipeline;
 pub mod placement;
 pub mod policies;

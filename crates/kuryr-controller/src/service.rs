@@ -25,9 +25,9 @@ use crate::openstack::Deployments;
 use crate::pipeline::{ControllerPipeline, RetryPolicy};
 use crate::pool::PoolManager;
 
-/// How often the groups of gone NetworkPolicies are looked for (the first pass at the start of
-/// each leadership term).
-const POLICY_SWEEP_PERIOD: Duration = Duration::from_secs(60);
+/// How often the groups of gone NetworkPolicies and namespaces are looked for (the first pass at
+/// the start of each leadership term).
+const GROUP_SWEEP_PERIOD: Duration = Duration::from_secs(60);
 
 /// How long a term's start waits for the cluster_id claim checks before starting the handlers
 /// anyway (an unreachable deployment's sweeps then wait for a later check).
@@ -250,8 +250,20 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
                         ctx.drivers
                             .network_policy
                             .clone()
-                            .run_sweeps(POLICY_SWEEP_PERIOD, token.clone()),
+                            .run_sweeps(GROUP_SWEEP_PERIOD, token.clone()),
                     );
+                }
+                if let Some(groups) = &ctx.drivers.namespace_groups {
+                    let (groups, kube) = (groups.clone(), opts.kube.clone());
+                    tasks.spawn(crate::periodic::sweeps(
+                        "namespace security groups",
+                        GROUP_SWEEP_PERIOD,
+                        token.clone(),
+                        move || {
+                            let (groups, kube) = (groups.clone(), kube.clone());
+                            async move { groups.sweep_orphans(&kube).await }
+                        },
+                    ));
                 }
                 if let Some(p) = &pools {
                     // Pools act on Neutron too: only the leader maintains (and recovers) them.

@@ -419,6 +419,226 @@ async fn namespace_security_groups_isolate_namespaces_and_clusters() -> Result<(
     Ok(())
 }
 
+/// The one group of a port besides `default`.
+async fn namespace_group_of(neutron: &NeutronClient, port: &str, default: &str) -> Result<String> {
+    let groups: Vec<String> = neutron
+        .get_port(port)
+        .await?
+        .security_groups
+        .into_iter()
+        .filter(|g| g != default)
+        .collect();
+    assert_eq!(groups.len(), 1, "one namespace group: {groups:?}");
+    Ok(groups.into_iter().next().unwrap())
+}
+
+async fn group_exists(neutron: &NeutronClient, sg: &str) -> Result<bool> {
+    match neutron.get_security_group(sg).await {
+        Ok(_) => Ok(true),
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// With the `namespace` groups driver and no namespace subnets, no KuryrNetwork releases a
+/// namespace's group: the orphan sweep does, once the namespace is gone (here deleted while no
+/// controller ran: the next one's first pass). The pool keyed by the group goes first, as its
+/// spare ports hold the group; another namespace keeps its group and its pod's port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gone_namespaces_group_is_released_with_its_pool() -> Result<()> {
+    use k8s_openapi::api::core::v1::Namespace;
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.76.0.0/24").await?;
+        let bed = PoolBed::new(&kube, &fx, "ports_pool_min = 2\nports_pool_batch = 3\n").await?;
+        let ini = bed.ini.replace(
+            "[pool_manager]",
+            "pod_security_groups_driver = namespace\n[pool_manager]",
+        );
+        assert!(ini.contains("pod_security_groups_driver = namespace\n[pool_manager]"));
+        let ctrl = start_controller(&kube.client, &target, config(&ini), "c1");
+        for ns in ["gone", "stays"] {
+            create_namespace(&kube.client, ns, json!({})).await?;
+            create_pod(&kube.client, ns, "p", NODES[0], json!({})).await?;
+        }
+        let gone_port = wired(&kube.client, "gone", 1).await?["p"].clone();
+        let stays_port = wired(&kube.client, "stays", 1).await?["p"].clone();
+        let gone_sg = namespace_group_of(neutron, &gone_port, &fx.sg).await?;
+        let stays_sg = namespace_group_of(neutron, &stays_port, &fx.sg).await?;
+        assert_ne!(gone_sg, stays_sg, "{}", target.name);
+        let holding = |sg: String| async move {
+            Ok::<_, anyhow::Error>(
+                neutron
+                    .list_ports(&ListFilter::new().eq("security_groups", sg))
+                    .await?
+                    .len(),
+            )
+        };
+        eventually("spare ports of gone's pool", WAIT, || async {
+            Ok((holding(gone_sg.clone()).await? > 1).then_some(()))
+        })
+        .await?;
+
+        delete_pods(&kube.client, "gone", &["p"]).await?;
+        ctrl.shutdown().await?;
+        let namespaces: Api<Namespace> = Api::all(kube.client.clone());
+        namespaces.delete("gone", &DeleteParams::default()).await?;
+        eventually("namespace gone", WAIT, || async {
+            Ok(namespaces.get_opt("gone").await?.is_none().then_some(()))
+        })
+        .await?;
+        assert!(
+            holding(gone_sg.clone()).await? > 0,
+            "{}: the pool's spares still hold the group",
+            target.name
+        );
+
+        let ctrl = start_controller(&kube.client, &target, config(&ini), "c2");
+        eventually("gone's group deleted", WAIT, || async {
+            Ok((!group_exists(neutron, &gone_sg).await?).then_some(()))
+        })
+        .await?;
+        assert!(group_exists(neutron, &stays_sg).await?, "{}", target.name);
+        let port = neutron.get_port(&stays_port).await?;
+        assert!(
+            port.security_groups.contains(&stays_sg),
+            "{}: {:?}",
+            target.name,
+            port.security_groups
+        );
+        ctrl.stop.cancel();
+        cleanup_project(neutron, &fx.project).await;
+        eprintln!("namespace-sg[{}]: a gone namespace's group swept", target.name);
+    }
+    Ok(())
+}
+
+/// A namespace group found by its tags could be another cluster's given the same cluster_id: it
+/// is neither used nor deleted until this cluster's claim is confirmed. A release deletes the
+/// group in the namespace's project only; the sweep deletes this cluster's groups of namespaces
+/// that are gone, not of those that exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_groups_wait_for_the_claim_and_go_in_their_own_project() -> Result<()> {
+    use kuryr_controller::context::Context;
+    use kuryr_neutron::{SecurityGroupCreate, Taggable};
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.77.0.0/24").await?;
+        let other = neutron_fixture(neutron, "10.78.0.0/24").await?;
+        let cluster = format!("nsg-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let lookup = ["kuryr-rs.namespace=team".to_string(), tags::cluster_tag(&cluster)];
+        let mut left = vec![];
+        for project in [&fx.project, &other.project] {
+            let sg = neutron
+                .create_security_group(&SecurityGroupCreate {
+                    name: "ns/team-sg".into(),
+                    project_id: Some(project.clone()),
+                    ..Default::default()
+                })
+                .await?;
+            neutron
+                .replace_tags(Taggable::SecurityGroup, &sg.id, &lookup)
+                .await?;
+            left.push(sg.id);
+        }
+        let platform = noauth_platform(
+            &kube.client,
+            &target.url,
+            config(&namespace_sg_config(&fx, &cluster)),
+        )?;
+        let ctx = Context::build(platform.clone())?;
+        let groups = ctx
+            .drivers
+            .namespace_groups
+            .clone()
+            .expect("namespace groups driver");
+        let sgs = &ctx.drivers.security_groups;
+        let not_ready = |r: Result<(), kuryr_controller::Error>, what: &str| match r {
+            Err(kuryr_controller::Error::ResourceNotReady(_)) => {}
+            other => panic!("{}: {what} before the claim: {other:?}", target.name),
+        };
+        not_ready(
+            sgs.security_groups("default", &fx.project, "team")
+                .await
+                .map(|_| ()),
+            "group used",
+        );
+        not_ready(
+            sgs.release_namespace("default", &fx.project, "team").await,
+            "group deleted",
+        );
+        assert_eq!(groups.sweep_orphans(&kube.client).await?, 0, "{}", target.name);
+        for sg in &left {
+            assert!(
+                group_exists(neutron, sg).await?,
+                "{}: {sg} touched unclaimed",
+                target.name
+            );
+        }
+
+        platform.deployments.set_claimed("default", true);
+        let got = sgs.security_groups("default", &fx.project, "team").await?;
+        assert_eq!(
+            got,
+            vec![fx.sg.clone(), left[0].clone()],
+            "{}: adopted",
+            target.name
+        );
+        // The namespace exists: the sweep leaves its groups alone.
+        create_namespace(&kube.client, "team", json!({})).await?;
+        assert_eq!(groups.sweep_orphans(&kube.client).await?, 0, "{}", target.name);
+        assert!(group_exists(neutron, &left[0]).await?, "{}", target.name);
+        // Released in the other project: that project's group only.
+        sgs.release_namespace("default", &other.project, "team").await?;
+        assert!(!group_exists(neutron, &left[1]).await?, "{}", target.name);
+        assert!(
+            group_exists(neutron, &left[0]).await?,
+            "{}: another project's group deleted",
+            target.name
+        );
+        // Used again (and cached) before the sweep deletes it.
+        let got = sgs.security_groups("default", &fx.project, "team").await?;
+        assert_eq!(got, vec![fx.sg.clone(), left[0].clone()], "{}", target.name);
+        // Gone namespace, group still on a port: kept until the port goes.
+        let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(kube.client.clone());
+        namespaces.delete("team", &DeleteParams::default()).await?;
+        eventually("namespace gone", WAIT, || async {
+            Ok(namespaces.get_opt("team").await?.is_none().then_some(()))
+        })
+        .await?;
+        let port = neutron
+            .create_port(&kuryr_neutron::PortCreate {
+                network_id: fx.network.clone(),
+                project_id: Some(fx.project.clone()),
+                security_groups: Some(vec![left[0].clone()]),
+                ..Default::default()
+            })
+            .await?;
+        not_ready(
+            groups.sweep_orphans(&kube.client).await.map(|_| ()),
+            "group in use deleted",
+        );
+        assert!(group_exists(neutron, &left[0]).await?, "{}", target.name);
+        neutron.delete_port(&port.id).await?;
+        assert_eq!(groups.sweep_orphans(&kube.client).await?, 1, "{}", target.name);
+        assert!(!group_exists(neutron, &left[0]).await?, "{}", target.name);
+        // Nothing cached names the deleted group: the namespace made again gets a new one.
+        create_namespace(&kube.client, "team", json!({})).await?;
+        let got = sgs.security_groups("default", &fx.project, "team").await?;
+        assert_eq!(got.len(), 2, "{}: {got:?}", target.name);
+        assert!(!left.contains(&got[1]), "{}: {got:?}", target.name);
+        assert!(group_exists(neutron, &got[1]).await?, "{}", target.name);
+        cleanup_project(neutron, &fx.project).await;
+        cleanup_project(neutron, &other.project).await;
+        eprintln!("namespace-sg[{}]: claim, project and sweep", target.name);
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn multi_pool_routes_pods_by_their_nodes_vif_driver() -> Result<()> {
     init_logs();

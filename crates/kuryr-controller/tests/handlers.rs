@@ -525,14 +525,11 @@ async fn a_pod_with_the_longest_names_kubernetes_allows_is_wired_and_released() 
 
 /// The vif handler with an OpenStack it never reaches: it only writes to Kubernetes.
 fn kube_only_vif_handler(client: &kube::Client) -> Result<kuryr_controller::handlers::vif::VifHandler> {
-    use kuryr_controller::context::Platform;
-    let metrics = Metrics::new();
-    let platform = Arc::new(Platform::new(
-        client.clone(),
+    let platform = noauth_platform(
+        client,
+        "http://127.0.0.1:9",
         config("[neutron_defaults]\nproject = p1\npod_subnet = s1\npod_security_groups = sg1\n"),
-        Deployments::noauth("http://127.0.0.1:9", &metrics)?,
-        metrics,
-    ));
+    )?;
     Ok(kuryr_controller::handlers::vif::VifHandler::new(Context::build(
         platform,
     )?))
@@ -572,18 +569,15 @@ async fn a_pod_in_a_terminating_namespace_needs_no_kuryrport() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_that_cannot_be_parsed_is_a_warning_event_on_it_naming_the_field() -> Result<()> {
     use kube::api::{ApiResource, DynamicObject};
-    use kuryr_controller::context::Platform;
     use kuryr_controller::handlers::kuryrport::KuryrPortHandler;
     use kuryr_controller::pipeline::{Event, EventHandler, EventType, Typed};
     let kube = start_kube().await?;
     create_namespace(&kube.client, "odd", json!({})).await?;
-    let metrics = Metrics::new();
-    let platform = Arc::new(Platform::new(
-        kube.client.clone(),
+    let platform = noauth_platform(
+        &kube.client,
+        "http://127.0.0.1:9",
         config("[neutron_defaults]\nproject = p1\npod_subnet = s1\npod_security_groups = sg1\n"),
-        Deployments::noauth("http://127.0.0.1:9", &metrics)?,
-        metrics,
-    ));
+    )?;
     let ctx = Context::build(platform)?;
     let handler = Typed::new(Arc::new(KuryrPortHandler::new(ctx.clone()))).telling(ctx.events.clone());
     let raw = json!({
@@ -707,19 +701,16 @@ async fn the_vif_handler_skips_its_own_write_but_not_a_resend_or_another_change(
 async fn the_kuryrport_handler_skips_every_event_of_its_own_writes() -> Result<()> {
     use futures::StreamExt;
     use kube::api::{ApiResource, DynamicObject, WatchEvent, WatchParams};
-    use kuryr_controller::context::Platform;
     use kuryr_controller::pipeline::{Event, EventHandler, EventType, Typed};
     init_logs();
     for target in neutron_targets().await? {
         let kube = start_kube().await?;
         let fx = neutron_fixture(&target.client, "10.63.0.0/24").await?;
-        let metrics = Metrics::new();
-        let platform = Arc::new(Platform::new(
-            kube.client.clone(),
+        let platform = noauth_platform(
+            &kube.client,
+            &target.url,
             config(&bare_metal_config(&fx, "vif,kuryrport")),
-            Deployments::noauth(&target.url, &metrics)?,
-            metrics,
-        ));
+        )?;
         let ctx = Context::build(platform)?;
         create_namespace(&kube.client, "own", json!({})).await?;
         let pod = create_pod(&kube.client, "own", "p", NODES[0], json!({})).await?;
@@ -812,17 +803,14 @@ async fn the_kuryrport_handler_skips_every_event_of_its_own_writes() -> Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_skipped_service_is_forgotten_when_it_is_deleted() -> Result<()> {
     use k8s_openapi::api::core::v1::Service;
-    use kuryr_controller::context::Platform;
     use kuryr_controller::handlers::service::ServiceHandler;
     let kube = start_kube().await?;
     create_namespace(&kube.client, "hl", json!({})).await?;
-    let metrics = Metrics::new();
-    let platform = Arc::new(Platform::new(
-        kube.client.clone(),
+    let platform = noauth_platform(
+        &kube.client,
+        "http://127.0.0.1:9",
         config("[neutron_defaults]\nproject = p1\npod_subnet = s1\nservice_subnet = s2\n"),
-        Deployments::noauth("http://127.0.0.1:9", &metrics)?,
-        metrics,
-    ));
+    )?;
     let handler = ServiceHandler::new(Context::build(platform)?);
     let services: Api<Service> = Api::namespaced(kube.client.clone(), "hl");
     let mut made = Vec::new();
@@ -958,7 +946,6 @@ where
 /// used them). The retry finds them recorded and goes on with them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_status_write_whose_answer_is_lost_keeps_the_ports_it_recorded() -> Result<()> {
-    use kuryr_controller::context::Platform;
     init_logs();
     for target in neutron_targets().await? {
         let kube = start_kube().await?;
@@ -971,13 +958,11 @@ async fn a_status_write_whose_answer_is_lost_keeps_the_ports_it_recorded() -> Re
                 armed: layer_armed.clone(),
             }))
             .build();
-        let metrics = Metrics::new();
-        let platform = Arc::new(Platform::new(
-            lossy,
+        let platform = noauth_platform(
+            &lossy,
+            &target.url,
             config(&bare_metal_config(&fx, "vif,kuryrport")),
-            Deployments::noauth(&target.url, &metrics)?,
-            metrics,
-        ));
+        )?;
         let ctx = Context::build(platform)?;
         create_namespace(&kube.client, "lost", json!({})).await?;
         let pod = create_pod(&kube.client, "lost", "p", NODES[0], json!({})).await?;

@@ -1153,11 +1153,7 @@ async fn a_peer_deleted_while_another_replica_led_leaves_the_policy() -> Result<
 /// (its rules, its tags) and used: not made a second time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_allow_all_group_a_crash_left_untagged_is_finished_not_made_again() -> Result<()> {
-    use std::sync::Arc;
-
-    use kuryr_controller::context::{Context, Platform};
-    use kuryr_controller::metrics::Metrics;
-    use kuryr_controller::openstack::Deployments;
+    use kuryr_controller::context::Context;
     use kuryr_neutron::SecurityGroupCreate;
     init_logs();
     for target in neutron_targets().await? {
@@ -1173,18 +1169,12 @@ async fn an_allow_all_group_a_crash_left_untagged_is_finished_not_made_again() -
                 ..Default::default()
             })
             .await?;
-        let metrics = Metrics::new();
         let cfg = format!(
             "[kubernetes]\npod_security_groups_driver = policy\ncluster_id = {cluster}\n\
              [neutron_defaults]\nproject = {}\npod_subnet = {}\n",
             fx.project, fx.subnet
         );
-        let platform = Arc::new(Platform::new(
-            kube.client.clone(),
-            config(&cfg),
-            Deployments::noauth(&target.url, &metrics)?,
-            metrics,
-        ));
+        let platform = noauth_platform(&kube.client, &target.url, config(&cfg))?;
         let ctx = Context::build(platform.clone())?;
         labelled_namespace(&kube.client, "o").await?;
         pod(&kube.client, "o", "p", json!({"app": "p"}), Some("10.75.0.9")).await?;

@@ -226,6 +226,92 @@ async fn namespace_subnet_driver_creates_and_removes_namespace_networks() -> Res
     Ok(())
 }
 
+/// A namespace network found by its name (left untagged by a crash) or by its tags could be
+/// another cluster's given the same cluster_id: neither adopted nor made a second time until this
+/// cluster's claim is confirmed, then adopted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_network_is_adopted_only_once_the_claim_is_confirmed() -> Result<()> {
+    use kube::api::PostParams;
+    use kuryr_controller::context::Context;
+    use kuryr_controller::handlers::kuryrnetwork::KuryrNetworkHandler;
+    use kuryr_controller::pipeline::ResourceEventHandler;
+    use kuryr_crds::KuryrNetworkSpec;
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.32.0.0/24").await?;
+        let (pool, router) = namespace_subnet_infra(neutron, &fx.project, "10.97.0.0/16").await?;
+        let cluster = format!("kn-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let cfg = format!(
+            "[kubernetes]\nenabled_handlers = vif,kuryrport,namespace,kuryrnetwork\npod_subnets_driver = namespace\n\
+             cluster_id = {cluster}\n\
+             [namespace_subnet]\npod_router = {}\npod_subnet_pool = {}\n\
+             [neutron_defaults]\nproject = {}\npod_security_groups = {}\n",
+            router.id, pool.id, fx.project, fx.sg
+        );
+        let left = neutron
+            .create_network(&kuryr_neutron::NetworkCreate {
+                name: Some("ns/team-k-net".into()),
+                project_id: Some(fx.project.clone()),
+                ..Default::default()
+            })
+            .await?;
+        let platform = noauth_platform(&kube.client, &target.url, config(&cfg))?;
+        let handler = KuryrNetworkHandler::new(Context::build(platform.clone())?);
+        create_namespace(&kube.client, "team-k", json!({})).await?;
+        let kns: Api<KuryrNetwork> = Api::namespaced(kube.client.clone(), "team-k");
+        let mut kn = KuryrNetwork::new(
+            "team-k",
+            KuryrNetworkSpec {
+                ns_name: "team-k".into(),
+                project_id: fx.project.clone(),
+                ns_labels: Default::default(),
+            },
+        );
+        kn.metadata.namespace = Some("team-k".into());
+        kns.create(&PostParams::default(), &kn).await?;
+        let kn = kns.get("team-k").await?;
+        match handler.on_present(&kn).await {
+            Err(kuryr_controller::Error::ResourceNotReady(_)) => {}
+            other => panic!("{}: before the claim: {other:?}", target.name),
+        }
+        let named = neutron
+            .list_networks(&ListFilter::new().name("ns/team-k-net").project_id(&fx.project))
+            .await?;
+        assert_eq!(named.len(), 1, "{}: made again: {named:?}", target.name);
+        assert!(named[0].tags.is_empty(), "{}: adopted unclaimed", target.name);
+        let kn = kns.get("team-k").await?;
+        assert!(
+            kn.status.as_ref().and_then(|s| s.net_id.as_ref()).is_none(),
+            "{}: {:?}",
+            target.name,
+            kn.status
+        );
+
+        platform.deployments.set_claimed("default", true);
+        handler.on_present(&kn).await?;
+        let status = kns.get("team-k").await?.status.unwrap_or_default();
+        assert_eq!(
+            status.net_id.as_deref(),
+            Some(left.id.as_str()),
+            "{}",
+            target.name
+        );
+        assert!(
+            !neutron.get_network(&left.id).await?.tags.is_empty(),
+            "{}: tagged once adopted",
+            target.name
+        );
+        handler.on_finalize(&kns.get("team-k").await?).await?;
+        let _ = neutron.delete_router(&router.id).await;
+        cleanup_project(neutron, &fx.project).await;
+        let _ = neutron.delete_subnetpool(&pool.id).await;
+        eprintln!("namespace[{}]: adopted once claimed", target.name);
+    }
+    Ok(())
+}
+
 /// Namespaces waiting for a network quota that stays full make a few probing creates, not one
 /// per namespace per retry (the quota gate); once the quota is raised every namespace gets its
 /// network.

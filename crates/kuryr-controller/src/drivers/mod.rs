@@ -3,13 +3,15 @@
 //!
 //! - [`project`]: which Neutron project a pod's ports belong to (`default`, `annotation`)
 //! - [`subnets`]: which network/subnets (`default`, `namespace`)
-//! - [`security_groups`]: which security groups (`default`, `namespace`)
+//! - [`security_groups`]: which security groups (`default`, `policy`; `namespace` in
+//!   [`namespace_groups`], with its release once the namespace is gone)
 //! - [`vif`]: how a port is made and activated (`neutron-vif`, `nested-vlan`, `nested-macvlan`)
 //! - [`pool`]: where ports come from (`noop` creates per pod; pools live in `crate::pool`)
 //! - [`multi_vif`]: the pod's additional interfaces (`[kubernetes] multi_vif_drivers`)
 
 pub mod address_groups;
 pub mod multi_vif;
+pub mod namespace_groups;
 pub mod network_policy;
 pub mod os_vif;
 pub mod pool;

@@ -1148,36 +1148,11 @@ impl NetworkPolicyDriver {
         Ok(uids)
     }
 
-    /// The orphan sweep every `every` while leading (the first right away). A failed pass (a
+    /// The orphan sweep every `every` while leading (`periodic::sweeps`). A failed pass (a
     /// group put back on a port by a write still in flight from a crashed leader, Neutron
-    /// unreachable) is tried again sooner, backing off from 2 s up to `every`.
+    /// unreachable) is tried again sooner.
     pub async fn run_sweeps(self: Arc<Self>, every: Duration, stop: CancellationToken) {
-        const FIRST_RETRY: Duration = Duration::from_secs(2);
-        let mut wait = Duration::ZERO;
-        let mut retry = FIRST_RETRY;
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(wait) => {}
-            }
-            match self.sweep_orphans().await {
-                Ok(n) => {
-                    if n > 0 {
-                        tracing::info!(
-                            policies = n,
-                            "deleted the Neutron groups of policies that are gone"
-                        );
-                    }
-                    wait = every;
-                    retry = FIRST_RETRY;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, retry_in = ?retry, "policy group sweep failed; retrying");
-                    wait = retry.min(every);
-                    retry = (retry * 2).min(every);
-                }
-            }
-        }
+        crate::periodic::sweeps("policy groups", every, stop, || self.sweep_orphans()).await
     }
 }
 

@@ -8,12 +8,11 @@ use kuryr_config::{
 };
 
 use super::multi_vif::{self, MultiVifDriver};
+use super::namespace_groups::NamespaceSecurityGroups;
 use super::network_policy::NetworkPolicyDriver;
 use super::pool::{NoopPool, VifPool};
 use super::project::{AnnotationProject, DefaultProject, ProjectDriver, UnsetProject};
-use super::security_groups::{
-    DefaultSecurityGroups, NamespaceSecurityGroups, PolicySecurityGroups, SecurityGroupsDriver,
-};
+use super::security_groups::{DefaultSecurityGroups, PolicySecurityGroups, SecurityGroupsDriver};
 use super::subnets::{DefaultSubnets, NamespaceSubnets, SubnetCache, SubnetsDriver};
 use super::vif::VifDriver;
 use super::vif::nested::VmPortLookup;
@@ -39,6 +38,9 @@ pub struct Drivers {
     /// `network_policy`: NetworkPolicy as security groups (the `policy`, `kuryrnetworkpolicy`
     /// and `pod_label` handlers and the `policy` security group driver share it).
     pub network_policy: Arc<NetworkPolicyDriver>,
+    /// The `namespace` security groups, when pods' or Services' groups come from it (one cache,
+    /// one orphan sweep for both).
+    pub namespace_groups: Option<Arc<NamespaceSecurityGroups>>,
 }
 
 /// A `[kubernetes] *_project_driver` by its upstream name: `default` is `[neutron_defaults]
@@ -82,18 +84,26 @@ impl Drivers {
             .with_pools(pools.clone())
             .with_placement(ctx.placement.clone()),
         );
-        let security_groups: Arc<dyn SecurityGroupsDriver> = match k.pod_security_groups_driver {
-            SgName::Default => Arc::new(DefaultSecurityGroups::new(ctx.config.clone())),
-            SgName::Namespace => Arc::new(NamespaceSecurityGroups::new(
+        let namespace = || {
+            Arc::new(NamespaceSecurityGroups::new(
                 ctx.deployments.clone(),
                 ctx.config.clone(),
                 ctx.resource_tags(),
-            )),
+                pools.clone(),
+            ))
+        };
+        let mut namespace_groups = None;
+        let security_groups: Arc<dyn SecurityGroupsDriver> = match k.pod_security_groups_driver {
+            SgName::Default => Arc::new(DefaultSecurityGroups::new(ctx.config.clone())),
+            SgName::Namespace => namespace_groups.insert(namespace()).clone(),
             SgName::Policy => Arc::new(PolicySecurityGroups::new(
                 network_policy.clone(),
                 ctx.config.clone(),
             )),
         };
+        if k.service_security_groups_driver == SgName::Namespace && namespace_groups.is_none() {
+            namespace_groups = Some(namespace());
+        }
         let pool: Arc<dyn VifPool> = match &pools {
             Some(p) => p.clone(),
             None => Arc::new(NoopPool::new(vif.clone())),
@@ -109,6 +119,7 @@ impl Drivers {
             multi_vif,
             pools,
             network_policy,
+            namespace_groups,
         })
     }
 }

@@ -87,9 +87,9 @@ impl KuryrNetworkHandler {
         }
     }
 
-    /// The namespace's network in `project`, tagged as ours, else (with `untagged`) one of its
-    /// name left untagged: Neutron takes no tags in a network create, so a crash between the
-    /// create and the tagging leaves one, adopted rather than duplicated. Scoped by project too:
+    /// The namespace's network in `project`, tagged as ours, else one of its name left
+    /// untagged: Neutron takes no tags in a network create, so a crash between the create and
+    /// the tagging leaves one, adopted rather than duplicated. Scoped by project too:
     /// the same cluster tags in another project (another cluster given the same cluster_id, or a
     /// namespace moved to another project) are not this namespace's network. Adopted only where
     /// the cluster_id claim is confirmed (`Deployments::adoptable`).
@@ -99,19 +99,17 @@ impl KuryrNetworkHandler {
         deployment: &str,
         ns: &str,
         project: &str,
-        untagged: bool,
     ) -> Result<Option<kuryr_neutron::Network>, Error> {
         let tagged = client
             .list_networks(&ListFilter::new().tags(self.tags(ns)).project_id(project))
             .await?;
         let found = match tagged.into_iter().next() {
             Some(n) => Some(n),
-            None if untagged => client
+            None => client
                 .list_networks(&ListFilter::new().name(format!("ns/{ns}-net")).project_id(project))
                 .await?
                 .into_iter()
                 .find(|n| n.tags.is_empty()),
-            None => None,
         };
         if let Some(n) = &found {
             self.ctx
@@ -197,10 +195,7 @@ impl ResourceEventHandler for KuryrNetworkHandler {
             // given the same cluster_id, or a namespace moved to another project) are not this
             // namespace's network; adopting one attached its subnet to a router it was not on.
             let name = format!("ns/{ns}-net");
-            let net = match self
-                .existing_network(client, &deployment, &ns, &project, true)
-                .await?
-            {
+            let net = match self.existing_network(client, &deployment, &ns, &project).await? {
                 Some(n) if !n.tags.is_empty() => n,
                 untagged => {
                     let n = match untagged {
@@ -322,7 +317,7 @@ impl ResourceEventHandler for KuryrNetworkHandler {
             if status.net_id.is_none() {
                 let project = self.ctx.project_in(&deployment, &kn.spec.project_id).await;
                 status.net_id = self
-                    .existing_network(client, &deployment, ns, &project, true)
+                    .existing_network(client, &deployment, ns, &project)
                     .await?
                     .map(|n| n.id);
             }

@@ -17,7 +17,7 @@ use kuryr_crds::{KuryrLoadBalancer, KuryrLoadBalancerSpec, LbEndpointSlice, LbLi
 use serde_json::Value;
 
 use crate::context::Context;
-use crate::drivers::security_groups::{NamespaceSecurityGroups, SecurityGroupsDriver};
+use crate::drivers::security_groups::SecurityGroupsDriver;
 use crate::error::{Error, is_not_found};
 use crate::k8s::{add_finalizer, publish_event, remove_finalizer, surface_user_error};
 use crate::pipeline::ResourceEventHandler;
@@ -62,18 +62,11 @@ pub struct ServiceHandler {
     /// Why each skipped Service (by uid) was last said to be skipped, so the Event is published
     /// when the reason changes, not at every re-send.
     skipped: Mutex<HashMap<String, spec::Skip>>,
-    /// `service_security_groups_driver = namespace` (finds, or makes, each namespace's group).
-    namespace_groups: NamespaceSecurityGroups,
 }
 
 impl ServiceHandler {
     pub fn new(ctx: Arc<Context>) -> Self {
         Self {
-            namespace_groups: NamespaceSecurityGroups::new(
-                ctx.deployments.clone(),
-                ctx.config.clone(),
-                ctx.resource_tags(),
-            ),
             ctx,
             warned: Mutex::default(),
             skipped: Mutex::default(),
@@ -98,11 +91,14 @@ impl ServiceHandler {
                 .config
                 .deployment_defaults(deployment)
                 .pod_security_groups),
-            Driver::Namespace => {
-                self.namespace_groups
-                    .security_groups(deployment, project_id, ns)
-                    .await
-            }
+            // `Drivers::namespace_groups` is built whenever this driver is configured.
+            Driver::Namespace => match &self.ctx.drivers.namespace_groups {
+                Some(groups) => groups.security_groups(deployment, project_id, ns).await,
+                None => Err(Error::Config(
+                    "[kubernetes] service_security_groups_driver = namespace: no namespace groups driver"
+                        .into(),
+                )),
+            },
             Driver::Policy => {
                 let selector: BTreeMap<String, String> = svc
                     .spec

@@ -23,6 +23,24 @@ pub use kuryr_testbed::*;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+/// The controller's platform on one Neutron without authentication (`url`), for tests that
+/// drive handlers or drivers directly. No cluster_id claim is confirmed: a test that needs one
+/// says so (`Deployments::set_claimed`, or `claim_cluster_id`).
+pub fn noauth_platform(
+    kube: &Client,
+    url: &str,
+    cfg: Arc<KuryrConfig>,
+) -> Result<Arc<kuryr_controller::context::Platform>> {
+    let metrics = Metrics::new();
+    let deployments = Deployments::noauth(url, &metrics)?;
+    Ok(Arc::new(kuryr_controller::context::Platform::new(
+        kube.clone(),
+        cfg,
+        deployments,
+        metrics,
+    )))
+}
+
 /// Namespace of the controller's KuryrPortPool objects in the pool tests.
 pub const CONTROLLER_NS: &str = "kuryr-system";
 
