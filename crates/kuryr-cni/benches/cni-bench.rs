@@ -1,12 +1,15 @@
 //! cni-bench: CNI ADD/DEL latency from plugin exec to result (VIF already
-//! ACTIVE, veth + Linux bridge, real namespaces), the same ADD through the
+//! ACTIVE, veth + Linux bridge or, with `CNI_BENCH_OVS_DB`, veth + Open
+//! vSwitch bridge; real namespaces), the same ADD through the
 //! daemon in process (no plugin, no HTTP), the floor of an ADD (its bare
 //! kernel work, see `floor.rs`), and daemon memory with many pods
 //! registered. The three ADD kinds take turns pod by pod, so the machine's
 //! load falls on them alike. Prints a table.
 //!
 //! `cargo bench -p kuryr-cni --bench cni-bench` (root needed for netns);
-//! env `CNI_BENCH_PODS` (default 200) and `CNI_BENCH_REGISTERED` (default 500).
+//! env `CNI_BENCH_PODS` (default 200) and `CNI_BENCH_REGISTERED` (default 500);
+//! `CNI_BENCH_OVS_DB=unix:<socket>` (the ovsdb `scripts/ovs-userspace.sh start`
+//! prints) binds on a userspace-datapath OVS bridge instead.
 #![allow(clippy::unwrap_used)]
 
 #[path = "cni-bench/floor.rs"]
@@ -18,10 +21,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use kuryr_daemon::binding::BindingConfig;
+use kuryr_crds::{KuryrPort, Vif};
 use kuryr_daemon::netlink::NetNs;
 use kuryr_daemon::registry::PodKey;
-use kuryr_daemon::testing::{VifFixture, kuryrport};
+use kuryr_daemon::testing::{VifFixture, kuryrport_of};
 use kuryr_daemon::{ApiHealth, Daemon, DaemonConfig, NoEvents, vif};
 use serde_json::json;
 
@@ -77,6 +80,54 @@ fn fixture(i: u32, tag: &str, bridge: &str) -> VifFixture {
     }
 }
 
+/// The binding under test: a Linux bridge, or an OVS bridge of the ovsdb at `db`.
+enum Floor {
+    Bridge(floor::BridgeFloor),
+    Ovs(floor::OvsFloor),
+}
+
+impl Floor {
+    fn vif(&self, f: &VifFixture) -> Vif {
+        match self {
+            Self::Bridge(_) => f.to_vif(),
+            Self::Ovs(_) => f.to_ovs_vif(),
+        }
+    }
+
+    fn kuryrport(&self, namespace: &str, i: u32, f: &VifFixture) -> KuryrPort {
+        let vifs = vec![(f.ifname.clone(), self.vif(f))];
+        kuryrport_of(
+            namespace,
+            &format!("pod{i}"),
+            &format!("uid{i}"),
+            "bench-node",
+            vifs,
+        )
+    }
+
+    async fn add(
+        &self,
+        spec: &kuryr_daemon::binding::PlugSpec,
+        netns: &NetNs,
+        uid: &str,
+    ) -> Result<(), kuryr_daemon::binding::BindingError> {
+        match self {
+            Self::Bridge(f) => f.add(spec, netns).await,
+            Self::Ovs(f) => f.add(spec, netns, uid).await,
+        }
+    }
+
+    async fn del(
+        &self,
+        spec: &kuryr_daemon::binding::PlugSpec,
+    ) -> Result<(), kuryr_daemon::binding::BindingError> {
+        match self {
+            Self::Bridge(f) => f.del(spec).await,
+            Self::Ovs(f) => f.del(spec).await,
+        }
+    }
+}
+
 fn main() {
     let pods: u32 = std::env::var("CNI_BENCH_PODS")
         .ok()
@@ -109,6 +160,13 @@ fn main() {
     cfg.health_address = "127.0.0.1:0".parse().unwrap();
     cfg.metrics_address = "127.0.0.1:0".parse().unwrap();
     cfg.unix_socket = Some(sock.clone());
+    let ovs_db = std::env::var("CNI_BENCH_OVS_DB").ok().filter(|d| !d.is_empty());
+    if let Some(db) = &ovs_db {
+        cfg.binding.ovs_db = Some(db.clone());
+        // No kernel module here: the bench's bridge is a userspace one.
+        cfg.binding.ovs_datapath_type = "netdev".into();
+    }
+    let binding_cfg = cfg.binding.clone();
     let bridge = format!("kbb{}", std::process::id() % 100_000);
     let rss_before_daemon = rss_kib();
     let (daemon, servers) = rt.block_on(async {
@@ -156,7 +214,10 @@ fn main() {
         })
         .to_string()
     };
-    let floor = rt.block_on(floor::BridgeFloor::new(&bridge)).unwrap();
+    let floor = match &ovs_db {
+        Some(db) => Floor::Ovs(rt.block_on(floor::OvsFloor::new(db, &bridge)).unwrap()),
+        None => Floor::Bridge(rt.block_on(floor::BridgeFloor::new(&bridge)).unwrap()),
+    };
     let (inproc_tag, floor_tag) = (format!("d{}", &tag[1..]), format!("f{}", &tag[1..]));
     let mut adds = Vec::new();
     let mut dels = Vec::new();
@@ -171,13 +232,9 @@ fn main() {
             Command::new("ip").args(["netns", "add", &ns]).status().unwrap();
             match (turn + i) % 3 {
                 0 => {
-                    daemon.registry.apply_kuryrport(kuryrport(
-                        "bench",
-                        &format!("pod{i}"),
-                        &format!("uid{i}"),
-                        "bench-node",
-                        &[fixture(i, &tag, &bridge)],
-                    ));
+                    daemon
+                        .registry
+                        .apply_kuryrport(floor.kuryrport("bench", i, &fixture(i, &tag, &bridge)));
                     adds.push(run("ADD", i, &ns));
                     dels.push(run("DEL", i, &ns));
                     // What starting any process costs here, for reading the
@@ -192,12 +249,10 @@ fn main() {
                     spawns.push(started.elapsed());
                 }
                 1 => {
-                    daemon.registry.apply_kuryrport(kuryrport(
+                    daemon.registry.apply_kuryrport(floor.kuryrport(
                         "inproc",
-                        &format!("pod{i}"),
-                        &format!("uid{i}"),
-                        "bench-node",
-                        &[fixture(i, &inproc_tag, &bridge)],
+                        i,
+                        &fixture(i, &inproc_tag, &bridge),
                     ));
                     let started = Instant::now();
                     rt.block_on(daemon.add(body("ADD", i, &ns).as_bytes())).unwrap();
@@ -211,16 +266,16 @@ fn main() {
                 }
                 _ => {
                     let spec = vif::plug_spec(
-                        &fixture(i, &floor_tag, &bridge).to_vif(),
+                        &floor.vif(&fixture(i, &floor_tag, &bridge)),
                         "eth0",
                         true,
-                        &BindingConfig::default(),
+                        &binding_cfg,
                     )
                     .unwrap();
                     let started = Instant::now();
                     rt.block_on(async {
                         let netns = NetNs::open(&format!("/var/run/netns/{ns}"))?;
-                        floor.add(&spec, &netns).await
+                        floor.add(&spec, &netns, &format!("uid{i}")).await
                     })
                     .unwrap();
                     floor_adds.push(started.elapsed());
@@ -239,23 +294,27 @@ fn main() {
 
     // Memory with many pods registered (status.vifs filled, as in production).
     for i in 0..registered {
-        daemon.registry.apply_kuryrport(kuryrport(
-            "mem",
-            &format!("pod{i}"),
-            &format!("uid{i}"),
-            "bench-node",
-            &[fixture(i, &tag, &bridge)],
-        ));
+        daemon
+            .registry
+            .apply_kuryrport(floor.kuryrport("mem", i, &fixture(i, &tag, &bridge)));
     }
     let rss_loaded = rss_kib();
 
+    let kind = match &floor {
+        Floor::Ovs(f) => {
+            rt.block_on(f.remove()).unwrap();
+            "veth + Open vSwitch (userspace datapath), VIF already ACTIVE, plugin exec -> result; \
+             floor = bare netlink work + one ovsdb transaction and vswitchd applying it"
+        }
+        Floor::Bridge(_) => {
+            let _ = Command::new("ip").args(["link", "del", &bridge]).status();
+            "veth + Linux bridge, VIF already ACTIVE, plugin exec -> result; floor = bare netlink work"
+        }
+    };
     drop(floor);
     rt.block_on(servers.shutdown());
-    let _ = Command::new("ip").args(["link", "del", &bridge]).status();
 
-    println!(
-        "\ncni-bench (veth + Linux bridge, VIF already ACTIVE, plugin exec -> result; floor = bare netlink work)"
-    );
+    println!("\ncni-bench ({kind})");
     println!("{:<34} {:>12}", "metric", "value");
     println!("{}", "-".repeat(47));
     let ms_f = |d: Duration| d.as_secs_f64() * 1000.0;

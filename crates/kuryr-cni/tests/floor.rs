@@ -12,7 +12,7 @@ mod skip;
 
 use std::process::{Command, Output};
 
-use kuryr_daemon::binding::{BindingConfig, BindingDriver, BridgeDriver, PlugTarget};
+use kuryr_daemon::binding::{BindingConfig, BindingDriver, BridgeDriver, OvsDriver, PlugTarget};
 use kuryr_daemon::netlink::{NetNs, Netlink};
 use kuryr_daemon::testing::VifFixture;
 use kuryr_daemon::vif;
@@ -21,11 +21,13 @@ fn ip(args: &[&str]) -> Output {
     Command::new("ip").args(args).output().expect("run ip")
 }
 
-fn fixture(bridge: &str) -> VifFixture {
+/// `tag` tells apart the tests running at once in this process: it starts
+/// the port id, so the host end's name.
+fn fixture(tag: &str, bridge: &str) -> VifFixture {
     VifFixture {
         ifname: "eth0".into(),
         port_id: format!(
-            "fl{:05}-0000-0000-0000-000000000000",
+            "{tag}{:05}-0000-0000-0000-000000000000",
             std::process::id() % 100_000
         ),
         mac: "fa:16:3e:12:34:56".into(),
@@ -49,7 +51,7 @@ async fn the_floor_plugs_what_the_bridge_binding_checks_and_removes_it() {
     }
     let bridge = format!("kflb{}", std::process::id() % 100_000);
     let spec = vif::plug_spec(
-        &fixture(&bridge).to_vif(),
+        &fixture("fl", &bridge).to_vif(),
         "eth0",
         true,
         &BindingConfig::default(),
@@ -86,7 +88,13 @@ async fn the_floor_plugs_what_the_bridge_binding_checks_and_removes_it() {
 
 #[tokio::test]
 async fn the_floor_refuses_a_vif_it_does_not_plug() {
-    let mut spec = vif::plug_spec(&fixture("br").to_vif(), "eth0", true, &BindingConfig::default()).unwrap();
+    let mut spec = vif::plug_spec(
+        &fixture("fu", "br").to_vif(),
+        "eth0",
+        true,
+        &BindingConfig::default(),
+    )
+    .unwrap();
     spec.kind = kuryr_daemon::binding::PlugKind::MacvlanNested;
     let netns = NetNs::current().unwrap();
     let unused = format!("kflu{}", std::process::id() % 100_000);
@@ -100,4 +108,47 @@ async fn the_floor_refuses_a_vif_it_does_not_plug() {
     let err = floor.add(&spec, &netns).await.unwrap_err();
     ip(&["link", "del", &unused]);
     assert!(err.to_string().contains("versioned_object.name"), "{err}");
+}
+
+/// The Open vSwitch floor plugs what the OVS binding's CHECK accepts (the
+/// port on its bridge with the Neutron port as `iface-id`) and its DEL
+/// removes it, against the userspace OVS of `KURYR_TEST_OVS_DB`.
+#[tokio::test]
+async fn the_ovs_floor_plugs_what_the_ovs_binding_checks_and_removes_it() {
+    let Some(db) = std::env::var("KURYR_TEST_OVS_DB").ok().filter(|d| !d.is_empty()) else {
+        skip::skip("KURYR_TEST_OVS_DB is unset (scripts/test-all.sh starts a userspace OVS and sets it)");
+        return;
+    };
+    let ns = format!("kfo{}", std::process::id() % 100_000);
+    if !ip(&["netns", "add", &ns]).status.success() {
+        skip::skip("cannot create network namespaces (need root and iproute2)");
+        return;
+    }
+    let bridge = format!("kfob{}", std::process::id() % 100_000);
+    let cfg = BindingConfig {
+        ovs_db: Some(db),
+        ovs_datapath_type: "netdev".into(),
+        ..BindingConfig::default()
+    };
+    let spec = vif::plug_spec(&fixture("fo", &bridge).to_ovs_vif(), "eth0", true, &cfg).unwrap();
+    let netns = NetNs::open(&format!("/var/run/netns/{ns}")).unwrap();
+    let floor = floor::OvsFloor::new(cfg.ovs_db.as_deref().unwrap(), &bridge)
+        .await
+        .unwrap();
+    let plugged = floor.add(&spec, &netns, "uid").await;
+    let checked = OvsDriver::new(&cfg)
+        .check(&spec, &PlugTarget::new(&netns, "uid"))
+        .await;
+    let deleted = floor.del(&spec).await;
+    let after = OvsDriver::new(&cfg)
+        .check(&spec, &PlugTarget::new(&netns, "uid"))
+        .await;
+    let removed = floor.remove().await;
+    ip(&["netns", "del", &ns]);
+
+    plugged.unwrap();
+    checked.unwrap();
+    deleted.unwrap();
+    assert!(after.is_err(), "the port outlived the floor's DEL");
+    removed.unwrap();
 }

@@ -449,7 +449,8 @@ config_section! {
         /// Host interface the nested drivers put VLAN/macvlan devices on.
         link_iface: String = String::new(),
         /// kuryr-rs: OVSDB the CNI daemon talks to (`unix:/path/db.sock` or `tcp:host:port`);
-        /// unset = ovs-vsctl's default socket.
+        /// unset = ovs-vsctl's default socket (`$OVS_RUNDIR/db.sock`, else
+        /// `/var/run/openvswitch/db.sock`).
         ovs_db: Option<String> = None,
         /// kuryr-rs: datapath of an OVS bridge the daemon has to create itself.
         ovs_datapath_type: OvsDatapathType = OvsDatapathType::System,

@@ -169,8 +169,30 @@ async fn two_pods_on_a_netdev_bridge_reach_each_other_and_teardown_cleans_up() {
     let d = drivers.for_kind(&sa.kind);
     assert_eq!(d.name(), "neutron-vif/ovs");
     d.setup(&sa, &target_a).await.unwrap();
+    // B's name has a port record an interrupted setup left on another bridge,
+    // its veth gone: the setup replaces it (and the TCP below crosses it).
+    let other = OvsBridge {
+        db: db.clone(),
+        name: unique("kovo"),
+    };
+    vsctl(
+        &db,
+        &[
+            "add-br",
+            &other.name,
+            "--",
+            "set",
+            "Bridge",
+            &other.name,
+            "datapath_type=netdev",
+        ],
+    );
+    vsctl(&db, &["add-port", &other.name, &tb]);
     d.setup(&sb, &target_b).await.unwrap();
-    // A retried ADD over the leftovers of the first one succeeds.
+    assert_eq!(vsctl(&db, &["list-ports", &other.name]).trim(), "");
+    assert_eq!(vsctl(&db, &["get", "Interface", &tb, "error"]).trim(), "[]");
+    // A retried ADD over the leftovers of the first one (its veth and its
+    // port record) succeeds.
     d.setup(&sa, &target_a).await.unwrap();
     d.check(&sa, &target_a).await.unwrap();
     d.check(&sb, &target_b).await.unwrap();
@@ -267,7 +289,7 @@ async fn teardown_collects_the_ovsdb_error_and_still_removes_the_veth() {
     let err = broken.for_kind(&s.kind).teardown(&s, &target).await.unwrap_err();
     assert_eq!(err.0.len(), 1, "{err}");
     assert!(
-        matches!(&err.0[0], BindingError::Ovs { args, .. } if args.contains("del-port")),
+        matches!(&err.0[0], BindingError::OvsUnreachable { args, .. } if args.contains("del-port")),
         "{err}"
     );
     // The kernel side went anyway; the OVS record is what the error is about.

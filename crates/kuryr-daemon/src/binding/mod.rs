@@ -9,11 +9,12 @@
 pub mod l3;
 mod nested;
 mod ovs;
+pub mod ovsdb;
 mod sriov;
 mod veth;
 
 pub use nested::{MacvlanDriver, VlanDriver};
-pub use ovs::{OvsProbe, disable_tx_checksum, is_userspace_datapath, ovs_available_at};
+pub use ovs::{Added, OvsProbe, disable_tx_checksum, is_userspace_datapath, ovs_available_at};
 pub use sriov::{SriovConfig, SriovDriver, VfCandidate, find_free_vf, sriov_capable_pfs};
 pub use veth::{BridgeDriver, OvsDriver};
 
@@ -159,14 +160,16 @@ pub enum BindingError {
         parent: String,
         parent_mtu: u32,
     },
-    #[error("ovs-vsctl {args}: {message}")]
+    /// ovsdb-server refused an operation (named like the `ovs-vsctl`
+    /// command that does the same), or ovs-vswitchd did not apply it.
+    #[error("ovsdb {args}: {message}")]
     Ovs { args: String, message: String },
-    /// ovs-vsctl could not be run at all.
-    #[error("ovs-vsctl {args}: {source}")]
-    OvsExec {
+    /// ovsdb-server could not be reached, or did not answer in time.
+    #[error("ovsdb {args}: {source}")]
+    OvsUnreachable {
         args: String,
         #[source]
-        source: std::io::Error,
+        source: ovsdb::OvsdbError,
     },
     #[error("check failed for {ifname}: {message}")]
     Check { ifname: String, message: String },
@@ -214,11 +217,11 @@ pub struct BindingConfig {
     pub ovs_bridge: String,
     /// Linux bridge used when a VIFBridge names none.
     pub default_bridge: String,
-    /// `ovs-vsctl --timeout` seconds.
+    /// Seconds an OVS operation may take, ovs-vswitchd applying it included.
     pub ovs_timeout_secs: u32,
-    /// ovsdb-server to talk to (`ovs-vsctl --db=`): `unix:/path/db.sock` or
-    /// `tcp:host:port`. `None`: ovs-vsctl's default
-    /// (`unix:/var/run/openvswitch/db.sock`).
+    /// ovsdb-server to talk to: `unix:/path/db.sock` or `tcp:host:port`.
+    /// `None`: ovs-vsctl's default (`unix:$OVS_RUNDIR/db.sock`, else
+    /// `unix:/var/run/openvswitch/db.sock`).
     pub ovs_db: Option<String>,
     /// `datapath_type` of an OVS bridge the daemon has to create because no
     /// agent did (`system`: kernel module, `netdev`: userspace). Existing

@@ -1,151 +1,297 @@
-//! `ovs-vsctl` wrapper, availability probe and the userspace-datapath fixup.
+//! Open vSwitch for the binding: ports added, replaced, removed and checked in
+//! the `Open_vSwitch` database over its management protocol (`ovsdb.rs`), the
+//! availability probe, and the userspace-datapath fixup.
 
-use std::path::PathBuf;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
 
 use crate::netlink::NetNs;
 
 use super::BindingError;
+use super::ovsdb::{self, Ovsdb, OvsdbError, eq, first_row, named, select, uuid};
 
-/// Whether Open vSwitch can be driven on this node, and how to reach it.
-#[derive(Clone, Debug)]
-pub struct OvsProbe {
-    vsctl: Option<PathBuf>,
-    db: Option<String>,
-    db_error: Option<String>,
-    timeout_secs: u32,
+/// ovs-vsctl's default database: `$OVS_RUNDIR/db.sock`, else the packages'
+/// run directory.
+fn default_db() -> String {
+    let rundir = std::env::var("OVS_RUNDIR").unwrap_or_else(|_| "/var/run/openvswitch".into());
+    format!("unix:{rundir}/db.sock")
 }
 
-fn find_in_path(bin: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(bin))
-        .find(|p| p.is_file())
+/// Where a node's Open vSwitch is, and whether it answers.
+#[derive(Clone, Debug)]
+pub struct OvsProbe {
+    db: String,
+    db_error: Option<String>,
+    timeout: Duration,
 }
 
 impl OvsProbe {
-    /// Look for `ovs-vsctl` and ask ovsdb-server at `db` (an ovsdb
-    /// connection string such as `unix:/run/openvswitch/db.sock`; `None` is
-    /// ovs-vsctl's default) whether it answers. Works with the kernel and the
-    /// userspace (netdev) datapath alike: only the database has to answer.
+    /// Asks ovsdb-server at `db` (an ovsdb connection string such as
+    /// `unix:/run/openvswitch/db.sock`; `None` is ovs-vsctl's default)
+    /// whether it answers. Works with the kernel and the userspace (netdev)
+    /// datapath alike: only the database has to answer.
     pub async fn detect(timeout_secs: u32, db: Option<&str>) -> Self {
-        let mut probe = Self {
-            vsctl: find_in_path("ovs-vsctl"),
-            db: db.map(str::to_owned),
-            db_error: None,
-            timeout_secs,
-        };
-        if probe.vsctl.is_some()
-            && let Err(e) = probe.vsctl(&["show"]).await
-        {
-            probe.db_error = Some(e.to_string());
-        }
+        let mut probe = Self::locate(timeout_secs, db);
+        probe.ask_db().await;
         probe
     }
 
-    /// `true` when `ovs-vsctl` exists (so OVS ports may have been created).
-    pub fn installed(&self) -> bool {
-        self.vsctl.is_some()
-    }
-
-    /// `None` when OVS is usable, else a human readable reason.
-    pub fn unavailable_reason(&self) -> Option<String> {
-        match (&self.vsctl, &self.db_error) {
-            (None, _) => Some("ovs-vsctl is not installed (not in PATH)".into()),
-            (Some(_), Some(e)) => Some(format!("ovsdb-server does not answer: {e}")),
-            (Some(_), None) => None,
+    /// The database named, not asked: the binding's operations talk to it
+    /// directly and ask whether it answers only when one failed
+    /// ([`OvsProbe::ask_db`]).
+    pub fn locate(timeout_secs: u32, db: Option<&str>) -> Self {
+        Self {
+            db: db.map_or_else(default_db, str::to_owned),
+            db_error: None,
+            timeout: Duration::from_secs(u64::from(timeout_secs.max(1))),
         }
     }
 
-    /// Run `ovs-vsctl [--db=DB] --timeout=N <args>`; stdout on success.
-    pub async fn vsctl<S: AsRef<str>>(&self, args: &[S]) -> Result<String, BindingError> {
-        let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
-        let joined = args.join(" ");
-        let Some(bin) = &self.vsctl else {
-            return Err(BindingError::Ovs {
-                args: joined,
-                message: "ovs-vsctl is not installed".into(),
-            });
+    /// Asks the database whether it answers, for
+    /// [`OvsProbe::unavailable_reason`].
+    pub async fn ask_db(&mut self) {
+        let answer = async {
+            let mut c = Ovsdb::connect(&self.db, self.timeout).await?;
+            let dbs = c.list_dbs().await?;
+            if dbs.iter().any(|d| d == "Open_vSwitch") {
+                Ok(())
+            } else {
+                Err(OvsdbError::Protocol(format!(
+                    "it serves no Open_vSwitch database ({dbs:?})"
+                )))
+            }
         };
-        let mut cmd = tokio::process::Command::new(bin);
-        if let Some(db) = &self.db {
-            cmd.arg(format!("--db={db}"));
+        self.db_error = answer.await.err().map(|e| e.to_string());
+    }
+
+    /// Whether Open vSwitch may be on this node (so OVS ports may have been
+    /// created): its socket's directory exists (a stopped OVS keeps it) or
+    /// the database is reached over TCP.
+    pub fn installed(&self) -> bool {
+        match self.db.strip_prefix("unix:") {
+            Some(path) => Path::new(path).parent().is_some_and(Path::exists),
+            None => true,
         }
-        let out = cmd
-            .arg(format!("--timeout={}", self.timeout_secs))
-            .args(&args)
-            // A hung ovs-vsctl must not outlive a cancelled request.
-            .kill_on_drop(true)
-            .output()
+    }
+
+    /// `None` when OVS is usable (as far as asked), else a human readable reason.
+    pub fn unavailable_reason(&self) -> Option<String> {
+        if !self.installed() {
+            return Some(format!("Open vSwitch is not installed here (no {})", self.db));
+        }
+        self.db_error
+            .as_ref()
+            .map(|e| format!("ovsdb-server does not answer: {e}"))
+    }
+
+    async fn connect(&self, what: &str) -> Result<Ovsdb, BindingError> {
+        Ovsdb::connect(&self.db, self.timeout)
             .await
-            .map_err(|source| BindingError::OvsExec {
-                args: joined.clone(),
-                source,
-            })?;
-        if !out.status.success() {
+            .map_err(|e| fail(what, e))
+    }
+
+    /// Adds `iface` to `bridge` with `external_ids` in one transaction and
+    /// waits for ovs-vswitchd to apply it; a port record of that name an
+    /// interrupted setup left on any bridge is removed first. `Ok(None)` when
+    /// the bridge does not exist (nothing was changed).
+    pub async fn replace_port(
+        &self,
+        bridge: &str,
+        iface: &str,
+        external_ids: &[(&str, &str)],
+    ) -> Result<Option<Added>, BindingError> {
+        let what = format!("add-port {bridge} {iface}");
+        let mut c = self.connect(&what).await?;
+        let found = c
+            .transact(vec![
+                select(
+                    "Bridge",
+                    json!([eq("name", json!(bridge))]),
+                    &["_uuid", "datapath_type"],
+                ),
+                select("Port", json!([eq("name", json!(iface))]), &["_uuid"]),
+            ])
+            .await
+            .map_err(|e| fail(&what, e))?;
+        let Some(br) = first_row(&found[0]) else {
+            return Ok(None);
+        };
+        let br_uuid = ovsdb::row_uuid(br).unwrap_or_default().to_string();
+        let datapath = ovsdb::optional_string(&br["datapath_type"]).to_string();
+        if let Some(stale) = first_row(&found[1]).and_then(ovsdb::row_uuid) {
+            // Removed, and applied, on its own: replaced in the same
+            // transaction, vswitchd would keep the old port's device open
+            // (same name) instead of the veth made again since.
+            let ops = vec![json!({"op": "mutate", "table": "Bridge", "where": [],
+                "mutations": [["ports", "delete", uuid(stale)]]})];
+            let results = c.transact(with_next_cfg(ops)).await.map_err(|e| fail(&what, e))?;
+            c.wait_applied(next_cfg(&results))
+                .await
+                .map_err(|e| fail(&what, e))?;
+        }
+        let ops = vec![
+            json!({"op": "insert", "table": "Interface", "uuid-name": "iface",
+                "row": {"name": iface, "external_ids": ovsdb::string_map(external_ids.iter().copied())}}),
+            json!({"op": "insert", "table": "Port", "uuid-name": "port",
+                "row": {"name": iface, "interfaces": named("iface")}}),
+            json!({"op": "mutate", "table": "Bridge", "where": [eq("_uuid", uuid(&br_uuid))],
+                "mutations": [["ports", "insert", named("port")]]}),
+        ];
+        // The bridge's mutate: it must have found the bridge.
+        let attach = 2;
+        let results = c.transact(with_next_cfg(ops)).await.map_err(|e| fail(&what, e))?;
+        if results[attach]["count"].as_i64() != Some(1) {
+            // Deleted meanwhile: the new rows, referenced by nothing, went
+            // with the commit.
             return Err(BindingError::Ovs {
-                args: joined,
-                message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                args: what,
+                message: format!("bridge {bridge} was deleted while the port was being added"),
             });
         }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        c.wait_applied(next_cfg(&results))
+            .await
+            .map_err(|e| fail(&what, e))?;
+        let iface_row = c
+            .transact(vec![select(
+                "Interface",
+                json!([eq("name", json!(iface))]),
+                &["error"],
+            )])
+            .await
+            .map_err(|e| fail(&what, e))?;
+        let error = first_row(&iface_row[0])
+            .map(|r| ovsdb::optional_string(&r["error"]).to_string())
+            .unwrap_or_default();
+        Ok(Some(Added { datapath, error }))
     }
 
-    /// `datapath_type` of `bridge` (`""` and `system` mean the kernel
-    /// datapath), or `None` when the bridge does not exist.
-    pub async fn bridge_datapath(&self, bridge: &str) -> Result<Option<String>, BindingError> {
-        // One ovs-vsctl run: `--if-exists get` prints nothing for a missing
-        // bridge and `""` for an existing one without a datapath_type.
-        let dp = self
-            .vsctl(&["--if-exists", "get", "Bridge", bridge, "datapath_type"])
-            .await?;
-        Ok(parse_datapath(&dp))
-    }
-
-    /// Create the missing `bridge` with `datapath_type`. Only called for a
-    /// bridge that does not exist: an existing one keeps the datapath its
-    /// owner (the Neutron agent) chose.
+    /// Creates the missing `bridge` with `datapath_type` (as `ovs-vsctl
+    /// --may-exist add-br` with it). Only called for a bridge that does not
+    /// exist: an existing one keeps the datapath its owner (the Neutron
+    /// agent) chose.
     pub async fn create_bridge(&self, bridge: &str, datapath_type: &str) -> Result<(), BindingError> {
-        let dp = format!("datapath_type={datapath_type}");
-        self.vsctl(&[
-            "--may-exist",
-            "add-br",
-            bridge,
-            "--",
-            "set",
-            "Bridge",
-            bridge,
-            dp.as_str(),
-        ])
-        .await
-        .map(drop)
+        let what = format!("add-br {bridge}");
+        let mut c = self.connect(&what).await?;
+        let ops = vec![
+            json!({"op": "insert", "table": "Interface", "uuid-name": "iface",
+                "row": {"name": bridge, "type": "internal"}}),
+            json!({"op": "insert", "table": "Port", "uuid-name": "port",
+                "row": {"name": bridge, "interfaces": named("iface")}}),
+            json!({"op": "insert", "table": "Bridge", "uuid-name": "bridge",
+                "row": {"name": bridge, "datapath_type": datapath_type, "ports": named("port")}}),
+            json!({"op": "mutate", "table": "Open_vSwitch", "where": [],
+                "mutations": [["bridges", "insert", named("bridge")]]}),
+        ];
+        match c.transact(with_next_cfg(ops)).await {
+            Ok(results) => c
+                .wait_applied(next_cfg(&results))
+                .await
+                .map_err(|e| fail(&what, e)),
+            // Made by someone else meanwhile (the name is unique).
+            Err(OvsdbError::Operation { error, .. }) if error == "constraint violation" => Ok(()),
+            Err(e) => Err(fail(&what, e)),
+        }
     }
 
-    /// The OVS interface's error column (empty when vswitchd attached it).
-    pub async fn interface_error(&self, iface: &str) -> Result<String, BindingError> {
-        let e = self
-            .vsctl(&["--if-exists", "get", "Interface", iface, "error"])
-            .await?;
-        Ok(unquote(e.trim()).to_string())
+    /// Removes the port `iface` from whichever bridge holds it (it may have
+    /// been moved since setup), if there is one, and waits for ovs-vswitchd
+    /// to apply it.
+    pub async fn del_port(&self, iface: &str) -> Result<(), BindingError> {
+        let what = format!("--if-exists del-port {iface}");
+        let mut c = self.connect(&what).await?;
+        let found = c
+            .transact(vec![select(
+                "Port",
+                json!([eq("name", json!(iface))]),
+                &["_uuid"],
+            )])
+            .await
+            .map_err(|e| fail(&what, e))?;
+        let Some(port) = first_row(&found[0]).and_then(ovsdb::row_uuid) else {
+            return Ok(());
+        };
+        let ops = vec![json!({"op": "mutate", "table": "Bridge", "where": [],
+            "mutations": [["ports", "delete", uuid(port)]]})];
+        let results = c.transact(with_next_cfg(ops)).await.map_err(|e| fail(&what, e))?;
+        c.wait_applied(next_cfg(&results))
+            .await
+            .map_err(|e| fail(&what, e))
+    }
+
+    /// The bridge the port `iface` is on and its `external_ids:iface-id`;
+    /// `None` when no such port exists.
+    pub async fn port_of(&self, iface: &str) -> Result<Option<(String, String)>, BindingError> {
+        let what = format!("port-to-br {iface}");
+        let mut c = self.connect(&what).await?;
+        let found = c
+            .transact(vec![
+                select("Port", json!([eq("name", json!(iface))]), &["_uuid"]),
+                select("Interface", json!([eq("name", json!(iface))]), &["external_ids"]),
+            ])
+            .await
+            .map_err(|e| fail(&what, e))?;
+        let Some(port) = first_row(&found[0]).and_then(ovsdb::row_uuid) else {
+            return Ok(None);
+        };
+        let iface_id = first_row(&found[1])
+            .and_then(|r| ovsdb::map_get(&r["external_ids"], "iface-id"))
+            .unwrap_or_default()
+            .to_string();
+        let bridges = c
+            .transact(vec![select(
+                "Bridge",
+                json!([["ports", "includes", uuid(port)]]),
+                &["name"],
+            )])
+            .await
+            .map_err(|e| fail(&what, e))?;
+        Ok(first_row(&bridges[0]).map(|b| (b["name"].as_str().unwrap_or_default().to_string(), iface_id)))
     }
 }
 
-/// `--if-exists get Bridge B datapath_type` output: nothing when the bridge
-/// does not exist, else its (possibly empty, quoted) datapath type.
-fn parse_datapath(out: &str) -> Option<String> {
-    let out = out.trim();
-    if out.is_empty() {
-        return None;
-    }
-    Some(unquote(out).to_string())
+/// What [`OvsProbe::replace_port`] did: the bridge's datapath type and the
+/// interface's error column once vswitchd applied it (empty when it attached
+/// the interface).
+#[derive(Clone, Debug)]
+pub struct Added {
+    pub datapath: String,
+    pub error: String,
 }
 
-/// ovs-vsctl prints strings quoted when they contain special characters and
-/// `[]` for an empty optional column.
-fn unquote(s: &str) -> &str {
-    if s == "[]" {
-        return "";
+/// `ops`, then what makes ovs-vswitchd apply them: `next_cfg` counted up,
+/// and read back for [`Ovsdb::wait_applied`].
+fn with_next_cfg(mut ops: Vec<Value>) -> Vec<Value> {
+    ops.push(json!({"op": "mutate", "table": "Open_vSwitch", "where": [],
+        "mutations": [["next_cfg", "+=", 1]]}));
+    ops.push(select("Open_vSwitch", json!([]), &["next_cfg"]));
+    ops
+}
+
+/// The `next_cfg` the last operation of [`with_next_cfg`] read.
+fn next_cfg(results: &[Value]) -> i64 {
+    results
+        .iter()
+        .rev()
+        .find_map(|r| first_row(r).and_then(|row| row["next_cfg"].as_i64()))
+        .unwrap_or_default()
+}
+
+/// An ovsdb failure of the binding operation `what`: unreachable (the
+/// connection) or refused (the server's answer).
+fn fail(what: &str, e: OvsdbError) -> BindingError {
+    if e.is_unreachable() {
+        BindingError::OvsUnreachable {
+            args: what.to_string(),
+            source: e,
+        }
+    } else {
+        BindingError::Ovs {
+            args: what.to_string(),
+            message: e.to_string(),
+        }
     }
-    s.strip_prefix('"').and_then(|s| s.strip_suffix('"')).unwrap_or(s)
 }
 
 /// Whether an OVS `datapath_type` is the userspace one.
@@ -239,36 +385,30 @@ pub async fn ovs_available_at(db: Option<&str>) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn datapath_output_tells_a_missing_bridge_from_an_empty_type() {
-        assert_eq!(parse_datapath(""), None);
-        assert_eq!(parse_datapath("\n"), None);
-        assert_eq!(parse_datapath("\"\"\n"), Some(String::new()));
-        assert_eq!(parse_datapath("netdev\n"), Some("netdev".into()));
-        assert_eq!(parse_datapath("system"), Some("system".into()));
-    }
-
-    /// An ovs-vsctl that cannot be run keeps the OS error as the source.
+    /// A database that is not there: unreachable, with the I/O error kept as
+    /// the source, named by the operation; the probe says why.
     #[tokio::test]
-    async fn exec_failures_keep_their_source() {
-        let probe = OvsProbe {
-            vsctl: Some(PathBuf::from("/nonexistent/ovs-vsctl")),
-            db: None,
-            db_error: None,
-            timeout_secs: 1,
-        };
-        let err = probe
-            .vsctl(&["--if-exists", "del-port", "tap0"])
-            .await
-            .expect_err("no binary");
-        let source = std::error::Error::source(&err)
-            .and_then(|s| s.downcast_ref::<std::io::Error>())
-            .map(std::io::Error::kind);
-        assert_eq!(source, Some(std::io::ErrorKind::NotFound), "{err:?}");
+    async fn an_absent_database_is_unreachable_and_keeps_its_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = format!("unix:{}/db.sock", dir.path().display());
+        let probe = OvsProbe::detect(1, Some(&db)).await;
+        assert!(probe.installed(), "its directory exists");
+        let reason = probe.unavailable_reason().expect("unavailable");
+        assert!(reason.starts_with("ovsdb-server does not answer: "), "{reason}");
+        let err = probe.del_port("tap0").await.expect_err("no database");
+        assert!(matches!(err, BindingError::OvsUnreachable { .. }), "{err:?}");
         assert!(
-            err.to_string()
-                .starts_with("ovs-vsctl --if-exists del-port tap0: "),
+            err.to_string().starts_with("ovsdb --if-exists del-port tap0: "),
             "{err}"
         );
+        let io = std::error::Error::source(&err)
+            .and_then(std::error::Error::source)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .map(std::io::Error::kind);
+        assert_eq!(io, Some(std::io::ErrorKind::NotFound), "{err:?}");
+        // No run directory at all: no Open vSwitch on this node.
+        let none = OvsProbe::locate(1, Some("unix:/nonexistent-ovs-rundir/db.sock"));
+        assert!(!none.installed());
+        assert!(none.unavailable_reason().unwrap().contains("not installed"));
     }
 }

@@ -188,12 +188,33 @@ impl OvsDriver {
         }
     }
 
-    async fn probe(&self) -> OvsProbe {
-        OvsProbe::detect(self.timeout_secs, self.db.as_deref()).await
+    /// The database named, not asked: the operations talk to it directly,
+    /// and it is asked whether it answers only when one failed
+    /// ([`OvsDriver::unsupported`]).
+    fn locate(&self) -> OvsProbe {
+        OvsProbe::locate(self.timeout_secs, self.db.as_deref())
+    }
+
+    /// `Unsupported` with the reason when the database does not answer (a
+    /// node that cannot do OVS), else `e` as it is.
+    async fn unsupported(&self, probe: &mut OvsProbe, e: BindingError) -> BindingError {
+        if !matches!(e, BindingError::OvsUnreachable { .. }) {
+            return e;
+        }
+        probe.ask_db().await;
+        match probe.unavailable_reason() {
+            Some(reason) => BindingError::Unsupported {
+                driver: self.name(),
+                reason,
+            },
+            None => e,
+        }
     }
 
     /// Everything after the veth exists: bridge, port, external ids, and the
-    /// datapath specific pod-side setting.
+    /// datapath specific pod-side setting. One connection to ovsdb-server:
+    /// the port in one transaction, then its error column once vswitchd
+    /// applied it.
     async fn attach(
         &self,
         probe: &OvsProbe,
@@ -201,68 +222,54 @@ impl OvsDriver {
         spec: &PlugSpec,
         target: &PlugTarget<'_>,
     ) -> Result<(), BindingError> {
-        let datapath = match probe.bridge_datapath(bridge).await? {
-            Some(dp) => dp,
+        let iface = spec.host_ifname.as_str();
+        let mac = spec.mac.to_string();
+        let ids = [
+            ("iface-id", spec.port_id.as_str()),
+            ("attached-mac", mac.as_str()),
+            ("iface-status", "active"),
+            ("vm-uuid", target.pod_uid),
+        ];
+        let added = match probe.replace_port(bridge, iface, &ids).await? {
+            Some(added) => added,
             None => {
                 // Normally the Neutron agent creates it; a node without one
                 // (sandbox, tests) gets it with the configured datapath.
                 probe.create_bridge(bridge, &self.datapath_type).await?;
-                self.datapath_type.clone()
+                probe
+                    .replace_port(bridge, iface, &ids)
+                    .await?
+                    .ok_or_else(|| BindingError::Ovs {
+                        args: format!("add-port {bridge} {iface}"),
+                        message: format!("bridge {bridge} was deleted right after it was created"),
+                    })?
             }
         };
-        if self.tx_checksum.disables_on(&datapath) {
+        if self.tx_checksum.disables_on(&added.datapath) {
             disable_tx_checksum(target.require_netns()?, &spec.ifname).await?;
         }
-        let iface = spec.host_ifname.as_str();
-        let ids = [
-            format!("external-ids:iface-id={}", spec.port_id),
-            format!("external-ids:attached-mac={}", spec.mac),
-            "external-ids:iface-status=active".to_string(),
-            format!("external-ids:vm-uuid={}", target.pod_uid),
-        ];
-        let mut args: Vec<&str> = vec![
-            "--",
-            "--may-exist",
-            "add-port",
-            bridge,
-            iface,
-            "--",
-            "set",
-            "Interface",
-            iface,
-        ];
-        args.extend(ids.iter().map(String::as_str));
-        probe.vsctl(&args).await?;
-        // ovs-vsctl waited for vswitchd to apply the change: a port it could
-        // not open (wrong datapath, device gone) is reported here.
-        let error = probe.interface_error(iface).await?;
-        if !error.is_empty() {
+        // A port vswitchd could not open (wrong datapath, device gone).
+        if !added.error.is_empty() {
             return Err(BindingError::Ovs {
                 args: format!("add-port {bridge} {iface}"),
-                message: format!("ovs-vswitchd could not attach the interface: {error}"),
+                message: format!("ovs-vswitchd could not attach the interface: {}", added.error),
             });
         }
         Ok(())
     }
 
-    /// `--if-exists del-port <iface>`: removes the port from whichever bridge
-    /// holds it (it may have been moved since setup).
-    async fn del_port(&self, probe: &OvsProbe, iface: &str) -> Result<(), BindingError> {
-        probe.vsctl(&["--if-exists", "del-port", iface]).await.map(drop)
-    }
-
     /// Remove OVS ports named after host links whose binding is unknown (an
     /// attachment restored from link aliases only). `linux_bridged` names
     /// the links found enslaved to a Linux bridge: those were never OVS
-    /// ports, so an unreachable ovsdb is no error for them. Without ovs-vsctl
-    /// no OVS port can exist.
+    /// ports, so an unreachable ovsdb is no error for them. Without Open
+    /// vSwitch on the node no OVS port can exist.
     pub async fn remove_ports_of_unknown_links(
         &self,
         names: &[String],
         linux_bridged: &[String],
         errors: &mut Vec<BindingError>,
     ) {
-        let probe = self.probe().await;
+        let probe = OvsProbe::detect(self.timeout_secs, self.db.as_deref()).await;
         if !probe.installed() {
             return;
         }
@@ -270,7 +277,7 @@ impl OvsDriver {
         for name in names {
             match &reason {
                 None => {
-                    if let Err(e) = self.del_port(&probe, name).await {
+                    if let Err(e) = probe.del_port(name).await {
                         errors.push(e);
                     }
                 }
@@ -294,21 +301,23 @@ impl BindingDriver for OvsDriver {
         let PlugKind::OpenVSwitch { bridge } = &spec.kind else {
             return Err(wrong_kind(self.name(), spec));
         };
-        let probe = self.probe().await;
+        let mut probe = self.locate();
         if let Some(reason) = probe.unavailable_reason() {
             return Err(BindingError::Unsupported {
                 driver: self.name(),
                 reason,
             });
         }
-        // A port record left by an interrupted setup refers to the veth that
-        // plug_veth is about to replace.
-        self.del_port(&probe, &spec.host_ifname).await?;
+        // A port record an interrupted setup left is replaced in attach's
+        // transaction; its veth, here.
         plug_veth(&Netlink::current()?, spec, target, None).await?;
         if let Err(e) = self.attach(&probe, bridge, spec, target).await {
+            let e = self.unsupported(&mut probe, e).await;
             // Don't leave a port or a veth nobody will ever wire; the setup
             // error is the one worth reporting.
-            let _ = self.del_port(&probe, &spec.host_ifname).await;
+            if probe.unavailable_reason().is_none() {
+                let _ = probe.del_port(&spec.host_ifname).await;
+            }
             let mut ignored = Vec::new();
             unplug_veth(spec, target, &mut ignored).await;
             return Err(e);
@@ -318,11 +327,11 @@ impl BindingDriver for OvsDriver {
 
     async fn teardown(&self, spec: &PlugSpec, target: &PlugTarget<'_>) -> Result<(), TeardownError> {
         let mut errors = Vec::new();
-        let probe = self.probe().await;
-        // Without ovs-vsctl no OVS port can exist; with an unreachable
+        let probe = self.locate();
+        // Without Open vSwitch no OVS port can exist; with an unreachable
         // database one may, and leaking it silently would hide it.
         if probe.installed()
-            && let Err(e) = self.del_port(&probe, &spec.host_ifname).await
+            && let Err(e) = probe.del_port(&spec.host_ifname).await
         {
             errors.push(e);
         }
@@ -347,34 +356,26 @@ impl BindingDriver for OvsDriver {
             ifname: spec.host_ifname.clone(),
             message,
         };
-        let probe = self.probe().await;
+        let mut probe = self.locate();
         if let Some(reason) = probe.unavailable_reason() {
             return Err(fail(reason));
         }
-        let on = probe
-            .vsctl(&["port-to-br", spec.host_ifname.as_str()])
-            .await
-            .map_err(|e| fail(format!("not an OVS port: {e}")))?;
-        if on.trim() != bridge {
-            return Err(fail(format!(
-                "OVS port is on bridge {}, expected {bridge}",
-                on.trim()
-            )));
+        let (on, iface_id) = match probe.port_of(&spec.host_ifname).await {
+            Ok(Some(found)) => found,
+            Ok(None) => return Err(fail("not an OVS port".into())),
+            Err(e) => {
+                return Err(match self.unsupported(&mut probe, e).await {
+                    BindingError::Unsupported { reason, .. } => fail(reason),
+                    e => fail(e.to_string()),
+                });
+            }
+        };
+        if on != *bridge {
+            return Err(fail(format!("OVS port is on bridge {on}, expected {bridge}")));
         }
-        let iface_id = probe
-            .vsctl(&[
-                "--if-exists",
-                "get",
-                "Interface",
-                spec.host_ifname.as_str(),
-                "external-ids:iface-id",
-            ])
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        if iface_id.trim().trim_matches('"') != spec.port_id {
+        if iface_id != spec.port_id {
             return Err(fail(format!(
-                "external-ids:iface-id is {:?}, expected {}",
-                iface_id.trim(),
+                "external-ids:iface-id is {iface_id:?}, expected {}",
                 spec.port_id
             )));
         }
