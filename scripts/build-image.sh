@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the kuryr-rs container image (one image for the controller and the CNI DaemonSet) without
 # pulling any base image: the root filesystem is a minimal Debian 12 made by mmdebstrap from Debian's
-# packages (the essential set, ca-certificates, and openvswitch-switch for the ovs-vsctl the OVS binding
-# runs), plus `kuryr` and `kuryr-cni` in /usr/local/bin; umoci assembles it into an OCI image layout.
+# packages (the essential set and ca-certificates; the OVS binding talks to the node's ovsdb-server over
+# its socket, no Open vSwitch package needed), plus `kuryr` and `kuryr-cni` in /usr/local/bin; umoci
+# assembles it into an OCI image layout.
 #
 #   scripts/build-image.sh [--profile dist|release|dev] [--out DIR] [--prebuilt] [--check]
 #
@@ -14,7 +15,7 @@
 # cached in DIR/rootfs.tar and rebuilt only when its package list changes. --check runs the binaries
 # from inside the root filesystem (chroot): `kuryr --version`, kuryr-cni's CNI VERSION command (and
 # that kuryr-cni is statically linked: it runs on the node, whatever its libc),
-# `kuryr install-cni` into temporary directories, `ovs-vsctl --version`; it fails on a library the
+# `kuryr install-cni` into temporary directories; it fails on a library the
 # binaries need that the image lacks, and prints the image's size. --prebuilt takes `kuryr` already
 # in the profile's target directory (scripts/test-all.sh: its test build made it) instead of
 # building it; kuryr-cni is always built here (statically linked, in seconds).
@@ -53,7 +54,7 @@ host_mirror() {
 }
 MIRROR=${IMAGE_MIRROR:-$(host_mirror)}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
-PACKAGES=ca-certificates,openvswitch-switch
+PACKAGES=ca-certificates
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 TAG="kuryr-rs:${VERSION}"
 
@@ -146,7 +147,6 @@ if [ "$CHECK" = 1 ]; then
   echo
   chroot "$ROOT" /bin/sh -c 'd=$(mktemp -d) && mkdir "$d/bin" "$d/net.d" && /usr/local/bin/kuryr install-cni --cni-bin /usr/local/bin/kuryr-cni --bin-dir "$d/bin" --conf-dir "$d/net.d" \
     && test -x "$d/bin/kuryr-cni" && test -s "$d/net.d/10-kuryr.conflist" && rm -rf "$d"'
-  chroot "$ROOT" /usr/bin/ovs-vsctl --version | head -n1
   echo "rootfs size: $(du -sh "$ROOT" | cut -f1)"
   echo "image size (compressed layers): $(du -sh "$OUT/oci/blobs" | cut -f1)"
 fi
