@@ -254,6 +254,7 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
                     );
                 }
                 if let Some(groups) = &ctx.drivers.namespace_groups {
+                    groups.forget_all().await;
                     let (groups, kube) = (groups.clone(), opts.kube.clone());
                     tasks.spawn(crate::periodic::sweeps(
                         "namespace security groups",

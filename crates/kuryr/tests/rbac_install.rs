@@ -130,17 +130,36 @@ async fn controller_and_two_daemons_wire_a_pod_with_the_generated_service_accoun
     let targets = neutron_targets().await?;
     let neutron = &targets[0];
     let fx = neutron_fixture(&neutron.client, "10.78.0.0/24").await?;
+    let cluster_id = format!("rbac-{}", uuid::Uuid::new_v4().simple());
+    // The `namespace` groups driver: its orphan sweep lists Namespaces. A group of a namespace
+    // that is gone (a crash, a namespace deleted while no controller ran) is swept below.
+    let orphan = neutron
+        .client
+        .create_security_group(&kuryr_neutron::SecurityGroupCreate {
+            name: "ns/gone-sg".into(),
+            project_id: Some(fx.project.clone()),
+            ..Default::default()
+        })
+        .await?;
+    neutron
+        .client
+        .replace_tags(
+            kuryr_neutron::Taggable::SecurityGroup,
+            &orphan.id,
+            &[
+                "kuryr-rs.namespace=gone".to_string(),
+                kuryr_crds::names::neutron::cluster_tag(&cluster_id),
+            ],
+        )
+        .await?;
     let conf = format!(
         "[kubernetes]\ncontroller_namespace = kuryr\ncontroller_ha = True\nenabled_handlers = vif,kuryrport\n\
-         pod_vif_driver = neutron-vif\nvif_pool_driver = noop\ncluster_id = rbac-{}\n\
+         pod_vif_driver = neutron-vif\nvif_pool_driver = noop\ncluster_id = {cluster_id}\n\
+         pod_security_groups_driver = namespace\n\
          [neutron]\nauth_type = noauth\nendpoint_override = {}\n\
          [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\n\
          [cni_daemon]\nnetns_proc_dir = /host_proc\n",
-        uuid::Uuid::new_v4().simple(),
-        neutron.url,
-        fx.project,
-        fx.subnet,
-        fx.sg
+        neutron.url, fx.project, fx.subnet, fx.sg
     );
     let handle = KubeEmulator::start(KubeOptions {
         token: Some(ADMIN.into()),
@@ -200,6 +219,22 @@ async fn controller_and_two_daemons_wire_a_pod_with_the_generated_service_accoun
         || {
             let kps = kps.clone();
             async move { Ok(kps.get_opt("web").await?.filter(active_vif).map(|_| ())) }
+        },
+    )
+    .await?;
+    eventually(
+        "the gone namespace's group swept",
+        Duration::from_secs(60),
+        || {
+            let neutron = neutron.client.clone();
+            let id = orphan.id.clone();
+            async move {
+                match neutron.get_security_group(&id).await {
+                    Err(e) if e.is_not_found() => Ok(Some(())),
+                    Err(e) => Err(e.into()),
+                    Ok(_) => Ok(None),
+                }
+            }
         },
     )
     .await?;

@@ -219,6 +219,12 @@ impl NamespaceSecurityGroups {
         deleted
     }
 
+    /// Forgets every group: at the start of a leadership term, as another replica's sweep may
+    /// have deleted some while this one was not leading.
+    pub async fn forget_all(&self) {
+        self.cache.lock().await.clear();
+    }
+
     async fn forget(&self, deployment: &str, namespace: &str, sg: &str) {
         let mut cache = self.cache.lock().await;
         let key = (deployment.to_string(), namespace.to_string());

@@ -39,10 +39,10 @@ pub enum OvsdbError {
 }
 
 impl OvsdbError {
-    /// The server did not answer or could not be reached (as opposed to
-    /// refusing what it was asked).
+    /// The server did not answer, could not be reached or went away (as
+    /// opposed to refusing what it was asked, or a connection string to fix).
     pub fn is_unreachable(&self) -> bool {
-        matches!(self, Self::Io { .. } | Self::Timeout { .. } | Self::Target(_))
+        matches!(self, Self::Io { .. } | Self::Timeout { .. })
     }
 }
 
@@ -236,7 +236,11 @@ impl Ovsdb {
                 Err(_) => return Err(self.late()),
             };
             if n == 0 {
-                return Err(OvsdbError::Protocol("ovsdb-server closed the connection".into()));
+                // A restarting server: unreachable, as for a refused connect.
+                return Err(self.io(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "ovsdb-server closed the connection",
+                )));
             }
             self.buf.extend_from_slice(&chunk[..n]);
         }

@@ -195,6 +195,19 @@ pub fn controller_cluster_grants(config: &KuryrConfig) -> Vec<Grant> {
             ));
         }
     }
+    if [
+        config.kubernetes.pod_security_groups_driver,
+        config.kubernetes.service_security_groups_driver,
+    ]
+    .contains(&kuryr_config::SecurityGroupsDriver::Namespace)
+    {
+        out.push(g(
+            CORE,
+            "namespaces",
+            "list",
+            "the namespace security groups' orphan sweep lists Namespaces (drivers/namespace_groups.rs)",
+        ));
+    }
     if handler_enabled(config, "namespace") {
         out.extend([
             g(
