@@ -133,24 +133,17 @@ impl OvsFloor {
         let mut c = Ovsdb::connect(&self.db, Duration::from_secs(30))
             .await
             .map_err(fail)?;
-        let results = c
-            .transact(vec![
-                json!({"op": "insert", "table": "Interface", "uuid-name": "iface",
-                    "row": {"name": iface, "external_ids": ids}}),
-                json!({"op": "insert", "table": "Port", "uuid-name": "port",
-                    "row": {"name": iface, "interfaces": ovsdb::named("iface")}}),
-                json!({"op": "mutate", "table": "Bridge", "where": [ovsdb::eq("name", json!(self.bridge))],
-                    "mutations": [["ports", "insert", ovsdb::named("port")]]}),
-                json!({"op": "mutate", "table": "Open_vSwitch", "where": [],
-                    "mutations": [["next_cfg", "+=", 1]]}),
-                ovsdb::select("Open_vSwitch", json!([]), &["next_cfg"]),
-            ])
-            .await
-            .map_err(fail)?;
-        let cfg = ovsdb::first_row(&results[4])
-            .and_then(|r| r["next_cfg"].as_i64())
-            .unwrap_or_default();
-        c.wait_applied(cfg).await.map_err(fail)
+        c.transact_applied(vec![
+            json!({"op": "insert", "table": "Interface", "uuid-name": "iface",
+                "row": {"name": iface, "external_ids": ids}}),
+            json!({"op": "insert", "table": "Port", "uuid-name": "port",
+                "row": {"name": iface, "interfaces": ovsdb::named("iface")}}),
+            json!({"op": "mutate", "table": "Bridge", "where": [ovsdb::eq("name", json!(self.bridge))],
+                "mutations": [["ports", "insert", ovsdb::named("port")]]}),
+        ])
+        .await
+        .map(drop)
+        .map_err(fail)
     }
 
     pub async fn del(&self, spec: &PlugSpec) -> Result<(), BindingError> {

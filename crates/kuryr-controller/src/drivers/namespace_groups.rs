@@ -245,7 +245,12 @@ impl NamespaceSecurityGroups {
         for deployment in self.deployments.claimed_names() {
             let found = match self.deployments.client(&deployment) {
                 Ok(client) => client
-                    .list_security_groups(&ListFilter::new().tags([self.cluster_tag()]))
+                    // Ids and tags only: each pass sees every group of the cluster.
+                    .list_security_groups(
+                        &ListFilter::new()
+                            .tags([self.cluster_tag()])
+                            .fields(["id", "tags"]),
+                    )
                     .await
                     .map_err(Error::from),
                 Err(e) => Err(e),

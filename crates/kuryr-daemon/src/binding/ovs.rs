@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::netlink::NetNs;
 
@@ -126,10 +126,7 @@ impl OvsProbe {
             // (same name) instead of the veth made again since.
             let ops = vec![json!({"op": "mutate", "table": "Bridge", "where": [],
                 "mutations": [["ports", "delete", uuid(stale)]]})];
-            let results = c.transact(with_next_cfg(ops)).await.map_err(|e| fail(&what, e))?;
-            c.wait_applied(next_cfg(&results))
-                .await
-                .map_err(|e| fail(&what, e))?;
+            c.transact_applied(ops).await.map_err(|e| fail(&what, e))?;
         }
         let ops = vec![
             json!({"op": "insert", "table": "Interface", "uuid-name": "iface",
@@ -141,7 +138,7 @@ impl OvsProbe {
         ];
         // The bridge's mutate: it must have found the bridge.
         let attach = 2;
-        let results = c.transact(with_next_cfg(ops)).await.map_err(|e| fail(&what, e))?;
+        let results = c.transact_applied(ops).await.map_err(|e| fail(&what, e))?;
         if results[attach]["count"].as_i64() != Some(1) {
             // Deleted meanwhile: the new rows, referenced by nothing, went
             // with the commit.
@@ -150,9 +147,6 @@ impl OvsProbe {
                 message: format!("bridge {bridge} was deleted while the port was being added"),
             });
         }
-        c.wait_applied(next_cfg(&results))
-            .await
-            .map_err(|e| fail(&what, e))?;
         let iface_row = c
             .transact(vec![select(
                 "Interface",
@@ -184,11 +178,8 @@ impl OvsProbe {
             json!({"op": "mutate", "table": "Open_vSwitch", "where": [],
                 "mutations": [["bridges", "insert", named("bridge")]]}),
         ];
-        match c.transact(with_next_cfg(ops)).await {
-            Ok(results) => c
-                .wait_applied(next_cfg(&results))
-                .await
-                .map_err(|e| fail(&what, e)),
+        match c.transact_applied(ops).await {
+            Ok(_) => Ok(()),
             // Made by someone else meanwhile (the name is unique).
             Err(OvsdbError::Operation { error, .. }) if error == "constraint violation" => Ok(()),
             Err(e) => Err(fail(&what, e)),
@@ -214,9 +205,9 @@ impl OvsProbe {
         };
         let ops = vec![json!({"op": "mutate", "table": "Bridge", "where": [],
             "mutations": [["ports", "delete", uuid(port)]]})];
-        let results = c.transact(with_next_cfg(ops)).await.map_err(|e| fail(&what, e))?;
-        c.wait_applied(next_cfg(&results))
+        c.transact_applied(ops)
             .await
+            .map(drop)
             .map_err(|e| fail(&what, e))
     }
 
@@ -258,24 +249,6 @@ impl OvsProbe {
 pub struct Added {
     pub datapath: String,
     pub error: String,
-}
-
-/// `ops`, then what makes ovs-vswitchd apply them: `next_cfg` counted up,
-/// and read back for [`Ovsdb::wait_applied`].
-fn with_next_cfg(mut ops: Vec<Value>) -> Vec<Value> {
-    ops.push(json!({"op": "mutate", "table": "Open_vSwitch", "where": [],
-        "mutations": [["next_cfg", "+=", 1]]}));
-    ops.push(select("Open_vSwitch", json!([]), &["next_cfg"]));
-    ops
-}
-
-/// The `next_cfg` the last operation of [`with_next_cfg`] read.
-fn next_cfg(results: &[Value]) -> i64 {
-    results
-        .iter()
-        .rev()
-        .find_map(|r| first_row(r).and_then(|row| row["next_cfg"].as_i64()))
-        .unwrap_or_default()
 }
 
 /// An ovsdb failure of the binding operation `what`: unreachable (the

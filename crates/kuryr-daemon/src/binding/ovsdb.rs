@@ -146,6 +146,24 @@ impl Ovsdb {
         Ok(results)
     }
 
+    /// Runs `ops` as one transaction and waits for ovs-vswitchd to apply it
+    /// (as `ovs-vsctl` does unless told `--no-wait`): `next_cfg` counted up in
+    /// the same transaction and read back, then [`Ovsdb::wait_applied`]. The
+    /// results of `ops`, one per operation.
+    pub async fn transact_applied(&mut self, mut ops: Vec<Value>) -> Result<Vec<Value>, OvsdbError> {
+        let count = ops.len();
+        ops.push(json!({"op": "mutate", "table": "Open_vSwitch", "where": [],
+            "mutations": [["next_cfg", "+=", 1]]}));
+        ops.push(select("Open_vSwitch", json!([]), &["next_cfg"]));
+        let mut results = self.transact(ops).await?;
+        let cfg = first_row(&results[count + 1])
+            .and_then(|r| r["next_cfg"].as_i64())
+            .unwrap_or_default();
+        self.wait_applied(cfg).await?;
+        results.truncate(count);
+        Ok(results)
+    }
+
     /// Waits until ovs-vswitchd has applied the configuration numbered `cfg`
     /// (the `next_cfg` a transaction set): `cur_cfg` catches up with it.
     pub async fn wait_applied(&mut self, cfg: i64) -> Result<(), OvsdbError> {
