@@ -419,6 +419,64 @@ async fn namespace_security_groups_isolate_namespaces_and_clusters() -> Result<(
     Ok(())
 }
 
+/// A replica that wins the lease back forgets the namespace groups its earlier term cached:
+/// another replica's sweep may have deleted one meanwhile (its namespace deleted and made
+/// again), and a port create naming it would fail at every retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_term_forgets_the_namespace_groups_it_cached() -> Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.79.0.0/24").await?;
+        let cluster = format!("nst-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let ini = namespace_sg_config(&fx, &cluster).replacen(
+            "[kubernetes]\n",
+            "[kubernetes]\ncontroller_ha = true\n",
+            1,
+        );
+        assert!(ini.contains("controller_ha = true"));
+        let cfg = config(&ini);
+        let leases: Api<Lease> = Api::namespaced(kube.client.clone(), &cfg.kubernetes.controller_namespace);
+        let ctrl = start_controller(&kube.client, &target, cfg, "term-a");
+        create_namespace(&kube.client, "team", json!({})).await?;
+        create_pod(&kube.client, "team", "first", NODES[0], json!({})).await?;
+        let port = wired(&kube.client, "team", 1).await?["first"].clone();
+        let cached = namespace_group_of(neutron, &port, &fx.sg).await?;
+        delete_pods(&kube.client, "team", &["first"]).await?;
+        eventually("the first pod's port deleted", WAIT, || async {
+            Ok(gone(neutron, &port).await?.then_some(()))
+        })
+        .await?;
+
+        // Another replica holds the lease a while; its sweep deletes the group.
+        let taken = json!({"spec": {"holderIdentity": "term-b", "leaseDurationSeconds": 3600,
+            "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                k8s_openapi::jiff::Timestamp::now())}});
+        leases
+            .patch("kuryr-controller", &PatchParams::default(), &Patch::Merge(&taken))
+            .await?;
+        // Past this replica's next renewal (every 2 s): it has seen the lease taken.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        neutron.delete_security_group(&cached).await?;
+
+        // The other replica is gone: this one leads again.
+        leases
+            .delete("kuryr-controller", &DeleteParams::default())
+            .await?;
+        create_pod(&kube.client, "team", "second", NODES[0], json!({})).await?;
+        let port = wired(&kube.client, "team", 1).await?["second"].clone();
+        let made = namespace_group_of(neutron, &port, &fx.sg).await?;
+        assert_ne!(made, cached, "{}", target.name);
+        assert!(group_exists(neutron, &made).await?, "{}", target.name);
+        ctrl.stop.cancel();
+        cleanup_project(neutron, &fx.project).await;
+        eprintln!("namespace-sg[{}]: a new term made the group anew", target.name);
+    }
+    Ok(())
+}
+
 /// The one group of a port besides `default`.
 async fn namespace_group_of(neutron: &NeutronClient, port: &str, default: &str) -> Result<String> {
     let groups: Vec<String> = neutron
@@ -458,6 +516,31 @@ async fn a_gone_namespaces_group_is_released_with_its_pool() -> Result<()> {
             "pod_security_groups_driver = namespace\n[pool_manager]",
         );
         assert!(ini.contains("pod_security_groups_driver = namespace\n[pool_manager]"));
+        // Groups left untagged by a crash between their create and their tagging, found by
+        // their description: this cluster's is finished and used (stays) or, its namespace
+        // gone, swept (gone); another cluster's and upstream's (same name, their own
+        // description) are neither.
+        let untagged = |ns: &'static str, description: String| {
+            let project = fx.project.clone();
+            async move {
+                Ok::<_, anyhow::Error>(
+                    neutron
+                        .create_security_group(&kuryr_neutron::SecurityGroupCreate {
+                            name: format!("ns/{ns}-sg"),
+                            project_id: Some(project),
+                            description: Some(description),
+                            ..Default::default()
+                        })
+                        .await?
+                        .id,
+                )
+            }
+        };
+        let kept = [
+            untagged("gone", "kuryr-rs-ns:another-cluster:gone".into()).await?,
+            untagged("gone", "upstream's namespace group".into()).await?,
+        ];
+        let left = untagged("stays", format!("kuryr-rs-ns:{}:stays", bed.cluster_id)).await?;
         let ctrl = start_controller(&kube.client, &target, config(&ini), "c1");
         for ns in ["gone", "stays"] {
             create_namespace(&kube.client, ns, json!({})).await?;
@@ -468,6 +551,16 @@ async fn a_gone_namespaces_group_is_released_with_its_pool() -> Result<()> {
         let gone_sg = namespace_group_of(neutron, &gone_port, &fx.sg).await?;
         let stays_sg = namespace_group_of(neutron, &stays_port, &fx.sg).await?;
         assert_ne!(gone_sg, stays_sg, "{}", target.name);
+        assert_eq!(
+            stays_sg, left,
+            "{}: the leftover is finished, not made again",
+            target.name
+        );
+        assert!(
+            !kept.contains(&gone_sg),
+            "{}: not this cluster's group",
+            target.name
+        );
         let holding = |sg: String| async move {
             Ok::<_, anyhow::Error>(
                 neutron
@@ -483,6 +576,7 @@ async fn a_gone_namespaces_group_is_released_with_its_pool() -> Result<()> {
 
         delete_pods(&kube.client, "gone", &["p"]).await?;
         ctrl.shutdown().await?;
+        let ours = untagged("gone", format!("kuryr-rs-ns:{}:gone", bed.cluster_id)).await?;
         let namespaces: Api<Namespace> = Api::all(kube.client.clone());
         namespaces.delete("gone", &DeleteParams::default()).await?;
         eventually("namespace gone", WAIT, || async {
@@ -500,7 +594,18 @@ async fn a_gone_namespaces_group_is_released_with_its_pool() -> Result<()> {
             Ok((!group_exists(neutron, &gone_sg).await?).then_some(()))
         })
         .await?;
+        eventually("the untagged group of gone deleted", WAIT, || async {
+            Ok((!group_exists(neutron, &ours).await?).then_some(()))
+        })
+        .await?;
         assert!(group_exists(neutron, &stays_sg).await?, "{}", target.name);
+        for sg in &kept {
+            assert!(
+                group_exists(neutron, sg).await?,
+                "{}: {sg} is not this cluster's leftover",
+                target.name
+            );
+        }
         let port = neutron.get_port(&stays_port).await?;
         assert!(
             port.security_groups.contains(&stays_sg),

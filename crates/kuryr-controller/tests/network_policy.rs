@@ -122,6 +122,90 @@ fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| s.to_string()).collect()
 }
 
+/// A rule Neutron refuses for the project's quota (409 OverQuota, the status of a rule that
+/// exists too) fails the policy with a Warning Event naming the quota: the policy is not taken
+/// for applied with rules missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rule_over_the_quota_fails_the_policy_with_an_event() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let client = &target.client;
+        let fx = neutron_fixture(client, "10.70.0.0/24").await?;
+        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let ctl = start_controller(
+            &kube.client,
+            &target,
+            config(&ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label")),
+            "np-quota",
+        );
+        labelled_namespace(&kube.client, "q").await?;
+        pod(&kube.client, "q", "db", json!({"app": "db"}), Some("10.70.0.10")).await?;
+        pod(
+            &kube.client,
+            "q",
+            "web",
+            json!({"app": "web"}),
+            Some("10.70.0.11"),
+        )
+        .await?;
+        let from_web = |ports: &[u16]| {
+            json!({"podSelector": {"matchLabels": {"app": "db"}},
+                   "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}],
+                                "ports": ports.iter().map(|p| json!({"port": p})).collect::<Vec<_>>()}]})
+        };
+        apply_policy(&kube.client, "q", "db", from_web(&[5432])).await?;
+        let sg = policy_group(&kube.client, "q", "db").await?;
+        eventually("the 5432 rule", WAIT, || async {
+            Ok(peer_addresses(client, &sg, 5432).await?.map(drop))
+        })
+        .await?;
+        // No rule more fits in the project.
+        let used = client
+            .list_security_group_rules(&ListFilter::new().project_id(&fx.project))
+            .await?
+            .len();
+        client
+            .update_quota(
+                &fx.project,
+                &kuryr_neutron::QuotaUpdate {
+                    security_group_rule: Some(i64::try_from(used)?),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let policies: Api<NetworkPolicy> = Api::namespaced(kube.client.clone(), "q");
+        policies
+            .patch(
+                "db",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": from_web(&[5432, 5433])})),
+            )
+            .await?;
+        let events: Api<Event> = Api::namespaced(kube.client.clone(), "q");
+        let note = eventually("a Warning Event naming the quota", WAIT, || async {
+            Ok(events
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|e| e.type_.as_deref() == Some("Warning"))
+                .filter_map(|e| e.message)
+                .find(|m| m.contains("OverQuota")))
+        })
+        .await?;
+        assert!(note.contains("security_group_rule"), "{}: {note}", target.name);
+        assert!(
+            peer_addresses(client, &sg, 5433).await?.is_none(),
+            "{}: no rule over the quota",
+            target.name
+        );
+        ctl.shutdown().await?;
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn policy_membership_relabel_invalid_content_and_deletion() -> Result<()> {
     init_logs();
@@ -889,6 +973,98 @@ async fn active_port(kube: &kube::Client, ns: &str, name: &str) -> Result<String
         }))
     })
     .await
+}
+
+/// A deleted policy's pods are moved to the groups they have without it before its groups go:
+/// an ingress-only policy's pod never sits on the allow-all egress group alone (all ingress
+/// dropped, kubelet probes too) while the group is deleted. The group's delete is slowed down
+/// in the emulator so that such a state would last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_deleted_policys_pods_are_moved_before_its_group_goes() -> Result<()> {
+    use neutron_emulator::{FaultConfig, FaultRule};
+    init_logs();
+    for target in neutron_targets().await? {
+        let Some(emulator) = target.emulator() else {
+            eprintln!("{}: needs the emulator's slowed deletes", target.name);
+            continue;
+        };
+        let kube = start_kube().await?;
+        let client = &target.client;
+        let fx = neutron_fixture(client, "10.69.0.0/24").await?;
+        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let ctl = start_controller(
+            &kube.client,
+            &target,
+            config(&ini(
+                &fx,
+                &cluster,
+                "vif,kuryrport,policy,kuryrnetworkpolicy,pod_label",
+            )),
+            "np-delete",
+        );
+        labelled_namespace(&kube.client, "d").await?;
+        pod(&kube.client, "d", "db", json!({"app": "db"}), None).await?;
+        let port = active_port(&kube.client, "d", "db").await?;
+        let sg = deny_db(&kube.client, "d").await?;
+        let groups =
+            || async { Ok::<_, anyhow::Error>(set_of(client.get_port(&port).await?.security_groups)) };
+        let isolated = eventually("db on the policy's group", WAIT, || async {
+            let g = groups().await?;
+            Ok(g.contains(&sg).then_some(g))
+        })
+        .await?;
+        assert_eq!(
+            isolated.len(),
+            2,
+            "{}: the policy's group and allow-all egress: {isolated:?}",
+            target.name
+        );
+        emulator.set_faults(FaultConfig {
+            rules: vec![FaultRule::delay(
+                "security_group.delete",
+                Duration::from_millis(1500),
+            )],
+            ..FaultConfig::default()
+        });
+        Api::<NetworkPolicy>::namespaced(kube.client.clone(), "d")
+            .delete("deny", &DeleteParams::default())
+            .await?;
+        let defaults = set_of(vec![fx.sg.clone()]);
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            let g = groups().await?;
+            if g == defaults {
+                break;
+            }
+            assert_eq!(
+                g, isolated,
+                "{}: only the policy's groups or the defaults",
+                target.name
+            );
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{}: db still on {g:?}",
+                target.name
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        eventually("the policy's group deleted", WAIT, || async {
+            Ok(client
+                .list_security_groups(&ListFilter::new().id(&sg))
+                .await?
+                .is_empty()
+                .then_some(()))
+        })
+        .await?;
+        emulator.set_faults(FaultConfig::default());
+        ctl.shutdown().await?;
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}
+
+fn set_of(items: Vec<String>) -> BTreeSet<String> {
+    items.into_iter().collect()
 }
 
 /// With the `neutron` pool, a pod a policy selects is never wired unprotected: the port it is

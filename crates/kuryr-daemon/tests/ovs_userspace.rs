@@ -169,8 +169,9 @@ async fn two_pods_on_a_netdev_bridge_reach_each_other_and_teardown_cleans_up() {
     let d = drivers.for_kind(&sa.kind);
     assert_eq!(d.name(), "neutron-vif/ovs");
     d.setup(&sa, &target_a).await.unwrap();
-    // B's name has a port record an interrupted setup left on another bridge,
-    // its veth gone: the setup replaces it (and the TCP below crosses it).
+    // B's name is an Interface record left on another bridge under a Port of
+    // another name, its veth gone: the setup replaces it (and the TCP below
+    // crosses it).
     let other = OvsBridge {
         db: db.clone(),
         name: unique("kovo"),
@@ -187,7 +188,29 @@ async fn two_pods_on_a_netdev_bridge_reach_each_other_and_teardown_cleans_up() {
             "datapath_type=netdev",
         ],
     );
-    vsctl(&db, &["add-port", &other.name, &tb]);
+    let holder = unique("kovh");
+    vsctl(
+        &db,
+        &[
+            "--",
+            "--id=@i",
+            "create",
+            "Interface",
+            &format!("name={tb}"),
+            "--",
+            "--id=@p",
+            "create",
+            "Port",
+            &format!("name={holder}"),
+            "interfaces=@i",
+            "--",
+            "add",
+            "Bridge",
+            &other.name,
+            "ports",
+            "@p",
+        ],
+    );
     d.setup(&sb, &target_b).await.unwrap();
     assert_eq!(vsctl(&db, &["list-ports", &other.name]).trim(), "");
     assert_eq!(vsctl(&db, &["get", "Interface", &tb, "error"]).trim(), "[]");
@@ -347,6 +370,56 @@ async fn pod_tx_checksum_offload_goes_off_on_a_netdev_bridge_unless_configured_o
         assert_eq!(pod_tx_checksum_on(&pod), want_on, "{mode:?} on a netdev bridge");
         d.teardown(&s, &target).await.unwrap();
     }
+}
+
+/// A missing bridge whose name a Port elsewhere already has cannot be made:
+/// the ADD fails saying so instead of taking the bridge for made by someone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_name_taken_by_a_port_is_refused_with_the_reason() {
+    let Some(db) = ovs_db() else { return };
+    if !can_netns() {
+        return;
+    }
+    let other = OvsBridge {
+        db: db.clone(),
+        name: unique("kovo"),
+    };
+    vsctl(
+        &db,
+        &[
+            "add-br",
+            &other.name,
+            "--",
+            "set",
+            "Bridge",
+            &other.name,
+            "datapath_type=netdev",
+        ],
+    );
+    let taken = unique("kovn");
+    vsctl(&db, &["add-port", &other.name, &taken]);
+    let pod = TestNetns::new("kovn");
+    let ns = NetNs::open(&pod.path()).unwrap();
+    let tap = unique("kovt");
+    let _l = HostLink(tap.clone());
+    let s = spec("port-n", &tap, "fa:16:3e:00:44:01", "10.75.0.5/24", &taken);
+    let drivers = BindingDrivers::new(&ovs_config(&db));
+    match drivers
+        .for_kind(&s.kind)
+        .setup(&s, &PlugTarget::new(&ns, "n"))
+        .await
+    {
+        Err(BindingError::Ovs { message, .. }) => {
+            assert!(
+                message.contains("a port or interface of that name exists"),
+                "{message}"
+            );
+        }
+        other => panic!("a bridge name held by a port must be refused, got {other:?}"),
+    }
+    let bridges = vsctl(&db, &["list-br"]);
+    assert!(!bridges.lines().any(|b| b == taken), "{bridges}");
+    assert_eq!(vsctl(&db, &["list-ports", &other.name]).trim(), taken);
 }
 
 /// Needs no running OVS: a database that does not answer makes the driver

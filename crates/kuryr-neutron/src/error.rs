@@ -19,6 +19,8 @@ pub enum ErrorKind {
     SecurityGroupNotFound,
     /// A security group still on a port cannot be deleted.
     SecurityGroupInUse,
+    /// A rule equal to one the group has (409, like OverQuota: told apart by the type).
+    SecurityGroupRuleExists,
     /// No router joins the port's subnet to the floating IP's network.
     ExternalGatewayForFloatingIpNotFound,
     FloatingIpPortAlreadyAssociated,
@@ -61,6 +63,7 @@ impl ErrorKind {
             "FloatingIPNotFound" => Self::FloatingIpNotFound,
             "SecurityGroupNotFound" => Self::SecurityGroupNotFound,
             "SecurityGroupInUse" => Self::SecurityGroupInUse,
+            "SecurityGroupRuleExists" => Self::SecurityGroupRuleExists,
             "ExternalGatewayForFloatingIPNotFound" => Self::ExternalGatewayForFloatingIpNotFound,
             "FloatingIPPortAlreadyAssociated" => Self::FloatingIpPortAlreadyAssociated,
             "DuplicateSubPort" => Self::DuplicateSubPort,
@@ -110,6 +113,7 @@ impl ErrorKind {
             Self::FloatingIpNotFound => "FloatingIPNotFound",
             Self::SecurityGroupNotFound => "SecurityGroupNotFound",
             Self::SecurityGroupInUse => "SecurityGroupInUse",
+            Self::SecurityGroupRuleExists => "SecurityGroupRuleExists",
             Self::ExternalGatewayForFloatingIpNotFound => "ExternalGatewayForFloatingIPNotFound",
             Self::FloatingIpPortAlreadyAssociated => "FloatingIPPortAlreadyAssociated",
             Self::DuplicateSubPort => "DuplicateSubPort",
@@ -358,6 +362,11 @@ mod tests {
     #[test]
     fn maps_known_types_and_falls_back_on_status() {
         assert_eq!(ErrorKind::from_type("OverQuota", 409), ErrorKind::OverQuota);
+        // Both 409: a rule that exists is done, a quota reached is not.
+        assert_eq!(
+            ErrorKind::from_type("SecurityGroupRuleExists", 409),
+            ErrorKind::SecurityGroupRuleExists
+        );
         assert_eq!(ErrorKind::from_type("HTTPBadRequest", 400), ErrorKind::BadRequest);
         assert_eq!(ErrorKind::from_type("", 503), ErrorKind::ServiceUnavailable);
         assert_eq!(ErrorKind::from_type("", 404), ErrorKind::NotFound);

@@ -60,6 +60,15 @@ impl NamespaceSecurityGroups {
         kuryr_crds::names::neutron::cluster_tag(&self.config.kubernetes.cluster_id)
     }
 
+    /// What a group is made with, before its tags: `kuryr-rs-ns:<cluster_id>:<namespace>`.
+    fn description(&self, namespace: &str) -> String {
+        format!("{}{namespace}", self.description_prefix())
+    }
+
+    fn description_prefix(&self) -> String {
+        format!("kuryr-rs-ns:{}:", self.config.kubernetes.cluster_id)
+    }
+
     /// The tags that identify this cluster's group of `namespace`.
     fn lookup_tags(&self, namespace: &str) -> [String; 2] {
         [Self::namespace_tag(namespace), self.cluster_tag()]
@@ -89,14 +98,17 @@ impl NamespaceSecurityGroups {
                 sg.id
             }
             None => {
-                // Tagged last, once its rules exist: a tagged group is complete. One left
-                // untagged by a crash is adopted and completed rather than duplicated.
+                // Tagged last, once its rules exist: a tagged group is complete. Neutron takes
+                // no tags in the create, so the description says whose it is: one a crash left
+                // untagged is adopted and completed rather than duplicated (and never another
+                // cluster's, or upstream's group of the same name).
                 let name = format!("ns/{namespace}-sg");
+                let description = self.description(namespace);
                 let untagged = client
                     .list_security_groups(&ListFilter::new().name(&name).project_id(project_id))
                     .await?
                     .into_iter()
-                    .find(|sg| sg.tags.is_empty());
+                    .find(|sg| sg.tags.is_empty() && sg.description == description);
                 let sg = match untagged {
                     Some(sg) => {
                         self.deployments.adoptable(deployment, || {
@@ -109,7 +121,7 @@ impl NamespaceSecurityGroups {
                             .create_security_group(&SecurityGroupCreate {
                                 name,
                                 project_id: Some(project_id.to_string()),
-                                description: Some(format!("kuryr-rs: pods of namespace {namespace}")),
+                                description: Some(description),
                                 ..Default::default()
                             })
                             .await?
@@ -127,8 +139,8 @@ impl NamespaceSecurityGroups {
                         })
                         .await;
                     match rule {
-                        // SecurityGroupRuleExists: created before the crash.
-                        Err(e) if e.status() == Some(409) => {}
+                        // Created before the crash. Not any 409: OverQuota is one too.
+                        Err(e) if e.is_kind(&kuryr_neutron::ErrorKind::SecurityGroupRuleExists) => {}
                         r => {
                             r?;
                         }
@@ -237,29 +249,21 @@ impl NamespaceSecurityGroups {
     /// controller ran, or with no KuryrNetwork to release it: the `namespace` groups driver
     /// without namespace subnets). A namespace is gone only when it is missing from a listing
     /// taken after its group was seen, so one created meanwhile keeps its group. Only where this
-    /// cluster's cluster_id claim is held (cluster_claim.rs). Returns the groups deleted.
+    /// cluster's cluster_id claim is held (cluster_claim.rs). Groups a crash left untagged are
+    /// found by their description in the projects this cluster's groups are in (and the default
+    /// project). Returns the groups deleted.
     pub async fn sweep_orphans(&self, kube: &kube::Client) -> Result<usize, Error> {
         let before = namespaces(kube).await?;
         let mut candidates = vec![];
         let mut errors = vec![];
         for deployment in self.deployments.claimed_names() {
-            let found = match self.deployments.client(&deployment) {
-                Ok(client) => client
-                    // Ids and tags only: each pass sees every group of the cluster.
-                    .list_security_groups(
-                        &ListFilter::new()
-                            .tags([self.cluster_tag()])
-                            .fields(["id", "tags"]),
-                    )
-                    .await
-                    .map_err(Error::from),
-                Err(e) => Err(e),
-            };
-            match found {
-                Ok(groups) => candidates.extend(groups.into_iter().filter_map(|sg| {
-                    let ns = sg.tags.iter().find_map(|t| t.strip_prefix(TAG_NAMESPACE))?;
-                    (!before.contains(ns)).then(|| (deployment.clone(), ns.to_string(), sg.id))
-                })),
+            match self.groups_of_cluster(&deployment).await {
+                Ok(groups) => candidates.extend(
+                    groups
+                        .into_iter()
+                        .filter(|(ns, _)| !before.contains(ns))
+                        .map(|(ns, sg)| (deployment.clone(), ns, sg)),
+                ),
                 // One unreachable cloud does not keep the others from being swept.
                 Err(e) => errors.push(e),
             }
@@ -282,6 +286,52 @@ impl NamespaceSecurityGroups {
             1 => Err(errors.remove(0)),
             _ => Err(Error::Multiple(errors)),
         }
+    }
+}
+
+impl NamespaceSecurityGroups {
+    /// This cluster's namespace groups in `deployment` as (namespace, group): the tagged ones,
+    /// and the untagged ones its description names in their projects and the default project.
+    async fn groups_of_cluster(&self, deployment: &str) -> Result<Vec<(String, String)>, Error> {
+        let client = self.deployments.client(deployment)?;
+        // The fields used only: each pass sees every group of the cluster.
+        let tagged = client
+            .list_security_groups(&ListFilter::new().tags([self.cluster_tag()]).fields([
+                "id",
+                "tags",
+                "project_id",
+            ]))
+            .await?;
+        let mut projects: BTreeSet<String> = tagged.iter().map(|sg| sg.project_id.clone()).collect();
+        projects.extend(
+            self.config
+                .neutron_defaults
+                .project
+                .clone()
+                .filter(|p| !p.is_empty()),
+        );
+        let mut found: Vec<(String, String)> = tagged
+            .into_iter()
+            .filter_map(|sg| {
+                let ns = sg.tags.iter().find_map(|t| t.strip_prefix(TAG_NAMESPACE))?;
+                Some((ns.to_string(), sg.id))
+            })
+            .collect();
+        let prefix = self.description_prefix();
+        for project in projects.into_iter().filter(|p| !p.is_empty()) {
+            let groups = client
+                .list_security_groups(&ListFilter::new().project_id(&project).fields([
+                    "id",
+                    "tags",
+                    "description",
+                ]))
+                .await?;
+            found.extend(groups.into_iter().filter_map(|sg| {
+                let ns = sg.description.strip_prefix(&prefix)?;
+                (sg.tags.is_empty() && !ns.is_empty()).then(|| (ns.to_string(), sg.id))
+            }));
+        }
+        Ok(found)
     }
 }
 

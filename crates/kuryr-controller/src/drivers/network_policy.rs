@@ -652,7 +652,8 @@ impl NetworkPolicyDriver {
                         .ok_or_else(|| Error::not_ready(format!("security group of {key} ({variant})")))?;
                     let req = rule_request(sg, &project, &rule, &ags)?;
                     match client.create_security_group_rule(&req).await {
-                        Err(e) if e.status() == Some(409) => {}
+                        // Not any 409: OverQuota is one too, and must fail the reconcile.
+                        Err(e) if e.is_kind(&kuryr_neutron::ErrorKind::SecurityGroupRuleExists) => {}
                         r => {
                             r?;
                         }
@@ -960,7 +961,8 @@ impl NetworkPolicyDriver {
                         })
                         .await;
                     match r {
-                        Err(e) if e.status() == Some(409) => {}
+                        // Not any 409: OverQuota is one too, and must fail the reconcile.
+                        Err(e) if e.is_kind(&kuryr_neutron::ErrorKind::SecurityGroupRuleExists) => {}
                         r => {
                             r?;
                         }

@@ -26,7 +26,7 @@ use crate::drivers::network_policy::policy_uid;
 use crate::error::{Error, is_not_found};
 use crate::handlers::policy::PolicyHandler;
 use crate::handlers::service::PolicyFollowers;
-use crate::k8s::{add_finalizer, publish_event, remove_finalizer};
+use crate::k8s::{add_finalizer, publish_event, remove_finalizer, surface_user_error};
 use crate::pipeline::ResourceEventHandler;
 use crate::placement::record::recorded_deployment;
 use crate::policies::PolicySpec;
@@ -122,7 +122,15 @@ impl ResourceEventHandler for KuryrNetworkPolicyHandler {
             return Err(e);
         }
         // A group upstream recorded in the status is taken over by the driver's first apply.
-        let applied = driver.ensure(&uid, &deployment, &spec).await?;
+        let applied = match driver.ensure(&uid, &deployment, &spec).await {
+            Ok(applied) => applied,
+            // The project's quota reached, a rule Neutron refuses: told on the NetworkPolicy,
+            // its owner's object; only what retrying may mend goes on to the Retry handler.
+            Err(e) => {
+                let regarding = np.object_ref(&());
+                return Box::pin(surface_user_error(&self.ctx.events, &regarding, Err(e))).await;
+            }
+        };
         let rules: Vec<SgRuleStatus> = applied
             .rules
             .iter()
@@ -169,6 +177,18 @@ impl ResourceEventHandler for KuryrNetworkPolicyHandler {
             remove_finalizer(&self.ctx.kube, knp, finalizers::NETWORKPOLICY).await?;
             return PolicyHandler::new(self.ctx.clone()).on_present(&np).await;
         }
+        // The policy no longer counts for its pods (a policy being deleted is left out): they
+        // are moved to the groups they have without it before its groups go, so none sits on a
+        // part of its groups meanwhile (an ingress-only policy's pod on allow-all egress alone
+        // admits nothing). A pod that cannot be moved for a reason a retry cannot mend (its own
+        // input) must not keep the deletion waiting: the release takes the group off its port.
+        match self.sync_ports(&ns).await {
+            Ok(()) => {}
+            Err(e) if e.is_retryable() => return Err(e),
+            Err(e) => {
+                tracing::warn!(policy = %knp.name_any(), namespace = %ns, error = %e, "pods not moved before the policy's release");
+            }
+        }
         let unadopted = knp.status.as_ref().and_then(|s| s.security_group_id.as_deref());
         if let (None, Some(sg), true) = (policy_uid(knp), unadopted, driver.knows_deployment(&deployment)) {
             driver.release_unadopted(&deployment, sg).await?;
@@ -185,16 +205,6 @@ impl ResourceEventHandler for KuryrNetworkPolicyHandler {
                 );
                 tracing::warn!(policy = %knp.name_any(), namespace = %ns, "{msg}");
                 publish_event(&self.ctx.events, knp, true, "DeploymentRemoved", &msg).await;
-            }
-        }
-        // The policy no longer counts for its pods. Its groups are released already: a pod that
-        // cannot be moved for a reason a retry cannot mend (its own input) must not keep the
-        // policy's deletion waiting; the pod's next event moves it.
-        match self.sync_ports(&ns).await {
-            Ok(()) => {}
-            Err(e) if e.is_retryable() => return Err(e),
-            Err(e) => {
-                tracing::warn!(policy = %knp.name_any(), namespace = %ns, error = %e, "pods not moved after the policy's release");
             }
         }
         let selectors: Vec<Selector> = Selector::parse(&knp.spec.pod_selector, "spec.podSelector")

@@ -112,6 +112,7 @@ impl OvsProbe {
                     &["_uuid", "datapath_type"],
                 ),
                 select("Port", json!([eq("name", json!(iface))]), &["_uuid"]),
+                select("Interface", json!([eq("name", json!(iface))]), &["_uuid"]),
             ])
             .await
             .map_err(|e| fail(&what, e))?;
@@ -120,12 +121,44 @@ impl OvsProbe {
         };
         let br_uuid = ovsdb::row_uuid(br).unwrap_or_default().to_string();
         let datapath = ovsdb::optional_string(&br["datapath_type"]).to_string();
-        if let Some(stale) = first_row(&found[1]).and_then(ovsdb::row_uuid) {
-            // Removed, and applied, on its own: replaced in the same
+        // What an interrupted setup (or a hand-made port) left under this
+        // name: the Port of that name, and whichever Port holds an Interface
+        // of that name (names are unique in both tables, so either would
+        // refuse the insert below).
+        let mut stale: Vec<String> = first_row(&found[1])
+            .and_then(ovsdb::row_uuid)
+            .map(str::to_string)
+            .into_iter()
+            .collect();
+        if let Some(old_iface) = first_row(&found[2]).and_then(ovsdb::row_uuid) {
+            let holders = c
+                .transact(vec![select(
+                    "Port",
+                    json!([["interfaces", "includes", uuid(old_iface)]]),
+                    &["_uuid"],
+                )])
+                .await
+                .map_err(|e| fail(&what, e))?;
+            stale.extend(
+                ovsdb::rows(&holders[0])
+                    .iter()
+                    .filter_map(|r| ovsdb::row_uuid(r))
+                    .map(str::to_string),
+            );
+        }
+        stale.sort();
+        stale.dedup();
+        if !stale.is_empty() {
+            // Removed, and applied, on their own: replaced in the same
             // transaction, vswitchd would keep the old port's device open
             // (same name) instead of the veth made again since.
-            let ops = vec![json!({"op": "mutate", "table": "Bridge", "where": [],
-                "mutations": [["ports", "delete", uuid(stale)]]})];
+            let ops = stale
+                .iter()
+                .map(|port| {
+                    json!({"op": "mutate", "table": "Bridge", "where": [],
+                        "mutations": [["ports", "delete", uuid(port)]]})
+                })
+                .collect();
             c.transact_applied(ops).await.map_err(|e| fail(&what, e))?;
         }
         let ops = vec![
@@ -180,8 +213,27 @@ impl OvsProbe {
         ];
         match c.transact_applied(ops).await {
             Ok(_) => Ok(()),
-            // Made by someone else meanwhile (the name is unique).
-            Err(OvsdbError::Operation { error, .. }) if error == "constraint violation" => Ok(()),
+            // The names are unique: either the bridge was made by someone
+            // else meanwhile, or a Port or Interface already has its name.
+            Err(OvsdbError::Operation { error, details }) if error == "constraint violation" => {
+                let found = c
+                    .transact(vec![select(
+                        "Bridge",
+                        json!([eq("name", json!(bridge))]),
+                        &["_uuid"],
+                    )])
+                    .await
+                    .map_err(|e| fail(&what, e))?;
+                if first_row(&found[0]).is_some() {
+                    return Ok(());
+                }
+                Err(BindingError::Ovs {
+                    args: what,
+                    message: format!(
+                        "bridge {bridge} cannot be created: a port or interface of that name exists ({details})"
+                    ),
+                })
+            }
             Err(e) => Err(fail(&what, e)),
         }
     }
