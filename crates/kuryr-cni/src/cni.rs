@@ -9,6 +9,9 @@ use crate::http::{self, Endpoint, HttpError};
 pub const SUPPORTED_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 pub const DEFAULT_DAEMON: &str = "127.0.0.1:5036";
 pub const DEFAULT_TIMEOUT_SECS: u64 = 120;
+/// The shortest and longest `kuryr_daemon_timeout` taken, in seconds.
+pub const MIN_TIMEOUT_SECS: f64 = 0.001;
+pub const MAX_TIMEOUT_SECS: f64 = 86_400.0;
 
 /// CNI error codes (spec) and upstream kuryr's own.
 pub mod code {
@@ -159,12 +162,16 @@ pub fn run(env: &Env, stdin: &[u8]) -> Result<Option<Value>, CniError> {
     let timeout = match conf.get("kuryr_daemon_timeout") {
         None => Duration::from_secs(DEFAULT_TIMEOUT_SECS),
         Some(t) => match t.as_f64() {
-            Some(s) if s > 0.0 && s.is_finite() => Duration::from_secs_f64(s),
+            // A zero timeout would be refused by the socket calls (reported as "try again",
+            // forever); one of centuries overflows the deadline.
+            Some(s) if (MIN_TIMEOUT_SECS..=MAX_TIMEOUT_SECS).contains(&s) => Duration::from_secs_f64(s),
             _ => {
                 return Err(CniError::new(
                     v,
                     code::INVALID_NETCONF,
-                    "kuryr_daemon_timeout must be a positive number of seconds",
+                    format!(
+                        "kuryr_daemon_timeout must be a number of seconds from {MIN_TIMEOUT_SECS} to {MAX_TIMEOUT_SECS}"
+                    ),
                     "",
                 ));
             }
@@ -481,6 +488,21 @@ mod tests {
             .err()
             .map(|e| e.code);
         assert_eq!(e, Some(code::INVALID_ENV));
+    }
+
+    #[test]
+    fn a_timeout_out_of_range_is_a_bad_netconf_naming_it() {
+        for t in ["1e20", "1e-12", "0", "-1", "\"60\""] {
+            let conf = format!(r#"{{"cniVersion":"1.0.0","kuryr_daemon_timeout":{t}}}"#);
+            let e = run(&env("ADD"), conf.as_bytes()).err();
+            assert_eq!(
+                e.as_ref().map(|e| e.code),
+                Some(code::INVALID_NETCONF),
+                "{t}: {e:?}"
+            );
+            let msg = e.map(|e| e.msg).unwrap_or_default();
+            assert!(msg.contains("kuryr_daemon_timeout"), "{t}: {msg}");
+        }
     }
 
     #[test]

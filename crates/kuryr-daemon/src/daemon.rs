@@ -200,6 +200,9 @@ fn plug_error(ifname: &str, driver: &str, e: BindingError) -> DaemonError {
     }
 }
 
+/// The longest an Event may hold a CNI request.
+const EVENT_BOUND: Duration = Duration::from_secs(2);
+
 fn internal(e: impl std::fmt::Display) -> DaemonError {
     DaemonError::Internal(e.to_string())
 }
@@ -373,18 +376,25 @@ impl Daemon {
                 &p.key,
                 deadline,
                 |e| self.decide(&p.key, e, self.pod_uid(p).as_deref(), &ready),
-                || self.events.publish(&p.key, uid, reason, message, false),
+                || self.tell(&p.key, uid, reason, message, false),
             )
             .await;
         match answer {
             Ok(Ok(res) | Err(res)) => res,
             Err(last) => {
                 let e = self.timeout_error(p, last, what);
-                self.events
-                    .publish(&p.key, uid, "CNITimedOut", &e.to_string(), true)
-                    .await;
+                self.tell(&p.key, uid, "CNITimedOut", &e.to_string(), true).await;
                 Err(e)
             }
+        }
+    }
+
+    /// An Event on the pod, a courtesy: given [`EVENT_BOUND`] at most, so that
+    /// an API server slow to take it never holds a CNI answer.
+    async fn tell(&self, pod: &PodKey, uid: Option<&str>, reason: &str, message: &str, warning: bool) {
+        let sent = self.events.publish(pod, uid, reason, message, warning);
+        if tokio::time::timeout(EVENT_BOUND, sent).await.is_err() {
+            tracing::debug!(pod = %pod, reason, "event not taken in time: dropped");
         }
     }
 
@@ -566,10 +576,17 @@ impl Daemon {
             .as_ref()
             .and_then(|e| e.kuryrport.as_ref().map(|k| k.spec.pod_uid.clone()))
             .unwrap_or_default();
+        // The container whose interfaces go: host ends plugged for another since are left.
+        let container = attachment
+            .as_ref()
+            .map(|a| a.container_id.as_str())
+            .filter(|c| !c.is_empty())
+            .unwrap_or(&p.req.container_id);
+        let owner = (!container.is_empty()).then(|| p.key.owner_tag(container));
         let target = PlugTarget {
             netns: netns.as_ref(),
             pod_uid: &uid,
-            owner_tag: None,
+            owner_tag: owner.as_deref(),
         };
         // Typed up to the HTTP answer, which can only carry text.
         let mut errors: Vec<BindingError> = Vec::new();
@@ -583,10 +600,11 @@ impl Daemon {
         if specs.is_empty()
             && let Some(att) = &attachment
         {
-            let bridged = delete_host_links(&att.host_ifnames, &mut errors).await;
+            let names = owned_links(&att.host_ifnames, owner.as_deref()).await;
+            let bridged = delete_host_links(&names, &mut errors).await;
             self.drivers
                 .ovs()
-                .remove_ports_of_unknown_links(&att.host_ifnames, &bridged, &mut errors)
+                .remove_ports_of_unknown_links(&names, &bridged, &mut errors)
                 .await;
         }
         if let Err(e) = TeardownError::into_result(errors) {
@@ -614,14 +632,17 @@ impl Daemon {
             return;
         }
         tracing::info!(pod = %key, container = %old.container_id, interfaces = ?names, "tearing down the host side of a superseded container");
-        // Host side only: the old container's namespace is the runtime's.
+        // Host side only: the old container's namespace is the runtime's. Host ends plugged for
+        // another pod since (the old port handed on) are left.
+        let owner = key.owner_tag(&old.container_id);
         let target = PlugTarget {
             netns: None,
             pod_uid: "",
-            owner_tag: None,
+            owner_tag: Some(&owner),
         };
         let mut errors: Vec<BindingError> = Vec::new();
         if specs.is_empty() {
+            let names = owned_links(&names, Some(&owner)).await;
             let bridged = delete_host_links(&names, &mut errors).await;
             self.drivers
                 .ovs()
@@ -788,6 +809,29 @@ impl Daemon {
 
 /// Delete host links by name; returns the names that were enslaved to a
 /// Linux bridge (so were never OVS ports).
+/// `names` less the host links another container owns now (their alias names
+/// another kuryr owner than `owner`): plugged for another pod since, under the
+/// same Neutron port's interface name.
+async fn owned_links(names: &[String], owner: Option<&str>) -> Vec<String> {
+    let (Some(owner), Ok(host)) = (owner, Netlink::current()) else {
+        return names.to_vec();
+    };
+    let mut owned = Vec::with_capacity(names.len());
+    for name in names {
+        let alias = match host.link_by_name(name).await {
+            Ok(Some(l)) => l.alias,
+            _ => None,
+        };
+        match alias {
+            Some(a) if a != owner && PodKey::parse_owner_tag(&a).is_some() => {
+                tracing::info!(link = %name, owner = %a, "host end plugged for another container since: left alone");
+            }
+            _ => owned.push(name.clone()),
+        }
+    }
+    owned
+}
+
 async fn delete_host_links(names: &[String], errors: &mut Vec<BindingError>) -> Vec<String> {
     let mut bridged = Vec::new();
     let host = match Netlink::current() {

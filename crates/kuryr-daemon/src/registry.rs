@@ -345,8 +345,10 @@ impl Registry {
                 Wait::Pending => {}
             }
             if let Some(hook) = on_pending.take() {
-                // Updates arriving meanwhile mark `rx` changed: none is lost.
+                // Decided again after it, whatever time is left: what arrived while it ran
+                // may be the answer.
                 let _ = tokio::time::timeout_at(deadline, hook()).await;
+                continue;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() || tokio::time::timeout(left, rx.changed()).await.is_err() {

@@ -611,6 +611,146 @@ async fn a_superseded_containers_host_interfaces_go_with_the_new_add() {
         .unwrap();
 }
 
+/// A Neutron port handed on to another pod (the first force-deleted, its port recycled through
+/// the pool) is plugged under the same host interface name: the first pod's late DEL, and the
+/// teardown of its superseded container when it is made again with another port, leave the
+/// second pod's host end alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_handed_to_another_pod_survives_the_first_pods_late_teardown() {
+    if !can_netns() {
+        return;
+    }
+    let br = unique("kdh");
+    let _b = HostLink(br.clone());
+    let (ns1, ns2, ns3) = (
+        TestNetns::new("kdh1"),
+        TestNetns::new("kdh2"),
+        TestNetns::new("kdh3"),
+    );
+    let shared = vif(
+        "eth0",
+        "h",
+        "fa:16:3e:00:37:01",
+        "10.89.0.0/24",
+        "10.89.0.5",
+        None,
+        &br,
+    );
+    let other = vif(
+        "eth0",
+        "i",
+        "fa:16:3e:00:37:02",
+        "10.89.0.0/24",
+        "10.89.0.6",
+        None,
+        &br,
+    );
+    let tap = kuryr_crds::vif_name_for_port(&shared.port_id);
+    let other_tap = kuryr_crds::vif_name_for_port(&other.port_id);
+    let _t = (HostLink(tap.clone()), HostLink(other_tap.clone()));
+    let d = daemon();
+    d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "a",
+        "ua",
+        "n1",
+        std::slice::from_ref(&shared),
+    ));
+    d.add(&body("a", "c1", &ns1.path(), "eth0", "ua")).await.unwrap();
+    // `a` force-deleted: its KuryrPort goes, its DEL has not come; the port is `b`'s now.
+    d.registry.delete_kuryrport(&PodKey::new("default", "a"));
+    d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "b",
+        "ub",
+        "n1",
+        std::slice::from_ref(&shared),
+    ));
+    d.add(&body("b", "c2", &ns2.path(), "eth0", "ub")).await.unwrap();
+    let b_alive = |why: &str| {
+        let link = host_ok(&["ip", "-o", "link", "show", &tap]);
+        assert!(link.contains("kuryr:c2:default/b"), "{why}: {link}");
+        let pod = ns2.exec_ok(&["ip", "-o", "link"]);
+        assert!(pod.contains("fa:16:3e:00:37:01"), "{why}: {pod}");
+    };
+    b_alive("plugged");
+    // `a` made again (a StatefulSet's) with another port: its old container's host side goes,
+    // but the shared name is `b`'s.
+    d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "a",
+        "ua2",
+        "n1",
+        std::slice::from_ref(&other),
+    ));
+    d.add(&body("a", "c3", &ns3.path(), "eth0", "ua2")).await.unwrap();
+    b_alive("after a's superseded container was torn down");
+    // `a`'s late DEL of its first container is stale; of its current one, only its own.
+    d.del(&body("a", "c1", &ns1.path(), "eth0", "ua")).await.unwrap();
+    d.del(&body("a", "c3", &ns3.path(), "eth0", "ua2")).await.unwrap();
+    b_alive("after a's DELs");
+    assert!(!host_ok(&["ip", "-o", "link"]).contains(&other_tap));
+    d.del(&body("b", "c2", &ns2.path(), "eth0", "ub")).await.unwrap();
+    assert!(!host_ok(&["ip", "-o", "link"]).contains(&tap));
+}
+
+/// Events that never get through (an API server throttling them).
+struct HangingEvents;
+#[async_trait]
+impl kuryr_daemon::PodEvents for HangingEvents {
+    async fn publish(&self, _: &PodKey, _: Option<&str>, _: &str, _: &str, _: bool) {
+        std::future::pending::<()>().await
+    }
+}
+
+/// The "waiting for the VIF" Event is a courtesy: one that hangs past the ADD's deadline does
+/// not fail an ADD whose VIF arrived meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_event_does_not_fail_an_add_whose_vif_arrived() {
+    if !can_netns() {
+        return;
+    }
+    let br = unique("kde");
+    let _b = HostLink(br.clone());
+    let ns = TestNetns::new("kde");
+    let v = vif(
+        "eth0",
+        "e",
+        "fa:16:3e:00:38:01",
+        "10.90.0.0/24",
+        "10.90.0.5",
+        None,
+        &br,
+    );
+    let _t = HostLink(kuryr_crds::vif_name_for_port(&v.port_id));
+    let mut cfg = DaemonConfig::new("n1");
+    cfg.vif_annotation_timeout = Duration::from_secs(1);
+    let d = Daemon::new(cfg, Arc::new(HangingEvents), Arc::new(ApiUp));
+    let registry = d.registry.clone();
+    let late = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        registry.apply_kuryrport(kuryrport("default", "ev", "u", "n1", std::slice::from_ref(&v)));
+    });
+    let added = d.add(&body("ev", "c1", &ns.path(), "eth0", "u")).await;
+    late.await.unwrap();
+    assert!(added.is_ok(), "{:?}", added.err());
+    d.del(&body("ev", "c1", &ns.path(), "eth0", "u")).await.unwrap();
+    // No VIF at all: the ADD times out on time, its "timed out" Event hanging too.
+    let started = std::time::Instant::now();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(10),
+        d.add(&body("none", "c2", &ns.path(), "eth0", "u2")),
+    )
+    .await
+    .expect("the ADD is answered");
+    assert!(answer.is_err(), "no VIF, no interface");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 /// A nested macvlan VIF (`VIFMacvlanNested`) named `ifname`.
 fn macvlan_vif(port_id: &str, mac: &str, cidr: &str, ip: &str) -> kuryr_crds::Vif {
     use kuryr_crds::vif::{FixedIp, Network, Subnet, VifBase, VifMacvlanNested};

@@ -53,22 +53,41 @@ async fn plug_veth(
     Ok(())
 }
 
-/// Remove the host end (which removes the pair) and, if it is gone already,
-/// the pod end by name.
+/// Whether the host end of `spec` is another container's: its alias names an
+/// owner other than `target`'s. The same Neutron port (so the same host
+/// interface name) may be plugged for another pod since this one's ADD (a
+/// pod force-deleted and its port handed on through the pool): a late DEL of
+/// the first must not unplug the second. A link without a kuryr alias (one
+/// too long for the kernel) or a target that names no owner is taken for
+/// this one's, as before aliases were written.
+async fn host_end_of_another(spec: &PlugSpec, target: &PlugTarget<'_>) -> Option<String> {
+    let mine = target.owner_tag?;
+    let host = Netlink::current().ok()?;
+    let link = host.link_by_name(&spec.host_ifname).await.ok()??;
+    let alias = link.alias?;
+    (crate::registry::PodKey::parse_owner_tag(&alias).is_some() && alias != mine).then_some(alias)
+}
+
+/// Remove the host end (which removes the pair) unless it is another
+/// container's, and the pod end by name.
 async fn unplug_veth(spec: &PlugSpec, target: &PlugTarget<'_>, errors: &mut Vec<BindingError>) {
-    match Netlink::current() {
-        Ok(host) => match host.link_by_name(&spec.host_ifname).await {
-            Ok(Some(l)) => {
-                if let Err(e) = host.delete_link(l.index).await
-                    && e.errno() != Some(libc::ENODEV)
-                {
-                    errors.push(e.into());
+    if let Some(owner) = host_end_of_another(spec, target).await {
+        tracing::info!(link = %spec.host_ifname, owner, "host end plugged for another container since: left alone");
+    } else {
+        match Netlink::current() {
+            Ok(host) => match host.link_by_name(&spec.host_ifname).await {
+                Ok(Some(l)) => {
+                    if let Err(e) = host.delete_link(l.index).await
+                        && e.errno() != Some(libc::ENODEV)
+                    {
+                        errors.push(e.into());
+                    }
                 }
-            }
-            Ok(None) => {}
+                Ok(None) => {}
+                Err(e) => errors.push(e.into()),
+            },
             Err(e) => errors.push(e.into()),
-        },
-        Err(e) => errors.push(e.into()),
+        }
     }
     delete_pod_link(spec, target, "veth", errors).await;
 }
@@ -329,8 +348,10 @@ impl BindingDriver for OvsDriver {
         let mut errors = Vec::new();
         let probe = self.locate();
         // Without Open vSwitch no OVS port can exist; with an unreachable
-        // database one may, and leaking it silently would hide it.
+        // database one may, and leaking it silently would hide it. The port
+        // of a veth plugged for another container since is that one's.
         if probe.installed()
+            && host_end_of_another(spec, target).await.is_none()
             && let Err(e) = probe.del_port(&spec.host_ifname).await
         {
             errors.push(e);
