@@ -169,14 +169,21 @@ impl Error {
                 source.kind(),
                 Some(ErrorKind::OverQuota | ErrorKind::IpAddressGenerationFailure)
             ),
-            Error::LoadBalancer { source, .. } => matches!(
-                source.kind(),
-                Some(
-                    OctaviaErrorKind::Quota
-                        | OctaviaErrorKind::Validation
-                        | OctaviaErrorKind::UnsupportedProviderOption
+            // A load balancer Octavia could not build (no room for an amphora, a provider
+            // failing) is replaced at each retry; its owner sees why the Service has none.
+            Error::LoadBalancer { source, .. } => {
+                matches!(
+                    source.kind(),
+                    Some(
+                        OctaviaErrorKind::Quota
+                            | OctaviaErrorKind::Validation
+                            | OctaviaErrorKind::UnsupportedProviderOption
+                    )
+                ) || matches!(
+                    source,
+                    kuryr_neutron::octavia::OctaviaError::ProvisioningFailed { .. }
                 )
-            ),
+            }
             Error::Multiple(errors) => errors.iter().any(Error::is_user_visible),
             _ => false,
         }

@@ -1477,14 +1477,35 @@ async fn a_load_balancer_service_without_external_svc_net_is_a_warning_event_nam
     let oct = octavia_targets(LatencyProfile::Instant).await?.remove(0);
     let ns = unique("noext");
     let bed = Bed::new(&ns).await?;
-    let _ctrl = bed.controller(&oct, "", "svc-noext");
     let kube = bed.client();
     create_lb_service(kube, &ns, "public", "10.96.0.30", None).await?;
+    // An address another implementation (MetalLB, the cloud controller manager) gave it.
+    let services = Api::<Service>::namespaced(kube.clone(), &ns);
+    let ingress = json!({"status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.7"}]}}});
+    services
+        .patch_status("public", &PatchParams::default(), &Patch::Merge(&ingress))
+        .await?;
+    let _ctrl = bed.controller(&oct, "", "svc-noext");
     create_service(kube, &ns, "inside", "10.96.0.31", &[("http", 80, 8080, "TCP")]).await?;
     let note = warning_note(kube, &ns, "public", None).await?;
     assert!(note.contains("external_svc_net"), "{note}");
     recorded(kube, &ns, "public", 1, 0).await?;
     recorded(kube, &ns, "inside", 1, 0).await?;
+    // kuryr-rs gives it no address, and takes none away.
+    let advertised = services
+        .get_status("public")
+        .await?
+        .status
+        .and_then(|s| s.load_balancer)
+        .and_then(|l| l.ingress)
+        .unwrap_or_default();
+    assert_eq!(
+        advertised
+            .iter()
+            .filter_map(|i| i.ip.as_deref())
+            .collect::<Vec<_>>(),
+        vec!["203.0.113.7"]
+    );
     Ok(())
 }
 
@@ -2181,6 +2202,39 @@ async fn a_load_balancer_gone_to_error_mid_pass_is_rebuilt_by_the_retry() -> Res
         assert_eq!(
             lbs.iter().map(|l| l.id.clone()).collect::<Vec<_>>(),
             vec![second],
+            "the ERROR one is deleted"
+        );
+    }
+    Ok(())
+}
+
+/// A load balancer Octavia fails to build (its create job ends in ERROR: no room for an amphora)
+/// is a Warning Event on the Service naming the failure, and is built again by the retry; the
+/// ERROR ones are deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_balancer_octavia_fails_to_build_is_a_warning_and_is_built_again() -> Result<()> {
+    init_logs();
+    for oct in octavia_targets(LatencyProfile::Instant).await? {
+        // Only the emulator can be told to fail a job.
+        let Some(emu) = &oct.emulator else { continue };
+        let ns = unique("errbuild");
+        let bed = Bed::new(&ns).await?;
+        let _ctrl = bed.controller(
+            &oct,
+            "[octavia_defaults]\nreconcile_period = 3600\n",
+            "svc-errbuild",
+        );
+        let kube = bed.client();
+        emu.fail_next_jobs(1);
+        create_service(kube, &ns, "web", "10.96.0.15", &[("http", 80, 8080, "TCP")]).await?;
+        set_endpoints(kube, &ns, "web", &ips(2), &[("http", 8080)]).await?;
+        let note = warning_note(kube, &ns, "web", Some("LoadBalancerError")).await?;
+        assert!(note.contains("ERROR"), "{note}");
+        let lb = recorded(kube, &ns, "web", 1, 2).await?.loadbalancer.unwrap().id;
+        let lbs = lbs_named(&oct.client, &format!("{ns}/web")).await?;
+        assert_eq!(
+            lbs.iter().map(|l| l.id.clone()).collect::<Vec<_>>(),
+            vec![lb],
             "the ERROR one is deleted"
         );
     }

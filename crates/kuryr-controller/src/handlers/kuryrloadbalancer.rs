@@ -583,9 +583,12 @@ impl KuryrLoadBalancerHandler {
             self.write_status(klb, &status).await?;
         }
         // The ingress follows the status even when the pass failed: an address released (replaced by
-        // one whose acquire failed) must not stay advertised, as it may soon be another tenant's.
+        // one whose acquire failed) must not stay advertised, as it may soon be another tenant's. A
+        // Service kuryr gives no address (no external network configured, an unknown driver) keeps
+        // what another implementation advertises for it.
         let ip = status.service_pub_ip_info.as_ref().map(|i| i.ip_addr.as_str());
-        if ip.is_some() || before.is_some() || klb.spec.type_.as_deref() == Some("LoadBalancer") {
+        let offered = result.is_ok() && klb.spec.type_.as_deref() == Some("LoadBalancer");
+        if ip.is_some() || before.is_some() || offered {
             self.write_service_ingress(klb, ip).await?;
         }
         if result.is_err() {

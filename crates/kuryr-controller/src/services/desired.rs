@@ -163,7 +163,12 @@ pub fn desired(spec: &KuryrLoadBalancerSpec, inp: &Inputs<'_>) -> Result<Desired
                 members.insert(
                     (address.clone(), target),
                     DesiredMember {
-                        name: format!("{who}:{target}"),
+                        // Octavia refuses a name past 255 characters, and a member update
+                        // is all or nothing: a pod's 253-character name must not freeze the pool.
+                        name: format!("{who}:{target}")
+                            .chars()
+                            .take(kuryr_crds::names::neutron::MAX_LEN)
+                            .collect(),
                         address: address.clone(),
                         port: target,
                         subnet_id: Some(subnet),
@@ -334,6 +339,21 @@ mod tests {
         assert_eq!(http.allowed_cidrs, Some(vec!["10.2.0.0/16".to_string()]));
         let dns = &d.listeners[&("UDP".to_string(), 53)];
         assert!(dns.pool.members.is_empty(), "no slice port named dns");
+    }
+
+    #[test]
+    fn a_member_of_a_pod_with_a_long_name_has_a_name_octavia_takes() {
+        let l3 = |_: &str| Some("svc-subnet".to_string());
+        let mut s = spec("amphora");
+        s.endpoint_slices[0].endpoints[0].target_ref = Some(LbTargetRef {
+            name: Some("p".repeat(253)),
+            namespace: Some("demo".into()),
+            ..Default::default()
+        });
+        let d = desired(&s, &inputs(&l3)).expect("desired");
+        let m = &d.listeners[&("TCP".to_string(), 80)].pool.members[&("10.1.0.3".to_string(), 8080)];
+        assert_eq!(m.name.chars().count(), 255, "{}", m.name);
+        assert!(m.name.starts_with("demo/ppp"), "{}", m.name);
     }
 
     #[test]

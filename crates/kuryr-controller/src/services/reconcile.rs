@@ -128,14 +128,24 @@ impl Reconciler {
         }
     }
 
-    async fn clear_record(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
+    /// Clears the record of `klb` as this pass listed it: false when the handler wrote it since
+    /// (a pass takes long on a large cluster, and members replaced or a load balancer rebuilt
+    /// meanwhile are not what this pass judged), to be checked again in the next pass.
+    async fn clear_record(&self, klb: &KuryrLoadBalancer) -> Result<bool, Error> {
         let api: Api<KuryrLoadBalancer> =
             Api::namespaced(self.ctx.kube.clone(), &klb.namespace().unwrap_or_default());
-        let patch =
-            json!({"status": {"loadbalancer": null, "listeners": null, "pools": null, "members": null}});
-        api.patch(&klb.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-        Ok(())
+        let patch = json!({
+            "metadata": {"resourceVersion": klb.resource_version()},
+            "status": {"loadbalancer": null, "listeners": null, "pools": null, "members": null},
+        });
+        match api
+            .patch(&klb.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// One pass over every deployment's load balancers.
@@ -190,9 +200,10 @@ impl Reconciler {
         let lb = match client.get_load_balancer(&rec.id).await {
             Ok(lb) => lb,
             Err(e) if e.is_not_found() => {
-                tracing::warn!(lb = %rec.id, name = %rec.name, "load balancer deleted outside kuryr: re-creating it");
-                self.clear_record(klb).await?;
-                out.rebuilt += 1;
+                if self.clear_record(klb).await? {
+                    tracing::warn!(lb = %rec.id, name = %rec.name, "load balancer deleted outside kuryr: re-creating it");
+                    out.rebuilt += 1;
+                }
                 return Ok(());
             }
             Err(e) => return Err(Error::octavia("reconcile: reading a load balancer", e)),
@@ -206,8 +217,9 @@ impl Reconciler {
                 tags: lb.tags.clone(),
             };
             actor.delete(&rec.id).await?;
-            self.clear_record(klb).await?;
-            out.rebuilt += 1;
+            if self.clear_record(klb).await? {
+                out.rebuilt += 1;
+            }
             return Ok(());
         }
         if lb.provisioning_status != "ACTIVE" {
@@ -246,14 +258,14 @@ impl Reconciler {
         let failed = actor.delete_failed_parts(&rec.id, &tree).await?;
         if failed > 0 {
             tracing::warn!(lb = %rec.id, name = %rec.name, failed, "listeners, pools or members in ERROR deleted: making them again");
-            self.clear_record(klb).await?;
-            out.repaired += 1;
+            if self.clear_record(klb).await? {
+                out.repaired += 1;
+            }
             return Ok(());
         }
-        if !tree_has_record(&tree, &rec) {
+        // An empty record of this load balancer: the handler adopts it by name and re-plans.
+        if !tree_has_record(&tree, &rec) && self.clear_record(klb).await? {
             tracing::warn!(lb = %rec.id, name = %rec.name, "load balancer changed outside kuryr: repairing it");
-            // An empty record of this load balancer: the handler adopts it by name and re-plans.
-            self.clear_record(klb).await?;
             out.repaired += 1;
         }
         Ok(())
