@@ -236,7 +236,9 @@ impl Builder<'_> {
             Some(list) => list
                 .iter()
                 .map(|p| match &p.port {
-                    PortRef::All => P::Fixed(Some(p.protocol), None),
+                    // Neutron stores the whole range as no range: asked for as one, the rule
+                    // would never read back as wanted and be made again at every resync.
+                    PortRef::All | PortRef::Range(1, 65535) => P::Fixed(Some(p.protocol), None),
                     PortRef::Range(a, b) => P::Fixed(Some(p.protocol), Some((*a, *b))),
                     PortRef::Named(n) => P::Named(p.protocol, n.clone()),
                 })

@@ -272,6 +272,38 @@ fn relabelling_a_pod_is_one_address_group_update_and_no_rule_change() {
     );
 }
 
+/// Neutron stores 1-65535 as no range: the rule wanted is the one it reads back, or every
+/// resync would delete and make it again (dropping connections in between).
+#[test]
+fn the_whole_port_range_is_wanted_as_no_range() {
+    let index = cluster();
+    let p = policy(
+        "x",
+        "wide",
+        json!({
+            "podSelector": {"matchLabels": {"pod": "a"}},
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}],
+                         "ports": [{"protocol": "TCP", "port": 1, "endPort": 65535},
+                                   {"protocol": "UDP", "port": 2, "endPort": 65535}]}],
+        }),
+    );
+    let d = desired(&p, &index, &Options::default());
+    let rules = base(&d);
+    let ports = |proto: Protocol| -> Vec<Option<(u16, u16)>> {
+        rules
+            .iter()
+            .filter(|r| r.direction == Direction::Ingress && r.protocol == Some(proto))
+            .map(|r| r.ports)
+            .collect()
+    };
+    assert!(ports(Protocol::Tcp).iter().all(Option::is_none), "{rules:?}");
+    assert!(!ports(Protocol::Tcp).is_empty(), "{rules:?}");
+    assert!(
+        ports(Protocol::Udp).iter().all(|p| *p == Some((2, 65535))),
+        "{rules:?}"
+    );
+}
+
 #[test]
 fn sctp_ports_and_ranges_become_sctp_rules_and_egress_ip_blocks_keep_their_protocol() {
     let index = cluster();

@@ -148,7 +148,7 @@ pub(super) async fn rule_with_remote_address_group(ctx: &Ctx) -> anyhow::Result<
     ensure!(listed.len() == 1 && listed[0].id == rule.id, "{listed:?}");
     expect_api_error(
         c.create_security_group_rule(&req).await,
-        other("SecurityGroupRuleExists"),
+        ErrorKind::SecurityGroupRuleExists,
         409,
     )?;
     expect_api_error(

@@ -54,6 +54,24 @@ pub(super) async fn security_groups_and_rules(ctx: &Ctx) -> anyhow::Result<()> {
             && rule.project_id == ctx.project,
         "{rule:?}"
     );
+    // The whole port range is stored as no range (neutron-server canonicalises it).
+    let whole = c
+        .create_security_group_rule(&SecurityGroupRuleCreate {
+            security_group_id: sg.id.clone(),
+            direction: "ingress".into(),
+            ethertype: Some("IPv4".into()),
+            protocol: Some("udp".into()),
+            port_range_min: Some(1),
+            port_range_max: Some(65535),
+            project_id: Some(ctx.project.clone()),
+            ..SecurityGroupRuleCreate::default()
+        })
+        .await?;
+    ensure!(
+        whole.port_range_min.is_none() && whole.port_range_max.is_none(),
+        "{whole:?}"
+    );
+    c.delete_security_group_rule(&whole.id).await?;
     let rules = c
         .list_security_group_rules(&ListFilter::new().security_group_id(&sg.id))
         .await?;

@@ -231,8 +231,8 @@ impl Store {
                 ));
             }
         };
-        let pmin = input::opt_int(obj, "port_range_min")?;
-        let pmax = input::opt_int(obj, "port_range_max")?;
+        let mut pmin = input::opt_int(obj, "port_range_min")?;
+        let mut pmax = input::opt_int(obj, "port_range_max")?;
         for (k, v) in [("port_range_min", pmin), ("port_range_max", pmax)] {
             if let Some(p) = v
                 && !(0..=65535).contains(&p)
@@ -250,6 +250,10 @@ impl Store {
                 "For TCP/UDP protocols, port_range_min must be <= port_range_max".to_string(),
             )
             .with_kind("SecurityGroupInvalidPortRange"));
+        }
+        // neutron-server stores the whole range as none (for the backends' sake).
+        if (pmin, pmax) == (Some(1), Some(65535)) {
+            (pmin, pmax) = (None, None);
         }
         let remote_ip_prefix = match input::opt_str(obj, "remote_ip_prefix")? {
             None => Value::Null,
