@@ -200,6 +200,28 @@ async fn a_rule_over_the_quota_fails_the_policy_with_an_event() -> Result<()> {
             "{}: no rule over the quota",
             target.name
         );
+        // The policy that cannot be applied does not fail (and so retry) other pods' events.
+        pod(
+            &kube.client,
+            "q",
+            "other",
+            json!({"app": "other"}),
+            Some("10.70.0.12"),
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let retries: Vec<String> = ctl
+            .metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with("kuryr_handler_retries_total{handler=\"pod_label\"}"))
+            .map(str::to_string)
+            .collect();
+        assert!(
+            retries.iter().all(|l| l.ends_with(" 0")),
+            "{}: {retries:?}",
+            target.name
+        );
         ctl.shutdown().await?;
         cleanup_project(client, &fx.project).await;
     }

@@ -14,7 +14,7 @@
 //! namespace's pods are). Every apply, release and sweep goes there; a pod's port gets the groups
 //! of its own port's deployment, since a group id of one cloud names nothing in another.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -94,7 +94,14 @@ pub struct NetworkPolicyDriver {
     pools: Option<Arc<PoolManager>>,
     /// Ports' group changes, one per port at a time; a group is deleted once none naming it runs.
     port_groups: PortGroups,
+    /// Policies whose reconcile failed for a reason only their owner or an operator can mend
+    /// (a quota, a deployment no longer configured), by uid, and until when the pod and
+    /// namespace events leave them to their own handler's retries.
+    held: std::sync::Mutex<HashMap<String, std::time::Instant>>,
 }
+
+/// How long [`NetworkPolicyDriver::ensure_stale`] leaves a policy that failed that way.
+const HOLD: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl NetworkPolicyDriver {
     pub fn new(
@@ -120,6 +127,7 @@ impl NetworkPolicyDriver {
             locks: KeyedLocks::default(),
             pools: None,
             port_groups: PortGroups::default(),
+            held: std::sync::Mutex::default(),
         }
     }
 
@@ -478,6 +486,7 @@ impl NetworkPolicyDriver {
         match self.apply(uid, &deployment, &spec.key, &want).await {
             Ok(a) => {
                 self.if_tracking(|t| t.record_applied(uid, want)).await;
+                self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
                 Ok(Some(a))
             }
             Err(e) => {
@@ -495,13 +504,24 @@ impl NetworkPolicyDriver {
     }
 
     /// [`Self::ensure_all`], also returning the policies whose Neutron state it changed (the
-    /// Services they select may admit other sources now).
+    /// Services they select may admit other sources now). Called for every pod and namespace
+    /// event: a policy failing for a reason a retry of that event cannot mend (its project's
+    /// quota, a deployment gone from kuryr.conf) is logged and left to its own handler (whose
+    /// retries and resyncs tell its owner) for [`HOLD`], not returned: one broken policy must
+    /// not fail, and re-run at, every event of the cluster. Transient failures are returned.
     pub async fn ensure_stale(&self) -> Result<(usize, Vec<PolicySpec>), Error> {
         let options = self.options().await?;
+        let now = std::time::Instant::now();
+        let held: HashSet<String> = {
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            held.retain(|_, until| *until > now);
+            held.keys().cloned().collect()
+        };
         let stale: Vec<(String, PolicySpec)> = self
             .with_tracker(|t| {
                 t.stale(options)
                     .into_iter()
+                    .filter(|(uid, _, _)| !held.contains(uid))
                     .map(|(uid, spec, _)| (uid, spec))
                     .collect()
             })
@@ -516,6 +536,13 @@ impl NetworkPolicyDriver {
                     moved.push(spec);
                 }
                 Ok(_) => {}
+                Err(e) if e.is_user_visible() || !e.is_retryable() => {
+                    tracing::warn!(policy = %uid, error = %e, kind = e.label(), "policy not applied; left to its own handler for now");
+                    self.held
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(uid, std::time::Instant::now() + HOLD);
+                }
                 Err(e) => errors.push(e),
             }
         }
