@@ -70,9 +70,12 @@ impl PodInfo {
             .collect();
         ips.sort();
         ips.dedup();
+        // A host-network pod has no Neutron port: a named port of its own would only make a
+        // group variant no port ever uses (and cost a security group of the project's quota).
         let named_ports = pod
             .spec
             .iter()
+            .filter(|_| !host_network)
             .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
             .flat_map(|c| c.ports.iter().flatten())
             .filter_map(|p| {

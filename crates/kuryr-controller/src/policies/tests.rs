@@ -863,13 +863,25 @@ fn a_finished_or_host_network_pod_stands_for_no_address() {
     let pod = |phase: &str, host_network: bool| -> k8s_openapi::api::core::v1::Pod {
         serde_json::from_value(json!({
             "metadata": {"name": "p", "namespace": "ns", "labels": {"app": "a"}},
-            "spec": {"hostNetwork": host_network, "containers": [{"name": "c"}]},
+            "spec": {"hostNetwork": host_network,
+                     "containers": [{"name": "c", "ports": [{"name": "metrics", "containerPort": 9100}]}]},
             "status": {"phase": phase, "podIP": "10.0.0.5", "podIPs": [{"ip": "10.0.0.5"}]}
         }))
         .expect("pod")
     };
     let ip: std::net::IpAddr = "10.0.0.5".parse().expect("ip");
     assert_eq!(PodInfo::from_pod(&pod("Running", false)).ips, vec![ip]);
+    assert_eq!(
+        PodInfo::from_pod(&pod("Running", false)).resolve(Protocol::Tcp, "metrics"),
+        Some(9100)
+    );
+    // No Neutron port, so no group variant for its named port either.
+    let host = PodInfo::from_pod(&pod("Running", true));
+    assert_eq!(host.resolve(Protocol::Tcp, "metrics"), None);
+    assert_eq!(
+        super::desired::variant_of(&host, &[(Protocol::Tcp, "metrics".to_string())]),
+        super::desired::BASE_VARIANT
+    );
     for (phase, host) in [("Succeeded", false), ("Failed", false), ("Running", true)] {
         let info = PodInfo::from_pod(&pod(phase, host));
         assert!(info.ips.is_empty(), "{phase}, hostNetwork {host}: {:?}", info.ips);
