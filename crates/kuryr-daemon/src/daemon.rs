@@ -468,6 +468,7 @@ impl Daemon {
         let attachment = Attachment {
             container_id: p.req.container_id.clone(),
             netns: Some(netns_path.clone()),
+            netns_id: netns.inode().ok(),
             host_ifnames: specs.iter().map(|s| s.host_ifname.clone()).collect(),
             specs: specs.clone(),
         };
@@ -566,11 +567,23 @@ impl Daemon {
             ("", Some(recorded)) => recorded,
             (given, _) => self.netns_path(given),
         };
-        // A namespace that is already gone leaves only host-side cleanup.
+        // A namespace that is already gone leaves only host-side cleanup; so does another one
+        // now at the recorded path (a reused pid's `/proc/<pid>/ns/net`, a name made again):
+        // its interfaces are not this pod's.
+        let recorded = attachment
+            .as_ref()
+            .filter(|a| a.netns.as_deref() == Some(netns_path.as_str()));
         let netns = if netns_path.is_empty() {
             None
         } else {
-            NetNs::open(&netns_path).ok()
+            NetNs::open(&netns_path).ok().filter(|ns| {
+                let plugged = recorded.and_then(|a| a.netns_id);
+                let same = plugged.is_none() || ns.inode().ok() == plugged;
+                if !same {
+                    tracing::info!(pod = %p.key, netns = %netns_path, "another namespace is at the recorded path now: host side only");
+                }
+                same
+            })
         };
         let uid = entry
             .as_ref()
@@ -789,6 +802,7 @@ impl Daemon {
             let att = found.entry(key).or_insert_with(|| Attachment {
                 container_id: container,
                 netns: None,
+                netns_id: None,
                 specs: Vec::new(),
                 host_ifnames: Vec::new(),
             });

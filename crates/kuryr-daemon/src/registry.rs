@@ -65,6 +65,10 @@ impl std::fmt::Display for PodKey {
 pub struct Attachment {
     pub container_id: String,
     pub netns: Option<String>,
+    /// The namespace at `netns` when it was plugged (device, inode): a DEL that
+    /// goes by the recorded path enters it only if it is still that one (a
+    /// `/proc/<pid>/ns/net` path names another process' once the pid is reused).
+    pub netns_id: Option<(u64, u64)>,
     /// Specs as plugged; empty when the attachment was restored from host
     /// link aliases after a restart (then `host_ifnames` is what we know).
     pub specs: Vec<PlugSpec>,
@@ -401,6 +405,7 @@ mod tests {
             Attachment {
                 container_id: "c".into(),
                 netns: None,
+                netns_id: None,
                 specs: vec![],
                 host_ifnames: vec![],
             },

@@ -26,6 +26,9 @@ pub struct Record {
     pub name: String,
     pub container_id: String,
     pub netns: Option<String>,
+    /// Absent in records written before it was kept.
+    #[serde(default)]
+    pub netns_id: Option<(u64, u64)>,
     pub pod_uid: String,
     pub specs: Vec<PlugSpec>,
 }
@@ -38,6 +41,7 @@ impl Record {
             name: key.name.clone(),
             container_id: att.container_id.clone(),
             netns: att.netns.clone(),
+            netns_id: att.netns_id,
             pod_uid: pod_uid.to_string(),
             specs: att.specs.clone(),
         }
@@ -51,6 +55,7 @@ impl Record {
         Attachment {
             container_id: self.container_id.clone(),
             netns: self.netns.clone(),
+            netns_id: self.netns_id,
             host_ifnames: self.specs.iter().map(|s| s.host_ifname.clone()).collect(),
             specs: self.specs.clone(),
         }
@@ -211,6 +216,7 @@ mod tests {
         let att = Attachment {
             container_id: "c1".into(),
             netns: Some("/var/run/netns/x".into()),
+            netns_id: Some((4, 4026532000)),
             host_ifnames: vec!["tapp1".into(); 5],
             specs: vec![
                 spec(PlugKind::Bridge { bridge: "br0".into() }),
@@ -256,6 +262,7 @@ mod tests {
         let att = Attachment {
             container_id: "c".into(),
             netns: None,
+            netns_id: None,
             host_ifnames: vec![],
             specs: vec![],
         };

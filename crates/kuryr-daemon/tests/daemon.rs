@@ -694,6 +694,54 @@ async fn a_port_handed_to_another_pod_survives_the_first_pods_late_teardown() {
     assert!(!host_ok(&["ip", "-o", "link"]).contains(&tap));
 }
 
+/// A DEL without CNI_NETNS goes by the path recorded at ADD, but only into the namespace plugged
+/// then: another one at that path now (a name made again, a reused pid's `/proc/<pid>/ns/net`)
+/// keeps its interfaces, and the host side is still cleaned up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_del_by_the_recorded_path_leaves_another_namespace_there_alone() {
+    if !can_netns() {
+        return;
+    }
+    let br = unique("kdr");
+    let _b = HostLink(br.clone());
+    let ns = TestNetns::new("kdr");
+    let v = vif(
+        "eth0",
+        "r",
+        "fa:16:3e:00:39:01",
+        "10.91.0.0/24",
+        "10.91.0.5",
+        None,
+        &br,
+    );
+    let tap = kuryr_crds::vif_name_for_port(&v.port_id);
+    let _t = HostLink(tap.clone());
+    let d = daemon();
+    d.registry
+        .apply_kuryrport(kuryrport("default", "re", "u", "n1", std::slice::from_ref(&v)));
+    d.add(&body("re", "c1", &ns.path(), "eth0", "u")).await.unwrap();
+    // The namespace goes and another of the same name comes, with an eth0 of its own.
+    let run = |args: &[&str]| {
+        let st = std::process::Command::new("ip").args(args).status().unwrap();
+        assert!(st.success(), "ip {args:?}");
+    };
+    run(&["netns", "del", &ns.name]);
+    run(&["netns", "add", &ns.name]);
+    run(&[
+        "-n", &ns.name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1",
+    ]);
+    d.del(&body("re", "c1", "", "eth0", "u")).await.unwrap();
+    let links = ns.exec_ok(&["ip", "-o", "link"]);
+    assert!(
+        links.contains("eth0"),
+        "the other namespace keeps its eth0: {links}"
+    );
+    assert!(
+        !host_ok(&["ip", "-o", "link"]).contains(&tap),
+        "the host end is gone"
+    );
+}
+
 /// Events that never get through (an API server throttling them).
 struct HangingEvents;
 #[async_trait]
