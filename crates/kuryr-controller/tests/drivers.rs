@@ -421,7 +421,8 @@ async fn namespace_security_groups_isolate_namespaces_and_clusters() -> Result<(
 
 /// A replica that wins the lease back forgets the namespace groups its earlier term cached:
 /// another replica's sweep may have deleted one meanwhile (its namespace deleted and made
-/// again), and a port create naming it would fail at every retry.
+/// again), and a port create naming it would fail at every retry. One deleted under a leader
+/// is forgotten when a port create names it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_new_term_forgets_the_namespace_groups_it_cached() -> Result<()> {
     use k8s_openapi::api::coordination::v1::Lease;
@@ -470,6 +471,23 @@ async fn a_new_term_forgets_the_namespace_groups_it_cached() -> Result<()> {
         let made = namespace_group_of(neutron, &port, &fx.sg).await?;
         assert_ne!(made, cached, "{}", target.name);
         assert!(group_exists(neutron, &made).await?, "{}", target.name);
+
+        // Deleted behind this leader's back too (an operator): the port create that names it
+        // fails, the group is forgotten and made again by the retry.
+        delete_pods(&kube.client, "team", &["second"]).await?;
+        eventually("the second pod's port deleted", WAIT, || async {
+            Ok(gone(neutron, &port).await?.then_some(()))
+        })
+        .await?;
+        neutron.delete_security_group(&made).await?;
+        create_pod(&kube.client, "team", "third", NODES[0], json!({})).await?;
+        let port = wired(&kube.client, "team", 1).await?["third"].clone();
+        let again = namespace_group_of(neutron, &port, &fx.sg).await?;
+        assert!(
+            again != made && group_exists(neutron, &again).await?,
+            "{}",
+            target.name
+        );
         ctrl.stop.cancel();
         cleanup_project(neutron, &fx.project).await;
         eprintln!("namespace-sg[{}]: a new term made the group anew", target.name);

@@ -166,7 +166,24 @@ impl KuryrPortHandler {
             network_status: meta.annotations.and_then(|mut a| a.remove(NPWG_NETWORK_STATUS)),
         };
         if let Some((podref, plan)) = planned {
-            vifs = Box::pin(wiring::acquire_all(&source, &podref, &plan)).await?;
+            vifs = match Box::pin(wiring::acquire_all(&source, &podref, &plan)).await {
+                Ok(vifs) => vifs,
+                // A namespace group the driver had cached was deleted meanwhile (another
+                // replica's sweep, an operator): forgotten, and made again by the retry.
+                Err(e)
+                    if e.neutron()
+                        .is_some_and(|n| n.is_kind(&kuryr_neutron::ErrorKind::SecurityGroupNotFound))
+                        && self.ctx.drivers.namespace_groups.is_some() =>
+                {
+                    if let Some(groups) = &self.ctx.drivers.namespace_groups {
+                        groups.forget_all().await;
+                    }
+                    return Err(Error::not_ready(format!(
+                        "a security group of the pod is gone: {e}"
+                    )));
+                }
+                Err(e) => return Err(e),
+            };
             self.ctx.metrics.stage("request", started.elapsed());
             // Recorded only over the copy that showed no VIFs: a stale copy (an event queued
             // before an earlier attempt recorded its VIFs) must not replace the recorded ports,
