@@ -72,6 +72,29 @@ struct OvsBridge {
     name: String,
 }
 
+impl OvsBridge {
+    /// A new userspace bridge named after `prefix`.
+    fn netdev(db: &str, prefix: &str) -> Self {
+        let b = Self {
+            db: db.to_string(),
+            name: unique(prefix),
+        };
+        vsctl(
+            db,
+            &[
+                "add-br",
+                &b.name,
+                "--",
+                "set",
+                "Bridge",
+                &b.name,
+                "datapath_type=netdev",
+            ],
+        );
+        b
+    }
+}
+
 impl Drop for OvsBridge {
     fn drop(&mut self) {
         let _ = std::process::Command::new("ovs-vsctl")
@@ -172,22 +195,7 @@ async fn two_pods_on_a_netdev_bridge_reach_each_other_and_teardown_cleans_up() {
     // B's name is an Interface record left on another bridge under a Port of
     // another name, its veth gone: the setup replaces it (and the TCP below
     // crosses it).
-    let other = OvsBridge {
-        db: db.clone(),
-        name: unique("kovo"),
-    };
-    vsctl(
-        &db,
-        &[
-            "add-br",
-            &other.name,
-            "--",
-            "set",
-            "Bridge",
-            &other.name,
-            "datapath_type=netdev",
-        ],
-    );
+    let other = OvsBridge::netdev(&db, "kovo");
     let holder = unique("kovh");
     vsctl(
         &db,
@@ -380,22 +388,7 @@ async fn a_bridge_name_taken_by_a_port_is_refused_with_the_reason() {
     if !can_netns() {
         return;
     }
-    let other = OvsBridge {
-        db: db.clone(),
-        name: unique("kovo"),
-    };
-    vsctl(
-        &db,
-        &[
-            "add-br",
-            &other.name,
-            "--",
-            "set",
-            "Bridge",
-            &other.name,
-            "datapath_type=netdev",
-        ],
-    );
+    let other = OvsBridge::netdev(&db, "kovo");
     let taken = unique("kovn");
     vsctl(&db, &["add-port", &other.name, &taken]);
     let pod = TestNetns::new("kovn");
