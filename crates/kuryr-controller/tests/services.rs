@@ -2241,6 +2241,83 @@ async fn a_load_balancer_octavia_fails_to_build_is_a_warning_and_is_built_again(
     Ok(())
 }
 
+/// A load balancer deleted by hand is found gone by the next member update (404): the record is
+/// mended and the retry builds it again, with no handler failure (which would log an ERROR for a
+/// state the handler has already repaired).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_balancer_deleted_by_hand_is_rebuilt_by_the_handler_without_a_failure() -> Result<()> {
+    init_logs();
+    for oct in octavia_targets(LatencyProfile::Instant).await? {
+        let ns = unique("byhand");
+        let bed = Bed::new(&ns).await?;
+        let ctrl = bed.controller(
+            &oct,
+            "[octavia_defaults]\nreconcile_period = 3600\n",
+            "svc-byhand",
+        );
+        let kube = bed.client();
+        create_service(kube, &ns, "web", "10.96.0.16", &[("http", 80, 8080, "TCP")]).await?;
+        set_endpoints(kube, &ns, "web", &ips(2), &[("http", 8080)]).await?;
+        let first = recorded(kube, &ns, "web", 1, 2).await?.loadbalancer.unwrap().id;
+        oct.client.delete_load_balancer(&first, true).await?;
+        set_endpoints(kube, &ns, "web", &ips(3), &[("http", 8080)]).await?;
+        let klbs = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns);
+        eventually("a new load balancer with the 3 members", WAIT, || async {
+            let st = klbs.get_opt("web").await?.and_then(|k| k.status);
+            Ok(st
+                .and_then(|s| s.loadbalancer.filter(|_| s.members.len() == 3))
+                .filter(|l| l.id != first)
+                .map(drop))
+        })
+        .await?;
+        let failures: Vec<String> = ctrl
+            .metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with("kuryr_handler_failures_total{handler=\"kuryrloadbalancer\""))
+            .map(str::to_string)
+            .collect();
+        assert!(failures.is_empty(), "{}: {failures:?}", oct.name);
+    }
+    Ok(())
+}
+
+/// A floating IP a controller made for a LoadBalancer Service and was killed before recording,
+/// the Service then made ClusterIP: the next controller deletes it (the orphan sweep spares it, its
+/// Service exists), so the Service is not reachable from the external network any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrecorded_floating_ip_of_a_service_made_cluster_ip_is_deleted() -> Result<()> {
+    use kuryr_controller::services::public_ip::description;
+    use kuryr_neutron::FloatingIpCreate;
+    init_logs();
+    let ns = unique("fipgone");
+    let bed = Bed::new(&ns).await?;
+    let ext = external(&bed).await?;
+    let n = &bed.neutron.client;
+    let left = n
+        .create_floatingip(&FloatingIpCreate {
+            floating_network_id: ext.network.clone(),
+            project_id: Some(bed.fx.project.clone()),
+            description: Some(description(&ns, &ns, "web")),
+            ..Default::default()
+        })
+        .await?;
+    let kube = bed.client();
+    create_service(kube, &ns, "web", "10.96.0.24", &[("http", 80, 8080, "TCP")]).await?;
+    let extra = format!("[neutron_defaults]\nexternal_svc_net = {}\n", ext.network);
+    let _ctrl = bed.controller(&ext.octavia, &extra, "svc-fipgone");
+    recorded(kube, &ns, "web", 1, 0).await?;
+    eventually("the unrecorded floating IP deleted", WAIT, || async {
+        match n.get_floatingip(&left.id).await {
+            Err(e) if e.is_not_found() => Ok(Some(())),
+            Err(e) => Err(e.into()),
+            Ok(_) => Ok(None),
+        }
+    })
+    .await?;
+    Ok(())
+}
+
 /// A public IP found off its load balancer's VIP port (a pass that rebuilt the load balancer and
 /// crashed before pointing the IP at the new port leaves exactly this) is put back by the first
 /// pass of the next controller, with no change to the Service to prompt it.

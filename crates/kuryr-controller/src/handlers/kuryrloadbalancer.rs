@@ -238,6 +238,25 @@ impl KuryrLoadBalancerHandler {
         })
     }
 
+    /// A Service that is no LoadBalancer (any more) and has no public IP recorded may still have one:
+    /// made by a controller killed before recording it, and then the type changed. It would keep the
+    /// Service reachable from the external network, and the orphan sweep spares it while the Service
+    /// exists: found by its description (once per term and Service; a list only where
+    /// `external_svc_net` is set) and deleted.
+    async fn release_unrecorded_ips(&self, klb: &KuryrLoadBalancer, deployment: &str) -> Result<(), Error> {
+        let ips = self.public_ips(klb, deployment)?;
+        for fip in ips.find_own().await? {
+            tracing::info!(fip = %fip.id, ip = %fip.floating_ip_address, "releasing the unrecorded floating IP of a Service that is no LoadBalancer");
+            ips.release(&kuryr_crds::LbPubIpInfo {
+                ip_id: fip.id,
+                ip_addr: fip.floating_ip_address,
+                alloc_method: public_ip::ALLOC_POOL.into(),
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
     /// Brings `status.service_pub_ip_info` to what the spec asks for.
     async fn reconcile_public_ip(
         &self,
@@ -260,6 +279,16 @@ impl KuryrLoadBalancerHandler {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .contains(&uid);
+                if klb.spec.type_.as_deref() != Some("LoadBalancer") {
+                    if !checked {
+                        self.release_unrecorded_ips(klb, deployment).await?;
+                        self.ip_checked
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(uid);
+                    }
+                    return Ok(());
+                }
                 if let (Some(info), Some(port)) = (status.service_pub_ip_info.clone(), vip_port)
                     && !port.is_empty()
                     && (vip_moved || !checked)
@@ -513,6 +542,15 @@ impl KuryrLoadBalancerHandler {
             Err(e) => {
                 self.unchecked(&klb);
                 self.record_what_octavia_has(&actor, &klb, &desired).await;
+                // A recorded part deleted outside kuryr (a pool, the load balancer): the record was
+                // just made to say what Octavia has, and the retry builds the rest. Not an error.
+                if let Error::LoadBalancer { source, .. } = &e
+                    && source.is_not_found()
+                {
+                    return Err(Error::not_ready(format!(
+                        "part of the load balancer is gone, the retry makes it again: {e}"
+                    )));
+                }
                 return Err(e);
             }
         };
