@@ -341,7 +341,7 @@ impl Daemon {
     }
 
     /// CNI ADD.
-    pub async fn add(&self, body: &[u8]) -> Result<AddResult, DaemonError> {
+    pub async fn add(self: &Arc<Self>, body: &[u8]) -> Result<AddResult, DaemonError> {
         let started = std::time::Instant::now();
         let res = self.add_inner(body).await;
         self.record("ADD", started, &res);
@@ -407,42 +407,11 @@ impl Daemon {
             .map_err(|e| DaemonError::BadParams(format!("CNI_NETNS {mapped:?}: {e}")))
     }
 
-    async fn add_inner(&self, body: &[u8]) -> Result<AddResult, DaemonError> {
-        let p = CniParams::parse(body)?;
-        p.validate(Command::Add)?;
-        self.netns_exists(&p.req.netns)?;
-        // The per-pod lock is held only while plugging, never during the
-        // waits, so a DEL (or the kubelet's retry) is not stuck behind them.
-        let deadline = Instant::now() + self.config.vif_annotation_timeout;
-        let _slot = match tokio::time::timeout_at(deadline, self.add_slots.acquire()).await {
-            Ok(Ok(permit)) => AddSlot::new(permit, &self.metrics.adds_in_flight),
-            Ok(Err(e)) => return Err(internal(e)),
-            Err(_) => {
-                self.metrics.reject("adds_busy");
-                return Err(DaemonError::Timeout(format!(
-                    "{} ADDs in flight: no slot for pod {} within {:?}",
-                    self.config.limits.max_concurrent_adds, p.key, self.config.vif_annotation_timeout
-                )));
-            }
-        };
-
-        // 1. the KuryrPort carries VIFs (the Event goes out as the wait starts)
-        let kp = self
-            .wait_for_kuryrport(
-                &p,
-                deadline,
-                "the KuryrPort's VIFs",
-                (
-                    "CNIWaitingForVIFs",
-                    "Waiting for Neutron ports to be created for the pod",
-                ),
-                |kp| kp.vifs().filter(|v| !v.is_empty()).map(|_| kp.clone()),
-            )
-            .await?;
-
-        // 2. plug every VIF
+    /// Step 2 of an ADD: every VIF plugged under the pod's lock and the attachment recorded, or
+    /// what this ADD plugged undone. The specs plugged.
+    async fn plug(&self, p: &CniParams, kp: &KuryrPort) -> Result<Vec<PlugSpec>, DaemonError> {
         let lock = self.lock_pod(&p.key).await;
-        let specs = self.specs_for(&kp, &p.req.ifname)?;
+        let specs = self.specs_for(kp, &p.req.ifname)?;
         let netns_path = self.netns_path(&p.req.netns);
         let netns =
             NetNs::open(&netns_path).map_err(|e| DaemonError::BadParams(format!("CNI_NETNS: {e}")))?;
@@ -488,6 +457,51 @@ impl Daemon {
         self.registry.set_attachment(&p.key, attachment);
 
         drop(lock);
+        Ok(specs)
+    }
+
+    async fn add_inner(self: &Arc<Self>, body: &[u8]) -> Result<AddResult, DaemonError> {
+        let p = CniParams::parse(body)?;
+        p.validate(Command::Add)?;
+        self.netns_exists(&p.req.netns)?;
+        // The per-pod lock is held only while plugging, never during the
+        // waits, so a DEL (or the kubelet's retry) is not stuck behind them.
+        let deadline = Instant::now() + self.config.vif_annotation_timeout;
+        let _slot = match tokio::time::timeout_at(deadline, self.add_slots.acquire()).await {
+            Ok(Ok(permit)) => AddSlot::new(permit, &self.metrics.adds_in_flight),
+            Ok(Err(e)) => return Err(internal(e)),
+            Err(_) => {
+                self.metrics.reject("adds_busy");
+                return Err(DaemonError::Timeout(format!(
+                    "{} ADDs in flight: no slot for pod {} within {:?}",
+                    self.config.limits.max_concurrent_adds, p.key, self.config.vif_annotation_timeout
+                )));
+            }
+        };
+
+        // 1. the KuryrPort carries VIFs (the Event goes out as the wait starts)
+        let kp = self
+            .wait_for_kuryrport(
+                &p,
+                deadline,
+                "the KuryrPort's VIFs",
+                (
+                    "CNIWaitingForVIFs",
+                    "Waiting for Neutron ports to be created for the pod",
+                ),
+                |kp| kp.vifs().filter(|v| !v.is_empty()).map(|_| kp.clone()),
+            )
+            .await?;
+
+        // 2. plug every VIF, in a task of its own: a client gone mid-plug (the runtime killed the
+        // plugin, its sandbox given up) drops this request, and must not cut the plug short
+        // between an interface made and its record, which the runtime's DEL goes by.
+        let specs = {
+            let (this, p, kp) = (self.clone(), p.clone(), kp.clone());
+            tokio::spawn(async move { this.plug(&p, &kp).await })
+                .await
+                .map_err(internal)??
+        };
 
         // 3. every VIF active
         let kp = self

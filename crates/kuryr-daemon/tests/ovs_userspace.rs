@@ -450,6 +450,102 @@ async fn unreachable_ovsdb_refuses_setup_without_leftovers() {
     assert!(!pod.exec_ok(&["ip", "-o", "link"]).contains("eth0"));
 }
 
+/// An ovsdb-server that finds the bridge and then never answers again (an ovs-vswitchd that does
+/// not apply the port: each wait runs to its timeout). Serves every connection to `sock`.
+fn stalling_ovsdb(sock: std::path::PathBuf) -> tokio::task::JoinHandle<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Ok(n) = conn.read(&mut chunk).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let mut stream = serde_json::Deserializer::from_slice(&buf).into_iter::<Value>();
+                    let mut used = 0;
+                    while let Some(Ok(req)) = stream.next() {
+                        used = stream.byte_offset();
+                        let lookup = req["method"] == "transact" && req["params"][1]["table"] == "Bridge";
+                        if lookup {
+                            let rows = json!([{"_uuid": ["uuid", "6b8e1c0e-0000-4000-8000-000000000001"],
+                                               "datapath_type": "netdev"}]);
+                            let answer = json!({"id": req["id"], "error": null,
+                                "result": [{"rows": rows}, {"rows": []}, {"rows": []}]});
+                            let _ = conn.write_all(answer.to_string().as_bytes()).await;
+                        }
+                    }
+                    buf.drain(..used);
+                }
+            });
+        }
+    })
+}
+
+/// An ADD whose client goes away while it plugs (the runtime killed the plugin: its sandbox given
+/// up) is not cut short between the veth made and the port attached or undone: the plug runs to
+/// its end on its own, here the OVS attach timing out and the veth removed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_add_dropped_mid_plug_still_finishes_its_plug() {
+    if !can_netns() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("db.sock");
+    let server = stalling_ovsdb(sock.clone());
+    let node = unique("kovc");
+    let mut cfg = DaemonConfig::new(node.clone());
+    cfg.vif_annotation_timeout = Duration::from_secs(20);
+    cfg.binding = BindingConfig {
+        ovs_timeout_secs: 2,
+        ..ovs_config(&format!("unix:{}", sock.display()))
+    };
+    let d = Daemon::new(cfg, Arc::new(NoEvents), Arc::new(ApiUp));
+    let pod = TestNetns::new("kovc");
+    let port_id = format!("{}-port-c", unique("q"));
+    let tap = kuryr_crds::vif_name_for_port(&port_id);
+    let _l = HostLink(tap.clone());
+    d.registry.apply_kuryrport(ovs_kuryrport(
+        "cut",
+        "uid-cut",
+        &node,
+        &port_id,
+        "fa:16:3e:00:45:01",
+        "10.74.0.30",
+        "br-int",
+    ));
+    let body = cni_body("ADD", "cut", "c1", &pod.path(), "uid-cut").to_string();
+    let add = {
+        let d = d.clone();
+        tokio::spawn(async move { d.add(body.as_bytes()).await.map(drop) })
+    };
+    // Plugging: the veth is made, the attach waits on the database.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !host_link_exists(&tap).await {
+        assert!(std::time::Instant::now() < deadline, "the ADD never plugged");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    add.abort();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while host_link_exists(&tap).await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the veth of a plug cut short is left on the host"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.abort();
+}
+
 struct ApiUp;
 #[async_trait]
 impl ApiHealth for ApiUp {
