@@ -2241,6 +2241,69 @@ async fn a_load_balancer_octavia_fails_to_build_is_a_warning_and_is_built_again(
     Ok(())
 }
 
+/// The periodic check judges a load balancer against the KuryrLoadBalancer as its pass listed it:
+/// when the handler rewrote the record meanwhile (members replaced while the check waited on
+/// Octavia), the check does not clear the current record (it did: a false "changed outside
+/// kuryr", the record emptied and adopted again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_rewritten_during_a_periodic_check_is_not_cleared() -> Result<()> {
+    use futures::StreamExt;
+    use kube::api::WatchEvent;
+    init_logs();
+    for oct in octavia_targets(LatencyProfile::Instant).await? {
+        // Only the emulator can be told to answer slowly.
+        let Some(emu) = &oct.emulator else { continue };
+        let ns = unique("stale");
+        let bed = Bed::new(&ns).await?;
+        let _ctrl = bed.controller(&oct, "", "svc-stale");
+        let kube = bed.client();
+        create_service(kube, &ns, "web", "10.96.0.17", &[("http", 80, 8080, "TCP")]).await?;
+        set_endpoints(kube, &ns, "web", &ips(2), &[("http", 8080)]).await?;
+        recorded(kube, &ns, "web", 1, 2).await?;
+        let klbs = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns);
+        let version = klbs.get("web").await?.resource_version().unwrap_or_default();
+        let mut events = klbs.watch(&Default::default(), &version).await?.boxed();
+        let cleared = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let watching = tokio::spawn({
+            let cleared = cleared.clone();
+            async move {
+                while let Some(Ok(e)) = events.next().await {
+                    if let WatchEvent::Modified(k) = e
+                        && k.status.as_ref().is_none_or(|s| s.loadbalancer.is_none())
+                    {
+                        cleared.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            }
+        });
+        // Each check's first read waits 3 s: the pass listed the record before the change below.
+        emu.set_faults(octavia_emulator::FaultConfig {
+            rules: vec![octavia_emulator::FaultRule {
+                operation: "loadbalancer.get".into(),
+                status: None,
+                count: None,
+                delay_ms: 3000,
+            }],
+        });
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let others = vec!["10.1.0.30".to_string(), "10.1.0.31".to_string()];
+        set_endpoints(kube, &ns, "web", &others, &[("http", 8080)]).await?;
+        eventually("the new members recorded", WAIT, || async {
+            let st = klbs.get_opt("web").await?.and_then(|k| k.status);
+            let ips: BTreeSet<String> = st.iter().flat_map(|s| &s.members).map(|m| m.ip.clone()).collect();
+            Ok((ips == others.iter().cloned().collect()).then_some(()))
+        })
+        .await?;
+        // Past the slow check that listed the old record.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        emu.set_faults(octavia_emulator::FaultConfig::default());
+        watching.abort();
+        let cleared = cleared.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(cleared, 0, "{}: the record was cleared {cleared} times", oct.name);
+    }
+    Ok(())
+}
+
 /// A load balancer deleted by hand is found gone by the next member update (404): the record is
 /// mended and the retry builds it again, with no handler failure (which would log an ERROR for a
 /// state the handler has already repaired).
