@@ -238,25 +238,6 @@ impl KuryrLoadBalancerHandler {
         })
     }
 
-    /// A Service that is no LoadBalancer (any more) and has no public IP recorded may still have one:
-    /// made by a controller killed before recording it, and then the type changed. It would keep the
-    /// Service reachable from the external network, and the orphan sweep spares it while the Service
-    /// exists: found by its description (once per term and Service; a list only where
-    /// `external_svc_net` is set) and deleted.
-    async fn release_unrecorded_ips(&self, klb: &KuryrLoadBalancer, deployment: &str) -> Result<(), Error> {
-        let ips = self.public_ips(klb, deployment)?;
-        for fip in ips.find_own().await? {
-            tracing::info!(fip = %fip.id, ip = %fip.floating_ip_address, "releasing the unrecorded floating IP of a Service that is no LoadBalancer");
-            ips.release(&kuryr_crds::LbPubIpInfo {
-                ip_id: fip.id,
-                ip_addr: fip.floating_ip_address,
-                alloc_method: public_ip::ALLOC_POOL.into(),
-            })
-            .await?;
-        }
-        Ok(())
-    }
-
     /// Brings `status.service_pub_ip_info` to what the spec asks for.
     async fn reconcile_public_ip(
         &self,
@@ -280,8 +261,13 @@ impl KuryrLoadBalancerHandler {
                     .unwrap_or_else(|e| e.into_inner())
                     .contains(&uid);
                 if klb.spec.type_.as_deref() != Some("LoadBalancer") {
+                    // No LoadBalancer (any more), no public IP recorded, and still one may exist:
+                    // made by a controller killed before recording it, then the type changed. It
+                    // keeps the Service reachable from outside and the orphan sweep spares it while
+                    // the Service exists: looked for once per term (a list only where
+                    // `external_svc_net` is set) and deleted.
                     if !checked {
-                        self.release_unrecorded_ips(klb, deployment).await?;
+                        self.public_ips(klb, deployment)?.release_own().await?;
                         self.ip_checked
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
@@ -663,16 +649,7 @@ impl KuryrLoadBalancerHandler {
         if let Some(info) = recorded_ip {
             ips.release(info).await?;
         }
-        let own = ips.find_own().await?;
-        let had_ip = recorded_ip.is_some() || !own.is_empty();
-        for fip in own {
-            ips.release(&kuryr_crds::LbPubIpInfo {
-                ip_id: fip.id,
-                ip_addr: fip.floating_ip_address,
-                alloc_method: public_ip::ALLOC_POOL.into(),
-            })
-            .await?;
-        }
+        let had_ip = ips.release_own().await? > 0 || recorded_ip.is_some();
         // A Service that stays (made NodePort or ExternalName) no longer has that address. Only
         // what kuryr wrote is cleared: another class' implementation owns its own ingress.
         if had_ip {

@@ -170,19 +170,18 @@ impl KuryrPortHandler {
                 Ok(vifs) => vifs,
                 // A namespace group the driver had cached was deleted meanwhile (another
                 // replica's sweep, an operator): forgotten, and made again by the retry.
-                Err(e)
-                    if e.neutron()
-                        .is_some_and(|n| n.is_kind(&kuryr_neutron::ErrorKind::SecurityGroupNotFound))
-                        && self.ctx.drivers.namespace_groups.is_some() =>
-                {
-                    if let Some(groups) = &self.ctx.drivers.namespace_groups {
+                Err(e) => match &self.ctx.drivers.namespace_groups {
+                    Some(groups)
+                        if e.neutron()
+                            .is_some_and(|n| n.is_kind(&kuryr_neutron::ErrorKind::SecurityGroupNotFound)) =>
+                    {
                         groups.forget_all().await;
+                        return Err(Error::not_ready(format!(
+                            "a security group of the pod is gone: {e}"
+                        )));
                     }
-                    return Err(Error::not_ready(format!(
-                        "a security group of the pod is gone: {e}"
-                    )));
-                }
-                Err(e) => return Err(e),
+                    _ => return Err(e),
+                },
             };
             self.ctx.metrics.stage("request", started.elapsed());
             // Recorded only over the copy that showed no VIFs: a stale copy (an event queued

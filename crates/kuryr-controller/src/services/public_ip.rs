@@ -160,6 +160,23 @@ impl PublicIps<'_> {
             .map_err(neutron_err("looking up the Service's floating IP".into()))
     }
 
+    /// Deletes the pool floating IPs [`Self::find_own`] finds (ones a crash left unrecorded);
+    /// how many there were.
+    pub async fn release_own(&self) -> Result<usize, Error> {
+        let own = self.find_own().await?;
+        let n = own.len();
+        for fip in own {
+            tracing::info!(fip = %fip.id, ip = %fip.floating_ip_address, "releasing an unrecorded floating IP of the Service");
+            self.release(&LbPubIpInfo {
+                ip_id: fip.id,
+                ip_addr: fip.floating_ip_address,
+                alloc_method: ALLOC_POOL.into(),
+            })
+            .await?;
+        }
+        Ok(n)
+    }
+
     async fn acquire_pool(&self, project_id: &str, vip_port: &str) -> Result<LbPubIpInfo, Error> {
         let Some(net) = self.external.network.clone().filter(|n| !n.is_empty()) else {
             return Err(Error::invalid(
