@@ -451,6 +451,11 @@ step "waiting for clippy"
 clippy_rc=0
 wait "$CLIPPY_PID" || clippy_rc=$?
 CLIPPY_PID=""
+# 127: the shell no longer knows the job (reaped already); clippy's own last line says how it ended.
+if [ "$clippy_rc" -eq 127 ]; then
+  clippy_rc=$(sed -n 's/^clippy: [0-9]*s (exit \([0-9]*\))$/\1/p' "$LOG_DIR/clippy.log" | tail -n 1)
+  clippy_rc=${clippy_rc:-127}
+fi
 if [ "$clippy_rc" -ne 0 ]; then
   cat "$LOG_DIR/clippy.log"
 else
