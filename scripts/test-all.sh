@@ -265,7 +265,15 @@ trap stop_labs EXIT
 
 echo "disk: $(disk_free) free at $REPO"
 step "starting the labs in the background (log: $LAB_LOG; printed when ready)"
-start_labs >"$LAB_LOG" 2>&1 &
+# Background jobs leave their exit status in a file: with pid_max at 32768 and a long run, bash can
+# hand a background job's pid to a later child of its own and forget the job's status (`wait` then
+# answers 127 for a job that ended well).
+rm -f "$LOG_DIR/labs.rc" "$LOG_DIR/clippy.rc"
+job_rc() { # <pid> <rc file>: waits for the job, prints its exit status (1 when it left none)
+  wait "$1" 2>/dev/null || true
+  cat "$2" 2>/dev/null || echo 1
+}
+( trap 'echo $? >"$LOG_DIR/labs.rc"' EXIT; start_labs ) >"$LAB_LOG" 2>&1 &
 LABS_PID=$!
 
 t0=$(date +%s)
@@ -283,7 +291,7 @@ step "cargo clippy --workspace --all-targets -- -D warnings (in the background a
 CARGO_TARGET_DIR="$REPO/target/clippy" setsid bash -c 't0=$(date +%s); rc=0
   echo 19 >/proc/self/autogroup 2>/dev/null || true
   nice -n 19 cargo clippy --workspace --all-targets -- -D warnings || rc=$?
-  echo "clippy: $(( $(date +%s) - t0 ))s (exit $rc)"; exit "$rc"' >"$LOG_DIR/clippy.log" 2>&1 &
+  echo "clippy: $(( $(date +%s) - t0 ))s (exit $rc)"; echo "$rc" >"$1"; exit "$rc"' clippy "$LOG_DIR/clippy.rc" >"$LOG_DIR/clippy.log" 2>&1 &
 CLIPPY_PID=$!
 
 step "building the tests (cargo test --workspace --no-run; log: $LOG_DIR/test-build.log)"
@@ -309,8 +317,7 @@ echo "manifests: $(since "$t0")"
 
 step "waiting for the labs"
 t0=$(date +%s)
-labs_rc=0
-wait "$LABS_PID" || labs_rc=$?
+labs_rc=$(job_rc "$LABS_PID" "$LOG_DIR/labs.rc")
 LABS_PID=""
 cat "$LAB_LOG"
 if [ "$labs_rc" -ne 0 ]; then
@@ -448,14 +455,8 @@ for name in rest pools e2e; do
 done | sort -k3 -n -r | head -n 15
 
 step "waiting for clippy"
-clippy_rc=0
-wait "$CLIPPY_PID" || clippy_rc=$?
+clippy_rc=$(job_rc "$CLIPPY_PID" "$LOG_DIR/clippy.rc")
 CLIPPY_PID=""
-# 127: the shell no longer knows the job (reaped already); clippy's own last line says how it ended.
-if [ "$clippy_rc" -eq 127 ]; then
-  clippy_rc=$(sed -n 's/^clippy: [0-9]*s (exit \([0-9]*\))$/\1/p' "$LOG_DIR/clippy.log" | tail -n 1)
-  clippy_rc=${clippy_rc:-127}
-fi
 if [ "$clippy_rc" -ne 0 ]; then
   cat "$LOG_DIR/clippy.log"
 else
