@@ -1189,6 +1189,75 @@ async fn an_isolated_pod_still_admits_its_nodes() -> Result<()> {
     Ok(())
 }
 
+/// Egress to the API servers by ipBlock, the usual way to let pods reach `kubernetes.default`:
+/// the Service has no selector, its EndpointSlice names the servers on 6443, and the client
+/// sends to its cluster IP on 443. The policy's group admits that VIP on 443, read from the
+/// Service's EndpointSlice (a selector-less Service was never a peer's Service before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn egress_to_the_api_servers_admits_the_kubernetes_service_vip() -> Result<()> {
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let client = &target.client;
+        let fx = neutron_fixture(client, "10.75.0.0/24").await?;
+        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let ctl = start_controller(
+            &kube.client,
+            &target,
+            config(&ini(&fx, &cluster, "policy,kuryrnetworkpolicy")),
+            "np-test-apiserver",
+        );
+        labelled_namespace(&kube.client, "n").await?;
+        let svc: Service = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "kubernetes", "namespace": "n"},
+            "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.1",
+                     "ports": [{"name": "https", "port": 443, "targetPort": 6443, "protocol": "TCP"}]}
+        }))?;
+        Api::<Service>::namespaced(kube.client.clone(), "n")
+            .create(&PostParams::default(), &svc)
+            .await?;
+        let slice: EndpointSlice = serde_json::from_value(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "kubernetes", "namespace": "n", "labels": {"kubernetes.io/service-name": "kubernetes"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["192.168.0.10"], "conditions": {"ready": true}}],
+            "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}]
+        }))?;
+        Api::<EndpointSlice>::namespaced(kube.client.clone(), "n")
+            .create(&PostParams::default(), &slice)
+            .await?;
+        apply_policy(
+            &kube.client,
+            "n",
+            "to-api",
+            json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{
+                "to": [{"ipBlock": {"cidr": "192.168.0.0/24"}}], "ports": [{"port": 6443}]}]}),
+        )
+        .await?;
+        let sg = policy_group(&kube.client, "n", "to-api").await?;
+        let vip = eventually("the VIP's egress rule", WAIT, || async {
+            let rules = client
+                .list_security_group_rules(&ListFilter::new().security_group_id(&sg))
+                .await?;
+            let Some(ag) = rules
+                .iter()
+                .find(|r| r.direction == "egress" && r.port_range_min == Some(443) && r.ethertype == "IPv4")
+                .and_then(|r| r.remote_address_group_id.clone())
+            else {
+                return Ok(None);
+            };
+            Ok(Some(client.get_address_group(&ag).await?.addresses))
+        })
+        .await?;
+        assert_eq!(vip, vec!["10.96.0.1/32".to_string()], "{}", target.name);
+        ctl.stop.cancel();
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}
+
 /// A policy edit that its KuryrNetworkPolicy's spec does not show (a rule on a named port, which
 /// resolves per pod) still reaches Neutron at once, not at the next resync: the policy's
 /// generation is handed on with it.

@@ -17,7 +17,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use kuryr_controller::metrics::Metrics;
 use kuryr_controller::openstack::Deployments;
-use kuryr_crds::{KuryrLoadBalancer, KuryrLoadBalancerStatus};
+use kuryr_crds::{KuryrLoadBalancer, KuryrLoadBalancerStatus, KuryrNetwork};
 use kuryr_neutron::ClientOptions;
 use kuryr_neutron::ListFilter;
 use kuryr_neutron::octavia::{ListenerCreate, LoadBalancerCreate, OctaviaClient, PoolCreate, Provisioning};
@@ -593,6 +593,90 @@ async fn member_mode_l2_puts_members_on_the_pod_subnet_and_l3_on_the_service_sub
             );
         }
     }
+    Ok(())
+}
+
+/// Writes a KuryrNetwork for `ns` whose status names `subnet`, as the kuryrnetwork handler would.
+async fn write_kuryrnetwork(kube: &Client, ns: &str, subnet: &str) -> Result<()> {
+    let api = Api::<KuryrNetwork>::namespaced(kube.clone(), ns);
+    // The CRD has no status subresource (upstream's): the status is written with the object.
+    let kn: KuryrNetwork = serde_json::from_value(json!({
+        "apiVersion": "openstack.org/v1", "kind": "KuryrNetwork",
+        "metadata": {"name": ns, "namespace": ns},
+        "spec": {"nsName": ns, "projectId": "p", "nsLabels": {}},
+        "status": {"subnetId": subnet, "netId": "n"},
+    }))?;
+    api.create(&PostParams::default(), &kn).await?;
+    Ok(())
+}
+
+/// L2 member mode with per-namespace subnets: an endpoint in a namespace that has no network yet
+/// (no KuryrNetwork) is left out, with a `KuryrSkipMember` Event naming it and the namespace, and
+/// the others are served at once; it becomes a member when its namespace's network appears (the
+/// pass is retried for it). One such endpoint held up the whole load balancer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_whose_namespace_has_no_network_yet_waits_alone_in_l2_mode() -> Result<()> {
+    init_logs();
+    let oct = octavia_targets(LatencyProfile::Instant).await?.remove(0);
+    let ns = unique("l2ns");
+    let other = format!("{ns}-other");
+    let bed = Bed::new(&ns).await?;
+    let (pod_subnet, svc_subnet) = (bed.fx.subnet.clone(), bed.fx.subnets[1].subnet.clone());
+    let kube = bed.client();
+    create_namespace(kube, &other, json!({})).await?;
+    write_kuryrnetwork(kube, &ns, &pod_subnet).await?;
+    let _ctrl = bed.controller(
+        &oct,
+        "[kubernetes]\npod_subnets_driver = namespace\n[octavia_defaults]\nmember_mode = L2\n",
+        "svc-l2ns",
+    );
+    create_service(kube, &ns, "web", "10.96.0.21", &[("http", 80, 8080, "TCP")]).await?;
+    let endpoint = |ip: &str, pod: &str, pod_ns: &str| {
+        json!({
+            "addresses": [ip], "conditions": {"ready": true},
+            "targetRef": {"kind": "Pod", "name": pod, "namespace": pod_ns}
+        })
+    };
+    write_slice(
+        kube,
+        &ns,
+        "web",
+        "web-a",
+        vec![
+            endpoint("10.1.0.10", "web-0", &ns),
+            endpoint("10.1.0.11", "web-1", &ns),
+            endpoint("10.96.0.50", "far-0", &other),
+        ],
+        &[("http", 8080)],
+    )
+    .await?;
+    let st = recorded(kube, &ns, "web", 1, 2).await?;
+    let mut on: Vec<(String, String)> = st
+        .members
+        .iter()
+        .map(|m| (m.ip.clone(), m.subnet_id.clone()))
+        .collect();
+    on.sort();
+    assert_eq!(
+        on,
+        [
+            ("10.1.0.10".to_string(), pod_subnet.clone()),
+            ("10.1.0.11".to_string(), pod_subnet.clone())
+        ]
+    );
+    let note = warning_note(kube, &ns, "web", Some("KuryrSkipMember")).await?;
+    assert!(note.contains("10.96.0.50") && note.contains(&other), "{note}");
+
+    // The namespace's network appears: its endpoint joins, on that subnet, with no other event.
+    write_kuryrnetwork(kube, &other, &svc_subnet).await?;
+    let st = recorded(kube, &ns, "web", 1, 3).await?;
+    assert!(
+        st.members
+            .iter()
+            .any(|m| m.ip == "10.96.0.50" && m.subnet_id == svc_subnet),
+        "{:?}",
+        st.members
+    );
     Ok(())
 }
 

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
@@ -42,8 +43,8 @@ use crate::placement::record::recorded_deployment;
 use crate::policies::desired::BASE_VARIANT;
 use crate::policies::{
     ActualGroup, ActualPolicy, AgKey, Cidr, ClusterIndex, DesiredPolicy, Direction, EtherType, Op, Options,
-    PodInfo, PodSecurity, PolicyKey, PolicySpec, PolicyTracker, Protocol, Remote, Rule, desired, diff,
-    pod_security,
+    PodInfo, PodSecurity, PolicyKey, PolicySpec, PolicyTracker, Protocol, Remote, Rule, ServiceInfo, desired,
+    diff, pod_security,
 };
 use crate::pool::PoolManager;
 use crate::wiring::record::recorded_vifs;
@@ -270,16 +271,33 @@ impl NetworkPolicyDriver {
 
     /// Replaces the index's Services with a fresh listing. No handler of the policy set
     /// watches Services, so they are re-read when a policy itself is reconciled (which the
-    /// periodic resync does too).
+    /// periodic resync does too). A Service without a selector has its EndpointSlices read
+    /// with it (one labelled list each; such Services are few: `kubernetes.default`, the
+    /// hand-made ones in front of what runs outside the cluster).
     async fn list_services(&self, index: &mut ClusterIndex) -> Result<(), Error> {
         index.services.clear();
         for svc in Api::<Service>::all(self.kube.clone())
             .list(&ListParams::default())
             .await?
         {
-            if svc.metadata.deletion_timestamp.is_none() {
-                index.set_service(&svc);
+            if svc.metadata.deletion_timestamp.is_some() {
+                continue;
             }
+            let mut info = ServiceInfo::from_service(&svc);
+            if info.selector.is_none() && !info.vips.is_empty() {
+                let ns = svc.namespace().unwrap_or_default();
+                let slices = Api::<EndpointSlice>::namespaced(self.kube.clone(), &ns)
+                    .list(&ListParams::default().labels(&format!(
+                        "{}={}",
+                        crate::services::endpoints::SERVICE_NAME_LABEL,
+                        svc.name_any()
+                    )))
+                    .await?;
+                info = info.with_endpoint_slices(&slices.items);
+            }
+            index
+                .services
+                .insert((svc.namespace().unwrap_or_default(), svc.name_any()), info);
         }
         Ok(())
     }

@@ -134,12 +134,20 @@ impl KuryrLoadBalancerHandler {
         }
     }
 
-    /// Member subnets: the VIP subnet in L3 mode (routed), the pod's own subnet in L2 mode.
-    async fn desired(&self, klb: &KuryrLoadBalancer, deployment: &str) -> Result<DesiredLb, Error> {
+    /// Member subnets: the VIP subnet in L3 mode (routed), the pod's own subnet in L2 mode. Also the
+    /// namespaces of endpoints whose network is not known yet (L2 with per-namespace subnets): their
+    /// members are left out of this pass, which the caller retries for them once it is done, so one
+    /// such endpoint does not hold up the others (upstream skipped the member too).
+    async fn desired(
+        &self,
+        klb: &KuryrLoadBalancer,
+        deployment: &str,
+    ) -> Result<(DesiredLb, BTreeSet<String>), Error> {
         let ns = klb.namespace().unwrap_or_default();
         let name = klb.name_any();
         let vip_subnet = klb.spec.subnet_id.clone().unwrap_or_default();
         let mut subnets: Vec<(ipnet::IpNet, String)> = Vec::new();
+        let mut waiting = BTreeSet::new();
         if self.ctx.config.octavia_defaults.member_mode == MemberMode::L2 {
             let namespaces: BTreeSet<String> = klb
                 .spec
@@ -150,12 +158,25 @@ impl KuryrLoadBalancerHandler {
                 .chain(std::iter::once(ns.clone()))
                 .collect();
             for pod_ns in namespaces {
-                let info = self
+                let found = self
                     .ctx
                     .drivers
                     .subnets
                     .network_for_namespace(deployment, &pod_ns)
-                    .await?;
+                    .await;
+                // The Service's own namespace without a network yet: the whole pass waits for it, as
+                // its pods do. Another namespace's endpoints wait alone.
+                let info = match found {
+                    Err(e)
+                        if pod_ns != ns
+                            && matches!(e, Error::ResourceNotReady(_) | Error::InvalidInput { .. }) =>
+                    {
+                        tracing::debug!(namespace = %pod_ns, error = %e, "endpoints of a namespace without a known network wait");
+                        waiting.insert(pod_ns);
+                        continue;
+                    }
+                    found => found?,
+                };
                 for s in &info.subnets {
                     if let Ok(net) = s.cidr.parse::<ipnet::IpNet>() {
                         subnets.push((net, s.id.clone()));
@@ -190,13 +211,18 @@ impl KuryrLoadBalancerHandler {
             d.listeners
                 .retain(|k, l| refused.get(k).is_none_or(|was| *was != asked(l)));
         }
-        self.tell_skipped(klb, &d.skipped).await;
-        Ok(d)
+        self.tell_skipped(klb, &d.skipped, &waiting).await;
+        Ok((d, waiting))
     }
 
     /// A `KuryrSkipMember` Warning Event (upstream's) on the Service when endpoints are left out for
     /// want of a member subnet, once per change of what is left out.
-    async fn tell_skipped(&self, klb: &KuryrLoadBalancer, skipped: &BTreeSet<String>) {
+    async fn tell_skipped(
+        &self,
+        klb: &KuryrLoadBalancer,
+        skipped: &BTreeSet<String>,
+        waiting: &BTreeSet<String>,
+    ) {
         let uid = klb.uid().unwrap_or_default();
         let fresh = {
             let mut told = self.skipped.lock().unwrap_or_else(|e| e.into_inner());
@@ -209,13 +235,20 @@ impl KuryrLoadBalancerHandler {
         };
         if fresh {
             let list: Vec<&str> = skipped.iter().map(String::as_str).collect();
-            let msg = format!(
+            let mut msg = format!(
                 "Endpoints {} of Service {}/{} are on no pod subnet and no [pod_vif_nested] worker_nodes_subnets \
                  subnet: no member is made for them (member_mode = L2)",
                 list.join(", "),
                 klb.namespace().unwrap_or_default(),
                 klb.name_any()
             );
+            if !waiting.is_empty() {
+                let list: Vec<&str> = waiting.iter().map(String::as_str).collect();
+                msg.push_str(&format!(
+                    "; namespaces {} have no network yet (KuryrNetwork), their endpoints are added once they do",
+                    list.join(", ")
+                ));
+            }
             tracing::warn!("{msg}");
             self.event(klb, true, "KuryrSkipMember", &msg).await;
         }
@@ -482,6 +515,19 @@ impl ResourceEventHandler for KuryrLoadBalancerHandler {
     }
 }
 
+/// A pass that served what it could and left endpoints waiting for their namespace's network
+/// is retried (with the pipeline's backoff) until they are members.
+fn still_waiting(waiting: &BTreeSet<String>) -> Result<(), Error> {
+    if waiting.is_empty() {
+        return Ok(());
+    }
+    let list: Vec<&str> = waiting.iter().map(String::as_str).collect();
+    Err(Error::not_ready(format!(
+        "endpoints in namespaces {} wait for their KuryrNetwork",
+        list.join(", ")
+    )))
+}
+
 impl KuryrLoadBalancerHandler {
     async fn present(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
         let mut klb = add_finalizer(&self.ctx.kube, klb, finalizers::KURYRLOADBALANCER).await?;
@@ -490,7 +536,7 @@ impl KuryrLoadBalancerHandler {
             return Ok(());
         }
         let client = self.ctx.deployments.octavia(&deployment)?;
-        let mut desired = self.desired(&klb, &deployment).await?;
+        let (mut desired, mut waiting) = self.desired(&klb, &deployment).await?;
         let mut recorded = RecordedLb::from_status(klb.status.as_ref());
         let mut steps = plan(recorded.as_ref(), &desired);
         if !steps.is_empty() {
@@ -508,13 +554,14 @@ impl KuryrLoadBalancerHandler {
                     return Ok(());
                 }
                 klb = now;
-                desired = self.desired(&klb, &deployment).await?;
+                (desired, waiting) = self.desired(&klb, &deployment).await?;
                 recorded = RecordedLb::from_status(klb.status.as_ref());
                 steps = plan(recorded.as_ref(), &desired);
             }
         }
         if steps.is_empty() {
-            return self.present_public_ip(&klb, &deployment, None).await;
+            self.present_public_ip(&klb, &deployment, None).await?;
+            return still_waiting(&waiting);
         }
         tracing::debug!(klb = %format!("{}/{}", klb.namespace().unwrap_or_default(), klb.name_any()), ?steps, "reconciling load balancer");
         let actor = LbActor {
@@ -582,7 +629,8 @@ impl KuryrLoadBalancerHandler {
             self.event(&klb, false, "KuryrEnsuredLB", "Load balancer provisioned")
                 .await;
         }
-        public
+        public?;
+        still_waiting(&waiting)
     }
 
     /// The public IP part of `present`, on `status` as just written (or as the object has it).

@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use serde::Serialize;
 
 use super::cidr::Cidr;
-use super::index::{ClusterIndex, PodInfo, PodKey, ServicePort, TargetPort};
+use super::index::{Backend, ClusterIndex, PodInfo, PodKey, ServiceInfo, ServicePort, TargetPort};
 use super::spec::{Peer, PolicyKey, PolicySpec, PortRef, Protocol, RuleSpec};
 use super::stable_hash;
 
@@ -180,31 +180,73 @@ impl Builder<'_> {
     /// admits every port of `proto` (or everything, `proto` none), and so do the VIPs. Upstream
     /// admitted the VIPs on the backends' port, which a client never sends to unless the two are
     /// equal.
+    ///
+    /// A Service without a selector (`kubernetes.default`, an external database) has the
+    /// addresses of its EndpointSlices behind it instead of pods: it is in front of a pod peer
+    /// when one of them is a peer pod's, of an ipBlock when all of them are in the block (the
+    /// load balancer may pick any), of "anywhere" always, as upstream; a port the rule admits on
+    /// them is given by number (`admits_backend`: named ports name pods' container ports).
+    #[allow(clippy::too_many_arguments)]
     fn service_rules(
         &mut self,
         base: &str,
+        peer: Option<&Peer>,
         behind: &[(&PodKey, &PodInfo)],
         proto: Option<Protocol>,
         whole: bool,
         admits: impl Fn(&ServicePort, &PodInfo) -> bool,
+        admits_backend: impl Fn(u16) -> bool,
         rules: &mut BTreeSet<Rule>,
     ) {
         let mut by_port: BTreeMap<Option<u16>, BTreeSet<Cidr>> = BTreeMap::new();
-        for (svc, picked) in self.index.services_selecting(behind) {
+        let mut add = |svc: &ServiceInfo, admitted: &dyn Fn(&ServicePort) -> bool| {
             let vips = host_prefixes(svc.vips.iter().copied());
             if vips.is_empty() {
-                continue;
+                return;
             }
             if whole && proto.is_none() {
                 by_port.entry(None).or_default().extend(vips);
-                continue;
+                return;
             }
             for sp in svc.ports.iter().filter(|sp| Some(sp.protocol) == proto) {
-                if picked.iter().any(|pod| admits(sp, pod)) {
+                if admitted(sp) {
                     let key = (!whole).then_some(sp.port);
                     by_port.entry(key).or_default().extend(vips.iter().copied());
                 }
             }
+        };
+        for (svc, picked) in self.index.services_selecting(behind) {
+            add(svc, &|sp| picked.iter().any(|pod| admits(sp, pod)));
+        }
+        let peer_ips: BTreeSet<IpAddr> = match peer {
+            Some(Peer::Pods { .. }) => behind.iter().flat_map(|(_, p)| p.ips.iter().copied()).collect(),
+            _ => BTreeSet::new(),
+        };
+        for svc in self.index.services_without_selector() {
+            let reached: Vec<&Backend> = match peer {
+                None => svc.endpoints.iter().collect(),
+                Some(Peer::Pods { .. }) => svc
+                    .endpoints
+                    .iter()
+                    .filter(|b| peer_ips.contains(&b.ip))
+                    .collect(),
+                Some(Peer::Block { allowed, .. }) => {
+                    let inside = |b: &Backend| allowed.iter().any(|c| c.contains_ip(b.ip));
+                    if svc.endpoints.iter().all(inside) {
+                        svc.endpoints.iter().collect()
+                    } else {
+                        Vec::new()
+                    }
+                }
+            };
+            if reached.is_empty() {
+                continue;
+            }
+            add(svc, &|sp| {
+                reached
+                    .iter()
+                    .any(|b| ServiceInfo::backend_port(sp, b).is_some_and(&admits_backend))
+            });
         }
         for (port, vips) in by_port {
             let key = match (proto, port) {
@@ -300,8 +342,13 @@ impl Builder<'_> {
                         P::Fixed(proto, _) => *proto,
                         P::Named(proto, _) => Some(*proto),
                     };
+                    let admits_backend = |n: u16| match port {
+                        P::Fixed(_, None) => true,
+                        P::Fixed(_, Some((a, b))) => *a <= n && n <= *b,
+                        P::Named(..) => false,
+                    };
                     let whole = matches!(port, P::Fixed(_, None));
-                    self.service_rules(&base, &behind, proto, whole, admits, rules);
+                    self.service_rules(&base, *peer, &behind, proto, whole, admits, admits_backend, rules);
                 }
                 match port {
                     P::Fixed(proto, range) => {

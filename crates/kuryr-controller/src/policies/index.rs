@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
@@ -107,15 +108,30 @@ impl PodInfo {
 pub struct ServiceInfo {
     /// Cluster IPs / load balancer VIPs (headless Services have none).
     pub vips: Vec<IpAddr>,
-    /// `spec.selector`; `None` for Services without one (their backends are not known here).
+    /// `spec.selector`; `None` for Services without one.
     pub selector: Option<Labels>,
     /// Its ports (a client reaches the VIP on these; the load balancer forwards to the target).
     pub ports: Vec<ServicePort>,
+    /// The backends of a Service without a selector, from its EndpointSlices (whoever wrote
+    /// them: `kubernetes.default`'s API servers, an external database); empty for the others,
+    /// whose backends are the pods their selector picks.
+    pub endpoints: Vec<Backend>,
+}
+
+/// One address behind a Service without a selector, with the ports its EndpointSlice gives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Backend {
+    pub ip: IpAddr,
+    /// (port name, protocol, number): the name is the Service port's it serves.
+    pub ports: Vec<(String, Protocol, u16)>,
 }
 
 /// One port of a Service.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServicePort {
+    /// `ports[].name` (empty for a Service's one unnamed port): an EndpointSlice port serves
+    /// the Service port of its name.
+    pub name: String,
     pub protocol: Protocol,
     pub port: u16,
     pub target: TargetPort,
@@ -161,6 +177,7 @@ impl ServiceInfo {
                     Some(IntOrString::String(name)) => TargetPort::Name(name.clone()),
                 };
                 Some(ServicePort {
+                    name: p.name.clone().unwrap_or_default(),
                     protocol,
                     port,
                     target,
@@ -171,7 +188,53 @@ impl ServiceInfo {
             vips,
             selector: spec.and_then(|s| s.selector.clone()).filter(|s| !s.is_empty()),
             ports,
+            endpoints: Vec::new(),
         }
+    }
+
+    /// The backends of a Service without a selector: the ready addresses of `slices` (its
+    /// EndpointSlices) with their slice's ports. A Service with a selector keeps none (its
+    /// pods stand for them).
+    pub fn with_endpoint_slices(mut self, slices: &[EndpointSlice]) -> Self {
+        if self.selector.is_some() {
+            return self;
+        }
+        let mut out: BTreeMap<IpAddr, Vec<(String, Protocol, u16)>> = BTreeMap::new();
+        for slice in slices {
+            let ports: Vec<(String, Protocol, u16)> = slice
+                .ports
+                .iter()
+                .flatten()
+                .filter_map(|p| {
+                    let protocol = Protocol::parse(p.protocol.as_deref().unwrap_or("TCP"))?;
+                    let port = u16::try_from(p.port?).ok()?;
+                    Some((p.name.clone().unwrap_or_default(), protocol, port))
+                })
+                .collect();
+            for ep in &slice.endpoints {
+                if ep.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
+                    continue;
+                }
+                for ip in ep.addresses.iter().filter_map(|a| a.parse::<IpAddr>().ok()) {
+                    let have = out.entry(ip).or_default();
+                    for p in &ports {
+                        if !have.contains(p) {
+                            have.push(p.clone());
+                        }
+                    }
+                }
+            }
+        }
+        self.endpoints = out.into_iter().map(|(ip, ports)| Backend { ip, ports }).collect();
+        self
+    }
+
+    /// The port the backends of a Service without a selector serve `sp` on, at `b`.
+    pub fn backend_port(sp: &ServicePort, b: &Backend) -> Option<u16> {
+        b.ports
+            .iter()
+            .find(|(name, proto, _)| *name == sp.name && *proto == sp.protocol)
+            .map(|(_, _, n)| *n)
     }
 }
 
@@ -222,11 +285,11 @@ impl ClusterIndex {
         }
     }
 
-    pub fn set_service(&mut self, svc: &Service) {
-        self.services.insert(
-            (svc.namespace().unwrap_or_default(), svc.name_any()),
-            ServiceInfo::from_service(svc),
-        );
+    /// The Services without a selector, with their backends.
+    pub fn services_without_selector(&self) -> impl Iterator<Item = &ServiceInfo> {
+        self.services
+            .values()
+            .filter(|s| s.selector.is_none() && !s.endpoints.is_empty())
     }
 
     fn namespace_matches(&self, scope: &Namespaces, ns: &str) -> bool {

@@ -480,8 +480,10 @@ fn egress_to_a_service_backend_port_admits_its_vip_on_the_service_port() {
         vips: vec![vip.parse().expect("ip")],
         selector: Some(labels(&[("pod", "b")])),
         ports,
+        endpoints: vec![],
     };
     let tcp = |port: u16, target: TargetPort| ServicePort {
+        name: String::new(),
         protocol: Protocol::Tcp,
         port,
         target,
@@ -505,6 +507,7 @@ fn egress_to_a_service_backend_port_admits_its_vip_on_the_service_port() {
         svc(
             "172.30.0.12",
             vec![ServicePort {
+                name: String::new(),
                 protocol: Protocol::Udp,
                 port: 53,
                 target: TargetPort::Number(8080),
@@ -578,6 +581,136 @@ fn egress_to_a_service_backend_port_admits_its_vip_on_the_service_port() {
     );
 }
 
+/// A Service without a selector (`kubernetes.default`: its EndpointSlice names the API servers)
+/// is in front of the addresses of its slices: egress to them admits its VIP on the Service's
+/// port, as egress to a selector's pods does. An ipBlock must hold all of them, a pod peer one.
+#[test]
+fn egress_to_the_endpoints_of_a_service_without_a_selector_admits_its_vip() {
+    use crate::policies::index::{ServicePort, TargetPort};
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let mut index = cluster();
+    let service = |name: &str, vip: &str| -> ServiceInfo {
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"namespace": "default", "name": name},
+            "spec": {"clusterIP": vip, "ports": [{"name": "https", "port": 443, "targetPort": 6443}]}
+        }))
+        .expect("service json");
+        ServiceInfo::from_service(&svc)
+    };
+    let slice = |ips: &[&str], ready: bool| -> EndpointSlice {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "default", "name": "s"}, "addressType": "IPv4",
+            "endpoints": ips.iter().map(|ip| json!({"addresses": [ip], "conditions": {"ready": ready}})).collect::<Vec<_>>(),
+            "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}]
+        }))
+        .expect("slice json")
+    };
+    index.services.insert(
+        ("default".into(), "kubernetes".into()),
+        service("kubernetes", "172.30.0.1").with_endpoint_slices(&[
+            slice(&["192.168.0.10", "192.168.0.11"], true),
+            slice(&["192.168.9.9"], false),
+        ]),
+    );
+    // Backed by a pod's address (x/a is 10.0.0.1), as a hand-made Service may be.
+    index.services.insert(
+        ("default".into(), "by-hand".into()),
+        service("by-hand", "172.30.0.2").with_endpoint_slices(&[slice(&["10.0.0.1"], true)]),
+    );
+    let api = &index.services[&("default".to_string(), "kubernetes".to_string())];
+    assert_eq!(
+        api.endpoints.len(),
+        2,
+        "a not-ready address is no backend: {api:?}"
+    );
+    assert_eq!(
+        api.ports,
+        [ServicePort {
+            name: "https".into(),
+            protocol: Protocol::Tcp,
+            port: 443,
+            target: TargetPort::Number(6443)
+        }]
+    );
+    let vip_rules = |to: Value, ports: Value| -> BTreeSet<(Option<u16>, BTreeSet<Cidr>)> {
+        let spec =
+            json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"to": to, "ports": ports}]});
+        let d = desired(&policy("x", "out", spec), &index, &Options::default());
+        base(&d)
+            .iter()
+            .filter(|r| r.direction == Direction::Egress && r.ethertype == EtherType::V4)
+            .filter_map(|r| match &r.remote {
+                Remote::Group(k) if k.0.contains("-vips") => {
+                    Some((r.ports.map(|p| p.0), d.address_groups[k].clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let masters = json!([{"ipBlock": {"cidr": "192.168.0.0/24"}}]);
+    assert_eq!(
+        vip_rules(masters.clone(), json!([{"port": 6443}])),
+        [(Some(443), cidrs(&["172.30.0.1/32"]))].into(),
+        "the API servers' port admits the VIP on the Service's"
+    );
+    assert_eq!(
+        vip_rules(masters.clone(), json!([{"protocol": "TCP"}])),
+        [(None, cidrs(&["172.30.0.1/32"]))].into(),
+        "every TCP port of the backends: every TCP port of the VIP"
+    );
+    assert!(
+        vip_rules(masters, json!([{"port": 443}])).is_empty(),
+        "nothing serves 443 behind it"
+    );
+    assert!(
+        vip_rules(
+            json!([{"ipBlock": {"cidr": "192.168.0.10/32"}}]),
+            json!([{"port": 6443}])
+        )
+        .is_empty(),
+        "a block holding one API server of two: the load balancer may pick the other"
+    );
+    assert!(
+        vip_rules(
+            json!([{"ipBlock": {"cidr": "192.168.0.0/24", "except": ["192.168.0.11/32"]}}]),
+            json!([{"port": 6443}])
+        )
+        .is_empty(),
+        "nor one whose except leaves one out"
+    );
+    assert_eq!(
+        vip_rules(
+            json!([{"podSelector": {"matchLabels": {"pod": "a"}}}]),
+            json!([{"port": 6443}])
+        ),
+        [(Some(443), cidrs(&["172.30.0.2/32"]))].into(),
+        "a pod peer: the Service whose slice has the pod's address"
+    );
+    assert!(
+        vip_rules(
+            json!([{"podSelector": {"matchLabels": {"pod": "a"}}}]),
+            json!([{"port": "https"}])
+        )
+        .is_empty(),
+        "a named port names a pod's container port, not a slice's"
+    );
+    // Anywhere on the backends' port.
+    let spec = json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"ports": [{"port": 6443}]}]});
+    let d = desired(&policy("x", "out", spec), &index, &Options::default());
+    let vips: BTreeSet<Cidr> = base(&d)
+        .iter()
+        .filter_map(|r| match &r.remote {
+            Remote::Group(k) if k.0.contains("-vips") && r.ports == Some((443, 443)) => {
+                Some(d.address_groups[k].clone())
+            }
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(vips, cidrs(&["172.30.0.1/32", "172.30.0.2/32"]));
+}
+
 #[test]
 fn service_vip_hook() {
     let mut index = cluster();
@@ -587,6 +720,7 @@ fn service_vip_hook() {
             vips: vec!["172.30.0.10".parse().expect("ip")],
             selector: Some(labels(&[("pod", "b")])),
             ports: vec![],
+            endpoints: vec![],
         },
     );
     index.services.insert(
@@ -595,6 +729,7 @@ fn service_vip_hook() {
             vips: vec!["172.30.0.20".parse().expect("ip")],
             selector: Some(labels(&[("pod", "zzz")])),
             ports: vec![],
+            endpoints: vec![],
         },
     );
     let p = policy(
