@@ -1085,6 +1085,89 @@ async fn a_deleted_policys_pods_are_moved_before_its_group_goes() -> Result<()> 
     Ok(())
 }
 
+/// A policy's passes over its namespace read the namespace's ports in lists, not one GET per
+/// pod at each pass (with a policy on one pod of 24, each pass read all 24 ports and their
+/// KuryrPorts one by one): only the port that must change is read on its own, and written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_policy_pass_reads_its_namespaces_ports_in_lists() -> Result<()> {
+    init_logs();
+    const PODS: usize = 24;
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let client = &target.client;
+        let fx = neutron_fixture(client, "10.68.0.0/24").await?;
+        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let metrics = kuryr_controller::metrics::Metrics::new();
+        let deployments = kuryr_controller::openstack::Deployments::noauth(&target.url, &metrics)?;
+        let ctl = start_controller_with(
+            &kube.client,
+            deployments,
+            metrics.clone(),
+            config(&ini(
+                &fx,
+                &cluster,
+                "vif,kuryrport,policy,kuryrnetworkpolicy,pod_label",
+            )),
+            "np-lists",
+        );
+        labelled_namespace(&kube.client, "l").await?;
+        pod(&kube.client, "l", "db", json!({"app": "db"}), None).await?;
+        for i in 0..PODS - 1 {
+            pod(&kube.client, "l", &format!("w{i}"), json!({"app": "web"}), None).await?;
+        }
+        let db = active_port(&kube.client, "l", "db").await?;
+        for i in 0..PODS - 1 {
+            active_port(&kube.client, "l", &format!("w{i}")).await?;
+        }
+        let calls = || kuryr_controller::metrics::per_operation(&metrics.neutron_calls());
+        let of = |c: &std::collections::BTreeMap<String, u64>, op: &str| c.get(op).copied().unwrap_or(0);
+        let before = calls();
+        let sg = deny_db(&kube.client, "l").await?;
+        eventually("db on the policy's group", WAIT, || async {
+            Ok(client
+                .get_port(&db)
+                .await?
+                .security_groups
+                .contains(&sg)
+                .then_some(()))
+        })
+        .await?;
+        // Every pass of the policy done: the calls stop growing.
+        let mut after = calls();
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let now = calls();
+            if now == after {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the policy's passes never settle"
+            );
+            after = now;
+        }
+        let (gets, lists, updates) = (
+            of(&after, "get_port") - of(&before, "get_port"),
+            of(&after, "list_ports") - of(&before, "list_ports"),
+            of(&after, "update_port") - of(&before, "update_port"),
+        );
+        eprintln!(
+            "{}: a policy on 1 pod of {PODS}: {gets} port GETs, {lists} port lists, {updates} port updates",
+            target.name
+        );
+        assert_eq!(updates, 1, "{}: only db's port is written", target.name);
+        assert!(
+            gets <= 4,
+            "{}: {gets} port GETs for a policy on one pod of {PODS} ({lists} lists)",
+            target.name
+        );
+        ctl.shutdown().await?;
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}
+
 fn set_of(items: Vec<String>) -> BTreeSet<String> {
     items.into_iter().collect()
 }

@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use crate::drivers::address_groups::set_addresses;
 use crate::drivers::port_groups::{Change, PortGroups};
 use crate::drivers::project::ProjectDriver;
+use crate::drivers::vif::ports_by_ids;
 use crate::error::Error;
 use crate::keyed_locks::{KeyedLocks, Turn};
 use crate::openstack::{DEFAULT_DEPLOYMENT, Deployments};
@@ -843,15 +844,35 @@ impl NetworkPolicyDriver {
     /// whose groups live in another deployment is an error naming both: its group ids mean
     /// nothing here, and leaving it out would let in what the policy denies.
     pub async fn pod_groups(&self, deployment: &str, pod: &Pod) -> Result<Vec<String>, Error> {
-        let ns = pod.namespace().unwrap_or_default();
-        let policies = self.policies_in(&ns).await?;
-        let specs: Vec<PolicySpec> = policies.iter().map(|(_, s)| s.clone()).collect();
-        let uids: HashMap<PolicyKey, &str> = policies
-            .iter()
-            .map(|(u, s)| (s.key.clone(), u.as_str()))
-            .collect();
+        let mut known = self
+            .namespace_policies(&pod.namespace().unwrap_or_default())
+            .await?;
+        self.groups_of(&mut known, deployment, pod).await
+    }
+
+    /// What deciding the groups of `namespace`'s pods needs, read once for any number of them.
+    async fn namespace_policies(&self, namespace: &str) -> Result<NamespacePolicies, Error> {
+        let policies = self.policies_in(namespace).await?;
+        Ok(NamespacePolicies {
+            namespace: namespace.to_string(),
+            uids: policies.iter().map(|(u, s)| (s.key.clone(), u.clone())).collect(),
+            specs: policies.into_iter().map(|(_, s)| s).collect(),
+            placed: None,
+            groups: HashMap::new(),
+        })
+    }
+
+    /// [`Self::pod_groups`] with what `known` holds: where the policies' groups live is listed
+    /// at the first pod a policy selects, and each group is looked up once.
+    async fn groups_of(
+        &self,
+        known: &mut NamespacePolicies,
+        deployment: &str,
+        pod: &Pod,
+    ) -> Result<Vec<String>, Error> {
+        let ns = known.namespace.clone();
         let client = self.client(deployment)?;
-        match pod_security(&ns, &PodInfo::from_pod(pod), &specs) {
+        match pod_security(&ns, &PodInfo::from_pod(pod), &known.specs) {
             PodSecurity::Unselected => {
                 let defaults = self.config.deployment_defaults(deployment).pod_security_groups;
                 if !defaults.is_empty() {
@@ -869,17 +890,21 @@ impl NetworkPolicyDriver {
                 open_ingress,
                 open_egress,
             } => {
-                let placed: HashMap<String, String> =
-                    Api::<KuryrNetworkPolicy>::namespaced(self.kube.clone(), &ns)
-                        .list(&ListParams::default())
-                        .await?
-                        .iter()
-                        .filter_map(|knp| Some((policy_uid(knp)?, recorded_deployment(knp))))
-                        .collect();
+                if known.placed.is_none() {
+                    known.placed = Some(
+                        Api::<KuryrNetworkPolicy>::namespaced(self.kube.clone(), &ns)
+                            .list(&ListParams::default())
+                            .await?
+                            .iter()
+                            .filter_map(|knp| Some((policy_uid(knp)?, recorded_deployment(knp))))
+                            .collect(),
+                    );
+                }
+                let placed = known.placed.as_ref().map_or_else(HashMap::new, Clone::clone);
                 let mut out = vec![];
                 for (key, variant) in groups {
-                    let uid = uids.get(&key).copied().unwrap_or_default();
-                    let there = placed.get(uid).ok_or_else(|| {
+                    let uid = known.uids.get(&key).cloned().unwrap_or_default();
+                    let there = placed.get(&uid).ok_or_else(|| {
                         Error::not_ready(format!("KuryrNetworkPolicy of NetworkPolicy {key}"))
                     })?;
                     if there != deployment {
@@ -893,6 +918,11 @@ impl NetworkPolicyDriver {
                             ),
                         ));
                     }
+                    let cached = (deployment.to_string(), uid.clone(), variant.clone());
+                    if let Some(id) = known.groups.get(&cached) {
+                        out.push(id.clone());
+                        continue;
+                    }
                     let tags = [
                         self.cluster_tag(),
                         format!("{TAG_POLICY}{uid}"),
@@ -904,6 +934,7 @@ impl NetworkPolicyDriver {
                         .into_iter()
                         .next()
                         .ok_or_else(|| Error::not_ready(format!("security group of NetworkPolicy {key}")))?;
+                    known.groups.insert(cached, sg.id.clone());
                     out.push(sg.id);
                 }
                 if open_ingress {
@@ -1034,43 +1065,117 @@ impl NetworkPolicyDriver {
         else {
             return Ok(0);
         };
-        // Each port in the deployment it was made in (upstream KuryrPorts record none: default).
-        let mut ports: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for v in recorded_vifs(&kp).into_iter().filter(|v| v.default) {
-            let deployment = v
-                .origin
-                .map_or_else(|| DEFAULT_DEPLOYMENT.to_string(), |o| o.deployment);
-            ports.entry(deployment).or_default().push(v.vif.id().to_string());
+        let mut known = self.namespace_policies(&ns).await?;
+        let mut wanted = Vec::new();
+        for (deployment, ids) in default_ports(&kp) {
+            let mut want = self.groups_of(&mut known, &deployment, pod).await?;
+            want.sort();
+            wanted.extend(ids.into_iter().map(|id| (deployment.clone(), id, want.clone())));
         }
-        let mut updates = 0;
-        for (deployment, ids) in ports {
-            updates += self.sync_ports_in(pod, &deployment, ids).await?;
-        }
-        Ok(updates)
+        self.put_on_groups(wanted).await
     }
 
-    /// [`Self::sync_pod_ports`] for the pod's ports `ids` of `deployment`.
-    async fn sync_ports_in(&self, pod: &Pod, deployment: &str, ids: Vec<String>) -> Result<usize, Error> {
-        let mut want = self.pod_groups(deployment, pod).await?;
-        want.sort();
-        let client = self.client(deployment)?;
-        let mut updates = 0;
-        for id in ids {
-            let written = self
-                .port_groups
-                .change(&client, &id, |port| {
-                    let mut have = port.security_groups.clone();
-                    have.sort();
-                    if have == want {
-                        Change::Keep
-                    } else {
-                        Change::Set(want.clone())
+    /// [`Self::sync_pod_ports`] for every pod of `namespace` (a policy of it made, changed or
+    /// deleted), at a cost that does not grow with its pods times its policies: its pods,
+    /// KuryrPorts and policies are listed once, each group looked up once, the ports read in
+    /// lists of [`crate::drivers::vif::IDS_PER_LIST`] ids, and only a port whose groups differ is read again and
+    /// written (in its turn, after any other change of it). A pod whose groups cannot be
+    /// decided does not keep the others where they were: every failure is returned.
+    pub async fn sync_namespace_ports(&self, namespace: &str) -> Result<usize, Error> {
+        let lp = ListParams::default();
+        let pods = Api::<Pod>::namespaced(self.kube.clone(), namespace)
+            .list(&lp)
+            .await?;
+        let kps: HashMap<String, KuryrPort> = Api::<KuryrPort>::namespaced(self.kube.clone(), namespace)
+            .list(&lp)
+            .await?
+            .into_iter()
+            .map(|kp| (kp.name_any(), kp))
+            .collect();
+        let mut known = self.namespace_policies(namespace).await?;
+        let mut errors = Vec::new();
+        let mut wanted = Vec::new();
+        for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+            let Some(kp) = kps.get(&pod.name_any()) else {
+                continue;
+            };
+            for (deployment, ids) in default_ports(kp) {
+                match self.groups_of(&mut known, &deployment, pod).await {
+                    Ok(mut want) => {
+                        want.sort();
+                        wanted.extend(ids.into_iter().map(|id| (deployment.clone(), id, want.clone())));
                     }
-                })
-                .await?;
-            updates += usize::from(written);
+                    Err(e) => errors.push(e),
+                }
+            }
         }
-        Ok(updates)
+        let updates = match self.put_on_groups(wanted).await {
+            Ok(n) => n,
+            Err(e) => {
+                errors.push(e);
+                0
+            }
+        };
+        Error::collect(errors).map(|()| updates)
+    }
+
+    /// Puts each (deployment, port, sorted groups) on its groups: the ports of a deployment are
+    /// read in lists, and those that differ changed in their turn (read again there: the list
+    /// may be older than a change made since). A port that is gone is no change.
+    async fn put_on_groups(&self, wanted: Vec<(String, String, Vec<String>)>) -> Result<usize, Error> {
+        let mut by_deployment: BTreeMap<String, Vec<(String, Vec<String>)>> = BTreeMap::new();
+        for (deployment, id, want) in wanted {
+            by_deployment.entry(deployment).or_default().push((id, want));
+        }
+        let mut errors = Vec::new();
+        let mut updates = 0;
+        for (deployment, ports) in by_deployment {
+            let client = match self.client(&deployment) {
+                Ok(c) => c,
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
+            };
+            let ids: Vec<&str> = ports.iter().map(|(id, _)| id.as_str()).collect();
+            let have: HashMap<String, Vec<String>> =
+                match ports_by_ids(&client, &ids, &ListFilter::new()).await {
+                    Ok(list) => list
+                        .into_iter()
+                        .map(|p| {
+                            let mut groups = p.security_groups;
+                            groups.sort();
+                            (p.id, groups)
+                        })
+                        .collect(),
+                    Err(e) => {
+                        errors.push(e);
+                        continue;
+                    }
+                };
+            for (id, want) in ports {
+                if have.get(&id).is_none_or(|groups| *groups == want) {
+                    continue;
+                }
+                let written = self
+                    .port_groups
+                    .change(&client, &id, |port| {
+                        let mut now = port.security_groups.clone();
+                        now.sort();
+                        if now == want {
+                            Change::Keep
+                        } else {
+                            Change::Set(want.clone())
+                        }
+                    })
+                    .await;
+                match written {
+                    Ok(w) => updates += usize::from(w),
+                    Err(e) => errors.push(e),
+                }
+            }
+        }
+        Error::collect(errors).map(|()| updates)
     }
 
     /// `service_security_groups_driver = policy`: the groups of the policies that select a
@@ -1089,12 +1194,13 @@ impl NetworkPolicyDriver {
         let pods = Api::<Pod>::namespaced(self.kube.clone(), namespace)
             .list(&ListParams::default())
             .await?;
+        let mut known = self.namespace_policies(namespace).await?;
         let mut out = BTreeSet::new();
         for pod in pods.iter().filter(|p| {
             let labels = p.labels();
             selector.iter().all(|(k, v)| labels.get(k) == Some(v))
         }) {
-            out.extend(self.pod_groups(deployment, pod).await?);
+            out.extend(self.groups_of(&mut known, deployment, pod).await?);
         }
         if out.is_empty() {
             return Ok(defaults);
@@ -1370,6 +1476,30 @@ fn rule_request(
         Remote::Foreign(_) => return Err(Error::invalid("rule", "a foreign remote is never desired")),
     }
     Ok(req)
+}
+
+/// What deciding the groups of one namespace's pods needs ([`NetworkPolicyDriver::groups_of`]).
+struct NamespacePolicies {
+    namespace: String,
+    specs: Vec<PolicySpec>,
+    uids: HashMap<PolicyKey, String>,
+    /// Policy uid -> the deployment its groups live in; listed at the first selected pod.
+    placed: Option<HashMap<String, String>>,
+    /// (deployment, policy uid, variant) -> security group id, as looked up.
+    groups: HashMap<(String, String, String), String>,
+}
+
+/// A KuryrPort's default-interface ports by the deployment each was made in (upstream
+/// KuryrPorts record none: the default one).
+fn default_ports(kp: &KuryrPort) -> BTreeMap<String, Vec<String>> {
+    let mut ports: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for v in recorded_vifs(kp).into_iter().filter(|v| v.default) {
+        let deployment = v
+            .origin
+            .map_or_else(|| DEFAULT_DEPLOYMENT.to_string(), |o| o.deployment);
+        ports.entry(deployment).or_default().push(v.vif.id().to_string());
+    }
+    ports
 }
 
 #[cfg(test)]

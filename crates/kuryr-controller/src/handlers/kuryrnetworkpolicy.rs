@@ -13,9 +13,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use kuryr_crds::names::finalizers;
 use kuryr_crds::{KuryrNetworkPolicy, SgRuleStatus};
@@ -62,16 +61,12 @@ impl KuryrNetworkPolicyHandler {
     /// Every pod of the namespace onto the groups its policies give it now; a pod that cannot be
     /// moved does not keep the others where they were (every failure is returned).
     async fn sync_ports(&self, ns: &str) -> Result<(), Error> {
-        let pods = Api::<Pod>::namespaced(self.ctx.kube.clone(), ns)
-            .list(&ListParams::default())
-            .await?;
-        let mut errors = Vec::new();
-        for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
-            if let Err(e) = self.ctx.drivers.network_policy.sync_pod_ports(pod).await {
-                errors.push(e);
-            }
-        }
-        Error::collect(errors)
+        self.ctx
+            .drivers
+            .network_policy
+            .sync_namespace_ports(ns)
+            .await
+            .map(drop)
     }
 }
 
