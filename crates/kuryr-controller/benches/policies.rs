@@ -357,7 +357,91 @@ async fn main() -> Result<()> {
             r.ops
         );
     }
+    tracker_table();
     Ok(())
+}
+
+/// The in-memory half of a pod event, no servers: `PolicyTracker::stale` after one pod relabel
+/// in a cluster of `namespaces` namespaces with one policy and 40 pods each, computing only the
+/// policies that can see the pod against computing every policy (what every pod event cost
+/// before the tracker noted who sees what; forced here by a namespace label change).
+fn tracker_table() {
+    use kuryr_controller::policies::{ClusterIndex, Options, PodInfo, PodKey, PolicySpec, PolicyTracker};
+    println!();
+    println!("Policy tracker: one pod event, in memory (one policy and 40 pods per namespace)");
+    println!(
+        "{:>10} {:>8} {:>8} {:>16} {:>16} {:>7}",
+        "namespaces", "pods", "policies", "seeing it us", "all policies us", "ratio"
+    );
+    for namespaces in [10usize, 50, 200] {
+        let mut index = ClusterIndex::default();
+        let mut policies = BTreeMap::new();
+        for n in 0..namespaces {
+            let ns = format!("ns{n}");
+            index
+                .namespaces
+                .insert(ns.clone(), [("ns".to_string(), ns.clone())].into());
+            for p in 0..40 {
+                index.pods.insert(
+                    PodKey::new(&ns, format!("p{p}")),
+                    PodInfo {
+                        uid: None,
+                        labels: [(
+                            "app".to_string(),
+                            if p % 2 == 0 { "web" } else { "db" }.to_string(),
+                        )]
+                        .into(),
+                        ips: vec![format!("10.{}.{}.{}", n / 200, n % 200, p + 1).parse().unwrap()],
+                        named_ports: vec![],
+                    },
+                );
+            }
+            let np: NetworkPolicy = serde_json::from_value(json!({
+                "metadata": {"namespace": ns, "name": "db"},
+                "spec": {"podSelector": {"matchLabels": {"app": "db"}},
+                         "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}], "ports": [{"port": 5432}]}]}
+            }))
+            .unwrap();
+            policies.insert(format!("u{n}"), PolicySpec::parse(&np).unwrap());
+        }
+        let opts = Options::default();
+        let mut t = PolicyTracker::new(index, policies);
+        for (uid, _, want) in t.stale(&opts) {
+            t.record_applied(&uid, want);
+        }
+        let rounds = 200u32;
+        let relabel = |t: &mut PolicyTracker, i: u32| {
+            let key = PodKey::new(format!("ns{}", i as usize % namespaces), "p0");
+            let mut info = t.cluster().pods[&key].clone();
+            let app = if i % 2 == 0 { "db" } else { "web" };
+            info.labels.insert("app".into(), app.into());
+            t.set_pod_info(key, Some(info));
+        };
+        let timed = |t: &mut PolicyTracker, every: bool| {
+            let start = Instant::now();
+            for i in 0..rounds {
+                relabel(t, i);
+                if every {
+                    t.set_namespace_labels("ns0", Some([("ns".into(), format!("ns0-{i}"))].into()));
+                }
+                for (uid, _, want) in t.stale(&opts) {
+                    t.record_applied(&uid, want);
+                }
+            }
+            start.elapsed().as_secs_f64() * 1e6 / f64::from(rounds)
+        };
+        let seeing = timed(&mut t, false);
+        let all = timed(&mut t, true);
+        println!(
+            "{:>10} {:>8} {:>8} {:>16.1} {:>16.1} {:>6.1}x",
+            namespaces,
+            namespaces * 40,
+            namespaces,
+            seeing,
+            all,
+            all / seeing
+        );
+    }
 }
 
 fn fmt_ops(ops: &BTreeMap<String, u64>) -> String {

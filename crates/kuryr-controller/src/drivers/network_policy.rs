@@ -334,26 +334,19 @@ impl NetworkPolicyDriver {
 
     /// A pod added, changed or being deleted, as its watch event shows it.
     pub async fn observe_pod(&self, pod: &Pod) {
-        self.if_tracking(|t| t.cluster.observe_pod(pod)).await;
+        self.if_tracking(|t| t.observe_pod(pod)).await;
     }
 
     pub async fn forget_pod(&self, pod: &Pod) {
-        self.if_tracking(|t| t.cluster.remove_pod(pod)).await;
+        self.if_tracking(|t| t.remove_pod(pod)).await;
     }
 
     pub async fn observe_namespace(&self, ns: &Namespace) {
-        self.if_tracking(|t| {
-            if ns.metadata.deletion_timestamp.is_some() {
-                t.cluster.remove_namespace(&ns.name_any());
-            } else {
-                t.cluster.set_namespace(ns);
-            }
-        })
-        .await;
+        self.if_tracking(|t| t.observe_namespace(ns)).await;
     }
 
     pub async fn forget_namespace(&self, ns: &Namespace) {
-        self.if_tracking(|t| t.cluster.remove_namespace(&ns.name_any()))
+        self.if_tracking(|t| t.set_namespace_labels(&ns.name_any(), None))
             .await;
     }
 
@@ -469,7 +462,7 @@ impl NetworkPolicyDriver {
         let mut services = ClusterIndex::default();
         self.list_services(&mut services).await?;
         self.with_tracker(|t| {
-            t.cluster.services = services.services;
+            t.set_services(services.services);
             t.set_policy(uid, spec.clone());
         })
         .await?;
@@ -487,7 +480,7 @@ impl NetworkPolicyDriver {
         let decided = self
             .with_tracker(|t| {
                 let spec = t.policies.get(uid)?.clone();
-                let want = desired(&spec, &t.cluster, options);
+                let want = desired(&spec, t.cluster(), options);
                 let unchanged = t.applied(uid) == Some(&want);
                 Some((spec, want, unchanged))
             })

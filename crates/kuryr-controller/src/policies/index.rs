@@ -257,10 +257,6 @@ impl ClusterIndex {
         self.pods.insert(key, PodInfo::from_pod(pod));
     }
 
-    pub fn remove_namespace(&mut self, name: &str) {
-        self.namespaces.remove(name);
-    }
-
     /// A pod seen by a watch: added or replaced; one being deleted is removed (it holds no
     /// address any more).
     pub fn observe_pod(&mut self, pod: &Pod) {
@@ -292,7 +288,7 @@ impl ClusterIndex {
             .filter(|s| s.selector.is_none() && !s.endpoints.is_empty())
     }
 
-    fn namespace_matches(&self, scope: &Namespaces, ns: &str) -> bool {
+    pub fn namespace_matches(&self, scope: &Namespaces, ns: &str) -> bool {
         match scope {
             Namespaces::Own(own) => own == ns,
             // A namespace the index has not seen yet has no labels to match on.

@@ -946,51 +946,178 @@ fn the_tracker_reconciles_only_the_policies_a_relabel_or_a_namespace_change_move
         cluster(),
         [("u1".to_string(), from_b), ("u2".to_string(), from_y)].into(),
     );
-    let uids = |t: &PolicyTracker| -> Vec<String> { t.stale(&opts).into_iter().map(|(u, _, _)| u).collect() };
-    assert_eq!(uids(&t), ["u1", "u2"], "nothing applied yet");
-    for (uid, _, want) in t.stale(&opts) {
-        t.record_applied(&uid, want);
-    }
-    assert!(uids(&t).is_empty(), "applied and unchanged");
+    // Each call answers for the changes since the previous one (the stale ones are reconciled).
+    let uids = |t: &mut PolicyTracker| -> Vec<String> {
+        let stale = t.stale(&opts);
+        let uids = stale.iter().map(|(u, _, _)| u.clone()).collect();
+        for (uid, _, want) in stale {
+            t.record_applied(&uid, want);
+        }
+        uids
+    };
+    let relabel = |t: &mut PolicyTracker, ns: &str, name: &str, value: &str| {
+        let key = PodKey::new(ns, name);
+        let mut info = t.cluster().pods[&key].clone();
+        info.labels.insert("pod".into(), value.into());
+        t.set_pod_info(key, Some(info));
+    };
+    assert_eq!(uids(&mut t), ["u1", "u2"], "nothing applied yet");
+    assert!(uids(&mut t).is_empty(), "applied and unchanged");
 
     // y/a relabelled, but no policy selects or admits pod=b of y: nothing to do.
-    t.cluster
-        .pods
-        .get_mut(&PodKey::new("y", "a"))
-        .expect("y/a")
-        .labels
-        .insert("pod".into(), "b".into());
-    assert!(uids(&t).is_empty(), "{:?}", uids(&t));
+    relabel(&mut t, "y", "a", "b");
+    assert!(uids(&mut t).is_empty());
     // x/c becomes pod=b: a peer of from-b only (and no longer selected by from-y).
-    t.cluster
-        .pods
-        .get_mut(&PodKey::new("x", "c"))
-        .expect("x/c")
-        .labels
-        .insert("pod".into(), "b".into());
-    assert_eq!(uids(&t), ["u1", "u2"]);
-    for (uid, _, want) in t.stale(&opts) {
-        t.record_applied(&uid, want);
-    }
+    relabel(&mut t, "x", "c", "b");
+    assert_eq!(uids(&mut t), ["u1", "u2"]);
     // Namespace y joins team blue: only from-y's peer moves.
-    t.cluster
-        .namespaces
-        .insert("y".into(), labels(&[("ns", "y"), ("team", "blue")]));
-    t.cluster.pods.insert(
+    t.set_namespace_labels("y", Some(labels(&[("ns", "y"), ("team", "blue")])));
+    t.set_pod_info(
         PodKey::new("x", "c2"),
-        PodInfo {
+        Some(PodInfo {
             uid: None,
             labels: labels(&[("pod", "c")]),
             ips: vec!["10.0.0.9".parse().expect("ip")],
             named_ports: vec![],
-        },
+        }),
     );
-    assert_eq!(uids(&t), ["u2"]);
+    assert_eq!(uids(&mut t), ["u2"]);
     // A failed reconcile is retried on the next change even if that change moves nothing.
     t.forget_applied("u1");
-    assert_eq!(uids(&t), ["u1", "u2"]);
+    assert_eq!(uids(&mut t), ["u1"]);
+    t.forget_applied("u1");
     t.remove_policy("u1");
-    assert_eq!(uids(&t), ["u2"]);
+    assert!(uids(&mut t).is_empty());
+}
+
+/// The tracker computes after a pod event only the policies that can see the pod: over a long
+/// run of random pod, namespace and Service changes it finds exactly the policies a full
+/// recomputation of every policy finds moved, never fewer.
+#[test]
+fn the_tracker_finds_every_moved_policy_a_full_recomputation_finds() {
+    use crate::policies::index::{ServicePort, TargetPort};
+    let opts = Options {
+        host_cidrs: vec![],
+        namespace_service_vips: true,
+    };
+    let namespaces = ["x", "y", "z"];
+    let pods = ["a", "b", "c", "d"];
+    let mut index = ClusterIndex::default();
+    for (n, ns) in namespaces.iter().enumerate() {
+        index.namespaces.insert(ns.to_string(), labels(&[("ns", ns)]));
+        for (m, p) in pods.iter().enumerate() {
+            pod(&mut index, ns, p, &[("pod", p)], &format!("10.0.{n}.{}", m + 1));
+        }
+    }
+    index.services.insert(
+        ("z".into(), "web".into()),
+        ServiceInfo {
+            vips: vec!["172.30.0.1".parse().expect("ip")],
+            selector: Some(labels(&[("pod", "b")])),
+            ports: vec![ServicePort {
+                name: String::new(),
+                protocol: Protocol::Tcp,
+                port: 80,
+                target: TargetPort::Number(8080),
+            }],
+            endpoints: vec![],
+        },
+    );
+    let specs = [
+        (
+            "x",
+            json!({"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}]}),
+        ),
+        (
+            "x",
+            json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "blue"}}, "podSelector": {"matchLabels": {"pod": "c"}}}]}]}),
+        ),
+        (
+            "y",
+            json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"ports": [{"port": 8080}]}]}),
+        ),
+        (
+            "y",
+            json!({"podSelector": {"matchLabels": {"pod": "d"}}, "policyTypes": ["Egress"], "egress": [{"to": [{"ipBlock": {"cidr": "10.0.2.0/24"}}], "ports": [{"port": 8080}]}]}),
+        ),
+        (
+            "z",
+            json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {}}], "ports": [{"port": "http"}]}]}),
+        ),
+        (
+            "z",
+            json!({"podSelector": {"matchLabels": {"pod": "a"}}, "policyTypes": ["Egress"], "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"ns": "x"}}}], "ports": [{"port": "http"}]}]}),
+        ),
+    ];
+    let policies = specs
+        .iter()
+        .enumerate()
+        .map(|(i, (ns, spec))| (format!("u{i}"), policy(ns, &format!("p{i}"), spec.clone())))
+        .collect();
+    let mut t = PolicyTracker::new(index, policies);
+    for (uid, _, want) in t.stale(&opts) {
+        t.record_applied(&uid, want);
+    }
+    // A small deterministic generator (xorshift): the same run every time.
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    let values = ["a", "b", "c", "d", "e"];
+    for step in 0..3000 {
+        let ns = namespaces[next(namespaces.len())];
+        let name = pods[next(pods.len())];
+        let key = PodKey::new(ns, name);
+        match next(10) {
+            0 => {
+                let team = if next(2) == 0 { "blue" } else { "red" };
+                t.set_namespace_labels(ns, Some(labels(&[("ns", ns), ("team", team)])));
+            }
+            1 => t.set_pod_info(key, None),
+            _ => {
+                let mut info = t.cluster().pods.get(&key).cloned().unwrap_or_else(|| PodInfo {
+                    uid: None,
+                    labels: labels(&[("pod", name)]),
+                    ips: vec![],
+                    named_ports: vec![],
+                });
+                match next(3) {
+                    0 => {
+                        info.labels
+                            .insert("pod".into(), values[next(values.len())].into());
+                    }
+                    1 => {
+                        let ip = format!("10.0.{}.{}", next(3), next(6) + 1);
+                        info.ips = vec![ip.parse().expect("ip")];
+                    }
+                    _ => {
+                        info.named_ports = if next(2) == 0 {
+                            vec![("http".into(), Protocol::Tcp, 8080 + next(2) as u16)]
+                        } else {
+                            vec![]
+                        };
+                    }
+                }
+                t.set_pod_info(key, Some(info));
+            }
+        }
+        // What a recomputation of every policy finds moved, against what the tracker finds.
+        let full: Vec<String> = t
+            .policies
+            .iter()
+            .filter(|(uid, spec)| t.applied(uid) != Some(&desired(spec, t.cluster(), &opts)))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        let stale = t.stale(&opts);
+        let found: Vec<String> = stale.iter().map(|(u, _, _)| u.clone()).collect();
+        assert_eq!(found, full, "step {step}");
+        for (uid, _, want) in stale {
+            t.record_applied(&uid, want);
+        }
+    }
 }
 
 #[test]

@@ -3,19 +3,29 @@
 //! policies whose desired state moved are reconciled (and read back from Neutron); the others
 //! cost nothing. Pure state, tested without servers.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use super::desired::{DesiredPolicy, Options, desired};
-use super::index::ClusterIndex;
-use super::spec::PolicySpec;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::ResourceExt;
+
+use super::desired::{DesiredPolicy, Direction, Options, desired};
+use super::index::{ClusterIndex, PodInfo, PodKey, ServiceInfo};
+use super::selector::Labels;
+use super::spec::{Peer, PolicySpec};
 
 #[derive(Clone, Debug, Default)]
 pub struct PolicyTracker {
-    pub cluster: ClusterIndex,
+    /// Changed only through the tracker's methods, which note the policies each change may move.
+    cluster: ClusterIndex,
     /// Live, valid policies by uid.
     pub policies: BTreeMap<String, PolicySpec>,
     /// What the last successful reconcile of each policy made Neutron hold.
     applied: BTreeMap<String, DesiredPolicy>,
+    /// The policies a change may have moved since the last [`Self::stale`]; `None`: any of them
+    /// (a namespace's labels or the Services changed, nothing asked yet). A pod event, the
+    /// common one, notes only the policies that can see that pod, so [`Self::stale`] computes
+    /// those and not every policy of the cluster again.
+    moved: Option<BTreeSet<String>>,
 }
 
 impl PolicyTracker {
@@ -24,10 +34,16 @@ impl PolicyTracker {
             cluster,
             policies,
             applied: BTreeMap::new(),
+            moved: None,
         }
     }
 
+    pub fn cluster(&self) -> &ClusterIndex {
+        &self.cluster
+    }
+
     pub fn set_policy(&mut self, uid: &str, spec: PolicySpec) {
+        self.note(uid);
         self.policies.insert(uid.to_string(), spec);
     }
 
@@ -54,15 +70,138 @@ impl PolicyTracker {
         self.applied.remove(uid);
     }
 
+    /// A pod added, changed or being deleted, as its watch event shows it.
+    pub fn observe_pod(&mut self, pod: &Pod) {
+        let key = PodKey::new(pod.namespace().unwrap_or_default(), pod.name_any());
+        let before = self.cluster.pods.get(&key).cloned();
+        self.cluster.observe_pod(pod);
+        self.pod_changed(&key, before);
+    }
+
+    /// A pod gone (see [`ClusterIndex::remove_pod`]).
+    pub fn remove_pod(&mut self, pod: &Pod) {
+        let key = PodKey::new(pod.namespace().unwrap_or_default(), pod.name_any());
+        let before = self.cluster.pods.get(&key).cloned();
+        self.cluster.remove_pod(pod);
+        self.pod_changed(&key, before);
+    }
+
+    /// Sets (`Some`) or removes the pod `key` as the model sees it.
+    pub fn set_pod_info(&mut self, key: PodKey, info: Option<PodInfo>) {
+        let before = match info {
+            Some(info) => self.cluster.pods.insert(key.clone(), info),
+            None => self.cluster.pods.remove(&key),
+        };
+        self.pod_changed(&key, before);
+    }
+
+    /// A namespace added, relabelled or being deleted, as its watch event shows it.
+    pub fn observe_namespace(&mut self, ns: &Namespace) {
+        let labels = ns
+            .metadata
+            .deletion_timestamp
+            .is_none()
+            .then(|| ns.labels().clone());
+        self.set_namespace_labels(&ns.name_any(), labels);
+    }
+
+    /// Sets (`Some`) or removes the labels of namespace `name`.
+    pub fn set_namespace_labels(&mut self, name: &str, labels: Option<Labels>) {
+        let before = match labels {
+            Some(l) => self.cluster.namespaces.insert(name.to_string(), l),
+            None => self.cluster.namespaces.remove(name),
+        };
+        if before.as_ref() != self.cluster.namespaces.get(name) {
+            self.moved = None;
+        }
+    }
+
+    /// The Services as last listed.
+    pub fn set_services(&mut self, services: BTreeMap<(String, String), ServiceInfo>) {
+        if self.cluster.services != services {
+            self.cluster.services = services;
+            self.moved = None;
+        }
+    }
+
+    fn note(&mut self, uid: &str) {
+        if let Some(moved) = &mut self.moved {
+            moved.insert(uid.to_string());
+        }
+    }
+
+    fn pod_changed(&mut self, key: &PodKey, before: Option<PodInfo>) {
+        let after = self.cluster.pods.get(key);
+        if before.as_ref() == after || self.moved.is_none() {
+            return;
+        }
+        let seen: Vec<String> = self
+            .policies
+            .iter()
+            .filter(|(_, spec)| sees(spec, &self.cluster, key, [before.as_ref(), after]))
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in seen {
+            self.note(&uid);
+        }
+    }
+
     /// The live policies whose desired state differs from what was last applied, with that
-    /// desired state.
-    pub fn stale(&self, opts: &Options) -> Vec<(String, PolicySpec, DesiredPolicy)> {
+    /// desired state: of those a change since the last call may have moved, and those with
+    /// nothing applied (new, or a reconcile that failed).
+    pub fn stale(&mut self, opts: &Options) -> Vec<(String, PolicySpec, DesiredPolicy)> {
+        let moved = self.moved.replace(BTreeSet::new());
         self.policies
             .iter()
+            .filter(|(uid, _)| {
+                moved.as_ref().is_none_or(|m| m.contains(*uid)) || !self.applied.contains_key(*uid)
+            })
             .filter_map(|(uid, spec)| {
                 let want = desired(spec, &self.cluster, opts);
                 (self.applied.get(uid) != Some(&want)).then(|| (uid.clone(), spec.clone(), want))
             })
             .collect()
     }
+}
+
+/// Whether `spec`'s desired state can depend on the pod `key` as it was or is (`infos`): the
+/// pod is in the policy's namespace (selection, named ports), a peer designates it, or an egress
+/// rule looks at pods beyond its peers' selectors (a rule to anywhere, or to an ipBlock holding
+/// one of its addresses: the Services in front of them, named ports resolved on them). Erring
+/// on the side of yes costs one desired-state computation, never a missed change.
+fn sees(spec: &PolicySpec, index: &ClusterIndex, key: &PodKey, infos: [Option<&PodInfo>; 2]) -> bool {
+    if key.namespace == spec.key.namespace {
+        return true;
+    }
+    let infos = || infos.iter().flatten();
+    let rules = spec
+        .ingress
+        .iter()
+        .flatten()
+        .map(|r| (Direction::Ingress, r))
+        .chain(spec.egress.iter().flatten().map(|r| (Direction::Egress, r)));
+    for (dir, rule) in rules {
+        let Some(peers) = &rule.peers else {
+            if dir == Direction::Egress {
+                return true;
+            }
+            continue;
+        };
+        for peer in peers {
+            let seen = match peer {
+                Peer::Pods { namespaces, pods } => {
+                    index.namespace_matches(namespaces, &key.namespace)
+                        && infos().any(|i| pods.matches(&i.labels))
+                }
+                Peer::Block { allowed, .. } => {
+                    dir == Direction::Egress
+                        && infos().any(|i| i.ips.iter().any(|ip| allowed.iter().any(|c| c.contains_ip(*ip))))
+                }
+            };
+            if seen {
+                return true;
+            }
+        }
+    }
+    false
 }
