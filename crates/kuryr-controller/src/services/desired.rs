@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kuryr_crds::KuryrLoadBalancerSpec;
+use kuryr_crds::{KuryrLoadBalancerSpec, LbEndpointPort, LbEndpointSlice, LbSpecPort};
 
 use crate::error::Error;
 
@@ -96,6 +96,45 @@ impl MemberSubnets {
     }
 }
 
+/// The port of `slice` serving the Service port `p`: the one of the same name (both unnamed for
+/// a one-port Service). A Service port renamed reaches the KuryrLoadBalancer before the
+/// EndpointSlice controller renames the slices' port: meanwhile a slice port whose name no
+/// Service port has still serves `p` when it is the only such port of `p`'s protocol and `p` is
+/// the only Service port without a slice port of its name, or when its number is `p`'s numeric
+/// target port. Matching by name alone emptied the pool until the slices followed.
+fn slice_port(spec: &KuryrLoadBalancerSpec, p: &LbSpecPort, slice: &LbEndpointSlice) -> Option<u16> {
+    let name_of = |n: &Option<String>| n.clone().unwrap_or_default();
+    let number = |sp: &LbEndpointPort| sp.port.and_then(|n| u16::try_from(n).ok());
+    if let Some(sp) = slice
+        .ports
+        .iter()
+        .find(|sp| name_of(&sp.name) == name_of(&p.name))
+    {
+        return number(sp);
+    }
+    let protocol = |s: &Option<String>| s.as_deref().unwrap_or("TCP").to_ascii_uppercase();
+    let orphans: Vec<&LbEndpointPort> = slice
+        .ports
+        .iter()
+        .filter(|sp| protocol(&sp.protocol) == p.protocol.to_ascii_uppercase())
+        .filter(|sp| !spec.ports.iter().any(|q| name_of(&q.name) == name_of(&sp.name)))
+        .collect();
+    if let Ok(target) = p.target_port.parse::<i32>()
+        && let Some(sp) = orphans.iter().find(|sp| sp.port == Some(target))
+    {
+        return number(sp);
+    }
+    let unserved = spec
+        .ports
+        .iter()
+        .filter(|q| !slice.ports.iter().any(|sp| name_of(&sp.name) == name_of(&q.name)))
+        .count();
+    match (orphans.as_slice(), unserved) {
+        ([only], 1) => number(only),
+        _ => None,
+    }
+}
+
 /// The tree `spec` asks for. A spec without ip, subnet or project is not ready to be acted on.
 pub fn desired(spec: &KuryrLoadBalancerSpec, inp: &Inputs<'_>) -> Result<DesiredLb, Error> {
     let need = |v: &Option<String>, field: &str| {
@@ -131,14 +170,7 @@ pub fn desired(spec: &KuryrLoadBalancerSpec, inp: &Inputs<'_>) -> Result<Desired
         let name = format!("{lb_name}:{protocol}:{port}");
         let mut members = BTreeMap::new();
         for slice in &spec.endpoint_slices {
-            // The slice port serving this Service port has the same name (both unnamed for a one-port Service).
-            let Some(target) = slice
-                .ports
-                .iter()
-                .find(|sp| sp.name.as_deref().unwrap_or("") == p.name.as_deref().unwrap_or(""))
-                .and_then(|sp| sp.port)
-                .and_then(|n| u16::try_from(n).ok())
-            else {
+            let Some(target) = slice_port(spec, p, slice) else {
                 continue;
             };
             for ep in &slice.endpoints {
@@ -321,6 +353,45 @@ mod tests {
         // An IPv6 primary: the IPv6 slice.
         s.ip = Some("fd00:96::10".into());
         assert_eq!(members(&s), ["fd00::3", "fd00::4"]);
+    }
+
+    /// A Service port renamed keeps its members while the slices still carry the old name: by
+    /// its numeric target port, or as the one port left without a slice port of its name.
+    #[test]
+    fn a_renamed_service_port_keeps_its_members_until_the_slices_follow() {
+        let l3 = |_: &str| Some("svc-subnet".to_string());
+        let members = |s: &KuryrLoadBalancerSpec, proto: &str, port: u16| -> usize {
+            desired(s, &inputs(&l3)).expect("desired").listeners[&(proto.to_string(), port)]
+                .pool
+                .members
+                .len()
+        };
+        let mut s = spec("amphora");
+        s.ports[0].name = Some("web".into());
+        assert_eq!(members(&s, "TCP", 80), 2, "by its target port 8080");
+        assert_eq!(members(&s, "UDP", 53), 0, "not another protocol's");
+        // A named target port: the only port without a slice port of its name.
+        s.ports[0].target_port = "http-alt".into();
+        s.ports.truncate(1);
+        assert_eq!(members(&s, "TCP", 80), 2);
+        // Two ports renamed at once, neither by number: no guess.
+        s.ports.push(LbSpecPort {
+            name: Some("admin".into()),
+            port: 81,
+            protocol: "TCP".into(),
+            target_port: "admin".into(),
+        });
+        s.endpoint_slices[0].ports.push(LbEndpointPort {
+            name: Some("old-admin".into()),
+            port: Some(9090),
+            protocol: Some("TCP".into()),
+        });
+        assert_eq!(members(&s, "TCP", 80), 0);
+        assert_eq!(members(&s, "TCP", 81), 0);
+        // A slice port of a name some Service port has is that port's, never another's.
+        s.ports[1].name = Some("old-admin".into());
+        assert_eq!(members(&s, "TCP", 81), 2);
+        assert_eq!(members(&s, "TCP", 80), 2, "the one left without its name");
     }
 
     #[test]
