@@ -1168,6 +1168,131 @@ async fn a_policy_pass_reads_its_namespaces_ports_in_lists() -> Result<()> {
     Ok(())
 }
 
+/// Two address groups of one peer (two writers, or a crash between create and record) with the
+/// policy's rule pointing at the second: membership still follows the pods, in the group the
+/// rule points at, and the copy nobody points at goes. The copy listed first was kept, its
+/// addresses updated while the rule kept pointing at the other, frozen, for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_address_group_the_rule_points_at_keeps_following_the_pods() -> Result<()> {
+    use kuryr_neutron::{AddressGroupCreate, SecurityGroupRuleCreate};
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let client = &target.client;
+        let fx = neutron_fixture(client, "10.67.0.0/24").await?;
+        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let ctl = start_controller(
+            &kube.client,
+            &target,
+            config(&ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label")),
+            "np-dup-ag",
+        );
+        labelled_namespace(&kube.client, "g").await?;
+        pod(
+            &kube.client,
+            "g",
+            "server",
+            json!({"app": "server"}),
+            Some("10.67.0.10"),
+        )
+        .await?;
+        pod(
+            &kube.client,
+            "g",
+            "c1",
+            json!({"app": "client"}),
+            Some("10.67.0.21"),
+        )
+        .await?;
+        pod(
+            &kube.client,
+            "g",
+            "c2",
+            json!({"app": "other"}),
+            Some("10.67.0.22"),
+        )
+        .await?;
+        apply_policy(
+            &kube.client,
+            "g",
+            "p",
+            json!({"podSelector": {"matchLabels": {"app": "server"}}, "ingress": [
+                {"from": [{"podSelector": {"matchLabels": {"app": "client"}}}], "ports": [{"port": 80}]}]}),
+        )
+        .await?;
+        let sg = policy_group(&kube.client, "g", "p").await?;
+        let (first, _) = eventually("the peer group holds c1", WAIT, || async {
+            Ok(peer_addresses(client, &sg, 80)
+                .await?
+                .filter(|(_, a)| *a == set(&["10.67.0.21/32"])))
+        })
+        .await?;
+        // A second copy of the peer group, and the rule moved onto it (what a second writer leaves).
+        let original = client.get_address_group(&first).await?;
+        let copy = client
+            .create_address_group(&AddressGroupCreate {
+                name: original.name.clone(),
+                project_id: Some(original.project_id.clone()),
+                description: Some(original.description.clone()),
+                addresses: original.addresses.clone(),
+            })
+            .await?;
+        let rules = client
+            .list_security_group_rules(&ListFilter::new().security_group_id(&sg))
+            .await?;
+        for r in rules
+            .iter()
+            .filter(|r| r.remote_address_group_id.as_deref() == Some(first.as_str()))
+        {
+            client.delete_security_group_rule(&r.id).await?;
+            client
+                .create_security_group_rule(&SecurityGroupRuleCreate {
+                    security_group_id: sg.clone(),
+                    direction: r.direction.clone(),
+                    ethertype: Some(r.ethertype.clone()),
+                    protocol: r.protocol.clone(),
+                    port_range_min: r.port_range_min,
+                    port_range_max: r.port_range_max,
+                    remote_address_group_id: Some(copy.id.clone()),
+                    project_id: Some(r.project_id.clone()),
+                    description: Some(r.description.clone()),
+                    ..Default::default()
+                })
+                .await?;
+        }
+        // c2 joins the peer: the group the rule points at follows, and the other copy goes.
+        Api::<Pod>::namespaced(kube.client.clone(), "g")
+            .patch(
+                "c2",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"metadata": {"labels": {"app": "client"}}})),
+            )
+            .await?;
+        let want = set(&["10.67.0.21/32", "10.67.0.22/32"]);
+        let (kept, _) = eventually(
+            &format!("{}: the rule's group holds c1 and c2", target.name),
+            WAIT,
+            || async { Ok(peer_addresses(client, &sg, 80).await?.filter(|(_, a)| *a == want)) },
+        )
+        .await?;
+        assert_eq!(
+            kept, copy.id,
+            "{}: the copy the rule points at is kept, the rule left as it is",
+            target.name
+        );
+        eventually(&format!("{}: one copy left", target.name), WAIT, || async {
+            let left = client
+                .list_address_groups(&ListFilter::new().eq("description", original.description.clone()))
+                .await?;
+            Ok((left.iter().filter(|a| a.name == original.name).count() == 1).then_some(()))
+        })
+        .await?;
+        ctl.stop.cancel();
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}
+
 fn set_of(items: Vec<String>) -> BTreeSet<String> {
     items.into_iter().collect()
 }

@@ -399,7 +399,12 @@ impl NetworkPolicyDriver {
         Ok((actual, extra_sgs, extra_ags))
     }
 
-    /// Reads the policy's groups back from Neutron.
+    /// Reads the policy's groups back from Neutron. Of two address groups of one key (two
+    /// writers, or a crash between create and record), the one the policy's rules point at is
+    /// kept: keeping the other would update its addresses while the rules, taken for right
+    /// (same key), kept pointing at the copy, whose membership then never changed again and
+    /// which could not be deleted (in use). Rules pointing at a copy not kept are foreign to
+    /// the model, so the diff moves them to the kept group and the copy goes.
     async fn read(
         &self,
         client: &NeutronClient,
@@ -408,18 +413,6 @@ impl NetworkPolicyDriver {
         let ags = client
             .list_address_groups(&ListFilter::new().eq("description", self.ag_description(uid)))
             .await?;
-        let keys: HashMap<String, AgKey> = ags
-            .iter()
-            .map(|a| (a.id.clone(), AgKey(a.name.clone())))
-            .collect();
-        let mut actual = ActualPolicy::default();
-        for ag in &ags {
-            let addrs: BTreeSet<Cidr> = ag.addresses.iter().filter_map(|a| a.parse().ok()).collect();
-            actual
-                .address_groups
-                .entry(AgKey(ag.name.clone()))
-                .or_insert((ag.id.clone(), addrs));
-        }
         let mut sgs = client
             .list_security_groups(&ListFilter::new().tags([self.cluster_tag(), format!("{TAG_POLICY}{uid}")]))
             .await?;
@@ -431,6 +424,32 @@ impl NetworkPolicyDriver {
                 sgs.push(sg);
             }
         }
+        let mut pointed: HashMap<&str, usize> = HashMap::new();
+        for r in sgs.iter().flat_map(|sg| &sg.security_group_rules) {
+            if let Some(ag) = &r.remote_address_group_id {
+                *pointed.entry(ag.as_str()).or_default() += 1;
+            }
+        }
+        let mut actual = ActualPolicy::default();
+        for ag in &ags {
+            let addrs: BTreeSet<Cidr> = ag.addresses.iter().filter_map(|a| a.parse().ok()).collect();
+            let refs = |id: &str| pointed.get(id).copied().unwrap_or(0);
+            match actual.address_groups.entry(AgKey(ag.name.clone())) {
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    e.insert((ag.id.clone(), addrs));
+                }
+                std::collections::btree_map::Entry::Occupied(mut e) => {
+                    if refs(&ag.id) > refs(&e.get().0) {
+                        e.insert((ag.id.clone(), addrs));
+                    }
+                }
+            }
+        }
+        let keys: HashMap<String, AgKey> = actual
+            .address_groups
+            .iter()
+            .map(|(k, (id, _))| (id.clone(), k.clone()))
+            .collect();
         for sg in &sgs {
             // Untagged: left between create and tag; returned as an extra for deletion.
             let Some(variant) = sg.tags.iter().find_map(|t| t.strip_prefix(TAG_VARIANT)) else {
