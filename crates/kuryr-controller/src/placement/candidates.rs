@@ -98,6 +98,7 @@ pub fn build(
                 hysteresis: pb.usage_hysteresis,
                 usage: UsageFigure::Unmeasured,
                 project_usage: Default::default(),
+                pending: 0.0,
                 project_ids: s.project_ids.clone(),
             };
             if let Some(o) = objects.iter().find(|o| o.name_any() == name) {

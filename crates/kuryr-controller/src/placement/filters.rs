@@ -70,7 +70,7 @@ impl Filter for UsageThresholdFilter {
         "usage_threshold"
     }
     fn check(&self, c: &Candidate, req: &BindingRequest) -> Result<(), String> {
-        match &c.usage_for(&req.project) {
+        match &c.admission_usage_for(&req.project) {
             UsageFigure::Unmeasured => Ok(()),
             UsageFigure::Fresh(u) if *u < c.threshold - c.hysteresis => Ok(()),
             UsageFigure::Fresh(u) => Err(format!(

@@ -38,7 +38,7 @@ pub use scheduler::{Binder, Decision, Placed, Scheduler};
 pub enum UsageFigure {
     /// Never measured: treated as plenty left (a new deployment is usable at once).
     Unmeasured,
-    /// A recent measurement (fraction 0..1 of what runs out first), plus virtual consumption.
+    /// A recent measurement (fraction 0..1 of what runs out first).
     Fresh(f64),
     /// The last measurement failed or is too old; `last` is the last good fraction, if any. A
     /// stale deployment keeps the bindings it has (a measurement outage never moves tenants) but
@@ -73,7 +73,12 @@ pub struct Candidate {
     /// New bindings need `usage < threshold - hysteresis`, so a deployment a binding just left is
     /// not picked again right away.
     pub hysteresis: f64,
+    /// As measured: only a measured figure moves existing bindings.
     pub usage: UsageFigure,
+    /// Usage added by the bindings this controller made since `usage` was measured (each
+    /// counts a little): new bindings see it, so a burst does not land entirely on the one
+    /// deployment that had room for a few; existing bindings never leave for it.
+    pub pending: f64,
     /// Port quota fraction per (cluster) project id: a project whose quota is nearly used up here
     /// is full here, whatever the deployment-wide figure says.
     pub project_usage: BTreeMap<String, f64>,
@@ -87,6 +92,15 @@ impl Candidate {
         match (&self.usage, self.project_usage.get(project)) {
             (UsageFigure::Fresh(u), Some(p)) => UsageFigure::Fresh(u.max(*p)),
             (other, _) => other.clone(),
+        }
+    }
+
+    /// [`Self::usage_for`] with what this controller bound here since it was measured: the
+    /// figure a new binding is admitted (and weighed) on.
+    pub fn admission_usage_for(&self, project: &str) -> UsageFigure {
+        match self.usage_for(project) {
+            UsageFigure::Fresh(u) => UsageFigure::Fresh(u + self.pending),
+            other => other,
         }
     }
 

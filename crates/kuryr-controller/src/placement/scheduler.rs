@@ -14,9 +14,9 @@ use super::weighers::{self, Weigher};
 use super::{BindingKey, BindingRequest, Candidate, UsageFigure};
 use crate::error::Error;
 
-/// Usage added to a deployment each time this controller binds a project to it, until the next
-/// measurement replaces the figure: later picks in the same period see it as fuller. Only a fresh
-/// figure grows; an unmeasured or stale one never does.
+/// Usage added to a deployment's pending figure ([`Candidate::pending`]) each time this
+/// controller binds a project to it, until the next measurement: later picks in the same period
+/// see it as fuller. Only a fresh figure counts it; an unmeasured or stale one never does.
 const VIRTUAL_CONSUMPTION: f64 = 0.01;
 
 /// The binding a request has now.
@@ -200,6 +200,10 @@ pub struct Binder {
     candidates: RwLock<Vec<Candidate>>,
     store: Arc<dyn BindingStore>,
     cache: Mutex<HashMap<BindingKey, Current>>,
+    /// Held from deciding a new binding (or a move) to counting it in the target's pending
+    /// usage: concurrent requests (a term's first round waking every waiter at once, a burst of
+    /// namespaces) each see the ones admitted before them.
+    admission: Mutex<()>,
     /// Whether the candidates hold what the operator set on the KuryrOpenStackDeployment objects
     /// (maintenance, zone, affinity, weight, project ids), not `kuryr.conf` alone.
     loaded: tokio::sync::watch::Sender<bool>,
@@ -220,6 +224,7 @@ impl Binder {
             candidates: RwLock::new(candidates),
             store,
             cache: Mutex::default(),
+            admission: Mutex::default(),
             loaded: tokio::sync::watch::Sender::new(true),
             usage_known: tokio::sync::watch::Sender::new(true),
         }
@@ -248,6 +253,7 @@ impl Binder {
             if let Some((u, projects)) = usage.get(&c.name) {
                 c.usage = u.clone();
                 c.project_usage = projects.clone();
+                c.pending = 0.0;
             }
         }
         self.usage_known.send_replace(true);
@@ -286,6 +292,7 @@ impl Binder {
             if let Some(old) = cur.iter().find(|o| o.name == c.name) {
                 c.usage = old.usage.clone();
                 c.project_usage = old.project_usage.clone();
+                c.pending = old.pending;
             }
         }
         *cur = cands;
@@ -361,13 +368,24 @@ impl Binder {
         for _ in 0..5 {
             let state = self.store.get(req).await?;
             let current = state.as_ref().and_then(BindingState::current_binding);
-            let cands = self.candidates.read().await.clone();
-            let decision = self.scheduler.decide(&cands, req, current.as_ref());
+            let mut cands = self.candidates.read().await.clone();
+            let mut decision = self.scheduler.decide(&cands, req, current.as_ref());
             // A binding that stays needs no figure (an unmeasured one moves nobody); a new one
             // or a refusal is decided again on the term's first round.
             if !matches!(decision, Decision::Stay { .. }) && self.await_first_usage(req).await {
                 continue;
             }
+            // A new binding or a move: decided again in turn, on the candidates as the ones
+            // admitted before it left them.
+            let _admitted = match decision {
+                Decision::Stay { .. } => None,
+                _ => {
+                    let turn = self.admission.lock().await;
+                    cands = self.candidates.read().await.clone();
+                    decision = self.scheduler.decide(&cands, req, current.as_ref());
+                    Some(turn)
+                }
+            };
             let (deployment, rebound, stuck) = match decision {
                 Decision::Stay { deployment, stuck } => {
                     let stuck = stuck.map(|(why, elims)| {
@@ -397,9 +415,9 @@ impl Binder {
                     tracing::info!(project = %req.project, group = %req.group, from = ?from, to = %to, why = %why,
                         "binding moved");
                     if let Some(c) = self.candidates.write().await.iter_mut().find(|c| c.name == to)
-                        && let UsageFigure::Fresh(u) = &mut c.usage
+                        && matches!(c.usage, UsageFigure::Fresh(_))
                     {
-                        *u += VIRTUAL_CONSUMPTION;
+                        c.pending += VIRTUAL_CONSUMPTION;
                     }
                     (to, Some((from, why)), None)
                 }

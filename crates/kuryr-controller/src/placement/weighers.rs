@@ -31,7 +31,12 @@ impl Weigher for IdleCapacity {
         "idle_capacity"
     }
     fn raw(&self, c: &Candidate) -> f64 {
-        1.0 - c.usage.fraction().unwrap_or(0.0)
+        let pending = if matches!(c.usage, super::UsageFigure::Fresh(_)) {
+            c.pending
+        } else {
+            0.0
+        };
+        1.0 - (c.usage.fraction().unwrap_or(0.0) + pending)
     }
 }
 

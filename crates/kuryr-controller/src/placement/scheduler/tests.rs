@@ -25,6 +25,7 @@ fn six_in_two_groups() -> Vec<Candidate> {
             hysteresis: 0.05,
             usage: UsageFigure::Unmeasured,
             project_usage: BTreeMap::new(),
+            pending: 0.0,
             project_ids: BTreeMap::new(),
         })
         .collect()
@@ -303,10 +304,19 @@ async fn rebinding_keeps_history_maps_project_ids_and_grows_only_fresh_figures()
         ("pod2", "t1-in-pod2")
     );
     let c = b.candidates().await;
-    assert_eq!(c[1].usage, UsageFigure::Fresh(0.2 + VIRTUAL_CONSUMPTION));
     assert_eq!(
-        c[0].usage,
-        UsageFigure::Unmeasured,
+        c[1].usage,
+        UsageFigure::Fresh(0.2),
+        "the measured figure as measured"
+    );
+    assert_eq!(c[1].pending, VIRTUAL_CONSUMPTION);
+    assert_eq!(
+        c[1].admission_usage_for("t2"),
+        UsageFigure::Fresh(0.2 + VIRTUAL_CONSUMPTION)
+    );
+    assert_eq!(
+        (&c[0].usage, c[0].pending),
+        (&UsageFigure::Unmeasured, 0.0),
         "an unmeasured figure never grows"
     );
     let st = store
@@ -439,4 +449,69 @@ async fn a_new_term_decides_on_its_first_usage_round() {
         .expect("no wait for a binding that stays")
         .expect("bound");
     assert_eq!(again.deployment, "pod2");
+}
+
+/// A store whose reads take a while, so that concurrent binds overlap as they do against the
+/// Kubernetes API.
+struct SlowStore(MemoryStore);
+
+#[async_trait::async_trait]
+impl BindingStore for SlowStore {
+    async fn get(&self, key: &BindingKey) -> Result<Option<BindingState>, Error> {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        self.0.get(key).await
+    }
+    async fn list(&self) -> Result<Vec<BindingState>, Error> {
+        self.0.list().await
+    }
+    async fn claim(
+        &self,
+        key: &BindingKey,
+        expected: Option<&str>,
+        new: &str,
+        why: &str,
+    ) -> Result<bool, Error> {
+        self.0.claim(key, expected, new, why).await
+    }
+    async fn set_pinned(&self, key: &BindingKey, pinned: bool) -> Result<(), Error> {
+        self.0.set_pinned(key, pinned).await
+    }
+}
+
+/// Eight new projects decided at once (a term's first usage round wakes every waiter) with
+/// pod1 measured at 0.84 (threshold 0.9, hysteresis 0.05: room for one binding's estimate): one
+/// lands there, the others see it and go on to pod2; and the estimate never moves the project
+/// already bound to pod1 (only a measured figure moves tenants). All eight saw 0.84 and
+/// landed on pod1, whose estimate (0.92) then moved the old tenant away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_new_bindings_is_admitted_in_turn_and_its_estimate_moves_nobody() {
+    let store = Arc::new(SlowStore(MemoryStore::default()));
+    let b = Arc::new(Binder::new(
+        sched(&all_filters(), &[BindingWeigher::CreationOrder]),
+        six_in_two_groups(),
+        store.clone(),
+    ));
+    let old = req("old", "general");
+    assert_eq!(b.bind(&old).await.expect("bound").deployment, "pod1");
+    b.expect_usage();
+    let binds: Vec<_> = (0..8)
+        .map(|i| {
+            let b = b.clone();
+            tokio::spawn(async move { b.bind(&req(&format!("new{i}"), "general")).await })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let measured = (UsageFigure::Fresh(0.84), BTreeMap::new());
+    b.set_usage(&BTreeMap::from([("pod1".to_string(), measured)]))
+        .await;
+    let mut on_pod1 = 0;
+    for j in binds {
+        if j.await.expect("joined").expect("bound").deployment == "pod1" {
+            on_pod1 += 1;
+        }
+    }
+    assert_eq!(on_pod1, 1, "one new binding fits pod1's room");
+    b.forget().await;
+    let again = b.bind(&old).await.expect("bound");
+    assert_eq!((again.deployment.as_str(), again.rebound), ("pod1", None));
 }
