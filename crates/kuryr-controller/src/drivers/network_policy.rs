@@ -1077,12 +1077,20 @@ impl NetworkPolicyDriver {
         else {
             return Ok(0);
         };
+        if kp.metadata.deletion_timestamp.is_some() {
+            return Ok(0);
+        }
         let mut known = self.namespace_policies(&ns).await?;
         let mut wanted = Vec::new();
         for (deployment, ids) in default_ports(&kp) {
             let mut want = self.groups_of(&mut known, &deployment, pod).await?;
             want.sort();
-            wanted.extend(ids.into_iter().map(|id| (deployment.clone(), id, want.clone())));
+            wanted.extend(ids.into_iter().map(|id| Wanted {
+                deployment: deployment.clone(),
+                port: id,
+                groups: want.clone(),
+                holder: (ns.clone(), kp.name_any()),
+            }));
         }
         self.put_on_groups(wanted).await
     }
@@ -1102,6 +1110,7 @@ impl NetworkPolicyDriver {
             .list(&lp)
             .await?
             .into_iter()
+            .filter(|kp| kp.metadata.deletion_timestamp.is_none())
             .map(|kp| (kp.name_any(), kp))
             .collect();
         let mut known = self.namespace_policies(namespace).await?;
@@ -1115,7 +1124,12 @@ impl NetworkPolicyDriver {
                 match self.groups_of(&mut known, &deployment, pod).await {
                     Ok(mut want) => {
                         want.sort();
-                        wanted.extend(ids.into_iter().map(|id| (deployment.clone(), id, want.clone())));
+                        wanted.extend(ids.into_iter().map(|id| Wanted {
+                            deployment: deployment.clone(),
+                            port: id,
+                            groups: want.clone(),
+                            holder: (namespace.to_string(), kp.name_any()),
+                        }));
                     }
                     Err(e) => errors.push(e),
                 }
@@ -1131,13 +1145,19 @@ impl NetworkPolicyDriver {
         Error::collect(errors).map(|()| updates)
     }
 
-    /// Puts each (deployment, port, sorted groups) on its groups: the ports of a deployment are
-    /// read in lists, and those that differ changed in their turn (read again there: the list
-    /// may be older than a change made since). A port that is gone is no change.
-    async fn put_on_groups(&self, wanted: Vec<(String, String, Vec<String>)>) -> Result<usize, Error> {
-        let mut by_deployment: BTreeMap<String, Vec<(String, Vec<String>)>> = BTreeMap::new();
-        for (deployment, id, want) in wanted {
-            by_deployment.entry(deployment).or_default().push((id, want));
+    /// Puts each wanted port on its groups: the ports of a deployment are read in lists, and
+    /// those that differ changed in their turn (read again there: the list may be older than a
+    /// change made since), once their KuryrPort is read again and still holds them: a pod
+    /// deleted since the listing has its port released, maybe back in a pool, where the groups
+    /// of the pod it served must not follow it. A port that is gone is no change.
+    async fn put_on_groups(&self, wanted: Vec<Wanted>) -> Result<usize, Error> {
+        let mut by_deployment: BTreeMap<String, Vec<(String, Vec<String>, (String, String))>> =
+            BTreeMap::new();
+        for w in wanted {
+            by_deployment
+                .entry(w.deployment)
+                .or_default()
+                .push((w.port, w.groups, w.holder));
         }
         let mut errors = Vec::new();
         let mut updates = 0;
@@ -1149,7 +1169,7 @@ impl NetworkPolicyDriver {
                     continue;
                 }
             };
-            let ids: Vec<&str> = ports.iter().map(|(id, _)| id.as_str()).collect();
+            let ids: Vec<&str> = ports.iter().map(|(id, _, _)| id.as_str()).collect();
             let have: HashMap<String, Vec<String>> =
                 match ports_by_ids(&client, &ids, &ListFilter::new()).await {
                     Ok(list) => list
@@ -1165,8 +1185,25 @@ impl NetworkPolicyDriver {
                         continue;
                     }
                 };
-            for (id, want) in ports {
+            for (id, want, (ns, name)) in ports {
                 if have.get(&id).is_none_or(|groups| *groups == want) {
+                    continue;
+                }
+                let holder = match Api::<KuryrPort>::namespaced(self.kube.clone(), &ns)
+                    .get_opt(&name)
+                    .await
+                {
+                    Ok(kp) => kp,
+                    Err(e) => {
+                        errors.push(e.into());
+                        continue;
+                    }
+                };
+                let still_held = holder.is_some_and(|kp| {
+                    kp.metadata.deletion_timestamp.is_none()
+                        && default_ports(&kp).values().flatten().any(|p| *p == id)
+                });
+                if !still_held {
                     continue;
                 }
                 let written = self
@@ -1499,6 +1536,16 @@ struct NamespacePolicies {
     placed: Option<HashMap<String, String>>,
     /// (deployment, policy uid, variant) -> security group id, as looked up.
     groups: HashMap<(String, String, String), String>,
+}
+
+/// A port and the groups its pod's policies give it.
+struct Wanted {
+    deployment: String,
+    port: String,
+    /// Sorted.
+    groups: Vec<String>,
+    /// (namespace, name) of the KuryrPort holding the port.
+    holder: (String, String),
 }
 
 /// A KuryrPort's default-interface ports by the deployment each was made in (upstream
