@@ -147,15 +147,33 @@ async fn nested_macvlan_pods_are_allowed_address_pairs_of_their_vm_port() -> Res
         assert_eq!(pairs(neutron, &vm_ports[0]).await?, left, "{}", target.name);
         assert_eq!(pairs(neutron, &vm_ports[1]).await?, expected[1]);
 
-        let rest: Vec<&str> = names[2..].iter().map(String::as_str).collect();
-        delete_pods(&kube.client, "mv", &rest).await?;
-        for vm in &vm_ports {
+        // The second VM deleted, its port with it (Nova's): its pods' ports still go when the
+        // pods do (there is no pair left to remove); they stayed Terminating for good.
+        let unbound = kuryr_neutron::PortUpdate {
+            device_id: Some(String::new()),
+            binding_host_id: Some(String::new()),
+            ..Default::default()
+        };
+        neutron.update_port(&vm_ports[1], &unbound).await?;
+        neutron.delete_trunk(&vms.trunks[1]).await?;
+        neutron.delete_port(&vm_ports[1]).await?;
+        delete_pods(&kube.client, "mv", &["m-6", "m-7"]).await?;
+        for name in ["m-6", "m-7"] {
             assert!(
-                pairs(neutron, vm).await?.is_empty(),
-                "{}: pairs left on {vm}",
+                gone(neutron, &ports[name]).await?,
+                "{}: {name}'s port deleted",
                 target.name
             );
         }
+
+        let rest: Vec<&str> = names[2..6].iter().map(String::as_str).collect();
+        delete_pods(&kube.client, "mv", &rest).await?;
+        assert!(
+            pairs(neutron, &vm_ports[0]).await?.is_empty(),
+            "{}: pairs left on {}",
+            target.name,
+            vm_ports[0]
+        );
         let owned = neutron
             .list_ports(
                 &ListFilter::new()

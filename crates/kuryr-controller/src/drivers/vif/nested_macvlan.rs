@@ -147,10 +147,29 @@ impl VifDriver for NestedMacvlan {
     async fn release_vif(&self, deployment: &str, vm_port: &str, vif: &Vif) -> Result<(), Error> {
         let client = self.deployments.client(deployment)?;
         match client.get_port(vif.id()).await {
+            Ok(port) if port.device_owner == kuryr_crds::names::device_owner::TRUNK_SUBPORT => {
+                // A nested-vlan port (another driver's pool): never this driver's to delete.
+                return Err(Error::invalid(
+                    "port",
+                    format!(
+                        "port {} is a trunk subport, not a macvlan port of VM port {vm_port}",
+                        port.id
+                    ),
+                ));
+            }
             Ok(port) => {
                 let gone = pairs_of(&port);
-                self.update_pairs(deployment, vm_port, |pairs| pairs.retain(|p| !gone.contains(p)))
-                    .await?;
+                match self
+                    .update_pairs(deployment, vm_port, |pairs| pairs.retain(|p| !gone.contains(p)))
+                    .await
+                {
+                    // The VM's port is gone (the VM deleted): it has no pairs left to remove, and
+                    // the pod's port must still go, or the pod stays Terminating for good.
+                    Err(e) if e.neutron().is_some_and(|n| n.is_not_found()) => {
+                        tracing::info!(port = %port.id, vm_port, "VM port gone: no address pair to remove");
+                    }
+                    r => r?,
+                }
             }
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e.into()),
