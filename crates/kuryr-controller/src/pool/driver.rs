@@ -840,8 +840,10 @@ impl PoolDriver {
             };
             // `None`: unlimited.
             if room.is_none_or(|r| r > 0) {
+                let room = room.map(|r| usize::try_from(r).unwrap_or(usize::MAX));
                 let refills = self.lock().reset_backoff(
                     |k| k.deployment == deployment && k.project_id == project,
+                    room,
                     Timestamp::now(),
                 );
                 if !refills.is_empty() {

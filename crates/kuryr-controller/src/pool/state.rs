@@ -695,19 +695,51 @@ impl<T> Pools<T> {
     }
 
     /// Ends the backoff of the pools `which` selects (capacity came back: the quota was raised
-    /// or ports were freed) and plans their refills now.
-    pub fn reset_backoff(&mut self, which: impl Fn(&Key) -> bool, now: Timestamp) -> Vec<Refill> {
+    /// or ports were freed) and plans their refills now, each cut to the `room` left (`None`:
+    /// unlimited): a refill asking for more ports than the quota has room for fails whole (a
+    /// bulk create is atomic), and room for three ports is three pods served, not a failed bulk
+    /// of ten every quota check. Pools the room does not reach keep backing off, and a pool's
+    /// failure count stays until a refill lands, so a refill that fails again waits longer.
+    pub fn reset_backoff(
+        &mut self,
+        which: impl Fn(&Key) -> bool,
+        room: Option<usize>,
+        now: Timestamp,
+    ) -> Vec<Refill> {
         let keys: Vec<Key> = self
             .pools
-            .iter_mut()
+            .iter()
             .filter(|(k, p)| p.retry_at.is_some() && which(k))
-            .map(|(k, p)| {
-                p.retry_at = None;
-                p.failures = 0;
-                k.clone()
-            })
+            .map(|(k, _)| k.clone())
             .collect();
-        keys.iter().filter_map(|k| self.plan_refill(k, now)).collect()
+        let mut left = room;
+        let mut out = Vec::new();
+        for k in keys {
+            if left == Some(0) {
+                break;
+            }
+            let Some(pool) = self.pools.get_mut(&k) else {
+                continue;
+            };
+            let (retry_at, failures) = (pool.retry_at.take(), pool.failures);
+            match self.plan_refill(&k, now) {
+                Some(mut r) => {
+                    if let Some(left) = &mut left {
+                        r.n = r.n.min(*left);
+                        *left -= r.n;
+                    }
+                    out.push(r);
+                }
+                None => {
+                    // Nothing to refill now: it backs off as it did.
+                    if let Some(pool) = self.pools.get_mut(&k) {
+                        pool.retry_at = retry_at;
+                        pool.failures = failures;
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// Pod `holder` (its uid) gave its port back: it waits in `recyclable` for the next pass.
@@ -1209,6 +1241,39 @@ mod tests {
         assert_eq!(pools.populating(), 1);
     }
 
+    /// The quota has room for 3 ports again and two pools of batch 10 back off after
+    /// OverQuota: one refill of 3 (a bulk of 10 fails whole), the other pool keeps backing off,
+    /// and a failure count survives until a refill lands.
+    #[test]
+    fn a_quota_with_little_room_gets_refills_cut_to_it() {
+        let mut pools = Pools::<()>::new(limits(1, 0, 10));
+        let (a, b) = (
+            key(&["a"]),
+            Key::new("default", "node-1", "proj", "net-2", ["sub-2".to_string()], []),
+        );
+        for (k, name) in [(&a, "a"), (&b, "b")] {
+            pools.ensure(k, || meta(name));
+            assert_eq!(pools.take(k, "pod", t(0)).refills.len(), 1);
+            pools.finish_refill(k, Err("OverQuota".into()), t(1));
+            assert_eq!(pools.get(k).unwrap().failures(), 1);
+        }
+        let r = pools.reset_backoff(|_| true, Some(3), t(2));
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(r[0].n, 3);
+        let other = if r[0].key == a { &b } else { &a };
+        let p = pools.get(other).unwrap();
+        assert!(p.retry_at().is_some(), "no room left for it: still backing off");
+        // The refill of 3 fails too (another writer took the room): it waits longer.
+        let k = r[0].key.clone();
+        pools.finish_refill(&k, Err("OverQuota".into()), t(3));
+        assert_eq!(pools.get(&k).unwrap().failures(), 2);
+        assert!(
+            pools.reset_backoff(|_| true, Some(0), t(4)).is_empty(),
+            "no room: nothing"
+        );
+        assert!(pools.get(&k).unwrap().retry_at().is_some());
+    }
+
     #[test]
     fn failed_refill_records_error_and_is_retried_by_maintenance() {
         let mut pools = Pools::<()>::new(limits(1, 0, 2));
@@ -1264,7 +1329,7 @@ mod tests {
         // Capacity came back: one refill at once, sized for the pods waiting (all 500 asked
         // within the last minute), capped by the bulk size.
         let now = t(600);
-        let r = pools.reset_backoff(|key| key == &k, now);
+        let r = pools.reset_backoff(|key| key == &k, None, now);
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].n, MAX_BULK);
         assert!(pools.get(&k).unwrap().retry_at().is_none());
