@@ -326,3 +326,87 @@ async fn recovery_places_a_spare_subport_by_the_trunk_it_is_on() -> Result<()> {
     }
     Ok(())
 }
+
+/// Pre-population on nested nodes: a node no pool host is found for (a control-plane node on
+/// no worker subnet, listed first here) is skipped, and every worker node's trunk pool is still
+/// filled. It stopped the pass at that node, leaving the nodes after it empty and the network
+/// never marked populated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn prepopulate_skips_a_node_without_a_pool_host() -> Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Patch, PatchParams, PostParams};
+    use kuryr_controller::context::Platform;
+    use kuryr_controller::drivers::vif::nested::VmPortLookup;
+    use kuryr_controller::drivers::vif::nested_vlan::NestedVlan;
+    use kuryr_controller::drivers::{NetworkInfo, PortSpec};
+    use kuryr_controller::metrics::Metrics;
+    use kuryr_controller::openstack::Deployments;
+    use std::sync::Arc;
+
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.66.0.0/24").await?;
+        let vms = vm_trunks(neutron, &kube.client, &fx.project, "192.168.66.0/24").await?;
+        let nodes = Api::<Node>::all(kube.client.clone());
+        let control: Node = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": "a-control-plane"}
+        }))?;
+        nodes.create(&PostParams::default(), &control).await?;
+        let status = json!({"status": {"addresses": [{"type": "InternalIP", "address": "10.250.0.5"}]}});
+        nodes
+            .patch_status("a-control-plane", &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
+        let bed = PoolBed::nested(
+            &kube,
+            &fx,
+            &vms.subnet,
+            "ports_pool_batch = 2\nports_pool_min = 2",
+        )
+        .await?;
+        let config = config(&bed.ini);
+        let metrics = Metrics::new();
+        let deployments = Deployments::noauth(&target.url, &metrics)?;
+        let ctx = Arc::new(Platform::new(
+            kube.client.clone(),
+            config.clone(),
+            deployments.clone(),
+            metrics,
+        ));
+        claim_cluster_id(&ctx).await?;
+        let vif = Arc::new(NestedVlan::new(
+            deployments,
+            VmPortLookup::new(kube.client.clone(), vec![vms.subnet.clone()]),
+            ctx.resource_tags(),
+            1450,
+        ));
+        let manager = kuryr_controller::pool::build(ctx, vif, &config.vif_pool)?;
+        let subnet = neutron.get_subnet(&fx.subnet).await?;
+        let net = Arc::new(NetworkInfo {
+            id: fx.network.clone(),
+            name: "pods".into(),
+            mtu: None,
+            subnets: vec![subnet],
+        });
+        let spec = PortSpec::new("default", fx.project.clone(), net, vec![fx.sg.clone()]);
+        manager.recover().await?;
+        let started = manager.prepopulate(&spec).await?;
+        assert_eq!(
+            started.len(),
+            NODES.len(),
+            "{}: one pool per worker node's trunk: {started:?}",
+            target.name
+        );
+        for trunk in &vms.trunks {
+            eventually(
+                &format!("{}: 2 subports on {trunk}", target.name),
+                WAIT,
+                || async { Ok((subports(neutron, trunk).await?.len() == 2).then_some(())) },
+            )
+            .await?;
+        }
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}

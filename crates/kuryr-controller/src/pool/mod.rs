@@ -336,7 +336,14 @@ impl PoolManager {
             match driver.prepopulate(name, spec).await {
                 Ok(Some(pool)) => started.push(pool),
                 Ok(None) => {}
-                Err(e @ Error::ResourceNotReady(_)) => return Err(e),
+                // The pools stopped serving (a term ended): the handler retries. A node not
+                // ready for a pool (a nested node whose VM port is not found yet, a control
+                // plane node on no worker subnet) is skipped like the others: it must not keep
+                // the nodes after it unfilled and the network unpopulated.
+                Err(e @ Error::ResourceNotReady(_)) if !self.is_ready() => return Err(e),
+                Err(e @ Error::ResourceNotReady(_)) => {
+                    tracing::info!(node = name, error = %e, "node's pool not pre-populated: no pool host yet")
+                }
                 Err(e) => tracing::warn!(node = name, error = %e, "cannot pre-populate the node's pool"),
             }
         }
