@@ -215,6 +215,17 @@ pub struct Figures {
 }
 
 impl Figures {
+    /// A round that measured no project's quota (the bindings could not be listed) keeps the
+    /// last ones measured: an empty list would clear every project's figure, and a project
+    /// that left a deployment for its full quota there could be sent straight back.
+    pub fn keep_project_quotas(&self, round: &mut BTreeMap<String, Outcome>) {
+        for (name, outcome) in round.iter_mut() {
+            if let (Outcome::Measured(m), Some((last, _))) = (outcome, self.last_good.get(name)) {
+                m.ports = last.ports.clone();
+            }
+        }
+    }
+
     /// Folds one round in: the scheduler's figure for each deployment, with per-project port
     /// fractions. A failure keeps the last good measurement but marks it stale.
     pub fn apply(
@@ -250,14 +261,37 @@ impl Figures {
     }
 }
 
+/// The pod subnets whose addresses a deployment's figure counts: those pods get addresses from,
+/// which only the `default` subnets driver takes from kuryr.conf. With `namespace` each
+/// namespace has a subnet of its own, from the pod subnet pool (measured as such); a
+/// `pod_subnet` left in `[neutron_defaults]` then is no deployment's, and measuring it made
+/// every other deployment stale (404) and the first look full when it was.
+pub fn measured_pod_subnets(config: &kuryr_config::KuryrConfig, deployment: &str) -> Vec<String> {
+    if config.kubernetes.pod_subnets_driver == kuryr_config::PodSubnetsDriver::Namespace {
+        return Vec::new();
+    }
+    let mut pod_subnets: Vec<String> = config
+        .deployment_defaults(deployment)
+        .pod_subnet
+        .into_iter()
+        .collect();
+    if deployment == crate::openstack::DEFAULT_DEPLOYMENT {
+        pod_subnets.extend(config.neutron_defaults.pod_subnets.iter().cloned());
+    }
+    pod_subnets.sort();
+    pod_subnets.dedup();
+    pod_subnets
+}
+
 /// What to measure in each deployment: the projects bound there now or before, and its pod subnets
 /// and pool.
-async fn targets(platform: &Platform, binder: &Binder) -> Vec<(String, NeutronClient, Target)> {
-    let bindings = match binder.store().list().await {
-        Ok(b) => b,
+/// Also whether the bindings could be listed (when not, no project's quota is measured).
+async fn targets(platform: &Platform, binder: &Binder) -> (Vec<(String, NeutronClient, Target)>, bool) {
+    let (bindings, listed) = match binder.store().list().await {
+        Ok(b) => (b, true),
         Err(e) => {
             tracing::warn!(error = %e, "cannot list bindings: port quotas not measured this round");
-            vec![]
+            (vec![], false)
         }
     };
     let mut out = Vec::new();
@@ -266,12 +300,7 @@ async fn targets(platform: &Platform, binder: &Binder) -> Vec<(String, NeutronCl
             continue;
         };
         let defaults = platform.config.deployment_defaults(name);
-        let mut pod_subnets: Vec<String> = defaults.pod_subnet.into_iter().collect();
-        if name == crate::openstack::DEFAULT_DEPLOYMENT {
-            pod_subnets.extend(platform.config.neutron_defaults.pod_subnets.iter().cloned());
-        }
-        pod_subnets.sort();
-        pod_subnets.dedup();
+        let pod_subnets = measured_pod_subnets(&platform.config, name);
         let mut projects = Vec::new();
         // Where a project is bound now, and where it was: a project that left a deployment
         // because its quota there was full must not be sent back while it still is (its figure
@@ -296,7 +325,7 @@ async fn targets(platform: &Platform, binder: &Binder) -> Vec<(String, NeutronCl
             },
         ));
     }
-    out
+    (out, listed)
 }
 
 /// Publishes one deployment's figure on its KuryrOpenStackDeployment (when there is one).
@@ -341,7 +370,11 @@ pub async fn run(
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let round = measure_all(targets(&platform, &binder).await, timeout).await;
+        let (targets, bindings_listed) = targets(&platform, &binder).await;
+        let mut round = measure_all(targets, timeout).await;
+        if !bindings_listed {
+            figures.keep_project_quotas(&mut round);
+        }
         let at = super::store::now();
         let scheduler_figures = figures.apply(&round, &at);
         binder.set_usage(&scheduler_figures).await;
@@ -377,6 +410,44 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A round whose bindings could not be listed keeps the project quotas last measured.
+    #[test]
+    fn a_round_without_the_bindings_keeps_the_project_quotas() {
+        let mut figures = Figures::default();
+        let full = Measured {
+            ports: BTreeMap::from([("t1".to_string(), (99, 100))]),
+            ..Measured::default()
+        };
+        let round = BTreeMap::from([("west".to_string(), Outcome::Measured(full))]);
+        let first = figures.apply(&round, "t0");
+        assert_eq!(first["west"].1.get("t1"), Some(&0.99));
+        let mut blind = BTreeMap::from([("west".to_string(), Outcome::Measured(Measured::default()))]);
+        figures.keep_project_quotas(&mut blind);
+        let second = figures.apply(&blind, "t1");
+        assert_eq!(second["west"].1.get("t1"), Some(&0.99), "{second:?}");
+    }
+
+    /// Only the `default` subnets driver's subnets are measured: with per-namespace subnets a
+    /// `pod_subnet` left in `[neutron_defaults]` is no deployment's.
+    #[test]
+    fn only_the_subnets_pods_get_addresses_from_are_measured() {
+        let conf = |driver: &str| {
+            kuryr_config::KuryrConfig::from_ini_str(&format!(
+                "[kubernetes]\npod_subnets_driver = {driver}\n[neutron_defaults]\npod_subnet = legacy\n\
+                 [neutron]\nauth_type = noauth\nendpoint_override = http://a\n\
+                 [deployment:west]\nauth_type = noauth\nendpoint_override = http://b\npod_subnet = w\n"
+            ))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .config
+        };
+        let default = conf("default");
+        assert_eq!(measured_pod_subnets(&default, "default"), ["legacy"]);
+        assert_eq!(measured_pod_subnets(&default, "west"), ["w"]);
+        let namespace = conf("namespace");
+        assert!(measured_pod_subnets(&namespace, "default").is_empty());
+        assert!(measured_pod_subnets(&namespace, "west").is_empty());
+    }
 
     /// A round reads every bound project's quota a few at a time: 24 projects behind a Neutron
     /// answering each read in 250 ms are measured within a 3 s timeout (one after another they
