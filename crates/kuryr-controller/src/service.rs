@@ -163,9 +163,8 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
                 // What a previous term learned of the policies may have changed meanwhile.
                 ctx.drivers.network_policy.forget().await;
                 if let Some(binder) = &ctx.placement {
-                    // What a previous term cached may have been changed by another leader.
-                    binder.forget().await;
-                    binder.expect_usage();
+                    // What a previous term knew may have been changed by another leader.
+                    binder.begin_term().await;
                     let pb = &opts.config.pod_binding;
                     tasks.spawn(crate::placement::watch::run(
                         ctx.platform().clone(),

@@ -301,6 +301,16 @@ impl Binder {
         self.forget().await;
     }
 
+    /// A leadership term starts: what this replica knew of the deployment objects (maintenance,
+    /// zones, weights, project ids) and of the bindings may have been changed under another
+    /// leader, so nothing is bound until the term's watch of the objects has listed them again
+    /// ([`Binder::set_candidates`]), and decisions that read usage wait for its first round.
+    pub async fn begin_term(&self) {
+        self.loaded.send_replace(false);
+        self.expect_usage();
+        self.forget().await;
+    }
+
     /// Empties the cache (candidates changed, leadership changed).
     pub async fn forget(&self) {
         self.cache.lock().await.clear();

@@ -515,3 +515,26 @@ async fn a_burst_of_new_bindings_is_admitted_in_turn_and_its_estimate_moves_nobo
     let again = b.bind(&old).await.expect("bound");
     assert_eq!((again.deployment.as_str(), again.rebound), ("pod1", None));
 }
+
+/// A replica leading again binds nothing on what it knew of the deployments in its last term
+/// (another leader's operator may have put one into maintenance meanwhile): not until the
+/// term's watch has listed the objects again.
+#[tokio::test]
+async fn a_new_term_binds_nothing_before_the_deployments_are_listed_again() {
+    let (b, _) = binder(six_in_two_groups());
+    assert_eq!(
+        b.bind(&req("t1", "general")).await.expect("bound").deployment,
+        "pod1"
+    );
+    b.begin_term().await;
+    let refused = b.bind(&req("t2", "general")).await;
+    assert!(matches!(refused, Err(Error::ResourceNotReady(_))), "{refused:?}");
+    let mut c = six_in_two_groups();
+    c[0].maintenance = true;
+    b.set_candidates(c).await;
+    b.set_usage(&BTreeMap::new()).await;
+    assert_eq!(
+        b.bind(&req("t2", "general")).await.expect("bound").deployment,
+        "pod2"
+    );
+}
