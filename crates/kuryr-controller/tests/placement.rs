@@ -345,6 +345,38 @@ async fn in_maintenance(kube: &kube::Client, name: &str, want: bool) -> Result<(
 /// An operator's edits take effect without a restart and without waiting for a usage round: a
 /// request no deployment could take is retried and served once one can; a maintenance window ends
 /// by itself at its `until`; a binding moved by an operator serves the project's next pod at once;
+/// `binding_enabled = False` in kuryr.conf for a deployment whose object exists without
+/// `spec.maintenance` (made before the setting changed): the scheduler keeps new bindings off
+/// it, and its `status.inMaintenance` says so (it said false, read from the object alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_set_in_kuryr_conf_shows_on_an_existing_object() -> Result<()> {
+    init_logs();
+    let t = two_emulators().await?;
+    let (east_url, west_url) = t.urls.clone();
+    let kube = start_kube().await?;
+    let obj: KuryrOpenStackDeployment = serde_json::from_value(json!({
+        "apiVersion": "openstack.org/v1", "kind": "KuryrOpenStackDeployment",
+        "metadata": {"name": "west"}, "spec": {}
+    }))?;
+    Api::<KuryrOpenStackDeployment>::all(kube.client.clone())
+        .create(&kube::api::PostParams::default(), &obj)
+        .await?;
+    let ini = format!(
+        "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_project_driver = annotation\ncontroller_namespace = default\n\
+         [neutron]\nauth_type = noauth\nendpoint_override = {east_url}\npod_subnet = {}\npod_security_groups = {}\n\
+         [deployment:west]\nauth_type = noauth\nendpoint_override = {west_url}\npod_subnet = {}\npod_security_groups = {}\n\
+         binding_enabled = False\n\
+         [pod_binding]\nenabled = True\nfilters = all\nweighers = creation_order\nusage_refresh_interval = 3600\n",
+        t.fe.subnet, t.fe.sg, t.fw.subnet, t.fw.sg
+    );
+    let (stop, task) = start(&kube.client, &ini);
+    in_maintenance(&kube.client, "west", true).await?;
+    in_maintenance(&kube.client, "default", false).await?;
+    stop.cancel();
+    task.await?;
+    Ok(())
+}
+
 /// a spec the controller cannot follow as written is a `Valid=False` condition naming the field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn operator_edits_take_effect_at_once_and_a_refused_request_is_served_once_a_deployment_passes()

@@ -23,8 +23,8 @@ use kuryr_crds::{
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::Binder;
 use super::candidates::{self, Unconfigured};
+use super::{Binder, Candidate};
 use crate::context::Platform;
 
 /// The object `kuryr.conf` implies for a deployment without one.
@@ -88,12 +88,19 @@ fn followed_status(
 async fn set_followed(
     api: &Api<KuryrOpenStackDeployment>,
     obj: &KuryrOpenStackDeployment,
+    cands: &[Candidate],
     problems: &[Unconfigured],
     defaults: (f64, f64),
     now: Timestamp,
 ) {
     let invalid = candidates::spec_problems(obj, defaults.0, defaults.1);
     let (wanted, in_maintenance) = followed_status(obj, problems, &invalid, now);
+    // What the scheduler follows: an object without `spec.maintenance` leaves it to kuryr.conf
+    // (`binding_enabled = False`), which the status must show too.
+    let in_maintenance = cands
+        .iter()
+        .find(|c| c.name == obj.name_any())
+        .map_or(in_maintenance, |c| c.maintenance);
     let status = obj.status.clone().unwrap_or_default();
     let same_conditions = wanted.len() == status.conditions.len()
         && wanted.iter().all(|(t, s, r, m)| {
@@ -236,10 +243,10 @@ pub async fn run(platform: Arc<Platform>, binder: Arc<Binder>, stop: Cancellatio
         let now = Timestamp::now();
         let all: Vec<KuryrOpenStackDeployment> = objects.values().cloned().collect();
         let (cands, problems) = candidates::build(&platform.config, &all, now);
-        binder.set_candidates(cands).await;
+        binder.set_candidates(cands.clone()).await;
         window_ends = candidates::next_change(&all, now);
         for o in &changed {
-            set_followed(&api, o, &problems, defaults, now).await;
+            set_followed(&api, o, &cands, &problems, defaults, now).await;
         }
     }
 }
