@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::{Client, Resource};
+use kube::{Client, Resource, ResourceExt};
 use kuryr_controller::placement::kube_store::{self, KubeStore};
 use kuryr_controller::placement::store::BindingStore;
 use kuryr_controller::placement::{BindingKey, Group, parse_affinity, parse_zone};
@@ -82,10 +82,21 @@ pub fn deployments_table(objects: &[Value], now: Timestamp) -> Table {
     t
 }
 
-/// `--until`: an RFC 3339 time as given, or a duration from `now` (`90m`, `2h`, `1d`, `30s`).
+/// `--until`: an RFC 3339 time as given, or a duration from `now` (`90m`, `2h`, `1d`, `30s`);
+/// either must be in the future (a window already over puts nothing into maintenance).
 pub fn until_time(raw: &str, now: Timestamp) -> anyhow::Result<String> {
+    let end = until_end(raw, now)?;
+    if end <= now {
+        anyhow::bail!(
+            "--until {raw:?}: {end} is not in the future (now {now}): the window would be over already"
+        );
+    }
+    Ok(end.to_string())
+}
+
+fn until_end(raw: &str, now: Timestamp) -> anyhow::Result<Timestamp> {
     if let Ok(t) = raw.parse::<Timestamp>() {
-        return Ok(t.to_string());
+        return Ok(t);
     }
     let bad = || anyhow::anyhow!("--until {raw:?}: not an RFC 3339 time nor a duration like 90m, 2h or 1d");
     let (n, unit) = raw.split_at(raw.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?);
@@ -97,10 +108,41 @@ pub fn until_time(raw: &str, now: Timestamp) -> anyhow::Result<String> {
         "d" => n.saturating_mul(86_400),
         _ => return Err(bad()),
     };
-    let end = now
-        .checked_add(SignedDuration::from_secs(secs))
-        .map_err(|_| bad())?;
-    Ok(end.to_string())
+    now.checked_add(SignedDuration::from_secs(secs))
+        .map_err(|_| bad())
+}
+
+/// Why `target` cannot take the binding `k`: the controller would move it straight back
+/// (unpinned), or wire the namespaces somewhere they did not ask for (pinned).
+fn move_refusal(target: &KuryrOpenStackDeployment, k: &BindingKey) -> Option<String> {
+    let to = target.name_any();
+    if let Some(why) = unconfigured(target) {
+        return Some(format!(
+            "--to {to}: the controller has no kuryr.conf section for it ({why})"
+        ));
+    }
+    if target.status.as_ref().is_some_and(|s| s.in_maintenance) {
+        return Some(format!(
+            "--to {to}: it is in maintenance and takes no binding; take it out first (kuryr deployments maintenance {to} off)"
+        ));
+    }
+    if let (Some(want), Some(has)) = (&k.group.availability_zone, &target.spec.availability_zone)
+        && want != has
+    {
+        return Some(format!(
+            "--to {to}: its availability zone is {has}, the binding's namespaces ask for {want} (--zone)"
+        ));
+    }
+    for (key, want) in &k.group.resource_affinity {
+        if let Some(has) = target.spec.resource_affinity.get(key)
+            && has != want
+        {
+            return Some(format!(
+                "--to {to}: its resource affinity {key}={has}, the binding's namespaces ask for {key}={want} (--affinity)"
+            ));
+        }
+    }
+    None
 }
 
 fn key(b: &BindingSelector) -> anyhow::Result<BindingKey> {
@@ -263,9 +305,8 @@ pub async fn binding_action(client: Client, action: BindingsAction) -> anyhow::R
                 .get_opt(&to)
                 .await?
                 .with_context(|| format!("--to {to}: no KuryrOpenStackDeployment of that name"))?;
-            if let Some(why) = unconfigured(&target) {
-                // The controller would move the binding away again at once, pinned or not.
-                anyhow::bail!("--to {to}: the controller has no kuryr.conf section for it ({why})");
+            if let Some(why) = move_refusal(&target, &k) {
+                anyhow::bail!("{why}");
             }
             let current = store.get(&k).await?.and_then(|st| st.current());
             if current.as_deref() == Some(to.as_str()) {
@@ -347,10 +388,51 @@ mod tests {
             until_time("1d", now).ok().as_deref(),
             Some("2026-11-28T10:00:00Z")
         );
-        for bad in ["", "m", "5w", "soon", "-3h"] {
+        for bad in ["", "m", "5w", "soon", "-3h", "0m", "2026-11-27T09:00:00Z"] {
             let e = until_time(bad, now).expect_err(bad).to_string();
             assert!(e.starts_with("--until"), "{e}");
         }
+        let e = until_time("2020-01-01T00:00:00Z", now)
+            .expect_err("past")
+            .to_string();
+        assert!(e.contains("not in the future"), "{e}");
+    }
+
+    /// A move the controller would undo at once, or that wires namespaces where they did not
+    /// ask to be, is refused naming the field.
+    #[test]
+    fn a_move_to_a_deployment_the_binding_does_not_fit_is_refused() {
+        let target = |spec: serde_json::Value, in_maintenance: bool| -> KuryrOpenStackDeployment {
+            serde_json::from_value(json!({
+                "apiVersion": "openstack.org/v1", "kind": "KuryrOpenStackDeployment",
+                "metadata": {"name": "west"}, "spec": spec,
+                "status": {"inMaintenance": in_maintenance}}))
+            .expect("object")
+        };
+        let k = key(&BindingSelector {
+            project: "p".into(),
+            zone: Some("az1".into()),
+            affinity: Some("resource=cad".into()),
+        })
+        .expect("key");
+        let fits = target(
+            json!({"availabilityZone": "az1", "resourceAffinity": {"resource": "cad"}}),
+            false,
+        );
+        assert_eq!(move_refusal(&fits, &k), None);
+        let why = move_refusal(&target(json!({"availabilityZone": "az2"}), false), &k).expect("zone");
+        assert!(why.contains("az2") && why.contains("--zone"), "{why}");
+        let why = move_refusal(
+            &target(json!({"resourceAffinity": {"resource": "general"}}), false),
+            &k,
+        )
+        .expect("affinity");
+        assert!(
+            why.contains("resource=general") && why.contains("--affinity"),
+            "{why}"
+        );
+        let why = move_refusal(&target(json!({}), true), &k).expect("maintenance");
+        assert!(why.contains("maintenance"), "{why}");
     }
 
     #[test]
