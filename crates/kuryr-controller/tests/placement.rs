@@ -443,7 +443,7 @@ async fn operator_edits_take_effect_at_once_and_a_refused_request_is_served_once
     use kuryr_controller::placement::store::BindingStore as _;
     assert!(
         store
-            .claim(&key, Some("default"), "west", "moved by an operator")
+            .claim(&key, Some("default"), None, "west", "moved by an operator")
             .await?
     );
     // The watch event reaches the controller within milliseconds; the pod comes well after it.

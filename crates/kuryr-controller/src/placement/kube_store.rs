@@ -118,6 +118,7 @@ impl BindingStore for KubeStore {
         &self,
         key: &BindingKey,
         expected: Option<&str>,
+        pinned: Option<bool>,
         new: &str,
         why: &str,
     ) -> Result<bool, Error> {
@@ -146,7 +147,7 @@ impl BindingStore for KubeStore {
             }
         };
         let mut st = state_of(&obj);
-        if st.current().as_deref() != expected {
+        if st.current().as_deref() != expected || pinned.is_some_and(|p| p != st.pinned) {
             return Ok(false);
         }
         st.rebind(new, why, &now());

@@ -200,6 +200,10 @@ pub struct Binder {
     candidates: RwLock<Vec<Candidate>>,
     store: Arc<dyn BindingStore>,
     cache: Mutex<HashMap<BindingKey, Current>>,
+    /// Bumped by every [`Binder::forget`]: a decision made on a store read from before the last
+    /// one is not cached (an operator's move or pin landing between the read and the insert
+    /// would otherwise stay cached until the next forget).
+    epoch: std::sync::atomic::AtomicU64,
     /// Held from deciding a new binding (or a move) to counting it in the target's pending
     /// usage: concurrent requests (a term's first round waking every waiter at once, a burst of
     /// namespaces) each see the ones admitted before them.
@@ -224,6 +228,7 @@ impl Binder {
             candidates: RwLock::new(candidates),
             store,
             cache: Mutex::default(),
+            epoch: std::sync::atomic::AtomicU64::new(0),
             admission: Mutex::default(),
             loaded: tokio::sync::watch::Sender::new(true),
             usage_known: tokio::sync::watch::Sender::new(true),
@@ -313,7 +318,9 @@ impl Binder {
 
     /// Empties the cache (candidates changed, leadership changed).
     pub async fn forget(&self) {
-        self.cache.lock().await.clear();
+        let mut cache = self.cache.lock().await;
+        self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        cache.clear();
     }
 
     pub async fn candidates(&self) -> Vec<Candidate> {
@@ -376,6 +383,7 @@ impl Binder {
             }
         }
         for _ in 0..5 {
+            let epoch = self.epoch.load(std::sync::atomic::Ordering::Acquire);
             let state = self.store.get(req).await?;
             let current = state.as_ref().and_then(BindingState::current_binding);
             let mut cands = self.candidates.read().await.clone();
@@ -419,7 +427,8 @@ impl Binder {
                 }
                 Decision::Bind { to, from, why } => {
                     // Claim with a precondition: a concurrent controller makes one of us re-read.
-                    if !self.store.claim(req, from.as_deref(), &to, &why).await? {
+                    let pinned = Some(current.as_ref().is_some_and(|c| c.pinned));
+                    if !self.store.claim(req, from.as_deref(), pinned, &to, &why).await? {
                         continue;
                     }
                     tracing::info!(project = %req.project, group = %req.group, from = ?from, to = %to, why = %why,
@@ -435,13 +444,17 @@ impl Binder {
             let pinned = current
                 .as_ref()
                 .is_some_and(|c| c.pinned && c.deployment == deployment);
-            self.cache.lock().await.insert(
-                req.clone(),
-                Current {
-                    deployment: deployment.clone(),
-                    pinned,
-                },
-            );
+            let mut cache = self.cache.lock().await;
+            if self.epoch.load(std::sync::atomic::Ordering::Acquire) == epoch {
+                cache.insert(
+                    req.clone(),
+                    Current {
+                        deployment: deployment.clone(),
+                        pinned,
+                    },
+                );
+            }
+            drop(cache);
             let project_id = project_in(&cands, &deployment, &req.project);
             return Ok(Placed {
                 deployment,

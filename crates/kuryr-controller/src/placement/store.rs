@@ -79,11 +79,14 @@ pub trait BindingStore: Send + Sync {
     async fn list(&self) -> Result<Vec<BindingState>, Error>;
 
     /// Ends the binding to `expected` (if any) and opens one to `new`, only if the current binding
-    /// is still `expected`. Ok(false) when someone else changed it first.
+    /// is still `expected` (and still pinned as `pinned` says, when it says: the scheduler moves
+    /// no binding an operator pinned since it decided). Ok(false) when someone else changed it
+    /// first.
     async fn claim(
         &self,
         key: &BindingKey,
         expected: Option<&str>,
+        pinned: Option<bool>,
         new: &str,
         why: &str,
     ) -> Result<bool, Error>;
@@ -114,6 +117,7 @@ impl BindingStore for MemoryStore {
         &self,
         key: &BindingKey,
         expected: Option<&str>,
+        pinned: Option<bool>,
         new: &str,
         why: &str,
     ) -> Result<bool, Error> {
@@ -123,7 +127,7 @@ impl BindingStore for MemoryStore {
             pinned: false,
             history: vec![],
         });
-        if st.current().as_deref() != expected {
+        if st.current().as_deref() != expected || pinned.is_some_and(|p| p != st.pinned) {
             return Ok(false);
         }
         st.rebind(new, why, &now());

@@ -314,7 +314,7 @@ pub async fn binding_action(client: Client, action: BindingsAction) -> anyhow::R
                 return Ok(());
             }
             if !store
-                .claim(&k, current.as_deref(), &to, "moved by an operator")
+                .claim(&k, current.as_deref(), None, &to, "moved by an operator")
                 .await?
             {
                 anyhow::bail!("binding {k} changed meanwhile; run the command again");

@@ -468,10 +468,11 @@ impl BindingStore for SlowStore {
         &self,
         key: &BindingKey,
         expected: Option<&str>,
+        pinned: Option<bool>,
         new: &str,
         why: &str,
     ) -> Result<bool, Error> {
-        self.0.claim(key, expected, new, why).await
+        self.0.claim(key, expected, pinned, new, why).await
     }
     async fn set_pinned(&self, key: &BindingKey, pinned: bool) -> Result<(), Error> {
         self.0.set_pinned(key, pinned).await
@@ -536,5 +537,94 @@ async fn a_new_term_binds_nothing_before_the_deployments_are_listed_again() {
     assert_eq!(
         b.bind(&req("t2", "general")).await.expect("bound").deployment,
         "pod2"
+    );
+}
+
+/// A store whose reads, once armed, return what they read only after the test lets them go:
+/// a decision then acts on a read older than what the test changed meanwhile.
+#[derive(Default)]
+struct GatedStore {
+    inner: MemoryStore,
+    gate: tokio::sync::RwLock<()>,
+}
+
+#[async_trait::async_trait]
+impl BindingStore for GatedStore {
+    async fn get(&self, key: &BindingKey) -> Result<Option<BindingState>, Error> {
+        let read = self.inner.get(key).await;
+        let _open = self.gate.read().await;
+        read
+    }
+    async fn list(&self) -> Result<Vec<BindingState>, Error> {
+        self.inner.list().await
+    }
+    async fn claim(
+        &self,
+        key: &BindingKey,
+        expected: Option<&str>,
+        pinned: Option<bool>,
+        new: &str,
+        why: &str,
+    ) -> Result<bool, Error> {
+        self.inner.claim(key, expected, pinned, new, why).await
+    }
+    async fn set_pinned(&self, key: &BindingKey, pinned: bool) -> Result<(), Error> {
+        self.inner.set_pinned(key, pinned).await
+    }
+}
+
+/// An operator's pin (or move, with the cache emptied) landing while a decision reads the
+/// binding: the pinned binding is not moved by that decision, and the moved one is not cached
+/// where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_pin_or_move_during_a_decision_is_not_undone() {
+    let store = Arc::new(GatedStore::default());
+    let b = Arc::new(Binder::new(
+        sched(&all_filters(), &[BindingWeigher::CreationOrder]),
+        six_in_two_groups(),
+        store.clone(),
+    ));
+    let (t1, t2) = (req("t1", "general"), req("t2", "general"));
+    for r in [&t1, &t2] {
+        assert_eq!(b.bind(r).await.expect("bound").deployment, "pod1");
+    }
+    // pod1 into maintenance with move_existing: t1 is to leave... but is pinned meanwhile.
+    let mut c = six_in_two_groups();
+    c[0].maintenance = true;
+    c[0].move_existing = true;
+    b.set_candidates(c).await;
+    let gate = store.gate.write().await;
+    let deciding = tokio::spawn({
+        let (b, t1) = (b.clone(), t1.clone());
+        async move { b.bind(&t1).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    store.inner.set_pinned(&t1, true).await.expect("pinned");
+    drop(gate);
+    let placed = deciding.await.expect("joined").expect("bound");
+    assert_eq!(placed.deployment, "pod1", "a pinned binding stays");
+    // t2 left pod1 for pod2; an operator moves it to pod3 while a decision reads it.
+    assert_eq!(b.bind(&t2).await.expect("bound").deployment, "pod2");
+    b.forget().await;
+    let gate = store.gate.write().await;
+    let deciding = tokio::spawn({
+        let (b, t2) = (b.clone(), t2.clone());
+        async move { b.bind(&t2).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(
+        store
+            .inner
+            .claim(&t2, Some("pod2"), None, "pod3", "moved by an operator")
+            .await
+            .expect("moved")
+    );
+    b.forget().await;
+    drop(gate);
+    deciding.await.expect("joined").expect("bound");
+    assert_eq!(
+        b.bind(&t2).await.expect("bound").deployment,
+        "pod3",
+        "not cached on pod2"
     );
 }
