@@ -99,6 +99,26 @@ pub struct Target {
     pub pod_subnet_pool: Option<String>,
 }
 
+/// Whether a round in `deployment` reads the port quota of `b`'s project: bound there now, or
+/// until less than [`PAST_BINDINGS_MEASURED`] ago (an unreadable end time counts as recent).
+pub fn measured_in(
+    b: &super::store::BindingState,
+    deployment: &str,
+    now: k8s_openapi::jiff::Timestamp,
+) -> bool {
+    b.history.iter().any(|r| {
+        r.deployment == deployment
+            && r.end.as_deref().is_none_or(|end| {
+                end.parse::<k8s_openapi::jiff::Timestamp>()
+                    .map_or(true, |end| now.duration_since(end) < PAST_BINDINGS_MEASURED)
+            })
+    })
+}
+
+/// How long a deployment's round still reads the port quota of a project that left it.
+const PAST_BINDINGS_MEASURED: k8s_openapi::jiff::SignedDuration =
+    k8s_openapi::jiff::SignedDuration::from_hours(24);
+
 /// Reads of one round in flight at once against one deployment: a round reads a quota per
 /// project ever bound there, and one after another a thousand projects outlast the round's
 /// timeout (every figure would stay stale), while all at once they would flood Neutron.
@@ -302,13 +322,14 @@ async fn targets(platform: &Platform, binder: &Binder) -> (Vec<(String, NeutronC
         let defaults = platform.config.deployment_defaults(name);
         let pod_subnets = measured_pod_subnets(&platform.config, name);
         let mut projects = Vec::new();
-        // Where a project is bound now, and where it was: a project that left a deployment
-        // because its quota there was full must not be sent back while it still is (its figure
-        // there would otherwise be gone, and the deployment-wide one may look roomy).
-        for b in bindings
-            .iter()
-            .filter(|b| b.history.iter().any(|r| r.deployment == name))
-        {
+        // Where a project is bound now, and where it was lately: a project that left a
+        // deployment because its quota there was full must not be sent back while it still is
+        // (its figure there would otherwise be gone, and the deployment-wide one may look
+        // roomy). Lately, not ever: bindings are never deleted, and a round reading the quota of
+        // every project a deployment ever had would grow with tenant churn until it could not
+        // finish within its timeout, leaving every figure stale.
+        let now = k8s_openapi::jiff::Timestamp::now();
+        for b in bindings.iter().filter(|b| measured_in(b, name, now)) {
             let id = binder.project_id(name, &b.key.project).await;
             let pair = (b.key.project.clone(), id);
             if !projects.contains(&pair) {
@@ -410,6 +431,37 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A deployment's round reads the quotas of the projects bound there now or within the
+    /// last day, not of every project it ever had.
+    #[test]
+    fn only_current_and_recent_bindings_are_measured() {
+        use crate::placement::store::{BindingRecord, BindingState};
+        let now: k8s_openapi::jiff::Timestamp = "2026-11-30T12:00:00Z".parse().expect("time");
+        let row = |d: &str, end: Option<&str>| BindingRecord {
+            deployment: d.into(),
+            start: "2026-01-01T00:00:00Z".into(),
+            end: end.map(Into::into),
+            why: String::new(),
+        };
+        let state = |history| BindingState {
+            key: crate::placement::BindingKey {
+                project: "p".into(),
+                group: Default::default(),
+            },
+            pinned: false,
+            history,
+        };
+        let b = state(vec![
+            row("old", Some("2026-06-01T00:00:00Z")),
+            row("lately", Some("2026-11-30T02:00:00Z")),
+            row("now", None),
+        ]);
+        assert!(measured_in(&b, "now", now));
+        assert!(measured_in(&b, "lately", now));
+        assert!(!measured_in(&b, "old", now), "left half a year ago");
+        assert!(!measured_in(&b, "never", now));
+    }
 
     /// A round whose bindings could not be listed keeps the project quotas last measured.
     #[test]
