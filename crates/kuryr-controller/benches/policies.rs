@@ -381,14 +381,14 @@ fn tracker_table() {
             index
                 .namespaces
                 .insert(ns.clone(), [("ns".to_string(), ns.clone())].into());
-            for p in 0..40 {
+            for p in 0..40u32 {
                 index.pods.insert(
                     PodKey::new(&ns, format!("p{p}")),
                     PodInfo {
                         uid: None,
                         labels: [(
                             "app".to_string(),
-                            if p % 2 == 0 { "web" } else { "db" }.to_string(),
+                            if p.is_multiple_of(2) { "web" } else { "db" }.to_string(),
                         )]
                         .into(),
                         ips: vec![format!("10.{}.{}.{}", n / 200, n % 200, p + 1).parse().unwrap()],
@@ -413,7 +413,7 @@ fn tracker_table() {
         let relabel = |t: &mut PolicyTracker, i: u32| {
             let key = PodKey::new(format!("ns{}", i as usize % namespaces), "p0");
             let mut info = t.cluster().pods[&key].clone();
-            let app = if i % 2 == 0 { "db" } else { "web" };
+            let app = if i.is_multiple_of(2) { "db" } else { "web" };
             info.labels.insert("app".into(), app.into());
             t.set_pod_info(key, Some(info));
         };

@@ -1151,13 +1151,9 @@ impl NetworkPolicyDriver {
     /// deleted since the listing has its port released, maybe back in a pool, where the groups
     /// of the pod it served must not follow it. A port that is gone is no change.
     async fn put_on_groups(&self, wanted: Vec<Wanted>) -> Result<usize, Error> {
-        let mut by_deployment: BTreeMap<String, Vec<(String, Vec<String>, (String, String))>> =
-            BTreeMap::new();
+        let mut by_deployment: BTreeMap<String, Vec<Wanted>> = BTreeMap::new();
         for w in wanted {
-            by_deployment
-                .entry(w.deployment)
-                .or_default()
-                .push((w.port, w.groups, w.holder));
+            by_deployment.entry(w.deployment.clone()).or_default().push(w);
         }
         let mut errors = Vec::new();
         let mut updates = 0;
@@ -1169,7 +1165,7 @@ impl NetworkPolicyDriver {
                     continue;
                 }
             };
-            let ids: Vec<&str> = ports.iter().map(|(id, _, _)| id.as_str()).collect();
+            let ids: Vec<&str> = ports.iter().map(|w| w.port.as_str()).collect();
             let have: HashMap<String, Vec<String>> =
                 match ports_by_ids(&client, &ids, &ListFilter::new()).await {
                     Ok(list) => list
@@ -1185,7 +1181,13 @@ impl NetworkPolicyDriver {
                         continue;
                     }
                 };
-            for (id, want, (ns, name)) in ports {
+            for Wanted {
+                port: id,
+                groups: want,
+                holder: (ns, name),
+                ..
+            } in ports
+            {
                 if have.get(&id).is_none_or(|groups| *groups == want) {
                     continue;
                 }
