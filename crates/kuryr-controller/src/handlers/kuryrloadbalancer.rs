@@ -44,6 +44,8 @@ pub struct KuryrLoadBalancerHandler {
     /// (or crashed) before re-pointing the IP leaves a record that already names the new VIP
     /// port: only looking at the IP finds it detached.
     ip_checked: Mutex<HashSet<String>>,
+    /// When a KuryrLoadBalancer (uid) first left endpoints waiting for their namespace's network.
+    waiting_since: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 impl KuryrLoadBalancerHandler {
@@ -54,6 +56,7 @@ impl KuryrLoadBalancerHandler {
             node_subnets: tokio::sync::Mutex::default(),
             skipped: Mutex::default(),
             ip_checked: Mutex::default(),
+            waiting_since: Mutex::default(),
         }
     }
 
@@ -167,10 +170,7 @@ impl KuryrLoadBalancerHandler {
                 // The Service's own namespace without a network yet: the whole pass waits for it, as
                 // its pods do. Another namespace's endpoints wait alone.
                 let info = match found {
-                    Err(e)
-                        if pod_ns != ns
-                            && matches!(e, Error::ResourceNotReady(_) | Error::InvalidInput { .. }) =>
-                    {
+                    Err(e) if pod_ns != ns && matches!(e, Error::ResourceNotReady(_)) => {
                         tracing::debug!(namespace = %pod_ns, error = %e, "endpoints of a namespace without a known network wait");
                         waiting.insert(pod_ns);
                         continue;
@@ -235,20 +235,26 @@ impl KuryrLoadBalancerHandler {
         };
         if fresh {
             let list: Vec<&str> = skipped.iter().map(String::as_str).collect();
-            let mut msg = format!(
-                "Endpoints {} of Service {}/{} are on no pod subnet and no [pod_vif_nested] worker_nodes_subnets \
-                 subnet: no member is made for them (member_mode = L2)",
-                list.join(", "),
-                klb.namespace().unwrap_or_default(),
-                klb.name_any()
-            );
-            if !waiting.is_empty() {
-                let list: Vec<&str> = waiting.iter().map(String::as_str).collect();
-                msg.push_str(&format!(
-                    "; namespaces {} have no network yet (KuryrNetwork), their endpoints are added once they do",
-                    list.join(", ")
-                ));
-            }
+            let msg = if waiting.is_empty() {
+                format!(
+                    "Endpoints {} of Service {}/{} are on no pod subnet and no [pod_vif_nested] worker_nodes_subnets \
+                     subnet: no member is made for them (member_mode = L2)",
+                    list.join(", "),
+                    klb.namespace().unwrap_or_default(),
+                    klb.name_any()
+                )
+            } else {
+                let namespaces: Vec<&str> = waiting.iter().map(String::as_str).collect();
+                format!(
+                    "Endpoints {} of Service {}/{} are on no subnet known yet: no member is made for them \
+                     (member_mode = L2); namespaces {} have no network yet (KuryrNetwork): their endpoints join \
+                     once it has a subnet",
+                    list.join(", "),
+                    klb.namespace().unwrap_or_default(),
+                    klb.name_any(),
+                    namespaces.join(", ")
+                )
+            };
             tracing::warn!("{msg}");
             self.event(klb, true, "KuryrSkipMember", &msg).await;
         }
@@ -515,18 +521,11 @@ impl ResourceEventHandler for KuryrLoadBalancerHandler {
     }
 }
 
-/// A pass that served what it could and left endpoints waiting for their namespace's network
-/// is retried (with the pipeline's backoff) until they are members.
-fn still_waiting(waiting: &BTreeSet<String>) -> Result<(), Error> {
-    if waiting.is_empty() {
-        return Ok(());
-    }
-    let list: Vec<&str> = waiting.iter().map(String::as_str).collect();
-    Err(Error::not_ready(format!(
-        "endpoints in namespaces {} wait for their KuryrNetwork",
-        list.join(", ")
-    )))
-}
+/// How long a pass that left endpoints waiting for their namespace's network is retried (with
+/// the pipeline's backoff) for them; after that they join at the next pass (any event of the
+/// KuryrLoadBalancer, the periodic resync), and nothing fails: the network may never come (its
+/// namespace's own handler reports why), and a retry given up is an ERROR.
+const WAITING_RETRIED: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl KuryrLoadBalancerHandler {
     async fn present(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
@@ -561,7 +560,7 @@ impl KuryrLoadBalancerHandler {
         }
         if steps.is_empty() {
             self.present_public_ip(&klb, &deployment, None).await?;
-            return still_waiting(&waiting);
+            return self.still_waiting(&klb, &waiting);
         }
         tracing::debug!(klb = %format!("{}/{}", klb.namespace().unwrap_or_default(), klb.name_any()), ?steps, "reconciling load balancer");
         let actor = LbActor {
@@ -630,7 +629,28 @@ impl KuryrLoadBalancerHandler {
                 .await;
         }
         public?;
-        still_waiting(&waiting)
+        self.still_waiting(&klb, &waiting)
+    }
+
+    /// A pass that served what it could and left endpoints waiting for their namespace's
+    /// network: retried for them for [`WAITING_RETRIED`] from the first such pass.
+    fn still_waiting(&self, klb: &KuryrLoadBalancer, waiting: &BTreeSet<String>) -> Result<(), Error> {
+        let uid = klb.uid().unwrap_or_default();
+        let mut since = self.waiting_since.lock().unwrap_or_else(|e| e.into_inner());
+        if waiting.is_empty() {
+            since.remove(&uid);
+            return Ok(());
+        }
+        let first = *since.entry(uid).or_insert_with(std::time::Instant::now);
+        let list: Vec<&str> = waiting.iter().map(String::as_str).collect();
+        if first.elapsed() < WAITING_RETRIED {
+            return Err(Error::not_ready(format!(
+                "endpoints in namespaces {} wait for their KuryrNetwork",
+                list.join(", ")
+            )));
+        }
+        tracing::debug!(namespaces = %list.join(", "), "endpoints still wait for their namespace's network: left to the next pass");
+        Ok(())
     }
 
     /// The public IP part of `present`, on `status` as just written (or as the object has it).
@@ -736,6 +756,10 @@ impl KuryrLoadBalancerHandler {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&uid);
         self.skipped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&uid);
+        self.waiting_since
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&uid);

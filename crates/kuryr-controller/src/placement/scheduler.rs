@@ -427,7 +427,10 @@ impl Binder {
                 }
                 Decision::Bind { to, from, why } => {
                     // Claim with a precondition: a concurrent controller makes one of us re-read.
-                    let pinned = Some(current.as_ref().is_some_and(|c| c.pinned));
+                    // A binding being moved must still be pinned as decided; a new one (no
+                    // current deployment, maybe a restored object pinned with no status yet)
+                    // is claimed whatever its pin says.
+                    let pinned = current.as_ref().map(|c| c.pinned);
                     if !self.store.claim(req, from.as_deref(), pinned, &to, &why).await? {
                         continue;
                     }

@@ -231,9 +231,16 @@ impl Builder<'_> {
                     .filter(|b| peer_ips.contains(&b.ip))
                     .collect(),
                 Some(Peer::Block { allowed, .. }) => {
-                    let inside = |b: &Backend| allowed.iter().any(|c| c.contains_ip(b.ip));
-                    if svc.endpoints.iter().all(inside) {
-                        svc.endpoints.iter().collect()
+                    // Per address family: an IPv4 block says nothing of a dual-stack Service's
+                    // IPv6 backends, and must hold all of its IPv4 ones.
+                    let of_block: Vec<&Backend> = svc
+                        .endpoints
+                        .iter()
+                        .filter(|b| allowed.iter().any(|c| c.is_v6() == b.ip.is_ipv6()))
+                        .collect();
+                    let inside = |b: &&Backend| allowed.iter().any(|c| c.contains_ip(b.ip));
+                    if of_block.iter().all(inside) {
+                        of_block
                     } else {
                         Vec::new()
                     }

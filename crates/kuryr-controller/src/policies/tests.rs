@@ -709,6 +709,25 @@ fn egress_to_the_endpoints_of_a_service_without_a_selector_admits_its_vip() {
         .flatten()
         .collect();
     assert_eq!(vips, cidrs(&["172.30.0.1/32", "172.30.0.2/32"]));
+    // A dual-stack API: an IPv4 block holding its IPv4 servers still admits it.
+    let api = index
+        .services
+        .get_mut(&("default".to_string(), "kubernetes".to_string()))
+        .expect("svc");
+    let ports = api.endpoints[0].ports.clone();
+    api.endpoints.push(crate::policies::index::Backend {
+        ip: "fd00::10".parse().expect("ip"),
+        ports,
+    });
+    let spec = json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{
+        "to": [{"ipBlock": {"cidr": "192.168.0.0/24"}}], "ports": [{"port": 6443}]}]});
+    let d = desired(&policy("x", "out", spec), &index, &Options::default());
+    assert!(
+        base(&d).iter().any(|r| r.ports == Some((443, 443))
+            && matches!(&r.remote, Remote::Group(k) if d.address_groups[k].contains(&c("172.30.0.1/32")))),
+        "{:?}",
+        base(&d)
+    );
 }
 
 #[test]
@@ -991,8 +1010,9 @@ fn the_tracker_reconciles_only_the_policies_a_relabel_or_a_namespace_change_move
 }
 
 /// The tracker computes after a pod event only the policies that can see the pod: over a long
-/// run of random pod, namespace and Service changes it finds exactly the policies a full
-/// recomputation of every policy finds moved, never fewer.
+/// run of random pod (labels, addresses, named ports, deletion) and namespace label changes,
+/// with a Service in front of some pods, it finds exactly the policies a full recomputation of
+/// every policy finds moved, never fewer.
 #[test]
 fn the_tracker_finds_every_moved_policy_a_full_recomputation_finds() {
     use crate::policies::index::{ServicePort, TargetPort};

@@ -54,10 +54,12 @@ impl PolicyTracker {
     }
 
     /// Records a successful reconcile (of a policy still live: one released meanwhile stays
-    /// forgotten).
+    /// forgotten). The policy is looked at again at the next [`Self::stale`]: a change seen
+    /// while it was being applied may have been judged against what it applied before.
     pub fn record_applied(&mut self, uid: &str, want: DesiredPolicy) {
         if self.policies.contains_key(uid) {
             self.applied.insert(uid.to_string(), want);
+            self.note(uid);
         }
     }
 

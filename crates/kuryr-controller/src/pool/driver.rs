@@ -150,6 +150,25 @@ pub struct PoolDriver {
     unrecorded: Mutex<BTreeSet<String>>,
     /// Pool names whose sizes the metrics show.
     published: Mutex<BTreeSet<String>>,
+    /// When each refill running now started, by a sequence number ([`PoolDriver::refilling_since`]).
+    running: Mutex<BTreeMap<u64, Timestamp>>,
+    refill_seq: AtomicU64,
+}
+
+/// A running refill's entry in [`PoolDriver`]'s `running`, removed however the refill ends.
+struct Running<'a> {
+    driver: &'a PoolDriver,
+    id: u64,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.driver
+            .running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.id);
+    }
 }
 
 /// How often, at most, the port quota of a project is checked while one of its pools backs off
@@ -175,6 +194,8 @@ impl PoolDriver {
             generation: AtomicU64::new(0),
             quota_checked: Mutex::default(),
             unrecorded: Mutex::default(),
+            running: Mutex::default(),
+            refill_seq: AtomicU64::new(0),
             published: Mutex::default(),
         }))
     }
@@ -363,6 +384,12 @@ impl PoolDriver {
 
     async fn run_refill(self: Arc<Self>, r: Refill) {
         let started = Instant::now();
+        let id = self.refill_seq.fetch_add(1, Ordering::Relaxed);
+        self.running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id, Timestamp::now());
+        let _running = Running { driver: &self, id };
         let generation = self.generation.load(Ordering::Acquire);
         let spec = self.specs().get(&r.key).cloned();
         let mut group_gone = false;
@@ -832,7 +859,8 @@ impl PoolDriver {
                 continue;
             };
             let room = match client.get_quota_details(&project).await {
-                Ok(q) => q.get("port").map_or(Some(1), |u| u.available()),
+                // No `port` entry: nothing says there is a limit (refills are not cut).
+                Ok(q) => q.get("port").and_then(|u| u.available()),
                 Err(e) => {
                     tracing::debug!(project, error = %e, "could not read the port quota");
                     continue;
@@ -1098,8 +1126,14 @@ impl PoolDriver {
     /// Port ids this driver's pools account for, per deployment.
     /// Whether a refill of any pool is in flight: Neutron may already list its ports (a bulk
     /// create commits before it answers) while no pool records them yet.
-    pub fn refilling(&self) -> bool {
-        self.lock().iter().any(|(_, p)| p.is_populating())
+    /// When the oldest refill running now started (its ports are created after that).
+    pub fn refilling_since(&self) -> Option<Timestamp> {
+        self.running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .min()
+            .copied()
     }
 
     pub fn owned_ports(&self) -> BTreeMap<String, BTreeSet<String>> {

@@ -436,9 +436,17 @@ impl PoolManager {
         }
         // A refill in flight may have ports Neutron lists but no pool records yet, for as long as
         // Neutron takes to answer (seconds on a loaded server, more than a pass period): such a
-        // pass could confirm them as orphans. It is skipped; the suspects of the last pass wait.
-        // A refill started after this check has no port in that earlier pass' listing.
-        if self.pooled.iter().any(|d| d.refilling()) {
+        // pass could confirm them as orphans. Only ports created before `before` are swept, so
+        // only a refill running since then holds the pass back (its suspects wait); younger
+        // ones make younger ports. Skipping for any refill at all never swept a busy cluster,
+        // where some refill is always running. A refill started after this check has no port
+        // in that earlier pass' listing.
+        if self
+            .pooled
+            .iter()
+            .filter_map(|d| d.refilling_since())
+            .any(|since| since <= before)
+        {
             return Ok(Vec::new());
         }
         // Owned sets are read before Neutron is listed: a port created after this read is

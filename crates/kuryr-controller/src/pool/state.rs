@@ -731,8 +731,11 @@ impl<T> Pools<T> {
                     out.push(r);
                 }
                 None => {
-                    // Nothing to refill now: it backs off as it did.
-                    if let Some(pool) = self.pools.get_mut(&k) {
+                    // Nothing to refill now: it backs off as it did. One held back by the
+                    // cap on refills at once does not: it starts as a slot frees.
+                    if let Some(pool) = self.pools.get_mut(&k)
+                        && !pool.refill_blocked
+                    {
                         pool.retry_at = retry_at;
                         pool.failures = failures;
                     }

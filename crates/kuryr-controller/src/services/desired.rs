@@ -99,9 +99,10 @@ impl MemberSubnets {
 /// The port of `slice` serving the Service port `p`: the one of the same name (both unnamed for
 /// a one-port Service). A Service port renamed reaches the KuryrLoadBalancer before the
 /// EndpointSlice controller renames the slices' port: meanwhile a slice port whose name no
-/// Service port has still serves `p` when it is the only such port of `p`'s protocol and `p` is
-/// the only Service port without a slice port of its name, or when its number is `p`'s numeric
-/// target port. Matching by name alone emptied the pool until the slices followed.
+/// Service port has still serves `p` when its number is `p`'s numeric target port, or, for a
+/// named target port, when it is the only such port of `p`'s protocol and `p` the only Service
+/// port without a slice port of its name. Matching by name alone emptied the pool until the
+/// slices followed.
 fn slice_port(spec: &KuryrLoadBalancerSpec, p: &LbSpecPort, slice: &LbEndpointSlice) -> Option<u16> {
     let name_of = |n: &Option<String>| n.clone().unwrap_or_default();
     let number = |sp: &LbEndpointPort| sp.port.and_then(|n| u16::try_from(n).ok());
@@ -119,10 +120,13 @@ fn slice_port(spec: &KuryrLoadBalancerSpec, p: &LbSpecPort, slice: &LbEndpointSl
         .filter(|sp| protocol(&sp.protocol) == p.protocol.to_ascii_uppercase())
         .filter(|sp| !spec.ports.iter().any(|q| name_of(&q.name) == name_of(&sp.name)))
         .collect();
-    if let Ok(target) = p.target_port.parse::<i32>()
-        && let Some(sp) = orphans.iter().find(|sp| sp.port == Some(target))
-    {
-        return number(sp);
+    // A numeric target port decides: the orphan serving that number, or none (a port removed
+    // and another added in one edit is no rename, and its old slice port must not serve it).
+    if let Ok(target) = p.target_port.parse::<i32>() {
+        return orphans
+            .iter()
+            .find(|sp| sp.port == Some(target))
+            .and_then(|sp| number(sp));
     }
     let unserved = spec
         .ports
@@ -370,6 +374,10 @@ mod tests {
         s.ports[0].name = Some("web".into());
         assert_eq!(members(&s, "TCP", 80), 2, "by its target port 8080");
         assert_eq!(members(&s, "UDP", 53), 0, "not another protocol's");
+        // A port replaced by one of another numeric target: the old slice port is not its.
+        let mut replaced = s.clone();
+        replaced.ports[0].target_port = "9000".into();
+        assert_eq!(members(&replaced, "TCP", 80), 0);
         // A named target port: the only port without a slice port of its name.
         s.ports[0].target_port = "http-alt".into();
         s.ports.truncate(1);

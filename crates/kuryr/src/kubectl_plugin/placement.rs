@@ -133,13 +133,19 @@ fn move_refusal(target: &KuryrOpenStackDeployment, k: &BindingKey) -> Option<Str
             "--to {to}: its availability zone is {has}, the binding's namespaces ask for {want} (--zone)"
         ));
     }
-    for (key, want) in &k.group.resource_affinity {
-        if let Some(has) = target.spec.resource_affinity.get(key)
-            && has != want
-        {
-            return Some(format!(
-                "--to {to}: its resource affinity {key}={has}, the binding's namespaces ask for {key}={want} (--affinity)"
-            ));
+    // An object stating an affinity is followed as it stands (kuryr.conf's only when it states
+    // none): each pair the binding asks for must be in it.
+    let has = &target.spec.resource_affinity;
+    if !has.is_empty() {
+        for (key, want) in &k.group.resource_affinity {
+            if has.get(key) != Some(want) {
+                let stated = has
+                    .get(key)
+                    .map_or_else(|| format!("has no {key}"), |v| format!("is {key}={v}"));
+                return Some(format!(
+                    "--to {to}: its resource affinity {stated}, the binding's namespaces ask for {key}={want} (--affinity)"
+                ));
+            }
         }
     }
     None
@@ -431,6 +437,9 @@ mod tests {
             why.contains("resource=general") && why.contains("--affinity"),
             "{why}"
         );
+        let why = move_refusal(&target(json!({"resourceAffinity": {"gpu": "yes"}}), false), &k)
+            .expect("affinity without the key");
+        assert!(why.contains("has no resource"), "{why}");
         let why = move_refusal(&target(json!({}), true), &k).expect("maintenance");
         assert!(why.contains("maintenance"), "{why}");
     }
