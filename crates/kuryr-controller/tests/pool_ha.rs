@@ -18,7 +18,6 @@ use kuryr_controller::context::Platform;
 use kuryr_controller::drivers::pool::{VifPool, holder};
 use kuryr_controller::drivers::vif::neutron::NeutronVif;
 use kuryr_controller::drivers::{NetworkInfo, PortSpec};
-use kuryr_controller::metrics::Metrics;
 use kuryr_controller::openstack::Deployments;
 use kuryr_controller::pool::{self, PoolManager};
 use kuryr_crds::KuryrPortPool;
@@ -63,15 +62,7 @@ impl Bed {
         config.vif_pool.ports_pool_batch = 3.try_into()?;
         config.vif_pool.ports_pool_update_frequency = 1;
         let config = Arc::new(config);
-        let metrics = Metrics::new();
-        let deployments = Deployments::noauth(&target.url, &metrics)?;
-        let ctx = Arc::new(Platform::new(
-            kube.client.clone(),
-            config.clone(),
-            deployments.clone(),
-            metrics,
-        ));
-        claim_cluster_id(&ctx).await?;
+        let (ctx, deployments) = claimed_platform(&kube.client, config.clone(), &target.url).await?;
         let info = Arc::new(NetworkInfo {
             id: fx.network.clone(),
             name: String::new(),

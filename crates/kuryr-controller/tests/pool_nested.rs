@@ -335,12 +335,9 @@ async fn recovery_places_a_spare_subport_by_the_trunk_it_is_on() -> Result<()> {
 async fn prepopulate_skips_a_node_without_a_pool_host() -> Result<()> {
     use k8s_openapi::api::core::v1::Node;
     use kube::api::{Patch, PatchParams, PostParams};
-    use kuryr_controller::context::Platform;
     use kuryr_controller::drivers::vif::nested::VmPortLookup;
     use kuryr_controller::drivers::vif::nested_vlan::NestedVlan;
     use kuryr_controller::drivers::{NetworkInfo, PortSpec};
-    use kuryr_controller::metrics::Metrics;
-    use kuryr_controller::openstack::Deployments;
     use std::sync::Arc;
 
     init_logs();
@@ -366,15 +363,7 @@ async fn prepopulate_skips_a_node_without_a_pool_host() -> Result<()> {
         )
         .await?;
         let config = config(&bed.ini);
-        let metrics = Metrics::new();
-        let deployments = Deployments::noauth(&target.url, &metrics)?;
-        let ctx = Arc::new(Platform::new(
-            kube.client.clone(),
-            config.clone(),
-            deployments.clone(),
-            metrics,
-        ));
-        claim_cluster_id(&ctx).await?;
+        let (ctx, deployments) = claimed_platform(&kube.client, config.clone(), &target.url).await?;
         let vif = Arc::new(NestedVlan::new(
             deployments,
             VmPortLookup::new(kube.client.clone(), vec![vms.subnet.clone()]),

@@ -10,13 +10,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use kuryr_config::{KuryrConfig, VifPoolDriver};
-use kuryr_controller::context::Platform;
 use kuryr_controller::drivers::pool::VifPool;
 use kuryr_controller::drivers::vif::neutron::NeutronVif;
 use kuryr_controller::drivers::{NetworkInfo, PodRef, PortSpec};
 use kuryr_controller::error::Error;
-use kuryr_controller::metrics::Metrics;
-use kuryr_controller::openstack::Deployments;
 use kuryr_controller::pool;
 use kuryr_neutron::{ClientOptions, NeutronClient};
 use neutron_emulator::{AgentHosts, Emulator, EmulatorOptions, LatencyProfile};
@@ -56,15 +53,7 @@ async fn an_empty_pool_answers_not_ready_at_once_and_refills() -> Result<()> {
     config.vif_pool.ports_pool_min = 1;
     config.vif_pool.ports_pool_batch = 3.try_into()?;
     let config = Arc::new(config);
-    let metrics = Metrics::new();
-    let deployments = Deployments::noauth(&emu.url(), &metrics)?;
-    let ctx = Arc::new(Platform::new(
-        kube.client.clone(),
-        config.clone(),
-        deployments.clone(),
-        metrics,
-    ));
-    claim_cluster_id(&ctx).await?;
+    let (ctx, deployments) = claimed_platform(&kube.client, config.clone(), &emu.url()).await?;
     let vif = Arc::new(NeutronVif::new(
         deployments,
         ctx.resource_tags(),

@@ -287,6 +287,26 @@ pub async fn claim_cluster_id(platform: &Arc<kuryr_controller::context::Platform
     bail!("the cluster_id claim was not confirmed in every deployment")
 }
 
+/// The controller's context over the Neutron at `url` with `config`, its cluster id claimed:
+/// what a test driving pools without a controller builds them on. Also returns the deployments
+/// (the VIF drivers take them).
+pub async fn claimed_platform(
+    kube: &Client,
+    config: Arc<KuryrConfig>,
+    url: &str,
+) -> Result<(Arc<kuryr_controller::context::Platform>, Deployments)> {
+    let metrics = Metrics::new();
+    let deployments = Deployments::noauth(url, &metrics)?;
+    let platform = Arc::new(kuryr_controller::context::Platform::new(
+        kube.clone(),
+        config,
+        deployments.clone(),
+        metrics,
+    ));
+    claim_cluster_id(&platform).await?;
+    Ok((platform, deployments))
+}
+
 /// A controller running in this process; dropping it stops it.
 pub struct Controller {
     pub stop: CancellationToken,

@@ -451,34 +451,6 @@ async fn a_new_term_decides_on_its_first_usage_round() {
     assert_eq!(again.deployment, "pod2");
 }
 
-/// A store whose reads take a while, so that concurrent binds overlap as they do against the
-/// Kubernetes API.
-struct SlowStore(MemoryStore);
-
-#[async_trait::async_trait]
-impl BindingStore for SlowStore {
-    async fn get(&self, key: &BindingKey) -> Result<Option<BindingState>, Error> {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        self.0.get(key).await
-    }
-    async fn list(&self) -> Result<Vec<BindingState>, Error> {
-        self.0.list().await
-    }
-    async fn claim(
-        &self,
-        key: &BindingKey,
-        expected: Option<&str>,
-        pinned: Option<bool>,
-        new: &str,
-        why: &str,
-    ) -> Result<bool, Error> {
-        self.0.claim(key, expected, pinned, new, why).await
-    }
-    async fn set_pinned(&self, key: &BindingKey, pinned: bool) -> Result<(), Error> {
-        self.0.set_pinned(key, pinned).await
-    }
-}
-
 /// Eight new projects decided at once (a term's first usage round wakes every waiter) with
 /// pod1 measured at 0.84 (threshold 0.9, hysteresis 0.05: room for one binding's estimate): one
 /// lands there, the others see it and go on to pod2; and the estimate never moves the project
@@ -486,7 +458,10 @@ impl BindingStore for SlowStore {
 /// landed on pod1, whose estimate (0.92) then moved the old tenant away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_new_bindings_is_admitted_in_turn_and_its_estimate_moves_nobody() {
-    let store = Arc::new(SlowStore(MemoryStore::default()));
+    let store = Arc::new(GatedStore {
+        delay: std::time::Duration::from_millis(5),
+        ..GatedStore::default()
+    });
     let b = Arc::new(Binder::new(
         sched(&all_filters(), &[BindingWeigher::CreationOrder]),
         six_in_two_groups(),
@@ -540,11 +515,13 @@ async fn a_new_term_binds_nothing_before_the_deployments_are_listed_again() {
     );
 }
 
-/// A store whose reads, once armed, return what they read only after the test lets them go:
-/// a decision then acts on a read older than what the test changed meanwhile.
+/// A store whose reads take `delay` (concurrent binds overlap as they do against the
+/// Kubernetes API) and, while the test holds `gate`, return what they read only once it lets
+/// them go: a decision then acts on a read older than what the test changed meanwhile.
 #[derive(Default)]
 struct GatedStore {
     inner: MemoryStore,
+    delay: std::time::Duration,
     gate: tokio::sync::RwLock<()>,
 }
 
@@ -552,6 +529,7 @@ struct GatedStore {
 impl BindingStore for GatedStore {
     async fn get(&self, key: &BindingKey) -> Result<Option<BindingState>, Error> {
         let read = self.inner.get(key).await;
+        tokio::time::sleep(self.delay).await;
         let _open = self.gate.read().await;
         read
     }
