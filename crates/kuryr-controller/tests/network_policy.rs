@@ -122,6 +122,34 @@ fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| s.to_string()).collect()
 }
 
+/// One test's world against one Neutron target: a Kubernetes emulator, the Neutron fixture
+/// (its own project, network, subnet and default group) and a cluster id of its own.
+struct PolicyBed {
+    kube: Kube,
+    fx: NeutronFixture,
+    cluster: String,
+}
+
+impl PolicyBed {
+    async fn new(target: &NeutronTarget, cidr: &str) -> Result<Self> {
+        Ok(Self {
+            kube: start_kube().await?,
+            fx: neutron_fixture(&target.client, cidr).await?,
+            cluster: format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
+        })
+    }
+
+    /// A controller running `handlers` with the policy drivers, as `identity`.
+    fn start(&self, target: &NeutronTarget, handlers: &str, identity: &str) -> Controller {
+        start_controller(
+            &self.kube.client,
+            target,
+            config(&ini(&self.fx, &self.cluster, handlers)),
+            identity,
+        )
+    }
+}
+
 /// A rule Neutron refuses for the project's quota (409 OverQuota, the status of a rule that
 /// exists too) fails the policy with a Warning Event naming the quota: the policy is not taken
 /// for applied with rules missing.
@@ -129,16 +157,9 @@ fn set(items: &[&str]) -> BTreeSet<String> {
 async fn a_rule_over_the_quota_fails_the_policy_with_an_event() -> Result<()> {
     init_logs();
     for target in neutron_targets().await? {
-        let kube = start_kube().await?;
-        let client = &target.client;
-        let fx = neutron_fixture(client, "10.70.0.0/24").await?;
-        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-        let ctl = start_controller(
-            &kube.client,
-            &target,
-            config(&ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label")),
-            "np-quota",
-        );
+        let bed = PolicyBed::new(&target, "10.70.0.0/24").await?;
+        let (kube, client, fx) = (&bed.kube, &target.client, &bed.fx);
+        let ctl = bed.start(&target, "policy,kuryrnetworkpolicy,pod_label", "np-quota");
         labelled_namespace(&kube.client, "q").await?;
         pod(&kube.client, "q", "db", json!({"app": "db"}), Some("10.70.0.10")).await?;
         pod(
@@ -232,16 +253,9 @@ async fn a_rule_over_the_quota_fails_the_policy_with_an_event() -> Result<()> {
 async fn policy_membership_relabel_invalid_content_and_deletion() -> Result<()> {
     init_logs();
     for target in neutron_targets().await? {
-        let kube = start_kube().await?;
-        let client = &target.client;
-        let fx = neutron_fixture(client, "10.71.0.0/24").await?;
-        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-        let ctl = start_controller(
-            &kube.client,
-            &target,
-            config(&ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label")),
-            "np-test",
-        );
+        let bed = PolicyBed::new(&target, "10.71.0.0/24").await?;
+        let (kube, client, fx, cluster) = (&bed.kube, &target.client, &bed.fx, &bed.cluster);
+        let ctl = bed.start(&target, "policy,kuryrnetworkpolicy,pod_label", "np-test");
         labelled_namespace(&kube.client, "x").await?;
         pod(&kube.client, "x", "a", json!({"app": "web"}), Some("10.71.0.11")).await?;
         pod(
@@ -389,18 +403,11 @@ async fn policy_membership_relabel_invalid_content_and_deletion() -> Result<()> 
 async fn a_new_pod_gets_its_policy_group_before_its_port_is_active() -> Result<()> {
     init_logs();
     for target in neutron_targets().await? {
-        let kube = start_kube().await?;
-        let client = &target.client;
-        let fx = neutron_fixture(client, "10.72.0.0/24").await?;
-        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-        let ctl = start_controller(
-            &kube.client,
+        let bed = PolicyBed::new(&target, "10.72.0.0/24").await?;
+        let (kube, client, fx) = (&bed.kube, &target.client, &bed.fx);
+        let ctl = bed.start(
             &target,
-            config(&ini(
-                &fx,
-                &cluster,
-                "vif,kuryrport,policy,kuryrnetworkpolicy,pod_label",
-            )),
+            "vif,kuryrport,policy,kuryrnetworkpolicy,pod_label",
             "np-test-ports",
         );
         labelled_namespace(&kube.client, "y").await?;
@@ -485,10 +492,8 @@ where
 async fn groups_of_a_policy_deleted_while_the_controller_was_down_are_swept() -> Result<()> {
     init_logs();
     for target in neutron_targets().await? {
-        let kube = start_kube().await?;
-        let client = &target.client;
-        let fx = neutron_fixture(client, "10.73.0.0/24").await?;
-        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let bed = PolicyBed::new(&target, "10.73.0.0/24").await?;
+        let (kube, client, fx, cluster) = (&bed.kube, &target.client, &bed.fx, &bed.cluster);
         let cfg = ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label");
         let first = start_controller(&kube.client, &target, config(&cfg), "np-sweep-1");
         labelled_namespace(&kube.client, "z").await?;
@@ -615,10 +620,8 @@ async fn controller_killed_in_the_middle_of_policy_updates_converges_without_lea
 -> Result<()> {
     init_logs();
     for target in neutron_targets().await? {
-        let kube = start_kube().await?;
-        let client = &target.client;
-        let fx = neutron_fixture(client, "10.74.0.0/24").await?;
-        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let bed = PolicyBed::new(&target, "10.74.0.0/24").await?;
+        let (kube, client, fx, cluster) = (&bed.kube, &target.client, &bed.fx, &bed.cluster);
         let cfg = ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label");
         labelled_namespace(&kube.client, "k").await?;
         pod(&kube.client, "k", "a", json!({"app": "a"}), Some("10.74.0.11")).await?;
@@ -725,10 +728,8 @@ async fn controller_killed_in_the_middle_of_policy_updates_converges_without_lea
 async fn an_upstream_written_kuryrnetworkpolicy_and_its_group_are_adopted_not_duplicated() -> Result<()> {
     init_logs();
     for target in neutron_targets().await? {
-        let kube = start_kube().await?;
-        let client = &target.client;
-        let fx = neutron_fixture(client, "10.75.0.0/24").await?;
-        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let bed = PolicyBed::new(&target, "10.75.0.0/24").await?;
+        let (kube, client, fx, cluster) = (&bed.kube, &target.client, &bed.fx, &bed.cluster);
         let cfg = ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label");
         labelled_namespace(&kube.client, "u").await?;
         pod(&kube.client, "u", "a", json!({"app": "a"}), Some("10.75.0.11")).await?;
@@ -887,10 +888,8 @@ async fn a_burst_of_relabels_is_coalesced_per_policy() -> Result<()> {
     init_logs();
     const PODS: usize = 30;
     for target in neutron_targets().await? {
-        let kube = start_kube().await?;
-        let client = &target.client;
-        let fx = neutron_fixture(client, "10.76.0.0/24").await?;
-        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let bed = PolicyBed::new(&target, "10.76.0.0/24").await?;
+        let (kube, client, fx, cluster) = (&bed.kube, &target.client, &bed.fx, &bed.cluster);
         let cfg = ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label");
         labelled_namespace(&kube.client, "q").await?;
         pod(
@@ -1010,18 +1009,11 @@ async fn a_deleted_policys_pods_are_moved_before_its_group_goes() -> Result<()> 
             eprintln!("{}: needs the emulator's slowed deletes", target.name);
             continue;
         };
-        let kube = start_kube().await?;
-        let client = &target.client;
-        let fx = neutron_fixture(client, "10.69.0.0/24").await?;
-        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-        let ctl = start_controller(
-            &kube.client,
+        let bed = PolicyBed::new(&target, "10.69.0.0/24").await?;
+        let (kube, client, fx) = (&bed.kube, &target.client, &bed.fx);
+        let ctl = bed.start(
             &target,
-            config(&ini(
-                &fx,
-                &cluster,
-                "vif,kuryrport,policy,kuryrnetworkpolicy,pod_label",
-            )),
+            "vif,kuryrport,policy,kuryrnetworkpolicy,pod_label",
             "np-delete",
         );
         labelled_namespace(&kube.client, "d").await?;
@@ -1093,10 +1085,8 @@ async fn a_policy_pass_reads_its_namespaces_ports_in_lists() -> Result<()> {
     init_logs();
     const PODS: usize = 24;
     for target in neutron_targets().await? {
-        let kube = start_kube().await?;
-        let client = &target.client;
-        let fx = neutron_fixture(client, "10.68.0.0/24").await?;
-        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let bed = PolicyBed::new(&target, "10.68.0.0/24").await?;
+        let (kube, client, fx, cluster) = (&bed.kube, &target.client, &bed.fx, &bed.cluster);
         let metrics = kuryr_controller::metrics::Metrics::new();
         let deployments = kuryr_controller::openstack::Deployments::noauth(&target.url, &metrics)?;
         let ctl = start_controller_with(
@@ -1177,16 +1167,9 @@ async fn a_duplicate_address_group_the_rule_points_at_keeps_following_the_pods()
     use kuryr_neutron::{AddressGroupCreate, SecurityGroupRuleCreate};
     init_logs();
     for target in neutron_targets().await? {
-        let kube = start_kube().await?;
-        let client = &target.client;
-        let fx = neutron_fixture(client, "10.67.0.0/24").await?;
-        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-        let ctl = start_controller(
-            &kube.client,
-            &target,
-            config(&ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label")),
-            "np-dup-ag",
-        );
+        let bed = PolicyBed::new(&target, "10.67.0.0/24").await?;
+        let (kube, client, fx) = (&bed.kube, &target.client, &bed.fx);
+        let ctl = bed.start(&target, "policy,kuryrnetworkpolicy,pod_label", "np-dup-ag");
         labelled_namespace(&kube.client, "g").await?;
         pod(
             &kube.client,
@@ -1407,16 +1390,9 @@ async fn egress_to_the_api_servers_admits_the_kubernetes_service_vip() -> Result
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     init_logs();
     for target in neutron_targets().await? {
-        let kube = start_kube().await?;
-        let client = &target.client;
-        let fx = neutron_fixture(client, "10.75.0.0/24").await?;
-        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-        let ctl = start_controller(
-            &kube.client,
-            &target,
-            config(&ini(&fx, &cluster, "policy,kuryrnetworkpolicy")),
-            "np-test-apiserver",
-        );
+        let bed = PolicyBed::new(&target, "10.75.0.0/24").await?;
+        let (kube, client, fx) = (&bed.kube, &target.client, &bed.fx);
+        let ctl = bed.start(&target, "policy,kuryrnetworkpolicy", "np-test-apiserver");
         labelled_namespace(&kube.client, "n").await?;
         let svc: Service = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Service", "metadata": {"name": "kubernetes", "namespace": "n"},
@@ -1473,16 +1449,9 @@ async fn egress_to_the_api_servers_admits_the_kubernetes_service_vip() -> Result
 async fn a_named_port_edit_reaches_neutron_without_waiting_for_a_resync() -> Result<()> {
     init_logs();
     for target in neutron_targets().await? {
-        let kube = start_kube().await?;
-        let client = &target.client;
-        let fx = neutron_fixture(client, "10.76.0.0/24").await?;
-        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-        let ctl = start_controller(
-            &kube.client,
-            &target,
-            config(&ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label")),
-            "np-test-named",
-        );
+        let bed = PolicyBed::new(&target, "10.76.0.0/24").await?;
+        let (kube, client, fx) = (&bed.kube, &target.client, &bed.fx);
+        let ctl = bed.start(&target, "policy,kuryrnetworkpolicy,pod_label", "np-test-named");
         labelled_namespace(&kube.client, "e").await?;
         let db: Pod = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Pod",
@@ -1544,10 +1513,8 @@ async fn a_peer_deleted_while_another_replica_led_leaves_the_policy() -> Result<
     use k8s_openapi::api::coordination::v1::Lease;
     init_logs();
     for target in neutron_targets().await? {
-        let kube = start_kube().await?;
-        let client = &target.client;
-        let fx = neutron_fixture(client, "10.74.0.0/24").await?;
-        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let bed = PolicyBed::new(&target, "10.74.0.0/24").await?;
+        let (kube, client, fx, cluster) = (&bed.kube, &target.client, &bed.fx, &bed.cluster);
         // With controller_ha the Lease decides who leads.
         let ha = ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label").replacen(
             "[neutron_defaults]",
@@ -1632,10 +1599,8 @@ async fn an_allow_all_group_a_crash_left_untagged_is_finished_not_made_again() -
     use kuryr_neutron::SecurityGroupCreate;
     init_logs();
     for target in neutron_targets().await? {
-        let kube = start_kube().await?;
-        let client = &target.client;
-        let fx = neutron_fixture(client, "10.75.0.0/24").await?;
-        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let bed = PolicyBed::new(&target, "10.75.0.0/24").await?;
+        let (kube, client, fx, cluster) = (&bed.kube, &target.client, &bed.fx, &bed.cluster);
         let left = client
             .create_security_group(&SecurityGroupCreate {
                 name: "kuryr-rs-np-open-ingress".into(),
@@ -1728,18 +1693,11 @@ async fn a_pod_leaving_an_old_variant_waits_on_the_base_group_still_isolated() -
     init_logs();
     let target = neutron_targets().await?.remove(0);
     let emu = target.emulator().expect("the first target is the emulator");
-    let kube = start_kube().await?;
-    let client = &target.client;
-    let fx = neutron_fixture(client, "10.77.0.0/24").await?;
-    let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let ctl = start_controller(
-        &kube.client,
+    let bed = PolicyBed::new(&target, "10.77.0.0/24").await?;
+    let (kube, client, fx) = (&bed.kube, &target.client, &bed.fx);
+    let ctl = bed.start(
         &target,
-        config(&ini(
-            &fx,
-            &cluster,
-            "vif,kuryrport,policy,kuryrnetworkpolicy,pod_label",
-        )),
+        "vif,kuryrport,policy,kuryrnetworkpolicy,pod_label",
         "np-variant",
     );
     labelled_namespace(&kube.client, "v").await?;
@@ -1853,16 +1811,9 @@ async fn a_pod_leaving_an_old_variant_waits_on_the_base_group_still_isolated() -
 async fn a_kuryrnetworkpolicy_deleted_under_a_standing_policy_is_made_again_with_its_groups() -> Result<()> {
     init_logs();
     for target in neutron_targets().await? {
-        let kube = start_kube().await?;
-        let client = &target.client;
-        let fx = neutron_fixture(client, "10.78.0.0/24").await?;
-        let cluster = format!("np-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-        let ctl = start_controller(
-            &kube.client,
-            &target,
-            config(&ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label")),
-            "np-test-remade",
-        );
+        let bed = PolicyBed::new(&target, "10.78.0.0/24").await?;
+        let (kube, client, fx) = (&bed.kube, &target.client, &bed.fx);
+        let ctl = bed.start(&target, "policy,kuryrnetworkpolicy,pod_label", "np-test-remade");
         labelled_namespace(&kube.client, "r").await?;
         pod(
             &kube.client,

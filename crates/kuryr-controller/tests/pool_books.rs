@@ -25,7 +25,7 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kuryr_controller::context::{Context, Platform};
 use kuryr_controller::drivers::pool::VifPool;
-use kuryr_controller::drivers::{NetworkInfo, PodRef, PortSpec};
+use kuryr_controller::drivers::{PodRef, PortSpec};
 use kuryr_controller::handlers::kuryrport::KuryrPortHandler;
 use kuryr_controller::metrics::Metrics;
 use kuryr_controller::openstack::Deployments;
@@ -76,19 +76,6 @@ async fn pod_and_kuryrport(kube: &kube::Client, ns: &str, name: &str) -> Result<
         .create(&PostParams::default(), &kp)
         .await?;
     Ok((pod, kp))
-}
-
-/// The fixture's network as the VIF drivers see it.
-async fn network_info(
-    neutron: &kuryr_neutron::NeutronClient,
-    fx: &NeutronFixture,
-) -> Result<Arc<NetworkInfo>> {
-    Ok(Arc::new(NetworkInfo {
-        id: fx.network.clone(),
-        name: String::new(),
-        mtu: None,
-        subnets: vec![neutron.get_subnet(&fx.subnet).await?],
-    }))
 }
 
 /// A security group of the fixture's project besides its default one (what a policy adds).

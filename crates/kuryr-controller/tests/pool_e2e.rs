@@ -359,7 +359,6 @@ async fn kuryrportpool_objects_follow_the_pools() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prepopulate_fills_every_nodes_pool_up_to_min() -> Result<()> {
     use kuryr_controller::drivers::vif::neutron::NeutronVif;
-    use kuryr_controller::drivers::{NetworkInfo, PortSpec};
     use std::sync::Arc;
 
     init_logs();
@@ -377,14 +376,7 @@ async fn prepopulate_fills_every_nodes_pool_up_to_min() -> Result<()> {
             0,
         ));
         let manager = kuryr_controller::pool::build(ctx, vif, &config.vif_pool)?;
-        let subnet = neutron.get_subnet(&fx.subnet).await?;
-        let net = Arc::new(NetworkInfo {
-            id: fx.network.clone(),
-            name: "pods".into(),
-            mtu: None,
-            subnets: vec![subnet],
-        });
-        let spec = PortSpec::new("default", fx.project.clone(), net, vec![fx.sg.clone()]);
+        let spec = fixture_port_spec(neutron, &fx).await?;
         assert!(
             manager.prepopulate(&spec).await.is_err(),
             "{}: not ready before recovery",

@@ -15,9 +15,9 @@ use kube::Api;
 use kube::api::ListParams;
 use kuryr_config::{KuryrConfig, VifPoolDriver};
 use kuryr_controller::context::Platform;
+use kuryr_controller::drivers::PortSpec;
 use kuryr_controller::drivers::pool::{VifPool, holder};
 use kuryr_controller::drivers::vif::neutron::NeutronVif;
-use kuryr_controller::drivers::{NetworkInfo, PortSpec};
 use kuryr_controller::openstack::Deployments;
 use kuryr_controller::pool::{self, PoolManager};
 use kuryr_crds::KuryrPortPool;
@@ -63,13 +63,7 @@ impl Bed {
         config.vif_pool.ports_pool_update_frequency = 1;
         let config = Arc::new(config);
         let (ctx, deployments) = claimed_platform(&kube.client, config.clone(), &target.url).await?;
-        let info = Arc::new(NetworkInfo {
-            id: fx.network.clone(),
-            name: String::new(),
-            mtu: None,
-            subnets: vec![neutron.get_subnet(&fx.subnet).await?],
-        });
-        let spec = PortSpec::new("default", fx.project.clone(), info, vec![fx.sg.clone()]);
+        let spec = fixture_port_spec(neutron, &fx).await?;
         Ok(Self {
             kube,
             fx,

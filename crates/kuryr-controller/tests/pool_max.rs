@@ -16,7 +16,6 @@ use kube::api::DeleteParams;
 use kuryr_config::{KuryrConfig, VifPoolDriver};
 use kuryr_controller::context::Platform;
 use kuryr_controller::drivers::vif::neutron::NeutronVif;
-use kuryr_controller::drivers::{NetworkInfo, PortSpec};
 use kuryr_controller::metrics::Metrics;
 use kuryr_controller::openstack::Deployments;
 use kuryr_controller::pool::{self, PoolManager};
@@ -86,13 +85,7 @@ async fn recovery_keeps_pools_within_max() -> Result<()> {
             ));
             Ok(pool::build(ctx, vif, &config.vif_pool)?)
         };
-        let info = Arc::new(NetworkInfo {
-            id: fx.network.clone(),
-            name: String::new(),
-            mtu: None,
-            subnets: vec![neutron.get_subnet(&fx.subnet).await?],
-        });
-        let spec = PortSpec::new("default", fx.project.clone(), info, vec![fx.sg.clone()]);
+        let spec = fixture_port_spec(neutron, &fx).await?;
 
         // Term 1: 8 pods wired from a pool with max 3.
         let a = replica(3)?;

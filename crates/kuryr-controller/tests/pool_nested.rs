@@ -337,7 +337,6 @@ async fn prepopulate_skips_a_node_without_a_pool_host() -> Result<()> {
     use kube::api::{Patch, PatchParams, PostParams};
     use kuryr_controller::drivers::vif::nested::VmPortLookup;
     use kuryr_controller::drivers::vif::nested_vlan::NestedVlan;
-    use kuryr_controller::drivers::{NetworkInfo, PortSpec};
     use std::sync::Arc;
 
     init_logs();
@@ -371,14 +370,7 @@ async fn prepopulate_skips_a_node_without_a_pool_host() -> Result<()> {
             1450,
         ));
         let manager = kuryr_controller::pool::build(ctx, vif, &config.vif_pool)?;
-        let subnet = neutron.get_subnet(&fx.subnet).await?;
-        let net = Arc::new(NetworkInfo {
-            id: fx.network.clone(),
-            name: "pods".into(),
-            mtu: None,
-            subnets: vec![subnet],
-        });
-        let spec = PortSpec::new("default", fx.project.clone(), net, vec![fx.sg.clone()]);
+        let spec = fixture_port_spec(neutron, &fx).await?;
         manager.recover().await?;
         let started = manager.prepopulate(&spec).await?;
         assert_eq!(

@@ -307,6 +307,32 @@ pub async fn claimed_platform(
     Ok((platform, deployments))
 }
 
+/// The fixture's network (with its pod subnet) as the VIF drivers see it.
+pub async fn network_info(
+    neutron: &NeutronClient,
+    fx: &NeutronFixture,
+) -> Result<Arc<kuryr_controller::drivers::NetworkInfo>> {
+    Ok(Arc::new(kuryr_controller::drivers::NetworkInfo {
+        id: fx.network.clone(),
+        name: String::new(),
+        mtu: None,
+        subnets: vec![neutron.get_subnet(&fx.subnet).await?],
+    }))
+}
+
+/// A pod port of the fixture in the default deployment: its project, network and group.
+pub async fn fixture_port_spec(
+    neutron: &NeutronClient,
+    fx: &NeutronFixture,
+) -> Result<kuryr_controller::drivers::PortSpec> {
+    Ok(kuryr_controller::drivers::PortSpec::new(
+        "default",
+        fx.project.clone(),
+        network_info(neutron, fx).await?,
+        vec![fx.sg.clone()],
+    ))
+}
+
 /// A controller running in this process; dropping it stops it.
 pub struct Controller {
     pub stop: CancellationToken,
