@@ -494,7 +494,7 @@ async fn groups_of_a_policy_deleted_while_the_controller_was_down_are_swept() ->
     for target in neutron_targets().await? {
         let bed = PolicyBed::new(&target, "10.73.0.0/24").await?;
         let (kube, client, fx, cluster) = (&bed.kube, &target.client, &bed.fx, &bed.cluster);
-        let cfg = ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label");
+        let cfg = ini(fx, cluster, "policy,kuryrnetworkpolicy,pod_label");
         let first = start_controller(&kube.client, &target, config(&cfg), "np-sweep-1");
         labelled_namespace(&kube.client, "z").await?;
         pod(&kube.client, "z", "a", json!({"app": "a"}), Some("10.73.0.5")).await?;
@@ -622,7 +622,7 @@ async fn controller_killed_in_the_middle_of_policy_updates_converges_without_lea
     for target in neutron_targets().await? {
         let bed = PolicyBed::new(&target, "10.74.0.0/24").await?;
         let (kube, client, fx, cluster) = (&bed.kube, &target.client, &bed.fx, &bed.cluster);
-        let cfg = ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label");
+        let cfg = ini(fx, cluster, "policy,kuryrnetworkpolicy,pod_label");
         labelled_namespace(&kube.client, "k").await?;
         pod(&kube.client, "k", "a", json!({"app": "a"}), Some("10.74.0.11")).await?;
         pod(&kube.client, "k", "b", json!({"app": "b"}), Some("10.74.0.12")).await?;
@@ -675,7 +675,7 @@ async fn controller_killed_in_the_middle_of_policy_updates_converges_without_lea
         apply_policy(&kube.client, "k", "p", specs[0].0.clone()).await?;
         let uid = nps.get("p").await?.metadata.uid.expect("uid");
         eventually("the first spec applied", WAIT, || async {
-            let (rules, _, _) = policy_state(client, &cluster, &uid).await?;
+            let (rules, _, _) = policy_state(client, cluster, &uid).await?;
             Ok((rules == want(0)).then_some(()))
         })
         .await?;
@@ -695,7 +695,7 @@ async fn controller_killed_in_the_middle_of_policy_updates_converges_without_lea
                 ),
                 WAIT,
                 || async {
-                    let (rules, groups, unnamed) = policy_state(client, &cluster, &uid).await?;
+                    let (rules, groups, unnamed) = policy_state(client, cluster, &uid).await?;
                     // One security group, the new rules, and no address group left unused.
                     Ok((rules == want(next) && groups == 1 && unnamed == 0).then_some(()))
                 },
@@ -705,7 +705,7 @@ async fn controller_killed_in_the_middle_of_policy_updates_converges_without_lea
         // Deleting the policy leaves nothing of it.
         nps.delete("p", &DeleteParams::default()).await?;
         eventually("every group of k/p deleted", WAIT, || async {
-            let (rules, groups, _) = policy_state(client, &cluster, &uid).await?;
+            let (rules, groups, _) = policy_state(client, cluster, &uid).await?;
             let ags = client
                 .list_address_groups(
                     &ListFilter::new().eq("description", format!("kuryr-rs:{cluster}:{uid}")),
@@ -730,7 +730,7 @@ async fn an_upstream_written_kuryrnetworkpolicy_and_its_group_are_adopted_not_du
     for target in neutron_targets().await? {
         let bed = PolicyBed::new(&target, "10.75.0.0/24").await?;
         let (kube, client, fx, cluster) = (&bed.kube, &target.client, &bed.fx, &bed.cluster);
-        let cfg = ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label");
+        let cfg = ini(fx, cluster, "policy,kuryrnetworkpolicy,pod_label");
         labelled_namespace(&kube.client, "u").await?;
         pod(&kube.client, "u", "a", json!({"app": "a"}), Some("10.75.0.11")).await?;
         pod(&kube.client, "u", "b", json!({"app": "b"}), Some("10.75.0.12")).await?;
@@ -812,7 +812,7 @@ async fn an_upstream_written_kuryrnetworkpolicy_and_its_group_are_adopted_not_du
             ),
             WAIT,
             || async {
-                let (rules, groups, unnamed) = policy_state(client, &cluster, &uid).await?;
+                let (rules, groups, unnamed) = policy_state(client, cluster, &uid).await?;
                 let upstream_rule_gone = client
                     .list_security_group_rules(&ListFilter::new().security_group_id(&sg.id))
                     .await?
@@ -890,7 +890,7 @@ async fn a_burst_of_relabels_is_coalesced_per_policy() -> Result<()> {
     for target in neutron_targets().await? {
         let bed = PolicyBed::new(&target, "10.76.0.0/24").await?;
         let (kube, client, fx, cluster) = (&bed.kube, &target.client, &bed.fx, &bed.cluster);
-        let cfg = ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label");
+        let cfg = ini(fx, cluster, "policy,kuryrnetworkpolicy,pod_label");
         labelled_namespace(&kube.client, "q").await?;
         pod(
             &kube.client,
@@ -1094,8 +1094,8 @@ async fn a_policy_pass_reads_its_namespaces_ports_in_lists() -> Result<()> {
             deployments,
             metrics.clone(),
             config(&ini(
-                &fx,
-                &cluster,
+                fx,
+                cluster,
                 "vif,kuryrport,policy,kuryrnetworkpolicy,pod_label",
             )),
             "np-lists",
@@ -1516,7 +1516,7 @@ async fn a_peer_deleted_while_another_replica_led_leaves_the_policy() -> Result<
         let bed = PolicyBed::new(&target, "10.74.0.0/24").await?;
         let (kube, client, fx, cluster) = (&bed.kube, &target.client, &bed.fx, &bed.cluster);
         // With controller_ha the Lease decides who leads.
-        let ha = ini(&fx, &cluster, "policy,kuryrnetworkpolicy,pod_label").replacen(
+        let ha = ini(fx, cluster, "policy,kuryrnetworkpolicy,pod_label").replacen(
             "[neutron_defaults]",
             "controller_ha = true\n[neutron_defaults]",
             1,
