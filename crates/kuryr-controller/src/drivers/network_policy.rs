@@ -912,7 +912,8 @@ impl NetworkPolicyDriver {
                             .collect(),
                     );
                 }
-                let placed = known.placed.as_ref().map_or_else(HashMap::new, Clone::clone);
+                let none = HashMap::new();
+                let placed = known.placed.as_ref().unwrap_or(&none);
                 let mut out = vec![];
                 for (key, variant) in groups {
                     let uid = known.uids.get(&key).cloned().unwrap_or_default();
@@ -1081,18 +1082,29 @@ impl NetworkPolicyDriver {
             return Ok(0);
         }
         let mut known = self.namespace_policies(&ns).await?;
+        let wanted = self.wanted_of(&mut known, &kp, pod).await?;
+        self.put_on_groups(wanted).await
+    }
+
+    /// The pod's ports (as its KuryrPort `kp` records them) with the groups its policies give it.
+    async fn wanted_of(
+        &self,
+        known: &mut NamespacePolicies,
+        kp: &KuryrPort,
+        pod: &Pod,
+    ) -> Result<Vec<Wanted>, Error> {
         let mut wanted = Vec::new();
-        for (deployment, ids) in default_ports(&kp) {
-            let mut want = self.groups_of(&mut known, &deployment, pod).await?;
+        for (deployment, ids) in default_ports(kp) {
+            let mut want = self.groups_of(known, &deployment, pod).await?;
             want.sort();
             wanted.extend(ids.into_iter().map(|id| Wanted {
                 deployment: deployment.clone(),
                 port: id,
                 groups: want.clone(),
-                holder: (ns.clone(), kp.name_any()),
+                holder: (known.namespace.clone(), kp.name_any()),
             }));
         }
-        self.put_on_groups(wanted).await
+        Ok(wanted)
     }
 
     /// [`Self::sync_pod_ports`] for every pod of `namespace` (a policy of it made, changed or
@@ -1120,19 +1132,9 @@ impl NetworkPolicyDriver {
             let Some(kp) = kps.get(&pod.name_any()) else {
                 continue;
             };
-            for (deployment, ids) in default_ports(kp) {
-                match self.groups_of(&mut known, &deployment, pod).await {
-                    Ok(mut want) => {
-                        want.sort();
-                        wanted.extend(ids.into_iter().map(|id| Wanted {
-                            deployment: deployment.clone(),
-                            port: id,
-                            groups: want.clone(),
-                            holder: (namespace.to_string(), kp.name_any()),
-                        }));
-                    }
-                    Err(e) => errors.push(e),
-                }
+            match self.wanted_of(&mut known, kp, pod).await {
+                Ok(w) => wanted.extend(w),
+                Err(e) => errors.push(e),
             }
         }
         let updates = match self.put_on_groups(wanted).await {

@@ -98,7 +98,16 @@ impl Candidate {
     /// [`Self::usage_for`] with what this controller bound here since it was measured: the
     /// figure a new binding is admitted (and weighed) on.
     pub fn admission_usage_for(&self, project: &str) -> UsageFigure {
-        match self.usage_for(project) {
+        self.with_pending(self.usage_for(project))
+    }
+
+    /// The deployment-wide figure new bindings are weighed on ([`Self::admission_usage_for`]).
+    pub fn admission_usage(&self) -> UsageFigure {
+        self.with_pending(self.usage.clone())
+    }
+
+    fn with_pending(&self, figure: UsageFigure) -> UsageFigure {
+        match figure {
             UsageFigure::Fresh(u) => UsageFigure::Fresh(u + self.pending),
             other => other,
         }

@@ -31,12 +31,7 @@ impl Weigher for IdleCapacity {
         "idle_capacity"
     }
     fn raw(&self, c: &Candidate) -> f64 {
-        let pending = if matches!(c.usage, super::UsageFigure::Fresh(_)) {
-            c.pending
-        } else {
-            0.0
-        };
-        1.0 - (c.usage.fraction().unwrap_or(0.0) + pending)
+        1.0 - c.admission_usage().fraction().unwrap_or(0.0)
     }
 }
 
