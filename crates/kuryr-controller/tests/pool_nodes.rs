@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::Result;
@@ -46,6 +46,22 @@ async fn pool_objects(kube: &kube::Client) -> Result<BTreeSet<String>> {
         .items
         .into_iter()
         .filter_map(|p| p.spec.key.host.or(p.spec.key.trunk_port_id))
+        .collect())
+}
+
+/// The KuryrPortPool objects: name -> (VIF driver, uid).
+async fn pool_objects_by_driver(kube: &kube::Client) -> Result<BTreeMap<String, (String, String)>> {
+    let objs = Api::<KuryrPortPool>::namespaced(kube.clone(), CONTROLLER_NS);
+    Ok(objs
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|p| {
+            let name = p.metadata.name.unwrap_or_default();
+            let uid = p.metadata.uid.unwrap_or_default();
+            (name, (p.spec.vif_driver.unwrap_or_default(), uid))
+        })
         .collect())
 }
 
@@ -261,6 +277,8 @@ async fn a_node_vm_replaced_under_the_same_name_gets_its_pods_on_the_new_trunk()
 async fn live_pools_of_both_nested_drivers_outlive_a_restart() -> Result<()> {
     use k8s_openapi::api::core::v1::Node;
     use kube::api::{Patch, PatchParams};
+    use kuryr_config::PodVifDriver;
+    use kuryr_controller::drivers::set::vif_driver;
     init_logs();
     for target in neutron_targets().await? {
         let t = target.name;
@@ -297,8 +315,68 @@ async fn live_pools_of_both_nested_drivers_outlive_a_restart() -> Result<()> {
         };
         let before = eventually("a pool per nested driver", WAIT, settled).await?;
         let ports = kuryr_ports(neutron, &fx.project).await?;
+        let objects = eventually("each pool object names its VIF driver", WAIT, || async {
+            let o = pool_objects_by_driver(&kube.client).await?;
+            Ok((o.len() == 2 && o.values().all(|(d, _)| !d.is_empty())).then_some(o))
+        })
+        .await?;
+        let drivers: BTreeSet<&str> = objects.values().map(|(d, _)| d.as_str()).collect();
+        assert_eq!(
+            drivers,
+            BTreeSet::from(["nested-macvlan", "nested-vlan"]),
+            "{t}: {objects:?}"
+        );
 
         ctrl.shutdown().await?;
+        // Each driver recovers from its own objects only: read by both, a pool was held twice
+        // (its spare subports adopted as macvlan ports) until the first node listing dropped
+        // the copy, deleting what it could.
+        let (ctx, _) = claimed_platform(&kube.client, config(&bed.ini), &target.url).await?;
+        let vifs = [PodVifDriver::NestedVlan, PodVifDriver::NestedMacvlan]
+            .into_iter()
+            .map(|d| vif_driver(&ctx, d))
+            .collect::<Result<Vec<_>, _>>()?;
+        let recovered = kuryr_controller::pool::build_multi(ctx.clone(), vifs, &ctx.config.vif_pool)?;
+        recovered.recover().await?;
+        let held: BTreeMap<String, (String, usize, usize)> = recovered
+            .summaries()
+            .into_iter()
+            .map(|p| (p.name, (p.vif_driver, p.available + p.recyclable, p.in_use)))
+            .collect();
+        // Each pool had one port in use and one spare.
+        let written: BTreeMap<String, (String, usize, usize)> = objects
+            .iter()
+            .map(|(n, (d, _))| (n.clone(), (d.clone(), 1, 1)))
+            .collect();
+        assert_eq!(
+            held, written,
+            "{t}: each pool recovered by the driver that wrote it"
+        );
+        assert_eq!(recovered.summaries().len(), 2, "{t}: {:?}", recovered.summaries());
+        drop(recovered);
+        // Objects written before the driver was recorded: each goes to the driver that knows its
+        // host (a trunk, a VM port); the next controller records it again.
+        let pools = Api::<KuryrPortPool>::namespaced(kube.client.clone(), CONTROLLER_NS);
+        for name in written.keys() {
+            let legacy = json!({"spec": {"vifDriver": null}});
+            pools
+                .patch(name, &PatchParams::default(), &Patch::Merge(&legacy))
+                .await?;
+        }
+        let vifs = [PodVifDriver::NestedVlan, PodVifDriver::NestedMacvlan]
+            .into_iter()
+            .map(|d| vif_driver(&ctx, d))
+            .collect::<Result<Vec<_>, _>>()?;
+        let recovered = kuryr_controller::pool::build_multi(ctx.clone(), vifs, &ctx.config.vif_pool)?;
+        recovered.recover().await?;
+        let held: BTreeMap<String, (String, usize, usize)> = recovered
+            .summaries()
+            .into_iter()
+            .map(|p| (p.name, (p.vif_driver, p.available + p.recyclable, p.in_use)))
+            .collect();
+        assert_eq!(held, written, "{t}: objects without a driver");
+        drop(recovered);
+
         let ctrl = start_controller(&kube.client, &target, config(&bed.ini), "c2");
         let after = eventually("both pools recovered", WAIT, settled).await?;
         assert_eq!(after, before, "{t}");
@@ -307,6 +385,12 @@ async fn live_pools_of_both_nested_drivers_outlive_a_restart() -> Result<()> {
         wait_active_ports(&kube.client, "demo", 3).await?;
         let pools = api::list_pools(&bed.socket).await?;
         assert_eq!(pools.len(), 2, "{t}: {pools:?}");
+        eventually(
+            "the pool objects written before, with their drivers",
+            WAIT,
+            || async { Ok((pool_objects_by_driver(&kube.client).await? == objects).then_some(())) },
+        )
+        .await?;
         let now = kuryr_ports(neutron, &fx.project).await?;
         assert!(
             ports.is_subset(&now),

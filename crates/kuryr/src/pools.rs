@@ -61,15 +61,16 @@ fn render_list(pools: &[PoolSummary]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<40} {:<8} {:<20} {:>9} {:>10} {:>6} {:<10} LAST ERROR",
-        "NAME", "DRIVER", "HOST", "AVAILABLE", "RECYCLABLE", "IN USE", "POPULATING"
+        "{:<40} {:<8} {:<14} {:<20} {:>9} {:>10} {:>6} {:<10} LAST ERROR",
+        "NAME", "DRIVER", "VIF DRIVER", "HOST", "AVAILABLE", "RECYCLABLE", "IN USE", "POPULATING"
     );
     for p in pools {
         let _ = writeln!(
             s,
-            "{:<40} {:<8} {:<20} {:>9} {:>10} {:>6} {:<10} {}",
+            "{:<40} {:<8} {:<14} {:<20} {:>9} {:>10} {:>6} {:<10} {}",
             p.name,
             p.pool_driver,
+            p.vif_driver,
             p.host,
             p.available,
             p.recyclable,
@@ -87,6 +88,7 @@ fn render_show(p: &PoolSummary) -> String {
     for (k, v) in [
         ("name", p.name.clone()),
         ("pool driver", p.pool_driver.clone()),
+        ("vif driver", p.vif_driver.clone()),
         ("deployment", p.deployment.clone()),
         ("host", p.host.clone()),
         ("project", p.project_id.clone()),
@@ -126,6 +128,7 @@ mod tests {
         PoolSummary {
             name: "pool-k8s-node-1-abc".into(),
             pool_driver: "neutron".into(),
+            vif_driver: "neutron-vif".into(),
             deployment: "default".into(),
             host: "k8s-node-1".into(),
             project_id: "p".into(),
@@ -161,6 +164,7 @@ mod tests {
             [
                 "pool-k8s-node-1-abc",
                 "neutron",
+                "neutron-vif",
                 "k8s-node-1",
                 "4",
                 "1",

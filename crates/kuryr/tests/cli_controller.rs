@@ -43,8 +43,9 @@ async fn kuryr_ok(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8(out.stdout)?)
 }
 
-/// One row of `kuryr pools list`: name, driver, host, available, recyclable, in use.
-type Row = (String, String, String, usize, usize, usize);
+/// One row of `kuryr pools list`: name, pool driver, VIF driver, host, available, recyclable,
+/// in use.
+type Row = (String, String, String, String, usize, usize, usize);
 
 fn parse_list(text: &str) -> Result<Vec<Row>> {
     let mut lines = text.lines();
@@ -55,16 +56,17 @@ fn parse_list(text: &str) -> Result<Vec<Row>> {
     lines
         .map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            if f.len() < 8 {
+            if f.len() < 9 {
                 bail!("short row: {l}");
             }
             Ok((
                 f[0].to_string(),
                 f[1].to_string(),
                 f[2].to_string(),
-                f[3].parse()?,
+                f[3].to_string(),
                 f[4].parse()?,
                 f[5].parse()?,
+                f[6].parse()?,
             ))
         })
         .collect()
@@ -142,17 +144,17 @@ async fn pools_list_and_show_print_the_running_controllers_pools() -> Result<()>
                 && before.len() == in_neutron.len()
                 && before
                     .iter()
-                    .all(|(name, _, _, a, r, u)| in_neutron.get(name) == Some(&(a + r + u)));
+                    .all(|(name, _, _, _, a, r, u)| in_neutron.get(name) == Some(&(a + r + u)));
             Ok(agrees.then_some(before))
         })
         .await?;
         assert_eq!(rows.len(), 2, "{}: one pool per node: {rows:?}", target.name);
-        let by_host: BTreeMap<&str, &Row> = rows.iter().map(|r| (r.2.as_str(), r)).collect();
-        assert_eq!(by_host[NODES[0]].5, 2, "{}: in use on node 1", target.name);
-        assert_eq!(by_host[NODES[1]].5, 1, "{}: in use on node 2", target.name);
+        let by_host: BTreeMap<&str, &Row> = rows.iter().map(|r| (r.3.as_str(), r)).collect();
+        assert_eq!(by_host[NODES[0]].6, 2, "{}: in use on node 1", target.name);
+        assert_eq!(by_host[NODES[1]].6, 1, "{}: in use on node 2", target.name);
         for r in &rows {
-            assert_eq!(r.1, "neutron");
-            assert!(r.3 >= 1, "{}: ports_pool_min keeps a spare: {r:?}", target.name);
+            assert_eq!((r.1.as_str(), r.2.as_str()), ("neutron", "neutron-vif"));
+            assert!(r.4 >= 1, "{}: ports_pool_min keeps a spare: {r:?}", target.name);
         }
 
         // --json and the configuration file give the same pools.
@@ -164,6 +166,7 @@ async fn pools_list_and_show_print_the_running_controllers_pools() -> Result<()>
                 (
                     p.name.clone(),
                     p.pool_driver.clone(),
+                    p.vif_driver.clone(),
                     p.host.clone(),
                     p.available,
                     p.recyclable,

@@ -1156,6 +1156,9 @@ pub struct PoolSummary {
     /// KuryrPortPool name (also the pool tag on its ports).
     pub name: String,
     pub pool_driver: String,
+    /// The pod VIF driver whose ports it holds (`multi_pool` may run two nested ones).
+    #[serde(default)]
+    pub vif_driver: String,
     pub deployment: String,
     /// Node (bare metal) or trunk / VM port (nested).
     pub host: String,
@@ -1213,6 +1216,7 @@ impl PoolDriver {
         PoolSummary {
             name: pool.meta.name.clone(),
             pool_driver: self.kind.name().to_string(),
+            vif_driver: self.vif.name().to_string(),
             deployment: key.deployment.clone(),
             host: key.host.clone(),
             project_id: key.project_id.clone(),

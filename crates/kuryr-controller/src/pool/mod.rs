@@ -405,7 +405,8 @@ impl PoolManager {
 
     /// Recovers every pooling driver from the Kubernetes API and Neutron.
     pub async fn recover(&self) -> Result<(), Error> {
-        let input = self.persister.load_recovery_input().await?;
+        let mut input = self.persister.load_recovery_input().await?;
+        recover::name_legacy_drivers(&self.pooled, &mut input).await?;
         for d in &self.pooled {
             let report = d.recover(&input).await?;
             self.ctx.metrics.pool_event("recovered", report.adopted as u64);

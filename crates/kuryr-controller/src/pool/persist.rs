@@ -232,6 +232,7 @@ impl Persister {
         .map_err(|e| Error::invalid(format!("pool {key}"), e.to_string()))?;
         // Named at creation; the pool tag on its ports must keep matching the object.
         obj.metadata.name = Some(pool.meta.name.clone());
+        obj.spec.vif_driver = Some(driver.vif().name().to_string());
         let subnet_id = key.subnet_id();
         let subnet = subnet_id.as_str();
         let mut status = KuryrPortPoolStatus {

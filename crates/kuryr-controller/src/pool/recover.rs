@@ -155,13 +155,79 @@ impl Networks<'_> {
     }
 }
 
+/// Names the VIF driver of pool objects written before kuryr-rs recorded it (`spec.vifDriver`),
+/// so that each driver recovers from its own objects only. A bare-metal object is the `neutron`
+/// pool's; a nested one is the only nested driver's, and with two (`multi_pool`: nested-vlan
+/// keys name a trunk, nested-macvlan ones a VM port) the one that knows its host. An object
+/// neither knows stays unnamed: no driver recovers it, the persister releases it and the orphan
+/// sweep deletes its ports, as when its node's pools are dropped.
+pub async fn name_legacy_drivers(
+    drivers: &[Arc<PoolDriver>],
+    input: &mut RecoveryInput,
+) -> Result<(), Error> {
+    let of_kind =
+        |kind: PoolKind| -> Vec<&Arc<PoolDriver>> { drivers.iter().filter(|d| d.kind() == kind).collect() };
+    let nested = of_kind(PoolKind::Nested);
+    let mut ask: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for p in input.pools.iter_mut().filter(|p| p.spec.vif_driver.is_none()) {
+        let kind = if p.spec.key.is_nested() {
+            PoolKind::Nested
+        } else {
+            PoolKind::Neutron
+        };
+        match of_kind(kind).as_slice() {
+            [only] => p.spec.vif_driver = Some(only.vif().name().to_string()),
+            [] => {}
+            _ => {
+                if let Some(host) = &p.spec.key.trunk_port_id {
+                    ask.entry(p.spec.key.deployment.clone())
+                        .or_default()
+                        .push(host.clone());
+                }
+            }
+        }
+    }
+    for (deployment, hosts) in ask {
+        // A deployment no longer configured: recovery skips its objects anyway.
+        if !nested
+            .iter()
+            .all(|d| d.options().deployments.names().any(|n| n == deployment))
+        {
+            continue;
+        }
+        let mut owner: HashMap<String, &'static str> = HashMap::new();
+        for d in &nested {
+            let dead: HashSet<String> = d
+                .vif()
+                .dead_hosts(&deployment, &hosts)
+                .await?
+                .into_iter()
+                .collect();
+            for h in hosts.iter().filter(|h| !dead.contains(*h)) {
+                owner.entry(h.clone()).or_insert(d.vif().name());
+            }
+        }
+        for p in input
+            .pools
+            .iter_mut()
+            .filter(|p| p.spec.vif_driver.is_none() && p.spec.key.deployment == deployment)
+        {
+            if let Some(d) = p.spec.key.trunk_port_id.as_ref().and_then(|h| owner.get(h)) {
+                p.spec.vif_driver = Some((*d).to_string());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Decides how `driver`'s pools looked before the restart, from `input` and Neutron.
 pub async fn recover(driver: &PoolDriver, input: &RecoveryInput) -> Result<Recovered, Error> {
     let nested = driver.kind() == PoolKind::Nested;
+    let mine = driver.vif().name();
     let objects: Vec<(&str, &KuryrPortPool, Key)> = input
         .pools
         .iter()
-        .filter(|p| p.spec.key.is_nested() == nested)
+        .filter(|p| p.spec.key.is_nested() == nested && p.spec.vif_driver.as_deref() == Some(mine))
         .filter_map(|p| Some((p.metadata.name.as_deref()?, p, key_of(p)?)))
         .collect();
     let by_name: HashMap<&str, (&KuryrPortPool, &Key)> =

@@ -58,6 +58,13 @@ use crate::names;
         description = "Ports released by pods, awaiting cleanup",
         json_path = ".status.recyclableCount"
     ),
+    printcolumn(
+        name = "VIF-Driver",
+        type_ = "string",
+        description = "Pod VIF driver whose ports the pool holds",
+        json_path = ".spec.vifDriver",
+        priority = 1
+    ),
     printcolumn(name = "Min", type_ = "integer", json_path = ".spec.min"),
     printcolumn(
         name = "Max",
@@ -80,6 +87,11 @@ pub struct KuryrPortPoolSpec {
     /// absent or 0 disables the TTL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_seconds: Option<u64>,
+    /// The pod VIF driver whose ports the pool holds (`neutron-vif`, `nested-vlan`,
+    /// `nested-macvlan`): `multi_pool` may run two nested drivers, whose keys look alike.
+    /// Absent in objects written before kuryr-rs recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vif_driver: Option<String>,
 }
 
 /// What makes ports interchangeable. Exactly one of `host` (bare metal) and `trunkPortId`
@@ -382,6 +394,7 @@ impl KuryrPortPool {
                 batch,
                 max,
                 ttl_seconds,
+                vif_driver: None,
             },
             status: None,
         })
