@@ -41,6 +41,8 @@ pub struct Platform {
     lb_waits: Arc<LbWaitsByDeployment>,
     /// This replica's leadership term (set while it leads).
     pub term: crate::leader::Term,
+    /// Ports' security group changes and releases, one per port at a time.
+    pub port_groups: Arc<crate::drivers::port_groups::PortGroups>,
 }
 
 impl Platform {
@@ -74,6 +76,7 @@ impl Platform {
             placement,
             lb_waits,
             term: crate::leader::Term::default(),
+            port_groups: Arc::default(),
         }
     }
 

@@ -1339,6 +1339,95 @@ async fn a_pooled_port_handed_to_a_selected_pod_carries_its_policy_group() -> Re
     Ok(())
 }
 
+/// A pod deleted while a policy pass writes its port's groups: the port goes back to its pool
+/// with the pool's groups, never the policy's (the next pod handed it would run under a policy
+/// that does not select it). Port updates are slowed down in the emulator, so that the pool's
+/// recycling saw the port before the policy's write landed, and returned it as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_port_released_during_a_policys_write_returns_to_its_pool_clean() -> Result<()> {
+    use kuryr_controller::pool::api;
+    use neutron_emulator::{FaultConfig, FaultRule};
+    init_logs();
+    for target in neutron_targets().await? {
+        let Some(emulator) = target.emulator() else {
+            eprintln!("{}: needs the emulator's slowed updates", target.name);
+            continue;
+        };
+        let kube = start_kube().await?;
+        let client = &target.client;
+        let fx = neutron_fixture(client, "10.78.0.0/24").await?;
+        let bed = PoolBed::new(
+            &kube,
+            &fx,
+            "ports_pool_batch = 2\nports_pool_min = 1\nports_pool_update_frequency = 1",
+        )
+        .await?;
+        let ini = bed.ini.replace(
+            "enabled_handlers = vif,kuryrport\n",
+            "enabled_handlers = vif,kuryrport,policy,kuryrnetworkpolicy,pod_label\n\
+             pod_security_groups_driver = policy\n",
+        );
+        let ctl = start_controller(&kube.client, &target, config(&ini), "np-release");
+        labelled_namespace(&kube.client, "r").await?;
+        pod(&kube.client, "r", "db", json!({"app": "db"}), None).await?;
+        let port = active_port(&kube.client, "r", "db").await?;
+        let updates = || {
+            emulator
+                .stats()
+                .operations
+                .get("port.update")
+                .copied()
+                .unwrap_or(0)
+        };
+        let before = updates();
+        let slow = Duration::from_secs(3);
+        emulator.set_faults(FaultConfig {
+            rules: vec![FaultRule::delay("port.update", slow)],
+            ..FaultConfig::default()
+        });
+        deny_db(&kube.client, "r").await?;
+        eventually("the policy's write of db's port under way", WAIT, || async {
+            Ok((updates() > before).then_some(()))
+        })
+        .await?;
+        Api::<Pod>::namespaced(kube.client.clone(), "r")
+            .delete("db", &DeleteParams::default())
+            .await?;
+        let kps: Api<KuryrPort> = Api::namespaced(kube.client.clone(), "r");
+        eventually("db's KuryrPort released", WAIT, || async {
+            Ok(kps.get_opt("db").await?.is_none().then_some(()))
+        })
+        .await?;
+        let pooled = || async {
+            for p in api::list_pools(&bed.socket).await? {
+                let shown = api::show_pool(&bed.socket, &p.name).await?;
+                if let Some(state) = shown.ports.iter().find(|x| x.port_id == port) {
+                    return Ok::<_, anyhow::Error>(Some(state.state.clone()));
+                }
+            }
+            Ok(None)
+        };
+        let defaults = set_of(vec![fx.sg.clone()]);
+        eventually("db's port available again on the pool's groups", WAIT, || async {
+            let groups = set_of(client.get_port(&port).await?.security_groups);
+            Ok((pooled().await?.as_deref() == Some("available") && groups == defaults).then_some(()))
+        })
+        .await?;
+        // Past any write still under way when it was returned.
+        tokio::time::sleep(slow + Duration::from_millis(500)).await;
+        assert_eq!(
+            set_of(client.get_port(&port).await?.security_groups),
+            defaults,
+            "{}: a pooled port on the pool's groups",
+            target.name
+        );
+        emulator.set_faults(FaultConfig::default());
+        ctl.shutdown().await?;
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}
+
 /// Ingress from the nodes stays open on isolated pods (kubelet probes): the policy's group admits
 /// the CIDR of each `[pod_vif_nested] worker_nodes_subnets` entry, as upstream's default rules do;
 /// a listed subnet no deployment has is left out with a warning, not a policy that never applies.

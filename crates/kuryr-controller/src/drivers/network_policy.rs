@@ -95,7 +95,8 @@ pub struct NetworkPolicyDriver {
     /// The port pools, keyed by sets of groups: a deleted group's pools go with it.
     pools: Option<Arc<PoolManager>>,
     /// Ports' group changes, one per port at a time; a group is deleted once none naming it runs.
-    port_groups: PortGroups,
+    /// Shared with the releases of ports ([`Self::with_port_groups`]).
+    port_groups: Arc<PortGroups>,
     /// Policies whose reconcile failed for a reason only their owner or an operator can mend
     /// (a quota, a deployment no longer configured), by uid, and until when the pod and
     /// namespace events leave them to their own handler's retries.
@@ -128,7 +129,7 @@ impl NetworkPolicyDriver {
             tracker: Mutex::default(),
             locks: KeyedLocks::default(),
             pools: None,
-            port_groups: PortGroups::default(),
+            port_groups: Arc::default(),
             held: std::sync::Mutex::default(),
         }
     }
@@ -146,6 +147,12 @@ impl NetworkPolicyDriver {
     /// The port pools whose keys hold this driver's groups (see [`NetworkPolicyDriver::release`]).
     pub fn with_pools(mut self, pools: Option<Arc<PoolManager>>) -> Self {
         self.pools = pools;
+        self
+    }
+
+    /// The controller's turns of ports' group changes, which releases of ports also wait for.
+    pub fn with_port_groups(mut self, port_groups: Arc<PortGroups>) -> Self {
+        self.port_groups = port_groups;
         self
     }
 
@@ -1149,9 +1156,10 @@ impl NetworkPolicyDriver {
 
     /// Puts each wanted port on its groups: the ports of a deployment are read in lists, and
     /// those that differ changed in their turn (read again there: the list may be older than a
-    /// change made since), once their KuryrPort is read again and still holds them: a pod
-    /// deleted since the listing has its port released, maybe back in a pool, where the groups
-    /// of the pod it served must not follow it. A port that is gone is no change.
+    /// change made since), once their KuryrPort, read again in that turn, still holds them: a
+    /// pod deleted since the listing has its port released, maybe back in a pool, where the
+    /// groups of the pod it served must not follow it (the release waits for the turn). A port
+    /// that is gone is no change.
     async fn put_on_groups(&self, wanted: Vec<Wanted>) -> Result<usize, Error> {
         let mut by_deployment: BTreeMap<String, Vec<Wanted>> = BTreeMap::new();
         for w in wanted {
@@ -1193,26 +1201,17 @@ impl NetworkPolicyDriver {
                 if have.get(&id).is_none_or(|groups| *groups == want) {
                     continue;
                 }
-                let holder = match Api::<KuryrPort>::namespaced(self.kube.clone(), &ns)
-                    .get_opt(&name)
-                    .await
-                {
-                    Ok(kp) => kp,
-                    Err(e) => {
-                        errors.push(e.into());
-                        continue;
-                    }
+                let kps = Api::<KuryrPort>::namespaced(self.kube.clone(), &ns);
+                let still_held = || async {
+                    let holder = kps.get_opt(&name).await?;
+                    Ok(holder.is_some_and(|kp| {
+                        kp.metadata.deletion_timestamp.is_none()
+                            && default_ports(&kp).values().flatten().any(|p| *p == id)
+                    }))
                 };
-                let still_held = holder.is_some_and(|kp| {
-                    kp.metadata.deletion_timestamp.is_none()
-                        && default_ports(&kp).values().flatten().any(|p| *p == id)
-                });
-                if !still_held {
-                    continue;
-                }
                 let written = self
                     .port_groups
-                    .change(&client, &id, |port| {
+                    .change_if(&client, &id, still_held, |port| {
                         let mut now = port.security_groups.clone();
                         now.sort();
                         if now == want {

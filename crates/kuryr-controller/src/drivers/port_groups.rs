@@ -8,6 +8,12 @@
 //! the old OVN port group (its traffic still follows a deleted policy). The `pod_label` handler
 //! and a policy's release both change ports' groups, so they meet here.
 //!
+//! A pod's port released to a pool meets them too: a group written for the pod after the pool
+//! took the port back would go with the port to the next pod. The release waits for the port's
+//! turn ([`PortGroups::after_changes`]), and a policy's change asks in the turn whether the pod
+//! still holds the port ([`PortGroups::change_if`]). One set of turns serves the controller
+//! (`Platform::port_groups`).
+//!
 //! Guarantees: callers of [`PortGroups::change`] for the same port run one after the other, each
 //! reading the port under the turn it holds; [`PortGroups::settled`] returns once no change whose
 //! old or new groups contain the group is running (changes that start later read the port after
@@ -52,12 +58,42 @@ impl PortGroups {
         id: &str,
         decide: impl FnOnce(&Port) -> Change,
     ) -> Result<bool, Error> {
+        self.change_if(client, id, || async { Ok(true) }, decide).await
+    }
+
+    /// [`Self::change`] when `still` - asked in the port's turn, before the port is read - says
+    /// the change still applies (its pod still holds the port): a release that waited for the
+    /// turn ([`Self::after_changes`]) is then either before the question, which sees it, or
+    /// after the write, which a pool's recycling then undoes.
+    pub async fn change_if<F, Fut>(
+        &self,
+        client: &NeutronClient,
+        id: &str,
+        still: F,
+        decide: impl FnOnce(&Port) -> Change,
+    ) -> Result<bool, Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<bool, Error>>,
+    {
         let turn = self.enter(id);
         let guard = turn.lock().await;
-        let result = self.change_in_turn(client, id, decide).await;
+        let result = match still().await {
+            Ok(true) => self.change_in_turn(client, id, decide).await,
+            other => other.map(|_| false),
+        };
         drop(guard);
         self.leave(id);
         result
+    }
+
+    /// Waits until every change of port `id` running or waiting now has finished: a port
+    /// released to a pool (or deleted, or given back its pre-created attributes) waits for them,
+    /// so that no group written for the pod it served lands after the release.
+    pub async fn after_changes(&self, id: &str) {
+        let turn = self.enter(id);
+        drop(turn.lock().await);
+        self.leave(id);
     }
 
     async fn change_in_turn(
@@ -177,6 +213,27 @@ mod tests {
             .expect("settled once the last change was written")
             .expect("waiter task");
         pg.settled("h").await;
+    }
+
+    #[tokio::test]
+    async fn a_release_waits_for_the_change_of_its_port_in_flight() {
+        let pg = Arc::new(PortGroups::default());
+        let first = pg.enter("p");
+        let guard = first.lock().await;
+        let release = {
+            let pg = pg.clone();
+            tokio::spawn(async move { pg.after_changes("p").await })
+        };
+        pg.after_changes("other").await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!release.is_finished(), "the release waits for the change of p");
+        drop(guard);
+        pg.leave("p");
+        tokio::time::timeout(Duration::from_secs(5), release)
+            .await
+            .expect("released once the change finished")
+            .expect("release task");
+        assert_eq!(pg.ports_tracked(), 0);
     }
 
     #[tokio::test]

@@ -82,6 +82,7 @@ impl Drivers {
                     .unwrap_or_else(|e| Arc::new(UnsetProject(e.to_string()))),
             )
             .with_pools(pools.clone())
+            .with_port_groups(ctx.port_groups.clone())
             .with_placement(ctx.placement.clone()),
         );
         let namespace = || {

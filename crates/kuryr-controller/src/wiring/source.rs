@@ -252,6 +252,8 @@ impl VifSource for DriverSource<'_> {
                 "OpenStack deployment no longer configured: port left in it");
             return Ok(());
         }
+        // A group change for this pod under way (a policy pass) lands before the port goes.
+        self.ctx.port_groups.after_changes(r.vif.id()).await;
         match r.release_mode() {
             ReleaseMode::Pool => {
                 let ns = kube::ResourceExt::namespace(self.kp).unwrap_or_default();
