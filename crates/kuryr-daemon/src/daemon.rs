@@ -295,6 +295,11 @@ impl Daemon {
                 "pod {key} ({uid}) was deleted"
             ))));
         }
+        if uid.is_none() && self.registry.pods_awaited() {
+            // No UID from the runtime, and the pod watch has not listed this node's pods yet:
+            // the KuryrPort under the name may be a deleted pod's.
+            return Wait::Pending;
+        }
         let Some(e) = entry else { return Wait::Pending };
         if let (Some(gone), Some(uid)) = (&e.gone_uid, uid)
             && gone == uid
@@ -308,6 +313,10 @@ impl Daemon {
             ))));
         }
         match &e.kuryrport {
+            // A deleted pod's KuryrPort (its finalizer still running) never serves an ADD, also
+            // one that knows no UID to compare: the pod made again under the name gets its own.
+            Some(kp) if e.gone_uid.as_deref() == Some(kp.spec.pod_uid.as_str()) => Wait::Pending,
+            Some(kp) if self.registry.is_gone(key, &kp.spec.pod_uid) => Wait::Pending,
             Some(kp) if Self::uid_matches(kp, uid) => match ready(kp) {
                 Some(t) => Wait::Ready(Ok(t)),
                 None => Wait::Pending,

@@ -165,6 +165,7 @@ pub async fn track_pods<E: std::fmt::Display>(
     registry: &Registry,
 ) {
     let mut tracker = PodTracker::default();
+    registry.pod_watch_started();
     while let Some(ev) = stream.next().await {
         match ev {
             Ok(ev) => tracker.on_event(ev, registry),

@@ -98,6 +98,9 @@ pub struct Registry {
     /// The UID under each pod name of this node, as the pod watch last saw it: an ADD whose runtime
     /// passes no `K8S_POD_UID` (cri-dockerd, older containerd and CRI-O) is checked against it.
     pods: Mutex<HashMap<PodKey, String>>,
+    /// A pod watch feeds `pods` but has not listed them yet (a daemon just started): an ADD
+    /// without `K8S_POD_UID` cannot be told from a re-created pod's until it has.
+    pods_awaited: std::sync::atomic::AtomicBool,
     version: watch::Sender<u64>,
 }
 
@@ -195,6 +198,20 @@ impl Registry {
             .any(|(k, u)| k == key && u == uid)
     }
 
+    /// A pod watch starts feeding this registry; [`Self::pods_listed`] ends the wait for its first
+    /// listing.
+    pub fn pod_watch_started(&self) {
+        if self.pods.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+            self.pods_awaited
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    /// Whether a pod watch runs that has not listed this node's pods yet.
+    pub fn pods_awaited(&self) -> bool {
+        self.pods_awaited.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// The UID of the pod named `key` as the pod watch last saw it.
     pub fn pod_uid(&self, key: &PodKey) -> Option<String> {
         self.pods
@@ -231,6 +248,8 @@ impl Registry {
                 self.pod_deleted(key, uid);
             }
         }
+        self.pods_awaited
+            .store(false, std::sync::atomic::Ordering::Release);
         self.bump();
     }
 

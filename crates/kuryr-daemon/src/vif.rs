@@ -131,20 +131,15 @@ pub fn cni_result(specs: &[PlugSpec], netns: &str, dns: &[IpAddr]) -> Value {
         interfaces.push(iface);
         for addr in &spec.addresses {
             let mut ip = json!({"address": addr.to_string(), "interface": i});
-            if let Some(gw) = spec.gateways.iter().find(|g| addr.contains(**g)) {
+            if let Some(gw) = spec.gateway_of(addr) {
                 ip["gateway"] = json!(gw.to_string());
             }
             ips.push(ip);
         }
         if spec.is_default {
-            let (mut v4, mut v6) = (false, false);
-            for gw in &spec.gateways {
-                let done = if gw.is_ipv4() { &mut v4 } else { &mut v6 };
-                if !*done && spec.addresses.iter().any(|a| a.contains(*gw)) {
-                    let dst = if gw.is_ipv4() { "0.0.0.0/0" } else { "::/0" };
-                    routes.push(json!({"dst": dst, "gw": gw.to_string()}));
-                    *done = true;
-                }
+            for gw in spec.default_gateways() {
+                let dst = if gw.is_ipv4() { "0.0.0.0/0" } else { "::/0" };
+                routes.push(json!({"dst": dst, "gw": gw.to_string()}));
             }
         }
         for r in &spec.routes {

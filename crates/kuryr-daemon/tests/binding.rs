@@ -302,3 +302,43 @@ async fn sriov_without_a_usable_vf_fails_naming_physnet_and_pfs() {
         .await
         .unwrap();
 }
+
+/// A pod namespace made with IPv6 off (Docker does so for `--net=none`) still gets its IPv6
+/// address (adding one failed with EACCES), and a subnet whose gateway is IPv6 link-local
+/// (Neutron allows it) gets its default route through it (it was left out as off-link).
+#[tokio::test]
+async fn ipv6_is_enabled_in_the_pod_and_a_link_local_gateway_is_its_default_route() {
+    if !can_netns() {
+        return;
+    }
+    let br = unique("kbb");
+    let _br = HostLink(br.clone());
+    let p = TestNetns::new("kp6");
+    let tap = unique("ktp");
+    let _t = HostLink(tap.clone());
+    for conf in ["all", "default"] {
+        p.exec_ok(&["sysctl", "-qw", &format!("net.ipv6.conf.{conf}.disable_ipv6=1")]);
+    }
+    let ns = NetNs::open(&p.path()).unwrap();
+    let target = PlugTarget::new(&ns, "uid-6");
+    let drivers = BindingDrivers::new(&BindingConfig::default());
+    let kind = PlugKind::Bridge { bridge: br.clone() };
+    let s = spec(
+        "eth0",
+        &tap,
+        "fa:16:3e:00:06:0a",
+        &["10.95.0.10/24", "fd00:95::a/64"],
+        &["10.95.0.1", "fe80::1"],
+        kind.clone(),
+    );
+    let d = drivers.for_kind(&kind);
+    d.setup(&s, &target).await.unwrap();
+    d.check(&s, &target).await.unwrap();
+    let a6 = p.exec_ok(&["ip", "-6", "addr", "show", "dev", "eth0"]);
+    assert!(a6.contains("fd00:95::a/64"), "{a6}");
+    let r6 = p.exec_ok(&["ip", "-6", "route"]);
+    assert!(r6.contains("default via fe80::1 dev eth0"), "{r6}");
+    let r4 = p.exec_ok(&["ip", "-4", "route"]);
+    assert!(r4.contains("default via 10.95.0.1 dev eth0"), "{r4}");
+    d.teardown(&s, &target).await.unwrap();
+}

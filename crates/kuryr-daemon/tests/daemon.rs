@@ -58,6 +58,12 @@ struct Recreated {
 impl Recreated {
     /// `name`'s old pod `u-old` on 10.<net>.0.5, its new one `u-new` on .6.
     fn new(name: &str, net: u8) -> Self {
+        Self::with_pod_watch(name, net, true)
+    }
+
+    /// [`Self::new`], the pod watch having listed the old pod (`listed`) or started and not
+    /// listed anything yet (a daemon just started).
+    fn with_pod_watch(name: &str, net: u8, listed: bool) -> Self {
         use kube::runtime::watcher::Event as WEvent;
         let br = unique("kdr");
         let ns = TestNetns::new("kdr");
@@ -73,12 +79,15 @@ impl Recreated {
         ];
         let d = event_driven_daemon();
         let mut pods = kuryr_daemon::kube::PodTracker::default();
-        for ev in [
-            WEvent::Init,
-            WEvent::InitApply(watched_pod(name, "u-old")),
-            WEvent::InitDone,
-        ] {
-            pods.on_event(ev, &d.registry);
+        d.registry.pod_watch_started();
+        if listed {
+            for ev in [
+                WEvent::Init,
+                WEvent::InitApply(watched_pod(name, "u-old")),
+                WEvent::InitDone,
+            ] {
+                pods.on_event(ev, &d.registry);
+            }
         }
         d.registry.apply_kuryrport(kuryrport(
             "default",
@@ -532,6 +541,87 @@ async fn an_add_without_a_pod_uid_is_checked_against_the_pod_watch() {
     .to_string()
     .into_bytes();
     r.add_waits_for_the_new_kuryrport("db-1", no_uid.clone()).await;
+    r.d.del(&no_uid).await.unwrap();
+}
+
+fn add_without_uid(pod: &str, container: &str, netns: &str) -> Vec<u8> {
+    json!({"CNI_IFNAME": "eth0", "CNI_NETNS": netns, "CNI_CONTAINERID": container,
+        "CNI_COMMAND": "ADD", "CNI_ARGS": format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod}"), "config_kuryr": {}})
+    .to_string()
+    .into_bytes()
+}
+
+/// The same runtime, the pod watch between the old pod's deletion and the new pod: no UID is
+/// known under the name, and an update of the old pod's KuryrPort (its finalizer being released)
+/// comes after the deletion. The ADD waits for the new pod's KuryrPort; it plugged the old pod's
+/// port, which the controller was handing back to a pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_add_without_a_pod_uid_never_takes_a_deleted_pods_kuryrport() {
+    if !can_netns() {
+        return;
+    }
+    use kube::runtime::watcher::Event as WEvent;
+    let mut r = Recreated::new("db-2", 88);
+    r.pods
+        .on_event(WEvent::Delete(watched_pod("db-2", "u-old")), &r.d.registry);
+    r.d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "db-2",
+        "u-old",
+        "n1",
+        std::slice::from_ref(&r.old),
+    ));
+    let no_uid = add_without_uid("db-2", "c-n", &r.ns.path());
+    r.add_waits_for_the_new_kuryrport("db-2", no_uid.clone()).await;
+    r.d.del(&no_uid).await.unwrap();
+}
+
+/// The same runtime right after the daemon started: its pod watch has not listed the node's
+/// pods, so the KuryrPort under the name may be a deleted pod's. The ADD waits for the listing,
+/// then for the KuryrPort of the pod it shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_add_without_a_pod_uid_waits_for_the_pod_watchs_first_listing() {
+    if !can_netns() {
+        return;
+    }
+    use kube::runtime::watcher::Event as WEvent;
+    let mut r = Recreated::with_pod_watch("db-3", 89, false);
+    let no_uid = add_without_uid("db-3", "c-n", &r.ns.path());
+    let add = tokio::spawn({
+        let (d, body) = (r.d.clone(), no_uid.clone());
+        async move { d.add(&body).await }
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!add.is_finished(), "ADD waits for the pod watch's first listing");
+    assert!(
+        !host_ok(&["ip", "-o", "link"]).contains(&r.old_tap),
+        "the old pod's VIF must not be plugged"
+    );
+    for ev in [
+        WEvent::Init,
+        WEvent::InitApply(watched_pod("db-3", "u-new")),
+        WEvent::InitDone,
+    ] {
+        r.pods.on_event(ev, &r.d.registry);
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        !add.is_finished(),
+        "the KuryrPort is another pod's than the listed one"
+    );
+    r.d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "db-3",
+        "u-new",
+        "n1",
+        std::slice::from_ref(&r.new),
+    ));
+    let res = add.await.unwrap().unwrap();
+    assert_eq!(
+        res.vif["versioned_object.data"]["address"],
+        r.new.mac.as_str(),
+        "the new pod's VIF"
+    );
     r.d.del(&no_uid).await.unwrap();
 }
 

@@ -25,6 +25,9 @@ pub fn link_settings(link: &Link, spec: &PlugSpec) -> LinkSettings<'static> {
 pub async fn configure(pod: &Netlink, link: &Link, spec: &PlugSpec) -> Result<(), BindingError> {
     let index = link.index;
     pod.configure_link(index, &link_settings(link, spec)).await?;
+    if spec.addresses.iter().any(|a| a.addr.is_ipv6()) {
+        pod.enable_ipv6().await?;
+    }
     for addr in &spec.addresses {
         pod.add_address(index, *addr).await?;
     }
@@ -37,25 +40,13 @@ pub async fn configure(pod: &Netlink, link: &Link, spec: &PlugSpec) -> Result<()
         .await?;
     }
     if spec.is_default {
-        let mut v4_done = false;
-        let mut v6_done = false;
-        for gw in &spec.gateways {
-            let done = if gw.is_ipv4() { &mut v4_done } else { &mut v6_done };
-            if *done {
-                continue;
-            }
-            // The gateway must be on-link through one of our subnets; one that
-            // is not would make the kernel reject the route with ENETUNREACH.
-            if !spec.addresses.iter().any(|a| a.contains(*gw)) {
-                continue;
-            }
+        for gw in spec.default_gateways() {
             pod.add_route(&Route {
                 destination: None,
-                gateway: Some(*gw),
+                gateway: Some(gw),
                 oif: index,
             })
             .await?;
-            *done = true;
         }
     }
     Ok(())

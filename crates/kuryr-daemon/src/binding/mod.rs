@@ -50,6 +50,37 @@ pub struct PlugSpec {
     pub kind: PlugKind,
 }
 
+impl PlugSpec {
+    /// The gateway of `addr`'s subnet: one inside it, or, for an IPv6 address, an IPv6
+    /// link-local one (Neutron allows them, and they are always on-link).
+    pub fn gateway_of(&self, addr: &IpPrefix) -> Option<IpAddr> {
+        let inside = self.gateways.iter().copied().find(|g| addr.contains(*g));
+        inside.or_else(|| {
+            addr.addr
+                .is_ipv6()
+                .then(|| self.gateways.iter().copied().find(|g| is_link_local_v6(*g)))
+                .flatten()
+        })
+    }
+
+    /// The gateways of the default routes: the first of each family that serves one of the
+    /// addresses (a gateway off every subnet would be refused by the kernel, ENETUNREACH).
+    pub fn default_gateways(&self) -> Vec<IpAddr> {
+        let mut out: Vec<IpAddr> = Vec::new();
+        for gw in &self.gateways {
+            let on_link = self.addresses.iter().any(|a| self.gateway_of(a) == Some(*gw));
+            if on_link && !out.iter().any(|o| o.is_ipv4() == gw.is_ipv4()) {
+                out.push(*gw);
+            }
+        }
+        out
+    }
+}
+
+fn is_link_local_v6(ip: IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SubnetRoute {
     pub destination: IpPrefix,

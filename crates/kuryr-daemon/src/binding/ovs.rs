@@ -331,28 +331,16 @@ pub fn is_userspace_datapath(datapath_type: &str) -> bool {
 /// the pod end so the pod's kernel computes it (what `ethtool -K <if> tx off`
 /// does).
 pub async fn disable_tx_checksum(netns: &NetNs, ifname: &str) -> Result<(), BindingError> {
-    let fd = netns.try_clone()?;
-    let path = netns.path().to_string();
     let name = ifname.to_string();
-    let fail = |message: String| BindingError::Ovs {
-        args: format!("(ethtool) {name} tx-checksumming off in {path}"),
-        message,
-    };
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let (t_path, t_name) = (path.clone(), name.clone());
-    std::thread::Builder::new()
-        .name("kuryr-ethtool".into())
-        .spawn(move || {
-            let r = nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET)
-                .map_err(|e| format!("enter netns {t_path}: {e}"))
-                .and_then(|()| ethtool_set_tx_csum(&t_name, false).map_err(|e| e.to_string()));
-            let _ = tx.send(r);
-            // The thread ends here, so its namespace change dies with it.
+    netns
+        .run_in("ethtool: tx-checksumming off", move || {
+            ethtool_set_tx_csum(&name, false)
         })
-        .map_err(|e| fail(e.to_string()))?;
-    rx.await
-        .map_err(|_| fail("ethtool thread exited without an answer".into()))?
-        .map_err(fail)
+        .await
+        .map_err(|e| BindingError::Ovs {
+            args: format!("(ethtool) {ifname} tx-checksumming off in {}", netns.path()),
+            message: e.to_string(),
+        })
 }
 
 /// `SIOCETHTOOL` / `ETHTOOL_STXCSUM` on the calling thread's namespace.

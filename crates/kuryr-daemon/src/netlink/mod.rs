@@ -352,6 +352,8 @@ pub fn validate_ifname(name: &str) -> Result<()> {
 pub struct Netlink {
     handle: rtnetlink::Handle,
     connection: JoinHandle<()>,
+    /// The namespace of a handle opened with [`Netlink::in_netns`].
+    netns: Option<NetNs>,
 }
 
 impl Drop for Netlink {
@@ -373,49 +375,49 @@ impl Netlink {
         Ok(Self {
             handle,
             connection: tokio::spawn(conn),
+            netns: None,
         })
     }
 
     /// A handle on the namespace `ns`. The socket is created on a dedicated OS
     /// thread that entered `ns`; requests then run on the current runtime.
     pub async fn in_netns(ns: &NetNs) -> Result<Self> {
-        let fd = ns.try_clone()?;
         let runtime = tokio::runtime::Handle::current();
-        let path = ns.path().to_string();
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        std::thread::Builder::new()
-            .name("kuryr-netns".into())
-            .spawn(move || {
-                let result = (|| {
-                    nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
-                        NetlinkError::Netns {
-                            path: path.clone(),
-                            source: std::io::Error::from_raw_os_error(e as i32),
-                        }
-                    })?;
-                    // The socket's I/O registration needs a reactor; the
-                    // socket itself is created here, inside `ns`.
-                    let _guard = runtime.enter();
-                    rtnetlink::new_connection().map_err(|source| NetlinkError::Netns {
-                        path: path.clone(),
-                        source,
-                    })
-                })();
-                let _ = tx.send(result);
-                // The thread ends here, so its namespace change dies with it.
+        let (conn, handle, _) = ns
+            .run_in("open a netlink socket", move || {
+                // The socket's I/O registration needs a reactor; the socket itself is
+                // created here, inside `ns`.
+                let _guard = runtime.enter();
+                rtnetlink::new_connection()
             })
-            .map_err(|source| NetlinkError::Netns {
-                path: ns.path().to_string(),
-                source,
-            })?;
-        let (conn, handle, _) = rx.await.map_err(|_| NetlinkError::Protocol {
-            op: format!("enter netns {}", ns.path()),
-            message: "namespace thread exited without an answer".into(),
-        })??;
+            .await?;
         Ok(Self {
             handle,
             connection: tokio::spawn(conn),
+            netns: Some(ns.duplicate()?),
         })
+    }
+
+    /// Lets the interfaces of this handle's namespace take IPv6 addresses: a runtime may make a
+    /// pod's namespace with IPv6 off (Docker does for `--net=none`), and adding an address then
+    /// fails with EACCES. The daemon's own namespace is left as the node has it.
+    pub async fn enable_ipv6(&self) -> Result<()> {
+        let Some(ns) = &self.netns else {
+            return Ok(());
+        };
+        ns.run_in(
+            "enable IPv6 (net.ipv6.conf.{all,default}.disable_ipv6 = 0)",
+            || {
+                for conf in ["all", "default"] {
+                    let path = format!("/proc/sys/net/ipv6/conf/{conf}/disable_ipv6");
+                    if std::fs::read_to_string(&path)?.trim() != "0" {
+                        std::fs::write(&path, "0")?;
+                    }
+                }
+                Ok(())
+            },
+        )
+        .await
     }
 
     pub async fn list_links(&self) -> Result<Vec<Link>> {

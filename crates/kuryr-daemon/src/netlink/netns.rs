@@ -65,6 +65,43 @@ impl NetNs {
             })
     }
 
+    /// Another handle on the same namespace.
+    pub fn duplicate(&self) -> Result<Self> {
+        Ok(Self {
+            file: File::from(self.try_clone()?),
+            path: self.path.clone(),
+        })
+    }
+
+    /// Runs `f` on a thread of its own that entered this namespace (what the calling thread's
+    /// namespace decides: a netlink socket, an ioctl, `/proc/sys/net`); the thread ends with it,
+    /// so its namespace change dies with it. `what` names `f` in its error.
+    pub async fn run_in<T, F>(&self, what: &'static str, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> std::io::Result<T> + Send + 'static,
+    {
+        let fd = self.try_clone()?;
+        let path = self.path.clone();
+        let fail = move |source: std::io::Error| NetlinkError::Netns {
+            path: path.clone(),
+            source: std::io::Error::new(source.kind(), format!("{what}: {source}")),
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("kuryr-netns".into())
+            .spawn(move || {
+                let r = nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
+                    .and_then(|()| f());
+                let _ = tx.send(r);
+            })
+            .map_err(&fail)?;
+        rx.await
+            .map_err(|_| fail(std::io::Error::other("thread exited without an answer")))?
+            .map_err(fail)
+    }
+
     /// Inode identity, to tell whether two paths name the same namespace.
     pub fn inode(&self) -> Result<(u64, u64)> {
         use std::os::unix::fs::MetadataExt;
