@@ -1508,12 +1508,22 @@ async fn a_load_balancer_service_gets_a_floating_ip_on_its_vip_port() -> Result<
     Ok(())
 }
 
-/// A released public IP is never left advertised in the Service's `status.loadBalancer.ingress`:
-/// not when its replacement (a `loadBalancerIP` that does not exist) cannot be had, and not when the
-/// Service stays but stops being a load balancer (made NodePort): the address goes back to the
-/// external pool, where it may soon be another tenant's.
+/// Waits until Service `name` advertises exactly `ip` in its `status.loadBalancer.ingress`.
+async fn advertised(kube: &Client, ns: &str, name: &str, ip: &str) -> Result<()> {
+    let want = vec![ip.to_string()];
+    eventually(&format!("{name}: ingress {ip}"), WAIT, || async {
+        Ok((ingress(kube, ns, name).await? == want).then_some(()))
+    })
+    .await
+}
+
+/// A Service keeps its public IP until a replacement is had: a `loadBalancerIP` naming no floating
+/// IP is a Warning Event naming the field, and the address stays the Service's and advertised (it
+/// was released first, back to the external pool, where it may soon be another tenant's); the
+/// Service's own address pinned by `loadBalancerIP` stays, the same floating IP. A released public
+/// IP is never left advertised: the Service made NodePort loses it from its ingress.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_released_public_ip_leaves_the_service_ingress() -> Result<()> {
+async fn a_public_ip_stays_until_replaced_and_a_released_one_leaves_the_ingress() -> Result<()> {
     init_logs();
     let ns = unique("lbgone");
     let bed = Bed::new(&ns).await?;
@@ -1525,31 +1535,67 @@ async fn a_released_public_ip_leaves_the_service_ingress() -> Result<()> {
     let extra = format!("[neutron_defaults]\nexternal_svc_net = {}\n", ext.network);
     let _ctrl = bed.controller(&ext.octavia, &extra, "svc-lbgone");
     let svcs = Api::<Service>::namespaced(kube.clone(), &ns);
-    for (name, change) in [
-        ("swap", json!({"spec": {"loadBalancerIP": "172.24.4.99"}})),
-        ("port", json!({"spec": {"type": "NodePort"}})),
-    ] {
-        let (_, info) = public_ip(kube, &ns, name).await?;
-        let want = vec![info.ip_addr.clone()];
-        eventually(&format!("{name}: ingress"), WAIT, || async {
-            Ok((ingress(kube, &ns, name).await? == want).then_some(()))
-        })
-        .await?;
-        svcs.patch(name, &PatchParams::default(), &Patch::Merge(&change))
-            .await?;
-        eventually(
-            &format!("{name}: released and no longer advertised"),
-            WAIT,
-            || async {
-                let gone = n
-                    .get_floatingip(&info.ip_id)
-                    .await
-                    .is_err_and(|e| e.is_not_found());
-                Ok((gone && ingress(kube, &ns, name).await?.is_empty()).then_some(()))
-            },
-        )
-        .await?;
-    }
+
+    let (st, info) = public_ip(kube, &ns, "swap").await?;
+    let vip_port = st.loadbalancer.map(|l| l.port_id).unwrap_or_default();
+    advertised(kube, &ns, "swap", &info.ip_addr).await?;
+    let lb_ip = |ip: &str| json!({"spec": {"loadBalancerIP": ip}});
+    svcs.patch(
+        "swap",
+        &PatchParams::default(),
+        &Patch::Merge(&lb_ip("172.24.4.99")),
+    )
+    .await?;
+    let note = warning_note(kube, &ns, "swap", None).await?;
+    assert!(
+        note.contains("loadBalancerIP") && note.contains("172.24.4.99"),
+        "{note}"
+    );
+    let fip = n.get_floatingip(&info.ip_id).await?;
+    assert_eq!(
+        fip.port_id.as_deref(),
+        Some(vip_port.as_str()),
+        "still on the VIP: {fip:?}"
+    );
+    assert_eq!(public_ip(kube, &ns, "swap").await?.1, info);
+    advertised(kube, &ns, "swap", &info.ip_addr).await?;
+    // Its own address pinned: nothing changes, and nothing is warned of any more.
+    svcs.patch(
+        "swap",
+        &PatchParams::default(),
+        &Patch::Merge(&lb_ip(&info.ip_addr)),
+    )
+    .await?;
+    let klbs = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns);
+    eventually("the pinned address in the KuryrLoadBalancer", WAIT, || async {
+        Ok((klbs.get("swap").await?.spec.lb_ip.as_deref() == Some(info.ip_addr.as_str())).then_some(()))
+    })
+    .await?;
+    let warned = warnings(kube, &ns, "swap").await?.len();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(public_ip(kube, &ns, "swap").await?.1, info);
+    assert_eq!(
+        n.get_floatingip(&info.ip_id).await?.port_id.as_deref(),
+        Some(vip_port.as_str())
+    );
+    assert_eq!(warnings(kube, &ns, "swap").await?.len(), warned, "no new warning");
+
+    let (_, info) = public_ip(kube, &ns, "port").await?;
+    advertised(kube, &ns, "port", &info.ip_addr).await?;
+    svcs.patch(
+        "port",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"type": "NodePort"}})),
+    )
+    .await?;
+    eventually("port: released and no longer advertised", WAIT, || async {
+        let gone = n
+            .get_floatingip(&info.ip_id)
+            .await
+            .is_err_and(|e| e.is_not_found());
+        Ok((gone && ingress(kube, &ns, "port").await?.is_empty()).then_some(()))
+    })
+    .await?;
     Ok(())
 }
 

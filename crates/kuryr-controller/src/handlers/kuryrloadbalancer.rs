@@ -334,13 +334,19 @@ impl KuryrLoadBalancerHandler {
                 return Ok(());
             }
             public_ip::Step::Release(old) => {
-                self.public_ips(klb, deployment)?.release(&old).await?;
+                let vip_port = status.loadbalancer.as_ref().map(|lb| lb.port_id.as_str());
+                self.public_ips(klb, deployment)?.release(&old, vip_port).await?;
                 status.service_pub_ip_info = None;
                 return Ok(());
             }
             public_ip::Step::Acquire(want) => want,
             public_ip::Step::Replace { old, new } => {
-                self.public_ips(klb, deployment)?.release(&old).await?;
+                let ips = self.public_ips(klb, deployment)?;
+                let vip_port = status.loadbalancer.as_ref().map(|lb| lb.port_id.as_str());
+                // The new one is looked up before the old one goes: a loadBalancerIP that names
+                // no free floating IP is an error on the Service, which keeps its address.
+                ips.check_wanted(&new, vip_port.unwrap_or_default()).await?;
+                ips.release(&old, vip_port).await?;
                 status.service_pub_ip_info = None;
                 new
             }
@@ -715,7 +721,12 @@ impl KuryrLoadBalancerHandler {
         let ips = self.public_ips(klb, &deployment)?;
         let recorded_ip = klb.status.as_ref().and_then(|s| s.service_pub_ip_info.as_ref());
         if let Some(info) = recorded_ip {
-            ips.release(info).await?;
+            let vip_port = klb
+                .status
+                .as_ref()
+                .and_then(|s| s.loadbalancer.as_ref())
+                .map(|lb| lb.port_id.as_str());
+            ips.release(info, vip_port).await?;
         }
         let had_ip = ips.release_own().await? > 0 || recorded_ip.is_some();
         // A Service that stays (made NodePort or ExternalName) no longer has that address. Only

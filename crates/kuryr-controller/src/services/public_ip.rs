@@ -57,7 +57,9 @@ pub fn decide(spec_type: Option<&str>, lb_ip: Option<&str>, recorded: Option<&Lb
         Some(r) => {
             let same = match &want {
                 Want::Pool => r.alloc_method == ALLOC_POOL,
-                Want::User(ip) => r.alloc_method == ALLOC_USER && r.ip_addr == *ip,
+                // The address the Service already has, pinned by `loadBalancerIP` (as users do
+                // to keep it): kept, still the Service's own, deleted with it.
+                Want::User(ip) => r.ip_addr == *ip,
             };
             if same {
                 Step::Nothing
@@ -116,10 +118,16 @@ impl PublicIps<'_> {
         }
     }
 
-    async fn acquire_user(&self, ip: &str, vip_port: &str) -> Result<LbPubIpInfo, Error> {
+    /// What must hold before the public IP recorded now is let go for `want`: a user's floating
+    /// IP must exist and be free (or on `vip_port` already), so that a typo in
+    /// `loadBalancerIP` costs the Service nothing. Returns the floating IP found.
+    pub async fn check_wanted(&self, want: &Want, vip_port: &str) -> Result<Option<FloatingIp>, Error> {
+        let Want::User(ip) = want else {
+            return Ok(None);
+        };
         let found = self
             .neutron
-            .list_floatingips(&ListFilter::new().eq("floating_ip_address", ip))
+            .list_floatingips(&ListFilter::new().eq("floating_ip_address", ip.clone()))
             .await
             .map_err(neutron_err(format!("looking up floating IP {ip}")))?;
         let Some(fip) = found.into_iter().next() else {
@@ -129,14 +137,24 @@ impl PublicIps<'_> {
             ));
         };
         match fip.port_id.as_deref() {
-            Some(p) if p == vip_port => {}
-            Some(p) => {
-                return Err(Error::invalid(
-                    "spec.loadBalancerIP",
-                    format!("floating IP {ip} is in use by port {p}"),
-                ));
-            }
-            None => self.associate(&fip, vip_port).await?,
+            Some(p) if p != vip_port => Err(Error::invalid(
+                "spec.loadBalancerIP",
+                format!("floating IP {ip} is in use by port {p}"),
+            )),
+            _ => Ok(Some(fip)),
+        }
+    }
+
+    async fn acquire_user(&self, ip: &str, vip_port: &str) -> Result<LbPubIpInfo, Error> {
+        let want = Want::User(ip.to_string());
+        let Some(fip) = self.check_wanted(&want, vip_port).await? else {
+            return Err(Error::invalid(
+                "spec.loadBalancerIP",
+                format!("{ip}: not a user's floating IP"),
+            ));
+        };
+        if fip.port_id.is_none() {
+            self.associate(&fip, vip_port).await?;
         }
         Ok(LbPubIpInfo {
             ip_id: fip.id,
@@ -167,12 +185,12 @@ impl PublicIps<'_> {
         let n = own.len();
         for fip in own {
             tracing::info!(fip = %fip.id, ip = %fip.floating_ip_address, "releasing an unrecorded floating IP of the Service");
-            self.release(&LbPubIpInfo {
+            let info = LbPubIpInfo {
                 ip_id: fip.id,
                 ip_addr: fip.floating_ip_address,
                 alloc_method: ALLOC_POOL.into(),
-            })
-            .await?;
+            };
+            self.release(&info, None).await?;
         }
         Ok(n)
     }
@@ -266,13 +284,25 @@ impl PublicIps<'_> {
         }
     }
 
-    /// Releases a public IP: a pool one is deleted, a user one only disassociated. Already gone is fine.
-    pub async fn release(&self, info: &LbPubIpInfo) -> Result<(), Error> {
+    /// Releases a public IP: a pool one is deleted, a user one only disassociated, and only from
+    /// the Service's VIP port (`vip_port`, when known: the user may have moved it meanwhile).
+    /// Already gone is fine.
+    pub async fn release(&self, info: &LbPubIpInfo, vip_port: Option<&str>) -> Result<(), Error> {
         let r = if info.alloc_method == ALLOC_USER {
-            self.neutron
-                .update_floatingip_port(&info.ip_id, None)
-                .await
-                .map(|_| ())
+            match self.neutron.get_floatingip(&info.ip_id).await {
+                Ok(fip) if fip.port_id.is_none() => Ok(()),
+                Ok(fip) if vip_port.is_some_and(|v| !v.is_empty() && fip.port_id.as_deref() != Some(v)) => {
+                    tracing::info!(ip = %info.ip_addr, port = ?fip.port_id,
+                        "the user's floating IP was moved to another port: left there");
+                    Ok(())
+                }
+                Ok(_) => self
+                    .neutron
+                    .update_floatingip_port(&info.ip_id, None)
+                    .await
+                    .map(|_| ()),
+                Err(e) => Err(e),
+            }
         } else {
             self.neutron.delete_floatingip(&info.ip_id).await
         };
@@ -329,6 +359,11 @@ mod tests {
         let user = info(ALLOC_USER, "172.24.4.7");
         assert_eq!(
             decide(Some("LoadBalancer"), Some("172.24.4.7"), Some(&user)),
+            Step::Nothing
+        );
+        // The pool's address pinned by loadBalancerIP: kept (it was released, then looked for).
+        assert_eq!(
+            decide(Some("LoadBalancer"), Some("172.24.4.10"), Some(&pool)),
             Step::Nothing
         );
     }
