@@ -225,13 +225,102 @@ async fn nested_macvlan_and_mtu_limit_and_vlan_probe() {
         }
         Err(e) => panic!("nested-vlan: {e}"),
     }
+}
 
-    // Without link_iface the nested drivers say why they cannot work.
-    let bare = BindingDrivers::new(&BindingConfig::default());
-    assert!(matches!(
-        bare.for_kind(&s.kind).setup(&s, &target).await,
-        Err(BindingError::Unsupported { .. })
-    ));
+/// Runs `f` on a thread of its own that entered the namespace at `path`, in a runtime there.
+fn in_netns<T: Send + 'static>(
+    path: String,
+    f: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = T>>> + Send + 'static,
+) -> T {
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).unwrap();
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f())
+    })
+    .join()
+    .unwrap()
+}
+
+/// Without `[binding] link_iface` (upstream's default, which detects the interface) the nested
+/// drivers take the VM's interface of its IPv4 default route - not the first one up - and
+/// without any interface but the loopback they say why they cannot work. The "VM" is a
+/// throwaway namespace: `vma` (first, MTU 1500, no default route) and `vmb` (MTU 1400, the
+/// default route); the parent shows in the MTU refusal, which names it.
+#[tokio::test]
+async fn nested_drivers_without_link_iface_take_the_default_routes_interface() {
+    if !can_netns() {
+        return;
+    }
+    let vm = TestNetns::new("kvh");
+    for args in [
+        &[
+            "ip", "link", "add", "vma", "mtu", "1500", "type", "veth", "peer", "name", "vmap",
+        ][..],
+        &[
+            "ip", "link", "add", "vmb", "mtu", "1400", "type", "veth", "peer", "name", "vmbp",
+        ],
+        &["ip", "link", "set", "vma", "up"],
+        &["ip", "link", "set", "vmb", "up"],
+        &["ip", "addr", "add", "10.97.0.2/24", "dev", "vmb"],
+        &["ip", "route", "add", "default", "via", "10.97.0.1", "dev", "vmb"],
+    ] {
+        vm.exec_ok(args);
+    }
+    let pod = TestNetns::new("kpd");
+    let s = spec(
+        "eth0",
+        "unused",
+        "fa:16:3e:00:07:00",
+        &["10.96.7.5/24"],
+        &["10.96.7.1"],
+        PlugKind::MacvlanNested,
+    );
+    let pod_path = pod.path();
+    let refused = in_netns(vm.path(), move || {
+        Box::pin(async move {
+            let ns = NetNs::open(&pod_path).unwrap();
+            let target = PlugTarget::new(&ns, "uid");
+            let drivers = BindingDrivers::new(&BindingConfig::default());
+            let mut s = s;
+            s.mtu = Some(1450);
+            let refused = drivers.for_kind(&s.kind).setup(&s, &target).await;
+            s.mtu = Some(1400);
+            drivers.for_kind(&s.kind).setup(&s, &target).await.unwrap();
+            drivers.for_kind(&s.kind).teardown(&s, &target).await.unwrap();
+            refused
+        })
+    });
+    match refused {
+        Err(BindingError::MtuTooLarge { parent, .. }) => assert_eq!(parent, "vmb"),
+        other => panic!("the default route's interface is the parent: {other:?}"),
+    }
+    // A namespace with nothing but its loopback: the error says what is missing.
+    let empty = TestNetns::new("kve");
+    let pod_path = pod.path();
+    let s = spec(
+        "eth0",
+        "unused",
+        "fa:16:3e:00:07:01",
+        &["10.96.7.6/24"],
+        &["10.96.7.1"],
+        PlugKind::MacvlanNested,
+    );
+    let bare = in_netns(empty.path(), move || {
+        Box::pin(async move {
+            let ns = NetNs::open(&pod_path).unwrap();
+            let target = PlugTarget::new(&ns, "uid");
+            let drivers = BindingDrivers::new(&BindingConfig::default());
+            drivers.for_kind(&s.kind).setup(&s, &target).await
+        })
+    });
+    match bare {
+        Err(BindingError::Unsupported { reason, .. }) => assert!(reason.contains("link_iface"), "{reason}"),
+        other => panic!("no parent to take: {other:?}"),
+    }
 }
 
 /// No SR-IOV hardware is needed to check what an ADD does without a usable

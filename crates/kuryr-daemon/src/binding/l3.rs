@@ -114,6 +114,7 @@ mod tests {
             mac: Some(mac.parse::<MacAddr>().expect("mac")),
             mtu: Some(mtu),
             up,
+            loopback: false,
             kind: Some("veth".into()),
             master: None,
             parent: None,

@@ -1,5 +1,6 @@
 //! Nested (pod-in-VM) bindings: a VLAN or macvlan device on the VM's
-//! interface (`[binding] link_iface`), created straight in the pod namespace.
+//! interface (`[binding] link_iface`, else the one of its default route), created straight in
+//! the pod namespace.
 
 use async_trait::async_trait;
 
@@ -13,16 +14,39 @@ async fn parent_link(
     link_iface: &Option<String>,
     host: &Netlink,
 ) -> Result<Link, BindingError> {
-    let name = link_iface.as_deref().ok_or_else(|| BindingError::Unsupported {
-        driver,
-        reason: "[binding] link_iface is not configured".into(),
-    })?;
+    let Some(name) = link_iface.as_deref() else {
+        return detect_parent(host)
+            .await?
+            .ok_or_else(|| BindingError::Unsupported {
+                driver,
+                reason: "[binding] link_iface is not set, and the node has no interface to take instead \
+                         (no IPv4 default route, no interface up but the loopback)"
+                    .into(),
+            });
+    };
     host.link_by_name(name)
         .await?
         .ok_or_else(|| BindingError::Unsupported {
             driver,
             reason: format!("[binding] link_iface {name} does not exist"),
         })
+}
+
+/// The VM's own interface when `[binding] link_iface` is not set (upstream's default, which
+/// detects it too): the one of the IPv4 default route, else the first interface up that is not
+/// the loopback.
+async fn detect_parent(host: &Netlink) -> Result<Option<Link>, BindingError> {
+    if let Some(index) = host.default_route_link().await?
+        && let Some(link) = host.link_by_index(index).await?
+    {
+        return Ok(Some(link));
+    }
+    Ok(host
+        .list_links()
+        .await?
+        .into_iter()
+        .filter(|l| l.up && !l.loopback)
+        .min_by_key(|l| l.index))
 }
 
 /// A nested device cannot carry more than its parent.

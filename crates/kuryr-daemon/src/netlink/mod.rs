@@ -122,6 +122,7 @@ pub struct Link {
     pub mac: Option<MacAddr>,
     pub mtu: Option<u32>,
     pub up: bool,
+    pub loopback: bool,
     /// `veth`, `bridge`, `macvlan`, ... (None for physical devices).
     pub kind: Option<String>,
     /// Index of the bridge/bond this link is attached to.
@@ -141,6 +142,7 @@ impl Link {
             mac: None,
             mtu: None,
             up: msg.header.flags.contains(LinkFlags::Up),
+            loopback: msg.header.flags.contains(LinkFlags::Loopback),
             kind: None,
             master: None,
             parent: None,
@@ -701,6 +703,31 @@ impl Netlink {
             }
         }
         Ok(out)
+    }
+
+    /// The interface of the main table's IPv4 default route, if there is one.
+    pub async fn default_route_link(&self) -> Result<Option<u32>> {
+        use netlink_packet_route::route::{RouteAttribute, RouteHeader};
+        let req = RouteMessageBuilder::<std::net::Ipv4Addr>::new().build();
+        let mut stream = self.handle.route().get(req).execute();
+        let mut found = None;
+        while let Some(msg) = stream
+            .try_next()
+            .await
+            .map_err(|e| NetlinkError::from_rt("list IPv4 routes", e))?
+        {
+            if found.is_some()
+                || msg.header.destination_prefix_length != 0
+                || msg.header.table != RouteHeader::RT_TABLE_MAIN
+            {
+                continue;
+            }
+            found = msg.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Oif(i) => Some(*i),
+                _ => None,
+            });
+        }
+        Ok(found)
     }
 
     /// Add a route; one that already exists is not an error.
