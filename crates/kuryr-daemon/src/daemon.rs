@@ -631,6 +631,20 @@ impl Daemon {
                 errors.extend(e);
             }
         }
+        // Nothing known of the pod (no record, no KuryrPort: its state file lost, the KuryrPort
+        // gone first): the interface the runtime names goes from the container's namespace, as
+        // upstream cleans up - a nested VLAN device left there holds its VLAN id on the VM.
+        if specs.is_empty()
+            && attachment.is_none()
+            && let Some(ns) = netns.as_ref()
+        {
+            let ifname = if p.req.ifname.is_empty() {
+                "eth0"
+            } else {
+                p.req.ifname.as_str()
+            };
+            crate::binding::delete_netns_link(ns, ifname, None, &mut errors).await;
+        }
         // Attachments restored from host link aliases only know link names:
         // remove the links and any OVS port named after them.
         if specs.is_empty()

@@ -1032,3 +1032,59 @@ fn sriov_pod_resource_options_come_from_kuryr_conf() {
         Ok("intel.com/physnet1")
     );
 }
+
+/// A DEL for a pod the daemon knows nothing of (its state file lost, its KuryrPort already
+/// gone) still takes the interface the runtime names out of the container's namespace, as
+/// upstream cleans up: a nested device left there would hold its VLAN id (or MAC) on the VM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_del_knowing_nothing_of_the_pod_removes_its_interface() {
+    if !can_netns() {
+        return;
+    }
+    let parent = unique("kdq");
+    let _p = HostLink(parent.clone());
+    host_ok(&[
+        "ip",
+        "link",
+        "add",
+        &parent,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &format!("{parent}p"),
+    ]);
+    host_ok(&["ip", "link", "set", &parent, "up"]);
+    let ns = TestNetns::new("kdk");
+    let pod = unique("lost");
+    let port = format!("{}m0-0000", unique("d"));
+    let mut kp = kuryrport("default", &pod, "u1", "n1", &[]);
+    kp.status.as_mut().unwrap().vifs.insert(
+        "eth0".into(),
+        kuryr_crds::KuryrPortVif::new(
+            true,
+            macvlan_vif(&port, "fa:16:3e:00:36:01", "10.89.0.0/24", "10.89.0.5"),
+        ),
+    );
+    let cfg = || {
+        let mut cfg = DaemonConfig::new("n1");
+        cfg.vif_annotation_timeout = Duration::from_secs(2);
+        cfg.binding.link_iface = Some(parent.clone());
+        cfg
+    };
+    let first = Daemon::new(cfg(), Arc::new(NoEvents), Arc::new(ApiUp));
+    first.registry.apply_kuryrport(kp);
+    first
+        .add(&body(&pod, "ctr", &ns.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+    assert!(ns.exec_ok(&["ip", "-d", "-o", "link"]).contains("macvlan"));
+    drop(first);
+    // A new daemon without a state directory, and the KuryrPort is gone.
+    let d = Daemon::new(cfg(), Arc::new(NoEvents), Arc::new(ApiUp));
+    d.del(&body(&pod, "ctr", &ns.path(), "eth0", "u1")).await.unwrap();
+    let links = ns.exec_ok(&["ip", "-o", "link"]);
+    assert!(!links.contains("eth0"), "{links}");
+    // Again: nothing left is no error.
+    d.del(&body(&pod, "ctr", &ns.path(), "eth0", "u1")).await.unwrap();
+}

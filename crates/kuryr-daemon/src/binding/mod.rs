@@ -16,7 +16,7 @@ mod veth;
 pub use nested::{MacvlanDriver, VlanDriver};
 pub use ovs::{Added, OvsProbe, disable_tx_checksum, is_userspace_datapath, ovs_available_at};
 pub use sriov::{SriovConfig, SriovDriver, VfCandidate, find_free_vf, sriov_capable_pfs};
-pub use veth::{BridgeDriver, OvsDriver};
+pub use veth::{BridgeDriver, OvsDriver, delete_netns_link};
 
 use std::net::IpAddr;
 

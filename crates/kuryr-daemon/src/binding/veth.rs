@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 
-use crate::netlink::{LinkSettings, Netlink, NetlinkError};
+use crate::netlink::{LinkSettings, NetNs, Netlink, NetlinkError};
 
 use super::ovs::{OvsProbe, disable_tx_checksum};
 use super::{
@@ -100,9 +100,19 @@ pub(super) async fn delete_pod_link(
     kind: &str,
     errors: &mut Vec<BindingError>,
 ) {
-    let Some(netns) = target.netns else {
-        return;
-    };
+    if let Some(netns) = target.netns {
+        delete_netns_link(netns, &spec.ifname, Some(kind), errors).await;
+    }
+}
+
+/// Delete `ifname` in `netns` if it is still there (and of `kind`, when given); a gone
+/// namespace or interface means there is nothing left to remove.
+pub async fn delete_netns_link(
+    netns: &NetNs,
+    ifname: &str,
+    kind: Option<&str>,
+    errors: &mut Vec<BindingError>,
+) {
     let pod = match Netlink::in_netns(netns).await {
         Ok(p) => p,
         Err(NetlinkError::Netns { .. }) => return,
@@ -111,8 +121,8 @@ pub(super) async fn delete_pod_link(
             return;
         }
     };
-    match pod.link_by_name(&spec.ifname).await {
-        Ok(Some(l)) if l.kind.as_deref() == Some(kind) => {
+    match pod.link_by_name(ifname).await {
+        Ok(Some(l)) if kind.is_none_or(|k| l.kind.as_deref() == Some(k)) => {
             if let Err(e) = pod.delete_link(l.index).await
                 && e.errno() != Some(libc::ENODEV)
             {
