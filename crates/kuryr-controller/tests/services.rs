@@ -819,6 +819,84 @@ async fn a_controller_killed_while_the_load_balancer_is_pending_create_leaves_ex
     Ok(())
 }
 
+/// A load balancer a crashed controller left (or one still PENDING_CREATE at a restart) is
+/// adopted with what Octavia has, not what the spec asks: a listener left with an older spec's
+/// timeout and ACL, and a pool with session persistence the Service no longer asks for, are
+/// brought to the spec (they were recorded as asked, and kept what they had).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_load_balancer_is_brought_to_the_spec_it_did_not_have() -> Result<()> {
+    init_logs();
+    for oct in octavia_targets(LatencyProfile::Instant).await? {
+        let ns = unique("stale-tree");
+        let bed = Bed::new(&ns).await?;
+        let kube = bed.client();
+        let name = format!("{ns}/web");
+        let left = oct
+            .client
+            .create_load_balancer(&LoadBalancerCreate {
+                name: Some(name.clone()),
+                project_id: Some(bed.project.clone()),
+                vip_subnet_id: Some(bed.fx.subnets[1].subnet.clone()),
+                vip_address: Some("10.96.0.18".into()),
+                provider: Some("amphora".into()),
+                tags: vec![
+                    "kuryr-rs".into(),
+                    kuryr_crds::names::neutron::cluster_tag(&ns),
+                    format!("kuryr-rs.service={name}"),
+                ],
+                listeners: vec![ListenerCreate {
+                    name: Some(format!("{name}:TCP:80")),
+                    protocol: "TCP".into(),
+                    protocol_port: 80,
+                    allowed_cidrs: Some(vec!["192.0.2.0/24".into()]),
+                    timeout_client_data: Some(1234),
+                    default_pool: Some(Box::new(PoolCreate {
+                        name: Some(format!("{name}:TCP:80")),
+                        protocol: "TCP".into(),
+                        lb_algorithm: "ROUND_ROBIN".into(),
+                        session_persistence: Some(json!({"type": "SOURCE_IP"})),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })
+            .await?;
+        oct.client
+            .wait_for_provisioning(&left.id, Provisioning::Active)
+            .await?;
+        create_service(kube, &ns, "web", "10.96.0.18", &[("http", 80, 8080, "TCP")]).await?;
+        set_endpoints(kube, &ns, "web", &ips(1), &[("http", 8080)]).await?;
+        let _ctrl = bed.controller(&oct, "", "svc-stale-tree");
+        let st = recorded(kube, &ns, "web", 1, 1).await?;
+        assert_eq!(
+            st.loadbalancer.map(|l| l.id),
+            Some(left.id.clone()),
+            "{}: adopted",
+            oct.name
+        );
+        let listener = st.listeners.first().map(|l| l.id.clone()).unwrap_or_default();
+        let pool = st.pools.first().map(|p| p.id.clone()).unwrap_or_default();
+        eventually(
+            &format!("{}: the adopted tree as the spec asks", oct.name),
+            WAIT,
+            || async {
+                let l = oct.client.get_listener(&listener).await?;
+                let p = oct.client.get_pool(&pool).await?;
+                let open = l.admin_state_up && l.allowed_cidrs.as_ref().is_none_or(Vec::is_empty);
+                let timeout = l.timeout_client_data.is_none_or(|t| t == 50_000);
+                let persistence = p
+                    .session_persistence
+                    .as_ref()
+                    .is_none_or(serde_json::Value::is_null);
+                Ok((open && timeout && persistence).then_some(()))
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcile_replaces_an_error_load_balancer_and_recreates_one_deleted_by_hand() -> Result<()> {
     init_logs();

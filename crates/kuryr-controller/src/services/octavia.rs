@@ -537,7 +537,27 @@ impl LbActor<'_> {
             .get_status_tree(&lb.id)
             .await
             .map_err(|e| Error::octavia(format!("reading load balancer {}", lb.id), e))?;
-        Ok(record_from_tree(lb, &tree, d))
+        let mut rec = record_from_tree(lb, &tree, d);
+        // The status tree shows no timeouts, ACLs or session persistence: they are read, so that
+        // the plan changes what an adopted tree has of an older spec (a rolling restart while
+        // the Service's policies, annotations or affinity changed).
+        for l in rec.listeners.values_mut() {
+            let got = self
+                .client
+                .get_listener(&l.id)
+                .await
+                .map_err(|e| Error::octavia(format!("reading listener {}", l.name), e))?;
+            l.read_from(&got);
+            if let Some(p) = &mut l.pool {
+                let got = self
+                    .client
+                    .get_pool(&p.id)
+                    .await
+                    .map_err(|e| Error::octavia(format!("reading pool {}", p.name), e))?;
+                p.persistence = Some(persistence_of(&got));
+            }
+        }
+        Ok(rec)
     }
 }
 
@@ -555,6 +575,34 @@ fn key_of_listener_name(name: &str) -> Option<ListenerKey> {
     let protocol = it.next()?.to_ascii_uppercase();
     it.next()?;
     Some((protocol, port))
+}
+
+/// Octavia's listener timeout when none is asked (ms): read as "none asked".
+const DEFAULT_TIMEOUT_MS: u64 = 50_000;
+
+impl RecordedListener {
+    /// What Octavia says of the listener's timeouts and ACL, as a plan compares them with the
+    /// desired tree: Octavia's default timeout is none asked, a disabled listener admits nobody
+    /// (how an empty ACL is written), and an empty list from Octavia admits everyone.
+    fn read_from(&mut self, got: &kuryr_neutron::octavia::Listener) {
+        let asked = |t: Option<u64>| t.filter(|t| *t != DEFAULT_TIMEOUT_MS);
+        self.timeout_client_data = asked(got.timeout_client_data);
+        self.timeout_member_data = asked(got.timeout_member_data);
+        self.allowed_cidrs = if got.admin_state_up {
+            got.allowed_cidrs.clone().filter(|c| !c.is_empty())
+        } else {
+            Some(Vec::new())
+        };
+    }
+}
+
+/// The session persistence type of a pool as Octavia has it (`None`: none).
+fn persistence_of(pool: &kuryr_neutron::octavia::Pool) -> Option<String> {
+    pool.session_persistence
+        .as_ref()
+        .and_then(|p| p.get("type"))
+        .and_then(|t| t.as_str())
+        .map(str::to_string)
 }
 
 /// The record of what the status tree shows, completed from the desired tree.

@@ -314,3 +314,60 @@ pub(super) async fn tags_filter_and_replace(ctx: &Ctx) -> anyhow::Result<()> {
     ensure!(kuryr == BTreeSet::from([b.id.clone()]), "old tag gone: {kuryr:?}");
     Ok(())
 }
+
+/// A listener update with a timeout set to null restores Octavia's default (50000 ms for the data
+/// timeouts), and a null `allowed_cidrs` admits everyone again; keys left out keep their values.
+pub(super) async fn listener_update_null_restores_defaults(ctx: &Ctx) -> anyhow::Result<()> {
+    let lb = ctx.active_lb(&ctx.lb_req("defaults")).await?;
+    let l = ctx
+        .client
+        .create_listener(&ListenerCreate {
+            loadbalancer_id: Some(lb.id.clone()),
+            timeout_client_data: Some(1234),
+            timeout_member_data: Some(4321),
+            allowed_cidrs: Some(vec!["192.0.2.0/24".into()]),
+            ..ListenerCreate::new("TCP", 80)
+        })
+        .await?;
+    ctx.client
+        .wait_for_provisioning(&lb.id, Provisioning::Active)
+        .await?;
+    let got = ctx.client.get_listener(&l.id).await?;
+    ensure!(
+        (got.timeout_client_data, got.timeout_member_data) == (Some(1234), Some(4321)),
+        "as created: {got:?}"
+    );
+    ensure!(
+        got.allowed_cidrs.as_deref() == Some(&["192.0.2.0/24".to_string()][..]),
+        "{:?}",
+        got.allowed_cidrs
+    );
+    let mut extra = serde_json::Map::new();
+    extra.insert("timeout_client_data".into(), serde_json::Value::Null);
+    extra.insert("allowed_cidrs".into(), serde_json::Value::Null);
+    let update = ResourceUpdate {
+        extra,
+        ..ResourceUpdate::default()
+    };
+    ctx.client.update_listener(&l.id, &update).await?;
+    ctx.client
+        .wait_for_provisioning(&lb.id, Provisioning::Active)
+        .await?;
+    let got = ctx.client.get_listener(&l.id).await?;
+    ensure!(
+        got.timeout_client_data == Some(50000),
+        "null restores the default: {:?}",
+        got.timeout_client_data
+    );
+    ensure!(
+        got.timeout_member_data == Some(4321),
+        "a key left out keeps its value: {:?}",
+        got.timeout_member_data
+    );
+    ensure!(
+        got.allowed_cidrs.as_ref().is_none_or(Vec::is_empty),
+        "null admits everyone: {:?}",
+        got.allowed_cidrs
+    );
+    Ok(())
+}

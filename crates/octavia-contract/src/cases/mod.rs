@@ -26,6 +26,7 @@ cases!(
     loadbalancers::write_while_pending_is_409_and_the_client_waits,
     loadbalancers::cascade_delete_removes_the_tree,
     loadbalancers::tags_filter_and_replace,
+    loadbalancers::listener_update_null_restores_defaults,
     members::batch_member_update_adds_removes_keeps,
     members::batch_member_update_additive_only,
     errors::not_found_shapes,

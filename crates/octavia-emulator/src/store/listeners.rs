@@ -335,15 +335,22 @@ impl Store {
         let description = f.string("description", 255)?;
         let admin = f.boolean("admin_state_up")?;
         let limit = f.int("connection_limit", -1, i64::MAX)?;
+        // A null given resets the default (Octavia's `_set_default_on_none`); absent keeps it.
         let timeouts: Vec<Option<i64>> = [
-            "timeout_client_data",
-            "timeout_member_connect",
-            "timeout_member_data",
-            "timeout_tcp_inspect",
+            ("timeout_client_data", 50000),
+            ("timeout_member_connect", 5000),
+            ("timeout_member_data", 50000),
+            ("timeout_tcp_inspect", 0),
         ]
         .iter()
-        .map(|k| f.int(k, 0, MAX_TIMEOUT))
-        .collect::<Result<_, _>>()?;
+        .map(|(k, default)| {
+            Ok(match f.int(k, 0, MAX_TIMEOUT)? {
+                Some(v) => Some(v),
+                None if f.has(k) => Some(*default),
+                None => None,
+            })
+        })
+        .collect::<Result<_, ApiError>>()?;
         let cidrs = f.string_list("allowed_cidrs", 64)?;
         if let Some(c) = &cidrs {
             check_cidrs(c)?;
