@@ -154,23 +154,8 @@ async fn nested_macvlan_and_mtu_limit_and_vlan_probe() {
     if !can_netns() {
         return;
     }
-    // The "VM interface": one end of a veth in the host namespace.
-    let parent = unique("kvm");
-    let _p = HostLink(parent.clone());
-    host_ok(&[
-        "ip",
-        "link",
-        "add",
-        &parent,
-        "mtu",
-        "1500",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &format!("{parent}p"),
-    ]);
-    host_ok(&["ip", "link", "set", &parent, "up"]);
+    let vm = vm_interface("kvm");
+    let parent = vm.0.clone();
     let pod = TestNetns::new("kpm");
     let ns = NetNs::open(&pod.path()).unwrap();
     let target = PlugTarget::new(&ns, "uid");

@@ -915,21 +915,8 @@ async fn restarted_daemon_tears_down_nested_bindings_from_its_state_dir() {
     if !can_netns() {
         return;
     }
-    // The "VM interface": one end of a veth in the host namespace.
-    let parent = unique("kdp");
-    let _p = HostLink(parent.clone());
-    host_ok(&[
-        "ip",
-        "link",
-        "add",
-        &parent,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &format!("{parent}p"),
-    ]);
-    host_ok(&["ip", "link", "set", &parent, "up"]);
+    let vm = vm_interface("kdp");
+    let parent = vm.0.clone();
     let br = unique("kdb");
     let _b = HostLink(br.clone());
     let ns = TestNetns::new("kdn");
@@ -1041,20 +1028,8 @@ async fn a_del_knowing_nothing_of_the_pod_removes_its_interface() {
     if !can_netns() {
         return;
     }
-    let parent = unique("kdq");
-    let _p = HostLink(parent.clone());
-    host_ok(&[
-        "ip",
-        "link",
-        "add",
-        &parent,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &format!("{parent}p"),
-    ]);
-    host_ok(&["ip", "link", "set", &parent, "up"]);
+    let vm = vm_interface("kdq");
+    let parent = vm.0.clone();
     let ns = TestNetns::new("kdk");
     let pod = unique("lost");
     let port = format!("{}m0-0000", unique("d"));

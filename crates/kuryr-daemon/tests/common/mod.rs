@@ -101,6 +101,19 @@ impl Drop for HostLink {
     }
 }
 
+/// The "VM interface" of nested bindings: one end of a veth (MTU 1500) in the host namespace,
+/// up, named from `prefix`; deleted (with its peer) on drop.
+pub fn vm_interface(prefix: &str) -> HostLink {
+    let parent = unique(prefix);
+    let link = HostLink(parent.clone());
+    let peer = format!("{parent}p");
+    host_ok(&[
+        "ip", "link", "add", &parent, "mtu", "1500", "type", "veth", "peer", "name", &peer,
+    ]);
+    host_ok(&["ip", "link", "set", &parent, "up"]);
+    link
+}
+
 pub fn host_ok(args: &[&str]) -> String {
     let out = Command::new(args[0])
         .args(&args[1..])
