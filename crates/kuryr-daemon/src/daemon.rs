@@ -36,7 +36,7 @@ pub struct DaemonConfig {
     /// Prometheus `/metrics` (9655).
     pub metrics_address: SocketAddr,
     /// `[cni_daemon] vif_annotation_timeout` (60 s): ADD waits this long for
-    /// VIFs to appear and become active.
+    /// VIFs to appear (an ADD slot included), and again for them to become active.
     pub vif_annotation_timeout: Duration,
     /// `[cni_daemon] netns_proc_dir`: when the daemon runs in a container
     /// with the host's /proc mounted elsewhere, `/proc/...` netns paths are
@@ -512,11 +512,13 @@ impl Daemon {
                 .map_err(internal)??
         };
 
-        // 3. every VIF active
+        // 3. every VIF active, within a timeout of its own, as upstream waits for each: VIFs
+        // that came late (the controller behind a burst) still get their ports the time to go
+        // ACTIVE, instead of a 504 and the sandbox made again.
         let kp = self
             .wait_for_kuryrport(
                 &p,
-                deadline,
+                Instant::now() + self.config.vif_annotation_timeout,
                 "VIF activation",
                 (
                     "CNIWaitingForVIFActivation",

@@ -468,6 +468,63 @@ async fn del_is_not_stuck_behind_an_add_waiting_for_activation() {
     assert_eq!(e.code(), 3, "{e}");
 }
 
+/// VIFs that come late (the controller behind a burst) still get the whole
+/// `vif_annotation_timeout` to go ACTIVE, as upstream waits for each: with one deadline for
+/// both waits, an ADD whose VIFs came near its end answered 504 though the port went ACTIVE
+/// soon after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_vifs_get_their_own_time_to_go_active() {
+    if !can_netns() {
+        return;
+    }
+    let br = unique("kdb");
+    let _b = HostLink(br.clone());
+    let ns = TestNetns::new("kdl");
+    let mut v0 = vif(
+        "eth0",
+        "l",
+        "fa:16:3e:00:37:01",
+        "10.86.0.0/24",
+        "10.86.0.5",
+        None,
+        &br,
+    );
+    let _t = HostLink(kuryr_crds::vif_name_for_port(&v0.port_id));
+    let timeout = Duration::from_secs(2);
+    let mut cfg = DaemonConfig::new("n1");
+    cfg.vif_annotation_timeout = timeout;
+    let d = Daemon::new(cfg, Arc::new(NoEvents), Arc::new(ApiUp));
+    let add = tokio::spawn({
+        let (d, b) = (d.clone(), body("late", "c1", &ns.path(), "eth0", "u1"));
+        async move { d.add(&b).await }
+    });
+    // The VIF comes at 3/4 of the timeout, inactive; it goes ACTIVE past the first timeout.
+    tokio::time::sleep(timeout * 3 / 4).await;
+    v0.active = false;
+    d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "late",
+        "u1",
+        "n1",
+        std::slice::from_ref(&v0),
+    ));
+    tokio::time::sleep(timeout / 2).await;
+    assert!(!add.is_finished(), "still waiting for activation");
+    v0.active = true;
+    d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "late",
+        "u1",
+        "n1",
+        std::slice::from_ref(&v0),
+    ));
+    let res = add.await.unwrap().unwrap();
+    assert_eq!(res.vif["versioned_object.data"]["active"], true);
+    d.del(&body("late", "c1", &ns.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+}
+
 /// A StatefulSet pod re-created under the same name: the KuryrPort of the
 /// old pod may still be around (finalizer) when the kubelet asks for the new
 /// one. As upstream, ADD waits for the KuryrPort of the pod it was asked for
