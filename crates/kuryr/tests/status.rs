@@ -30,15 +30,36 @@ async fn cluster() -> (KubeHandle, Client) {
     (handle, client)
 }
 
-async fn install_crds(client: &Client, skip: &str) {
+/// Installs kuryr-rs' CRDs but `skip`, each through `adjust` first.
+async fn install_crds(client: &Client, skip: &str, adjust: impl Fn(&mut CustomResourceDefinition)) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in kuryr_crds::generate::crds() {
+    for mut crd in kuryr_crds::generate::crds() {
         if crd.metadata.name.as_deref() == Some(skip) {
             continue;
         }
+        adjust(&mut crd);
         api.create(&PostParams::default(), &crd)
             .await
             .expect("CRD created");
+    }
+}
+
+/// The KuryrLoadBalancer CRD as upstream's (no `spec.listener_acls`): the API server drops the field.
+fn upstream_klb(crd: &mut CustomResourceDefinition) {
+    if crd.metadata.name.as_deref() != Some("kuryrloadbalancers.openstack.org") {
+        return;
+    }
+    for v in &mut crd.spec.versions {
+        let spec = v
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+            .and_then(|s| s.properties.as_mut())
+            .and_then(|p| p.get_mut("spec"))
+            .and_then(|s| s.properties.as_mut());
+        if let Some(props) = spec {
+            props.remove("listener_acls");
+        }
     }
 }
 
@@ -92,7 +113,7 @@ async fn neutron_with_port_quota(limit: i64) -> neutron_emulator::EmulatorHandle
 async fn a_seeded_cluster_fails_naming_each_problem() {
     let neutron = neutron_with_port_quota(4).await;
     let (handle, client) = cluster().await;
-    install_crds(&client, "kuryrportpools.openstack.org").await;
+    install_crds(&client, "kuryrportpools.openstack.org", upstream_klb).await;
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "old", "namespace": "default",
                      "annotations": {"openstack.org/kuryr-vif": "{\"versioned_object.data\": {}}"}},
@@ -147,6 +168,8 @@ async fn a_seeded_cluster_fails_naming_each_problem() {
         "Failure  Pod annotations",
         "default/old",
         "missing: kuryrportpools.openstack.org",
+        "Failure  CRD fields",
+        "kuryrloadbalancers.openstack.org lacks spec.listener_acls",
         "1 KuryrPort(s) recorded by upstream",
         "default/web",
         "ports_pool_min = 2 is above ports_pool_max = 1",
@@ -165,7 +188,7 @@ async fn a_seeded_cluster_fails_naming_each_problem() {
 async fn a_clean_cluster_passes() {
     let neutron = neutron_with_port_quota(100).await;
     let (handle, client) = cluster().await;
-    install_crds(&client, "").await;
+    install_crds(&client, "", |_| {}).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let (code, out) = status(
         &handle,
@@ -176,7 +199,7 @@ async fn a_clean_cluster_passes() {
     assert_eq!(code, 0, "{out}");
     assert_eq!(
         out.lines().filter(|l| l.starts_with("Success")).count(),
-        6,
+        7,
         "{out}"
     );
     assert!(out.contains("result: Success"), "{out}");

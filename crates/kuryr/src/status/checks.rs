@@ -1,8 +1,12 @@
 //! The checks of `kuryr status`, as pure functions of what was read from the cluster (and from
 //! Neutron), so that each is tested without servers.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray,
+};
 
 use kuryr_config::{KuryrConfig, VifPoolDriver};
 
@@ -58,6 +62,59 @@ fn finding(check: &'static str, level: Level, detail: impl Into<String>) -> Find
 pub struct InstalledCrd {
     pub served: Vec<String>,
     pub storage: Option<String>,
+    /// The fields the stored version's schema declares ([`schema_fields`]); `None`: not read.
+    pub fields: Option<BTreeSet<String>>,
+}
+
+/// The field paths a CRD version's schema declares (`spec.listeners[].pool`); a field whose
+/// schema keeps unknown fields (`x-kubernetes-preserve-unknown-fields`) is `<path>.*`. Maps
+/// (`additionalProperties`) are not entered.
+pub fn schema_fields(crd: &CustomResourceDefinition, version: &str) -> BTreeSet<String> {
+    fn walk(path: &str, props: &JSONSchemaProps, out: &mut BTreeSet<String>) {
+        if props.x_kubernetes_preserve_unknown_fields == Some(true) {
+            out.insert(format!("{path}.*"));
+        }
+        for (name, child) in props.properties.iter().flatten() {
+            let p = if path.is_empty() {
+                name.clone()
+            } else {
+                format!("{path}.{name}")
+            };
+            out.insert(p.clone());
+            walk(&p, child, out);
+        }
+        if let Some(JSONSchemaPropsOrArray::Schema(items)) = &props.items {
+            walk(&format!("{path}[]"), items, out);
+        }
+    }
+    let mut out = BTreeSet::new();
+    let schema = crd
+        .spec
+        .versions
+        .iter()
+        .find(|v| v.name == version)
+        .and_then(|v| v.schema.as_ref())
+        .and_then(|s| s.open_api_v3_schema.as_ref());
+    if let Some(schema) = schema {
+        walk("", schema, &mut out);
+    }
+    out
+}
+
+/// Whether `fields` (as [`schema_fields`] gives them) keep `path`: declared, or under a field
+/// that keeps unknown fields.
+fn keeps(fields: &BTreeSet<String>, path: &str) -> bool {
+    if fields.contains(path) {
+        return true;
+    }
+    let mut prefix = path;
+    while let Some(i) = prefix.rfind(['.', '[']) {
+        prefix = &prefix[..i];
+        if fields.contains(&format!("{prefix}.*")) {
+            return true;
+        }
+    }
+    fields.contains(".*")
 }
 
 /// The project's port quota as Neutron reports it.
@@ -187,6 +244,53 @@ pub fn crd_versions(s: &Snapshot) -> Finding {
     }
     problems.extend((!storage.is_empty()).then(|| format!("storage version differs: {}", listed(&storage))));
     finding(CHECK, Level::Failure, problems.join("; "))
+}
+
+/// Fields kuryr-rs writes that an installed CRD's schema does not declare: the API server
+/// drops them (a KuryrLoadBalancer CRD kept from upstream loses `spec.listener_acls`, and
+/// Services are then open to every client whatever the policies say).
+pub fn crd_fields(s: &Snapshot) -> Finding {
+    const CHECK: &str = "CRD fields";
+    let mut lacking = Vec::new();
+    for crd in kuryr_crds::generate::crds() {
+        let Some(name) = crd.metadata.name.clone() else {
+            continue;
+        };
+        let Some(version) = crd
+            .spec
+            .versions
+            .iter()
+            .find(|v| v.storage)
+            .map(|v| v.name.clone())
+        else {
+            continue;
+        };
+        let Some(fields) = s.crds.get(&name).and_then(|c| c.fields.as_ref()) else {
+            continue;
+        };
+        let missing: Vec<String> = schema_fields(&crd, &version)
+            .into_iter()
+            .filter(|f| !f.ends_with(".*") && !keeps(fields, f))
+            .collect();
+        if !missing.is_empty() {
+            lacking.push(format!("{name} lacks {}", listed(&missing)));
+        }
+    }
+    if lacking.is_empty() {
+        return finding(
+            CHECK,
+            Level::Success,
+            "every field kuryr-rs writes is in the installed CRDs",
+        );
+    }
+    finding(
+        CHECK,
+        Level::Failure,
+        format!(
+            "the API server would drop fields kuryr-rs writes: {} (kubectl apply -f deploy/crds)",
+            lacking.join("; ")
+        ),
+    )
 }
 
 pub fn adopted_objects(s: &Snapshot) -> Finding {
@@ -355,6 +459,7 @@ pub fn run_all(s: &Snapshot) -> Vec<Finding> {
     vec![
         legacy_annotations(s),
         crd_versions(s),
+        crd_fields(s),
         adopted_objects(s),
         pool_settings(s),
         credentials(s),
@@ -388,6 +493,7 @@ mod tests {
                         InstalledCrd {
                             served: vec![v.clone()],
                             storage: Some(v),
+                            fields: None,
                         },
                     )
                 })
@@ -491,6 +597,49 @@ mod tests {
             crd.storage = Some("v2".into());
         }
         assert_eq!(crd_versions(&s).level, Level::Warning);
+    }
+
+    #[test]
+    fn a_crd_without_the_fields_kuryr_rs_writes_fails_naming_them() {
+        let installed = |strip: &[&str]| -> Snapshot {
+            let mut s = clean();
+            for crd in kuryr_crds::generate::crds() {
+                let name = crd.metadata.name.clone().unwrap_or_default();
+                let version = crd
+                    .spec
+                    .versions
+                    .iter()
+                    .find(|v| v.storage)
+                    .map(|v| v.name.clone());
+                let mut fields = schema_fields(&crd, version.as_deref().unwrap_or_default());
+                fields.retain(|f| !strip.iter().any(|s| f == s || f.starts_with(&format!("{s}."))));
+                if let Some(c) = s.crds.get_mut(&name) {
+                    c.fields = Some(fields);
+                }
+            }
+            s
+        };
+        let f = crd_fields(&installed(&[]));
+        assert_eq!(f.level, Level::Success, "{f:?}");
+        let f = crd_fields(&installed(&["spec.listener_acls"]));
+        assert_eq!(f.level, Level::Failure);
+        assert!(
+            f.detail
+                .contains("kuryrloadbalancers.openstack.org lacks spec.listener_acls"),
+            "{f:?}"
+        );
+        // A schema that keeps unknown fields under spec keeps them.
+        let mut s = installed(&["spec.listener_acls"]);
+        if let Some(Some(fields)) = s
+            .crds
+            .get_mut("kuryrloadbalancers.openstack.org")
+            .map(|c| c.fields.as_mut())
+        {
+            fields.insert("spec.*".into());
+        }
+        assert_eq!(crd_fields(&s).level, Level::Success);
+        // Fields not read (an older snapshot) are not judged.
+        assert_eq!(crd_fields(&clean()).level, Level::Success);
     }
 
     #[test]

@@ -142,6 +142,12 @@ pub async fn gather(
         .context("listing CRDs")?
         .into_iter()
         .map(|crd| {
+            let storage = crd
+                .spec
+                .versions
+                .iter()
+                .find(|v| v.storage)
+                .map(|v| v.name.clone());
             let installed = InstalledCrd {
                 served: crd
                     .spec
@@ -150,12 +156,8 @@ pub async fn gather(
                     .filter(|v| v.served)
                     .map(|v| v.name.clone())
                     .collect(),
-                storage: crd
-                    .spec
-                    .versions
-                    .iter()
-                    .find(|v| v.storage)
-                    .map(|v| v.name.clone()),
+                fields: storage.as_deref().map(|v| checks::schema_fields(&crd, v)),
+                storage,
             };
             (crd.name_any(), installed)
         })
