@@ -422,7 +422,7 @@ impl KuryrLoadBalancerHandler {
             let Some(lb) = actor.find(desired).await? else {
                 return Ok(None);
             };
-            actor.read_back(&lb, desired).await.map(Some)
+            actor.read_found(&lb, desired).await.map(Some)
         };
         match read.await {
             Ok(Some(mut recorded)) => {

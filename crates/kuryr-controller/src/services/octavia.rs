@@ -450,7 +450,7 @@ impl LbActor<'_> {
             tracing::info!(lb = %lb.id, name = %d.name, "adopting existing load balancer");
             let lb = self.wait_active(&lb.id).await?;
             // Bring the adopted tree to the desired one with the normal plan.
-            let rec = self.read_back(&lb, d).await?;
+            let rec = self.read_found(&lb, d).await?;
             let steps = super::plan::plan(Some(&rec), d);
             let applied = Box::pin(self.apply(Some(rec), d, &steps)).await?;
             return Ok((lb.id, applied.refused, false));
@@ -530,17 +530,23 @@ impl LbActor<'_> {
     }
 
     /// Reads the tree of `lb` back (one status-tree call) into a record: ids from Octavia, the attributes
-    /// Octavia does not show there from `d`.
+    /// Octavia does not show there from `d` (what a pass just wrote).
     pub async fn read_back(&self, lb: &LoadBalancer, d: &DesiredLb) -> Result<RecordedLb, Error> {
         let tree = self
             .client
             .get_status_tree(&lb.id)
             .await
             .map_err(|e| Error::octavia(format!("reading load balancer {}", lb.id), e))?;
-        let mut rec = record_from_tree(lb, &tree, d);
-        // The status tree shows no timeouts, ACLs or session persistence: they are read, so that
-        // the plan changes what an adopted tree has of an older spec (a rolling restart while
-        // the Service's policies, annotations or affinity changed).
+        Ok(record_from_tree(lb, &tree, d))
+    }
+
+    /// [`Self::read_back`] of a tree no pass of this spec wrote (adopted, or left by a failed
+    /// pass): the timeouts, ACLs and session persistence the status tree does not show are read
+    /// from its listeners and pools (a call each), so that the plan changes what it has of an
+    /// older spec (a rolling restart while the Service's policies, annotations or affinity
+    /// changed). Not after a pass's own writes: they are what `d` says.
+    pub async fn read_found(&self, lb: &LoadBalancer, d: &DesiredLb) -> Result<RecordedLb, Error> {
+        let mut rec = self.read_back(lb, d).await?;
         for l in rec.listeners.values_mut() {
             let got = self
                 .client
