@@ -13,7 +13,9 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::api::{CniParams, Command, DaemonError};
-use crate::binding::{BindingConfig, BindingDrivers, BindingError, PlugSpec, PlugTarget, TeardownError};
+use crate::binding::{
+    BindingConfig, BindingDrivers, BindingError, HybridDevices, PlugSpec, PlugTarget, TeardownError,
+};
 use crate::metrics::Metrics;
 use crate::netlink::{NetNs, Netlink};
 use crate::registry::{Attachment, Entry, PodKey, Registry, Wait};
@@ -860,8 +862,9 @@ impl Daemon {
     }
 }
 
-/// Delete host links by name; returns the names that were enslaved to a
-/// Linux bridge (so were never OVS ports).
+/// Delete host links by name (and an OVS hybrid plug's per-port bridge with its
+/// port's pod veth); returns the names that were enslaved to a Linux bridge (so
+/// were never OVS ports).
 /// `names` less the host links another container owns now (their alias names
 /// another kuryr owner than `owner`): plugged for another pod since, under the
 /// same Neutron port's interface name.
@@ -897,16 +900,23 @@ async fn delete_host_links(names: &[String], errors: &mut Vec<BindingError>) -> 
     for name in names {
         match host.link_by_name(name).await {
             Ok(Some(l)) => {
+                let mut port_bridge = None;
                 if let Some(master) = l.master
                     && let Ok(Some(m)) = host.link_by_index(master).await
                     && m.kind.as_deref() == Some("bridge")
                 {
                     bridged.push(name.clone());
+                    // An OVS hybrid plug's bridge is the port's own: it goes with the port.
+                    if HybridDevices::of_tap(name).is_some_and(|d| d.bridge == m.name) {
+                        port_bridge = Some(m.index);
+                    }
                 }
-                if let Err(e) = host.delete_link(l.index).await
-                    && e.errno() != Some(libc::ENODEV)
-                {
-                    errors.push(e.into());
+                for index in std::iter::once(l.index).chain(port_bridge) {
+                    if let Err(e) = host.delete_link(index).await
+                        && e.errno() != Some(libc::ENODEV)
+                    {
+                        errors.push(e.into());
+                    }
                 }
             }
             Ok(None) => {}

@@ -217,11 +217,15 @@ mod tests {
             container_id: "c1".into(),
             netns: Some("/var/run/netns/x".into()),
             netns_id: Some((4, 4026532000)),
-            host_ifnames: vec!["tapp1".into(); 5],
+            host_ifnames: vec!["tapp1".into(); 6],
             specs: vec![
                 spec(PlugKind::Bridge { bridge: "br0".into() }),
                 spec(PlugKind::OpenVSwitch {
                     bridge: "br-int".into(),
+                }),
+                spec(PlugKind::HybridOvs {
+                    bridge: "qbrp1".into(),
+                    ovs_bridge: "br-int".into(),
                 }),
                 spec(PlugKind::VlanNested { vlan_id: 42 }),
                 spec(PlugKind::MacvlanNested),

@@ -63,6 +63,23 @@ pub fn plug_spec(
     }
     let mtu = network.and_then(|n| n.mtu).filter(|m| *m > 0);
     let kind = match vif {
+        // OVS hybrid plug: the VIF's bridge is the per-port Linux bridge, the network's the OVS one.
+        Vif::Bridge(b) if b.base.plugin == "ovs" => {
+            let ovs_bridge = network
+                .and_then(|n| n.bridge.clone())
+                .unwrap_or_else(|| config.ovs_bridge.clone());
+            let port_bridge = b
+                .bridge_name
+                .clone()
+                .unwrap_or_else(|| format!("qbr{port}").chars().take(14).collect());
+            match config.ovs_plug {
+                OvsPlugMode::Ovs => PlugKind::HybridOvs {
+                    bridge: port_bridge,
+                    ovs_bridge,
+                },
+                OvsPlugMode::LinuxBridge => PlugKind::Bridge { bridge: ovs_bridge },
+            }
+        }
         Vif::Bridge(b) => PlugKind::Bridge {
             bridge: b
                 .bridge_name
@@ -176,7 +193,7 @@ pub fn dns_servers(vifs: &[&Vif]) -> Vec<IpAddr> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use kuryr_crds::vif::{Network, VifBase, VifOpenVSwitch};
+    use kuryr_crds::vif::{Network, VifBase, VifBridge, VifOpenVSwitch};
 
     use super::*;
 
@@ -207,6 +224,54 @@ mod tests {
             spec.kind,
             PlugKind::Bridge {
                 bridge: "br-int".into()
+            }
+        );
+    }
+
+    /// Upstream's VIF of a port Neutron binds with `ovs_hybrid_plug` (the OVS agent's
+    /// iptables_hybrid firewall): the pod goes on its per-port bridge, joined to the network's OVS
+    /// bridge; a Linux bridge VIF (plugin `linux_bridge`) stays a plain bridge plug.
+    #[test]
+    fn hybrid_ovs_vifs_go_on_their_port_bridge_joined_to_the_ovs_bridge() {
+        let vif = Vif::from_primitive(
+            serde_json::from_str(include_str!(
+                "../../kuryr-crds/tests/fixtures/upstream/vif-ovs-hybrid.json"
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        let mut config = BindingConfig::default();
+        let spec = plug_spec(&vif, "eth0", true, &config).unwrap();
+        assert_eq!(
+            spec.kind,
+            PlugKind::HybridOvs {
+                bridge: "qbr2a1b2c3d-11".into(),
+                ovs_bridge: "br-int".into()
+            }
+        );
+        assert_eq!(spec.host_ifname, "tap2a1b2c3d-11");
+        config.ovs_plug = OvsPlugMode::LinuxBridge;
+        let spec = plug_spec(&vif, "eth0", true, &config).unwrap();
+        assert_eq!(
+            spec.kind,
+            PlugKind::Bridge {
+                bridge: "br-int".into()
+            }
+        );
+
+        let mut base = VifBase::new("port-2", "linux_bridge");
+        base.address = Some("fa:16:3e:00:00:02".into());
+        base.network = Some(Network::new("net-1"));
+        let plain = Vif::Bridge(VifBridge {
+            base,
+            bridge_name: Some("brqnet-1".into()),
+            obj: Default::default(),
+        });
+        let spec = plug_spec(&plain, "eth0", true, &BindingConfig::default()).unwrap();
+        assert_eq!(
+            spec.kind,
+            PlugKind::Bridge {
+                bridge: "brqnet-1".into()
             }
         );
     }

@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use common::*;
-use kuryr_crds::vif::{FixedIp, Network, PortProfile, Subnet, VifBase, VifOpenVSwitch};
+use kuryr_crds::vif::{FixedIp, Network, PortProfile, Subnet, VifBase, VifBridge, VifOpenVSwitch};
 use kuryr_crds::{KuryrPort, KuryrPortSpec, KuryrPortStatus, KuryrPortVif, Vif};
 use kuryr_daemon::binding::{
-    BindingConfig, BindingDrivers, BindingError, PlugKind, PlugSpec, PlugTarget, TxChecksumMode,
-    ovs_available_at,
+    BindingConfig, BindingDrivers, BindingError, HybridDevices, PlugKind, PlugSpec, PlugTarget,
+    TxChecksumMode, ovs_available_at,
 };
 use kuryr_daemon::netlink::{NetNs, Netlink};
 use kuryr_daemon::{ApiHealth, Daemon, DaemonConfig, NoEvents};
@@ -133,6 +133,43 @@ fn spec(port: &str, tap: &str, mac: &str, addr: &str, bridge: &str) -> PlugSpec 
             bridge: bridge.into(),
         },
     }
+}
+
+/// A pod interface plugged the OVS hybrid way: `tap...` on the port's `qbr...`
+/// bridge, joined to `ovs_bridge` by `qvb...`/`qvo...` (os-vif's names).
+fn hybrid_spec(port: &str, mac: &str, addr: &str, ovs_bridge: &str) -> PlugSpec {
+    let tap = kuryr_crds::vif_name_for_port(port);
+    let bridge = HybridDevices::of_tap(&tap).unwrap().bridge;
+    PlugSpec {
+        kind: PlugKind::HybridOvs {
+            bridge,
+            ovs_bridge: ovs_bridge.into(),
+        },
+        ..spec(port, &tap, mac, addr, ovs_bridge)
+    }
+}
+
+/// Every host link a plug of `spec` may make (the hybrid plug's devices when
+/// its host end is named like a port's tap), deleted on drop.
+struct HybridLinks(Vec<HostLink>);
+
+impl HybridLinks {
+    fn of(spec: &PlugSpec) -> Self {
+        let mut names = vec![spec.host_ifname.clone()];
+        if let Some(d) = HybridDevices::of_tap(&spec.host_ifname) {
+            names.extend([d.bridge, d.qvb, d.qvo]);
+        }
+        Self(names.into_iter().map(HostLink).collect())
+    }
+
+    fn names(&self) -> impl Iterator<Item = &String> {
+        self.0.iter().map(|l| &l.0)
+    }
+}
+
+/// `ip -o link show <name>` names `master`.
+fn on_master(name: &str, master: &str) -> bool {
+    host_ok(&["ip", "-o", "link", "show", name]).contains(&format!(" master {master} "))
 }
 
 /// [`tcp_reachable`] with a deadline: without one a path that drops every
@@ -285,6 +322,91 @@ async fn two_pods_on_a_netdev_bridge_reach_each_other_and_teardown_cleans_up() {
     }
 }
 
+/// OVS hybrid plug (upstream's `VIFBridge` of plugin `ovs`, for the OVS agent's
+/// iptables_hybrid firewall): each pod's veth on a Linux bridge of its port,
+/// joined to the OVS bridge by a veth whose `qvo` end is the OVS port the agent
+/// matches; pods talk through it, CHECK sees a broken link, teardown leaves
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hybrid_plugged_pods_talk_through_their_port_bridges_and_leave_nothing() {
+    let Some(db) = ovs_db() else { return };
+    if !can_netns() {
+        return;
+    }
+    let bridge = OvsBridge::netdev(&db, "kovy");
+    let (a, b) = (TestNetns::new("kovya"), TestNetns::new("kovyb"));
+    let (port_a, port_b) = (unique("ya"), unique("yb"));
+    let sa = hybrid_spec(&port_a, "fa:16:3e:00:45:0a", "10.75.0.10/24", &bridge.name);
+    let sb = hybrid_spec(&port_b, "fa:16:3e:00:45:0b", "10.75.0.11/24", &bridge.name);
+    let _links = (HybridLinks::of(&sa), HybridLinks::of(&sb));
+    let (na, nb) = (NetNs::open(&a.path()).unwrap(), NetNs::open(&b.path()).unwrap());
+    let (target_a, target_b) = (
+        PlugTarget::new(&na, "pod-uid-ya"),
+        PlugTarget::new(&nb, "pod-uid-yb"),
+    );
+    let drivers = BindingDrivers::new(&ovs_config(&db));
+    let d = drivers.for_kind(&sa.kind);
+    assert_eq!(d.name(), "neutron-vif/ovs-hybrid");
+    d.setup(&sa, &target_a).await.unwrap();
+    d.setup(&sb, &target_b).await.unwrap();
+    // A retried ADD over everything the first one made succeeds.
+    d.setup(&sa, &target_a).await.unwrap();
+    d.check(&sa, &target_a).await.unwrap();
+    d.check(&sb, &target_b).await.unwrap();
+
+    let mut qvos = Vec::new();
+    for (s, uid) in [(&sa, "pod-uid-ya"), (&sb, "pod-uid-yb")] {
+        let dev = HybridDevices::of_tap(&s.host_ifname).unwrap();
+        assert!(on_master(&s.host_ifname, &dev.bridge), "{dev:?}");
+        assert!(on_master(&dev.qvb, &dev.bridge), "{dev:?}");
+        assert_eq!(vsctl(&db, &["port-to-br", &dev.qvo]).trim(), bridge.name);
+        let ids = external_ids(&db, &dev.qvo);
+        assert_eq!(ids["iface-id"], json!(s.port_id), "{ids:?}");
+        assert_eq!(ids["attached-mac"], json!(s.mac.to_string()), "{ids:?}");
+        assert_eq!(ids["iface-status"], json!("active"), "{ids:?}");
+        assert_eq!(ids["vm-uuid"], json!(uid), "{ids:?}");
+        let ipv6 = format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", dev.bridge);
+        if let Ok(off) = std::fs::read_to_string(&ipv6) {
+            assert_eq!(off.trim(), "1", "{ipv6}");
+        }
+        qvos.push(dev.qvo);
+    }
+    // Only the qvo ends are OVS ports: the pods' veths are on their Linux bridges.
+    let mut ports: Vec<String> = vsctl(&db, &["list-ports", &bridge.name])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    ports.sort();
+    qvos.sort();
+    assert_eq!(ports, qvos);
+
+    tcp_ok(&a, &b, "10.75.0.11").await;
+    tcp_ok(&b, &a, "10.75.0.10").await;
+
+    // CHECK notices the port bridge's link to OVS taken off it.
+    let qvb_b = HybridDevices::of_tap(&sb.host_ifname).unwrap().qvb;
+    host_ok(&["ip", "link", "set", &qvb_b, "nomaster"]);
+    match d.check(&sb, &target_b).await {
+        Err(BindingError::Check { ifname, message }) => {
+            assert_eq!(ifname, qvb_b);
+            assert!(message.contains("not attached to bridge"), "{message}");
+        }
+        other => panic!("CHECK must fail with qvb off the bridge, got {other:?}"),
+    }
+
+    d.teardown(&sa, &target_a).await.unwrap();
+    d.teardown(&sb, &target_b).await.unwrap();
+    d.teardown(&sa, &target_a).await.expect("teardown is idempotent");
+    assert_eq!(vsctl(&db, &["list-ports", &bridge.name]).trim(), "");
+    for link in _links.0.names().chain(_links.1.names()) {
+        assert!(!host_link_exists(link).await, "{link} left");
+    }
+    for ns in [&a, &b] {
+        let links = ns.exec_ok(&["ip", "-o", "link"]);
+        assert!(!links.contains("eth0"), "{links}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn teardown_collects_the_ovsdb_error_and_still_removes_the_veth() {
     let Some(db) = ovs_db() else { return };
@@ -416,7 +538,8 @@ async fn a_bridge_name_taken_by_a_port_is_refused_with_the_reason() {
 }
 
 /// Needs no running OVS: a database that does not answer makes the driver
-/// refuse with the reason, leaving nothing behind.
+/// refuse with the reason, leaving nothing behind (a hybrid plug's bridge and
+/// veth pair, made before the OVS port, neither).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_ovsdb_refuses_setup_without_leftovers() {
     if !can_netns() {
@@ -424,30 +547,35 @@ async fn unreachable_ovsdb_refuses_setup_without_leftovers() {
     }
     let pod = TestNetns::new("kovu");
     let ns = NetNs::open(&pod.path()).unwrap();
-    let tap = unique("kovt");
-    let _l = HostLink(tap.clone());
     let dead = tempfile::tempdir().unwrap();
     let drivers = BindingDrivers::new(&BindingConfig {
         ovs_timeout_secs: 2,
         ..ovs_config(&format!("unix:{}/db.sock", dead.path().display()))
     });
-    let s = spec("port-u", &tap, "fa:16:3e:00:42:01", "10.73.0.5/24", "br-int");
-    match drivers
-        .for_kind(&s.kind)
-        .setup(&s, &PlugTarget::new(&ns, "u"))
-        .await
-    {
-        Err(BindingError::Unsupported { driver, reason }) => {
-            assert_eq!(driver, "neutron-vif/ovs");
-            assert!(
-                reason.contains("ovsdb-server does not answer") || reason.contains("not installed"),
-                "{reason}"
-            );
+    let tap = unique("kovt");
+    let plain = spec("port-u", &tap, "fa:16:3e:00:42:01", "10.73.0.5/24", "br-int");
+    let hybrid = hybrid_spec(&unique("u"), "fa:16:3e:00:42:02", "10.73.0.6/24", "br-int");
+    for (s, driver) in [(plain, "neutron-vif/ovs"), (hybrid, "neutron-vif/ovs-hybrid")] {
+        let _l = HybridLinks::of(&s);
+        match drivers
+            .for_kind(&s.kind)
+            .setup(&s, &PlugTarget::new(&ns, "u"))
+            .await
+        {
+            Err(BindingError::Unsupported { driver: d, reason }) => {
+                assert_eq!(d, driver);
+                assert!(
+                    reason.contains("ovsdb-server does not answer") || reason.contains("not installed"),
+                    "{reason}"
+                );
+            }
+            other => panic!("{driver}: expected Unsupported, got {other:?}"),
         }
-        other => panic!("expected Unsupported, got {other:?}"),
+        for link in _l.names() {
+            assert!(!host_link_exists(link).await, "{driver}: {link} left");
+        }
+        assert!(!pod.exec_ok(&["ip", "-o", "link"]).contains("eth0"), "{driver}");
     }
-    assert!(!host_link_exists(&tap).await);
-    assert!(!pod.exec_ok(&["ip", "-o", "link"]).contains("eth0"));
 }
 
 /// An ovsdb-server that finds the bridge and then never answers again (an ovs-vswitchd that does
@@ -515,6 +643,7 @@ async fn an_add_dropped_mid_plug_still_finishes_its_plug() {
     let tap = kuryr_crds::vif_name_for_port(&port_id);
     let _l = HostLink(tap.clone());
     d.registry.apply_kuryrport(ovs_kuryrport(
+        Plug::Ovs,
         "cut",
         "uid-cut",
         &node,
@@ -554,9 +683,21 @@ impl ApiHealth for ApiUp {
     }
 }
 
-/// A KuryrPort whose eth0 is a `VIFOpenVSwitch` on `bridge`, as the
-/// controller's neutron-vif driver writes it for a port bound by the OVS agent.
+/// How the OVS agent binds a port: plugged into the OVS bridge, or through a
+/// Linux bridge of its own (`ovs_hybrid_plug`, its iptables_hybrid firewall).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Plug {
+    Ovs,
+    Hybrid,
+}
+
+/// A KuryrPort whose eth0 is a `VIFOpenVSwitch` on `bridge` (or, hybrid, a
+/// `VIFBridge` of plugin `ovs` on the port's `qbr` bridge with `bridge` in its
+/// network), as the controller's neutron-vif driver writes it for a port bound
+/// by the OVS agent.
+#[allow(clippy::too_many_arguments)]
 fn ovs_kuryrport(
+    plug: Plug,
     name: &str,
     uid: &str,
     node: &str,
@@ -576,11 +717,18 @@ fn ovs_kuryrport(
     subnet.ips = vec![FixedIp::new(ip.parse().unwrap())].into();
     net.subnets = vec![subnet].into();
     base.network = Some(net);
-    let vif = Vif::OpenVSwitch(VifOpenVSwitch {
-        base,
-        bridge_name: Some(bridge.into()),
-        obj: Default::default(),
-    });
+    let vif = match plug {
+        Plug::Ovs => Vif::OpenVSwitch(VifOpenVSwitch {
+            base,
+            bridge_name: Some(bridge.into()),
+            obj: Default::default(),
+        }),
+        Plug::Hybrid => Vif::Bridge(VifBridge {
+            base,
+            bridge_name: Some(format!("qbr{port_id}").chars().take(14).collect()),
+            obj: Default::default(),
+        }),
+    };
     let mut kp = KuryrPort::new(
         name,
         KuryrPortSpec {
@@ -650,8 +798,16 @@ async fn daemon_http_add_del_with_ovs_vifs() {
         let port_id = format!("{}-port-{i}", unique("q"));
         let tap = kuryr_crds::vif_name_for_port(&port_id);
         taps.push((HostLink(tap.clone()), port_id.clone(), uid.clone()));
-        d.registry
-            .apply_kuryrport(ovs_kuryrport(name, &uid, &node, &port_id, mac, ip, "br-int"));
+        d.registry.apply_kuryrport(ovs_kuryrport(
+            Plug::Ovs,
+            name,
+            &uid,
+            &node,
+            &port_id,
+            mac,
+            ip,
+            "br-int",
+        ));
         let r = http
             .post(format!("{api}/addNetwork"))
             .json(&cni_body("ADD", name, &format!("c-{name}"), &ns.path(), &uid))
@@ -690,7 +846,8 @@ async fn daemon_http_add_del_with_ovs_vifs() {
 /// A daemon restarted while an OVS pod is plugged, whose KuryrPort is gone
 /// by the time of the DEL: the OVS Port row must go with the veth, both when
 /// the attachment comes back from the state directory (full spec) and when
-/// only the host link alias is left (no state directory).
+/// only the host link alias is left (no state directory). A hybrid plug's
+/// port bridge and its `qvb`/`qvo` pair go too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn del_after_restart_removes_the_ovs_port() {
     let Some(db) = ovs_db() else { return };
@@ -698,7 +855,12 @@ async fn del_after_restart_removes_the_ovs_port() {
         return;
     }
     let state = tempfile::tempdir().unwrap();
-    for (case, with_state) in [("state", true), ("alias", false)] {
+    for (case, with_state, plug) in [
+        ("state", true, Plug::Ovs),
+        ("alias", false, Plug::Ovs),
+        ("hybrid state", true, Plug::Hybrid),
+        ("hybrid alias", false, Plug::Hybrid),
+    ] {
         let node = unique("kovr");
         let cfg = |state_dir: Option<std::path::PathBuf>| {
             let mut cfg = DaemonConfig::new(node.clone());
@@ -714,8 +876,16 @@ async fn del_after_restart_removes_the_ovs_port() {
         let port_id = format!("{}-port-r", unique("q"));
         let tap = kuryr_crds::vif_name_for_port(&port_id);
         let _t = HostLink(tap.clone());
+        let hybrid = HybridDevices::of_tap(&tap).unwrap();
+        let _h = (HostLink(hybrid.qvo.clone()), HostLink(hybrid.bridge.clone()));
+        // The OVS port: the pod veth's host end, or the hybrid plug's qvo.
+        let ovs_port = match plug {
+            Plug::Ovs => tap.clone(),
+            Plug::Hybrid => hybrid.qvo.clone(),
+        };
         let ns = TestNetns::new("kovr");
         first.registry.apply_kuryrport(ovs_kuryrport(
+            plug,
             &pod,
             &uid,
             &node,
@@ -726,7 +896,10 @@ async fn del_after_restart_removes_the_ovs_port() {
         ));
         let add = cni_body("ADD", &pod, "ctr", &ns.path(), &uid).to_string();
         first.add(add.as_bytes()).await.unwrap();
-        assert_eq!(vsctl(&db, &["port-to-br", &tap]).trim(), "br-int", "{case}");
+        assert_eq!(vsctl(&db, &["port-to-br", &ovs_port]).trim(), "br-int", "{case}");
+        if plug == Plug::Hybrid {
+            assert!(host_link_exists(&hybrid.bridge).await, "{case}");
+        }
         drop(first);
 
         let d = Daemon::new(cfg(state_dir), Arc::new(NoEvents), Arc::new(ApiUp));
@@ -740,13 +913,15 @@ async fn del_after_restart_removes_the_ovs_port() {
         let del = cni_body("DEL", &pod, "ctr", &ns.path(), &uid).to_string();
         d.del(del.as_bytes()).await.unwrap();
         let ports = vsctl(&db, &["list-ports", "br-int"]);
-        assert!(!ports.lines().any(|p| p == tap), "{case}: {ports}");
+        assert!(!ports.lines().any(|p| p == ovs_port), "{case}: {ports}");
         let rows = vsctl(
             &db,
-            &["--columns=name", "find", "Interface", &format!("name={tap}")],
+            &["--columns=name", "find", "Interface", &format!("name={ovs_port}")],
         );
         assert!(rows.trim().is_empty(), "{case}: {rows}");
-        assert!(!host_link_exists(&tap).await, "{case}");
+        for link in [&tap, &hybrid.bridge, &hybrid.qvb, &hybrid.qvo] {
+            assert!(!host_link_exists(link).await, "{case}: {link} left");
+        }
         assert!(!ns.exec_ok(&["ip", "-o", "link"]).contains("eth0"), "{case}");
     }
 }

@@ -107,23 +107,35 @@ pub fn vif_from_port(
                 })
             }
             _ => {
-                let mut base = mk_base("ovs");
                 let details = &port.binding_vif_details;
-                base.has_traffic_filtering = details
-                    .get("port_filter")
-                    .and_then(serde_json::Value::as_bool)
-                    .unwrap_or(false);
-                base.port_profile = Some(PortProfile::open_vswitch(port.id.clone()));
+                let flag = |key: &str| details.get(key).and_then(serde_json::Value::as_bool);
                 let bridge = details
                     .get("bridge_name")
                     .and_then(serde_json::Value::as_str)
                     .map(str::to_string)
                     .unwrap_or_else(|| ovs_bridge.clone());
-                Vif::OpenVSwitch(VifOpenVSwitch {
-                    base,
-                    bridge_name: Some(bridge),
-                    obj: Default::default(),
-                })
+                let mut base = mk_base("ovs");
+                base.has_traffic_filtering = flag("port_filter").unwrap_or(false);
+                base.port_profile = Some(PortProfile::open_vswitch(port.id.clone()));
+                if let Some(net) = base.network.as_mut() {
+                    net.bridge = Some(bridge.clone());
+                }
+                // The OVS agent's iptables_hybrid firewall filters on a Linux bridge of the
+                // port's own (os-vif's hybrid plug); a pod plugged into the OVS bridge directly
+                // would escape its security groups.
+                if flag("ovs_hybrid_plug") == Some(true) {
+                    Vif::Bridge(VifBridge {
+                        base,
+                        bridge_name: Some(format!("qbr{}", port.id).chars().take(14).collect()),
+                        obj: Default::default(),
+                    })
+                } else {
+                    Vif::OpenVSwitch(VifOpenVSwitch {
+                        base,
+                        bridge_name: Some(bridge),
+                        obj: Default::default(),
+                    })
+                }
             }
         },
         VifKind::VlanNested { vlan_id } => Vif::VlanNested(VifVlanNested {
@@ -146,4 +158,92 @@ pub fn vif_from_port(
             obj: Default::default(),
         }),
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn bound_port(details: serde_json::Value) -> (Port, NetworkInfo) {
+        let subnet = kuryr_neutron::Subnet {
+            id: "subnet-1".into(),
+            cidr: "10.11.9.0/24".into(),
+            gateway_ip: Some("10.11.9.1".into()),
+            ..Default::default()
+        };
+        let port = Port {
+            id: "2a1b2c3d-1111-4222-8333-944455556666".into(),
+            mac_address: "fa:16:3e:bf:84:ff".into(),
+            fixed_ips: vec![kuryr_neutron::FixedIp {
+                subnet_id: "subnet-1".into(),
+                ip_address: "10.11.9.5".into(),
+            }],
+            status: "DOWN".into(),
+            binding_vif_type: "ovs".into(),
+            binding_vif_details: serde_json::from_value(details).unwrap(),
+            ..Default::default()
+        };
+        let net = NetworkInfo {
+            id: "144164d9-8c21-4274-acec-43245de0aed0".into(),
+            name: "ns/luis-net".into(),
+            mtu: Some(1450),
+            subnets: vec![subnet],
+        };
+        (port, net)
+    }
+
+    fn bound(details: serde_json::Value) -> Vif {
+        let (port, net) = bound_port(details);
+        let kind = VifKind::Bound {
+            ovs_bridge: "br-int".into(),
+        };
+        vif_from_port(&port, &net, &kind, 0).unwrap()
+    }
+
+    /// A port the OVS agent binds with `ovs_hybrid_plug` (its iptables_hybrid firewall) is
+    /// upstream's hybrid VIF: a `VIFBridge` of plugin `ovs` on the port's `qbr` bridge, the OVS
+    /// bridge in its network (the daemon joins the two); without it, a `VIFOpenVSwitch`.
+    #[test]
+    fn a_hybrid_plug_binding_is_a_bridge_vif_of_the_ovs_plugin() {
+        let vif =
+            bound(serde_json::json!({"port_filter": true, "ovs_hybrid_plug": true, "bridge_name": "br-int"}));
+        let Vif::Bridge(b) = &vif else { panic!("{vif:?}") };
+        assert_eq!(b.bridge_name.as_deref(), Some("qbr2a1b2c3d-11"));
+        assert_eq!(b.base.plugin, "ovs");
+        assert!(b.base.has_traffic_filtering);
+        assert_eq!(b.base.vif_name, "tap2a1b2c3d-11");
+        assert_eq!(
+            b.base.port_profile,
+            Some(PortProfile::open_vswitch("2a1b2c3d-1111-4222-8333-944455556666"))
+        );
+        let net = b.base.network.as_ref().unwrap();
+        assert_eq!(net.bridge.as_deref(), Some("br-int"));
+        // As upstream writes it (its own fixture, made by its os_vif_util).
+        let mine = vif.to_primitive().unwrap();
+        let theirs: serde_json::Value = serde_json::from_str(include_str!(
+            "../../../kuryr-crds/tests/fixtures/upstream/vif-ovs-hybrid.json"
+        ))
+        .unwrap();
+        for key in ["versioned_object.name", "versioned_object.version"] {
+            assert_eq!(mine[key], theirs[key], "{key}");
+        }
+        for key in ["bridge_name", "plugin", "vif_name", "has_traffic_filtering"] {
+            let at = |v: &serde_json::Value| v["versioned_object.data"][key].clone();
+            assert_eq!(at(&mine), at(&theirs), "{key}");
+        }
+
+        for details in [
+            serde_json::json!({"port_filter": true, "ovs_hybrid_plug": false}),
+            serde_json::json!({"port_filter": true}),
+        ] {
+            let vif = bound(details);
+            let Vif::OpenVSwitch(o) = &vif else {
+                panic!("{vif:?}")
+            };
+            assert_eq!(o.bridge_name.as_deref(), Some("br-int"));
+            let net = o.base.network.as_ref().unwrap();
+            assert_eq!(net.bridge.as_deref(), Some("br-int"));
+        }
+    }
 }

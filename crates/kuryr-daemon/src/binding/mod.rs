@@ -6,6 +6,7 @@
 //! and lives in [`l3`]. Teardown is best effort: it attempts every step and
 //! returns all the errors it met.
 
+mod hybrid;
 pub mod l3;
 mod nested;
 mod ovs;
@@ -13,6 +14,7 @@ pub mod ovsdb;
 mod sriov;
 mod veth;
 
+pub use hybrid::{HybridDevices, HybridOvsDriver};
 pub use nested::{MacvlanDriver, VlanDriver};
 pub use ovs::{Added, OvsProbe, disable_tx_checksum, is_userspace_datapath, ovs_available_at};
 pub use sriov::{SriovConfig, SriovDriver, VfCandidate, find_free_vf, sriov_capable_pfs};
@@ -95,6 +97,9 @@ pub enum PlugKind {
     Bridge { bridge: String },
     /// veth, host end plugged into an OVS bridge (VIFOpenVSwitch).
     OpenVSwitch { bridge: String },
+    /// veth, host end on a per-port Linux bridge `bridge` joined to the OVS bridge
+    /// `ovs_bridge` by another veth (VIFBridge of plugin `ovs`: OVS hybrid plug).
+    HybridOvs { bridge: String, ovs_bridge: String },
     /// VLAN device on the node's trunk interface (VIFVlanNested).
     VlanNested { vlan_id: u16 },
     /// macvlan on the node's interface (VIFMacvlanNested).
@@ -117,6 +122,7 @@ impl PlugKind {
         match self {
             Self::Bridge { .. } => "neutron-vif/bridge",
             Self::OpenVSwitch { .. } => "neutron-vif/ovs",
+            Self::HybridOvs { .. } => "neutron-vif/ovs-hybrid",
             Self::VlanNested { .. } => "nested-vlan",
             Self::MacvlanNested => "nested-macvlan",
             Self::Sriov { .. } => "sriov",
@@ -317,6 +323,7 @@ impl Default for BindingConfig {
 pub struct BindingDrivers {
     bridge: BridgeDriver,
     ovs: OvsDriver,
+    hybrid: HybridOvsDriver,
     vlan: VlanDriver,
     macvlan: MacvlanDriver,
     sriov: SriovDriver,
@@ -327,6 +334,7 @@ impl BindingDrivers {
         Self {
             bridge: BridgeDriver,
             ovs: OvsDriver::new(config),
+            hybrid: HybridOvsDriver::new(config),
             vlan: VlanDriver::new(config.link_iface.clone()),
             macvlan: MacvlanDriver::new(config.link_iface.clone()),
             sriov: SriovDriver::new(config.sriov.clone()),
@@ -342,6 +350,7 @@ impl BindingDrivers {
         match kind {
             PlugKind::Bridge { .. } => &self.bridge,
             PlugKind::OpenVSwitch { .. } => &self.ovs,
+            PlugKind::HybridOvs { .. } => &self.hybrid,
             PlugKind::VlanNested { .. } => &self.vlan,
             PlugKind::MacvlanNested => &self.macvlan,
             PlugKind::Sriov { .. } => &self.sriov,

@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 
-use crate::netlink::{LinkSettings, NetNs, Netlink, NetlinkError};
+use crate::netlink::{Link, LinkSettings, NetNs, Netlink, NetlinkError};
 
 use super::ovs::{OvsProbe, disable_tx_checksum};
 use super::{
@@ -14,7 +14,7 @@ use super::{
 /// Create the veth pair (pod end created directly in the pod namespace under
 /// its final name and MTU) and configure both ends; the host end gets the
 /// owner alias, goes on `master` when given and comes up, in one request.
-async fn plug_veth(
+pub(super) async fn plug_veth(
     host: &Netlink,
     spec: &PlugSpec,
     target: &PlugTarget<'_>,
@@ -60,7 +60,7 @@ async fn plug_veth(
 /// the first must not unplug the second. A link without a kuryr alias (one
 /// too long for the kernel) or a target that names no owner is taken for
 /// this one's, as before aliases were written.
-async fn host_end_of_another(spec: &PlugSpec, target: &PlugTarget<'_>) -> Option<String> {
+pub(super) async fn host_end_of_another(spec: &PlugSpec, target: &PlugTarget<'_>) -> Option<String> {
     let mine = target.owner_tag?;
     let host = Netlink::current().ok()?;
     let link = host.link_by_name(&spec.host_ifname).await.ok()??;
@@ -70,26 +70,31 @@ async fn host_end_of_another(spec: &PlugSpec, target: &PlugTarget<'_>) -> Option
 
 /// Remove the host end (which removes the pair) unless it is another
 /// container's, and the pod end by name.
-async fn unplug_veth(spec: &PlugSpec, target: &PlugTarget<'_>, errors: &mut Vec<BindingError>) {
+pub(super) async fn unplug_veth(spec: &PlugSpec, target: &PlugTarget<'_>, errors: &mut Vec<BindingError>) {
     if let Some(owner) = host_end_of_another(spec, target).await {
         tracing::info!(link = %spec.host_ifname, owner, "host end plugged for another container since: left alone");
     } else {
         match Netlink::current() {
-            Ok(host) => match host.link_by_name(&spec.host_ifname).await {
-                Ok(Some(l)) => {
-                    if let Err(e) = host.delete_link(l.index).await
-                        && e.errno() != Some(libc::ENODEV)
-                    {
-                        errors.push(e.into());
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => errors.push(e.into()),
-            },
+            Ok(host) => delete_host_link(&host, &spec.host_ifname, errors).await,
             Err(e) => errors.push(e.into()),
         }
     }
     delete_pod_link(spec, target, "veth", errors).await;
+}
+
+/// Delete the host link `name` if it is there (a veth end takes its peer along).
+pub(super) async fn delete_host_link(host: &Netlink, name: &str, errors: &mut Vec<BindingError>) {
+    match host.link_by_name(name).await {
+        Ok(Some(l)) => {
+            if let Err(e) = host.delete_link(l.index).await
+                && e.errno() != Some(libc::ENODEV)
+            {
+                errors.push(e.into());
+            }
+        }
+        Ok(None) => {}
+        Err(e) => errors.push(e.into()),
+    }
 }
 
 /// Delete `spec.ifname` in the pod if it is still there and of `kind`; a gone
@@ -150,19 +155,7 @@ impl BindingDriver for BridgeDriver {
         let host = Netlink::current()?;
         // Created when missing (single-node and test setups have no agent
         // doing it); never removed, other ports share it.
-        let br = match host.link_by_name(bridge).await? {
-            Some(b) => b,
-            None => {
-                match host.create_bridge(bridge).await {
-                    Err(e) if !e.is_exists() => return Err(e.into()),
-                    _ => {}
-                }
-                host.require_link(bridge).await?
-            }
-        };
-        if !br.up {
-            host.set_up(br.index).await?;
-        }
+        let br = ensure_bridge(&host, bridge).await?;
         plug_veth(&host, spec, target, Some(br.index)).await?;
         Ok(())
     }
@@ -179,20 +172,42 @@ impl BindingDriver for BridgeDriver {
         };
         let pod = Netlink::in_netns(target.require_netns()?).await?;
         l3::check(&pod, spec).await?;
-        let host = Netlink::current()?;
-        let br = host.link_by_name(bridge).await?;
-        let tap = host.link_by_name(&spec.host_ifname).await?;
-        match (br, tap) {
-            (Some(br), Some(tap)) if tap.master == Some(br.index) => Ok(()),
-            (_, None) => Err(BindingError::Check {
-                ifname: spec.host_ifname.clone(),
-                message: "host end of the veth is missing".into(),
-            }),
-            _ => Err(BindingError::Check {
-                ifname: spec.host_ifname.clone(),
-                message: format!("host end is not attached to bridge {bridge}"),
-            }),
+        check_on_bridge(&Netlink::current()?, &spec.host_ifname, bridge).await
+    }
+}
+
+/// The Linux bridge `name`, created when missing, up.
+pub(super) async fn ensure_bridge(host: &Netlink, name: &str) -> Result<Link, BindingError> {
+    let br = match host.link_by_name(name).await? {
+        Some(b) => b,
+        None => {
+            match host.create_bridge(name).await {
+                Err(e) if !e.is_exists() => return Err(e.into()),
+                _ => {}
+            }
+            host.require_link(name).await?
         }
+    };
+    if !br.up {
+        host.set_up(br.index).await?;
+    }
+    Ok(br)
+}
+
+/// CHECK of a host link: `ifname` exists and is a port of the Linux bridge `bridge`.
+pub(super) async fn check_on_bridge(host: &Netlink, ifname: &str, bridge: &str) -> Result<(), BindingError> {
+    let br = host.link_by_name(bridge).await?;
+    let link = host.link_by_name(ifname).await?;
+    match (br, link) {
+        (Some(br), Some(link)) if link.master == Some(br.index) => Ok(()),
+        (_, None) => Err(BindingError::Check {
+            ifname: ifname.to_string(),
+            message: "host end of the veth is missing".into(),
+        }),
+        _ => Err(BindingError::Check {
+            ifname: ifname.to_string(),
+            message: format!("host end is not attached to bridge {bridge}"),
+        }),
     }
 }
 
@@ -220,13 +235,13 @@ impl OvsDriver {
     /// The database named, not asked: the operations talk to it directly,
     /// and it is asked whether it answers only when one failed
     /// ([`OvsDriver::unsupported`]).
-    fn locate(&self) -> OvsProbe {
+    pub(super) fn locate(&self) -> OvsProbe {
         OvsProbe::locate(self.timeout_secs, self.db.as_deref())
     }
 
     /// `Unsupported` with the reason when the database does not answer (a
     /// node that cannot do OVS), else `e` as it is.
-    async fn unsupported(&self, probe: &mut OvsProbe, e: BindingError) -> BindingError {
+    pub(super) async fn unsupported(&self, probe: &mut OvsProbe, e: BindingError) -> BindingError {
         if !matches!(e, BindingError::OvsUnreachable { .. }) {
             return e;
         }
@@ -240,18 +255,55 @@ impl OvsDriver {
         }
     }
 
-    /// Everything after the veth exists: bridge, port, external ids, and the
-    /// datapath specific pod-side setting. One connection to ovsdb-server:
-    /// the port in one transaction, then its error column once vswitchd
-    /// applied it.
-    async fn attach(
+    /// CHECK of an OVS port: `iface` is a port of `bridge` for the Neutron port `port_id`.
+    pub(super) async fn check_port(
+        &self,
+        bridge: &str,
+        iface: &str,
+        port_id: &str,
+    ) -> Result<(), BindingError> {
+        let fail = |message: String| BindingError::Check {
+            ifname: iface.to_string(),
+            message,
+        };
+        let mut probe = self.locate();
+        if let Some(reason) = probe.unavailable_reason() {
+            return Err(fail(reason));
+        }
+        let (on, iface_id) = match probe.port_of(iface).await {
+            Ok(Some(found)) => found,
+            Ok(None) => return Err(fail("not an OVS port".into())),
+            Err(e) => {
+                return Err(match self.unsupported(&mut probe, e).await {
+                    BindingError::Unsupported { reason, .. } => fail(reason),
+                    e => fail(e.to_string()),
+                });
+            }
+        };
+        if on != bridge {
+            return Err(fail(format!("OVS port is on bridge {on}, expected {bridge}")));
+        }
+        if iface_id != port_id {
+            return Err(fail(format!(
+                "external-ids:iface-id is {iface_id:?}, expected {port_id}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Everything after the veth exists: `iface` (the pod veth's host end, or the
+    /// hybrid plug's `qvo` end) made a port of `bridge` with the external ids of
+    /// `spec`'s Neutron port, and the datapath specific pod-side setting. One
+    /// connection to ovsdb-server: the port in one transaction, then its error
+    /// column once vswitchd applied it.
+    pub(super) async fn attach(
         &self,
         probe: &OvsProbe,
         bridge: &str,
+        iface: &str,
         spec: &PlugSpec,
         target: &PlugTarget<'_>,
     ) -> Result<(), BindingError> {
-        let iface = spec.host_ifname.as_str();
         let mac = spec.mac.to_string();
         let ids = [
             ("iface-id", spec.port_id.as_str()),
@@ -340,7 +392,7 @@ impl BindingDriver for OvsDriver {
         // A port record an interrupted setup left is replaced in attach's
         // transaction; its veth, here.
         plug_veth(&Netlink::current()?, spec, target, None).await?;
-        if let Err(e) = self.attach(&probe, bridge, spec, target).await {
+        if let Err(e) = self.attach(&probe, bridge, &spec.host_ifname, spec, target).await {
             let e = self.unsupported(&mut probe, e).await;
             // Don't leave a port or a veth nobody will ever wire; the setup
             // error is the one worth reporting.
@@ -383,34 +435,7 @@ impl BindingDriver for OvsDriver {
                 message: "host end of the veth is missing".into(),
             });
         }
-        let fail = |message: String| BindingError::Check {
-            ifname: spec.host_ifname.clone(),
-            message,
-        };
-        let mut probe = self.locate();
-        if let Some(reason) = probe.unavailable_reason() {
-            return Err(fail(reason));
-        }
-        let (on, iface_id) = match probe.port_of(&spec.host_ifname).await {
-            Ok(Some(found)) => found,
-            Ok(None) => return Err(fail("not an OVS port".into())),
-            Err(e) => {
-                return Err(match self.unsupported(&mut probe, e).await {
-                    BindingError::Unsupported { reason, .. } => fail(reason),
-                    e => fail(e.to_string()),
-                });
-            }
-        };
-        if on != *bridge {
-            return Err(fail(format!("OVS port is on bridge {on}, expected {bridge}")));
-        }
-        if iface_id != spec.port_id {
-            return Err(fail(format!(
-                "external-ids:iface-id is {iface_id:?}, expected {}",
-                spec.port_id
-            )));
-        }
-        Ok(())
+        self.check_port(bridge, &spec.host_ifname, &spec.port_id).await
     }
 }
 
