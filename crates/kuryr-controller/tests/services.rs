@@ -1173,6 +1173,65 @@ async fn a_port_the_provider_refuses_is_a_warning_event_and_the_other_ports_are_
     Ok(())
 }
 
+/// A pool the provider refuses (a driver's 501, as the amphora one answers for an algorithm it has
+/// not) refuses its port as a refused listener does: the listener made for it goes again (it would
+/// serve nothing), a Warning Event names the port, the Service's other ports are served, and the
+/// pool is not asked for again while the Service asks the same. Emulator only, as the listener case.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_the_provider_refuses_refuses_its_port_and_is_not_asked_again() -> Result<()> {
+    init_logs();
+    let oct = octavia_targets(LatencyProfile::Instant).await?.remove(0);
+    let emu = oct.emulator.as_ref().expect("the first target is the emulator");
+    let ns = unique("poolref");
+    let bed = Bed::new(&ns).await?;
+    let _ctrl = bed.controller(&oct, "", "svc-poolref");
+    let kube = bed.client();
+    let refusal = |op: &str| octavia_emulator::FaultRule {
+        operation: op.to_string(),
+        status: Some(501),
+        count: Some(1),
+        delay_ms: 0,
+    };
+    // The fully populated create is refused, then the first port's pool (TCP/80 comes first).
+    emu.set_faults(octavia_emulator::FaultConfig {
+        rules: vec![refusal("loadbalancer.create"), refusal("pool.create")],
+    });
+    create_service(
+        kube,
+        &ns,
+        "mixed",
+        "10.96.0.18",
+        &[("web", 80, 8080, "TCP"), ("dns", 53, 5353, "UDP")],
+    )
+    .await?;
+    let st = recorded(kube, &ns, "mixed", 1, 0).await?;
+    assert_eq!(
+        (st.listeners[0].protocol.as_str(), st.listeners[0].port),
+        ("UDP", 53)
+    );
+    let note = warning_note(kube, &ns, "mixed", Some("KuryrServicePortUnsupported")).await?;
+    assert!(note.contains("80/TCP") && note.contains("its pool"), "{note}");
+    let lb = st.loadbalancer.clone().context("the load balancer")?;
+    let tree = oct.client.get_status_tree(&lb.id).await?;
+    let listeners: Vec<_> = tree
+        .loadbalancer
+        .listeners
+        .iter()
+        .map(|l| l.name.clone())
+        .collect();
+    assert_eq!(
+        listeners,
+        [format!("{ns}/mixed:UDP:53")],
+        "the refused port's listener went"
+    );
+    // Not asked again: an endpoint change plans nothing for it.
+    let pools = emu.stats().count("pool.create");
+    set_endpoints(kube, &ns, "mixed", &ips(2), &[("web", 8080), ("dns", 5353)]).await?;
+    recorded(kube, &ns, "mixed", 1, 2).await?;
+    assert_eq!(emu.stats().count("pool.create"), pools, "{:?}", emu.stats());
+    Ok(())
+}
+
 /// A pass that fails after making a listener (Octavia refused its pool once) leaves that listener in
 /// Octavia but not in the record: the next pass reads the tree back and adds the pool to it, where
 /// planning from the old record would create the listener again, which Octavia refuses (409, the

@@ -611,7 +611,7 @@ impl KuryrLoadBalancerHandler {
                 true,
                 "KuryrServicePortUnsupported",
                 &format!(
-                    "Service port {}/{} is not served: Octavia refused its listener: {}",
+                    "Service port {}/{} is not served: Octavia refused {}",
                     r.key.1, r.key.0, r.reason
                 ),
             )

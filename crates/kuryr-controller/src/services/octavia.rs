@@ -21,7 +21,8 @@ use super::recorded::{RecordedLb, RecordedListener, RecordedMember, RecordedPool
 use crate::error::Error;
 use crate::pipeline::parked;
 
-/// A listener Octavia (its provider) refused, with Octavia's reason.
+/// A port whose listener or pool Octavia (its provider) refused, with what it refused and why
+/// (`its listener: <Octavia's reason>`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refused {
     pub key: ListenerKey,
@@ -310,14 +311,19 @@ impl LbActor<'_> {
                         Err(e) if is_refusal(&e) => {
                             refused.push(Refused {
                                 key: key.clone(),
-                                reason: e.to_string(),
+                                reason: format!("its listener: {e}"),
                             });
                             continue;
                         }
                         Err(e) => return Err(Error::octavia(format!("creating listener {}", l.name), e)),
                     };
                     self.wait_active(lb).await?;
-                    self.add_pool(lb, &created.id, &l.pool).await?;
+                    if let Some(reason) = self.add_pool(lb, &created.id, &l.pool).await? {
+                        refused.push(Refused {
+                            key: key.clone(),
+                            reason,
+                        });
+                    }
                     wrote = true;
                 }
                 Step::UpdateListener { key, listener_id } => {
@@ -348,7 +354,12 @@ impl LbActor<'_> {
                     let (Some(lb), Some(l)) = (lb_id.as_deref(), d.listeners.get(key)) else {
                         continue;
                     };
-                    self.add_pool(lb, listener_id, &l.pool).await?;
+                    if let Some(reason) = self.add_pool(lb, listener_id, &l.pool).await? {
+                        refused.push(Refused {
+                            key: key.clone(),
+                            reason,
+                        });
+                    }
                     wrote = true;
                 }
                 Step::UpdatePool { key, pool_id } => {
@@ -421,16 +432,30 @@ impl LbActor<'_> {
     }
 
     /// A listener's pool, then its members in one batch (a pool create takes no members).
-    async fn add_pool(&self, lb: &str, listener_id: &str, p: &DesiredPool) -> Result<(), Error> {
+    /// The pool of listener `listener_id`, with its members. `Ok(Some(reason))` when the provider
+    /// refused the pool (an algorithm it has not): the listener, which would serve nothing, is
+    /// deleted again and the port is refused as a refused listener is, not retried for ever.
+    async fn add_pool(&self, lb: &str, listener_id: &str, p: &DesiredPool) -> Result<Option<String>, Error> {
         let req = PoolCreate {
             listener_id: Some(listener_id.to_string()),
             members: Vec::new(),
             ..self.pool_create(p)
         };
-        let pool = self
-            .busy_write(lb, || self.client.create_pool(&req))
-            .await
-            .map_err(|e| Error::octavia(format!("creating pool {}", p.name), e))?;
+        let pool = match self.busy_write(lb, || self.client.create_pool(&req)).await {
+            Ok(pool) => pool,
+            Err(e) if is_refusal(&e) => {
+                ignore_not_found(
+                    self.busy_write(lb, || self.client.delete_listener(listener_id))
+                        .await,
+                )
+                .map_err(|e| {
+                    Error::octavia(format!("deleting listener {listener_id} of a refused pool"), e)
+                })?;
+                self.wait_active(lb).await?;
+                return Ok(Some(format!("its pool: {e}")));
+            }
+            Err(e) => return Err(Error::octavia(format!("creating pool {}", p.name), e)),
+        };
         self.wait_active(lb).await?;
         if !p.members.is_empty() {
             let members = self.members(p);
@@ -439,7 +464,7 @@ impl LbActor<'_> {
                 .map_err(|e| Error::octavia(format!("adding the members of pool {}", p.name), e))?;
             self.wait_active(lb).await?;
         }
-        Ok(())
+        Ok(None)
     }
 
     /// The whole tree in one fully populated create, or adopts the one a crash left behind. When Octavia
