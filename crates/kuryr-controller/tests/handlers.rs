@@ -24,7 +24,7 @@ use kuryr_controller::metrics::Metrics;
 use kuryr_controller::openstack::Deployments;
 use kuryr_controller::pipeline::{RegisteredHandler, ResourceEventHandler};
 use kuryr_controller::service::{ControllerOptions, run};
-use kuryr_crds::KuryrPort;
+use kuryr_crds::{KuryrPort, Vif};
 use serde_json::json;
 use support::*;
 use tokio_util::sync::CancellationToken;
@@ -517,6 +517,55 @@ async fn a_pod_with_the_longest_names_kubernetes_allows_is_wired_and_released() 
             }
         })
         .await?;
+        ctrl.stop.cancel();
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}
+
+/// A pod on a node whose OVS agent plugs the hybrid way (its firewall is iptables_hybrid: Neutron
+/// binds the port with `ovs_hybrid_plug`) gets upstream's hybrid VIF, a `VIFBridge` of plugin `ovs`
+/// on its port's `qbr` bridge with the OVS bridge in its network, which the CNI daemon plugs through
+/// that bridge where the agent's firewall filters; a pod on another node a `VIFOpenVSwitch`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pod_on_a_hybrid_plug_node_gets_a_bridge_vif_of_the_ovs_plugin() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.67.0.0/24").await?;
+        let ctrl = start_controller(
+            &kube.client,
+            &target,
+            config(&bare_metal_config(&fx, "vif,kuryrport")),
+            "c1",
+        );
+        create_namespace(&kube.client, "hybrid", json!({})).await?;
+        for (name, node) in [("plain", NODES[0]), ("filtered", HYBRID_PLUG_NODE)] {
+            let pod = create_pod(&kube.client, "hybrid", name, node, json!({})).await?;
+            let port = active_port_of(&kube.client, "hybrid", name, &pod.uid().unwrap()).await?;
+            let kp = Api::<KuryrPort>::namespaced(kube.client.clone(), "hybrid")
+                .get(name)
+                .await?;
+            let vif = kp
+                .status
+                .as_ref()
+                .and_then(|s| s.default_vif())
+                .map(|(_, v)| v.clone());
+            match (node, vif) {
+                (HYBRID_PLUG_NODE, Some(Vif::Bridge(b))) => {
+                    assert_eq!(b.base.plugin, "ovs", "{}", target.name);
+                    let qbr: String = format!("qbr{port}").chars().take(14).collect();
+                    assert_eq!(b.bridge_name.as_deref(), Some(qbr.as_str()), "{}", target.name);
+                    let bridge = b.base.network.as_ref().and_then(|n| n.bridge.clone());
+                    assert_eq!(bridge.as_deref(), Some("br-int"), "{}", target.name);
+                }
+                (_, Some(Vif::OpenVSwitch(o))) if node != HYBRID_PLUG_NODE => {
+                    assert_eq!(o.bridge_name.as_deref(), Some("br-int"), "{}", target.name);
+                }
+                (_, other) => panic!("{}: {name} on {node}: {other:?}", target.name),
+            }
+        }
         ctrl.stop.cancel();
         cleanup_project(neutron, &fx.project).await;
     }

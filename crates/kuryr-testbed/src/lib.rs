@@ -28,8 +28,12 @@ use tokio_util::sync::CancellationToken;
 
 pub use skip::{skip, skip_hardware};
 
-/// The real server's fake OVS agent serves exactly these hosts.
+/// The real server's fake OVS agent serves exactly these hosts (and [`HYBRID_PLUG_NODE`]).
 pub const NODES: [&str; 2] = ["k8s-node-1", "k8s-node-2"];
+
+/// The host whose OVS agent plugs the hybrid way (as with the iptables_hybrid firewall): ML2 binds
+/// its ports with `ovs_hybrid_plug` (`scripts/neutron-lab/`'s `HYBRID_HOSTS`).
+pub const HYBRID_PLUG_NODE: &str = "k8s-node-hybrid";
 
 pub fn init_logs() {
     let _ = tracing_subscriber::fmt()
@@ -70,7 +74,14 @@ pub async fn neutron_targets() -> Result<Vec<NeutronTarget>> {
     let mut out = vec![];
     let emu = Emulator::start(EmulatorOptions {
         active_delay: Duration::from_millis(50),
-        agent_hosts: AgentHosts::Only(NODES.iter().map(|s| s.to_string()).collect()),
+        agent_hosts: AgentHosts::Only(
+            NODES
+                .iter()
+                .chain(&[HYBRID_PLUG_NODE])
+                .map(|s| s.to_string())
+                .collect(),
+        ),
+        hybrid_plug_hosts: [HYBRID_PLUG_NODE.to_string()].into(),
         ..EmulatorOptions::default()
     })
     .await?;

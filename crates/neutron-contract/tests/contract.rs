@@ -1,5 +1,6 @@
 //! The contract suite against every available target (harness = false):
-//! - `emulator`: `neutron_emulator::Emulator` started in-process, agents on k8s-node-1 and k8s-node-2;
+//! - `emulator`: `neutron_emulator::Emulator` started in-process, agents on k8s-node-1, k8s-node-2 and
+//!   k8s-node-hybrid (whose OVS agent plugs the hybrid way), as the lab's fake agent registers them;
 //! - `neutron-server`: the real server at `KURYR_TEST_NEUTRON_URL` (skipped with a reason when unset, a failure when
 //!   `KURYR_TEST_REQUIRE_NEUTRON=1`).
 //!
@@ -30,7 +31,12 @@ fn main() -> ExitCode {
         let mut failed = false;
         if inv.targets.contains("emulator") {
             let emu_opts = EmulatorOptions {
-                agent_hosts: AgentHosts::Only(["k8s-node-1", "k8s-node-2"].map(String::from).into()),
+                agent_hosts: AgentHosts::Only(
+                    ["k8s-node-1", "k8s-node-2", "k8s-node-hybrid"]
+                        .map(String::from)
+                        .into(),
+                ),
+                hybrid_plug_hosts: ["k8s-node-hybrid".to_string()].into(),
                 ..EmulatorOptions::default()
             };
             match Emulator::start(emu_opts).await {

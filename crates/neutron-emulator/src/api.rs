@@ -242,7 +242,10 @@ pub fn handle(
                 })
         }
         Route::Agents if *m == Method::GET => {
-            let items: Vec<Value> = agent_hosts.iter().flat_map(|h| agents_json(h)).collect();
+            let items: Vec<Value> = agent_hosts
+                .iter()
+                .flat_map(|h| agents_json(h, store.hybrid_plug_hosts.contains(h)))
+                .collect();
             list_reply(req, "agents", items, None, |_| false)
         }
         Route::Collection(res) if *m == Method::GET => list_resource(store, *res, req),
@@ -344,7 +347,7 @@ pub fn handle(
 
 /// An agent host's L2 agents, like the lab's fake agent registers them: an Open vSwitch agent and a NIC Switch
 /// (SR-IOV) agent.
-fn agents_json(host: &str) -> [Value; 2] {
+fn agents_json(host: &str, hybrid_plug: bool) -> [Value; 2] {
     // Stable ids per host and agent so repeated lists agree.
     let id = |binary: &str| {
         let name = if binary == "neutron-openvswitch-agent" {
@@ -377,7 +380,7 @@ fn agents_json(host: &str) -> [Value; 2] {
             "neutron-openvswitch-agent",
             "Open vSwitch agent",
             json!({"bridge_mappings": bridges, "datapath_type": "system", "integration_bridge": "br-int",
-                   "tunnel_types": ["vxlan"], "ovs_hybrid_plug": false, "emulated": true}),
+                   "tunnel_types": ["vxlan"], "ovs_hybrid_plug": hybrid_plug, "emulated": true}),
         ),
         agent(
             "neutron-sriov-nic-agent",

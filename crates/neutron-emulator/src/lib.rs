@@ -80,6 +80,9 @@ pub struct EmulatorOptions {
     /// [`SRIOV_DEVICE_MAPPINGS`] say). `Any` binds every host; `Only` makes other hosts `binding_failed` like the real
     /// server.
     pub agent_hosts: AgentHosts,
+    /// Agent hosts whose OVS agent plugs the hybrid way (its firewall is `iptables_hybrid`): ports bound there get
+    /// `ovs_hybrid_plug` in `binding:vif_details`, as the real server takes it from the agent's report.
+    pub hybrid_plug_hosts: BTreeSet<String>,
     /// Answer with `Connection: close` like the real uWSGI setup (clients must cope with it).
     pub connection_close: bool,
 }
@@ -93,6 +96,7 @@ impl Default for EmulatorOptions {
             active_delay: Duration::from_millis(0),
             workers: None,
             agent_hosts: AgentHosts::Any,
+            hybrid_plug_hosts: BTreeSet::new(),
             connection_close: false,
         }
     }
@@ -117,10 +121,17 @@ struct Shared {
     active_delay: Mutex<Duration>,
     workers: Option<Arc<Semaphore>>,
     agent_hosts: AgentHosts,
+    hybrid_plug_hosts: BTreeSet<String>,
     connection_close: bool,
 }
 
 impl Shared {
+    fn new_store(&self) -> Store {
+        let mut store = Store::new(self.agent_hosts.clone());
+        store.hybrid_plug_hosts = self.hybrid_plug_hosts.clone();
+        store
+    }
+
     fn agent_list(&self, store: &Store) -> Vec<String> {
         match &self.agent_hosts {
             AgentHosts::Only(h) => h.iter().cloned().collect(),
@@ -140,13 +151,15 @@ impl Emulator {
             .map_err(|e| anyhow::anyhow!("neutron-emulator: cannot listen on {}: {e}", options.listen))?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
-            store: Mutex::new(Store::new(options.agent_hosts.clone())),
+            store: Mutex::new(Store::default()),
             control: Mutex::new(Control::new(options.faults.clone(), &options.latency)),
             active_delay: Mutex::new(options.active_delay),
             workers: options.workers.map(|n| Arc::new(Semaphore::new(n.max(1)))),
             agent_hosts: options.agent_hosts.clone(),
+            hybrid_plug_hosts: options.hybrid_plug_hosts.clone(),
             connection_close: options.connection_close,
         });
+        *shared.store.lock() = shared.new_store();
         let app = axum::Router::new().fallback(dispatch).with_state(shared.clone());
         let (tx, rx) = oneshot::channel::<()>();
         let faulty = FaultyListener {
@@ -288,7 +301,7 @@ impl Drop for EmulatorHandle {
 }
 
 fn reset_all(shared: &Shared) {
-    *shared.store.lock() = Store::new(shared.agent_hosts.clone());
+    *shared.store.lock() = shared.new_store();
     let mut c = shared.control.lock();
     c.set_faults(FaultConfig::default());
     c.stats = Stats::default();

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::networks::{SRIOV_PHYSNET, vlan_network};
 use super::trunks::trunk_fixture;
-use super::{ACTIVE_WITHIN, AGENT_HOST, AGENT_HOST_2, ids};
+use super::{ACTIVE_WITHIN, AGENT_HOST, AGENT_HOST_2, HYBRID_PLUG_HOST, ids};
 use crate::Ctx;
 
 pub(super) async fn ports_bound_to_agent_host_become_active(ctx: &Ctx) -> anyhow::Result<()> {
@@ -86,6 +86,38 @@ pub(super) async fn binding_by_update_becomes_active_and_unbinding_goes_down(
         unbound.binding_vif_type,
         unbound.binding_host_id
     );
+    Ok(())
+}
+
+/// ML2/OVS takes `ovs_hybrid_plug` from the OVS agent of the port's host (one whose firewall is
+/// iptables_hybrid reports it): the CNI then plugs the pod through a Linux bridge of its port, where
+/// that firewall filters. Such a port gets no `ovs_create_tap`.
+pub(super) async fn ovs_hybrid_plug_follows_the_agent_of_the_host(ctx: &Ctx) -> anyhow::Result<()> {
+    let (net, _) = ctx.network("10.66.0.0/24").await?;
+    for (host, hybrid) in [(AGENT_HOST, false), (HYBRID_PLUG_HOST, true)] {
+        let p = ctx
+            .port(PortCreate {
+                binding_host_id: Some(host.into()),
+                device_owner: Some("compute:kuryr".into()),
+                ..ctx.port_req(&net.id)
+            })
+            .await?;
+        let details = &p.binding_vif_details;
+        ensure!(
+            p.binding_vif_type == "ovs",
+            "{host}: vif_type {:?}",
+            p.binding_vif_type
+        );
+        ensure!(
+            details.get("ovs_hybrid_plug") == Some(&json!(hybrid)),
+            "{host}: vif_details {details:?}"
+        );
+        ensure!(
+            details.contains_key("ovs_create_tap") != hybrid,
+            "{host}: vif_details {details:?}"
+        );
+        ctx.wait_status(&p.id, "ACTIVE", ACTIVE_WITHIN).await?;
+    }
     Ok(())
 }
 

@@ -1,5 +1,6 @@
 //! The cases, one file per API area. Each asserts what neutron-server 29.0.0 (noauth, ML2 openvswitch +
-//! sriovnicswitch, fake OVS and NIC Switch agents on k8s-node-1 and k8s-node-2, VLAN ranges physnet1:100:200 and
+//! sriovnicswitch, fake OVS and NIC Switch agents on k8s-node-1, k8s-node-2 and k8s-node-hybrid (its OVS agent
+//! reporting `ovs_hybrid_plug`, as with the iptables_hybrid firewall), VLAN ranges physnet1:100:200 and
 //! physnet2:300:399, NIC Switch device_mappings physnet2; see `scripts/neutron-lab/`) does. [`all_cases`] is the
 //! one list of cases, in report order.
 
@@ -24,6 +25,7 @@ use crate::Case;
 const MISSING: &str = "00000000-0000-0000-0000-000000000000";
 const AGENT_HOST: &str = "k8s-node-1";
 const AGENT_HOST_2: &str = "k8s-node-2";
+const HYBRID_PLUG_HOST: &str = "k8s-node-hybrid";
 // The lab's agents report a binding through RabbitMQ and the RPC server: tens of seconds on a
 // 2-core machine running the whole test suite (30 s was once not enough). A port that never goes
 // ACTIVE still fails.
@@ -103,6 +105,7 @@ cases!(
     binding::ports_bound_to_agent_host_become_active,
     binding::binding_by_update_becomes_active_and_unbinding_goes_down,
     binding::binding_to_host_without_agent_fails,
+    binding::ovs_hybrid_plug_follows_the_agent_of_the_host,
     binding::trunk_subports_become_active,
     networks::provider_networks_flat_and_vlan,
     binding::direct_port_on_physnet_host_is_hw_veb_and_goes_active,

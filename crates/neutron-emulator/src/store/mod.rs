@@ -203,6 +203,8 @@ pub struct Store {
     pub agent_hosts: AgentHosts,
     pub seen_hosts: BTreeSet<String>,
     pub activations: Vec<Activation>,
+    /// Hosts whose OVS agent plugs the hybrid way ([`crate::EmulatorOptions::hybrid_plug_hosts`]).
+    pub hybrid_plug_hosts: BTreeSet<String>,
 }
 
 fn project_of(obj: &Obj) -> ApiResult<String> {

@@ -453,11 +453,19 @@ impl Store {
             .collect();
         let (vif_type, vif_details) = match self.binding(p) {
             Binding::Unbound => ("unbound", json!({})),
-            Binding::Ovs => (
-                "ovs",
-                json!({"connectivity": "l2", "port_filter": true, "ovs_hybrid_plug": false, "ovs_create_tap": true,
-                       "datapath_type": "system", "bridge_name": "br-int", "bound_drivers": {"0": "openvswitch"}}),
-            ),
+            Binding::Ovs => {
+                let mut details = json!({"connectivity": "l2", "port_filter": true, "ovs_hybrid_plug": false,
+                    "ovs_create_tap": true, "datapath_type": "system", "bridge_name": "br-int",
+                    "bound_drivers": {"0": "openvswitch"}});
+                // The agent's hybrid plug, and then no tap of OVS' own (the mechanism driver's rule).
+                if self.hybrid_plug_hosts.contains(&p.host) {
+                    details["ovs_hybrid_plug"] = json!(true);
+                    if let Some(d) = details.as_object_mut() {
+                        d.remove("ovs_create_tap");
+                    }
+                }
+                ("ovs", details)
+            }
             Binding::HwVeb { vlan } => (
                 "hw_veb",
                 json!({"port_filter": false, "connectivity": "l2", "vlan": vlan,
