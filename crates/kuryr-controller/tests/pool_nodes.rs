@@ -37,32 +37,30 @@ async fn create_node(kube: &kube::Client, node: &str) -> Result<()> {
     Ok(())
 }
 
-/// The hosts of the KuryrPortPool objects.
-async fn pool_objects(kube: &kube::Client) -> Result<BTreeSet<String>> {
+/// The KuryrPortPool objects.
+async fn pool_objects(kube: &kube::Client) -> Result<Vec<KuryrPortPool>> {
     let objs = Api::<KuryrPortPool>::namespaced(kube.clone(), CONTROLLER_NS);
-    Ok(objs
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter_map(|p| p.spec.key.host.or(p.spec.key.trunk_port_id))
-        .collect())
+    Ok(objs.list(&ListParams::default()).await?.items)
 }
 
-/// The KuryrPortPool objects: name -> (VIF driver, uid).
-async fn pool_objects_by_driver(kube: &kube::Client) -> Result<BTreeMap<String, (String, String)>> {
-    let objs = Api::<KuryrPortPool>::namespaced(kube.clone(), CONTROLLER_NS);
-    Ok(objs
-        .list(&ListParams::default())
-        .await?
-        .items
+/// Their hosts (trunks, for nested pools).
+fn hosts_of(pools: Vec<KuryrPortPool>) -> BTreeSet<String> {
+    pools
+        .into_iter()
+        .filter_map(|p| p.spec.key.host.or(p.spec.key.trunk_port_id))
+        .collect()
+}
+
+/// Their name -> (VIF driver, uid).
+fn drivers_of(pools: Vec<KuryrPortPool>) -> BTreeMap<String, (String, String)> {
+    pools
         .into_iter()
         .map(|p| {
             let name = p.metadata.name.unwrap_or_default();
             let uid = p.metadata.uid.unwrap_or_default();
             (name, (p.spec.vif_driver.unwrap_or_default(), uid))
         })
-        .collect())
+        .collect()
 }
 
 /// The hosts of the controller's pools, once none is refilling.
@@ -121,10 +119,9 @@ async fn pools_of_deleted_nodes_are_dropped_also_when_deleted_while_no_controlle
         let used = wait_active_ports(&kube.client, "demo", 2).await?;
         let both: BTreeSet<String> = NODES.iter().map(|n| n.to_string()).collect();
         eventually("a pool per node, flushed", WAIT, || async {
-            Ok(
-                (settled_hosts(&bed.socket).await? == both && pool_objects(&kube.client).await? == both)
-                    .then_some(()),
-            )
+            Ok((settled_hosts(&bed.socket).await? == both
+                && hosts_of(pool_objects(&kube.client).await?) == both)
+                .then_some(()))
         })
         .await?;
         assert_eq!(kuryr_ports(neutron, &fx.project).await?.len(), 6, "{t}");
@@ -134,7 +131,7 @@ async fn pools_of_deleted_nodes_are_dropped_also_when_deleted_while_no_controlle
         let only_first: BTreeSet<String> = [NODES[0].to_string()].into();
         eventually("the deleted node's pool dropped", WAIT, || async {
             Ok((settled_hosts(&bed.socket).await? == only_first
-                && pool_objects(&kube.client).await? == only_first
+                && hosts_of(pool_objects(&kube.client).await?) == only_first
                 && kuryr_ports(neutron, &fx.project).await?.len() == 4)
                 .then_some(()))
         })
@@ -226,7 +223,7 @@ async fn a_node_vm_replaced_under_the_same_name_gets_its_pods_on_the_new_trunk()
                     let hosts = settled_hosts(&bed.socket).await?;
                     Ok((subport_ids(neutron, old_trunk).await? == first
                         && hosts == [new_trunk.clone()].into()
-                        && pool_objects(&kube.client).await? == hosts)
+                        && hosts_of(pool_objects(&kube.client).await?) == hosts)
                         .then_some(()))
                 })
                 .await?;
@@ -334,7 +331,7 @@ async fn live_pools_of_both_nested_drivers_outlive_a_restart() -> Result<()> {
         let before = eventually("a pool per nested driver", WAIT, settled).await?;
         let ports = kuryr_ports(neutron, &fx.project).await?;
         let objects = eventually("each pool object names its VIF driver", WAIT, || async {
-            let o = pool_objects_by_driver(&kube.client).await?;
+            let o = drivers_of(pool_objects(&kube.client).await?);
             Ok((o.len() == 2 && o.values().all(|(d, _)| !d.is_empty())).then_some(o))
         })
         .await?;
@@ -383,7 +380,7 @@ async fn live_pools_of_both_nested_drivers_outlive_a_restart() -> Result<()> {
         eventually(
             "the pool objects written before, with their drivers",
             WAIT,
-            || async { Ok((pool_objects_by_driver(&kube.client).await? == objects).then_some(())) },
+            || async { Ok((drivers_of(pool_objects(&kube.client).await?) == objects).then_some(())) },
         )
         .await?;
         let now = kuryr_ports(neutron, &fx.project).await?;

@@ -170,6 +170,29 @@ fn vif(
     }
 }
 
+/// A throwaway pod namespace with one `eth0` VIF on a Linux bridge of its own (`v0`, port tag
+/// `tag`); the bridge and the veth's host end go on drop.
+struct BridgePod {
+    ns: TestNetns,
+    v0: VifFixture,
+    tap: String,
+    _links: [HostLink; 2],
+}
+
+impl BridgePod {
+    fn new(ns_prefix: &str, tag: &str, mac: &str, cidr: &str, ip: &str) -> Self {
+        let br = unique("kdb");
+        let v0 = vif("eth0", tag, mac, cidr, ip, None, &br);
+        let tap = kuryr_crds::vif_name_for_port(&v0.port_id);
+        Self {
+            ns: TestNetns::new(ns_prefix),
+            _links: [HostLink(br), HostLink(tap.clone())],
+            v0,
+            tap,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multi_vif_pod_with_renamed_default_interface() {
     if !can_netns() {
@@ -278,19 +301,9 @@ async fn static_pods_skip_the_uid_check_others_get_410() {
     if !can_netns() {
         return;
     }
-    let br = unique("kdb");
-    let _b = HostLink(br.clone());
-    let ns = TestNetns::new("kds");
-    let v0 = vif(
-        "eth0",
-        "s",
-        "fa:16:3e:00:31:01",
-        "10.83.0.0/24",
-        "10.83.0.5",
-        None,
-        &br,
-    );
-    let _t = HostLink(kuryr_crds::vif_name_for_port(&v0.port_id));
+    let pod = BridgePod::new("kds", "s", "fa:16:3e:00:31:01", "10.83.0.0/24", "10.83.0.5");
+    let ns = &pod.ns;
+    let v0 = pod.v0.clone();
     let d = daemon();
     let mut kp = kuryrport(
         "kube-system",
@@ -317,20 +330,10 @@ async fn restarted_daemon_still_ignores_stale_dels() {
     if !can_netns() {
         return;
     }
-    let br = unique("kdb");
-    let _b = HostLink(br.clone());
-    let ns = TestNetns::new("kdr");
-    let v0 = vif(
-        "eth0",
-        "r",
-        "fa:16:3e:00:32:01",
-        "10.84.0.0/24",
-        "10.84.0.5",
-        None,
-        &br,
-    );
-    let tap = kuryr_crds::vif_name_for_port(&v0.port_id);
-    let _t = HostLink(tap.clone());
+    let pod = BridgePod::new("kdr", "r", "fa:16:3e:00:32:01", "10.84.0.0/24", "10.84.0.5");
+    let ns = &pod.ns;
+    let v0 = pod.v0.clone();
+    let tap = pod.tap.clone();
     let kp = kuryrport("default", "web", "u1", "n1", std::slice::from_ref(&v0));
     let first = daemon();
     first.registry.apply_kuryrport(kp.clone());
@@ -408,20 +411,10 @@ async fn del_is_not_stuck_behind_an_add_waiting_for_activation() {
     if !can_netns() {
         return;
     }
-    let br = unique("kdb");
-    let _b = HostLink(br.clone());
-    let ns = TestNetns::new("kdw");
-    let mut v0 = vif(
-        "eth0",
-        "w",
-        "fa:16:3e:00:33:01",
-        "10.85.0.0/24",
-        "10.85.0.5",
-        None,
-        &br,
-    );
+    let pod = BridgePod::new("kdw", "w", "fa:16:3e:00:33:01", "10.85.0.0/24", "10.85.0.5");
+    let ns = &pod.ns;
+    let mut v0 = pod.v0.clone();
     v0.active = false;
-    let _t = HostLink(kuryr_crds::vif_name_for_port(&v0.port_id));
     let mut cfg = DaemonConfig::new("n1");
     // The ADD must still be waiting for activation whenever the DEL comes, however slow the machine.
     cfg.vif_annotation_timeout = WAIT;
@@ -477,19 +470,9 @@ async fn late_vifs_get_their_own_time_to_go_active() {
     if !can_netns() {
         return;
     }
-    let br = unique("kdb");
-    let _b = HostLink(br.clone());
-    let ns = TestNetns::new("kdl");
-    let mut v0 = vif(
-        "eth0",
-        "l",
-        "fa:16:3e:00:37:01",
-        "10.86.0.0/24",
-        "10.86.0.5",
-        None,
-        &br,
-    );
-    let _t = HostLink(kuryr_crds::vif_name_for_port(&v0.port_id));
+    let pod = BridgePod::new("kdl", "l", "fa:16:3e:00:37:01", "10.86.0.0/24", "10.86.0.5");
+    let ns = &pod.ns;
+    let mut v0 = pod.v0.clone();
     let timeout = Duration::from_secs(2);
     let mut cfg = DaemonConfig::new("n1");
     cfg.vif_annotation_timeout = timeout;
@@ -974,20 +957,10 @@ async fn restarted_daemon_tears_down_nested_bindings_from_its_state_dir() {
     }
     let vm = vm_interface("kdp");
     let parent = vm.0.clone();
-    let br = unique("kdb");
-    let _b = HostLink(br.clone());
-    let ns = TestNetns::new("kdn");
-    let v0 = vif(
-        "eth0",
-        "m",
-        "fa:16:3e:00:35:01",
-        "10.87.0.0/24",
-        "10.87.0.5",
-        None,
-        &br,
-    );
-    let tap = kuryr_crds::vif_name_for_port(&v0.port_id);
-    let _t = HostLink(tap.clone());
+    let pod = BridgePod::new("kdn", "m", "fa:16:3e:00:35:01", "10.87.0.0/24", "10.87.0.5");
+    let ns = &pod.ns;
+    let v0 = pod.v0.clone();
+    let tap = pod.tap.clone();
     let pod = unique("nested");
     let mut kp = kuryrport("default", &pod, "u1", "n1", std::slice::from_ref(&v0));
     let port1 = format!("{}m1-0000", unique("d"));
