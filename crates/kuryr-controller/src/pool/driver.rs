@@ -1123,10 +1123,10 @@ impl PoolDriver {
         first.map_or(Ok(pools.into_iter().map(|(_, n)| n).collect()), Err)
     }
 
-    /// Port ids this driver's pools account for, per deployment.
-    /// Whether a refill of any pool is in flight: Neutron may already list its ports (a bulk
-    /// create commits before it answers) while no pool records them yet.
-    /// When the oldest refill running now started (its ports are created after that).
+    /// When the oldest refill running now started (its ports are created after that): Neutron may
+    /// already list a refill's ports (a bulk create commits before it answers) while no pool records
+    /// them yet. Kept apart from the pools' own `populating` mark, which goes with its pool: a refill
+    /// of a pool removed meanwhile still runs, and its ports still come.
     pub fn refilling_since(&self) -> Option<Timestamp> {
         self.running
             .lock()
@@ -1136,6 +1136,7 @@ impl PoolDriver {
             .copied()
     }
 
+    /// Port ids this driver's pools account for, per deployment.
     pub fn owned_ports(&self) -> BTreeMap<String, BTreeSet<String>> {
         let st = self.lock();
         let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
