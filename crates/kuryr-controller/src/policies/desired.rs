@@ -140,7 +140,7 @@ fn egress_candidates<'a>(
     match peer {
         None => index.pods.iter().map(|(k, p)| (k, p, p.ips.clone())).collect(),
         Some(p @ Peer::Pods { .. }) => index.peer_pods(p).map(|(k, p)| (k, p, p.ips.clone())).collect(),
-        Some(Peer::Block { allowed, .. }) => index
+        Some(block @ Peer::Block { .. }) => index
             .pods
             .iter()
             .map(|(k, p)| {
@@ -148,7 +148,7 @@ fn egress_candidates<'a>(
                     .ips
                     .iter()
                     .copied()
-                    .filter(|ip| allowed.iter().any(|c| c.contains_ip(*ip)))
+                    .filter(|ip| block.block_holds(*ip))
                     .collect();
                 (k, p, ips)
             })

@@ -108,6 +108,17 @@ pub enum Peer {
     },
 }
 
+impl Peer {
+    /// Whether this is an ipBlock peer that holds `ip` (in its `cidr`, outside its `except`s). An
+    /// egress rule to such a peer reaches the pod with that address, and the Services in front of it.
+    pub fn block_holds(&self, ip: std::net::IpAddr) -> bool {
+        match self {
+            Peer::Block { allowed, .. } => allowed.iter().any(|c| c.contains_ip(ip)),
+            Peer::Pods { .. } => false,
+        }
+    }
+}
+
 /// One ingress or egress rule: `peers` `None` means every peer, `ports` `None` every port.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RuleSpec {

@@ -195,9 +195,8 @@ fn sees(spec: &PolicySpec, index: &ClusterIndex, key: &PodKey, infos: [Option<&P
                     index.namespace_matches(namespaces, &key.namespace)
                         && infos().any(|i| pods.matches(&i.labels))
                 }
-                Peer::Block { allowed, .. } => {
-                    dir == Direction::Egress
-                        && infos().any(|i| i.ips.iter().any(|ip| allowed.iter().any(|c| c.contains_ip(*ip))))
+                Peer::Block { .. } => {
+                    dir == Direction::Egress && infos().any(|i| i.ips.iter().any(|ip| peer.block_holds(*ip)))
                 }
             };
             if seen {
