@@ -13,9 +13,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::api::{CniParams, Command, DaemonError};
-use crate::binding::{
-    BindingConfig, BindingDrivers, BindingError, HybridDevices, PlugSpec, PlugTarget, TeardownError,
-};
+use crate::binding::{BindingConfig, BindingDrivers, BindingError, PlugSpec, PlugTarget, TeardownError};
 use crate::metrics::Metrics;
 use crate::netlink::{NetNs, Netlink};
 use crate::registry::{Attachment, Entry, PodKey, Registry, Wait};
@@ -862,9 +860,6 @@ impl Daemon {
     }
 }
 
-/// Delete host links by name (and an OVS hybrid plug's per-port bridge with its
-/// port's pod veth); returns the names that were enslaved to a Linux bridge (so
-/// were never OVS ports).
 /// `names` less the host links another container owns now (their alias names
 /// another kuryr owner than `owner`): plugged for another pod since, under the
 /// same Neutron port's interface name.
@@ -888,6 +883,8 @@ async fn owned_links(names: &[String], owner: Option<&str>) -> Vec<String> {
     owned
 }
 
+/// Delete host links by name; returns the names that were Linux bridges or enslaved
+/// to one (so were never OVS ports).
 async fn delete_host_links(names: &[String], errors: &mut Vec<BindingError>) -> Vec<String> {
     let mut bridged = Vec::new();
     let host = match Netlink::current() {
@@ -897,30 +894,37 @@ async fn delete_host_links(names: &[String], errors: &mut Vec<BindingError>) -> 
             return bridged;
         }
     };
+    // All are looked at before any goes: a bridge deleted first would leave its ports unenslaved.
+    let mut found = Vec::new();
     for name in names {
         match host.link_by_name(name).await {
             Ok(Some(l)) => {
-                let mut port_bridge = None;
-                if let Some(master) = l.master
-                    && let Ok(Some(m)) = host.link_by_index(master).await
-                    && m.kind.as_deref() == Some("bridge")
-                {
+                // A Linux bridge (an OVS hybrid plug's, which carries its pod's alias) and the
+                // ports of one were never OVS ports.
+                let is_bridge = |kind: Option<&str>| kind == Some("bridge");
+                let on_bridge = match l.master {
+                    Some(master) => host
+                        .link_by_index(master)
+                        .await
+                        .ok()
+                        .flatten()
+                        .is_some_and(|m| is_bridge(m.kind.as_deref())),
+                    None => false,
+                };
+                if on_bridge || is_bridge(l.kind.as_deref()) {
                     bridged.push(name.clone());
-                    // An OVS hybrid plug's bridge is the port's own: it goes with the port.
-                    if HybridDevices::of_tap(name).is_some_and(|d| d.bridge == m.name) {
-                        port_bridge = Some(m.index);
-                    }
                 }
-                for index in std::iter::once(l.index).chain(port_bridge) {
-                    if let Err(e) = host.delete_link(index).await
-                        && e.errno() != Some(libc::ENODEV)
-                    {
-                        errors.push(e.into());
-                    }
-                }
+                found.push(l.index);
             }
             Ok(None) => {}
             Err(e) => errors.push(e.into()),
+        }
+    }
+    for index in found {
+        if let Err(e) = host.delete_link(index).await
+            && e.errno() != Some(libc::ENODEV)
+        {
+            errors.push(e.into());
         }
     }
     bridged

@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use crate::netlink::{LinkSettings, Netlink};
 
 use super::veth::{
-    OvsDriver, check_on_bridge, delete_host_link, ensure_bridge, host_end_of_another, plug_veth, unplug_veth,
+    OvsDriver, check_on_bridge, delete_host_link, ensure_bridge, link_of_another, plug_veth, unplug_veth,
     wrong_kind,
 };
 use super::{BindingConfig, BindingDriver, BindingError, PlugKind, PlugSpec, PlugTarget, TeardownError, l3};
@@ -56,16 +56,22 @@ impl HybridDevices {
     }
 }
 
-/// Nothing of the host takes part in a tenant network through a per-port bridge: os-vif turns
-/// IPv6 off on it (no link-local address, no DAD or MLD sent into the tenant's L2). A kernel
-/// without IPv6 has no such switch; one that refuses it (a read-only /proc) leaves the pod
-/// working, so that is a warning.
-fn disable_ipv6_on(bridge: &str) {
-    let path = format!("/proc/sys/net/ipv6/conf/{bridge}/disable_ipv6");
-    match std::fs::write(&path, "1") {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => tracing::warn!(bridge, error = %e, "could not turn IPv6 off on a hybrid plug's bridge"),
+/// The per-port bridge as os-vif sets it up: forwarding at once (no forward delay), multicast
+/// passed to the pod (no snooping on a bridge of one port), and IPv6 off on it, so that nothing of
+/// the host takes part in the tenant's network through it (no link-local address, no DAD or MLD).
+/// A setting the kernel does not have (no IPv6) is skipped; one it refuses (a read-only /proc or
+/// /sys) leaves the pod working, so that is a warning.
+fn tune_port_bridge(bridge: &str) {
+    for (path, value) in [
+        (format!("/sys/class/net/{bridge}/bridge/forward_delay"), "0"),
+        (format!("/sys/class/net/{bridge}/bridge/multicast_snooping"), "0"),
+        (format!("/proc/sys/net/ipv6/conf/{bridge}/disable_ipv6"), "1"),
+    ] {
+        match std::fs::write(&path, value) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(bridge, path, error = %e, "could not set up a hybrid plug's bridge"),
+        }
     }
 }
 
@@ -91,7 +97,7 @@ impl HybridOvsDriver {
         target: &PlugTarget<'_>,
     ) -> Result<(), BindingError> {
         let br = ensure_bridge(host, &dev.bridge).await?;
-        disable_ipv6_on(&dev.bridge);
+        tune_port_bridge(&dev.bridge);
         // An interrupted setup's pair is made anew (os-vif keeps one it finds; it may be half
         // configured, and the OVS port below is replaced anyway).
         let mut stale = Vec::new();
@@ -101,8 +107,19 @@ impl HybridOvsDriver {
             return Err(e);
         }
         host.create_veth(&dev.qvb, &dev.qvo, None, spec.mtu).await?;
-        // Both ends carry the owner, as the pod veth's host end does: a daemon restarted without
-        // its state directory finds them by it and removes them with the pod.
+        // The bridge and both ends carry the owner, as the pod veth's host end does: a daemon
+        // restarted without its state directory finds them by it and removes them with the pod
+        // (also when the pod's veth never came or went with its namespace), and a late DEL of
+        // another pod that had the port before leaves them alone.
+        host.configure_link(
+            br.index,
+            &LinkSettings {
+                alias: target.alias(),
+                up: true,
+                ..LinkSettings::default()
+            },
+        )
+        .await?;
         for (name, master) in [(&dev.qvb, Some(br.index)), (&dev.qvo, None)] {
             let link = host.require_link(name).await?;
             let settings = LinkSettings {
@@ -117,11 +134,17 @@ impl HybridOvsDriver {
         self.ovs.attach(probe, ovs_bridge, &dev.qvo, spec, target).await
     }
 
-    /// The host side but the pod veth: the OVS port, the `qvb`/`qvo` pair and the bridge.
-    async fn unplug_host_side(&self, dev: &HybridDevices, errors: &mut Vec<BindingError>) {
-        let probe = self.ovs.locate();
+    /// The host side but the pod veth: the OVS port (unless `probe` knows the database does not
+    /// answer), the `qvb`/`qvo` pair and the bridge.
+    async fn unplug_host_side(
+        &self,
+        probe: &super::OvsProbe,
+        dev: &HybridDevices,
+        errors: &mut Vec<BindingError>,
+    ) {
         // Without Open vSwitch no OVS port can exist; with an unreachable database one may.
         if probe.installed()
+            && probe.unavailable_reason().is_none()
             && let Err(e) = probe.del_port(&dev.qvo).await
         {
             errors.push(e);
@@ -165,7 +188,7 @@ impl BindingDriver for HybridOvsDriver {
             };
             // Nothing is left that nobody would ever wire; the setup error is the one reported.
             let mut ignored = Vec::new();
-            self.unplug_host_side(&dev, &mut ignored).await;
+            self.unplug_host_side(&probe, &dev, &mut ignored).await;
             unplug_veth(spec, target, &mut ignored).await;
             return Err(e);
         }
@@ -178,10 +201,20 @@ impl BindingDriver for HybridOvsDriver {
         };
         let mut errors = Vec::new();
         // The devices of a port plugged for another container since (handed on through the
-        // pool) are that one's: the pod veth's host end says whose they are.
-        if host_end_of_another(spec, target).await.is_none() {
-            self.unplug_host_side(&HybridDevices::of_port(&spec.port_id, bridge), &mut errors)
-                .await;
+        // pool) are that one's: each carries its owner, and one of them naming another is enough
+        // (that container's ADD may be half way, its pod veth not made yet).
+        let dev = HybridDevices::of_port(&spec.port_id, bridge);
+        let mut another = None;
+        for name in [&spec.host_ifname, &dev.qvo, &dev.qvb, &dev.bridge] {
+            another = link_of_another(name, target).await;
+            if another.is_some() {
+                break;
+            }
+        }
+        if let Some(owner) = another {
+            tracing::info!(port = %spec.port_id, owner, "hybrid plug devices plugged for another container since: left alone");
+        } else {
+            self.unplug_host_side(&self.ovs.locate(), &dev, &mut errors).await;
         }
         unplug_veth(spec, target, &mut errors).await;
         TeardownError::into_result(errors)

@@ -61,9 +61,14 @@ pub(super) async fn plug_veth(
 /// too long for the kernel) or a target that names no owner is taken for
 /// this one's, as before aliases were written.
 pub(super) async fn host_end_of_another(spec: &PlugSpec, target: &PlugTarget<'_>) -> Option<String> {
+    link_of_another(&spec.host_ifname, target).await
+}
+
+/// The owner of the host link `name` when its alias names one other than `target`'s.
+pub(super) async fn link_of_another(name: &str, target: &PlugTarget<'_>) -> Option<String> {
     let mine = target.owner_tag?;
     let host = Netlink::current().ok()?;
-    let link = host.link_by_name(&spec.host_ifname).await.ok()??;
+    let link = host.link_by_name(name).await.ok()??;
     let alias = link.alias?;
     (crate::registry::PodKey::parse_owner_tag(&alias).is_some() && alias != mine).then_some(alias)
 }
