@@ -1176,7 +1176,8 @@ async fn a_port_the_provider_refuses_is_a_warning_event_and_the_other_ports_are_
 /// A pool the provider refuses (a driver's 501, as the amphora one answers for an algorithm it has
 /// not) refuses its port as a refused listener does: the listener made for it goes again (it would
 /// serve nothing), a Warning Event names the port, the Service's other ports are served, and the
-/// pool is not asked for again while the Service asks the same. Emulator only, as the listener case.
+/// pool is not asked for again while the Service asks the same, also when the pass that met the
+/// refusal failed later. Emulator only, as the listener case.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_the_provider_refuses_refuses_its_port_and_is_not_asked_again() -> Result<()> {
     init_logs();
@@ -1192,9 +1193,14 @@ async fn a_pool_the_provider_refuses_refuses_its_port_and_is_not_asked_again() -
         count: Some(1),
         delay_ms: 0,
     };
-    // The fully populated create is refused, then the first port's pool (TCP/80 comes first).
+    // The fully populated create is refused, then the first port's pool (TCP/80 comes first), and
+    // the second port's pool create fails (500): the pass fails after the refusal, which holds.
+    let failure = octavia_emulator::FaultRule {
+        status: Some(500),
+        ..refusal("pool.create")
+    };
     emu.set_faults(octavia_emulator::FaultConfig {
-        rules: vec![refusal("loadbalancer.create"), refusal("pool.create")],
+        rules: vec![refusal("loadbalancer.create"), refusal("pool.create"), failure],
     });
     create_service(
         kube,
@@ -1211,24 +1217,29 @@ async fn a_pool_the_provider_refuses_refuses_its_port_and_is_not_asked_again() -
     );
     let note = warning_note(kube, &ns, "mixed", Some("KuryrServicePortUnsupported")).await?;
     assert!(note.contains("80/TCP") && note.contains("its pool"), "{note}");
+    // The failed pass retried: UDP/53 gets its pool (members need one), TCP/80 is not asked again.
+    set_endpoints(kube, &ns, "mixed", &ips(2), &[("web", 8080), ("dns", 5353)]).await?;
+    let st = recorded(kube, &ns, "mixed", 1, 2).await?;
     let lb = st.loadbalancer.clone().context("the load balancer")?;
     let tree = oct.client.get_status_tree(&lb.id).await?;
     let listeners: Vec<_> = tree
         .loadbalancer
         .listeners
         .iter()
-        .map(|l| l.name.clone())
+        .map(|l| (l.name.clone(), l.pools.len()))
         .collect();
     assert_eq!(
         listeners,
-        [format!("{ns}/mixed:UDP:53")],
+        [(format!("{ns}/mixed:UDP:53"), 1)],
         "the refused port's listener went"
     );
-    // Not asked again: an endpoint change plans nothing for it.
-    let pools = emu.stats().count("pool.create");
-    set_endpoints(kube, &ns, "mixed", &ips(2), &[("web", 8080), ("dns", 5353)]).await?;
-    recorded(kube, &ns, "mixed", 1, 2).await?;
-    assert_eq!(emu.stats().count("pool.create"), pools, "{:?}", emu.stats());
+    let s = emu.stats();
+    assert_eq!((s.count("pool.create"), s.faults_injected), (3, 3), "{s:?}");
+    assert_eq!(s.count("listener.create"), 2, "{s:?}");
+    // Nor for an endpoint change.
+    set_endpoints(kube, &ns, "mixed", &ips(3), &[("web", 8080), ("dns", 5353)]).await?;
+    recorded(kube, &ns, "mixed", 1, 3).await?;
+    assert_eq!(emu.stats().count("pool.create"), 3, "{:?}", emu.stats());
     Ok(())
 }
 

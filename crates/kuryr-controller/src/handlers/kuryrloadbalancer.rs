@@ -23,7 +23,7 @@ use crate::k8s::{add_finalizer, remove_finalizer, surface_user_error};
 use crate::pipeline::ResourceEventHandler;
 use crate::placement::record::recorded_deployment;
 use crate::services::desired::{self, DesiredLb, Inputs, MemberSubnets};
-use crate::services::octavia::LbActor;
+use crate::services::octavia::{LbActor, Refused};
 use crate::services::plan::{ListenerKey, plan};
 use crate::services::public_ip::{self, External, PublicIps};
 use crate::services::recorded::RecordedLb;
@@ -575,7 +575,10 @@ impl KuryrLoadBalancerHandler {
             tags: self.tags(&klb),
         };
         let had_lb = recorded.is_some();
-        let applied = match actor.apply(recorded, &desired, &steps).await {
+        let mut refused = Vec::new();
+        let result = actor.apply(recorded, &desired, &steps, &mut refused).await;
+        self.note_refused(&klb, &desired, &refused).await;
+        let applied = match result {
             Ok(applied) => applied,
             Err(e) => {
                 self.unchecked(&klb);
@@ -596,27 +599,6 @@ impl KuryrLoadBalancerHandler {
         applied.recorded.write_status(&mut status);
         self.write_status(&klb, &status).await?;
         let public = self.present_public_ip(&klb, &deployment, Some(status)).await;
-        for r in &applied.refused {
-            self.refused
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .entry(klb.uid().unwrap_or_default())
-                .or_default()
-                .insert(
-                    r.key.clone(),
-                    desired.listeners.get(&r.key).map(asked).unwrap_or_default(),
-                );
-            self.event(
-                &klb,
-                true,
-                "KuryrServicePortUnsupported",
-                &format!(
-                    "Service port {}/{} is not served: Octavia refused {}",
-                    r.key.1, r.key.0, r.reason
-                ),
-            )
-            .await;
-        }
         // Asked again at each pass (the record keeps what the pool has): the Events fold into a series.
         for k in &applied.kept_persistence {
             self.event(
@@ -636,6 +618,32 @@ impl KuryrLoadBalancerHandler {
         }
         public?;
         self.still_waiting(&klb, &waiting)
+    }
+
+    /// Ports the provider refused in a pass (also one that failed later): not asked for again
+    /// while the spec asks the same, and a Warning Event on the Service for each.
+    async fn note_refused(&self, klb: &KuryrLoadBalancer, desired: &DesiredLb, refused: &[Refused]) {
+        for r in refused {
+            self.refused
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(klb.uid().unwrap_or_default())
+                .or_default()
+                .insert(
+                    r.key.clone(),
+                    desired.listeners.get(&r.key).map(asked).unwrap_or_default(),
+                );
+            self.event(
+                klb,
+                true,
+                "KuryrServicePortUnsupported",
+                &format!(
+                    "Service port {}/{} is not served: Octavia refused {}",
+                    r.key.1, r.key.0, r.reason
+                ),
+            )
+            .await;
+        }
     }
 
     /// A pass that served what it could and left endpoints waiting for their namespace's

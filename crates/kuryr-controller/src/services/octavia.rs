@@ -33,7 +33,6 @@ pub struct Refused {
 #[derive(Debug)]
 pub struct Applied {
     pub recorded: RecordedLb,
-    pub refused: Vec<Refused>,
     /// Pools whose session persistence change the provider refused: they keep what they had.
     pub kept_persistence: Vec<Refused>,
     /// Whether a load balancer was created (for the Event).
@@ -253,14 +252,15 @@ impl LbActor<'_> {
         Ok(deleted)
     }
 
-    /// Carries out `steps` from `recorded` towards `d`.
+    /// Carries out `steps` from `recorded` towards `d`. The ports the provider refuses go to
+    /// `refused` as they are met, so that a pass failing later still tells them.
     pub async fn apply(
         &self,
         recorded: Option<RecordedLb>,
         d: &DesiredLb,
         steps: &[Step],
+        refused: &mut Vec<Refused>,
     ) -> Result<Applied, Error> {
-        let mut refused = Vec::new();
         let mut created = false;
         let mut lb_id = recorded.as_ref().map(|r| r.id.clone());
         let mut wrote = false;
@@ -274,9 +274,8 @@ impl LbActor<'_> {
                     lb_id = None;
                 }
                 Step::CreateTree => {
-                    let (id, r, c) = self.create_tree(d).await?;
+                    let (id, c) = self.create_tree(d, refused).await?;
                     lb_id = Some(id);
-                    refused.extend(r);
                     created = c;
                     wrote = true;
                 }
@@ -425,7 +424,6 @@ impl LbActor<'_> {
         };
         Ok(Applied {
             recorded,
-            refused,
             kept_persistence,
             created,
         })
@@ -470,15 +468,15 @@ impl LbActor<'_> {
     /// The whole tree in one fully populated create, or adopts the one a crash left behind. When Octavia
     /// refuses the tree, the load balancer is created alone and each listener after it, so one port the
     /// provider cannot serve does not take the others down with it.
-    async fn create_tree(&self, d: &DesiredLb) -> Result<(String, Vec<Refused>, bool), Error> {
+    async fn create_tree(&self, d: &DesiredLb, refused: &mut Vec<Refused>) -> Result<(String, bool), Error> {
         if let Some(lb) = self.find(d).await? {
             tracing::info!(lb = %lb.id, name = %d.name, "adopting existing load balancer");
             let lb = self.wait_active(&lb.id).await?;
             // Bring the adopted tree to the desired one with the normal plan.
             let rec = self.read_found(&lb, d).await?;
             let steps = super::plan::plan(Some(&rec), d);
-            let applied = Box::pin(self.apply(Some(rec), d, &steps)).await?;
-            return Ok((lb.id, applied.refused, false));
+            Box::pin(self.apply(Some(rec), d, &steps, refused)).await?;
+            return Ok((lb.id, false));
         }
         let mut req = kuryr_neutron::octavia::LoadBalancerCreate {
             name: Some(d.name.clone()),
@@ -497,7 +495,7 @@ impl LbActor<'_> {
         match self.client.create_load_balancer(&req).await {
             Ok(lb) => {
                 self.wait_active(&lb.id).await?;
-                Ok((lb.id, Vec::new(), true))
+                Ok((lb.id, true))
             }
             Err(e) if maybe_created(&e) => {
                 tracing::info!(name = %d.name, error = %e, "load balancer create of unknown outcome; looking it up");
@@ -508,8 +506,8 @@ impl LbActor<'_> {
                 let lb = self.wait_active(&lb.id).await?;
                 let rec = self.read_back(&lb, d).await?;
                 let steps = super::plan::plan(Some(&rec), d);
-                let applied = Box::pin(self.apply(Some(rec), d, &steps)).await?;
-                Ok((lb.id, applied.refused, true))
+                Box::pin(self.apply(Some(rec), d, &steps, refused)).await?;
+                Ok((lb.id, true))
             }
             Err(e) if is_refusal(&e) && !req.listeners.is_empty() => {
                 tracing::info!(name = %d.name, error = %e, "tree refused; creating its listeners one by one");
@@ -529,8 +527,8 @@ impl LbActor<'_> {
                     id: lb.id.clone(),
                     ..Default::default()
                 };
-                let applied = Box::pin(self.apply(Some(rec), d, &steps)).await?;
-                Ok((lb.id, applied.refused, true))
+                Box::pin(self.apply(Some(rec), d, &steps, refused)).await?;
+                Ok((lb.id, true))
             }
             Err(e) => Err(Error::octavia(format!("creating load balancer {}", d.name), e)),
         }
