@@ -1145,6 +1145,22 @@ async fn a_port_the_provider_refuses_is_a_warning_event_and_the_other_ports_are_
         st.listeners
     );
     assert_eq!(emu.stats().count("listener.create"), 3, "{:?}", emu.stats());
+    // Back to what was refused before: asked again (the listener served now is updated, not
+    // dropped as still refused).
+    let back = json!({"metadata": {"annotations": {"openstack.org/kuryr-timeout-client-data": null}}});
+    Api::<Service>::namespaced(kube.clone(), &ns)
+        .patch("mixed", &PatchParams::default(), &Patch::Merge(&back))
+        .await?;
+    let api = Api::<KuryrLoadBalancer>::namespaced(kube.clone(), &ns);
+    eventually("TCP/80 served without the timeout", WAIT, || async {
+        let st = api.get("mixed").await?.status.unwrap_or_default();
+        let tcp = st.listeners.iter().find(|l| l.protocol == "TCP" && l.port == 80);
+        Ok(tcp
+            .is_some_and(|l| l.timeout_client_data != Some(60000))
+            .then_some(()))
+    })
+    .await?;
+    assert_eq!(emu.stats().count("listener.create"), 3, "{:?}", emu.stats());
 
     // The other Service: the same load balancer, ACTIVE, its one listener with the 3 members, no Warning.
     let st = recorded(kube, &ns, "plain", 1, 3).await?;

@@ -595,6 +595,16 @@ impl KuryrLoadBalancerHandler {
                 return Err(e);
             }
         };
+        // A port served now is asked for again after a later change back to what was refused
+        // before (only the last refusal of a port stands).
+        if let Some(refused) = self
+            .refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&klb.uid().unwrap_or_default())
+        {
+            refused.retain(|k, _| !applied.recorded.listeners.contains_key(k));
+        }
         let mut status = klb.status.clone().unwrap_or_default();
         applied.recorded.write_status(&mut status);
         self.write_status(&klb, &status).await?;
