@@ -1532,7 +1532,8 @@ async fn a_load_balancer_service_of_another_class_gets_no_floating_ip() -> Resul
 
 /// LoadBalancer Services against the Neutron and Octavia emulators: a floating IP from external_svc_net on the
 /// VIP port (tagged, in the KuryrLoadBalancer status and the Service's ingress), `loadBalancerIP` naming a
-/// user's floating IP (associated, never deleted), one left by a crash adopted rather than duplicated, released
+/// user's floating IP (associated, never deleted; one the user moved to another port meanwhile stays
+/// there when the Service goes), one left by a crash adopted rather than duplicated, released
 /// when the Service goes back to ClusterIP, and the orphan sweep deleting one whose Service is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_load_balancer_service_gets_a_floating_ip_on_its_vip_port() -> Result<()> {
@@ -1551,6 +1552,7 @@ async fn a_load_balancer_service_gets_a_floating_ip_on_its_vip_port() -> Result<
         ..Default::default()
     };
     let user = n.create_floatingip(&fip_req(None, Some("172.24.4.50"))).await?;
+    let moved = n.create_floatingip(&fip_req(None, Some("172.24.4.51"))).await?;
     // What a controller killed between the floating IP create and the status write leaves.
     let left = n
         .create_floatingip(&fip_req(Some(description(&ns, &ns, "crashed")), None))
@@ -1564,6 +1566,7 @@ async fn a_load_balancer_service_gets_a_floating_ip_on_its_vip_port() -> Result<
     create_lb_service(kube, &ns, "pool", "10.96.0.20", None).await?;
     create_lb_service(kube, &ns, "mine", "10.96.0.21", Some("172.24.4.50")).await?;
     create_lb_service(kube, &ns, "crashed", "10.96.0.22", None).await?;
+    create_lb_service(kube, &ns, "moved", "10.96.0.23", Some("172.24.4.51")).await?;
     let extra = format!("[neutron_defaults]\nexternal_svc_net = {}\n", ext.network);
     let _ctrl = bed.controller(&ext.octavia, &extra, "svc-lb");
 
@@ -1623,8 +1626,8 @@ async fn a_load_balancer_service_gets_a_floating_ip_on_its_vip_port() -> Result<
         .await?;
     assert_eq!(
         all.len(),
-        4,
-        "user, pool, crashed and (until swept) ghost: {all:?}"
+        5,
+        "user, moved, pool, crashed and (until swept) ghost: {all:?}"
     );
 
     // Back to ClusterIP: the pool floating IP is deleted and the ingress cleared.
@@ -1656,6 +1659,27 @@ async fn a_load_balancer_service_gets_a_floating_ip_on_its_vip_port() -> Result<
         Ok((f.port_id.is_none() && svcs.get_opt("mine").await?.is_none()).then_some(()))
     })
     .await?;
+
+    // A user's floating IP the user moved to another port (a VM's) meanwhile is theirs to keep
+    // there: the Service going does not take it off that port.
+    let (_, info) = public_ip(kube, &ns, "moved").await?;
+    assert_eq!(info.ip_id, moved.id);
+    let vm_port = n
+        .create_port(&kuryr_neutron::PortCreate {
+            network_id: bed.fx.subnets[1].network.clone(),
+            project_id: Some(bed.fx.project.clone()),
+            name: Some("a-vm".into()),
+            ..Default::default()
+        })
+        .await?;
+    n.update_floatingip_port(&moved.id, Some(&vm_port.id)).await?;
+    svcs.delete("moved", &DeleteParams::default()).await?;
+    eventually("the moved Service gone", WAIT, || async {
+        Ok(svcs.get_opt("moved").await?.is_none().then_some(()))
+    })
+    .await?;
+    let f = n.get_floatingip(&moved.id).await?;
+    assert_eq!(f.port_id.as_deref(), Some(vm_port.id.as_str()), "{f:?}");
 
     // The ghost's floating IP goes within two reconcile passes (1 s apart here).
     eventually("orphaned floating IP swept", WAIT, || async {
