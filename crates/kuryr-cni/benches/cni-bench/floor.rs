@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use kuryr_daemon::binding::ovsdb::{self, Ovsdb};
-use kuryr_daemon::binding::{BindingError, OvsProbe, PlugKind, PlugSpec, l3};
+use kuryr_daemon::binding::{BindingError, OvsProbe, PlugKind, PlugSpec, ensure_bridge, l3};
 use kuryr_daemon::netlink::{LinkSettings, NetNs, Netlink};
 use serde_json::json;
 
@@ -55,19 +55,7 @@ impl BridgeFloor {
     /// Uses the Linux bridge `name`, created and set up when missing.
     pub async fn new(name: &str) -> Result<Self, BindingError> {
         let host = Netlink::current()?;
-        let bridge = match host.link_by_name(name).await? {
-            Some(b) => b,
-            None => {
-                match host.create_bridge(name).await {
-                    Err(e) if !e.is_exists() => return Err(e.into()),
-                    _ => {}
-                }
-                host.require_link(name).await?
-            }
-        };
-        if !bridge.up {
-            host.set_up(bridge.index).await?;
-        }
+        let bridge = ensure_bridge(&host, name).await?;
         Ok(Self {
             host,
             bridge: bridge.index,

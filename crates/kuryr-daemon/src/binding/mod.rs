@@ -18,7 +18,7 @@ pub use hybrid::{HybridDevices, HybridOvsDriver};
 pub use nested::{MacvlanDriver, VlanDriver};
 pub use ovs::{Added, OvsProbe, disable_tx_checksum, is_userspace_datapath, ovs_available_at};
 pub use sriov::{SriovConfig, SriovDriver, VfCandidate, find_free_vf, sriov_capable_pfs};
-pub use veth::{BridgeDriver, OvsDriver, delete_netns_link};
+pub use veth::{BridgeDriver, OvsDriver, delete_netns_link, ensure_bridge};
 
 use std::net::IpAddr;
 

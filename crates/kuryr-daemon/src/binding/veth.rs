@@ -182,7 +182,7 @@ impl BindingDriver for BridgeDriver {
 }
 
 /// The Linux bridge `name`, created when missing, up.
-pub(super) async fn ensure_bridge(host: &Netlink, name: &str) -> Result<Link, BindingError> {
+pub async fn ensure_bridge(host: &Netlink, name: &str) -> Result<Link, BindingError> {
     let br = match host.link_by_name(name).await? {
         Some(b) => b,
         None => {
