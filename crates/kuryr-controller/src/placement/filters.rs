@@ -82,7 +82,10 @@ impl Filter for UsageThresholdFilter {
     }
 }
 
-/// The configured filters in order; `all` (maintenance) always runs first, listed or not.
+/// The configured filters in order; `all` (maintenance) always runs first, listed or not, and
+/// `availability_zone` and `resource_affinity` always run, after it when not listed: a namespace
+/// that asks for a zone or an affinity is never placed where it asked not to be (the default
+/// filters are `all` only), and both pass a request that asks for none.
 pub fn build(names: &[BindingFilter]) -> Vec<Box<dyn Filter>> {
     let mut out: Vec<Box<dyn Filter>> = names
         .iter()
@@ -95,10 +98,18 @@ pub fn build(names: &[BindingFilter]) -> Vec<Box<dyn Filter>> {
             }
         })
         .collect();
+    let mut first: Vec<Box<dyn Filter>> = Vec::new();
     if !names.contains(&BindingFilter::All) {
-        out.insert(0, Box::new(AllFilter));
+        first.push(Box::new(AllFilter));
     }
-    out
+    if !names.contains(&BindingFilter::AvailabilityZone) {
+        first.push(Box::new(AvailabilityZoneFilter));
+    }
+    if !names.contains(&BindingFilter::ResourceAffinity) {
+        first.push(Box::new(ResourceAffinityFilter));
+    }
+    first.extend(out);
+    first
 }
 
 /// What one filter removed: (deployment, why).

@@ -240,6 +240,23 @@ fn every_weigher_counts_and_multipliers_may_be_negative() {
     assert_eq!(to(&Scheduler::new(&conf).decide(&c, &r, None)), Some("pod1"));
 }
 
+/// The default filters (`all` only) still honour what a namespace asks for: a zone or an
+/// affinity request is never placed elsewhere (and a bound one leaves a deployment that no longer
+/// matches), while a request that asks for neither goes anywhere.
+#[test]
+fn zone_and_affinity_requests_hold_with_the_default_filters() {
+    let s = sched(&[BindingFilter::All], &[BindingWeigher::CreationOrder]);
+    let c = six_in_two_groups();
+    let mut zone = BindingKey::default();
+    zone.group.availability_zone = Some("az2".into());
+    assert_eq!(to(&s.decide(&c, &zone, None)), Some("pod4"));
+    assert_eq!(to(&s.decide(&c, &req("p", "cad"), None)), Some("pod4"));
+    assert_eq!(to(&s.decide(&c, &zone, Some(&cur("pod1")))), Some("pod4"));
+    assert_eq!(to(&s.decide(&c, &BindingKey::default(), None)), Some("pod1"));
+    zone.group.availability_zone = Some("az9".into());
+    assert!(matches!(s.decide(&c, &zone, None), Decision::NoneFits { .. }));
+}
+
 fn binder(c: Vec<Candidate>) -> (Binder, Arc<MemoryStore>) {
     let store = Arc::new(MemoryStore::default());
     (
