@@ -34,6 +34,11 @@ impl Cidr {
         self.v6
     }
 
+    /// Whether it holds every address of its family (`0.0.0.0/0`, `::/0`).
+    pub fn is_everything(&self) -> bool {
+        self.len == 0
+    }
+
     fn bits(&self) -> u8 {
         if self.v6 { 128 } else { 32 }
     }

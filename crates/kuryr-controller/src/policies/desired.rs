@@ -399,9 +399,13 @@ fn push(
     ports: Option<(u16, u16)>,
     remote: Remote,
 ) {
-    let ethertypes = match &remote {
-        Remote::Prefix(c) => vec![EtherType::of(c)],
-        _ => vec![EtherType::V4, EtherType::V6],
+    // A prefix of every address is no remote of its family, as Neutron's duplicate check takes
+    // it: kept as a prefix, it duplicates the rule of a peerless rule on the same ports, which
+    // Neutron refuses (409) at every pass.
+    let (remote, ethertypes) = match remote {
+        Remote::Prefix(c) if c.is_everything() => (Remote::Any, vec![EtherType::of(&c)]),
+        Remote::Prefix(c) => (Remote::Prefix(c), vec![EtherType::of(&c)]),
+        other => (other, vec![EtherType::V4, EtherType::V6]),
     };
     for ethertype in ethertypes {
         rules.insert(Rule {

@@ -304,6 +304,47 @@ fn the_whole_port_range_is_wanted_as_no_range() {
     );
 }
 
+/// An ipBlock of every address is the rule of no peer for its family, as Neutron's duplicate
+/// check takes it: next to a peerless rule on the same port it is one rule, not a second one
+/// Neutron refuses as existing at every pass.
+#[test]
+fn an_ip_block_of_every_address_is_no_remote() {
+    let index = cluster();
+    let p = policy(
+        "x",
+        "open-443",
+        json!({
+            "podSelector": {"matchLabels": {"pod": "a"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"port": 443}]},
+                        {"ports": [{"port": 443}]},
+                        {"from": [{"ipBlock": {"cidr": "::/0"}}], "ports": [{"port": 8443}]}],
+        }),
+    );
+    let d = desired(&p, &index, &Options::default());
+    let rules: Vec<Rule> = base(&d)
+        .iter()
+        .filter(|r| r.direction == Direction::Ingress)
+        .cloned()
+        .collect();
+    let rule = |ethertype, port| Rule {
+        direction: Direction::Ingress,
+        ethertype,
+        protocol: Some(Protocol::Tcp),
+        ports: Some((port, port)),
+        remote: Remote::Any,
+    };
+    assert_eq!(
+        rules,
+        [
+            rule(EtherType::V4, 443),
+            rule(EtherType::V6, 443),
+            rule(EtherType::V6, 8443)
+        ],
+        "{rules:?}"
+    );
+}
+
 #[test]
 fn sctp_ports_and_ranges_become_sctp_rules_and_egress_ip_blocks_keep_their_protocol() {
     let index = cluster();

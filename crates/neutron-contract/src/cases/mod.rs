@@ -98,6 +98,7 @@ cases!(
     security::security_groups_and_rules,
     security::router_add_and_remove_interface,
     security::security_group_create_refuses_tags,
+    security::an_all_addresses_remote_duplicates_no_remote,
     address_groups::address_group_crud_and_membership,
     address_groups::address_group_create_refuses_bare_and_duplicate_addresses,
     address_groups::rule_with_remote_address_group,

@@ -164,3 +164,44 @@ pub(super) async fn security_group_create_refuses_tags(ctx: &Ctx) -> anyhow::Res
     ensure!(listed.is_empty(), "nothing created: {listed:?}");
     Ok(())
 }
+
+/// Neutron's duplicate check takes a remote of every address (`0.0.0.0/0`, `::/0`) for no remote:
+/// a rule that differs from an existing one only so is refused as existing (409), whichever
+/// comes first.
+pub(super) async fn an_all_addresses_remote_duplicates_no_remote(ctx: &Ctx) -> anyhow::Result<()> {
+    let c = &ctx.client;
+    let sg = c
+        .create_security_group(&SecurityGroupCreate {
+            name: "dup-sg".into(),
+            project_id: Some(ctx.project.clone()),
+            ..SecurityGroupCreate::default()
+        })
+        .await?;
+    let rule = |ethertype: &str, prefix: Option<&str>| SecurityGroupRuleCreate {
+        security_group_id: sg.id.clone(),
+        direction: "ingress".into(),
+        ethertype: Some(ethertype.into()),
+        protocol: Some("tcp".into()),
+        port_range_min: Some(443),
+        port_range_max: Some(443),
+        remote_ip_prefix: prefix.map(str::to_string),
+        project_id: Some(ctx.project.clone()),
+        ..SecurityGroupRuleCreate::default()
+    };
+    c.create_security_group_rule(&rule("IPv4", None)).await?;
+    let e = expect_api_error(
+        c.create_security_group_rule(&rule("IPv4", Some("0.0.0.0/0")))
+            .await,
+        ErrorKind::SecurityGroupRuleExists,
+        409,
+    )?;
+    ensure!(e.to_string().contains("already exists"), "{e}");
+    c.create_security_group_rule(&rule("IPv6", Some("::/0"))).await?;
+    expect_api_error(
+        c.create_security_group_rule(&rule("IPv6", None)).await,
+        ErrorKind::SecurityGroupRuleExists,
+        409,
+    )?;
+    c.delete_security_group(&sg.id).await?;
+    Ok(())
+}

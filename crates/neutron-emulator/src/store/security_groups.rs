@@ -313,6 +313,11 @@ impl Store {
         rule.remote_group_id = remote_group_id;
         rule.remote_address_group_id = remote_address_group_id;
         rule.belongs_to_default_sg = json!(self.security_groups.get(&sg).is_some_and(|s| s.is_default));
+        // Neutron's duplicate check (`_rule_to_key`) takes a remote of every address for none.
+        let any_address = |p: &Value| match p.as_str() {
+            None | Some("0.0.0.0/0" | "::/0") => Value::Null,
+            Some(_) => p.clone(),
+        };
         if let Some(dup) = self.sg_rules.values().find(|r| {
             r.security_group_id == rule.security_group_id
                 && r.direction == rule.direction
@@ -320,7 +325,7 @@ impl Store {
                 && r.protocol == rule.protocol
                 && r.port_range_min == rule.port_range_min
                 && r.port_range_max == rule.port_range_max
-                && r.remote_ip_prefix == rule.remote_ip_prefix
+                && any_address(&r.remote_ip_prefix) == any_address(&rule.remote_ip_prefix)
                 && r.remote_group_id == rule.remote_group_id
                 && r.remote_address_group_id == rule.remote_address_group_id
         }) {
