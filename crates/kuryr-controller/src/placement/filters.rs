@@ -87,7 +87,7 @@ impl Filter for UsageThresholdFilter {
 /// that asks for a zone or an affinity is never placed where it asked not to be (the default
 /// filters are `all` only), and both pass a request that asks for none.
 pub fn build(names: &[BindingFilter]) -> Vec<Box<dyn Filter>> {
-    let mut out: Vec<Box<dyn Filter>> = names
+    let out: Vec<Box<dyn Filter>> = names
         .iter()
         .map(|n| -> Box<dyn Filter> {
             match n {

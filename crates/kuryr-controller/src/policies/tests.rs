@@ -1042,6 +1042,20 @@ fn the_tracker_reconciles_only_the_policies_a_relabel_or_a_namespace_change_move
         }),
     );
     assert_eq!(uids(&mut t), ["u2"]);
+    // Namespace y's deletion starts: its labels hold until it is gone (its pods still run).
+    let mut terminating: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "y",
+        "labels": {"ns": "y", "team": "blue"}, "deletionTimestamp": "2026-12-01T00:00:00Z"}}))
+        .expect("namespace");
+    t.observe_namespace(&terminating);
+    assert!(uids(&mut t).is_empty(), "still team blue");
+    terminating.metadata.labels = Some([("ns".to_string(), "y".to_string())].into());
+    t.observe_namespace(&terminating);
+    assert_eq!(uids(&mut t), ["u2"], "relabelled while terminating");
+    t.set_namespace_labels("y", None);
+    assert!(uids(&mut t).is_empty(), "no longer team blue: nothing more moves");
+    t.set_namespace_labels("y", Some(labels(&[("ns", "y"), ("team", "blue")])));
+    assert_eq!(uids(&mut t), ["u2"]);
     // A failed reconcile is retried on the next change even if that change moves nothing.
     t.forget_applied("u1");
     assert_eq!(uids(&mut t), ["u1"]);

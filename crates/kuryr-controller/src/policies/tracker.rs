@@ -97,14 +97,11 @@ impl PolicyTracker {
         self.pod_changed(&key, before);
     }
 
-    /// A namespace added, relabelled or being deleted, as its watch event shows it.
+    /// A namespace added or relabelled, as its watch event shows it. One being deleted keeps its
+    /// labels until it is gone: its pods still run (each leaves as its own deletion starts), and
+    /// selectors still match it, as the first full listing has it too.
     pub fn observe_namespace(&mut self, ns: &Namespace) {
-        let labels = ns
-            .metadata
-            .deletion_timestamp
-            .is_none()
-            .then(|| ns.labels().clone());
-        self.set_namespace_labels(&ns.name_any(), labels);
+        self.set_namespace_labels(&ns.name_any(), Some(ns.labels().clone()));
     }
 
     /// Sets (`Some`) or removes the labels of namespace `name`.
