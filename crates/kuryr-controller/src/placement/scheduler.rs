@@ -254,6 +254,8 @@ impl Binder {
 
     /// Replaces the usage figures (from the usage task); deployments not in `usage` keep theirs.
     pub async fn set_usage(&self, usage: &BTreeMap<String, (UsageFigure, BTreeMap<String, f64>)>) {
+        // After an admission in flight (see `set_candidates`).
+        let _turn = self.admission.lock().await;
         for c in self.candidates.write().await.iter_mut() {
             if let Some((u, projects)) = usage.get(&c.name) {
                 c.usage = u.clone();
@@ -290,8 +292,12 @@ impl Binder {
         true
     }
 
-    /// Replaces the candidates (an operator edited a deployment); usage figures are kept.
+    /// Replaces the candidates (an operator edited a deployment); usage figures are kept. Waits
+    /// for an admission in flight, which decided on the old ones: once this returns (and the
+    /// object's `observedGeneration` says so) no new binding goes where the edit says not to,
+    /// such as a deployment just put into maintenance.
     pub async fn set_candidates(&self, mut cands: Vec<Candidate>) {
+        let _turn = self.admission.lock().await;
         let mut cur = self.candidates.write().await;
         for c in &mut cands {
             if let Some(old) = cur.iter().find(|o| o.name == c.name) {

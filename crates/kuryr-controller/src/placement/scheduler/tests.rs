@@ -534,12 +534,14 @@ async fn a_new_term_binds_nothing_before_the_deployments_are_listed_again() {
 
 /// A store whose reads take `delay` (concurrent binds overlap as they do against the
 /// Kubernetes API) and, while the test holds `gate`, return what they read only once it lets
-/// them go: a decision then acts on a read older than what the test changed meanwhile.
+/// them go: a decision then acts on a read older than what the test changed meanwhile. Claims
+/// wait likewise while the test holds `claim_gate`.
 #[derive(Default)]
 struct GatedStore {
     inner: MemoryStore,
     delay: std::time::Duration,
     gate: tokio::sync::RwLock<()>,
+    claim_gate: tokio::sync::RwLock<()>,
 }
 
 #[async_trait::async_trait]
@@ -561,6 +563,7 @@ impl BindingStore for GatedStore {
         new: &str,
         why: &str,
     ) -> Result<bool, Error> {
+        let _open = self.claim_gate.read().await;
         self.inner.claim(key, expected, pinned, new, why).await
     }
     async fn set_pinned(&self, key: &BindingKey, pinned: bool) -> Result<(), Error> {
@@ -621,5 +624,43 @@ async fn an_operators_pin_or_move_during_a_decision_is_not_undone() {
         b.bind(&t2).await.expect("bound").deployment,
         "pod3",
         "not cached on pod2"
+    );
+}
+
+/// A deployment put into maintenance while a new binding is admitted: the edit takes effect
+/// (and the object's observedGeneration says so) only after that admission, decided on the old
+/// candidates, and no binding decided after it goes there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_maintenance_edit_waits_for_the_admission_in_flight() {
+    let store = Arc::new(GatedStore::default());
+    let b = Arc::new(Binder::new(
+        sched(&all_filters(), &[BindingWeigher::CreationOrder]),
+        six_in_two_groups(),
+        store.clone(),
+    ));
+    let gate = store.claim_gate.write().await;
+    let admitting = tokio::spawn({
+        let b = b.clone();
+        async move { b.bind(&req("t1", "general")).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let mut c = six_in_two_groups();
+    c[0].maintenance = true;
+    let editing = tokio::spawn({
+        let b = b.clone();
+        async move { b.set_candidates(c).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(
+        !editing.is_finished(),
+        "the edit waits for the admission in flight"
+    );
+    drop(gate);
+    let placed = admitting.await.expect("joined").expect("bound");
+    assert_eq!(placed.deployment, "pod1", "decided before the edit");
+    editing.await.expect("joined");
+    assert_eq!(
+        b.bind(&req("t2", "general")).await.expect("bound").deployment,
+        "pod2"
     );
 }
