@@ -835,6 +835,15 @@ async fn a_hung_deployment_shows_stale_without_delaying_the_others_and_bad_objec
         Err(kube::Error::Api(s)) => assert_eq!(s.code, 422, "{s:?}"),
         other => panic!("{other:?}"),
     }
+    // East answers again: its figure is fresh, with no stale reason left over.
+    t._emulators.0.set_latency(neutron_emulator::LatencyProfile::None);
+    let east = eventually("east measured", WAIT, || async {
+        Ok(status("default").await?.filter(|s| !s.stale))
+    })
+    .await?;
+    let usage = east.usage.clone().unwrap_or_default();
+    assert!(usage.get("staleBecause").is_none(), "{east:?}");
+    assert!(usage.get("fraction").is_some(), "{east:?}");
     stop.cancel();
     task.await?;
     Ok(())

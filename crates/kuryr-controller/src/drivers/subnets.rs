@@ -215,8 +215,10 @@ impl SubnetsDriver for NamespaceSubnets {
 /// while it has neither (not placed yet).
 pub fn recorded_deployment(kn: &KuryrNetwork) -> Option<String> {
     use kube::ResourceExt;
+    // Read as every other recorded deployment is (`placement::record`): a padded value names the
+    // same deployment, never one gone from kuryr.conf whose network would then be drained.
     match kn.annotations().get(kuryr_crds::names::annotations::DEPLOYMENT) {
-        Some(d) if !d.is_empty() => Some(d.clone()),
+        Some(d) if !d.trim().is_empty() => Some(d.trim().to_string()),
         _ if kn.status.as_ref().is_some_and(|s| s.net_id.is_some()) => {
             Some(crate::openstack::DEFAULT_DEPLOYMENT.to_string())
         }

@@ -349,6 +349,22 @@ async fn targets(platform: &Platform, binder: &Binder) -> (Vec<(String, NeutronC
     (out, listed)
 }
 
+/// Names null in `new` every key of `old` it has not, in the maps both have too: merged over
+/// `old`, `new` is then what stays.
+fn null_what_went(old: &serde_json::Value, new: &mut serde_json::Value) {
+    let (Some(old), Some(new)) = (old.as_object(), new.as_object_mut()) else {
+        return;
+    };
+    for (k, v) in old {
+        match new.get_mut(k) {
+            Some(n) => null_what_went(v, n),
+            None => {
+                new.insert(k.clone(), serde_json::Value::Null);
+            }
+        }
+    }
+}
+
 /// Publishes one deployment's figure on its KuryrOpenStackDeployment (when there is one).
 async fn publish(api: &Api<KuryrOpenStackDeployment>, name: &str, figures: &Figures, stale: Option<&str>) {
     let last = figures.last_good.get(name);
@@ -359,6 +375,14 @@ async fn publish(api: &Api<KuryrOpenStackDeployment>, name: &str, figures: &Figu
         usage["staleBecause"] = why.into();
     } else if let Some(why) = stale {
         usage = json!({"staleBecause": why});
+    }
+    // A merge patch keeps the keys it does not name: the ones the published figure has and this
+    // one has not are named null, so a recovered figure has no `staleBecause` left over, and the
+    // projects no longer measured drop out.
+    if let Ok(obj) = api.get_status(name).await
+        && let Some(old) = obj.status.and_then(|s| s.usage)
+    {
+        null_what_went(&old, &mut usage);
     }
     let patch = json!({"status": {
         "usage": usage,
@@ -431,6 +455,24 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The published figure is replaced, not merged into the last one: what the new one has not
+    /// (a stale reason after a recovery, a project no longer measured) is named null.
+    #[test]
+    fn a_published_figure_drops_what_the_new_one_has_not() {
+        let old = json!({"fraction": "0.500", "staleBecause": "timeout",
+            "ports": {"p1": {"used": 1, "limit": 10}, "p2": {"used": 2, "limit": 10}}});
+        let mut new = json!({"fraction": "0.400", "ports": {"p1": {"used": 3, "limit": 10}}});
+        null_what_went(&old, &mut new);
+        assert_eq!(
+            new,
+            json!({"fraction": "0.400", "staleBecause": null,
+                "ports": {"p1": {"used": 3, "limit": 10}, "p2": null}})
+        );
+        let mut gone = serde_json::Value::Null;
+        null_what_went(&old, &mut gone);
+        assert_eq!(gone, serde_json::Value::Null, "no figure: the whole map goes");
+    }
 
     /// A deployment's round reads the quotas of the projects bound there now or within the
     /// last day, not of every project it ever had.
