@@ -114,14 +114,20 @@ fn until_end(raw: &str, now: Timestamp) -> anyhow::Result<Timestamp> {
 
 /// Why `target` cannot take the binding `k`: the controller would move it straight back
 /// (unpinned), or wire the namespaces somewhere they did not ask for (pinned).
-fn move_refusal(target: &KuryrOpenStackDeployment, k: &BindingKey) -> Option<String> {
+fn move_refusal(target: &KuryrOpenStackDeployment, k: &BindingKey, now: Timestamp) -> Option<String> {
     let to = target.name_any();
     if let Some(why) = unconfigured(target) {
         return Some(format!(
             "--to {to}: the controller has no kuryr.conf section for it ({why})"
         ));
     }
-    if target.status.as_ref().is_some_and(|s| s.in_maintenance) {
+    // The spec as the controller reads it (the status follows it only while a controller runs).
+    let by_spec = target
+        .spec
+        .maintenance
+        .as_ref()
+        .is_some_and(|m| kuryr_controller::placement::candidates::in_maintenance(m, now));
+    if by_spec || target.status.as_ref().is_some_and(|s| s.in_maintenance) {
         return Some(format!(
             "--to {to}: it is in maintenance and takes no binding; take it out first (kuryr deployments maintenance {to} off)"
         ));
@@ -131,6 +137,27 @@ fn move_refusal(target: &KuryrOpenStackDeployment, k: &BindingKey) -> Option<Str
     {
         return Some(format!(
             "--to {to}: its availability zone is {has}, the binding's namespaces ask for {want} (--zone)"
+        ));
+    }
+    // A fresh figure at the threshold the object states: the controller's next decision moves
+    // the binding off again (a threshold from kuryr.conf alone is not known here).
+    let fraction = target
+        .status
+        .as_ref()
+        .filter(|s| !s.stale)
+        .and_then(|s| s.usage.as_ref())
+        .and_then(|u| u.get("fraction"))
+        .and_then(|f| {
+            f.as_str()
+                .and_then(|f| f.parse::<f64>().ok())
+                .or_else(|| f.as_f64())
+        });
+    if let (Some(used), Some(threshold)) = (fraction, target.spec.usage_threshold)
+        && used >= threshold
+    {
+        return Some(format!(
+            "--to {to}: its usage {used:.3} is at its usageThreshold {threshold:.3}: the controller would move \
+             the binding off again"
         ));
     }
     // An object stating an affinity is followed as it stands (kuryr.conf's only when it states
@@ -311,7 +338,7 @@ pub async fn binding_action(client: Client, action: BindingsAction) -> anyhow::R
                 .get_opt(&to)
                 .await?
                 .with_context(|| format!("--to {to}: no KuryrOpenStackDeployment of that name"))?;
-            if let Some(why) = move_refusal(&target, &k) {
+            if let Some(why) = move_refusal(&target, &k, Timestamp::now()) {
                 anyhow::bail!("{why}");
             }
             let current = store.get(&k).await?.and_then(|st| st.current());
@@ -408,12 +435,15 @@ mod tests {
     /// ask to be, is refused naming the field.
     #[test]
     fn a_move_to_a_deployment_the_binding_does_not_fit_is_refused() {
-        let target = |spec: serde_json::Value, in_maintenance: bool| -> KuryrOpenStackDeployment {
+        let now: Timestamp = "2026-12-01T10:00:00Z".parse().expect("time");
+        let object = |spec: serde_json::Value, status: serde_json::Value| -> KuryrOpenStackDeployment {
             serde_json::from_value(json!({
                 "apiVersion": "openstack.org/v1", "kind": "KuryrOpenStackDeployment",
-                "metadata": {"name": "west"}, "spec": spec,
-                "status": {"inMaintenance": in_maintenance}}))
+                "metadata": {"name": "west"}, "spec": spec, "status": status}))
             .expect("object")
+        };
+        let target = |spec: serde_json::Value, in_maintenance: bool| {
+            object(spec, json!({"inMaintenance": in_maintenance}))
         };
         let k = key(&BindingSelector {
             project: "p".into(),
@@ -421,27 +451,51 @@ mod tests {
             affinity: Some("resource=cad".into()),
         })
         .expect("key");
-        let fits = target(
-            json!({"availabilityZone": "az1", "resourceAffinity": {"resource": "cad"}}),
-            false,
-        );
-        assert_eq!(move_refusal(&fits, &k), None);
-        let why = move_refusal(&target(json!({"availabilityZone": "az2"}), false), &k).expect("zone");
+        let fits = json!({"availabilityZone": "az1", "resourceAffinity": {"resource": "cad"}});
+        assert_eq!(move_refusal(&target(fits.clone(), false), &k, now), None);
+        let why = move_refusal(&target(json!({"availabilityZone": "az2"}), false), &k, now).expect("zone");
         assert!(why.contains("az2") && why.contains("--zone"), "{why}");
         let why = move_refusal(
             &target(json!({"resourceAffinity": {"resource": "general"}}), false),
             &k,
+            now,
         )
         .expect("affinity");
         assert!(
             why.contains("resource=general") && why.contains("--affinity"),
             "{why}"
         );
-        let why = move_refusal(&target(json!({"resourceAffinity": {"gpu": "yes"}}), false), &k)
-            .expect("affinity without the key");
+        let why = move_refusal(
+            &target(json!({"resourceAffinity": {"gpu": "yes"}}), false),
+            &k,
+            now,
+        )
+        .expect("affinity without the key");
         assert!(why.contains("has no resource"), "{why}");
-        let why = move_refusal(&target(json!({}), true), &k).expect("maintenance");
+        let why = move_refusal(&target(json!({}), true), &k, now).expect("maintenance");
         assert!(why.contains("maintenance"), "{why}");
+        // Maintenance the spec asks for, before any controller followed it (or with none running);
+        // one whose window ended is none.
+        let mut spec = fits.clone();
+        spec["maintenance"] = json!({"enabled": true});
+        let why = move_refusal(&target(spec.clone(), false), &k, now).expect("maintenance by spec");
+        assert!(why.contains("maintenance"), "{why}");
+        spec["maintenance"] = json!({"enabled": true, "until": "2026-12-01T09:00:00Z"});
+        assert_eq!(move_refusal(&target(spec, false), &k, now), None);
+        // A fresh figure at the threshold the object states: moved off again at once. A stale one
+        // or one below it is no reason.
+        let mut spec = fits;
+        spec["usageThreshold"] = json!(0.8);
+        let full = |fraction: &str, stale: bool| {
+            object(
+                spec.clone(),
+                json!({"usage": {"fraction": fraction}, "stale": stale}),
+            )
+        };
+        let why = move_refusal(&full("0.850", false), &k, now).expect("full");
+        assert!(why.contains("usageThreshold"), "{why}");
+        assert_eq!(move_refusal(&full("0.850", true), &k, now), None);
+        assert_eq!(move_refusal(&full("0.500", false), &k, now), None);
     }
 
     #[test]
