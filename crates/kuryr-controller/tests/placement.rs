@@ -528,6 +528,15 @@ async fn operator_edits_take_effect_at_once_and_a_refused_request_is_served_once
         assert_eq!(cell(&table, "proj-u", "DEPLOYMENT"), "west", "{table}");
         assert_eq!(cell(&table, "proj-u", "PINNED"), "false", "{table}");
     }
+    // An object deleted by hand is made again from kuryr.conf at once, for the operator to edit
+    // (its headroom, set on the deleted one, is gone with it).
+    let old_uid = api.get("west").await?.metadata.uid;
+    api.delete("west", &Default::default()).await?;
+    let again = eventually("west made again", WAIT, || async {
+        Ok(api.get_opt("west").await?.filter(|o| o.metadata.uid != old_uid))
+    })
+    .await?;
+    assert_eq!(again.spec.headroom, None, "{again:?}");
     stop.cancel();
     task.await?;
     Ok(())

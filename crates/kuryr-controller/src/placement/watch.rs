@@ -235,7 +235,23 @@ pub async fn run(platform: Arc<Platform>, binder: Arc<Binder>, stop: Cancellatio
                     vec![o]
                 }
                 Some(Ok(Event::Delete(o))) => {
-                    objects.remove(&o.name_any());
+                    let name = o.name_any();
+                    objects.remove(&name);
+                    // A configured deployment always has its object, for the operator to edit:
+                    // made again from kuryr.conf at once (its watch event follows), not at the
+                    // next leadership term. What the deleted one said (maintenance) is gone.
+                    if platform.deployments.names().any(|n| n == name)
+                        && let Some(obj) = from_config(&platform, &name)
+                    {
+                        match api.create(&PostParams::default(), &obj).await {
+                            Ok(_) => tracing::info!(
+                                deployment = %name,
+                                "KuryrOpenStackDeployment deleted: created again from kuryr.conf"
+                            ),
+                            Err(kube::Error::Api(s)) if s.code == 409 => {}
+                            Err(e) => tracing::warn!(deployment = %name, error = %e, "cannot create KuryrOpenStackDeployment again"),
+                        }
+                    }
                     vec![]
                 }
             },
