@@ -179,15 +179,26 @@ fn move_refusal(target: &KuryrOpenStackDeployment, k: &BindingKey, now: Timestam
 }
 
 fn key(b: &BindingSelector) -> anyhow::Result<BindingKey> {
+    // The parsers name the namespace annotations they read for the controller; here the flag.
+    let flag = |name: &str, e: kuryr_controller::Error| match e {
+        kuryr_controller::Error::InvalidInput { message, .. } => anyhow::anyhow!("{name}: {message}"),
+        e => anyhow::anyhow!("{name}: {e}"),
+    };
     Ok(BindingKey {
         project: b.project.clone(),
         group: Group {
-            availability_zone: b.zone.as_deref().map(parse_zone).transpose()?,
+            availability_zone: b
+                .zone
+                .as_deref()
+                .map(parse_zone)
+                .transpose()
+                .map_err(|e| flag("--zone", e))?,
             resource_affinity: b
                 .affinity
                 .as_deref()
                 .map(parse_affinity)
-                .transpose()?
+                .transpose()
+                .map_err(|e| flag("--affinity", e))?
                 .unwrap_or_default(),
         },
     })
@@ -429,6 +440,25 @@ mod tests {
             .expect_err("past")
             .to_string();
         assert!(e.contains("not in the future"), "{e}");
+    }
+
+    /// A bad `--zone` or `--affinity` is an error naming the flag (the parsers are the
+    /// controller's, which name the namespace annotations).
+    #[test]
+    fn a_bad_zone_or_affinity_names_its_flag() {
+        let sel = |zone: Option<&str>, affinity: Option<&str>| BindingSelector {
+            project: "p".into(),
+            zone: zone.map(Into::into),
+            affinity: affinity.map(Into::into),
+        };
+        let e = key(&sel(Some(" az1"), None)).expect_err("blank").to_string();
+        assert!(e.starts_with("--zone: ") && e.contains("blanks"), "{e}");
+        assert!(!e.contains("openstack.org/"), "{e}");
+        let e = key(&sel(None, Some("resource")))
+            .expect_err("no value")
+            .to_string();
+        assert!(e.starts_with("--affinity: "), "{e}");
+        assert!(key(&sel(Some("az1"), Some("resource=cad"))).is_ok());
     }
 
     /// A move the controller would undo at once, or that wires namespaces where they did not
