@@ -81,24 +81,43 @@ pub struct Candidate {
     pub pending: f64,
     /// Port quota fraction per (cluster) project id: a project whose quota is nearly used up here
     /// is full here, whatever the deployment-wide figure says.
-    pub project_usage: BTreeMap<String, f64>,
+    pub project_usage: ProjectUsage,
     /// Project id in this deployment's Keystone for a cluster-level project id; absent = same id.
     pub project_ids: BTreeMap<String, String>,
 }
 
+/// The port quota fractions of the projects a deployment's usage round measured.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProjectUsage {
+    pub fractions: BTreeMap<String, f64>,
+    /// Carried over from an earlier round (the last one could not list the bindings, so read no
+    /// quota): such a fraction still keeps new bindings out, as a stale figure does, but never
+    /// moves a bound project - only a measured figure does.
+    pub carried: bool,
+}
+
 impl Candidate {
-    /// The figure that counts for `project`: the fuller of the deployment's and its port quota.
+    /// The figure a bound project leaves on: the fuller of the deployment's and its port quota,
+    /// as measured.
     pub fn usage_for(&self, project: &str) -> UsageFigure {
-        match (&self.usage, self.project_usage.get(project)) {
+        if self.project_usage.carried {
+            return self.usage.clone();
+        }
+        self.with_quota(project)
+    }
+
+    fn with_quota(&self, project: &str) -> UsageFigure {
+        match (&self.usage, self.project_usage.fractions.get(project)) {
             (UsageFigure::Fresh(u), Some(p)) => UsageFigure::Fresh(u.max(*p)),
             (other, _) => other.clone(),
         }
     }
 
-    /// [`Self::usage_for`] with what this controller bound here since it was measured: the
-    /// figure a new binding is admitted (and weighed) on.
+    /// The figure a new binding is admitted (and weighed) on: the fuller of the deployment's
+    /// and its port quota (also one carried over), with what this controller bound here since
+    /// it was measured.
     pub fn admission_usage_for(&self, project: &str) -> UsageFigure {
-        self.with_pending(self.usage_for(project))
+        self.with_pending(self.with_quota(project))
     }
 
     /// The deployment-wide figure new bindings are weighed on ([`Self::admission_usage_for`]).

@@ -11,7 +11,7 @@ use tokio::sync::{Mutex, RwLock};
 use super::filters::{self, Elimination, Filter};
 use super::store::{BindingState, BindingStore};
 use super::weighers::{self, Weigher};
-use super::{BindingKey, BindingRequest, Candidate, UsageFigure};
+use super::{BindingKey, BindingRequest, Candidate, ProjectUsage, UsageFigure};
 use crate::error::Error;
 
 /// Usage added to a deployment's pending figure ([`Candidate::pending`]) each time this
@@ -253,7 +253,7 @@ impl Binder {
     }
 
     /// Replaces the usage figures (from the usage task); deployments not in `usage` keep theirs.
-    pub async fn set_usage(&self, usage: &BTreeMap<String, (UsageFigure, BTreeMap<String, f64>)>) {
+    pub async fn set_usage(&self, usage: &BTreeMap<String, (UsageFigure, ProjectUsage)>) {
         // After an admission in flight (see `set_candidates`).
         let _turn = self.admission.lock().await;
         for c in self.candidates.write().await.iter_mut() {

@@ -21,7 +21,7 @@ use serde::Serialize;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::{Binder, UsageFigure};
+use super::{Binder, ProjectUsage, UsageFigure};
 use crate::context::Platform;
 use crate::error::Error;
 
@@ -31,6 +31,9 @@ use crate::error::Error;
 pub struct Measured {
     /// Cluster project id -> (ports used, limit); unlimited quotas are left out.
     pub ports: BTreeMap<String, (i64, i64)>,
+    /// When `ports` was read, if by an earlier round (this one could not list the bindings).
+    #[serde(skip)]
+    pub ports_measured_at: Option<String>,
     /// Free and total IPv4 addresses over the pod subnets.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ipv4: Option<(u128, u128)>,
@@ -72,6 +75,9 @@ impl Measured {
             .collect();
         if !ports.is_empty() {
             v["ports"] = ports.into();
+        }
+        if let Some(at) = &self.ports_measured_at {
+            v["portsMeasuredAt"] = at.clone().into();
         }
         for (k, f) in [("ipv4", self.ipv4), ("subnetPool", self.subnet_pool)] {
             if let Some((free, total)) = f {
@@ -236,12 +242,14 @@ pub struct Figures {
 
 impl Figures {
     /// A round that measured no project's quota (the bindings could not be listed) keeps the
-    /// last ones measured: an empty list would clear every project's figure, and a project
-    /// that left a deployment for its full quota there could be sent straight back.
+    /// last ones measured, with the time they were: an empty list would clear every project's
+    /// figure, and a project that left a deployment for its full quota there could be sent
+    /// straight back; taken for new, they would move bound projects on old figures.
     pub fn keep_project_quotas(&self, round: &mut BTreeMap<String, Outcome>) {
         for (name, outcome) in round.iter_mut() {
-            if let (Outcome::Measured(m), Some((last, _))) = (outcome, self.last_good.get(name)) {
+            if let (Outcome::Measured(m), Some((last, at))) = (outcome, self.last_good.get(name)) {
                 m.ports = last.ports.clone();
+                m.ports_measured_at = Some(last.ports_measured_at.clone().unwrap_or_else(|| at.clone()));
             }
         }
     }
@@ -252,7 +260,7 @@ impl Figures {
         &mut self,
         round: &BTreeMap<String, Outcome>,
         at: &str,
-    ) -> BTreeMap<String, (UsageFigure, BTreeMap<String, f64>)> {
+    ) -> BTreeMap<String, (UsageFigure, ProjectUsage)> {
         let mut out = BTreeMap::new();
         for (name, outcome) in round {
             let fig = match outcome {
@@ -268,11 +276,13 @@ impl Figures {
             let projects = self
                 .last_good
                 .get(name)
-                .map(|(m, _)| {
-                    m.ports
+                .map(|(m, _)| ProjectUsage {
+                    fractions: m
+                        .ports
                         .keys()
                         .filter_map(|p| m.project_fraction(p).map(|f| (p.clone(), f)))
-                        .collect()
+                        .collect(),
+                    carried: m.ports_measured_at.is_some(),
                 })
                 .unwrap_or_default();
             out.insert(name.clone(), (fig, projects));
@@ -515,11 +525,39 @@ mod tests {
         };
         let round = BTreeMap::from([("west".to_string(), Outcome::Measured(full))]);
         let first = figures.apply(&round, "t0");
-        assert_eq!(first["west"].1.get("t1"), Some(&0.99));
+        assert_eq!(first["west"].1.fractions.get("t1"), Some(&0.99));
+        assert!(!first["west"].1.carried);
         let mut blind = BTreeMap::from([("west".to_string(), Outcome::Measured(Measured::default()))]);
         figures.keep_project_quotas(&mut blind);
         let second = figures.apply(&blind, "t1");
-        assert_eq!(second["west"].1.get("t1"), Some(&0.99), "{second:?}");
+        assert_eq!(second["west"].1.fractions.get("t1"), Some(&0.99), "{second:?}");
+        assert!(second["west"].1.carried, "read at t0, not t1: {second:?}");
+        assert_eq!(figures.last_good["west"].0.to_json()["portsMeasuredAt"], "t0");
+        // Carried again, they keep the time they were read; a round that reads them again is new.
+        let mut blind = BTreeMap::from([("west".to_string(), Outcome::Measured(Measured::default()))]);
+        figures.keep_project_quotas(&mut blind);
+        figures.apply(&blind, "t2");
+        assert_eq!(
+            figures.last_good["west"].0.ports_measured_at.as_deref(),
+            Some("t0")
+        );
+        let read = Measured {
+            ports: BTreeMap::from([("t1".to_string(), (50, 100))]),
+            ..Measured::default()
+        };
+        let third = figures.apply(
+            &BTreeMap::from([("west".to_string(), Outcome::Measured(read))]),
+            "t3",
+        );
+        assert!(!third["west"].1.carried);
+        assert_eq!(third["west"].1.fractions.get("t1"), Some(&0.5));
+        assert!(
+            figures.last_good["west"]
+                .0
+                .to_json()
+                .get("portsMeasuredAt")
+                .is_none()
+        );
     }
 
     /// Only the `default` subnets driver's subnets are measured: with per-namespace subnets a
@@ -578,6 +616,7 @@ mod tests {
             ports: BTreeMap::from([("p".into(), (45, 50)), ("q".into(), (1, -1))]),
             ipv4: Some((10, 250)),
             subnet_pool: Some((1 << 15, 1 << 16)),
+            ..Default::default()
         };
         assert!((m.fraction() - 0.96).abs() < 1e-9, "{}", m.fraction());
         assert_eq!(m.project_fraction("p"), Some(0.9));

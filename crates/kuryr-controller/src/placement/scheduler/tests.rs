@@ -24,7 +24,7 @@ fn six_in_two_groups() -> Vec<Candidate> {
             threshold: 0.9,
             hysteresis: 0.05,
             usage: UsageFigure::Unmeasured,
-            project_usage: BTreeMap::new(),
+            project_usage: ProjectUsage::default(),
             pending: 0.0,
             project_ids: BTreeMap::new(),
         })
@@ -160,9 +160,37 @@ fn usage_threshold_with_hysteresis_never_flaps() {
     assert_eq!(to(&s.decide(&c, &req("t2", "general"), None)), Some("pod1"));
     assert_eq!(to(&s.decide(&c, &r, Some(&cur("pod2")))), Some("pod2"));
     // A project's own port quota counts as well as the deployment figure.
-    c[0].project_usage.insert("t3".into(), 0.95);
+    c[0].project_usage.fractions.insert("t3".into(), 0.95);
     assert_eq!(to(&s.decide(&c, &req("t3", "general"), None)), Some("pod2"));
     assert_eq!(to(&s.decide(&c, &req("t4", "general"), None)), Some("pod1"));
+}
+
+/// A port quota carried over from an earlier round (the last round could not list the bindings)
+/// keeps new bindings out but moves no bound project: it may be long out of date.
+#[test]
+fn a_carried_port_quota_keeps_new_bindings_out_and_moves_nobody() {
+    let s = sched(&all_filters(), &[BindingWeigher::CreationOrder]);
+    let mut c = six_in_two_groups();
+    c[0].usage = UsageFigure::Fresh(0.5);
+    c[0].project_usage.fractions.insert("t1".into(), 0.95);
+    let r = req("t1", "general");
+    assert_eq!(
+        to(&s.decide(&c, &r, Some(&cur("pod1")))),
+        Some("pod2"),
+        "measured: full"
+    );
+    c[0].project_usage.carried = true;
+    assert_eq!(
+        to(&s.decide(&c, &r, Some(&cur("pod1")))),
+        Some("pod1"),
+        "carried: stays"
+    );
+    assert_eq!(
+        to(&s.decide(&c, &r, None)),
+        Some("pod2"),
+        "carried: still full for a new binding"
+    );
+    assert_eq!(to(&s.decide(&c, &req("t2", "general"), None)), Some("pod1"));
 }
 
 #[test]
@@ -454,7 +482,7 @@ async fn a_new_term_decides_on_its_first_usage_round() {
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     assert!(!binding.is_finished(), "decided before any usage was measured");
     assert!(store.list().await.expect("list").is_empty());
-    let full = (UsageFigure::Fresh(0.99), BTreeMap::new());
+    let full = (UsageFigure::Fresh(0.99), ProjectUsage::default());
     b.set_usage(&BTreeMap::from([("pod1".to_string(), full)])).await;
     let placed = binding.await.expect("joined").expect("bound");
     assert_eq!(placed.deployment, "pod2", "pod1 is full");
@@ -494,7 +522,7 @@ async fn a_burst_of_new_bindings_is_admitted_in_turn_and_its_estimate_moves_nobo
         })
         .collect();
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    let measured = (UsageFigure::Fresh(0.84), BTreeMap::new());
+    let measured = (UsageFigure::Fresh(0.84), ProjectUsage::default());
     b.set_usage(&BTreeMap::from([("pod1".to_string(), measured)]))
         .await;
     let mut on_pod1 = 0;
