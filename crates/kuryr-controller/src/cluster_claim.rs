@@ -295,7 +295,7 @@ impl ClusterClaim {
             Verdict::Unclaimed => {
                 let project = match self.platform.config.neutron_defaults.project.as_deref() {
                     None | Some("") => None,
-                    Some(p) => Some(self.platform.project_in(deployment, p).await),
+                    Some(p) => Some(self.platform.project_in(deployment, p).await?),
                 };
                 let req = SecurityGroupCreate {
                     name: group_name(cluster_id),

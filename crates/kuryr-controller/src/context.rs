@@ -88,10 +88,10 @@ impl Platform {
     }
 
     /// `project`'s id in `deployment` (deployments with their own Keystone map it).
-    pub async fn project_in(&self, deployment: &str, project: &str) -> String {
+    pub async fn project_in(&self, deployment: &str, project: &str) -> Result<String, Error> {
         match &self.placement {
             Some(b) => b.project_id(deployment, project).await,
-            None => project.to_string(),
+            None => Ok(project.to_string()),
         }
     }
 

@@ -228,7 +228,7 @@ impl NetworkPolicyDriver {
     async fn project(&self, namespace: &str, deployment: &str) -> Result<String, Error> {
         let project = self.projects.project_for_namespace(namespace).await?;
         Ok(match &self.placement {
-            Some(b) => b.project_id(deployment, &project).await,
+            Some(b) => b.project_id(deployment, &project).await?,
             None => project,
         })
     }

@@ -180,7 +180,7 @@ impl ResourceEventHandler for KuryrNetworkHandler {
                 (kn, placed.deployment)
             }
         };
-        let project = self.ctx.project_in(&deployment, &kn.spec.project_id).await;
+        let project = self.ctx.project_in(&deployment, &kn.spec.project_id).await?;
         let Ok(client) = self.ctx.deployments.client(&deployment) else {
             // Its deployment left kuryr.conf: nothing to build there any more.
             self.tell_unconfigured(&kn, &deployment).await;
@@ -315,7 +315,7 @@ impl ResourceEventHandler for KuryrNetworkHandler {
         if status.net_id.is_none() || status.subnet_id.is_none() || status.router_id.is_none() {
             let ns = &kn.spec.ns_name;
             if status.net_id.is_none() {
-                let project = self.ctx.project_in(&deployment, &kn.spec.project_id).await;
+                let project = self.ctx.project_in(&deployment, &kn.spec.project_id).await?;
                 status.net_id = self
                     .existing_network(client, &deployment, ns, &project)
                     .await?
@@ -369,7 +369,7 @@ impl ResourceEventHandler for KuryrNetworkHandler {
                 Err(e) => return Err(e.into()),
             }
         }
-        let project = self.ctx.project_in(&deployment, &kn.spec.project_id).await;
+        let project = self.ctx.project_in(&deployment, &kn.spec.project_id).await?;
         self.ctx
             .drivers
             .security_groups

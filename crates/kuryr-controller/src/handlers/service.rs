@@ -199,7 +199,7 @@ impl ServiceHandler {
         project: &str,
     ) -> Result<Resolved, Error> {
         let ns = svc.namespace().unwrap_or_default();
-        let project_id = self.ctx.project_in(deployment, project).await;
+        let project_id = self.ctx.project_in(deployment, project).await?;
         let options = self.ctx.config.service_options(deployment);
         let subnet_id = options.service_subnet.clone().ok_or_else(|| {
             Error::invalid(

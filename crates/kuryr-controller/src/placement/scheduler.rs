@@ -216,8 +216,7 @@ pub struct Binder {
     usage_known: tokio::sync::watch::Sender<bool>,
 }
 
-/// How long a project id lookup waits for the deployment objects before it answers from
-/// `kuryr.conf` alone.
+/// How long a project id lookup waits for the deployment objects before it answers not-ready.
 const LOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Binder {
@@ -333,27 +332,29 @@ impl Binder {
         self.candidates.read().await.clone()
     }
 
-    /// `project`'s id in `deployment` (a deployment object can map it): once the objects are
-    /// loaded, or after [`LOAD_WAIT`] from `kuryr.conf`'s.
-    pub async fn project_id(&self, deployment: &str, project: &str) -> String {
+    /// `project`'s id in `deployment` (a deployment object can map it), once the objects are
+    /// loaded; not-ready (retried with backoff) when they are not within [`LOAD_WAIT`]: the
+    /// ids of `kuryr.conf` alone may not be the ones an operator mapped on the object, and a
+    /// resource made in the wrong project is one nobody cleans up.
+    pub async fn project_id(&self, deployment: &str, project: &str) -> Result<String, Error> {
         // Loaded at once after start-up: no receiver on the pod path then.
         if !*self.loaded.borrow()
             && tokio::time::timeout(LOAD_WAIT, self.loaded.subscribe().wait_for(|l| *l))
                 .await
                 .is_err()
         {
-            tracing::warn!(
-                deployment,
-                "KuryrOpenStackDeployment objects not loaded: project ids from kuryr.conf"
-            );
+            return Err(Error::not_ready(format!(
+                "project {project}'s id in deployment {deployment}: the KuryrOpenStackDeployment objects are not loaded yet"
+            )));
         }
-        self.candidates
+        Ok(self
+            .candidates
             .read()
             .await
             .iter()
             .find(|c| c.name == deployment)
             .map_or(project, |c| c.project_id(project))
-            .to_string()
+            .to_string())
     }
 
     /// The deployment `key` is bound to now, without (re)scheduling.

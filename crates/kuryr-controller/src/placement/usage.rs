@@ -315,9 +315,10 @@ pub fn measured_pod_subnets(config: &kuryr_config::KuryrConfig, deployment: &str
 
 /// What to measure in each deployment: the projects bound there now or before, and its pod subnets
 /// and pool.
-/// Also whether the bindings could be listed (when not, no project's quota is measured).
+/// Also whether the bindings could be listed and their projects' ids known (when not, no
+/// project's quota is measured).
 async fn targets(platform: &Platform, binder: &Binder) -> (Vec<(String, NeutronClient, Target)>, bool) {
-    let (bindings, listed) = match binder.store().list().await {
+    let (bindings, mut listed) = match binder.store().list().await {
         Ok(b) => (b, true),
         Err(e) => {
             tracing::warn!(error = %e, "cannot list bindings: port quotas not measured this round");
@@ -340,7 +341,15 @@ async fn targets(platform: &Platform, binder: &Binder) -> (Vec<(String, NeutronC
         // finish within its timeout, leaving every figure stale.
         let now = k8s_openapi::jiff::Timestamp::now();
         for b in bindings.iter().filter(|b| measured_in(b, name, now)) {
-            let id = binder.project_id(name, &b.key.project).await;
+            let id = match binder.project_id(name, &b.key.project).await {
+                Ok(id) => id,
+                Err(e) => {
+                    tracing::warn!(error = %e, "port quotas not measured this round");
+                    listed = false;
+                    projects.clear();
+                    break;
+                }
+            };
             let pair = (b.key.project.clone(), id);
             if !projects.contains(&pair) {
                 projects.push(pair);

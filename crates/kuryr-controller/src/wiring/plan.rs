@@ -49,7 +49,7 @@ async fn spec_for(ctx: &Context, namespace: &str, pod: Option<&Pod>) -> Result<P
     // project's binding is now; otherwise the binding decides.
     let (deployment, project) = match d.subnets.deployment_of_namespace(namespace).await? {
         Some(dep) => {
-            let id = ctx.project_in(&dep, &project).await;
+            let id = ctx.project_in(&dep, &project).await?;
             (dep, id)
         }
         None => {

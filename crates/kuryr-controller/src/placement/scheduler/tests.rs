@@ -445,6 +445,40 @@ fn subset_size_spreads_new_bindings_over_the_best_n_only() {
     assert!(picked.values().all(|n| *n >= 40), "{picked:?}");
 }
 
+/// A project id asked for before the deployment objects are loaded waits for them, and is
+/// not-ready (retried) when they do not come: kuryr.conf's id may not be the one the operator
+/// mapped on the object, and a network made in the wrong project is one nobody cleans up.
+#[tokio::test(start_paused = true)]
+async fn a_project_id_waits_for_the_deployment_objects_and_never_guesses() {
+    let mut conf = six_in_two_groups();
+    conf[1].project_ids.insert("p1".into(), "conf-id".into());
+    let b = Arc::new(Binder::awaiting_objects(
+        sched(&all_filters(), &[BindingWeigher::CreationOrder]),
+        conf,
+        Arc::new(MemoryStore::default()),
+    ));
+    let e = b
+        .project_id("pod2", "p1")
+        .await
+        .expect_err("objects never loaded");
+    assert!(e.is_retryable(), "{e}");
+    assert!(e.to_string().contains("pod2"), "{e}");
+    let asked = tokio::spawn({
+        let b = b.clone();
+        async move { b.project_id("pod2", "p1").await }
+    });
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    let mut objects = six_in_two_groups();
+    objects[1].project_ids.insert("p1".into(), "object-id".into());
+    b.set_candidates(objects).await;
+    assert_eq!(asked.await.expect("joined").expect("loaded"), "object-id");
+    assert_eq!(
+        b.project_id("pod3", "p1").await.expect("loaded"),
+        "p1",
+        "not mapped there"
+    );
+}
+
 /// A controller just started has only kuryr.conf's view of the deployments: until the objects'
 /// watch hands over the operator's settings (here: the first deployment in maintenance) nothing
 /// is bound, or the first namespaces would go where the operator said not to.
