@@ -21,6 +21,7 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::locked::Locked;
 use async_trait::async_trait;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
@@ -214,7 +215,7 @@ impl<S: StatusSource> BatchPoller<S> {
 
 impl<S: StatusSource> Inner<S> {
     fn lock(&self) -> std::sync::MutexGuard<'_, Pending<S::Key, S::Outcome>> {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+        self.pending.locked()
     }
 
     /// Drops waiters that gave up, so their keys are no longer asked about.
@@ -323,7 +324,7 @@ impl<S: StatusSource> BatchPollers<S> {
         deployment: &str,
         source: impl FnOnce() -> Result<S, E>,
     ) -> Result<BatchPoller<S>, E> {
-        let mut map = self.by_deployment.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.by_deployment.locked();
         if let Some(p) = map.get(deployment) {
             return Ok(p.clone());
         }
@@ -389,7 +390,7 @@ mod tests {
         type Outcome = u32;
         type Error = String;
         async fn poll(&self, keys: &[u32]) -> Result<Vec<(u32, u32)>, String> {
-            let mut polls = self.polls.lock().unwrap_or_else(|e| e.into_inner());
+            let mut polls = self.polls.locked();
             polls.push(keys.len());
             let n = u32::try_from(polls.len()).unwrap_or(u32::MAX);
             Ok(keys.iter().filter(|k| **k <= n).map(|k| (*k, k * 10)).collect())
@@ -498,19 +499,13 @@ mod tests {
         type Outcome = ();
         type Error = String;
         async fn poll(&self, _keys: &[u32]) -> Result<Vec<(u32, ())>, String> {
-            self.started
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(Instant::now());
+            self.started.locked().push(Instant::now());
             let delay = {
-                let mut d = self.delays.lock().unwrap_or_else(|e| e.into_inner());
+                let mut d = self.delays.locked();
                 if d.is_empty() { 200 } else { d.remove(0) }
             };
             tokio::time::sleep(Duration::from_millis(delay)).await;
-            self.ended
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(Instant::now());
+            self.ended.locked().push(Instant::now());
             Ok(vec![])
         }
     }

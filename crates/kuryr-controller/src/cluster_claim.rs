@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::Platform;
 use crate::error::Error;
+use crate::locked::Locked;
 
 /// The claim group's name is this followed by the `cluster_id`.
 pub const GROUP_PREFIX: &str = "kuryr-rs-cluster:";
@@ -363,10 +364,7 @@ impl ClusterClaim {
     /// still within it: then not confirmed yet either).
     fn contest(&self, deployment: &str, own: &Claim, contested: &[Claim], uid: &str) -> Outcome {
         let now = Instant::now();
-        let mut seen = self
-            .contested
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut seen = self.contested.locked();
         seen.retain(|(d, g), _| d != deployment || contested.iter().any(|c| &c.group == g));
         let Some(oldest) = contested
             .iter()

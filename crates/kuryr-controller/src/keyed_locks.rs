@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
+use crate::locked::Locked;
 use tokio::sync::OwnedMutexGuard;
 
 pub struct KeyedLocks<K> {
@@ -48,9 +49,7 @@ impl<K: Hash + Eq + Clone> KeyedLocks<K> {
     }
 
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<K, Arc<tokio::sync::Mutex<()>>>> {
-        self.locks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.locks.locked()
     }
 }
 

@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
+use crate::locked::Locked;
 
 #[derive(Clone, Debug)]
 pub struct LeaseConfig {
@@ -189,7 +190,7 @@ pub const CLOCK_SKEW: SignedDuration = SignedDuration::from_secs(10);
 
 impl Term {
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Timestamp>> {
-        self.started.lock().unwrap_or_else(|e| e.into_inner())
+        self.started.locked()
     }
 
     pub fn begin(&self, at: Timestamp) {

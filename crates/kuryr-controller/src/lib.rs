@@ -19,6 +19,7 @@ pub mod handlers;
 pub mod k8s;
 pub mod keyed_locks;
 pub mod leader;
+pub mod locked;
 pub mod metrics;
 pub mod openstack;
 pub mod periodic;

@@ -38,6 +38,7 @@ use crate::drivers::project::ProjectDriver;
 use crate::drivers::vif::ports_by_ids;
 use crate::error::Error;
 use crate::keyed_locks::{KeyedLocks, Turn};
+use crate::locked::Locked;
 use crate::openstack::{DEFAULT_DEPLOYMENT, Deployments};
 use crate::placement::Binder;
 use crate::placement::record::recorded_deployment;
@@ -524,7 +525,7 @@ impl NetworkPolicyDriver {
         match self.apply(uid, &deployment, &spec.key, &want).await {
             Ok(a) => {
                 self.if_tracking(|t| t.record_applied(uid, want)).await;
-                self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+                self.held.locked().remove(uid);
                 Ok(Some(a))
             }
             Err(e) => {
@@ -551,7 +552,7 @@ impl NetworkPolicyDriver {
         let options = self.options().await?;
         let now = std::time::Instant::now();
         let held: HashSet<String> = {
-            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            let mut held = self.held.locked();
             held.retain(|_, until| *until > now);
             held.keys().cloned().collect()
         };
@@ -576,10 +577,7 @@ impl NetworkPolicyDriver {
                 Ok(_) => {}
                 Err(e) if e.is_user_visible() || !e.is_retryable() => {
                     tracing::warn!(policy = %uid, error = %e, kind = e.label(), "policy not applied; left to its own handler for now");
-                    self.held
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(uid, std::time::Instant::now() + HOLD);
+                    self.held.locked().insert(uid, std::time::Instant::now() + HOLD);
                 }
                 Err(e) => errors.push(e),
             }

@@ -26,6 +26,7 @@ use kuryr_neutron::{NeutronClient, Port, PortUpdate};
 use tokio::sync::{Mutex, Notify};
 
 use crate::error::Error;
+use crate::locked::Locked;
 
 /// What a change decides from the port as read under its turn.
 pub enum Change {
@@ -142,7 +143,7 @@ impl PortGroups {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding this plain map lock cannot leave it half-written.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     fn enter(&self, id: &str) -> Arc<Mutex<()>> {

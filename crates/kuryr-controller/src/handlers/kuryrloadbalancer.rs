@@ -20,6 +20,7 @@ use serde_json::json;
 use crate::context::Context;
 use crate::error::{Error, is_not_found};
 use crate::k8s::{add_finalizer, remove_finalizer, surface_user_error};
+use crate::locked::Locked;
 use crate::pipeline::ResourceEventHandler;
 use crate::placement::record::recorded_deployment;
 use crate::services::desired::{self, DesiredLb, Inputs, MemberSubnets};
@@ -202,12 +203,7 @@ impl KuryrLoadBalancerHandler {
                 member_subnet: &member_subnet,
             },
         )?;
-        if let Some(refused) = self
-            .refused
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&klb.uid().unwrap_or_default())
-        {
+        if let Some(refused) = self.refused.locked().get(&klb.uid().unwrap_or_default()) {
             d.listeners
                 .retain(|k, l| refused.get(k).is_none_or(|was| *was != asked(l)));
         }
@@ -225,7 +221,7 @@ impl KuryrLoadBalancerHandler {
     ) {
         let uid = klb.uid().unwrap_or_default();
         let fresh = {
-            let mut told = self.skipped.lock().unwrap_or_else(|e| e.into_inner());
+            let mut told = self.skipped.locked();
             if skipped.is_empty() {
                 told.remove(&uid);
                 false
@@ -294,11 +290,7 @@ impl KuryrLoadBalancerHandler {
             public_ip::Step::Nothing => {
                 let vip_port = status.loadbalancer.as_ref().map(|lb| lb.port_id.clone());
                 let uid = klb.uid().unwrap_or_default();
-                let checked = self
-                    .ip_checked
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .contains(&uid);
+                let checked = self.ip_checked.locked().contains(&uid);
                 if klb.spec.type_.as_deref() != Some("LoadBalancer") {
                     // No LoadBalancer (any more), no public IP recorded, and still one may exist:
                     // made by a controller killed before recording it, then the type changed. It
@@ -307,10 +299,7 @@ impl KuryrLoadBalancerHandler {
                     // `external_svc_net` is set) and deleted.
                     if !checked {
                         self.public_ips(klb, deployment)?.release_own().await?;
-                        self.ip_checked
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(uid);
+                        self.ip_checked.locked().insert(uid);
                     }
                     return Ok(());
                 }
@@ -326,10 +315,7 @@ impl KuryrLoadBalancerHandler {
                             info.ip_addr
                         )));
                     }
-                    self.ip_checked
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(uid);
+                    self.ip_checked.locked().insert(uid);
                 }
                 return Ok(());
             }
@@ -597,12 +583,7 @@ impl KuryrLoadBalancerHandler {
         };
         // A port served now is asked for again after a later change back to what was refused
         // before (only the last refusal of a port stands).
-        if let Some(refused) = self
-            .refused
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_mut(&klb.uid().unwrap_or_default())
-        {
+        if let Some(refused) = self.refused.locked().get_mut(&klb.uid().unwrap_or_default()) {
             refused.retain(|k, _| !applied.recorded.listeners.contains_key(k));
         }
         let mut status = klb.status.clone().unwrap_or_default();
@@ -635,8 +616,7 @@ impl KuryrLoadBalancerHandler {
     async fn note_refused(&self, klb: &KuryrLoadBalancer, desired: &DesiredLb, refused: &[Refused]) {
         for r in refused {
             self.refused
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
+                .locked()
                 .entry(klb.uid().unwrap_or_default())
                 .or_default()
                 .insert(
@@ -660,7 +640,7 @@ impl KuryrLoadBalancerHandler {
     /// network: retried for them for [`WAITING_RETRIED`] from the first such pass.
     fn still_waiting(&self, klb: &KuryrLoadBalancer, waiting: &BTreeSet<String>) -> Result<(), Error> {
         let uid = klb.uid().unwrap_or_default();
-        let mut since = self.waiting_since.lock().unwrap_or_else(|e| e.into_inner());
+        let mut since = self.waiting_since.locked();
         if waiting.is_empty() {
             since.remove(&uid);
             return Ok(());
@@ -715,10 +695,7 @@ impl KuryrLoadBalancerHandler {
 
     /// The public IP is looked at again in the next pass.
     fn unchecked(&self, klb: &KuryrLoadBalancer) {
-        self.ip_checked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&klb.uid().unwrap_or_default());
+        self.ip_checked.locked().remove(&klb.uid().unwrap_or_default());
     }
 
     async fn finalize(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
@@ -780,18 +757,9 @@ impl KuryrLoadBalancerHandler {
     async fn release_finalizers(&self, klb: &KuryrLoadBalancer) -> Result<(), Error> {
         remove_finalizer(&self.ctx.kube, klb, finalizers::KURYRLOADBALANCER).await?;
         let uid = klb.uid().unwrap_or_default();
-        self.refused
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&uid);
-        self.skipped
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&uid);
-        self.waiting_since
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&uid);
+        self.refused.locked().remove(&uid);
+        self.skipped.locked().remove(&uid);
+        self.waiting_since.locked().remove(&uid);
         self.unchecked(klb);
         let services: Api<Service> =
             Api::namespaced(self.ctx.kube.clone(), &klb.namespace().unwrap_or_default());

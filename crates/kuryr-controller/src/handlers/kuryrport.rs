@@ -24,6 +24,7 @@ use crate::drivers::PodRef;
 use crate::error::{Error, is_not_found};
 use crate::handlers::vif::is_completed;
 use crate::k8s::{publish_event, publish_event_on, remove_finalizer, surface_user_error};
+use crate::locked::Locked;
 use crate::pipeline::{ResourceEventHandler, Settled, Version};
 use crate::wiring::{self, DriverSource, RecordedVif, record};
 
@@ -46,7 +47,7 @@ impl KuryrPortHandler {
     }
 
     fn failed(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.failed.lock().unwrap_or_else(|e| e.into_inner())
+        self.failed.locked()
     }
 
     /// Whether a port created for `kp` may be unrecorded: unless this leadership term saw the
@@ -383,18 +384,10 @@ impl ResourceEventHandler for KuryrPortHandler {
                 "KuryrPort was deleted while the pod runs (KuryrPorts are kuryr's own): its ports are kept until the pod is deleted",
             )
             .await;
-            self.ctx
-                .kept_kuryrports
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(kp.spec.pod_uid.clone());
+            self.ctx.kept_kuryrports.locked().insert(kp.spec.pod_uid.clone());
             return Ok(());
         }
-        self.ctx
-            .kept_kuryrports
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&kp.spec.pod_uid);
+        self.ctx.kept_kuryrports.locked().remove(&kp.spec.pod_uid);
         let vifs = wiring::recorded_vifs(kp);
         wiring::release_all(&DriverSource::new(&self.ctx, kp), &vifs).await?;
         if self.may_have_unrecorded(kp) {

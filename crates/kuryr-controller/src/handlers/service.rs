@@ -20,6 +20,7 @@ use crate::context::Context;
 use crate::drivers::security_groups::SecurityGroupsDriver;
 use crate::error::{Error, is_not_found};
 use crate::k8s::{add_finalizer, publish_event, remove_finalizer, surface_user_error};
+use crate::locked::Locked;
 use crate::pipeline::ResourceEventHandler;
 use crate::placement::record::{self, recorded_deployment};
 use crate::policies::selector::Selector;
@@ -119,7 +120,7 @@ impl ServiceHandler {
         let now = spec::unhonoured(svc, provider);
         let uid = svc.uid().unwrap_or_default();
         let fresh: Vec<spec::Unhonoured> = {
-            let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
+            let mut warned = self.warned.locked();
             let before = warned.get(&uid).cloned().unwrap_or_default();
             let fresh = now.iter().filter(|u| !before.contains(u)).cloned().collect();
             if now.is_empty() {
@@ -142,7 +143,7 @@ impl ServiceHandler {
             return;
         }
         let fresh = {
-            let mut skipped = self.skipped.lock().unwrap_or_else(|e| e.into_inner());
+            let mut skipped = self.skipped.locked();
             skipped
                 .insert(svc.uid().unwrap_or_default(), skip.clone())
                 .as_ref()
@@ -457,18 +458,15 @@ impl ServiceHandler {
     /// How many Services the handler remembers Events for (each one it warned about or skipped
     /// and that is not deleted yet).
     pub fn remembered(&self) -> usize {
-        let warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
-        let skipped = self.skipped.lock().unwrap_or_else(|e| e.into_inner());
+        let warned = self.warned.locked();
+        let skipped = self.skipped.locked();
         warned.keys().chain(skipped.keys()).collect::<BTreeSet<_>>().len()
     }
 
     fn forget(&self, svc: &Service) {
         let uid = svc.uid().unwrap_or_default();
-        self.warned.lock().unwrap_or_else(|e| e.into_inner()).remove(&uid);
-        self.skipped
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&uid);
+        self.warned.locked().remove(&uid);
+        self.skipped.locked().remove(&uid);
     }
 
     async fn present(&self, svc: &Service) -> Result<(), Error> {

@@ -16,6 +16,7 @@ use kuryr_crds::{KuryrPort, KuryrPortSpec};
 use crate::context::Context;
 use crate::error::{Error, is_not_found};
 use crate::k8s::{add_finalizer, remove_finalizer};
+use crate::locked::Locked;
 use crate::pipeline::{ResourceEventHandler, Settled};
 
 pub struct VifHandler {
@@ -93,12 +94,7 @@ impl VifHandler {
         let ns = pod.namespace().unwrap_or_default();
         let kps = self.kps(&ns);
         let uid = pod.uid().unwrap_or_default();
-        let kept = self
-            .ctx
-            .kept_kuryrports
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&uid);
+        let kept = self.ctx.kept_kuryrports.locked().contains(&uid);
         let result = if kept {
             // Deleted before, while the pod ran: its finalizer kept the ports for the pod. A
             // delete of an object already being deleted changes nothing, so no event would run
@@ -119,11 +115,7 @@ impl VifHandler {
             Err(e) => return Err(e.into()),
         };
         if kept {
-            self.ctx
-                .kept_kuryrports
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&uid);
+            self.ctx.kept_kuryrports.locked().remove(&uid);
         }
         Ok(done)
     }

@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Event, EventHandler, EventType};
 use crate::error::Error;
+use crate::locked::Locked;
 
 /// Counters exposed as metrics.
 #[derive(Debug, Default)]
@@ -172,11 +173,11 @@ struct Slots {
 
 impl Slots {
     fn take<T>(slot: &std::sync::Mutex<Option<T>>) -> Option<T> {
-        slot.lock().unwrap_or_else(|e| e.into_inner()).take()
+        slot.locked().take()
     }
 
     fn put<T>(slot: &std::sync::Mutex<Option<T>>, value: T) {
-        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
+        *slot.locked() = Some(value);
     }
 }
 

@@ -20,6 +20,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use crate::locked::Locked;
 use kube::Resource;
 
 /// The versions of one object a pass wrote, the last first, without the object: what a handler
@@ -83,7 +84,7 @@ pub struct Settled {
 
 impl Settled {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, At>> {
-        self.versions.lock().unwrap_or_else(|e| e.into_inner())
+        self.versions.locked()
     }
 
     /// Whether `obj` is a version a pass finished on or its own later write replaced.

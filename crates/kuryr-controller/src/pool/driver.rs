@@ -34,6 +34,7 @@ use crate::drivers::pool::{VifOrigin, VifPool, holder, origin_for};
 use crate::drivers::vif::{PortOwner, VifDriver};
 use crate::drivers::{PodRef, PortSpec};
 use crate::error::Error;
+use crate::locked::Locked;
 use crate::metrics::Metrics;
 use crate::openstack::Deployments;
 
@@ -163,11 +164,7 @@ struct Running<'a> {
 
 impl Drop for Running<'_> {
     fn drop(&mut self) {
-        self.driver
-            .running
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&self.id);
+        self.driver.running.locked().remove(&self.id);
     }
 }
 
@@ -239,10 +236,7 @@ impl PoolDriver {
         self.generation.fetch_add(1, Ordering::AcqRel);
         *self.lock() = Pools::with_backoff(self.opts.limits, Backoff::default(), rand::random());
         self.specs().clear();
-        self.unrecorded
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clear();
+        self.unrecorded.locked().clear();
         // This replica no longer knows any pool: it shows none.
         self.publish_sizes();
         // Requests waiting for a refill re-check readiness and answer ResourceNotReady.
@@ -252,15 +246,11 @@ impl PoolDriver {
     pub(super) fn lock(&self) -> MutexGuard<'_, Pools<Vif>> {
         // A panic while holding the lock leaves consistent bookkeeping (every method completes
         // its mutation before returning), so poisoning is not a reason to stop serving.
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state.locked()
     }
 
     fn specs(&self) -> MutexGuard<'_, HashMap<Key, PortSpec>> {
-        self.specs
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.specs.locked()
     }
 
     /// The KuryrPortPool key of a pool. Its `subnetId` is [`Key::subnet_id`]: the one subnet
@@ -315,19 +305,11 @@ impl PoolDriver {
 
     async fn host_for(&self, deployment: &str, node: &str) -> Result<String, Error> {
         let k = (deployment.to_string(), node.to_string());
-        if let Some(h) = self
-            .hosts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&k)
-        {
+        if let Some(h) = self.hosts.locked().get(&k) {
             return Ok(h.clone());
         }
         let host = self.vif.pool_host(deployment, node).await?;
-        self.hosts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(k, host.clone());
+        self.hosts.locked().insert(k, host.clone());
         Ok(host)
     }
 
@@ -335,16 +317,13 @@ impl PoolDriver {
     /// what the VIF driver remembers of it. Returns the forgotten `(deployment, host)` pairs.
     pub async fn forget_node(&self, node: &str) -> Vec<(String, String)> {
         let mut forgotten = Vec::new();
-        self.hosts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|(deployment, n), host| {
-                let keep = n != node;
-                if !keep {
-                    forgotten.push((deployment.clone(), host.clone()));
-                }
-                keep
-            });
+        self.hosts.locked().retain(|(deployment, n), host| {
+            let keep = n != node;
+            if !keep {
+                forgotten.push((deployment.clone(), host.clone()));
+            }
+            keep
+        });
         self.vif.forget_node(node).await;
         forgotten
     }
@@ -352,10 +331,7 @@ impl PoolDriver {
     /// Forgets every pool host found and what the VIF driver remembers of nodes: a new
     /// leadership term starts from what the cloud says (another leader may have seen nodes go).
     pub async fn forget_nodes(&self) {
-        self.hosts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clear();
+        self.hosts.locked().clear();
         self.vif.forget_nodes().await;
     }
 
@@ -385,10 +361,7 @@ impl PoolDriver {
     async fn run_refill(self: Arc<Self>, r: Refill) {
         let started = Instant::now();
         let id = self.refill_seq.fetch_add(1, Ordering::Relaxed);
-        self.running
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(id, Timestamp::now());
+        self.running.locked().insert(id, Timestamp::now());
         let _running = Running { driver: &self, id };
         let generation = self.generation.load(Ordering::Acquire);
         let spec = self.specs().get(&r.key).cloned();
@@ -566,10 +539,7 @@ impl PoolDriver {
             m.pool_size(&pool.meta.name, "in_use", pool.in_use().len());
             names.insert(pool.meta.name.clone());
         }
-        let mut published = self
-            .published
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut published = self.published.locked();
         for gone in published.difference(&names) {
             m.forget_pool(gone);
         }
@@ -843,10 +813,7 @@ impl PoolDriver {
         };
         for (deployment, project) in projects {
             {
-                let mut checked = self
-                    .quota_checked
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut checked = self.quota_checked.locked();
                 let due = checked
                     .get(&(deployment.clone(), project.clone()))
                     .is_none_or(|at| at.elapsed() >= QUOTA_CHECK);
@@ -897,10 +864,7 @@ impl PoolDriver {
     ) -> Vec<String> {
         let found = self.lock().unrecorded_in_use(recorded, before);
         let confirmed: Vec<String> = {
-            let mut last = self
-                .unrecorded
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut last = self.unrecorded.locked();
             let confirmed = found.intersection(&last).cloned().collect();
             *last = found;
             confirmed
@@ -1128,12 +1092,7 @@ impl PoolDriver {
     /// them yet. Kept apart from the pools' own `populating` mark, which goes with its pool: a refill
     /// of a pool removed meanwhile still runs, and its ports still come.
     pub fn refilling_since(&self) -> Option<Timestamp> {
-        self.running
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .values()
-            .min()
-            .copied()
+        self.running.locked().values().min().copied()
     }
 
     /// Port ids this driver's pools account for, per deployment.

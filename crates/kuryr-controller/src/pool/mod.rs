@@ -40,6 +40,7 @@ use crate::drivers::pool::{NoopPool, VifOrigin, VifPool};
 use crate::drivers::vif::VifDriver;
 use crate::drivers::{PodRef, PortSpec};
 use crate::error::Error;
+use crate::locked::Locked;
 use driver::{PoolDriver, PoolKind, PoolOptions, PoolSummary};
 use persist::Persister;
 
@@ -220,10 +221,7 @@ impl PoolManager {
     /// Serves the pool management API on `path` instead of `[pool_manager] sock_file` (also
     /// without `enable_manager`); `None` disables it. Takes effect at [`PoolManager::run`].
     pub fn set_api_socket(&self, path: Option<PathBuf>) {
-        *self
-            .api_socket
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = path;
+        *self.api_socket.locked() = path;
     }
 
     /// True once every pool has been recovered; until then requests answer ResourceNotReady.
@@ -279,12 +277,7 @@ impl PoolManager {
     }
 
     async fn node_vif_driver(&self, node: &str) -> Result<PodVifDriver, Error> {
-        if let Some(v) = self
-            .node_vif
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(node)
-        {
+        if let Some(v) = self.node_vif.locked().get(node) {
             return Ok(*v);
         }
         let n = Api::<Node>::all(self.ctx.kube.clone()).get(node).await?;
@@ -297,10 +290,7 @@ impl PoolManager {
             })?,
             None => self.default_vif,
         };
-        self.node_vif
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(node.to_string(), vif);
+        self.node_vif.locked().insert(node.to_string(), vif);
         Ok(vif)
     }
 
@@ -547,11 +537,7 @@ impl PoolManager {
             let (me, s) = (self.clone(), stop.clone());
             tasks.spawn(async move { me.watch_nodes(s).await });
         }
-        let socket = self
-            .api_socket
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let socket = self.api_socket.locked().clone();
         if let Some(path) = socket {
             let (me, s) = (self.clone(), stop.clone());
             tasks.spawn(async move {

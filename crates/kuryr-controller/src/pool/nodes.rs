@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use super::PoolManager;
 use super::driver::{PoolDriver, PoolKind};
 use crate::error::Error;
+use crate::locked::Locked;
 
 /// What became of a node the pools may hold ports for (or route its pods by).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -251,10 +252,7 @@ impl PoolManager {
 
     /// Forgets every node's cached route, pool host and VM port.
     async fn forget_nodes(&self) {
-        self.node_vif
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clear();
+        self.node_vif.locked().clear();
         for route in self.routes.values() {
             route.vif_driver().forget_nodes().await;
         }
@@ -266,10 +264,7 @@ impl PoolManager {
     /// Forgets what is cached of the node, then drops the pools whose host is gone with it.
     pub async fn node_changed(&self, change: &NodeChange) -> Result<(), Error> {
         let node = change.node();
-        self.node_vif
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(node);
+        self.node_vif.locked().remove(node);
         if matches!(change, NodeChange::Relabelled(_)) {
             // Its next pods are routed anew; its pools and their hosts stand.
             return Ok(());

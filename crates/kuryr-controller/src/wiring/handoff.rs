@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::locked::Locked;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
@@ -50,7 +51,7 @@ impl PodHandoff {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, Box<Pod>)>> {
-        self.pods.lock().unwrap_or_else(|e| e.into_inner())
+        self.pods.locked()
     }
 
     /// Hands `pod` over (what planning reads of it); false when it was not kept (no uid, full).
