@@ -1683,3 +1683,101 @@ async fn hanging_deployment_is_stale(four: Arc<Four>) -> Result<()> {
     task.await?;
     Ok(())
 }
+
+/// A group without a zone whose affinity has the key `az` (`az=az1`) prints like the group of
+/// zone az1: each still gets a binding object of its own, and a binding an older controller
+/// kept under the shared name is found there and moved in place, not made again.
+#[tokio::test]
+async fn a_zone_and_an_affinity_key_named_az_get_bindings_of_their_own() -> Result<()> {
+    use kuryr_controller::placement::kube_store::{KubeStore, name_of};
+    use kuryr_controller::placement::store::BindingStore as _;
+    use kuryr_controller::placement::{BindingKey, Group};
+    let kube = start_kube().await?;
+    let store = KubeStore::new(kube.client.clone());
+    let key = |zone: Option<&str>, affinity: &[(&str, &str)]| BindingKey {
+        project: "proj-z".into(),
+        group: Group {
+            availability_zone: zone.map(str::to_string),
+            resource_affinity: affinity
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        },
+    };
+    let zone = key(Some("az1"), &[("tier", "gold")]);
+    let affinity = key(None, &[("az", "az1"), ("tier", "gold")]);
+    assert_eq!(zone.group.id(), affinity.group.id(), "the two print alike");
+    assert!(store.claim(&zone, None, None, "east", "new").await?);
+    assert!(store.claim(&affinity, None, None, "west", "new").await?);
+    assert_eq!(
+        store.get(&zone).await?.and_then(|s| s.current()).as_deref(),
+        Some("east")
+    );
+    assert_eq!(
+        store.get(&affinity).await?.and_then(|s| s.current()).as_deref(),
+        Some("west")
+    );
+    let api = Api::<KuryrProjectBinding>::all(kube.client.clone());
+    assert_eq!(api.list(&ListParams::default()).await?.items.len(), 2);
+
+    // An affinity group bound before it had a name of its own: its object has the zone's name.
+    let older = key(None, &[("az", "az2")]);
+    let shared = name_of(&key(Some("az2"), &[]));
+    assert_ne!(shared, name_of(&older));
+    let mut obj: KuryrProjectBinding = serde_json::from_value(json!({
+        "apiVersion": "openstack.org/v1", "kind": "KuryrProjectBinding",
+        "metadata": {"name": shared},
+        "spec": {"projectId": "proj-z", "resourceAffinity": {"az": "az2"}, "pinned": false},
+    }))?;
+    obj = api.create(&Default::default(), &obj).await?;
+    obj.status = Some(kuryr_crds::KuryrProjectBindingStatus {
+        deployment: Some("east".into()),
+        history: vec![kuryr_crds::BindingHistoryRow {
+            deployment: "east".into(),
+            bound_at: "2026-01-01T00:00:00Z".into(),
+            unbound_at: None,
+            why: "new".into(),
+        }],
+    });
+    api.replace_status(&shared, &Default::default(), &obj).await?;
+    assert_eq!(
+        store.get(&older).await?.and_then(|s| s.current()).as_deref(),
+        Some("east")
+    );
+    assert!(store.claim(&older, Some("east"), None, "west", "moved").await?);
+    store.set_pinned(&older, true).await?;
+    let moved = api.get(&shared).await?;
+    assert_eq!(moved.status.and_then(|s| s.deployment).as_deref(), Some("west"));
+    assert!(moved.spec.pinned);
+    assert!(api.get_opt(&name_of(&older)).await?.is_none(), "not made again");
+    // Until the controller's watch moves it to its own name, history and pin included; then
+    // the zone's group gets its binding.
+    assert!(
+        store.get(&key(Some("az2"), &[])).await.is_err(),
+        "the object holds another key"
+    );
+    let legacy = api.get(&shared).await?;
+    use kuryr_controller::placement::kube_store::move_to_own_name;
+    assert!(move_to_own_name(&api, &legacy).await?);
+    assert!(api.get_opt(&shared).await?.is_none());
+    let own = api.get(&name_of(&older)).await?;
+    assert!(own.spec.pinned);
+    let history = own.status.map(|s| s.history).unwrap_or_default();
+    assert_eq!(history.len(), 2, "{history:?}");
+    assert_eq!(
+        store.get(&older).await?.and_then(|s| s.current()).as_deref(),
+        Some("west")
+    );
+    assert!(
+        !move_to_own_name(&api, &api.get(&name_of(&older)).await?).await?,
+        "at home"
+    );
+    assert!(store.get(&key(Some("az2"), &[])).await?.is_none());
+    assert!(
+        store
+            .claim(&key(Some("az2"), &[]), None, None, "east", "new")
+            .await?
+    );
+    assert_eq!(api.list(&ListParams::default()).await?.items.len(), 4);
+    Ok(())
+}

@@ -4,6 +4,7 @@
 
 use async_trait::async_trait;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kuryr_crds::{
     BindingHistoryRow, KuryrProjectBinding, KuryrProjectBindingSpec, KuryrProjectBindingStatus, binding_name,
@@ -26,8 +27,44 @@ impl KubeStore {
     }
 }
 
+/// The object name of `key`'s binding. A group's text names its zone `az=<zone>`, so a group
+/// without a zone whose affinity has the key `az` would print like a group with that zone
+/// (`az=az1`) and take its object: such a group's name hashes its text behind a `,`, which no
+/// group's text starts with (affinity keys are never empty).
 pub fn name_of(key: &BindingKey) -> String {
-    binding_name(&key.project, &key.group.id())
+    match affinity_says_az(&key.group) {
+        true => binding_name(&key.project, &format!(",{}", key.group.id())),
+        false => binding_name(&key.project, &key.group.id()),
+    }
+}
+
+fn affinity_says_az(g: &Group) -> bool {
+    g.availability_zone.is_none() && g.resource_affinity.contains_key("az")
+}
+
+/// Reads `key`'s binding object: under [`name_of`], or under the name such a group had before
+/// it got a name of its own, when the object there holds this key.
+pub async fn binding_object(
+    api: &Api<KuryrProjectBinding>,
+    key: &BindingKey,
+) -> Result<Option<KuryrProjectBinding>, Error> {
+    let name = name_of(key);
+    if let Some(b) = api.get_opt(&name).await? {
+        if key_of(&b) != *key {
+            return Err(Error::invalid(
+                format!("KuryrProjectBinding {name} spec"),
+                format!("holds the binding of {}, not of {key}", key_of(&b)),
+            ));
+        }
+        return Ok(Some(b));
+    }
+    if affinity_says_az(&key.group)
+        && let Some(b) = api.get_opt(&binding_name(&key.project, &key.group.id())).await?
+        && key_of(&b) == *key
+    {
+        return Ok(Some(b));
+    }
+    Ok(None)
 }
 
 pub fn key_of(b: &KuryrProjectBinding) -> BindingKey {
@@ -79,19 +116,58 @@ fn status_of(st: &BindingState) -> KuryrProjectBindingStatus {
     }
 }
 
+/// Moves a binding kept under the name its group shared with a zone's (see [`name_of`]) to its
+/// own name, history and pin included, so that the zone's group can have its binding. The old
+/// object is deleted only as it was read: a claim landing meanwhile keeps it, to be moved at its
+/// next watch event. Returns whether it moved.
+pub async fn move_to_own_name(
+    api: &Api<KuryrProjectBinding>,
+    b: &KuryrProjectBinding,
+) -> Result<bool, Error> {
+    let key = key_of(b);
+    let own = name_of(&key);
+    let old = b.name_any();
+    if own == old || !affinity_says_az(&key.group) {
+        return Ok(false);
+    }
+    let mut moved = KuryrProjectBinding {
+        metadata: ObjectMeta {
+            name: Some(own.clone()),
+            labels: b.metadata.labels.clone(),
+            annotations: b.metadata.annotations.clone(),
+            ..Default::default()
+        },
+        spec: b.spec.clone(),
+        status: None,
+    };
+    moved = match api.create(&PostParams::default(), &moved).await {
+        Ok(m) => m,
+        // Made by another replica's move, or by a claim: the old one is still deleted below
+        // only if it is the one read.
+        Err(kube::Error::Api(s)) if s.code == 409 => api.get(&own).await?,
+        Err(e) => return Err(e.into()),
+    };
+    if moved.status.as_ref().is_none_or(|s| s.history.is_empty()) {
+        moved.status = b.status.clone();
+        api.replace_status(&own, &PostParams::default(), &moved).await?;
+    }
+    let dp = kube::api::DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            resource_version: b.resource_version(),
+            uid: b.uid(),
+        }),
+        ..Default::default()
+    };
+    match api.delete(&old, &dp).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 impl KubeStore {
     async fn get_object(&self, key: &BindingKey) -> Result<Option<KuryrProjectBinding>, Error> {
-        let name = name_of(key);
-        let Some(b) = self.api.get_opt(&name).await? else {
-            return Ok(None);
-        };
-        if key_of(&b) != *key {
-            return Err(Error::invalid(
-                format!("KuryrProjectBinding {name} spec"),
-                format!("holds the binding of {}, not of {key}", key_of(&b)),
-            ));
-        }
-        Ok(Some(b))
+        binding_object(&self.api, key).await
     }
 }
 
@@ -156,7 +232,7 @@ impl BindingStore for KubeStore {
         // The read resourceVersion travels with the object: a concurrent claim gets 409.
         match self
             .api
-            .replace_status(&name_of(key), &PostParams::default(), &updated)
+            .replace_status(&obj.name_any(), &PostParams::default(), &updated)
             .await
         {
             Ok(_) => Ok(true),
@@ -166,12 +242,12 @@ impl BindingStore for KubeStore {
     }
 
     async fn set_pinned(&self, key: &BindingKey, pinned: bool) -> Result<(), Error> {
-        if self.get_object(key).await?.is_none() {
+        let Some(obj) = self.get_object(key).await? else {
             return Err(Error::invalid("binding", format!("{key} has no binding")));
-        }
+        };
         let patch = json!({"spec": {"pinned": pinned}});
         self.api
-            .patch(&name_of(key), &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
         Ok(())
     }

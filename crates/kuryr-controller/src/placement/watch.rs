@@ -177,10 +177,8 @@ pub async fn run(platform: Arc<Platform>, binder: Arc<Binder>, stop: Cancellatio
     let mut stream = std::pin::pin!(stream);
     // Binding objects change under the binder when an operator moves, pins or unpins one (`kuryr
     // bindings`): its cache must not keep the old deployment until the next usage round.
-    let bindings = watcher::watcher(
-        Api::<KuryrProjectBinding>::all(platform.kube.clone()),
-        watcher::Config::default(),
-    );
+    let binding_api = Api::<KuryrProjectBinding>::all(platform.kube.clone());
+    let bindings = watcher::watcher(binding_api.clone(), watcher::Config::default());
     let mut bindings = std::pin::pin!(bindings);
     // When a maintenance window ends by itself (`spec.maintenance.until`): no event says so.
     let mut window_ends: Option<Timestamp> = None;
@@ -201,7 +199,20 @@ pub async fn run(platform: Arc<Platform>, binder: Arc<Binder>, stop: Cancellatio
             () = until_window_end => objects.values().cloned().collect(),
             ev = bindings.next() => {
                 match ev {
-                    Some(Ok(Event::Apply(_) | Event::Delete(_) | Event::InitDone)) => binder.forget().await,
+                    Some(Ok(ev @ (Event::Apply(_) | Event::InitApply(_)))) => {
+                        let (Event::Apply(b) | Event::InitApply(b)) = &ev else { continue };
+                        // A binding an older controller kept under a name its group shares.
+                        match super::kube_store::move_to_own_name(&binding_api, b).await {
+                            Ok(true) => tracing::info!(binding = %b.name_any(), "binding moved to its own name"),
+                            Ok(false) => {}
+                            Err(e) => tracing::warn!(binding = %b.name_any(), error = %e,
+                                "cannot move the binding to its own name; retried at its next event"),
+                        }
+                        if matches!(ev, Event::Apply(_)) {
+                            binder.forget().await
+                        }
+                    }
+                    Some(Ok(Event::Delete(_) | Event::InitDone)) => binder.forget().await,
                     Some(Err(e)) => {
                         tracing::warn!(error = %e, "KuryrProjectBinding watch failed; retrying");
                         tokio::time::sleep(std::time::Duration::from_secs(1)).await;

@@ -205,8 +205,7 @@ fn key(b: &BindingSelector) -> anyhow::Result<BindingKey> {
 }
 
 async fn binding_object(client: &Client, k: &BindingKey) -> anyhow::Result<KuryrProjectBinding> {
-    Api::<KuryrProjectBinding>::all(client.clone())
-        .get_opt(&kube_store::name_of(k))
+    kube_store::binding_object(&Api::all(client.clone()), k)
         .await?
         .with_context(|| format!("binding {k}: no KuryrProjectBinding (not bound yet?)"))
 }
