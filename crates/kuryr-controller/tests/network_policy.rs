@@ -1936,3 +1936,74 @@ async fn a_kuryrnetworkpolicy_deleted_under_a_standing_policy_is_made_again_with
     }
     Ok(())
 }
+
+/// A Service made in front of a policy's egress peers after the policy: its VIP is admitted when
+/// the Service comes (a client's packets leave for the VIP before the load balancer rewrites
+/// them), not at the policy's next resync two minutes later; and it goes when the Service goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_service_made_after_a_policy_has_its_vip_admitted_at_once() -> Result<()> {
+    use k8s_openapi::api::core::v1::Service;
+    init_logs();
+    for target in neutron_targets().await? {
+        let bed = PolicyBed::new(&target, "10.79.0.0/24").await?;
+        let (kube, client, fx) = (&bed.kube, &target.client, &bed.fx);
+        let ctl = bed.start(
+            &target,
+            "policy,kuryrnetworkpolicy,pod_label",
+            "np-test-svc-later",
+        );
+        labelled_namespace(&kube.client, "s").await?;
+        pod(&kube.client, "s", "db", json!({"app": "db"}), Some("10.79.0.5")).await?;
+        apply_policy(
+            &kube.client,
+            "s",
+            "to-db",
+            json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{
+                "to": [{"podSelector": {"matchLabels": {"app": "db"}}}], "ports": [{"port": 5432}]}]}),
+        )
+        .await?;
+        let sg = policy_group(&kube.client, "s", "to-db").await?;
+        let admitted = || async {
+            let mut out = BTreeSet::new();
+            for r in client
+                .list_security_group_rules(&ListFilter::new().security_group_id(&sg))
+                .await?
+            {
+                if r.direction == "egress" && r.port_range_min == Some(5432) {
+                    if let Some(ag) = &r.remote_address_group_id {
+                        out.extend(client.get_address_group(ag).await?.addresses);
+                    }
+                    out.extend(r.remote_ip_prefix.clone());
+                }
+            }
+            anyhow::Ok(out)
+        };
+        eventually("the peer admitted", WAIT, || async {
+            Ok(admitted().await?.contains("10.79.0.5/32").then_some(()))
+        })
+        .await?;
+        let svc: Service = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "db", "namespace": "s"},
+            "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.30", "selector": {"app": "db"},
+                     "ports": [{"port": 5432, "targetPort": 5432, "protocol": "TCP"}]}
+        }))?;
+        let services = Api::<Service>::namespaced(kube.client.clone(), "s");
+        services.create(&PostParams::default(), &svc).await?;
+        let within = Duration::from_secs(20);
+        eventually("the VIP admitted", within, || async {
+            Ok(admitted().await?.contains("10.96.0.30/32").then_some(()))
+        })
+        .await
+        .map_err(|e| e.context(target.name.clone()))?;
+        services.delete("db", &Default::default()).await?;
+        eventually("the VIP no longer admitted", within, || async {
+            let now = admitted().await?;
+            Ok((!now.contains("10.96.0.30/32") && now.contains("10.79.0.5/32")).then_some(()))
+        })
+        .await
+        .map_err(|e| e.context(target.name.clone()))?;
+        ctl.stop.cancel();
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}

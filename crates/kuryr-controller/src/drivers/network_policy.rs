@@ -102,6 +102,10 @@ pub struct NetworkPolicyDriver {
     /// (a quota, a deployment no longer configured), by uid, and until when the pod and
     /// namespace events leave them to their own handler's retries.
     held: std::sync::Mutex<HashMap<String, std::time::Instant>>,
+    /// Whether Service events reach [`Self::observe_service`] (the `pod_label` handler's Service
+    /// companion runs): a policy's reconcile then takes the Services from the tracker instead
+    /// of listing every Service of the cluster.
+    services_fed: std::sync::atomic::AtomicBool,
 }
 
 /// How long [`NetworkPolicyDriver::ensure_stale`] leaves a policy that failed that way.
@@ -132,6 +136,7 @@ impl NetworkPolicyDriver {
             pools: None,
             port_groups: Arc::default(),
             held: std::sync::Mutex::default(),
+            services_fed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -278,11 +283,8 @@ impl NetworkPolicyDriver {
         Ok(index)
     }
 
-    /// Replaces the index's Services with a fresh listing. No handler of the policy set
-    /// watches Services, so they are re-read when a policy itself is reconciled (which the
-    /// periodic resync does too). A Service without a selector has its EndpointSlices read
-    /// with it (one labelled list each; such Services are few: `kubernetes.default`, the
-    /// hand-made ones in front of what runs outside the cluster).
+    /// Replaces the index's Services with a fresh listing: the tracker's first fill, and every
+    /// policy reconcile when no Service events reach the driver (see [`Self::feed_services`]).
     async fn list_services(&self, index: &mut ClusterIndex) -> Result<(), Error> {
         index.services.clear();
         for svc in Api::<Service>::all(self.kube.clone())
@@ -292,21 +294,101 @@ impl NetworkPolicyDriver {
             if svc.metadata.deletion_timestamp.is_some() {
                 continue;
             }
-            let mut info = ServiceInfo::from_service(&svc);
-            if info.selector.is_none() && !info.vips.is_empty() {
-                let ns = svc.namespace().unwrap_or_default();
-                let slices = Api::<EndpointSlice>::namespaced(self.kube.clone(), &ns)
-                    .list(&ListParams::default().labels(&format!(
-                        "{}={}",
-                        crate::services::endpoints::SERVICE_NAME_LABEL,
-                        svc.name_any()
-                    )))
-                    .await?;
-                info = info.with_endpoint_slices(&slices.items);
-            }
+            let info = self
+                .with_backends(
+                    ServiceInfo::from_service(&svc),
+                    &svc.namespace().unwrap_or_default(),
+                    &svc.name_any(),
+                )
+                .await?;
             index
                 .services
                 .insert((svc.namespace().unwrap_or_default(), svc.name_any()), info);
+        }
+        Ok(())
+    }
+
+    /// `info` of the Service `ns/name` with its backends when it has no selector, from its
+    /// EndpointSlices (one labelled list; such Services are few: `kubernetes.default`, the
+    /// hand-made ones in front of what runs outside the cluster).
+    async fn with_backends(&self, info: ServiceInfo, ns: &str, name: &str) -> Result<ServiceInfo, Error> {
+        if info.selector.is_some() || info.vips.is_empty() {
+            return Ok(info);
+        }
+        let slices = Api::<EndpointSlice>::namespaced(self.kube.clone(), ns)
+            .list(&ListParams::default().labels(&format!(
+                "{}={name}",
+                crate::services::endpoints::SERVICE_NAME_LABEL,
+            )))
+            .await?;
+        Ok(info.with_endpoint_slices(&slices.items))
+    }
+
+    /// Service events reach [`Self::observe_service`] and [`Self::forget_service`] from now on.
+    pub fn feed_services(&self) {
+        self.services_fed
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// A Service added or changed, as its watch event shows it; true when the policies' view
+    /// of it changed (their reconciles may now admit other addresses).
+    pub async fn observe_service(&self, svc: &Service) -> Result<bool, Error> {
+        if svc.metadata.deletion_timestamp.is_some() {
+            return Ok(self.forget_service(svc).await);
+        }
+        if self.tracker.lock().await.is_none() {
+            return Ok(false);
+        }
+        let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
+        let info = self
+            .with_backends(ServiceInfo::from_service(svc), &ns, &name)
+            .await?;
+        Ok(self
+            .tracker
+            .lock()
+            .await
+            .as_mut()
+            .is_some_and(|t| t.set_service((ns, name), Some(info))))
+    }
+
+    /// A Service gone; true when the policies knew it.
+    pub async fn forget_service(&self, svc: &Service) -> bool {
+        let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+        self.tracker
+            .lock()
+            .await
+            .as_mut()
+            .is_some_and(|t| t.set_service(key, None))
+    }
+
+    /// The Services a policy's reconcile reads: from the Service events when they are fed
+    /// (the backends of those without a selector read again, as their EndpointSlices send no
+    /// events here), else from one listing.
+    async fn refresh_services(&self) -> Result<(), Error> {
+        if !self.services_fed.load(std::sync::atomic::Ordering::Acquire) {
+            let mut services = ClusterIndex::default();
+            self.list_services(&mut services).await?;
+            return self.with_tracker(|t| t.set_services(services.services)).await;
+        }
+        let selectorless: Vec<((String, String), ServiceInfo)> = self
+            .with_tracker(|t| {
+                t.cluster()
+                    .services
+                    .iter()
+                    .filter(|(_, i)| i.selector.is_none() && !i.vips.is_empty())
+                    .map(|(k, i)| (k.clone(), i.clone()))
+                    .collect()
+            })
+            .await?;
+        for ((ns, name), info) in selectorless {
+            let info = self.with_backends(info, &ns, &name).await?;
+            self.if_tracking(|t| {
+                // Only if it is still there: a deletion seen meanwhile stands.
+                if t.cluster().services.contains_key(&(ns.clone(), name.clone())) {
+                    t.set_service((ns, name), Some(info));
+                }
+            })
+            .await;
         }
         Ok(())
     }
@@ -486,13 +568,8 @@ impl NetworkPolicyDriver {
             .lock()
             .await
             .insert(uid.to_string(), deployment.to_string());
-        let mut services = ClusterIndex::default();
-        self.list_services(&mut services).await?;
-        self.with_tracker(|t| {
-            t.set_services(services.services);
-            t.set_policy(uid, spec.clone());
-        })
-        .await?;
+        self.refresh_services().await?;
+        self.with_tracker(|t| t.set_policy(uid, spec.clone())).await?;
         self.reconcile(uid, true)
             .await?
             .ok_or_else(|| Error::not_ready(format!("NetworkPolicy {} being released", spec.key)))

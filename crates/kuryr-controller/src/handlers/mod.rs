@@ -10,7 +10,7 @@
 //! - `policy` ([`policy::PolicyHandler`]): NetworkPolicy -> KuryrNetworkPolicy
 //! - `kuryrnetworkpolicy` ([`kuryrnetworkpolicy::KuryrNetworkPolicyHandler`]): security groups,
 //!   rules, address groups, status, ports
-//! - `pod_label` ([`pod_label::PodLabelHandler`], with the namespace-label companion): membership
+//! - `pod_label` ([`pod_label::PodLabelHandler`], with the namespace- and Service-label companions): membership
 //!
 //! A library user adds a handler with [`HandlerRegistry::register`]; the pipeline is unchanged.
 
@@ -105,6 +105,12 @@ impl HandlerRegistry {
         r.register_companion("pod_label", |ctx| {
             RegisteredHandler::telling(
                 pod_label::NamespaceLabelHandler::new(ctx.clone()),
+                ctx.events.clone(),
+            )
+        });
+        r.register_companion("pod_label", |ctx| {
+            RegisteredHandler::telling(
+                pod_label::ServiceLabelHandler::new(ctx.clone()),
                 ctx.events.clone(),
             )
         });

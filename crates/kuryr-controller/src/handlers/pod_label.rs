@@ -1,7 +1,9 @@
 //! `pod_label` handler: a pod whose labels or addresses change moves in or out of the policies'
 //! address groups (one `add_addresses`/`remove_addresses` per group it joins or leaves, rules
 //! untouched) and its port onto the groups of the policies that now select it. Also the
-//! namespace-label companion: a namespace relabelled changes which pods namespaceSelectors pick.
+//! namespace-label companion: a namespace relabelled changes which pods namespaceSelectors pick,
+//! and the Service companion: a Service made, changed or deleted changes which addresses the
+//! policies' egress rules admit in front of their peers (its VIP).
 //! Both feed what they see into the driver's tracker first, so policies are decided from the
 //! watched state, not from a listing of the cluster per event. The Services selected by the policies
 //! whose Neutron state moved, and those a relabelled pod backs, follow ([`PolicyFollowers`]).
@@ -11,7 +13,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use kube::ResourceExt;
 use tokio::sync::Mutex;
 
@@ -145,6 +147,52 @@ impl ResourceEventHandler for NamespaceLabelHandler {
         self.seen.lock().await.remove(&ns.name_any());
         let driver = &self.ctx.drivers.network_policy;
         driver.forget_namespace(ns).await;
+        let (_, moved) = driver.ensure_stale().await?;
+        follow(&self.followers, moved).await
+    }
+}
+
+/// Services for network policies (registered with `pod_label`): the policies' egress rules admit
+/// a Service's VIP in front of their peers, so a Service made after a policy is admitted when it
+/// comes, not at the policy's next resync; and a policy's reconcile reads the Services from
+/// here instead of listing every Service of the cluster.
+pub struct ServiceLabelHandler {
+    ctx: Arc<Context>,
+    followers: PolicyFollowers,
+}
+
+impl ServiceLabelHandler {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        ctx.drivers.network_policy.feed_services();
+        Self {
+            followers: PolicyFollowers::new(ctx.clone()),
+            ctx,
+        }
+    }
+}
+
+#[async_trait]
+impl ResourceEventHandler for ServiceLabelHandler {
+    type Object = Service;
+
+    fn name(&self) -> &'static str {
+        "service_label"
+    }
+
+    async fn on_present(&self, svc: &Service) -> Result<(), Error> {
+        let driver = &self.ctx.drivers.network_policy;
+        if !driver.observe_service(svc).await? {
+            return Ok(());
+        }
+        let (_, moved) = driver.ensure_stale().await?;
+        follow(&self.followers, moved).await
+    }
+
+    async fn on_deleted(&self, svc: &Service) -> Result<(), Error> {
+        let driver = &self.ctx.drivers.network_policy;
+        if !driver.forget_service(svc).await {
+            return Ok(());
+        }
         let (_, moved) = driver.ensure_stale().await?;
         follow(&self.followers, moved).await
     }

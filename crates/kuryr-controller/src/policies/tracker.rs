@@ -123,6 +123,24 @@ impl PolicyTracker {
         }
     }
 
+    /// Sets (`Some`) or removes one Service, as its watch event shows it; true when that
+    /// changed what the policies see.
+    pub fn set_service(&mut self, key: (String, String), info: Option<ServiceInfo>) -> bool {
+        let changed = match info {
+            Some(info) => {
+                self.cluster.services.get(&key) != Some(&info) && {
+                    self.cluster.services.insert(key, info);
+                    true
+                }
+            }
+            None => self.cluster.services.remove(&key).is_some(),
+        };
+        if changed {
+            self.moved = None;
+        }
+        changed
+    }
+
     fn note(&mut self, uid: &str) {
         if let Some(moved) = &mut self.moved {
             moved.insert(uid.to_string());
