@@ -1994,14 +1994,14 @@ async fn a_service_made_after_a_policy_has_its_vip_admitted_at_once() -> Result<
             Ok(admitted().await?.contains("10.96.0.30/32").then_some(()))
         })
         .await
-        .map_err(|e| e.context(target.name.clone()))?;
+        .map_err(|e| e.context(target.name))?;
         services.delete("db", &Default::default()).await?;
         eventually("the VIP no longer admitted", within, || async {
             let now = admitted().await?;
             Ok((!now.contains("10.96.0.30/32") && now.contains("10.79.0.5/32")).then_some(()))
         })
         .await
-        .map_err(|e| e.context(target.name.clone()))?;
+        .map_err(|e| e.context(target.name))?;
         ctl.stop.cancel();
         cleanup_project(client, &fx.project).await;
     }
