@@ -37,6 +37,13 @@ fn ovs_db() -> Option<String> {
     }
 }
 
+/// [`ovs_db`] when network namespaces can be made here too (else skipped with the reason).
+#[track_caller]
+fn ovs_lab() -> Option<String> {
+    let db = ovs_db()?;
+    can_netns().then_some(db)
+}
+
 fn vsctl(db: &str, args: &[&str]) -> String {
     let mut full = vec!["ovs-vsctl", "--timeout=10"];
     let db_arg = format!("--db={db}");
@@ -200,10 +207,7 @@ async fn host_link_exists(name: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_pods_on_a_netdev_bridge_reach_each_other_and_teardown_cleans_up() {
-    let Some(db) = ovs_db() else { return };
-    if !can_netns() {
-        return;
-    }
+    let Some(db) = ovs_lab() else { return };
     // The driver creates the missing bridge with the configured datapath.
     let bridge = OvsBridge {
         db: db.clone(),
@@ -329,10 +333,7 @@ async fn two_pods_on_a_netdev_bridge_reach_each_other_and_teardown_cleans_up() {
 /// nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hybrid_plugged_pods_talk_through_their_port_bridges_and_leave_nothing() {
-    let Some(db) = ovs_db() else { return };
-    if !can_netns() {
-        return;
-    }
+    let Some(db) = ovs_lab() else { return };
     let bridge = OvsBridge::netdev(&db, "kovy");
     let (a, b) = (TestNetns::new("kovya"), TestNetns::new("kovyb"));
     let (port_a, port_b) = (unique("ya"), unique("yb"));
@@ -413,10 +414,7 @@ async fn hybrid_plugged_pods_talk_through_their_port_bridges_and_leave_nothing()
 /// what is its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_teardown_leaves_the_hybrid_devices_of_the_ports_next_container() {
-    let Some(db) = ovs_db() else { return };
-    if !can_netns() {
-        return;
-    }
+    let Some(db) = ovs_lab() else { return };
     let bridge = OvsBridge::netdev(&db, "kovz");
     let (old_ns, new_ns) = (TestNetns::new("kovzo"), TestNetns::new("kovzn"));
     let s = hybrid_spec(&unique("z"), "fa:16:3e:00:46:01", "10.76.0.10/24", &bridge.name);
@@ -469,10 +467,7 @@ async fn a_late_teardown_leaves_the_hybrid_devices_of_the_ports_next_container()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn teardown_collects_the_ovsdb_error_and_still_removes_the_veth() {
-    let Some(db) = ovs_db() else { return };
-    if !can_netns() {
-        return;
-    }
+    let Some(db) = ovs_lab() else { return };
     let bridge = OvsBridge {
         db: db.clone(),
         name: unique("kovb"),
@@ -524,10 +519,7 @@ fn pod_tx_checksum_on(pod: &TestNetns) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_tx_checksum_offload_goes_off_on_a_netdev_bridge_unless_configured_on() {
-    let Some(db) = ovs_db() else { return };
-    if !can_netns() {
-        return;
-    }
+    let Some(db) = ovs_lab() else { return };
     if std::process::Command::new("ethtool")
         .arg("--version")
         .output()
@@ -566,10 +558,7 @@ async fn pod_tx_checksum_offload_goes_off_on_a_netdev_bridge_unless_configured_o
 /// the ADD fails saying so instead of taking the bridge for made by someone else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bridge_name_taken_by_a_port_is_refused_with_the_reason() {
-    let Some(db) = ovs_db() else { return };
-    if !can_netns() {
-        return;
-    }
+    let Some(db) = ovs_lab() else { return };
     let other = OvsBridge::netdev(&db, "kovo");
     let taken = unique("kovn");
     vsctl(&db, &["add-port", &other.name, &taken]);
@@ -814,10 +803,7 @@ fn cni_body(command: &str, pod: &str, container: &str, netns: &str, uid: &str) -
 /// userspace OVS's br-int (the bridge `scripts/ovs-userspace.sh` creates).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemon_http_add_del_with_ovs_vifs() {
-    let Some(db) = ovs_db() else { return };
-    if !can_netns() {
-        return;
-    }
+    let Some(db) = ovs_lab() else { return };
     let dp = vsctl(&db, &["get", "Bridge", "br-int", "datapath_type"]);
     assert_eq!(
         dp.trim(),
@@ -910,10 +896,7 @@ async fn daemon_http_add_del_with_ovs_vifs() {
 /// port bridge and its `qvb`/`qvo` pair go too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn del_after_restart_removes_the_ovs_port() {
-    let Some(db) = ovs_db() else { return };
-    if !can_netns() {
-        return;
-    }
+    let Some(db) = ovs_lab() else { return };
     let state = tempfile::tempdir().unwrap();
     for (case, with_state, plug) in [
         ("state", true, Plug::Ovs),
