@@ -1939,7 +1939,8 @@ async fn a_kuryrnetworkpolicy_deleted_under_a_standing_policy_is_made_again_with
 
 /// A Service made in front of a policy's egress peers after the policy: its VIP is admitted when
 /// the Service comes (a client's packets leave for the VIP before the load balancer rewrites
-/// them), not at the policy's next resync two minutes later; and it goes when the Service goes.
+/// them), not at the policy's next resync two minutes later; and it goes when the Service's
+/// deletion starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_service_made_after_a_policy_has_its_vip_admitted_at_once() -> Result<()> {
     use k8s_openapi::api::core::v1::Service;
@@ -1995,6 +1996,11 @@ async fn a_service_made_after_a_policy_has_its_vip_admitted_at_once() -> Result<
         })
         .await
         .map_err(|e| e.context(target.name))?;
+        // Held by a finalizer (kuryr's, while its load balancer goes): it counts no more.
+        let hold = json!({"metadata": {"finalizers": ["test.example/hold"]}});
+        services
+            .patch("db", &PatchParams::default(), &Patch::Merge(&hold))
+            .await?;
         services.delete("db", &Default::default()).await?;
         eventually("the VIP no longer admitted", within, || async {
             let now = admitted().await?;
@@ -2002,6 +2008,10 @@ async fn a_service_made_after_a_policy_has_its_vip_admitted_at_once() -> Result<
         })
         .await
         .map_err(|e| e.context(target.name))?;
+        let release = json!({"metadata": {"finalizers": null}});
+        services
+            .patch("db", &PatchParams::default(), &Patch::Merge(&release))
+            .await?;
         ctl.stop.cancel();
         cleanup_project(client, &fx.project).await;
     }

@@ -1744,21 +1744,36 @@ async fn a_zone_and_an_affinity_key_named_az_get_bindings_of_their_own() -> Resu
         store.get(&older).await?.and_then(|s| s.current()).as_deref(),
         Some("east")
     );
+    // The controller's watch sees it now; a claim and a pin land before its move runs, and an
+    // earlier move left an empty object under the new name.
+    let seen = api.get(&shared).await?;
+    let left: KuryrProjectBinding = serde_json::from_value(json!({
+        "apiVersion": "openstack.org/v1", "kind": "KuryrProjectBinding",
+        "metadata": {"name": name_of(&older)},
+        "spec": {"projectId": "proj-z", "resourceAffinity": {"az": "az2"}, "pinned": false},
+    }))?;
+    api.create(&Default::default(), &left).await?;
+    assert_eq!(
+        store.get(&older).await?.and_then(|s| s.current()).as_deref(),
+        Some("east"),
+        "the old object is the binding while it is there"
+    );
     assert!(store.claim(&older, Some("east"), None, "west", "moved").await?);
     store.set_pinned(&older, true).await?;
     let moved = api.get(&shared).await?;
     assert_eq!(moved.status.and_then(|s| s.deployment).as_deref(), Some("west"));
     assert!(moved.spec.pinned);
-    assert!(api.get_opt(&name_of(&older)).await?.is_none(), "not made again");
     // Until the controller's watch moves it to its own name, history and pin included; then
     // the zone's group gets its binding.
     assert!(
         store.get(&key(Some("az2"), &[])).await.is_err(),
         "the object holds another key"
     );
-    let legacy = api.get(&shared).await?;
     use kuryr_controller::placement::kube_store::move_to_own_name;
-    assert!(move_to_own_name(&api, &legacy).await?);
+    assert!(
+        move_to_own_name(&api, &seen).await?,
+        "moved as it is now, not as seen"
+    );
     assert!(api.get_opt(&shared).await?.is_none());
     let own = api.get(&name_of(&older)).await?;
     assert!(own.spec.pinned);

@@ -380,11 +380,11 @@ impl NetworkPolicyDriver {
                     .collect()
             })
             .await?;
-        for ((ns, name), info) in selectorless {
-            let info = self.with_backends(info, &ns, &name).await?;
+        for ((ns, name), read) in selectorless {
+            let info = self.with_backends(read.clone(), &ns, &name).await?;
             self.if_tracking(|t| {
-                // Only if it is still there: a deletion seen meanwhile stands.
-                if t.cluster().services.contains_key(&(ns.clone(), name.clone())) {
+                // Only if it is still as read: a Service event handled meanwhile stands.
+                if t.cluster().services.get(&(ns.clone(), name.clone())) == Some(&read) {
                     t.set_service((ns, name), Some(info));
                 }
             })

@@ -159,6 +159,9 @@ impl ResourceEventHandler for NamespaceLabelHandler {
 pub struct ServiceLabelHandler {
     ctx: Arc<Context>,
     followers: PolicyFollowers,
+    /// Services whose change reached the tracker but whose policies' pass failed: the retry
+    /// runs it again although the tracker has nothing new for them.
+    unsettled: Mutex<std::collections::HashSet<(String, String)>>,
 }
 
 impl ServiceLabelHandler {
@@ -167,7 +170,24 @@ impl ServiceLabelHandler {
         Self {
             followers: PolicyFollowers::new(ctx.clone()),
             ctx,
+            unsettled: Mutex::default(),
         }
+    }
+
+    /// The policies' pass after `svc` changed (`changed`) or after an earlier pass for it failed.
+    async fn pass(&self, svc: &Service, changed: bool) -> Result<(), Error> {
+        let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+        let mut unsettled = self.unsettled.lock().await;
+        if !changed && !unsettled.contains(&key) {
+            return Ok(());
+        }
+        unsettled.insert(key.clone());
+        drop(unsettled);
+        let driver = &self.ctx.drivers.network_policy;
+        let (_, moved) = driver.ensure_stale().await?;
+        follow(&self.followers, moved).await?;
+        self.unsettled.lock().await.remove(&key);
+        Ok(())
     }
 }
 
@@ -180,20 +200,22 @@ impl ResourceEventHandler for ServiceLabelHandler {
     }
 
     async fn on_present(&self, svc: &Service) -> Result<(), Error> {
-        let driver = &self.ctx.drivers.network_policy;
-        if !driver.observe_service(svc).await? {
-            return Ok(());
-        }
-        let (_, moved) = driver.ensure_stale().await?;
-        follow(&self.followers, moved).await
+        let changed = self.ctx.drivers.network_policy.observe_service(svc).await?;
+        self.pass(svc, changed).await
+    }
+
+    /// A Service being deleted (kuryr's finalizer holds it while its load balancer goes) no
+    /// longer counts, as a listing leaves it out.
+    async fn on_finalize(&self, svc: &Service) -> Result<(), Error> {
+        let changed = self.ctx.drivers.network_policy.forget_service(svc).await;
+        self.pass(svc, changed).await
     }
 
     async fn on_deleted(&self, svc: &Service) -> Result<(), Error> {
-        let driver = &self.ctx.drivers.network_policy;
-        if !driver.forget_service(svc).await {
-            return Ok(());
-        }
-        let (_, moved) = driver.ensure_stale().await?;
-        follow(&self.followers, moved).await
+        let changed = self.ctx.drivers.network_policy.forget_service(svc).await;
+        self.pass(svc, changed).await?;
+        let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+        self.unsettled.lock().await.remove(&key);
+        Ok(())
     }
 }

@@ -42,12 +42,19 @@ fn affinity_says_az(g: &Group) -> bool {
     g.availability_zone.is_none() && g.resource_affinity.contains_key("az")
 }
 
-/// Reads `key`'s binding object: under [`name_of`], or under the name such a group had before
-/// it got a name of its own, when the object there holds this key.
+/// Reads `key`'s binding object: under the name such a group had before it got a name of its
+/// own, when the object there holds this key (it is the binding until [`move_to_own_name`]
+/// deletes it: claims go there meanwhile, none is lost to a copy), else under [`name_of`].
 pub async fn binding_object(
     api: &Api<KuryrProjectBinding>,
     key: &BindingKey,
 ) -> Result<Option<KuryrProjectBinding>, Error> {
+    if affinity_says_az(&key.group)
+        && let Some(b) = api.get_opt(&binding_name(&key.project, &key.group.id())).await?
+        && key_of(&b) == *key
+    {
+        return Ok(Some(b));
+    }
     let name = name_of(key);
     if let Some(b) = api.get_opt(&name).await? {
         if key_of(&b) != *key {
@@ -56,12 +63,6 @@ pub async fn binding_object(
                 format!("holds the binding of {}, not of {key}", key_of(&b)),
             ));
         }
-        return Ok(Some(b));
-    }
-    if affinity_says_az(&key.group)
-        && let Some(b) = api.get_opt(&binding_name(&key.project, &key.group.id())).await?
-        && key_of(&b) == *key
-    {
         return Ok(Some(b));
     }
     Ok(None)
@@ -118,19 +119,27 @@ fn status_of(st: &BindingState) -> KuryrProjectBindingStatus {
 
 /// Moves a binding kept under the name its group shared with a zone's (see [`name_of`]) to its
 /// own name, history and pin included, so that the zone's group can have its binding. The old
-/// object is deleted only as it was read: a claim landing meanwhile keeps it, to be moved at its
-/// next watch event. Returns whether it moved.
+/// object stays the binding until it is deleted ([`binding_object`] reads it first), and it is
+/// deleted only as it was copied: a claim landing on it meanwhile keeps it, and the next move
+/// (at its next watch event) copies it again. Returns whether it moved.
 pub async fn move_to_own_name(
     api: &Api<KuryrProjectBinding>,
-    b: &KuryrProjectBinding,
+    seen: &KuryrProjectBinding,
 ) -> Result<bool, Error> {
-    let key = key_of(b);
+    let key = key_of(seen);
     let own = name_of(&key);
-    let old = b.name_any();
+    let old = seen.name_any();
     if own == old || !affinity_says_az(&key.group) {
         return Ok(false);
     }
-    let mut moved = KuryrProjectBinding {
+    // What the watch handed over may be behind a claim: copy what is there now.
+    let Some(b) = api.get_opt(&old).await? else {
+        return Ok(false);
+    };
+    if key_of(&b) != key {
+        return Ok(false);
+    }
+    let fresh = KuryrProjectBinding {
         metadata: ObjectMeta {
             name: Some(own.clone()),
             labels: b.metadata.labels.clone(),
@@ -140,17 +149,19 @@ pub async fn move_to_own_name(
         spec: b.spec.clone(),
         status: None,
     };
-    moved = match api.create(&PostParams::default(), &moved).await {
-        Ok(m) => m,
-        // Made by another replica's move, or by a claim: the old one is still deleted below
-        // only if it is the one read.
+    let mut copy = match api.create(&PostParams::default(), &fresh).await {
+        Ok(c) => c,
+        // Left by a move that did not finish: overwritten below (it is never read as the
+        // binding while the old one is there).
         Err(kube::Error::Api(s)) if s.code == 409 => api.get(&own).await?,
         Err(e) => return Err(e.into()),
     };
-    if moved.status.as_ref().is_none_or(|s| s.history.is_empty()) {
-        moved.status = b.status.clone();
-        api.replace_status(&own, &PostParams::default(), &moved).await?;
+    if copy.spec != b.spec {
+        copy.spec = b.spec.clone();
+        copy = api.replace(&own, &PostParams::default(), &copy).await?;
     }
+    copy.status = b.status.clone();
+    api.replace_status(&own, &PostParams::default(), &copy).await?;
     let dp = kube::api::DeleteParams {
         preconditions: Some(kube::api::Preconditions {
             resource_version: b.resource_version(),

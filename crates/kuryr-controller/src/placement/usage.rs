@@ -340,7 +340,9 @@ async fn targets(platform: &Platform, binder: &Binder) -> (Vec<(String, NeutronC
         // every project a deployment ever had would grow with tenant churn until it could not
         // finish within its timeout, leaving every figure stale.
         let now = k8s_openapi::jiff::Timestamp::now();
-        for b in bindings.iter().filter(|b| measured_in(b, name, now)) {
+        // Once one project's id is not known, no quota is read this round (each lookup would
+        // wait for the deployment objects again).
+        for b in bindings.iter().filter(|b| listed && measured_in(b, name, now)) {
             let id = match binder.project_id(name, &b.key.project).await {
                 Ok(id) => id,
                 Err(e) => {
@@ -446,7 +448,8 @@ pub async fn run(
             let stale = match outcome {
                 Outcome::Measured(m) => {
                     platform.metrics.deployment_usage(name, "fraction", m.fraction());
-                    for p in m.ports.keys() {
+                    // Quotas carried from an earlier round were exported when they were read.
+                    for p in m.ports.keys().filter(|_| m.ports_measured_at.is_none()) {
                         if let Some(f) = m.project_fraction(p) {
                             platform.metrics.deployment_usage(name, &format!("ports:{p}"), f);
                         }
