@@ -655,6 +655,9 @@ config_section! {
         usage_timeout: u64 = 30,
         /// Pick randomly among the best `subset_size` deployments (1 = always the best).
         subset_size: NonZeroU32 = NonZeroU32::MIN,
+        /// Seconds a binding no namespace uses is kept (with its history) before it is deleted;
+        /// 0 keeps every binding for ever.
+        unused_binding_retention: u64 = 604800,
     }
 }
 

@@ -178,6 +178,13 @@ pub async fn run(opts: ControllerOptions, stop: CancellationToken) -> Result<(),
                         Duration::from_secs(pb.usage_timeout.max(1)),
                         token.clone(),
                     ));
+                    if pb.unused_binding_retention > 0 {
+                        tasks.spawn(crate::placement::retire::run(
+                            ctx.platform().clone(),
+                            Duration::from_secs(pb.unused_binding_retention),
+                            token.clone(),
+                        ));
+                    }
                 }
                 // Before any handler runs: a cluster_id another cluster holds is refused here (after the
                 // placement watch started: a deployment's project id may come from its objects). The

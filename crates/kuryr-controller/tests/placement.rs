@@ -1796,3 +1796,91 @@ async fn a_zone_and_an_affinity_key_named_az_get_bindings_of_their_own() -> Resu
     assert_eq!(api.list(&ListParams::default()).await?.items.len(), 4);
     Ok(())
 }
+
+/// A binding no namespace asks for any more is marked with the time it was first seen unused
+/// and deleted once `unused_binding_retention` has passed; one a namespace asks for again in
+/// time is unmarked and kept, and a pinned one is the operator's and kept. The ports made under
+/// the deleted binding are released in their own deployment all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bindings_no_namespace_uses_are_retired_after_the_retention() -> Result<()> {
+    use kuryr_controller::placement::kube_store::{KubeStore, name_of};
+    use kuryr_controller::placement::store::BindingStore as _;
+    use kuryr_crds::names::annotations::UNUSED_SINCE;
+    init_logs();
+    let t = two_emulators().await?;
+    let (east_url, west_url) = t.urls.clone();
+    let kube = start_kube().await?;
+    let ini = format!(
+        "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_project_driver = annotation\ncontroller_namespace = default\n\
+         [neutron]\nauth_type = noauth\nendpoint_override = {east_url}\npod_subnet = {}\npod_security_groups = {}\n\
+         [deployment:west]\nauth_type = noauth\nendpoint_override = {west_url}\npod_subnet = {}\npod_security_groups = {}\n\
+         [pod_binding]\nenabled = True\nfilters = all\nweighers = creation_order\nusage_refresh_interval = 3600\n\
+         unused_binding_retention = 6\n",
+        t.fe.subnet, t.fe.sg, t.fw.subnet, t.fw.sg
+    );
+    let (stop, task) = start(&kube.client, &ini);
+    let project = |p: &str| json!({"openstack.org/kuryr-project": p});
+    let key = |p: &str| kuryr_controller::placement::BindingKey {
+        project: p.into(),
+        group: Default::default(),
+    };
+    for (ns, p) in [("team-g", "proj-g"), ("team-p", "proj-p"), ("team-h", "proj-h")] {
+        create_namespace(&kube.client, ns, project(p)).await?;
+        wired(&kube.client, ns, "pod").await?;
+    }
+    KubeStore::new(kube.client.clone())
+        .set_pinned(&key("proj-p"), true)
+        .await?;
+    let api = Api::<KuryrProjectBinding>::all(kube.client.clone());
+    let namespaces = Api::<Namespace>::all(kube.client.clone());
+    for ns in ["team-g", "team-p", "team-h"] {
+        namespaces.delete(ns, &DeleteParams::default()).await?;
+    }
+    for ns in ["team-g", "team-p", "team-h"] {
+        eventually(&format!("{ns} gone"), WAIT, || async {
+            Ok(namespaces.get_opt(ns).await?.is_none().then_some(()))
+        })
+        .await?;
+    }
+    assert!(
+        t.east
+            .list_ports(&ListFilter::new().project_id("proj-g"))
+            .await?
+            .is_empty(),
+        "the pod's port released"
+    );
+    let mark = |p: &'static str| {
+        let api = api.clone();
+        async move {
+            anyhow::Ok(
+                api.get_opt(&name_of(&key(p)))
+                    .await?
+                    .map(|b| b.annotations().get(UNUSED_SINCE).cloned()),
+            )
+        }
+    };
+    eventually("proj-h marked unused", WAIT, || async {
+        Ok(mark("proj-h").await?.flatten())
+    })
+    .await?;
+    // Asked for again within the retention: unmarked, kept.
+    create_namespace(&kube.client, "team-h2", project("proj-h")).await?;
+    eventually("proj-h unmarked", WAIT, || async {
+        Ok((mark("proj-h").await? == Some(None)).then_some(()))
+    })
+    .await?;
+    eventually("proj-g retired", WAIT, || async {
+        Ok(api
+            .get_opt(&name_of(&key("proj-g")))
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(mark("proj-p").await?, Some(None), "pinned: kept, never marked");
+    assert_eq!(mark("proj-h").await?, Some(None), "in use: kept");
+    stop.cancel();
+    task.await?;
+    Ok(())
+}

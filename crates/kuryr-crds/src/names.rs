@@ -88,6 +88,9 @@ pub mod annotations {
     /// written from. Its spec alone does not show every change (a named port resolves per pod, so
     /// a rule on one is not in it): a new generation is written, which hands the change on.
     pub const POLICY_GENERATION: &str = "openstack.org/kuryr-policy-generation";
+    /// KuryrProjectBinding (kuryr-rs): since when no namespace uses the binding (RFC 3339); the
+    /// binding is deleted once `[pod_binding] unused_binding_retention` has passed.
+    pub const UNUSED_SINCE: &str = "openstack.org/kuryr-unused-since";
     /// Any kuryr-watched object: bumped to force an event (upstream writes a fresh uuid).
     pub const KURYR_TRIGGER: &str = "KuryrTrigger";
 }

@@ -22,6 +22,7 @@ pub mod candidates;
 pub mod filters;
 pub mod kube_store;
 pub mod record;
+pub mod retire;
 pub mod scheduler;
 pub mod store;
 pub mod usage;

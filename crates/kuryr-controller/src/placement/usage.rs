@@ -336,7 +336,8 @@ async fn targets(platform: &Platform, binder: &Binder) -> (Vec<(String, NeutronC
         // Where a project is bound now, and where it was lately: a project that left a
         // deployment because its quota there was full must not be sent back while it still is
         // (its figure there would otherwise be gone, and the deployment-wide one may look
-        // roomy). Lately, not ever: bindings are never deleted, and a round reading the quota of
+        // roomy). Lately, not ever: bindings are kept with their history (for as long as namespaces use
+        // them, and a retention after), and a round reading the quota of
         // every project a deployment ever had would grow with tenant churn until it could not
         // finish within its timeout, leaving every figure stale.
         let now = k8s_openapi::jiff::Timestamp::now();

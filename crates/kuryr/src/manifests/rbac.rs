@@ -459,6 +459,18 @@ pub fn controller_cluster_grants(config: &KuryrConfig) -> Vec<Grant> {
             ),
             g(
                 KURYR,
+                "kuryrprojectbindings",
+                "update",
+                "a binding kept under a name its group shared is copied to its own name (placement/kube_store.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrprojectbindings",
+                "delete",
+                "the copied binding's old object, and bindings unused for the retention (placement/kube_store.rs, placement/retire.rs)",
+            ),
+            g(
+                KURYR,
                 "kuryropenstackdeployments",
                 "list",
                 "placement/watch.rs lists the operator's deployment objects",
@@ -482,6 +494,28 @@ pub fn controller_cluster_grants(config: &KuryrConfig) -> Vec<Grant> {
                 "usage figures and the Configured condition (placement/usage.rs, placement/watch.rs)",
             ),
         ]);
+        if config.pod_binding.unused_binding_retention > 0 {
+            out.extend([
+                g(
+                    KURYR,
+                    "kuryrprojectbindings",
+                    "patch",
+                    "retiring marks and unmarks the bindings no namespace uses (placement/retire.rs)",
+                ),
+                g(
+                    CORE,
+                    "namespaces",
+                    "list",
+                    "retiring reads which (project, group) the namespaces ask for (placement/retire.rs)",
+                ),
+                g(
+                    KURYR,
+                    "kuryrnetworks",
+                    "list",
+                    "retiring reads the project each namespace's network records (placement/retire.rs)",
+                ),
+            ]);
+        }
     }
     out.extend([
         g(
@@ -813,6 +847,8 @@ mod tests {
             (CORE, "namespaces", "watch"),
             (KURYR, "kuryrnetworks", "create"),
             (KURYR, "kuryrprojectbindings", "create"),
+            (KURYR, "kuryrprojectbindings", "delete"),
+            (KURYR, "kuryrprojectbindings", "patch"),
             (KURYR, "kuryropenstackdeployments", "watch"),
             ("k8s.cni.cncf.io", "network-attachment-definitions", "get"),
         ] {
