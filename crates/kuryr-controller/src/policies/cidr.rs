@@ -127,15 +127,21 @@ impl fmt::Display for Cidr {
 impl FromStr for Cidr {
     type Err = String;
 
-    /// `a.b.c.d/n` or `x::y/n`; host bits are cleared (`10.0.0.1/8` is `10.0.0.0/8`, as the
-    /// Kubernetes API server takes it: refusing it would drop a policy it accepted and leave the
-    /// pods it selects open). A bare address is a host prefix.
+    /// `a.b.c.d/n` or `x::y/n`; host bits are cleared (`10.0.0.1/8` is `10.0.0.0/8`), and an
+    /// IPv4 octet with leading zeros is decimal (`010.0.0.0/8` is `10.0.0.0/8`), both as the
+    /// Kubernetes API server takes them (its sloppy parser): refusing either would drop a policy
+    /// it accepted and leave the pods it selects open. A bare address is a host prefix.
     fn from_str(s: &str) -> Result<Self, String> {
         let (ip, len) = match s.split_once('/') {
             Some((ip, len)) => (ip, Some(len)),
             None => (s, None),
         };
-        let ip: IpAddr = ip.parse().map_err(|_| format!("{s:?} is not an IP prefix"))?;
+        let ip: IpAddr = match ip.parse() {
+            Ok(ip) => ip,
+            Err(_) => sloppy_v4(ip)
+                .map(IpAddr::V4)
+                .ok_or_else(|| format!("{s:?} is not an IP prefix"))?,
+        };
         let mut c = Self::host(ip);
         if let Some(len) = len {
             let len: u8 = len
@@ -149,6 +155,26 @@ impl FromStr for Cidr {
         }
         Ok(c)
     }
+}
+
+/// An IPv4 address whose octets may carry leading zeros, read as decimal (not octal), as Go's
+/// pre-1.17 parser that Kubernetes keeps for compatibility reads it.
+fn sloppy_v4(s: &str) -> Option<Ipv4Addr> {
+    let mut octets = [0u8; 4];
+    let mut parts = s.split('.');
+    for o in &mut octets {
+        let part = parts.next()?;
+        if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let digits = part.trim_start_matches('0');
+        *o = if digits.is_empty() {
+            0
+        } else {
+            digits.parse().ok()?
+        };
+    }
+    parts.next().is_none().then(|| Ipv4Addr::from(octets))
 }
 
 impl serde::Serialize for Cidr {
@@ -173,6 +199,22 @@ mod tests {
         assert_eq!(c("0.0.0.0/0").to_string(), "0.0.0.0/0");
         assert_eq!(c("10.0.0.1/8").to_string(), "10.0.0.0/8", "host bits cleared");
         assert_eq!(c("2001:db8::1/32").to_string(), "2001:db8::/32");
+        assert_eq!(
+            c("010.000.0.01/8").to_string(),
+            "10.0.0.0/8",
+            "leading zeros are decimal"
+        );
+        assert_eq!(c("192.168.001.0/24").to_string(), "192.168.1.0/24");
+        for bad in [
+            "10.0.0.256/8",
+            "010.0.0/8",
+            "10.0.0.0.1/8",
+            "1a.0.0.0/8",
+            "10..0.0/8",
+            "+10.0.0.0/8",
+        ] {
+            assert!(bad.parse::<Cidr>().is_err(), "{bad}");
+        }
         assert!("10.0.0.0/33".parse::<Cidr>().is_err());
         assert!("nope".parse::<Cidr>().is_err());
     }
