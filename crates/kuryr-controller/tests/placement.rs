@@ -1884,3 +1884,47 @@ async fn bindings_no_namespace_uses_are_retired_after_the_retention() -> Result<
     task.await?;
     Ok(())
 }
+
+/// A binding marked unused that the binder reads (a namespace bound from it) loses its mark as it
+/// is read: a retirement decided on the listing before deletes nothing (its precondition fails).
+#[tokio::test]
+async fn a_marked_binding_read_by_the_binder_is_unmarked_and_not_retired() -> Result<()> {
+    use kuryr_controller::placement::kube_store::{KubeStore, name_of};
+    use kuryr_controller::placement::store::BindingStore as _;
+    use kuryr_crds::names::annotations::UNUSED_SINCE;
+    let kube = start_kube().await?;
+    let store = KubeStore::new(kube.client.clone());
+    let key = kuryr_controller::placement::BindingKey {
+        project: "proj-m".into(),
+        group: Default::default(),
+    };
+    assert!(store.claim(&key, None, None, "east", "new").await?);
+    let api = Api::<KuryrProjectBinding>::all(kube.client.clone());
+    let name = name_of(&key);
+    let mark = json!({"metadata": {"annotations": {UNUSED_SINCE: "2026-01-01T00:00:00Z"}}});
+    let listed = api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&mark))
+        .await?;
+    assert_eq!(
+        store.get(&key).await?.and_then(|s| s.current()).as_deref(),
+        Some("east")
+    );
+    let read = api.get(&name).await?;
+    assert!(
+        !read.annotations().contains_key(UNUSED_SINCE),
+        "unmarked by the read"
+    );
+    let dp = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            resource_version: listed.resource_version(),
+            uid: None,
+        }),
+        ..Default::default()
+    };
+    assert!(
+        api.delete(&name, &dp).await.is_err(),
+        "the listing's retirement fails"
+    );
+    assert!(api.get_opt(&name).await?.is_some());
+    Ok(())
+}

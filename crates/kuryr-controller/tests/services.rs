@@ -2857,3 +2857,77 @@ async fn a_leftover_load_balancer_of_the_name_but_another_vip_is_swept() -> Resu
     }
     Ok(())
 }
+
+/// A load balancer's listener ACLs are read in lists: one rule list for all its groups and one
+/// address group list for all the address groups they name, whatever their number (a resync of
+/// every Service that policies guard reads this for each of them).
+#[tokio::test]
+async fn listener_acls_read_the_groups_in_two_lists() -> Result<()> {
+    use kuryr_neutron::{AddressGroupCreate, SecurityGroupCreate, SecurityGroupRuleCreate};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let emu = neutron_emulator::Emulator::start(neutron_emulator::EmulatorOptions::default()).await?;
+    let client = kuryr_neutron::NeutronClient::new(&ClientOptions::noauth(emu.url()))?;
+    let mut groups = Vec::new();
+    let mut want = BTreeSet::new();
+    for i in 0..5u8 {
+        let sg = client
+            .create_security_group(&SecurityGroupCreate {
+                name: format!("acl-{i}"),
+                ..Default::default()
+            })
+            .await?;
+        let cidr = format!("10.9.{i}.0/24");
+        let ag = client
+            .create_address_group(&AddressGroupCreate {
+                name: format!("acl-{i}"),
+                project_id: None,
+                description: None,
+                addresses: vec![cidr.clone()],
+            })
+            .await?;
+        client
+            .create_security_group_rule(&SecurityGroupRuleCreate {
+                security_group_id: sg.id.clone(),
+                direction: "ingress".into(),
+                ethertype: Some("IPv4".into()),
+                protocol: Some("tcp".into()),
+                port_range_min: Some(8080),
+                port_range_max: Some(8080),
+                remote_address_group_id: Some(ag.id),
+                ..Default::default()
+            })
+            .await?;
+        want.insert(cidr);
+        groups.push(sg.id);
+    }
+    let reads = |s: &neutron_emulator::Stats| -> u64 {
+        s.operations
+            .iter()
+            .filter(|(op, _)| op.starts_with("security_group_rule.") || op.starts_with("address_group."))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let before = reads(&emu.stats());
+    let port = kuryr_crds::LbSpecPort {
+        name: None,
+        port: 80,
+        protocol: "TCP".into(),
+        target_port: "8080".into(),
+    };
+    let acls = kuryr_controller::services::security::listener_acls(
+        &client,
+        &groups,
+        &[],
+        &[port],
+        &[],
+        "10.0.0.10".parse()?,
+    )
+    .await?;
+    assert_eq!(acls.len(), 1, "{acls:?}");
+    assert_eq!(
+        acls[0].allowed_cidrs.iter().cloned().collect::<BTreeSet<_>>(),
+        want
+    );
+    assert_eq!(reads(&emu.stats()) - before, 2, "{:?}", emu.stats().operations);
+    Ok(())
+}

@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kuryr_crds::names::annotations::UNUSED_SINCE;
 use kuryr_crds::{
     BindingHistoryRow, KuryrProjectBinding, KuryrProjectBindingSpec, KuryrProjectBindingStatus, binding_name,
 };
@@ -177,8 +178,34 @@ pub async fn move_to_own_name(
 }
 
 impl KubeStore {
+    /// `key`'s binding object; one marked unused (see `retire.rs`) is unmarked as it is read,
+    /// which changes its resourceVersion: a retirement decided before this read no longer
+    /// deletes it. A failed unmark only leaves that to the next pass (which sees it in use).
     async fn get_object(&self, key: &BindingKey) -> Result<Option<KuryrProjectBinding>, Error> {
-        binding_object(&self.api, key).await
+        let Some(b) = binding_object(&self.api, key).await? else {
+            return Ok(None);
+        };
+        if !b.annotations().contains_key(UNUSED_SINCE) {
+            return Ok(Some(b));
+        }
+        let patch = json!({"metadata": {
+            "resourceVersion": b.resource_version(),
+            "annotations": {UNUSED_SINCE: null},
+        }});
+        match self
+            .api
+            .patch(&b.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(unmarked) => Ok(Some(unmarked)),
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+                binding_object(&self.api, key).await
+            }
+            Err(e) => {
+                tracing::warn!(binding = %b.name_any(), error = %e, "cannot unmark the binding in use");
+                Ok(Some(b))
+            }
+        }
     }
 }
 
@@ -247,7 +274,8 @@ impl BindingStore for KubeStore {
             .await
         {
             Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            // Changed since read, or deleted (moved to its own name, retired): read again.
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(false),
             Err(e) => Err(e.into()),
         }
     }

@@ -7,8 +7,9 @@
 //! Deleting a binding moves nothing: every resource records the deployment it was made in and is
 //! released there. A namespace of the project that comes later is bound afresh.
 //!
-//! Deciding ([`decide`]) is pure; acting writes with the resourceVersion read, so a claim landing
-//! meanwhile (a namespace bound again) keeps the binding.
+//! Deciding ([`decide`]) is pure; a retirement deletes with the resourceVersion listed, and the
+//! binder unmarks a marked binding as it reads it (`kube_store.rs`), so a namespace bound from it
+//! after the listing - a claim, or a read of a binding that stays - keeps it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -35,8 +36,16 @@ pub struct Seen {
     pub resource_version: Option<String>,
     pub key: BindingKey,
     pub pinned: bool,
-    /// The mark: `None` when absent; an unreadable one counts as set now.
-    pub unused_since: Option<Timestamp>,
+    pub mark: Mark,
+}
+
+/// A binding's [`annotations::UNUSED_SINCE`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mark {
+    None,
+    Since(Timestamp),
+    /// Not a time (edited by hand): written again, so that the retention can run.
+    Unreadable,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,11 +71,11 @@ pub fn decide(
     let mut out = Vec::new();
     for b in bindings {
         let unused = !b.pinned && !in_use.contains(&b.key);
-        match (unused, b.unused_since) {
-            (false, Some(_)) => out.push(Action::Unmark(b.name.clone())),
-            (false, None) => {}
-            (true, None) => out.push(Action::Mark(b.name.clone())),
-            (true, Some(since)) => {
+        match (unused, b.mark) {
+            (false, Mark::Since(_) | Mark::Unreadable) => out.push(Action::Unmark(b.name.clone())),
+            (false, Mark::None) => {}
+            (true, Mark::None | Mark::Unreadable) => out.push(Action::Mark(b.name.clone())),
+            (true, Mark::Since(since)) => {
                 let held = Duration::try_from(now.duration_since(since)).unwrap_or_default();
                 if held >= retention {
                     out.push(Action::Retire {
@@ -121,16 +130,16 @@ pub fn keys_in_use(
     out
 }
 
-fn seen(b: &KuryrProjectBinding, now: Timestamp) -> Seen {
+fn seen(b: &KuryrProjectBinding) -> Seen {
     Seen {
         name: b.name_any(),
         resource_version: b.resource_version(),
         key: key_of(b),
         pinned: b.spec.pinned,
-        unused_since: b
-            .annotations()
-            .get(annotations::UNUSED_SINCE)
-            .map(|t| t.parse().unwrap_or(now)),
+        mark: match b.annotations().get(annotations::UNUSED_SINCE) {
+            None => Mark::None,
+            Some(t) => t.parse().map_or(Mark::Unreadable, Mark::Since),
+        },
     }
 }
 
@@ -157,34 +166,39 @@ pub async fn pass(platform: &Platform, retention: Duration) -> Result<Vec<String
         &networks,
         platform.config.neutron_defaults.project.as_deref(),
     );
-    let seen: Vec<Seen> = bindings.iter().map(|b| seen(b, now)).collect();
+    let seen: Vec<Seen> = bindings.iter().map(seen).collect();
     let mut retired = Vec::new();
+    // One binding failing (a write refused) does not hold the others up: its error is logged.
     for action in decide(&seen, &in_use, now, retention) {
-        match action {
-            Action::Mark(name) => set_mark(&api, &name, now.to_string().into()).await?,
-            Action::Unmark(name) => set_mark(&api, &name, serde_json::Value::Null).await?,
+        let result = match &action {
+            Action::Mark(name) => set_mark(&api, name, now.to_string().into()).await,
+            Action::Unmark(name) => set_mark(&api, name, serde_json::Value::Null).await,
             Action::Retire {
                 name,
                 resource_version,
             } => {
                 let dp = DeleteParams {
                     preconditions: Some(Preconditions {
-                        resource_version,
+                        resource_version: resource_version.clone(),
                         uid: None,
                     }),
                     ..Default::default()
                 };
-                match api.delete(&name, &dp).await {
+                match api.delete(name, &dp).await {
                     Ok(_) => {
                         tracing::info!(binding = %name, retention_secs = retention.as_secs(),
                             "binding no namespace used for the retention deleted");
-                        retired.push(name);
+                        retired.push(name.clone());
+                        Ok(())
                     }
-                    // Claimed or edited since it was read (a namespace bound again): kept.
-                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                    Err(e) => return Err(e.into()),
+                    // Read (so unmarked) or edited since listed (a namespace bound again): kept.
+                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+                    Err(e) => Err(Error::from(e)),
                 }
             }
+        };
+        if let Err(e) = result {
+            tracing::warn!(action = ?action, error = %e, "unused binding not handled; tried at the next pass");
         }
     }
     Ok(retired)
@@ -243,7 +257,11 @@ mod tests {
             resource_version: Some("7".into()),
             key,
             pinned,
-            unused_since: since.map(at),
+            mark: match since {
+                None => Mark::None,
+                Some("garbage") => Mark::Unreadable,
+                Some(t) => Mark::Since(at(t)),
+            },
         }
     }
 
@@ -277,6 +295,8 @@ mod tests {
             binding("pinned-unmarked", key("gone", Some("az4")), true, None),
             // The zone's binding is not the general one's: another group of a used project.
             binding("other-group", key("used", Some("az9")), false, None),
+            binding("edited", key("gone", Some("az5")), false, Some("garbage")),
+            binding("edited-used", key("back", None), false, Some("garbage")),
         ];
         assert_eq!(
             decide(&all, &in_use, now, week),
@@ -289,6 +309,8 @@ mod tests {
                 },
                 Action::Unmark("pinned".into()),
                 Action::Mark("other-group".into()),
+                Action::Mark("edited".into()),
+                Action::Unmark("edited-used".into()),
             ]
         );
     }

@@ -1,13 +1,14 @@
 //! Reads what `acls.rs` decides from: the rules of a Service's load balancer groups and the addresses of
 //! the address groups they name (Neutron reads only; nothing is written here).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use kuryr_crds::{LbEndpointSlice, LbListenerAcl, LbSpecPort};
 use kuryr_neutron::{ListFilter, NeutronClient};
 
 use super::acls::{self, ListenerPorts, Remote, Rule};
+use crate::drivers::vif::IDS_PER_LIST;
 use crate::error::Error;
 
 /// The backends' port(s) a Service port leads to: its number, or for a named target port the numbers the
@@ -40,23 +41,31 @@ pub async fn listener_acls(
     if acls::any_default(groups, defaults) {
         return Ok(Vec::new());
     }
-    let mut rules = Vec::new();
+    // In lists, not one read per group and per address group: a resync of every Service guarded
+    // by policies reads this for each of them.
+    let mut read = Vec::new();
+    for chunk in groups.chunks(IDS_PER_LIST) {
+        let filter = chunk
+            .iter()
+            .fold(ListFilter::new(), |f, g| f.security_group_id(g.clone()));
+        read.extend(neutron.list_security_group_rules(&filter).await?);
+    }
+    let named: BTreeSet<&str> = read
+        .iter()
+        .filter_map(|r| r.remote_address_group_id.as_deref())
+        .collect();
     let mut address_groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for g in groups {
-        for r in neutron
-            .list_security_group_rules(&ListFilter::new().security_group_id(g.clone()))
-            .await?
-        {
+    for chunk in named.into_iter().collect::<Vec<_>>().chunks(IDS_PER_LIST) {
+        let filter = chunk.iter().fold(ListFilter::new(), |f, id| f.id(*id));
+        for ag in neutron.list_address_groups(&filter).await? {
+            address_groups.insert(ag.id, ag.addresses);
+        }
+    }
+    let rules: Vec<Rule> = read
+        .into_iter()
+        .map(|r| {
             let remote = if let Some(ag) = r.remote_address_group_id.as_deref() {
-                if !address_groups.contains_key(ag) {
-                    let addresses = match neutron.get_address_group(ag).await {
-                        Ok(a) => a.addresses,
-                        // Deleted meanwhile: its rule goes with it.
-                        Err(e) if e.is_not_found() => Vec::new(),
-                        Err(e) => return Err(e.into()),
-                    };
-                    address_groups.insert(ag.to_string(), addresses);
-                }
+                // One deleted meanwhile admits nothing: its rule goes with it.
                 Remote::Addresses(address_groups.get(ag).cloned().unwrap_or_default())
             } else if let Some(p) = r.remote_ip_prefix.clone().filter(|p| !p.is_empty()) {
                 Remote::Prefix(p)
@@ -65,16 +74,16 @@ pub async fn listener_acls(
             } else {
                 Remote::Any
             };
-            rules.push(Rule {
+            Rule {
                 direction: r.direction,
                 ethertype: r.ethertype,
                 protocol: r.protocol,
                 port_range_min: r.port_range_min,
                 port_range_max: r.port_range_max,
                 remote,
-            });
-        }
-    }
+            }
+        })
+        .collect();
     let listeners: Vec<ListenerPorts> = ports
         .iter()
         .filter_map(|p| {
