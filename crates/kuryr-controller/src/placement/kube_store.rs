@@ -180,7 +180,9 @@ pub async fn move_to_own_name(
 impl KubeStore {
     /// `key`'s binding object; one marked unused (see `retire.rs`) is unmarked as it is read,
     /// which changes its resourceVersion: a retirement decided before this read no longer
-    /// deletes it. A failed unmark only leaves that to the next pass (which sees it in use).
+    /// deletes it. An unmark that fails for a while is an error (retried): going on with the
+    /// marked object could let a pass in flight delete the binding being used. One refused
+    /// (403: an operator's `kuryr bindings` without `patch`) goes on, as it cannot get better.
     async fn get_object(&self, key: &BindingKey) -> Result<Option<KuryrProjectBinding>, Error> {
         let Some(b) = binding_object(&self.api, key).await? else {
             return Ok(None);
@@ -201,10 +203,11 @@ impl KubeStore {
             Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
                 binding_object(&self.api, key).await
             }
-            Err(e) => {
-                tracing::warn!(binding = %b.name_any(), error = %e, "cannot unmark the binding in use");
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                tracing::warn!(binding = %b.name_any(), error = %s.message, "cannot unmark the binding in use");
                 Ok(Some(b))
             }
+            Err(e) => Err(e.into()),
         }
     }
 }

@@ -11,6 +11,10 @@ use super::acls::{self, ListenerPorts, Remote, Rule};
 use crate::drivers::vif::IDS_PER_LIST;
 use crate::error::Error;
 
+/// Group ids per rule list: `security_group_id=<uuid>&` takes 55 bytes, and the whole request line
+/// must fit uWSGI's default 4 KiB buffer in front of neutron-server (as [`IDS_PER_LIST`] for `id=`).
+const GROUPS_PER_LIST: usize = 32;
+
 /// The backends' port(s) a Service port leads to: its number, or for a named target port the numbers the
 /// EndpointSlices give the port of the same name.
 pub fn target_ports(port: &LbSpecPort, slices: &[LbEndpointSlice]) -> Vec<u16> {
@@ -44,7 +48,7 @@ pub async fn listener_acls(
     // In lists, not one read per group and per address group: a resync of every Service guarded
     // by policies reads this for each of them.
     let mut read = Vec::new();
-    for chunk in groups.chunks(IDS_PER_LIST) {
+    for chunk in groups.chunks(GROUPS_PER_LIST) {
         let filter = chunk
             .iter()
             .fold(ListFilter::new(), |f, g| f.security_group_id(g.clone()));

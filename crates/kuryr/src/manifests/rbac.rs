@@ -494,14 +494,14 @@ pub fn controller_cluster_grants(config: &KuryrConfig) -> Vec<Grant> {
                 "usage figures and the Configured condition (placement/usage.rs, placement/watch.rs)",
             ),
         ]);
+        out.push(g(
+            KURYR,
+            "kuryrprojectbindings",
+            "patch",
+            "the binder unmarks a binding marked unused as it reads it; retiring marks and unmarks (placement/kube_store.rs, placement/retire.rs)",
+        ));
         if config.pod_binding.unused_binding_retention > 0 {
             out.extend([
-                g(
-                    KURYR,
-                    "kuryrprojectbindings",
-                    "patch",
-                    "retiring marks and unmarks the bindings no namespace uses (placement/retire.rs)",
-                ),
                 g(
                     CORE,
                     "namespaces",
