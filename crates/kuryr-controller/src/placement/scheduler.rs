@@ -328,6 +328,15 @@ impl Binder {
         cache.clear();
     }
 
+    /// Forgets what is cached of `key` alone (its binding object changed). A decision in flight
+    /// on any key is still not cached (the epoch moves as for [`Self::forget`]): it may have
+    /// read `key`'s object before the change.
+    pub async fn forget_key(&self, key: &BindingKey) {
+        let mut cache = self.cache.lock().await;
+        self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        cache.remove(key);
+    }
+
     pub async fn candidates(&self) -> Vec<Candidate> {
         self.candidates.read().await.clone()
     }

@@ -208,11 +208,14 @@ pub async fn run(platform: Arc<Platform>, binder: Arc<Binder>, stop: Cancellatio
                             Err(e) => tracing::warn!(binding = %b.name_any(), error = %e,
                                 "cannot move the binding to its own name; retried at its next event"),
                         }
+                        // Only that binding's cache entry: marking a thousand unused
+                        // bindings must not empty the cache of the ones in use each time.
                         if matches!(ev, Event::Apply(_)) {
-                            binder.forget().await
+                            binder.forget_key(&super::kube_store::key_of(b)).await
                         }
                     }
-                    Some(Ok(Event::Delete(_) | Event::InitDone)) => binder.forget().await,
+                    Some(Ok(Event::Delete(b))) => binder.forget_key(&super::kube_store::key_of(&b)).await,
+                    Some(Ok(Event::InitDone)) => binder.forget().await,
                     Some(Err(e)) => {
                         tracing::warn!(error = %e, "KuryrProjectBinding watch failed; retrying");
                         tokio::time::sleep(std::time::Duration::from_secs(1)).await;

@@ -726,3 +726,36 @@ async fn a_maintenance_edit_waits_for_the_admission_in_flight() {
         "pod2"
     );
 }
+
+/// A binding object's watch event forgets that binding alone: marking a thousand unused
+/// bindings (or another replica's claims) does not send every cached binding back to the store.
+#[tokio::test]
+async fn a_binding_event_forgets_that_binding_only() {
+    let store = Arc::new(MemoryStore::default());
+    let b = Binder::new(
+        sched(&all_filters(), &[BindingWeigher::CreationOrder]),
+        six_in_two_groups(),
+        store.clone(),
+    );
+    let (t1, t2) = (req("t1", "general"), req("t2", "general"));
+    for r in [&t1, &t2] {
+        assert_eq!(b.bind(r).await.expect("bound").deployment, "pod1");
+    }
+    for (r, to) in [(&t1, "pod2"), (&t2, "pod3")] {
+        assert!(
+            store
+                .claim(r, Some("pod1"), None, to, "moved by an operator")
+                .await
+                .expect("moved")
+        );
+    }
+    b.forget_key(&t2).await;
+    assert_eq!(b.bind(&t2).await.expect("bound").deployment, "pod3", "read again");
+    assert_eq!(
+        b.bind(&t1).await.expect("bound").deployment,
+        "pod1",
+        "still cached"
+    );
+    b.forget().await;
+    assert_eq!(b.bind(&t1).await.expect("bound").deployment, "pod2");
+}
