@@ -98,6 +98,16 @@ impl ListFilter {
         self.eq(key, joined)
     }
 
+    /// This filter once per `per` of `values`, each naming its share of them under `key`
+    /// (Neutron ORs repeated values): lists by many ids whose requests each stay within a
+    /// server's request-line buffer.
+    pub fn chunked<S: AsRef<str>>(&self, key: &str, values: &[S], per: usize) -> Vec<ListFilter> {
+        values
+            .chunks(per.max(1))
+            .map(|chunk| chunk.iter().fold(self.clone(), |f, v| f.eq(key, v.as_ref())))
+            .collect()
+    }
+
     pub fn page_size(&self) -> Option<u32> {
         self.limit
     }
@@ -114,6 +124,23 @@ impl ListFilter {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn chunked_splits_the_values_and_keeps_the_base() {
+        let base = ListFilter::new().eq("status", "ACTIVE");
+        let parts = base.chunked("id", &["a", "b", "c"], 2);
+        let pairs: Vec<Vec<(String, String)>> = parts.iter().map(ListFilter::to_pairs).collect();
+        let p = |k: &str, v: &str| (k.to_string(), v.to_string());
+        assert_eq!(
+            pairs,
+            [
+                vec![p("status", "ACTIVE"), p("id", "a"), p("id", "b")],
+                vec![p("status", "ACTIVE"), p("id", "c")],
+            ]
+        );
+        assert!(base.chunked::<&str>("id", &[], 2).is_empty());
+    }
+
     use super::*;
 
     #[test]

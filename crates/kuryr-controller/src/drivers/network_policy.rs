@@ -330,12 +330,10 @@ impl NetworkPolicyDriver {
             .store(true, std::sync::atomic::Ordering::Release);
     }
 
-    /// A Service added or changed, as its watch event shows it; true when the policies' view
-    /// of it changed (their reconciles may now admit other addresses).
+    /// A Service added or changed, as its watch event shows it (one being deleted goes to
+    /// [`Self::forget_service`]); true when the policies' view of it changed (their reconciles
+    /// may now admit other addresses).
     pub async fn observe_service(&self, svc: &Service) -> Result<bool, Error> {
-        if svc.metadata.deletion_timestamp.is_some() {
-            return Ok(self.forget_service(svc).await);
-        }
         if self.tracker.lock().await.is_none() {
             return Ok(false);
         }

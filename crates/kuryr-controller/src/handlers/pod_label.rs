@@ -213,9 +213,6 @@ impl ResourceEventHandler for ServiceLabelHandler {
 
     async fn on_deleted(&self, svc: &Service) -> Result<(), Error> {
         let changed = self.ctx.drivers.network_policy.forget_service(svc).await;
-        self.pass(svc, changed).await?;
-        let key = (svc.namespace().unwrap_or_default(), svc.name_any());
-        self.unsettled.lock().await.remove(&key);
-        Ok(())
+        self.pass(svc, changed).await
     }
 }

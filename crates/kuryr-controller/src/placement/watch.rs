@@ -199,20 +199,12 @@ pub async fn run(platform: Arc<Platform>, binder: Arc<Binder>, stop: Cancellatio
             () = until_window_end => objects.values().cloned().collect(),
             ev = bindings.next() => {
                 match ev {
-                    Some(Ok(ev @ (Event::Apply(_) | Event::InitApply(_)))) => {
-                        let (Event::Apply(b) | Event::InitApply(b)) = &ev else { continue };
-                        // A binding an older controller kept under a name its group shares.
-                        match super::kube_store::move_to_own_name(&binding_api, b).await {
-                            Ok(true) => tracing::info!(binding = %b.name_any(), "binding moved to its own name"),
-                            Ok(false) => {}
-                            Err(e) => tracing::warn!(binding = %b.name_any(), error = %e,
-                                "cannot move the binding to its own name; retried at its next event"),
-                        }
+                    Some(Ok(Event::InitApply(b))) => move_to_own_name(&binding_api, &b).await,
+                    Some(Ok(Event::Apply(b))) => {
+                        move_to_own_name(&binding_api, &b).await;
                         // Only that binding's cache entry: marking a thousand unused
                         // bindings must not empty the cache of the ones in use each time.
-                        if matches!(ev, Event::Apply(_)) {
-                            binder.forget_key(&super::kube_store::key_of(b)).await
-                        }
+                        binder.forget_key(&super::kube_store::key_of(&b)).await
                     }
                     Some(Ok(Event::Delete(b))) => binder.forget_key(&super::kube_store::key_of(&b)).await,
                     Some(Ok(Event::InitDone)) => binder.forget().await,
@@ -278,5 +270,16 @@ pub async fn run(platform: Arc<Platform>, binder: Arc<Binder>, stop: Cancellatio
         for o in &changed {
             set_followed(&api, o, &cands, &problems, defaults, now).await;
         }
+    }
+}
+
+/// A binding an older controller kept under the name its group shares with a zone's: moved to
+/// its own ([`super::kube_store::move_to_own_name`]); a failure is tried again at its next event.
+async fn move_to_own_name(api: &Api<KuryrProjectBinding>, b: &KuryrProjectBinding) {
+    match super::kube_store::move_to_own_name(api, b).await {
+        Ok(true) => tracing::info!(binding = %b.name_any(), "binding moved to its own name"),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(binding = %b.name_any(), error = %e,
+            "cannot move the binding to its own name; retried at its next event"),
     }
 }

@@ -48,19 +48,17 @@ pub async fn listener_acls(
     // In lists, not one read per group and per address group: a resync of every Service guarded
     // by policies reads this for each of them.
     let mut read = Vec::new();
-    for chunk in groups.chunks(GROUPS_PER_LIST) {
-        let filter = chunk
-            .iter()
-            .fold(ListFilter::new(), |f, g| f.security_group_id(g.clone()));
+    for filter in ListFilter::new().chunked("security_group_id", groups, GROUPS_PER_LIST) {
         read.extend(neutron.list_security_group_rules(&filter).await?);
     }
-    let named: BTreeSet<&str> = read
+    let named: Vec<&str> = read
         .iter()
         .filter_map(|r| r.remote_address_group_id.as_deref())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
         .collect();
     let mut address_groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for chunk in named.into_iter().collect::<Vec<_>>().chunks(IDS_PER_LIST) {
-        let filter = chunk.iter().fold(ListFilter::new(), |f, id| f.id(*id));
+    for filter in ListFilter::new().chunked("id", &named, IDS_PER_LIST) {
         for ag in neutron.list_address_groups(&filter).await? {
             address_groups.insert(ag.id, ag.addresses);
         }

@@ -155,10 +155,7 @@ pub async fn ports_by_ids<S: AsRef<str>>(
     filter: &ListFilter,
 ) -> Result<Vec<Port>, Error> {
     let mut out = Vec::new();
-    for chunk in ids.chunks(IDS_PER_LIST) {
-        let filter = chunk
-            .iter()
-            .fold(filter.clone(), |f, id| f.id(id.as_ref().to_string()));
+    for filter in filter.chunked("id", ids, IDS_PER_LIST) {
         out.extend(client.list_ports(&filter).await?);
     }
     Ok(out)

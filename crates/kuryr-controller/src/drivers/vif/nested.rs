@@ -150,8 +150,7 @@ pub async fn trunk_parents(
     trunks: &[String],
 ) -> Result<HashMap<String, String>, Error> {
     let mut parents = HashMap::new();
-    for chunk in trunks.chunks(super::IDS_PER_LIST) {
-        let filter = chunk.iter().fold(ListFilter::new(), |f, id| f.id(id.clone()));
+    for filter in ListFilter::new().chunked("id", trunks, super::IDS_PER_LIST) {
         parents.extend(
             client
                 .list_trunks(&filter)
