@@ -138,6 +138,22 @@ struct Two {
     _emulators: (EmulatorHandle, EmulatorHandle),
 }
 
+impl Two {
+    /// kuryr.conf's `[neutron]` (east) and `[deployment:west]` sections, each on its emulator
+    /// with its fixture's subnet and group, `east` and `west` appended to them.
+    fn deployments(&self, east: &str, west: &str) -> String {
+        let section = |head: &str, url: &str, fx: &NeutronFixture, extra: &str| {
+            format!(
+                "[{head}]\nauth_type = noauth\nendpoint_override = {url}\npod_subnet = {}\n\
+                 pod_security_groups = {}\n{extra}",
+                fx.subnet, fx.sg
+            )
+        };
+        section("neutron", &self.urls.0, &self.fe, east)
+            + &section("deployment:west", &self.urls.1, &self.fw, west)
+    }
+}
+
 async fn two_emulators() -> Result<Two> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let e = Emulator::start(EmulatorOptions::default()).await?;
@@ -160,16 +176,12 @@ async fn two_emulators() -> Result<Two> {
 async fn projects_bind_per_group_and_maintenance_set_with_the_api_moves_them_without_restart() -> Result<()> {
     init_logs();
     let t = two_emulators().await?;
-    let (east_url, west_url) = t.urls.clone();
     let kube = start_kube().await?;
     let ini = format!(
         "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_project_driver = annotation\ncontroller_namespace = default\n\
-         [neutron]\nauth_type = noauth\nendpoint_override = {east_url}\navailability_zone = az1\n\
-         pod_subnet = {}\npod_security_groups = {}\n\
-         [deployment:west]\nauth_type = noauth\nendpoint_override = {west_url}\navailability_zone = az2\n\
-         pod_subnet = {}\npod_security_groups = {}\n\
+         {}\
          [pod_binding]\nenabled = True\nfilters = all,availability_zone\nweighers = creation_order\n",
-        t.fe.subnet, t.fe.sg, t.fw.subnet, t.fw.sg
+        t.deployments("availability_zone = az1\n", "availability_zone = az2\n")
     );
     let (stop, task) = start(&kube.client, &ini);
     // One project, two namespaces asking for different zones: bound in both at once.
@@ -352,7 +364,6 @@ async fn in_maintenance(kube: &kube::Client, name: &str, want: bool) -> Result<(
 async fn maintenance_set_in_kuryr_conf_shows_on_an_existing_object() -> Result<()> {
     init_logs();
     let t = two_emulators().await?;
-    let (east_url, west_url) = t.urls.clone();
     let kube = start_kube().await?;
     let obj: KuryrOpenStackDeployment = serde_json::from_value(json!({
         "apiVersion": "openstack.org/v1", "kind": "KuryrOpenStackDeployment",
@@ -363,11 +374,9 @@ async fn maintenance_set_in_kuryr_conf_shows_on_an_existing_object() -> Result<(
         .await?;
     let ini = format!(
         "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_project_driver = annotation\ncontroller_namespace = default\n\
-         [neutron]\nauth_type = noauth\nendpoint_override = {east_url}\npod_subnet = {}\npod_security_groups = {}\n\
-         [deployment:west]\nauth_type = noauth\nendpoint_override = {west_url}\npod_subnet = {}\npod_security_groups = {}\n\
-         binding_enabled = False\n\
+         {}\
          [pod_binding]\nenabled = True\nfilters = all\nweighers = creation_order\nusage_refresh_interval = 3600\n",
-        t.fe.subnet, t.fe.sg, t.fw.subnet, t.fw.sg
+        t.deployments("", "binding_enabled = False\n")
     );
     let (stop, task) = start(&kube.client, &ini);
     in_maintenance(&kube.client, "west", true).await?;
@@ -383,15 +392,13 @@ async fn operator_edits_take_effect_at_once_and_a_refused_request_is_served_once
 -> Result<()> {
     init_logs();
     let t = two_emulators().await?;
-    let (east_url, west_url) = t.urls.clone();
     let kube = start_kube().await?;
     // No usage refresh within the test: only the watches can bring the edits in.
     let ini = format!(
         "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_project_driver = annotation\ncontroller_namespace = default\n\
-         [neutron]\nauth_type = noauth\nendpoint_override = {east_url}\npod_subnet = {}\npod_security_groups = {}\n\
-         [deployment:west]\nauth_type = noauth\nendpoint_override = {west_url}\npod_subnet = {}\npod_security_groups = {}\n\
+         {}\
          [pod_binding]\nenabled = True\nfilters = all\nweighers = creation_order\nusage_refresh_interval = 3600\n",
-        t.fe.subnet, t.fe.sg, t.fw.subnet, t.fw.sg
+        t.deployments("", "")
     );
     let (stop, task) = start(&kube.client, &ini);
     let ns = |project: &str| json!({"openstack.org/kuryr-project": project});
@@ -764,7 +771,6 @@ async fn a_hung_deployment_shows_stale_without_delaying_the_others_and_bad_objec
 {
     init_logs();
     let t = two_emulators().await?;
-    let (east_url, west_url) = t.urls.clone();
     // East never answers the IP availability call the measurement makes.
     t._emulators
         .0
@@ -782,10 +788,9 @@ async fn a_hung_deployment_shows_stale_without_delaying_the_others_and_bad_objec
     let ini = format!(
         "[kubernetes]\nenabled_handlers = vif,kuryrport\ncontroller_namespace = default\n\
          [neutron_defaults]\nproject = proj-a\n\
-         [neutron]\nauth_type = noauth\nendpoint_override = {east_url}\npod_subnet = {}\npod_security_groups = {}\n\
-         [deployment:west]\nauth_type = noauth\nendpoint_override = {west_url}\npod_subnet = {}\npod_security_groups = {}\n\
+         {}\
          [pod_binding]\nenabled = True\nfilters = all,usage_threshold\nusage_refresh_interval = 1\nusage_timeout = 1\n",
-        t.fe.subnet, t.fe.sg, t.fw.subnet, t.fw.sg
+        t.deployments("", "")
     );
     let (stop, task) = start(&kube.client, &ini);
     let kosd: Api<KuryrOpenStackDeployment> = Api::all(kube.client.clone());
@@ -862,7 +867,6 @@ async fn a_hung_deployment_shows_stale_without_delaying_the_others_and_bad_objec
 async fn a_project_over_its_port_quota_threshold_is_rebound_with_a_history_row_and_metrics() -> Result<()> {
     init_logs();
     let t = two_emulators().await?;
-    let (east_url, west_url) = t.urls.clone();
     t.east
         .update_quota(
             "proj-a",
@@ -876,10 +880,9 @@ async fn a_project_over_its_port_quota_threshold_is_rebound_with_a_history_row_a
     let ini = format!(
         "[kubernetes]\nenabled_handlers = vif,kuryrport\ncontroller_namespace = default\n\
          [neutron_defaults]\nproject = proj-a\n\
-         [neutron]\nauth_type = noauth\nendpoint_override = {east_url}\npod_subnet = {}\npod_security_groups = {}\n\
-         [deployment:west]\nauth_type = noauth\nendpoint_override = {west_url}\npod_subnet = {}\npod_security_groups = {}\n\
+         {}\
          [pod_binding]\nenabled = True\nfilters = all,usage_threshold\nusage_threshold = 0.9\nusage_refresh_interval = 1\n",
-        t.fe.subnet, t.fe.sg, t.fw.subnet, t.fw.sg
+        t.deployments("", "")
     );
     let metrics = Metrics::new();
     let (stop, task) = start_with(&kube.client, &ini, metrics.clone());
@@ -1808,15 +1811,13 @@ async fn bindings_no_namespace_uses_are_retired_after_the_retention() -> Result<
     use kuryr_crds::names::annotations::UNUSED_SINCE;
     init_logs();
     let t = two_emulators().await?;
-    let (east_url, west_url) = t.urls.clone();
     let kube = start_kube().await?;
     let ini = format!(
         "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_project_driver = annotation\ncontroller_namespace = default\n\
-         [neutron]\nauth_type = noauth\nendpoint_override = {east_url}\npod_subnet = {}\npod_security_groups = {}\n\
-         [deployment:west]\nauth_type = noauth\nendpoint_override = {west_url}\npod_subnet = {}\npod_security_groups = {}\n\
+         {}\
          [pod_binding]\nenabled = True\nfilters = all\nweighers = creation_order\nusage_refresh_interval = 3600\n\
          unused_binding_retention = 6\n",
-        t.fe.subnet, t.fe.sg, t.fw.subnet, t.fw.sg
+        t.deployments("", "")
     );
     let (stop, task) = start(&kube.client, &ini);
     let project = |p: &str| json!({"openstack.org/kuryr-project": p});

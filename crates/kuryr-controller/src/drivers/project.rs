@@ -57,13 +57,8 @@ impl AnnotationProject {
 impl ProjectDriver for AnnotationProject {
     async fn project_for_namespace(&self, namespace: &str) -> Result<String, Error> {
         let ns = Api::<Namespace>::all(self.kube.clone()).get(namespace).await?;
-        let annotated = ns
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(annotations::PROJECT));
-        match (annotated, &self.default) {
-            (Some(p), _) if !p.trim().is_empty() => Ok(p.trim().to_string()),
+        match (annotated_project(&ns), &self.default) {
+            (Some(p), _) if !p.is_empty() => Ok(p.to_string()),
             (Some(_), _) => Err(Error::invalid(
                 format!("namespace {namespace} annotation {}", annotations::PROJECT),
                 "empty project id",
@@ -75,6 +70,17 @@ impl ProjectDriver for AnnotationProject {
             )),
         }
     }
+}
+
+/// A namespace's `openstack.org/kuryr-project` annotation, trimmed (`Some("")` when set empty,
+/// which the `annotation` driver refuses): the one reading of it for the driver and for what
+/// reads namespaces in bulk (placement's retirement of unused bindings).
+pub fn annotated_project(ns: &Namespace) -> Option<&str> {
+    ns.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(annotations::PROJECT))
+        .map(|p| p.trim())
 }
 
 /// A project driver that could not be configured: every use is that configuration error.

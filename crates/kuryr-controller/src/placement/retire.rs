@@ -111,10 +111,7 @@ pub fn keys_in_use(
             continue;
         };
         let name = ns.name_any();
-        let projects = ns
-            .annotations()
-            .get(annotations::PROJECT)
-            .map(|p| p.trim())
+        let projects = crate::drivers::project::annotated_project(ns)
             .into_iter()
             .chain(default_project)
             .map(str::to_string)
