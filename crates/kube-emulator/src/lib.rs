@@ -336,6 +336,12 @@ impl KubeHandle {
         self.sa_tokens.used()
     }
 
+    /// Every (user, verb, group, resource) a ServiceAccount was refused (403) so far: a least-privilege
+    /// role that lacks what the code calls shows here.
+    pub fn denied_permissions(&self) -> Vec<rbac::Used> {
+        self.sa_tokens.denied()
+    }
+
     /// A bearer token of ServiceAccount `namespace/name` (like a TokenRequest's). With
     /// [`KubeOptions::rbac`] its requests are authorized by the stored RBAC objects.
     pub fn service_account_token(&self, namespace: &str, name: &str) -> String {

@@ -46,10 +46,12 @@ pub struct App {
     pub lists_held: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
-/// Bearer tokens issued to ServiceAccounts, and what their requests were allowed to do.
+/// Bearer tokens issued to ServiceAccounts, what their requests were allowed to do, and what
+/// they were refused.
 #[derive(Clone, Default)]
 pub struct ServiceAccountTokens(
     Arc<std::sync::RwLock<HashMap<String, rbac::ServiceAccount>>>,
+    Arc<std::sync::Mutex<std::collections::BTreeSet<rbac::Used>>>,
     Arc<std::sync::Mutex<std::collections::BTreeSet<rbac::Used>>>,
 );
 
@@ -68,17 +70,25 @@ impl ServiceAccountTokens {
         token
     }
 
-    fn record(&self, used: rbac::Used) {
-        self.1
-            .lock()
+    fn record(&self, used: rbac::Used, allowed: bool) {
+        let set = if allowed { &self.1 } else { &self.2 };
+        set.lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(used);
     }
 
     /// Every (user, verb, group, resource) an authorized request used.
     pub fn used(&self) -> Vec<rbac::Used> {
-        self.1
-            .lock()
+        Self::all(&self.1)
+    }
+
+    /// Every (user, verb, group, resource) a request was refused (403).
+    pub fn denied(&self) -> Vec<rbac::Used> {
+        Self::all(&self.2)
+    }
+
+    fn all(set: &std::sync::Mutex<std::collections::BTreeSet<rbac::Used>>) -> Vec<rbac::Used> {
+        set.lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
             .cloned()
@@ -152,13 +162,17 @@ fn authorize(app: &App, identity: &Identity, method: &Method, t: &Target, q: &Qu
         name: t.name.as_deref(),
     };
     let policy = app.store.rbac_policy();
-    if rbac::allows(&policy, who, &attrs) {
-        app.sa_tokens.record(rbac::Used {
+    let allowed = rbac::allows(&policy, who, &attrs);
+    app.sa_tokens.record(
+        rbac::Used {
             user: who.username(),
             verb: attrs.verb.to_owned(),
             group: attrs.group.to_owned(),
             resource: attrs.resource.clone(),
-        });
+        },
+        allowed,
+    );
+    if allowed {
         Ok(())
     } else {
         Err(rbac::forbidden(who, &attrs))

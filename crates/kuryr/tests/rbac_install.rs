@@ -365,6 +365,7 @@ async fn controller_and_two_daemons_wire_a_pod_with_the_generated_service_accoun
     })
     .await?;
 
+    assert_eq!(denied(&handle), Vec::<String>::new(), "requests the generated roles refused");
     // Least privilege: every granted permission was used by the component it is granted to.
     let used = handle.used_permissions();
     for account in ["kuryr-controller", "kuryr-cni"] {
@@ -384,6 +385,155 @@ async fn controller_and_two_daemons_wire_a_pod_with_the_generated_service_accoun
     for d in daemons {
         d.abort();
     }
+    controller.shutdown().await?;
+    handle.shutdown().await?;
+    Ok(())
+}
+
+/// What a kuryr ServiceAccount was refused (403), as `user verb group/resource`.
+fn denied(handle: &KubeHandle) -> Vec<String> {
+    handle
+        .denied_permissions()
+        .into_iter()
+        .filter(|d| d.user.starts_with("system:serviceaccount:kuryr:"))
+        .map(|d| format!("{} {} {}/{}", d.user, d.verb, d.group, d.resource))
+        .collect()
+}
+
+/// Services on Octavia and NetworkPolicy on security groups (every handler but the namespace
+/// subnets' two, and the `policy` groups drivers for pods and Services) under the generated
+/// roles: a policy's group lands on its pod's port, a Service gets its load balancer, and both go
+/// with their finalizers when deleted, with no request refused on the way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn services_and_network_policies_work_under_the_generated_roles() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use kuryr_crds::{KuryrLoadBalancer, KuryrNetworkPolicy, KuryrPort};
+    kuryr_testbed::init_logs();
+
+    let targets = neutron_targets().await?;
+    let neutron = &targets[0];
+    let fx = kuryr_testbed::neutron_fixture_subnets(&neutron.client, &["10.79.0.0/24", "10.97.0.0/24"]).await?;
+    let octavia = octavia_emulator::OctaviaEmulator::start(octavia_emulator::OctaviaOptions::default()).await?;
+    let cluster_id = format!("rbac-{}", uuid::Uuid::new_v4().simple());
+    let conf = format!(
+        "[kubernetes]\ncontroller_namespace = kuryr\ncontroller_ha = True\n\
+         enabled_handlers = vif,kuryrport,service,endpoints,kuryrloadbalancer,policy,kuryrnetworkpolicy,pod_label\n\
+         pod_vif_driver = neutron-vif\nvif_pool_driver = noop\ncluster_id = {cluster_id}\n\
+         pod_security_groups_driver = policy\nservice_security_groups_driver = policy\n\
+         [neutron]\nauth_type = noauth\nendpoint_override = {}\n\
+         [neutron_defaults]\nproject = {}\npod_subnet = {}\npod_security_groups = {}\nservice_subnet = {}\n\
+         [octavia_defaults]\nreconcile_period = 1\n[cni_daemon]\nnetns_proc_dir = /host_proc\n",
+        neutron.url,
+        // Octavia takes Keystone-sized project ids, which the fixture's descriptive names are not.
+        uuid::Uuid::new_v4().simple(),
+        fx.subnet,
+        fx.sg,
+        fx.subnets[1].subnet
+    );
+    let handle = KubeEmulator::start(KubeOptions {
+        token: Some(ADMIN.into()),
+        rbac: true,
+        nodes: NODES.iter().map(|n| n.to_string()).collect(),
+        ..KubeOptions::default()
+    })
+    .await?;
+    let admin = client(&handle, ADMIN).await?;
+    install(&admin, &conf).await?;
+    let controller_client = client(
+        &handle,
+        &handle.service_account_token("kuryr", "kuryr-controller"),
+    )
+    .await?;
+    let metrics = kuryr_controller::metrics::Metrics::new();
+    let deployments = kuryr_controller::openstack::Deployments::noauth(&neutron.url, &metrics)?.with_octavia(
+        "default",
+        kuryr_neutron::octavia::OctaviaClient::new(&kuryr_neutron::ClientOptions::noauth(octavia.url()))?,
+    );
+    let controller = kuryr_testbed::start_controller_with(
+        &controller_client,
+        deployments,
+        metrics,
+        kuryr_testbed::config(&conf),
+        "kuryr-controller-0",
+    );
+
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"}},
+        "spec": {"nodeName": NODES[0], "containers": [{"name": "c", "image": "busybox"}]}
+    }))?;
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(admin.clone(), "default");
+    pods.create(&PostParams::default(), &pod).await?;
+    let policy: NetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"podSelector": {}}], "ports": [{"port": 80, "protocol": "TCP"}]}]}
+    }))?;
+    let policies = Api::<NetworkPolicy>::namespaced(admin.clone(), "default");
+    policies.create(&PostParams::default(), &policy).await?;
+    let service: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"type": "ClusterIP", "clusterIP": "10.97.0.10", "selector": {"app": "web"},
+                 "ports": [{"name": "http", "port": 80, "targetPort": 80, "protocol": "TCP"}]}
+    }))?;
+    let services = Api::<Service>::namespaced(admin.clone(), "default");
+    services.create(&PostParams::default(), &service).await?;
+
+    let wait = Duration::from_secs(60);
+    let knps = Api::<KuryrNetworkPolicy>::namespaced(admin.clone(), "default");
+    let group = eventually("the policy's group", wait, || async {
+        Ok(knps
+            .get_opt("web")
+            .await?
+            .and_then(|k| k.status)
+            .and_then(|s| s.security_group_id))
+    })
+    .await?;
+    let kps = Api::<KuryrPort>::namespaced(admin.clone(), "default");
+    eventually("the pod's port in the policy's group", wait, || async {
+        let Some(id) = kps
+            .get_opt("web")
+            .await?
+            .and_then(|kp| kp.status)
+            .and_then(|s| s.vifs.get("eth0").map(|v| v.vif.id().to_string()))
+        else {
+            return Ok(None);
+        };
+        let port = neutron.client.get_port(&id).await?;
+        Ok(port.security_groups.contains(&group).then_some(()))
+    })
+    .await?;
+    let klbs = Api::<KuryrLoadBalancer>::namespaced(admin.clone(), "default");
+    eventually("the Service's load balancer", wait, || async {
+        Ok(klbs
+            .get_opt("web")
+            .await?
+            .and_then(|k| k.status)
+            .and_then(|s| s.loadbalancer)
+            .map(|_| ()))
+    })
+    .await?;
+
+    policies.delete("web", &Default::default()).await?;
+    services.delete("web", &Default::default()).await?;
+    eventually("the policy, the Service and their Kuryr objects gone", wait, || async {
+        let gone = policies.get_opt("web").await?.is_none()
+            && knps.get_opt("web").await?.is_none()
+            && services.get_opt("web").await?.is_none()
+            && klbs.get_opt("web").await?.is_none();
+        Ok(gone.then_some(()))
+    })
+    .await?;
+    assert_eq!(denied(&handle), Vec::<String>::new(), "requests the generated roles refused");
+
+    pods.delete("web", &Default::default()).await?;
+    eventually("the pod gone", wait, || async {
+        Ok(pods.get_opt("web").await?.is_none().then_some(()))
+    })
+    .await?;
     controller.shutdown().await?;
     handle.shutdown().await?;
     Ok(())

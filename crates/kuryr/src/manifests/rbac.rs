@@ -397,6 +397,7 @@ pub fn controller_cluster_grants(config: &KuryrConfig) -> Vec<Grant> {
             ),
         ]);
     }
+    out.extend(policy_grants(config));
     if pools_enabled(config) {
         out.extend([
             g(
@@ -531,6 +532,100 @@ pub fn controller_cluster_grants(config: &KuryrConfig) -> Vec<Grant> {
             "the Recorder folds a repeated Event into a series",
         ),
     ]);
+    out
+}
+
+/// NetworkPolicy: the `policy`, `kuryrnetworkpolicy` and `pod_label` handlers, and the `policy`
+/// security groups drivers (pods' and Services' groups from the policies that select them).
+fn policy_grants(config: &KuryrConfig) -> Vec<Grant> {
+    use kuryr_config::SecurityGroupsDriver::Policy;
+    const NET: &str = "networking.k8s.io";
+    let policy = handler_enabled(config, "policy");
+    let knp = handler_enabled(config, "kuryrnetworkpolicy");
+    let pod_label = handler_enabled(config, "pod_label");
+    let groups_driver = config.kubernetes.pod_security_groups_driver == Policy
+        || config.kubernetes.service_security_groups_driver == Policy;
+    let mut out = Vec::new();
+    if policy || knp || pod_label || groups_driver {
+        out.extend([
+            g(CORE, "namespaces", "list", "the policies' model lists Namespaces once (drivers/network_policy.rs)"),
+            g(CORE, "pods", "list", "the policies' model lists Pods once; a namespace's pods (drivers/network_policy.rs)"),
+            g(CORE, "services", "list", "the policies' model lists Services (drivers/network_policy.rs)"),
+            g(
+                "discovery.k8s.io",
+                "endpointslices",
+                "list",
+                "a selector-less Service's backends for egress rules (drivers/network_policy.rs)",
+            ),
+            g(NET, "networkpolicies", "list", "the policies' model lists NetworkPolicies (drivers/network_policy.rs)"),
+            g(
+                KURYR,
+                "kuryrnetworkpolicies",
+                "list",
+                "the deployment each policy's groups are in (drivers/network_policy.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrnetworkpolicies",
+                "get",
+                "a policy's groups as its KuryrNetworkPolicy records them (drivers/network_policy.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrports",
+                "get",
+                "a pod's ports to move between groups (drivers/network_policy.rs)",
+            ),
+        ]);
+    }
+    if policy {
+        out.extend([
+            g(NET, "networkpolicies", "watch", "policy handler: watcher.rs watches NetworkPolicies"),
+            g(NET, "networkpolicies", "get", "pipeline Retry re-reads the NetworkPolicy it retries"),
+            g(NET, "networkpolicies", "patch", "policy handler adds/removes its finalizer (k8s.rs add_finalizer)"),
+            g(KURYR, "kuryrnetworkpolicies", "create", "policy handler creates the policy's KuryrNetworkPolicy"),
+            g(KURYR, "kuryrnetworkpolicies", "patch", "policy handler updates the KuryrNetworkPolicy spec"),
+            g(
+                KURYR,
+                "kuryrnetworkpolicies",
+                "delete",
+                "policy handler deletes the KuryrNetworkPolicy of a deleted policy",
+            ),
+        ]);
+    }
+    if knp {
+        out.extend([
+            g(
+                KURYR,
+                "kuryrnetworkpolicies",
+                "watch",
+                "kuryrnetworkpolicy handler: watcher.rs watches KuryrNetworkPolicies",
+            ),
+            g(
+                KURYR,
+                "kuryrnetworkpolicies",
+                "patch",
+                "kuryrnetworkpolicy handler writes status and its finalizer",
+            ),
+            g(
+                KURYR,
+                "kuryrnetworkpolicies",
+                "delete",
+                "kuryrnetworkpolicy handler deletes one whose NetworkPolicy is gone",
+            ),
+            g(NET, "networkpolicies", "get", "kuryrnetworkpolicy handler reads the KuryrNetworkPolicy's policy"),
+        ]);
+    }
+    if pod_label {
+        out.extend([
+            g(CORE, "pods", "watch", "pod_label handler: watcher.rs watches Pods"),
+            g(CORE, "pods", "get", "pipeline Retry re-reads the Pod it retries"),
+            g(CORE, "namespaces", "watch", "pod_label's namespace companion watches Namespaces"),
+            g(CORE, "namespaces", "get", "pipeline Retry re-reads the Namespace it retries"),
+            g(CORE, "services", "watch", "pod_label's Service companion watches Services"),
+            g(CORE, "services", "get", "pipeline Retry re-reads the Service it retries"),
+        ]);
+    }
     out
 }
 
@@ -833,7 +928,15 @@ mod tests {
             "network-attachment-definitions",
             "get"
         ));
+        assert!(!has(&cluster, "networking.k8s.io", "networkpolicies", "list"));
         assert_eq!(controller_namespace_grants(&plain), vec![]);
+        // The `policy` groups driver alone reads the policies, but watches and writes nothing.
+        let groups = controller_cluster_grants(&config(
+            "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_security_groups_driver = policy\n",
+        ));
+        assert!(has(&groups, "networking.k8s.io", "networkpolicies", "list"));
+        assert!(!has(&groups, "networking.k8s.io", "networkpolicies", "watch"));
+        assert!(!has(&groups, KURYR, "kuryrnetworkpolicies", "patch"));
 
         let full = config(
             "[kubernetes]\nenabled_handlers = vif,kuryrport,namespace,kuryrnetwork\ncontroller_ha = True\n\
