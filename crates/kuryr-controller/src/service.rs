@@ -87,10 +87,13 @@ pub struct Readiness {
 }
 
 impl Readiness {
+    /// The APIs answer and, on the leader, its pools are recovered. A standby has no pools to
+    /// recover (only the leader maintains them): it is ready to take over, and must count as
+    /// ready, or a rolling update and a PodDisruptionBudget of two replicas wait on it for ever.
     pub fn ready(&self) -> bool {
         self.kube_ok.load(Ordering::Relaxed)
             && self.neutron_ok.load(Ordering::Relaxed)
-            && self.pools_ready.load(Ordering::Relaxed)
+            && (self.pools_ready.load(Ordering::Relaxed) || !self.leader.load(Ordering::Relaxed))
     }
 }
 
@@ -406,4 +409,26 @@ async fn serve(addr: SocketAddr, app: Router, stop: CancellationToken, what: &st
     let _ = axum::serve(listener, app)
         .with_graceful_shutdown(stop.cancelled_owned())
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_standby_is_ready_without_pools_and_a_leader_once_its_pools_are_recovered() {
+        let r = Readiness::default();
+        r.kube_ok.store(true, Ordering::Relaxed);
+        r.neutron_ok.store(true, Ordering::Relaxed);
+        // Pools configured, not recovered: the standby is ready, the leader is not.
+        assert!(r.ready());
+        r.leader.store(true, Ordering::Relaxed);
+        assert!(!r.ready());
+        r.pools_ready.store(true, Ordering::Relaxed);
+        assert!(r.ready());
+        // The APIs still decide for both.
+        r.leader.store(false, Ordering::Relaxed);
+        r.neutron_ok.store(false, Ordering::Relaxed);
+        assert!(!r.ready());
+    }
 }
