@@ -365,7 +365,11 @@ async fn controller_and_two_daemons_wire_a_pod_with_the_generated_service_accoun
     })
     .await?;
 
-    assert_eq!(denied(&handle), Vec::<String>::new(), "requests the generated roles refused");
+    assert_eq!(
+        denied(&handle),
+        Vec::<String>::new(),
+        "requests the generated roles refused"
+    );
     // Least privilege: every granted permission was used by the component it is granted to.
     let used = handle.used_permissions();
     for account in ["kuryr-controller", "kuryr-cni"] {
@@ -413,8 +417,10 @@ async fn services_and_network_policies_work_under_the_generated_roles() -> anyho
 
     let targets = neutron_targets().await?;
     let neutron = &targets[0];
-    let fx = kuryr_testbed::neutron_fixture_subnets(&neutron.client, &["10.79.0.0/24", "10.97.0.0/24"]).await?;
-    let octavia = octavia_emulator::OctaviaEmulator::start(octavia_emulator::OctaviaOptions::default()).await?;
+    let fx =
+        kuryr_testbed::neutron_fixture_subnets(&neutron.client, &["10.79.0.0/24", "10.97.0.0/24"]).await?;
+    let octavia =
+        octavia_emulator::OctaviaEmulator::start(octavia_emulator::OctaviaOptions::default()).await?;
     let cluster_id = format!("rbac-{}", uuid::Uuid::new_v4().simple());
     let conf = format!(
         "[kubernetes]\ncontroller_namespace = kuryr\ncontroller_ha = True\n\
@@ -519,15 +525,23 @@ async fn services_and_network_policies_work_under_the_generated_roles() -> anyho
 
     policies.delete("web", &Default::default()).await?;
     services.delete("web", &Default::default()).await?;
-    eventually("the policy, the Service and their Kuryr objects gone", wait, || async {
-        let gone = policies.get_opt("web").await?.is_none()
-            && knps.get_opt("web").await?.is_none()
-            && services.get_opt("web").await?.is_none()
-            && klbs.get_opt("web").await?.is_none();
-        Ok(gone.then_some(()))
-    })
+    eventually(
+        "the policy, the Service and their Kuryr objects gone",
+        wait,
+        || async {
+            let gone = policies.get_opt("web").await?.is_none()
+                && knps.get_opt("web").await?.is_none()
+                && services.get_opt("web").await?.is_none()
+                && klbs.get_opt("web").await?.is_none();
+            Ok(gone.then_some(()))
+        },
+    )
     .await?;
-    assert_eq!(denied(&handle), Vec::<String>::new(), "requests the generated roles refused");
+    assert_eq!(
+        denied(&handle),
+        Vec::<String>::new(),
+        "requests the generated roles refused"
+    );
 
     pods.delete("web", &Default::default()).await?;
     eventually("the pod gone", wait, || async {

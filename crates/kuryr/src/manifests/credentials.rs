@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Secret;
 use kuryr_config::{DEPLOYMENT_SECTION_PREFIX, Ini, Origin};
 
+use super::files::{Carried, FILE_OPTIONS, FILES_SECRET, Source};
 use super::{Doc, Options, meta};
 
 /// The Secret the controller takes its OpenStack credentials from.
@@ -17,21 +18,34 @@ pub const SECRET: &str = "kuryr-credentials";
 /// Options that are credentials, in `[neutron]` and `[deployment:<name>]`.
 const SECRET_OPTIONS: [&str; 2] = ["password", "application_credential_secret"];
 
-/// kuryr.conf without its credentials, and the credentials as environment variables.
+/// kuryr.conf without its credentials, the credentials as environment variables, and the files
+/// its OpenStack clients read ([`files`](super::files)).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Split {
     pub public: String,
     pub env: BTreeMap<String, String>,
+    pub files: Carried,
+}
+
+/// Where a moved option went.
+enum Moved {
+    /// A credential, to this environment variable.
+    Env { key: String, var: String },
+    /// A file, read from `from`, to `to` in the controller.
+    File { key: String, from: String, to: String },
 }
 
 /// Splits `conf_text`, read by the loader's own INI parser (quotes, `-` in keys, continuation
 /// lines as the services read them): every line of a moved option goes, a comment takes its
-/// place. A deployment whose name an environment variable cannot carry back is refused.
-pub fn split(conf_text: &str) -> Result<Split, String> {
+/// place (and, for a file, the option naming where the controller finds it). A deployment whose
+/// name an environment variable cannot carry back is refused, and so is a file that cannot be read.
+pub fn split(conf_text: &str, source: &dyn Source) -> Result<Split, String> {
     let ini = Ini::parse(conf_text, "kuryr.conf").map_err(|e| e.to_string())?;
     let mut env = BTreeMap::new();
-    // 1-based line -> the variable its option moved to.
-    let mut moved: BTreeMap<usize, (String, String)> = BTreeMap::new();
+    let mut files = Carried::new();
+    let mut clouds = Vec::new();
+    // 1-based line -> where its option moved to.
+    let mut moved: BTreeMap<usize, Moved> = BTreeMap::new();
     for section in ini.section_names() {
         // The sections as the loader names them (case-sensitive, as oslo's).
         let prefix = if section == "neutron" {
@@ -54,26 +68,55 @@ pub fn split(conf_text: &str) -> Result<Split, String> {
             continue;
         };
         for (key, value) in ini.options(section) {
-            if !SECRET_OPTIONS.contains(&key) {
-                continue;
-            }
             let Origin::File { line, .. } = value.origin else {
                 continue;
             };
-            let var = format!("{prefix}{}", key.to_ascii_uppercase());
-            moved.insert(line, (key.to_owned(), var.clone()));
-            env.insert(var, value.value.clone());
+            if key == "cloud" {
+                clouds.push((section.to_owned(), value.value.clone()));
+            } else if FILE_OPTIONS.contains(&key) && !value.value.is_empty() {
+                let to = super::files::carry(source, &mut files, section, key, &value.value)?;
+                moved.insert(
+                    line,
+                    Moved::File {
+                        key: key.to_owned(),
+                        from: value.value.clone(),
+                        to,
+                    },
+                );
+            } else if SECRET_OPTIONS.contains(&key) {
+                let var = format!("{prefix}{}", key.to_ascii_uppercase());
+                env.insert(var.clone(), value.value.clone());
+                moved.insert(
+                    line,
+                    Moved::Env {
+                        key: key.to_owned(),
+                        var,
+                    },
+                );
+            }
         }
     }
+    super::files::carry_clouds_yaml(source, &mut files, &clouds)?;
     let mut public = String::new();
     let mut continuing = false;
     for (idx, line) in conf_text.lines().enumerate() {
-        if let Some((key, var)) = moved.get(&(idx + 1)) {
-            public.push_str(&format!(
-                "# {key}: in the Secret {SECRET} ({var}), read by the controller only\n"
-            ));
-            continuing = true;
-            continue;
+        match moved.get(&(idx + 1)) {
+            Some(Moved::Env { key, var }) => {
+                public.push_str(&format!(
+                    "# {key}: in the Secret {SECRET} ({var}), read by the controller only\n"
+                ));
+                continuing = true;
+                continue;
+            }
+            Some(Moved::File { key, from, to }) => {
+                public.push_str(&format!(
+                    "# {key}: {from} where kuryr manifests ran, in the Secret {FILES_SECRET} mounted by the controller\n\
+                     {key} = {to}\n"
+                ));
+                continuing = true;
+                continue;
+            }
+            None => {}
         }
         // The indented lines that continue a moved value go with it.
         if continuing && line.starts_with([' ', '\t']) && !line.trim().is_empty() {
@@ -83,7 +126,7 @@ pub fn split(conf_text: &str) -> Result<Split, String> {
         public.push_str(line);
         public.push('\n');
     }
-    Ok(Split { public, env })
+    Ok(Split { public, env, files })
 }
 
 pub fn secret(opts: &Options, env: &BTreeMap<String, String>) -> Doc {
@@ -110,7 +153,7 @@ mod tests {
         let text = "[DEFAULT]\npassword = not-a-deployment\n[neutron]\nauth_type = password\npassword = \"s3cret=x\"\n\
                     username = kuryr\n# password = commented\n[deployment:edge-1]\napplication-credential-secret: abc\n  zq9\n\
                     region_name = r\n[octavia_defaults]\npassword = other\n";
-        let s = split(text).expect("split");
+        let s = split(text, &super::super::files::Local).expect("split");
         assert_eq!(
             s.env,
             BTreeMap::from([
@@ -141,7 +184,7 @@ mod tests {
                 .contains("# password: in the Secret kuryr-credentials (KURYR__NEUTRON__PASSWORD)")
         );
         assert!(
-            split("[deployment: Edge]\npassword = p\n").is_err(),
+            split("[deployment: Edge]\npassword = p\n", &super::super::files::Local).is_err(),
             "a name the variable cannot carry back is refused"
         );
     }
@@ -151,7 +194,7 @@ mod tests {
     fn the_loader_reads_the_split_back_as_the_whole() {
         let text = "[neutron]\nauth_type = password\nauth_url = https://k:5000/v3\nusername = u\npassword = p@ss\n\
                     user_domain_name = Default\nproject_name = p\nproject_domain_name = Default\n";
-        let s = split(text).expect("split");
+        let s = split(text, &super::super::files::Local).expect("split");
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("kuryr.conf");
         std::fs::write(&path, &s.public).expect("write");

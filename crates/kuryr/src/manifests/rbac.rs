@@ -548,16 +548,36 @@ fn policy_grants(config: &KuryrConfig) -> Vec<Grant> {
     let mut out = Vec::new();
     if policy || knp || pod_label || groups_driver {
         out.extend([
-            g(CORE, "namespaces", "list", "the policies' model lists Namespaces once (drivers/network_policy.rs)"),
-            g(CORE, "pods", "list", "the policies' model lists Pods once; a namespace's pods (drivers/network_policy.rs)"),
-            g(CORE, "services", "list", "the policies' model lists Services (drivers/network_policy.rs)"),
+            g(
+                CORE,
+                "namespaces",
+                "list",
+                "the policies' model lists Namespaces once (drivers/network_policy.rs)",
+            ),
+            g(
+                CORE,
+                "pods",
+                "list",
+                "the policies' model lists Pods once; a namespace's pods (drivers/network_policy.rs)",
+            ),
+            g(
+                CORE,
+                "services",
+                "list",
+                "the policies' model lists Services (drivers/network_policy.rs)",
+            ),
             g(
                 "discovery.k8s.io",
                 "endpointslices",
                 "list",
                 "a selector-less Service's backends for egress rules (drivers/network_policy.rs)",
             ),
-            g(NET, "networkpolicies", "list", "the policies' model lists NetworkPolicies (drivers/network_policy.rs)"),
+            g(
+                NET,
+                "networkpolicies",
+                "list",
+                "the policies' model lists NetworkPolicies (drivers/network_policy.rs)",
+            ),
             g(
                 KURYR,
                 "kuryrnetworkpolicies",
@@ -580,11 +600,36 @@ fn policy_grants(config: &KuryrConfig) -> Vec<Grant> {
     }
     if policy {
         out.extend([
-            g(NET, "networkpolicies", "watch", "policy handler: watcher.rs watches NetworkPolicies"),
-            g(NET, "networkpolicies", "get", "pipeline Retry re-reads the NetworkPolicy it retries"),
-            g(NET, "networkpolicies", "patch", "policy handler adds/removes its finalizer (k8s.rs add_finalizer)"),
-            g(KURYR, "kuryrnetworkpolicies", "create", "policy handler creates the policy's KuryrNetworkPolicy"),
-            g(KURYR, "kuryrnetworkpolicies", "patch", "policy handler updates the KuryrNetworkPolicy spec"),
+            g(
+                NET,
+                "networkpolicies",
+                "watch",
+                "policy handler: watcher.rs watches NetworkPolicies",
+            ),
+            g(
+                NET,
+                "networkpolicies",
+                "get",
+                "pipeline Retry re-reads the NetworkPolicy it retries",
+            ),
+            g(
+                NET,
+                "networkpolicies",
+                "patch",
+                "policy handler adds/removes its finalizer (k8s.rs add_finalizer)",
+            ),
+            g(
+                KURYR,
+                "kuryrnetworkpolicies",
+                "create",
+                "policy handler creates the policy's KuryrNetworkPolicy",
+            ),
+            g(
+                KURYR,
+                "kuryrnetworkpolicies",
+                "patch",
+                "policy handler updates the KuryrNetworkPolicy spec",
+            ),
             g(
                 KURYR,
                 "kuryrnetworkpolicies",
@@ -613,17 +658,47 @@ fn policy_grants(config: &KuryrConfig) -> Vec<Grant> {
                 "delete",
                 "kuryrnetworkpolicy handler deletes one whose NetworkPolicy is gone",
             ),
-            g(NET, "networkpolicies", "get", "kuryrnetworkpolicy handler reads the KuryrNetworkPolicy's policy"),
+            g(
+                NET,
+                "networkpolicies",
+                "get",
+                "kuryrnetworkpolicy handler reads the KuryrNetworkPolicy's policy",
+            ),
         ]);
     }
     if pod_label {
         out.extend([
-            g(CORE, "pods", "watch", "pod_label handler: watcher.rs watches Pods"),
+            g(
+                CORE,
+                "pods",
+                "watch",
+                "pod_label handler: watcher.rs watches Pods",
+            ),
             g(CORE, "pods", "get", "pipeline Retry re-reads the Pod it retries"),
-            g(CORE, "namespaces", "watch", "pod_label's namespace companion watches Namespaces"),
-            g(CORE, "namespaces", "get", "pipeline Retry re-reads the Namespace it retries"),
-            g(CORE, "services", "watch", "pod_label's Service companion watches Services"),
-            g(CORE, "services", "get", "pipeline Retry re-reads the Service it retries"),
+            g(
+                CORE,
+                "namespaces",
+                "watch",
+                "pod_label's namespace companion watches Namespaces",
+            ),
+            g(
+                CORE,
+                "namespaces",
+                "get",
+                "pipeline Retry re-reads the Namespace it retries",
+            ),
+            g(
+                CORE,
+                "services",
+                "watch",
+                "pod_label's Service companion watches Services",
+            ),
+            g(
+                CORE,
+                "services",
+                "get",
+                "pipeline Retry re-reads the Service it retries",
+            ),
         ]);
     }
     out

@@ -296,3 +296,112 @@ fn check_dir_reports_missing_stale_and_extra_files() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// A test's machine: files by path, one clouds.yaml location.
+struct Machine(BTreeMap<&'static str, &'static str>);
+
+impl files::Source for Machine {
+    fn read(&self, path: &Path) -> std::io::Result<Vec<u8>> {
+        self.0
+            .get(path.to_str().unwrap_or_default())
+            .map(|t| t.as_bytes().to_vec())
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))
+    }
+
+    fn clouds_yaml_paths(&self) -> Vec<PathBuf> {
+        vec!["/home/op/.config/openstack/clouds.yaml".into()]
+    }
+}
+
+/// A private CA and a clouds.yaml on the operator's machine reach the controller: carried in a
+/// Secret it alone mounts, kuryr.conf and clouds.yaml naming them where it mounts them, the other
+/// clouds of the operator's clouds.yaml left out; an unreadable file stops it, naming the option.
+#[test]
+fn files_kuryr_conf_names_are_carried_to_the_controller() -> anyhow::Result<()> {
+    let ini = GOOD.replace(
+        "project_domain_name = Default\n",
+        "project_domain_name = Default\ncafile = /home/op/ca.pem\n\
+         [deployment:edge]\ncloud = edge\npod_subnet = s2\npod_security_groups = sg2\n",
+    );
+    let machine = Machine(BTreeMap::from([
+        ("/home/op/ca.pem", "CA"),
+        ("/home/op/edge-ca.pem", "EDGE CA"),
+        (
+            "/home/op/.config/openstack/clouds.yaml",
+            "clouds:\n  edge:\n    auth:\n      auth_url: https://edge:5000/v3\n      username: u\n      password: pw\n\
+             \x20     project_name: p\n      user_domain_name: Default\n      project_domain_name: Default\n\
+             \x20   cacert: /home/op/edge-ca.pem\n  other:\n    auth:\n      password: not-for-the-cluster\n",
+        ),
+    ]));
+    let files = render_from(&opts(), &ini, &config(&ini), &machine)?;
+    let docs = docs(&files);
+    let secret = find(&docs, "Secret", files::FILES_SECRET);
+    let data = |key: &str| -> String {
+        let bytes: k8s_openapi::ByteString = serde_json::from_value(secret["data"][key].clone())
+            .unwrap_or_else(|e| panic!("{key} in the Secret: {e}"));
+        String::from_utf8(bytes.0).expect("utf-8")
+    };
+    assert_eq!(data("neutron.cafile"), "CA");
+    assert_eq!(data("clouds.edge.cacert"), "EDGE CA");
+    let clouds = data("clouds.yaml");
+    assert!(!clouds.contains("not-for-the-cluster"), "{clouds}");
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("clouds.yaml"), &clouds)?;
+    let edge = kuryr_neutron::auth::load_cloud_from(&dir.path().join("clouds.yaml"), Some("edge"))?;
+    assert_eq!(
+        edge.cafile.as_deref(),
+        Some(Path::new("/etc/kuryr-openstack/clouds.edge.cacert"))
+    );
+
+    let conf = find(&docs, "ConfigMap", "kuryr-config")["data"]["kuryr.conf"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let parsed = kuryr_config::Ini::parse(&conf, "kuryr.conf")?;
+    let cafile = parsed
+        .options("neutron")
+        .find(|(k, _)| *k == "cafile")
+        .map(|(_, v)| v.value.clone());
+    assert_eq!(cafile.as_deref(), Some("/etc/kuryr-openstack/neutron.cafile"));
+    assert!(!conf.contains("cafile = /home/op/ca.pem"), "{conf}");
+
+    let pod = &find(&docs, "Deployment", "kuryr-controller")["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert!(
+        container["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|m| m["name"] == "openstack-files" && m["mountPath"] == files::FILES_DIR)
+    );
+    assert!(
+        container["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| e["name"] == "OS_CLIENT_CONFIG_FILE" && e["value"] == "/etc/kuryr-openstack/clouds.yaml")
+    );
+    let daemon = &find(&docs, "DaemonSet", "kuryr-cni")["spec"]["template"]["spec"];
+    assert!(
+        !daemon["volumes"].to_string().contains(files::FILES_SECRET),
+        "the CNI daemons never call OpenStack and never get the files"
+    );
+
+    for (gone, want) in [
+        ("/home/op/ca.pem", "[neutron] cafile = /home/op/ca.pem"),
+        ("/home/op/edge-ca.pem", "clouds.edge.cacert"),
+        (
+            "/home/op/.config/openstack/clouds.yaml",
+            "[deployment:edge] cloud = edge",
+        ),
+    ] {
+        let mut m = Machine(machine.0.clone());
+        m.0.remove(gone);
+        let err = render_from(&opts(), &ini, &config(&ini), &m)
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(err.contains(want), "{want}: {err}");
+    }
+    Ok(())
+}

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
     EnvFromSource, EnvVar, EnvVarSource, HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector,
     PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SecretEnvSource,
-    SecurityContext, Toleration, Volume, VolumeMount,
+    SecretVolumeSource, SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -25,6 +25,7 @@ use kuryr_config::KuryrConfig;
 
 use super::base::{CONFIG_KEY, CONFIG_MAP};
 use super::credentials::SECRET;
+use super::files::{CLOUDS_YAML, Carried, FILES_DIR, FILES_SECRET};
 use super::rbac::{CNI, CONTROLLER};
 use super::{Doc, Options, common_labels, config_hash, meta};
 use crate::cluster_config::HOST_PROC;
@@ -160,11 +161,39 @@ fn node_selector(opts: &Options) -> Option<BTreeMap<String, String>> {
 /// The controller Deployment and its PodDisruptionBudget.
 /// `credentials`: kuryr.conf's OpenStack credentials are in the [`SECRET`], read as environment
 /// variables (a changed Secret takes a rollout restart, as any environment does).
-pub fn controller(opts: &Options, config: &KuryrConfig, conf_text: &str, credentials: bool) -> Vec<Doc> {
+/// `files`: what kuryr.conf names for the OpenStack clients, in the [`FILES_SECRET`] mounted at
+/// [`FILES_DIR`] (the clouds.yaml among them found there through `OS_CLIENT_CONFIG_FILE`).
+pub fn controller(
+    opts: &Options,
+    config: &KuryrConfig,
+    conf_text: &str,
+    credentials: bool,
+    files: &Carried,
+) -> Vec<Doc> {
     let health = config.health_server.port;
     let metrics = config.prometheus_exporter.controller_exporter_port;
     let mut mounts = vec![mount("config", CONF_DIR, true)];
     let mut volumes = vec![config_volume()];
+    let mut env = vec![field_env("POD_NAME", "metadata.name")];
+    if !files.is_empty() {
+        mounts.push(mount("openstack-files", FILES_DIR, true));
+        volumes.push(Volume {
+            name: "openstack-files".to_owned(),
+            secret: Some(SecretVolumeSource {
+                // The default mode (0644): the controller runs as 65534, not the files' owner.
+                secret_name: Some(FILES_SECRET.to_owned()),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
+    if files.contains_key(CLOUDS_YAML) {
+        env.push(EnvVar {
+            name: "OS_CLIENT_CONFIG_FILE".to_owned(),
+            value: Some(format!("{FILES_DIR}/{CLOUDS_YAML}")),
+            ..EnvVar::default()
+        });
+    }
     if config.kubernetes.enable_manager
         && let Some(dir) = std::path::Path::new(&config.pool_manager.sock_file).parent()
     {
@@ -192,7 +221,7 @@ pub fn controller(opts: &Options, config: &KuryrConfig, conf_text: &str, credent
             .map(str::to_owned)
             .to_vec(),
         ),
-        env: Some(vec![field_env("POD_NAME", "metadata.name")]),
+        env: Some(env),
         env_from: credentials.then(|| {
             vec![EnvFromSource {
                 secret_ref: Some(SecretEnvSource {
