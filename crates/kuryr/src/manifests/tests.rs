@@ -405,3 +405,24 @@ fn files_kuryr_conf_names_are_carried_to_the_controller() -> anyhow::Result<()> 
     }
     Ok(())
 }
+
+/// The plugin finds a daemon moved off its built-in address: install-cni writes it into the conflist.
+#[test]
+fn a_daemon_moved_to_another_port_is_named_to_the_plugin() {
+    let init = |ini: &str| -> Vec<String> {
+        let files = generated(ini);
+        let docs = docs(&files);
+        strings(
+            &find(&docs, "DaemonSet", "kuryr-cni")["spec"]["template"]["spec"]["initContainers"][0]["command"],
+        )
+    };
+    assert!(!init(GOOD).iter().any(|a| a == "--kuryr-daemon"));
+    let moved = GOOD.replace("[cni_daemon]\n", "[cni_daemon]\nbind_address = 127.0.0.1:5037\n");
+    let command = init(&moved);
+    let at = command.iter().position(|a| a == "--kuryr-daemon");
+    assert_eq!(
+        at.and_then(|i| command.get(i + 1)).map(String::as_str),
+        Some("http://127.0.0.1:5037"),
+        "{command:?}"
+    );
+}

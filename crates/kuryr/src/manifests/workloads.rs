@@ -320,26 +320,48 @@ pub fn controller(
     vec![Doc::new(&deployment), Doc::new(&pdb)]
 }
 
+/// Where the plugin reaches a daemon listening on `bind`, when not at the plugin's built-in
+/// address (upstream's 127.0.0.1:5036): a daemon moved to another port is found there (an
+/// unspecified address is reached over loopback, as the daemon shares the host's network).
+fn daemon_url(bind: std::net::SocketAddr) -> Option<String> {
+    let default = std::net::SocketAddr::from(([127, 0, 0, 1], 5036));
+    if bind == default {
+        return None;
+    }
+    let ip = match bind.ip() {
+        std::net::IpAddr::V4(v4) if v4.is_unspecified() => {
+            std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+        }
+        std::net::IpAddr::V6(v6) if v6.is_unspecified() => {
+            std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
+        }
+        ip => ip,
+    };
+    Some(format!("http://{}", std::net::SocketAddr::new(ip, bind.port())))
+}
+
 /// The CNI DaemonSet: `kuryr install-cni` as init container, then the daemon.
 pub fn cni_daemonset(opts: &Options, config: &KuryrConfig, conf_text: &str) -> Doc {
     let health = config.cni_health_server.port;
     let metrics = config.prometheus_exporter.cni_exporter_port;
+    let mut install = [
+        BINARY,
+        "install-cni",
+        "--bin-dir",
+        "/host/opt/cni/bin",
+        "--conf-dir",
+        "/host/etc/cni/net.d",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    if let Some(url) = daemon_url(config.cni_daemon.bind_address) {
+        install.extend(["--kuryr-daemon".to_owned(), url]);
+    }
     let init = Container {
         name: "install-cni".to_owned(),
         image: Some(opts.image.clone()),
         image_pull_policy: Some("IfNotPresent".to_owned()),
-        command: Some(
-            [
-                BINARY,
-                "install-cni",
-                "--bin-dir",
-                "/host/opt/cni/bin",
-                "--conf-dir",
-                "/host/etc/cni/net.d",
-            ]
-            .map(str::to_owned)
-            .to_vec(),
-        ),
+        command: Some(install),
         // Root to write the host's CNI directories; nothing else.
         security_context: Some(SecurityContext {
             run_as_user: Some(0),
@@ -456,4 +478,16 @@ pub fn cni_daemonset(opts: &Options, config: &KuryrConfig, conf_text: &str) -> D
         }),
         ..DaemonSet::default()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_unspecified_bind_address_is_reached_over_loopback() {
+        let url = |a: &str| super::daemon_url(a.parse().expect("address"));
+        assert_eq!(url("127.0.0.1:5036"), None);
+        assert_eq!(url("0.0.0.0:5036").as_deref(), Some("http://127.0.0.1:5036"));
+        assert_eq!(url("[::]:6000").as_deref(), Some("http://[::1]:6000"));
+        assert_eq!(url("10.0.0.5:5036").as_deref(), Some("http://10.0.0.5:5036"));
+    }
 }
