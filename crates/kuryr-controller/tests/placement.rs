@@ -375,12 +375,29 @@ async fn maintenance_set_in_kuryr_conf_shows_on_an_existing_object() -> Result<(
     let ini = format!(
         "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_project_driver = annotation\ncontroller_namespace = default\n\
          {}\
-         [pod_binding]\nenabled = True\nfilters = all\nweighers = creation_order\nusage_refresh_interval = 3600\n",
+         [pod_binding]\nenabled = True\nfilters = all\nweighers = creation_order\nusage_refresh_interval = 3600\n\
+         usage_threshold = 0.8\n",
         t.deployments("", "binding_enabled = False\n")
     );
     let (stop, task) = start(&kube.client, &ini);
     in_maintenance(&kube.client, "west", true).await?;
     in_maintenance(&kube.client, "default", false).await?;
+    // The threshold and headroom decided with are published: kuryr.conf's where the spec states
+    // none (`kuryr bindings move` reads them), the spec's once it states one.
+    let api = Api::<KuryrOpenStackDeployment>::all(kube.client.clone());
+    let decided = |name: &'static str| {
+        let api = api.clone();
+        async move {
+            let s = api.get(name).await?.status.unwrap_or_default();
+            anyhow::Ok((s.usage_threshold, s.headroom))
+        }
+    };
+    eventually("default's threshold and headroom published", WAIT, || async {
+        Ok((decided("default").await? == (Some(0.8), Some(0.05))).then_some(()))
+    })
+    .await?;
+    patch_deployment(&kube.client, "west", json!({"usageThreshold": 0.6})).await?;
+    assert_eq!(decided("west").await?, (Some(0.6), Some(0.05)));
     stop.cancel();
     task.await?;
     Ok(())

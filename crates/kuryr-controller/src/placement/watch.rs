@@ -82,9 +82,9 @@ fn followed_status(
     (conditions, in_maintenance)
 }
 
-/// Records on `obj` what the scheduler now follows: its conditions, whether it is in maintenance
-/// and the generation of its spec (`status.observedGeneration`), in one patch, only when any of
-/// them changed. A condition keeps its transition time while its status stays.
+/// Records on `obj` what the scheduler now follows: its conditions, whether it is in maintenance,
+/// the threshold and headroom it decides with and the generation of its spec
+/// (`status.observedGeneration`), in one patch, only when any of them changed. A condition keeps its transition time while its status stays.
 async fn set_followed(
     api: &Api<KuryrOpenStackDeployment>,
     obj: &KuryrOpenStackDeployment,
@@ -97,10 +97,9 @@ async fn set_followed(
     let (wanted, in_maintenance) = followed_status(obj, problems, &invalid, now);
     // What the scheduler follows: an object without `spec.maintenance` leaves it to kuryr.conf
     // (`binding_enabled = False`), which the status must show too.
-    let in_maintenance = cands
-        .iter()
-        .find(|c| c.name == obj.name_any())
-        .map_or(in_maintenance, |c| c.maintenance);
+    let cand = cands.iter().find(|c| c.name == obj.name_any());
+    let in_maintenance = cand.map_or(in_maintenance, |c| c.maintenance);
+    let (threshold, headroom) = (cand.map(|c| c.threshold), cand.map(|c| c.hysteresis));
     let status = obj.status.clone().unwrap_or_default();
     let same_conditions = wanted.len() == status.conditions.len()
         && wanted.iter().all(|(t, s, r, m)| {
@@ -112,11 +111,17 @@ async fn set_followed(
     let generation = obj.metadata.generation;
     if same_conditions
         && status.in_maintenance == in_maintenance
+        && status.usage_threshold == threshold
+        && status.headroom == headroom
         && (generation.is_none() || status.observed_generation == generation)
     {
         return;
     }
-    let mut patch = json!({"status": {"inMaintenance": in_maintenance}});
+    let mut patch = json!({"status": {
+        "inMaintenance": in_maintenance,
+        "usageThreshold": threshold,
+        "headroom": headroom,
+    }});
     if let Some(g) = generation {
         patch["status"]["observedGeneration"] = g.into();
     }

@@ -136,6 +136,13 @@ pub struct KuryrOpenStackDeploymentStatus {
     /// effect once this equals the object's generation (`kubectl wait --for=jsonpath=...`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The usage threshold the controller decides with: `spec.usageThreshold`, else kuryr.conf's
+    /// `[pod_binding] usage_threshold` (which `kuryr bindings move` cannot read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_threshold: Option<f64>,
+    /// Likewise the headroom: `spec.headroom`, else `[pod_binding] usage_hysteresis`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headroom: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -32,7 +32,7 @@ pub fn deployments_table(objects: &[Value], now: Timestamp) -> Table {
             "AGE",
             "STALE",
         ],
-        wide_header: vec!["REASON", "CONFIGURED", "VALID", "MEASURED"],
+        wide_header: vec!["REASON", "CONFIGURED", "VALID", "MEASURED", "THRESHOLD"],
         rows: Vec::new(),
     };
     let flag = |o: &Value, path: &str| {
@@ -76,6 +76,9 @@ pub fn deployments_table(objects: &[Value], now: Timestamp) -> Table {
                 condition("Configured"),
                 condition("Valid"),
                 s(o.pointer("/status/measuredAt")),
+                // The one decided with (kuryr.conf's when the spec states none).
+                s(o.pointer("/status/usageThreshold")
+                    .or_else(|| o.pointer("/spec/usageThreshold"))),
             ],
         ));
     }
@@ -139,8 +142,16 @@ fn move_refusal(target: &KuryrOpenStackDeployment, k: &BindingKey, now: Timestam
             "--to {to}: its availability zone is {has}, the binding's namespaces ask for {want} (--zone)"
         ));
     }
-    // A fresh figure at the threshold the object states: the controller's next decision moves
-    // the binding off again (a threshold from kuryr.conf alone is not known here).
+    // A fresh figure at the threshold the controller decides with: its next decision moves the
+    // binding off again. The spec's when it states one (an edit not followed yet included), else
+    // kuryr.conf's as the controller publishes it for the spec it follows.
+    let threshold = target.spec.usage_threshold.or_else(|| {
+        target
+            .status
+            .as_ref()
+            .filter(|s| s.observed_generation == target.metadata.generation)
+            .and_then(|s| s.usage_threshold)
+    });
     let fraction = target
         .status
         .as_ref()
@@ -152,7 +163,7 @@ fn move_refusal(target: &KuryrOpenStackDeployment, k: &BindingKey, now: Timestam
                 .and_then(|f| f.parse::<f64>().ok())
                 .or_else(|| f.as_f64())
         });
-    if let (Some(used), Some(threshold)) = (fraction, target.spec.usage_threshold)
+    if let (Some(used), Some(threshold)) = (fraction, threshold)
         && used >= threshold
     {
         return Some(format!(
@@ -525,6 +536,20 @@ mod tests {
         assert!(why.contains("usageThreshold"), "{why}");
         assert_eq!(move_refusal(&full("0.850", true), &k, now), None);
         assert_eq!(move_refusal(&full("0.500", false), &k, now), None);
+        // No threshold in the spec: kuryr.conf's, as the controller publishes it for the
+        // generation it follows (not one it published for an older spec).
+        let conf = |generation: i64| -> KuryrOpenStackDeployment {
+            serde_json::from_value(json!({
+                "apiVersion": "openstack.org/v1", "kind": "KuryrOpenStackDeployment",
+                "metadata": {"name": "west", "generation": 3}, "spec": {"availabilityZone": "az1",
+                    "resourceAffinity": {"resource": "cad"}},
+                "status": {"usage": {"fraction": "0.920"}, "usageThreshold": 0.9,
+                    "observedGeneration": generation}}))
+            .expect("object")
+        };
+        let why = move_refusal(&conf(3), &k, now).expect("full by kuryr.conf's threshold");
+        assert!(why.contains("0.900"), "{why}");
+        assert_eq!(move_refusal(&conf(2), &k, now), None);
     }
 
     #[test]
