@@ -2017,3 +2017,108 @@ async fn a_service_made_after_a_policy_has_its_vip_admitted_at_once() -> Result<
     }
     Ok(())
 }
+
+/// The backends of a Service without a selector move (an external database's address changes in
+/// its hand-made EndpointSlice): an egress rule to the new address admits the VIP when the slice
+/// changes, and no longer to the old one, not at the policy's next resync two minutes later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_selector_less_services_moved_backend_is_followed_when_its_slice_changes() -> Result<()> {
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    init_logs();
+    for target in neutron_targets().await? {
+        let bed = PolicyBed::new(&target, "10.80.0.0/24").await?;
+        let (kube, client, fx) = (&bed.kube, &target.client, &bed.fx);
+        let ctl = bed.start(
+            &target,
+            "policy,kuryrnetworkpolicy,pod_label",
+            "np-test-slice-moves",
+        );
+        labelled_namespace(&kube.client, "x").await?;
+        let svc: Service = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "db", "namespace": "x"},
+            "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.50",
+                     "ports": [{"name": "pg", "port": 5432, "targetPort": 15432, "protocol": "TCP"}]}
+        }))?;
+        Api::<Service>::namespaced(kube.client.clone(), "x")
+            .create(&PostParams::default(), &svc)
+            .await?;
+        let slice = |address: &str| -> Result<EndpointSlice> {
+            Ok(serde_json::from_value(json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": "db-1", "namespace": "x", "labels": {
+                    "kubernetes.io/service-name": "db",
+                    "endpointslice.kubernetes.io/managed-by": "ops.example/by-hand"}},
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": [address], "conditions": {"ready": true}}],
+                "ports": [{"name": "pg", "port": 15432, "protocol": "TCP"}]
+            }))?)
+        };
+        let slices = Api::<EndpointSlice>::namespaced(kube.client.clone(), "x");
+        slices
+            .create(&PostParams::default(), &slice("172.16.0.10")?)
+            .await?;
+        apply_policy(
+            &kube.client,
+            "x",
+            "to-db",
+            json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{
+                "to": [{"ipBlock": {"cidr": "192.168.5.0/24"}}], "ports": [{"port": 15432}]}]}),
+        )
+        .await?;
+        let sg = policy_group(&kube.client, "x", "to-db").await?;
+        let vip_admitted = || async {
+            let rules = client
+                .list_security_group_rules(&ListFilter::new().security_group_id(&sg))
+                .await?;
+            let mut out = BTreeSet::new();
+            for r in rules
+                .iter()
+                .filter(|r| r.direction == "egress" && r.port_range_min == Some(5432))
+            {
+                if let Some(ag) = &r.remote_address_group_id {
+                    out.extend(client.get_address_group(ag).await?.addresses);
+                }
+                out.extend(r.remote_ip_prefix.clone());
+            }
+            anyhow::Ok(out.contains("10.96.0.50/32"))
+        };
+        eventually("the ipBlock's rule", WAIT, || async {
+            let rules = client
+                .list_security_group_rules(&ListFilter::new().security_group_id(&sg))
+                .await?;
+            Ok(rules
+                .iter()
+                .any(|r| {
+                    r.port_range_min == Some(15432) && r.remote_ip_prefix.as_deref() == Some("192.168.5.0/24")
+                })
+                .then_some(()))
+        })
+        .await?;
+        assert!(
+            !vip_admitted().await?,
+            "{}: the backend is outside the block",
+            target.name
+        );
+
+        let within = Duration::from_secs(20);
+        let moved = json!({"endpoints": [{"addresses": ["192.168.5.7"], "conditions": {"ready": true}}]});
+        slices
+            .patch("db-1", &PatchParams::default(), &Patch::Merge(&moved))
+            .await?;
+        eventually("the VIP admitted", within, || async {
+            Ok(vip_admitted().await?.then_some(()))
+        })
+        .await
+        .map_err(|e| e.context(target.name))?;
+        slices.delete("db-1", &Default::default()).await?;
+        eventually("the VIP no longer admitted", within, || async {
+            Ok((!vip_admitted().await?).then_some(()))
+        })
+        .await
+        .map_err(|e| e.context(target.name))?;
+        ctl.stop.cancel();
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}

@@ -106,6 +106,13 @@ pub struct NetworkPolicyDriver {
     /// companion runs): a policy's reconcile then takes the Services from the tracker instead
     /// of listing every Service of the cluster.
     services_fed: std::sync::atomic::AtomicBool,
+    /// Whether the EndpointSlice events of Services without a selector reach
+    /// [`Self::observe_endpoint_slices`]: a reconcile then reads no slices at all.
+    slices_fed: std::sync::atomic::AtomicBool,
+    /// One read of a Service's EndpointSlices and its write into the tracker at a time, per
+    /// Service: a Service event and a slice event read in one order and write in the other
+    /// would leave the older backends.
+    service_reads: KeyedLocks<(String, String)>,
 }
 
 /// How long [`NetworkPolicyDriver::ensure_stale`] leaves a policy that failed that way.
@@ -137,6 +144,8 @@ impl NetworkPolicyDriver {
             port_groups: Arc::default(),
             held: std::sync::Mutex::default(),
             services_fed: std::sync::atomic::AtomicBool::new(false),
+            slices_fed: std::sync::atomic::AtomicBool::new(false),
+            service_reads: KeyedLocks::default(),
         }
     }
 
@@ -337,16 +346,59 @@ impl NetworkPolicyDriver {
         if self.tracker.lock().await.is_none() {
             return Ok(false);
         }
-        let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
+        let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+        let _turn = self.service_reads.lock(key.clone()).await;
         let info = self
-            .with_backends(ServiceInfo::from_service(svc), &ns, &name)
+            .with_backends(ServiceInfo::from_service(svc), &key.0, &key.1)
             .await?;
         Ok(self
             .tracker
             .lock()
             .await
             .as_mut()
-            .is_some_and(|t| t.set_service((ns, name), Some(info))))
+            .is_some_and(|t| t.set_service(key, Some(info))))
+    }
+
+    /// EndpointSlice events of Services without a selector reach
+    /// [`Self::observe_endpoint_slices`] from now on.
+    pub fn feed_endpoint_slices(&self) {
+        self.slices_fed.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// An EndpointSlice of the Service `ns/name` changed or went: a Service the policies know
+    /// without a selector has its backends read again (an egress rule to them admits its VIP);
+    /// true when they changed. Others cost a lookup.
+    pub async fn observe_endpoint_slices(&self, ns: &str, name: &str) -> Result<bool, Error> {
+        let key = (ns.to_owned(), name.to_owned());
+        let selectorless = |t: &PolicyTracker| {
+            t.cluster()
+                .services
+                .get(&key)
+                .filter(|i| i.selector.is_none() && !i.vips.is_empty())
+                .cloned()
+        };
+        if self
+            .tracker
+            .lock()
+            .await
+            .as_ref()
+            .and_then(selectorless)
+            .is_none()
+        {
+            return Ok(false);
+        }
+        let _turn = self.service_reads.lock(key.clone()).await;
+        // Again under the turn: a Service event may have given it a selector meanwhile.
+        let Some(read) = self.tracker.lock().await.as_ref().and_then(selectorless) else {
+            return Ok(false);
+        };
+        let info = self.with_backends(read, ns, name).await?;
+        Ok(self
+            .tracker
+            .lock()
+            .await
+            .as_mut()
+            .is_some_and(|t| t.set_service(key, Some(info))))
     }
 
     /// A Service gone; true when the policies knew it.
@@ -360,13 +412,17 @@ impl NetworkPolicyDriver {
     }
 
     /// The Services a policy's reconcile reads: from the Service events when they are fed
-    /// (the backends of those without a selector read again, as their EndpointSlices send no
-    /// events here), else from one listing.
+    /// (the backends of those without a selector read again unless their EndpointSlices' events
+    /// are fed too), else from one listing.
     async fn refresh_services(&self) -> Result<(), Error> {
         if !self.services_fed.load(std::sync::atomic::Ordering::Acquire) {
             let mut services = ClusterIndex::default();
             self.list_services(&mut services).await?;
             return self.with_tracker(|t| t.set_services(services.services)).await;
+        }
+        if self.slices_fed.load(std::sync::atomic::Ordering::Acquire) {
+            // The tracker's first fill lists them, as every other kind.
+            return self.with_tracker(|_| ()).await;
         }
         let selectorless: Vec<((String, String), ServiceInfo)> = self
             .with_tracker(|t| {

@@ -10,7 +10,8 @@
 //! - `policy` ([`policy::PolicyHandler`]): NetworkPolicy -> KuryrNetworkPolicy
 //! - `kuryrnetworkpolicy` ([`kuryrnetworkpolicy::KuryrNetworkPolicyHandler`]): security groups,
 //!   rules, address groups, status, ports
-//! - `pod_label` ([`pod_label::PodLabelHandler`], with the namespace- and Service-label companions): membership
+//! - `pod_label` ([`pod_label::PodLabelHandler`], with the namespace-, Service- and EndpointSlice-label
+//!   companions): membership
 //!
 //! A library user adds a handler with [`HandlerRegistry::register`]; the pipeline is unchanged.
 
@@ -111,6 +112,12 @@ impl HandlerRegistry {
         r.register_companion("pod_label", |ctx| {
             RegisteredHandler::telling(
                 pod_label::ServiceLabelHandler::new(ctx.clone()),
+                ctx.events.clone(),
+            )
+        });
+        r.register_companion("pod_label", |ctx| {
+            RegisteredHandler::telling(
+                pod_label::EndpointSliceLabelHandler::new(ctx.clone()),
                 ctx.events.clone(),
             )
         });

@@ -2,9 +2,10 @@
 //! address groups (one `add_addresses`/`remove_addresses` per group it joins or leaves, rules
 //! untouched) and its port onto the groups of the policies that now select it. Also the
 //! namespace-label companion: a namespace relabelled changes which pods namespaceSelectors pick,
-//! and the Service companion: a Service made, changed or deleted changes which addresses the
-//! policies' egress rules admit in front of their peers (its VIP).
-//! Both feed what they see into the driver's tracker first, so policies are decided from the
+//! the Service companion: a Service made, changed or deleted changes which addresses the
+//! policies' egress rules admit in front of their peers (its VIP), and the EndpointSlice
+//! companion: the backends of a Service without a selector moved.
+//! They feed what they see into the driver's tracker first, so policies are decided from the
 //! watched state, not from a listing of the cluster per event. The Services selected by the policies
 //! whose Neutron state moved, and those a relabelled pod backs, follow ([`PolicyFollowers`]).
 
@@ -14,6 +15,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
 use tokio::sync::Mutex;
 
@@ -152,21 +154,17 @@ impl ResourceEventHandler for NamespaceLabelHandler {
     }
 }
 
-/// Services for network policies (registered with `pod_label`): the policies' egress rules admit
-/// a Service's VIP in front of their peers, so a Service made after a policy is admitted when it
-/// comes, not at the policy's next resync; and a policy's reconcile reads the Services from
-/// here instead of listing every Service of the cluster.
-pub struct ServiceLabelHandler {
+/// The policies' pass after what they know of a Service changed, or after an earlier pass for
+/// it failed: the retry runs it again although the tracker has nothing new for it.
+struct ServicePass {
     ctx: Arc<Context>,
     followers: PolicyFollowers,
-    /// Services whose change reached the tracker but whose policies' pass failed: the retry
-    /// runs it again although the tracker has nothing new for them.
+    /// Services whose change reached the tracker but whose policies' pass failed.
     unsettled: Mutex<std::collections::HashSet<(String, String)>>,
 }
 
-impl ServiceLabelHandler {
-    pub fn new(ctx: Arc<Context>) -> Self {
-        ctx.drivers.network_policy.feed_services();
+impl ServicePass {
+    fn new(ctx: Arc<Context>) -> Self {
         Self {
             followers: PolicyFollowers::new(ctx.clone()),
             ctx,
@@ -174,9 +172,7 @@ impl ServiceLabelHandler {
         }
     }
 
-    /// The policies' pass after `svc` changed (`changed`) or after an earlier pass for it failed.
-    async fn pass(&self, svc: &Service, changed: bool) -> Result<(), Error> {
-        let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+    async fn run(&self, key: (String, String), changed: bool) -> Result<(), Error> {
         let mut unsettled = self.unsettled.lock().await;
         if !changed && !unsettled.contains(&key) {
             return Ok(());
@@ -188,6 +184,30 @@ impl ServiceLabelHandler {
         follow(&self.followers, moved).await?;
         self.unsettled.lock().await.remove(&key);
         Ok(())
+    }
+}
+
+/// Services for network policies (registered with `pod_label`): the policies' egress rules admit
+/// a Service's VIP in front of their peers, so a Service made after a policy is admitted when it
+/// comes, not at the policy's next resync; and a policy's reconcile reads the Services from
+/// here instead of listing every Service of the cluster.
+pub struct ServiceLabelHandler {
+    ctx: Arc<Context>,
+    pass: ServicePass,
+}
+
+impl ServiceLabelHandler {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        ctx.drivers.network_policy.feed_services();
+        Self {
+            pass: ServicePass::new(ctx.clone()),
+            ctx,
+        }
+    }
+
+    async fn pass(&self, svc: &Service, changed: bool) -> Result<(), Error> {
+        let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+        self.pass.run(key, changed).await
     }
 }
 
@@ -214,5 +234,65 @@ impl ResourceEventHandler for ServiceLabelHandler {
     async fn on_deleted(&self, svc: &Service) -> Result<(), Error> {
         let changed = self.ctx.drivers.network_policy.forget_service(svc).await;
         self.pass(svc, changed).await
+    }
+}
+
+/// The EndpointSlices of Services without a selector (registered with `pod_label`): an egress
+/// rule to their backends (an ipBlock around an external database, the API servers behind
+/// `kubernetes.default`) admits their VIP, so a backend that moves is followed when its slice
+/// changes, not at the policy's next resync. Slices the Kubernetes controller manages belong to
+/// Services with a selector, whose backends are pods: skipped without a lookup.
+pub struct EndpointSliceLabelHandler {
+    ctx: Arc<Context>,
+    pass: ServicePass,
+}
+
+impl EndpointSliceLabelHandler {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        ctx.drivers.network_policy.feed_endpoint_slices();
+        Self {
+            pass: ServicePass::new(ctx.clone()),
+            ctx,
+        }
+    }
+
+    async fn observe(&self, slice: &EndpointSlice) -> Result<(), Error> {
+        let labels = slice.labels();
+        if labels.get(MANAGED_BY).map(String::as_str) == Some(SLICE_CONTROLLER) {
+            return Ok(());
+        }
+        let Some(service) = labels.get(crate::services::endpoints::SERVICE_NAME_LABEL) else {
+            return Ok(());
+        };
+        let ns = slice.namespace().unwrap_or_default();
+        let changed = self
+            .ctx
+            .drivers
+            .network_policy
+            .observe_endpoint_slices(&ns, service)
+            .await?;
+        self.pass.run((ns, service.clone()), changed).await
+    }
+}
+
+/// The label naming who manages an EndpointSlice, and the Kubernetes controller's value (it
+/// manages the slices of Services with a selector only).
+const MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
+const SLICE_CONTROLLER: &str = "endpointslice-controller.k8s.io";
+
+#[async_trait]
+impl ResourceEventHandler for EndpointSliceLabelHandler {
+    type Object = EndpointSlice;
+
+    fn name(&self) -> &'static str {
+        "endpointslice_label"
+    }
+
+    async fn on_present(&self, slice: &EndpointSlice) -> Result<(), Error> {
+        self.observe(slice).await
+    }
+
+    async fn on_deleted(&self, slice: &EndpointSlice) -> Result<(), Error> {
+        self.observe(slice).await
     }
 }

@@ -699,6 +699,18 @@ fn policy_grants(config: &KuryrConfig) -> Vec<Grant> {
                 "get",
                 "pipeline Retry re-reads the Service it retries",
             ),
+            g(
+                "discovery.k8s.io",
+                "endpointslices",
+                "watch",
+                "pod_label's EndpointSlice companion watches the backends of Services without a selector",
+            ),
+            g(
+                "discovery.k8s.io",
+                "endpointslices",
+                "get",
+                "pipeline Retry re-reads the EndpointSlice it retries",
+            ),
         ]);
     }
     out
