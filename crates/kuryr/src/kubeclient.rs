@@ -30,11 +30,24 @@ async fn kube_config(args: &KubeArgs, k: &KubernetesSection) -> anyhow::Result<k
             .await
             .with_context(|| format!("kubeconfig {}", path.display()));
     }
-    let default_root = KubernetesSection::default().api_root;
-    if k.api_root == default_root && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+    if in_cluster(&k.api_root, std::env::var_os("KUBERNETES_SERVICE_HOST").is_some())? {
         return kube::Config::incluster().context("in-cluster Kubernetes configuration");
     }
     from_section(k)
+}
+
+/// Whether the API server is the one of the pod's cluster: `api_root` left at its default, or set
+/// empty as upstream's containerized installs write it (its client then takes the server from
+/// `KUBERNETES_SERVICE_HOST`), in a pod. An empty `api_root` outside a pod names no server.
+fn in_cluster(api_root: &str, in_pod: bool) -> anyhow::Result<bool> {
+    let empty = api_root.trim().is_empty();
+    if empty && !in_pod {
+        anyhow::bail!(
+            "[kubernetes] api_root is empty: the API server is then the pod's cluster's \
+             (KUBERNETES_SERVICE_HOST), which is not set here; set api_root or pass --kubeconfig"
+        );
+    }
+    Ok(in_pod && (empty || api_root == KubernetesSection::default().api_root))
 }
 
 /// `[kubernetes]` the way upstream's client reads it, but verifying the server certificate unless
@@ -86,6 +99,19 @@ fn from_section(k: &KubernetesSection) -> anyhow::Result<kube::Config> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Upstream's containerized installs write `api_root = ""`: the pod's cluster, as the default.
+    #[test]
+    fn an_empty_api_root_is_the_pods_cluster() {
+        let default = KubernetesSection::default().api_root;
+        assert!(in_cluster("", true).expect("in a pod"));
+        assert!(in_cluster("  ", true).expect("in a pod"));
+        assert!(in_cluster(&default, true).expect("in a pod"));
+        assert!(!in_cluster("https://10.0.0.1:6443", true).expect("a named server"));
+        assert!(!in_cluster(&default, false).expect("outside a pod"));
+        let e = in_cluster("", false).expect_err("no server").to_string();
+        assert!(e.contains("api_root") && e.contains("KUBERNETES_SERVICE_HOST"), "{e}");
+    }
 
     fn section(ini: &str) -> KubernetesSection {
         match KuryrConfig::from_ini_str(ini) {
