@@ -628,3 +628,51 @@ async fn bad_input_produces_events_and_leaks_nothing() -> Result<()> {
     }
     Ok(())
 }
+
+/// NADs as upstream documents them: no `spec`, and no `subnetId`. The subnet is
+/// `[neutron_defaults] subnet_mapping` of the `driverType`, else the pod subnet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_nad_without_spec_or_subnet_id_takes_the_configured_subnet() -> Result<()> {
+    use kube::api::{ApiResource, DynamicObject};
+    init_logs();
+    let target = neutron_targets().await?.remove(0);
+    let kube = start_kube().await?;
+    let neutron = &target.client;
+    let fx = neutron_fixture(neutron, "10.32.0.0/24").await?;
+    let data = extra_subnet(neutron, &fx.project, "data", "10.33.0.0/24").await?;
+    let ini = multi_config(&fx, None).replace(
+        "resource_tags = k8s,test\n",
+        &format!("resource_tags = k8s,test\nsubnet_mapping = neutron:{data}\n"),
+    );
+    let ctrl = start_controller(&kube.client, &target, config(&ini), "c1");
+    create_namespace(&kube.client, NS, json!({})).await?;
+    let nads = Api::<DynamicObject>::namespaced_with(
+        kube.client.clone(),
+        NS,
+        &ApiResource::erase::<NetworkAttachmentDefinition>(&()),
+    );
+    for (name, kuryr_config) in [("mapped", json!({"driverType": "neutron"})), ("plain", json!({}))] {
+        let nad: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+            "metadata": {"name": name, "namespace": NS,
+                         "annotations": {"openstack.org/kuryr-config": kuryr_config.to_string()}}
+        }))?;
+        nads.create(&PostParams::default(), &nad).await?;
+    }
+    create_pod_with(
+        &kube.client,
+        "bare-nads",
+        json!({"k8s.v1.cni.cncf.io/networks": "mapped@net1, plain@net2"}),
+        json!({}),
+    )
+    .await?;
+    let kp = wired(&kube.client, "bare-nads", 3).await?;
+    assert_eq!(subnet_of(&neutron.get_port(vif(&kp, "net1").id()).await?), data);
+    assert_eq!(
+        subnet_of(&neutron.get_port(vif(&kp, "net2").id()).await?),
+        fx.subnet
+    );
+    delete_pod_and_wait(&kube.client, "bare-nads").await?;
+    ctrl.shutdown().await?;
+    Ok(())
+}

@@ -38,9 +38,25 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
             version.subresources = None;
         }
     }
+    // The Network Plumbing WG's CRD (and upstream's copy) does not require `spec`: NADs kuryr
+    // wires from often carry only the `openstack.org/kuryr-config` annotation.
+    let mut nad = NetworkAttachmentDefinition::crd();
+    for version in &mut nad.spec.versions {
+        if let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+            && let Some(required) = &mut schema.required
+        {
+            required.retain(|r| r != "spec");
+            if required.is_empty() {
+                schema.required = None;
+            }
+        }
+    }
     upstream.extend([
         KuryrPortPool::crd(),
-        NetworkAttachmentDefinition::crd(),
+        nad,
         KuryrOpenStackDeployment::crd(),
         KuryrProjectBinding::crd(),
     ]);

@@ -32,7 +32,9 @@ pub use crds::kuryrport::{KuryrPort, KuryrPortSpec, KuryrPortStatus, KuryrPortVi
 pub use crds::kuryrportpool::{
     KuryrPortPool, KuryrPortPoolSpec, KuryrPortPoolStatus, PoolFixedIp, PoolKey, PoolKeyError, PoolPort,
 };
-pub use crds::nad::{NadError, NadKuryrConfig, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec};
+pub use crds::nad::{
+    NadError, NadKuryrConfig, NetworkAttachmentDefinition, NetworkAttachmentDefinitionSpec, kuryr_config_of,
+};
 pub use crds::placement::{
     BindingHistoryRow, DeploymentCondition, KuryrOpenStackDeployment, KuryrOpenStackDeploymentSpec,
     KuryrOpenStackDeploymentStatus, KuryrProjectBinding, KuryrProjectBindingSpec, KuryrProjectBindingStatus,

@@ -128,7 +128,18 @@ fn nad_kuryr_config_annotation() -> Result<(), serde_json::Error> {
     }))?;
     let cfg = nad.kuryr_config();
     assert!(
-        matches!(&cfg, Ok(NadKuryrConfig { subnet_id, driver_type: Some(d) }) if subnet_id == "s-a" && d == "neutron"),
+        matches!(&cfg, Ok(NadKuryrConfig { subnet_id: Some(s), driver_type: Some(d) }) if s == "s-a" && d == "neutron"),
+        "{cfg:?}"
+    );
+    // Upstream's documented NAD: no spec, no subnetId (the subnet comes from the configuration).
+    let bare: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+        "metadata": {"name": "net-c", "namespace": "default", "annotations": {
+            "openstack.org/kuryr-config": "{\"driverType\": \"neutron\"}"}}
+    }))?;
+    let cfg = kuryr_crds::kuryr_config_of(&bare.metadata);
+    assert!(
+        matches!(&cfg, Ok(NadKuryrConfig { subnet_id: None, driver_type: Some(d) }) if d == "neutron"),
         "{cfg:?}"
     );
 
@@ -143,7 +154,7 @@ fn nad_kuryr_config_annotation() -> Result<(), serde_json::Error> {
     let bad: NetworkAttachmentDefinition = serde_json::from_value(json!({
         "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
         "metadata": {"name": "net-c", "namespace": "default",
-                     "annotations": {"openstack.org/kuryr-config": "{\"driverType\": \"x\"}"}},
+                     "annotations": {"openstack.org/kuryr-config": "{\"subnetId\": 5}"}},
         "spec": {}
     }))?;
     let err = bad.kuryr_config().err().map(|e| e.to_string());

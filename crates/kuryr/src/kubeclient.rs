@@ -110,7 +110,10 @@ mod tests {
         assert!(!in_cluster("https://10.0.0.1:6443", true).expect("a named server"));
         assert!(!in_cluster(&default, false).expect("outside a pod"));
         let e = in_cluster("", false).expect_err("no server").to_string();
-        assert!(e.contains("api_root") && e.contains("KUBERNETES_SERVICE_HOST"), "{e}");
+        assert!(
+            e.contains("api_root") && e.contains("KUBERNETES_SERVICE_HOST"),
+            "{e}"
+        );
     }
 
     fn section(ini: &str) -> KubernetesSection {

@@ -1,8 +1,8 @@
 //! `NetworkAttachmentDefinition` (`network-attachment-definitions.k8s.cni.cncf.io`, short
 //! `net-attach-def`), the Network Plumbing WG CRD kuryr reads for additional pod interfaces.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::CustomResource;
-use kube::ResourceExt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -29,9 +29,10 @@ pub struct NetworkAttachmentDefinitionSpec {
 /// The NAD annotation `openstack.org/kuryr-config`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NadKuryrConfig {
-    /// Neutron subnet of the additional interface.
-    #[serde(rename = "subnetId")]
-    pub subnet_id: String,
+    /// Neutron subnet of the additional interface; absent (or empty), as upstream:
+    /// `[neutron_defaults] subnet_mapping` of the `driverType`, else the pod subnet.
+    #[serde(rename = "subnetId", default, skip_serializing_if = "Option::is_none")]
+    pub subnet_id: Option<String>,
     /// VIF driver for it (`neutron`, `nested-vlan`, `sriov`, ...); the pod VIF driver when absent.
     #[serde(rename = "driverType", default, skip_serializing_if = "Option::is_none")]
     pub driver_type: Option<String>,
@@ -43,7 +44,7 @@ pub enum NadError {
     #[error("NetworkAttachmentDefinition {name}: annotation {annotation} is missing")]
     MissingAnnotation { name: String, annotation: &'static str },
     #[error(
-        "NetworkAttachmentDefinition {name}: annotation {annotation} is not valid JSON with a string subnetId: {source}"
+        "NetworkAttachmentDefinition {name}: annotation {annotation} is not valid JSON with string subnetId and driverType: {source}"
     )]
     BadAnnotation {
         name: String,
@@ -55,18 +56,29 @@ pub enum NadError {
 impl NetworkAttachmentDefinition {
     /// Parses the `openstack.org/kuryr-config` annotation.
     pub fn kuryr_config(&self) -> Result<NadKuryrConfig, NadError> {
-        let name = format!("{}/{}", self.namespace().unwrap_or_default(), self.name_any());
-        let raw = self
-            .annotations()
-            .get(annotations::NAD_KURYR_CONFIG)
-            .ok_or_else(|| NadError::MissingAnnotation {
-                name: name.clone(),
-                annotation: annotations::NAD_KURYR_CONFIG,
-            })?;
-        serde_json::from_str(raw).map_err(|source| NadError::BadAnnotation {
-            name,
-            annotation: annotations::NAD_KURYR_CONFIG,
-            source,
-        })
+        kuryr_config_of(&self.metadata)
     }
+}
+
+/// The `openstack.org/kuryr-config` annotation of a NAD's metadata: what kuryr reads of a NAD,
+/// which may have no `spec` at all (upstream's documented examples have none).
+pub fn kuryr_config_of(meta: &ObjectMeta) -> Result<NadKuryrConfig, NadError> {
+    let name = format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default()
+    );
+    let raw = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(annotations::NAD_KURYR_CONFIG))
+        .ok_or_else(|| NadError::MissingAnnotation {
+            name: name.clone(),
+            annotation: annotations::NAD_KURYR_CONFIG,
+        })?;
+    serde_json::from_str(raw).map_err(|source| NadError::BadAnnotation {
+        name,
+        annotation: annotations::NAD_KURYR_CONFIG,
+        source,
+    })
 }

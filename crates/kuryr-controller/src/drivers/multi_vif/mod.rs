@@ -217,7 +217,7 @@ pub fn from_config(ctx: &Platform, subnets: &SubnetCache) -> Result<Vec<Arc<dyn 
             MultiVifName::NpwgMultipleInterfaces => out.push(Arc::new(npwg::NpwgMultipleInterfaces::new(
                 ctx.kube.clone(),
                 subnets.clone(),
-                ctx.config.sriov.clone(),
+                ctx.config.clone(),
             ))),
             MultiVifName::Sriov => out.push(Arc::new(sriov::Sriov::new(&ctx.config.sriov, subnets.clone()))),
             MultiVifName::SpecificPorts => out.push(Arc::new(specific_ports::SpecificPorts::new(

@@ -1,17 +1,21 @@
 //! `npwg_multiple_interfaces`: pod annotation `k8s.v1.cni.cncf.io/networks` (Network Plumbing WG
 //! multi-network spec), naming NetworkAttachmentDefinitions that carry
-//! `openstack.org/kuryr-config` `{"subnetId", "driverType"}`.
+//! `openstack.org/kuryr-config` `{"subnetId", "driverType"}` (either may be left out, as
+//! upstream: see [`NpwgMultipleInterfaces::subnet_of`]).
 //!
 //! Both annotation forms are read: a JSON list of selection objects, and the short text form
 //! `[namespace/]name[@interface], ...`. Of the selection fields, those Neutron can honour are
 //! honoured (`interface`, `ips` as fixed IPs, `mac` as the port MAC); any other is refused with
 //! an Event rather than silently ignored.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
+use kube::api::{ApiResource, DynamicObject};
 use kube::{Api, ResourceExt};
-use kuryr_config::SriovSection;
-use kuryr_crds::NetworkAttachmentDefinition;
+use kuryr_config::{KuryrConfig, SriovSection};
 use kuryr_crds::names::annotations::NPWG_NETWORKS;
+use kuryr_crds::{NadKuryrConfig, NetworkAttachmentDefinition, kuryr_config_of};
 use kuryr_neutron::FixedIpRequest;
 use serde_json::Value;
 
@@ -184,15 +188,46 @@ pub struct NpwgMultipleInterfaces {
     kube: kube::Client,
     subnets: SubnetCache,
     physnets: SriovSection,
+    config: Arc<KuryrConfig>,
 }
 
 impl NpwgMultipleInterfaces {
-    pub fn new(kube: kube::Client, subnets: SubnetCache, physnets: SriovSection) -> Self {
+    pub fn new(kube: kube::Client, subnets: SubnetCache, config: Arc<KuryrConfig>) -> Self {
         Self {
             kube,
             subnets,
-            physnets,
+            physnets: config.sriov.clone(),
+            config,
         }
+    }
+
+    /// The NAD's subnet as upstream finds it: its `subnetId`, else (with a `driverType`)
+    /// `[neutron_defaults] subnet_mapping` of that type, else the deployment's pod subnet.
+    fn subnet_of(
+        &self,
+        deployment: &str,
+        cfg: &NadKuryrConfig,
+        driver: &str,
+        full: &str,
+    ) -> Result<String, Error> {
+        if let Some(id) = cfg.subnet_id.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+            return Ok(id.to_owned());
+        }
+        let mapped = (!driver.is_empty())
+            .then(|| self.config.neutron_defaults.subnet_mapping.get(driver))
+            .flatten();
+        mapped
+            .cloned()
+            .or_else(|| self.config.deployment_defaults(deployment).pod_subnet)
+            .ok_or_else(|| {
+                Error::invalid(
+                    format!("NetworkAttachmentDefinition {full} subnetId"),
+                    format!(
+                        "missing, and neither [neutron_defaults] subnet_mapping (for driverType {driver:?}) nor \
+                         pod_subnet names a subnet"
+                    ),
+                )
+            })
     }
 }
 
@@ -214,7 +249,9 @@ impl MultiVifDriver for NpwgMultipleInterfaces {
                 .clone()
                 .unwrap_or_else(|| net.podref.namespace.clone());
             let full = format!("{ns}/{}", sel.name);
-            let nad = Api::<NetworkAttachmentDefinition>::namespaced(self.kube.clone(), &ns)
+            // Read untyped: kuryr reads only the annotation, and a NAD may have no `spec`.
+            let resource = ApiResource::erase::<NetworkAttachmentDefinition>(&());
+            let nad = Api::<DynamicObject>::namespaced_with(self.kube.clone(), &ns, &resource)
                 .get_opt(&sel.name)
                 .await?
                 .ok_or_else(|| {
@@ -223,15 +260,14 @@ impl MultiVifDriver for NpwgMultipleInterfaces {
                         format!("NetworkAttachmentDefinition {full} does not exist"),
                     )
                 })?;
-            let cfg = nad
-                .kuryr_config()
-                .map_err(|e| Error::invalid(&field, e.to_string()))?;
+            let cfg = kuryr_config_of(&nad.metadata).map_err(|e| Error::invalid(&field, e.to_string()))?;
+            let driver = cfg.driver_type.as_deref().unwrap_or("").trim();
+            let subnet_id = self.subnet_of(&net.default.deployment, &cfg, driver, &full)?;
             let network = self
                 .subnets
-                .network_of_subnet(&net.default.deployment, &cfg.subnet_id)
+                .network_of_subnet(&net.default.deployment, &subnet_id)
                 .await
                 .map_err(|e| refield(e, &format!("NetworkAttachmentDefinition {full} subnetId")))?;
-            let driver = cfg.driver_type.as_deref().unwrap_or("").trim();
             let sriov = match driver {
                 "" | "neutron" | "neutron-vif" => false,
                 d if d == net.vif_driver.as_str() => false,
@@ -256,7 +292,7 @@ impl MultiVifDriver for NpwgMultipleInterfaces {
                 let Some(s) = subnet.iter().find(|s| ip_in_cidr(parsed, &s.cidr)) else {
                     return Err(Error::invalid(
                         format!("{field}.ips"),
-                        format!("{ip} is not in subnet {} of {full}", cfg.subnet_id),
+                        format!("{ip} is not in subnet {subnet_id} of {full}"),
                     ));
                 };
                 fixed_ips.push(FixedIpRequest::address(s.id.clone(), addr.to_string()));
@@ -266,13 +302,10 @@ impl MultiVifDriver for NpwgMultipleInterfaces {
             }
             let custom = !fixed_ips.is_empty() || sel.mac.is_some();
             let source = if sriov {
-                let physnet = self.physnets.physnet_of_subnet(&cfg.subnet_id).ok_or_else(|| {
+                let physnet = self.physnets.physnet_of_subnet(&subnet_id).ok_or_else(|| {
                     Error::invalid(
                         format!("NetworkAttachmentDefinition {full} driverType"),
-                        format!(
-                            "sriov needs subnet {} in [sriov] default_physnet_subnets",
-                            cfg.subnet_id
-                        ),
+                        format!("sriov needs subnet {subnet_id} in [sriov] default_physnet_subnets"),
                     )
                 })?;
                 PortSource::Create {
