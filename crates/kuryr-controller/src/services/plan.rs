@@ -109,12 +109,9 @@ pub fn plan(recorded: Option<&RecordedLb>, desired: &DesiredLb) -> Vec<Step> {
                 listener_id: have.id.clone(),
             }),
             Some(pool) => {
-                // An unknown record (upstream wrote it) is left as it is: most likely what is asked.
-                if pool
-                    .persistence
-                    .as_ref()
-                    .is_some_and(|p| *p != want.pool.persistence)
-                {
+                // An unknown record was written by upstream, which never set a pool's session
+                // persistence: none, so a Service asking for ClientIP affinity gets it.
+                if pool.persistence.clone().unwrap_or(None) != want.pool.persistence {
                     steps.push(Step::UpdatePool {
                         key: key.clone(),
                         pool_id: pool.id.clone(),
@@ -312,7 +309,7 @@ mod tests {
     }
 
     #[test]
-    fn session_affinity_changed_updates_the_pool_only_unless_the_record_does_not_say() {
+    fn session_affinity_changed_updates_the_pool_and_an_upstream_record_reads_as_none() {
         let before = desired(&[("TCP", 80)], &["a"]);
         let mut after = before.clone();
         if let Some(l) = after.listeners.values_mut().next() {
@@ -326,14 +323,16 @@ mod tests {
         // And back to none.
         let steps = plan(Some(&recorded_from(&after)), &before);
         assert!(matches!(&steps[..], [Step::UpdatePool { .. }]), "{steps:?}");
-        // A record upstream wrote does not say: left as it is.
+        // A record upstream wrote does not say, and upstream never set it: none. A Service asking
+        // for affinity has its pool updated; one asking for none is left as it is.
         let mut upstream = recorded_from(&before);
         for l in upstream.listeners.values_mut() {
             if let Some(p) = l.pool.as_mut() {
                 p.persistence = None;
             }
         }
-        assert!(plan(Some(&upstream), &after).is_empty());
+        assert!(matches!(&plan(Some(&upstream), &after)[..], [Step::UpdatePool { .. }]));
+        assert!(plan(Some(&upstream), &before).is_empty());
     }
 
     #[test]
