@@ -180,6 +180,10 @@ pub struct Context {
     /// Uids of running pods whose KuryrPort was deleted and is kept, ports and all, until the pod
     /// is: the `vif` handler runs its finalizer again then. (A restart lists the KuryrPort again.)
     pub kept_kuryrports: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// One writer of a KuryrLoadBalancer's `spec.endpointSlices` at a time, per Service (namespace,
+    /// name): the `endpoints` handler and the `service` handler's catch-up after a create each
+    /// list the slices and write them, and an older list written last would win.
+    pub slice_writes: crate::keyed_locks::KeyedLocks<(String, String)>,
 }
 
 impl Context {
@@ -191,6 +195,7 @@ impl Context {
             drivers,
             pod_handoff: PodHandoff::default(),
             kept_kuryrports: std::sync::Mutex::default(),
+            slice_writes: Default::default(),
         }))
     }
 

@@ -2,8 +2,9 @@
 //! endpoints only). Services without a selector are served from the slices their owner writes by hand.
 //! Every slice event recomputes the whole Service from all its slices, so order and splitting do not matter,
 //! and an unchanged result writes nothing. The slices of one Service are queued apart (one queue per object),
-//! so the handling of one Service's slices takes turns: two handled at once each listed the slices, and the one
-//! that listed first could write last, leaving Octavia's members stale until the next slice event.
+//! so the handling of one Service's slices takes turns (with the `service` handler's catch-up after a create too,
+//! `Context::slice_writes`): two handled at once each listed the slices, and the one that listed first could
+//! write last, leaving Octavia's members stale until the next slice event.
 
 use std::sync::Arc;
 
@@ -18,7 +19,6 @@ use serde_json::json;
 use crate::context::Context;
 use crate::error::Error;
 use crate::handlers::service::ServiceHandler;
-use crate::keyed_locks::KeyedLocks;
 use crate::pipeline::ResourceEventHandler;
 use crate::services::endpoints::{SERVICE_NAME_LABEL, from_slices};
 use crate::services::security::target_ports;
@@ -28,8 +28,6 @@ pub struct EndpointsHandler {
     ctx: Arc<Context>,
     /// For the listener ACLs of a named target port the slices resolve anew.
     services: ServiceHandler,
-    /// (namespace, Service): one slice's handling at a time.
-    turns: KeyedLocks<(String, String)>,
 }
 
 impl EndpointsHandler {
@@ -37,7 +35,6 @@ impl EndpointsHandler {
         Self {
             services: ServiceHandler::new(ctx.clone()),
             ctx,
-            turns: KeyedLocks::default(),
         }
     }
 
@@ -46,7 +43,7 @@ impl EndpointsHandler {
         let Some(service) = slice.labels().get(SERVICE_NAME_LABEL).cloned() else {
             return Ok(());
         };
-        let _turn = self.turns.lock((ns.clone(), service.clone())).await;
+        let _turn = self.ctx.slice_writes.lock((ns.clone(), service.clone())).await;
         let svc = Api::<Service>::namespaced(self.ctx.kube.clone(), &ns)
             .get_opt(&service)
             .await?;

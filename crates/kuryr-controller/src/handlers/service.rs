@@ -575,6 +575,7 @@ impl ServiceHandler {
         name: &str,
         listed: &[kuryr_crds::LbEndpointSlice],
     ) -> Result<(), Error> {
+        let _turn = self.ctx.slice_writes.lock((ns.to_owned(), name.to_owned())).await;
         let slices = Api::<EndpointSlice>::namespaced(self.ctx.kube.clone(), ns)
             .list(&ListParams::default().labels(&format!("{SERVICE_NAME_LABEL}={name}")))
             .await?;
