@@ -2931,3 +2931,47 @@ async fn listener_acls_read_the_groups_in_two_lists() -> Result<()> {
     assert_eq!(reads(&emu.stats()) - before, 2, "{:?}", emu.stats().operations);
     Ok(())
 }
+
+/// A pool a provider put in ERROR under an ACTIVE load balancer refuses every member write (409
+/// "immutable") for good: the handler's pass that meets it deletes the pool and the retry makes
+/// it again with the members asked for, without waiting for the periodic check (an hour here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_in_error_is_made_again_by_the_pass_that_meets_it() -> Result<()> {
+    init_logs();
+    for oct in octavia_targets(LatencyProfile::Instant).await? {
+        // Only the emulator can be told to fail one object.
+        let Some(emu) = &oct.emulator else { continue };
+        let ns = unique("poolerr");
+        let bed = Bed::new(&ns).await?;
+        let _ctrl = bed.controller(&oct, "reconcile_period = 3600\n", "svc-poolerr");
+        let kube = bed.client();
+        create_service(kube, &ns, "web", "10.96.0.17", &[("http", 80, 8080, "TCP")]).await?;
+        set_endpoints(kube, &ns, "web", &ips(2), &[("http", 8080)]).await?;
+        let lb = recorded(kube, &ns, "web", 1, 2).await?.loadbalancer.unwrap().id;
+        let tree = oct.client.get_status_tree(&lb).await?;
+        let failed_pool = tree.loadbalancer.listeners[0].pools[0].id.clone();
+        emu.force_child_error("pools", &failed_pool)
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        set_endpoints(kube, &ns, "web", &ips(3), &[("http", 8080)]).await?;
+        eventually(
+            "the pool made again with three members",
+            Duration::from_secs(30),
+            || async {
+                let tree = oct.client.get_status_tree(&lb).await?;
+                let pools: Vec<_> = tree
+                    .loadbalancer
+                    .listeners
+                    .iter()
+                    .flat_map(|l| &l.pools)
+                    .collect();
+                let healthy = pools.len() == 1
+                    && pools[0].id != failed_pool
+                    && pools[0].provisioning_status == "ACTIVE"
+                    && pools[0].members.len() == 3;
+                Ok(healthy.then_some(()))
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}

@@ -568,7 +568,28 @@ impl KuryrLoadBalancerHandler {
             Ok(applied) => applied,
             Err(e) => {
                 self.unchecked(&klb);
+                // A pool or listener Octavia put in ERROR under an ACTIVE load balancer refuses
+                // every write for good: deleted now, made again by the retry (the periodic
+                // reconcile would only find it minutes later, every member update failing meanwhile).
+                let repaired = match &e {
+                    Error::LoadBalancer { source, .. } if source.is_immutable() => {
+                        match actor.repair_failed_parts(&desired).await {
+                            Ok(n) => n,
+                            Err(r) => {
+                                tracing::debug!(klb = %klb.name_any(), error = %r, "could not look for parts in ERROR");
+                                0
+                            }
+                        }
+                    }
+                    _ => 0,
+                };
                 self.record_what_octavia_has(&actor, &klb, &desired).await;
+                if repaired > 0 {
+                    tracing::warn!(klb = %klb.name_any(), repaired, error = %e, "listeners, pools or members in ERROR deleted: making them again");
+                    return Err(Error::not_ready(format!(
+                        "{repaired} parts of the load balancer in ERROR deleted, the retry makes them again: {e}"
+                    )));
+                }
                 // A recorded part deleted outside kuryr (a pool, the load balancer): the record was
                 // just made to say what Octavia has, and the retry builds the rest. Not an error.
                 if let Error::LoadBalancer { source, .. } = &e

@@ -146,7 +146,7 @@ impl LbActor<'_> {
         let mut busy = 0u32;
         loop {
             let e = match call().await {
-                Err(e) if e.is_immutable() && busy < MAX_BUSY_RESENDS => e,
+                Err(e) if e.is_immutable() && busy < busy_resends(&e) => e,
                 other => return other,
             };
             busy += 1;
@@ -156,9 +156,7 @@ impl LbActor<'_> {
                     resource,
                     id: Some(id),
                     ..
-                }) if resource.to_ascii_lowercase().replace(' ', "") == "loadbalancer" && id != lb_id => {
-                    self.waits.active(id, None).await
-                }
+                }) if is_load_balancer(resource) && id != lb_id => self.waits.active(id, None).await,
                 _ => self.waits.active(lb_id, self.service_tag()).await,
             };
             tracing::debug!(lb = lb_id, attempt = busy, error = %e, "load balancer busy; waited, resending");
@@ -250,6 +248,21 @@ impl LbActor<'_> {
             }
         }
         Ok(deleted)
+    }
+
+    /// After a pass refused as immutable: the parts of `d`'s load balancer Octavia put in ERROR
+    /// ([`Self::delete_failed_parts`]), deleted now rather than at the next periodic reconcile,
+    /// so that the retry makes them again. Returns how many.
+    pub async fn repair_failed_parts(&self, d: &DesiredLb) -> Result<usize, Error> {
+        let Some(lb) = self.find(d).await? else {
+            return Ok(0);
+        };
+        let tree = self
+            .client
+            .get_status_tree(&lb.id)
+            .await
+            .map_err(|e| Error::octavia(format!("reading the tree of load balancer {}", lb.id), e))?;
+        self.delete_failed_parts(&lb.id, &tree).await
     }
 
     /// Carries out `steps` from `recorded` towards `d`. The ports the provider refuses go to
@@ -588,6 +601,21 @@ impl LbActor<'_> {
         }
         Ok(rec)
     }
+}
+
+/// How often a write Octavia refuses as immutable is resent: a busy load balancer's (PENDING_*)
+/// as it becomes ACTIVE again, up to [`MAX_BUSY_RESENDS`]; a pool's, listener's or member's once
+/// (it may have been locked with its busy load balancer), as one in ERROR under an ACTIVE load
+/// balancer stays immutable for good: the handler repairs it ([`LbActor::repair_failed_parts`]).
+fn busy_resends(e: &OctaviaError) -> u32 {
+    match e.kind() {
+        Some(OctaviaErrorKind::Immutable { resource, .. }) if !is_load_balancer(resource) => 1,
+        _ => MAX_BUSY_RESENDS,
+    }
+}
+
+fn is_load_balancer(resource: &str) -> bool {
+    resource.to_ascii_lowercase().replace(' ', "") == "loadbalancer"
 }
 
 fn ignore_not_found(r: Result<(), OctaviaError>) -> Result<(), OctaviaError> {

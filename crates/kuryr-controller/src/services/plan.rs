@@ -331,7 +331,10 @@ mod tests {
                 p.persistence = None;
             }
         }
-        assert!(matches!(&plan(Some(&upstream), &after)[..], [Step::UpdatePool { .. }]));
+        assert!(matches!(
+            &plan(Some(&upstream), &after)[..],
+            [Step::UpdatePool { .. }]
+        ));
         assert!(plan(Some(&upstream), &before).is_empty());
     }
 
