@@ -12,7 +12,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{Api, Client, ResourceExt};
 use kuryr_config::KuryrConfig;
-use kuryr_crds::events::{Recorder, Reporter};
+use kuryr_crds::events::{Events, Reporter};
 
 use crate::drivers::Drivers;
 use crate::error::Error;
@@ -31,7 +31,7 @@ pub struct Platform {
     pub deployments: Deployments,
     pub metrics: Metrics,
     /// kube-runtime's Event recorder (events.k8s.io/v1, with its own de-duplication into series).
-    pub events: Recorder,
+    pub events: Events,
     /// Tags every Neutron resource this cluster's controller creates, so that clusters sharing a
     /// project never touch each other's ports.
     pub cluster_id: String,
@@ -51,7 +51,7 @@ impl Platform {
             controller: "kuryr-controller".into(),
             instance: std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()),
         };
-        let events = Recorder::new(kube.clone(), reporter);
+        let events = Events::new(kube.clone(), reporter, config.kubernetes.use_events);
         let cluster_id = config.kubernetes.cluster_id.clone();
         let placement = config.pod_binding.enabled.then(|| {
             // Objects are overlaid once their watch delivers them (placement/watch.rs).

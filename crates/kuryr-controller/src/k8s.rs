@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::core::NamespaceResourceScope;
 use kube::{Client, Resource, ResourceExt};
-use kuryr_crds::events::Recorder;
+use kuryr_crds::events::Events;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -181,7 +181,7 @@ where
 
 /// Records an Event on `obj` (see `kuryr_crds::events`). Failures are logged, never raised: an
 /// Event is a courtesy and must not fail the handler.
-pub async fn publish_event<K>(recorder: &Recorder, obj: &K, warning: bool, reason: &str, message: &str)
+pub async fn publish_event<K>(recorder: &Events, obj: &K, warning: bool, reason: &str, message: &str)
 where
     K: Resource<DynamicType = ()>,
 {
@@ -190,7 +190,7 @@ where
 
 /// [`publish_event`] on an object known by its reference.
 pub async fn publish_event_on(
-    recorder: &Recorder,
+    recorder: &Events,
     regarding: &ObjectReference,
     warning: bool,
     reason: &str,
@@ -206,7 +206,7 @@ pub async fn publish_event_on(
 /// the controller did its part and an ERROR would page an operator for a user's typo. The others go on to
 /// the Retry handler.
 pub async fn surface_user_error(
-    recorder: &Recorder,
+    recorder: &Events,
     regarding: &ObjectReference,
     result: Result<(), Error>,
 ) -> Result<(), Error> {
@@ -229,7 +229,8 @@ pub async fn surface_user_error(
                     ),
                     error = %e,
                     kind = reason,
-                    "not acted on: told the owner with a Warning Event"
+                    told = if recorder.enabled() { "Warning Event" } else { "none: use_events = False" },
+                    "not acted on: the owner's to fix"
                 );
                 Ok(())
             }

@@ -676,3 +676,40 @@ async fn a_nad_without_spec_or_subnet_id_takes_the_configured_subnet() -> Result
     ctrl.shutdown().await?;
     Ok(())
 }
+
+/// `[kubernetes] use_events = False`, as upstream: a pod's malformed annotation is still refused
+/// (its port is not made), but no Event is posted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn use_events_false_posts_no_event() -> Result<()> {
+    init_logs();
+    let target = neutron_targets().await?.remove(0);
+    let kube = start_kube().await?;
+    let fx = neutron_fixture(&target.client, "10.34.0.0/24").await?;
+    let ini = multi_config(&fx, None).replace("[kubernetes]\n", "[kubernetes]\nuse_events = False\n");
+    let ctrl = start_controller(&kube.client, &target, config(&ini), "c1");
+    create_namespace(&kube.client, NS, json!({})).await?;
+    create_pod_with(
+        &kube.client,
+        "bad",
+        json!({"openstack.org/kuryr-additional-subnets": "not json"}),
+        json!({}),
+    )
+    .await?;
+    // Made after the refused one and wired: the refusal was handled by then (with Events on,
+    // its Event is posted before the refusal returns).
+    create_pod_with(&kube.client, "good", json!({}), json!({})).await?;
+    wired(&kube.client, "good", 1).await?;
+    let events = Api::<Event>::namespaced(kube.client.clone(), NS)
+        .list(&ListParams::default())
+        .await?
+        .items;
+    assert!(events.is_empty(), "{events:?}");
+    let kps = Api::<KuryrPort>::namespaced(kube.client.clone(), NS);
+    let bad = kps.get_opt("bad").await?;
+    assert!(
+        bad.and_then(|kp| kp.status).is_none_or(|s| s.vifs.is_empty()),
+        "the refused pod has no VIFs"
+    );
+    ctrl.shutdown().await?;
+    Ok(())
+}

@@ -8,10 +8,32 @@ pub use kube::runtime::events::{Recorder, Reporter};
 /// events.k8s.io caps a note at 1 kB.
 const MAX_NOTE: usize = 1000;
 
-/// Posts a Warning (or Normal) Event about `regarding`. Callers treat a failure as a courtesy
-/// lost, never as the failure of what they were doing.
+/// Where a component's Events go: kube-runtime's recorder, or nowhere when the operator turned
+/// them off (`[kubernetes] use_events = False`, as upstream's client: nothing is posted).
+#[derive(Clone)]
+pub struct Events {
+    recorder: Recorder,
+    enabled: bool,
+}
+
+impl Events {
+    pub fn new(client: kube::Client, reporter: Reporter, enabled: bool) -> Self {
+        Self {
+            recorder: Recorder::new(client, reporter),
+            enabled,
+        }
+    }
+
+    /// Whether Events are posted at all.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+}
+
+/// Posts a Warning (or Normal) Event about `regarding` (nothing when Events are off). Callers
+/// treat a failure as a courtesy lost, never as the failure of what they were doing.
 pub async fn publish(
-    recorder: &Recorder,
+    events: &Events,
     regarding: &ObjectReference,
     warning: bool,
     reason: &str,
@@ -29,5 +51,8 @@ pub async fn publish(
         action: action.to_string(),
         secondary: None,
     };
-    recorder.publish(&event, regarding).await
+    if !events.enabled {
+        return Ok(());
+    }
+    events.recorder.publish(&event, regarding).await
 }

@@ -49,6 +49,8 @@ pub struct DaemonConfig {
     pub binding: BindingConfig,
     /// Connections, in-flight ADDs, read timeouts and sizes of the API.
     pub limits: ServerLimits,
+    /// `[kubernetes] use_events`: whether the pods' Events are posted.
+    pub use_events: bool,
 }
 
 /// The state directory of `kuryr daemon`: on a tmpfs, since a reboot ends
@@ -68,6 +70,7 @@ impl DaemonConfig {
             state_dir: None,
             binding: BindingConfig::default(),
             limits: ServerLimits::default(),
+            use_events: true,
         }
     }
 
@@ -86,6 +89,7 @@ impl DaemonConfig {
         out.vif_annotation_timeout = Duration::from_secs(cfg.cni_daemon.vif_annotation_timeout);
         out.netns_proc_dir = cfg.cni_daemon.netns_proc_dir.as_ref().map(PathBuf::from);
         out.state_dir = Some(PathBuf::from(DEFAULT_STATE_DIR));
+        out.use_events = cfg.kubernetes.use_events;
         out.health_address = SocketAddr::from(([0, 0, 0, 0], cfg.cni_health_server.port));
         out.metrics_address = SocketAddr::from(([0, 0, 0, 0], cfg.prometheus_exporter.cni_exporter_port));
         out.binding.link_iface = Some(cfg.binding.link_iface.clone()).filter(|s| !s.is_empty());

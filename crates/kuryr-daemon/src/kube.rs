@@ -8,10 +8,10 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{ApiResource, DynamicObject};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher::{self, Event as WEvent};
 use kube::{Api, Client};
 use kuryr_crds::KuryrPort;
+use kuryr_crds::events::{Events, Reporter};
 
 use crate::daemon::{ApiHealth, PodEvents};
 use crate::registry::{PodKey, Registry};
@@ -220,19 +220,20 @@ impl PodTracker {
     }
 }
 
-/// Events through `events.k8s.io` with reporter `kuryr-daemon`/<node>.
+/// Events through `events.k8s.io` with reporter `kuryr-daemon`/<node> (none with
+/// `[kubernetes] use_events = False`).
 pub struct KubeEvents {
-    recorder: Recorder,
+    recorder: Events,
 }
 
 impl KubeEvents {
-    pub fn new(client: Client, node: &str) -> Self {
+    pub fn new(client: Client, node: &str, enabled: bool) -> Self {
         let reporter = Reporter {
             controller: "kuryr-daemon".into(),
             instance: Some(node.to_string()),
         };
         Self {
-            recorder: Recorder::new(client, reporter),
+            recorder: Events::new(client, reporter, enabled),
         }
     }
 }
@@ -279,11 +280,8 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     use anyhow::Context;
     let node = config.node_name.clone();
-    let daemon = crate::Daemon::new(
-        config,
-        Arc::new(KubeEvents::new(client.clone(), &node)),
-        Arc::new(KubeApiHealth(client.clone())),
-    );
+    let events = KubeEvents::new(client.clone(), &node, config.use_events);
+    let daemon = crate::Daemon::new(config, Arc::new(events), Arc::new(KubeApiHealth(client.clone())));
     let restored = daemon
         .restore_from_host()
         .await

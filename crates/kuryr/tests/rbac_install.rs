@@ -191,7 +191,11 @@ async fn controller_and_two_daemons_wire_a_pod_with_the_generated_service_accoun
             cni_client.clone(),
             node,
             registry.clone(),
-            Arc::new(kuryr_daemon::kube::KubeEvents::new(cni_client.clone(), node)),
+            Arc::new(kuryr_daemon::kube::KubeEvents::new(
+                cni_client.clone(),
+                node,
+                true,
+            )),
         )));
         daemons.push(tokio::spawn(kuryr_daemon::kube::watch_pods(
             cni_client,
@@ -346,6 +350,7 @@ async fn controller_and_two_daemons_wire_a_pod_with_the_generated_service_accoun
     let daemon_events = kuryr_daemon::kube::KubeEvents::new(
         client(&handle, &handle.service_account_token("kuryr", "kuryr-cni")).await?,
         NODES[0],
+        true,
     );
     for _ in 0..2 {
         kuryr_daemon::PodEvents::publish(&daemon_events, &key, None, "CNITimedOut", "test", true).await;

@@ -35,11 +35,11 @@ impl RegisteredHandler {
 
     /// [`RegisteredHandler::new`], and an object of its kind that cannot be parsed becomes a
     /// Warning Event on the object, naming the field.
-    pub fn telling<H: ResourceEventHandler>(handler: H, events: kube::runtime::events::Recorder) -> Self {
+    pub fn telling<H: ResourceEventHandler>(handler: H, events: kuryr_crds::events::Events) -> Self {
         Self::build(handler, Some(events))
     }
 
-    fn build<H: ResourceEventHandler>(handler: H, events: Option<kube::runtime::events::Recorder>) -> Self {
+    fn build<H: ResourceEventHandler>(handler: H, events: Option<kuryr_crds::events::Events>) -> Self {
         let handler = Arc::new(handler);
         let typed = Typed::new(handler.clone());
         let typed = match events {

@@ -160,7 +160,7 @@ fn reference_of(
 pub struct Typed<H: ResourceEventHandler> {
     handler: Arc<H>,
     /// Where an object that cannot be parsed is reported, as a Warning Event on it.
-    events: Option<kube::runtime::events::Recorder>,
+    events: Option<kuryr_crds::events::Events>,
     _k: PhantomData<fn() -> H::Object>,
 }
 
@@ -174,7 +174,7 @@ impl<H: ResourceEventHandler> Typed<H> {
     }
 
     /// Objects of the kind that cannot be parsed become a Warning Event on them.
-    pub fn telling(mut self, events: kube::runtime::events::Recorder) -> Self {
+    pub fn telling(mut self, events: kuryr_crds::events::Events) -> Self {
         self.events = Some(events);
         self
     }

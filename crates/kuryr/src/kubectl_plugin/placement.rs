@@ -11,7 +11,7 @@ use kube::{Client, Resource, ResourceExt};
 use kuryr_controller::placement::kube_store::{self, KubeStore};
 use kuryr_controller::placement::store::BindingStore;
 use kuryr_controller::placement::{BindingKey, Group, parse_affinity, parse_zone};
-use kuryr_crds::events::{Recorder, Reporter};
+use kuryr_crds::events::{Events, Reporter};
 use kuryr_crds::{KuryrOpenStackDeployment, KuryrProjectBinding};
 use serde_json::{Value, json};
 
@@ -226,12 +226,14 @@ async fn binding_object(client: &Client, k: &BindingKey) -> anyhow::Result<Kuryr
 async fn record_move(client: &Client, k: &BindingKey, from: Option<&str>, to: &str) {
     let result = async {
         let obj = binding_object(client, k).await?;
-        let recorder = Recorder::new(
+        // An operator's own action: told whatever the services' use_events says.
+        let recorder = Events::new(
             client.clone(),
             Reporter {
                 controller: "kuryr-bindings".into(),
                 instance: None,
             },
+            true,
         );
         let note = format!(
             "project {} group {} moved from deployment {} to {to} by an operator",
