@@ -2975,3 +2975,34 @@ async fn a_pool_in_error_is_made_again_by_the_pass_that_meets_it() -> Result<()>
     }
     Ok(())
 }
+
+/// `[kubernetes] service_project_driver = annotation` with pods in the default project, as
+/// upstream: the load balancer is made in the project the namespace's annotation names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_services_project_driver_decides_the_load_balancers_project() -> Result<()> {
+    init_logs();
+    for oct in octavia_targets(LatencyProfile::Instant).await? {
+        let ns = unique("svcproj");
+        let bed = Bed::new(&ns).await?;
+        let tenant = uuid::Uuid::new_v4().simple().to_string();
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(bed.client().clone())
+            .patch(
+                &ns,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"metadata": {"annotations": {"openstack.org/kuryr-project": tenant}}})),
+            )
+            .await?;
+        let _ctrl = bed.controller(
+            &oct,
+            "[kubernetes]\nservice_project_driver = annotation\n",
+            "svc-project",
+        );
+        let kube = bed.client();
+        create_service(kube, &ns, "web", "10.96.0.18", &[("http", 80, 8080, "TCP")]).await?;
+        let lb = recorded(kube, &ns, "web", 1, 0).await?.loadbalancer.unwrap().id;
+        let got = oct.client.get_load_balancer(&lb).await?;
+        assert_eq!(got.project_id, tenant, "{}", oct.name);
+        assert_ne!(tenant, bed.project);
+    }
+    Ok(())
+}

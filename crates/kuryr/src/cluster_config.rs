@@ -117,11 +117,37 @@ pub fn driver_problems(config: &KuryrConfig) -> Vec<Problem> {
             ));
         }
     }
-    if k.pod_project_driver == ProjectDriver::Default && config.neutron_defaults.project.is_none() {
+    let handler = |name: &str| k.enabled_handlers.iter().any(|h| h == name);
+    let needing = [
+        ("pod_project_driver", k.pod_project_driver, true, "every port"),
+        (
+            "namespace_project_driver",
+            k.namespace_project_driver,
+            handler("namespace"),
+            "every namespace's network",
+        ),
+        (
+            "service_project_driver",
+            k.service_project_driver,
+            handler("service"),
+            "every load balancer",
+        ),
+        (
+            "network_policy_project_driver",
+            k.network_policy_project_driver,
+            handler("kuryrnetworkpolicy"),
+            "every policy's security groups",
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, driver, used, _)| *used && *driver == ProjectDriver::Default)
+    .map(|(option, _, _, what)| format!("[kubernetes] {option} = default creates {what} in it"))
+    .collect::<Vec<_>>();
+    if !needing.is_empty() && config.neutron_defaults.project.is_none() {
         out.push(Problem::new(
             "neutron_defaults",
             "project",
-            "empty, but [kubernetes] pod_project_driver = default creates every port in it",
+            format!("empty, but {}", needing.join("; ")),
         ));
     }
     if matches!(

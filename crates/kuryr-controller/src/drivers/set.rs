@@ -24,7 +24,13 @@ use crate::error::Error;
 use crate::pool::{self, PoolManager};
 
 pub struct Drivers {
+    /// `[kubernetes] pod_project_driver`: the pods' ports, and the project a namespace's binding
+    /// (its deployment) is decided for.
     pub project: Arc<dyn ProjectDriver>,
+    /// `namespace_project_driver`: a namespace's network and subnet (its KuryrNetwork).
+    pub namespace_project: Arc<dyn ProjectDriver>,
+    /// `service_project_driver`: a Service's load balancer.
+    pub service_project: Arc<dyn ProjectDriver>,
     pub subnets: Arc<dyn SubnetsDriver>,
     pub subnet_cache: SubnetCache,
     pub security_groups: Arc<dyn SecurityGroupsDriver>,
@@ -59,6 +65,16 @@ impl Drivers {
         let cfg = &ctx.config;
         let k = &cfg.kubernetes;
         let project = project_driver(ctx, k.pod_project_driver)?;
+        // The same driver is one instance; another one is refused only when used (its handler
+        // may not be enabled), naming the option.
+        let other = |name: ProjectDriverName| -> Arc<dyn ProjectDriver> {
+            if name == k.pod_project_driver {
+                return project.clone();
+            }
+            project_driver(ctx, name).unwrap_or_else(|e| Arc::new(UnsetProject(e.to_string())))
+        };
+        let namespace_project = other(k.namespace_project_driver);
+        let service_project = other(k.service_project_driver);
         let subnet_cache = SubnetCache::new(ctx.deployments.clone());
         let subnets: Arc<dyn SubnetsDriver> = match k.pod_subnets_driver {
             PodSubnetsDriver::Namespace => {
@@ -78,8 +94,7 @@ impl Drivers {
                 ctx.resource_tags(),
                 ctx.cluster_id.clone(),
                 // Only a cluster with policies needs their project: refused when one is applied.
-                project_driver(ctx, k.network_policy_project_driver)
-                    .unwrap_or_else(|e| Arc::new(UnsetProject(e.to_string()))),
+                other(k.network_policy_project_driver),
             )
             .with_pools(pools.clone())
             .with_port_groups(ctx.port_groups.clone())
@@ -112,6 +127,8 @@ impl Drivers {
         let multi_vif = multi_vif::from_config(ctx, &subnet_cache)?;
         Ok(Self {
             project,
+            namespace_project,
+            service_project,
             subnets,
             subnet_cache,
             security_groups,

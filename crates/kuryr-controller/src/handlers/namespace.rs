@@ -49,7 +49,12 @@ impl ResourceEventHandler for NamespaceHandler {
                 Ok(())
             }
             None => {
-                let project = self.ctx.drivers.project.project_for_namespace(&name).await?;
+                let project = self
+                    .ctx
+                    .drivers
+                    .namespace_project
+                    .project_for_namespace(&name)
+                    .await?;
                 let kn = KuryrNetwork {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),

@@ -299,10 +299,20 @@ impl ServiceHandler {
                 .and_then(|s| s.cluster_ip.as_deref())
                 .unwrap_or_default(),
         )?;
+        // Placed where the namespace's pods are (their project's binding), made in the Services' project.
         let project = self.ctx.drivers.project.project_for_namespace(&ns).await?;
         let deployment = match existing {
             Some(klb) => recorded_deployment(klb),
             None => self.place(&ns, &project).await?,
+        };
+        let project = if Arc::ptr_eq(&self.ctx.drivers.project, &self.ctx.drivers.service_project) {
+            project
+        } else {
+            self.ctx
+                .drivers
+                .service_project
+                .project_for_namespace(&ns)
+                .await?
         };
         if existing.is_some() && self.ctx.deployments.client(&deployment).is_err() {
             return Ok(None);

@@ -397,6 +397,24 @@ pub fn controller_cluster_grants(config: &KuryrConfig) -> Vec<Grant> {
             ),
         ]);
     }
+    let annotated = |driver: kuryr_config::ProjectDriver, used: bool| {
+        used && driver == kuryr_config::ProjectDriver::Annotation
+    };
+    let k = &config.kubernetes;
+    if annotated(k.service_project_driver, service)
+        || annotated(k.namespace_project_driver, handler_enabled(config, "namespace"))
+        || annotated(
+            k.network_policy_project_driver,
+            handler_enabled(config, "kuryrnetworkpolicy"),
+        )
+    {
+        out.push(g(
+            CORE,
+            "namespaces",
+            "get",
+            "project driver 'annotation' of Services, namespaces or policies reads the Namespace's annotation",
+        ));
+    }
     out.extend(policy_grants(config));
     if pools_enabled(config) {
         out.extend([
