@@ -297,6 +297,8 @@ fn client_options_searching(
         region_name: s.region_name.clone(),
         interface,
         cafile: s.cafile.clone().map(Into::into),
+        certfile: s.certfile.clone().map(Into::into),
+        keyfile: s.keyfile.clone().map(Into::into),
         insecure: s.insecure,
         endpoint_override: s.neutron_endpoint().map(str::to_string),
         timeout: s

@@ -381,6 +381,9 @@ impl<S: Service> Transport<S> {
                 .map_err(|e| TransportError::Config(format!("cafile {}: {e}", ca.display())))?;
             b = b.tls_certs_merge(certs);
         }
+        if let Some(cert) = &opts.certfile {
+            b = b.identity(client_identity(cert, opts.keyfile.as_deref())?);
+        }
         if opts.insecure {
             b = b.tls_danger_accept_invalid_certs(true);
         }
@@ -575,6 +578,28 @@ impl<S: Service> Transport<S> {
         }
         result
     }
+}
+
+/// The client certificate of `certfile` with its key from `keyfile`, or from `certfile` itself
+/// when no `keyfile` is given (keystoneauth reads either layout).
+fn client_identity(
+    certfile: &std::path::Path,
+    keyfile: Option<&std::path::Path>,
+) -> Result<reqwest::Identity, TransportError> {
+    let read = |option: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| TransportError::Config(format!("{option} {}: {e}", path.display())))
+    };
+    let mut pem = read("certfile", certfile)?;
+    if let Some(key) = keyfile {
+        pem.push(b'\n');
+        pem.extend(read("keyfile", key)?);
+    }
+    reqwest::Identity::from_pem(&pem).map_err(|e| {
+        TransportError::Config(format!(
+            "certfile {} / keyfile: not a PEM certificate with its private key: {e}",
+            certfile.display()
+        ))
+    })
 }
 
 #[cfg(test)]

@@ -208,3 +208,105 @@ async fn cafile_and_insecure_against_a_tls_keystone_and_neutron() {
 
     s.handle.shutdown();
 }
+
+/// A server that asks for a client certificate signed by its CA (keystoneauth's `certfile` and
+/// `keyfile`): served with them, in two files or in one, refused without.
+#[tokio::test]
+async fn certfile_and_keyfile_answer_a_server_that_asks_for_a_client_certificate() {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    // One CA signs the server's certificate and the client's.
+    let ca_key = rcgen::KeyPair::generate().expect("CA key");
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).expect("CA");
+    let signed = |names: Vec<String>, usage: rcgen::ExtendedKeyUsagePurpose| {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::new(names).expect("params");
+        params.extended_key_usages = vec![usage];
+        let cert = params.signed_by(&key, &ca).expect("certificate");
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_cert, server_key) = signed(
+        vec!["localhost".into(), "127.0.0.1".into()],
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let (client_cert, client_key) = signed(vec!["kuryr".into()], rcgen::ExtendedKeyUsagePurpose::ClientAuth);
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.pem().as_bytes()).expect("CA DER"))
+        .expect("root");
+    let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
+        .build()
+        .expect("client verifier");
+    let mut server = rustls::ServerConfig::builder()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            vec![CertificateDer::from_pem_slice(server_cert.as_bytes()).expect("server DER")],
+            PrivateKeyDer::from_pem_slice(server_key.as_bytes()).expect("server key DER"),
+        )
+        .expect("server config");
+    server.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let url = format!(
+        "https://127.0.0.1:{}",
+        listener.local_addr().expect("addr").port()
+    );
+    let hits = Arc::new(AtomicU32::new(0));
+    let state = AppState {
+        url: url.clone(),
+        keystone_hits: Arc::default(),
+        neutron_hits: hits.clone(),
+    };
+    let app = Router::new()
+        .route("/network/v2.0/networks", get(networks))
+        .with_state(state);
+    let config = axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(server));
+    let handle = axum_server::Handle::new();
+    let serve = axum_server::from_tcp_rustls(listener, config).expect("server");
+    let h = handle.clone();
+    tokio::spawn(async move { serve.handle(h).serve(app.into_make_service()).await });
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).expect("write");
+        p
+    };
+    let ca_file = write("ca.pem", &ca.pem());
+    let cert_file = write("client.pem", &client_cert);
+    let key_file = write("client.key", &client_key);
+    let both = write("client-and-key.pem", &format!("{client_cert}\n{client_key}"));
+    let options = |certfile: Option<&Path>, keyfile: Option<&Path>| ClientOptions {
+        cafile: Some(ca_file.clone()),
+        certfile: certfile.map(Path::to_path_buf),
+        keyfile: keyfile.map(Path::to_path_buf),
+        max_attempts: 1,
+        ..ClientOptions::noauth(format!("{url}/network"))
+    };
+    let c = NeutronClient::new(&options(Some(&cert_file), Some(&key_file))).expect("client");
+    c.list_networks(&ListFilter::new()).await.expect("two files");
+    let c = NeutronClient::new(&options(Some(&both), None)).expect("client");
+    c.list_networks(&ListFilter::new()).await.expect("one file");
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    let c = NeutronClient::new(&options(None, None)).expect("client");
+    c.list_networks(&ListFilter::new())
+        .await
+        .expect_err("no client certificate");
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    // A key file that is not one is a configuration error naming the option, at once.
+    let bad = write("bad.key", "not a key");
+    let e = NeutronClient::new(&options(Some(&cert_file), Some(&bad)))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("certfile"), "{e}");
+    handle.shutdown();
+}

@@ -55,6 +55,8 @@ struct CloudEntry {
     region_name: Option<String>,
     interface: Option<String>,
     cacert: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
     verify: Option<bool>,
     network_endpoint_override: Option<String>,
     endpoint_override: Option<String>,
@@ -181,6 +183,8 @@ pub fn load_cloud_from(path: &Path, name: Option<&str>) -> Result<ClientOptions,
         region_name: entry.region_name.clone(),
         interface,
         cafile: entry.cacert.clone(),
+        certfile: entry.cert.clone(),
+        keyfile: entry.key.clone(),
         insecure: entry.verify == Some(false),
         endpoint_override: entry
             .network_endpoint_override

@@ -113,6 +113,13 @@ pub struct ClientOptions {
     /// PEM bundle trusted in addition to the platform roots.
     #[serde(alias = "cacert")]
     pub cafile: Option<PathBuf>,
+    /// Client certificate (PEM) for servers that ask for one (keystoneauth's `certfile`,
+    /// openstacksdk's `cert`); its key in `keyfile`, or in the same file.
+    #[serde(alias = "cert")]
+    pub certfile: Option<PathBuf>,
+    /// The client certificate's private key (PEM; keystoneauth's `keyfile`, openstacksdk's `key`).
+    #[serde(alias = "key")]
+    pub keyfile: Option<PathBuf>,
     /// Skip TLS certificate verification (test clouds only).
     pub insecure: bool,
     /// Neutron endpoint used instead of the catalog's; mandatory with `noauth`.
@@ -142,6 +149,8 @@ impl Default for ClientOptions {
             region_name: None,
             interface: Interface::Public,
             cafile: None,
+            certfile: None,
+            keyfile: None,
             insecure: false,
             endpoint_override: None,
             timeout: Some(Duration::from_secs(60)),

@@ -1,6 +1,6 @@
 //! Files kuryr.conf names for the OpenStack clients: `cafile`, `certfile` and `keyfile` of
 //! `[neutron]` and `[deployment:<name>]`, and for a `cloud` the clouds.yaml it is read from (with
-//! its clouds' `cacert`). The controller runs on a read-only image that has none of them, so
+//! its clouds' `cacert`, `cert` and `key`). The controller runs on a read-only image that has none of them, so
 //! `kuryr manifests` reads them where it runs and carries them in a Secret the controller alone
 //! mounts at [`FILES_DIR`]; the ConfigMap's kuryr.conf (and the carried clouds.yaml) name them
 //! there. A file that cannot be read stops the generation, naming the option.
@@ -65,7 +65,7 @@ pub fn carry(
 
 /// The clouds.yaml the `cloud` options of kuryr.conf (`(section, cloud)`) are read from, found
 /// as the controller would find it, cut down to those clouds (the others' credentials stay
-/// out of the cluster), each `cacert` carried too.
+/// out of the cluster), each `cacert`, `cert` and `key` carried too.
 pub fn carry_clouds_yaml(
     source: &dyn Source,
     carried: &mut Carried,
@@ -98,13 +98,16 @@ pub fn carry_clouds_yaml(
             return Err(format!("[{section}] cloud = {cloud}: {at} has no such cloud"));
         };
         let mut entry = entry.clone();
-        if let Some(cacert) = entry.get("cacert").and_then(Value::as_str).map(str::to_owned) {
-            let key = format!("clouds.{cloud}.cacert");
+        for field in ["cacert", "cert", "key"] {
+            let Some(path) = entry.get(field).and_then(Value::as_str).map(str::to_owned) else {
+                continue;
+            };
+            let key = format!("clouds.{cloud}.{field}");
             let bytes = source
-                .read(Path::new(&cacert))
-                .map_err(|e| format!("{at}: clouds.{cloud}.cacert = {cacert}: cannot read it: {e}"))?;
+                .read(Path::new(&path))
+                .map_err(|e| format!("{at}: clouds.{cloud}.{field} = {path}: cannot read it: {e}"))?;
             carried.insert(key.clone(), bytes);
-            entry["cacert"] = Value::String(format!("{FILES_DIR}/{key}"));
+            entry[field] = Value::String(format!("{FILES_DIR}/{key}"));
         }
         kept.insert(Value::String(cloud.clone()), entry);
     }
