@@ -640,6 +640,21 @@ fn check_rules(ini: &Ini, config: &KuryrConfig, errors: &mut Vec<InvalidValue>) 
             );
         }
     }
+    // Upstream's `openshift` driver learnt the nodes' subnets from OpenShift's Machine objects,
+    // which kuryr-rs does not watch: a nested driver would find no node's VM port, silently.
+    let nested = matches!(
+        config.kubernetes.pod_vif_driver,
+        PodVifDriver::NestedVlan | PodVifDriver::NestedMacvlan | PodVifDriver::NestedDpdk
+    );
+    if nested && config.kubernetes.nodes_subnets_driver == NodesSubnetsDriver::Openshift {
+        fail(
+            "kubernetes",
+            "nodes_subnets_driver",
+            "expected config (OpenShift's Machine objects are not read): list the nodes' subnets in \
+             [pod_vif_nested] worker_nodes_subnets"
+                .into(),
+        );
+    }
     if let Some(w) = config
         .pod_binding
         .weigher_multipliers

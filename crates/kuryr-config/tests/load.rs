@@ -412,6 +412,10 @@ fn bad_values_name_section_option_and_value() {
             "[pod_binding] usage_threshold = \"0\": expected a fraction above 0, at most 1",
         ),
         (
+            "[kubernetes]\npod_vif_driver = nested-vlan\nnodes_subnets_driver = openshift\n",
+            "[kubernetes] nodes_subnets_driver = \"openshift\": expected config (OpenShift's Machine objects are not read)",
+        ),
+        (
             "[pod_binding]\nusage_threshold = 0.9\nusage_hysteresis = 0.9\n",
             "[pod_binding] usage_hysteresis = \"0.9\": expected a fraction from 0 up to (not including) usage_threshold",
         ),

@@ -106,6 +106,15 @@ pub fn vif_from_port(
                     obj: Default::default(),
                 })
             }
+            // OVS-DPDK's vhost-user sockets are not plugged by kuryr-rs: wiring it as an OVS veth
+            // would leave the pod without a working interface, so it is refused, naming why.
+            "vhostuser" => {
+                return Err(Error::Config(format!(
+                    "port {}: binding:vif_type vhostuser (OVS-DPDK) is not supported by kuryr-rs; \
+                     bind the pods' ports with an OVS agent that is not DPDK, or use SR-IOV",
+                    port.id
+                )));
+            }
             _ => {
                 let details = &port.binding_vif_details;
                 let flag = |key: &str| details.get(key).and_then(serde_json::Value::as_bool);
@@ -199,6 +208,21 @@ mod tests {
             ovs_bridge: "br-int".into(),
         };
         vif_from_port(&port, &net, &kind, 0).unwrap()
+    }
+
+    /// An OVS-DPDK binding (vhost-user) is refused naming the port and why, not plugged as a veth.
+    #[test]
+    fn a_vhostuser_binding_is_refused() {
+        let (mut port, net) =
+            bound_port(serde_json::json!({"vhostuser_socket": "/var/run/openvswitch/vhu1"}));
+        port.binding_vif_type = "vhostuser".into();
+        let kind = VifKind::Bound {
+            ovs_bridge: "br-int".into(),
+        };
+        let e = vif_from_port(&port, &net, &kind, 0)
+            .expect_err("vhostuser")
+            .to_string();
+        assert!(e.contains("vhostuser") && e.contains(&port.id), "{e}");
     }
 
     /// A port the OVS agent binds with `ovs_hybrid_plug` (its iptables_hybrid firewall) is
