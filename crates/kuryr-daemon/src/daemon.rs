@@ -51,6 +51,10 @@ pub struct DaemonConfig {
     pub limits: ServerLimits,
     /// `[kubernetes] use_events`: whether the pods' Events are posted.
     pub use_events: bool,
+    /// `[cni_daemon] cni_failures_count`: ADD/DEL failing in a row before `/alive` fails.
+    pub failures_before_restart: u32,
+    /// `[cni_health_server] max_memory_usage` (MiB; unset: no limit).
+    pub max_memory_mib: Option<u64>,
 }
 
 /// The state directory of `kuryr daemon`: on a tmpfs, since a reboot ends
@@ -71,6 +75,8 @@ impl DaemonConfig {
             binding: BindingConfig::default(),
             limits: ServerLimits::default(),
             use_events: true,
+            failures_before_restart: 3,
+            max_memory_mib: None,
         }
     }
 
@@ -90,6 +96,8 @@ impl DaemonConfig {
         out.netns_proc_dir = cfg.cni_daemon.netns_proc_dir.as_ref().map(PathBuf::from);
         out.state_dir = Some(PathBuf::from(DEFAULT_STATE_DIR));
         out.use_events = cfg.kubernetes.use_events;
+        out.failures_before_restart = cfg.cni_daemon.cni_failures_count;
+        out.max_memory_mib = u64::try_from(cfg.cni_health_server.max_memory_usage).ok();
         out.health_address = SocketAddr::from(([0, 0, 0, 0], cfg.cni_health_server.port));
         out.metrics_address = SocketAddr::from(([0, 0, 0, 0], cfg.prometheus_exporter.cni_exporter_port));
         out.binding.link_iface = Some(cfg.binding.link_iface.clone()).filter(|s| !s.is_empty());
@@ -146,6 +154,8 @@ pub struct Daemon {
     api: Arc<dyn ApiHealth>,
     /// In-flight ADDs (`limits.max_concurrent_adds`).
     add_slots: tokio::sync::Semaphore,
+    /// What `/alive` answers.
+    pub liveness: crate::liveness::Liveness,
     /// Serialises requests for one pod; entries are dropped when idle.
     pod_locks: Mutex<HashMap<PodKey, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -222,6 +232,7 @@ impl Daemon {
             drivers: BindingDrivers::new(&config.binding),
             state: config.state_dir.clone().map(StateDir::new),
             add_slots: tokio::sync::Semaphore::new(config.limits.max_concurrent_adds.max(1)),
+            liveness: crate::liveness::Liveness::new(config.failures_before_restart, config.max_memory_mib),
             config,
             registry: Arc::new(Registry::new()),
             metrics: Metrics::new(),

@@ -15,6 +15,7 @@ pub mod binding;
 pub mod daemon;
 pub mod kube;
 pub mod kubelet;
+pub mod liveness;
 pub mod metrics;
 pub mod netlink;
 pub mod registry;

@@ -731,3 +731,32 @@ async fn the_unix_socket_is_private_and_speaks_the_same_json() {
     assert_eq!((a.status, a.body["code"].as_u64()), (404, Some(4)), "{}", a.raw);
     s.shutdown().await;
 }
+
+/// `/alive` fails once ADDs fail on the daemon's side `cni_failures_count` times in a row (the
+/// kubelet then restarts it, as upstream's), and is alive again after a success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alive_fails_after_consecutive_internal_failures() {
+    let mut cfg = config(test_limits());
+    cfg.failures_before_restart = 2;
+    let (d, s) = start(cfg).await;
+    let key = kuryr_daemon::registry::PodKey::new("default", "web-0");
+    // A KuryrPort that cannot be read: every ADD fails at once, on the daemon's side.
+    d.registry.kuryrport_unreadable(&key, "not a KuryrPort");
+    d.registry.pod_watch_started();
+    let alive = || async { exchange(s.health, &[b"GET /alive HTTP/1.1\r\n\r\n"], false).await };
+    for round in 0..2 {
+        assert_eq!(alive().await.status, 200, "before failure {round}");
+        let a = exchange(s.api, &[&add("eth0", NETNS, "c1", ARGS)], false).await;
+        assert_eq!(a.status, 500, "{}", a.raw);
+    }
+    let a = alive().await;
+    assert_eq!(a.status, 500, "{}", a.raw);
+    assert!(a.raw.contains("cni_failures_count = 2"), "{}", a.raw);
+    // A bad request is the caller's: it neither counts nor clears.
+    let a = exchange(s.api, &[&post("/addNetwork", "{}")], false).await;
+    assert_eq!(a.status, 400, "{}", a.raw);
+    assert_eq!(alive().await.status, 500);
+    d.liveness.record(&Ok(()));
+    assert_eq!(alive().await.status, 200, "a success starts the count again");
+    s.shutdown().await;
+}

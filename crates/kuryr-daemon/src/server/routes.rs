@@ -56,7 +56,9 @@ async fn add_network(State(d): State<Arc<Daemon>>, req: Request) -> Response {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    match d.add(&body).await {
+    let result = d.add(&body).await;
+    d.liveness.record(&result);
+    match result {
         Ok(r) => {
             let body = if all {
                 json!({"vif": r.vif, "result": r.result})
@@ -74,7 +76,9 @@ async fn del_network(State(d): State<Arc<Daemon>>, req: Request) -> Response {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    match d.del(&body).await {
+    let result = d.del(&body).await;
+    d.liveness.record(&result);
+    match result {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => log_error("DEL", e).into_response(),
     }
@@ -109,8 +113,20 @@ async fn status(State(d): State<Arc<Daemon>>) -> Response {
     }
 }
 
-async fn alive() -> StatusCode {
-    StatusCode::OK
+/// Alive unless ADD/DEL keep failing or memory is over its limit ([`crate::liveness`]).
+async fn alive(State(d): State<Arc<Daemon>>) -> Response {
+    let rss = d.config.max_memory_mib.and(crate::liveness::rss_mib());
+    match d.liveness.verdict(rss) {
+        None => StatusCode::OK.into_response(),
+        Some(why) => {
+            tracing::error!(reason = %why, "not alive: the kubelet restarts the daemon");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                axum::Json(json!({"status": "not alive", "reason": why})),
+            )
+                .into_response()
+        }
+    }
 }
 
 async fn metrics(State(d): State<Arc<Daemon>>) -> Response {
