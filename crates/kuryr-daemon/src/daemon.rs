@@ -382,18 +382,18 @@ impl Daemon {
     }
 
     /// Wait until the pod's KuryrPort is `ready`, posting the `waiting`
-    /// Event (reason, message) once the wait starts; a timeout posts
-    /// `CNITimedOut` and names `what` was waited for.
+    /// Event (reason, message) once the wait starts; a timeout posts a
+    /// Warning of the third reason and names `what` was waited for.
     async fn wait_for_kuryrport(
         &self,
         p: &CniParams,
         deadline: Instant,
         what: &str,
-        waiting: (&str, &str),
+        waiting: (&str, &str, &str),
         ready: impl Fn(&KuryrPort) -> Option<KuryrPort>,
     ) -> Result<KuryrPort, DaemonError> {
         let uid = p.pod_uid.as_deref();
-        let (reason, message) = waiting;
+        let (reason, message, timed_out) = waiting;
         let answer = self
             .registry
             .wait_for(
@@ -407,7 +407,7 @@ impl Daemon {
             Ok(Ok(res) | Err(res)) => res,
             Err(last) => {
                 let e = self.timeout_error(p, last, what);
-                self.tell(&p.key, uid, "CNITimedOut", &e.to_string(), true).await;
+                self.tell(&p.key, uid, timed_out, &e.to_string(), true).await;
                 Err(e)
             }
         }
@@ -509,9 +509,11 @@ impl Daemon {
                 &p,
                 deadline,
                 "the KuryrPort's VIFs",
+                // The timeout's reason is upstream's (its Warning is what alerts watch for).
                 (
                     "CNIWaitingForVIFs",
                     "Waiting for Neutron ports to be created for the pod",
+                    "CNITimeoutKuryrPortRegistry",
                 ),
                 |kp| kp.vifs().filter(|v| !v.is_empty()).map(|_| kp.clone()),
             )
@@ -535,9 +537,11 @@ impl Daemon {
                 &p,
                 Instant::now() + self.config.vif_annotation_timeout,
                 "VIF activation",
+                // Upstream's reasons.
                 (
-                    "CNIWaitingForVIFActivation",
+                    "CNIWaitingForActiveVIFs",
                     "Waiting for Neutron ports to become ACTIVE",
+                    "CNITimedOutWaitingForActiveVIFs",
                 ),
                 |kp| kp.status.as_ref().filter(|s| s.all_active()).map(|_| kp.clone()),
             )

@@ -179,8 +179,8 @@ async fn daemon_against_kube_emulator() {
     .await
     .unwrap();
     assert!(
-        eventually(|| events.has("default/web", "CNIWaitingForVIFActivation")).await,
-        "CNIWaitingForVIFActivation while ADD waits: {:?}",
+        eventually(|| events.has("default/web", "CNIWaitingForActiveVIFs")).await,
+        "CNIWaitingForActiveVIFs while ADD waits: {:?}",
         events.all()
     );
     assert!(!add.is_finished(), "ADD must wait for the VIF to become active");
@@ -206,7 +206,7 @@ async fn daemon_against_kube_emulator() {
         "no gateway, no default route: {routes}"
     );
     assert_eq!(events.count("default/web", "CNIWaitingForVIFs"), 1);
-    assert_eq!(events.count("default/web", "CNIWaitingForVIFActivation"), 1);
+    assert_eq!(events.count("default/web", "CNIWaitingForActiveVIFs"), 1);
 
     // Upstream error format and codes.
     let r = http
