@@ -222,6 +222,7 @@ impl KuryrConfig {
         }
 
         fold_deprecated(ini, &mut config, &mut warnings);
+        inherit_project_drivers(ini, &mut config);
         check_rules(ini, &config, &mut errors);
 
         if !errors.is_empty() {
@@ -593,6 +594,28 @@ fn missing_credentials(config: &KuryrConfig) -> Vec<MissingOption> {
         }
     }
     missing
+}
+
+/// The namespace, Service and policy project drivers a kuryr.conf leaves unset follow
+/// `pod_project_driver`: a port can only use the security groups of its own project, and a
+/// namespace's network and a Service's load balancer belong with its pods. Upstream's default for
+/// each was `default`, and its documentation asked for all four to be set alike; a config that
+/// sets them keeps what it says.
+fn inherit_project_drivers(ini: &Ini, config: &mut KuryrConfig) {
+    let pod = config.kubernetes.pod_project_driver;
+    let k = &mut config.kubernetes;
+    for (option, driver) in [
+        ("namespace_project_driver", &mut k.namespace_project_driver),
+        ("service_project_driver", &mut k.service_project_driver),
+        (
+            "network_policy_project_driver",
+            &mut k.network_policy_project_driver,
+        ),
+    ] {
+        if ini.lookup("kubernetes", option).is_none() {
+            *driver = pod;
+        }
+    }
 }
 
 /// Rules that involve more than one value's syntax.

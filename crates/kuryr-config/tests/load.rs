@@ -734,3 +734,19 @@ fn service_ids_of_neutron_defaults_belong_to_the_default_deployment_only() {
     );
     assert_eq!(w.octavia_provider, "ovn", "a provider name is every cloud's");
 }
+
+/// The other project drivers left unset follow the pods' (a port uses only its own project's
+/// groups); one that is set keeps its value.
+#[test]
+fn unset_project_drivers_follow_the_pods() {
+    use kuryr_config::ProjectDriver;
+    let k = KuryrConfig::from_ini_str_without_credentials(
+        "[kubernetes]\npod_project_driver = annotation\nservice_project_driver = default\n",
+    )
+    .expect("load")
+    .config
+    .kubernetes;
+    assert_eq!(k.namespace_project_driver, ProjectDriver::Annotation);
+    assert_eq!(k.network_policy_project_driver, ProjectDriver::Annotation);
+    assert_eq!(k.service_project_driver, ProjectDriver::Default);
+}

@@ -288,6 +288,12 @@ impl ResourceEventHandler for EndpointSliceLabelHandler {
         "endpointslice_label"
     }
 
+    /// A deletion found by a re-list must still name its Service (a slice's label): the tracker
+    /// is no longer re-read per reconcile once slices are fed.
+    fn keeps_last_state(&self) -> bool {
+        true
+    }
+
     async fn on_present(&self, slice: &EndpointSlice) -> Result<(), Error> {
         self.observe(slice).await
     }

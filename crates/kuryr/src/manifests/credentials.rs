@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
-use kuryr_config::{DEPLOYMENT_SECTION_PREFIX, Ini, Origin};
+use kuryr_config::{DEFAULT_SECTION, DEPLOYMENT_SECTION_PREFIX, Ini, Origin};
 
 use super::files::{Carried, FILE_OPTIONS, FILES_SECRET, Source};
 use super::{Doc, Options, meta};
@@ -47,9 +47,13 @@ pub fn split(conf_text: &str, source: &dyn Source) -> Result<Split, String> {
     // 1-based line -> where its option moved to.
     let mut moved: BTreeMap<usize, Moved> = BTreeMap::new();
     for section in ini.section_names() {
-        // The sections as the loader names them (case-sensitive, as oslo's).
-        let prefix = if section == "neutron" {
-            "KURYR__NEUTRON__".to_owned()
+        // The sections as the loader names them (case-sensitive, as oslo's). `[DEFAULT]` is where
+        // every section falls back to: its files and cloud are carried too (its credentials stay,
+        // as before: no variable names a fallback).
+        let prefix = if section == DEFAULT_SECTION {
+            None
+        } else if section == "neutron" {
+            Some("KURYR__NEUTRON__".to_owned())
         } else if let Some(name) = section.strip_prefix(DEPLOYMENT_SECTION_PREFIX) {
             let carried = !name.is_empty()
                 && !name.contains("__")
@@ -63,7 +67,7 @@ pub fn split(conf_text: &str, source: &dyn Source) -> Result<Split, String> {
                      (its credentials go to the environment variable KURYR__DEPLOYMENT__<NAME>__<OPTION>)"
                 ));
             }
-            format!("KURYR__DEPLOYMENT__{}__", name.to_ascii_uppercase())
+            Some(format!("KURYR__DEPLOYMENT__{}__", name.to_ascii_uppercase()))
         } else {
             continue;
         };
@@ -72,7 +76,10 @@ pub fn split(conf_text: &str, source: &dyn Source) -> Result<Split, String> {
                 continue;
             };
             if key == "cloud" {
-                clouds.push((section.to_owned(), value.value.clone()));
+                // Empty is no cloud, as the loader reads it.
+                if !value.value.trim().is_empty() {
+                    clouds.push((section.to_owned(), value.value.trim().to_owned()));
+                }
             } else if FILE_OPTIONS.contains(&key) && !value.value.is_empty() {
                 let to = super::files::carry(source, &mut files, section, key, &value.value)?;
                 moved.insert(
@@ -83,7 +90,7 @@ pub fn split(conf_text: &str, source: &dyn Source) -> Result<Split, String> {
                         to,
                     },
                 );
-            } else if SECRET_OPTIONS.contains(&key) {
+            } else if let Some(prefix) = prefix.as_ref().filter(|_| SECRET_OPTIONS.contains(&key)) {
                 let var = format!("{prefix}{}", key.to_ascii_uppercase());
                 env.insert(var.clone(), value.value.clone());
                 moved.insert(

@@ -74,6 +74,19 @@ pub fn carry_clouds_yaml(
     if clouds.is_empty() {
         return Ok(());
     }
+    for (section, cloud) in clouds {
+        // Its files go under Secret keys named after it.
+        if cloud.is_empty()
+            || !cloud
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
+        {
+            return Err(format!(
+                "[{section}] cloud = {cloud}: kuryr manifests carries its files under Secret keys named after it, \
+                 which allow letters, digits, '-', '.' and '_' only: rename the cloud in clouds.yaml"
+            ));
+        }
+    }
     let searched = source.clouds_yaml_paths();
     let found = searched.iter().find_map(|p| source.read(p).ok().map(|b| (p, b)));
     let names = || {

@@ -682,6 +682,12 @@ fn policy_grants(config: &KuryrConfig) -> Vec<Grant> {
                 "get",
                 "kuryrnetworkpolicy handler reads the KuryrNetworkPolicy's policy",
             ),
+            g(
+                KURYR,
+                "kuryrports",
+                "list",
+                "a namespace's pods' ports moved between groups (drivers/network_policy.rs)",
+            ),
         ]);
     }
     if pod_label {

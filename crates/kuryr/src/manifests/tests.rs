@@ -426,3 +426,38 @@ fn a_daemon_moved_to_another_port_is_named_to_the_plugin() {
         "{command:?}"
     );
 }
+
+/// `[DEFAULT]`'s file options (every section falls back to them) are carried too, and an empty
+/// `cloud` is no cloud, as the services read it.
+#[test]
+fn default_section_files_are_carried_and_an_empty_cloud_is_none() -> anyhow::Result<()> {
+    let ini = format!(
+        "[DEFAULT]\ncafile = /home/op/ca.pem\n{}",
+        GOOD.replace("[neutron]\n", "[neutron]\ncloud =\n")
+    );
+    let machine = Machine(BTreeMap::from([("/home/op/ca.pem", "CA")]));
+    let files = render_from(&opts(), &ini, &config(&ini), &machine)?;
+    let docs = docs(&files);
+    let secret = find(&docs, "Secret", files::FILES_SECRET);
+    assert!(secret["data"]["DEFAULT.cafile"].is_string(), "{secret}");
+    assert!(secret["data"]["clouds.yaml"].is_null(), "{secret}");
+    let conf = find(&docs, "ConfigMap", "kuryr-config")["data"]["kuryr.conf"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        conf.contains("cafile = /etc/kuryr-openstack/DEFAULT.cafile"),
+        "{conf}"
+    );
+    // A cloud name no Secret key can carry is refused at generation, not by the API server.
+    let named = GOOD.replace("[neutron]\n", "[neutron]\ncloud = my cloud\n");
+    let err = render_from(&opts(), &named, &config(&named), &machine)
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    assert!(
+        err.contains("cloud = my cloud") && err.contains("Secret keys"),
+        "{err}"
+    );
+    Ok(())
+}

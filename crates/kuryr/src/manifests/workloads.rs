@@ -271,7 +271,9 @@ pub fn controller(
                 }),
             }),
             template: PodTemplateSpec {
-                metadata: Some(template_meta(CONTROLLER, conf_text)),
+                // The carried files too: a renewed certificate rolls the controller, which reads
+                // them when it starts.
+                metadata: Some(template_meta(CONTROLLER, &with_files(conf_text, files))),
                 spec: Some(PodSpec {
                     service_account_name: Some(CONTROLLER.to_owned()),
                     host_network: Some(true),
@@ -318,6 +320,21 @@ pub fn controller(
         ..PodDisruptionBudget::default()
     };
     vec![Doc::new(&deployment), Doc::new(&pdb)]
+}
+
+/// `conf_text` followed by each carried file (key and bytes in hex), what the controller's
+/// template hash covers.
+fn with_files(conf_text: &str, files: &Carried) -> String {
+    let mut out = conf_text.to_owned();
+    for (key, bytes) in files {
+        out.push('\n');
+        out.push_str(key);
+        out.push('=');
+        for b in bytes {
+            out.push_str(&format!("{b:02x}"));
+        }
+    }
+    out
 }
 
 /// Where the plugin reaches a daemon listening on `bind`, when not at the plugin's built-in
