@@ -89,6 +89,38 @@ async fn install(admin: &Client, conf: &str) -> anyhow::Result<Vec<Value>> {
     Ok(docs)
 }
 
+/// A Kubernetes emulator enforcing RBAC with `kuryr manifests` for `conf` applied by its admin.
+struct Installed {
+    handle: KubeHandle,
+    admin: Client,
+    docs: Vec<Value>,
+    /// With the controller ServiceAccount's token.
+    controller_client: Client,
+}
+
+async fn installed(conf: &str) -> anyhow::Result<Installed> {
+    let handle = KubeEmulator::start(KubeOptions {
+        token: Some(ADMIN.into()),
+        rbac: true,
+        nodes: NODES.iter().map(|n| n.to_string()).collect(),
+        ..KubeOptions::default()
+    })
+    .await?;
+    let admin = client(&handle, ADMIN).await?;
+    let docs = install(&admin, conf).await?;
+    let controller_client = client(
+        &handle,
+        &handle.service_account_token("kuryr", "kuryr-controller"),
+    )
+    .await?;
+    Ok(Installed {
+        handle,
+        admin,
+        docs,
+        controller_client,
+    })
+}
+
 /// (verb, group, resource) the generated roles bound to `account` grant.
 fn granted(docs: &[Value], account: &str) -> BTreeSet<(String, String, String)> {
     let mut out = BTreeSet::new();
@@ -161,21 +193,12 @@ async fn controller_and_two_daemons_wire_a_pod_with_the_generated_service_accoun
          [cni_daemon]\nnetns_proc_dir = /host_proc\n",
         neutron.url, fx.project, fx.subnet, fx.sg
     );
-    let handle = KubeEmulator::start(KubeOptions {
-        token: Some(ADMIN.into()),
-        rbac: true,
-        nodes: NODES.iter().map(|n| n.to_string()).collect(),
-        ..KubeOptions::default()
-    })
-    .await?;
-    let admin = client(&handle, ADMIN).await?;
-    let docs = install(&admin, &conf).await?;
-
-    let controller_client = client(
-        &handle,
-        &handle.service_account_token("kuryr", "kuryr-controller"),
-    )
-    .await?;
+    let Installed {
+        handle,
+        admin,
+        docs,
+        controller_client,
+    } = installed(&conf).await?;
     let controller = kuryr_testbed::start_controller(
         &controller_client,
         neutron,
@@ -442,20 +465,12 @@ async fn services_and_network_policies_work_under_the_generated_roles() -> anyho
         fx.sg,
         fx.subnets[1].subnet
     );
-    let handle = KubeEmulator::start(KubeOptions {
-        token: Some(ADMIN.into()),
-        rbac: true,
-        nodes: NODES.iter().map(|n| n.to_string()).collect(),
-        ..KubeOptions::default()
-    })
-    .await?;
-    let admin = client(&handle, ADMIN).await?;
-    install(&admin, &conf).await?;
-    let controller_client = client(
-        &handle,
-        &handle.service_account_token("kuryr", "kuryr-controller"),
-    )
-    .await?;
+    let Installed {
+        handle,
+        admin,
+        controller_client,
+        ..
+    } = installed(&conf).await?;
     let metrics = kuryr_controller::metrics::Metrics::new();
     let deployments = kuryr_controller::openstack::Deployments::noauth(&neutron.url, &metrics)?.with_octavia(
         "default",

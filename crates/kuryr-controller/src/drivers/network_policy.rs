@@ -351,12 +351,7 @@ impl NetworkPolicyDriver {
         let info = self
             .with_backends(ServiceInfo::from_service(svc), &key.0, &key.1)
             .await?;
-        Ok(self
-            .tracker
-            .lock()
-            .await
-            .as_mut()
-            .is_some_and(|t| t.set_service(key, Some(info))))
+        Ok(self.set_tracked_service(key, Some(info)).await)
     }
 
     /// EndpointSlice events of Services without a selector reach
@@ -393,22 +388,23 @@ impl NetworkPolicyDriver {
             return Ok(false);
         };
         let info = self.with_backends(read, ns, name).await?;
-        Ok(self
-            .tracker
-            .lock()
-            .await
-            .as_mut()
-            .is_some_and(|t| t.set_service(key, Some(info))))
+        Ok(self.set_tracked_service(key, Some(info)).await)
     }
 
     /// A Service gone; true when the policies knew it.
     pub async fn forget_service(&self, svc: &Service) -> bool {
         let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+        self.set_tracked_service(key, None).await
+    }
+
+    /// Records what the policies know of the Service `key` (`None`: gone) when the tracker is
+    /// filled; true when that changed.
+    async fn set_tracked_service(&self, key: (String, String), info: Option<ServiceInfo>) -> bool {
         self.tracker
             .lock()
             .await
             .as_mut()
-            .is_some_and(|t| t.set_service(key, None))
+            .is_some_and(|t| t.set_service(key, info))
     }
 
     /// The Services a policy's reconcile reads: from the Service events when they are fed
