@@ -68,9 +68,15 @@ impl ScalarValue for f64 {
 
 impl ScalarValue for SocketAddr {
     fn parse_scalar(raw: &str) -> Result<Self, String> {
-        raw.trim()
-            .parse()
-            .map_err(|_| "expected an address as ip:port (e.g. 127.0.0.1:5036)".to_string())
+        let raw = raw.trim();
+        // Upstream served `localhost:5036` as written (its host name resolving to loopback).
+        if let Some(port) = raw.strip_prefix("localhost:")
+            && let Ok(port) = port.parse::<u16>()
+        {
+            return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+        }
+        raw.parse()
+            .map_err(|_| "expected an address as ip:port or localhost:port (e.g. 127.0.0.1:5036)".to_string())
     }
 }
 

@@ -750,3 +750,19 @@ fn unset_project_drivers_follow_the_pods() {
     assert_eq!(k.network_policy_project_driver, ProjectDriver::Annotation);
     assert_eq!(k.service_project_driver, ProjectDriver::Default);
 }
+
+/// `[cni_daemon] bind_address = localhost:5036`, as upstream configs may write it: loopback.
+#[test]
+fn a_localhost_bind_address_is_loopback() {
+    let c = KuryrConfig::from_ini_str_without_credentials("[cni_daemon]\nbind_address = localhost:6036\n")
+        .expect("load")
+        .config;
+    assert_eq!(
+        c.cni_daemon.bind_address,
+        std::net::SocketAddr::from(([127, 0, 0, 1], 6036))
+    );
+    assert!(
+        KuryrConfig::from_ini_str_without_credentials("[cni_daemon]\nbind_address = example.org:1\n")
+            .is_err()
+    );
+}
