@@ -1946,3 +1946,61 @@ async fn a_marked_binding_read_by_the_binder_is_unmarked_and_not_retired() -> Re
     assert!(api.get_opt(&name).await?.is_some());
     Ok(())
 }
+
+/// A pod a new term did not see created may have ports a crash never recorded, in any deployment:
+/// its KuryrPort's finalizer looks for them in each. One deployment that cannot answer (west, out)
+/// is left to the orphan sweep there, instead of holding every such pod of every other deployment
+/// Terminating until it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_deployment_that_is_out_holds_no_pod_of_another_terminating() -> Result<()> {
+    use neutron_emulator::{FaultConfig, Outage};
+    init_logs();
+    let t = two_emulators().await?;
+    let kube = start_kube().await?;
+    let ini = format!(
+        "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_project_driver = annotation\ncontroller_namespace = default\n\
+         {}\
+         [pod_binding]\nenabled = True\nfilters = all,availability_zone\n",
+        t.deployments("availability_zone = az1\n", "availability_zone = az2\n")
+    );
+    let (stop, task) = start(&kube.client, &ini);
+    create_namespace(
+        &kube.client,
+        "team-a",
+        json!({"openstack.org/kuryr-project": "proj-a", "openstack.org/kuryr-availability-zone": "az1"}),
+    )
+    .await?;
+    create_pod(&kube.client, "team-a", "a1", NODES[0], json!({})).await?;
+    let a1 = eventually("a1 wired", WAIT, || port_of(&kube.client, "team-a", "a1")).await?;
+    assert!(t.east.get_port(&a1).await.is_ok(), "a1 in east");
+    // Another term: a1 was created before it.
+    stop.cancel();
+    task.await?;
+    let (stop, task) = start(&kube.client, &ini);
+    create_pod(&kube.client, "team-a", "a2", NODES[0], json!({})).await?;
+    eventually("a2 wired by the new term", WAIT, || {
+        port_of(&kube.client, "team-a", "a2")
+    })
+    .await?;
+
+    t._emulators.1.set_faults(FaultConfig {
+        outage: Some(Outage::default()),
+        ..FaultConfig::default()
+    });
+    Api::<Pod>::namespaced(kube.client.clone(), "team-a")
+        .delete("a1", &DeleteParams::default())
+        .await?;
+    let kps: Api<KuryrPort> = Api::namespaced(kube.client.clone(), "team-a");
+    eventually("a1's KuryrPort finalized with west out", WAIT, || async {
+        Ok(kps.get_opt("a1").await?.is_none().then_some(()))
+    })
+    .await?;
+    let gone = t.east.get_port(&a1).await;
+    assert!(
+        gone.as_ref().is_err_and(|e| e.is_not_found()),
+        "a1's port released in east: {gone:?}"
+    );
+    stop.cancel();
+    task.await?;
+    Ok(())
+}
