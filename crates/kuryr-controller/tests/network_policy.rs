@@ -2122,3 +2122,91 @@ async fn a_selector_less_services_moved_backend_is_followed_when_its_slice_chang
     }
     Ok(())
 }
+
+/// A policy whose group the project's quota refused does not hold the deletion of another policy
+/// of its pods, which may be what frees the quota: the deletion waits a while for the pods to be
+/// moved (they cannot be: the refused policy has no group to move them to), then releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_policy_over_the_group_quota_holds_no_other_policys_deletion() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let bed = PolicyBed::new(&target, "10.71.0.0/24").await?;
+        let (kube, client, fx) = (&bed.kube, &target.client, &bed.fx);
+        let ctl = bed.start(
+            &target,
+            "vif,kuryrport,policy,kuryrnetworkpolicy,pod_label",
+            "np-held",
+        );
+        labelled_namespace(&kube.client, "h").await?;
+        pod(&kube.client, "h", "db", json!({"app": "db"}), None).await?;
+        let port = active_port(&kube.client, "h", "db").await?;
+        let deny = deny_db(&kube.client, "h").await?;
+        eventually("db on the policy's group", WAIT, || async {
+            Ok(client
+                .get_port(&port)
+                .await?
+                .security_groups
+                .contains(&deny)
+                .then_some(()))
+        })
+        .await?;
+        // No group more fits in the project.
+        let used = client
+            .list_security_groups(&ListFilter::new().project_id(&fx.project))
+            .await?
+            .len();
+        client
+            .update_quota(
+                &fx.project,
+                &kuryr_neutron::QuotaUpdate {
+                    security_group: Some(i64::try_from(used)?),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        apply_policy(
+            &kube.client,
+            "h",
+            "from-web",
+            json!({"podSelector": {"matchLabels": {"app": "db"}},
+                   "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}),
+        )
+        .await?;
+        let events: Api<Event> = Api::namespaced(kube.client.clone(), "h");
+        eventually("a Warning Event naming the quota", WAIT, || async {
+            Ok(events
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|e| e.type_.as_deref() == Some("Warning"))
+                .filter_map(|e| e.message)
+                .find(|m| m.contains("OverQuota")))
+        })
+        .await?;
+        Api::<NetworkPolicy>::namespaced(kube.client.clone(), "h")
+            .delete("deny", &DeleteParams::default())
+            .await?;
+        let knps: Api<KuryrNetworkPolicy> = Api::namespaced(kube.client.clone(), "h");
+        eventually("deny's KuryrNetworkPolicy finalized", WAIT, || async {
+            Ok(knps.get_opt("deny").await?.is_none().then_some(()))
+        })
+        .await?;
+        assert!(
+            client
+                .list_security_groups(&ListFilter::new().id(&deny))
+                .await?
+                .is_empty(),
+            "{}: deny's group released",
+            target.name
+        );
+        assert!(
+            !client.get_port(&port).await?.security_groups.contains(&deny),
+            "{}: and taken off db's port",
+            target.name
+        );
+        ctl.shutdown().await?;
+        cleanup_project(client, &fx.project).await;
+    }
+    Ok(())
+}

@@ -11,9 +11,11 @@
 //! the groups left there.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use kuryr_crds::names::finalizers;
@@ -31,6 +33,20 @@ use crate::placement::record::recorded_deployment;
 use crate::policies::PolicySpec;
 use crate::policies::desired::BASE_VARIANT;
 use crate::policies::selector::Selector;
+
+/// How long a deletion waits for its pods to be moved off its groups before it releases them
+/// anyway (the release takes the groups off whatever ports still have them).
+const MOVE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Whether `knp` has been being deleted for longer than `patience`.
+fn deleting_for_longer_than(knp: &KuryrNetworkPolicy, patience: Duration) -> bool {
+    knp.metadata.deletion_timestamp.as_ref().is_some_and(|t| {
+        Timestamp::now()
+            .duration_since(t.0)
+            .try_into()
+            .is_ok_and(|d: Duration| d > patience)
+    })
+}
 
 pub struct KuryrNetworkPolicyHandler {
     ctx: Arc<Context>,
@@ -177,9 +193,12 @@ impl ResourceEventHandler for KuryrNetworkPolicyHandler {
         // part of its groups meanwhile (an ingress-only policy's pod on allow-all egress alone
         // admits nothing). A pod that cannot be moved for a reason a retry cannot mend (its own
         // input) must not keep the deletion waiting: the release takes the group off its port.
+        // Nor may one that waits on something else for long (another policy's group its quota
+        // refused, which this deletion may be what frees): past [`MOVE_PATIENCE`] it goes on.
+        let patient = !deleting_for_longer_than(knp, MOVE_PATIENCE);
         match self.sync_ports(&ns).await {
             Ok(()) => {}
-            Err(e) if e.is_retryable() => return Err(e),
+            Err(e) if e.is_retryable() && patient => return Err(e),
             Err(e) => {
                 tracing::warn!(policy = %knp.name_any(), namespace = %ns, error = %e, "pods not moved before the policy's release");
             }
@@ -205,7 +224,14 @@ impl ResourceEventHandler for KuryrNetworkPolicyHandler {
         let selectors: Vec<Selector> = Selector::parse(&knp.spec.pod_selector, "spec.podSelector")
             .into_iter()
             .collect();
-        self.followers.refresh(&ns, &selectors).await?;
+        match self.followers.refresh(&ns, &selectors).await {
+            Ok(()) => {}
+            Err(e) if e.is_retryable() && patient => return Err(e),
+            // Their load balancers follow at the Services' next pass; the groups are gone anyway.
+            Err(e) => {
+                tracing::warn!(policy = %knp.name_any(), namespace = %ns, error = %e, "Services not refreshed after the policy's release");
+            }
+        }
         if knp.meta().finalizers.is_some() {
             remove_finalizer(&self.ctx.kube, knp, finalizers::NETWORKPOLICY).await?;
         }
