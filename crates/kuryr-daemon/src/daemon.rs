@@ -431,6 +431,28 @@ impl Daemon {
             .map_err(|e| DaemonError::BadParams(format!("CNI_NETNS {mapped:?}: {e}")))
     }
 
+    /// `ns` is not the daemon's own network namespace (the host's): an ADD clears leftovers by
+    /// name there and a DEL deletes by name, so a host link named CNI_IFNAME would go.
+    fn refuse_own_netns(&self, path: &str, ns: &NetNs) -> Result<(), DaemonError> {
+        let own = NetNs::current().and_then(|o| o.inode()).map_err(internal)?;
+        match ns.inode() {
+            Ok(id) if id == own => Err(DaemonError::BadParams(format!(
+                "CNI_NETNS {path:?} is the daemon's own network namespace, not a pod's"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// [`Self::refuse_own_netns`] for a path, before any wait; one that does not open is left to
+    /// the step that opens it.
+    fn refuse_own_netns_path(&self, path: &str) -> Result<(), DaemonError> {
+        let mapped = self.netns_path(path);
+        match NetNs::open(&mapped) {
+            Ok(ns) => self.refuse_own_netns(path, &ns),
+            Err(_) => Ok(()),
+        }
+    }
+
     /// Step 2 of an ADD: every VIF plugged under the pod's lock and the attachment recorded, or
     /// what this ADD plugged undone. The specs plugged.
     async fn plug(&self, p: &CniParams, kp: &KuryrPort) -> Result<Vec<PlugSpec>, DaemonError> {
@@ -439,6 +461,8 @@ impl Daemon {
         let netns_path = self.netns_path(&p.req.netns);
         let netns =
             NetNs::open(&netns_path).map_err(|e| DaemonError::BadParams(format!("CNI_NETNS: {e}")))?;
+        // Again on the handle plugged into: the path may name another namespace since the check.
+        self.refuse_own_netns(&p.req.netns, &netns)?;
         let tag = p.key.owner_tag(&p.req.container_id);
         let pod_uid = kp.spec.pod_uid.clone();
         let target = PlugTarget {
@@ -488,6 +512,7 @@ impl Daemon {
         let p = CniParams::parse(body)?;
         p.validate(Command::Add)?;
         self.netns_exists(&p.req.netns)?;
+        self.refuse_own_netns_path(&p.req.netns)?;
         // The per-pod lock is held only while plugging, never during the
         // waits, so a DEL (or the kubelet's retry) is not stuck behind them.
         let deadline = Instant::now() + self.config.vif_annotation_timeout;
@@ -586,6 +611,9 @@ impl Daemon {
     async fn del_inner(&self, body: &[u8]) -> Result<(), DaemonError> {
         let p = CniParams::parse(body)?;
         p.validate(Command::Del)?;
+        if !p.req.netns.is_empty() {
+            self.refuse_own_netns_path(&p.req.netns)?;
+        }
         let _lock = self.lock_pod(&p.key).await;
         let entry = self.registry.get(&p.key);
         let attachment = entry.as_ref().and_then(|e| e.attachment.clone());
@@ -621,6 +649,11 @@ impl Daemon {
             None
         } else {
             NetNs::open(&netns_path).ok().filter(|ns| {
+                if self.refuse_own_netns(&netns_path, ns).is_err() {
+                    // A recorded path that names the daemon's own namespace now is not the pod's.
+                    tracing::info!(pod = %p.key, netns = %netns_path, "the recorded path is the daemon's own namespace now: host side only");
+                    return false;
+                }
                 let plugged = recorded.and_then(|a| a.netns_id);
                 let same = plugged.is_none() || ns.inode().ok() == plugged;
                 if !same {
@@ -742,6 +775,7 @@ impl Daemon {
         let p = CniParams::parse(body)?;
         p.validate(Command::Check)?;
         self.netns_exists(&p.req.netns)?;
+        self.refuse_own_netns_path(&p.req.netns)?;
         let entry = self.registry.get(&p.key);
         if let (Some(gone), Some(uid)) = (
             entry.as_ref().and_then(|e| e.gone_uid.clone()),
@@ -781,7 +815,13 @@ impl Daemon {
     pub async fn gc(&self, body: &[u8]) -> Result<usize, DaemonError> {
         let req = crate::api::CniRequest::from_json(body)?;
         let valid = match req.config_kuryr.get("cni.dev/valid-attachments") {
-            None => Vec::new(),
+            // Read as "nothing is valid" it would tear down every pod of the node; the CNI spec
+            // has the runtime always send it, so its absence is a bad request.
+            None => {
+                return Err(DaemonError::BadParams(
+                    "config_kuryr: cni.dev/valid-attachments is missing (an empty list, not none, means no attachment is valid)".into(),
+                ));
+            }
             Some(Value::Array(a)) => a
                 .iter()
                 .map(|v| {

@@ -393,7 +393,7 @@ async fn add_errors_name_the_problem() {
         "refused after the VIF wait"
     );
     let e = d
-        .add(&body("p", "c", "/proc/self/ns/net", "eth0", "u"))
+        .add(&body("p", "c", other_netns(), "eth0", "u"))
         .await
         .err()
         .unwrap();
@@ -1092,4 +1092,144 @@ async fn a_del_knowing_nothing_of_the_pod_removes_its_interface() {
     assert!(!links.contains("eth0"), "{links}");
     // Again: nothing left is no error.
     d.del(&body(&pod, "ctr", &ns.path(), "eth0", "u1")).await.unwrap();
+}
+
+/// `/gc` is served on the TCP API too: one without `cni.dev/valid-attachments` is a bad request, not
+/// "nothing is valid", which would tear down every pod of the node; an explicitly empty list still
+/// means that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_without_its_valid_attachments_tears_down_nothing() {
+    if !can_netns() {
+        return;
+    }
+    let pod = BridgePod::new("kdg", "g", "fa:16:3e:00:37:01", "10.90.0.0/24", "10.90.0.5");
+    let d = daemon();
+    d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "gc",
+        "u1",
+        "n1",
+        std::slice::from_ref(&pod.v0),
+    ));
+    d.add(&body("gc", "ctr", &pod.ns.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+    for config in [json!({}), json!({"cniVersion": "1.1.0"}), json!(null)] {
+        let e = d
+            .gc(json!({"config_kuryr": config}).to_string().as_bytes())
+            .await
+            .err()
+            .unwrap();
+        assert_eq!((e.code(), e.status().as_u16()), (4, 400), "{e}");
+        assert!(e.to_string().contains("cni.dev/valid-attachments"), "{e}");
+    }
+    assert!(
+        pod.ns.exec_ok(&["ip", "-o", "link"]).contains("eth0"),
+        "the pod keeps its interface"
+    );
+    assert!(host_ok(&["ip", "-o", "link"]).contains(&pod.tap));
+    let listed =
+        json!({"config_kuryr": {"cni.dev/valid-attachments": [{"containerID": "ctr", "ifname": "eth0"}]}});
+    assert_eq!(d.gc(listed.to_string().as_bytes()).await.unwrap(), 0);
+    let none = json!({"config_kuryr": {"cni.dev/valid-attachments": []}});
+    assert_eq!(d.gc(none.to_string().as_bytes()).await.unwrap(), 1);
+    assert!(!pod.ns.exec_ok(&["ip", "-o", "link"]).contains("eth0"));
+}
+
+/// CNI_NETNS naming the daemon's own (the host's) namespace is refused before anything is touched:
+/// an ADD's leftover cleanup and a DEL delete links there by CNI_IFNAME.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemons_own_namespace_is_no_pods() {
+    if !can_netns() {
+        return;
+    }
+    let pod = BridgePod::new("kdh", "h", "fa:16:3e:00:38:01", "10.91.0.0/24", "10.91.0.5");
+    // A host link named as CNI_IFNAME will be: the ADD's leftover cleanup would take it.
+    let victim = HostLink(unique("khv"));
+    host_ok(&["ip", "link", "add", &victim.0, "type", "bridge"]);
+    let d = daemon();
+    d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "h",
+        "u1",
+        "n1",
+        std::slice::from_ref(&pod.v0),
+    ));
+    for own in ["/proc/self/ns/net", "/proc/1/ns/net"] {
+        let same = std::fs::metadata(own)
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            .ok()
+            == std::fs::metadata("/proc/self/ns/net")
+                .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+                .ok();
+        if !same {
+            continue; // pid 1 is in another namespace (a container)
+        }
+        let e = d
+            .add(&body("h", "ctr", own, &victim.0, "u1"))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!((e.code(), e.status().as_u16()), (4, 400), "{e}");
+        assert!(e.to_string().contains("CNI_NETNS"), "{e}");
+        let e = d
+            .del(&body("h", "ctr", own, &victim.0, "u1"))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!((e.code(), e.status().as_u16()), (4, 400), "{e}");
+        assert!(e.to_string().contains("CNI_NETNS"), "{e}");
+        let e = d
+            .check(&body("h", "ctr", own, &victim.0, "u1"))
+            .await
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("CNI_NETNS"), "{e}");
+        let links = host_ok(&["ip", "-d", "-o", "link", "show", &victim.0]);
+        assert!(links.contains("bridge"), "the host link is untouched: {links}");
+    }
+    assert!(
+        !host_ok(&["ip", "-o", "link"]).contains(&pod.tap),
+        "nothing plugged"
+    );
+}
+
+/// An ADD clears a leftover of its own kind under CNI_IFNAME in the pod, never a link of another
+/// kind (not one kuryr made).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_add_leaves_a_foreign_link_under_its_name_alone() {
+    if !can_netns() {
+        return;
+    }
+    let pod = BridgePod::new("kdf", "f", "fa:16:3e:00:39:01", "10.92.0.0/24", "10.92.0.5");
+    pod.ns.exec_ok(&["ip", "link", "add", "eth0", "type", "bridge"]);
+    let d = daemon();
+    d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "f",
+        "u1",
+        "n1",
+        std::slice::from_ref(&pod.v0),
+    ));
+    let e = d
+        .add(&body("f", "ctr", &pod.ns.path(), "eth0", "u1"))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        e.to_string().contains("eth0") && e.to_string().contains("bridge"),
+        "{e}"
+    );
+    let links = pod.ns.exec_ok(&["ip", "-d", "-o", "link", "show", "eth0"]);
+    assert!(links.contains("bridge"), "{links}");
+    // A leftover veth of an interrupted ADD goes.
+    pod.ns.exec_ok(&["ip", "link", "del", "eth0"]);
+    pod.ns.exec_ok(&[
+        "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "left",
+    ]);
+    d.add(&body("f", "ctr", &pod.ns.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+    let links = pod.ns.exec_ok(&["ip", "-o", "link"]);
+    assert!(!links.contains("left"), "{links}");
 }

@@ -4,12 +4,14 @@
 //! miss the deadline), stalled connections do not lock out other clients or
 //! the health probes, and the caps answer with JSON too.
 #![allow(clippy::unwrap_used)]
+mod common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use common::other_netns;
 use kuryr_daemon::server::{ServerLimits, Servers};
 use kuryr_daemon::{ApiHealth, Daemon, DaemonConfig, NoEvents};
 use serde_json::{Value, json};
@@ -123,7 +125,8 @@ fn cni(ifname: Value, netns: Value, container: Value, args: &str) -> String {
 }
 
 const ARGS: &str = "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_UID=0b5e6a9c-1f7e";
-/// Exists everywhere, so only the field checks can refuse it.
+/// Exists everywhere, so only the field checks can refuse it (the daemon refuses its own namespace
+/// after them: requests that must get further use [`other_netns`]).
 const NETNS: &str = "/proc/self/ns/net";
 
 fn add(ifname: &str, netns: &str, container: &str, args: &str) -> Vec<u8> {
@@ -482,6 +485,30 @@ fn cases() -> Vec<Case> {
             "CNI_NETNS is missing",
         ),
         case(
+            "GC without its valid attachments",
+            post(
+                "/gc",
+                &json!({"config_kuryr": {"cniVersion": "1.1.0"}}).to_string(),
+            ),
+            400,
+            4,
+            "cni.dev/valid-attachments is missing",
+        ),
+        case(
+            "GC without config_kuryr",
+            post("/gc", "{}"),
+            400,
+            4,
+            "cni.dev/valid-attachments is missing",
+        ),
+        case(
+            "ADD into the daemon's own network namespace",
+            add("eth0", NETNS, "c1", ARGS),
+            400,
+            4,
+            "CNI_NETNS",
+        ),
+        case(
             "GC attachments not a list",
             post(
                 "/gc",
@@ -628,7 +655,7 @@ async fn busy_slots_are_answered_with_try_again_later() {
     for i in 0..8 {
         let req = add(
             "eth0",
-            NETNS,
+            other_netns(),
             &format!("c{i}"),
             &format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME=p{i}"),
         );
@@ -746,7 +773,7 @@ async fn alive_fails_after_consecutive_internal_failures() {
     let alive = || async { exchange(s.health, &[b"GET /alive HTTP/1.1\r\n\r\n"], false).await };
     for round in 0..2 {
         assert_eq!(alive().await.status, 200, "before failure {round}");
-        let a = exchange(s.api, &[&add("eth0", NETNS, "c1", ARGS)], false).await;
+        let a = exchange(s.api, &[&add("eth0", other_netns(), "c1", ARGS)], false).await;
         assert_eq!(a.status, 500, "{}", a.raw);
     }
     let a = alive().await;

@@ -397,9 +397,9 @@ async fn an_unreadable_kuryrport_fails_only_its_own_pod_at_once() {
         "one Warning, on the bad one's pod"
     );
 
-    // The host's own netns exists; the ADD fails before anything is plugged.
+    // A netns that exists; the ADD fails before anything is plugged.
     let add = |name: &str, uid: &str| {
-        let body = cni_body(name, "c1", "/proc/self/ns/net", uid);
+        let body = cni_body(name, "c1", other_netns(), uid);
         let url = format!("http://{}/addNetwork", servers.api);
         async move { reqwest::Client::new().post(url).json(&body).send().await.unwrap() }
     };

@@ -10,7 +10,11 @@
 //! - `/delNetwork` -> 204.
 //! - kuryr-rs extensions: `/checkNetwork` -> 204 (CNI CHECK), `/status` ->
 //!   200 when ready (CNI STATUS), `/gc` -> 204 (CNI GC; `config_kuryr`
-//!   carries `cni.dev/valid-attachments`).
+//!   carries `cni.dev/valid-attachments`, required: an empty list tears
+//!   down every attachment, a missing one is a 400).
+//!
+//! A `CNI_NETNS` that is the daemon's own network namespace is a 400: the
+//! daemon deletes links by name there.
 //!
 //! Errors: `{"code": int, "msg": str, "details": str}` with HTTP 400/code 4
 //! (bad parameters), 410/3 (pod gone or UID mismatch), 504/11 (timed out,

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 
 use crate::netlink::{Link, NetNs, Netlink, NetlinkError};
 
-use super::veth::{delete_pod_link, wrong_kind};
+use super::veth::{clear_pod_leftover, delete_pod_link, wrong_kind};
 use super::{BindingDriver, BindingError, PlugKind, PlugSpec, PlugTarget, TeardownError, l3};
 
 async fn parent_link(
@@ -75,6 +75,7 @@ struct Prepared<'a> {
 
 async fn prepare<'a>(
     driver: &'static str,
+    kind: &str,
     link_iface: &Option<String>,
     spec: &PlugSpec,
     target: &PlugTarget<'a>,
@@ -84,9 +85,7 @@ async fn prepare<'a>(
     check_mtu(driver, spec, &parent)?;
     let netns = target.require_netns()?;
     let pod = Netlink::in_netns(netns).await?;
-    if let Some(old) = pod.link_by_name(&spec.ifname).await? {
-        pod.delete_link(old.index).await?;
-    }
+    clear_pod_leftover(&pod, driver, &spec.ifname, kind).await?;
     Ok(Prepared {
         host,
         parent,
@@ -144,7 +143,7 @@ impl BindingDriver for VlanDriver {
             parent,
             netns,
             pod,
-        } = prepare(self.name(), &self.link_iface, spec, target).await?;
+        } = prepare(self.name(), "vlan", &self.link_iface, spec, target).await?;
         host.create_vlan(&spec.ifname, parent.index, vlan_id, Some(netns.fd()))
             .await
             .map_err(|e| match e {
@@ -202,7 +201,7 @@ impl BindingDriver for MacvlanDriver {
             parent,
             netns,
             pod,
-        } = prepare(self.name(), &self.link_iface, spec, target).await?;
+        } = prepare(self.name(), "macvlan", &self.link_iface, spec, target).await?;
         host.create_macvlan(&spec.ifname, parent.index, Some(netns.fd()))
             .await?;
         let link = pod.require_link(&spec.ifname).await?;

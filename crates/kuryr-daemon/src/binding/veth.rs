@@ -30,9 +30,7 @@ pub(super) async fn plug_veth(
             if let Some(old) = host.link_by_name(&spec.host_ifname).await? {
                 host.delete_link(old.index).await?;
             }
-            if let Some(old) = pod.link_by_name(&spec.ifname).await? {
-                pod.delete_link(old.index).await?;
-            }
+            clear_pod_leftover(&pod, spec.kind.driver_name(), &spec.ifname, "veth").await?;
             create().await?;
         }
         other => other?,
@@ -51,6 +49,28 @@ pub(super) async fn plug_veth(
     )
     .await?;
     Ok(())
+}
+
+/// Clear `ifname` in the pod's namespace for an ADD: a leftover of an interrupted earlier one is a
+/// link of `kind` (what the binding makes); a link of another kind is not kuryr's to delete.
+pub(super) async fn clear_pod_leftover(
+    pod: &Netlink,
+    driver: &'static str,
+    ifname: &str,
+    kind: &str,
+) -> Result<(), BindingError> {
+    match pod.link_by_name(ifname).await? {
+        Some(old) if old.kind.as_deref() == Some(kind) => Ok(pod.delete_link(old.index).await?),
+        Some(old) => Err(BindingError::NoDevice {
+            driver,
+            reason: format!(
+                "CNI_IFNAME {ifname} is taken in the pod's network namespace by a {} link, not a \
+                 leftover {kind} of kuryr's",
+                old.kind.as_deref().unwrap_or("untyped")
+            ),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Whether the host end of `spec` is another container's: its alias names an

@@ -220,3 +220,40 @@ pub async fn eventually(cond: impl Fn() -> bool) -> bool {
     }
     cond()
 }
+
+/// A network namespace other than the test process' own, which the daemon refuses as CNI_NETNS:
+/// for requests that need one that exists. A child `unshare`d into a namespace of its own, as root
+/// or in a user namespace; it ends with this process (its stdin closes). Panics when neither can
+/// be made.
+pub fn other_netns() -> &'static str {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    static NS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NS.get_or_init(|| {
+        for flags in ["-n", "-rn"] {
+            let Ok(mut child) = Command::new("unshare")
+                .args([flags, "--", "sh", "-c", "echo ready; read _"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+            else {
+                continue;
+            };
+            let mut line = String::new();
+            if let Some(out) = child.stdout.take() {
+                let _ = BufReader::new(out).read_line(&mut line);
+            }
+            if line.trim() == "ready" {
+                let path = format!("/proc/{}/ns/net", child.id());
+                // Held open for the process' lifetime: the child reads it to its end.
+                std::mem::forget(child.stdin.take());
+                std::mem::forget(child);
+                return path;
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("no network namespace other than the test's own can be made (unshare -n needs root or user namespaces)");
+    })
+}
