@@ -617,8 +617,9 @@ impl Daemon {
         let _lock = self.lock_pod(&p.key).await;
         let entry = self.registry.get(&p.key);
         let attachment = entry.as_ref().and_then(|e| e.attachment.clone());
+        // An empty CNI_CONTAINERID names no container either: stale too, as upstream's
+        // (`reg_ci != CNI_CONTAINERID`), never the pod's current attachment.
         if let Some(att) = &attachment
-            && !p.req.container_id.is_empty()
             && att.container_id != p.req.container_id
         {
             tracing::info!(pod = %p.key, stale = %p.req.container_id, current = %att.container_id, "ignoring stale DEL");

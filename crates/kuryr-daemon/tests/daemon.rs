@@ -1233,3 +1233,41 @@ async fn an_add_leaves_a_foreign_link_under_its_name_alone() {
     let links = pod.ns.exec_ok(&["ip", "-o", "link"]);
     assert!(!links.contains("left"), "{links}");
 }
+
+/// A DEL with an empty CNI_CONTAINERID names no container: stale, as upstream answers it (204,
+/// touching nothing), never a teardown of the pod's current attachment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_del_without_a_container_id_is_stale() {
+    if !can_netns() {
+        return;
+    }
+    let pod = BridgePod::new("kde", "e", "fa:16:3e:00:3a:01", "10.93.0.0/24", "10.93.0.5");
+    let d = daemon();
+    d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "e",
+        "u1",
+        "n1",
+        std::slice::from_ref(&pod.v0),
+    ));
+    d.add(&body("e", "ctr", &pod.ns.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+    for netns in [pod.ns.path(), String::new()] {
+        d.del(&body("e", "", &netns, "eth0", "u1")).await.unwrap();
+        assert!(
+            pod.ns.exec_ok(&["ip", "-o", "link"]).contains("eth0"),
+            "the pod keeps eth0"
+        );
+        assert!(host_ok(&["ip", "-o", "link"]).contains(&pod.tap));
+        let att = d
+            .registry
+            .get(&PodKey::new("default", "e"))
+            .and_then(|e| e.attachment);
+        assert_eq!(att.map(|a| a.container_id).as_deref(), Some("ctr"));
+    }
+    d.del(&body("e", "ctr", &pod.ns.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+    assert!(!pod.ns.exec_ok(&["ip", "-o", "link"]).contains("eth0"));
+}

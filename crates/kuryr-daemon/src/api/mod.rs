@@ -149,7 +149,8 @@ impl CniParams {
 
     /// Every field `command` needs is set and well formed. DEL takes empty
     /// fields (the runtime may have lost the namespace or the container),
-    /// but not malformed ones.
+    /// but not malformed ones; one with an empty CNI_CONTAINERID never
+    /// matches a recorded container, so it is answered as stale.
     pub fn validate(&self, command: Command) -> Result<(), DaemonError> {
         let r = &self.req;
         if command != Command::Del {
