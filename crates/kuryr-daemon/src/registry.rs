@@ -84,6 +84,10 @@ pub struct Entry {
     pub attachment: Option<Attachment>,
     /// UID of a pod the API reported deleted under this name.
     pub gone_uid: Option<String>,
+    /// The `metadata.uid` of the KuryrPort whose deletion set `gone_uid`: only that object's late
+    /// events keep the pod dead; a new KuryrPort for a live pod (its old one's finalizer stripped
+    /// by hand, the controller making another) brings it back.
+    pub gone_kuryrport: Option<String>,
 }
 
 /// How many deleted pods are remembered for ADDs still waiting on them.
@@ -143,17 +147,29 @@ impl Registry {
         k
     }
 
+    /// Whether `kp` (for the pod under `e`'s name) leaves the pod dead: it is the deleted KuryrPort
+    /// itself (a late event; either UID unknown counts as the same), or the pod watch reported its
+    /// pod deleted (`pod_gone`). Otherwise `e` forgets the deletion.
+    fn keeps_dead(e: &mut Entry, kp: &KuryrPort, pod_gone: bool) {
+        let same_pod = e.gone_uid.as_deref() == Some(kp.spec.pod_uid.as_str());
+        let same_object = match (&e.gone_kuryrport, &kp.metadata.uid) {
+            (Some(gone), Some(uid)) => gone == uid,
+            _ => true,
+        };
+        if !(same_pod && (pod_gone || same_object)) {
+            e.gone_uid = None;
+            e.gone_kuryrport = None;
+        }
+    }
+
     /// A KuryrPort was added or changed.
     pub fn apply_kuryrport(&self, kp: KuryrPort) {
         let Some(key) = PodKey::of(&kp) else { return };
+        let pod_gone = self.is_gone(&key, &kp.spec.pod_uid);
         {
             let mut map = self.lock();
             let entry = map.entry(key).or_default();
-            if entry.gone_uid.as_deref() == Some(kp.spec.pod_uid.as_str()) {
-                // A late event for the deleted pod: keep it dead.
-            } else {
-                entry.gone_uid = None;
-            }
+            Self::keeps_dead(entry, &kp, pod_gone);
             entry.kuryrport = Some(Arc::new(kp));
             entry.unreadable = None;
         }
@@ -178,6 +194,7 @@ impl Registry {
             if let Some(e) = map.get_mut(key) {
                 if let Some(kp) = &e.kuryrport {
                     e.gone_uid = Some(kp.spec.pod_uid.clone());
+                    e.gone_kuryrport = kp.metadata.uid.clone();
                 }
                 e.kuryrport = None;
                 e.unreadable = None;
@@ -272,6 +289,7 @@ impl Registry {
             let mut map = self.lock();
             if let Some(e) = map.get_mut(key) {
                 e.gone_uid = Some(uid.to_string());
+                e.gone_kuryrport = None;
                 if e.attachment.is_none() && e.kuryrport.as_ref().is_none_or(|kp| kp.spec.pod_uid == uid) {
                     map.remove(key);
                 }
@@ -284,14 +302,15 @@ impl Registry {
     /// ones that cannot be read with why: pods whose KuryrPort vanished while
     /// we were not watching lose it.
     pub fn replace_kuryrports(&self, kps: Vec<KuryrPort>, unreadable: Vec<(PodKey, String)>) {
+        let mut fresh: HashMap<PodKey, (KuryrPort, bool)> = HashMap::new();
+        for kp in kps {
+            if let Some(k) = PodKey::of(&kp) {
+                let pod_gone = self.is_gone(&k, &kp.spec.pod_uid);
+                fresh.insert(k, (kp, pod_gone));
+            }
+        }
         {
             let mut map = self.lock();
-            let mut fresh: HashMap<PodKey, KuryrPort> = HashMap::new();
-            for kp in kps {
-                if let Some(k) = PodKey::of(&kp) {
-                    fresh.insert(k, kp);
-                }
-            }
             let unreadable: HashMap<PodKey, String> = unreadable.into_iter().collect();
             let listed = |k: &PodKey| fresh.contains_key(k) || unreadable.contains_key(k);
             map.retain(|k, e| {
@@ -301,8 +320,9 @@ impl Registry {
                 }
                 e.attachment.is_some() || listed(k)
             });
-            for (k, kp) in fresh {
+            for (k, (kp, pod_gone)) in fresh {
                 let e = map.entry(k).or_default();
+                Self::keeps_dead(e, &kp, pod_gone);
                 e.kuryrport = Some(Arc::new(kp));
                 e.unreadable = None;
             }

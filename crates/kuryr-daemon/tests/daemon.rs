@@ -1271,3 +1271,59 @@ async fn a_del_without_a_container_id_is_stale() {
         .unwrap();
     assert!(!pod.ns.exec_ok(&["ip", "-o", "link"]).contains("eth0"));
 }
+
+/// A KuryrPort deleted under a live pod (its finalizer stripped by hand) and made again by the
+/// controller serves the pod again: only the deleted object's own late events keep it dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kuryrport_made_again_for_a_live_pod_serves_it() {
+    if !can_netns() {
+        return;
+    }
+    let pod = BridgePod::new("kdk", "k", "fa:16:3e:00:3b:01", "10.94.0.0/24", "10.94.0.5");
+    let key = PodKey::new("default", "k");
+    let kp = |object_uid: &str| {
+        let mut kp = kuryrport("default", "k", "u1", "n1", std::slice::from_ref(&pod.v0));
+        kp.metadata.uid = Some(object_uid.into());
+        kp
+    };
+    let d = daemon();
+    d.registry.apply_kuryrport(kp("kp-1"));
+    d.add(&body("k", "ctr", &pod.ns.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+    d.registry.delete_kuryrport(&key);
+    // A late event of the deleted object: the pod stays gone.
+    d.registry.apply_kuryrport(kp("kp-1"));
+    let e = d
+        .check(&body("k", "ctr", &pod.ns.path(), "eth0", "u1"))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.code(), 3, "{e}");
+    // The controller's new KuryrPort for the same pod.
+    d.registry.apply_kuryrport(kp("kp-2"));
+    d.check(&body("k", "ctr", &pod.ns.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+    // The same through a re-list of the KuryrPort watch.
+    d.registry.delete_kuryrport(&key);
+    d.registry.replace_kuryrports(vec![kp("kp-3")], Vec::new());
+    d.check(&body("k", "ctr", &pod.ns.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+    // A new sandbox of the pod is plugged, not answered 410.
+    let other = TestNetns::new("kdk");
+    d.add(&body("k", "ctr2", &other.path(), "eth0", "u1"))
+        .await
+        .unwrap();
+    assert!(other.exec_ok(&["ip", "-o", "link"]).contains("eth0"));
+    // A pod the pod watch reported deleted stays gone whatever KuryrPort comes.
+    d.registry.pod_deleted(&key, "u1");
+    d.registry.apply_kuryrport(kp("kp-4"));
+    let e = d
+        .check(&body("k", "ctr2", &other.path(), "eth0", "u1"))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.code(), 3, "{e}");
+}
