@@ -425,3 +425,56 @@ async fn a_policy_lives_where_its_namespace_pods_are_and_stays_there_after_a_reb
     ctl.shutdown().await?;
     Ok(())
 }
+
+/// The node subnets policies admit ingress from are looked up in every deployment: one that cannot
+/// answer (here `aaa`, listed before `default`, out from the start) is not where the subnet is, and
+/// must not keep every policy of every deployment from being applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_deployment_that_is_out_keeps_no_policy_elsewhere_from_being_applied() -> Result<()> {
+    use neutron_emulator::{FaultConfig, Outage};
+    init_logs();
+    let (a, out) = (
+        Cloud::start("10.4.0.0/24").await?,
+        Cloud::start("10.5.0.0/24").await?,
+    );
+    out._emulator.set_faults(FaultConfig {
+        outage: Some(Outage::default()),
+        ..FaultConfig::default()
+    });
+    let kube = start_kube().await?;
+    let client = &kube.client;
+    let ini = format!(
+        "[kubernetes]\nenabled_handlers = vif,kuryrport,policy,kuryrnetworkpolicy,pod_label\n\
+         pod_vif_driver = neutron-vif\nvif_pool_driver = noop\npod_security_groups_driver = policy\n\
+         controller_namespace = default\ncluster_id = {}\n\
+         [neutron_defaults]\nproject = {}\n\
+         [pod_vif_nested]\nworker_nodes_subnets = {}\n\
+         [neutron]\n{}[deployment:aaa]\n{}",
+        unique("npout"),
+        a.fx.project,
+        a.fx.subnet,
+        a.section(),
+        out.section(),
+    );
+    let ctl = start(client, &ini, "placement-policies-out");
+    let ns = unique("db");
+    create_namespace(client, &ns, json!({})).await?;
+    apply_policy(client, &ns, "db-in", 5432).await?;
+    let knps = Api::<KuryrNetworkPolicy>::namespaced(client.clone(), &ns);
+    let sg = eventually("the policy applied", WAIT, || async {
+        Ok(knps
+            .get_opt("db-in")
+            .await?
+            .and_then(|k| k.status?.security_group_id))
+    })
+    .await?;
+    let from_nodes = a
+        .neutron
+        .list_security_group_rules(&ListFilter::new().security_group_id(&sg))
+        .await?
+        .into_iter()
+        .any(|r| r.direction == "ingress" && r.remote_ip_prefix.as_deref() == Some("10.4.0.0/24"));
+    assert!(from_nodes, "ingress from the node subnet admitted");
+    ctl.shutdown().await?;
+    Ok(())
+}

@@ -203,6 +203,9 @@ impl NetworkPolicyDriver {
         }
         let mut cidrs = Vec::new();
         'subnets: for id in ids {
+            // A deployment that cannot answer may not be the one holding the subnet: the others
+            // are asked before it fails the read.
+            let mut failed = None;
             for deployment in self.deployments.names() {
                 let client = self.deployments.client(deployment)?;
                 match client.get_subnet(&id).await {
@@ -214,8 +217,11 @@ impl NetworkPolicyDriver {
                         continue 'subnets;
                     }
                     Err(e) if e.is_not_found() => {}
-                    Err(e) => return Err(e.into()),
+                    Err(e) => failed = Some(e),
                 }
+            }
+            if let Some(e) = failed {
+                return Err(e.into());
             }
             tracing::warn!(subnet = %id, "node or service subnet not found in any deployment: policies do not open ingress from it");
         }
