@@ -2,7 +2,7 @@
 //! only the holder runs the pipeline. A holder that stops renewing loses the lease after
 //! `lease_duration`; a follower then takes over within one retry period.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -36,17 +36,48 @@ impl LeaseConfig {
     }
 }
 
-/// Pure decision: may `identity` take or keep the lease as it is now?
-pub fn may_hold(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> bool {
+/// Pure decision: may `identity` take or keep the lease as it is now, the record having stayed
+/// unchanged for `unchanged_for` as this replica measured it? Another holder's lease expires
+/// when its record has not changed for its duration by this replica's own monotonic clock (as
+/// client-go judges it), never by comparing the renew time, written by the holder's clock,
+/// with ours: a replica whose clock ran a few seconds ahead would take a lease still being renewed.
+pub fn may_hold(spec: Option<&LeaseSpec>, identity: &str, unchanged_for: Duration) -> bool {
     let Some(spec) = spec else { return true };
     match spec.holder_identity.as_deref() {
         None | Some("") => true,
         Some(h) if h == identity => true,
         Some(_) => {
-            let duration = i64::from(spec.lease_duration_seconds.unwrap_or(15));
-            match spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) {
-                Some(t) => t.0 + SignedDuration::from_secs(duration) < now,
-                None => true,
+            let duration = u64::try_from(spec.lease_duration_seconds.unwrap_or(15)).unwrap_or(15);
+            unchanged_for > Duration::from_secs(duration)
+        }
+    }
+}
+
+/// What identifies a lease record's state: any renewal or hand-over changes it.
+type Record = (Option<String>, Option<MicroTime>, Option<MicroTime>, Option<i32>);
+
+/// The lease record as last seen and when it was first seen so, by the local monotonic clock.
+#[derive(Debug, Default)]
+pub struct Observed {
+    last: Option<(Record, Instant)>,
+}
+
+impl Observed {
+    /// Notes the record read at `now`; returns how long it has stayed as it is.
+    pub fn unchanged_for(&mut self, spec: Option<&LeaseSpec>, now: Instant) -> Duration {
+        let record = spec.map_or_else(Default::default, |s| {
+            (
+                s.holder_identity.clone(),
+                s.renew_time.clone(),
+                s.acquire_time.clone(),
+                s.lease_transitions,
+            )
+        });
+        match &self.last {
+            Some((seen, since)) if *seen == record => now.saturating_duration_since(*since),
+            _ => {
+                self.last = Some((record, now));
+                Duration::ZERO
             }
         }
     }
@@ -55,6 +86,7 @@ pub fn may_hold(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> boo
 pub struct LeaderElector {
     api: Api<Lease>,
     cfg: LeaseConfig,
+    observed: std::sync::Mutex<Observed>,
 }
 
 impl LeaderElector {
@@ -62,6 +94,7 @@ impl LeaderElector {
         Self {
             api: Api::namespaced(client, &cfg.namespace),
             cfg,
+            observed: std::sync::Mutex::default(),
         }
     }
 
@@ -93,7 +126,11 @@ impl LeaderElector {
                 Err(e) => Err(e.into()),
             };
         };
-        if !may_hold(lease.spec.as_ref(), &self.cfg.identity, now) {
+        let unchanged_for = self
+            .observed
+            .locked()
+            .unchanged_for(lease.spec.as_ref(), Instant::now());
+        if !may_hold(lease.spec.as_ref(), &self.cfg.identity, unchanged_for) {
             return Ok(false);
         }
         let old = lease.spec.clone().unwrap_or_default();
@@ -247,16 +284,38 @@ mod tests {
 
     #[test]
     fn lease_rules() {
-        let now = Timestamp::now();
-        assert!(may_hold(None, "a", now));
-        assert!(may_hold(Some(&spec("a", 1)), "a", now), "holder renews");
+        let fresh = Duration::from_secs(1);
+        let stale = Duration::from_secs(11);
+        assert!(may_hold(None, "a", fresh));
+        assert!(may_hold(Some(&spec("a", 1)), "a", fresh), "holder renews");
         assert!(
-            !may_hold(Some(&spec("b", 1)), "a", now),
+            !may_hold(Some(&spec("b", 1)), "a", fresh),
             "fresh lease of another is respected"
         );
         assert!(
-            may_hold(Some(&spec("b", 11)), "a", now),
-            "expired lease is taken over"
+            may_hold(Some(&spec("b", 11)), "a", stale),
+            "a lease left unrenewed for its duration is taken over"
+        );
+        assert!(
+            !may_hold(Some(&spec("b", 30)), "a", fresh),
+            "a renew time that looks old by this replica's clock (the holder's runs behind) is no expiry"
+        );
+    }
+
+    #[test]
+    fn a_lease_is_as_old_as_this_replica_has_seen_it_unchanged() {
+        let mut seen = Observed::default();
+        let t0 = Instant::now();
+        let first = spec("b", 0);
+        assert_eq!(seen.unchanged_for(Some(&first), t0), Duration::ZERO);
+        let later = t0 + Duration::from_secs(4);
+        assert_eq!(seen.unchanged_for(Some(&first), later), Duration::from_secs(4));
+        // Renewed: counted again from when it was seen to change.
+        let renewed = spec("b", -1);
+        assert_eq!(seen.unchanged_for(Some(&renewed), later), Duration::ZERO);
+        assert_eq!(
+            seen.unchanged_for(Some(&renewed), later + Duration::from_secs(11)),
+            Duration::from_secs(11)
         );
     }
 
