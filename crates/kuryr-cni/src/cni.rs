@@ -8,7 +8,15 @@ use crate::http::{self, Endpoint, HttpError};
 
 pub const SUPPORTED_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 pub const DEFAULT_DAEMON: &str = "127.0.0.1:5036";
-pub const DEFAULT_TIMEOUT_SECS: u64 = 120;
+/// How long the plugin waits for the daemon's answer unless `kuryr_daemon_timeout` says. The
+/// daemon's worst ADD is twice `vif_annotation_timeout` (60 s: the VIFs, then their activation),
+/// its timeout Event and the plug: 180 s leaves the plug ~55 s and still fits the kubelet's 4 minute
+/// sandbox deadline. The plugin sends the timeout it uses (`config_kuryr.kuryr_daemon_timeout`)
+/// and the daemon answers before it, so its 504 and Warning Event are never lost to a hang-up, also
+/// with a raised `vif_annotation_timeout`. (Upstream's plugin had no timeout at all.)
+pub const DEFAULT_TIMEOUT_SECS: u64 = 180;
+// The kubelet gives RunPodSandbox twice its 2 minute runtime-request-timeout.
+const _: () = assert!(DEFAULT_TIMEOUT_SECS < 240);
 /// The shortest and longest `kuryr_daemon_timeout` taken, in seconds.
 pub const MIN_TIMEOUT_SECS: f64 = 0.001;
 pub const MAX_TIMEOUT_SECS: f64 = 86_400.0;
@@ -177,6 +185,12 @@ pub fn run(env: &Env, stdin: &[u8]) -> Result<Option<Value>, CniError> {
             }
         },
     };
+    // The daemon bounds its ADD to answer within the timeout given (see DEFAULT_TIMEOUT_SECS).
+    let mut sent = netconf.clone();
+    if let Some(o) = sent.as_object_mut() {
+        o.entry("kuryr_daemon_timeout")
+            .or_insert_with(|| json!(timeout.as_secs_f64()));
+    }
     let client = Client {
         endpoint,
         timeout,
@@ -186,7 +200,7 @@ pub fn run(env: &Env, stdin: &[u8]) -> Result<Option<Value>, CniError> {
     match command {
         "ADD" => {
             require(env, v, &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"])?;
-            let resp = client.post("/addNetwork?all=1", &params(env, &netconf))?;
+            let resp = client.post("/addNetwork?all=1", &params(env, &sent))?;
             let body: Value = serde_json::from_slice(&resp).map_err(|e| {
                 CniError::new(
                     v,
@@ -201,19 +215,19 @@ pub fn run(env: &Env, stdin: &[u8]) -> Result<Option<Value>, CniError> {
         }
         "DEL" => {
             require(env, v, &["CNI_CONTAINERID", "CNI_IFNAME"])?;
-            client.post("/delNetwork", &params(env, &netconf))?;
+            client.post("/delNetwork", &params(env, &sent))?;
             Ok(None)
         }
         "CHECK" => {
             needs("0.4.0", "CHECK")?;
             require(env, v, &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"])?;
-            client.post("/checkNetwork", &params(env, &netconf))?;
+            client.post("/checkNetwork", &params(env, &sent))?;
             Ok(None)
         }
         "STATUS" => {
             needs("1.1.0", "STATUS")?;
             client
-                .post("/status", &params(env, &netconf))
+                .post("/status", &params(env, &sent))
                 .map_err(|e| CniError {
                     code: code::PLUGIN_NOT_AVAILABLE,
                     msg: format!("kuryr daemon not ready: {}", e.msg),
@@ -223,7 +237,7 @@ pub fn run(env: &Env, stdin: &[u8]) -> Result<Option<Value>, CniError> {
         }
         "GC" => {
             needs("1.1.0", "GC")?;
-            client.post("/gc", &params(env, &netconf))?;
+            client.post("/gc", &params(env, &sent))?;
             Ok(None)
         }
         "" => Err(CniError::new(v, code::INVALID_ENV, "CNI_COMMAND is not set", "")),
@@ -503,6 +517,80 @@ mod tests {
             let msg = e.map(|e| e.msg).unwrap_or_default();
             assert!(msg.contains("kuryr_daemon_timeout"), "{t}: {msg}");
         }
+    }
+
+    /// The body of the one request `run` sends for `conf` to a stub daemon that answers 500.
+    fn sent_body(conf: &Value) -> Value {
+        use std::io::{Read, Write};
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let sock = std::env::temp_dir().join(format!("kuryr-cni-{}-{n}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&sock);
+        let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind a stub daemon");
+        let stub = std::thread::spawn(move || {
+            let (mut c, _) = listener.accept().expect("the plugin connects");
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            // Connection: close on both sides: the request is whole once its body is.
+            loop {
+                let k = c.read(&mut buf).unwrap_or(0);
+                req.extend_from_slice(&buf[..k]);
+                let text = String::from_utf8_lossy(&req).into_owned();
+                if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                    let len = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().to_string())
+                        })
+                        .and_then(|v| v.parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if body.len() >= len || k == 0 {
+                        let _ = c.write_all(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}");
+                        return serde_json::from_str::<Value>(body).unwrap_or(Value::Null);
+                    }
+                }
+                if k == 0 {
+                    return Value::Null;
+                }
+            }
+        });
+        let mut conf = conf.clone();
+        conf["kuryr_daemon"] = json!(format!("unix://{}", sock.display()));
+        let answer = run(&env("ADD"), conf.to_string().as_bytes());
+        assert!(answer.is_err(), "the stub answers 500");
+        let body = stub.join().unwrap_or(Value::Null);
+        let _ = std::fs::remove_file(&sock);
+        body
+    }
+
+    #[test]
+    fn the_daemon_is_told_how_long_the_plugin_waits() {
+        let body = sent_body(&json!({"cniVersion": "1.0.0"}));
+        assert_eq!(
+            body["config_kuryr"]["kuryr_daemon_timeout"].as_f64(),
+            Some(DEFAULT_TIMEOUT_SECS as f64),
+            "{body}"
+        );
+        let body = sent_body(&json!({"cniVersion": "1.0.0", "kuryr_daemon_timeout": 7.5}));
+        assert_eq!(
+            body["config_kuryr"]["kuryr_daemon_timeout"].as_f64(),
+            Some(7.5),
+            "{body}"
+        );
+    }
+
+    #[test]
+    fn the_default_timeout_outlasts_the_daemons_worst_add() {
+        // The daemon's worst ADD with its defaults: the VIFs, then their activation, each up to
+        // vif_annotation_timeout, then its timeout Event (2 s) and the answer's way back.
+        let vif = kuryr_daemon::DaemonConfig::new("n").vif_annotation_timeout;
+        let worst = 2 * vif.as_secs() + 5;
+        assert!(
+            DEFAULT_TIMEOUT_SECS > worst,
+            "{DEFAULT_TIMEOUT_SECS} s <= {worst} s"
+        );
     }
 
     #[test]

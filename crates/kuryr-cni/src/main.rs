@@ -4,8 +4,10 @@
 //!
 //! Daemon address: netconf `"kuryr_daemon"` (`http://host:port`, `host:port`,
 //! `unix:///path` or `/path`), default `127.0.0.1:5036`. Timeout: netconf
-//! `"kuryr_daemon_timeout"` seconds (default 120, longer than the daemon's
-//! own `vif_annotation_timeout` wait so its 504 reaches the runtime).
+//! `"kuryr_daemon_timeout"` seconds (default 180, longer than the daemon's
+//! worst ADD with its defaults, shorter than the kubelet's 4 minutes); it is
+//! sent in `config_kuryr`, and the daemon answers within it, so its 504
+//! reaches the runtime.
 
 mod cni;
 mod http;

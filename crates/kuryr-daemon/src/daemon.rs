@@ -217,6 +217,27 @@ fn plug_error(ifname: &str, driver: &str, e: BindingError) -> DaemonError {
 /// The longest an Event may hold a CNI request.
 const EVENT_BOUND: Duration = Duration::from_secs(2);
 
+/// What an ADD leaves of the plugin's timeout for its timeout Event and its answer's way back.
+const ANSWER_MARGIN: Duration = Duration::from_secs(3);
+
+/// `config_kuryr.kuryr_daemon_timeout`: how long the plugin waits for this ADD's answer (the
+/// kuryr-rs plugin always sends the one it uses; upstream's, which waits for ever, none).
+fn client_timeout(config: &Value) -> Result<Option<Duration>, DaemonError> {
+    match config.get("kuryr_daemon_timeout") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .filter(|s| s.is_finite() && *s > 0.0 && *s <= 86_400.0)
+            .map(|s| Some(Duration::from_secs_f64(s)))
+            .ok_or_else(|| {
+                DaemonError::BadParams(
+                    "config_kuryr: kuryr_daemon_timeout must be a number of seconds from above 0 to 86400"
+                        .into(),
+                )
+            }),
+    }
+}
+
 fn internal(e: impl std::fmt::Display) -> DaemonError {
     DaemonError::Internal(e.to_string())
 }
@@ -347,7 +368,7 @@ impl Daemon {
         p.pod_uid.clone().or_else(|| self.registry.pod_uid(&p.key))
     }
 
-    fn timeout_error(&self, p: &CniParams, last: Option<Entry>, what: &str) -> DaemonError {
+    fn timeout_error(&self, p: &CniParams, last: Option<Entry>, what: &str, waited: Duration) -> DaemonError {
         let uid = self.pod_uid(p);
         let uid = uid.as_deref();
         match last.and_then(|e| e.kuryrport) {
@@ -358,8 +379,8 @@ impl Daemon {
                 kp.spec.pod_uid
             )),
             _ => DaemonError::Timeout(format!(
-                "timed out after {:?} waiting for {what} of pod {}",
-                self.config.vif_annotation_timeout, p.key
+                "timed out after {waited:.1?} waiting for {what} of pod {}",
+                p.key
             )),
         }
     }
@@ -394,6 +415,7 @@ impl Daemon {
     ) -> Result<KuryrPort, DaemonError> {
         let uid = p.pod_uid.as_deref();
         let (reason, message, timed_out) = waiting;
+        let began = Instant::now();
         let answer = self
             .registry
             .wait_for(
@@ -406,7 +428,7 @@ impl Daemon {
         match answer {
             Ok(Ok(res) | Err(res)) => res,
             Err(last) => {
-                let e = self.timeout_error(p, last, what);
+                let e = self.timeout_error(p, last, what, deadline.saturating_duration_since(began));
                 self.tell(&p.key, uid, timed_out, &e.to_string(), true).await;
                 Err(e)
             }
@@ -513,17 +535,25 @@ impl Daemon {
         p.validate(Command::Add)?;
         self.netns_exists(&p.req.netns)?;
         self.refuse_own_netns_path(&p.req.netns)?;
+        // The plugin hangs up after its timeout: every wait ends in time for the answer (and the
+        // timeout's Warning Event) to reach it before that.
+        let started = Instant::now();
+        let answer_by =
+            client_timeout(&p.req.config_kuryr)?.map(|t| started + t.saturating_sub(ANSWER_MARGIN));
+        let bounded = |d: Instant| answer_by.map_or(d, |b| d.min(b));
         // The per-pod lock is held only while plugging, never during the
         // waits, so a DEL (or the kubelet's retry) is not stuck behind them.
-        let deadline = Instant::now() + self.config.vif_annotation_timeout;
+        let deadline = bounded(started + self.config.vif_annotation_timeout);
         let _slot = match tokio::time::timeout_at(deadline, self.add_slots.acquire()).await {
             Ok(Ok(permit)) => AddSlot::new(permit, &self.metrics.adds_in_flight),
             Ok(Err(e)) => return Err(internal(e)),
             Err(_) => {
                 self.metrics.reject("adds_busy");
                 return Err(DaemonError::Timeout(format!(
-                    "{} ADDs in flight: no slot for pod {} within {:?}",
-                    self.config.limits.max_concurrent_adds, p.key, self.config.vif_annotation_timeout
+                    "{} ADDs in flight: no slot for pod {} within {:.1?}",
+                    self.config.limits.max_concurrent_adds,
+                    p.key,
+                    deadline.saturating_duration_since(started)
                 )));
             }
         };
@@ -560,7 +590,7 @@ impl Daemon {
         let kp = self
             .wait_for_kuryrport(
                 &p,
-                Instant::now() + self.config.vif_annotation_timeout,
+                bounded(Instant::now() + self.config.vif_annotation_timeout),
                 "VIF activation",
                 // Upstream's reasons.
                 (

@@ -1327,3 +1327,87 @@ async fn a_kuryrport_made_again_for_a_live_pod_serves_it() {
         .unwrap();
     assert_eq!(e.code(), 3, "{e}");
 }
+
+/// Events posted, by reason.
+#[derive(Default)]
+struct RecordedEvents(std::sync::Mutex<Vec<String>>);
+
+#[async_trait]
+impl kuryr_daemon::PodEvents for RecordedEvents {
+    async fn publish(&self, _: &PodKey, _: Option<&str>, reason: &str, _: &str, _: bool) {
+        self.0.lock().unwrap().push(reason.to_string());
+    }
+}
+
+fn add_within(pod: &str, netns: &str, plugin_timeout: Value) -> Vec<u8> {
+    json!({"CNI_IFNAME": "eth0", "CNI_NETNS": netns, "CNI_CONTAINERID": "ctr", "CNI_COMMAND": "ADD",
+        "CNI_ARGS": format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};K8S_POD_UID=u1"),
+        "config_kuryr": {"kuryr_daemon_timeout": plugin_timeout}})
+    .to_string()
+    .into_bytes()
+}
+
+/// The plugin hangs up after its `kuryr_daemon_timeout` (sent in `config_kuryr`): an ADD answers
+/// before it, with its 504 and the timeout's Warning Event, whether it waits for VIFs or for their
+/// activation, however long `vif_annotation_timeout` is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_add_answers_before_the_plugin_hangs_up() {
+    if !can_netns() {
+        return;
+    }
+    let events = Arc::new(RecordedEvents::default());
+    let mut cfg = DaemonConfig::new("n1");
+    cfg.vif_annotation_timeout = WAIT;
+    let d = Daemon::new(cfg, events.clone(), Arc::new(ApiUp));
+    let pod = BridgePod::new("kdt", "t", "fa:16:3e:00:3c:01", "10.95.0.0/24", "10.95.0.5");
+    // No KuryrPort: the VIF wait.
+    let started = std::time::Instant::now();
+    let e = d
+        .add(&add_within("t", &pod.ns.path(), json!(4)))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!((e.code(), e.status().as_u16()), (11, 504), "{e}");
+    assert!(
+        events
+            .0
+            .lock()
+            .unwrap()
+            .contains(&"CNITimeoutKuryrPortRegistry".to_string())
+    );
+    // A VIF that never goes ACTIVE: the activation wait.
+    let mut v0 = pod.v0.clone();
+    v0.active = false;
+    d.registry
+        .apply_kuryrport(kuryrport("default", "t", "u1", "n1", std::slice::from_ref(&v0)));
+    let started = std::time::Instant::now();
+    let e = d
+        .add(&add_within("t", &pod.ns.path(), json!(4.5)))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_millis(4500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(e.code(), 11, "{e}");
+    assert!(
+        events
+            .0
+            .lock()
+            .unwrap()
+            .contains(&"CNITimedOutWaitingForActiveVIFs".to_string())
+    );
+    // A timeout that is no number of seconds is refused, naming it.
+    for bad in [json!("60"), json!(0), json!(-1)] {
+        let e = d.add(&add_within("t", &pod.ns.path(), bad)).await.err().unwrap();
+        assert_eq!(e.code(), 4, "{e}");
+        assert!(e.to_string().contains("kuryr_daemon_timeout"), "{e}");
+    }
+}

@@ -14,7 +14,9 @@
 //!   down every attachment, a missing one is a 400).
 //!
 //! A `CNI_NETNS` that is the daemon's own network namespace is a 400: the
-//! daemon deletes links by name there.
+//! daemon deletes links by name there. `config_kuryr.kuryr_daemon_timeout`
+//! (seconds; the kuryr-rs plugin sends the one it waits) bounds an ADD: it
+//! answers (504 when it timed out) before the plugin hangs up.
 //!
 //! Errors: `{"code": int, "msg": str, "details": str}` with HTTP 400/code 4
 //! (bad parameters), 410/3 (pod gone or UID mismatch), 504/11 (timed out,
