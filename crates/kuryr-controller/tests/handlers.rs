@@ -891,6 +891,56 @@ async fn a_skipped_service_is_forgotten_when_it_is_deleted() -> Result<()> {
     Ok(())
 }
 
+/// A policy change refreshes the Services it affects from a listing that may be older than a change
+/// of the Service the service handler applied since: the refresh must not put the old ports back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_from_an_older_listing_keeps_the_services_new_ports() -> Result<()> {
+    use k8s_openapi::api::core::v1::Service;
+    use kuryr_controller::handlers::service::ServiceHandler;
+    use kuryr_crds::KuryrLoadBalancer;
+    use neutron_emulator::{Emulator, EmulatorOptions};
+    let emulator = Emulator::start(EmulatorOptions::default()).await?;
+    let neutron = kuryr_neutron::NeutronClient::new(&kuryr_neutron::ClientOptions::noauth(emulator.url()))?;
+    let fx = neutron_fixture(&neutron, "10.96.0.0/16").await?;
+    let kube = start_kube().await?;
+    create_namespace(&kube.client, "web", json!({})).await?;
+    let platform = noauth_platform(
+        &kube.client,
+        &emulator.url(),
+        config(&format!(
+            "[neutron_defaults]\nproject = {}\npod_subnet = {}\nservice_subnet = {}\npod_security_groups = {}\n",
+            fx.project, fx.subnet, fx.subnet, fx.sg
+        )),
+    )?;
+    let handler = ServiceHandler::new(Context::build(platform)?);
+    let services: Api<Service> = Api::namespaced(kube.client.clone(), "web");
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "web"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "protocol": "TCP"}]}
+    }))?;
+    let listed = services.create(&PostParams::default(), &svc).await?;
+    handler.on_present(&listed).await?;
+    let now = services
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"ports": [{"port": 8080, "protocol": "TCP"}]}})),
+        )
+        .await?;
+    handler.on_present(&now).await?;
+    let klbs: Api<KuryrLoadBalancer> = Api::namespaced(kube.client.clone(), "web");
+    let ports = |klb: KuryrLoadBalancer| klb.spec.ports.iter().map(|p| p.port).collect::<Vec<_>>();
+    assert_eq!(ports(klbs.get("web").await?), [8080]);
+    let patched = handler.refresh(&listed).await?;
+    assert!(!patched, "nothing of the Service as it is now differs");
+    assert_eq!(
+        ports(klbs.get("web").await?),
+        [8080],
+        "the old port is not put back"
+    );
+    Ok(())
+}
+
 /// A KuryrPort deleted while its pod runs (by hand, or a namespace's deletion reaching KuryrPorts
 /// before pods): its port is not released - with a pool, it would be another pod's, address and
 /// all, while this one still used it. The KuryrPort waits, Terminating, with a Warning Event on

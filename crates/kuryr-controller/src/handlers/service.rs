@@ -326,34 +326,57 @@ impl ServiceHandler {
         }))
     }
 
-    /// Brings an existing KuryrLoadBalancer's spec to what `svc` asks for now (its groups and listener
+    /// Brings an existing KuryrLoadBalancer's spec to what `listed` asks for now (its groups and listener
     /// ACLs follow the network policies): what a policy change calls for each Service it affects. A Service
     /// without a KuryrLoadBalancer yet is left to its own handler. Returns whether the spec was patched.
-    pub async fn refresh(&self, svc: &Service) -> Result<bool, Error> {
-        if svc.metadata.deletion_timestamp.is_some() {
-            return Ok(false);
-        }
-        let ns = svc.namespace().unwrap_or_default();
+    ///
+    /// The listing may be older than a change of the Service this handler has applied since: the
+    /// Service is read again, and the spec written on condition that the KuryrLoadBalancer is still
+    /// as read (read again and decided again when it is not), so that a spec made from an older
+    /// Service (its old ports) is never put back.
+    pub async fn refresh(&self, listed: &Service) -> Result<bool, Error> {
+        const TRIES: usize = 3;
+        let ns = listed.namespace().unwrap_or_default();
+        let services: Api<Service> = Api::namespaced(self.ctx.kube.clone(), &ns);
         let api: Api<KuryrLoadBalancer> = Api::namespaced(self.ctx.kube.clone(), &ns);
-        let Some(klb) = api.get_opt(&svc.name_any()).await? else {
-            return Ok(false);
-        };
-        if klb.metadata.deletion_timestamp.is_some() {
-            return Ok(false);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let Some(svc) = services.get_opt(&listed.name_any()).await? else {
+                return Ok(false);
+            };
+            if svc.metadata.deletion_timestamp.is_some() {
+                return Ok(false);
+            }
+            let Some(klb) = api.get_opt(&svc.name_any()).await? else {
+                return Ok(false);
+            };
+            if klb.metadata.deletion_timestamp.is_some() {
+                return Ok(false);
+            }
+            let Some(Wanted {
+                spec: mut wanted,
+                deployment,
+                ip,
+                ..
+            }) = self.wanted(&svc, Some(&klb)).await?
+            else {
+                return Ok(false);
+            };
+            wanted.listener_acls = self
+                .listener_acls(&wanted, &deployment, ip, &klb.spec.endpoint_slices)
+                .await?;
+            match self.patch_if_differs(&api, &klb, &wanted, true).await {
+                Err(Error::Kube(kube::Error::Api(e))) if e.code == 409 && tries < TRIES => continue,
+                Err(Error::Kube(kube::Error::Api(e))) if e.code == 409 => {
+                    return Err(Error::not_ready(format!(
+                        "KuryrLoadBalancer {ns}/{} kept changing while its groups were written",
+                        svc.name_any()
+                    )));
+                }
+                other => return other,
+            }
         }
-        let Some(Wanted {
-            spec: mut wanted,
-            deployment,
-            ip,
-            ..
-        }) = self.wanted(svc, Some(&klb)).await?
-        else {
-            return Ok(false);
-        };
-        wanted.listener_acls = self
-            .listener_acls(&wanted, &deployment, ip, &klb.spec.endpoint_slices)
-            .await?;
-        self.patch_if_differs(&api, &klb, &wanted).await
     }
 
     /// The listener ACLs of `klb` again from its spec as it is now (its endpoint slices just
@@ -378,21 +401,24 @@ impl ServiceHandler {
         Ok(())
     }
 
+    /// Writes `wanted` over `klb`'s Service part when it differs; `conditional`: only onto `klb` as
+    /// read (409 when it changed since).
     async fn patch_if_differs(
         &self,
         api: &Api<KuryrLoadBalancer>,
         klb: &KuryrLoadBalancer,
         wanted: &KuryrLoadBalancerSpec,
+        conditional: bool,
     ) -> Result<bool, Error> {
         if !spec::service_part_differs(&klb.spec, wanted) {
             return Ok(false);
         }
-        api.patch(
-            &klb.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&spec_patch(wanted)?),
-        )
-        .await?;
+        let mut patch = spec_patch(wanted)?;
+        if conditional {
+            patch["metadata"] = serde_json::json!({"resourceVersion": klb.resource_version()});
+        }
+        api.patch(&klb.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
         Ok(true)
     }
 }
@@ -517,7 +543,9 @@ impl ServiceHandler {
                 wanted.listener_acls = self
                     .listener_acls(&wanted, &deployment, ip, &klb.spec.endpoint_slices)
                     .await?;
-                self.patch_if_differs(&api, &klb, &wanted).await.map(|_| ())
+                self.patch_if_differs(&api, &klb, &wanted, false)
+                    .await
+                    .map(|_| ())
             }
             None => {
                 // The slices that exist already go in with the spec, so that a new Service is one fully
