@@ -941,6 +941,42 @@ async fn a_refresh_from_an_older_listing_keeps_the_services_new_ports() -> Resul
     Ok(())
 }
 
+/// The vif handler's finalizer write answers with the pod as it is now: a pod that failed since the
+/// event the handler acts on (the kubelet refused it at admission) gets no KuryrPort, and no port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_failed_since_its_event_gets_no_kuryrport() -> Result<()> {
+    use kuryr_controller::handlers::vif::VifHandler;
+    let kube = start_kube().await?;
+    create_namespace(&kube.client, "f", json!({})).await?;
+    let platform = noauth_platform(
+        &kube.client,
+        "http://127.0.0.1:9",
+        config("[neutron_defaults]\nproject = p1\npod_subnet = s1\npod_security_groups = g1\n"),
+    )?;
+    let handler = VifHandler::new(Context::build(platform)?);
+    let pods: Api<Pod> = Api::namespaced(kube.client.clone(), "f");
+    let seen = create_pod(&kube.client, "f", "refused", NODES[0], json!({})).await?;
+    pods.patch_status(
+        "refused",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"status": {"phase": "Failed", "reason": "OutOfcpu"}})),
+    )
+    .await?;
+    handler.on_present(&seen).await?;
+    let kps: Api<KuryrPort> = Api::namespaced(kube.client.clone(), "f");
+    assert!(
+        kps.get_opt("refused").await?.is_none(),
+        "no KuryrPort for a failed pod"
+    );
+    let now = pods.get("refused").await?;
+    assert!(
+        !now.finalizers().iter().any(|f| f.starts_with("kuryr")),
+        "and no finalizer of ours left on it: {:?}",
+        now.finalizers()
+    );
+    Ok(())
+}
+
 /// A KuryrPort deleted while its pod runs (by hand, or a namespace's deletion reaching KuryrPorts
 /// before pods): its port is not released - with a pool, it would be another pod's, address and
 /// all, while this one still used it. The KuryrPort waits, Terminating, with a Warning Event on

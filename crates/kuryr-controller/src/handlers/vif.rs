@@ -188,6 +188,12 @@ impl ResourceEventHandler for VifHandler {
         } else {
             Box::pin(add_finalizer(&self.ctx.kube, pod, finalizers::POD)).await?
         });
+        // The write answers with the pod as it is now: one that completed since the event (the
+        // kubelet refused it at admission) gets no port. That answer's event is skipped as our
+        // own write, so it is decided on here.
+        if is_completed(&current) {
+            return self.on_finalize(&current).await;
+        }
         let found = if unseen {
             match Box::pin(self.create_kuryrport(pod, &current)).await? {
                 // Whose is the one in the way?
