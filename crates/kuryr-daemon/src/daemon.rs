@@ -123,10 +123,17 @@ pub trait PodEvents: Send + Sync {
     async fn publish(&self, pod: &PodKey, pod_uid: Option<&str>, reason: &str, message: &str, warning: bool);
 }
 
-/// Whether the Kubernetes API answers (for `/ready`).
+/// The Kubernetes API as the daemon asks it: whether it answers (for `/ready`), and a pod's UID.
 #[async_trait]
 pub trait ApiHealth: Send + Sync {
     async fn check(&self) -> Result<(), String>;
+
+    /// The UID of the pod named `key` (`None`: there is no such pod), read from the API (for an ADD
+    /// whose runtime passes no `K8S_POD_UID`, as upstream GETs the pod). An error leaves the ADD
+    /// to the pod watch's cache.
+    async fn pod_uid(&self, key: &PodKey) -> Result<Option<String>, String> {
+        Err(format!("no pod lookup here for {key}"))
+    }
 }
 
 pub struct NoEvents;
@@ -361,11 +368,33 @@ impl Daemon {
         }
     }
 
-    /// The UID of the pod an ADD is for: `K8S_POD_UID`, or, from a runtime that passes none, the
-    /// pod watch's (as upstream asked the API), so a re-created pod is never plugged into the old
-    /// pod's ports.
+    /// The UID of the pod an ADD is for: `K8S_POD_UID` or the one [`Self::pin_pod_uid`] read, or,
+    /// when neither the API nor the pod watch knew one at the start, the pod watch's now.
     fn pod_uid(&self, p: &CniParams) -> Option<String> {
         p.pod_uid.clone().or_else(|| self.registry.pod_uid(&p.key))
+    }
+
+    /// For a runtime that passes no `K8S_POD_UID`: the pod's UID read once at the start, as
+    /// upstream GETs the pod, so that the whole ADD is about that one pod (a deletion mid-wait is a
+    /// 410 at once; a re-created pod under the name never gets the old one's ports). The API
+    /// first; the pod watch's cache when the API cannot be asked; no pod at all is a 410.
+    async fn pin_pod_uid(&self, p: &mut CniParams, deadline: Instant) -> Result<(), DaemonError> {
+        if p.pod_uid.is_some() {
+            return Ok(());
+        }
+        let asked = tokio::time::timeout_at(deadline, self.api.pod_uid(&p.key)).await;
+        p.pod_uid = match asked {
+            Ok(Ok(Some(uid))) => Some(uid),
+            Ok(Ok(None)) => {
+                return Err(DaemonError::PodGone(format!("pod {} does not exist", p.key)));
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(pod = %p.key, error = %e, "pod not read from the API: its UID is the pod watch's");
+                self.registry.pod_uid(&p.key)
+            }
+            Err(_) => self.registry.pod_uid(&p.key),
+        };
+        Ok(())
     }
 
     fn timeout_error(&self, p: &CniParams, last: Option<Entry>, what: &str, waited: Duration) -> DaemonError {
@@ -531,7 +560,7 @@ impl Daemon {
     }
 
     async fn add_inner(self: &Arc<Self>, body: &[u8]) -> Result<AddResult, DaemonError> {
-        let p = CniParams::parse(body)?;
+        let mut p = CniParams::parse(body)?;
         p.validate(Command::Add)?;
         self.netns_exists(&p.req.netns)?;
         self.refuse_own_netns_path(&p.req.netns)?;
@@ -557,6 +586,8 @@ impl Daemon {
                 )));
             }
         };
+        // In a slot: at most max_concurrent_adds of these reads at once.
+        self.pin_pod_uid(&mut p, deadline).await?;
 
         // 1. the KuryrPort carries VIFs (the Event goes out as the wait starts)
         let kp = self

@@ -269,6 +269,19 @@ impl ApiHealth for KubeApiHealth {
             .map(|_| ())
             .map_err(|e| e.to_string())
     }
+
+    async fn pod_uid(&self, key: &PodKey) -> Result<Option<String>, String> {
+        let pods: Api<Pod> = Api::namespaced(self.0.clone(), &key.namespace);
+        match pods.get_opt(&key.name).await {
+            Ok(Some(pod)) => pod
+                .metadata
+                .uid
+                .map(Some)
+                .ok_or_else(|| format!("pod {key} has no metadata.uid")),
+            Ok(None) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    }
 }
 
 /// Run the daemon against a Kubernetes API until `shutdown` resolves: restore

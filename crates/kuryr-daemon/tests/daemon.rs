@@ -1411,3 +1411,115 @@ async fn an_add_answers_before_the_plugin_hangs_up() {
         assert!(e.to_string().contains("kuryr_daemon_timeout"), "{e}");
     }
 }
+
+/// An API that knows one pod's UID under each name (a pod absent from it does not exist).
+struct PodsApi(std::collections::HashMap<String, String>);
+
+#[async_trait]
+impl ApiHealth for PodsApi {
+    async fn check(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    async fn pod_uid(&self, key: &PodKey) -> Result<Option<String>, String> {
+        Ok(self.0.get(&key.name).cloned())
+    }
+}
+
+fn daemon_with_pods(pods: &[(&str, &str)]) -> Arc<Daemon> {
+    let mut cfg = DaemonConfig::new("n1");
+    cfg.vif_annotation_timeout = WAIT;
+    let pods = pods.iter().map(|(n, u)| (n.to_string(), u.to_string())).collect();
+    Daemon::new(cfg, Arc::new(NoEvents), Arc::new(PodsApi(pods)))
+}
+
+/// A runtime that passes no K8S_POD_UID: the pod is the one there when the ADD started (the
+/// pod watch's, the API not being asked here), so its deletion mid-wait is a 410 at once rather
+/// than a wait for its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_uid_less_add_ends_when_its_pod_is_deleted_mid_wait() {
+    use kube::runtime::watcher::Event as WEvent;
+    let d = event_driven_daemon();
+    let mut pods = kuryr_daemon::kube::PodTracker::default();
+    d.registry.pod_watch_started();
+    for ev in [
+        WEvent::Init,
+        WEvent::InitApply(watched_pod("gone-1", "u1")),
+        WEvent::InitDone,
+    ] {
+        pods.on_event(ev, &d.registry);
+    }
+    let add = tokio::spawn({
+        let d = d.clone();
+        async move { d.add(&add_without_uid("gone-1", "c1", other_netns())).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!add.is_finished(), "waits for the KuryrPort");
+    pods.on_event(WEvent::Delete(watched_pod("gone-1", "u1")), &d.registry);
+    let e = tokio::time::timeout(Duration::from_secs(5), add)
+        .await
+        .expect("410 at once, not after the VIF wait")
+        .unwrap()
+        .err()
+        .unwrap();
+    assert_eq!((e.code(), e.status().as_u16()), (3, 410), "{e}");
+}
+
+/// The same runtime: the API names the pod under the name (as upstream GETs it); a pod watch behind
+/// it (still showing the deleted pod, whose KuryrPort is being released) never gets the new pod
+/// plugged into the old one's port, and a pod the API does not have is a 410 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_uid_less_add_goes_by_the_pod_the_api_names() {
+    use kube::runtime::watcher::Event as WEvent;
+    let d = daemon_with_pods(&[("db-9", "u-new")]);
+    let e = tokio::time::timeout(
+        Duration::from_secs(5),
+        d.add(&add_without_uid("nobody", "c1", other_netns())),
+    )
+    .await
+    .expect("at once")
+    .err()
+    .unwrap();
+    assert_eq!(e.code(), 3, "{e}");
+    assert!(e.to_string().contains("default/nobody"), "{e}");
+    if !can_netns() {
+        return;
+    }
+    let old = BridgePod::new("kdo", "o", "fa:16:3e:00:3d:01", "10.96.0.0/24", "10.96.0.5");
+    let new = BridgePod::new("kdn", "n", "fa:16:3e:00:3d:02", "10.96.0.0/24", "10.96.0.6");
+    let mut pods = kuryr_daemon::kube::PodTracker::default();
+    d.registry.pod_watch_started();
+    for ev in [
+        WEvent::Init,
+        WEvent::InitApply(watched_pod("db-9", "u-old")),
+        WEvent::InitDone,
+    ] {
+        pods.on_event(ev, &d.registry);
+    }
+    d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "db-9",
+        "u-old",
+        "n1",
+        std::slice::from_ref(&old.v0),
+    ));
+    let add = tokio::spawn({
+        let (d, body) = (d.clone(), add_without_uid("db-9", "c-n", &old.ns.path()));
+        async move { d.add(&body).await }
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!add.is_finished(), "the KuryrPort is the deleted pod's");
+    assert!(
+        !host_ok(&["ip", "-o", "link"]).contains(&old.tap),
+        "the old pod's VIF is not plugged"
+    );
+    d.registry.apply_kuryrport(kuryrport(
+        "default",
+        "db-9",
+        "u-new",
+        "n1",
+        std::slice::from_ref(&new.v0),
+    ));
+    let res = add.await.unwrap().unwrap();
+    assert_eq!(res.vif["versioned_object.data"]["address"], new.v0.mac.as_str());
+}
