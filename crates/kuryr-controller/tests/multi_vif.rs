@@ -449,6 +449,78 @@ async fn an_interrupted_specific_port_claim_is_resumed_and_restored() -> Result<
     Ok(())
 }
 
+/// A crash between claiming a specific port and recording it, and the pod deleted before any
+/// controller wired it again: kuryr never tags a user's port, so only the pod's annotation finds
+/// it. Its KuryrPort's finalizer puts it back unclaimed, so the next pod naming it gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_specific_port_claimed_but_never_recorded_is_put_back_with_its_pod() -> Result<()> {
+    use kuryr_crds::names::finalizers;
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.44.0.0/24").await?;
+        let sub = extra_subnet(neutron, &fx.project, "spec", "10.45.0.0/24").await?;
+        let net = neutron.get_subnet(&sub).await?.network_id;
+        let mut req = kuryr_neutron::PortCreate::new(net);
+        req.name = Some("precreated".into());
+        req.project_id = Some(fx.project.clone());
+        let before = neutron.create_port(&req).await?;
+        create_namespace(&kube.client, NS, json!({})).await?;
+        let annotations = json!({"spec-ports": json!([before.id]).to_string()});
+        let pod = create_pod_with(&kube.client, "lost", annotations.clone(), json!({})).await?;
+        // What the crashed controller had done: the pod's finalizer, its KuryrPort with nothing
+        // recorded, the claim.
+        let pods = Api::<Pod>::namespaced(kube.client.clone(), NS);
+        pods.patch(
+            "lost",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&json!({"metadata": {"finalizers": [finalizers::POD]}})),
+        )
+        .await?;
+        let kp: KuryrPort = serde_json::from_value(json!({
+            "apiVersion": "openstack.org/v1", "kind": "KuryrPort",
+            "metadata": {"name": "lost", "namespace": NS, "finalizers": [finalizers::KURYRPORT]},
+            "spec": {"podUid": pod.uid(), "podNodeName": NODES[0]}
+        }))?;
+        Api::<KuryrPort>::namespaced(kube.client.clone(), NS)
+            .create(&PostParams::default(), &kp)
+            .await?;
+        neutron
+            .update_port(
+                &before.id,
+                &kuryr_neutron::PortUpdate {
+                    device_id: pod.uid(),
+                    device_owner: Some("compute:kuryr".into()),
+                    binding_host_id: Some(NODES[0].into()),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        pods.delete("lost", &DeleteParams::default()).await?;
+        let ctrl = start_controller(&kube.client, &target, config(&multi_config(&fx, None)), "c1");
+        eventually("the pod gone", WAIT, || async {
+            Ok(pods.get_opt("lost").await?.is_none().then_some(()))
+        })
+        .await?;
+        let after = neutron.get_port(&before.id).await?;
+        assert_eq!(
+            (&after.name, &after.device_id, &after.device_owner),
+            (&before.name, &before.device_id, &before.device_owner),
+            "{}: put back unclaimed",
+            target.name
+        );
+        // The next pod naming it gets it.
+        create_pod_with(&kube.client, "next", annotations, json!({})).await?;
+        let kp = wired(&kube.client, "next", 2).await?;
+        assert_eq!(vif(&kp, "eth1").id(), before.id, "{}", target.name);
+        delete_pod_and_wait(&kube.client, "next").await?;
+        ctrl.stop.cancel();
+        cleanup_project(neutron, &fx.project).await;
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sriov_request_gets_direct_ports_on_the_physnet() -> Result<()> {
     init_logs();

@@ -393,6 +393,9 @@ impl ResourceEventHandler for KuryrPortHandler {
         if self.may_have_unrecorded(kp) {
             let drivers = self.ctx.drivers.pod_vif_drivers();
             wiring::unrecorded::release_unrecorded(&self.ctx, &drivers, kp, &vifs).await?;
+            if let Some(pod) = &pod {
+                wiring::unrecorded::restore_unrecorded_claims(&self.ctx, pod, &vifs).await?;
+            }
         }
         remove_finalizer(&self.ctx.kube, kp, finalizers::KURYRPORT).await?;
         if let Some(uid) = kp.uid() {

@@ -5,14 +5,18 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kuryr_crds::KuryrPort;
-use kuryr_crds::names::device_owner::TRUNK_SUBPORT;
+use kuryr_crds::names::annotations::SPEC_PORTS;
+use kuryr_crds::names::device_owner::{COMPUTE_KURYR, TRUNK_SUBPORT};
 use kuryr_crds::names::neutron as tags;
 use kuryr_neutron::{ListFilter, Port};
 
 use super::record::RecordedVif;
 use crate::context::Platform;
+use crate::drivers::multi_vif::PortRestore;
+use crate::drivers::multi_vif::specific_ports::parse as spec_ports;
 use crate::drivers::vif::{VifDriver, detach_and_delete, subports_by_port};
 use crate::error::Error;
 
@@ -93,6 +97,55 @@ pub async fn release_unrecorded(
                     "deleted a port created for the pod but never recorded (crash mid-request)"),
                 Err(e) => errors.push(e),
             }
+        }
+    }
+    Error::collect(errors)
+}
+
+/// Puts back unclaimed the user's pre-created ports (`spec-ports`) `pod` claimed without the
+/// claim being recorded (a crash between the two). Kuryr never tags them, so neither the lookup
+/// by tags nor the orphan sweep finds them: the pod's annotation names them. Left claimed, every
+/// later pod naming one would be refused it as in use. Every failure is kept.
+pub async fn restore_unrecorded_claims(
+    ctx: &Platform,
+    pod: &Pod,
+    recorded: &[RecordedVif],
+) -> Result<(), Error> {
+    let Some(ids) = pod
+        .annotations()
+        .get(SPEC_PORTS)
+        .and_then(|raw| spec_ports(raw).ok())
+    else {
+        return Ok(());
+    };
+    let uid = pod.uid().unwrap_or_default();
+    let known: HashSet<&str> = recorded.iter().map(|r| r.vif.id()).collect();
+    let mut errors = Vec::new();
+    for id in ids.iter().filter(|id| !known.contains(id.as_str())) {
+        for deployment in ctx.deployments.names() {
+            let client = ctx.deployments.client(deployment)?;
+            let port = match client.get_port(id).await {
+                Ok(port) => port,
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => {
+                    errors.push(e.into());
+                    continue;
+                }
+            };
+            if port.device_id != uid || port.device_owner != COMPUTE_KURYR {
+                break;
+            }
+            // On condition that nobody changed it since: a claim of someone else stays theirs.
+            match client
+                .update_port_if_revision(id, &PortRestore::unclaimed(&port).update(), port.revision_number)
+                .await
+            {
+                Ok(_) => tracing::info!(port = %id, deployment, pod = %pod.name_any(),
+                    "put back unclaimed a pre-created port the pod claimed but never recorded (crash mid-claim)"),
+                Err(e) if e.is_not_found() => {}
+                Err(e) => errors.push(e.into()),
+            }
+            break;
         }
     }
     Error::collect(errors)
