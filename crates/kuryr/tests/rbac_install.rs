@@ -378,6 +378,14 @@ async fn controller_and_two_daemons_wire_a_pod_with_the_generated_service_accoun
     for _ in 0..2 {
         kuryr_daemon::PodEvents::publish(&daemon_events, &key, None, "CNITimedOut", "test", true).await;
     }
+    // An ADD from a runtime that passes no K8S_POD_UID reads the pod's uid with the daemon's identity.
+    let api = kuryr_daemon::kube::KubeApiHealth(
+        client(&handle, &handle.service_account_token("kuryr", "kuryr-cni")).await?,
+    );
+    let uid = kuryr_daemon::daemon::ApiHealth::pod_uid(&api, &key)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    assert!(uid.is_some_and(|u| !u.is_empty()), "the pod's uid read");
 
     // Deleting the pods releases their ports and removes the KuryrPorts.
     let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(admin.clone(), "default");

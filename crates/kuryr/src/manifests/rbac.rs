@@ -826,6 +826,12 @@ pub fn cni_grants() -> Vec<Grant> {
         g(
             CORE,
             "pods",
+            "get",
+            "kuryr-daemon kube.rs reads the pod of an ADD that names no K8S_POD_UID (its uid, once)",
+        ),
+        g(
+            CORE,
+            "pods",
             "list",
             "kuryr-daemon kube.rs lists its node's pods (spec.nodeName)",
         ),
