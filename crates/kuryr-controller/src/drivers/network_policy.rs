@@ -173,47 +173,48 @@ impl NetworkPolicyDriver {
 
     /// Ingress always allowed from these prefixes (the nodes' subnets: kubelet probes).
     pub fn with_host_cidrs(mut self, cidrs: Vec<Cidr>) -> Self {
-        self.options = tokio::sync::OnceCell::new_with(Some(Self::options_with(cidrs)));
+        self.options = tokio::sync::OnceCell::new_with(Some(Self::options_with(cidrs, Vec::new())));
         self
     }
 
-    fn options_with(host_cidrs: Vec<Cidr>) -> Options {
+    fn options_with(host_cidrs: Vec<Cidr>, service_cidrs: Vec<Cidr>) -> Options {
         Options {
             host_cidrs,
             namespace_service_vips: true,
+            service_cidrs,
         }
     }
 
-    /// The model's options, the nodes' prefixes read from Neutron on first use.
+    /// The model's options, the subnets' prefixes read from Neutron on first use.
     async fn options(&self) -> Result<&Options, Error> {
         self.options
-            .get_or_try_init(|| async { Ok(Self::options_with(self.read_host_cidrs().await?)) })
+            .get_or_try_init(|| async {
+                let services = self.read_service_cidrs().await;
+                let mut hosts = self.read_node_cidrs().await?;
+                if self.config.octavia_defaults.enforce_sg_rules {
+                    hosts.extend(services.iter().copied());
+                    hosts.sort();
+                    hosts.dedup();
+                }
+                Ok(Self::options_with(hosts, services))
+            })
             .await
     }
 
-    /// The CIDRs of the configured node subnets (and the service subnet with `enforce_sg_rules`),
-    /// each looked up in the deployments in turn; one found in none is left out with a warning
-    /// (a typo in kuryr.conf must not keep every policy from being applied).
-    async fn read_host_cidrs(&self) -> Result<Vec<Cidr>, Error> {
-        let mut ids: Vec<String> = self.config.pod_vif_nested.worker_nodes_subnets.clone();
-        if self.config.octavia_defaults.enforce_sg_rules
-            && let Some(svc) = &self.config.neutron_defaults.service_subnet
-        {
-            ids.push(svc.clone());
-        }
+    /// The CIDRs of the configured node subnets, each looked up in the deployments in turn; one
+    /// found in none is left out with a warning (a typo in kuryr.conf must not keep every policy
+    /// from being applied).
+    async fn read_node_cidrs(&self) -> Result<Vec<Cidr>, Error> {
         let mut cidrs = Vec::new();
-        'subnets: for id in ids {
+        'subnets: for id in &self.config.pod_vif_nested.worker_nodes_subnets {
             // A deployment that cannot answer may not be the one holding the subnet: the others
             // are asked before it fails the read.
             let mut failed = None;
             for deployment in self.deployments.names() {
                 let client = self.deployments.client(deployment)?;
-                match client.get_subnet(&id).await {
+                match client.get_subnet(id).await {
                     Ok(s) => {
-                        let cidr = s.cidr.parse::<Cidr>().map_err(|e| {
-                            Error::invalid(format!("subnet {id}"), format!("cidr {:?}: {e}", s.cidr))
-                        })?;
-                        cidrs.push(cidr);
+                        cidrs.push(subnet_cidr(id, &s.cidr)?);
                         continue 'subnets;
                     }
                     Err(e) if e.is_not_found() => {}
@@ -223,11 +224,40 @@ impl NetworkPolicyDriver {
             if let Some(e) = failed {
                 return Err(e.into());
             }
-            tracing::warn!(subnet = %id, "node or service subnet not found in any deployment: policies do not open ingress from it");
+            tracing::warn!(subnet = %id, "node subnet not found in any deployment: policies do not open ingress from it");
         }
         cidrs.sort();
         cidrs.dedup();
         Ok(cidrs)
+    }
+
+    /// The CIDRs of every deployment's service subnet, each read where it is configured. One that
+    /// cannot be read is left out with a warning: the Services' range is the cluster's, the same in
+    /// every deployment's subnet, and a deployment that is out must not keep policies elsewhere
+    /// from being applied.
+    async fn read_service_cidrs(&self) -> Vec<Cidr> {
+        let mut cidrs = Vec::new();
+        for deployment in self.deployments.names() {
+            let Some(id) = self.config.service_options(deployment).service_subnet else {
+                continue;
+            };
+            let read = match self.deployments.client(deployment) {
+                Ok(client) => client
+                    .get_subnet(&id)
+                    .await
+                    .map_err(Error::from)
+                    .and_then(|s| subnet_cidr(&id, &s.cidr)),
+                Err(e) => Err(e.into()),
+            };
+            match read {
+                Ok(cidr) => cidrs.push(cidr),
+                Err(e) => tracing::warn!(deployment, subnet = %id, error = %e,
+                    "service subnet not read: egress ipBlocks holding its range admit its VIPs"),
+            }
+        }
+        cidrs.sort();
+        cidrs.dedup();
+        cidrs
     }
 
     /// The placement's project mapping (a project's id in each deployment).
@@ -1778,4 +1808,10 @@ mod tests {
             assert_ne!(r, any, "{p} is not every protocol");
         }
     }
+}
+
+/// A subnet's `cidr`, parsed.
+fn subnet_cidr(id: &str, cidr: &str) -> Result<Cidr, Error> {
+    cidr.parse::<Cidr>()
+        .map_err(|e| Error::invalid(format!("subnet {id}"), format!("cidr {cidr:?}: {e}")))
 }

@@ -84,6 +84,10 @@ pub struct Options {
     /// Allow ingress from the VIPs of the policy namespace's Services: OVN load balancers answer
     /// hairpin traffic with the VIP as source (upstream's `_get_service_ingress_rules`).
     pub namespace_service_vips: bool,
+    /// The Services' address ranges (the service subnets). An egress ipBlock does not admit a
+    /// VIP by holding its address: the load balancer forwards to backends the block may not
+    /// hold, or excepts (a VIP is admitted by the backends behind the peer, `service_rules`).
+    pub service_cidrs: Vec<Cidr>,
 }
 
 /// The security group variant every selected pod gets unless ingress named ports resolve
@@ -159,6 +163,8 @@ fn egress_candidates<'a>(
 
 struct Builder<'a> {
     index: &'a ClusterIndex,
+    /// [`Options::service_cidrs`].
+    service_cidrs: &'a [Cidr],
     out: DesiredPolicy,
 }
 
@@ -199,8 +205,15 @@ impl Builder<'_> {
         rules: &mut BTreeSet<Rule>,
     ) {
         let mut by_port: BTreeMap<Option<u16>, BTreeSet<Cidr>> = BTreeMap::new();
-        let mut add = |svc: &ServiceInfo, admitted: &dyn Fn(&ServicePort) -> bool| {
-            let vips = host_prefixes(svc.vips.iter().copied());
+        // `reached`: the backend addresses the peer covers. A VIP of a family none of them has
+        // is not admitted: the load balancer would forward it to addresses outside the peer.
+        let mut add = |svc: &ServiceInfo, reached: &[IpAddr], admitted: &dyn Fn(&ServicePort) -> bool| {
+            let vips = host_prefixes(
+                svc.vips
+                    .iter()
+                    .copied()
+                    .filter(|v| reached.iter().any(|ip| ip.is_ipv6() == v.is_ipv6())),
+            );
             if vips.is_empty() {
                 return;
             }
@@ -215,8 +228,34 @@ impl Builder<'_> {
                 }
             }
         };
-        for (svc, picked) in self.index.services_selecting(behind) {
-            add(svc, &|sp| picked.iter().any(|pod| admits(sp, pod)));
+        for (ns, svc, picked) in self.index.services_selecting(behind) {
+            let reached: Vec<IpAddr> = match peer {
+                // As for a Service without a selector: per family, the block must hold every
+                // backend the load balancer may pick.
+                Some(Peer::Block { allowed, .. }) => {
+                    let backends: Vec<IpAddr> = self
+                        .index
+                        .selected_by(ns, svc)
+                        .flat_map(|p| p.ips.iter().copied())
+                        .collect();
+                    let inside = |ip: &IpAddr| allowed.iter().any(|c| c.contains_ip(*ip));
+                    [false, true]
+                        .into_iter()
+                        .filter(|v6| allowed.iter().any(|c| c.is_v6() == *v6))
+                        .flat_map(|v6| {
+                            let of_family: Vec<IpAddr> =
+                                backends.iter().copied().filter(|ip| ip.is_ipv6() == v6).collect();
+                            if of_family.iter().all(inside) {
+                                of_family
+                            } else {
+                                Vec::new()
+                            }
+                        })
+                        .collect()
+                }
+                _ => picked.iter().flat_map(|p| p.ips.iter().copied()).collect(),
+            };
+            add(svc, &reached, &|sp| picked.iter().any(|pod| admits(sp, pod)));
         }
         let peer_ips: BTreeSet<IpAddr> = match peer {
             Some(Peer::Pods { .. }) => behind.iter().flat_map(|(_, p)| p.ips.iter().copied()).collect(),
@@ -249,7 +288,8 @@ impl Builder<'_> {
             if reached.is_empty() {
                 continue;
             }
-            add(svc, &|sp| {
+            let addresses: Vec<IpAddr> = reached.iter().map(|b| b.ip).collect();
+            add(svc, &addresses, &|sp| {
                 reached
                     .iter()
                     .any(|b| ServiceInfo::backend_port(sp, b).is_some_and(&admits_backend))
@@ -308,7 +348,14 @@ impl Builder<'_> {
                             allowed.len()
                         ));
                     }
-                    allowed.iter().copied().map(Remote::Prefix).collect()
+                    let allowed: Vec<Cidr> = match dir {
+                        Direction::Egress => allowed
+                            .iter()
+                            .flat_map(|c| c.subtract(self.service_cidrs))
+                            .collect(),
+                        Direction::Ingress => allowed.clone(),
+                    };
+                    allowed.into_iter().map(Remote::Prefix).collect()
                 }
                 Some(p @ Peer::Pods { .. }) => {
                     let addrs =
@@ -323,8 +370,10 @@ impl Builder<'_> {
             // The pods behind an egress peer, for the Services in front of them.
             // (Not looked for at all in a cluster without Services: it lists every pod.)
             let behind: Vec<(&PodKey, &PodInfo)> = match dir {
+                // A pod without an address (pending, finished) is behind no Service.
                 Direction::Egress if !self.index.services.is_empty() => egress_candidates(self.index, *peer)
                     .into_iter()
+                    .filter(|(_, _, ips)| !ips.is_empty())
                     .map(|(k, p, _)| (k, p))
                     .collect(),
                 _ => Vec::new(),
@@ -436,6 +485,7 @@ pub fn desired(policy: &PolicySpec, index: &ClusterIndex, opts: &Options) -> Des
     let names = policy.ingress_port_names();
     let mut b = Builder {
         index,
+        service_cidrs: &opts.service_cidrs,
         out: DesiredPolicy::default(),
     };
     // Variants: the base one always (a pod not created yet gets it), plus one per resolution.

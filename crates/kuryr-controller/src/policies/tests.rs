@@ -622,6 +622,114 @@ fn egress_to_a_service_backend_port_admits_its_vip_on_the_service_port() {
     );
 }
 
+/// A VIP is admitted by the backends behind the peer, never by an ipBlock holding its address: the
+/// block minus its except (Kubernetes' e2e "except clause while egress access to server in CIDR
+/// block") does not reach the excepted pod through its Service; a block holding one of a Service's
+/// two backends admits no VIP (the load balancer may pick the other); a VIP of a family no reached
+/// backend has is not admitted; a peer pod without an address stands behind no Service.
+#[test]
+fn a_vip_is_admitted_by_the_backends_behind_the_peer_only() {
+    use crate::policies::index::{ServicePort, TargetPort};
+    let mut index = cluster();
+    let http = vec![ServicePort {
+        name: String::new(),
+        protocol: Protocol::Tcp,
+        port: 80,
+        target: TargetPort::Number(80),
+    }];
+    let svc = |vips: &[&str], sel: &[(&str, &str)]| ServiceInfo {
+        vips: vips.iter().map(|v| v.parse().expect("ip")).collect(),
+        selector: Some(labels(sel)),
+        ports: http.clone(),
+        endpoints: vec![],
+    };
+    // x/b behind s-x-b (dual-stack VIPs, IPv4 pod); x/a and x/c behind "two".
+    index.services.insert(
+        ("x".into(), "s-x-b".into()),
+        svc(&["10.96.0.11", "fd00:96::11"], &[("pod", "b")]),
+    );
+    index.services.insert(
+        ("x".into(), "two".into()),
+        svc(&["10.96.0.12"], &[("app", "two")]),
+    );
+    for p in ["a", "c"] {
+        if let Some(i) = index.pods.get_mut(&PodKey::new("x", p)) {
+            i.labels.insert("app".into(), "two".into());
+        }
+    }
+    // x/d: a peer pod with no address yet, behind "pending".
+    index.pods.insert(
+        PodKey::new("x", "d"),
+        PodInfo {
+            uid: None,
+            labels: labels(&[("pod", "d")]),
+            ips: vec![],
+            named_ports: vec![],
+        },
+    );
+    index.services.insert(
+        ("x".into(), "pending".into()),
+        svc(&["10.96.0.13"], &[("pod", "d")]),
+    );
+    let opts = Options {
+        service_cidrs: vec![c("10.96.0.0/12"), c("fd00:96::/112")],
+        ..Options::default()
+    };
+    let egress = |to: Value| {
+        let p = policy(
+            "x",
+            "out",
+            json!({"podSelector": {"matchLabels": {"pod": "a"}}, "policyTypes": ["Egress"],
+                   "egress": [{"to": [to], "ports": [{"port": 80}]}]}),
+        );
+        desired(&p, &index, &opts)
+    };
+    let admitted = |d: &DesiredPolicy| -> BTreeSet<Cidr> {
+        base(d)
+            .iter()
+            .filter(|r| r.direction == Direction::Egress)
+            .flat_map(|r| match &r.remote {
+                Remote::Group(k) => d.address_groups[k].iter().copied().collect::<Vec<_>>(),
+                Remote::Prefix(p) => vec![*p],
+                Remote::Any => vec![c("0.0.0.0/0"), c("::/0")],
+                Remote::Foreign(_) => vec![],
+            })
+            .collect()
+    };
+    let holds = |d: &DesiredPolicy, ip: &str| {
+        let ip: std::net::IpAddr = ip.parse().expect("ip");
+        admitted(d).iter().any(|c| c.contains_ip(ip))
+    };
+    let except_b = egress(json!({"ipBlock": {"cidr": "0.0.0.0/4", "except": ["10.0.0.2/32"]}}));
+    assert!(
+        !holds(&except_b, "10.96.0.11"),
+        "x/b excepted: not through its VIP either"
+    );
+    assert!(!holds(&except_b, "10.0.0.2"));
+    assert!(holds(&except_b, "10.0.0.1"), "the rest of the block stays");
+    assert!(
+        holds(&except_b, "10.96.0.12"),
+        "both of two's backends in the block: its VIP (by the backends, not by the block)"
+    );
+    let whole = egress(json!({"ipBlock": {"cidr": "10.0.0.0/16"}}));
+    assert!(holds(&whole, "10.96.0.11"), "x/b in the block: its VIP");
+    assert!(
+        !holds(&whole, "fd00:96::11"),
+        "an IPv4 block reaches no IPv6 backend"
+    );
+    assert!(holds(&whole, "10.96.0.12"), "both of two's backends in the block");
+    let one_of_two = egress(json!({"ipBlock": {"cidr": "10.0.0.3/32"}}));
+    assert!(
+        !holds(&one_of_two, "10.96.0.12"),
+        "x/c of two's x/a and x/c: not the VIP"
+    );
+    let to_d = egress(json!({"podSelector": {"matchLabels": {"pod": "d"}}}));
+    assert!(
+        !holds(&to_d, "10.96.0.13"),
+        "a peer without an address is behind no Service"
+    );
+}
+
 /// A Service without a selector (`kubernetes.default`: its EndpointSlice names the API servers)
 /// is in front of the addresses of its slices: egress to them admits its VIP on the Service's
 /// port, as egress to a selector's pods does. An ipBlock must hold all of them, a pod peer one.
@@ -800,6 +908,7 @@ fn service_vip_hook() {
     let opts = Options {
         host_cidrs: vec![c("192.168.0.0/24")],
         namespace_service_vips: true,
+        service_cidrs: vec![],
     };
     let d = desired(&p, &index, &opts);
     let egress: BTreeSet<BTreeSet<Cidr>> = base(&d)
@@ -989,6 +1098,7 @@ fn the_tracker_reconciles_only_the_policies_a_relabel_or_a_namespace_change_move
     let opts = Options {
         host_cidrs: vec![],
         namespace_service_vips: true,
+        service_cidrs: vec![],
     };
     let from_b = policy(
         "x",
@@ -1074,6 +1184,7 @@ fn the_tracker_finds_every_moved_policy_a_full_recomputation_finds() {
     let opts = Options {
         host_cidrs: vec![],
         namespace_service_vips: true,
+        service_cidrs: vec![],
     };
     let namespaces = ["x", "y", "z"];
     let pods = ["a", "b", "c", "d"];
