@@ -173,15 +173,14 @@ impl NetworkPolicyDriver {
 
     /// Ingress always allowed from these prefixes (the nodes' subnets: kubelet probes).
     pub fn with_host_cidrs(mut self, cidrs: Vec<Cidr>) -> Self {
-        self.options = tokio::sync::OnceCell::new_with(Some(Self::options_with(cidrs, Vec::new())));
+        self.options = tokio::sync::OnceCell::new_with(Some(Self::options_with(cidrs)));
         self
     }
 
-    fn options_with(host_cidrs: Vec<Cidr>, service_cidrs: Vec<Cidr>) -> Options {
+    fn options_with(host_cidrs: Vec<Cidr>) -> Options {
         Options {
             host_cidrs,
             namespace_service_vips: true,
-            service_cidrs,
         }
     }
 
@@ -189,14 +188,13 @@ impl NetworkPolicyDriver {
     async fn options(&self) -> Result<&Options, Error> {
         self.options
             .get_or_try_init(|| async {
-                let services = self.read_service_cidrs().await;
                 let mut hosts = self.read_node_cidrs().await?;
                 if self.config.octavia_defaults.enforce_sg_rules {
-                    hosts.extend(services.iter().copied());
+                    hosts.extend(self.read_service_cidrs().await);
                     hosts.sort();
                     hosts.dedup();
                 }
-                Ok(Self::options_with(hosts, services))
+                Ok(Self::options_with(hosts))
             })
             .await
     }
@@ -234,7 +232,8 @@ impl NetworkPolicyDriver {
     /// The CIDRs of every deployment's service subnet, each read where it is configured. One that
     /// cannot be read is left out with a warning: the Services' range is the cluster's, the same in
     /// every deployment's subnet, and a deployment that is out must not keep policies elsewhere
-    /// from being applied.
+    /// from being applied (their pods keep admitting the load balancers' health checks from the
+    /// subnets that were read).
     async fn read_service_cidrs(&self) -> Vec<Cidr> {
         let mut cidrs = Vec::new();
         for deployment in self.deployments.names() {
@@ -247,12 +246,12 @@ impl NetworkPolicyDriver {
                     .await
                     .map_err(Error::from)
                     .and_then(|s| subnet_cidr(&id, &s.cidr)),
-                Err(e) => Err(e.into()),
+                Err(e) => Err(e),
             };
             match read {
                 Ok(cidr) => cidrs.push(cidr),
                 Err(e) => tracing::warn!(deployment, subnet = %id, error = %e,
-                    "service subnet not read: egress ipBlocks holding its range admit its VIPs"),
+                    "service subnet not read: isolated pods do not open ingress from it"),
             }
         }
         cidrs.sort();
@@ -1725,6 +1724,12 @@ fn default_ports(kp: &KuryrPort) -> BTreeMap<String, Vec<String>> {
     ports
 }
 
+/// A subnet's `cidr`, parsed.
+fn subnet_cidr(id: &str, cidr: &str) -> Result<Cidr, Error> {
+    cidr.parse::<Cidr>()
+        .map_err(|e| Error::invalid(format!("subnet {id}"), format!("cidr {cidr:?}: {e}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1808,10 +1813,4 @@ mod tests {
             assert_ne!(r, any, "{p} is not every protocol");
         }
     }
-}
-
-/// A subnet's `cidr`, parsed.
-fn subnet_cidr(id: &str, cidr: &str) -> Result<Cidr, Error> {
-    cidr.parse::<Cidr>()
-        .map_err(|e| Error::invalid(format!("subnet {id}"), format!("cidr {cidr:?}: {e}")))
 }

@@ -84,10 +84,6 @@ pub struct Options {
     /// Allow ingress from the VIPs of the policy namespace's Services: OVN load balancers answer
     /// hairpin traffic with the VIP as source (upstream's `_get_service_ingress_rules`).
     pub namespace_service_vips: bool,
-    /// The Services' address ranges (the service subnets). An egress ipBlock does not admit a
-    /// VIP by holding its address: the load balancer forwards to backends the block may not
-    /// hold, or excepts (a VIP is admitted by the backends behind the peer, `service_rules`).
-    pub service_cidrs: Vec<Cidr>,
 }
 
 /// The security group variant every selected pod gets unless ingress named ports resolve
@@ -163,8 +159,6 @@ fn egress_candidates<'a>(
 
 struct Builder<'a> {
     index: &'a ClusterIndex,
-    /// [`Options::service_cidrs`].
-    service_cidrs: &'a [Cidr],
     out: DesiredPolicy,
 }
 
@@ -228,33 +222,12 @@ impl Builder<'_> {
                 }
             }
         };
-        for (ns, svc, picked) in self.index.services_selecting(behind) {
-            let reached: Vec<IpAddr> = match peer {
-                // As for a Service without a selector: per family, the block must hold every
-                // backend the load balancer may pick.
-                Some(Peer::Block { allowed, .. }) => {
-                    let backends: Vec<IpAddr> = self
-                        .index
-                        .selected_by(ns, svc)
-                        .flat_map(|p| p.ips.iter().copied())
-                        .collect();
-                    let inside = |ip: &IpAddr| allowed.iter().any(|c| c.contains_ip(*ip));
-                    [false, true]
-                        .into_iter()
-                        .filter(|v6| allowed.iter().any(|c| c.is_v6() == *v6))
-                        .flat_map(|v6| {
-                            let of_family: Vec<IpAddr> =
-                                backends.iter().copied().filter(|ip| ip.is_ipv6() == v6).collect();
-                            if of_family.iter().all(inside) {
-                                of_family
-                            } else {
-                                Vec::new()
-                            }
-                        })
-                        .collect()
-                }
-                _ => picked.iter().flat_map(|p| p.ips.iter().copied()).collect(),
-            };
+        for (svc, picked) in self.index.services_selecting(behind) {
+            let reached: Vec<IpAddr> = picked
+                .iter()
+                .flat_map(|p| p.ips.iter().copied())
+                .filter(|ip| !matches!(peer, Some(b @ Peer::Block { .. }) if !b.block_holds(*ip)))
+                .collect();
             add(svc, &reached, &|sp| picked.iter().any(|pod| admits(sp, pod)));
         }
         let peer_ips: BTreeSet<IpAddr> = match peer {
@@ -348,14 +321,7 @@ impl Builder<'_> {
                             allowed.len()
                         ));
                     }
-                    let allowed: Vec<Cidr> = match dir {
-                        Direction::Egress => allowed
-                            .iter()
-                            .flat_map(|c| c.subtract(self.service_cidrs))
-                            .collect(),
-                        Direction::Ingress => allowed.clone(),
-                    };
-                    allowed.into_iter().map(Remote::Prefix).collect()
+                    allowed.iter().copied().map(Remote::Prefix).collect()
                 }
                 Some(p @ Peer::Pods { .. }) => {
                     let addrs =
@@ -485,7 +451,6 @@ pub fn desired(policy: &PolicySpec, index: &ClusterIndex, opts: &Options) -> Des
     let names = policy.ingress_port_names();
     let mut b = Builder {
         index,
-        service_cidrs: &opts.service_cidrs,
         out: DesiredPolicy::default(),
     };
     // Variants: the base one always (a pod not created yet gets it), plus one per resolution.

@@ -324,7 +324,7 @@ impl ClusterIndex {
     pub fn services_selecting<'a>(
         &'a self,
         pods: &'a [(&'a PodKey, &'a PodInfo)],
-    ) -> impl Iterator<Item = (&'a str, &'a ServiceInfo, Vec<&'a PodInfo>)> + 'a {
+    ) -> impl Iterator<Item = (&'a ServiceInfo, Vec<&'a PodInfo>)> + 'a {
         self.services.iter().filter_map(move |((ns, _), svc)| {
             let sel = svc.selector.as_ref()?;
             let picked: Vec<&PodInfo> = pods
@@ -334,35 +334,8 @@ impl ClusterIndex {
                 })
                 .map(|(_, p)| *p)
                 .collect();
-            (!picked.is_empty()).then_some((ns.as_str(), svc, picked))
+            (!picked.is_empty()).then_some((svc, picked))
         })
-    }
-
-    /// Whether a Service of `namespace` selects a pod labelled `labels`.
-    pub fn is_service_backend(&self, namespace: &str, labels: &Labels) -> bool {
-        self.services.iter().any(|((ns, _), svc)| {
-            ns == namespace
-                && svc
-                    .selector
-                    .as_ref()
-                    .is_some_and(|sel| sel.iter().all(|(k, v)| labels.get(k) == Some(v)))
-        })
-    }
-
-    /// Every pod of `namespace` the selector of `svc` picks (none for a Service without one).
-    pub fn selected_by<'a>(
-        &'a self,
-        namespace: &'a str,
-        svc: &'a ServiceInfo,
-    ) -> impl Iterator<Item = &'a PodInfo> + 'a {
-        let sel = svc.selector.as_ref();
-        self.pods
-            .iter()
-            .filter(move |(k, p)| {
-                k.namespace == namespace
-                    && sel.is_some_and(|sel| sel.iter().all(|(lk, lv)| p.labels.get(lk) == Some(lv)))
-            })
-            .map(|(_, p)| p)
     }
 
     /// VIPs of every Service of `namespace`.

@@ -184,8 +184,7 @@ impl PolicyTracker {
 /// Whether `spec`'s desired state can depend on the pod `key` as it was or is (`infos`): the
 /// pod is in the policy's namespace (selection, named ports), a peer designates it, or an egress
 /// rule looks at pods beyond its peers' selectors (a rule to anywhere, or to an ipBlock holding
-/// one of its addresses or of another backend of its Service: the Services in front of them,
-/// named ports resolved on them). Erring
+/// one of its addresses: the Services in front of them, named ports resolved on them). Erring
 /// on the side of yes costs one desired-state computation, never a missed change.
 fn sees(spec: &PolicySpec, index: &ClusterIndex, key: &PodKey, infos: [Option<&PodInfo>; 2]) -> bool {
     if key.namespace == spec.key.namespace {
@@ -211,14 +210,8 @@ fn sees(spec: &PolicySpec, index: &ClusterIndex, key: &PodKey, infos: [Option<&P
                     index.namespace_matches(namespaces, &key.namespace)
                         && infos().any(|i| pods.matches(&i.labels))
                 }
-                // Held by the block, or a backend of a Service: whether a block admits a VIP
-                // depends on every backend of its Service, in the block or not.
                 Peer::Block { .. } => {
-                    dir == Direction::Egress
-                        && infos().any(|i| {
-                            i.ips.iter().any(|ip| peer.block_holds(*ip))
-                                || index.is_service_backend(&key.namespace, &i.labels)
-                        })
+                    dir == Direction::Egress && infos().any(|i| i.ips.iter().any(|ip| peer.block_holds(*ip)))
                 }
             };
             if seen {
