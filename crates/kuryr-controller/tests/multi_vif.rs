@@ -110,6 +110,17 @@ async fn create_nad(kube: &kube::Client, ns: &str, name: &str, kuryr_config: Opt
     Ok(())
 }
 
+/// A user's port, named `precreated`, on a second network of the fixture's project (`cidr`): what a
+/// pod's `spec-ports` annotation names.
+async fn precreated_port(neutron: &NeutronClient, fx: &NeutronFixture, cidr: &str) -> Result<Port> {
+    let sub = extra_subnet(neutron, &fx.project, "spec", cidr).await?;
+    let net = neutron.get_subnet(&sub).await?.network_id;
+    let mut req = kuryr_neutron::PortCreate::new(net);
+    req.name = Some("precreated".into());
+    req.project_id = Some(fx.project.clone());
+    Ok(neutron.create_port(&req).await?)
+}
+
 /// The pod's KuryrPort once it has `n` VIFs, all active.
 async fn wired(kube: &kube::Client, pod: &str, n: usize) -> Result<KuryrPort> {
     wired_kp(kube, NS, pod, n).await
@@ -314,12 +325,7 @@ async fn specific_port_is_used_restored_and_used_again() -> Result<()> {
         let kube = start_kube().await?;
         let neutron = &target.client;
         let fx = neutron_fixture(neutron, "10.40.0.0/24").await?;
-        let sub = extra_subnet(neutron, &fx.project, "spec", "10.41.0.0/24").await?;
-        let net = neutron.get_subnet(&sub).await?.network_id;
-        let mut req = kuryr_neutron::PortCreate::new(net);
-        req.name = Some("precreated".into());
-        req.project_id = Some(fx.project.clone());
-        let before = neutron.create_port(&req).await?;
+        let before = precreated_port(neutron, &fx, "10.41.0.0/24").await?;
         let ctrl = start_controller(&kube.client, &target, config(&multi_config(&fx, None)), "c1");
         create_namespace(&kube.client, NS, json!({})).await?;
         for round in ["first", "second"] {
@@ -382,12 +388,7 @@ async fn an_interrupted_specific_port_claim_is_resumed_and_restored() -> Result<
         let kube = start_kube().await?;
         let neutron = &target.client;
         let fx = neutron_fixture(neutron, "10.42.0.0/24").await?;
-        let sub = extra_subnet(neutron, &fx.project, "spec", "10.43.0.0/24").await?;
-        let net = neutron.get_subnet(&sub).await?.network_id;
-        let mut req = kuryr_neutron::PortCreate::new(net);
-        req.name = Some("precreated".into());
-        req.project_id = Some(fx.project.clone());
-        let before = neutron.create_port(&req).await?;
+        let before = precreated_port(neutron, &fx, "10.43.0.0/24").await?;
         create_namespace(&kube.client, NS, json!({})).await?;
         let pod = create_pod_with(
             &kube.client,
@@ -460,12 +461,7 @@ async fn a_specific_port_claimed_but_never_recorded_is_put_back_with_its_pod() -
         let kube = start_kube().await?;
         let neutron = &target.client;
         let fx = neutron_fixture(neutron, "10.44.0.0/24").await?;
-        let sub = extra_subnet(neutron, &fx.project, "spec", "10.45.0.0/24").await?;
-        let net = neutron.get_subnet(&sub).await?.network_id;
-        let mut req = kuryr_neutron::PortCreate::new(net);
-        req.name = Some("precreated".into());
-        req.project_id = Some(fx.project.clone());
-        let before = neutron.create_port(&req).await?;
+        let before = precreated_port(neutron, &fx, "10.45.0.0/24").await?;
         create_namespace(&kube.client, NS, json!({})).await?;
         let annotations = json!({"spec-ports": json!([before.id]).to_string()});
         let pod = create_pod_with(&kube.client, "lost", annotations.clone(), json!({})).await?;

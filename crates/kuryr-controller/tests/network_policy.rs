@@ -150,6 +150,22 @@ impl PolicyBed {
     }
 }
 
+/// The message of the first Warning Event in `ns` naming Neutron's OverQuota, once there is one.
+async fn over_quota_warning(kube: &kube::Client, ns: &str) -> Result<String> {
+    let events: Api<Event> = Api::namespaced(kube.clone(), ns);
+    eventually("a Warning Event naming the quota", WAIT, || async {
+        Ok(events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| e.type_.as_deref() == Some("Warning"))
+            .filter_map(|e| e.message)
+            .find(|m| m.contains("OverQuota")))
+    })
+    .await
+}
+
 /// A rule Neutron refuses for the project's quota (409 OverQuota, the status of a rule that
 /// exists too) fails the policy with a Warning Event naming the quota: the policy is not taken
 /// for applied with rules missing.
@@ -203,18 +219,7 @@ async fn a_rule_over_the_quota_fails_the_policy_with_an_event() -> Result<()> {
                 &Patch::Merge(&json!({"spec": from_web(&[5432, 5433])})),
             )
             .await?;
-        let events: Api<Event> = Api::namespaced(kube.client.clone(), "q");
-        let note = eventually("a Warning Event naming the quota", WAIT, || async {
-            Ok(events
-                .list(&ListParams::default())
-                .await?
-                .items
-                .into_iter()
-                .filter(|e| e.type_.as_deref() == Some("Warning"))
-                .filter_map(|e| e.message)
-                .find(|m| m.contains("OverQuota")))
-        })
-        .await?;
+        let note = over_quota_warning(&kube.client, "q").await?;
         assert!(note.contains("security_group_rule"), "{}: {note}", target.name);
         assert!(
             peer_addresses(client, &sg, 5433).await?.is_none(),
@@ -2172,18 +2177,7 @@ async fn a_policy_over_the_group_quota_holds_no_other_policys_deletion() -> Resu
                    "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}),
         )
         .await?;
-        let events: Api<Event> = Api::namespaced(kube.client.clone(), "h");
-        eventually("a Warning Event naming the quota", WAIT, || async {
-            Ok(events
-                .list(&ListParams::default())
-                .await?
-                .items
-                .into_iter()
-                .filter(|e| e.type_.as_deref() == Some("Warning"))
-                .filter_map(|e| e.message)
-                .find(|m| m.contains("OverQuota")))
-        })
-        .await?;
+        over_quota_warning(&kube.client, "h").await?;
         Api::<NetworkPolicy>::namespaced(kube.client.clone(), "h")
             .delete("deny", &DeleteParams::default())
             .await?;

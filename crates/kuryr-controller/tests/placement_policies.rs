@@ -478,3 +478,71 @@ async fn a_deployment_that_is_out_keeps_no_policy_elsewhere_from_being_applied()
     ctl.shutdown().await?;
     Ok(())
 }
+
+/// The service subnet isolated pods admit ingress from (`enforce_sg_rules`, the load balancers'
+/// health checks) is read on first use: a Neutron that cannot answer then is asked again at the
+/// next use, never taken for a deployment without one for the controller's lifetime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_service_subnet_unread_at_first_is_read_again() -> Result<()> {
+    use neutron_emulator::{FaultConfig, FaultRule};
+    init_logs();
+    let a = Cloud::start("10.6.0.0/24").await?;
+    let svc = a
+        .neutron
+        .create_network(&kuryr_neutron::NetworkCreate {
+            name: Some("services".into()),
+            project_id: Some(a.fx.project.clone()),
+            ..Default::default()
+        })
+        .await?;
+    let svc_subnet = a
+        .neutron
+        .create_subnet(&kuryr_neutron::SubnetCreate {
+            network_id: svc.id,
+            ip_version: 4,
+            cidr: Some("10.7.0.0/24".into()),
+            project_id: Some(a.fx.project.clone()),
+            ..Default::default()
+        })
+        .await?;
+    a._emulator.set_faults(FaultConfig {
+        rules: vec![FaultRule::always("subnet.get", 503)],
+        ..FaultConfig::default()
+    });
+    let kube = start_kube().await?;
+    let client = &kube.client;
+    let ini = format!(
+        "[kubernetes]\nenabled_handlers = vif,kuryrport,policy,kuryrnetworkpolicy,pod_label\n\
+         pod_vif_driver = neutron-vif\nvif_pool_driver = noop\npod_security_groups_driver = policy\n\
+         controller_namespace = default\ncluster_id = {}\n\
+         [neutron_defaults]\nproject = {}\nservice_subnet = {}\n\
+         [neutron]\n{}",
+        unique("npsvc"),
+        a.fx.project,
+        svc_subnet.id,
+        a.section(),
+    );
+    let ctl = start(client, &ini, "placement-policies-svc");
+    let ns = unique("db");
+    create_namespace(client, &ns, json!({})).await?;
+    apply_policy(client, &ns, "db-in", 5432).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    a._emulator.set_faults(FaultConfig::default());
+    let knps = Api::<KuryrNetworkPolicy>::namespaced(client.clone(), &ns);
+    let sg = eventually("the policy applied", WAIT, || async {
+        Ok(knps
+            .get_opt("db-in")
+            .await?
+            .and_then(|k| k.status?.security_group_id))
+    })
+    .await?;
+    let from_services = a
+        .neutron
+        .list_security_group_rules(&ListFilter::new().security_group_id(&sg))
+        .await?
+        .into_iter()
+        .any(|r| r.direction == "ingress" && r.remote_ip_prefix.as_deref() == Some("10.7.0.0/24"));
+    assert!(from_services, "ingress from the service subnet admitted");
+    ctl.shutdown().await?;
+    Ok(())
+}

@@ -190,7 +190,7 @@ impl NetworkPolicyDriver {
             .get_or_try_init(|| async {
                 let mut hosts = self.read_node_cidrs().await?;
                 if self.config.octavia_defaults.enforce_sg_rules {
-                    hosts.extend(self.read_service_cidrs().await);
+                    hosts.extend(self.read_service_cidrs().await?);
                     hosts.sort();
                     hosts.dedup();
                 }
@@ -230,33 +230,44 @@ impl NetworkPolicyDriver {
     }
 
     /// The CIDRs of every deployment's service subnet, each read where it is configured. One that
-    /// cannot be read is left out with a warning: the Services' range is the cluster's, the same in
-    /// every deployment's subnet, and a deployment that is out must not keep policies elsewhere
-    /// from being applied (their pods keep admitting the load balancers' health checks from the
-    /// subnets that were read).
-    async fn read_service_cidrs(&self) -> Vec<Cidr> {
+    /// cannot be read is left out with a warning once another was read: the Services' range is the
+    /// cluster's, the same in every deployment's subnet, and a deployment that is out must not keep
+    /// policies elsewhere from being applied. With none read, the read fails (and is tried again at
+    /// the next use: what is read is kept for good).
+    async fn read_service_cidrs(&self) -> Result<Vec<Cidr>, Error> {
         let mut cidrs = Vec::new();
+        let mut failed = Vec::new();
         for deployment in self.deployments.names() {
             let Some(id) = self.config.service_options(deployment).service_subnet else {
                 continue;
             };
             let read = match self.deployments.client(deployment) {
-                Ok(client) => client
-                    .get_subnet(&id)
-                    .await
-                    .map_err(Error::from)
-                    .and_then(|s| subnet_cidr(&id, &s.cidr)),
+                Ok(client) => match client.get_subnet(&id).await {
+                    Ok(s) => subnet_cidr(&id, &s.cidr).map(Some),
+                    Err(e) if e.is_not_found() => Ok(None),
+                    Err(e) => Err(e.into()),
+                },
                 Err(e) => Err(e),
             };
             match read {
-                Ok(cidr) => cidrs.push(cidr),
-                Err(e) => tracing::warn!(deployment, subnet = %id, error = %e,
-                    "service subnet not read: isolated pods do not open ingress from it"),
+                Ok(Some(cidr)) => cidrs.push(cidr),
+                Ok(None) => tracing::warn!(deployment, subnet = %id,
+                    "service subnet not found: isolated pods do not open ingress from it"),
+                Err(e) => failed.push((deployment, id, e)),
             }
+        }
+        if cidrs.is_empty()
+            && let Some((_, _, e)) = failed.pop()
+        {
+            return Err(e);
+        }
+        for (deployment, id, e) in failed {
+            tracing::warn!(deployment, subnet = %id, error = %e,
+                "service subnet not read: the range read in another deployment stands for it");
         }
         cidrs.sort();
         cidrs.dedup();
-        cidrs
+        Ok(cidrs)
     }
 
     /// The placement's project mapping (a project's id in each deployment).

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use kuryr_crds::names::finalizers;
@@ -28,6 +27,7 @@ use crate::error::{Error, is_not_found};
 use crate::handlers::policy::PolicyHandler;
 use crate::handlers::service::PolicyFollowers;
 use crate::k8s::{add_finalizer, publish_event, remove_finalizer, surface_user_error};
+use crate::locked::Locked;
 use crate::pipeline::ResourceEventHandler;
 use crate::placement::record::recorded_deployment;
 use crate::policies::PolicySpec;
@@ -38,20 +38,13 @@ use crate::policies::selector::Selector;
 /// anyway (the release takes the groups off whatever ports still have them).
 const MOVE_PATIENCE: Duration = Duration::from_secs(30);
 
-/// Whether `knp` has been being deleted for longer than `patience`.
-fn deleting_for_longer_than(knp: &KuryrNetworkPolicy, patience: Duration) -> bool {
-    knp.metadata.deletion_timestamp.as_ref().is_some_and(|t| {
-        Timestamp::now()
-            .duration_since(t.0)
-            .try_into()
-            .is_ok_and(|d: Duration| d > patience)
-    })
-}
-
 pub struct KuryrNetworkPolicyHandler {
     ctx: Arc<Context>,
     /// The Services whose load balancers follow the policies.
     followers: PolicyFollowers,
+    /// When this replica first tried to finalize each object (by uid), by its own monotonic clock:
+    /// [`MOVE_PATIENCE`] runs from then (a deletionTimestamp is the API server's clock).
+    finalizing: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
 impl KuryrNetworkPolicyHandler {
@@ -59,6 +52,7 @@ impl KuryrNetworkPolicyHandler {
         Self {
             followers: PolicyFollowers::new(ctx.clone()),
             ctx,
+            finalizing: Default::default(),
         }
     }
 
@@ -195,7 +189,14 @@ impl ResourceEventHandler for KuryrNetworkPolicyHandler {
         // input) must not keep the deletion waiting: the release takes the group off its port.
         // Nor may one that waits on something else for long (another policy's group its quota
         // refused, which this deletion may be what frees): past [`MOVE_PATIENCE`] it goes on.
-        let patient = !deleting_for_longer_than(knp, MOVE_PATIENCE);
+        let uid = knp.uid().unwrap_or_default();
+        let patient = self
+            .finalizing
+            .locked()
+            .entry(uid.clone())
+            .or_insert_with(std::time::Instant::now)
+            .elapsed()
+            <= MOVE_PATIENCE;
         match self.sync_ports(&ns).await {
             Ok(()) => {}
             Err(e) if e.is_retryable() && patient => return Err(e),
@@ -235,6 +236,7 @@ impl ResourceEventHandler for KuryrNetworkPolicyHandler {
         if knp.meta().finalizers.is_some() {
             remove_finalizer(&self.ctx.kube, knp, finalizers::NETWORKPOLICY).await?;
         }
+        self.finalizing.locked().remove(&uid);
         Ok(())
     }
 }

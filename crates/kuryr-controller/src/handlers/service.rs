@@ -331,9 +331,9 @@ impl ServiceHandler {
     /// without a KuryrLoadBalancer yet is left to its own handler. Returns whether the spec was patched.
     ///
     /// The listing may be older than a change of the Service this handler has applied since: the
-    /// Service is read again, and the spec written on condition that the KuryrLoadBalancer is still
-    /// as read (read again and decided again when it is not), so that a spec made from an older
-    /// Service (its old ports) is never put back.
+    /// KuryrLoadBalancer then the Service are read again, and the spec written on condition that
+    /// the KuryrLoadBalancer is still as read (both read and decided again when it is not), so that
+    /// a spec made from an older Service (its old ports) is never put back over a newer one.
     pub async fn refresh(&self, listed: &Service) -> Result<bool, Error> {
         const TRIES: usize = 3;
         let ns = listed.namespace().unwrap_or_default();
@@ -342,16 +342,18 @@ impl ServiceHandler {
         let mut tries = 0;
         loop {
             tries += 1;
+            // The load balancer first: a write the service handler makes after the Service is
+            // read then fails the condition.
+            let Some(klb) = api.get_opt(&listed.name_any()).await? else {
+                return Ok(false);
+            };
+            if klb.metadata.deletion_timestamp.is_some() {
+                return Ok(false);
+            }
             let Some(svc) = services.get_opt(&listed.name_any()).await? else {
                 return Ok(false);
             };
             if svc.metadata.deletion_timestamp.is_some() {
-                return Ok(false);
-            }
-            let Some(klb) = api.get_opt(&svc.name_any()).await? else {
-                return Ok(false);
-            };
-            if klb.metadata.deletion_timestamp.is_some() {
                 return Ok(false);
             }
             let Some(Wanted {

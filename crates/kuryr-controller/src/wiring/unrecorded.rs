@@ -105,7 +105,8 @@ pub async fn release_unrecorded(
 /// Puts back unclaimed the user's pre-created ports (`spec-ports`) `pod` claimed without the
 /// claim being recorded (a crash between the two). Kuryr never tags them, so neither the lookup
 /// by tags nor the orphan sweep finds them: the pod's annotation names them. Left claimed, every
-/// later pod naming one would be refused it as in use. Every failure is kept.
+/// later pod naming one would be refused it as in use. A failed restore is kept (the finalizer
+/// stays); a deployment that cannot be asked is warned about.
 pub async fn restore_unrecorded_claims(
     ctx: &Platform,
     pod: &Pod,
@@ -122,16 +123,28 @@ pub async fn restore_unrecorded_claims(
     let known: HashSet<&str> = recorded.iter().map(|r| r.vif.id()).collect();
     let mut errors = Vec::new();
     for id in ids.iter().filter(|id| !known.contains(id.as_str())) {
+        // Deployments that could not say whether they hold it do not hold the pod back (as with
+        // unrecorded ports, one deployment that is out must not hold the pods of others
+        // Terminating); a port found nowhere else is warned about.
+        let mut unanswered = Vec::new();
+        let mut found = false;
         for deployment in ctx.deployments.names() {
-            let client = ctx.deployments.client(deployment)?;
-            let port = match client.get_port(id).await {
-                Ok(port) => port,
-                Err(e) if e.is_not_found() => continue,
+            let port = match ctx.deployments.client(deployment) {
+                Ok(client) => match client.get_port(id).await {
+                    Ok(port) => (client, port),
+                    Err(e) if e.is_not_found() => continue,
+                    Err(e) => {
+                        unanswered.push(format!("{deployment}: {e}"));
+                        continue;
+                    }
+                },
                 Err(e) => {
-                    errors.push(e.into());
+                    unanswered.push(format!("{deployment}: {e}"));
                     continue;
                 }
             };
+            let (client, port) = port;
+            found = true;
             if port.device_id != uid || port.device_owner != COMPUTE_KURYR {
                 break;
             }
@@ -146,6 +159,11 @@ pub async fn restore_unrecorded_claims(
                 Err(e) => errors.push(e.into()),
             }
             break;
+        }
+        if !found && !unanswered.is_empty() {
+            tracing::warn!(port = %id, pod = %pod.name_any(), unanswered = ?unanswered,
+                "a pre-created port the pod names was not found where Neutron answered: if a crash left it claimed, \
+                 it stays so (device_id the pod's uid) until released by hand");
         }
     }
     Error::collect(errors)
