@@ -12,8 +12,10 @@ pub const DEFAULT_DAEMON: &str = "127.0.0.1:5036";
 /// daemon's worst ADD is twice `vif_annotation_timeout` (60 s: the VIFs, then their activation),
 /// its timeout Event and the plug: 180 s leaves the plug ~55 s and still fits the kubelet's 4 minute
 /// sandbox deadline. The plugin sends the timeout it uses (`config_kuryr.kuryr_daemon_timeout`)
-/// and the daemon answers before it, so its 504 and Warning Event are never lost to a hang-up, also
-/// with a raised `vif_annotation_timeout`. (Upstream's plugin had no timeout at all.)
+/// and the daemon ends its waits before it (3 s before, less for a short timeout), so its 504 and
+/// Warning Event reach the runtime instead of a hang-up, also with a raised
+/// `vif_annotation_timeout`; only a plug slower than that margin could still be cut off.
+/// (Upstream's plugin had no timeout at all.)
 pub const DEFAULT_TIMEOUT_SECS: u64 = 180;
 // The kubelet gives RunPodSandbox twice its 2 minute runtime-request-timeout.
 const _: () = assert!(DEFAULT_TIMEOUT_SECS < 240);

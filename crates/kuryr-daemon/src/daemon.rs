@@ -224,8 +224,11 @@ fn plug_error(ifname: &str, driver: &str, e: BindingError) -> DaemonError {
 /// The longest an Event may hold a CNI request.
 const EVENT_BOUND: Duration = Duration::from_secs(2);
 
-/// What an ADD leaves of the plugin's timeout for its timeout Event and its answer's way back.
-const ANSWER_MARGIN: Duration = Duration::from_secs(3);
+/// What an ADD leaves of the plugin's timeout for its timeout Event and its answer's way back:
+/// 3 s, or a quarter of a shorter timeout (a 2 s timeout still leaves its waits 1.5 s).
+fn answer_margin(timeout: Duration) -> Duration {
+    Duration::from_secs(3).min(timeout / 4)
+}
 
 /// `config_kuryr.kuryr_daemon_timeout`: how long the plugin waits for this ADD's answer (the
 /// kuryr-rs plugin always sends the one it uses; upstream's, which waits for ever, none).
@@ -568,7 +571,7 @@ impl Daemon {
         // timeout's Warning Event) to reach it before that.
         let started = Instant::now();
         let answer_by =
-            client_timeout(&p.req.config_kuryr)?.map(|t| started + t.saturating_sub(ANSWER_MARGIN));
+            client_timeout(&p.req.config_kuryr)?.map(|t| started + t.saturating_sub(answer_margin(t)));
         let bounded = |d: Instant| answer_by.map_or(d, |b| d.min(b));
         // The per-pod lock is held only while plugging, never during the
         // waits, so a DEL (or the kubelet's retry) is not stuck behind them.
@@ -672,9 +675,9 @@ impl Daemon {
     async fn del_inner(&self, body: &[u8]) -> Result<(), DaemonError> {
         let p = CniParams::parse(body)?;
         p.validate(Command::Del)?;
-        if !p.req.netns.is_empty() {
-            self.refuse_own_netns_path(&p.req.netns)?;
-        }
+        // No refusal of a path that names the daemon's own namespace here: a DEL must go through
+        // (the kubelet retries a refused one for ever, a reused pid's path can name a host
+        // process), and that namespace gets host-side cleanup only (below).
         let _lock = self.lock_pod(&p.key).await;
         let entry = self.registry.get(&p.key);
         let attachment = entry.as_ref().and_then(|e| e.attachment.clone());
@@ -1066,6 +1069,14 @@ pub fn has_cap_net_admin() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_short_plugin_timeout_still_leaves_the_waits_most_of_it() {
+        assert_eq!(answer_margin(Duration::from_secs(180)), Duration::from_secs(3));
+        assert_eq!(answer_margin(Duration::from_secs(12)), Duration::from_secs(3));
+        assert_eq!(answer_margin(Duration::from_secs(2)), Duration::from_millis(500));
+        assert!(answer_margin(Duration::from_millis(1)) < Duration::from_millis(1));
+    }
 
     #[test]
     fn a_vlan_id_still_held_is_try_again_later_as_upstream() {

@@ -392,11 +392,10 @@ async fn add_errors_name_the_problem() {
         started.elapsed() < Duration::from_secs(2),
         "refused after the VIF wait"
     );
-    let e = d
-        .add(&body("p", "c", other_netns(), "eth0", "u"))
-        .await
-        .err()
-        .unwrap();
+    let Some(other) = other_netns() else {
+        return;
+    };
+    let e = d.add(&body("p", "c", other, "eth0", "u")).await.err().unwrap();
     assert_eq!(e.code(), 11, "no KuryrPort: timeout, try again later");
     let bad: Value = json!({"CNI_IFNAME": "this-name-is-too-long", "CNI_NETNS": "/x", "CNI_CONTAINERID": "c",
         "CNI_ARGS": "K8S_POD_NAMESPACE=a;K8S_POD_NAME=b"});
@@ -1136,8 +1135,10 @@ async fn gc_without_its_valid_attachments_tears_down_nothing() {
     assert!(!pod.ns.exec_ok(&["ip", "-o", "link"]).contains("eth0"));
 }
 
-/// CNI_NETNS naming the daemon's own (the host's) namespace is refused before anything is touched:
-/// an ADD's leftover cleanup and a DEL delete links there by CNI_IFNAME.
+/// CNI_NETNS naming the daemon's own (the host's) namespace is no pod's: an ADD or CHECK is refused
+/// before anything is touched (an ADD's leftover cleanup deletes by CNI_IFNAME), a DEL is served on
+/// the host side only (it must go through: the kubelet retries a refused one for ever); the host link
+/// named CNI_IFNAME stays either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemons_own_namespace_is_no_pods() {
     if !can_netns() {
@@ -1172,13 +1173,10 @@ async fn the_daemons_own_namespace_is_no_pods() {
             .unwrap();
         assert_eq!((e.code(), e.status().as_u16()), (4, 400), "{e}");
         assert!(e.to_string().contains("CNI_NETNS"), "{e}");
-        let e = d
-            .del(&body("h", "ctr", own, &victim.0, "u1"))
+        // A DEL goes through (the kubelet would retry a refused one for ever), host side only.
+        d.del(&body("h", "ctr", own, &victim.0, "u1"))
             .await
-            .err()
-            .unwrap();
-        assert_eq!((e.code(), e.status().as_u16()), (4, 400), "{e}");
-        assert!(e.to_string().contains("CNI_NETNS"), "{e}");
+            .expect("a DEL naming the daemon's own namespace is served, host side only");
         let e = d
             .check(&body("h", "ctr", own, &victim.0, "u1"))
             .await
@@ -1439,6 +1437,9 @@ fn daemon_with_pods(pods: &[(&str, &str)]) -> Arc<Daemon> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_uid_less_add_ends_when_its_pod_is_deleted_mid_wait() {
     use kube::runtime::watcher::Event as WEvent;
+    let Some(other) = other_netns() else {
+        return;
+    };
     let d = event_driven_daemon();
     let mut pods = kuryr_daemon::kube::PodTracker::default();
     d.registry.pod_watch_started();
@@ -1451,7 +1452,7 @@ async fn a_uid_less_add_ends_when_its_pod_is_deleted_mid_wait() {
     }
     let add = tokio::spawn({
         let d = d.clone();
-        async move { d.add(&add_without_uid("gone-1", "c1", other_netns())).await }
+        async move { d.add(&add_without_uid("gone-1", "c1", other)).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!add.is_finished(), "waits for the KuryrPort");
@@ -1471,10 +1472,13 @@ async fn a_uid_less_add_ends_when_its_pod_is_deleted_mid_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_uid_less_add_goes_by_the_pod_the_api_names() {
     use kube::runtime::watcher::Event as WEvent;
+    let Some(other) = other_netns() else {
+        return;
+    };
     let d = daemon_with_pods(&[("db-9", "u-new")]);
     let e = tokio::time::timeout(
         Duration::from_secs(5),
-        d.add(&add_without_uid("nobody", "c1", other_netns())),
+        d.add(&add_without_uid("nobody", "c1", other)),
     )
     .await
     .expect("at once")

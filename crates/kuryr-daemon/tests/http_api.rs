@@ -641,6 +641,9 @@ async fn stalled_connections_do_not_stop_other_clients_or_probes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_slots_are_answered_with_try_again_later() {
+    let Some(other) = other_netns() else {
+        return;
+    };
     let limits = ServerLimits {
         max_connections: 8,
         max_concurrent_adds: 1,
@@ -655,7 +658,7 @@ async fn busy_slots_are_answered_with_try_again_later() {
     for i in 0..8 {
         let req = add(
             "eth0",
-            other_netns(),
+            other,
             &format!("c{i}"),
             &format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME=p{i}"),
         );
@@ -763,6 +766,9 @@ async fn the_unix_socket_is_private_and_speaks_the_same_json() {
 /// kubelet then restarts it, as upstream's), and is alive again after a success.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alive_fails_after_consecutive_internal_failures() {
+    let Some(other) = other_netns() else {
+        return;
+    };
     let mut cfg = config(test_limits());
     cfg.failures_before_restart = 2;
     let (d, s) = start(cfg).await;
@@ -773,7 +779,7 @@ async fn alive_fails_after_consecutive_internal_failures() {
     let alive = || async { exchange(s.health, &[b"GET /alive HTTP/1.1\r\n\r\n"], false).await };
     for round in 0..2 {
         assert_eq!(alive().await.status, 200, "before failure {round}");
-        let a = exchange(s.api, &[&add("eth0", other_netns(), "c1", ARGS)], false).await;
+        let a = exchange(s.api, &[&add("eth0", other, "c1", ARGS)], false).await;
         assert_eq!(a.status, 500, "{}", a.raw);
     }
     let a = alive().await;
