@@ -1087,7 +1087,7 @@ mod tests {
     fn the_daemon_only_reads_and_posts_events() {
         for grant in cni_grants() {
             assert!(
-                matches!(grant.verb, "list" | "watch") || grant.resource == "events",
+                matches!(grant.verb, "get" | "list" | "watch") || grant.resource == "events",
                 "{grant:?}"
             );
         }
