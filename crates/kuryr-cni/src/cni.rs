@@ -521,15 +521,15 @@ mod tests {
         }
     }
 
-    /// The body of the one request `run` sends for `conf` to a stub daemon that answers 500.
+    /// The body of the one request `run` sends for `conf` to a stand-in daemon that answers 500.
     fn sent_body(conf: &Value) -> Value {
         use std::io::{Read, Write};
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let sock = std::env::temp_dir().join(format!("kuryr-cni-{}-{n}.sock", std::process::id()));
         let _ = std::fs::remove_file(&sock);
-        let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind a stub daemon");
-        let stub = std::thread::spawn(move || {
+        let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind a stand-in daemon");
+        let daemon = std::thread::spawn(move || {
             let (mut c, _) = listener.accept().expect("the plugin connects");
             let mut req = Vec::new();
             let mut buf = [0u8; 4096];
@@ -561,8 +561,8 @@ mod tests {
         let mut conf = conf.clone();
         conf["kuryr_daemon"] = json!(format!("unix://{}", sock.display()));
         let answer = run(&env("ADD"), conf.to_string().as_bytes());
-        assert!(answer.is_err(), "the stub answers 500");
-        let body = stub.join().unwrap_or(Value::Null);
+        assert!(answer.is_err(), "the stand-in answers 500");
+        let body = daemon.join().unwrap_or(Value::Null);
         let _ = std::fs::remove_file(&sock);
         body
     }
