@@ -457,24 +457,10 @@ async fn a_deployment_that_is_out_keeps_no_policy_elsewhere_from_being_applied()
         out.section(),
     );
     let ctl = start(client, &ini, "placement-policies-out");
-    let ns = unique("db");
-    create_namespace(client, &ns, json!({})).await?;
-    apply_policy(client, &ns, "db-in", 5432).await?;
-    let knps = Api::<KuryrNetworkPolicy>::namespaced(client.clone(), &ns);
-    let sg = eventually("the policy applied", WAIT, || async {
-        Ok(knps
-            .get_opt("db-in")
-            .await?
-            .and_then(|k| k.status?.security_group_id))
-    })
-    .await?;
-    let from_nodes = a
-        .neutron
-        .list_security_group_rules(&ListFilter::new().security_group_id(&sg))
-        .await?
-        .into_iter()
-        .any(|r| r.direction == "ingress" && r.remote_ip_prefix.as_deref() == Some("10.4.0.0/24"));
-    assert!(from_nodes, "ingress from the node subnet admitted");
+    assert!(
+        applied_admits_ingress_from(client, &a.neutron, "10.4.0.0/24").await?,
+        "ingress from the node subnet admitted"
+    );
     ctl.shutdown().await?;
     Ok(())
 }
@@ -528,7 +514,31 @@ async fn a_service_subnet_unread_at_first_is_read_again() -> Result<()> {
     apply_policy(client, &ns, "db-in", 5432).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     a._emulator.set_faults(FaultConfig::default());
-    let knps = Api::<KuryrNetworkPolicy>::namespaced(client.clone(), &ns);
+    assert!(
+        policy_admits_ingress_from(client, &a.neutron, &ns, "10.7.0.0/24").await?,
+        "ingress from the service subnet admitted"
+    );
+    ctl.shutdown().await?;
+    Ok(())
+}
+
+/// Applies `db-in` in a new namespace and tells, once it is applied, whether its group admits
+/// ingress from `prefix`.
+async fn applied_admits_ingress_from(kube: &Client, neutron: &NeutronClient, prefix: &str) -> Result<bool> {
+    let ns = unique("db");
+    create_namespace(kube, &ns, json!({})).await?;
+    apply_policy(kube, &ns, "db-in", 5432).await?;
+    policy_admits_ingress_from(kube, neutron, &ns, prefix).await
+}
+
+/// Once `ns/db-in` is applied, whether its group admits ingress from `prefix`.
+async fn policy_admits_ingress_from(
+    kube: &Client,
+    neutron: &NeutronClient,
+    ns: &str,
+    prefix: &str,
+) -> Result<bool> {
+    let knps = Api::<KuryrNetworkPolicy>::namespaced(kube.clone(), ns);
     let sg = eventually("the policy applied", WAIT, || async {
         Ok(knps
             .get_opt("db-in")
@@ -536,13 +546,9 @@ async fn a_service_subnet_unread_at_first_is_read_again() -> Result<()> {
             .and_then(|k| k.status?.security_group_id))
     })
     .await?;
-    let from_services = a
-        .neutron
+    Ok(neutron
         .list_security_group_rules(&ListFilter::new().security_group_id(&sg))
         .await?
         .into_iter()
-        .any(|r| r.direction == "ingress" && r.remote_ip_prefix.as_deref() == Some("10.7.0.0/24"));
-    assert!(from_services, "ingress from the service subnet admitted");
-    ctl.shutdown().await?;
-    Ok(())
+        .any(|r| r.direction == "ingress" && r.remote_ip_prefix.as_deref() == Some(prefix)))
 }
