@@ -1246,6 +1246,14 @@ async fn binding(kube: &kube::Client, project: &str, group: &str) -> Result<(Opt
     Ok((s.deployment, s.history.len()))
 }
 
+/// Creates namespace `ns` with one pod, `first`: a namespace gets its network (and is placed) with
+/// its first pod.
+async fn namespace_with_a_pod(kube: &kube::Client, ns: &str, annotations: serde_json::Value) -> Result<()> {
+    create_namespace(kube, ns, annotations).await?;
+    create_pod(kube, ns, "first", NODES[0], json!({})).await?;
+    Ok(())
+}
+
 async fn delete_namespace(kube: &kube::Client, ns: &str) -> Result<()> {
     Api::<Namespace>::all(kube.clone())
         .delete(ns, &DeleteParams::default())
@@ -1280,16 +1288,6 @@ async fn one_project_in_two_groups_and_maintenance(four: Arc<Four>) -> Result<()
     let _stop_on_exit = stop.clone().drop_guard();
     let ns = |p: &str| json!({"openstack.org/kuryr-project": p});
     let cad = |p: &str| json!({"openstack.org/kuryr-project": p, "openstack.org/kuryr-resource-affinity": "resource=cad"});
-    // The built-in namespaces' networks are made first: the router's interfaces counted at the
-    // start are theirs.
-    for builtin in ["default", "kube-system", "kube-public", "kube-node-lease"] {
-        assert_eq!(namespace_network(&kube.client, builtin).await?.0, "default");
-    }
-    let before = Counts {
-        router_interfaces: default.counts(&tenant).await?.router_interfaces,
-        ..before
-    };
-
     // One project in two groups at once: general resources in `default`, "CAD modeling" in `cad-1`.
     create_namespace(&kube.client, "gen-a", ns(&tenant)).await?;
     create_namespace(&kube.client, "cad-a", cad(&tenant)).await?;
@@ -1306,6 +1304,13 @@ async fn one_project_in_two_groups_and_maintenance(four: Arc<Four>) -> Result<()
     assert!(!default.has_network(&cad_net).await?);
     assert_eq!(default.client.get_port(&g1).await?.network_id, gen_net);
     assert_eq!(cad1.client.get_port(&c1).await?.network_id, cad_net);
+    // The built-in namespaces hold no pod: no network, subnet nor router interface for them.
+    for builtin in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        let kn = Api::<KuryrNetwork>::namespaced(kube.client.clone(), builtin)
+            .get_opt(builtin)
+            .await?;
+        assert!(kn.is_none(), "{builtin}: {kn:?}");
+    }
     assert_eq!(
         binding(&kube.client, &tenant, "").await?,
         (Some("default".to_string()), 1)
@@ -1319,8 +1324,8 @@ async fn one_project_in_two_groups_and_maintenance(four: Arc<Four>) -> Result<()
     // Maintenance on `default` (a patch of its object, as `kubectl patch` or `kuryr kubectl
     // deployments maintenance` sends), moveExisting off: new bindings go elsewhere, the tenant stays.
     set_maintenance(&kube.client, "default", true, false).await?;
-    create_namespace(&kube.client, "other-a", ns(&other)).await?;
-    create_namespace(&kube.client, "gen-b", ns(&tenant)).await?;
+    namespace_with_a_pod(&kube.client, "other-a", ns(&other)).await?;
+    namespace_with_a_pod(&kube.client, "gen-b", ns(&tenant)).await?;
     assert_eq!(
         namespace_network(&kube.client, "other-a").await?.0,
         "general-2",
@@ -1333,7 +1338,7 @@ async fn one_project_in_two_groups_and_maintenance(four: Arc<Four>) -> Result<()
     );
     // moveExisting on: the tenant moves, with a history row and an Event; its CAD binding stays.
     set_maintenance(&kube.client, "default", true, true).await?;
-    create_namespace(&kube.client, "gen-c", ns(&tenant)).await?;
+    namespace_with_a_pod(&kube.client, "gen-c", ns(&tenant)).await?;
     let (at, moved_net) = namespace_network(&kube.client, "gen-c").await?;
     assert_eq!(at, "general-2");
     assert!(four.site("general-2").has_network(&moved_net).await?);
@@ -1446,9 +1451,12 @@ async fn full_port_quota_rebinds(four: Arc<Four>) -> Result<()> {
     patch_deployment(&kube.client, "cad-1", json!({"usageThreshold": 0.5})).await?;
     let cad = json!({"openstack.org/kuryr-project": tenant, "openstack.org/kuryr-resource-affinity": "resource=cad"});
     create_namespace(&kube.client, "cad-a", cad.clone()).await?;
+    create_pod(&kube.client, "cad-a", "p1", NODES[0], json!({})).await?;
+    let p1 = eventually("wired", WAIT, || port_of(&kube.client, "cad-a", "p1")).await?;
     assert_eq!(namespace_network(&kube.client, "cad-a").await?.0, "cad-1");
+    assert!(cad1.client.get_port(&p1).await.is_ok(), "p1 in cad-1");
 
-    // Fill the tenant's port quota there: room for exactly two more ports, then two pods.
+    // Fill the tenant's port quota there: room for exactly one more port, then a pod.
     let used = cad1
         .client
         .get_quota_details(&tenant)
@@ -1459,16 +1467,14 @@ async fn full_port_quota_rebinds(four: Arc<Four>) -> Result<()> {
         .update_quota(
             &tenant,
             &kuryr_neutron::QuotaUpdate {
-                port: Some(used + 2),
+                port: Some(used + 1),
                 ..Default::default()
             },
         )
         .await?;
-    for pod in ["p1", "p2"] {
-        create_pod(&kube.client, "cad-a", pod, NODES[0], json!({})).await?;
-        let port = eventually("wired", WAIT, || port_of(&kube.client, "cad-a", pod)).await?;
-        assert!(cad1.client.get_port(&port).await.is_ok(), "{pod} in cad-1");
-    }
+    create_pod(&kube.client, "cad-a", "p2", NODES[0], json!({})).await?;
+    let p2 = eventually("wired", WAIT, || port_of(&kube.client, "cad-a", "p2")).await?;
+    assert!(cad1.client.get_port(&p2).await.is_ok(), "p2 in cad-1");
     let ports = format!("resource=\"ports:{tenant}\"");
     eventually("cad-1's full quota measured", WAIT, || async {
         Ok((gauge(
@@ -1485,7 +1491,7 @@ async fn full_port_quota_rebinds(four: Arc<Four>) -> Result<()> {
         .await?
         .status
         .unwrap_or_default();
-    let limit = used + 2;
+    let limit = used + 1;
     assert_eq!(
         status
             .usage
@@ -1512,7 +1518,7 @@ async fn full_port_quota_rebinds(four: Arc<Four>) -> Result<()> {
     );
 
     // A new CAD namespace of the tenant goes to the next CAD deployment.
-    create_namespace(&kube.client, "cad-b", cad).await?;
+    namespace_with_a_pod(&kube.client, "cad-b", cad).await?;
     let (at, net) = namespace_network(&kube.client, "cad-b").await?;
     assert_eq!(at, "cad-2");
     assert!(four.site("cad-2").has_network(&net).await?);

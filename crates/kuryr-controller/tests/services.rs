@@ -600,6 +600,12 @@ async fn member_mode_l2_puts_members_on_the_pod_subnet_and_l3_on_the_service_sub
 async fn write_kuryrnetwork(kube: &Client, ns: &str, subnet: &str) -> Result<()> {
     let api = Api::<KuryrNetwork>::namespaced(kube.clone(), ns);
     // The CRD has no status subresource (upstream's): the status is written with the object.
+    if api.get_opt(ns).await?.is_some() {
+        let status = json!({"status": {"subnetId": subnet, "netId": "n"}});
+        api.patch(ns, &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
+        return Ok(());
+    }
     let kn: KuryrNetwork = serde_json::from_value(json!({
         "apiVersion": "openstack.org/v1", "kind": "KuryrNetwork",
         "metadata": {"name": ns, "namespace": ns},
@@ -611,9 +617,10 @@ async fn write_kuryrnetwork(kube: &Client, ns: &str, subnet: &str) -> Result<()>
 }
 
 /// L2 member mode with per-namespace subnets: an endpoint in a namespace that has no network yet
-/// (no KuryrNetwork) is left out, with a `KuryrSkipMember` Event naming it and the namespace, and
-/// the others are served at once; it becomes a member when its namespace's network appears (the
-/// pass is retried for it). One such endpoint held up the whole load balancer.
+/// (no KuryrNetwork: one is asked for, as the namespace holds a pod) is left out, with a
+/// `KuryrSkipMember` Event naming it and the namespace, and the others are served at once; it
+/// becomes a member when its namespace's network appears (the pass is retried for it). One such
+/// endpoint held up the whole load balancer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endpoint_whose_namespace_has_no_network_yet_waits_alone_in_l2_mode() -> Result<()> {
     init_logs();
@@ -666,6 +673,11 @@ async fn an_endpoint_whose_namespace_has_no_network_yet_waits_alone_in_l2_mode()
     );
     let note = warning_note(kube, &ns, "web", Some("KuryrSkipMember")).await?;
     assert!(note.contains("10.96.0.50") && note.contains(&other), "{note}");
+    let asked = Api::<KuryrNetwork>::namespaced(kube.clone(), &other)
+        .get_opt(&other)
+        .await?
+        .context("the endpoint's namespace got a KuryrNetwork asked for")?;
+    assert_eq!(asked.spec.ns_name, other);
 
     // The namespace's network appears: its endpoint joins, on that subnet, with no other event.
     write_kuryrnetwork(kube, &other, &svc_subnet).await?;

@@ -226,6 +226,115 @@ async fn namespace_subnet_driver_creates_and_removes_namespace_networks() -> Res
     Ok(())
 }
 
+/// As upstream, a namespace gets a network only once it holds a pod on the pods' network: a
+/// controller starting on a namespace that holds one makes it (the `namespace` handler alone, no
+/// pod handler); an empty namespace and one of host-network pods get none; the first pod of an
+/// empty namespace gets it made and is wired on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_gets_a_network_only_with_a_pod_on_the_pods_network() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.32.0.0/24").await?;
+        let (pool, router) = namespace_subnet_infra(neutron, &fx.project, "10.96.0.0/16").await?;
+        let cfg = |handlers: &str| {
+            format!(
+                "[kubernetes]\nenabled_handlers = {handlers}\npod_subnets_driver = namespace\n\
+                 [namespace_subnet]\npod_router = {}\npod_subnet_pool = {}\n\
+                 [neutron_defaults]\nproject = {}\npod_security_groups = {}\n",
+                router.id, pool.id, fx.project, fx.sg
+            )
+        };
+        for ns in ["held", "hosts", "empty"] {
+            create_namespace(&kube.client, ns, json!({})).await?;
+        }
+        create_pod(&kube.client, "held", "p", NODES[0], json!({})).await?;
+        let host_pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "agent", "namespace": "hosts"},
+            "spec": {"nodeName": NODES[0], "hostNetwork": true,
+                     "containers": [{"name": "c", "image": "busybox"}]}
+        }))?;
+        Api::<Pod>::namespaced(kube.client.clone(), "hosts")
+            .create(&Default::default(), &host_pod)
+            .await?;
+        let kn = |ns: &str| Api::<KuryrNetwork>::namespaced(kube.client.clone(), ns);
+        let populated = |ns: &'static str| {
+            let api = kn(ns);
+            async move {
+                eventually(&format!("{ns}'s network"), WAIT, || async {
+                    Ok(api
+                        .get_opt(ns)
+                        .await?
+                        .and_then(|kn| kn.status)
+                        .filter(|s| s.router_id.is_some())
+                        .and_then(|s| s.subnet_id))
+                })
+                .await
+            }
+        };
+
+        let ctrl = start_controller(
+            &kube.client,
+            &target,
+            config(&cfg("namespace,kuryrnetwork")),
+            "lazy-1",
+        );
+        populated("held").await?;
+        // The three namespaces were listed together: give the other two the same time.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for ns in ["hosts", "empty", "default", "kube-system"] {
+            assert!(kn(ns).get_opt(ns).await?.is_none(), "{}: {ns}", target.name);
+        }
+        ctrl.shutdown().await?;
+
+        let ctrl = start_controller(
+            &kube.client,
+            &target,
+            config(&cfg("vif,kuryrport,namespace,kuryrnetwork")),
+            "lazy-2",
+        );
+        create_pod(&kube.client, "empty", "first", NODES[1], json!({})).await?;
+        let subnet = populated("empty").await?;
+        let kp = eventually("the first pod wired", WAIT, || async {
+            Ok(active_kps(&kube.client, "empty").await?.into_iter().next())
+        })
+        .await?;
+        let (_, vif) = kp.status.as_ref().unwrap().default_vif().unwrap();
+        let port = neutron.get_port(vif.id()).await?;
+        assert!(
+            port.fixed_ips.iter().any(|ip| ip.subnet_id == subnet),
+            "{}: {:?}",
+            target.name,
+            port.fixed_ips
+        );
+        assert!(kn("hosts").get_opt("hosts").await?.is_none(), "{}", target.name);
+        let networks = neutron
+            .list_networks(&ListFilter::new().project_id(&fx.project))
+            .await?;
+        assert_eq!(
+            networks.len(),
+            3,
+            "{}: the fixture's, held's and empty's: {networks:?}",
+            target.name
+        );
+        ctrl.shutdown().await?;
+        // The namespaces' subnets hang on the router: detached so that cleanup_project can go.
+        let subnets = neutron
+            .list_subnets(&ListFilter::new().project_id(&fx.project))
+            .await?;
+        for sn in subnets {
+            let spec = kuryr_neutron::RouterInterfaceSpec::Subnet { subnet_id: sn.id };
+            let _ = neutron.remove_router_interface(&router.id, &spec).await;
+        }
+        cleanup_project(neutron, &fx.project).await;
+        let _ = neutron.delete_router(&router.id).await;
+        let _ = neutron.delete_subnetpool(&pool.id).await;
+    }
+    Ok(())
+}
+
 /// A namespace network found by its name (left untagged by a crash) or by its tags could be
 /// another cluster's given the same cluster_id: neither adopted nor made a second time until this
 /// cluster's claim is confirmed, then adopted.

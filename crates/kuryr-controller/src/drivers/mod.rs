@@ -2,7 +2,8 @@
 //! config names in `[kubernetes]`.
 //!
 //! - [`project`]: which Neutron project a pod's ports belong to (`default`, `annotation`)
-//! - [`subnets`]: which network/subnets (`default`, `namespace`)
+//! - [`subnets`]: which network/subnets (`default`, `namespace`; a namespace's KuryrNetwork is made
+//!   on first need in [`namespace_networks`])
 //! - [`security_groups`]: which security groups (`default`, `policy`; `namespace` in
 //!   [`namespace_groups`], with its release once the namespace is gone)
 //! - [`vif`]: how a port is made and activated (`neutron-vif`, `nested-vlan`, `nested-macvlan`)
@@ -12,6 +13,7 @@
 pub mod address_groups;
 pub mod multi_vif;
 pub mod namespace_groups;
+pub mod namespace_networks;
 pub mod network_policy;
 pub mod os_vif;
 pub mod pool;

@@ -9,6 +9,7 @@ use kuryr_config::{
 
 use super::multi_vif::{self, MultiVifDriver};
 use super::namespace_groups::NamespaceSecurityGroups;
+use super::namespace_networks::NamespaceNetworks;
 use super::network_policy::NetworkPolicyDriver;
 use super::pool::{NoopPool, VifPool};
 use super::project::{AnnotationProject, DefaultProject, ProjectDriver, UnsetProject};
@@ -31,6 +32,8 @@ pub struct Drivers {
     pub namespace_project: Arc<dyn ProjectDriver>,
     /// `service_project_driver`: a Service's load balancer.
     pub service_project: Arc<dyn ProjectDriver>,
+    /// Namespaces' KuryrNetworks, made on first need (the `namespace` handler and subnets driver).
+    pub namespace_networks: Arc<NamespaceNetworks>,
     pub subnets: Arc<dyn SubnetsDriver>,
     pub subnet_cache: SubnetCache,
     pub security_groups: Arc<dyn SecurityGroupsDriver>,
@@ -76,10 +79,16 @@ impl Drivers {
         let namespace_project = other(k.namespace_project_driver);
         let service_project = other(k.service_project_driver);
         let subnet_cache = SubnetCache::new(ctx.deployments.clone());
+        let namespace_networks = Arc::new(NamespaceNetworks::new(
+            ctx.kube.clone(),
+            namespace_project.clone(),
+        ));
         let subnets: Arc<dyn SubnetsDriver> = match k.pod_subnets_driver {
-            PodSubnetsDriver::Namespace => {
-                Arc::new(NamespaceSubnets::new(ctx.kube.clone(), subnet_cache.clone()))
-            }
+            PodSubnetsDriver::Namespace => Arc::new(NamespaceSubnets::new(
+                ctx.kube.clone(),
+                subnet_cache.clone(),
+                namespace_networks.clone(),
+            )),
             PodSubnetsDriver::Default => {
                 Arc::new(DefaultSubnets::new(ctx.config.clone(), subnet_cache.clone())?)
             }
@@ -129,6 +138,7 @@ impl Drivers {
             project,
             namespace_project,
             service_project,
+            namespace_networks,
             subnets,
             subnet_cache,
             security_groups,

@@ -10,6 +10,7 @@ use kuryr_crds::KuryrNetwork;
 use tokio::sync::{OnceCell, RwLock};
 
 use super::NetworkInfo;
+use super::namespace_networks::{Made, NamespaceNetworks};
 use crate::error::Error;
 use crate::openstack::Deployments;
 
@@ -164,15 +165,40 @@ impl DefaultSubnets {
 }
 
 /// `namespace`: the subnet the `kuryrnetwork` handler created for the pod's namespace. Until the
-/// KuryrNetwork is populated the pod waits (ResourceNotReady).
+/// KuryrNetwork is populated the pod waits (ResourceNotReady); a namespace that has none yet (its
+/// first pod) gets it made.
 pub struct NamespaceSubnets {
     kube: kube::Client,
     cache: SubnetCache,
+    networks: Arc<NamespaceNetworks>,
 }
 
 impl NamespaceSubnets {
-    pub fn new(kube: kube::Client, cache: SubnetCache) -> Self {
-        Self { kube, cache }
+    pub fn new(kube: kube::Client, cache: SubnetCache, networks: Arc<NamespaceNetworks>) -> Self {
+        Self {
+            kube,
+            cache,
+            networks,
+        }
+    }
+
+    async fn read(&self, namespace: &str) -> Result<Option<KuryrNetwork>, Error> {
+        Ok(Api::<KuryrNetwork>::namespaced(self.kube.clone(), namespace)
+            .get_opt(namespace)
+            .await?)
+    }
+
+    /// The namespace's KuryrNetwork; made, and waited for, when it has none.
+    async fn kuryrnetwork(&self, namespace: &str) -> Result<KuryrNetwork, Error> {
+        if let Some(kn) = self.read(namespace).await? {
+            return Ok(kn);
+        }
+        match self.networks.create_for(namespace).await? {
+            Made::Created => Err(Error::not_ready(format!(
+                "KuryrNetwork {namespace} created for the namespace's first use; its network is being made"
+            ))),
+            Made::NamespaceGone => Err(Error::Gone(format!("namespace {namespace}"))),
+        }
     }
 }
 
@@ -183,10 +209,7 @@ impl SubnetsDriver for NamespaceSubnets {
         deployment: &str,
         namespace: &str,
     ) -> Result<Arc<NetworkInfo>, Error> {
-        let kn = Api::<KuryrNetwork>::namespaced(self.kube.clone(), namespace)
-            .get_opt(namespace)
-            .await?
-            .ok_or_else(|| Error::not_ready(format!("KuryrNetwork {namespace} not created yet")))?;
+        let kn = self.kuryrnetwork(namespace).await?;
         let subnet = kn
             .status
             .as_ref()
@@ -196,11 +219,12 @@ impl SubnetsDriver for NamespaceSubnets {
         self.cache.network_of_subnet(deployment, &subnet).await
     }
 
+    /// A namespace without a KuryrNetwork yet (no pod asked for one) has no network to be with:
+    /// the binding decides, as it will for the network.
     async fn deployment_of_namespace(&self, namespace: &str) -> Result<Option<String>, Error> {
-        let kn = Api::<KuryrNetwork>::namespaced(self.kube.clone(), namespace)
-            .get_opt(namespace)
-            .await?
-            .ok_or_else(|| Error::not_ready(format!("KuryrNetwork {namespace} not created yet")))?;
+        let Some(kn) = self.read(namespace).await? else {
+            return Ok(None);
+        };
         match recorded_deployment(&kn) {
             Some(d) => Ok(Some(d)),
             None => Err(Error::not_ready(format!(

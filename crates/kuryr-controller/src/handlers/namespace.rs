@@ -1,16 +1,15 @@
-//! `namespace` handler: with the `namespace` subnet driver every namespace gets a KuryrNetwork
-//! (`spec.nsName`, `projectId`, `nsLabels`), which the `kuryrnetwork` handler turns into a Neutron
-//! network, subnet and router interface.
+//! `namespace` handler: a namespace holding pods on the pods' network gets a KuryrNetwork
+//! (`spec.nsName`, `projectId`, `nsLabels`; see `drivers::namespace_networks`), which the
+//! `kuryrnetwork` handler turns into a Neutron network, subnet and router interface; its labels
+//! are kept current; its deletion deletes it.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kuryr_crds::names::finalizers;
-use kuryr_crds::{KuryrNetwork, KuryrNetworkSpec};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kuryr_crds::KuryrNetwork;
 use serde_json::json;
 
 use crate::context::Context;
@@ -49,32 +48,13 @@ impl ResourceEventHandler for NamespaceHandler {
                 Ok(())
             }
             None => {
-                let project = self
-                    .ctx
-                    .drivers
-                    .namespace_project
-                    .project_for_namespace(&name)
-                    .await?;
-                let kn = KuryrNetwork {
-                    metadata: ObjectMeta {
-                        name: Some(name.clone()),
-                        namespace: Some(name.clone()),
-                        finalizers: Some(vec![finalizers::KURYRNETWORK.to_string()]),
-                        ..Default::default()
-                    },
-                    spec: KuryrNetworkSpec {
-                        ns_name: name.clone(),
-                        project_id: project,
-                        ns_labels: labels,
-                    },
-                    status: None,
-                };
-                match api.create(&PostParams::default(), &kn).await {
-                    Ok(_) => Ok(()),
-                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-                    Err(e) if crate::k8s::is_namespace_terminating(&e) => Ok(()),
-                    Err(e) => Err(e.into()),
+                let networks = &self.ctx.drivers.namespace_networks;
+                if networks.needed_by_pods(&name).await? {
+                    networks.create(ns).await?;
+                } else {
+                    tracing::debug!(namespace = %name, "no pod on the pods' network: no KuryrNetwork until one needs it");
                 }
+                Ok(())
             }
         }
     }
