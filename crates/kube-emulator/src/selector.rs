@@ -126,6 +126,16 @@ impl LabelSelector {
     }
 }
 
+/// What the API server's field set holds for a field the object leaves out: a bool field is
+/// "false" (a Pod's `spec.hostNetwork`, formatted from the Go bool), every other one "" (e.g.
+/// `spec.nodeName=` selects unscheduled pods).
+fn absent_value(path: &[String]) -> &'static str {
+    match path {
+        [spec, field] if spec == "spec" && field == "hostNetwork" => "false",
+        _ => "",
+    }
+}
+
 /// A parsed field selector, checked against the fields the resource supports (400 otherwise).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FieldSelector {
@@ -178,12 +188,11 @@ impl FieldSelector {
             for seg in path {
                 cur = cur.and_then(|c| c.get(seg));
             }
-            // Absent fields compare as "" (e.g. spec.nodeName= selects unscheduled pods).
             let got = match cur {
                 Some(Value::String(s)) => s.clone(),
                 Some(Value::Bool(b)) => b.to_string(),
                 Some(Value::Number(n)) => n.to_string(),
-                _ => String::new(),
+                _ => absent_value(path).to_string(),
             };
             (got == *want) != *neg
         })
@@ -210,5 +219,22 @@ mod tests {
         assert_eq!(m("!gone,app in (web)"), Ok(true));
         assert!(LabelSelector::parse("app in web").is_err());
         assert!(LabelSelector::parse("a b c").is_err());
+    }
+
+    #[test]
+    fn an_unset_bool_field_selects_as_false_and_an_unset_string_as_empty() {
+        let pods = crate::resources::Registry::new()
+            .find("", "v1", "pods")
+            .expect("pods are built in");
+        let sel = |s: &str| FieldSelector::parse(s, &pods).expect("a pod field");
+        let plain = json!({"spec": {"containers": []}});
+        let host = json!({"spec": {"hostNetwork": true, "nodeName": "n1"}});
+        assert!(sel("spec.hostNetwork=false").matches(&plain));
+        assert!(!sel("spec.hostNetwork=true").matches(&plain));
+        assert!(sel("spec.hostNetwork!=true").matches(&plain));
+        assert!(sel("spec.hostNetwork=true").matches(&host));
+        assert!(!sel("spec.hostNetwork=false").matches(&host));
+        assert!(sel("spec.nodeName=").matches(&plain));
+        assert!(!sel("spec.nodeName=").matches(&host));
     }
 }

@@ -620,7 +620,8 @@ async fn write_kuryrnetwork(kube: &Client, ns: &str, subnet: &str) -> Result<()>
 /// (no KuryrNetwork: one is asked for, as the namespace holds a pod) is left out, with a
 /// `KuryrSkipMember` Event naming it and the namespace, and the others are served at once; it
 /// becomes a member when its namespace's network appears (the pass is retried for it). One such
-/// endpoint held up the whole load balancer.
+/// endpoint held up the whole load balancer; one naming a namespace that does not exist is left
+/// out for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endpoint_whose_namespace_has_no_network_yet_waits_alone_in_l2_mode() -> Result<()> {
     init_logs();
@@ -653,6 +654,8 @@ async fn an_endpoint_whose_namespace_has_no_network_yet_waits_alone_in_l2_mode()
             endpoint("10.1.0.10", "web-0", &ns),
             endpoint("10.1.0.11", "web-1", &ns),
             endpoint("10.96.0.50", "far-0", &other),
+            // A hand-written slice may name a namespace that does not exist: left out alike.
+            endpoint("192.0.2.51", "ghost-0", &format!("{ns}-ghost")),
         ],
         &[("http", 8080)],
     )

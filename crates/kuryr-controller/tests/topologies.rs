@@ -335,6 +335,76 @@ async fn a_namespace_gets_a_network_only_with_a_pod_on_the_pods_network() -> Res
     Ok(())
 }
 
+/// A pod waits until its namespace's subnet is on the router (`pod_router` set), not only until
+/// the subnet exists: started before, it would have no route out. Here the KuryrNetwork records
+/// a subnet and no router interface (the `kuryrnetwork` handler between its two writes): the pod
+/// gets no port until the router is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_waits_for_its_namespace_subnet_to_be_on_the_router() -> Result<()> {
+    init_logs();
+    for target in neutron_targets().await? {
+        let kube = start_kube().await?;
+        let neutron = &target.client;
+        let fx = neutron_fixture(neutron, "10.33.0.0/24").await?;
+        let (pool, router) = namespace_subnet_infra(neutron, &fx.project, "10.95.0.0/16").await?;
+        let cfg = format!(
+            "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_subnets_driver = namespace\n\
+             [namespace_subnet]\npod_router = {}\npod_subnet_pool = {}\n\
+             [neutron_defaults]\nproject = {}\npod_security_groups = {}\n",
+            router.id, pool.id, fx.project, fx.sg
+        );
+        create_namespace(&kube.client, "late", json!({})).await?;
+        let kns = Api::<KuryrNetwork>::namespaced(kube.client.clone(), "late");
+        let kn: KuryrNetwork = serde_json::from_value(json!({
+            "apiVersion": "openstack.org/v1", "kind": "KuryrNetwork",
+            "metadata": {"name": "late", "namespace": "late"},
+            "spec": {"nsName": "late", "projectId": fx.project, "nsLabels": {}},
+            "status": {"netId": fx.network, "subnetId": fx.subnet, "subnetCIDR": fx.cidr},
+        }))?;
+        kns.create(&Default::default(), &kn).await?;
+        let ctrl = start_controller(&kube.client, &target, config(&cfg), "router-wait");
+        let pod = create_pod(&kube.client, "late", "p", NODES[0], json!({})).await?;
+        let uid = pod.uid().unwrap();
+        let by_pod = ListFilter::new().device_id(&uid);
+        // The KuryrPort is there (the vif handler's part) while the port is not.
+        eventually("the pod's KuryrPort", WAIT, || async {
+            Ok(Api::<KuryrPort>::namespaced(kube.client.clone(), "late")
+                .get_opt("p")
+                .await?)
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            neutron.list_ports(&by_pod).await?.is_empty(),
+            "{}: no port before the router",
+            target.name
+        );
+        kns.patch(
+            "late",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"routerId": router.id}})),
+        )
+        .await?;
+        let kp = eventually("the pod wired", WAIT, || async {
+            Ok(active_kps(&kube.client, "late").await?.into_iter().next())
+        })
+        .await?;
+        let (_, vif) = kp.status.as_ref().unwrap().default_vif().unwrap();
+        let port = neutron.get_port(vif.id()).await?;
+        assert!(
+            port.fixed_ips.iter().any(|ip| ip.subnet_id == fx.subnet),
+            "{}: {:?}",
+            target.name,
+            port.fixed_ips
+        );
+        ctrl.shutdown().await?;
+        cleanup_project(neutron, &fx.project).await;
+        let _ = neutron.delete_router(&router.id).await;
+        let _ = neutron.delete_subnetpool(&pool.id).await;
+    }
+    Ok(())
+}
+
 /// A namespace network found by its name (left untagged by a crash) or by its tags could be
 /// another cluster's given the same cluster_id: neither adopted nor made a second time until this
 /// cluster's claim is confirmed, then adopted.

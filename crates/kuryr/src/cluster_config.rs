@@ -102,8 +102,8 @@ pub fn driver_problems(config: &KuryrConfig) -> Vec<Problem> {
                         out.push(Problem::new(
                             &section,
                             option,
-                            "empty, but [kubernetes] pod_subnets_driver = namespace creates each namespace's \
-                             subnet with it",
+                            "empty, but [kubernetes] pod_subnets_driver = namespace creates the namespaces' \
+                             subnets with it",
                         ));
                     }
                 }
@@ -123,8 +123,8 @@ pub fn driver_problems(config: &KuryrConfig) -> Vec<Problem> {
         (
             "namespace_project_driver",
             k.namespace_project_driver,
-            handler("namespace"),
-            "every namespace's network",
+            handler("namespace") || k.pod_subnets_driver == PodSubnetsDriver::Namespace,
+            "the namespaces' networks",
         ),
         (
             "service_project_driver",

@@ -1,14 +1,16 @@
 //! A namespace's KuryrNetwork (`spec.nsName`, `projectId`, `nsLabels`), which the `kuryrnetwork`
 //! handler turns into a Neutron network, subnet and router interface: made when the namespace
-//! first needs one, as upstream makes it. A namespace holding no pod on the pods' network (an
-//! empty one, one of host-network pods only: `kube-node-lease`, most of a distribution's system
-//! namespaces) costs no network, subnet, router interface nor share of the subnet pool.
+//! first needs one, as upstream makes it. A namespace holding no pod on the pods' network, no
+//! Service and no NetworkPolicy (an empty one, one of host-network pods only: `kube-node-lease`,
+//! many of a distribution's system namespaces) costs no network, subnet, router interface nor
+//! share of the subnet pool.
 //!
 //! Two callers make it: the `namespace` handler, for a namespace that already holds such a pod
 //! (a controller starting on a cluster, a KuryrNetwork deleted by hand), and the `namespace`
-//! subnets driver, for the first pod of a namespace that has none (and for the endpoints of a
-//! Service in L2 member mode, whose pods' namespaces need one). A Service or a policy of a
-//! namespace without one is placed by the project's binding, which its network will follow.
+//! subnets driver, for the first pod, Service or NetworkPolicy of a namespace that has none (and
+//! for the endpoints' namespaces of a Service in L2 member mode). A Service or policy waits for
+//! the network to be placed and goes with it: placed on their own, they could land in another
+//! OpenStack deployment than the pods that come later.
 
 use std::sync::Arc;
 

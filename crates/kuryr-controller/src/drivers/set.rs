@@ -86,6 +86,7 @@ impl Drivers {
         let subnets: Arc<dyn SubnetsDriver> = match k.pod_subnets_driver {
             PodSubnetsDriver::Namespace => Arc::new(NamespaceSubnets::new(
                 ctx.kube.clone(),
+                ctx.config.clone(),
                 subnet_cache.clone(),
                 namespace_networks.clone(),
             )),

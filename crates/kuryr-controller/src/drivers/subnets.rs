@@ -165,18 +165,26 @@ impl DefaultSubnets {
 }
 
 /// `namespace`: the subnet the `kuryrnetwork` handler created for the pod's namespace. Until the
-/// KuryrNetwork is populated the pod waits (ResourceNotReady); a namespace that has none yet (its
-/// first pod) gets it made.
+/// KuryrNetwork is populated (its subnet made and, with a `pod_router`, attached: a pod started
+/// before would have no route out) the pod waits (ResourceNotReady); a namespace that has none
+/// yet (its first pod, Service or policy) gets it made.
 pub struct NamespaceSubnets {
     kube: kube::Client,
+    config: Arc<KuryrConfig>,
     cache: SubnetCache,
     networks: Arc<NamespaceNetworks>,
 }
 
 impl NamespaceSubnets {
-    pub fn new(kube: kube::Client, cache: SubnetCache, networks: Arc<NamespaceNetworks>) -> Self {
+    pub fn new(
+        kube: kube::Client,
+        config: Arc<KuryrConfig>,
+        cache: SubnetCache,
+        networks: Arc<NamespaceNetworks>,
+    ) -> Self {
         Self {
             kube,
+            config,
             cache,
             networks,
         }
@@ -210,21 +218,26 @@ impl SubnetsDriver for NamespaceSubnets {
         namespace: &str,
     ) -> Result<Arc<NetworkInfo>, Error> {
         let kn = self.kuryrnetwork(namespace).await?;
-        let subnet = kn
-            .status
-            .as_ref()
+        let status = kn.status.as_ref();
+        let subnet = status
             .and_then(|s| s.subnet_id.clone())
             .filter(|s| !s.is_empty())
             .ok_or_else(|| Error::not_ready(format!("KuryrNetwork {namespace} has no subnet yet")))?;
+        if self.config.deployment_defaults(deployment).pod_router.is_some()
+            && status.and_then(|s| s.router_id.as_ref()).is_none()
+        {
+            return Err(Error::not_ready(format!(
+                "KuryrNetwork {namespace}'s subnet is not attached to the router yet"
+            )));
+        }
         self.cache.network_of_subnet(deployment, &subnet).await
     }
 
-    /// A namespace without a KuryrNetwork yet (no pod asked for one) has no network to be with:
-    /// the binding decides, as it will for the network.
+    /// A namespace without a KuryrNetwork yet gets one made, and what asked (a Service, a policy)
+    /// waits for it to be placed: placed on their own, they could land in another deployment than
+    /// the network their pods get later (another binding key, or a binding moved meanwhile).
     async fn deployment_of_namespace(&self, namespace: &str) -> Result<Option<String>, Error> {
-        let Some(kn) = self.read(namespace).await? else {
-            return Ok(None);
-        };
+        let kn = self.kuryrnetwork(namespace).await?;
         match recorded_deployment(&kn) {
             Some(d) => Ok(Some(d)),
             None => Err(Error::not_ready(format!(

@@ -171,7 +171,7 @@ impl KuryrLoadBalancerHandler {
                 // The Service's own namespace without a network yet: the whole pass waits for it, as
                 // its pods do. Another namespace's endpoints wait alone.
                 let info = match found {
-                    Err(e) if pod_ns != ns && matches!(e, Error::ResourceNotReady(_)) => {
+                    Err(e) if pod_ns != ns && matches!(e, Error::ResourceNotReady(_) | Error::Gone(_)) => {
                         tracing::debug!(namespace = %pod_ns, error = %e, "endpoints of a namespace without a known network wait");
                         waiting.insert(pod_ns);
                         continue;

@@ -2,7 +2,7 @@
 //!
 //! - `vif` ([`vif::VifHandler`], Pods): finalizer + KuryrPort per scheduled pod
 //! - `kuryrport` ([`kuryrport::KuryrPortHandler`]): VIFs through the drivers into `status.vifs`
-//! - `namespace` ([`namespace::NamespaceHandler`]): a KuryrNetwork per namespace (namespace subnets)
+//! - `namespace` ([`namespace::NamespaceHandler`]): a KuryrNetwork per namespace holding pods on the pods' network (namespace subnets)
 //! - `kuryrnetwork` ([`kuryrnetwork::KuryrNetworkHandler`]): network, subnet, router interface
 //! - `service` ([`service::ServiceHandler`]): a KuryrLoadBalancer per served Service
 //! - `endpoints` ([`endpoints::EndpointsHandler`], EndpointSlices): its `spec.endpointSlices`

@@ -163,14 +163,6 @@ pub fn controller_cluster_grants(config: &KuryrConfig) -> Vec<Grant> {
                 "project driver 'annotation' / [pod_binding] read the pod's Namespace annotations",
             ));
         }
-        if config.kubernetes.pod_subnets_driver == kuryr_config::PodSubnetsDriver::Namespace {
-            out.push(g(
-                KURYR,
-                "kuryrnetworks",
-                "get",
-                "subnets driver 'namespace' reads the namespace's KuryrNetwork (drivers/subnets.rs)",
-            ));
-        }
         if config
             .kubernetes
             .multi_vif_drivers
@@ -208,8 +200,37 @@ pub fn controller_cluster_grants(config: &KuryrConfig) -> Vec<Grant> {
             "the namespace security groups' orphan sweep lists Namespaces (drivers/namespace_groups.rs)",
         ));
     }
+    if config.kubernetes.pod_subnets_driver == kuryr_config::PodSubnetsDriver::Namespace {
+        out.extend([
+            g(
+                KURYR,
+                "kuryrnetworks",
+                "get",
+                "subnets driver 'namespace' reads the namespace's KuryrNetwork (drivers/subnets.rs)",
+            ),
+            g(
+                KURYR,
+                "kuryrnetworks",
+                "create",
+                "subnets driver 'namespace' makes the KuryrNetwork of a namespace's first pod, Service or \
+                 policy (drivers/namespace_networks.rs)",
+            ),
+            g(
+                CORE,
+                "namespaces",
+                "get",
+                "subnets driver 'namespace' reads the Namespace whose KuryrNetwork it makes (its labels)",
+            ),
+        ]);
+    }
     if handler_enabled(config, "namespace") {
         out.extend([
+            g(
+                CORE,
+                "pods",
+                "list",
+                "namespace handler: does the namespace hold a pod on the pods' network (drivers/namespace_networks.rs)",
+            ),
             g(
                 CORE,
                 "namespaces",
