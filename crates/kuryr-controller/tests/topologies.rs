@@ -18,6 +18,23 @@ use support::*;
 
 const WAIT: Duration = Duration::from_secs(120);
 
+/// A kuryr.conf with the `namespace` subnets driver (namespaces' subnets from `pool`, attached to
+/// `router`) in the fixture's project; `extra` goes into `[kubernetes]`.
+fn namespace_subnets_conf(
+    handlers: &str,
+    extra: &str,
+    fx: &NeutronFixture,
+    pool: &kuryr_neutron::SubnetPool,
+    router: &kuryr_neutron::Router,
+) -> String {
+    format!(
+        "[kubernetes]\nenabled_handlers = {handlers}\npod_subnets_driver = namespace\n{extra}\
+         [namespace_subnet]\npod_router = {}\npod_subnet_pool = {}\n\
+         [neutron_defaults]\nproject = {}\npod_security_groups = {}\n",
+        router.id, pool.id, fx.project, fx.sg
+    )
+}
+
 async fn active_kps(kube: &kube::Client, ns: &str) -> Result<Vec<KuryrPort>> {
     let kps = Api::<KuryrPort>::namespaced(kube.clone(), ns)
         .list(&ListParams::default())
@@ -114,12 +131,7 @@ async fn namespace_subnet_driver_creates_and_removes_namespace_networks() -> Res
         let neutron = &target.client;
         let fx = neutron_fixture(neutron, "10.30.0.0/24").await?;
         let (pool, router) = namespace_subnet_infra(neutron, &fx.project, "10.99.0.0/16").await?;
-        let cfg = format!(
-            "[kubernetes]\nenabled_handlers = vif,kuryrport,namespace,kuryrnetwork\npod_subnets_driver = namespace\n\
-             [namespace_subnet]\npod_router = {}\npod_subnet_pool = {}\n\
-             [neutron_defaults]\nproject = {}\npod_security_groups = {}\n",
-            router.id, pool.id, fx.project, fx.sg
-        );
+        let cfg = namespace_subnets_conf("vif,kuryrport,namespace,kuryrnetwork", "", &fx, &pool, &router);
         // What a controller that crashed between creating team-a's network and tagging it left
         // behind: adopted, not duplicated.
         let crashed = neutron
@@ -238,14 +250,7 @@ async fn a_namespace_gets_a_network_only_with_a_pod_on_the_pods_network() -> Res
         let neutron = &target.client;
         let fx = neutron_fixture(neutron, "10.32.0.0/24").await?;
         let (pool, router) = namespace_subnet_infra(neutron, &fx.project, "10.96.0.0/16").await?;
-        let cfg = |handlers: &str| {
-            format!(
-                "[kubernetes]\nenabled_handlers = {handlers}\npod_subnets_driver = namespace\n\
-                 [namespace_subnet]\npod_router = {}\npod_subnet_pool = {}\n\
-                 [neutron_defaults]\nproject = {}\npod_security_groups = {}\n",
-                router.id, pool.id, fx.project, fx.sg
-            )
-        };
+        let cfg = |handlers: &str| namespace_subnets_conf(handlers, "", &fx, &pool, &router);
         for ns in ["held", "hosts", "empty"] {
             create_namespace(&kube.client, ns, json!({})).await?;
         }
@@ -347,12 +352,7 @@ async fn a_pod_waits_for_its_namespace_subnet_to_be_on_the_router() -> Result<()
         let neutron = &target.client;
         let fx = neutron_fixture(neutron, "10.33.0.0/24").await?;
         let (pool, router) = namespace_subnet_infra(neutron, &fx.project, "10.95.0.0/16").await?;
-        let cfg = format!(
-            "[kubernetes]\nenabled_handlers = vif,kuryrport\npod_subnets_driver = namespace\n\
-             [namespace_subnet]\npod_router = {}\npod_subnet_pool = {}\n\
-             [neutron_defaults]\nproject = {}\npod_security_groups = {}\n",
-            router.id, pool.id, fx.project, fx.sg
-        );
+        let cfg = namespace_subnets_conf("vif,kuryrport", "", &fx, &pool, &router);
         create_namespace(&kube.client, "late", json!({})).await?;
         let kns = Api::<KuryrNetwork>::namespaced(kube.client.clone(), "late");
         let kn: KuryrNetwork = serde_json::from_value(json!({
@@ -422,12 +422,12 @@ async fn a_namespace_network_is_adopted_only_once_the_claim_is_confirmed() -> Re
         let fx = neutron_fixture(neutron, "10.32.0.0/24").await?;
         let (pool, router) = namespace_subnet_infra(neutron, &fx.project, "10.97.0.0/16").await?;
         let cluster = format!("kn-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-        let cfg = format!(
-            "[kubernetes]\nenabled_handlers = vif,kuryrport,namespace,kuryrnetwork\npod_subnets_driver = namespace\n\
-             cluster_id = {cluster}\n\
-             [namespace_subnet]\npod_router = {}\npod_subnet_pool = {}\n\
-             [neutron_defaults]\nproject = {}\npod_security_groups = {}\n",
-            router.id, pool.id, fx.project, fx.sg
+        let cfg = namespace_subnets_conf(
+            "vif,kuryrport,namespace,kuryrnetwork",
+            &format!("cluster_id = {cluster}\n"),
+            &fx,
+            &pool,
+            &router,
         );
         let left = neutron
             .create_network(&kuryr_neutron::NetworkCreate {
@@ -514,12 +514,7 @@ async fn namespaces_over_the_network_quota_make_no_create_storm_and_are_served_o
         neutron
             .update_quota(&fx.project, &networks(i64::try_from(existing)?))
             .await?;
-        let cfg = format!(
-            "[kubernetes]\nenabled_handlers = vif,kuryrport,namespace,kuryrnetwork\npod_subnets_driver = namespace\n\
-             [namespace_subnet]\npod_router = {}\npod_subnet_pool = {}\n\
-             [neutron_defaults]\nproject = {}\npod_security_groups = {}\n",
-            router.id, pool.id, fx.project, fx.sg
-        );
+        let cfg = namespace_subnets_conf("vif,kuryrport,namespace,kuryrnetwork", "", &fx, &pool, &router);
         let ctrl = start_controller(&kube.client, &target, config(&cfg), "c1");
         let creates = || {
             kuryr_controller::metrics::per_operation(&ctrl.metrics.neutron_calls())
